@@ -1,0 +1,12 @@
+//! Compiles proto/ with prost-build, fed by protox so no `protoc` is needed.
+
+fn main() {
+    let protos = ["proto/kvring/control.proto"];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let descriptors = protox::compile(protos, ["proto"]).expect("proto/ must compile");
+    prost_build::Config::new()
+        .compile_fds(descriptors)
+        .expect("prost code generation");
+}

@@ -1,0 +1,82 @@
+//! The control-plane client: one request, one response, within a deadline.
+
+use super::frame::{decode_response, read_frame, request, write_frame, MAX_CONTROL_MESSAGE_BYTES};
+use crate::error::{Error, Result};
+use crate::proto::{request, response, ChecksumRequest, HandshakeRequest};
+use crate::segment::SegmentDescriptor;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// Default deadline of one control RPC (connect, send, answer).
+pub const DEFAULT_CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connection to a peer's control server.
+#[derive(Debug)]
+pub struct ControlClient {
+    stream: TcpStream,
+    peer: SocketAddr,
+}
+
+impl ControlClient {
+    /// Connects to `addr` (`host:port`) before `deadline`.
+    pub fn connect(addr: &str, deadline: Instant) -> Result<Self> {
+        let candidates: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| Error::io(format!("resolving control address {addr}"), e))?
+            .collect();
+        let mut last_error = None;
+        for peer in candidates {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout { waited: Duration::ZERO });
+            }
+            match TcpStream::connect_timeout(&peer, left) {
+                Ok(stream) => {
+                    let _ = stream.set_nodelay(true);
+                    return Ok(Self { stream, peer });
+                }
+                Err(e) => last_error = Some(Error::io(format!("connecting to control server {peer}"), e)),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| Error::invalid("control address", format!("{addr} resolves to no address"))))
+    }
+
+    /// Sends one request and reads its response before `deadline`.
+    pub fn call(&mut self, body: request::Body, deadline: Instant) -> Result<response::Body> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Timeout { waited: Duration::ZERO });
+        }
+        self.stream.set_write_timeout(Some(left)).map_err(|e| Error::io("setting control timeout", e))?;
+        self.stream.set_read_timeout(Some(left)).map_err(|e| Error::io("setting control timeout", e))?;
+        write_frame(&mut self.stream, &request(body))?;
+        let peer = self.peer;
+        let frame = read_frame(&mut self.stream, MAX_CONTROL_MESSAGE_BYTES).map_err(|e| match e {
+            Error::Io { source, .. } if matches!(source.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                Error::Timeout { waited: left }
+            }
+            other => other,
+        })?;
+        let frame = frame.ok_or_else(|| Error::malformed("control response", format!("{peer} closed the connection without answering")))?;
+        decode_response(&frame)
+    }
+
+    /// The handshake: the peer's segment descriptor, checked.
+    pub fn handshake(&mut self, initiator: &str, deadline: Instant) -> Result<SegmentDescriptor> {
+        match self.call(request::Body::Handshake(HandshakeRequest { initiator: initiator.to_string() }), deadline)? {
+            response::Body::Handshake(reply) => {
+                let segment = reply.segment.ok_or_else(|| Error::malformed("handshake", "no segment descriptor"))?;
+                SegmentDescriptor::from_proto(segment)
+            }
+            other => Err(Error::malformed("handshake", format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// Checksum of a range of one of the peer's regions.
+    pub fn checksum(&mut self, region: u32, offset: u64, len: u64, deadline: Instant) -> Result<u64> {
+        match self.call(request::Body::Checksum(ChecksumRequest { region, offset, len }), deadline)? {
+            response::Body::Checksum(reply) => Ok(reply.checksum),
+            other => Err(Error::malformed("checksum", format!("unexpected answer {other:?}"))),
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! The control-plane server: answers handshakes (the engine's segment
+//! descriptor) and checksum requests on a TCP listener.
+//!
+//! It runs on its own threads, never on a lane. It binds exactly the address
+//! it is given, bounds its connections, frame sizes and idle time, and
+//! answers every bad message with an error reply naming the problem.
+
+use super::frame::{self, decode_request, error_response, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES};
+use crate::error::{Error, Result};
+use crate::proto::{request, response, ChecksumRequest, ChecksumResponse, HandshakeRequest, HandshakeResponse};
+use crate::segment::SegmentDescriptor;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Most control connections served at once.
+pub const MAX_CONTROL_CONNECTIONS: usize = 64;
+/// A control connection idle this long is closed.
+pub const DEFAULT_CONTROL_IDLE: Duration = Duration::from_secs(30);
+/// How often a connection thread looks at the stop flag while idle.
+const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// What the server asks of the engine.
+pub trait ControlHandler: Send + Sync + 'static {
+    /// The engine's current segment descriptor.
+    fn handshake(&self, request: &HandshakeRequest) -> Result<SegmentDescriptor>;
+    /// Checksum of a remote-readable range of one of the engine's regions.
+    fn checksum(&self, request: &ChecksumRequest) -> Result<u64>;
+}
+
+/// A running control server.
+#[derive(Debug)]
+pub struct ControlServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Binds `listen` (only that address) and serves until stopped.
+    pub fn start(listen: SocketAddr, handler: Arc<dyn ControlHandler>) -> Result<Self> {
+        // std sets SO_REUSEADDR on Unix listeners, so a restarted engine can
+        // bind the same port at once.
+        let listener = TcpListener::bind(listen).map_err(|e| Error::io(format!("binding control listener on {listen}"), e))?;
+        let addr = listener.local_addr().map_err(|e| Error::io("reading control listener address", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let active = Arc::new(AtomicUsize::new(0));
+        let thread_stop = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("kvring-control".into())
+            .spawn(move || accept_loop(listener, handler, thread_stop, active))
+            .map_err(|e| Error::io("spawning control thread", e))?;
+        Ok(Self { addr, stop, thread: Some(thread) })
+    }
+
+    /// The bound address (with the real port when 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting and joins the accept thread.
+    pub fn stop(&mut self) {
+        if self.stop.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Wake the blocking accept with one connection of our own.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(listener: TcpListener, handler: Arc<dyn ControlHandler>, stop: Arc<AtomicBool>, active: Arc<AtomicUsize>) {
+    for stream in listener.incoming() {
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(mut stream) = stream else { continue };
+        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONTROL_CONNECTIONS {
+            active.fetch_sub(1, Ordering::AcqRel);
+            let error = Error::Busy { queue: "control connection table", capacity: MAX_CONTROL_CONNECTIONS };
+            let _ = write_frame(&mut stream, &error_response(&error));
+            continue;
+        }
+        let handler = handler.clone();
+        let stop = stop.clone();
+        let active_for_thread = active.clone();
+        let spawned = std::thread::Builder::new().name("kvring-control-conn".into()).spawn(move || {
+            serve_connection(stream, &*handler, &stop);
+            active_for_thread.fetch_sub(1, Ordering::AcqRel);
+        });
+        if spawned.is_err() {
+            active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+fn serve_connection(mut stream: TcpStream, handler: &dyn ControlHandler, stop: &AtomicBool) {
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(STOP_CHECK_INTERVAL));
+    let _ = stream.set_write_timeout(Some(DEFAULT_CONTROL_IDLE));
+    let mut idle_since = Instant::now();
+    loop {
+        if stop.load(Ordering::Acquire) || idle_since.elapsed() > DEFAULT_CONTROL_IDLE {
+            return;
+        }
+        // Wait for the first byte with the short timeout, so the stop flag
+        // and the idle limit are honoured; then read the frame whole.
+        let mut first = [0u8; 1];
+        match stream.peek(&mut first) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
+            Err(_) => return,
+        }
+        let _ = stream.set_read_timeout(Some(DEFAULT_CONTROL_IDLE));
+        let frame = read_frame(&mut stream, MAX_CONTROL_MESSAGE_BYTES);
+        let _ = stream.set_read_timeout(Some(STOP_CHECK_INTERVAL));
+        idle_since = Instant::now();
+        let (reply, keep_open) = match frame {
+            Ok(None) => return,
+            Ok(Some(body)) => match decode_request(&body).and_then(|body| handle(handler, body)) {
+                Ok(reply) => (frame::response(reply), true),
+                // The frame boundary is intact, so the connection survives a
+                // bad message.
+                Err(error) => (error_response(&error), true),
+            },
+            // Lost framing (oversized or truncated): answer, then close.
+            Err(error) => (error_response(&error), false),
+        };
+        if write_frame(&mut stream, &reply).is_err() || !keep_open {
+            return;
+        }
+    }
+}
+
+fn handle(handler: &dyn ControlHandler, body: request::Body) -> Result<response::Body> {
+    match body {
+        request::Body::Handshake(request) => {
+            let descriptor = handler.handshake(&request)?;
+            Ok(response::Body::Handshake(HandshakeResponse { segment: Some(descriptor.to_proto()) }))
+        }
+        request::Body::Checksum(request) => {
+            Ok(response::Body::Checksum(ChecksumResponse { checksum: handler.checksum(&request)? }))
+        }
+    }
+}

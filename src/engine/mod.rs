@@ -1,0 +1,646 @@
+//! The engine: one per process (per inference rank). It owns the region
+//! registry, the lanes, the control server and the open segments, and hands
+//! out per-thread submitters.
+
+mod batch;
+mod region;
+mod segment;
+mod submitter;
+
+pub use batch::{Batch, Completion, Outcome};
+pub use region::{fill_pattern, Region};
+pub use segment::Segment;
+pub use submitter::{StatusReader, Submitter, MAX_LANES};
+
+use crate::control::{ControlHandler, ControlServer, DEFAULT_CONTROL_TIMEOUT};
+use crate::desc::RegionId;
+use crate::error::{Error, Result, Side};
+use crate::mem::registry::check_range;
+use crate::mem::{Access, Registry, RegionInfo, ShmMapping, DEFAULT_MAX_REGIONS};
+use crate::metadata::{MetadataStore, PeerHandshake};
+use crate::proto::{ChecksumRequest, HandshakeRequest};
+use crate::runtime::backoff::BackoffPolicy;
+use crate::runtime::lane::{
+    memlock_limit_bytes, memlock_needed_bytes, Clock, LaneCommand, LaneConfig, LaneHandle, LaneSegment, DEFAULT_BUSY_POLL,
+    DEFAULT_IO_MEMORY_BYTES,
+};
+use crate::segment::{local_host_id, PeerSegment, RemoteRegion, SegmentDescriptor, TransportKind};
+use crate::transport::{Link, NullLink, ShmLink};
+use segment::SegmentInner;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Default number of lanes.
+pub const DEFAULT_LANES: usize = 1;
+/// Default submission ring depth (SQEs per submitter per lane).
+pub const DEFAULT_RING_DEPTH: usize = 256;
+/// Default descriptor arena (descriptors per submitter per lane).
+pub const DEFAULT_ARENA_DESCS: usize = 16384;
+/// Default status slots per submitter (batches in flight or unconsumed).
+pub const DEFAULT_MAX_BATCHES_IN_FLIGHT: usize = 1024;
+/// Default most open segments.
+pub const DEFAULT_MAX_SEGMENTS: usize = 1024;
+/// Batches at least this large are split across lanes by bytes.
+pub const DEFAULT_SPLIT_THRESHOLD_BYTES: u64 = 1 << 20;
+/// Default control-plane listen address: loopback, any free port.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:0";
+
+/// Configuration, read once when the engine starts.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Segment name peers see.
+    pub name: String,
+    /// Lanes (pinned poller threads).
+    pub lanes: usize,
+    /// Cores for the lanes, in lane order; empty: pick automatically.
+    pub cores: Vec<usize>,
+    /// Pin lanes to cores at all.
+    pub pin: bool,
+    /// SQEs per submitter per lane.
+    pub ring_depth: usize,
+    /// Descriptors per submitter per lane.
+    pub arena_descs: usize,
+    /// Status slots per submitter.
+    pub max_batches_in_flight: usize,
+    /// Idle time a lane busy-polls before parking.
+    pub busy_poll: Duration,
+    /// Control-plane listen address.
+    pub listen: SocketAddr,
+    /// glommio io_uring buffer memory per lane.
+    pub io_memory_bytes: usize,
+    /// Region slots.
+    pub max_regions: usize,
+    /// Segment slots.
+    pub max_segments: usize,
+    /// Deadline of control RPCs (handshake) when the caller gives none.
+    pub control_timeout: Duration,
+    /// Batches of at least this many bytes are split across lanes.
+    pub split_threshold_bytes: u64,
+    /// How `wait` backs off.
+    pub wait_backoff: BackoffPolicy,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            name: format!("kvring-{}", std::process::id()),
+            lanes: DEFAULT_LANES,
+            cores: Vec::new(),
+            pin: true,
+            ring_depth: DEFAULT_RING_DEPTH,
+            arena_descs: DEFAULT_ARENA_DESCS,
+            max_batches_in_flight: DEFAULT_MAX_BATCHES_IN_FLIGHT,
+            busy_poll: DEFAULT_BUSY_POLL,
+            listen: DEFAULT_LISTEN.parse().expect("valid default address"),
+            io_memory_bytes: DEFAULT_IO_MEMORY_BYTES,
+            max_regions: DEFAULT_MAX_REGIONS,
+            max_segments: DEFAULT_MAX_SEGMENTS,
+            control_timeout: DEFAULT_CONTROL_TIMEOUT,
+            split_threshold_bytes: DEFAULT_SPLIT_THRESHOLD_BYTES,
+            wait_backoff: BackoffPolicy::default(),
+        }
+    }
+}
+
+/// Builds an [`Engine`].
+///
+/// ```no_run
+/// use kvring::Engine;
+/// use std::time::Duration;
+/// let engine = Engine::builder()
+///     .name("prefill-0")
+///     .lanes(2)
+///     .busy_poll(Duration::from_millis(1))
+///     .listen("127.0.0.1:0".parse().unwrap())
+///     .build()?;
+/// # Ok::<(), kvring::Error>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct EngineBuilder {
+    config: EngineConfig,
+}
+
+impl EngineBuilder {
+    /// The segment name peers see.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.config.name = name.into();
+        self
+    }
+
+    /// Number of lanes (1..=64).
+    pub fn lanes(mut self, lanes: usize) -> Self {
+        self.config.lanes = lanes;
+        self
+    }
+
+    /// Cores for the lanes, in lane order.
+    pub fn cores(mut self, cores: Vec<usize>) -> Self {
+        self.config.cores = cores;
+        self
+    }
+
+    /// Whether to pin lanes to cores (default true).
+    pub fn pin(mut self, pin: bool) -> Self {
+        self.config.pin = pin;
+        self
+    }
+
+    /// SQEs per submitter per lane.
+    pub fn ring_depth(mut self, depth: usize) -> Self {
+        self.config.ring_depth = depth;
+        self
+    }
+
+    /// Descriptors per submitter per lane (the largest batch).
+    pub fn arena_descs(mut self, descs: usize) -> Self {
+        self.config.arena_descs = descs;
+        self
+    }
+
+    /// Status slots per submitter.
+    pub fn max_batches_in_flight(mut self, batches: usize) -> Self {
+        self.config.max_batches_in_flight = batches;
+        self
+    }
+
+    /// Idle time a lane busy-polls before it parks.
+    pub fn busy_poll(mut self, window: Duration) -> Self {
+        self.config.busy_poll = window;
+        self
+    }
+
+    /// Control-plane listen address (only this address is bound).
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.config.listen = addr;
+        self
+    }
+
+    /// glommio io_uring buffer memory per lane, bytes.
+    pub fn io_memory(mut self, bytes: usize) -> Self {
+        self.config.io_memory_bytes = bytes;
+        self
+    }
+
+    /// Deadline of control RPCs when none is given.
+    pub fn control_timeout(mut self, timeout: Duration) -> Self {
+        self.config.control_timeout = timeout;
+        self
+    }
+
+    /// Batches of at least this many bytes are split across lanes.
+    pub fn split_threshold(mut self, bytes: u64) -> Self {
+        self.config.split_threshold_bytes = bytes;
+        self
+    }
+
+    /// How `wait` backs off.
+    pub fn wait_backoff(mut self, policy: BackoffPolicy) -> Self {
+        self.config.wait_backoff = policy;
+        self
+    }
+
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: EngineConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Starts the engine: checks limits, starts lanes and the control server.
+    pub fn build(self) -> Result<Engine> {
+        Engine::start(self.config)
+    }
+}
+
+/// One engine per process. Cheap to clone (a shared handle).
+#[derive(Debug, Clone)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+#[derive(Debug)]
+struct SegmentTable {
+    by_name: HashMap<String, Segment>,
+    free: Vec<u16>,
+    generations: Vec<u16>,
+}
+
+pub(crate) struct EngineInner {
+    pub(crate) config: EngineConfig,
+    pub(crate) epoch: u64,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) lanes: Vec<LaneHandle>,
+    pub(crate) clock: Clock,
+    segments: Mutex<SegmentTable>,
+    control: Mutex<Option<ControlServer>>,
+    control_addr: SocketAddr,
+    metadata: Box<dyn MetadataStore>,
+    stopped: AtomicBool,
+    next_tag: AtomicU16,
+}
+
+impl std::fmt::Debug for EngineInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("name", &self.config.name)
+            .field("epoch", &format_args!("{:#018x}", self.epoch))
+            .field("lanes", &self.lanes.len())
+            .field("control", &self.control_addr)
+            .finish()
+    }
+}
+
+impl EngineInner {
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    fn stop(&self) {
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some(mut server) = lock(&self.control).take() {
+            server.stop();
+        }
+        for lane in &self.lanes {
+            lane.shared.stop();
+        }
+    }
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        self.stop();
+        for lane in &mut self.lanes {
+            lane.stop_and_join();
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its data consistent, so a panic
+    // elsewhere does not make the data unusable.
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A random 64-bit epoch from the kernel.
+fn random_epoch() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got != bytes.len() as isize {
+        // Never seen; still never reuse an epoch across restarts.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        return now.as_nanos() as u64 ^ ((std::process::id() as u64) << 32);
+    }
+    u64::from_le_bytes(bytes) | 1
+}
+
+/// Cores for `lanes` lanes: the configured ones, or every online core but
+/// the first (left to the application's own threads), round robin.
+fn lane_cores(config: &EngineConfig) -> Vec<Option<usize>> {
+    if !config.pin {
+        return vec![None; config.lanes];
+    }
+    if !config.cores.is_empty() {
+        return (0..config.lanes).map(|i| Some(config.cores[i % config.cores.len()])).collect();
+    }
+    let online: Vec<usize> = core_affinity::get_core_ids().unwrap_or_default().into_iter().map(|c| c.id).collect();
+    if online.is_empty() {
+        return vec![None; config.lanes];
+    }
+    let skip_first = usize::from(online.len() > 1);
+    let usable = &online[skip_first..];
+    (0..config.lanes).map(|i| Some(usable[i % usable.len()])).collect()
+}
+
+impl Engine {
+    /// A builder with the defaults.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    fn start(config: EngineConfig) -> Result<Self> {
+        if config.lanes == 0 || config.lanes > MAX_LANES {
+            return Err(Error::invalid("lanes", format!("{} is outside 1..={MAX_LANES}", config.lanes)));
+        }
+        if config.name.is_empty() || config.name.len() > crate::segment::descriptor::MAX_SEGMENT_NAME_BYTES {
+            return Err(Error::invalid("name", "must be 1..=256 bytes"));
+        }
+        for (what, value) in [("ring depth", config.ring_depth), ("arena", config.arena_descs), ("max batches in flight", config.max_batches_in_flight)] {
+            if value == 0 || value > (1 << 16) {
+                return Err(Error::invalid(what, format!("{value} is outside 1..=65536")));
+            }
+        }
+        let need = memlock_needed_bytes(config.lanes, config.io_memory_bytes);
+        if let Some(have) = memlock_limit_bytes() {
+            if have < need {
+                return Err(Error::LockedMemoryLimit { have_bytes: have, need_bytes: need });
+            }
+        }
+        crate::mem::shm::sweep_stale();
+        let epoch = random_epoch();
+        let registry = Arc::new(Registry::new(config.max_regions));
+        let clock = Clock::new();
+        let mut lanes = Vec::with_capacity(config.lanes);
+        for (index, core) in lane_cores(&config).into_iter().enumerate() {
+            let lane_config = LaneConfig {
+                index,
+                core,
+                busy_poll: config.busy_poll,
+                io_memory_bytes: config.io_memory_bytes,
+                max_segments: config.max_segments,
+                clock,
+            };
+            // Lanes started so far stop when `lanes` drops on error.
+            lanes.push(LaneHandle::start(lane_config, registry.clone())?);
+        }
+        let context = Arc::new(ControlContext {
+            name: config.name.clone(),
+            epoch,
+            host_id: local_host_id(),
+            registry: registry.clone(),
+            control_addr: Mutex::new(String::new()),
+        });
+        let server = ControlServer::start(config.listen, context.clone())?;
+        let control_addr = server.local_addr();
+        *lock(&context.control_addr) = control_addr.to_string();
+        let segments = SegmentTable {
+            by_name: HashMap::new(),
+            free: (0..config.max_segments.min(1 << 16) as u16).rev().collect(),
+            generations: vec![1; config.max_segments.min(1 << 16)],
+        };
+        Ok(Self {
+            inner: Arc::new(EngineInner {
+                config,
+                epoch,
+                registry,
+                lanes,
+                clock,
+                segments: Mutex::new(segments),
+                control: Mutex::new(Some(server)),
+                control_addr,
+                metadata: Box::new(PeerHandshake),
+                stopped: AtomicBool::new(false),
+                next_tag: AtomicU16::new(1),
+            }),
+        })
+    }
+
+    /// The segment name peers see.
+    pub fn name(&self) -> &str {
+        &self.inner.config.name
+    }
+
+    /// This start's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
+    /// Where the control plane listens: what peers pass to `open_segment`.
+    pub fn control_addr(&self) -> SocketAddr {
+        self.inner.control_addr
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// Cores the lanes run on (None: not pinned).
+    pub fn lane_cores(&self) -> Vec<Option<usize>> {
+        self.inner.lanes.iter().map(|l| l.shared.core).collect()
+    }
+
+    /// Per-lane counters: (parts, descriptors, bytes, parks).
+    pub fn lane_stats(&self) -> Vec<(u64, u64, u64, u64)> {
+        self.inner
+            .lanes
+            .iter()
+            .map(|l| {
+                let s = &l.shared.stats;
+                (
+                    s.parts.load(Ordering::Relaxed),
+                    s.descs.load(Ordering::Relaxed),
+                    s.bytes.load(Ordering::Relaxed),
+                    s.parks.load(Ordering::Relaxed),
+                )
+            })
+            .collect()
+    }
+
+    /// Registers `len` bytes at `ptr`. The same range again (same info)
+    /// returns the same id; overlapping another region is refused.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr+len` must stay valid for reads and writes until the region
+    /// is unregistered (or the engine dropped), and the caller must not
+    /// access it while a batch that uses it is in flight.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let mut kv = vec![0u8; 1 << 20];
+    /// // SAFETY: `kv` outlives the registration (unregistered below).
+    /// let id = unsafe { engine.register(kv.as_mut_ptr(), kv.len(), kvring::RegionInfo::raw())? };
+    /// engine.unregister(id)?;
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
+    pub unsafe fn register(&self, ptr: *mut u8, len: usize, info: RegionInfo) -> Result<RegionId> {
+        self.inner.registry.register(ptr as usize, len, info, None)
+    }
+
+    /// Unregisters a region; refused with `RegionBusy` while batches use it.
+    pub fn unregister(&self, id: RegionId) -> Result<()> {
+        self.inner.registry.unregister(id).map(drop)
+    }
+
+    /// Allocates `len` bytes of shared memory (page aligned, pre-faulted,
+    /// mappable by same-host peers) and registers it.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let region = engine.alloc_region(1 << 20, kvring::RegionInfo::raw())?;
+    /// region.write_at(0, b"hello")?;
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
+    pub fn alloc_region(&self, len: usize, info: RegionInfo) -> Result<Region> {
+        let mapping = Arc::new(ShmMapping::create(len, self.inner.epoch)?);
+        let id = self.inner.registry.register(mapping.as_ptr() as usize, len, info, Some(mapping.clone()))?;
+        Region::new(id, mapping)
+    }
+
+    /// A registered region's description.
+    pub fn region_info(&self, id: RegionId) -> Result<(usize, usize, RegionInfo)> {
+        let entry = self.inner.registry.get(id)?;
+        Ok((entry.addr, entry.len, entry.info))
+    }
+
+    /// This engine's own segment descriptor (what peers get in a handshake).
+    pub fn descriptor(&self) -> SegmentDescriptor {
+        describe(&self.inner.config.name, self.inner.epoch, &self.inner.registry, &self.inner.control_addr.to_string())
+    }
+
+    /// Opens (or returns the cached handle of) a peer segment by name or
+    /// control address, choosing the transport: shm when the peer is on
+    /// this host.
+    pub fn open_segment(&self, name: &str) -> Result<Segment> {
+        self.open_segment_with(name, None, self.inner.config.control_timeout)
+    }
+
+    /// [`open_segment`](Self::open_segment) with an explicit transport and
+    /// handshake deadline.
+    pub fn open_segment_with(&self, name: &str, transport: Option<TransportKind>, timeout: Duration) -> Result<Segment> {
+        if self.inner.is_stopped() {
+            return Err(Error::Shutdown);
+        }
+        if let Some(segment) = lock(&self.inner.segments).by_name.get(name) {
+            if !segment.is_closed() && transport.is_none_or(|t| t == segment.transport()) {
+                return Ok(segment.clone());
+            }
+        }
+        // The handshake runs on the caller's thread, never on a lane, and
+        // without the table lock, so a dead peer stalls nobody else.
+        let deadline = Instant::now() + timeout;
+        let descriptor = self.inner.metadata.resolve(name, &self.inner.config.name, deadline)?;
+        let transport = transport.unwrap_or(TransportKind::Shm);
+        let link: Arc<dyn Link> = match transport {
+            TransportKind::Shm => Arc::new(ShmLink::open(&descriptor)?),
+            TransportKind::Null => Arc::new(NullLink),
+        };
+        self.install_segment(name, descriptor, transport, link)
+    }
+
+    /// Opens this engine's own segment as a peer (loopback): useful to test
+    /// a transport, or to measure kvring's own overhead with the null
+    /// transport, without a second process.
+    pub fn open_self(&self, transport: TransportKind) -> Result<Segment> {
+        let descriptor = self.descriptor();
+        let link: Arc<dyn Link> = match transport {
+            TransportKind::Shm => Arc::new(ShmLink::open(&descriptor)?),
+            TransportKind::Null => Arc::new(NullLink),
+        };
+        self.install_segment(&format!("self/{}", transport.name()), descriptor, transport, link)
+    }
+
+    fn install_segment(&self, name: &str, descriptor: SegmentDescriptor, transport: TransportKind, link: Arc<dyn Link>) -> Result<Segment> {
+        let mut table = lock(&self.inner.segments);
+        if let Some(old) = table.by_name.remove(name) {
+            self.retire(&mut table, &old);
+        }
+        let slot = table.free.pop().ok_or(Error::Busy { queue: "segment table", capacity: self.inner.config.max_segments })?;
+        let key = ((table.generations[slot as usize] as u32) << 16) | slot as u32;
+        let peer = Arc::new(PeerSegment::new(descriptor));
+        for lane in &self.inner.lanes {
+            lane.shared.send(LaneCommand::AttachSegment { key, segment: LaneSegment { peer: peer.clone(), link: link.clone() } });
+        }
+        let segment = Segment {
+            inner: Arc::new(SegmentInner { key, owner_epoch: self.inner.epoch, opened_as: name.to_string(), peer, transport }),
+        };
+        table.by_name.insert(name.to_string(), segment.clone());
+        Ok(segment)
+    }
+
+    fn retire(&self, table: &mut SegmentTable, segment: &Segment) {
+        segment.inner.peer.close();
+        let key = segment.inner.key;
+        for lane in &self.inner.lanes {
+            lane.shared.send(LaneCommand::DetachSegment { key });
+        }
+        let slot = key as u16;
+        let generation = &mut table.generations[slot as usize];
+        *generation = generation.wrapping_add(1).max(1);
+        table.free.push(slot);
+    }
+
+    /// Closes a segment: new submissions to it fail; batches already queued
+    /// to it fail with `UnknownSegment` if a lane reaches them after the
+    /// close.
+    pub fn close_segment(&self, segment: &Segment) {
+        let mut table = lock(&self.inner.segments);
+        let name = segment.opened_as();
+        if table.by_name.get(name).is_some_and(|s| s.inner.key == segment.inner.key) {
+            table.by_name.remove(name);
+            self.retire(&mut table, segment);
+        }
+    }
+
+    /// A submitter for the calling thread.
+    pub fn submitter(&self) -> Result<Submitter> {
+        if self.inner.is_stopped() {
+            return Err(Error::Shutdown);
+        }
+        let tag = self.inner.next_tag.fetch_add(1, Ordering::Relaxed);
+        Ok(Submitter::new(self.inner.clone(), tag))
+    }
+
+    /// Stops the control server and the lanes (after they drain what is
+    /// queued). Later calls fail with `Shutdown`.
+    pub fn shutdown(&self) {
+        self.inner.stop();
+    }
+}
+
+fn describe(name: &str, epoch: u64, registry: &Registry, control_addr: &str) -> SegmentDescriptor {
+    let regions = registry
+        .snapshot()
+        .into_iter()
+        .map(|(id, entry)| RemoteRegion {
+            id,
+            kind: entry.info.kind,
+            len: entry.len as u64,
+            access: entry.info.access,
+            layer: entry.info.layer,
+            block_bytes: entry.info.block_bytes,
+            shm_path: entry.shm.as_ref().map(|m| m.path().to_path_buf()),
+        })
+        .collect();
+    SegmentDescriptor {
+        name: name.to_string(),
+        epoch,
+        host_id: local_host_id(),
+        pid: std::process::id(),
+        regions,
+        control_addr: control_addr.to_string(),
+    }
+}
+
+/// What the control server sees of the engine (no reference back to the
+/// engine itself, so dropping the engine stops the server).
+struct ControlContext {
+    name: String,
+    epoch: u64,
+    host_id: String,
+    registry: Arc<Registry>,
+    control_addr: Mutex<String>,
+}
+
+impl ControlHandler for ControlContext {
+    fn handshake(&self, _request: &HandshakeRequest) -> Result<SegmentDescriptor> {
+        let mut descriptor = describe(&self.name, self.epoch, &self.registry, &lock(&self.control_addr));
+        descriptor.host_id.clone_from(&self.host_id);
+        Ok(descriptor)
+    }
+
+    fn checksum(&self, request: &ChecksumRequest) -> Result<u64> {
+        let id = RegionId::from_raw(request.region);
+        // The lease keeps the region registered while we read it.
+        self.registry.lease(id).map_err(|_| Error::UnknownRegion { side: Side::Remote, region: id })?;
+        let result = (|| {
+            let entry = self.registry.leased(id)?;
+            if !entry.info.access.contains(Access::REMOTE_READ) {
+                return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region: id, needs: "remote read" });
+            }
+            check_range(id, Side::Remote, 0, request.offset, request.len, entry.len as u64)?;
+            // SAFETY: the range is inside a registered region (checked) that
+            // the lease keeps registered; the bytes are plain integers, and a
+            // transfer running concurrently only makes the sum meaningless.
+            let bytes = unsafe { std::slice::from_raw_parts((entry.addr + request.offset as usize) as *const u8, request.len as usize) };
+            Ok(crate::mem::checksum(bytes))
+        })();
+        self.registry.release(id);
+        result
+    }
+}

@@ -1,0 +1,78 @@
+//! The caller's handle to an open peer segment.
+
+use crate::control::ControlClient;
+use crate::desc::RegionId;
+use crate::error::{Error, Result, Side};
+use crate::segment::{PeerSegment, RemoteRegion, TransportKind};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// An open peer segment. Cheap to clone; closing it (through the engine)
+/// makes new submissions to it fail with `UnknownSegment`.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub(crate) inner: Arc<SegmentInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct SegmentInner {
+    /// `slot:16 | generation:16`, carried by SQEs.
+    pub(crate) key: u32,
+    /// Epoch of the engine that opened it, so a handle from another engine
+    /// is refused.
+    pub(crate) owner_epoch: u64,
+    /// The name or address it was opened by.
+    pub(crate) opened_as: String,
+    pub(crate) peer: Arc<PeerSegment>,
+    pub(crate) transport: TransportKind,
+}
+
+impl Segment {
+    /// The peer engine's name.
+    pub fn name(&self) -> &str {
+        &self.inner.peer.descriptor().name
+    }
+
+    /// What it was opened by (a name or `host:port`).
+    pub fn opened_as(&self) -> &str {
+        &self.inner.opened_as
+    }
+
+    /// The peer's epoch (random at each of its starts).
+    pub fn epoch(&self) -> u64 {
+        self.inner.peer.descriptor().epoch
+    }
+
+    /// The transport the lanes use to reach it.
+    pub fn transport(&self) -> TransportKind {
+        self.inner.transport
+    }
+
+    /// The peer's regions, in the order its descriptor lists them.
+    pub fn regions(&self) -> &[RemoteRegion] {
+        &self.inner.peer.descriptor().regions
+    }
+
+    /// The id of the peer's `position`-th region.
+    pub fn region(&self, position: usize) -> Result<RegionId> {
+        self.regions()
+            .get(position)
+            .map(|r| r.id)
+            .ok_or_else(|| Error::invalid("region position", format!("{position} but the peer has {} regions", self.regions().len())))
+    }
+
+    /// True once closed.
+    pub fn is_closed(&self) -> bool {
+        self.inner.peer.is_closed()
+    }
+
+    /// Asks the peer for a checksum of `len` bytes at `offset` of its region
+    /// (the region must allow remote reads), over the control plane.
+    pub fn remote_checksum(&self, region: RegionId, offset: u64, len: u64, timeout: Duration) -> Result<u64> {
+        let remote = self.inner.peer.region(region)?;
+        crate::mem::registry::check_range(region, Side::Remote, 0, offset, len, remote.len)?;
+        let deadline = Instant::now() + timeout;
+        let addr = &self.inner.peer.descriptor().control_addr;
+        ControlClient::connect(addr, deadline)?.checksum(region.raw(), offset, len, deadline)
+    }
+}

@@ -1,0 +1,441 @@
+//! One error type for the whole crate, and its one mapping to wire codes.
+//!
+//! Every variant names what went wrong with the values a user needs to act on
+//! (region ids, offsets, lengths, limits); every `Display` message is tested
+//! below. Bad input from a caller or a peer always ends here, never in a panic.
+
+use crate::desc::RegionId;
+use crate::proto::ErrorCode;
+use std::fmt;
+use std::time::Duration;
+
+/// Which side of a block descriptor an error concerns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The initiator's own region.
+    Local,
+    /// The peer's region.
+    Remote,
+}
+
+impl fmt::Display for Side {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Side::Local => "local",
+            Side::Remote => "remote",
+        })
+    }
+}
+
+/// Everything that can go wrong in kvring.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A caller passed a value that can never be valid.
+    InvalidArgument {
+        /// The argument.
+        what: &'static str,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// A region that would overlap one already registered.
+    RegionOverlap {
+        /// Start address of the new range.
+        addr: usize,
+        /// Length of the new range.
+        len: usize,
+        /// The registered region it overlaps.
+        existing: RegionId,
+        /// Start address of that region.
+        existing_addr: usize,
+        /// Length of that region.
+        existing_len: usize,
+    },
+    /// The same range registered again with different information.
+    RegionInfoMismatch {
+        /// The region already registered on that range.
+        existing: RegionId,
+    },
+    /// Unregistering a region while transfers still use it.
+    RegionBusy {
+        /// The region.
+        region: RegionId,
+        /// Batches still holding it.
+        in_flight: u32,
+    },
+    /// A region id that names no registered region (never registered,
+    /// unregistered, or forged).
+    UnknownRegion {
+        /// Which side's registry was asked.
+        side: Side,
+        /// The id.
+        region: RegionId,
+    },
+    /// The registry has no free slot.
+    RegionTableFull {
+        /// The registry's capacity.
+        capacity: usize,
+    },
+    /// A descriptor reaches past its region's end.
+    OutOfBounds {
+        /// Index of the descriptor in its batch.
+        desc_index: u32,
+        /// Side whose region is exceeded.
+        side: Side,
+        /// The region.
+        region: RegionId,
+        /// Descriptor offset.
+        offset: u64,
+        /// Descriptor length.
+        len: u64,
+        /// The region's length.
+        region_len: u64,
+    },
+    /// `offset + len` does not fit in 64 bits.
+    LengthOverflow {
+        /// Index of the descriptor in its batch.
+        desc_index: u32,
+        /// Side of the overflowing offset.
+        side: Side,
+        /// Descriptor offset.
+        offset: u64,
+        /// Descriptor length.
+        len: u64,
+    },
+    /// A region's access rights forbid the operation.
+    AccessDenied {
+        /// Index of the descriptor in its batch.
+        desc_index: u32,
+        /// Side of the region.
+        side: Side,
+        /// The region.
+        region: RegionId,
+        /// The right that is missing.
+        needs: &'static str,
+    },
+    /// A ring or table is full: back-pressure, nothing was queued. Retry
+    /// after reaping or waiting.
+    Busy {
+        /// Which queue is full.
+        queue: &'static str,
+        /// Its capacity.
+        capacity: usize,
+    },
+    /// A wait reached its deadline; the batch is still running.
+    Timeout {
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// A batch id that was never issued by this submitter.
+    UnknownBatch {
+        /// The raw id.
+        id: u64,
+    },
+    /// A batch id whose batch already ended and was consumed.
+    StaleBatch {
+        /// The raw id.
+        id: u64,
+    },
+    /// A segment handle that is closed or unknown to this engine.
+    UnknownSegment {
+        /// Name or slot of the segment.
+        segment: String,
+    },
+    /// The peer restarted (its epoch changed) or its connection broke.
+    PeerRestarted {
+        /// The peer's segment name.
+        segment: String,
+        /// What was seen.
+        detail: String,
+    },
+    /// A control message of a version this engine does not speak.
+    VersionMismatch {
+        /// Version received.
+        got: u32,
+        /// Version spoken here.
+        supported: u32,
+    },
+    /// Bytes from a peer or a caller that do not decode.
+    Malformed {
+        /// What was being decoded.
+        what: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A message larger than the limit.
+    MessageTooLarge {
+        /// Its length.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// An opcode this engine does not know.
+    UnknownOpcode {
+        /// The raw opcode.
+        opcode: u8,
+    },
+    /// The peer answered with an error.
+    Remote {
+        /// The peer's wire code.
+        code: ErrorCode,
+        /// The peer's message.
+        message: String,
+    },
+    /// An operating-system call failed.
+    Io {
+        /// What kvring was doing.
+        context: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The locked-memory limit is too low for the lanes' io_uring rings.
+    LockedMemoryLimit {
+        /// The limit in force, bytes.
+        have_bytes: u64,
+        /// What the lanes need, bytes.
+        need_bytes: u64,
+    },
+    /// A lane could not start.
+    LaneStart {
+        /// The lane.
+        lane: usize,
+        /// Why.
+        reason: String,
+    },
+    /// The operation is not supported by this build or transport.
+    Unsupported {
+        /// What was asked for.
+        what: String,
+    },
+    /// The engine is shutting down or has stopped.
+    Shutdown,
+}
+
+/// Result alias used throughout kvring.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The wire code of this error, as proto/ defines it.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::InvalidArgument { .. } => ErrorCode::InvalidArgument,
+            Error::RegionOverlap { .. } => ErrorCode::RegionOverlap,
+            Error::RegionInfoMismatch { .. } => ErrorCode::RegionOverlap,
+            Error::RegionBusy { .. } => ErrorCode::RegionBusy,
+            Error::UnknownRegion { .. } => ErrorCode::UnknownRegion,
+            Error::RegionTableFull { .. } => ErrorCode::ResourceLimit,
+            Error::OutOfBounds { .. } => ErrorCode::OutOfBounds,
+            Error::LengthOverflow { .. } => ErrorCode::LengthOverflow,
+            Error::AccessDenied { .. } => ErrorCode::AccessDenied,
+            Error::Busy { .. } => ErrorCode::Busy,
+            Error::Timeout { .. } => ErrorCode::Timeout,
+            Error::UnknownBatch { .. } => ErrorCode::UnknownBatch,
+            Error::StaleBatch { .. } => ErrorCode::StaleBatch,
+            Error::UnknownSegment { .. } => ErrorCode::UnknownSegment,
+            Error::PeerRestarted { .. } => ErrorCode::PeerRestarted,
+            Error::VersionMismatch { .. } => ErrorCode::VersionMismatch,
+            Error::Malformed { .. } => ErrorCode::MalformedMessage,
+            Error::MessageTooLarge { .. } => ErrorCode::MessageTooLarge,
+            Error::UnknownOpcode { .. } => ErrorCode::UnknownOpcode,
+            Error::Remote { code, .. } => *code,
+            Error::Io { .. } => ErrorCode::Io,
+            Error::LockedMemoryLimit { .. } => ErrorCode::ResourceLimit,
+            Error::LaneStart { .. } => ErrorCode::Internal,
+            Error::Unsupported { .. } => ErrorCode::Unsupported,
+            Error::Shutdown => ErrorCode::Shutdown,
+        }
+    }
+
+    /// Wraps an OS error with what kvring was doing when it happened.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io { context: context.into(), source }
+    }
+
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument { what, reason: reason.into() }
+    }
+
+    /// Shorthand for [`Error::Malformed`].
+    pub fn malformed(what: &'static str, reason: impl Into<String>) -> Self {
+        Error::Malformed { what, reason: reason.into() }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidArgument { what, reason } => write!(f, "invalid {what}: {reason}"),
+            Error::RegionOverlap { addr, len, existing, existing_addr, existing_len } => write!(
+                f,
+                "range {addr:#x}+{len} overlaps registered region {existing} \
+                 ({existing_addr:#x}+{existing_len}); unregister it first or register the same range exactly"
+            ),
+            Error::RegionInfoMismatch { existing } => write!(
+                f,
+                "range is already registered as region {existing} with different kind, layer, block size or access"
+            ),
+            Error::RegionBusy { region, in_flight } => write!(
+                f,
+                "region {region} has {in_flight} batch(es) in flight; wait for them before unregistering"
+            ),
+            Error::UnknownRegion { side, region } => {
+                write!(f, "unknown {side} region {region}: not registered, unregistered, or forged id")
+            }
+            Error::RegionTableFull { capacity } => {
+                write!(f, "region table is full ({capacity} regions); unregister some first")
+            }
+            Error::OutOfBounds { desc_index, side, region, offset, len, region_len } => write!(
+                f,
+                "descriptor {desc_index}: {side} range offset {offset} + len {len} exceeds region {region} of {region_len} bytes"
+            ),
+            Error::LengthOverflow { desc_index, side, offset, len } => write!(
+                f,
+                "descriptor {desc_index}: {side} offset {offset} + len {len} overflows 64 bits"
+            ),
+            Error::AccessDenied { desc_index, side, region, needs } => write!(
+                f,
+                "descriptor {desc_index}: {side} region {region} does not allow {needs}"
+            ),
+            Error::Busy { queue, capacity } => write!(
+                f,
+                "{queue} is full ({capacity} entries): nothing was queued; reap or wait, then resubmit"
+            ),
+            Error::Timeout { waited } => {
+                write!(f, "deadline reached after {waited:?}; the batch may still complete")
+            }
+            Error::UnknownBatch { id } => {
+                write!(f, "batch id {id:#x} was not issued by this submitter")
+            }
+            Error::StaleBatch { id } => {
+                write!(f, "batch id {id:#x} already ended and its result was consumed")
+            }
+            Error::UnknownSegment { segment } => {
+                write!(f, "segment {segment} is not open in this engine")
+            }
+            Error::PeerRestarted { segment, detail } => {
+                write!(f, "peer {segment} restarted or went away: {detail}")
+            }
+            Error::VersionMismatch { got, supported } => write!(
+                f,
+                "control message version {got} is not supported (this engine speaks version {supported})"
+            ),
+            Error::Malformed { what, reason } => write!(f, "malformed {what}: {reason}"),
+            Error::MessageTooLarge { len, max } => {
+                write!(f, "message of {len} bytes exceeds the {max}-byte limit")
+            }
+            Error::UnknownOpcode { opcode } => write!(f, "unknown opcode {opcode}"),
+            Error::Remote { code, message } => {
+                write!(f, "peer answered {}: {message}", code.as_str_name())
+            }
+            Error::Io { context, source } => write!(f, "{context}: {source}"),
+            Error::LockedMemoryLimit { have_bytes, need_bytes } => write!(
+                f,
+                "locked-memory limit is {have_bytes} bytes but the lanes' io_uring rings need {need_bytes}; \
+                 raise it (`ulimit -l {}` or memlock in /etc/security/limits.conf) or use fewer lanes",
+                need_bytes.div_ceil(1024)
+            ),
+            Error::LaneStart { lane, reason } => write!(f, "lane {lane} failed to start: {reason}"),
+            Error::Unsupported { what } => write!(f, "unsupported: {what}"),
+            Error::Shutdown => f.write_str("the engine is shut down"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(index: u16) -> RegionId {
+        RegionId::new(index, 1)
+    }
+
+    /// Every variant's message, checked word for word where it matters.
+    #[test]
+    fn every_message_names_what_a_user_needs() {
+        let cases: Vec<(Error, &str, ErrorCode)> = vec![
+            (Error::invalid("length", "must be > 0"), "invalid length: must be > 0", ErrorCode::InvalidArgument),
+            (
+                Error::RegionOverlap { addr: 0x1000, len: 10, existing: region(2), existing_addr: 0x1004, existing_len: 4 },
+                "range 0x1000+10 overlaps registered region 2:1 (0x1004+4)",
+                ErrorCode::RegionOverlap,
+            ),
+            (Error::RegionInfoMismatch { existing: region(3) }, "already registered as region 3:1", ErrorCode::RegionOverlap),
+            (Error::RegionBusy { region: region(1), in_flight: 2 }, "region 1:1 has 2 batch(es) in flight", ErrorCode::RegionBusy),
+            (Error::UnknownRegion { side: Side::Remote, region: region(9) }, "unknown remote region 9:1", ErrorCode::UnknownRegion),
+            (Error::RegionTableFull { capacity: 4 }, "region table is full (4 regions)", ErrorCode::ResourceLimit),
+            (
+                Error::OutOfBounds { desc_index: 3, side: Side::Local, region: region(1), offset: 4096, len: 8192, region_len: 8192 },
+                "descriptor 3: local range offset 4096 + len 8192 exceeds region 1:1 of 8192 bytes",
+                ErrorCode::OutOfBounds,
+            ),
+            (
+                Error::LengthOverflow { desc_index: 0, side: Side::Remote, offset: u64::MAX, len: 1 },
+                "descriptor 0: remote offset 18446744073709551615 + len 1 overflows 64 bits",
+                ErrorCode::LengthOverflow,
+            ),
+            (
+                Error::AccessDenied { desc_index: 1, side: Side::Remote, region: region(4), needs: "remote write" },
+                "descriptor 1: remote region 4:1 does not allow remote write",
+                ErrorCode::AccessDenied,
+            ),
+            (Error::Busy { queue: "submission ring", capacity: 8 }, "submission ring is full (8 entries): nothing was queued", ErrorCode::Busy),
+            (Error::Timeout { waited: Duration::from_millis(5) }, "deadline reached after 5ms", ErrorCode::Timeout),
+            (Error::UnknownBatch { id: 0xab }, "batch id 0xab was not issued by this submitter", ErrorCode::UnknownBatch),
+            (Error::StaleBatch { id: 0xab }, "batch id 0xab already ended", ErrorCode::StaleBatch),
+            (Error::UnknownSegment { segment: "decode-3".into() }, "segment decode-3 is not open", ErrorCode::UnknownSegment),
+            (
+                Error::PeerRestarted { segment: "decode-3".into(), detail: "epoch 1 -> 2".into() },
+                "peer decode-3 restarted or went away: epoch 1 -> 2",
+                ErrorCode::PeerRestarted,
+            ),
+            (
+                Error::VersionMismatch { got: 7, supported: 1 },
+                "control message version 7 is not supported (this engine speaks version 1)",
+                ErrorCode::VersionMismatch,
+            ),
+            (Error::malformed("frame", "truncated"), "malformed frame: truncated", ErrorCode::MalformedMessage),
+            (Error::MessageTooLarge { len: 10, max: 4 }, "message of 10 bytes exceeds the 4-byte limit", ErrorCode::MessageTooLarge),
+            (Error::UnknownOpcode { opcode: 9 }, "unknown opcode 9", ErrorCode::UnknownOpcode),
+            (
+                Error::Remote { code: ErrorCode::OutOfBounds, message: "x".into() },
+                "peer answered OUT_OF_BOUNDS: x",
+                ErrorCode::OutOfBounds,
+            ),
+            (
+                Error::io("mapping /dev/shm/x", std::io::Error::from_raw_os_error(libc::ENOENT)),
+                "mapping /dev/shm/x: No such file or directory",
+                ErrorCode::Io,
+            ),
+            (
+                Error::LockedMemoryLimit { have_bytes: 65536, need_bytes: 1 << 20 },
+                "locked-memory limit is 65536 bytes but the lanes' io_uring rings need 1048576; raise it (`ulimit -l 1024`",
+                ErrorCode::ResourceLimit,
+            ),
+            (Error::LaneStart { lane: 1, reason: "no cpu".into() }, "lane 1 failed to start: no cpu", ErrorCode::Internal),
+            (Error::Unsupported { what: "rdma".into() }, "unsupported: rdma", ErrorCode::Unsupported),
+            (Error::Shutdown, "the engine is shut down", ErrorCode::Shutdown),
+        ];
+        for (error, expected, code) in cases {
+            let message = error.to_string();
+            assert!(message.contains(expected), "{message:?} should contain {expected:?}");
+            assert_eq!(error.code(), code, "code of {message:?}");
+        }
+    }
+
+    #[test]
+    fn io_errors_keep_their_source() {
+        use std::error::Error as _;
+        let error = Error::io("x", std::io::Error::other("boom"));
+        assert_eq!(error.source().unwrap().to_string(), "boom");
+    }
+}

@@ -1,0 +1,12 @@
+//! Local memory: region descriptions, the registry, shared-memory backing,
+//! and the checksum used to verify moved bytes.
+
+pub mod checksum;
+pub mod region;
+pub mod registry;
+pub mod shm;
+
+pub use checksum::checksum;
+pub use region::{Access, RegionInfo, RegionKind};
+pub use registry::{Registry, RegionEntry, DEFAULT_MAX_REGIONS};
+pub use shm::ShmMapping;

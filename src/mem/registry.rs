@@ -1,0 +1,363 @@
+//! The region registry: which local memory kvring may touch.
+//!
+//! Registration and unregistration are control operations and take a mutex.
+//! The data path never does: a lane reaches a region through a *lease*, an
+//! atomic count in the region's slot that the submitter takes before it
+//! publishes a batch and the lane drops when the batch part ends. While a
+//! region is leased it cannot be unregistered (`RegionBusy`), and a slot's
+//! entry is only rewritten when it is neither live nor leased, so a leased
+//! read needs no lock.
+//!
+//! Slot state word: `generation << 48 | live << 47 | leases`.
+
+use super::region::{Access, RegionInfo};
+use super::shm::ShmMapping;
+use crate::desc::RegionId;
+use crate::error::{Error, Result, Side};
+use std::cell::UnsafeCell;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Default number of region slots.
+pub const DEFAULT_MAX_REGIONS: usize = 4096;
+
+const LIVE: u64 = 1 << 47;
+const LEASE_MASK: u64 = LIVE - 1;
+const GENERATION_SHIFT: u32 = 48;
+
+fn generation_of(state: u64) -> u16 {
+    (state >> GENERATION_SHIFT) as u16
+}
+
+/// Where a registered region's bytes are.
+#[derive(Debug, Clone)]
+pub struct RegionEntry {
+    /// Start address.
+    pub addr: usize,
+    /// Length in bytes.
+    pub len: usize,
+    /// Kind, layer, block size, rights.
+    pub info: RegionInfo,
+    /// Set for regions from `alloc_region`: the shared mapping peers can open.
+    pub shm: Option<Arc<ShmMapping>>,
+}
+
+impl RegionEntry {
+    /// Checks `[offset, offset + len)` against the region and the right it
+    /// needs; returns the start address of the range.
+    #[inline]
+    pub fn check(&self, region: RegionId, side: Side, desc_index: u32, offset: u64, len: u64, needs: Access) -> Result<usize> {
+        if !self.info.access.contains(needs) {
+            return Err(Error::AccessDenied { desc_index, side, region, needs: access_name(needs) });
+        }
+        check_range(region, side, desc_index, offset, len, self.len as u64)?;
+        Ok(self.addr + offset as usize)
+    }
+}
+
+/// Bounds check with checked arithmetic: `offset + len` must not overflow
+/// and must not pass `region_len`.
+#[inline]
+pub fn check_range(region: RegionId, side: Side, desc_index: u32, offset: u64, len: u64, region_len: u64) -> Result<()> {
+    let end = offset.checked_add(len).ok_or(Error::LengthOverflow { desc_index, side, offset, len })?;
+    if end > region_len {
+        return Err(Error::OutOfBounds { desc_index, side, region, offset, len, region_len });
+    }
+    Ok(())
+}
+
+/// Human name of one access right, for error messages.
+pub fn access_name(access: Access) -> &'static str {
+    match access {
+        Access::LOCAL_READ => "local read",
+        Access::LOCAL_WRITE => "local write",
+        Access::REMOTE_READ => "remote read",
+        Access::REMOTE_WRITE => "remote write",
+        _ => "the requested access",
+    }
+}
+
+struct Slot {
+    state: AtomicU64,
+    /// Written only under the control mutex while the slot is neither live
+    /// nor leased; read by lease holders.
+    entry: UnsafeCell<Option<RegionEntry>>,
+}
+
+struct Control {
+    /// Start address → region, for overlap checks.
+    by_addr: BTreeMap<usize, RegionId>,
+    /// Slots never used or freed, reused last-in first-out.
+    free: Vec<u16>,
+}
+
+/// The registry. Shared by the engine, its submitters and its lanes.
+pub struct Registry {
+    slots: Box<[Slot]>,
+    control: Mutex<Control>,
+}
+
+// SAFETY: `entry` cells are written only under `control` while the slot is
+// not live and has no leases (so no reader exists), and read only by lease
+// holders, whose lease was taken with Acquire after the Release that
+// published the entry.
+unsafe impl Sync for Registry {}
+// SAFETY: as above; nothing in a slot is tied to a thread.
+unsafe impl Send for Registry {}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").field("capacity", &self.slots.len()).field("registered", &self.len()).finish()
+    }
+}
+
+impl Registry {
+    /// A registry with room for `capacity` regions (at most 65535).
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.clamp(1, u16::MAX as usize);
+        let slots = (0..capacity)
+            .map(|_| Slot { state: AtomicU64::new(1 << GENERATION_SHIFT), entry: UnsafeCell::new(None) })
+            .collect();
+        let free = (0..capacity as u16).rev().collect();
+        Self { slots, control: Mutex::new(Control { by_addr: BTreeMap::new(), free }) }
+    }
+
+    fn control(&self) -> MutexGuard<'_, Control> {
+        // A panic while holding the lock leaves the map consistent (every
+        // mutation is a single insert/remove), so poisoning is ignored.
+        self.control.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Number of live regions.
+    pub fn len(&self) -> usize {
+        self.control().by_addr.len()
+    }
+
+    /// True when nothing is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Registers `[addr, addr + len)`. The same range registered again with
+    /// the same info returns the same id; any other overlap is refused.
+    pub fn register(&self, addr: usize, len: usize, info: RegionInfo, shm: Option<Arc<ShmMapping>>) -> Result<RegionId> {
+        if addr == 0 {
+            return Err(Error::invalid("region address", "null pointer"));
+        }
+        if len == 0 {
+            return Err(Error::invalid("region length", "must be greater than zero"));
+        }
+        let end = addr
+            .checked_add(len)
+            .ok_or_else(|| Error::invalid("region", format!("{addr:#x} + {len} overflows the address space")))?;
+        let mut control = self.control();
+        // The only candidates for overlap: the last region starting before
+        // `end`; regions never overlap each other, so one check suffices.
+        if let Some((&start, &id)) = control.by_addr.range(..end).next_back() {
+            let existing = self.leased_entry_unchecked(id);
+            if start == addr && existing.len == len && shm.is_none() {
+                return if existing.info == info { Ok(id) } else { Err(Error::RegionInfoMismatch { existing: id }) };
+            }
+            if start + existing.len > addr {
+                return Err(Error::RegionOverlap { addr, len, existing: id, existing_addr: start, existing_len: existing.len });
+            }
+        }
+        let index = control.free.pop().ok_or(Error::RegionTableFull { capacity: self.slots.len() })?;
+        let slot = &self.slots[index as usize];
+        let generation = generation_of(slot.state.load(Ordering::Relaxed));
+        // SAFETY: the slot is free (from the free list): not live, no leases,
+        // so no reader exists; we hold the control mutex, so no writer either.
+        unsafe { *slot.entry.get() = Some(RegionEntry { addr, len, info, shm }) };
+        // Release publishes the entry to lease takers (Acquire in `lease`).
+        slot.state.store(((generation as u64) << GENERATION_SHIFT) | LIVE, Ordering::Release);
+        let id = RegionId::new(index, generation);
+        control.by_addr.insert(addr, id);
+        Ok(id)
+    }
+
+    /// Unregisters a region; refused while batches hold it.
+    pub fn unregister(&self, id: RegionId) -> Result<RegionEntry> {
+        let mut control = self.control();
+        let slot = self.slot(id, Side::Local)?;
+        let live_idle = ((id.generation() as u64) << GENERATION_SHIFT) | LIVE;
+        let next_generation = match id.generation().wrapping_add(1) {
+            0 => 1, // generation 0 is never issued, so zeroed ids never alias
+            g => g,
+        };
+        let freed = (next_generation as u64) << GENERATION_SHIFT;
+        // AcqRel: Acquire pairs with the lease holders' Release decrements,
+        // so their reads of the entry are done; Release orders our later
+        // rewrite after this point for the next lease taker.
+        match slot.state.compare_exchange(live_idle, freed, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {}
+            Err(current) if generation_of(current) == id.generation() && current & LIVE != 0 => {
+                return Err(Error::RegionBusy { region: id, in_flight: (current & LEASE_MASK) as u32 });
+            }
+            Err(_) => return Err(Error::UnknownRegion { side: Side::Local, region: id }),
+        }
+        // SAFETY: the slot is no longer live and had no leases; we hold the
+        // control mutex.
+        let entry = unsafe { (*slot.entry.get()).take() }.expect("a live slot has an entry");
+        control.by_addr.remove(&entry.addr);
+        control.free.push(id.index());
+        Ok(entry)
+    }
+
+    fn slot(&self, id: RegionId, side: Side) -> Result<&Slot> {
+        self.slots.get(id.index() as usize).ok_or(Error::UnknownRegion { side, region: id })
+    }
+
+    /// Takes a lease on a region for one batch part.
+    #[inline]
+    pub fn lease(&self, id: RegionId) -> Result<()> {
+        let slot = self.slot(id, Side::Local)?;
+        let mut current = slot.state.load(Ordering::Acquire);
+        loop {
+            if generation_of(current) != id.generation() || current & LIVE == 0 {
+                return Err(Error::UnknownRegion { side: Side::Local, region: id });
+            }
+            if current & LEASE_MASK == LEASE_MASK {
+                return Err(Error::Busy { queue: "region lease count", capacity: LEASE_MASK as usize });
+            }
+            // Acquire pairs with the Release in `register`: the entry is
+            // visible to whoever holds the lease.
+            match slot.state.compare_exchange_weak(current, current + 1, Ordering::Acquire, Ordering::Acquire) {
+                Ok(_) => return Ok(()),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Drops a lease taken with [`lease`](Self::lease).
+    #[inline]
+    pub fn release(&self, id: RegionId) {
+        if let Ok(slot) = self.slot(id, Side::Local) {
+            // Release pairs with `unregister`'s Acquire: our reads of the
+            // entry happen before the slot is freed.
+            slot.state.fetch_sub(1, Ordering::Release);
+        }
+    }
+
+    /// The entry of a region the caller holds a lease on.
+    ///
+    /// Checks the id's generation, so a lane handed a stale id gets an
+    /// error instead of another region's bytes.
+    #[inline]
+    pub fn leased(&self, id: RegionId) -> Result<&RegionEntry> {
+        let slot = self.slot(id, Side::Local)?;
+        let state = slot.state.load(Ordering::Acquire);
+        if generation_of(state) != id.generation() || state & LIVE == 0 || state & LEASE_MASK == 0 {
+            return Err(Error::UnknownRegion { side: Side::Local, region: id });
+        }
+        Ok(self.leased_entry_unchecked(id))
+    }
+
+    fn leased_entry_unchecked(&self, id: RegionId) -> &RegionEntry {
+        let slot = &self.slots[id.index() as usize];
+        // SAFETY: callers either hold a lease on `id` (checked live above:
+        // the entry cannot be rewritten until the lease is released) or hold
+        // the control mutex with `id` in `by_addr` (live, and only the mutex
+        // holder rewrites entries).
+        unsafe { (*slot.entry.get()).as_ref().expect("live slot has an entry") }
+    }
+
+    /// A copy of every live region, for handshakes and `kvring info`.
+    pub fn snapshot(&self) -> Vec<(RegionId, RegionEntry)> {
+        let control = self.control();
+        control.by_addr.values().map(|&id| (id, self.leased_entry_unchecked(id).clone())).collect()
+    }
+
+    /// One live region's entry, copied (a control-path read).
+    pub fn get(&self, id: RegionId) -> Result<RegionEntry> {
+        // Holding the mutex keeps a live slot live for the read.
+        let _control = self.control();
+        let slot = self.slot(id, Side::Local)?;
+        let state = slot.state.load(Ordering::Acquire);
+        if generation_of(state) != id.generation() || state & LIVE == 0 {
+            return Err(Error::UnknownRegion { side: Side::Local, region: id });
+        }
+        Ok(self.leased_entry_unchecked(id).clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buffer(len: usize) -> (Vec<u8>, usize) {
+        let v = vec![0u8; len];
+        let addr = v.as_ptr() as usize;
+        (v, addr)
+    }
+
+    #[test]
+    fn same_range_is_idempotent_and_overlaps_are_refused() {
+        let registry = Registry::new(8);
+        let (_buf, addr) = buffer(4096);
+        let id = registry.register(addr, 4096, RegionInfo::raw(), None).unwrap();
+        assert_eq!(registry.register(addr, 4096, RegionInfo::raw(), None).unwrap(), id);
+        let err = registry.register(addr, 4096, RegionInfo::raw().with_layer(2), None).unwrap_err();
+        assert!(matches!(err, Error::RegionInfoMismatch { existing } if existing == id));
+        for (start, len) in [(addr + 100, 10), (addr - 10 + 4096, 20), (addr, 10)] {
+            let err = registry.register(start, len, RegionInfo::raw(), None).unwrap_err();
+            assert!(matches!(err, Error::RegionOverlap { existing, .. } if existing == id), "{start:#x}+{len}: {err}");
+        }
+        // Adjacent is fine.
+        let (_buf2, _) = buffer(1);
+        assert!(registry.register(addr + 4096, 16, RegionInfo::raw(), None).is_ok());
+        assert_eq!(registry.len(), 2);
+    }
+
+    #[test]
+    fn bad_ranges_are_refused() {
+        let registry = Registry::new(2);
+        assert!(registry.register(0, 10, RegionInfo::raw(), None).unwrap_err().to_string().contains("null pointer"));
+        assert!(registry.register(8, 0, RegionInfo::raw(), None).unwrap_err().to_string().contains("greater than zero"));
+        assert!(registry.register(usize::MAX - 4, 10, RegionInfo::raw(), None).unwrap_err().to_string().contains("overflows"));
+    }
+
+    #[test]
+    fn leased_regions_cannot_be_unregistered_and_stale_ids_are_rejected() {
+        let registry = Registry::new(4);
+        let (_buf, addr) = buffer(64);
+        let id = registry.register(addr, 64, RegionInfo::raw(), None).unwrap();
+        registry.lease(id).unwrap();
+        registry.lease(id).unwrap();
+        assert!(matches!(registry.unregister(id), Err(Error::RegionBusy { in_flight: 2, .. })));
+        assert_eq!(registry.leased(id).unwrap().len, 64);
+        registry.release(id);
+        registry.release(id);
+        registry.unregister(id).unwrap();
+        assert!(matches!(registry.lease(id), Err(Error::UnknownRegion { .. })));
+        assert!(matches!(registry.unregister(id), Err(Error::UnknownRegion { .. })));
+        // The slot is reused under a new generation; the old id stays dead.
+        let again = registry.register(addr, 64, RegionInfo::raw(), None).unwrap();
+        assert_eq!(again.index(), id.index());
+        assert_ne!(again.generation(), id.generation());
+        assert!(registry.lease(id).is_err());
+        assert!(registry.lease(RegionId::new(999, 1)).is_err(), "index past the table");
+        assert!(registry.get(RegionId::new(again.index(), 0)).is_err(), "generation 0 is never issued");
+    }
+
+    #[test]
+    fn full_table_is_a_clear_error() {
+        let registry = Registry::new(1);
+        let (_a, a) = buffer(8);
+        let (_b, b) = buffer(8);
+        registry.register(a, 8, RegionInfo::raw(), None).unwrap();
+        assert!(matches!(registry.register(b, 8, RegionInfo::raw(), None), Err(Error::RegionTableFull { capacity: 1 })));
+    }
+
+    #[test]
+    fn checks_use_checked_arithmetic_and_rights() {
+        let id = RegionId::new(0, 1);
+        assert!(check_range(id, Side::Local, 0, 0, 4096, 4096).is_ok());
+        assert!(matches!(check_range(id, Side::Local, 1, 1, 4096, 4096), Err(Error::OutOfBounds { desc_index: 1, .. })));
+        assert!(matches!(check_range(id, Side::Remote, 2, u64::MAX, 2, 4096), Err(Error::LengthOverflow { desc_index: 2, .. })));
+        let entry = RegionEntry { addr: 0x1000, len: 100, info: RegionInfo::raw().with_access(Access::LOCAL_READ), shm: None };
+        assert_eq!(entry.check(id, Side::Local, 0, 10, 10, Access::LOCAL_READ).unwrap(), 0x100a);
+        let err = entry.check(id, Side::Local, 0, 10, 10, Access::LOCAL_WRITE).unwrap_err();
+        assert!(err.to_string().contains("does not allow local write"), "{err}");
+    }
+}

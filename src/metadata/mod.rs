@@ -1,0 +1,24 @@
+//! Where segment descriptors are found. The default needs no server: ask the
+//! peer itself over its control plane (the peer handshake).
+
+use crate::control::ControlClient;
+use crate::error::Result;
+use crate::segment::SegmentDescriptor;
+use std::time::Instant;
+
+/// A way to turn a segment name into its descriptor.
+pub trait MetadataStore: Send + Sync + std::fmt::Debug {
+    /// Looks `name` up before `deadline`.
+    fn resolve(&self, name: &str, initiator: &str, deadline: Instant) -> Result<SegmentDescriptor>;
+}
+
+/// The peer handshake: the name is the peer's control address
+/// (`host:port`), and the peer answers with its own descriptor.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PeerHandshake;
+
+impl MetadataStore for PeerHandshake {
+    fn resolve(&self, name: &str, initiator: &str, deadline: Instant) -> Result<SegmentDescriptor> {
+        ControlClient::connect(name, deadline)?.handshake(initiator, deadline)
+    }
+}

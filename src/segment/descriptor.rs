@@ -1,0 +1,237 @@
+//! Segment descriptors: everything a peer needs to move bytes to or from an
+//! engine, and their checked conversion from the wire.
+
+use crate::desc::RegionId;
+use crate::error::{Error, Result, Side};
+use crate::mem::registry::{access_name, check_range};
+use crate::mem::{Access, RegionKind};
+use crate::proto;
+use std::path::PathBuf;
+
+/// Most regions one descriptor may list (bounds a peer's handshake).
+pub const MAX_DESCRIPTOR_REGIONS: usize = 1 << 16;
+/// Longest segment name accepted.
+pub const MAX_SEGMENT_NAME_BYTES: usize = 256;
+
+/// Transports a segment can be reached by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    /// Same-host shared memory.
+    Shm,
+    /// Moves nothing: measures kvring's own per-descriptor overhead.
+    Null,
+}
+
+impl TransportKind {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Shm => "shm",
+            TransportKind::Null => "null",
+        }
+    }
+
+    /// Parses a name as the command line spells it.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "shm" => Ok(TransportKind::Shm),
+            "null" => Ok(TransportKind::Null),
+            other => Err(Error::Unsupported { what: format!("transport {other:?} (this build has: shm, null)") }),
+        }
+    }
+}
+
+/// One region of a peer, as its descriptor lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteRegion {
+    /// The peer's id for it.
+    pub id: RegionId,
+    /// What it holds.
+    pub kind: RegionKind,
+    /// Length in bytes.
+    pub len: u64,
+    /// Rights the peer grants.
+    pub access: Access,
+    /// Model layer.
+    pub layer: u32,
+    /// Bytes per block.
+    pub block_bytes: u64,
+    /// File a same-host engine can map, for shm-backed regions.
+    pub shm_path: Option<PathBuf>,
+}
+
+impl RemoteRegion {
+    /// Checks a descriptor's remote range against this region.
+    #[inline]
+    pub fn check(&self, desc_index: u32, offset: u64, len: u64, needs: Access) -> Result<()> {
+        if !self.access.contains(needs) {
+            return Err(Error::AccessDenied { desc_index, side: Side::Remote, region: self.id, needs: access_name(needs) });
+        }
+        check_range(self.id, Side::Remote, desc_index, offset, len, self.len)
+    }
+}
+
+/// A segment: one engine's exposed regions, under a name and an epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentDescriptor {
+    /// The engine's name.
+    pub name: String,
+    /// Random at every start of that engine.
+    pub epoch: u64,
+    /// Same value on the same host (boot id and hostname).
+    pub host_id: String,
+    /// The engine's process id.
+    pub pid: u32,
+    /// Its regions.
+    pub regions: Vec<RemoteRegion>,
+    /// Where its control plane listens.
+    pub control_addr: String,
+}
+
+impl SegmentDescriptor {
+    /// The wire form.
+    pub fn to_proto(&self) -> proto::SegmentDescriptor {
+        proto::SegmentDescriptor {
+            name: self.name.clone(),
+            epoch: self.epoch,
+            host_id: self.host_id.clone(),
+            pid: self.pid,
+            regions: self
+                .regions
+                .iter()
+                .map(|r| proto::RegionDescriptor {
+                    id: r.id.raw(),
+                    kind: r.kind.to_proto() as i32,
+                    len: r.len,
+                    access: r.access.bits(),
+                    layer: r.layer,
+                    block_bytes: r.block_bytes,
+                    shm_path: r.shm_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                })
+                .collect(),
+            endpoints: vec![proto::Endpoint {
+                transport: proto::TransportKind::Tcp as i32,
+                address: self.control_addr.clone(),
+            }],
+        }
+    }
+
+    /// Checks and converts a descriptor received from a peer.
+    pub fn from_proto(message: proto::SegmentDescriptor) -> Result<Self> {
+        let bad = |reason: String| Error::malformed("segment descriptor", reason);
+        if message.name.is_empty() || message.name.len() > MAX_SEGMENT_NAME_BYTES {
+            return Err(bad(format!("name must be 1..={MAX_SEGMENT_NAME_BYTES} bytes, got {}", message.name.len())));
+        }
+        if message.regions.len() > MAX_DESCRIPTOR_REGIONS {
+            return Err(bad(format!("{} regions exceeds the limit of {MAX_DESCRIPTOR_REGIONS}", message.regions.len())));
+        }
+        let mut regions = Vec::with_capacity(message.regions.len());
+        let mut seen = std::collections::HashSet::with_capacity(message.regions.len());
+        for r in message.regions {
+            let id = RegionId::from_raw(r.id);
+            if !seen.insert(id.index()) {
+                return Err(bad(format!("region index {} listed twice", id.index())));
+            }
+            if r.len == 0 {
+                return Err(bad(format!("region {id} has zero length")));
+            }
+            let kind = proto::RegionKind::try_from(r.kind).map_err(|_| bad(format!("region {id} has unknown kind {}", r.kind)))?;
+            let shm_path = if r.shm_path.is_empty() {
+                None
+            } else {
+                let path = PathBuf::from(&r.shm_path);
+                let file_name_ok = path
+                    .strip_prefix(crate::mem::shm::SHM_DIR)
+                    .ok()
+                    .and_then(|rest| rest.to_str())
+                    .is_some_and(|rest| !rest.is_empty() && !rest.contains('/') && rest != "..");
+                if !file_name_ok {
+                    return Err(bad(format!("region {id} shm path {:?} is not a file directly under /dev/shm", r.shm_path)));
+                }
+                Some(path)
+            };
+            regions.push(RemoteRegion {
+                id,
+                kind: RegionKind::from_proto(kind),
+                len: r.len,
+                access: Access::from_bits(r.access),
+                layer: r.layer,
+                block_bytes: r.block_bytes,
+                shm_path,
+            });
+        }
+        let control_addr = message
+            .endpoints
+            .iter()
+            .find(|e| e.transport == proto::TransportKind::Tcp as i32)
+            .map(|e| e.address.clone())
+            .unwrap_or_default();
+        Ok(Self { name: message.name, epoch: message.epoch, host_id: message.host_id, pid: message.pid, regions, control_addr })
+    }
+}
+
+/// Identifies this host for the same-host check: boot id plus hostname.
+pub fn local_host_id() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}/{}", boot.trim(), host.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> SegmentDescriptor {
+        SegmentDescriptor {
+            name: "decode-0".into(),
+            epoch: 99,
+            host_id: local_host_id(),
+            pid: 1,
+            regions: vec![RemoteRegion {
+                id: RegionId::new(3, 1),
+                kind: RegionKind::Key,
+                len: 4096,
+                access: Access::ALL,
+                layer: 2,
+                block_bytes: 512,
+                shm_path: Some(PathBuf::from("/dev/shm/kvring-1-2-3")),
+            }],
+            control_addr: "127.0.0.1:9".into(),
+        }
+    }
+
+    #[test]
+    fn descriptor_round_trips() {
+        let d = sample();
+        assert_eq!(SegmentDescriptor::from_proto(d.to_proto()).unwrap(), d);
+    }
+
+    #[test]
+    fn hostile_descriptors_are_refused() {
+        let mut p = sample().to_proto();
+        p.regions[0].shm_path = "/dev/shm/../etc/passwd".into();
+        assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("not a file directly under /dev/shm"));
+        let mut p = sample().to_proto();
+        p.regions.push(p.regions[0].clone());
+        assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("listed twice"));
+        let mut p = sample().to_proto();
+        p.regions[0].len = 0;
+        assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("zero length"));
+        let mut p = sample().to_proto();
+        p.regions[0].kind = 42;
+        assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("unknown kind 42"));
+        let mut p = sample().to_proto();
+        p.name.clear();
+        assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("name must be"));
+    }
+
+    #[test]
+    fn remote_checks_cover_rights_and_bounds() {
+        let mut r = sample().regions[0].clone();
+        assert!(r.check(0, 0, 4096, Access::REMOTE_WRITE).is_ok());
+        assert!(matches!(r.check(1, 1, 4096, Access::REMOTE_WRITE), Err(Error::OutOfBounds { side: Side::Remote, .. })));
+        r.access = Access::REMOTE_READ;
+        assert!(matches!(r.check(0, 0, 1, Access::REMOTE_WRITE), Err(Error::AccessDenied { side: Side::Remote, .. })));
+        assert!(TransportKind::parse("rdma").unwrap_err().to_string().contains("this build has: shm, null"));
+    }
+}

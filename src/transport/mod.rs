@@ -1,0 +1,30 @@
+//! Transports: how a lane moves one validated block to or from a peer.
+//!
+//! Every transport implements [`Link`], and every link is driven by the same
+//! lane loop, so the ring, status, backoff and validation logic is exercised
+//! whatever moves the bytes. A lane validates both ranges before it calls a
+//! link (local range against the registry, remote range against the peer's
+//! descriptor); a link maps the already-checked remote range to its medium.
+
+pub mod null;
+pub mod shm;
+
+use crate::desc::BlockDesc;
+use crate::error::Result;
+use crate::ring::Opcode;
+use crate::segment::TransportKind;
+
+/// A connection from this engine to one peer segment over one transport.
+pub trait Link: Send + Sync + std::fmt::Debug {
+    /// Which transport this is.
+    fn kind(&self) -> TransportKind;
+
+    /// Moves one block. `local` points at the first byte of the local range,
+    /// already checked to lie within a leased, registered region with the
+    /// right access; the remote range of `desc` was checked against the
+    /// peer's descriptor.
+    fn transfer(&self, op: Opcode, local: *mut u8, desc: &BlockDesc, desc_index: u32) -> Result<()>;
+}
+
+pub use null::NullLink;
+pub use shm::ShmLink;

@@ -1,0 +1,99 @@
+//! The shared-memory transport: the peer's shm-backed regions are mapped
+//! into this process, and the lane copies straight into (WRITE) or out of
+//! (READ) them. One copy, no syscall, no peer thread involved.
+
+use super::Link;
+use crate::desc::BlockDesc;
+use crate::error::{Error, Result, Side};
+use crate::mem::ShmMapping;
+use crate::ring::Opcode;
+use crate::segment::{SegmentDescriptor, TransportKind};
+
+/// Mappings of one peer's shm-backed regions, indexed by region slot.
+#[derive(Debug)]
+pub struct ShmLink {
+    mappings: Vec<Option<ShmMapping>>,
+}
+
+impl ShmLink {
+    /// Maps every shm-backed region of the peer. Fails when the peer is on
+    /// another host or exposes no shm-backed region.
+    pub fn open(descriptor: &SegmentDescriptor) -> Result<Self> {
+        if descriptor.host_id != crate::segment::local_host_id() {
+            return Err(Error::Unsupported {
+                what: format!("shm to {}: the peer is on another host", descriptor.name),
+            });
+        }
+        let max_index = descriptor.regions.iter().map(|r| r.id.index() as usize + 1).max().unwrap_or(0);
+        let mut mappings: Vec<Option<ShmMapping>> = (0..max_index).map(|_| None).collect();
+        let mut mapped = 0;
+        for region in &descriptor.regions {
+            if let Some(path) = &region.shm_path {
+                let len = usize::try_from(region.len)
+                    .map_err(|_| Error::malformed("segment descriptor", format!("region {} too large", region.id)))?;
+                mappings[region.id.index() as usize] = Some(ShmMapping::open(path, len)?);
+                mapped += 1;
+            }
+        }
+        if mapped == 0 && !descriptor.regions.is_empty() {
+            return Err(Error::Unsupported {
+                what: format!("shm to {}: none of its regions is shm-backed (allocate them with alloc_region)", descriptor.name),
+            });
+        }
+        Ok(Self { mappings })
+    }
+
+    /// Number of mapped regions.
+    pub fn mapped_regions(&self) -> usize {
+        self.mappings.iter().flatten().count()
+    }
+}
+
+impl Link for ShmLink {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Shm
+    }
+
+    #[inline]
+    fn transfer(&self, op: Opcode, local: *mut u8, desc: &BlockDesc, desc_index: u32) -> Result<()> {
+        let mapping = self
+            .mappings
+            .get(desc.remote_region.index() as usize)
+            .and_then(Option::as_ref)
+            .ok_or(Error::UnknownRegion { side: Side::Remote, region: desc.remote_region })?;
+        // The lane checked the range against the descriptor; the mapping was
+        // made with the descriptor's length, so re-checking here is a cheap
+        // second fence against ever touching memory outside it.
+        let end = desc.remote_offset.checked_add(desc.len).ok_or(Error::LengthOverflow {
+            desc_index,
+            side: Side::Remote,
+            offset: desc.remote_offset,
+            len: desc.len,
+        })?;
+        if end > mapping.len() as u64 {
+            return Err(Error::OutOfBounds {
+                desc_index,
+                side: Side::Remote,
+                region: desc.remote_region,
+                offset: desc.remote_offset,
+                len: desc.len,
+                region_len: mapping.len() as u64,
+            });
+        }
+        // SAFETY: `remote_offset + len <= mapping.len()` (checked above), and
+        // the mapping lives as long as `self`.
+        let remote = unsafe { mapping.as_ptr().add(desc.remote_offset as usize) };
+        let len = desc.len as usize;
+        // SAFETY: `local..local+len` lies in a registered region the lane
+        // holds a lease on (checked by the lane), `remote..remote+len` lies
+        // in the mapping (checked above). The two may only overlap when a
+        // peer maps its own region, which `copy` handles.
+        unsafe {
+            match op {
+                Opcode::Write => std::ptr::copy(local, remote, len),
+                Opcode::Read => std::ptr::copy(remote, local, len),
+            }
+        }
+        Ok(())
+    }
+}
