@@ -21,7 +21,7 @@ use crate::metadata::{MetadataStore, PeerHandshake};
 use crate::proto::{ChecksumRequest, HandshakeRequest};
 use crate::runtime::backoff::BackoffPolicy;
 use crate::runtime::lane::{
-    memlock_limit_bytes, memlock_needed_bytes, Clock, LaneCommand, LaneConfig, LaneHandle, LaneSegment, DEFAULT_BUSY_POLL,
+    memlock_limit_bytes, memlock_needed_bytes, Clock, LaneCommand, LaneConfig, LaneHandle, LaneSegment, DEFAULT_BUSY_POLL, DEFAULT_PARK_TIMEOUT,
     DEFAULT_IO_MEMORY_BYTES,
 };
 use crate::segment::{local_host_id, PeerSegment, RemoteRegion, SegmentDescriptor, TransportKind};
@@ -67,6 +67,8 @@ pub struct EngineConfig {
     pub max_batches_in_flight: usize,
     /// Idle time a lane busy-polls before parking.
     pub busy_poll: Duration,
+    /// Longest a parked lane sleeps without a doorbell (a safety net).
+    pub park_timeout: Duration,
     /// Control-plane listen address.
     pub listen: SocketAddr,
     /// glommio io_uring buffer memory per lane.
@@ -94,6 +96,7 @@ impl Default for EngineConfig {
             arena_descs: DEFAULT_ARENA_DESCS,
             max_batches_in_flight: DEFAULT_MAX_BATCHES_IN_FLIGHT,
             busy_poll: DEFAULT_BUSY_POLL,
+            park_timeout: DEFAULT_PARK_TIMEOUT,
             listen: DEFAULT_LISTEN.parse().expect("valid default address"),
             io_memory_bytes: DEFAULT_IO_MEMORY_BYTES,
             max_regions: DEFAULT_MAX_REGIONS,
@@ -169,6 +172,13 @@ impl EngineBuilder {
     /// Idle time a lane busy-polls before it parks.
     pub fn busy_poll(mut self, window: Duration) -> Self {
         self.config.busy_poll = window;
+        self
+    }
+
+    /// Longest a parked lane sleeps without being woken (a safety net; the
+    /// doorbell wakes it when work arrives).
+    pub fn park_timeout(mut self, timeout: Duration) -> Self {
+        self.config.park_timeout = timeout;
         self
     }
 
@@ -350,6 +360,7 @@ impl Engine {
                 index,
                 core,
                 busy_poll: config.busy_poll,
+                park_timeout: config.park_timeout,
                 io_memory_bytes: config.io_memory_bytes,
                 max_segments: config.max_segments,
                 clock,

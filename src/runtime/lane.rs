@@ -27,8 +27,9 @@ use std::time::{Duration, Instant};
 
 /// Default busy-poll window before an idle lane parks.
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_millis(2);
-/// Longest a parked lane sleeps before looking again on its own.
-pub const PARK_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default longest a parked lane sleeps before looking again on its own
+/// (a safety net: the doorbell wakes it as soon as work arrives).
+pub const DEFAULT_PARK_TIMEOUT: Duration = Duration::from_millis(50);
 /// Most SQEs a lane takes from one ring before visiting the next.
 pub const DEFAULT_MAX_SQES_PER_POLL: usize = 32;
 /// Descriptors between two deadline checks (reading the clock costs ~20 ns).
@@ -166,6 +167,8 @@ pub struct LaneConfig {
     pub core: Option<usize>,
     /// Busy-poll window before parking.
     pub busy_poll: Duration,
+    /// Longest single park.
+    pub park_timeout: Duration,
     /// glommio io_uring buffer memory.
     pub io_memory_bytes: usize,
     /// Most segment keys (slots) the engine hands out.
@@ -334,7 +337,7 @@ impl Lane {
     fn park(&mut self) {
         let shared = self.shared.clone();
         let rings = &mut self.rings;
-        let parked = shared.doorbell.park(PARK_TIMEOUT, || {
+        let parked = shared.doorbell.park(self.config.park_timeout, || {
             !shared.commands.is_empty() || shared.stop.load(Ordering::Acquire) || rings.iter_mut().any(|r| !r.sq.is_empty())
         });
         if parked {

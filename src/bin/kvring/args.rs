@@ -1,0 +1,111 @@
+//! A small command-line parser: `--flag value` and `--switch`, with sizes
+//! and durations that take units. Unknown flags are errors that name them.
+
+use std::collections::VecDeque;
+
+/// Arguments of one subcommand, consumed flag by flag.
+pub struct Args {
+    rest: VecDeque<String>,
+}
+
+impl Args {
+    pub fn new(args: impl IntoIterator<Item = String>) -> Self {
+        Self { rest: args.into_iter().collect() }
+    }
+
+    /// Removes `--name` and returns its value, if present.
+    pub fn value(&mut self, name: &str) -> Result<Option<String>, String> {
+        let Some(position) = self.rest.iter().position(|a| a == name || a.starts_with(&format!("{name}="))) else {
+            return Ok(None);
+        };
+        let flag = self.rest.remove(position).expect("position is in range");
+        if let Some((_, value)) = flag.split_once('=') {
+            return Ok(Some(value.to_string()));
+        }
+        self.rest.remove(position).map(Some).ok_or_else(|| format!("{name} needs a value"))
+    }
+
+    /// Removes `--name` and reports whether it was there.
+    pub fn switch(&mut self, name: &str) -> bool {
+        match self.rest.iter().position(|a| a == name) {
+            Some(position) => {
+                self.rest.remove(position);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn size(&mut self, name: &str) -> Result<Option<u64>, String> {
+        self.value(name)?.map(|v| parse_size(&v).map_err(|e| format!("{name}: {e}"))).transpose()
+    }
+
+    pub fn number(&mut self, name: &str) -> Result<Option<usize>, String> {
+        self.value(name)?
+            .map(|v| v.parse::<usize>().map_err(|_| format!("{name}: {v:?} is not a whole number")))
+            .transpose()
+    }
+
+    /// Fails on anything not consumed.
+    pub fn finish(self) -> Result<(), String> {
+        match self.rest.front() {
+            None => Ok(()),
+            Some(extra) => Err(format!("unknown argument {extra:?} (see `kvring help`)")),
+        }
+    }
+}
+
+/// Parses `4096`, `4KiB`, `64KiB`, `1MiB`, `1GiB` (also `K`, `M`, `G`,
+/// `KB`, `MB`, `GB` as binary units).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size (e.g. 4KiB, 1MiB, 1GiB)"))?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => return Err(format!("unknown size unit {other:?} in {text:?}")),
+    };
+    number.checked_mul(multiplier).ok_or_else(|| format!("{text:?} overflows 64 bits"))
+}
+
+/// `4096` → `4KiB`, for printing.
+pub fn format_size(bytes: u64) -> String {
+    for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes}B")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations_take_units() {
+        assert_eq!(parse_size("4KiB"), Ok(4096));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert!(parse_size("4XB").unwrap_err().contains("unknown size unit"));
+        assert!(parse_size("huge").is_err());
+        assert!(parse_size("99999999999999GiB").unwrap_err().contains("overflows"));
+        assert_eq!(format_size(65536), "64KiB");
+        assert_eq!(format_size(1000), "1000B");
+    }
+
+    #[test]
+    fn unknown_flags_are_named() {
+        let mut args = Args::new(["--op".into(), "write".into(), "--bogus".into()]);
+        assert_eq!(args.value("--op").unwrap().as_deref(), Some("write"));
+        assert_eq!(args.finish().unwrap_err(), "unknown argument \"--bogus\" (see `kvring help`)");
+        let mut args = Args::new(["--batch".into()]);
+        assert_eq!(args.number("--batch").unwrap_err(), "--batch needs a value");
+    }
+}

@@ -1,0 +1,395 @@
+//! `kvring bench`: two engines on this host moving KV blocks.
+//!
+//! With no arguments it starts a target (`kvring serve`) in a second
+//! process and drives it from this one over shm: WRITE and READ, 4 KiB,
+//! 64 KiB and 1 MiB blocks, batches of 64, 1 GiB per case. Each case prints
+//! throughput, single-block round-trip latency (p50/p99), and the memcpy
+//! baseline for the same block size measured just before it, and verifies
+//! the moved bytes by checksum on the target.
+
+use crate::args::{format_size, Args};
+use kvring::mem::ShmMapping;
+use kvring::{Batch, BatchId, BlockDesc, Engine, Opcode, Outcome, Region, RegionInfo, Segment, Submitter, TransportKind};
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const DEFAULT_BLOCK_SIZES: [u64; 3] = [4 << 10, 64 << 10, 1 << 20];
+const DEFAULT_BATCH: usize = 64;
+const DEFAULT_TOTAL: u64 = 1 << 30;
+const DEFAULT_REGION: u64 = 128 << 20;
+const DEFAULT_INFLIGHT: usize = 8;
+const DEFAULT_LATENCY_SAMPLES: usize = 5000;
+const LATENCY_WARMUP: usize = 200;
+/// Deadline of one wait in the bench: generous, never unbounded.
+const WAIT_TIMEOUT: Duration = Duration::from_secs(30);
+const PROGRESS_EVERY: Duration = Duration::from_millis(500);
+
+struct Options {
+    ops: Vec<Opcode>,
+    block_sizes: Vec<u64>,
+    batch: usize,
+    total: u64,
+    lanes: usize,
+    transport: TransportKind,
+    json: bool,
+    peer: Option<String>,
+    region_bytes: u64,
+    inflight: usize,
+    latency_samples: usize,
+}
+
+fn parse(mut args: Args) -> Result<Options, String> {
+    let ops = match args.value("--op")?.as_deref() {
+        None | Some("both") => vec![Opcode::Write, Opcode::Read],
+        Some("write") => vec![Opcode::Write],
+        Some("read") => vec![Opcode::Read],
+        Some(other) => return Err(format!("--op: {other:?} is not write, read or both")),
+    };
+    let block_sizes = match args.value("--block-size")? {
+        None => DEFAULT_BLOCK_SIZES.to_vec(),
+        Some(list) => list.split(',').map(crate::args::parse_size).collect::<Result<Vec<_>, _>>().map_err(|e| format!("--block-size: {e}"))?,
+    };
+    let options = Options {
+        ops,
+        block_sizes,
+        batch: args.number("--batch")?.unwrap_or(DEFAULT_BATCH),
+        total: args.size("--total")?.unwrap_or(DEFAULT_TOTAL),
+        lanes: args.number("--lanes")?.unwrap_or(1),
+        transport: match args.value("--transport")? {
+            None => TransportKind::Shm,
+            Some(name) => TransportKind::parse(&name).map_err(|e| format!("--transport: {e}"))?,
+        },
+        json: args.switch("--json"),
+        peer: args.value("--peer")?,
+        region_bytes: args.size("--region-size")?.unwrap_or(DEFAULT_REGION),
+        inflight: args.number("--inflight")?.unwrap_or(DEFAULT_INFLIGHT),
+        latency_samples: args.number("--latency-samples")?.unwrap_or(DEFAULT_LATENCY_SAMPLES),
+    };
+    args.finish()?;
+    if options.batch == 0 || options.inflight == 0 || options.total == 0 {
+        return Err("--batch, --inflight and --total must be greater than zero".into());
+    }
+    for &block in &options.block_sizes {
+        if block == 0 || block > options.region_bytes {
+            return Err(format!("--block-size {} must be within 1..=--region-size ({})", format_size(block), format_size(options.region_bytes)));
+        }
+    }
+    Ok(options)
+}
+
+/// The target process started by the bench; killed and reaped on drop.
+struct Target {
+    child: Child,
+    addr: String,
+}
+
+impl Target {
+    fn spawn(region_bytes: u64) -> Result<Self, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("locating the kvring binary: {e}"))?;
+        let mut child = Command::new(exe)
+            .args(["serve", "--name", "bench-target", "--listen", "127.0.0.1:0", "--parent-watch"])
+            .args(["--region-size", &region_bytes.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("starting `kvring serve`: {e}"))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut line = String::new();
+        let read = BufReader::new(stdout).read_line(&mut line);
+        let addr = line
+            .split_whitespace()
+            .find_map(|field| field.strip_prefix("listen="))
+            .map(str::to_string);
+        match (read, addr) {
+            (Ok(_), Some(addr)) => Ok(Self { child, addr }),
+            _ => {
+                let _ = child.kill();
+                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+                Err(format!("`kvring serve` did not start ({status}); its error is above"))
+            }
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        // SAFETY: sending SIGTERM to our own child, which we still own.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct CaseResult {
+    op: Opcode,
+    block: u64,
+    gbps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    baseline_gbps: f64,
+    verified: bool,
+    bytes: u64,
+    seconds: f64,
+}
+
+pub fn run(args: Args) -> Result<(), String> {
+    let options = parse(args)?;
+    let target = match &options.peer {
+        Some(_) => None,
+        None => Some(Target::spawn(options.region_bytes)?),
+    };
+    let peer = options.peer.clone().unwrap_or_else(|| target.as_ref().expect("spawned").addr.clone());
+    let engine = Engine::builder().name("bench-initiator").lanes(options.lanes).build().map_err(|e| e.to_string())?;
+    let segment = engine
+        .open_segment_with(&peer, Some(options.transport), Duration::from_secs(10))
+        .map_err(|e| format!("opening {peer}: {e}"))?;
+    let remote = segment.regions().first().ok_or_else(|| format!("{peer} exposes no region"))?.clone();
+    let region_bytes = options.region_bytes.min(remote.len);
+    let local = engine.alloc_region(region_bytes as usize, RegionInfo::raw()).map_err(|e| e.to_string())?;
+    pin_caller(&engine);
+    let mut sub = engine.submitter().map_err(|e| e.to_string())?;
+    if !options.json {
+        println!(
+            "kvring bench: {} lanes {:?}, peer {} ({}), transport {}, region {}, batch {}, {} per case",
+            options.lanes,
+            engine.lane_cores(),
+            segment.name(),
+            peer,
+            options.transport.name(),
+            format_size(region_bytes),
+            options.batch,
+            format_size(options.total)
+        );
+    }
+    let mut all_verified = true;
+    for &op in &options.ops {
+        for &block in &options.block_sizes {
+            let result = run_case(&engine, &mut sub, &segment, &local, remote.id, region_bytes, op, block, &options)?;
+            all_verified &= result.verified;
+            print_result(&result, &options);
+        }
+    }
+    drop(sub);
+    engine.shutdown();
+    drop(target);
+    if all_verified {
+        Ok(())
+    } else {
+        Err("verification failed: the target's bytes differ from what was moved".into())
+    }
+}
+
+/// Pins the bench thread to a core no lane uses, when there is one.
+fn pin_caller(engine: &Engine) {
+    let used: Vec<usize> = engine.lane_cores().into_iter().flatten().collect();
+    if let Some(core) = core_affinity::get_core_ids().unwrap_or_default().into_iter().find(|c| !used.contains(&c.id)) {
+        core_affinity::set_for_current(core);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_case(
+    engine: &Engine,
+    sub: &mut Submitter,
+    segment: &Segment,
+    local: &Region,
+    remote: kvring::RegionId,
+    region_bytes: u64,
+    op: Opcode,
+    block: u64,
+    options: &Options,
+) -> Result<CaseResult, String> {
+    let seed = (block << 8) ^ op as u64 ^ engine.epoch();
+    let blocks_in_region = (region_bytes / block) as usize;
+    let covered = (blocks_in_region as u64 * block).min(options.total.div_ceil(block) * block);
+    let verify_transport = options.transport == TransportKind::Shm;
+
+    // Prepare: the source holds a fresh pattern, the destination something else.
+    match op {
+        Opcode::Write => local.fill_pattern(seed),
+        Opcode::Read => {
+            local.fill_pattern(seed);
+            move_region(sub, segment, local, remote, Opcode::Write, region_bytes, block, options)?;
+            local.fill_pattern(!seed);
+        }
+    }
+
+    let baseline_gbps = memcpy_baseline(block, options.total, region_bytes)?;
+
+    let label = format!("{} {}", op.name(), format_size(block));
+    let started = Instant::now();
+    let bytes = move_bytes(sub, segment, local, remote, op, region_bytes, block, options.total, options, &label)?;
+    let seconds = started.elapsed().as_secs_f64();
+
+    let (p50_us, p99_us) = latency(sub, segment, local, remote, op, block, options.latency_samples)?;
+
+    let verified = if verify_transport {
+        let expected = local.checksum(0, covered as usize).map_err(|e| e.to_string())?;
+        let actual = segment.remote_checksum(remote, 0, covered, Duration::from_secs(30)).map_err(|e| e.to_string())?;
+        expected == actual
+    } else {
+        true
+    };
+    Ok(CaseResult { op, block, gbps: bytes as f64 / seconds / 1e9, p50_us, p99_us, baseline_gbps, verified, bytes, seconds })
+}
+
+/// Writes the whole local region to the remote one (used to seed READs).
+#[allow(clippy::too_many_arguments)]
+fn move_region(
+    sub: &mut Submitter,
+    segment: &Segment,
+    local: &Region,
+    remote: kvring::RegionId,
+    op: Opcode,
+    region_bytes: u64,
+    block: u64,
+    options: &Options,
+) -> Result<(), String> {
+    let whole = (region_bytes / block) * block;
+    move_bytes(sub, segment, local, remote, op, region_bytes, block, whole, options, "seeding").map(drop)
+}
+
+/// Moves `total` bytes in batches of `options.batch` blocks, cycling over
+/// the region, with up to `options.inflight` batches in flight.
+#[allow(clippy::too_many_arguments)]
+fn move_bytes(
+    sub: &mut Submitter,
+    segment: &Segment,
+    local: &Region,
+    remote: kvring::RegionId,
+    op: Opcode,
+    region_bytes: u64,
+    block: u64,
+    total: u64,
+    options: &Options,
+    label: &str,
+) -> Result<u64, String> {
+    let blocks_in_region = region_bytes / block;
+    let total_blocks = total.div_ceil(block);
+    let mut descs: Vec<BlockDesc> = Vec::with_capacity(options.batch);
+    let mut in_flight: VecDeque<BatchId> = VecDeque::with_capacity(options.inflight);
+    let mut next_block = 0u64;
+    let mut moved = 0u64;
+    let mut last_progress = Instant::now();
+    let progress = !options.json && std::io::stderr().is_terminal();
+    while next_block < total_blocks || !in_flight.is_empty() {
+        if next_block < total_blocks && in_flight.len() < options.inflight {
+            descs.clear();
+            let count = (options.batch as u64).min(total_blocks - next_block);
+            for i in 0..count {
+                let offset = ((next_block + i) % blocks_in_region) * block;
+                descs.push(BlockDesc::new(local.id(), offset, remote, offset, block));
+            }
+            match sub.submit(&Batch::new(op, segment).descs(&descs)) {
+                Ok(id) => {
+                    in_flight.push_back(id);
+                    next_block += count;
+                    continue;
+                }
+                Err(kvring::Error::Busy { .. }) if !in_flight.is_empty() => {}
+                Err(e) => return Err(format!("{label}: submit: {e}")),
+            }
+        }
+        let id = in_flight.pop_front().expect("something is in flight");
+        match sub.wait(id, WAIT_TIMEOUT).map_err(|e| format!("{label}: wait: {e}"))? {
+            Outcome::Done { bytes } => moved += bytes,
+            other => return Err(format!("{label}: batch ended {other:?}")),
+        }
+        if progress && last_progress.elapsed() >= PROGRESS_EVERY {
+            last_progress = Instant::now();
+            eprint!("\r  {label}: {} / {}   ", format_size(moved & !((1 << 20) - 1)), format_size(total));
+            let _ = std::io::stderr().flush();
+        }
+    }
+    if progress {
+        eprint!("\r{:60}\r", "");
+    }
+    Ok(moved)
+}
+
+/// Single-block round trips: submit one block, wait for it; p50 and p99.
+fn latency(sub: &mut Submitter, segment: &Segment, local: &Region, remote: kvring::RegionId, op: Opcode, block: u64, samples: usize) -> Result<(f64, f64), String> {
+    if samples == 0 {
+        return Ok((0.0, 0.0));
+    }
+    let descs = [BlockDesc::new(local.id(), 0, remote, 0, block)];
+    let batch = Batch::new(op, segment).descs(&descs);
+    let mut times = Vec::with_capacity(samples);
+    for i in 0..LATENCY_WARMUP + samples {
+        let started = Instant::now();
+        let id = sub.submit(&batch).map_err(|e| format!("latency: submit: {e}"))?;
+        let outcome = sub.wait(id, WAIT_TIMEOUT).map_err(|e| format!("latency: wait: {e}"))?;
+        let elapsed = started.elapsed();
+        if !outcome.is_done() {
+            return Err(format!("latency: batch ended {outcome:?}"));
+        }
+        if i >= LATENCY_WARMUP {
+            times.push(elapsed);
+        }
+    }
+    times.sort_unstable();
+    let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6;
+    Ok((at(0.50), at(0.99)))
+}
+
+/// memcpy of `total` bytes in `block`-sized copies between two page-aligned,
+/// pre-faulted shared mappings: what the shm transport's copy costs alone.
+fn memcpy_baseline(block: u64, total: u64, region_bytes: u64) -> Result<f64, String> {
+    let src = ShmMapping::create(region_bytes as usize, 0xbe0c).map_err(|e| e.to_string())?;
+    let dst = ShmMapping::create(region_bytes as usize, 0xbe0d).map_err(|e| e.to_string())?;
+    let blocks_in_region = region_bytes / block;
+    let count = total.div_ceil(block);
+    let started = Instant::now();
+    for i in 0..count {
+        let offset = ((i % blocks_in_region) * block) as usize;
+        // SAFETY: offset + block <= region_bytes (blocks_in_region whole
+        // blocks), both mappings are region_bytes long and distinct.
+        unsafe { std::ptr::copy(src.as_ptr().add(offset), dst.as_ptr().add(offset), block as usize) };
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    Ok((count * block) as f64 / seconds / 1e9)
+}
+
+fn print_result(r: &CaseResult, options: &Options) {
+    let ratio = if r.baseline_gbps > 0.0 { r.gbps / r.baseline_gbps } else { 0.0 };
+    if options.json {
+        println!(
+            "{{\"op\":\"{}\",\"transport\":\"{}\",\"block_bytes\":{},\"batch\":{},\"lanes\":{},\"total_bytes\":{},\"seconds\":{:.6},\"gbps\":{:.3},\"p50_us\":{:.2},\"p99_us\":{:.2},\"baseline\":\"memcpy\",\"baseline_gbps\":{:.3},\"ratio\":{:.3},\"verified\":{}}}",
+            r.op.name(),
+            options.transport.name(),
+            r.block,
+            options.batch,
+            options.lanes,
+            r.bytes,
+            r.seconds,
+            r.gbps,
+            r.p50_us,
+            r.p99_us,
+            r.baseline_gbps,
+            ratio,
+            r.verified
+        );
+    } else {
+        println!(
+            "{:5} {:>6}  {:7.2} GB/s  p50 {:7.2} us  p99 {:7.2} us  memcpy {:7.2} GB/s  ({:5.1}% of memcpy)  {}",
+            r.op.name(),
+            format_size(r.block),
+            r.gbps,
+            r.p50_us,
+            r.p99_us,
+            r.baseline_gbps,
+            ratio * 100.0,
+            if r.verified { "verified" } else { "VERIFY FAILED" }
+        );
+    }
+}

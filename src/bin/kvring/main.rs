@@ -1,0 +1,64 @@
+//! The `kvring` command: `bench`, `serve`, `info`.
+
+mod args;
+mod bench;
+mod serve;
+
+use args::Args;
+
+const USAGE: &str = "\
+kvring — moves KV-cache blocks between prefill and decode engines
+
+USAGE:
+  kvring bench [--op write|read|both] [--block-size 4KiB,64KiB,1MiB] [--batch 64]
+               [--total 1GiB] [--lanes 1] [--transport shm|null] [--inflight 8]
+               [--region-size 128MiB] [--latency-samples 5000] [--peer ADDR] [--json]
+      With no --peer, starts `kvring serve` in a second process and moves blocks to it.
+  kvring serve [--name NAME] [--listen 127.0.0.1:0] [--region-size 256MiB] [--lanes 1]
+      A target engine with one shm-backed region; serves until SIGINT/SIGTERM.
+  kvring info
+      What this host offers kvring: cores, locked-memory limit, /dev/shm.
+";
+
+fn main() {
+    let mut argv = std::env::args().skip(1);
+    let command = argv.next();
+    let args = Args::new(argv);
+    let result = match command.as_deref() {
+        Some("bench") => bench::run(args),
+        Some("serve") => serve::run(args),
+        Some("info") => info(args),
+        Some("help" | "--help" | "-h") | None => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown command {other:?}\n\n{USAGE}")),
+    };
+    if let Err(message) = result {
+        eprintln!("kvring: {message}");
+        std::process::exit(1);
+    }
+}
+
+fn info(args: Args) -> Result<(), String> {
+    args.finish()?;
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let memlock = kvring::runtime::lane::memlock_limit_bytes();
+    println!("kvring {}", env!("CARGO_PKG_VERSION"));
+    println!("cores:            {}", cores.len());
+    match memlock {
+        Some(u64::MAX) => println!("locked memory:    unlimited"),
+        Some(bytes) => println!(
+            "locked memory:    {} KiB (each lane needs {} KiB; glommio's floor is 512 KiB)",
+            bytes / 1024,
+            kvring::runtime::lane::memlock_needed_bytes(1, kvring::runtime::lane::DEFAULT_IO_MEMORY_BYTES) / 1024
+        ),
+        None => println!("locked memory:    unknown"),
+    }
+    let shm = std::path::Path::new(kvring::mem::shm::SHM_DIR);
+    println!("shared memory:    {} ({})", shm.display(), if shm.is_dir() { "present" } else { "missing" });
+    println!("host id:          {}", kvring::segment::local_host_id());
+    println!("transports:       shm, null (tcp and rdma: not in this build)");
+    println!("metadata:         peer handshake (no server)");
+    Ok(())
+}

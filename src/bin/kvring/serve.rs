@@ -1,0 +1,66 @@
+//! `kvring serve`: a target engine that exposes one shm-backed region and
+//! serves until SIGINT or SIGTERM (or, with `--parent-watch`, until its
+//! standard input closes, so a crashed parent never leaves it behind).
+
+use crate::args::{format_size, Args};
+use kvring::{Engine, RegionInfo};
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Default size of the served region.
+pub const DEFAULT_REGION_BYTES: u64 = 256 << 20;
+
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_signal: libc::c_int) {
+    SIGNALLED.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is
+        // async-signal-safe.
+        unsafe { libc::signal(signal, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+pub fn run(mut args: Args) -> Result<(), String> {
+    let name = args.value("--name")?.unwrap_or_else(|| format!("kvring-serve-{}", std::process::id()));
+    let listen = args.value("--listen")?.unwrap_or_else(|| "127.0.0.1:0".into());
+    let region_bytes = args.size("--region-size")?.unwrap_or(DEFAULT_REGION_BYTES);
+    let lanes = args.number("--lanes")?.unwrap_or(1);
+    let parent_watch = args.switch("--parent-watch");
+    args.finish()?;
+
+    let listen = listen.parse().map_err(|_| format!("--listen: {listen:?} is not an IP:port address"))?;
+    install_signal_handlers();
+    let engine = Engine::builder().name(&name).listen(listen).lanes(lanes).build().map_err(|e| e.to_string())?;
+    let region = engine.alloc_region(region_bytes as usize, RegionInfo::raw()).map_err(|e| e.to_string())?;
+    println!(
+        "kvring serve: name={name} listen={} epoch={:#018x} region={} size={}",
+        engine.control_addr(),
+        engine.epoch(),
+        region.id(),
+        format_size(region_bytes)
+    );
+    let _ = std::io::stdout().flush();
+
+    let stdin_closed = Arc::new(AtomicBool::new(false));
+    if parent_watch {
+        let flag = stdin_closed.clone();
+        std::thread::spawn(move || {
+            let mut sink = [0u8; 64];
+            while matches!(std::io::stdin().read(&mut sink), Ok(n) if n > 0) {}
+            flag.store(true, Ordering::SeqCst);
+        });
+    }
+    while !SIGNALLED.load(Ordering::SeqCst) && !stdin_closed.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    engine.shutdown();
+    drop(region);
+    eprintln!("kvring serve: {name} stopped");
+    Ok(())
+}
