@@ -1,0 +1,221 @@
+//! Real processes: `kvring serve` as the target, the initiator here or in
+//! `kvring bench`; real sockets for the control plane's bad-input cases.
+
+mod common;
+
+use common::{kvring_bin, pattern, WAIT};
+use kvring::control::frame::{decode_response, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES};
+use kvring::proto::{request, response, HandshakeRequest, Request};
+use kvring::{Batch, BlockDesc, Error, ErrorCode, RegionInfo};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Serve {
+    child: Child,
+    addr: String,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+fn serve(region: &str) -> Serve {
+    let mut child = Command::new(kvring_bin())
+        .args(["serve", "--name", "decode-0", "--listen", "127.0.0.1:0", "--region-size", region, "--parent-watch"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kvring serve starts");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let addr = line.split_whitespace().find_map(|f| f.strip_prefix("listen=")).unwrap_or_else(|| panic!("no address in {line:?}")).to_string();
+    assert!(line.contains("name=decode-0"), "{line}");
+    Serve { child, addr, stdout }
+}
+
+impl Serve {
+    /// SIGTERM, then wait (bounded) for a clean exit; returns stderr.
+    fn terminate(mut self) -> String {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "serve exited with {status}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "serve ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut stderr = String::new();
+        self.child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+        let mut rest = String::new();
+        self.stdout.read_to_string(&mut rest).unwrap();
+        stderr
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn push_and_pull_across_two_processes_verified_on_the_target() {
+    let target = serve("4MiB");
+    let engine = common::engine("prefill-0");
+    let local = engine.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
+    local.fill_pattern(21);
+    let segment = engine.open_segment(&target.addr).unwrap();
+    assert_eq!(segment.name(), "decode-0");
+    let remote = segment.region(0).unwrap();
+    let mut sub = engine.submitter().unwrap();
+    let descs: Vec<_> = (0..64u64).map(|i| BlockDesc::new(local.id(), i * 65536, remote, i * 65536, 65536)).collect();
+    let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+    assert_eq!(sub.wait(id, WAIT).unwrap().into_result().unwrap(), 4 << 20);
+    let on_target = segment.remote_checksum(remote, 0, 4 << 20, WAIT).unwrap();
+    assert_eq!(on_target, local.checksum(0, 4 << 20).unwrap(), "the target holds exactly what was pushed");
+
+    // Pull back into a cleared region.
+    local.write_at(0, &vec![0u8; 4 << 20]).unwrap();
+    let id = sub.submit(&Batch::read(&segment).descs(&descs)).unwrap();
+    sub.wait(id, WAIT).unwrap().into_result().unwrap();
+    let mut pulled = vec![0u8; 4 << 20];
+    local.read_at(0, &mut pulled).unwrap();
+    assert_eq!(pulled, pattern(4 << 20, 21));
+
+    // A checksum past the region's end is refused by the target.
+    assert!(segment.remote_checksum(remote, 1, 4 << 20, WAIT).unwrap_err().to_string().contains("exceeds region"));
+    let stderr = target.terminate();
+    assert!(stderr.contains("decode-0 stopped"), "{stderr}");
+}
+
+#[test]
+fn the_bench_runs_every_case_verified_with_its_json_fields() {
+    let output = Command::new(kvring_bin())
+        .args(["bench", "--total", "8MiB", "--region-size", "8MiB", "--latency-samples", "20", "--json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "bench failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 6, "{stdout}");
+    let mut cases = Vec::new();
+    for line in lines {
+        for field in ["\"op\":", "\"transport\":\"shm\"", "\"block_bytes\":", "\"batch\":64", "\"gbps\":", "\"p50_us\":", "\"p99_us\":", "\"baseline_gbps\":", "\"verified\":true"] {
+            assert!(line.contains(field), "{field} missing in {line}");
+        }
+        let op = if line.contains("\"op\":\"write\"") { "write" } else { "read" };
+        let block = line.split("\"block_bytes\":").nth(1).unwrap().split(',').next().unwrap().to_string();
+        cases.push(format!("{op}/{block}"));
+    }
+    assert_eq!(cases, ["write/4096", "write/65536", "write/1048576", "read/4096", "read/65536", "read/1048576"]);
+}
+
+#[test]
+fn bad_bench_flags_are_named() {
+    for (args, expected) in [
+        (vec!["bench", "--op", "sideways"], "--op: \"sideways\" is not write, read or both"),
+        (vec!["bench", "--block-size", "4XB"], "unknown size unit"),
+        (vec!["bench", "--transport", "carrier-pigeon"], "this build has: shm, null"),
+        (vec!["bench", "--frobnicate"], "unknown argument \"--frobnicate\""),
+        (vec!["serve", "--listen", "nowhere"], "is not an IP:port address"),
+    ] {
+        let output = Command::new(kvring_bin()).args(&args).output().unwrap();
+        assert!(!output.status.success(), "{args:?} succeeded");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_locked_memory_limit_too_low_for_the_lanes_is_a_clear_error() {
+    let mut command = Command::new(kvring_bin());
+    command.args(["serve", "--listen", "127.0.0.1:0"]);
+    // SAFETY: setrlimit is async-signal-safe and only touches the child.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 64 * 1024, rlim_max: 64 * 1024 };
+            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let output = command.output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("locked-memory limit is 65536 bytes"), "{stderr}");
+    assert!(stderr.contains("ulimit -l"), "the message says how to fix it: {stderr}");
+}
+
+fn send_raw(addr: &str, bytes: &[u8]) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    stream.write_all(bytes).unwrap();
+    stream
+}
+
+fn reply_of(stream: &mut TcpStream) -> kvring::Result<response::Body> {
+    let frame = read_frame(stream, MAX_CONTROL_MESSAGE_BYTES).unwrap().expect("a reply");
+    decode_response(&frame)
+}
+
+fn framed(body: &[u8]) -> Vec<u8> {
+    let mut out = (body.len() as u32).to_le_bytes().to_vec();
+    out.extend_from_slice(body);
+    out
+}
+
+#[test]
+fn malformed_and_wrong_version_control_messages_get_clear_errors_and_the_server_keeps_serving() {
+    let target = serve("1MiB");
+    // Garbage inside a well-formed frame: an error reply, connection kept.
+    let mut stream = send_raw(&target.addr, &framed(&[0xff, 0xff, 0xff, 0xff]));
+    match reply_of(&mut stream) {
+        Err(Error::Remote { code: ErrorCode::MalformedMessage, message }) => assert!(message.contains("malformed control request"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    // Same connection, wrong version.
+    let wrong = Request { version: 99, body: Some(request::Body::Handshake(HandshakeRequest { initiator: "x".into() })) };
+    write_frame(&mut stream, &wrong).unwrap();
+    match reply_of(&mut stream) {
+        Err(Error::Remote { code: ErrorCode::VersionMismatch, message }) => assert!(message.contains("version 99 is not supported"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    // An empty request.
+    write_frame(&mut stream, &Request { version: 1, body: None }).unwrap();
+    assert!(matches!(reply_of(&mut stream), Err(Error::Remote { code: ErrorCode::MalformedMessage, .. })));
+
+    // An oversized length: an error reply, then the connection is closed.
+    let mut stream = send_raw(&target.addr, &(MAX_CONTROL_MESSAGE_BYTES + 1).to_le_bytes());
+    assert!(matches!(reply_of(&mut stream), Err(Error::Remote { code: ErrorCode::MessageTooLarge, .. })));
+    let mut rest = Vec::new();
+    assert_eq!(stream.read_to_end(&mut rest).unwrap_or(0), 0, "closed after losing the framing");
+
+    // A peer that disconnects mid-frame.
+    let stream = send_raw(&target.addr, &[100, 0, 0, 0, 1, 2, 3]);
+    drop(stream);
+
+    // The server still answers a proper handshake.
+    let engine = common::engine("initiator");
+    let segment = engine.open_segment(&target.addr).unwrap();
+    assert_eq!(segment.name(), "decode-0");
+    assert_eq!(segment.regions().len(), 1);
+    target.terminate();
+}
+
+#[test]
+fn opening_a_segment_where_nobody_listens_fails_within_its_deadline() {
+    let engine = common::engine("initiator");
+    // Bind then drop, so the port is (almost certainly) closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let started = Instant::now();
+    let error = engine.open_segment_with(&format!("127.0.0.1:{port}"), None, Duration::from_secs(2)).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(error.to_string().contains("connecting to control server"), "{error}");
+}
