@@ -25,7 +25,12 @@ pub struct Doorbell {
 impl Doorbell {
     /// A doorbell for the calling thread (the lane).
     pub fn for_current_thread() -> Self {
-        Self { sleeping: AtomicBool::new(false), lane: thread::current() }
+        Self::for_thread(thread::current())
+    }
+
+    /// A doorbell that wakes `lane`.
+    pub fn for_thread(lane: thread::Thread) -> Self {
+        Self { sleeping: AtomicBool::new(false), lane }
     }
 
     /// Lane side: park unless `has_work` finds something after the

@@ -1,0 +1,16 @@
+//! kvring's lock-free structures, compiled unchanged from `../src` against
+//! loom's checked atomics (`crate::sync` resolves to loom under `cfg(loom)`).
+//! Run: `RUSTFLAGS="--cfg loom" cargo test --release` in this directory.
+#![allow(dead_code, unused_imports)]
+
+#[path = "../../src/sync.rs"]
+pub(crate) mod sync;
+
+#[path = "../../src/ring/spsc.rs"]
+pub mod spsc;
+
+#[path = "../../src/runtime/status.rs"]
+pub mod status;
+
+#[path = "../../src/runtime/doorbell.rs"]
+pub mod doorbell;
