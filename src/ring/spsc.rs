@@ -38,7 +38,23 @@ impl<T> Shared<T> {
 
     #[inline(always)]
     fn slot(&self, position: usize) -> &UnsafeCell<MaybeUninit<T>> {
-        &self.slots[position & self.mask]
+        // SAFETY: `slots.len()` is `mask + 1`, a power of two, so
+        // `position & mask` is always a valid index.
+        unsafe { self.slots.get_unchecked(position & self.mask) }
+    }
+
+    #[inline(always)]
+    fn publish_tail(&self, tail: usize) {
+        // Release pairs with the consumer's Acquire load of `tail`: the slot
+        // writes before this happen before the consumer reads them.
+        self.tail.store(tail, Ordering::Release);
+    }
+
+    #[inline(always)]
+    fn publish_head(&self, head: usize) {
+        // Release pairs with the producer's Acquire load of `head`: our
+        // reads of the released slots happen before it overwrites them.
+        self.head.store(head, Ordering::Release);
     }
 }
 
@@ -107,6 +123,11 @@ pub struct TooFewSlots {
 }
 
 /// The writing half of a ring. `Send`, not `Sync`, not `Clone`.
+///
+/// Aligned to 128 bytes (two cache lines, as crossbeam's `CachePadded` on
+/// x86_64), so its positions never share a line with the consumer's, or
+/// with anything else its owner keeps next to it.
+#[repr(align(128))]
 pub struct Producer<T> {
     shared: Arc<Shared<T>>,
     /// Our own copy of `shared.tail` (only we store it).
@@ -199,22 +220,30 @@ impl<T> Producer<T> {
         if available < n {
             return Err(TooFewSlots { requested: n, available });
         }
-        Ok(WriteChunk { producer: self, limit: n, written: 0 })
+        // Borrow the shared part and our position apart, so the chunk
+        // holds a plain reference to the slots instead of re-reading them
+        // through the `Arc` for every entry.
+        let Producer { shared, tail, .. } = self;
+        Ok(WriteChunk { slots: &shared.slots, mask: shared.mask, shared, tail, limit: n, written: 0 })
     }
 
     #[inline(always)]
     fn publish(&mut self, n: usize) {
         self.tail = self.tail.wrapping_add(n);
-        // Release pairs with the consumer's Acquire load of `tail`: the slot
-        // writes above happen before the consumer reads them.
-        self.shared.tail.store(self.tail, Ordering::Release);
+        self.shared.publish_tail(self.tail);
     }
 }
 
 /// Slots reserved by [`Producer::write_chunk`]. Dropping it without
 /// [`commit`](WriteChunk::commit) publishes nothing and drops what was written.
 pub struct WriteChunk<'a, T> {
-    producer: &'a mut Producer<T>,
+    /// The slots and mask, copied out so the per-entry path keeps them in
+    /// registers (a slot write could otherwise alias `Shared`'s fields).
+    slots: &'a [UnsafeCell<MaybeUninit<T>>],
+    mask: usize,
+    shared: &'a Shared<T>,
+    /// The producer's own tail, advanced on commit.
+    tail: &'a mut usize,
     limit: usize,
     written: usize,
 }
@@ -235,14 +264,37 @@ impl<T> WriteChunk<'_, T> {
         if self.written == self.limit {
             return Err(Full(value));
         }
-        let position = self.producer.tail.wrapping_add(self.written);
-        self.producer.shared.slot(position).with_mut(|slot| {
-            // SAFETY: `position` lies inside the reserved free range
+        let index = self.tail.wrapping_add(self.written) & self.mask;
+        // SAFETY: `index` is masked into the slots, whose length is mask + 1.
+        let slot = unsafe { self.slots.get_unchecked(index) };
+        slot.with_mut(|slot| {
+            // SAFETY: the slot lies inside the reserved free range
             // [tail, tail + limit), which only this chunk writes.
             unsafe { (*slot).write(value) };
         });
         self.written += 1;
         Ok(())
+    }
+
+    /// Writes entries from `iter` until the chunk or the iterator is
+    /// exhausted; returns how many were written.
+    #[inline]
+    pub fn extend(&mut self, iter: impl IntoIterator<Item = T>) -> usize {
+        let before = self.written;
+        let start = *self.tail;
+        for value in iter.into_iter().take(self.limit - self.written) {
+            let index = start.wrapping_add(self.written) & self.mask;
+            // SAFETY: `index` is masked into the slots, whose length is
+            // mask + 1.
+            let slot = unsafe { self.slots.get_unchecked(index) };
+            slot.with_mut(|slot| {
+                // SAFETY: the slot lies inside the reserved free range, which
+                // only this chunk writes.
+                unsafe { (*slot).write(value) };
+            });
+            self.written += 1;
+        }
+        self.written - before
     }
 
     /// Entries written so far.
@@ -258,15 +310,16 @@ impl<T> WriteChunk<'_, T> {
     /// Publishes every entry written, with one Release store.
     pub fn commit(mut self) {
         let n = std::mem::take(&mut self.written);
-        self.producer.publish(n);
+        *self.tail = self.tail.wrapping_add(n);
+        self.shared.publish_tail(*self.tail);
     }
 }
 
 impl<T> Drop for WriteChunk<'_, T> {
     fn drop(&mut self) {
         for i in 0..self.written {
-            let position = self.producer.tail.wrapping_add(i);
-            self.producer.shared.slot(position).with_mut(|slot| {
+            let position = self.tail.wrapping_add(i);
+            self.shared.slot(position).with_mut(|slot| {
                 // SAFETY: entries [tail, tail + written) were written by this
                 // chunk and never published, so we still own them.
                 unsafe { (*slot).assume_init_drop() }
@@ -276,6 +329,8 @@ impl<T> Drop for WriteChunk<'_, T> {
 }
 
 /// The reading half of a ring. `Send`, not `Sync`, not `Clone`.
+/// Aligned like [`Producer`], for the same reason.
+#[repr(align(128))]
 pub struct Consumer<T> {
     shared: Arc<Shared<T>>,
     /// Our own copy of `shared.head` (only we store it).
@@ -343,15 +398,14 @@ impl<T> Consumer<T> {
     /// released with one store when it is dropped.
     pub fn read_chunk(&mut self, max: usize) -> ReadChunk<'_, T> {
         let limit = self.available(max).min(max);
-        ReadChunk { consumer: self, limit, read: 0 }
+        let Consumer { shared, head, .. } = self;
+        ReadChunk { slots: &shared.slots, mask: shared.mask, shared, head, limit, read: 0 }
     }
 
     #[inline(always)]
     fn release(&mut self, n: usize) {
         self.head = self.head.wrapping_add(n);
-        // Release pairs with the producer's Acquire load of `head`: our reads
-        // of these slots happen before it overwrites them.
-        self.shared.head.store(self.head, Ordering::Release);
+        self.shared.publish_head(self.head);
     }
 }
 
@@ -359,7 +413,12 @@ impl<T> Consumer<T> {
 /// the entries yielded are released together when the chunk is dropped;
 /// entries not yet yielded stay in the ring.
 pub struct ReadChunk<'a, T> {
-    consumer: &'a mut Consumer<T>,
+    /// Copied out of `Shared`, as in [`WriteChunk`].
+    slots: &'a [UnsafeCell<MaybeUninit<T>>],
+    mask: usize,
+    shared: &'a Shared<T>,
+    /// The consumer's own head, advanced on drop.
+    head: &'a mut usize,
     limit: usize,
     read: usize,
 }
@@ -393,8 +452,10 @@ impl<T> Iterator for ReadChunk<'_, T> {
         if self.read == self.limit {
             return None;
         }
-        let position = self.consumer.head.wrapping_add(self.read);
-        let value = self.consumer.shared.slot(position).with(|slot| {
+        let index = self.head.wrapping_add(self.read) & self.mask;
+        // SAFETY: `index` is masked into the slots, whose length is mask + 1.
+        let slot = unsafe { self.slots.get_unchecked(index) };
+        let value = slot.with(|slot| {
             // SAFETY: `position` < `tail` as seen with Acquire when the chunk
             // was made, so the slot is initialised; it is read exactly once
             // because `read` only grows and is released on drop.
@@ -414,7 +475,8 @@ impl<T> ExactSizeIterator for ReadChunk<'_, T> {}
 impl<T> Drop for ReadChunk<'_, T> {
     fn drop(&mut self) {
         if self.read > 0 {
-            self.consumer.release(self.read);
+            *self.head = self.head.wrapping_add(self.read);
+            self.shared.publish_head(*self.head);
         }
     }
 }
