@@ -6,7 +6,5 @@ fn main() {
         println!("cargo:rerun-if-changed={proto}");
     }
     let descriptors = protox::compile(protos, ["proto"]).expect("proto/ must compile");
-    prost_build::Config::new()
-        .compile_fds(descriptors)
-        .expect("prost code generation");
+    prost_build::Config::new().compile_fds(descriptors).expect("prost code generation");
 }

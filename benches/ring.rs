@@ -10,7 +10,11 @@ const CHUNK: usize = 32;
 
 /// Runs `produce` and `consume` on two threads pinned to two cores (both
 /// spawned fresh, so neither inherits a pinned mask), and times the whole.
-fn two_threads(items: u64, produce: impl FnOnce(u64) + Send + 'static, consume: impl FnOnce(u64) + Send + 'static) -> Duration {
+fn two_threads(
+    items: u64,
+    produce: impl FnOnce(u64) + Send + 'static,
+    consume: impl FnOnce(u64) + Send + 'static,
+) -> Duration {
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     let pinned = |index: usize| {
         let core = cores.get(index).copied();
@@ -177,11 +181,14 @@ fn array_queue(items: u64) -> Duration {
     )
 }
 
+/// A variant's name and the function that moves `n` items through it.
+type Case = (&'static str, fn(u64) -> Duration);
+
 fn rings(c: &mut Criterion) {
     let mut group = c.benchmark_group("ring");
     group.throughput(Throughput::Elements(ITEMS_PER_ITER));
     group.measurement_time(Duration::from_secs(3));
-    let cases: [(&str, fn(u64) -> Duration); 5] = [
+    let cases: [Case; 5] = [
         ("kvring/batched", kvring_batched),
         ("rtrb/batched", rtrb_batched),
         ("kvring/single", kvring_single),

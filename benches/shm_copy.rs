@@ -51,7 +51,10 @@ fn shm_copy(c: &mut Criterion) {
                     let mut in_flight = VecDeque::new();
                     for descs in &all {
                         if in_flight.len() == IN_FLIGHT {
-                            assert!(sub.wait(in_flight.pop_front().unwrap(), Duration::from_secs(10)).unwrap().is_done());
+                            assert!(sub
+                                .wait(in_flight.pop_front().unwrap(), Duration::from_secs(10))
+                                .unwrap()
+                                .is_done());
                         }
                         in_flight.push_back(sub.submit(&Batch::write(&segment).descs(descs)).unwrap());
                     }

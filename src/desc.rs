@@ -23,8 +23,9 @@ compile_error!("kvring's wire structs assume a little-endian host");
 /// its region (or was forged) is recognised rather than aliased.
 ///
 /// The low 16 bits are the slot, the high 16 bits the slot's generation.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
-#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 #[repr(transparent)]
 pub struct RegionId(u32);
 
@@ -75,8 +76,7 @@ impl fmt::Display for RegionId {
 /// assert_eq!(d.len, 4096);
 /// assert_eq!(std::mem::size_of::<BlockDesc>(), 32);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
-#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C)]
 pub struct BlockDesc {
     /// The initiator's region.
@@ -128,8 +128,7 @@ pub const BATCH_VERSION: u16 = 1;
 pub const MAX_BATCH_DESCS: u32 = 1 << 16;
 
 /// Header of an encoded batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
-#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C)]
 pub struct BatchHeader {
     /// [`BATCH_MAGIC`].
@@ -218,8 +217,8 @@ pub fn decode_batch(bytes: &[u8]) -> Result<DecodedBatch> {
     }
     let mut descs = Vec::with_capacity(header.desc_count as usize);
     for (index, raw) in rest.chunks_exact(std::mem::size_of::<BlockDesc>()).enumerate() {
-        let desc = BlockDesc::read_from_bytes(raw)
-            .map_err(|_| Error::malformed("batch", "descriptor size mismatch"))?;
+        let desc =
+            BlockDesc::read_from_bytes(raw).map_err(|_| Error::malformed("batch", "descriptor size mismatch"))?;
         let index = index as u32;
         if desc.len == 0 {
             return Err(Error::malformed("batch", format!("descriptor {index} has zero length")));
@@ -236,9 +235,7 @@ mod tests {
     use super::*;
 
     fn sample() -> Vec<BlockDesc> {
-        (0..4)
-            .map(|i| BlockDesc::new(RegionId::new(1, 2), i * 4096, RegionId::new(3, 4), i * 8192, 4096))
-            .collect()
+        (0..4).map(|i| BlockDesc::new(RegionId::new(1, 2), i * 4096, RegionId::new(3, 4), i * 8192, 4096)).collect()
     }
 
     #[test]

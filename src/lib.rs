@@ -46,7 +46,9 @@ pub mod proto {
 }
 
 pub use desc::{BlockDesc, RegionId};
-pub use engine::{Batch, Completion, Engine, EngineBuilder, EngineConfig, Outcome, Region, Segment, StatusReader, Submitter};
+pub use engine::{
+    Batch, Completion, Engine, EngineBuilder, EngineConfig, Outcome, Region, Segment, StatusReader, Submitter,
+};
 pub use error::{Error, Result, Side};
 pub use mem::{Access, RegionInfo, RegionKind};
 pub use proto::ErrorCode;

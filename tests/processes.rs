@@ -30,7 +30,11 @@ fn serve(region: &str) -> Serve {
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     stdout.read_line(&mut line).unwrap();
-    let addr = line.split_whitespace().find_map(|f| f.strip_prefix("listen=")).unwrap_or_else(|| panic!("no address in {line:?}")).to_string();
+    let addr = line
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("listen="))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
     assert!(line.contains("name=decode-0"), "{line}");
     Serve { child, addr, stdout }
 }
@@ -106,7 +110,17 @@ fn the_bench_runs_every_case_verified_with_its_json_fields() {
     assert_eq!(lines.len(), 6, "{stdout}");
     let mut cases = Vec::new();
     for line in lines {
-        for field in ["\"op\":", "\"transport\":\"shm\"", "\"block_bytes\":", "\"batch\":64", "\"gbps\":", "\"p50_us\":", "\"p99_us\":", "\"baseline_gbps\":", "\"verified\":true"] {
+        for field in [
+            "\"op\":",
+            "\"transport\":\"shm\"",
+            "\"block_bytes\":",
+            "\"batch\":64",
+            "\"gbps\":",
+            "\"p50_us\":",
+            "\"p99_us\":",
+            "\"baseline_gbps\":",
+            "\"verified\":true",
+        ] {
             assert!(line.contains(field), "{field} missing in {line}");
         }
         let op = if line.contains("\"op\":\"write\"") { "write" } else { "read" };
@@ -177,14 +191,19 @@ fn malformed_and_wrong_version_control_messages_get_clear_errors_and_the_server_
     // Garbage inside a well-formed frame: an error reply, connection kept.
     let mut stream = send_raw(&target.addr, &framed(&[0xff, 0xff, 0xff, 0xff]));
     match reply_of(&mut stream) {
-        Err(Error::Remote { code: ErrorCode::MalformedMessage, message }) => assert!(message.contains("malformed control request"), "{message}"),
+        Err(Error::Remote { code: ErrorCode::MalformedMessage, message }) => {
+            assert!(message.contains("malformed control request"), "{message}")
+        }
         other => panic!("{other:?}"),
     }
     // Same connection, wrong version.
-    let wrong = Request { version: 99, body: Some(request::Body::Handshake(HandshakeRequest { initiator: "x".into() })) };
+    let wrong =
+        Request { version: 99, body: Some(request::Body::Handshake(HandshakeRequest { initiator: "x".into() })) };
     write_frame(&mut stream, &wrong).unwrap();
     match reply_of(&mut stream) {
-        Err(Error::Remote { code: ErrorCode::VersionMismatch, message }) => assert!(message.contains("version 99 is not supported"), "{message}"),
+        Err(Error::Remote { code: ErrorCode::VersionMismatch, message }) => {
+            assert!(message.contains("version 99 is not supported"), "{message}")
+        }
         other => panic!("{other:?}"),
     }
     // An empty request.

@@ -20,10 +20,8 @@ pub struct ControlClient {
 impl ControlClient {
     /// Connects to `addr` (`host:port`) before `deadline`.
     pub fn connect(addr: &str, deadline: Instant) -> Result<Self> {
-        let candidates: Vec<SocketAddr> = addr
-            .to_socket_addrs()
-            .map_err(|e| Error::io(format!("resolving control address {addr}"), e))?
-            .collect();
+        let candidates: Vec<SocketAddr> =
+            addr.to_socket_addrs().map_err(|e| Error::io(format!("resolving control address {addr}"), e))?.collect();
         let mut last_error = None;
         for peer in candidates {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -52,12 +50,16 @@ impl ControlClient {
         write_frame(&mut self.stream, &request(body))?;
         let peer = self.peer;
         let frame = read_frame(&mut self.stream, MAX_CONTROL_MESSAGE_BYTES).map_err(|e| match e {
-            Error::Io { source, .. } if matches!(source.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Error::Io { source, .. }
+                if matches!(source.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+            {
                 Error::Timeout { waited: left }
             }
             other => other,
         })?;
-        let frame = frame.ok_or_else(|| Error::malformed("control response", format!("{peer} closed the connection without answering")))?;
+        let frame = frame.ok_or_else(|| {
+            Error::malformed("control response", format!("{peer} closed the connection without answering"))
+        })?;
         decode_response(&frame)
     }
 

@@ -14,7 +14,8 @@ pub const MAX_CONTROL_MESSAGE_BYTES: u32 = 4 << 20;
 /// Writes one length-prefixed message.
 pub fn write_frame(writer: &mut impl Write, message: &impl Message) -> Result<()> {
     let body = message.encode_to_vec();
-    let len = u32::try_from(body.len()).map_err(|_| Error::MessageTooLarge { len: body.len() as u64, max: MAX_CONTROL_MESSAGE_BYTES.into() })?;
+    let len = u32::try_from(body.len())
+        .map_err(|_| Error::MessageTooLarge { len: body.len() as u64, max: MAX_CONTROL_MESSAGE_BYTES.into() })?;
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&len.to_le_bytes());
     frame.extend_from_slice(&body);
@@ -36,7 +37,9 @@ pub fn read_frame(reader: &mut impl Read, max: u32) -> Result<Option<Vec<u8>>> {
     }
     let mut body = vec![0u8; len as usize];
     reader.read_exact(&mut body).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => Error::malformed("control message", format!("stream ended inside a {len}-byte message")),
+        std::io::ErrorKind::UnexpectedEof => {
+            Error::malformed("control message", format!("stream ended inside a {len}-byte message"))
+        }
         _ => Error::io("reading control message body", e),
     })?;
     Ok(Some(body))

@@ -42,7 +42,8 @@ impl ControlServer {
     pub fn start(listen: SocketAddr, handler: Arc<dyn ControlHandler>) -> Result<Self> {
         // std sets SO_REUSEADDR on Unix listeners, so a restarted engine can
         // bind the same port at once.
-        let listener = TcpListener::bind(listen).map_err(|e| Error::io(format!("binding control listener on {listen}"), e))?;
+        let listener =
+            TcpListener::bind(listen).map_err(|e| Error::io(format!("binding control listener on {listen}"), e))?;
         let addr = listener.local_addr().map_err(|e| Error::io("reading control listener address", e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let active = Arc::new(AtomicUsize::new(0));
@@ -78,7 +79,12 @@ impl Drop for ControlServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, handler: Arc<dyn ControlHandler>, stop: Arc<AtomicBool>, active: Arc<AtomicUsize>) {
+fn accept_loop(
+    listener: TcpListener,
+    handler: Arc<dyn ControlHandler>,
+    stop: Arc<AtomicBool>,
+    active: Arc<AtomicUsize>,
+) {
     for stream in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             return;

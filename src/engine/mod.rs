@@ -16,13 +16,13 @@ use crate::control::{ControlHandler, ControlServer, DEFAULT_CONTROL_TIMEOUT};
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::mem::registry::check_range;
-use crate::mem::{Access, Registry, RegionInfo, ShmMapping, DEFAULT_MAX_REGIONS};
+use crate::mem::{Access, RegionInfo, Registry, ShmMapping, DEFAULT_MAX_REGIONS};
 use crate::metadata::{MetadataStore, PeerHandshake};
 use crate::proto::{ChecksumRequest, HandshakeRequest};
 use crate::runtime::backoff::BackoffPolicy;
 use crate::runtime::lane::{
-    memlock_limit_bytes, memlock_needed_bytes, Clock, LaneCommand, LaneConfig, LaneHandle, LaneSegment, DEFAULT_BUSY_POLL, DEFAULT_PARK_TIMEOUT,
-    DEFAULT_IO_MEMORY_BYTES,
+    memlock_limit_bytes, memlock_needed_bytes, Clock, LaneCommand, LaneConfig, LaneHandle, LaneSegment,
+    DEFAULT_BUSY_POLL, DEFAULT_IO_MEMORY_BYTES, DEFAULT_PARK_TIMEOUT,
 };
 use crate::segment::{local_host_id, PeerSegment, RemoteRegion, SegmentDescriptor, TransportKind};
 use crate::transport::{Link, NullLink, ShmLink};
@@ -339,7 +339,11 @@ impl Engine {
         if config.name.is_empty() || config.name.len() > crate::segment::descriptor::MAX_SEGMENT_NAME_BYTES {
             return Err(Error::invalid("name", "must be 1..=256 bytes"));
         }
-        for (what, value) in [("ring depth", config.ring_depth), ("arena", config.arena_descs), ("max batches in flight", config.max_batches_in_flight)] {
+        for (what, value) in [
+            ("ring depth", config.ring_depth),
+            ("arena", config.arena_descs),
+            ("max batches in flight", config.max_batches_in_flight),
+        ] {
             if value == 0 || value > (1 << 16) {
                 return Err(Error::invalid(what, format!("{value} is outside 1..=65536")));
             }
@@ -503,7 +507,12 @@ impl Engine {
 
     /// [`open_segment`](Self::open_segment) with an explicit transport and
     /// handshake deadline.
-    pub fn open_segment_with(&self, name: &str, transport: Option<TransportKind>, timeout: Duration) -> Result<Segment> {
+    pub fn open_segment_with(
+        &self,
+        name: &str,
+        transport: Option<TransportKind>,
+        timeout: Duration,
+    ) -> Result<Segment> {
         if self.inner.is_stopped() {
             return Err(Error::Shutdown);
         }
@@ -536,19 +545,35 @@ impl Engine {
         self.install_segment(&format!("self/{}", transport.name()), descriptor, transport, link)
     }
 
-    fn install_segment(&self, name: &str, descriptor: SegmentDescriptor, transport: TransportKind, link: Arc<dyn Link>) -> Result<Segment> {
+    fn install_segment(
+        &self,
+        name: &str,
+        descriptor: SegmentDescriptor,
+        transport: TransportKind,
+        link: Arc<dyn Link>,
+    ) -> Result<Segment> {
         let mut table = lock(&self.inner.segments);
         if let Some(old) = table.by_name.remove(name) {
             self.retire(&mut table, &old);
         }
-        let slot = table.free.pop().ok_or(Error::Busy { queue: "segment table", capacity: self.inner.config.max_segments })?;
+        let slot =
+            table.free.pop().ok_or(Error::Busy { queue: "segment table", capacity: self.inner.config.max_segments })?;
         let key = ((table.generations[slot as usize] as u32) << 16) | slot as u32;
         let peer = Arc::new(PeerSegment::new(descriptor));
         for lane in &self.inner.lanes {
-            lane.shared.send(LaneCommand::AttachSegment { key, segment: LaneSegment { peer: peer.clone(), link: link.clone() } });
+            lane.shared.send(LaneCommand::AttachSegment {
+                key,
+                segment: LaneSegment { peer: peer.clone(), link: link.clone() },
+            });
         }
         let segment = Segment {
-            inner: Arc::new(SegmentInner { key, owner_epoch: self.inner.epoch, opened_as: name.to_string(), peer, transport }),
+            inner: Arc::new(SegmentInner {
+                key,
+                owner_epoch: self.inner.epoch,
+                opened_as: name.to_string(),
+                peer,
+                transport,
+            }),
         };
         table.by_name.insert(name.to_string(), segment.clone());
         Ok(segment)
@@ -642,13 +667,20 @@ impl ControlHandler for ControlContext {
         let result = (|| {
             let entry = self.registry.leased(id)?;
             if !entry.info.access.contains(Access::REMOTE_READ) {
-                return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region: id, needs: "remote read" });
+                return Err(Error::AccessDenied {
+                    desc_index: 0,
+                    side: Side::Remote,
+                    region: id,
+                    needs: "remote read",
+                });
             }
             check_range(id, Side::Remote, 0, request.offset, request.len, entry.len as u64)?;
             // SAFETY: the range is inside a registered region (checked) that
             // the lease keeps registered; the bytes are plain integers, and a
             // transfer running concurrently only makes the sum meaningless.
-            let bytes = unsafe { std::slice::from_raw_parts((entry.addr + request.offset as usize) as *const u8, request.len as usize) };
+            let bytes = unsafe {
+                std::slice::from_raw_parts((entry.addr + request.offset as usize) as *const u8, request.len as usize)
+            };
             Ok(crate::mem::checksum(bytes))
         })();
         self.registry.release(id);

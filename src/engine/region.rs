@@ -88,11 +88,9 @@ impl Region {
 /// Fills `bytes` with a pattern derived from `seed` and each word's position.
 pub fn fill_pattern(bytes: &mut [u8], seed: u64) {
     let mut chunks = bytes.chunks_exact_mut(8);
-    let mut i = 0u64;
-    for chunk in &mut chunks {
-        let v = (seed ^ i).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17);
+    for (i, chunk) in (&mut chunks).enumerate() {
+        let v = (seed ^ i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17);
         chunk.copy_from_slice(&v.to_le_bytes());
-        i += 1;
     }
     for (j, b) in chunks.into_remainder().iter_mut().enumerate() {
         *b = (seed as u8).wrapping_add(j as u8);

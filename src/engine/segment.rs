@@ -55,10 +55,9 @@ impl Segment {
 
     /// The id of the peer's `position`-th region.
     pub fn region(&self, position: usize) -> Result<RegionId> {
-        self.regions()
-            .get(position)
-            .map(|r| r.id)
-            .ok_or_else(|| Error::invalid("region position", format!("{position} but the peer has {} regions", self.regions().len())))
+        self.regions().get(position).map(|r| r.id).ok_or_else(|| {
+            Error::invalid("region position", format!("{position} but the peer has {} regions", self.regions().len()))
+        })
     }
 
     /// True once closed.

@@ -81,13 +81,13 @@ impl Submitter {
                 // Room for every batch not yet consumed, plus one in transit
                 // per lane: a lane never finds this ring full (see lane.rs).
                 let (cq_tx, cq) = channel(capacity + MAX_LANES);
-                handle.shared.send(LaneCommand::AttachSubmitter(SubmitterRings {
+                handle.shared.send(LaneCommand::AttachSubmitter(Box::new(SubmitterRings {
                     sq: sq_rx,
                     descs: descs_rx,
                     cq: cq_tx,
                     status: status.clone(),
                     closed: closed.clone(),
-                }));
+                })));
                 SubmitterLane { sq, descs, cq, lane: handle.shared.clone(), desc_position: 0 }
             })
             .collect();
@@ -133,7 +133,10 @@ impl Submitter {
         }
         let arena = self.engine.config.arena_descs;
         if descs.len() > arena {
-            return Err(Error::invalid("batch", format!("{} descriptors exceed the per-lane arena of {arena}", descs.len())));
+            return Err(Error::invalid(
+                "batch",
+                format!("{} descriptors exceed the per-lane arena of {arena}", descs.len()),
+            ));
         }
         let mut parts = [(0usize, 0usize, 0usize); MAX_LANES];
         let part_count = self.plan_parts(descs, &mut parts)?;

@@ -89,7 +89,12 @@ impl std::ops::BitOr for Access {
 
 impl fmt::Debug for Access {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names = [(Self::LOCAL_READ, "lr"), (Self::LOCAL_WRITE, "lw"), (Self::REMOTE_READ, "rr"), (Self::REMOTE_WRITE, "rw")];
+        let names = [
+            (Self::LOCAL_READ, "lr"),
+            (Self::LOCAL_WRITE, "lw"),
+            (Self::REMOTE_READ, "rr"),
+            (Self::REMOTE_WRITE, "rw"),
+        ];
         let set: Vec<_> = names.iter().filter(|(a, _)| self.contains(*a)).map(|(_, n)| *n).collect();
         write!(f, "Access({})", set.join("|"))
     }

@@ -47,7 +47,15 @@ impl RegionEntry {
     /// Checks `[offset, offset + len)` against the region and the right it
     /// needs; returns the start address of the range.
     #[inline]
-    pub fn check(&self, region: RegionId, side: Side, desc_index: u32, offset: u64, len: u64, needs: Access) -> Result<usize> {
+    pub fn check(
+        &self,
+        region: RegionId,
+        side: Side,
+        desc_index: u32,
+        offset: u64,
+        len: u64,
+        needs: Access,
+    ) -> Result<usize> {
         if !self.info.access.contains(needs) {
             return Err(Error::AccessDenied { desc_index, side, region, needs: access_name(needs) });
         }
@@ -59,7 +67,14 @@ impl RegionEntry {
 /// Bounds check with checked arithmetic: `offset + len` must not overflow
 /// and must not pass `region_len`.
 #[inline]
-pub fn check_range(region: RegionId, side: Side, desc_index: u32, offset: u64, len: u64, region_len: u64) -> Result<()> {
+pub fn check_range(
+    region: RegionId,
+    side: Side,
+    desc_index: u32,
+    offset: u64,
+    len: u64,
+    region_len: u64,
+) -> Result<()> {
     let end = offset.checked_add(len).ok_or(Error::LengthOverflow { desc_index, side, offset, len })?;
     if end > region_len {
         return Err(Error::OutOfBounds { desc_index, side, region, offset, len, region_len });
@@ -141,7 +156,13 @@ impl Registry {
 
     /// Registers `[addr, addr + len)`. The same range registered again with
     /// the same info returns the same id; any other overlap is refused.
-    pub fn register(&self, addr: usize, len: usize, info: RegionInfo, shm: Option<Arc<ShmMapping>>) -> Result<RegionId> {
+    pub fn register(
+        &self,
+        addr: usize,
+        len: usize,
+        info: RegionInfo,
+        shm: Option<Arc<ShmMapping>>,
+    ) -> Result<RegionId> {
         if addr == 0 {
             return Err(Error::invalid("region address", "null pointer"));
         }
@@ -160,7 +181,13 @@ impl Registry {
                 return if existing.info == info { Ok(id) } else { Err(Error::RegionInfoMismatch { existing: id }) };
             }
             if start + existing.len > addr {
-                return Err(Error::RegionOverlap { addr, len, existing: id, existing_addr: start, existing_len: existing.len });
+                return Err(Error::RegionOverlap {
+                    addr,
+                    len,
+                    existing: id,
+                    existing_addr: start,
+                    existing_len: existing.len,
+                });
             }
         }
         let index = control.free.pop().ok_or(Error::RegionTableFull { capacity: self.slots.len() })?;
@@ -313,8 +340,16 @@ mod tests {
     fn bad_ranges_are_refused() {
         let registry = Registry::new(2);
         assert!(registry.register(0, 10, RegionInfo::raw(), None).unwrap_err().to_string().contains("null pointer"));
-        assert!(registry.register(8, 0, RegionInfo::raw(), None).unwrap_err().to_string().contains("greater than zero"));
-        assert!(registry.register(usize::MAX - 4, 10, RegionInfo::raw(), None).unwrap_err().to_string().contains("overflows"));
+        assert!(registry
+            .register(8, 0, RegionInfo::raw(), None)
+            .unwrap_err()
+            .to_string()
+            .contains("greater than zero"));
+        assert!(registry
+            .register(usize::MAX - 4, 10, RegionInfo::raw(), None)
+            .unwrap_err()
+            .to_string()
+            .contains("overflows"));
     }
 
     #[test]
@@ -346,16 +381,26 @@ mod tests {
         let (_a, a) = buffer(8);
         let (_b, b) = buffer(8);
         registry.register(a, 8, RegionInfo::raw(), None).unwrap();
-        assert!(matches!(registry.register(b, 8, RegionInfo::raw(), None), Err(Error::RegionTableFull { capacity: 1 })));
+        assert!(matches!(
+            registry.register(b, 8, RegionInfo::raw(), None),
+            Err(Error::RegionTableFull { capacity: 1 })
+        ));
     }
 
     #[test]
     fn checks_use_checked_arithmetic_and_rights() {
         let id = RegionId::new(0, 1);
         assert!(check_range(id, Side::Local, 0, 0, 4096, 4096).is_ok());
-        assert!(matches!(check_range(id, Side::Local, 1, 1, 4096, 4096), Err(Error::OutOfBounds { desc_index: 1, .. })));
-        assert!(matches!(check_range(id, Side::Remote, 2, u64::MAX, 2, 4096), Err(Error::LengthOverflow { desc_index: 2, .. })));
-        let entry = RegionEntry { addr: 0x1000, len: 100, info: RegionInfo::raw().with_access(Access::LOCAL_READ), shm: None };
+        assert!(matches!(
+            check_range(id, Side::Local, 1, 1, 4096, 4096),
+            Err(Error::OutOfBounds { desc_index: 1, .. })
+        ));
+        assert!(matches!(
+            check_range(id, Side::Remote, 2, u64::MAX, 2, 4096),
+            Err(Error::LengthOverflow { desc_index: 2, .. })
+        ));
+        let entry =
+            RegionEntry { addr: 0x1000, len: 100, info: RegionInfo::raw().with_access(Access::LOCAL_READ), shm: None };
         assert_eq!(entry.check(id, Side::Local, 0, 10, 10, Access::LOCAL_READ).unwrap(), 0x100a);
         let err = entry.check(id, Side::Local, 0, 10, 10, Access::LOCAL_WRITE).unwrap_err();
         assert!(err.to_string().contains("does not allow local write"), "{err}");

@@ -58,7 +58,10 @@ impl ShmMapping {
         let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
         if rc != 0 {
             let e = std::io::Error::last_os_error();
-            return Err(Error::io(format!("allocating {len} bytes for {} (is /dev/shm big enough?)", path.display()), e));
+            return Err(Error::io(
+                format!("allocating {len} bytes for {} (is /dev/shm big enough?)", path.display()),
+                e,
+            ));
         }
         let map = MmapOptions::new()
             .len(len)
@@ -134,7 +137,8 @@ pub fn sweep_stale() -> usize {
         let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(SHM_PREFIX)) else { continue };
         let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<libc::pid_t>().ok()) else { continue };
         // SAFETY: kill with signal 0 only checks whether the pid exists.
-        let gone = unsafe { libc::kill(pid, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        let gone =
+            unsafe { libc::kill(pid, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
         if gone && std::fs::remove_file(entry.path()).is_ok() {
             removed += 1;
         }

@@ -87,20 +87,14 @@ impl<T> Drop for Shared<T> {
 /// ```
 pub fn channel<T>(capacity: usize) -> (Producer<T>, Consumer<T>) {
     let capacity = capacity.max(1).next_power_of_two();
-    let slots = (0..capacity)
-        .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
-        .collect::<Vec<_>>()
-        .into_boxed_slice();
+    let slots = (0..capacity).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect::<Vec<_>>().into_boxed_slice();
     let shared = Arc::new(Shared {
         head: CachePadded::new(AtomicUsize::new(0)),
         tail: CachePadded::new(AtomicUsize::new(0)),
         slots,
         mask: capacity - 1,
     });
-    (
-        Producer { shared: shared.clone(), tail: 0, cached_head: 0 },
-        Consumer { shared, head: 0, cached_tail: 0 },
-    )
+    (Producer { shared: shared.clone(), tail: 0, cached_head: 0 }, Consumer { shared, head: 0, cached_tail: 0 })
 }
 
 /// The error of a push into a full ring: the entry is handed back.
@@ -143,10 +137,7 @@ unsafe impl<T: Send> Send for Producer<T> {}
 
 impl<T> fmt::Debug for Producer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Producer")
-            .field("capacity", &self.capacity())
-            .field("tail", &self.tail)
-            .finish()
+        f.debug_struct("Producer").field("capacity", &self.capacity()).field("tail", &self.tail).finish()
     }
 }
 
@@ -250,10 +241,7 @@ pub struct WriteChunk<'a, T> {
 
 impl<T> fmt::Debug for WriteChunk<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WriteChunk")
-            .field("limit", &self.limit)
-            .field("written", &self.written)
-            .finish()
+        f.debug_struct("WriteChunk").field("limit", &self.limit).field("written", &self.written).finish()
     }
 }
 
@@ -345,10 +333,7 @@ unsafe impl<T: Send> Send for Consumer<T> {}
 
 impl<T> fmt::Debug for Consumer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Consumer")
-            .field("capacity", &self.shared.capacity())
-            .field("head", &self.head)
-            .finish()
+        f.debug_struct("Consumer").field("capacity", &self.shared.capacity()).field("head", &self.head).finish()
     }
 }
 
@@ -425,10 +410,7 @@ pub struct ReadChunk<'a, T> {
 
 impl<T> fmt::Debug for ReadChunk<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReadChunk")
-            .field("limit", &self.limit)
-            .field("read", &self.read)
-            .finish()
+        f.debug_struct("ReadChunk").field("limit", &self.limit).field("read", &self.read).finish()
     }
 }
 

@@ -96,7 +96,11 @@ mod tests {
 
     #[test]
     fn a_wait_expires_at_its_deadline_and_not_long_after() {
-        let policy = BackoffPolicy { spin: Duration::from_micros(10), yield_for: Duration::from_micros(10), sleep_cap: Duration::from_millis(2) };
+        let policy = BackoffPolicy {
+            spin: Duration::from_micros(10),
+            yield_for: Duration::from_micros(10),
+            sleep_cap: Duration::from_millis(2),
+        };
         let deadline = Instant::now() + Duration::from_millis(20);
         let mut backoff = Backoff::new(policy, Some(deadline));
         let mut rounds = 0u32;
@@ -112,7 +116,8 @@ mod tests {
 
     #[test]
     fn sleep_steps_double_up_to_the_cap() {
-        let policy = BackoffPolicy { spin: Duration::ZERO, yield_for: Duration::ZERO, sleep_cap: Duration::from_micros(40) };
+        let policy =
+            BackoffPolicy { spin: Duration::ZERO, yield_for: Duration::ZERO, sleep_cap: Duration::from_micros(40) };
         let mut backoff = Backoff::new(policy, None);
         let mut steps = vec![];
         for _ in 0..4 {

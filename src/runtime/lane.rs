@@ -11,10 +11,10 @@
 
 use super::doorbell::Doorbell;
 use super::status::{BatchState, PartEnd, StatusTable};
-use crate::proto::ErrorCode;
 use crate::desc::{BlockDesc, RegionId};
 use crate::error::{Error, Result, Side};
 use crate::mem::{Access, Registry};
+use crate::proto::ErrorCode;
 use crate::ring::{Consumer, Cqe, CqeKind, Opcode, Producer, Sqe};
 use crate::segment::PeerSegment;
 use crate::transport::Link;
@@ -113,7 +113,7 @@ pub struct LaneSegment {
 #[derive(Debug)]
 pub enum LaneCommand {
     /// A new submitter's rings.
-    AttachSubmitter(SubmitterRings),
+    AttachSubmitter(Box<SubmitterRings>),
     /// A segment opened under a key (`slot:16 | generation:16`).
     AttachSegment {
         /// The key SQEs carry.
@@ -338,7 +338,9 @@ impl Lane {
         let shared = self.shared.clone();
         let rings = &mut self.rings;
         let parked = shared.doorbell.park(self.config.park_timeout, || {
-            !shared.commands.is_empty() || shared.stop.load(Ordering::Acquire) || rings.iter_mut().any(|r| !r.sq.is_empty())
+            !shared.commands.is_empty()
+                || shared.stop.load(Ordering::Acquire)
+                || rings.iter_mut().any(|r| !r.sq.is_empty())
         });
         if parked {
             shared.stats.parks.fetch_add(1, Ordering::Relaxed);
@@ -350,7 +352,7 @@ impl Lane {
         while let Some(command) = self.shared.commands.pop() {
             taken += 1;
             match command {
-                LaneCommand::AttachSubmitter(rings) => self.rings.push(rings),
+                LaneCommand::AttachSubmitter(rings) => self.rings.push(*rings),
                 LaneCommand::AttachSegment { key, segment } => {
                     if let Some(entry) = self.segments.get_mut(key as u16 as usize) {
                         *entry = Some((key, segment));
@@ -514,7 +516,10 @@ fn execute_desc(
     remote_needs: Access,
 ) -> Result<()> {
     let local = registry.leased(desc.local_region)?;
-    let local_addr = local.check(desc.local_region, Side::Local, desc_index, desc.local_offset, desc.len, local_needs)?;
+    let local_addr =
+        local.check(desc.local_region, Side::Local, desc_index, desc.local_offset, desc.len, local_needs)?;
     segment.peer.region(desc.remote_region)?.check(desc_index, desc.remote_offset, desc.len, remote_needs)?;
-    segment.link.transfer(op, local_addr as *mut u8, desc, desc_index)
+    // SAFETY: `local_addr..+len` was just checked to lie inside the leased
+    // region (`check` above), which the lease keeps registered and mapped.
+    unsafe { segment.link.transfer(op, local_addr as *mut u8, desc, desc_index) }
 }

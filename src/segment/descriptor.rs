@@ -65,7 +65,12 @@ impl RemoteRegion {
     #[inline]
     pub fn check(&self, desc_index: u32, offset: u64, len: u64, needs: Access) -> Result<()> {
         if !self.access.contains(needs) {
-            return Err(Error::AccessDenied { desc_index, side: Side::Remote, region: self.id, needs: access_name(needs) });
+            return Err(Error::AccessDenied {
+                desc_index,
+                side: Side::Remote,
+                region: self.id,
+                needs: access_name(needs),
+            });
         }
         check_range(self.id, Side::Remote, desc_index, offset, len, self.len)
     }
@@ -123,7 +128,10 @@ impl SegmentDescriptor {
             return Err(bad(format!("name must be 1..={MAX_SEGMENT_NAME_BYTES} bytes, got {}", message.name.len())));
         }
         if message.regions.len() > MAX_DESCRIPTOR_REGIONS {
-            return Err(bad(format!("{} regions exceeds the limit of {MAX_DESCRIPTOR_REGIONS}", message.regions.len())));
+            return Err(bad(format!(
+                "{} regions exceeds the limit of {MAX_DESCRIPTOR_REGIONS}",
+                message.regions.len()
+            )));
         }
         let mut regions = Vec::with_capacity(message.regions.len());
         let mut seen = std::collections::HashSet::with_capacity(message.regions.len());
@@ -135,7 +143,8 @@ impl SegmentDescriptor {
             if r.len == 0 {
                 return Err(bad(format!("region {id} has zero length")));
             }
-            let kind = proto::RegionKind::try_from(r.kind).map_err(|_| bad(format!("region {id} has unknown kind {}", r.kind)))?;
+            let kind = proto::RegionKind::try_from(r.kind)
+                .map_err(|_| bad(format!("region {id} has unknown kind {}", r.kind)))?;
             let shm_path = if r.shm_path.is_empty() {
                 None
             } else {
@@ -146,7 +155,10 @@ impl SegmentDescriptor {
                     .and_then(|rest| rest.to_str())
                     .is_some_and(|rest| !rest.is_empty() && !rest.contains('/') && rest != "..");
                 if !file_name_ok {
-                    return Err(bad(format!("region {id} shm path {:?} is not a file directly under /dev/shm", r.shm_path)));
+                    return Err(bad(format!(
+                        "region {id} shm path {:?} is not a file directly under /dev/shm",
+                        r.shm_path
+                    )));
                 }
                 Some(path)
             };
@@ -166,7 +178,14 @@ impl SegmentDescriptor {
             .find(|e| e.transport == proto::TransportKind::Tcp as i32)
             .map(|e| e.address.clone())
             .unwrap_or_default();
-        Ok(Self { name: message.name, epoch: message.epoch, host_id: message.host_id, pid: message.pid, regions, control_addr })
+        Ok(Self {
+            name: message.name,
+            epoch: message.epoch,
+            host_id: message.host_id,
+            pid: message.pid,
+            regions,
+            control_addr,
+        })
     }
 }
 
@@ -210,7 +229,10 @@ mod tests {
     fn hostile_descriptors_are_refused() {
         let mut p = sample().to_proto();
         p.regions[0].shm_path = "/dev/shm/../etc/passwd".into();
-        assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("not a file directly under /dev/shm"));
+        assert!(SegmentDescriptor::from_proto(p)
+            .unwrap_err()
+            .to_string()
+            .contains("not a file directly under /dev/shm"));
         let mut p = sample().to_proto();
         p.regions.push(p.regions[0].clone());
         assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("listed twice"));
@@ -229,7 +251,10 @@ mod tests {
     fn remote_checks_cover_rights_and_bounds() {
         let mut r = sample().regions[0].clone();
         assert!(r.check(0, 0, 4096, Access::REMOTE_WRITE).is_ok());
-        assert!(matches!(r.check(1, 1, 4096, Access::REMOTE_WRITE), Err(Error::OutOfBounds { side: Side::Remote, .. })));
+        assert!(matches!(
+            r.check(1, 1, 4096, Access::REMOTE_WRITE),
+            Err(Error::OutOfBounds { side: Side::Remote, .. })
+        ));
         r.access = Access::REMOTE_READ;
         assert!(matches!(r.check(0, 0, 1, Access::REMOTE_WRITE), Err(Error::AccessDenied { side: Side::Remote, .. })));
         assert!(TransportKind::parse("rdma").unwrap_err().to_string().contains("this build has: shm, null"));

@@ -19,11 +19,15 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     /// Which transport this is.
     fn kind(&self) -> TransportKind;
 
-    /// Moves one block. `local` points at the first byte of the local range,
-    /// already checked to lie within a leased, registered region with the
-    /// right access; the remote range of `desc` was checked against the
-    /// peer's descriptor.
-    fn transfer(&self, op: Opcode, local: *mut u8, desc: &BlockDesc, desc_index: u32) -> Result<()>;
+    /// Moves one block between `local` and the remote range of `desc`
+    /// (checked against the peer's descriptor by the lane).
+    ///
+    /// # Safety
+    ///
+    /// `local..local + desc.len` must lie within one registered local region
+    /// that stays registered for the call (the lane holds a lease on it),
+    /// valid for reads (WRITE) or writes (READ).
+    unsafe fn transfer(&self, op: Opcode, local: *mut u8, desc: &BlockDesc, desc_index: u32) -> Result<()>;
 }
 
 pub use null::NullLink;

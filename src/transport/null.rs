@@ -17,7 +17,7 @@ impl Link for NullLink {
     }
 
     #[inline]
-    fn transfer(&self, _op: Opcode, _local: *mut u8, _desc: &BlockDesc, _desc_index: u32) -> Result<()> {
+    unsafe fn transfer(&self, _op: Opcode, _local: *mut u8, _desc: &BlockDesc, _desc_index: u32) -> Result<()> {
         Ok(())
     }
 }

@@ -37,7 +37,10 @@ impl ShmLink {
         }
         if mapped == 0 && !descriptor.regions.is_empty() {
             return Err(Error::Unsupported {
-                what: format!("shm to {}: none of its regions is shm-backed (allocate them with alloc_region)", descriptor.name),
+                what: format!(
+                    "shm to {}: none of its regions is shm-backed (allocate them with alloc_region)",
+                    descriptor.name
+                ),
             });
         }
         Ok(Self { mappings })
@@ -55,7 +58,7 @@ impl Link for ShmLink {
     }
 
     #[inline]
-    fn transfer(&self, op: Opcode, local: *mut u8, desc: &BlockDesc, desc_index: u32) -> Result<()> {
+    unsafe fn transfer(&self, op: Opcode, local: *mut u8, desc: &BlockDesc, desc_index: u32) -> Result<()> {
         let mapping = self
             .mappings
             .get(desc.remote_region.index() as usize)
@@ -84,10 +87,10 @@ impl Link for ShmLink {
         // the mapping lives as long as `self`.
         let remote = unsafe { mapping.as_ptr().add(desc.remote_offset as usize) };
         let len = desc.len as usize;
-        // SAFETY: `local..local+len` lies in a registered region the lane
-        // holds a lease on (checked by the lane), `remote..remote+len` lies
-        // in the mapping (checked above). The two may only overlap when a
-        // peer maps its own region, which `copy` handles.
+        // SAFETY: `local..local+len` is valid per this function's contract,
+        // `remote..remote+len` lies in the mapping (checked above). The two
+        // overlap only when an engine maps its own region (loopback), which
+        // `copy` (memmove) handles.
         unsafe {
             match op {
                 Opcode::Write => std::ptr::copy(local, remote, len),

@@ -10,7 +10,12 @@ pub const WAIT: Duration = Duration::from_secs(10);
 /// An engine sized for tests: small rings, unpinned (tests run in parallel
 /// on two cores), a short busy-poll window.
 pub fn builder(name: &str) -> EngineBuilder {
-    Engine::builder().name(name).pin(false).busy_poll(Duration::from_micros(200)).max_batches_in_flight(64).arena_descs(4096)
+    Engine::builder()
+        .name(name)
+        .pin(false)
+        .busy_poll(Duration::from_micros(200))
+        .max_batches_in_flight(64)
+        .arena_descs(4096)
 }
 
 pub fn engine(name: &str) -> Engine {

@@ -9,7 +9,9 @@
 
 use crate::args::{format_size, Args};
 use kvring::mem::ShmMapping;
-use kvring::{Batch, BatchId, BlockDesc, Engine, Opcode, Outcome, Region, RegionInfo, Segment, Submitter, TransportKind};
+use kvring::{
+    Batch, BatchId, BlockDesc, Engine, Opcode, Outcome, Region, RegionInfo, Segment, Submitter, TransportKind,
+};
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::process::{Child, Command, Stdio};
@@ -49,7 +51,11 @@ fn parse(mut args: Args) -> Result<Options, String> {
     };
     let block_sizes = match args.value("--block-size")? {
         None => DEFAULT_BLOCK_SIZES.to_vec(),
-        Some(list) => list.split(',').map(crate::args::parse_size).collect::<Result<Vec<_>, _>>().map_err(|e| format!("--block-size: {e}"))?,
+        Some(list) => list
+            .split(',')
+            .map(crate::args::parse_size)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("--block-size: {e}"))?,
     };
     let options = Options {
         ops,
@@ -73,7 +79,11 @@ fn parse(mut args: Args) -> Result<Options, String> {
     }
     for &block in &options.block_sizes {
         if block == 0 || block > options.region_bytes {
-            return Err(format!("--block-size {} must be within 1..=--region-size ({})", format_size(block), format_size(options.region_bytes)));
+            return Err(format!(
+                "--block-size {} must be within 1..=--region-size ({})",
+                format_size(block),
+                format_size(options.region_bytes)
+            ));
         }
     }
     Ok(options)
@@ -99,10 +109,7 @@ impl Target {
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut line = String::new();
         let read = BufReader::new(stdout).read_line(&mut line);
-        let addr = line
-            .split_whitespace()
-            .find_map(|field| field.strip_prefix("listen="))
-            .map(str::to_string);
+        let addr = line.split_whitespace().find_map(|field| field.strip_prefix("listen=")).map(str::to_string);
         match (read, addr) {
             (Ok(_), Some(addr)) => Ok(Self { child, addr }),
             _ => {
@@ -240,7 +247,17 @@ fn run_case(
     } else {
         true
     };
-    Ok(CaseResult { op, block, gbps: bytes as f64 / seconds / 1e9, p50_us, p99_us, baseline_gbps, verified, bytes, seconds })
+    Ok(CaseResult {
+        op,
+        block,
+        gbps: bytes as f64 / seconds / 1e9,
+        p50_us,
+        p99_us,
+        baseline_gbps,
+        verified,
+        bytes,
+        seconds,
+    })
 }
 
 /// Writes the whole local region to the remote one (used to seed READs).
@@ -318,7 +335,15 @@ fn move_bytes(
 }
 
 /// Single-block round trips: submit one block, wait for it; p50 and p99.
-fn latency(sub: &mut Submitter, segment: &Segment, local: &Region, remote: kvring::RegionId, op: Opcode, block: u64, samples: usize) -> Result<(f64, f64), String> {
+fn latency(
+    sub: &mut Submitter,
+    segment: &Segment,
+    local: &Region,
+    remote: kvring::RegionId,
+    op: Opcode,
+    block: u64,
+    samples: usize,
+) -> Result<(f64, f64), String> {
     if samples == 0 {
         return Ok((0.0, 0.0));
     }
