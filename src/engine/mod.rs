@@ -501,6 +501,13 @@ impl Engine {
     /// Opens (or returns the cached handle of) a peer segment by name or
     /// control address, choosing the transport: shm when the peer is on
     /// this host.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let decode = engine.open_segment("127.0.0.1:7100")?;
+    /// println!("{} has {} regions", decode.name(), decode.regions().len());
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
     pub fn open_segment(&self, name: &str) -> Result<Segment> {
         self.open_segment_with(name, None, self.inner.config.control_timeout)
     }
@@ -536,6 +543,13 @@ impl Engine {
     /// Opens this engine's own segment as a peer (loopback): useful to test
     /// a transport, or to measure kvring's own overhead with the null
     /// transport, without a second process.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let own = engine.open_self(kvring::TransportKind::Null)?;
+    /// assert_eq!(own.epoch(), engine.epoch());
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
     pub fn open_self(&self, transport: TransportKind) -> Result<Segment> {
         let descriptor = self.descriptor();
         let link: Arc<dyn Link> = match transport {
@@ -603,7 +617,15 @@ impl Engine {
         }
     }
 
-    /// A submitter for the calling thread.
+    /// A submitter for the calling thread (each submitting thread makes its
+    /// own; it owns one set of rings per lane).
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let mut sub = engine.submitter()?;
+    /// assert_eq!(sub.in_flight(), 0);
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
     pub fn submitter(&self) -> Result<Submitter> {
         if self.inner.is_stopped() {
             return Err(Error::Shutdown);

@@ -9,6 +9,14 @@ use std::time::{Duration, Instant};
 
 /// An open peer segment. Cheap to clone; closing it (through the engine)
 /// makes new submissions to it fail with `UnknownSegment`.
+///
+/// ```no_run
+/// # let engine = kvring::Engine::builder().build().unwrap();
+/// let decode = engine.open_segment("127.0.0.1:7100")?;
+/// let first = decode.region(0)?;               // the peer's id for its first region
+/// let sum = decode.remote_checksum(first, 0, 4096, std::time::Duration::from_secs(1))?;
+/// # Ok::<(), kvring::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Segment {
     pub(crate) inner: Arc<SegmentInner>,

@@ -116,6 +116,19 @@ impl Submitter {
     /// Queues a batch. Large batches are split across lanes by bytes. A full
     /// ring, arena or status table is back-pressure: `Error::Busy`, nothing
     /// queued, and the batch is still the caller's to resubmit.
+    ///
+    /// ```no_run
+    /// # fn demo(sub: &mut kvring::Submitter, batch: &kvring::Batch<'_>) -> kvring::Result<()> {
+    /// let id = loop {
+    ///     match sub.submit(batch) {
+    ///         Ok(id) => break id,
+    ///         // Make room: consume a finished batch, then resubmit.
+    ///         Err(kvring::Error::Busy { .. }) => { let _ = sub.reap(); }
+    ///         Err(e) => return Err(e),
+    ///     }
+    /// };
+    /// # Ok(()) }
+    /// ```
     pub fn submit(&mut self, batch: &Batch<'_>) -> Result<BatchId> {
         if self.engine.is_stopped() {
             return Err(Error::Shutdown);
@@ -243,6 +256,17 @@ impl Submitter {
 
     /// Waits up to `timeout` for a batch to end and consumes its result.
     /// `Error::Timeout` leaves the batch running (wait again or cancel).
+    ///
+    /// ```no_run
+    /// # fn demo(sub: &mut kvring::Submitter, id: kvring::BatchId) -> kvring::Result<()> {
+    /// use kvring::Outcome;
+    /// match sub.wait(id, std::time::Duration::from_millis(100))? {
+    ///     Outcome::Done { bytes } => println!("{bytes} bytes in place"),
+    ///     Outcome::Failed(error) => eprintln!("{error}"),
+    ///     Outcome::TimedOut { bytes } | Outcome::Cancelled { bytes } => eprintln!("partial: {bytes}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn wait(&mut self, id: BatchId, timeout: Duration) -> Result<Outcome> {
         self.wait_until(id, Instant::now() + timeout)
     }
@@ -283,6 +307,14 @@ impl Submitter {
 
     /// Reaps one completion, if any batch has ended and was not consumed
     /// by `wait`.
+    ///
+    /// ```no_run
+    /// # fn demo(sub: &mut kvring::Submitter) {
+    /// while let Some(done) = sub.reap() {
+    ///     println!("request {} ended: {:?}", done.user_data, done.outcome);
+    /// }
+    /// # }
+    /// ```
     pub fn reap(&mut self) -> Option<Completion> {
         loop {
             let cqe = match self.pending.pop_front() {
@@ -325,6 +357,13 @@ impl Submitter {
     /// Drops the batch's descriptors not yet posted. The batch ends
     /// `Cancelled` once every posted descriptor has drained (or `Done` if
     /// all had already moved); wait for it before reusing its memory.
+    ///
+    /// ```no_run
+    /// # fn demo(sub: &mut kvring::Submitter, id: kvring::BatchId) -> kvring::Result<()> {
+    /// sub.cancel(id)?;
+    /// let outcome = sub.wait(id, std::time::Duration::from_secs(1))?; // memory reusable after this
+    /// # Ok(()) }
+    /// ```
     pub fn cancel(&mut self, id: BatchId) -> Result<()> {
         self.status.request_cancel(id).map_err(|e| id_error(e, id))
     }
@@ -377,6 +416,13 @@ fn id_error(error: IdError, id: BatchId) -> Error {
 }
 
 /// Reads a submitter's batch states from any thread, without a lock.
+///
+/// ```no_run
+/// # fn demo(sub: &kvring::Submitter, id: kvring::BatchId) {
+/// let reader = sub.status_reader();
+/// std::thread::spawn(move || println!("{:?}", reader.state(id)));
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct StatusReader {
     table: Arc<StatusTable<Error>>,

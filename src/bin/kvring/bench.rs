@@ -220,7 +220,6 @@ fn run_case(
 ) -> Result<CaseResult, String> {
     let seed = (block << 8) ^ op as u64 ^ engine.epoch();
     let blocks_in_region = (region_bytes / block) as usize;
-    let covered = (blocks_in_region as u64 * block).min(options.total.div_ceil(block) * block);
     let verify_transport = options.transport == TransportKind::Shm;
 
     // Prepare: the source holds a fresh pattern, the destination something else.
@@ -239,6 +238,9 @@ fn run_case(
     let label = format!("{} {}", op.name(), format_size(block));
     let lane_core = engine.lane_cores().first().copied().flatten();
     let per_round = options.total.div_ceil(ROUNDS as u64).div_ceil(block) * block;
+    // Every round starts at the region's first block and cycles through it,
+    // so what the rounds cover is one round's worth, capped at the region.
+    let covered = (blocks_in_region as u64 * block).min(per_round);
     let mut baseline_rounds = Vec::with_capacity(ROUNDS);
     let mut kvring_rounds = Vec::with_capacity(ROUNDS);
     let (mut bytes, mut seconds) = (0u64, 0f64);
