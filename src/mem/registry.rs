@@ -282,10 +282,9 @@ impl Registry {
 
     fn leased_entry_unchecked(&self, id: RegionId) -> &RegionEntry {
         let slot = &self.slots[id.index() as usize];
-        // SAFETY: callers either hold a lease on `id` (checked live above:
-        // the entry cannot be rewritten until the lease is released) or hold
-        // the control mutex with `id` in `by_addr` (live, and only the mutex
-        // holder rewrites entries).
+        // Callers hold a lease on `id` (the entry cannot be rewritten until it
+        // is released) or the control mutex with `id` live in `by_addr`.
+        // SAFETY: either way no writer exists while we read (module docs).
         unsafe { (*slot.entry.get()).as_ref().expect("live slot has an entry") }
     }
 

@@ -87,10 +87,9 @@ impl Link for ShmLink {
         // the mapping lives as long as `self`.
         let remote = unsafe { mapping.as_ptr().add(desc.remote_offset as usize) };
         let len = desc.len as usize;
-        // SAFETY: `local..local+len` is valid per this function's contract,
-        // `remote..remote+len` lies in the mapping (checked above). The two
-        // overlap only when an engine maps its own region (loopback), which
-        // `copy` (memmove) handles.
+        // The ranges overlap only when an engine maps its own region
+        // (loopback), which `copy` (memmove) handles.
+        // SAFETY: `local` is valid per our contract; `remote` is in the mapping.
         unsafe {
             match op {
                 Opcode::Write => std::ptr::copy(local, remote, len),

@@ -227,7 +227,8 @@ fn run_case(
         Opcode::Write => local.fill_pattern(seed),
         Opcode::Read => {
             local.fill_pattern(seed);
-            move_region(sub, segment, local, remote, Opcode::Write, region_bytes, block, options)?;
+            let whole = (region_bytes / block) * block;
+            move_bytes(sub, segment, local, remote, Opcode::Write, region_bytes, block, whole, options, "seeding")?;
             local.fill_pattern(!seed);
         }
     }
@@ -266,22 +267,6 @@ fn run_case(
         true
     };
     Ok(CaseResult { op, block, gbps, p50_us, p99_us, baseline_gbps, verified, bytes, seconds })
-}
-
-/// Writes the whole local region to the remote one (used to seed READs).
-#[allow(clippy::too_many_arguments)]
-fn move_region(
-    sub: &mut Submitter,
-    segment: &Segment,
-    local: &Region,
-    remote: kvring::RegionId,
-    op: Opcode,
-    region_bytes: u64,
-    block: u64,
-    options: &Options,
-) -> Result<(), String> {
-    let whole = (region_bytes / block) * block;
-    move_bytes(sub, segment, local, remote, op, region_bytes, block, whole, options, "seeding").map(drop)
 }
 
 /// Moves `total` bytes in batches of `options.batch` blocks, cycling over
