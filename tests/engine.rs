@@ -8,6 +8,9 @@ use kvring::{Access, Batch, BatchState, BlockDesc, Error, Outcome, RegionId, Reg
 use std::time::Duration;
 
 const MIB: usize = 1 << 20;
+/// Descriptors of 1 MiB in the long batches: 4 GiB, ~0.5 s over shm here,
+/// so the checks made while they run hold even under a loaded scheduler.
+const LONG_BATCH: u64 = 4096;
 
 /// A predicate a batch's error must satisfy.
 type ErrorCheck = Box<dyn Fn(&Error) -> bool>;
@@ -219,10 +222,11 @@ fn stale_forged_and_unfinished_ids_get_distinct_errors() {
 
 #[test]
 fn a_wait_past_its_deadline_times_out_and_the_batch_still_completes() {
-    // A long batch (256 MiB over shm) outlives a 1 µs wait.
+    // A long batch (4 GiB over shm, ~0.5 s) outlives a 1 µs wait even if
+    // this thread is descheduled between the two calls.
     let p = pair(64 * MIB);
     let mut sub = p.initiator.submitter().unwrap();
-    let descs: Vec<_> = (0..256u64)
+    let descs: Vec<_> = (0..LONG_BATCH)
         .map(|i| BlockDesc::new(p.local.id(), (i % 64) * MIB as u64, p.remote.id(), (i % 64) * MIB as u64, MIB as u64))
         .collect();
     let id = sub.submit(&Batch::write(&p.segment).descs(&descs)).unwrap();
@@ -232,14 +236,14 @@ fn a_wait_past_its_deadline_times_out_and_the_batch_still_completes() {
     }
     let state = sub.status_reader().state(id).unwrap();
     assert!(matches!(state, BatchState::Pending | BatchState::Done), "{state:?}");
-    assert_eq!(sub.wait(id, WAIT).unwrap().into_result().unwrap(), 256 * MIB as u64);
+    assert_eq!(sub.wait(id, WAIT).unwrap().into_result().unwrap(), LONG_BATCH * MIB as u64);
 }
 
 #[test]
 fn batch_deadlines_and_cancel_end_batches_distinctly() {
     let p = pair(64 * MIB);
     let mut sub = p.initiator.submitter().unwrap();
-    let descs: Vec<_> = (0..1024u64)
+    let descs: Vec<_> = (0..LONG_BATCH)
         .map(|i| BlockDesc::new(p.local.id(), (i % 64) * MIB as u64, p.remote.id(), (i % 64) * MIB as u64, MIB as u64))
         .collect();
     // A deadline that has passed by the time a lane looks: nothing moves.
@@ -248,12 +252,12 @@ fn batch_deadlines_and_cancel_end_batches_distinctly() {
         Outcome::TimedOut { bytes } => assert_eq!(bytes, 0),
         other => panic!("expected TimedOut, got {other:?}"),
     }
-    // Cancel a 1 GiB batch right after submitting it: it ends Cancelled
+    // Cancel a 4 GiB batch right after submitting it: it ends Cancelled
     // with part of it moved, once the descriptors already posted drained.
     let id = sub.submit(&Batch::write(&p.segment).descs(&descs)).unwrap();
     sub.cancel(id).unwrap();
     match sub.wait(id, WAIT).unwrap() {
-        Outcome::Cancelled { bytes } => assert!(bytes < 1024 * MIB as u64, "{bytes}"),
+        Outcome::Cancelled { bytes } => assert!(bytes < LONG_BATCH * MIB as u64, "{bytes}"),
         other => panic!("expected Cancelled, got {other:?}"),
     }
     // The submitter is usable afterwards.
@@ -297,7 +301,7 @@ fn reap_returns_every_completion_exactly_once_with_its_tag() {
 fn regions_in_flight_cannot_be_unregistered_and_registration_is_checked() {
     let p = pair(64 * MIB);
     let mut sub = p.initiator.submitter().unwrap();
-    let descs: Vec<_> = (0..256u64)
+    let descs: Vec<_> = (0..LONG_BATCH)
         .map(|i| BlockDesc::new(p.local.id(), (i % 64) * MIB as u64, p.remote.id(), 0, MIB as u64))
         .collect();
     let id = sub.submit(&Batch::write(&p.segment).descs(&descs)).unwrap();
@@ -306,9 +310,11 @@ fn regions_in_flight_cannot_be_unregistered_and_registration_is_checked() {
             assert_eq!(region, p.local.id());
             assert!(in_flight >= 1);
         }
-        other => panic!("expected RegionBusy while 256 MiB is in flight, got {other:?}"),
+        other => panic!("expected RegionBusy while 4 GiB is in flight, got {other:?}"),
     }
-    sub.wait(id, WAIT).unwrap().into_result().unwrap();
+    // Cancel ends it in milliseconds; once it has ended the lease is gone.
+    sub.cancel(id).unwrap();
+    assert!(matches!(sub.wait(id, WAIT).unwrap(), Outcome::Cancelled { .. } | Outcome::Done { .. }));
     p.initiator.unregister(p.local.id()).unwrap();
     assert!(matches!(p.initiator.unregister(p.local.id()), Err(Error::UnknownRegion { .. })));
 
