@@ -433,3 +433,30 @@ fn shutdown_refuses_new_work() {
     assert!(matches!(p.initiator.submitter(), Err(Error::Shutdown)));
     assert!(matches!(p.initiator.open_segment("127.0.0.1:1"), Err(Error::Shutdown)));
 }
+
+#[test]
+fn the_segment_cache_is_bounded_and_counts_hits_misses_and_evictions() {
+    let targets: Vec<_> = (0..3).map(|i| engine(&format!("target-{i}"))).collect();
+    let _regions: Vec<_> = targets.iter().map(|t| t.alloc_region(4096, RegionInfo::raw()).unwrap()).collect();
+    let initiator = common::builder("initiator").segment_cache_capacity(2).build().unwrap();
+    let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let addr = |i: usize| targets[i].control_addr().to_string();
+    let first = initiator.open_segment(&addr(0)).unwrap();
+    let second = initiator.open_segment(&addr(1)).unwrap();
+    let again = initiator.open_segment(&addr(0)).unwrap(); // hit: 0 is now the most recent
+    assert_eq!(again.epoch(), first.epoch());
+    let _third_opened = initiator.open_segment(&addr(2)).unwrap(); // evicts 1, the least recently used
+    let stats = initiator.segment_cache_stats();
+    assert_eq!((stats.hits, stats.misses, stats.evictions, stats.len, stats.capacity), (1, 3, 1, 2, 2));
+    assert!(second.is_closed(), "the evicted handle is closed");
+    assert!(!first.is_closed());
+    let mut sub = initiator.submitter().unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, second.region(0).unwrap(), 0, 4096)];
+    assert!(matches!(sub.submit(&Batch::write(&second).descs(&descs)), Err(Error::UnknownSegment { .. })));
+    // Reopening the evicted name works (a miss, and another eviction).
+    let reopened = initiator.open_segment(&addr(1)).unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, reopened.region(0).unwrap(), 0, 4096)];
+    let id = sub.submit(&Batch::write(&reopened).descs(&descs)).unwrap();
+    assert!(sub.wait(id, WAIT).unwrap().is_done());
+    assert_eq!(initiator.segment_cache_stats().evictions, 2);
+}

@@ -24,10 +24,12 @@ use crate::runtime::lane::{
     memlock_limit_bytes, memlock_needed_bytes, Clock, LaneCommand, LaneConfig, LaneHandle, LaneSegment,
     DEFAULT_BUSY_POLL, DEFAULT_IO_MEMORY_BYTES, DEFAULT_PARK_TIMEOUT,
 };
-use crate::segment::{local_host_id, PeerSegment, RemoteRegion, SegmentDescriptor, TransportKind};
+use crate::segment::{
+    local_host_id, CacheStats, PeerSegment, RemoteRegion, SegmentCache, SegmentDescriptor, TransportKind,
+    DEFAULT_SEGMENT_CACHE_CAPACITY,
+};
 use crate::transport::{Link, NullLink, ShmLink};
 use segment::SegmentInner;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -77,6 +79,8 @@ pub struct EngineConfig {
     pub max_regions: usize,
     /// Segment slots.
     pub max_segments: usize,
+    /// Open segment handles kept in the LRU cache.
+    pub segment_cache_capacity: usize,
     /// Deadline of control RPCs (handshake) when the caller gives none.
     pub control_timeout: Duration,
     /// Batches of at least this many bytes are split across lanes.
@@ -101,6 +105,7 @@ impl Default for EngineConfig {
             io_memory_bytes: DEFAULT_IO_MEMORY_BYTES,
             max_regions: DEFAULT_MAX_REGIONS,
             max_segments: DEFAULT_MAX_SEGMENTS,
+            segment_cache_capacity: DEFAULT_SEGMENT_CACHE_CAPACITY,
             control_timeout: DEFAULT_CONTROL_TIMEOUT,
             split_threshold_bytes: DEFAULT_SPLIT_THRESHOLD_BYTES,
             wait_backoff: BackoffPolicy::default(),
@@ -188,6 +193,13 @@ impl EngineBuilder {
         self
     }
 
+    /// Open segment handles kept; the least recently used one is closed
+    /// when another is opened past this.
+    pub fn segment_cache_capacity(mut self, handles: usize) -> Self {
+        self.config.segment_cache_capacity = handles;
+        self
+    }
+
     /// glommio io_uring buffer memory per lane, bytes.
     pub fn io_memory(mut self, bytes: usize) -> Self {
         self.config.io_memory_bytes = bytes;
@@ -232,7 +244,7 @@ pub struct Engine {
 
 #[derive(Debug)]
 struct SegmentTable {
-    by_name: HashMap<String, Segment>,
+    cache: SegmentCache<Segment>,
     free: Vec<u16>,
     generations: Vec<u16>,
 }
@@ -383,7 +395,7 @@ impl Engine {
         let control_addr = server.local_addr();
         *lock(&context.control_addr) = control_addr.to_string();
         let segments = SegmentTable {
-            by_name: HashMap::new(),
+            cache: SegmentCache::new(config.segment_cache_capacity.min(config.max_segments)),
             free: (0..config.max_segments.min(1 << 16) as u16).rev().collect(),
             generations: vec![1; config.max_segments.min(1 << 16)],
         };
@@ -523,7 +535,7 @@ impl Engine {
         if self.inner.is_stopped() {
             return Err(Error::Shutdown);
         }
-        if let Some(segment) = lock(&self.inner.segments).by_name.get(name) {
+        if let Some(segment) = lock(&self.inner.segments).cache.get(name) {
             if !segment.is_closed() && transport.is_none_or(|t| t == segment.transport()) {
                 return Ok(segment.clone());
             }
@@ -567,7 +579,7 @@ impl Engine {
         link: Arc<dyn Link>,
     ) -> Result<Segment> {
         let mut table = lock(&self.inner.segments);
-        if let Some(old) = table.by_name.remove(name) {
+        if let Some(old) = table.cache.remove(name) {
             self.retire(&mut table, &old);
         }
         let slot =
@@ -589,7 +601,11 @@ impl Engine {
                 transport,
             }),
         };
-        table.by_name.insert(name.to_string(), segment.clone());
+        // A full cache pushes out its least recently used handle, whose
+        // lanes' state is dropped now.
+        for evicted in table.cache.insert(name, segment.clone()) {
+            self.retire(&mut table, &evicted);
+        }
         Ok(segment)
     }
 
@@ -611,10 +627,21 @@ impl Engine {
     pub fn close_segment(&self, segment: &Segment) {
         let mut table = lock(&self.inner.segments);
         let name = segment.opened_as();
-        if table.by_name.get(name).is_some_and(|s| s.inner.key == segment.inner.key) {
-            table.by_name.remove(name);
+        if table.cache.peek(name).is_some_and(|s| s.inner.key == segment.inner.key) {
+            table.cache.remove(name);
             self.retire(&mut table, segment);
         }
+    }
+
+    /// Segment-cache counters: hits, misses, evictions, stale evictions.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let stats = engine.segment_cache_stats();
+    /// println!("{} hits, {} misses, {} evicted", stats.hits, stats.misses, stats.evictions);
+    /// ```
+    pub fn segment_cache_stats(&self) -> CacheStats {
+        lock(&self.inner.segments).cache.stats()
     }
 
     /// A submitter for the calling thread (each submitting thread makes its

@@ -1,7 +1,9 @@
 //! Segments: peers' descriptors and the handles this engine keeps for them.
 
+pub mod cache;
 pub mod descriptor;
 pub mod handle;
 
+pub use cache::{CacheStats, SegmentCache, DEFAULT_SEGMENT_CACHE_CAPACITY};
 pub use descriptor::{local_host_id, RemoteRegion, SegmentDescriptor, TransportKind};
 pub use handle::PeerSegment;
