@@ -209,6 +209,11 @@ pub enum Error {
     },
     /// The engine is shutting down or has stopped.
     Shutdown,
+    /// A peer refused us, or we refused a peer: wrong or missing token.
+    Unauthorized {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// Result alias used throughout kvring.
@@ -243,6 +248,7 @@ impl Error {
             Error::LaneStart { .. } => ErrorCode::Internal,
             Error::Unsupported { .. } => ErrorCode::Unsupported,
             Error::Shutdown => ErrorCode::Shutdown,
+            Error::Unauthorized { .. } => ErrorCode::Unauthorized,
         }
     }
 
@@ -338,6 +344,7 @@ impl fmt::Display for Error {
             Error::LaneStart { lane, reason } => write!(f, "lane {lane} failed to start: {reason}"),
             Error::Unsupported { what } => write!(f, "unsupported: {what}"),
             Error::Shutdown => f.write_str("the engine is shut down"),
+            Error::Unauthorized { reason } => write!(f, "unauthorized: {reason}"),
         }
     }
 }
@@ -424,6 +431,11 @@ mod tests {
             (Error::LaneStart { lane: 1, reason: "no cpu".into() }, "lane 1 failed to start: no cpu", ErrorCode::Internal),
             (Error::Unsupported { what: "rdma".into() }, "unsupported: rdma", ErrorCode::Unsupported),
             (Error::Shutdown, "the engine is shut down", ErrorCode::Shutdown),
+            (
+                Error::Unauthorized { reason: "wrong or missing token".into() },
+                "unauthorized: wrong or missing token",
+                ErrorCode::Unauthorized,
+            ),
         ];
         for (error, expected, code) in cases {
             let message = error.to_string();

@@ -460,3 +460,39 @@ fn the_segment_cache_is_bounded_and_counts_hits_misses_and_evictions() {
     assert!(sub.wait(id, WAIT).unwrap().is_done());
     assert_eq!(initiator.segment_cache_stats().evictions, 2);
 }
+
+#[test]
+fn a_pre_shared_token_is_required_when_the_target_has_one() {
+    let target = common::builder("guarded").token("s3cret").build().unwrap();
+    let remote = target.alloc_region(8192, RegionInfo::raw()).unwrap();
+    let addr = target.control_addr().to_string();
+    for (who, builder) in
+        [("missing", common::builder("no-token")), ("wrong", common::builder("bad-token").token("guess"))]
+    {
+        let initiator = builder.build().unwrap();
+        match initiator.open_segment(&addr) {
+            Err(Error::Remote { code: kvring::ErrorCode::Unauthorized, message }) => {
+                assert!(message.contains(&format!("{who} token")), "{message}")
+            }
+            other => panic!("{who} token: expected Unauthorized, got {other:?}"),
+        }
+    }
+    let initiator = common::builder("good-token").token("s3cret").build().unwrap();
+    let local = initiator.alloc_region(8192, RegionInfo::raw()).unwrap();
+    local.fill_pattern(9);
+    let segment = initiator.open_segment(&addr).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, remote.id(), 0, 8192)];
+    let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+    assert!(sub.wait(id, WAIT).unwrap().is_done());
+    // Control RPCs after the handshake work with the token...
+    assert_eq!(segment.remote_checksum(remote.id(), 0, 8192, WAIT).unwrap(), local.checksum(0, 8192).unwrap());
+    // ...and a connection that skips the handshake gets nothing.
+    let mut client = kvring::control::ControlClient::connect(&addr, std::time::Instant::now() + WAIT).unwrap();
+    match client.checksum(remote.id().raw(), 0, 8192, std::time::Instant::now() + WAIT) {
+        Err(Error::Remote { code: kvring::ErrorCode::Unauthorized, message }) => {
+            assert!(message.contains("needs a handshake with its token first"), "{message}")
+        }
+        other => panic!("expected Unauthorized, got {other:?}"),
+    }
+}

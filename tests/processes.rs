@@ -197,8 +197,10 @@ fn malformed_and_wrong_version_control_messages_get_clear_errors_and_the_server_
         other => panic!("{other:?}"),
     }
     // Same connection, wrong version.
-    let wrong =
-        Request { version: 99, body: Some(request::Body::Handshake(HandshakeRequest { initiator: "x".into() })) };
+    let wrong = Request {
+        version: 99,
+        body: Some(request::Body::Handshake(HandshakeRequest { initiator: "x".into(), token: vec![] })),
+    };
     write_frame(&mut stream, &wrong).unwrap();
     match reply_of(&mut stream) {
         Err(Error::Remote { code: ErrorCode::VersionMismatch, message }) => {

@@ -63,9 +63,11 @@ impl ControlClient {
         decode_response(&frame)
     }
 
-    /// The handshake: the peer's segment descriptor, checked.
-    pub fn handshake(&mut self, initiator: &str, deadline: Instant) -> Result<SegmentDescriptor> {
-        match self.call(request::Body::Handshake(HandshakeRequest { initiator: initiator.to_string() }), deadline)? {
+    /// The handshake: the peer's segment descriptor, checked. `token` is the
+    /// pre-shared token, if the cluster uses one.
+    pub fn handshake(&mut self, initiator: &str, token: Option<&[u8]>, deadline: Instant) -> Result<SegmentDescriptor> {
+        let request = HandshakeRequest { initiator: initiator.to_string(), token: token.unwrap_or_default().to_vec() };
+        match self.call(request::Body::Handshake(request), deadline)? {
             response::Body::Handshake(reply) => {
                 let segment = reply.segment.ok_or_else(|| Error::malformed("handshake", "no segment descriptor"))?;
                 SegmentDescriptor::from_proto(segment)

@@ -94,7 +94,11 @@ mod tests {
     #[test]
     fn frames_round_trip_and_oversized_ones_are_refused() {
         let mut wire = Vec::new();
-        write_frame(&mut wire, &request(request::Body::Handshake(HandshakeRequest { initiator: "a".into() }))).unwrap();
+        write_frame(
+            &mut wire,
+            &request(request::Body::Handshake(HandshakeRequest { initiator: "a".into(), token: vec![] })),
+        )
+        .unwrap();
         let body = read_frame(&mut wire.as_slice(), MAX_CONTROL_MESSAGE_BYTES).unwrap().unwrap();
         assert!(matches!(decode_request(&body).unwrap(), request::Body::Handshake(h) if h.initiator == "a"));
         assert!(matches!(read_frame(&mut wire.as_slice(), 2), Err(Error::MessageTooLarge { max: 2, .. })));

@@ -4,7 +4,9 @@
 pub mod client;
 pub mod frame;
 pub mod server;
+pub mod token;
 
 pub use client::{ControlClient, DEFAULT_CONTROL_TIMEOUT};
 pub use frame::CONTROL_VERSION;
 pub use server::{ControlHandler, ControlServer};
+pub use token::Token;

@@ -23,8 +23,12 @@ const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// What the server asks of the engine.
 pub trait ControlHandler: Send + Sync + 'static {
-    /// The engine's current segment descriptor.
+    /// The engine's current segment descriptor, once the request's token is
+    /// checked (`Error::Unauthorized` when it is wrong or missing).
     fn handshake(&self, request: &HandshakeRequest) -> Result<SegmentDescriptor>;
+    /// True when a connection must complete a handshake before any other
+    /// request (the engine has a token).
+    fn requires_handshake(&self) -> bool;
     /// Checksum of a remote-readable range of one of the engine's regions.
     fn checksum(&self, request: &ChecksumRequest) -> Result<u64>;
 }
@@ -114,6 +118,7 @@ fn serve_connection(mut stream: TcpStream, handler: &dyn ControlHandler, stop: &
     let _ = stream.set_read_timeout(Some(STOP_CHECK_INTERVAL));
     let _ = stream.set_write_timeout(Some(DEFAULT_CONTROL_IDLE));
     let mut idle_since = Instant::now();
+    let mut authenticated = !handler.requires_handshake();
     loop {
         if stop.load(Ordering::Acquire) || idle_since.elapsed() > DEFAULT_CONTROL_IDLE {
             return;
@@ -133,7 +138,7 @@ fn serve_connection(mut stream: TcpStream, handler: &dyn ControlHandler, stop: &
         idle_since = Instant::now();
         let (reply, keep_open) = match frame {
             Ok(None) => return,
-            Ok(Some(body)) => match decode_request(&body).and_then(|body| handle(handler, body)) {
+            Ok(Some(body)) => match decode_request(&body).and_then(|body| handle(handler, body, &mut authenticated)) {
                 Ok(reply) => (frame::response(reply), true),
                 // The frame boundary is intact, so the connection survives a
                 // bad message.
@@ -148,11 +153,15 @@ fn serve_connection(mut stream: TcpStream, handler: &dyn ControlHandler, stop: &
     }
 }
 
-fn handle(handler: &dyn ControlHandler, body: request::Body) -> Result<response::Body> {
+fn handle(handler: &dyn ControlHandler, body: request::Body, authenticated: &mut bool) -> Result<response::Body> {
     match body {
         request::Body::Handshake(request) => {
             let descriptor = handler.handshake(&request)?;
+            *authenticated = true;
             Ok(response::Body::Handshake(HandshakeResponse { segment: Some(descriptor.to_proto()) }))
+        }
+        _ if !*authenticated => {
+            Err(Error::Unauthorized { reason: "this engine needs a handshake with its token first".into() })
         }
         request::Body::Checksum(request) => {
             Ok(response::Body::Checksum(ChecksumResponse { checksum: handler.checksum(&request)? }))

@@ -12,7 +12,7 @@ pub use region::{fill_pattern, Region};
 pub use segment::Segment;
 pub use submitter::{StatusReader, Submitter, MAX_LANES};
 
-use crate::control::{ControlHandler, ControlServer, DEFAULT_CONTROL_TIMEOUT};
+use crate::control::{ControlHandler, ControlServer, Token, DEFAULT_CONTROL_TIMEOUT};
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::mem::registry::check_range;
@@ -87,6 +87,8 @@ pub struct EngineConfig {
     pub split_threshold_bytes: u64,
     /// How `wait` backs off.
     pub wait_backoff: BackoffPolicy,
+    /// Pre-shared token: required from peers' handshakes, and sent in ours.
+    pub token: Option<Token>,
 }
 
 impl Default for EngineConfig {
@@ -109,6 +111,7 @@ impl Default for EngineConfig {
             control_timeout: DEFAULT_CONTROL_TIMEOUT,
             split_threshold_bytes: DEFAULT_SPLIT_THRESHOLD_BYTES,
             wait_backoff: BackoffPolicy::default(),
+            token: None,
         }
     }
 }
@@ -221,6 +224,14 @@ impl EngineBuilder {
     /// How `wait` backs off.
     pub fn wait_backoff(mut self, policy: BackoffPolicy) -> Self {
         self.config.wait_backoff = policy;
+        self
+    }
+
+    /// Requires this pre-shared token in peers' handshakes and sends it in
+    /// ours. Without one, any peer that reaches the control port may
+    /// handshake (it binds loopback by default).
+    pub fn token(mut self, token: impl Into<Vec<u8>>) -> Self {
+        self.config.token = Some(Token::new(token));
         self
     }
 
@@ -390,6 +401,7 @@ impl Engine {
             host_id: local_host_id(),
             registry: registry.clone(),
             control_addr: Mutex::new(String::new()),
+            token: config.token.clone(),
         });
         let server = ControlServer::start(config.listen, context.clone())?;
         let control_addr = server.local_addr();
@@ -399,6 +411,7 @@ impl Engine {
             free: (0..config.max_segments.min(1 << 16) as u16).rev().collect(),
             generations: vec![1; config.max_segments.min(1 << 16)],
         };
+        let token = config.token.clone();
         Ok(Self {
             inner: Arc::new(EngineInner {
                 config,
@@ -409,7 +422,7 @@ impl Engine {
                 segments: Mutex::new(segments),
                 control: Mutex::new(Some(server)),
                 control_addr,
-                metadata: Box::new(PeerHandshake),
+                metadata: Box::new(PeerHandshake { token }),
                 stopped: AtomicBool::new(false),
                 next_tag: AtomicU16::new(1),
             }),
@@ -597,6 +610,7 @@ impl Engine {
                 key,
                 owner_epoch: self.inner.epoch,
                 opened_as: name.to_string(),
+                token: self.inner.config.token.clone(),
                 peer,
                 transport,
             }),
@@ -700,13 +714,26 @@ struct ControlContext {
     host_id: String,
     registry: Arc<Registry>,
     control_addr: Mutex<String>,
+    token: Option<Token>,
 }
 
 impl ControlHandler for ControlContext {
-    fn handshake(&self, _request: &HandshakeRequest) -> Result<SegmentDescriptor> {
+    fn handshake(&self, request: &HandshakeRequest) -> Result<SegmentDescriptor> {
+        if let Some(token) = &self.token {
+            if !token.matches(&request.token) {
+                let what = if request.token.is_empty() { "missing" } else { "wrong" };
+                return Err(Error::Unauthorized {
+                    reason: format!("{what} token in the handshake from {:?}", request.initiator),
+                });
+            }
+        }
         let mut descriptor = describe(&self.name, self.epoch, &self.registry, &lock(&self.control_addr));
         descriptor.host_id.clone_from(&self.host_id);
         Ok(descriptor)
+    }
+
+    fn requires_handshake(&self) -> bool {
+        self.token.is_some()
     }
 
     fn checksum(&self, request: &ChecksumRequest) -> Result<u64> {

@@ -1,6 +1,6 @@
 //! The caller's handle to an open peer segment.
 
-use crate::control::ControlClient;
+use crate::control::{ControlClient, Token};
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::segment::{PeerSegment, RemoteRegion, TransportKind};
@@ -33,6 +33,8 @@ pub(crate) struct SegmentInner {
     pub(crate) opened_as: String,
     pub(crate) peer: Arc<PeerSegment>,
     pub(crate) transport: TransportKind,
+    /// The engine's token, for control RPCs to this peer.
+    pub(crate) token: Option<Token>,
 }
 
 impl Segment {
@@ -80,6 +82,11 @@ impl Segment {
         crate::mem::registry::check_range(region, Side::Remote, 0, offset, len, remote.len)?;
         let deadline = Instant::now() + timeout;
         let addr = &self.inner.peer.descriptor().control_addr;
-        ControlClient::connect(addr, deadline)?.checksum(region.raw(), offset, len, deadline)
+        let mut client = ControlClient::connect(addr, deadline)?;
+        if let Some(token) = &self.inner.token {
+            // A peer with a token answers nothing before a handshake.
+            client.handshake(&self.inner.opened_as, Some(token.as_bytes()), deadline)?;
+        }
+        client.checksum(region.raw(), offset, len, deadline)
     }
 }

@@ -1,7 +1,7 @@
 //! Where segment descriptors are found. The default needs no server: ask the
 //! peer itself over its control plane (the peer handshake).
 
-use crate::control::ControlClient;
+use crate::control::{ControlClient, Token};
 use crate::error::Result;
 use crate::segment::SegmentDescriptor;
 use std::time::Instant;
@@ -14,11 +14,14 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
 
 /// The peer handshake: the name is the peer's control address
 /// (`host:port`), and the peer answers with its own descriptor.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct PeerHandshake;
+#[derive(Debug, Default, Clone)]
+pub struct PeerHandshake {
+    /// Pre-shared token sent in every handshake.
+    pub token: Option<Token>,
+}
 
 impl MetadataStore for PeerHandshake {
     fn resolve(&self, name: &str, initiator: &str, deadline: Instant) -> Result<SegmentDescriptor> {
-        ControlClient::connect(name, deadline)?.handshake(initiator, deadline)
+        ControlClient::connect(name, deadline)?.handshake(initiator, self.token.as_ref().map(Token::as_bytes), deadline)
     }
 }

@@ -42,6 +42,7 @@ struct Options {
     region_bytes: u64,
     inflight: usize,
     latency_samples: usize,
+    token: Option<String>,
 }
 
 fn parse(mut args: Args) -> Result<Options, String> {
@@ -74,6 +75,7 @@ fn parse(mut args: Args) -> Result<Options, String> {
         region_bytes: args.size("--region-size")?.unwrap_or(DEFAULT_REGION),
         inflight: args.number("--inflight")?.unwrap_or(DEFAULT_INFLIGHT),
         latency_samples: args.number("--latency-samples")?.unwrap_or(DEFAULT_LATENCY_SAMPLES),
+        token: args.value("--token")?,
     };
     args.finish()?;
     if options.batch == 0 || options.inflight == 0 || options.total == 0 {
@@ -158,7 +160,11 @@ pub fn run(args: Args) -> Result<(), String> {
         None => Some(Target::spawn(options.region_bytes)?),
     };
     let peer = options.peer.clone().unwrap_or_else(|| target.as_ref().expect("spawned").addr.clone());
-    let engine = Engine::builder().name("bench-initiator").lanes(options.lanes).build().map_err(|e| e.to_string())?;
+    let mut builder = Engine::builder().name("bench-initiator").lanes(options.lanes);
+    if let Some(token) = &options.token {
+        builder = builder.token(token.as_str());
+    }
+    let engine = builder.build().map_err(|e| e.to_string())?;
     let segment = engine
         .open_segment_with(&peer, Some(options.transport), Duration::from_secs(10))
         .map_err(|e| format!("opening {peer}: {e}"))?;

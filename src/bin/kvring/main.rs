@@ -12,9 +12,9 @@ kvring — moves KV-cache blocks between prefill and decode engines
 USAGE:
   kvring bench [--op write|read|both] [--block-size 4KiB,64KiB,1MiB] [--batch 64]
                [--total 1GiB] [--lanes 1] [--transport shm|null] [--inflight 8]
-               [--region-size 128MiB] [--latency-samples 5000] [--peer ADDR] [--json]
+               [--region-size 128MiB] [--latency-samples 5000] [--peer ADDR] [--token T] [--json]
       With no --peer, starts `kvring serve` in a second process and moves blocks to it.
-  kvring serve [--name NAME] [--listen 127.0.0.1:0] [--region-size 256MiB] [--lanes 1]
+  kvring serve [--name NAME] [--listen 127.0.0.1:0] [--region-size 256MiB] [--lanes 1] [--token T]
       A target engine with one shm-backed region; serves until SIGINT/SIGTERM.
   kvring info
       What this host offers kvring: cores, locked-memory limit, /dev/shm.

@@ -32,11 +32,16 @@ pub fn run(mut args: Args) -> Result<(), String> {
     let region_bytes = args.size("--region-size")?.unwrap_or(DEFAULT_REGION_BYTES);
     let lanes = args.number("--lanes")?.unwrap_or(1);
     let parent_watch = args.switch("--parent-watch");
+    let token = args.value("--token")?;
     args.finish()?;
 
     let listen = listen.parse().map_err(|_| format!("--listen: {listen:?} is not an IP:port address"))?;
     install_signal_handlers();
-    let engine = Engine::builder().name(&name).listen(listen).lanes(lanes).build().map_err(|e| e.to_string())?;
+    let mut builder = Engine::builder().name(&name).listen(listen).lanes(lanes);
+    if let Some(token) = token {
+        builder = builder.token(token);
+    }
+    let engine = builder.build().map_err(|e| e.to_string())?;
     let region = engine.alloc_region(region_bytes as usize, RegionInfo::raw()).map_err(|e| e.to_string())?;
     println!(
         "kvring serve: name={name} listen={} epoch={:#018x} region={} size={}",
