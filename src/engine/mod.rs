@@ -28,7 +28,8 @@ use crate::segment::{
     local_host_id, CacheStats, PeerSegment, RemoteRegion, SegmentCache, SegmentDescriptor, TransportKind,
     DEFAULT_SEGMENT_CACHE_CAPACITY,
 };
-use crate::transport::{Link, NullLink, ShmLink};
+use crate::transport::tcp::DEFAULT_IO_TIMEOUT;
+use crate::transport::{Link, NullLink, ShmLink, TcpDataServer, TcpLink};
 use segment::SegmentInner;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
@@ -89,6 +90,10 @@ pub struct EngineConfig {
     pub wait_backoff: BackoffPolicy,
     /// Pre-shared token: required from peers' handshakes, and sent in ours.
     pub token: Option<Token>,
+    /// Deadline of one socket read or write on a TCP data connection.
+    pub io_timeout: Duration,
+    /// Serve the TCP data transport (on the control address's IP, any port).
+    pub serve_tcp: bool,
 }
 
 impl Default for EngineConfig {
@@ -112,6 +117,8 @@ impl Default for EngineConfig {
             split_threshold_bytes: DEFAULT_SPLIT_THRESHOLD_BYTES,
             wait_backoff: BackoffPolicy::default(),
             token: None,
+            io_timeout: DEFAULT_IO_TIMEOUT,
+            serve_tcp: true,
         }
     }
 }
@@ -235,6 +242,19 @@ impl EngineBuilder {
         self
     }
 
+    /// Deadline of one socket read or write on a TCP data connection.
+    pub fn io_timeout(mut self, timeout: Duration) -> Self {
+        self.config.io_timeout = timeout;
+        self
+    }
+
+    /// Whether to serve the TCP data transport (default true). Without it,
+    /// peers on other hosts cannot reach this engine's regions.
+    pub fn serve_tcp(mut self, serve: bool) -> Self {
+        self.config.serve_tcp = serve;
+        self
+    }
+
     /// Replaces the whole configuration.
     pub fn config(mut self, config: EngineConfig) -> Self {
         self.config = config;
@@ -268,7 +288,9 @@ pub(crate) struct EngineInner {
     pub(crate) clock: Clock,
     segments: Mutex<SegmentTable>,
     control: Mutex<Option<ControlServer>>,
+    data: Mutex<Option<TcpDataServer>>,
     control_addr: SocketAddr,
+    tcp_addr: Option<String>,
     metadata: Box<dyn MetadataStore>,
     stopped: AtomicBool,
     next_tag: AtomicU16,
@@ -295,6 +317,9 @@ impl EngineInner {
             return;
         }
         if let Some(mut server) = lock(&self.control).take() {
+            server.stop();
+        }
+        if let Some(mut server) = lock(&self.data).take() {
             server.stop();
         }
         for lane in &self.lanes {
@@ -401,8 +426,17 @@ impl Engine {
             host_id: local_host_id(),
             registry: registry.clone(),
             control_addr: Mutex::new(String::new()),
+            tcp_addr: Mutex::new(None),
             token: config.token.clone(),
         });
+        let data_server = if config.serve_tcp {
+            let data_listen = SocketAddr::new(config.listen.ip(), 0);
+            Some(TcpDataServer::start(data_listen, registry.clone(), epoch)?)
+        } else {
+            None
+        };
+        let tcp_addr = data_server.as_ref().map(|s| s.local_addr().to_string());
+        *lock(&context.tcp_addr) = tcp_addr.clone();
         let server = ControlServer::start(config.listen, context.clone())?;
         let control_addr = server.local_addr();
         *lock(&context.control_addr) = control_addr.to_string();
@@ -421,7 +455,9 @@ impl Engine {
                 clock,
                 segments: Mutex::new(segments),
                 control: Mutex::new(Some(server)),
+                data: Mutex::new(data_server),
                 control_addr,
+                tcp_addr,
                 metadata: Box::new(PeerHandshake { token }),
                 stopped: AtomicBool::new(false),
                 next_tag: AtomicU16::new(1),
@@ -437,6 +473,11 @@ impl Engine {
     /// This start's epoch.
     pub fn epoch(&self) -> u64 {
         self.inner.epoch
+    }
+
+    /// Where the TCP data listener is, when the engine serves one.
+    pub fn tcp_addr(&self) -> Option<&str> {
+        self.inner.tcp_addr.as_deref()
     }
 
     /// Where the control plane listens: what peers pass to `open_segment`.
@@ -520,7 +561,13 @@ impl Engine {
 
     /// This engine's own segment descriptor (what peers get in a handshake).
     pub fn descriptor(&self) -> SegmentDescriptor {
-        describe(&self.inner.config.name, self.inner.epoch, &self.inner.registry, &self.inner.control_addr.to_string())
+        describe(
+            &self.inner.config.name,
+            self.inner.epoch,
+            &self.inner.registry,
+            &self.inner.control_addr.to_string(),
+            self.inner.tcp_addr.clone(),
+        )
     }
 
     /// Opens (or returns the cached handle of) a peer segment by name or
@@ -548,21 +595,53 @@ impl Engine {
         if self.inner.is_stopped() {
             return Err(Error::Shutdown);
         }
-        if let Some(segment) = lock(&self.inner.segments).cache.get(name) {
-            if !segment.is_closed() && transport.is_none_or(|t| t == segment.transport()) {
-                return Ok(segment.clone());
+        {
+            let mut table = lock(&self.inner.segments);
+            let cached = table.cache.get(name).cloned();
+            if let Some(segment) = cached {
+                if segment.inner.peer.is_stale() {
+                    // Its peer restarted or went away: evict it now and
+                    // reconnect through a fresh handshake below.
+                    table.cache.remove_stale(name);
+                    self.retire(&mut table, &segment);
+                } else if !segment.is_closed() && transport.is_none_or(|t| t == segment.transport()) {
+                    return Ok(segment);
+                }
             }
         }
-        // The handshake runs on the caller's thread, never on a lane, and
-        // without the table lock, so a dead peer stalls nobody else.
+        // The handshake and connects run on the caller's thread, never on a
+        // lane, and without the table lock, so a dead peer stalls nobody else.
         let deadline = Instant::now() + timeout;
         let descriptor = self.inner.metadata.resolve(name, &self.inner.config.name, deadline)?;
-        let transport = transport.unwrap_or(TransportKind::Shm);
-        let link: Arc<dyn Link> = match transport {
-            TransportKind::Shm => Arc::new(ShmLink::open(&descriptor)?),
-            TransportKind::Null => Arc::new(NullLink),
-        };
+        let transport = crate::transport::select::choose(transport, &descriptor, &local_host_id())?;
+        let link = self.open_link(transport, &descriptor, deadline)?;
         self.install_segment(name, descriptor, transport, link)
+    }
+
+    fn open_link(
+        &self,
+        transport: TransportKind,
+        descriptor: &SegmentDescriptor,
+        deadline: Instant,
+    ) -> Result<Arc<dyn Link>> {
+        Ok(match transport {
+            TransportKind::Shm => Arc::new(ShmLink::open(descriptor)?),
+            TransportKind::Tcp => {
+                let addr = descriptor.tcp_addr.as_deref().ok_or_else(|| Error::Unsupported {
+                    what: format!("tcp to {}: it serves no tcp data listener", descriptor.name),
+                })?;
+                let lanes = self.inner.lanes.len();
+                Arc::new(TcpLink::connect(
+                    &descriptor.name,
+                    addr,
+                    descriptor.epoch,
+                    lanes,
+                    deadline,
+                    self.inner.config.io_timeout,
+                )?)
+            }
+            TransportKind::Null => Arc::new(NullLink),
+        })
     }
 
     /// Opens this engine's own segment as a peer (loopback): useful to test
@@ -577,10 +656,7 @@ impl Engine {
     /// ```
     pub fn open_self(&self, transport: TransportKind) -> Result<Segment> {
         let descriptor = self.descriptor();
-        let link: Arc<dyn Link> = match transport {
-            TransportKind::Shm => Arc::new(ShmLink::open(&descriptor)?),
-            TransportKind::Null => Arc::new(NullLink),
-        };
+        let link = self.open_link(transport, &descriptor, Instant::now() + self.inner.config.control_timeout)?;
         self.install_segment(&format!("self/{}", transport.name()), descriptor, transport, link)
     }
 
@@ -682,7 +758,13 @@ impl Engine {
     }
 }
 
-fn describe(name: &str, epoch: u64, registry: &Registry, control_addr: &str) -> SegmentDescriptor {
+fn describe(
+    name: &str,
+    epoch: u64,
+    registry: &Registry,
+    control_addr: &str,
+    tcp_addr: Option<String>,
+) -> SegmentDescriptor {
     let regions = registry
         .snapshot()
         .into_iter()
@@ -703,6 +785,7 @@ fn describe(name: &str, epoch: u64, registry: &Registry, control_addr: &str) -> 
         pid: std::process::id(),
         regions,
         control_addr: control_addr.to_string(),
+        tcp_addr,
     }
 }
 
@@ -714,6 +797,7 @@ struct ControlContext {
     host_id: String,
     registry: Arc<Registry>,
     control_addr: Mutex<String>,
+    tcp_addr: Mutex<Option<String>>,
     token: Option<Token>,
 }
 
@@ -727,7 +811,8 @@ impl ControlHandler for ControlContext {
                 });
             }
         }
-        let mut descriptor = describe(&self.name, self.epoch, &self.registry, &lock(&self.control_addr));
+        let tcp_addr = lock(&self.tcp_addr).clone();
+        let mut descriptor = describe(&self.name, self.epoch, &self.registry, &lock(&self.control_addr), tcp_addr);
         descriptor.host_id.clone_from(&self.host_id);
         Ok(descriptor)
     }

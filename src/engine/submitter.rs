@@ -138,6 +138,12 @@ impl Submitter {
         if segment.owner_epoch != self.engine.epoch {
             return Err(Error::invalid("segment", "handle was opened by another engine"));
         }
+        if segment.peer.is_stale() {
+            return Err(Error::PeerRestarted {
+                segment: segment.opened_as.clone(),
+                detail: "an earlier batch found it gone; open it again to reconnect".into(),
+            });
+        }
         if segment.peer.is_closed() {
             return Err(Error::UnknownSegment { segment: segment.opened_as.clone() });
         }

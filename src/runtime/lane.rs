@@ -17,7 +17,7 @@ use crate::mem::{Access, Registry};
 use crate::proto::ErrorCode;
 use crate::ring::{Consumer, Cqe, CqeKind, Opcode, Producer, Sqe};
 use crate::segment::PeerSegment;
-use crate::transport::Link;
+use crate::transport::{Block, Link};
 use crossbeam_queue::SegQueue;
 use crossbeam_utils::CachePadded;
 use std::collections::VecDeque;
@@ -32,8 +32,6 @@ pub const DEFAULT_BUSY_POLL: Duration = Duration::from_millis(2);
 pub const DEFAULT_PARK_TIMEOUT: Duration = Duration::from_millis(50);
 /// Most SQEs a lane takes from one ring before visiting the next.
 pub const DEFAULT_MAX_SQES_PER_POLL: usize = 32;
-/// Descriptors between two deadline checks (reading the clock costs ~20 ns).
-const DEADLINE_CHECK_EVERY: u32 = 16;
 /// Default io_uring buffer memory per lane executor: kvring does no storage
 /// I/O through glommio, so the minimum glommio accepts.
 pub const DEFAULT_IO_MEMORY_BYTES: usize = 64 * 1024;
@@ -252,6 +250,8 @@ fn lane_thread(config: LaneConfig, registry: Arc<Registry>, ready: mpsc::Sender<
         registry,
         rings: Vec::new(),
         cq_backlog: VecDeque::new(),
+        chunk: Vec::with_capacity(MAX_CHUNK_BLOCKS),
+        ended_runs: Vec::with_capacity(MAX_CHUNK_BLOCKS),
         config,
     };
     if ready.send(Ok(shared)).is_err() {
@@ -295,8 +295,17 @@ struct Lane {
     /// has room for every unconsumed batch) this stays empty; it exists so a
     /// broken invariant delays a completion instead of losing it.
     cq_backlog: VecDeque<(usize, Cqe)>,
+    /// Validated blocks of the chunk being built (preallocated).
+    chunk: Vec<Block>,
+    /// Regions whose runs ended in the chunk being built: their leases are
+    /// released once the chunk has been transferred.
+    ended_runs: Vec<RegionId>,
     config: LaneConfig,
 }
+
+/// Most blocks any link takes per chunk; the lane's chunk buffer is
+/// allocated once with this capacity.
+pub const MAX_CHUNK_BLOCKS: usize = 256;
 
 impl Lane {
     async fn run(mut self) {
@@ -409,7 +418,7 @@ impl Lane {
 
     fn execute_part(&mut self, ring_index: usize, sqe: Sqe) {
         let id = super::status::BatchId::from_raw(sqe.batch_id);
-        let Lane { shared, registry, rings, segments, config, cq_backlog } = self;
+        let Lane { shared, registry, rings, segments, config, cq_backlog, chunk, ended_runs } = self;
         let ring = &mut rings[ring_index];
         let segment = segments
             .get(sqe.segment as u16 as usize)
@@ -422,33 +431,39 @@ impl Lane {
         let mut end: Option<PartEnd<Error>> = match (segment, op) {
             (None, _) => Some(PartEnd::Failed(Error::UnknownSegment { segment: format!("key {:#x}", sqe.segment) })),
             (_, None) => Some(PartEnd::Failed(Error::UnknownOpcode { opcode: sqe.opcode })),
+            (Some(segment), _) if segment.peer.is_stale() => Some(PartEnd::Failed(Error::PeerRestarted {
+                segment: segment.peer.descriptor().name.clone(),
+                detail: "an earlier batch found it gone".into(),
+            })),
             _ => None,
         };
         let (local_needs, remote_needs) = match op {
             Some(Opcode::Read) => (Access::LOCAL_WRITE, Access::REMOTE_READ),
             _ => (Access::LOCAL_READ, Access::REMOTE_WRITE),
         };
-
-        let mut bytes = 0u64;
-        let mut leased: Option<RegionId> = None;
-        let mut executed = 0u64;
+        let max_chunk = segment.map_or(1, |s| s.link.max_chunk().clamp(1, MAX_CHUNK_BLOCKS));
+        let mut part = PartProgress { bytes: 0, executed: 0 };
+        let mut run: Option<RegionId> = None;
+        chunk.clear();
+        ended_runs.clear();
         // Every descriptor of the part is consumed from the arena, executed
         // or not, so the next batch never waits behind a failed one; leases
-        // are released run by run exactly as the submitter took them.
-        let chunk = ring.descs.read_chunk(sqe.desc_count as usize);
-        debug_assert_eq!(chunk.len(), sqe.desc_count as usize, "descriptors are published before their SQE");
-        for (offset, desc) in chunk.enumerate() {
-            if leased != Some(desc.local_region) {
-                if let Some(region) = leased {
-                    registry.release(region);
+        // are released run by run exactly as the submitter took them, but
+        // only after the chunk using them has been transferred.
+        let descs = ring.descs.read_chunk(sqe.desc_count as usize);
+        debug_assert_eq!(descs.len(), sqe.desc_count as usize, "descriptors are published before their SQE");
+        for (offset, desc) in descs.enumerate() {
+            if run != Some(desc.local_region) {
+                if let Some(region) = run {
+                    ended_runs.push(region);
                 }
-                leased = Some(desc.local_region);
+                run = Some(desc.local_region);
             }
             if end.is_some() {
                 continue;
             }
-            let desc_index = sqe.desc_base + offset as u32;
-            if offset as u32 % DEADLINE_CHECK_EVERY == 0 {
+            let (Some(segment), Some(op)) = (segment, op) else { continue };
+            if chunk.is_empty() {
                 if status.cancel_requested(id) {
                     end = Some(PartEnd::Cancelled);
                     continue;
@@ -458,27 +473,42 @@ impl Lane {
                     continue;
                 }
             }
-            let (Some(segment), Some(op)) = (segment, op) else { continue };
-            match execute_desc(registry, segment, op, &desc, desc_index, local_needs, remote_needs) {
-                Ok(()) => {
-                    bytes += desc.len;
-                    executed += 1;
-                }
-                Err(e) => {
-                    executed += 1;
-                    end = Some(PartEnd::Failed(e));
+            let desc_index = sqe.desc_base + offset as u32;
+            match validate(registry, segment, &desc, desc_index, local_needs, remote_needs) {
+                Ok(local) => chunk.push(Block { local, desc, desc_index }),
+                Err(error) => {
+                    // Blocks validated before the bad one still move, as
+                    // they would have one by one.
+                    end = flush(config.index, segment, op, id, chunk, registry, ended_runs, &mut part);
+                    part.executed += 1;
+                    end.get_or_insert(PartEnd::Failed(error));
+                    continue;
                 }
             }
+            if chunk.len() >= max_chunk {
+                end = flush(config.index, segment, op, id, chunk, registry, ended_runs, &mut part);
+            }
         }
-        if let Some(region) = leased {
+        if end.is_none() {
+            if let (Some(segment), Some(op)) = (segment, op) {
+                end = flush(config.index, segment, op, id, chunk, registry, ended_runs, &mut part);
+            }
+        }
+        chunk.clear();
+        for region in ended_runs.drain(..).chain(run) {
             registry.release(region);
+        }
+        if let (Some(segment), Some(PartEnd::Failed(Error::PeerRestarted { .. }))) = (segment, &end) {
+            // The peer is gone or restarted: later batches to this handle
+            // fail at once, and the next open of its name reconnects.
+            segment.peer.mark_stale();
         }
         let stats = &shared.stats;
         stats.parts.fetch_add(1, Ordering::Relaxed);
-        stats.descs.fetch_add(executed, Ordering::Relaxed);
-        stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+        stats.descs.fetch_add(part.executed, Ordering::Relaxed);
+        stats.bytes.fetch_add(part.bytes, Ordering::Relaxed);
 
-        let finished = status.finish_part(id, bytes, end.unwrap_or(PartEnd::Done), result_code);
+        let finished = status.finish_part(id, part.bytes, end.unwrap_or(PartEnd::Done), result_code);
         if let Some(completion) = finished {
             let cqe = Cqe {
                 user_data: sqe.user_data,
@@ -494,6 +524,48 @@ impl Lane {
     }
 }
 
+/// Bytes and descriptors a part has moved so far.
+struct PartProgress {
+    bytes: u64,
+    executed: u64,
+}
+
+/// Transfers the chunk, then releases the leases of the runs that ended in
+/// it. Returns the part's end if the transfer failed.
+#[allow(clippy::too_many_arguments)]
+fn flush(
+    lane: usize,
+    segment: &LaneSegment,
+    op: Opcode,
+    id: super::status::BatchId,
+    chunk: &mut Vec<Block>,
+    registry: &Registry,
+    ended_runs: &mut Vec<RegionId>,
+    part: &mut PartProgress,
+) -> Option<PartEnd<Error>> {
+    if chunk.is_empty() {
+        return None;
+    }
+    // SAFETY: every block was validated against a region this part holds a
+    // lease on (`validate`), and those leases are released only below.
+    let result = unsafe { segment.link.transfer(lane, op, id.raw(), chunk) };
+    part.executed += chunk.len() as u64;
+    chunk.clear();
+    for region in ended_runs.drain(..) {
+        registry.release(region);
+    }
+    match result {
+        Ok(bytes) => {
+            part.bytes += bytes;
+            None
+        }
+        Err((error, bytes)) => {
+            part.bytes += bytes;
+            Some(PartEnd::Failed(error))
+        }
+    }
+}
+
 /// A CQE's result: 0 for done, else the negated wire code of the outcome.
 fn result_code(state: BatchState, failure: Option<&Error>) -> i32 {
     let code = match (state, failure) {
@@ -505,21 +577,20 @@ fn result_code(state: BatchState, failure: Option<&Error>) -> i32 {
     -(code as i32)
 }
 
+/// Checks a descriptor's local range against the leased registry entry and
+/// its remote range against the peer's descriptor; returns the local address.
 #[inline]
-fn execute_desc(
+fn validate(
     registry: &Registry,
     segment: &LaneSegment,
-    op: Opcode,
     desc: &BlockDesc,
     desc_index: u32,
     local_needs: Access,
     remote_needs: Access,
-) -> Result<()> {
+) -> Result<*mut u8> {
     let local = registry.leased(desc.local_region)?;
     let local_addr =
         local.check(desc.local_region, Side::Local, desc_index, desc.local_offset, desc.len, local_needs)?;
     segment.peer.region(desc.remote_region)?.check(desc_index, desc.remote_offset, desc.len, remote_needs)?;
-    // SAFETY: `local_addr..+len` was just checked to lie inside the leased
-    // region (`check` above), which the lease keeps registered and mapped.
-    unsafe { segment.link.transfer(op, local_addr as *mut u8, desc, desc_index) }
+    Ok(local_addr as *mut u8)
 }

@@ -18,6 +18,8 @@ pub const MAX_SEGMENT_NAME_BYTES: usize = 256;
 pub enum TransportKind {
     /// Same-host shared memory.
     Shm,
+    /// TCP, any two hosts.
+    Tcp,
     /// Moves nothing: measures kvring's own per-descriptor overhead.
     Null,
 }
@@ -27,6 +29,7 @@ impl TransportKind {
     pub fn name(self) -> &'static str {
         match self {
             TransportKind::Shm => "shm",
+            TransportKind::Tcp => "tcp",
             TransportKind::Null => "null",
         }
     }
@@ -35,8 +38,9 @@ impl TransportKind {
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "shm" => Ok(TransportKind::Shm),
+            "tcp" => Ok(TransportKind::Tcp),
             "null" => Ok(TransportKind::Null),
-            other => Err(Error::Unsupported { what: format!("transport {other:?} (this build has: shm, null)") }),
+            other => Err(Error::Unsupported { what: format!("transport {other:?} (this build has: shm, tcp, null)") }),
         }
     }
 }
@@ -91,6 +95,8 @@ pub struct SegmentDescriptor {
     pub regions: Vec<RemoteRegion>,
     /// Where its control plane listens.
     pub control_addr: String,
+    /// Where its TCP data listener is, if it serves one.
+    pub tcp_addr: Option<String>,
 }
 
 impl SegmentDescriptor {
@@ -114,10 +120,12 @@ impl SegmentDescriptor {
                     shm_path: r.shm_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
                 })
                 .collect(),
-            endpoints: vec![proto::Endpoint {
-                transport: proto::TransportKind::Tcp as i32,
-                address: self.control_addr.clone(),
-            }],
+            endpoints: self
+                .tcp_addr
+                .iter()
+                .map(|addr| proto::Endpoint { transport: proto::TransportKind::Tcp as i32, address: addr.clone() })
+                .collect(),
+            control_addr: self.control_addr.clone(),
         }
     }
 
@@ -172,19 +180,19 @@ impl SegmentDescriptor {
                 shm_path,
             });
         }
-        let control_addr = message
+        let tcp_addr = message
             .endpoints
             .iter()
             .find(|e| e.transport == proto::TransportKind::Tcp as i32)
-            .map(|e| e.address.clone())
-            .unwrap_or_default();
+            .map(|e| e.address.clone());
         Ok(Self {
             name: message.name,
             epoch: message.epoch,
             host_id: message.host_id,
             pid: message.pid,
             regions,
-            control_addr,
+            control_addr: message.control_addr,
+            tcp_addr,
         })
     }
 }
@@ -216,6 +224,7 @@ mod tests {
                 shm_path: Some(PathBuf::from("/dev/shm/kvring-1-2-3")),
             }],
             control_addr: "127.0.0.1:9".into(),
+            tcp_addr: Some("127.0.0.1:10".into()),
         }
     }
 
@@ -257,6 +266,6 @@ mod tests {
         ));
         r.access = Access::REMOTE_READ;
         assert!(matches!(r.check(0, 0, 1, Access::REMOTE_WRITE), Err(Error::AccessDenied { side: Side::Remote, .. })));
-        assert!(TransportKind::parse("rdma").unwrap_err().to_string().contains("this build has: shm, null"));
+        assert!(TransportKind::parse("rdma").unwrap_err().to_string().contains("this build has: shm, tcp, null"));
     }
 }

@@ -13,6 +13,7 @@ pub struct PeerSegment {
     /// Indexed by the peer's region slot index.
     by_index: Vec<Option<usize>>,
     closed: AtomicBool,
+    stale: AtomicBool,
 }
 
 impl PeerSegment {
@@ -23,7 +24,7 @@ impl PeerSegment {
         for (position, region) in descriptor.regions.iter().enumerate() {
             by_index[region.id.index() as usize] = Some(position);
         }
-        Self { descriptor, by_index, closed: AtomicBool::new(false) }
+        Self { descriptor, by_index, closed: AtomicBool::new(false), stale: AtomicBool::new(false) }
     }
 
     /// The descriptor.
@@ -52,6 +53,19 @@ impl PeerSegment {
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
+
+    /// Marks the peer gone or restarted (a broken connection, another
+    /// epoch): batches to this handle fail with `PeerRestarted`, and the
+    /// engine's next open of its name evicts it and reconnects.
+    pub fn mark_stale(&self) {
+        self.stale.store(true, Ordering::Release);
+    }
+
+    /// True once marked stale.
+    #[inline]
+    pub fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::Acquire)
+    }
 }
 
 #[cfg(test)]
@@ -77,6 +91,7 @@ mod tests {
             pid: 0,
             regions: vec![region(0, 1), region(5, 2)],
             control_addr: String::new(),
+            tcp_addr: None,
         });
         assert_eq!(peer.region(RegionId::new(5, 2)).unwrap().id, RegionId::new(5, 2));
         assert!(peer.region(RegionId::new(5, 1)).is_err(), "stale generation");

@@ -1,9 +1,7 @@
 //! The null transport: validates like any other, moves nothing. It measures
 //! what kvring itself costs per descriptor (rings, lane loop, status).
 
-use super::Link;
-use crate::desc::BlockDesc;
-use crate::error::Result;
+use super::{Block, Link, TransferError};
 use crate::ring::Opcode;
 use crate::segment::TransportKind;
 
@@ -16,8 +14,18 @@ impl Link for NullLink {
         TransportKind::Null
     }
 
+    fn max_chunk(&self) -> usize {
+        64
+    }
+
     #[inline]
-    unsafe fn transfer(&self, _op: Opcode, _local: *mut u8, _desc: &BlockDesc, _desc_index: u32) -> Result<()> {
-        Ok(())
+    unsafe fn transfer(
+        &self,
+        _lane: usize,
+        _op: Opcode,
+        _batch_id: u64,
+        blocks: &[Block],
+    ) -> Result<u64, TransferError> {
+        Ok(blocks.iter().map(|b| b.desc.len).sum())
     }
 }

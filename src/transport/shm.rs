@@ -2,7 +2,7 @@
 //! into this process, and the lane copies straight into (WRITE) or out of
 //! (READ) them. One copy, no syscall, no peer thread involved.
 
-use super::Link;
+use super::{Block, Link, TransferError};
 use crate::desc::BlockDesc;
 use crate::error::{Error, Result, Side};
 use crate::mem::ShmMapping;
@@ -52,13 +52,46 @@ impl ShmLink {
     }
 }
 
+/// Blocks per chunk: the lane checks cancel and deadlines between chunks.
+pub const SHM_CHUNK_BLOCKS: usize = 16;
+
 impl Link for ShmLink {
     fn kind(&self) -> TransportKind {
         TransportKind::Shm
     }
 
+    fn max_chunk(&self) -> usize {
+        SHM_CHUNK_BLOCKS
+    }
+
     #[inline]
-    unsafe fn transfer(&self, op: Opcode, local: *mut u8, desc: &BlockDesc, desc_index: u32) -> Result<()> {
+    unsafe fn transfer(
+        &self,
+        _lane: usize,
+        op: Opcode,
+        _batch_id: u64,
+        blocks: &[Block],
+    ) -> Result<u64, TransferError> {
+        let mut moved = 0;
+        for block in blocks {
+            // SAFETY: forwarded from our caller, block by block.
+            match unsafe { self.copy(op, block.local, &block.desc, block.desc_index) } {
+                Ok(()) => moved += block.desc.len,
+                Err(error) => return Err((error, moved)),
+            }
+        }
+        Ok(moved)
+    }
+}
+
+impl ShmLink {
+    /// Copies one block.
+    ///
+    /// # Safety
+    ///
+    /// As [`Link::transfer`], for this one block.
+    #[inline]
+    unsafe fn copy(&self, op: Opcode, local: *mut u8, desc: &BlockDesc, desc_index: u32) -> Result<()> {
         let mapping = self
             .mappings
             .get(desc.remote_region.index() as usize)

@@ -1,0 +1,153 @@
+//! TCP data frames: a fixed 48-byte zerocopy header, then (for WRITE and
+//! READ_DATA) the payload. Every header a target or initiator reads comes
+//! from outside and goes through [`FrameHeader::decode`] (fuzzed).
+
+use crate::error::{Error, Result};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// "KVTF".
+pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"KVTF");
+/// Version of the frame format.
+pub const FRAME_VERSION: u8 = 1;
+/// Size of the header.
+pub const FRAME_HEADER_BYTES: usize = std::mem::size_of::<FrameHeader>();
+/// Largest payload one frame carries; larger blocks are chunked.
+pub const MAX_FRAME_PAYLOAD_BYTES: u64 = 1 << 20;
+
+/// Frame opcodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameOp {
+    /// Initiator → target: write the payload at (region, offset).
+    Write = 1,
+    /// Initiator → target: send back `len` bytes at (region, offset).
+    Read = 2,
+    /// Target → initiator: the chunk ending with the LAST frame is done
+    /// (`status` 0) or failed (`status` = −code).
+    Ack = 3,
+    /// Target → initiator: answer to one READ: the payload, or a failure
+    /// (`status` ≠ 0, no payload).
+    ReadData = 4,
+}
+
+impl FrameOp {
+    fn from_u8(value: u8) -> Option<Self> {
+        match value {
+            1 => Some(Self::Write),
+            2 => Some(Self::Read),
+            3 => Some(Self::Ack),
+            4 => Some(Self::ReadData),
+            _ => None,
+        }
+    }
+}
+
+/// Flag: the last WRITE frame of a chunk; the target acks after it.
+pub const FLAG_LAST: u8 = 1;
+
+/// The fixed frame header (little-endian on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct FrameHeader {
+    /// [`FRAME_MAGIC`].
+    pub magic: u32,
+    /// [`FRAME_VERSION`].
+    pub version: u8,
+    /// [`FrameOp`] as a byte.
+    pub opcode: u8,
+    /// [`FLAG_LAST`] or 0.
+    pub flags: u8,
+    /// Reserved, zero.
+    pub reserved: u8,
+    /// The target's epoch as the initiator knows it.
+    pub epoch: u64,
+    /// The initiator's batch id, echoed in replies.
+    pub batch_id: u64,
+    /// Raw [`RegionId`](crate::RegionId) on the target.
+    pub region: u32,
+    /// In replies: 0 or the negated wire error code.
+    pub status: i32,
+    /// Offset in the region.
+    pub offset: u64,
+    /// Payload length (WRITE, READ_DATA) or requested length (READ).
+    pub len: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<FrameHeader>() == 48);
+
+impl FrameHeader {
+    /// A header with magic and version filled in.
+    pub fn new(op: FrameOp, epoch: u64, batch_id: u64, region: u32, offset: u64, len: u64) -> Self {
+        Self {
+            magic: FRAME_MAGIC,
+            version: FRAME_VERSION,
+            opcode: op as u8,
+            flags: 0,
+            reserved: 0,
+            epoch,
+            batch_id,
+            region,
+            status: 0,
+            offset,
+            len,
+        }
+    }
+
+    /// Decodes and checks a header from outside: magic, version, opcode,
+    /// and a payload length within [`MAX_FRAME_PAYLOAD_BYTES`].
+    pub fn decode(bytes: &[u8]) -> Result<(FrameHeader, FrameOp)> {
+        let header = FrameHeader::read_from_bytes(bytes).map_err(|_| {
+            Error::malformed("frame", format!("header needs {FRAME_HEADER_BYTES} bytes, got {}", bytes.len()))
+        })?;
+        if header.magic != FRAME_MAGIC {
+            return Err(Error::malformed("frame", format!("bad magic {:#010x}", header.magic)));
+        }
+        if header.version != FRAME_VERSION {
+            return Err(Error::VersionMismatch { got: header.version.into(), supported: FRAME_VERSION.into() });
+        }
+        let op = FrameOp::from_u8(header.opcode).ok_or(Error::UnknownOpcode { opcode: header.opcode })?;
+        if header.len > MAX_FRAME_PAYLOAD_BYTES {
+            return Err(Error::MessageTooLarge { len: header.len, max: MAX_FRAME_PAYLOAD_BYTES });
+        }
+        if header.offset.checked_add(header.len).is_none() {
+            return Err(Error::malformed("frame", format!("offset {} + len {} overflows", header.offset, header.len)));
+        }
+        Ok((header, op))
+    }
+
+    /// True for the last frame of a chunk.
+    pub fn is_last(&self) -> bool {
+        self.flags & FLAG_LAST != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_bad_ones_are_named() {
+        let mut header = FrameHeader::new(FrameOp::Write, 7, 9, 3, 4096, 512);
+        header.flags = FLAG_LAST;
+        let (decoded, op) = FrameHeader::decode(header.as_bytes()).unwrap();
+        assert_eq!((decoded, op), (header, FrameOp::Write));
+        assert!(decoded.is_last());
+
+        assert!(FrameHeader::decode(&header.as_bytes()[..47]).unwrap_err().to_string().contains("needs 48 bytes"));
+        let mut bad = header;
+        bad.magic = 0;
+        assert!(FrameHeader::decode(bad.as_bytes()).unwrap_err().to_string().contains("bad magic"));
+        let mut bad = header;
+        bad.version = 9;
+        assert!(matches!(FrameHeader::decode(bad.as_bytes()), Err(Error::VersionMismatch { got: 9, .. })));
+        let mut bad = header;
+        bad.opcode = 99;
+        assert!(matches!(FrameHeader::decode(bad.as_bytes()), Err(Error::UnknownOpcode { opcode: 99 })));
+        let mut bad = header;
+        bad.len = MAX_FRAME_PAYLOAD_BYTES + 1;
+        assert!(matches!(FrameHeader::decode(bad.as_bytes()), Err(Error::MessageTooLarge { .. })));
+        let mut bad = header;
+        bad.offset = u64::MAX;
+        assert!(FrameHeader::decode(bad.as_bytes()).unwrap_err().to_string().contains("overflows"));
+    }
+}

@@ -1,0 +1,301 @@
+//! The target side of the TCP transport: a listener whose connections each
+//! get a thread that reads frames, checks every block against this engine's
+//! own registry (region exists, access, bounds, epoch), and only then
+//! touches memory.
+//!
+//! A bad block fails its chunk (the rest of the chunk's payload is read and
+//! dropped, so framing survives) and the chunk's ack carries the error. A
+//! frame that cannot be framed (bad magic, version, opcode, oversized) is
+//! answered once and the connection closed. Other connections never notice.
+
+use super::frame::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES};
+use crate::desc::RegionId;
+use crate::error::{Error, Result, Side};
+use crate::mem::registry::{access_name, check_range};
+use crate::mem::{Access, Registry};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use zerocopy::IntoBytes;
+
+/// Most data connections served at once.
+pub const MAX_DATA_CONNECTIONS: usize = 256;
+/// A data connection idle this long is closed.
+pub const DATA_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Longest a started frame may take to arrive in full.
+pub const FRAME_READ_TIMEOUT: Duration = Duration::from_secs(10);
+const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A running data server.
+#[derive(Debug)]
+pub struct TcpDataServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    context: Arc<Context>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct Context {
+    registry: Arc<Registry>,
+    epoch: u64,
+    stop: Arc<AtomicBool>,
+    active: AtomicUsize,
+    /// A handle on every open connection, so stopping cuts them at once
+    /// (peers then see the engine gone instead of a silent stall).
+    open: Mutex<HashMap<u64, TcpStream>>,
+}
+
+impl TcpDataServer {
+    /// Binds `listen` (only that address) and serves `registry`'s regions.
+    pub fn start(listen: SocketAddr, registry: Arc<Registry>, epoch: u64) -> Result<Self> {
+        let listener =
+            TcpListener::bind(listen).map_err(|e| Error::io(format!("binding tcp data listener on {listen}"), e))?;
+        let addr = listener.local_addr().map_err(|e| Error::io("reading tcp data listener address", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let context = Arc::new(Context {
+            registry,
+            epoch,
+            stop: stop.clone(),
+            active: AtomicUsize::new(0),
+            open: Mutex::new(HashMap::new()),
+        });
+        let for_thread = context.clone();
+        let thread = std::thread::Builder::new()
+            .name("kvring-tcp-accept".into())
+            .spawn(move || accept_loop(listener, for_thread))
+            .map_err(|e| Error::io("spawning tcp accept thread", e))?;
+        Ok(Self { addr, stop, context, thread: Some(thread) })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting; connection threads end within their stop check.
+    pub fn stop(&mut self) {
+        if self.stop.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let open = std::mem::take(&mut *self.context.open.lock().unwrap_or_else(|p| p.into_inner()));
+        for stream in open.into_values() {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for TcpDataServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("epoch", &self.epoch).field("active", &self.active).finish()
+    }
+}
+
+fn accept_loop(listener: TcpListener, context: Arc<Context>) {
+    let mut next_id = 0u64;
+    for stream in listener.incoming() {
+        if context.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(mut stream) = stream else { continue };
+        if context.active.fetch_add(1, Ordering::AcqRel) >= MAX_DATA_CONNECTIONS {
+            context.active.fetch_sub(1, Ordering::AcqRel);
+            let error = Error::Busy { queue: "tcp data connection table", capacity: MAX_DATA_CONNECTIONS };
+            let _ = send_status(&mut stream, FrameOp::Ack, &FrameHeader::new(FrameOp::Ack, 0, 0, 0, 0, 0), &error);
+            continue;
+        }
+        next_id += 1;
+        let id = next_id;
+        if let Ok(handle) = stream.try_clone() {
+            context.open.lock().unwrap_or_else(|p| p.into_inner()).insert(id, handle);
+        }
+        let for_thread = context.clone();
+        let spawned = std::thread::Builder::new().name("kvring-tcp-conn".into()).spawn(move || {
+            let _ = serve_connection(stream, &for_thread);
+            for_thread.open.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            for_thread.active.fetch_sub(1, Ordering::AcqRel);
+        });
+        if spawned.is_err() {
+            // The closure, and its decrement, never ran.
+            context.active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The first failure of the chunk being received, if any.
+struct Chunk {
+    failure: Option<(FrameHeader, Error)>,
+}
+
+fn serve_connection(mut stream: TcpStream, context: &Context) -> Result<()> {
+    let _ = stream.set_nodelay(true);
+    stream.set_write_timeout(Some(FRAME_READ_TIMEOUT)).map_err(|e| Error::io("setting write timeout", e))?;
+    let mut chunk = Chunk { failure: None };
+    let mut header_bytes = [0u8; FRAME_HEADER_BYTES];
+    let mut idle_since = Instant::now();
+    loop {
+        if !wait_readable(&stream, context, &mut idle_since)? {
+            return Ok(());
+        }
+        stream.set_read_timeout(Some(FRAME_READ_TIMEOUT)).map_err(|e| Error::io("setting read timeout", e))?;
+        if stream.read_exact(&mut header_bytes).is_err() {
+            // Disconnected or stalled mid-header: nothing to answer.
+            return Ok(());
+        }
+        if context.stop.load(Ordering::Acquire) {
+            // Stopping: take no more writes, so nothing lands after the
+            // engine is gone.
+            return Ok(());
+        }
+        let (header, op) = match FrameHeader::decode(&header_bytes) {
+            Ok(decoded) => decoded,
+            Err(error) => {
+                // Framing is lost: answer once, close.
+                let _ = send_status(&mut stream, FrameOp::Ack, &FrameHeader::new(FrameOp::Ack, 0, 0, 0, 0, 0), &error);
+                return Ok(());
+            }
+        };
+        match op {
+            FrameOp::Write => receive_write(&mut stream, context, &header, &mut chunk)?,
+            FrameOp::Read => serve_read(&mut stream, context, &header)?,
+            FrameOp::Ack | FrameOp::ReadData => {
+                let error = Error::malformed("frame", format!("{op:?} is a reply, not a request"));
+                let _ = send_status(&mut stream, FrameOp::Ack, &header, &error);
+                return Ok(());
+            }
+        }
+        idle_since = Instant::now();
+    }
+}
+
+/// Waits until a frame starts, honouring the stop flag and the idle limit.
+/// False when the connection should end.
+fn wait_readable(stream: &TcpStream, context: &Context, idle_since: &mut Instant) -> Result<bool> {
+    stream.set_read_timeout(Some(STOP_CHECK_INTERVAL)).map_err(|e| Error::io("setting read timeout", e))?;
+    let mut probe = [0u8; 1];
+    loop {
+        if context.stop.load(Ordering::Acquire) || idle_since.elapsed() > DATA_IDLE_TIMEOUT {
+            return Ok(false);
+        }
+        match stream.peek(&mut probe) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return Ok(false),
+        }
+    }
+}
+
+/// Checks one block against the registry; on success returns its address
+/// with a lease held (the caller releases `region`).
+fn check_block(context: &Context, header: &FrameHeader, needs: Access) -> Result<usize> {
+    if header.epoch != context.epoch {
+        return Err(Error::PeerRestarted {
+            segment: "this target".into(),
+            detail: format!("frame for epoch {:#x}, but the current epoch is {:#x}", header.epoch, context.epoch),
+        });
+    }
+    let region = RegionId::from_raw(header.region);
+    context.registry.lease(region).map_err(|_| Error::UnknownRegion { side: Side::Remote, region })?;
+    let checked = (|| {
+        let entry = context.registry.leased(region)?;
+        if !entry.info.access.contains(needs) {
+            return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region, needs: access_name(needs) });
+        }
+        check_range(region, Side::Remote, 0, header.offset, header.len, entry.len as u64)?;
+        Ok(entry.addr + header.offset as usize)
+    })();
+    if checked.is_err() {
+        context.registry.release(region);
+    }
+    checked
+}
+
+fn receive_write(stream: &mut TcpStream, context: &Context, header: &FrameHeader, chunk: &mut Chunk) -> Result<()> {
+    let len = header.len as usize;
+    if chunk.failure.is_none() {
+        match check_block(context, header, Access::REMOTE_WRITE) {
+            Ok(addr) => {
+                // SAFETY: `addr..addr+len` lies in a registered region (checked
+                // above) that our lease keeps registered until released below.
+                let target = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+                let received = stream.read_exact(target);
+                context.registry.release(RegionId::from_raw(header.region));
+                if received.is_err() {
+                    // The initiator went away mid-frame: bytes before the
+                    // cut are in place, and no ack says the chunk is done.
+                    return Err(Error::malformed("frame", "connection ended inside a payload"));
+                }
+            }
+            Err(error) => {
+                chunk.failure = Some((*header, error));
+                discard(stream, len)?;
+            }
+        }
+    } else {
+        discard(stream, len)?;
+    }
+    if header.flags & FLAG_LAST != 0 {
+        let failure = chunk.failure.take();
+        match failure {
+            None => {
+                let mut ack = FrameHeader::new(FrameOp::Ack, context.epoch, header.batch_id, 0, 0, 0);
+                ack.status = 0;
+                stream.write_all(ack.as_bytes()).map_err(|e| Error::io("sending ack", e))?;
+            }
+            Some((failed, error)) => send_status(stream, FrameOp::Ack, &failed, &error)?,
+        }
+    }
+    Ok(())
+}
+
+fn serve_read(stream: &mut TcpStream, context: &Context, header: &FrameHeader) -> Result<()> {
+    match check_block(context, header, Access::REMOTE_READ) {
+        Ok(addr) => {
+            let reply = FrameHeader::new(
+                FrameOp::ReadData,
+                context.epoch,
+                header.batch_id,
+                header.region,
+                header.offset,
+                header.len,
+            );
+            // SAFETY: as in `receive_write`; the lease is released below.
+            let source = unsafe { std::slice::from_raw_parts(addr as *const u8, header.len as usize) };
+            let sent = stream.write_all(reply.as_bytes()).and_then(|()| stream.write_all(source));
+            context.registry.release(RegionId::from_raw(header.region));
+            sent.map_err(|e| Error::io("sending read data", e))
+        }
+        Err(error) => send_status(stream, FrameOp::ReadData, header, &error),
+    }
+}
+
+/// Reads and drops `len` payload bytes, keeping the framing.
+fn discard(stream: &mut TcpStream, len: usize) -> Result<()> {
+    let copied = std::io::copy(&mut stream.take(len as u64), &mut std::io::sink())
+        .map_err(|e| Error::io("discarding a refused payload", e))?;
+    if copied != len as u64 {
+        return Err(Error::malformed("frame", "connection ended inside a payload"));
+    }
+    Ok(())
+}
+
+/// Sends a reply header that reports `error` for the frame `about`.
+fn send_status(stream: &mut TcpStream, op: FrameOp, about: &FrameHeader, error: &Error) -> Result<()> {
+    let mut reply = FrameHeader::new(op, about.epoch, about.batch_id, about.region, about.offset, 0);
+    reply.status = -(error.code() as i32);
+    reply.len = 0;
+    stream.write_all(reply.as_bytes()).map_err(|e| Error::io("sending an error reply", e))
+}

@@ -1,0 +1,249 @@
+//! The TCP transport over real sockets: transfers, chunking, every refusal
+//! the target makes, hostile frames, and a peer that restarts.
+
+mod common;
+
+use common::{engine, pattern, WAIT};
+use kvring::proto::ErrorCode;
+use kvring::transport::tcp::frame::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES};
+use kvring::{Access, Batch, BlockDesc, Engine, Error, Outcome, RegionInfo, TransportKind};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use zerocopy::{FromBytes, IntoBytes};
+
+const MIB: usize = 1 << 20;
+
+fn tcp_pair(len: usize) -> (Engine, kvring::Region, Engine, kvring::Region, kvring::Segment) {
+    let target = engine("target");
+    let remote = target.alloc_region(len, RegionInfo::raw()).unwrap();
+    let initiator = engine("initiator");
+    let local = initiator.alloc_region(len, RegionInfo::raw()).unwrap();
+    let segment =
+        initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
+    assert_eq!(segment.transport(), TransportKind::Tcp);
+    (target, remote, initiator, local, segment)
+}
+
+fn contents(region: &kvring::Region, offset: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    region.read_at(offset, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn push_and_pull_small_and_chunked_blocks_over_tcp() {
+    let (_target, remote, initiator, local, segment) = tcp_pair(8 * MIB);
+    local.fill_pattern(31);
+    let mut sub = initiator.submitter().unwrap();
+    // 64 blocks of 4 KiB, then one 3 MiB block (three 1 MiB frames).
+    let small: Vec<_> = (0..64u64).map(|i| BlockDesc::new(local.id(), i * 4096, remote.id(), i * 4096, 4096)).collect();
+    let big = [BlockDesc::new(local.id(), MIB as u64, remote.id(), 4 * MIB as u64, 3 * MIB as u64)];
+    for descs in [&small[..], &big[..]] {
+        let id = sub.submit(&Batch::write(&segment).descs(descs)).unwrap();
+        let bytes: u64 = descs.iter().map(|d| d.len).sum();
+        assert_eq!(sub.wait(id, WAIT).unwrap().into_result().unwrap(), bytes);
+    }
+    let source = pattern(8 * MIB, 31);
+    assert_eq!(contents(&remote, 0, 64 * 4096), source[..64 * 4096]);
+    assert_eq!(contents(&remote, 4 * MIB as u64, 3 * MIB), source[MIB..4 * MIB]);
+
+    // Pull both back into a cleared region.
+    local.write_at(0, &vec![0u8; 8 * MIB]).unwrap();
+    for descs in [&small[..], &big[..]] {
+        let id = sub.submit(&Batch::read(&segment).descs(descs)).unwrap();
+        sub.wait(id, WAIT).unwrap().into_result().unwrap();
+    }
+    assert_eq!(contents(&local, 0, 64 * 4096), source[..64 * 4096]);
+    assert_eq!(contents(&local, MIB as u64, 3 * MIB), source[MIB..4 * MIB]);
+}
+
+#[test]
+fn the_target_refuses_bad_blocks_and_the_connection_keeps_working() {
+    let target = engine("target");
+    let remote = target.alloc_region(64 * 1024, RegionInfo::raw()).unwrap();
+    let read_only =
+        target.alloc_region(4096, RegionInfo::raw().with_access(Access::REMOTE_READ | Access::LOCAL_READ)).unwrap();
+    let initiator = engine("initiator");
+    let local = initiator.alloc_region(64 * 1024, RegionInfo::raw()).unwrap();
+    local.fill_pattern(2);
+    let segment =
+        initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let good = BlockDesc::new(local.id(), 0, remote.id(), 0, 4096);
+    // The initiator checks the peer's descriptor first: these never leave.
+    let oob = BlockDesc::new(local.id(), 0, remote.id(), 62 * 1024, 4096);
+    let denied = BlockDesc::new(local.id(), 0, read_only.id(), 0, 4096);
+    for (bad, expected) in [(oob, "exceeds region"), (denied, "does not allow remote write")] {
+        let descs = [good, bad, BlockDesc::new(local.id(), 4096, remote.id(), 4096, 4096)];
+        remote.write_at(0, &vec![0u8; 64 * 1024]).unwrap();
+        let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+        match sub.wait(id, WAIT).unwrap() {
+            Outcome::Failed(error) => assert!(error.to_string().contains(expected), "{error}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(contents(&remote, 0, 4096), pattern(64 * 1024, 2)[..4096], "the block before the bad one moved");
+        assert!(contents(&remote, 4096, 60 * 1024).iter().all(|&b| b == 0), "nothing after it");
+    }
+    // Reads too, and the connection stays framed afterwards.
+    let id = sub.submit(&Batch::read(&segment).descs(&[good, oob, good])).unwrap();
+    assert!(matches!(sub.wait(id, WAIT).unwrap(), Outcome::Failed(Error::OutOfBounds { .. })));
+    let id = sub.submit(&Batch::write(&segment).descs(&[good])).unwrap();
+    assert!(sub.wait(id, WAIT).unwrap().is_done());
+}
+
+fn raw(target: &Engine) -> TcpStream {
+    let stream = TcpStream::connect(target.tcp_addr().unwrap()).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    stream
+}
+
+fn reply(stream: &mut TcpStream) -> Option<FrameHeader> {
+    let mut bytes = [0u8; FRAME_HEADER_BYTES];
+    stream.read_exact(&mut bytes).ok()?;
+    Some(FrameHeader::read_from_bytes(&bytes).unwrap())
+}
+
+fn closed(stream: &mut TcpStream) -> bool {
+    let mut rest = Vec::new();
+    stream.read_to_end(&mut rest).map(|n| n == 0).unwrap_or(true)
+}
+
+#[test]
+fn hostile_frames_get_clear_refusals_and_the_target_keeps_serving_others() {
+    let target = engine("target");
+    let region = target.alloc_region(64 * 1024, RegionInfo::raw()).unwrap();
+    let epoch = target.epoch();
+    let code = |header: &FrameHeader| ErrorCode::try_from(-header.status).unwrap();
+    let write = |region_raw: u32, offset: u64, len: u64, epoch: u64| {
+        let mut h = FrameHeader::new(FrameOp::Write, epoch, 7, region_raw, offset, len);
+        h.flags = FLAG_LAST;
+        h
+    };
+
+    // Malformed: bad magic. One refusal, then the connection closes.
+    let mut s = raw(&target);
+    let mut bad = write(region.id().raw(), 0, 0, epoch);
+    bad.magic = 0xdead_beef;
+    s.write_all(bad.as_bytes()).unwrap();
+    assert_eq!(code(&reply(&mut s).unwrap()), ErrorCode::MalformedMessage);
+    assert!(closed(&mut s));
+
+    // Unknown opcode, and an oversized frame.
+    for (mutate, expected) in [
+        (Box::new(|h: &mut FrameHeader| h.opcode = 42) as Box<dyn Fn(&mut FrameHeader)>, ErrorCode::UnknownOpcode),
+        (Box::new(|h: &mut FrameHeader| h.len = MAX_FRAME_PAYLOAD_BYTES + 1), ErrorCode::MessageTooLarge),
+    ] {
+        let mut s = raw(&target);
+        let mut h = write(region.id().raw(), 0, 16, epoch);
+        mutate(&mut h);
+        s.write_all(h.as_bytes()).unwrap();
+        assert_eq!(code(&reply(&mut s).unwrap()), expected);
+        assert!(closed(&mut s));
+    }
+
+    // Well-framed but refused: wrong epoch, unknown region, out of bounds.
+    // The payload is drained, the ack names the problem, and the same
+    // connection goes on to a good write.
+    let mut s = raw(&target);
+    for (header, expected) in [
+        (write(region.id().raw(), 0, 16, epoch ^ 1), ErrorCode::PeerRestarted),
+        (write(region.id().raw() ^ 0x7, 0, 16, epoch), ErrorCode::UnknownRegion),
+        (write(region.id().raw(), 64 * 1024 - 8, 16, epoch), ErrorCode::OutOfBounds),
+    ] {
+        s.write_all(header.as_bytes()).unwrap();
+        s.write_all(&[0xAA; 16]).unwrap();
+        let ack = reply(&mut s).unwrap();
+        assert_eq!(ack.opcode, FrameOp::Ack as u8);
+        assert_eq!(code(&ack), expected);
+    }
+    let good = write(region.id().raw(), 100, 4, epoch);
+    s.write_all(good.as_bytes()).unwrap();
+    s.write_all(b"good").unwrap();
+    assert_eq!(reply(&mut s).unwrap().status, 0);
+    assert_eq!(contents(&region, 100, 4), b"good");
+    assert!(contents(&region, 64 * 1024 - 8, 8).iter().all(|&b| b == 0), "refused bytes never landed");
+
+    // A peer that disconnects mid-frame: bytes it sent may land, no ack.
+    let mut s = raw(&target);
+    s.write_all(write(region.id().raw(), 0, 4096, epoch).as_bytes()).unwrap();
+    s.write_all(&[1u8; 100]).unwrap();
+    drop(s);
+    // A truncated header.
+    let mut s = raw(&target);
+    s.write_all(&good.as_bytes()[..20]).unwrap();
+    drop(s);
+
+    // Through all of that, a real initiator is served.
+    let initiator = engine("initiator");
+    let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
+    local.fill_pattern(8);
+    let segment =
+        initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let id =
+        sub.submit(&Batch::write(&segment).descs(&[BlockDesc::new(local.id(), 0, region.id(), 8192, 4096)])).unwrap();
+    assert!(sub.wait(id, WAIT).unwrap().is_done());
+    assert_eq!(contents(&region, 8192, 4096), pattern(4096, 8));
+}
+
+#[test]
+fn the_default_transport_is_shm_on_this_host_and_tcp_for_caller_memory() {
+    let target = engine("target");
+    let _shm = target.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let initiator = engine("initiator");
+    let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
+    assert_eq!(segment.transport(), TransportKind::Shm);
+
+    // A target whose only region is its own memory, which no peer can map.
+    let other = engine("other");
+    let mut memory = vec![0u8; 8192];
+    // SAFETY: `memory` outlives the engine's use of it (the engines drop first).
+    let id = unsafe { other.register(memory.as_mut_ptr(), memory.len(), RegionInfo::raw()) }.unwrap();
+    let segment = initiator.open_segment(&other.control_addr().to_string()).unwrap();
+    assert_eq!(segment.transport(), TransportKind::Tcp);
+    let local = initiator.alloc_region(8192, RegionInfo::raw()).unwrap();
+    local.fill_pattern(4);
+    let mut sub = initiator.submitter().unwrap();
+    let id_batch = sub.submit(&Batch::write(&segment).descs(&[BlockDesc::new(local.id(), 0, id, 0, 8192)])).unwrap();
+    assert!(sub.wait(id_batch, WAIT).unwrap().is_done());
+    drop(sub);
+    drop(initiator);
+    drop(other);
+    assert_eq!(memory, pattern(8192, 4));
+}
+
+#[test]
+fn a_restarted_peer_fails_in_flight_work_then_is_reached_again_on_the_same_port() {
+    let (target, remote, initiator, local, segment) = tcp_pair(MIB);
+    let addr = target.control_addr();
+    let name = addr.to_string();
+    let mut sub = initiator.submitter().unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, remote.id(), 0, 4096)];
+    let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+    assert!(sub.wait(id, WAIT).unwrap().is_done());
+    let old_epoch = target.epoch();
+    drop(remote);
+    drop(target);
+
+    // The connection is gone: the next batch fails with PeerRestarted, at
+    // once, and is not reported done.
+    let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+    match sub.wait(id, WAIT).unwrap() {
+        Outcome::Failed(Error::PeerRestarted { .. }) => {}
+        other => panic!("expected PeerRestarted, got {other:?}"),
+    }
+    assert!(matches!(sub.submit(&Batch::write(&segment).descs(&descs)), Err(Error::PeerRestarted { .. })));
+
+    // The target comes back on the same control port (the OS lets it rebind
+    // at once) with a new epoch; opening the name again reaches it.
+    let target = common::builder("target").listen(addr).build().unwrap();
+    let remote = target.alloc_region(MIB, RegionInfo::raw()).unwrap();
+    assert_ne!(target.epoch(), old_epoch);
+    let reopened = initiator.open_segment(&name).unwrap();
+    assert_eq!(reopened.epoch(), target.epoch());
+    let descs = [BlockDesc::new(local.id(), 0, remote.id(), 0, 4096)];
+    let id = sub.submit(&Batch::write(&reopened).descs(&descs)).unwrap();
+    assert!(sub.wait(id, WAIT).unwrap().is_done());
+    let stats = initiator.segment_cache_stats();
+    assert_eq!(stats.stale_evictions, 1, "{stats:?}");
+}
