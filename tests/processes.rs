@@ -131,6 +131,26 @@ fn the_bench_runs_every_case_verified_with_its_json_fields() {
 }
 
 #[test]
+fn the_tcp_bench_verifies_against_a_raw_socket_baseline() {
+    let output = Command::new(kvring_bin())
+        .args(["bench", "--transport", "tcp", "--total", "4MiB", "--region-size", "4MiB", "--latency-samples", "10"])
+        .args(["--block-size", "4KiB,1MiB", "--json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "bench failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(stdout.lines().count(), 4, "{stdout}");
+    for line in stdout.lines() {
+        for field in ["\"transport\":\"tcp\"", "\"baseline\":\"raw-tcp\"", "\"verified\":true"] {
+            assert!(line.contains(field), "{field} missing in {line}");
+        }
+        let baseline: f64 =
+            line.split("\"baseline_gbps\":").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+        assert!(baseline > 0.0, "the raw baseline ran: {line}");
+    }
+}
+
+#[test]
 fn bad_bench_flags_are_named() {
     for (args, expected) in [
         (vec!["bench", "--op", "sideways"], "--op: \"sideways\" is not write, read or both"),

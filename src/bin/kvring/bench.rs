@@ -43,6 +43,8 @@ struct Options {
     inflight: usize,
     latency_samples: usize,
     token: Option<String>,
+    /// The target's raw-TCP sink, for the tcp baseline.
+    raw_peer: Option<String>,
 }
 
 fn parse(mut args: Args) -> Result<Options, String> {
@@ -76,6 +78,7 @@ fn parse(mut args: Args) -> Result<Options, String> {
         inflight: args.number("--inflight")?.unwrap_or(DEFAULT_INFLIGHT),
         latency_samples: args.number("--latency-samples")?.unwrap_or(DEFAULT_LATENCY_SAMPLES),
         token: args.value("--token")?,
+        raw_peer: args.value("--peer-raw")?,
     };
     args.finish()?;
     if options.batch == 0 || options.inflight == 0 || options.total == 0 {
@@ -97,6 +100,7 @@ fn parse(mut args: Args) -> Result<Options, String> {
 struct Target {
     child: Child,
     addr: String,
+    raw_addr: Option<String>,
 }
 
 impl Target {
@@ -113,9 +117,10 @@ impl Target {
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut line = String::new();
         let read = BufReader::new(stdout).read_line(&mut line);
-        let addr = line.split_whitespace().find_map(|field| field.strip_prefix("listen=")).map(str::to_string);
+        let field = |key: &str| line.split_whitespace().find_map(|f| f.strip_prefix(key)).map(str::to_string);
+        let (addr, raw_addr) = (field("listen="), field("raw="));
         match (read, addr) {
-            (Ok(_), Some(addr)) => Ok(Self { child, addr }),
+            (Ok(_), Some(addr)) => Ok(Self { child, addr, raw_addr }),
             _ => {
                 let _ = child.kill();
                 let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
@@ -154,12 +159,15 @@ struct CaseResult {
 }
 
 pub fn run(args: Args) -> Result<(), String> {
-    let options = parse(args)?;
+    let mut options = parse(args)?;
     let target = match &options.peer {
         Some(_) => None,
         None => Some(Target::spawn(options.region_bytes)?),
     };
     let peer = options.peer.clone().unwrap_or_else(|| target.as_ref().expect("spawned").addr.clone());
+    if options.raw_peer.is_none() {
+        options.raw_peer = target.as_ref().and_then(|t| t.raw_addr.clone());
+    }
     let mut builder = Engine::builder().name("bench-initiator").lanes(options.lanes);
     if let Some(token) = &options.token {
         builder = builder.token(token.as_str());
@@ -226,7 +234,8 @@ fn run_case(
 ) -> Result<CaseResult, String> {
     let seed = (block << 8) ^ op as u64 ^ engine.epoch();
     let blocks_in_region = (region_bytes / block) as usize;
-    let verify_transport = options.transport == TransportKind::Shm;
+    // Null moves nothing, so there is nothing to verify.
+    let verify_transport = options.transport != TransportKind::Null;
 
     // Prepare: the source holds a fresh pattern, the destination something else.
     match op {
@@ -252,7 +261,11 @@ fn run_case(
     let mut kvring_rounds = Vec::with_capacity(ROUNDS);
     let (mut bytes, mut seconds) = (0u64, 0f64);
     for _ in 0..ROUNDS {
-        baseline_rounds.push(memcpy_baseline(block, per_round, region_bytes, lane_core)?);
+        baseline_rounds.push(match (options.transport, &options.raw_peer) {
+            (TransportKind::Tcp, Some(raw)) => crate::raw::baseline(raw, op == Opcode::Write, block, per_round)?,
+            (TransportKind::Tcp, None) => 0.0,
+            _ => memcpy_baseline(block, per_round, region_bytes, lane_core)?,
+        });
         let started = Instant::now();
         let moved = move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options, &label)?;
         let elapsed = started.elapsed().as_secs_f64();
@@ -404,11 +417,20 @@ fn memcpy_baseline(block: u64, total: u64, region_bytes: u64, core: Option<usize
     Ok(gbps)
 }
 
+/// What the case is measured against.
+fn baseline_name(options: &Options) -> &'static str {
+    match (options.transport, &options.raw_peer) {
+        (TransportKind::Tcp, Some(_)) => "raw-tcp",
+        (TransportKind::Tcp, None) => "none",
+        _ => "memcpy",
+    }
+}
+
 fn print_result(r: &CaseResult, options: &Options) {
     let ratio = if r.baseline_gbps > 0.0 { r.gbps / r.baseline_gbps } else { 0.0 };
     if options.json {
         println!(
-            "{{\"op\":\"{}\",\"transport\":\"{}\",\"block_bytes\":{},\"batch\":{},\"lanes\":{},\"total_bytes\":{},\"seconds\":{:.6},\"gbps\":{:.3},\"p50_us\":{:.2},\"p99_us\":{:.2},\"baseline\":\"memcpy\",\"baseline_gbps\":{:.3},\"ratio\":{:.3},\"verified\":{}}}",
+            "{{\"op\":\"{}\",\"transport\":\"{}\",\"block_bytes\":{},\"batch\":{},\"lanes\":{},\"total_bytes\":{},\"seconds\":{:.6},\"gbps\":{:.3},\"p50_us\":{:.2},\"p99_us\":{:.2},\"baseline\":\"{}\",\"baseline_gbps\":{:.3},\"ratio\":{:.3},\"verified\":{}}}",
             r.op.name(),
             options.transport.name(),
             r.block,
@@ -419,18 +441,20 @@ fn print_result(r: &CaseResult, options: &Options) {
             r.gbps,
             r.p50_us,
             r.p99_us,
+            baseline_name(options),
             r.baseline_gbps,
             ratio,
             r.verified
         );
     } else {
         println!(
-            "{:5} {:>6}  {:7.2} GB/s  p50 {:7.2} us  p99 {:7.2} us  memcpy {:7.2} GB/s  ({:5.1}% of memcpy)  {}",
+            "{:5} {:>6}  {:7.2} GB/s  p50 {:7.2} us  p99 {:7.2} us  {} {:7.2} GB/s  ({:5.1}% of it)  {}",
             r.op.name(),
             format_size(r.block),
             r.gbps,
             r.p50_us,
             r.p99_us,
+            baseline_name(options),
             r.baseline_gbps,
             ratio * 100.0,
             if r.verified { "verified" } else { "VERIFY FAILED" }

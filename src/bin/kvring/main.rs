@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod raw;
 mod serve;
 
 use args::Args;
@@ -12,8 +13,10 @@ kvring — moves KV-cache blocks between prefill and decode engines
 USAGE:
   kvring bench [--op write|read|both] [--block-size 4KiB,64KiB,1MiB] [--batch 64]
                [--total 1GiB] [--lanes 1] [--transport shm|null] [--inflight 8]
-               [--region-size 128MiB] [--latency-samples 5000] [--peer ADDR] [--token T] [--json]
+               [--region-size 128MiB] [--latency-samples 5000] [--peer ADDR] [--peer-raw ADDR]
+               [--token T] [--json]
       With no --peer, starts `kvring serve` in a second process and moves blocks to it.
+      Baseline: memcpy (shm, null), or a raw TCP stream to the target's sink (tcp).
   kvring serve [--name NAME] [--listen 127.0.0.1:0] [--region-size 256MiB] [--lanes 1] [--token T]
       A target engine with one shm-backed region; serves until SIGINT/SIGTERM.
   kvring info

@@ -43,9 +43,14 @@ pub fn run(mut args: Args) -> Result<(), String> {
     }
     let engine = builder.build().map_err(|e| e.to_string())?;
     let region = engine.alloc_region(region_bytes as usize, RegionInfo::raw()).map_err(|e| e.to_string())?;
+    // The raw-TCP baseline sink, so `kvring bench --transport tcp` can
+    // measure a plain socket over the same path, even to a remote target.
+    let raw = crate::raw::RawSink::start(listen.ip()).map_err(|e| format!("starting the raw baseline sink: {e}"))?;
     println!(
-        "kvring serve: name={name} listen={} epoch={:#018x} region={} size={}",
+        "kvring serve: name={name} listen={} tcp={} raw={} epoch={:#018x} region={} size={}",
         engine.control_addr(),
+        engine.tcp_addr().unwrap_or("-"),
+        raw.addr(),
         engine.epoch(),
         region.id(),
         format_size(region_bytes)

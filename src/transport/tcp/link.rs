@@ -14,7 +14,7 @@ use crate::proto::ErrorCode;
 use crate::ring::Opcode;
 use crate::segment::TransportKind;
 use crate::transport::{Block, Link, TransferError};
-use std::io::{IoSlice, Read, Write};
+use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -25,9 +25,14 @@ use zerocopy::IntoBytes;
 pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Blocks a lane hands the TCP link at once (one ack per chunk).
 pub const TCP_CHUNK_BLOCKS: usize = 64;
+/// Read-ahead buffer of a connection's replies.
+const REPLY_BUFFER_BYTES: usize = 256 * 1024;
 
 struct Connection {
     stream: TcpStream,
+    /// Replies are read through a buffer: headers and small payloads come
+    /// many to a syscall; large payloads bypass it into local memory.
+    reader: BufReader<TcpStream>,
     /// Frame headers of the chunk being sent (reused, no allocation once warm).
     headers: Vec<FrameHeader>,
 }
@@ -73,7 +78,15 @@ impl TcpLink {
             let _ = stream.set_nodelay(true);
             stream.set_read_timeout(Some(io_timeout)).map_err(|e| Error::io("setting read timeout", e))?;
             stream.set_write_timeout(Some(io_timeout)).map_err(|e| Error::io("setting write timeout", e))?;
-            connections.push(Mutex::new(Some(Connection { stream, headers: Vec::with_capacity(TCP_CHUNK_BLOCKS) })));
+            let reader = BufReader::with_capacity(
+                REPLY_BUFFER_BYTES,
+                stream.try_clone().map_err(|e| Error::io("cloning a socket", e))?,
+            );
+            connections.push(Mutex::new(Some(Connection {
+                stream,
+                reader,
+                headers: Vec::with_capacity(TCP_CHUNK_BLOCKS),
+            })));
         }
         Ok(Self {
             peer: peer.to_string(),
@@ -147,7 +160,7 @@ impl TcpLink {
         batch_id: u64,
         blocks: &[Block],
     ) -> Result<u64, TransferError> {
-        let Connection { stream, headers } = connection;
+        let Connection { stream, reader, headers } = connection;
         self.frames(FrameOp::Write, batch_id, blocks, headers);
         let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(headers.len() * 2);
         let mut frame = 0;
@@ -167,7 +180,7 @@ impl TcpLink {
         if let Err(e) = write_all_vectored(stream, &mut slices) {
             return Err((self.gone(format!("sending to {}: {e}", self.addr)), 0));
         }
-        let reply = read_reply(stream).map_err(|e| (self.gone(format!("waiting for {}'s ack: {e}", self.addr)), 0))?;
+        let reply = read_reply(reader).map_err(|e| (self.gone(format!("waiting for {}'s ack: {e}", self.addr)), 0))?;
         if reply.opcode != FrameOp::Ack as u8 || reply.batch_id != batch_id {
             return Err((self.gone(format!("{} answered out of order", self.addr)), 0));
         }
@@ -184,7 +197,7 @@ impl TcpLink {
         batch_id: u64,
         blocks: &[Block],
     ) -> Result<u64, TransferError> {
-        let Connection { stream, headers } = connection;
+        let Connection { stream, reader, headers } = connection;
         self.frames(FrameOp::Read, batch_id, blocks, headers);
         if let Err(e) = stream.write_all(headers.as_slice().as_bytes()) {
             return Err((self.gone(format!("sending to {}: {e}", self.addr)), 0));
@@ -198,7 +211,7 @@ impl TcpLink {
                 let asked = headers[frame];
                 frame += 1;
                 let reply =
-                    read_reply(stream).map_err(|e| (self.gone(format!("reading from {}: {e}", self.addr)), moved))?;
+                    read_reply(reader).map_err(|e| (self.gone(format!("reading from {}: {e}", self.addr)), moved))?;
                 if reply.opcode != FrameOp::ReadData as u8 || reply.batch_id != batch_id {
                     return Err((self.gone(format!("{} answered out of order", self.addr)), moved));
                 }
@@ -212,14 +225,14 @@ impl TcpLink {
                         moved,
                     ));
                 } else if failure.is_some() {
-                    discard(stream, reply.len)
+                    discard(reader, reply.len)
                         .map_err(|e| (self.gone(format!("reading from {}: {e}", self.addr)), moved))?;
                 } else {
                     // SAFETY: `block.local..+desc.len` is valid for writes (the
                     // caller's contract) and `done + len <= desc.len`.
                     let target =
                         unsafe { std::slice::from_raw_parts_mut(block.local.add(done as usize), reply.len as usize) };
-                    stream
+                    reader
                         .read_exact(target)
                         .map_err(|e| (self.gone(format!("reading from {}: {e}", self.addr)), moved))?;
                 }
@@ -236,14 +249,14 @@ impl TcpLink {
     }
 }
 
-fn read_reply(stream: &mut TcpStream) -> Result<FrameHeader> {
+fn read_reply(reader: &mut BufReader<TcpStream>) -> Result<FrameHeader> {
     let mut bytes = [0u8; FRAME_HEADER_BYTES];
-    stream.read_exact(&mut bytes).map_err(|e| Error::io("reading a reply", e))?;
+    reader.read_exact(&mut bytes).map_err(|e| Error::io("reading a reply", e))?;
     Ok(FrameHeader::decode(&bytes)?.0)
 }
 
-fn discard(stream: &mut TcpStream, len: u64) -> std::io::Result<()> {
-    let copied = std::io::copy(&mut stream.take(len), &mut std::io::sink())?;
+fn discard(reader: &mut BufReader<TcpStream>, len: u64) -> std::io::Result<()> {
+    let copied = std::io::copy(&mut reader.take(len), &mut std::io::sink())?;
     if copied == len {
         Ok(())
     } else {

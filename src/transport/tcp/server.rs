@@ -14,7 +14,7 @@ use crate::error::{Error, Result, Side};
 use crate::mem::registry::{access_name, check_range};
 use crate::mem::{Access, Registry};
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -139,18 +139,35 @@ struct Chunk {
     failure: Option<(FrameHeader, Error)>,
 }
 
-fn serve_connection(mut stream: TcpStream, context: &Context) -> Result<()> {
+/// Bytes of frames read ahead: small frames cost one syscall per many.
+const READ_BUFFER_BYTES: usize = 256 * 1024;
+/// Bytes of replies gathered before a write.
+const WRITE_BUFFER_BYTES: usize = 256 * 1024;
+
+fn serve_connection(stream: TcpStream, context: &Context) -> Result<()> {
     let _ = stream.set_nodelay(true);
     stream.set_write_timeout(Some(FRAME_READ_TIMEOUT)).map_err(|e| Error::io("setting write timeout", e))?;
+    // Reads go through a buffer (headers and small payloads arrive many to
+    // a syscall; large payloads bypass it straight into region memory);
+    // replies go out on the stream itself.
+    let mut reader =
+        BufReader::with_capacity(READ_BUFFER_BYTES, stream.try_clone().map_err(|e| Error::io("cloning a socket", e))?);
+    // Replies are buffered too, and flushed whenever no request is waiting:
+    // a run of small READs is answered with a few large writes.
+    let mut writer =
+        BufWriter::with_capacity(WRITE_BUFFER_BYTES, stream.try_clone().map_err(|e| Error::io("cloning a socket", e))?);
     let mut chunk = Chunk { failure: None };
     let mut header_bytes = [0u8; FRAME_HEADER_BYTES];
     let mut idle_since = Instant::now();
     loop {
-        if !wait_readable(&stream, context, &mut idle_since)? {
-            return Ok(());
+        if reader.buffer().is_empty() {
+            writer.flush().map_err(|e| Error::io("sending replies", e))?;
+            if !wait_readable(&stream, context, &mut idle_since)? {
+                return Ok(());
+            }
         }
         stream.set_read_timeout(Some(FRAME_READ_TIMEOUT)).map_err(|e| Error::io("setting read timeout", e))?;
-        if stream.read_exact(&mut header_bytes).is_err() {
+        if reader.read_exact(&mut header_bytes).is_err() {
             // Disconnected or stalled mid-header: nothing to answer.
             return Ok(());
         }
@@ -163,16 +180,18 @@ fn serve_connection(mut stream: TcpStream, context: &Context) -> Result<()> {
             Ok(decoded) => decoded,
             Err(error) => {
                 // Framing is lost: answer once, close.
-                let _ = send_status(&mut stream, FrameOp::Ack, &FrameHeader::new(FrameOp::Ack, 0, 0, 0, 0, 0), &error);
+                let _ = send_status(&mut writer, FrameOp::Ack, &FrameHeader::new(FrameOp::Ack, 0, 0, 0, 0, 0), &error);
+                let _ = writer.flush();
                 return Ok(());
             }
         };
         match op {
-            FrameOp::Write => receive_write(&mut stream, context, &header, &mut chunk)?,
-            FrameOp::Read => serve_read(&mut stream, context, &header)?,
+            FrameOp::Write => receive_write(&mut reader, &mut writer, context, &header, &mut chunk)?,
+            FrameOp::Read => serve_read(&mut writer, context, &header)?,
             FrameOp::Ack | FrameOp::ReadData => {
                 let error = Error::malformed("frame", format!("{op:?} is a reply, not a request"));
-                let _ = send_status(&mut stream, FrameOp::Ack, &header, &error);
+                let _ = send_status(&mut writer, FrameOp::Ack, &header, &error);
+                let _ = writer.flush();
                 return Ok(());
             }
         }
@@ -223,7 +242,13 @@ fn check_block(context: &Context, header: &FrameHeader, needs: Access) -> Result
     checked
 }
 
-fn receive_write(stream: &mut TcpStream, context: &Context, header: &FrameHeader, chunk: &mut Chunk) -> Result<()> {
+fn receive_write(
+    reader: &mut BufReader<TcpStream>,
+    out: &mut impl Write,
+    context: &Context,
+    header: &FrameHeader,
+    chunk: &mut Chunk,
+) -> Result<()> {
     let len = header.len as usize;
     if chunk.failure.is_none() {
         match check_block(context, header, Access::REMOTE_WRITE) {
@@ -231,7 +256,7 @@ fn receive_write(stream: &mut TcpStream, context: &Context, header: &FrameHeader
                 // SAFETY: `addr..addr+len` lies in a registered region (checked
                 // above) that our lease keeps registered until released below.
                 let target = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
-                let received = stream.read_exact(target);
+                let received = reader.read_exact(target);
                 context.registry.release(RegionId::from_raw(header.region));
                 if received.is_err() {
                     // The initiator went away mid-frame: bytes before the
@@ -241,11 +266,11 @@ fn receive_write(stream: &mut TcpStream, context: &Context, header: &FrameHeader
             }
             Err(error) => {
                 chunk.failure = Some((*header, error));
-                discard(stream, len)?;
+                discard(reader, len)?;
             }
         }
     } else {
-        discard(stream, len)?;
+        discard(reader, len)?;
     }
     if header.flags & FLAG_LAST != 0 {
         let failure = chunk.failure.take();
@@ -253,15 +278,15 @@ fn receive_write(stream: &mut TcpStream, context: &Context, header: &FrameHeader
             None => {
                 let mut ack = FrameHeader::new(FrameOp::Ack, context.epoch, header.batch_id, 0, 0, 0);
                 ack.status = 0;
-                stream.write_all(ack.as_bytes()).map_err(|e| Error::io("sending ack", e))?;
+                out.write_all(ack.as_bytes()).map_err(|e| Error::io("sending ack", e))?;
             }
-            Some((failed, error)) => send_status(stream, FrameOp::Ack, &failed, &error)?,
+            Some((failed, error)) => send_status(out, FrameOp::Ack, &failed, &error)?,
         }
     }
     Ok(())
 }
 
-fn serve_read(stream: &mut TcpStream, context: &Context, header: &FrameHeader) -> Result<()> {
+fn serve_read(out: &mut impl Write, context: &Context, header: &FrameHeader) -> Result<()> {
     match check_block(context, header, Access::REMOTE_READ) {
         Ok(addr) => {
             let reply = FrameHeader::new(
@@ -274,17 +299,17 @@ fn serve_read(stream: &mut TcpStream, context: &Context, header: &FrameHeader) -
             );
             // SAFETY: as in `receive_write`; the lease is released below.
             let source = unsafe { std::slice::from_raw_parts(addr as *const u8, header.len as usize) };
-            let sent = stream.write_all(reply.as_bytes()).and_then(|()| stream.write_all(source));
+            let sent = out.write_all(reply.as_bytes()).and_then(|()| out.write_all(source));
             context.registry.release(RegionId::from_raw(header.region));
             sent.map_err(|e| Error::io("sending read data", e))
         }
-        Err(error) => send_status(stream, FrameOp::ReadData, header, &error),
+        Err(error) => send_status(out, FrameOp::ReadData, header, &error),
     }
 }
 
 /// Reads and drops `len` payload bytes, keeping the framing.
-fn discard(stream: &mut TcpStream, len: usize) -> Result<()> {
-    let copied = std::io::copy(&mut stream.take(len as u64), &mut std::io::sink())
+fn discard(reader: &mut BufReader<TcpStream>, len: usize) -> Result<()> {
+    let copied = std::io::copy(&mut reader.take(len as u64), &mut std::io::sink())
         .map_err(|e| Error::io("discarding a refused payload", e))?;
     if copied != len as u64 {
         return Err(Error::malformed("frame", "connection ended inside a payload"));
@@ -293,9 +318,9 @@ fn discard(stream: &mut TcpStream, len: usize) -> Result<()> {
 }
 
 /// Sends a reply header that reports `error` for the frame `about`.
-fn send_status(stream: &mut TcpStream, op: FrameOp, about: &FrameHeader, error: &Error) -> Result<()> {
+fn send_status(out: &mut impl Write, op: FrameOp, about: &FrameHeader, error: &Error) -> Result<()> {
     let mut reply = FrameHeader::new(op, about.epoch, about.batch_id, about.region, about.offset, 0);
     reply.status = -(error.code() as i32);
     reply.len = 0;
-    stream.write_all(reply.as_bytes()).map_err(|e| Error::io("sending an error reply", e))
+    out.write_all(reply.as_bytes()).map_err(|e| Error::io("sending an error reply", e))
 }
