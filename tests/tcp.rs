@@ -247,3 +247,43 @@ fn a_restarted_peer_fails_in_flight_work_then_is_reached_again_on_the_same_port(
     let stats = initiator.segment_cache_stats();
     assert_eq!(stats.stale_evictions, 1, "{stats:?}");
 }
+
+#[test]
+fn notifications_arrive_after_the_data_over_tcp_and_shm() {
+    let target = common::builder("decode-0").notify_queue(2).build().unwrap();
+    let remote = target.alloc_region(64 * 1024, RegionInfo::raw()).unwrap();
+    let initiator = engine("prefill-0");
+    let local = initiator.alloc_region(64 * 1024, RegionInfo::raw()).unwrap();
+    local.fill_pattern(12);
+    let mut sub = initiator.submitter().unwrap();
+    for (transport, offset) in [(TransportKind::Tcp, 0u64), (TransportKind::Shm, 32 * 1024)] {
+        let segment = initiator.open_segment_with(&target.control_addr().to_string(), Some(transport), WAIT).unwrap();
+        let descs = [BlockDesc::new(local.id(), offset, remote.id(), offset, 32 * 1024)];
+        let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+        assert!(sub.wait(id, WAIT).unwrap().is_done());
+        let message = format!("request 42 via {}", transport.name());
+        initiator.notify(&segment, message.as_bytes(), WAIT).unwrap();
+        // When the target reads the notification, the blocks are in place.
+        let notification = target.poll_notification().expect("queued before notify returned");
+        assert_eq!(notification.from, "prefill-0");
+        assert_eq!(notification.message, message.as_bytes());
+        assert_eq!(contents(&remote, offset, 32 * 1024), pattern(64 * 1024, 12)[offset as usize..][..32 * 1024]);
+    }
+    assert!(target.poll_notification().is_none());
+
+    // A full queue refuses, and the sender hears it; so does an oversized one.
+    let segment =
+        initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
+    initiator.notify(&segment, b"one", WAIT).unwrap();
+    initiator.notify(&segment, b"two", WAIT).unwrap();
+    match initiator.notify(&segment, b"three", WAIT) {
+        Err(Error::Remote { code: ErrorCode::Busy, .. }) => {}
+        other => panic!("expected Busy from a full queue, got {other:?}"),
+    }
+    assert!(matches!(initiator.notify(&segment, &vec![0u8; 65 * 1024], WAIT), Err(Error::MessageTooLarge { .. })));
+    assert_eq!(target.poll_notification().unwrap().message, b"one");
+    assert_eq!(target.poll_notification().unwrap().message, b"two");
+    // The data connection is still good after the refusals.
+    let id = sub.submit(&Batch::write(&segment).descs(&[BlockDesc::new(local.id(), 0, remote.id(), 0, 4096)])).unwrap();
+    assert!(sub.wait(id, WAIT).unwrap().is_done());
+}

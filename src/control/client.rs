@@ -2,7 +2,7 @@
 
 use super::frame::{decode_response, read_frame, request, write_frame, MAX_CONTROL_MESSAGE_BYTES};
 use crate::error::{Error, Result};
-use crate::proto::{request, response, ChecksumRequest, HandshakeRequest};
+use crate::proto::{request, response, ChecksumRequest, HandshakeRequest, Notification};
 use crate::segment::SegmentDescriptor;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -73,6 +73,15 @@ impl ControlClient {
                 SegmentDescriptor::from_proto(segment)
             }
             other => Err(Error::malformed("handshake", format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// Sends a notification to the peer.
+    pub fn notify(&mut self, from: &str, message: &[u8], deadline: Instant) -> Result<()> {
+        let notification = Notification { from: from.to_string(), message: message.to_vec() };
+        match self.call(request::Body::Notify(notification), deadline)? {
+            response::Body::Notify(_) => Ok(()),
+            other => Err(Error::malformed("notify", format!("unexpected answer {other:?}"))),
         }
     }
 

@@ -7,7 +7,10 @@
 
 use super::frame::{self, decode_request, error_response, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES};
 use crate::error::{Error, Result};
-use crate::proto::{request, response, ChecksumRequest, ChecksumResponse, HandshakeRequest, HandshakeResponse};
+use crate::proto::{
+    request, response, ChecksumRequest, ChecksumResponse, HandshakeRequest, HandshakeResponse, Notification,
+    NotifyResponse,
+};
 use crate::segment::SegmentDescriptor;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -31,6 +34,8 @@ pub trait ControlHandler: Send + Sync + 'static {
     fn requires_handshake(&self) -> bool;
     /// Checksum of a remote-readable range of one of the engine's regions.
     fn checksum(&self, request: &ChecksumRequest) -> Result<u64>;
+    /// Queues a notification from a peer.
+    fn notify(&self, notification: Notification) -> Result<()>;
 }
 
 /// A running control server.
@@ -165,6 +170,10 @@ fn handle(handler: &dyn ControlHandler, body: request::Body, authenticated: &mut
         }
         request::Body::Checksum(request) => {
             Ok(response::Body::Checksum(ChecksumResponse { checksum: handler.checksum(&request)? }))
+        }
+        request::Body::Notify(notification) => {
+            handler.notify(notification)?;
+            Ok(response::Body::Notify(NotifyResponse {}))
         }
     }
 }

@@ -28,6 +28,7 @@ use crate::segment::{
     local_host_id, CacheStats, PeerSegment, RemoteRegion, SegmentCache, SegmentDescriptor, TransportKind,
     DEFAULT_SEGMENT_CACHE_CAPACITY,
 };
+use crate::transport::notify::{Notification, NotificationQueue, DEFAULT_NOTIFY_QUEUE};
 use crate::transport::tcp::DEFAULT_IO_TIMEOUT;
 use crate::transport::{Link, NullLink, ShmLink, TcpDataServer, TcpLink};
 use segment::SegmentInner;
@@ -94,6 +95,8 @@ pub struct EngineConfig {
     pub io_timeout: Duration,
     /// Serve the TCP data transport (on the control address's IP, any port).
     pub serve_tcp: bool,
+    /// Notifications queued before senders are refused.
+    pub notify_queue: usize,
 }
 
 impl Default for EngineConfig {
@@ -119,6 +122,7 @@ impl Default for EngineConfig {
             token: None,
             io_timeout: DEFAULT_IO_TIMEOUT,
             serve_tcp: true,
+            notify_queue: DEFAULT_NOTIFY_QUEUE,
         }
     }
 }
@@ -255,6 +259,12 @@ impl EngineBuilder {
         self
     }
 
+    /// Notifications queued before senders are refused with `Busy`.
+    pub fn notify_queue(mut self, capacity: usize) -> Self {
+        self.config.notify_queue = capacity;
+        self
+    }
+
     /// Replaces the whole configuration.
     pub fn config(mut self, config: EngineConfig) -> Self {
         self.config = config;
@@ -289,6 +299,7 @@ pub(crate) struct EngineInner {
     segments: Mutex<SegmentTable>,
     control: Mutex<Option<ControlServer>>,
     data: Mutex<Option<TcpDataServer>>,
+    notifications: Arc<NotificationQueue>,
     control_addr: SocketAddr,
     tcp_addr: Option<String>,
     metadata: Box<dyn MetadataStore>,
@@ -420,6 +431,7 @@ impl Engine {
             // Lanes started so far stop when `lanes` drops on error.
             lanes.push(LaneHandle::start(lane_config, registry.clone())?);
         }
+        let notifications = Arc::new(NotificationQueue::new(config.notify_queue));
         let context = Arc::new(ControlContext {
             name: config.name.clone(),
             epoch,
@@ -428,10 +440,11 @@ impl Engine {
             control_addr: Mutex::new(String::new()),
             tcp_addr: Mutex::new(None),
             token: config.token.clone(),
+            notifications: notifications.clone(),
         });
         let data_server = if config.serve_tcp {
             let data_listen = SocketAddr::new(config.listen.ip(), 0);
-            Some(TcpDataServer::start(data_listen, registry.clone(), epoch)?)
+            Some(TcpDataServer::start(data_listen, registry.clone(), notifications.clone(), epoch)?)
         } else {
             None
         };
@@ -456,6 +469,7 @@ impl Engine {
                 segments: Mutex::new(segments),
                 control: Mutex::new(Some(server)),
                 data: Mutex::new(data_server),
+                notifications,
                 control_addr,
                 tcp_addr,
                 metadata: Box::new(PeerHandshake { token }),
@@ -687,6 +701,7 @@ impl Engine {
                 owner_epoch: self.inner.epoch,
                 opened_as: name.to_string(),
                 token: self.inner.config.token.clone(),
+                link: link.clone(),
                 peer,
                 transport,
             }),
@@ -751,6 +766,52 @@ impl Engine {
         Ok(Submitter::new(self.inner.clone(), tag))
     }
 
+    /// Sends `message` to a peer ("request 42's blocks are in place") and
+    /// waits (bounded by `timeout`) until the peer has queued it. Over tcp it
+    /// travels on the data connection, after everything sent before it;
+    /// over shm (no connection of its own) on the control plane. Call it
+    /// after the batches it announces have ended `Done`: their bytes are
+    /// then in place before the message is read.
+    ///
+    /// ```no_run
+    /// # fn demo(engine: &kvring::Engine, decode: &kvring::Segment) -> kvring::Result<()> {
+    /// engine.notify(decode, b"request 42: blocks in place", std::time::Duration::from_secs(1))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn notify(&self, segment: &Segment, message: &[u8], timeout: Duration) -> Result<()> {
+        if segment.inner.owner_epoch != self.inner.epoch {
+            return Err(Error::invalid("segment", "handle was opened by another engine"));
+        }
+        if segment.inner.peer.is_stale() {
+            return Err(Error::PeerRestarted { segment: segment.name().to_string(), detail: "reopen it first".into() });
+        }
+        if let Some(result) = segment.inner.link.notify(0, &self.inner.config.name, message) {
+            if let Err(Error::PeerRestarted { .. }) = &result {
+                segment.inner.peer.mark_stale();
+            }
+            return result;
+        }
+        let deadline = Instant::now() + timeout;
+        let mut client =
+            crate::control::ControlClient::connect(&segment.inner.peer.descriptor().control_addr, deadline)?;
+        if let Some(token) = &self.inner.config.token {
+            client.handshake(&self.inner.config.name, Some(token.as_bytes()), deadline)?;
+        }
+        client.notify(&self.inner.config.name, message, deadline)
+    }
+
+    /// The oldest notification peers sent this engine, if any.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// while let Some(n) = engine.poll_notification() {
+    ///     println!("{} says {:?}", n.from, String::from_utf8_lossy(&n.message));
+    /// }
+    /// ```
+    pub fn poll_notification(&self) -> Option<Notification> {
+        self.inner.notifications.poll()
+    }
+
     /// Stops the control server and the lanes (after they drain what is
     /// queued). Later calls fail with `Shutdown`.
     pub fn shutdown(&self) {
@@ -799,6 +860,7 @@ struct ControlContext {
     control_addr: Mutex<String>,
     tcp_addr: Mutex<Option<String>>,
     token: Option<Token>,
+    notifications: Arc<NotificationQueue>,
 }
 
 impl ControlHandler for ControlContext {
@@ -815,6 +877,10 @@ impl ControlHandler for ControlContext {
         let mut descriptor = describe(&self.name, self.epoch, &self.registry, &lock(&self.control_addr), tcp_addr);
         descriptor.host_id.clone_from(&self.host_id);
         Ok(descriptor)
+    }
+
+    fn notify(&self, notification: crate::proto::Notification) -> Result<()> {
+        self.notifications.deliver(Notification { from: notification.from, message: notification.message })
     }
 
     fn requires_handshake(&self) -> bool {

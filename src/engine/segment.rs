@@ -35,6 +35,8 @@ pub(crate) struct SegmentInner {
     pub(crate) transport: TransportKind,
     /// The engine's token, for control RPCs to this peer.
     pub(crate) token: Option<Token>,
+    /// The transport link the lanes use (notifications share its path).
+    pub(crate) link: Arc<dyn crate::transport::Link>,
 }
 
 impl Segment {

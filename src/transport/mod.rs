@@ -7,6 +7,7 @@
 //! peer's descriptor), in chunks of at most [`Link::max_chunk`] blocks, and
 //! checks cancel and deadlines between chunks.
 
+pub mod notify;
 pub mod null;
 pub mod select;
 pub mod shm;
@@ -49,6 +50,13 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     /// lease on it), valid for reads (WRITE) or writes (READ), and not
     /// otherwise accessed during the call.
     unsafe fn transfer(&self, lane: usize, op: Opcode, batch_id: u64, blocks: &[Block]) -> Result<u64, TransferError>;
+
+    /// Sends a notification on this link's own path, after what lane `lane`
+    /// has sent; `None` when the transport has no path of its own for it
+    /// (the engine then uses the control plane).
+    fn notify(&self, _lane: usize, _from: &str, _message: &[u8]) -> Option<crate::error::Result<()>> {
+        None
+    }
 }
 
 pub use null::NullLink;

@@ -13,6 +13,8 @@ pub const FRAME_VERSION: u8 = 1;
 pub const FRAME_HEADER_BYTES: usize = std::mem::size_of::<FrameHeader>();
 /// Largest payload one frame carries; larger blocks are chunked.
 pub const MAX_FRAME_PAYLOAD_BYTES: u64 = 1 << 20;
+/// Largest notification message.
+pub const MAX_NOTIFY_BYTES: usize = 64 * 1024;
 
 /// Frame opcodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +30,9 @@ pub enum FrameOp {
     /// Target → initiator: answer to one READ: the payload, or a failure
     /// (`status` ≠ 0, no payload).
     ReadData = 4,
+    /// Initiator → target: a notification (protobuf `Notification` as the
+    /// payload), answered with an ACK once queued.
+    Notify = 5,
 }
 
 impl FrameOp {
@@ -37,6 +42,7 @@ impl FrameOp {
             2 => Some(Self::Read),
             3 => Some(Self::Ack),
             4 => Some(Self::ReadData),
+            5 => Some(Self::Notify),
             _ => None,
         }
     }

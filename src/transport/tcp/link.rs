@@ -8,12 +8,13 @@
 //! replies come back in order and each payload lands straight in local
 //! memory. Blocks over [`MAX_FRAME_PAYLOAD_BYTES`] are split into frames.
 
-use super::frame::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES};
+use super::frame::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES, MAX_NOTIFY_BYTES};
 use crate::error::{Error, Result};
 use crate::proto::ErrorCode;
 use crate::ring::Opcode;
 use crate::segment::TransportKind;
 use crate::transport::{Block, Link, TransferError};
+use prost::Message;
 use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -277,6 +278,36 @@ fn write_all_vectored(stream: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) ->
     Ok(())
 }
 
+impl TcpLink {
+    /// Sends a notification on lane `lane`'s data connection, after
+    /// everything that lane has sent to this peer, and waits for its ack.
+    pub fn send_notification(&self, lane: usize, from: &str, message: &[u8]) -> Result<()> {
+        if message.len() > MAX_NOTIFY_BYTES {
+            return Err(Error::MessageTooLarge { len: message.len() as u64, max: MAX_NOTIFY_BYTES as u64 });
+        }
+        let payload = crate::proto::Notification { from: from.to_string(), message: message.to_vec() }.encode_to_vec();
+        let slot = self.connections.get(lane).ok_or_else(|| Error::invalid("lane", format!("{lane} is not a lane")))?;
+        let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let connection =
+            guard.as_mut().ok_or_else(|| self.gone("its connection was closed after an earlier failure"))?;
+        let header = FrameHeader::new(FrameOp::Notify, self.epoch, 0, 0, 0, payload.len() as u64);
+        let sent =
+            write_all_vectored(&mut connection.stream, &mut [IoSlice::new(header.as_bytes()), IoSlice::new(&payload)]);
+        let result = match sent {
+            Err(e) => Err(self.gone(format!("sending to {}: {e}", self.addr))),
+            Ok(()) => match read_reply(&mut connection.reader) {
+                Err(e) => Err(self.gone(format!("waiting for {}'s ack: {e}", self.addr))),
+                Ok(reply) if reply.status != 0 => Err(self.refused(&reply)),
+                Ok(_) => Ok(()),
+            },
+        };
+        if self.is_broken() {
+            *guard = None;
+        }
+        result
+    }
+}
+
 impl Link for TcpLink {
     fn kind(&self) -> TransportKind {
         TransportKind::Tcp
@@ -284,6 +315,10 @@ impl Link for TcpLink {
 
     fn max_chunk(&self) -> usize {
         TCP_CHUNK_BLOCKS
+    }
+
+    fn notify(&self, lane: usize, from: &str, message: &[u8]) -> Option<Result<()>> {
+        Some(self.send_notification(lane, from, message))
     }
 
     unsafe fn transfer(&self, lane: usize, op: Opcode, batch_id: u64, blocks: &[Block]) -> Result<u64, TransferError> {

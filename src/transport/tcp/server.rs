@@ -13,6 +13,8 @@ use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::mem::registry::{access_name, check_range};
 use crate::mem::{Access, Registry};
+use crate::transport::notify::{Notification, NotificationQueue};
+use prost::Message;
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -40,6 +42,7 @@ pub struct TcpDataServer {
 
 struct Context {
     registry: Arc<Registry>,
+    notifications: Arc<NotificationQueue>,
     epoch: u64,
     stop: Arc<AtomicBool>,
     active: AtomicUsize,
@@ -50,13 +53,19 @@ struct Context {
 
 impl TcpDataServer {
     /// Binds `listen` (only that address) and serves `registry`'s regions.
-    pub fn start(listen: SocketAddr, registry: Arc<Registry>, epoch: u64) -> Result<Self> {
+    pub fn start(
+        listen: SocketAddr,
+        registry: Arc<Registry>,
+        notifications: Arc<NotificationQueue>,
+        epoch: u64,
+    ) -> Result<Self> {
         let listener =
             TcpListener::bind(listen).map_err(|e| Error::io(format!("binding tcp data listener on {listen}"), e))?;
         let addr = listener.local_addr().map_err(|e| Error::io("reading tcp data listener address", e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let context = Arc::new(Context {
             registry,
+            notifications,
             epoch,
             stop: stop.clone(),
             active: AtomicUsize::new(0),
@@ -188,6 +197,7 @@ fn serve_connection(stream: TcpStream, context: &Context) -> Result<()> {
         match op {
             FrameOp::Write => receive_write(&mut reader, &mut writer, context, &header, &mut chunk)?,
             FrameOp::Read => serve_read(&mut writer, context, &header)?,
+            FrameOp::Notify => receive_notify(&mut reader, &mut writer, context, &header)?,
             FrameOp::Ack | FrameOp::ReadData => {
                 let error = Error::malformed("frame", format!("{op:?} is a reply, not a request"));
                 let _ = send_status(&mut writer, FrameOp::Ack, &header, &error);
@@ -284,6 +294,30 @@ fn receive_write(
         }
     }
     Ok(())
+}
+
+fn receive_notify(
+    reader: &mut BufReader<TcpStream>,
+    out: &mut impl Write,
+    context: &Context,
+    header: &FrameHeader,
+) -> Result<()> {
+    let mut payload = vec![0u8; header.len as usize];
+    reader.read_exact(&mut payload).map_err(|_| Error::malformed("frame", "connection ended inside a payload"))?;
+    let delivered = if header.epoch != context.epoch {
+        Err(Error::PeerRestarted { segment: "this target".into(), detail: "notification for another epoch".into() })
+    } else {
+        crate::proto::Notification::decode(payload.as_slice())
+            .map_err(|e| Error::malformed("notification", e.to_string()))
+            .and_then(|n| context.notifications.deliver(Notification { from: n.from, message: n.message }))
+    };
+    match delivered {
+        Ok(()) => {
+            let ack = FrameHeader::new(FrameOp::Ack, context.epoch, header.batch_id, 0, 0, 0);
+            out.write_all(ack.as_bytes()).map_err(|e| Error::io("sending ack", e))
+        }
+        Err(error) => send_status(out, FrameOp::Ack, header, &error),
+    }
 }
 
 fn serve_read(out: &mut impl Write, context: &Context, header: &FrameHeader) -> Result<()> {
