@@ -260,3 +260,49 @@ fn opening_a_segment_where_nobody_listens_fails_within_its_deadline() {
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(error.to_string().contains("connecting to control server"), "{error}");
 }
+
+fn serve_on(port: u16) -> Serve {
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = Command::new(kvring_bin())
+        .args(["serve", "--name", "decode-0", "--listen", &listen, "--region-size", "1MiB", "--parent-watch"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kvring serve starts");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.contains(&listen), "{line}");
+    Serve { child, addr: listen, stdout }
+}
+
+#[test]
+fn a_soak_rides_out_a_peer_restart_and_verifies_what_it_reported_done() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut target = serve_on(port);
+    let addr = target.addr.clone();
+    let soak = Command::new(kvring_bin())
+        .args(["bench", "--peer", &addr, "--transport", "tcp", "--duration", "3s", "--json"])
+        .args(["--batch", "8", "--block-size", "4KiB", "--region-size", "1MiB"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let _ = target.child.kill(); // kill -9 mid-stream
+    let _ = target.child.wait();
+    std::thread::sleep(Duration::from_millis(300));
+    let restarted = serve_on(port);
+    let output = soak.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "soak failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    let failures = stdout.lines().filter(|l| l.contains("\"event\":\"failure\"")).count();
+    assert!(failures >= 1, "the restart was seen: {stdout}");
+    assert!(stdout.lines().any(|l| l.contains("\"event\":\"recovered\"")), "{stdout}");
+    let summary = stdout.lines().last().unwrap();
+    assert!(summary.contains("\"event\":\"summary\""), "{summary}");
+    assert!(summary.contains("\"verified\":true"), "{summary}");
+    assert!(!summary.contains("\"batches_done\":0,"), "{summary}");
+    drop(restarted);
+}

@@ -2,6 +2,7 @@
 //! and durations that take units. Unknown flags are errors that name them.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 /// Arguments of one subcommand, consumed flag by flag.
 pub struct Args {
@@ -34,6 +35,15 @@ impl Args {
             }
             None => false,
         }
+    }
+
+    /// True when `--name` is among the arguments (consumes nothing).
+    pub fn has(&self, name: &str) -> bool {
+        self.rest.iter().any(|a| a == name || a.starts_with(&format!("{name}=")))
+    }
+
+    pub fn duration(&mut self, name: &str) -> Result<Option<Duration>, String> {
+        self.value(name)?.map(|v| parse_duration(&v).map_err(|e| format!("{name}: {e}"))).transpose()
     }
 
     pub fn size(&mut self, name: &str) -> Result<Option<u64>, String> {
@@ -73,6 +83,21 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     number.checked_mul(multiplier).ok_or_else(|| format!("{text:?} overflows 64 bits"))
 }
 
+/// Parses `500ms`, `60s`, `2m`, `100us`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a duration (e.g. 500ms, 60s)"))?;
+    match unit {
+        "us" => Ok(Duration::from_micros(number)),
+        "ms" => Ok(Duration::from_millis(number)),
+        "s" | "" => Ok(Duration::from_secs(number)),
+        "m" => Ok(Duration::from_secs(number.saturating_mul(60))),
+        other => Err(format!("unknown duration unit {other:?} in {text:?}")),
+    }
+}
+
 /// `4096` → `4KiB`, for printing.
 pub fn format_size(bytes: u64) -> String {
     for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
@@ -96,6 +121,9 @@ mod tests {
         assert!(parse_size("4XB").unwrap_err().contains("unknown size unit"));
         assert!(parse_size("huge").is_err());
         assert!(parse_size("99999999999999GiB").unwrap_err().contains("overflows"));
+        assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("5ms"), Ok(Duration::from_millis(5)));
+        assert!(parse_duration("5 fortnights").is_err());
         assert_eq!(format_size(65536), "64KiB");
         assert_eq!(format_size(1000), "1000B");
     }

@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 const DEFAULT_BLOCK_SIZES: [u64; 3] = [4 << 10, 64 << 10, 1 << 20];
 const DEFAULT_BATCH: usize = 64;
+/// Block size of a soak when none is given.
+const DEFAULT_SOAK_BLOCK: u64 = 64 << 10;
 const DEFAULT_TOTAL: u64 = 1 << 30;
 const DEFAULT_REGION: u64 = 128 << 20;
 const DEFAULT_INFLIGHT: usize = 8;
@@ -45,6 +47,8 @@ struct Options {
     token: Option<String>,
     /// The target's raw-TCP sink, for the tcp baseline.
     raw_peer: Option<String>,
+    /// Soak for this long instead of running the cases.
+    duration: Option<Duration>,
 }
 
 fn parse(mut args: Args) -> Result<Options, String> {
@@ -55,6 +59,7 @@ fn parse(mut args: Args) -> Result<Options, String> {
         Some(other) => return Err(format!("--op: {other:?} is not write, read or both")),
     };
     let block_sizes = match args.value("--block-size")? {
+        None if args.has("--duration") => vec![DEFAULT_SOAK_BLOCK],
         None => DEFAULT_BLOCK_SIZES.to_vec(),
         Some(list) => list
             .split(',')
@@ -79,6 +84,7 @@ fn parse(mut args: Args) -> Result<Options, String> {
         latency_samples: args.number("--latency-samples")?.unwrap_or(DEFAULT_LATENCY_SAMPLES),
         token: args.value("--token")?,
         raw_peer: args.value("--peer-raw")?,
+        duration: args.duration("--duration")?,
     };
     args.finish()?;
     if options.batch == 0 || options.inflight == 0 || options.total == 0 {
@@ -173,6 +179,21 @@ pub fn run(args: Args) -> Result<(), String> {
         builder = builder.token(token.as_str());
     }
     let engine = builder.build().map_err(|e| e.to_string())?;
+    if let Some(duration) = options.duration {
+        let plan = crate::soak::SoakPlan {
+            peer: &peer,
+            transport: options.transport,
+            block: options.block_sizes[0],
+            batch: options.batch,
+            region_bytes: options.region_bytes,
+            duration,
+            json: options.json,
+        };
+        let result = crate::soak::run(&engine, &plan);
+        engine.shutdown();
+        drop(target);
+        return result;
+    }
     let segment = engine
         .open_segment_with(&peer, Some(options.transport), Duration::from_secs(10))
         .map_err(|e| format!("opening {peer}: {e}"))?;

@@ -4,6 +4,7 @@ mod args;
 mod bench;
 mod raw;
 mod serve;
+mod soak;
 
 use args::Args;
 
@@ -14,9 +15,11 @@ USAGE:
   kvring bench [--op write|read|both] [--block-size 4KiB,64KiB,1MiB] [--batch 64]
                [--total 1GiB] [--lanes 1] [--transport shm|null] [--inflight 8]
                [--region-size 128MiB] [--latency-samples 5000] [--peer ADDR] [--peer-raw ADDR]
-               [--token T] [--json]
+               [--token T] [--duration 60s] [--json]
       With no --peer, starts `kvring serve` in a second process and moves blocks to it.
       Baseline: memcpy (shm, null), or a raw TCP stream to the target's sink (tcp).
+      --duration: a soak of WRITE batches until the time is up; failures are events,
+      not fatal; every batch reported done is verified on the target at the end.
   kvring serve [--name NAME] [--listen 127.0.0.1:0] [--region-size 256MiB] [--lanes 1] [--token T]
       A target engine with one shm-backed region; serves until SIGINT/SIGTERM.
   kvring info

@@ -1,0 +1,182 @@
+//! `kvring bench --duration 60s`: a soak. It keeps submitting batches until
+//! the time is up; peer errors do not stop it. Each failure is an event
+//! (with `--json`, one line each), so is the first success after failures,
+//! and at the end it verifies, on the target, every batch it reported done
+//! since the target's last start (a restarted target starts empty).
+
+use kvring::{Batch, BlockDesc, Engine, Outcome, Region, RegionInfo, Segment, TransportKind};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// Pause between attempts while the peer is unreachable.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+/// Deadline of one open (handshake and connects) during the soak.
+const OPEN_TIMEOUT: Duration = Duration::from_millis(500);
+/// Deadline of one batch's wait.
+const WAIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the soak moves.
+pub struct SoakPlan<'a> {
+    /// Peer name or control address.
+    pub peer: &'a str,
+    /// Transport to use.
+    pub transport: TransportKind,
+    /// Bytes per block.
+    pub block: u64,
+    /// Blocks per batch.
+    pub batch: usize,
+    /// Largest region to use.
+    pub region_bytes: u64,
+    /// How long to keep going.
+    pub duration: Duration,
+    /// JSON event lines instead of text.
+    pub json: bool,
+}
+
+struct Tally {
+    started: Instant,
+    json: bool,
+    failures: BTreeMap<&'static str, u64>,
+    recoveries: u64,
+    outage_since: Option<Instant>,
+}
+
+impl Tally {
+    fn failure(&mut self, stage: &str, error: &kvring::Error) {
+        let kind = error.code().as_str_name();
+        *self.failures.entry(kind).or_default() += 1;
+        self.outage_since.get_or_insert_with(Instant::now);
+        let t_ms = self.started.elapsed().as_millis();
+        if self.json {
+            println!("{{\"event\":\"failure\",\"stage\":\"{stage}\",\"kind\":\"{kind}\",\"t_ms\":{t_ms}}}");
+        } else {
+            println!("{t_ms:>8} ms  {stage} failed: {error}");
+        }
+    }
+
+    fn success(&mut self) {
+        if let Some(since) = self.outage_since.take() {
+            self.recoveries += 1;
+            let t_ms = self.started.elapsed().as_millis();
+            let outage_ms = since.elapsed().as_millis();
+            if self.json {
+                println!("{{\"event\":\"recovered\",\"t_ms\":{t_ms},\"outage_ms\":{outage_ms}}}");
+            } else {
+                println!("{t_ms:>8} ms  recovered after {outage_ms} ms");
+            }
+        }
+    }
+}
+
+/// Runs the soak; fails only when the final verification does.
+pub fn run(engine: &Engine, plan: &SoakPlan<'_>) -> Result<(), String> {
+    let mut tally = Tally {
+        started: Instant::now(),
+        json: plan.json,
+        failures: BTreeMap::new(),
+        recoveries: 0,
+        outage_since: None,
+    };
+    let mut sub = engine.submitter().map_err(|e| e.to_string())?;
+    let mut segment: Option<Segment> = None;
+    let mut local: Option<Region> = None;
+    let mut region_blocks = 0u64;
+    let mut epoch = 0u64;
+    let mut written_since_start = 0u64;
+    let mut batches_done = 0u64;
+    let mut descs = Vec::with_capacity(plan.batch);
+    while tally.started.elapsed() < plan.duration {
+        let current = match &segment {
+            Some(s) if !s.is_closed() => s.clone(),
+            _ => match engine.open_segment_with(plan.peer, Some(plan.transport), OPEN_TIMEOUT) {
+                Ok(opened) => {
+                    let remote_len = opened.regions().first().map_or(0, |r| r.len);
+                    let bytes = plan.region_bytes.min(remote_len);
+                    if local.as_ref().is_none_or(|l| (l.len() as u64) < bytes) {
+                        let region = engine
+                            .alloc_region(bytes.max(plan.block) as usize, RegionInfo::raw())
+                            .map_err(|e| e.to_string())?;
+                        region.fill_pattern(0x50a6);
+                        local = Some(region);
+                    }
+                    region_blocks = (bytes / plan.block).max(1);
+                    if opened.epoch() != epoch {
+                        // A new start of the target: its memory is new.
+                        epoch = opened.epoch();
+                        written_since_start = 0;
+                    }
+                    segment = Some(opened.clone());
+                    opened
+                }
+                Err(error) => {
+                    tally.failure("open", &error);
+                    std::thread::sleep(RETRY_PAUSE);
+                    continue;
+                }
+            },
+        };
+        let local_region = local.as_ref().expect("allocated at the first open");
+        let remote = current.regions().first().map(|r| r.id).ok_or("the peer exposes no region")?;
+        descs.clear();
+        for i in 0..plan.batch as u64 {
+            let offset = ((written_since_start + i) % region_blocks) * plan.block;
+            descs.push(BlockDesc::new(local_region.id(), offset, remote, offset, plan.block));
+        }
+        let outcome = sub.submit(&Batch::write(&current).descs(&descs)).and_then(|id| sub.wait(id, WAIT_TIMEOUT));
+        match outcome {
+            Ok(Outcome::Done { .. }) => {
+                batches_done += 1;
+                written_since_start += plan.batch as u64;
+                tally.success();
+            }
+            Ok(Outcome::Failed(error)) | Err(error) => {
+                if matches!(error, kvring::Error::PeerRestarted { .. }) {
+                    segment = None;
+                }
+                tally.failure("batch", &error);
+                std::thread::sleep(RETRY_PAUSE);
+            }
+            Ok(other) => {
+                let error = kvring::Error::invalid("batch", format!("ended {other:?}"));
+                tally.failure("batch", &error);
+            }
+        }
+    }
+    // Verify, on the target, what was reported done since its last start.
+    let covered_blocks = written_since_start.min(region_blocks);
+    let covered = covered_blocks * plan.block;
+    let verified = match (&segment, &local) {
+        (Some(segment), Some(local)) if covered > 0 => {
+            let remote = segment.regions().first().map(|r| r.id).ok_or("the peer exposes no region")?;
+            let expected = local.checksum(0, covered as usize).map_err(|e| e.to_string())?;
+            segment
+                .remote_checksum(remote, 0, covered, Duration::from_secs(10))
+                .map(|actual| actual == expected)
+                .unwrap_or(false)
+        }
+        (_, _) if covered == 0 => true,
+        _ => false,
+    };
+    let failures: Vec<String> = tally.failures.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+    let seconds = tally.started.elapsed().as_secs_f64();
+    if plan.json {
+        println!(
+            "{{\"event\":\"summary\",\"seconds\":{seconds:.3},\"batches_done\":{batches_done},\"failures\":{{{}}},\"recoveries\":{},\"verified_bytes\":{covered},\"verified\":{verified}}}",
+            failures.join(","),
+            tally.recoveries
+        );
+    } else {
+        println!(
+            "soak: {seconds:.1} s, {batches_done} batches done, failures {{{}}}, {} recoveries, {} verified on the target: {}",
+            failures.join(", "),
+            tally.recoveries,
+            crate::args::format_size(covered),
+            if verified { "ok" } else { "MISMATCH" }
+        );
+    }
+    if verified {
+        Ok(())
+    } else {
+        Err("soak verification failed: a batch reported done is not on the target".into())
+    }
+}
