@@ -214,6 +214,45 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// Two KV-cache layouts that cannot exchange blocks.
+    LayoutMismatch {
+        /// The layer that differs, when one does.
+        layer: Option<u32>,
+        /// The field that differs.
+        field: &'static str,
+        /// This side's value.
+        local: String,
+        /// The peer's value.
+        remote: String,
+    },
+    /// Source and destination block-id lists of different lengths.
+    BlockCountMismatch {
+        /// Source ids.
+        src: usize,
+        /// Destination ids.
+        dst: usize,
+    },
+    /// A block id past the end of a layout.
+    BlockOutOfRange {
+        /// Which side's layout.
+        side: Side,
+        /// The id.
+        id: u64,
+        /// Blocks that layout has.
+        blocks: u64,
+    },
+    /// The same destination block listed twice.
+    DuplicateBlock {
+        /// The id.
+        id: u64,
+    },
+    /// A layer past the end of a layout.
+    LayerOutOfRange {
+        /// The layer.
+        layer: u32,
+        /// Layers the layout has.
+        layers: u32,
+    },
 }
 
 /// Result alias used throughout kvring.
@@ -249,6 +288,11 @@ impl Error {
             Error::Unsupported { .. } => ErrorCode::Unsupported,
             Error::Shutdown => ErrorCode::Shutdown,
             Error::Unauthorized { .. } => ErrorCode::Unauthorized,
+            Error::LayoutMismatch { .. } => ErrorCode::LayoutMismatch,
+            Error::BlockCountMismatch { .. }
+            | Error::BlockOutOfRange { .. }
+            | Error::DuplicateBlock { .. }
+            | Error::LayerOutOfRange { .. } => ErrorCode::InvalidArgument,
         }
     }
 
@@ -345,6 +389,23 @@ impl fmt::Display for Error {
             Error::Unsupported { what } => write!(f, "unsupported: {what}"),
             Error::Shutdown => f.write_str("the engine is shut down"),
             Error::Unauthorized { reason } => write!(f, "unauthorized: {reason}"),
+            Error::LayoutMismatch { layer: Some(layer), field, local, remote } => write!(
+                f,
+                "KV layouts differ at layer {layer}, {field}: local {local}, remote {remote}"
+            ),
+            Error::LayoutMismatch { layer: None, field, local, remote } => {
+                write!(f, "KV layouts differ in {field}: local {local}, remote {remote}")
+            }
+            Error::BlockCountMismatch { src, dst } => {
+                write!(f, "{src} source block ids but {dst} destination block ids; they pair one to one")
+            }
+            Error::BlockOutOfRange { side, id, blocks } => {
+                write!(f, "{side} block id {id} is out of range: the layout has {blocks} blocks")
+            }
+            Error::DuplicateBlock { id } => write!(f, "destination block id {id} is listed twice"),
+            Error::LayerOutOfRange { layer, layers } => {
+                write!(f, "layer {layer} is out of range: the layout has {layers} layers")
+            }
         }
     }
 }
@@ -431,6 +492,24 @@ mod tests {
             (Error::LaneStart { lane: 1, reason: "no cpu".into() }, "lane 1 failed to start: no cpu", ErrorCode::Internal),
             (Error::Unsupported { what: "rdma".into() }, "unsupported: rdma", ErrorCode::Unsupported),
             (Error::Shutdown, "the engine is shut down", ErrorCode::Shutdown),
+            (
+                Error::LayoutMismatch { layer: Some(3), field: "key bytes per block", local: "512".into(), remote: "256".into() },
+                "KV layouts differ at layer 3, key bytes per block: local 512, remote 256",
+                ErrorCode::LayoutMismatch,
+            ),
+            (
+                Error::LayoutMismatch { layer: None, field: "layer count", local: "61".into(), remote: "32".into() },
+                "KV layouts differ in layer count: local 61, remote 32",
+                ErrorCode::LayoutMismatch,
+            ),
+            (Error::BlockCountMismatch { src: 3, dst: 2 }, "3 source block ids but 2 destination", ErrorCode::InvalidArgument),
+            (
+                Error::BlockOutOfRange { side: Side::Remote, id: 9, blocks: 8 },
+                "remote block id 9 is out of range: the layout has 8 blocks",
+                ErrorCode::InvalidArgument,
+            ),
+            (Error::DuplicateBlock { id: 4 }, "destination block id 4 is listed twice", ErrorCode::InvalidArgument),
+            (Error::LayerOutOfRange { layer: 70, layers: 61 }, "layer 70 is out of range", ErrorCode::InvalidArgument),
             (
                 Error::Unauthorized { reason: "wrong or missing token".into() },
                 "unauthorized: wrong or missing token",

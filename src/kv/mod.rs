@@ -1,0 +1,12 @@
+//! The KV-cache layer: layouts, block plans (block ids to coalesced block
+//! descriptors), the prefill/decode topology check and push routing for
+//! heterogeneous tensor parallelism. It knows nothing of transports: it
+//! turns "blocks [3, 4, 5, 9] of every layer" into `BlockDesc`s.
+
+pub mod layout;
+pub mod plan;
+pub mod topo;
+
+pub use layout::{Attention, CacheShape, KvBuffer, KvLayout};
+pub use plan::{merge_plans, plan_blocks, plan_layer};
+pub use topo::{check_pd_topo, push_targets, Mode, Rank, TopoCheck};
