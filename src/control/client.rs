@@ -85,6 +85,17 @@ impl ControlClient {
         }
     }
 
+    /// The peer's registered KV-cache layout, checked.
+    pub fn memory_info(&mut self, deadline: Instant) -> Result<crate::kv::KvLayout> {
+        match self.call(request::Body::MemoryInfo(crate::proto::MemoryInfoRequest {}), deadline)? {
+            response::Body::MemoryInfo(reply) => {
+                let layout = reply.layout.ok_or_else(|| Error::malformed("memory info", "no layout"))?;
+                crate::kv::KvLayout::from_proto(layout)
+            }
+            other => Err(Error::malformed("memory info", format!("unexpected answer {other:?}"))),
+        }
+    }
+
     /// Checksum of a range of one of the peer's regions.
     pub fn checksum(&mut self, region: u32, offset: u64, len: u64, deadline: Instant) -> Result<u64> {
         match self.call(request::Body::Checksum(ChecksumRequest { region, offset, len }), deadline)? {

@@ -36,6 +36,8 @@ pub trait ControlHandler: Send + Sync + 'static {
     fn checksum(&self, request: &ChecksumRequest) -> Result<u64>;
     /// Queues a notification from a peer.
     fn notify(&self, notification: Notification) -> Result<()>;
+    /// The registered KV-cache layout.
+    fn memory_info(&self) -> Result<crate::proto::KvLayoutInfo>;
 }
 
 /// A running control server.
@@ -174,6 +176,9 @@ fn handle(handler: &dyn ControlHandler, body: request::Body, authenticated: &mut
         request::Body::Notify(notification) => {
             handler.notify(notification)?;
             Ok(response::Body::Notify(NotifyResponse {}))
+        }
+        request::Body::MemoryInfo(_) => {
+            Ok(response::Body::MemoryInfo(crate::proto::MemoryInfoResponse { layout: Some(handler.memory_info()?) }))
         }
     }
 }

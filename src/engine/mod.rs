@@ -15,6 +15,7 @@ pub use submitter::{StatusReader, Submitter, MAX_LANES};
 use crate::control::{ControlHandler, ControlServer, Token, DEFAULT_CONTROL_TIMEOUT};
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
+use crate::kv::KvLayout;
 use crate::mem::registry::check_range;
 use crate::mem::{Access, RegionInfo, Registry, ShmMapping, DEFAULT_MAX_REGIONS};
 use crate::metadata::{MetadataStore, PeerHandshake};
@@ -298,6 +299,7 @@ pub(crate) struct EngineInner {
     pub(crate) clock: Clock,
     segments: Mutex<SegmentTable>,
     control: Mutex<Option<ControlServer>>,
+    context: Arc<ControlContext>,
     data: Mutex<Option<TcpDataServer>>,
     notifications: Arc<NotificationQueue>,
     control_addr: SocketAddr,
@@ -441,6 +443,7 @@ impl Engine {
             tcp_addr: Mutex::new(None),
             token: config.token.clone(),
             notifications: notifications.clone(),
+            kv_layout: Mutex::new(None),
         });
         let data_server = if config.serve_tcp {
             let data_listen = SocketAddr::new(config.listen.ip(), 0);
@@ -468,6 +471,7 @@ impl Engine {
                 clock,
                 segments: Mutex::new(segments),
                 control: Mutex::new(Some(server)),
+                context,
                 data: Mutex::new(data_server),
                 notifications,
                 control_addr,
@@ -800,6 +804,38 @@ impl Engine {
         client.notify(&self.inner.config.name, message, deadline)
     }
 
+    /// Publishes this engine's KV-cache layout, which peers read with
+    /// [`Segment::kv_layout`] before their first transfer. Every buffer must
+    /// lie inside a registered region.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// use kvring::kv::{CacheShape, KvLayout};
+    /// let shape = CacheShape::mla(61, 128, 576, 2, 64, 0)?;
+    /// let cache = engine.alloc_region(shape.bytes()? as usize, kvring::RegionInfo::raw())?;
+    /// engine.set_kv_layout(KvLayout::contiguous(shape, cache.id(), 0)?)?;
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
+    pub fn set_kv_layout(&self, layout: KvLayout) -> Result<()> {
+        for layer in 0..layout.layers() {
+            for buffer in layout.layer(layer)? {
+                let entry = self.inner.registry.get(buffer.region)?;
+                let len = buffer
+                    .block_bytes
+                    .checked_mul(layout.blocks())
+                    .ok_or_else(|| Error::invalid("layout", "overflows"))?;
+                check_range(buffer.region, Side::Local, layer, buffer.offset, len, entry.len as u64)?;
+            }
+        }
+        *lock(&self.inner.context.kv_layout) = Some(layout);
+        Ok(())
+    }
+
+    /// The KV-cache layout this engine published, if any.
+    pub fn kv_layout(&self) -> Option<KvLayout> {
+        lock(&self.inner.context.kv_layout).clone()
+    }
+
     /// The oldest notification peers sent this engine, if any.
     ///
     /// ```no_run
@@ -861,6 +897,7 @@ struct ControlContext {
     tcp_addr: Mutex<Option<String>>,
     token: Option<Token>,
     notifications: Arc<NotificationQueue>,
+    kv_layout: Mutex<Option<KvLayout>>,
 }
 
 impl ControlHandler for ControlContext {
@@ -881,6 +918,13 @@ impl ControlHandler for ControlContext {
 
     fn notify(&self, notification: crate::proto::Notification) -> Result<()> {
         self.notifications.deliver(Notification { from: notification.from, message: notification.message })
+    }
+
+    fn memory_info(&self) -> Result<crate::proto::KvLayoutInfo> {
+        lock(&self.kv_layout)
+            .as_ref()
+            .map(KvLayout::to_proto)
+            .ok_or_else(|| Error::Unsupported { what: format!("{} has registered no KV-cache layout", self.name) })
     }
 
     fn requires_handshake(&self) -> bool {

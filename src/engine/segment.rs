@@ -77,6 +77,19 @@ impl Segment {
         self.inner.peer.is_closed()
     }
 
+    /// The peer's registered KV-cache layout (the memory-info exchange),
+    /// over the control plane; compare it with yours
+    /// ([`KvLayout::check_compatible`](crate::kv::KvLayout::check_compatible))
+    /// before the first transfer.
+    pub fn kv_layout(&self, timeout: Duration) -> Result<crate::kv::KvLayout> {
+        let deadline = Instant::now() + timeout;
+        let mut client = ControlClient::connect(&self.inner.peer.descriptor().control_addr, deadline)?;
+        if let Some(token) = &self.inner.token {
+            client.handshake(&self.inner.opened_as, Some(token.as_bytes()), deadline)?;
+        }
+        client.memory_info(deadline)
+    }
+
     /// Asks the peer for a checksum of `len` bytes at `offset` of its region
     /// (the region must allow remote reads), over the control plane.
     pub fn remote_checksum(&self, region: RegionId, offset: u64, len: u64, timeout: Duration) -> Result<u64> {

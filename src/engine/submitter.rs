@@ -2,9 +2,12 @@
 //! table, and the completion rings it reaps.
 
 use super::batch::{Batch, Completion, Outcome};
+use super::segment::Segment;
 use super::EngineInner;
 use crate::desc::{BlockDesc, RegionId};
 use crate::error::{Error, Result, Side};
+use crate::kv::KvLayout;
+use crate::ring::Opcode;
 use crate::ring::{channel, Consumer, Cqe, Producer, Sqe};
 use crate::runtime::backoff::{Backoff, Snooze};
 use crate::runtime::lane::{LaneCommand, LaneShared, SubmitterRings};
@@ -258,6 +261,60 @@ impl Submitter {
             }
         }
         Ok(())
+    }
+
+    /// Pushes blocks `src_ids` of every layer of `local` into blocks
+    /// `dst_ids` of `remote` on `segment` (prefill → decode), as one batch;
+    /// consecutive ids coalesce. Every check of the KV layer
+    /// ([`kv::plan_blocks`](crate::kv::plan_blocks)) runs before anything is
+    /// queued.
+    ///
+    /// ```no_run
+    /// # fn demo(sub: &mut kvring::Submitter, decode: &kvring::Segment, mine: &kvring::kv::KvLayout) -> kvring::Result<()> {
+    /// let theirs = decode.kv_layout(std::time::Duration::from_secs(1))?;
+    /// let id = sub.push_blocks(decode, mine, &theirs, &[3, 4, 5, 9], &[0, 1, 2, 3])?;
+    /// sub.wait(id, std::time::Duration::from_secs(1))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn push_blocks(
+        &mut self,
+        segment: &Segment,
+        local: &KvLayout,
+        remote: &KvLayout,
+        src_ids: &[u64],
+        dst_ids: &[u64],
+    ) -> Result<BatchId> {
+        let descs = crate::kv::plan_blocks(local, remote, Opcode::Write, src_ids, dst_ids)?;
+        self.submit(&Batch::write(segment).descs(&descs))
+    }
+
+    /// Pulls blocks `src_ids` of every layer of `remote` into blocks
+    /// `dst_ids` of `local` (decode reads from prefill), as one batch.
+    pub fn pull_blocks(
+        &mut self,
+        segment: &Segment,
+        local: &KvLayout,
+        remote: &KvLayout,
+        src_ids: &[u64],
+        dst_ids: &[u64],
+    ) -> Result<BatchId> {
+        let descs = crate::kv::plan_blocks(local, remote, Opcode::Read, dst_ids, src_ids)?;
+        self.submit(&Batch::read(segment).descs(&descs))
+    }
+
+    /// Pushes one layer as soon as prefill has computed it, so the transfer
+    /// overlaps the next layer's compute.
+    pub fn push_layer(
+        &mut self,
+        segment: &Segment,
+        local: &KvLayout,
+        remote: &KvLayout,
+        layer: u32,
+        src_ids: &[u64],
+        dst_ids: &[u64],
+    ) -> Result<BatchId> {
+        let descs = crate::kv::plan_layer(local, remote, Opcode::Write, layer, src_ids, dst_ids)?;
+        self.submit(&Batch::write(segment).descs(&descs))
     }
 
     /// Waits up to `timeout` for a batch to end and consumes its result.

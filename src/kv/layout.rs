@@ -7,6 +7,7 @@
 use crate::desc::RegionId;
 use crate::error::{Error, Result};
 use crate::mem::RegionKind;
+use crate::proto;
 
 /// How attention stores its cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -300,6 +301,82 @@ impl KvLayout {
     }
 }
 
+/// Most layers a layout received from a peer may have (bounds the message).
+pub const MAX_LAYERS: u32 = 4096;
+
+impl KvLayout {
+    /// The wire form.
+    pub fn to_proto(&self) -> proto::KvLayoutInfo {
+        let s = &self.shape;
+        proto::KvLayoutInfo {
+            attention: match s.attention {
+                Attention::Mha => proto::KvAttention::Mha as i32,
+                Attention::Mla => proto::KvAttention::Mla as i32,
+            },
+            layers: s.layers,
+            blocks: s.blocks,
+            key_block_bytes: s.key_block_bytes,
+            value_block_bytes: s.value_block_bytes,
+            index_block_bytes: s.index_block_bytes,
+            buffers: self
+                .layers
+                .iter()
+                .flatten()
+                .map(|b| proto::KvBufferInfo {
+                    kind: b.kind.to_proto() as i32,
+                    region: b.region.raw(),
+                    offset: b.offset,
+                    block_bytes: b.block_bytes,
+                })
+                .collect(),
+        }
+    }
+
+    /// Checks and converts a layout a peer sent.
+    pub fn from_proto(info: proto::KvLayoutInfo) -> Result<Self> {
+        let bad = |reason: String| Error::malformed("KV layout", reason);
+        let attention = match proto::KvAttention::try_from(info.attention) {
+            Ok(proto::KvAttention::Mha) => Attention::Mha,
+            Ok(proto::KvAttention::Mla) => Attention::Mla,
+            Err(_) => return Err(bad(format!("unknown attention {}", info.attention))),
+        };
+        if info.layers > MAX_LAYERS {
+            return Err(bad(format!("{} layers exceeds the limit of {MAX_LAYERS}", info.layers)));
+        }
+        let shape = CacheShape {
+            attention,
+            layers: info.layers,
+            blocks: info.blocks,
+            key_block_bytes: info.key_block_bytes,
+            value_block_bytes: info.value_block_bytes,
+            index_block_bytes: info.index_block_bytes,
+        }
+        .checked()
+        .map_err(|e| bad(e.to_string()))?;
+        let kinds = shape.kinds().count();
+        if info.buffers.len() != kinds * shape.layers as usize {
+            return Err(bad(format!("{} buffers for {} layers of {kinds} kinds", info.buffers.len(), shape.layers)));
+        }
+        let mut buffers = info.buffers.into_iter();
+        let mut layers = Vec::with_capacity(shape.layers as usize);
+        for _ in 0..shape.layers {
+            let mut layer = Vec::with_capacity(kinds);
+            for b in buffers.by_ref().take(kinds) {
+                let kind =
+                    proto::RegionKind::try_from(b.kind).map_err(|_| bad(format!("unknown buffer kind {}", b.kind)))?;
+                layer.push(KvBuffer {
+                    kind: RegionKind::from_proto(kind),
+                    region: RegionId::from_raw(b.region),
+                    offset: b.offset,
+                    block_bytes: b.block_bytes,
+                });
+            }
+            layers.push(layer);
+        }
+        KvLayout::from_buffers(shape, layers).map_err(|e| bad(e.to_string()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,6 +442,31 @@ mod tests {
             a.check_compatible(&c).unwrap_err().to_string(),
             "KV layouts differ at layer 0, buffer kinds: local Key+Index, remote Key"
         );
+    }
+
+    #[test]
+    fn layouts_round_trip_and_hostile_ones_are_refused() {
+        for shape in [CacheShape::mha(3, 8, 8, 128, 2, 16, 2).unwrap(), CacheShape::mla(2, 4, 576, 2, 64, 64).unwrap()]
+        {
+            let layout = KvLayout::contiguous(shape, region(), 4096).unwrap();
+            assert_eq!(KvLayout::from_proto(layout.to_proto()).unwrap(), layout);
+        }
+        let good = KvLayout::contiguous(CacheShape::mla(2, 4, 576, 2, 64, 0).unwrap(), region(), 0).unwrap().to_proto();
+        let mut p = good.clone();
+        p.buffers.pop();
+        assert!(KvLayout::from_proto(p).unwrap_err().to_string().contains("1 buffers for 2 layers"));
+        let mut p = good.clone();
+        p.attention = 7;
+        assert!(KvLayout::from_proto(p).unwrap_err().to_string().contains("unknown attention"));
+        let mut p = good.clone();
+        p.layers = MAX_LAYERS + 1;
+        assert!(KvLayout::from_proto(p).unwrap_err().to_string().contains("exceeds the limit"));
+        let mut p = good.clone();
+        p.buffers[1].offset = u64::MAX;
+        assert!(KvLayout::from_proto(p).unwrap_err().to_string().contains("overflows"));
+        let mut p = good;
+        p.value_block_bytes = 5;
+        assert!(KvLayout::from_proto(p).unwrap_err().to_string().contains("no value buffer"));
     }
 
     #[test]

@@ -32,18 +32,16 @@ fn check_ids(local: &KvLayout, remote: &KvLayout, op: Opcode, local_ids: &[u64],
             return Err(Error::BlockOutOfRange { side, id, blocks: layout.blocks() });
         }
     }
-    let (destination, blocks) = match op {
-        Opcode::Write => (remote_ids, remote.blocks()),
-        Opcode::Read => (local_ids, local.blocks()),
+    let destination = match op {
+        Opcode::Write => remote_ids,
+        Opcode::Read => local_ids,
     };
-    // One bit per destination block: ids are in range, checked above.
-    let mut seen = vec![0u64; blocks.div_ceil(64) as usize];
-    for &id in destination {
-        let (word, bit) = ((id / 64) as usize, 1u64 << (id % 64));
-        if seen[word] & bit != 0 {
-            return Err(Error::DuplicateBlock { id });
-        }
-        seen[word] |= bit;
+    // Sorting a copy is sized by the caller's list, never by a layout's
+    // block count (which a peer chooses).
+    let mut sorted = destination.to_vec();
+    sorted.sort_unstable();
+    if let Some(pair) = sorted.windows(2).find(|pair| pair[0] == pair[1]) {
+        return Err(Error::DuplicateBlock { id: pair[0] });
     }
     Ok(())
 }
