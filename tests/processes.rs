@@ -306,3 +306,31 @@ fn a_soak_rides_out_a_peer_restart_and_verifies_what_it_reported_done() {
     assert!(!summary.contains("\"batches_done\":0,"), "{summary}");
     drop(restarted);
 }
+
+#[test]
+fn the_kv_bench_moves_a_request_planned_from_block_ids() {
+    for (model, transport, after) in [("deepseek-v3", "shm", 61), ("llama3-8b", "tcp", 64)] {
+        let output = Command::new(kvring_bin())
+            .args(["bench", "--kv", model, "--tokens", "256", "--transport", transport, "--json"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{model}: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+        let line = stdout.lines().next().unwrap();
+        for field in [
+            format!("\"model\":\"{model}\""),
+            format!("\"transport\":\"{transport}\""),
+            format!("\"descs_after\":{after}"),
+            "\"verified\":true".to_string(),
+            "\"ms_per_request\":".to_string(),
+            "\"baseline_gbps\":".to_string(),
+        ] {
+            assert!(line.contains(&field), "{field} missing in {line}");
+        }
+    }
+    let output = Command::new(kvring_bin()).args(["bench", "--kv", "gpt-9"]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("unknown model \"gpt-9\" (presets: deepseek-v3, llama3-8b)")
+    );
+}

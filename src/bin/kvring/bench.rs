@@ -49,6 +49,10 @@ struct Options {
     raw_peer: Option<String>,
     /// Soak for this long instead of running the cases.
     duration: Option<Duration>,
+    /// Move one request's KV cache of this model instead.
+    kv: Option<crate::models::Model>,
+    /// Tokens of that request.
+    tokens: u64,
 }
 
 fn parse(mut args: Args) -> Result<Options, String> {
@@ -85,6 +89,8 @@ fn parse(mut args: Args) -> Result<Options, String> {
         token: args.value("--token")?,
         raw_peer: args.value("--peer-raw")?,
         duration: args.duration("--duration")?,
+        kv: args.value("--kv")?.map(|name| crate::models::find(&name)).transpose()?,
+        tokens: args.number("--tokens")?.unwrap_or(8192) as u64,
     };
     args.finish()?;
     if options.batch == 0 || options.inflight == 0 || options.total == 0 {
@@ -110,11 +116,12 @@ struct Target {
 }
 
 impl Target {
-    fn spawn(region_bytes: u64) -> Result<Self, String> {
+    fn spawn(region_bytes: u64, extra: &[String]) -> Result<Self, String> {
         let exe = std::env::current_exe().map_err(|e| format!("locating the kvring binary: {e}"))?;
         let mut child = Command::new(exe)
             .args(["serve", "--name", "bench-target", "--listen", "127.0.0.1:0", "--parent-watch"])
             .args(["--region-size", &region_bytes.to_string()])
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -168,7 +175,16 @@ pub fn run(args: Args) -> Result<(), String> {
     let mut options = parse(args)?;
     let target = match &options.peer {
         Some(_) => None,
-        None => Some(Target::spawn(options.region_bytes)?),
+        None => {
+            let extra: Vec<String> = match &options.kv {
+                Some(model) => {
+                    let blocks = crate::kvbench::target_blocks(model, options.tokens);
+                    vec!["--kv".into(), model.name.into(), "--kv-blocks".into(), blocks.to_string()]
+                }
+                None => Vec::new(),
+            };
+            Some(Target::spawn(options.region_bytes, &extra)?)
+        }
     };
     let peer = options.peer.clone().unwrap_or_else(|| target.as_ref().expect("spawned").addr.clone());
     if options.raw_peer.is_none() {
@@ -179,6 +195,21 @@ pub fn run(args: Args) -> Result<(), String> {
         builder = builder.token(token.as_str());
     }
     let engine = builder.build().map_err(|e| e.to_string())?;
+    if let Some(model) = options.kv {
+        pin_caller(&engine);
+        let bench = crate::kvbench::KvBench {
+            model,
+            tokens: options.tokens,
+            transport: options.transport,
+            peer: &peer,
+            raw_peer: options.raw_peer.as_deref(),
+            json: options.json,
+        };
+        let result = crate::kvbench::run(&engine, &bench);
+        engine.shutdown();
+        drop(target);
+        return result;
+    }
     if let Some(duration) = options.duration {
         let plan = crate::soak::SoakPlan {
             peer: &peer,

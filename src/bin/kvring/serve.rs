@@ -33,6 +33,8 @@ pub fn run(mut args: Args) -> Result<(), String> {
     let lanes = args.number("--lanes")?.unwrap_or(1);
     let parent_watch = args.switch("--parent-watch");
     let token = args.value("--token")?;
+    let kv_model = args.value("--kv")?;
+    let kv_blocks = args.number("--kv-blocks")?.unwrap_or(1024) as u64;
     args.finish()?;
 
     let listen = listen.parse().map_err(|_| format!("--listen: {listen:?} is not an IP:port address"))?;
@@ -42,7 +44,20 @@ pub fn run(mut args: Args) -> Result<(), String> {
         builder = builder.token(token);
     }
     let engine = builder.build().map_err(|e| e.to_string())?;
+    // With --kv, the one region is a KV cache of that model, published as
+    // the engine's layout for peers' memory-info requests.
+    let (region_bytes, shape) = match &kv_model {
+        Some(name) => {
+            let shape = crate::models::find(name)?.shape(kv_blocks)?;
+            (shape.bytes().map_err(|e| e.to_string())?, Some(shape))
+        }
+        None => (region_bytes, None),
+    };
     let region = engine.alloc_region(region_bytes as usize, RegionInfo::raw()).map_err(|e| e.to_string())?;
+    if let Some(shape) = shape {
+        let layout = kvring::kv::KvLayout::contiguous(shape, region.id(), 0).map_err(|e| e.to_string())?;
+        engine.set_kv_layout(layout).map_err(|e| e.to_string())?;
+    }
     // The raw-TCP baseline sink, so `kvring bench --transport tcp` can
     // measure a plain socket over the same path, even to a remote target.
     let raw = crate::raw::RawSink::start(listen.ip()).map_err(|e| format!("starting the raw baseline sink: {e}"))?;

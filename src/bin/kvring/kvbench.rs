@@ -1,0 +1,188 @@
+//! `kvring bench --kv MODEL`: one request's KV cache of `--tokens N` moved
+//! from a prefill engine (this process) to a decode engine (`kvring serve
+//! --kv MODEL`), planned by the KV layer from block ids, beside the same-run
+//! baseline (memcpy of the same ranges for shm, a raw socket for tcp).
+
+use crate::models::Model;
+use kvring::kv::{plan_blocks, KvLayout};
+use kvring::mem::ShmMapping;
+use kvring::{Batch, BlockDesc, Engine, Opcode, RegionInfo, TransportKind};
+use std::time::{Duration, Instant};
+
+/// Bytes the bench aims to move in all (at least `MIN_REQUESTS` requests).
+const TARGET_BYTES: u64 = 1 << 30;
+const MIN_REQUESTS: u64 = 10;
+const MAX_REQUESTS: u64 = 2000;
+/// Tokens of the planning figure the issue names.
+const PLAN_TOKENS: u64 = 128 * 1024;
+const PLAN_REPEATS: usize = 21;
+
+/// What to run.
+pub struct KvBench<'a> {
+    pub model: Model,
+    pub tokens: u64,
+    pub transport: TransportKind,
+    pub peer: &'a str,
+    pub raw_peer: Option<&'a str>,
+    pub json: bool,
+}
+
+/// Blocks the decode side must hold for a request of `tokens`.
+pub fn target_blocks(model: &Model, tokens: u64) -> u64 {
+    2 * tokens.div_ceil(model.tokens_per_block).max(1)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Median time to plan a request of `tokens` (ids consecutive, or every
+/// other block: the worst case for coalescing), in microseconds.
+fn planning_us(model: &Model, tokens: u64, scattered: bool) -> Result<f64, String> {
+    let blocks = tokens.div_ceil(model.tokens_per_block);
+    let shape = model.shape(2 * blocks)?;
+    let local = KvLayout::contiguous(shape, kvring::RegionId::new(0, 1), 0).map_err(|e| e.to_string())?;
+    let remote = KvLayout::contiguous(shape, kvring::RegionId::new(1, 1), 0).map_err(|e| e.to_string())?;
+    let src: Vec<u64> = (0..blocks).map(|i| if scattered { 2 * i } else { i }).collect();
+    let dst: Vec<u64> = (0..blocks).map(|i| if scattered { 2 * i + 1 } else { blocks + i }).collect();
+    let mut times = Vec::with_capacity(PLAN_REPEATS);
+    for _ in 0..PLAN_REPEATS {
+        let started = Instant::now();
+        let plan = plan_blocks(&local, &remote, Opcode::Write, &src, &dst).map_err(|e| e.to_string())?;
+        times.push(started.elapsed().as_secs_f64() * 1e6);
+        std::hint::black_box(plan);
+    }
+    Ok(median(&mut times))
+}
+
+pub fn run(engine: &Engine, bench: &KvBench<'_>) -> Result<(), String> {
+    let model = bench.model;
+    let blocks = bench.tokens.div_ceil(model.tokens_per_block).max(1);
+    let shape = model.shape(2 * blocks)?;
+    let bytes = shape.bytes().map_err(|e| e.to_string())?;
+    let region = engine.alloc_region(bytes as usize, RegionInfo::raw()).map_err(|e| e.to_string())?;
+    region.fill_pattern(0x4b56);
+    let local = KvLayout::contiguous(shape, region.id(), 0).map_err(|e| e.to_string())?;
+    let segment = engine
+        .open_segment_with(bench.peer, Some(bench.transport), Duration::from_secs(10))
+        .map_err(|e| format!("opening {}: {e}", bench.peer))?;
+    let remote =
+        segment.kv_layout(Duration::from_secs(10)).map_err(|e| format!("memory info from {}: {e}", bench.peer))?;
+    local.check_compatible(&remote).map_err(|e| e.to_string())?;
+    let dst_base = if remote.blocks() >= 2 * blocks { blocks } else { 0 };
+    let src: Vec<u64> = (0..blocks).collect();
+    let dst: Vec<u64> = (dst_base..dst_base + blocks).collect();
+
+    let started = Instant::now();
+    let descs = plan_blocks(&local, &remote, Opcode::Write, &src, &dst).map_err(|e| e.to_string())?;
+    let plan_us = started.elapsed().as_secs_f64() * 1e6;
+    let descs_before = blocks * shape.kinds().count() as u64 * shape.layers as u64;
+    let request_bytes: u64 = descs.iter().map(|d| d.len).sum();
+    let requests = (TARGET_BYTES / request_bytes.max(1)).clamp(MIN_REQUESTS, MAX_REQUESTS);
+
+    let baseline_gbps = match (bench.transport, bench.raw_peer) {
+        (TransportKind::Tcp, Some(raw)) => {
+            crate::raw::baseline(raw, true, shape.key_block_bytes * blocks, request_bytes * requests)?
+        }
+        (TransportKind::Tcp, None) => 0.0,
+        _ => memcpy_descs(&descs, bytes, requests, engine.lane_cores().first().copied().flatten())?,
+    };
+
+    let mut sub = engine.submitter().map_err(|e| e.to_string())?;
+    let batch = Batch::write(&segment).descs(&descs);
+    let mut times = Vec::with_capacity(requests as usize);
+    let all = Instant::now();
+    for _ in 0..requests {
+        let started = Instant::now();
+        let id = sub.submit(&batch).map_err(|e| format!("submit: {e}"))?;
+        match sub.wait(id, Duration::from_secs(30)).map_err(|e| format!("wait: {e}"))? {
+            kvring::Outcome::Done { .. } => {}
+            other => return Err(format!("request ended {other:?}")),
+        }
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    let seconds = all.elapsed().as_secs_f64();
+    let gbps = (request_bytes * requests) as f64 / seconds / 1e9;
+    let ms = median(&mut times);
+
+    let mut verified = true;
+    for desc in &descs {
+        let expected = region.checksum(desc.local_offset, desc.len as usize).map_err(|e| e.to_string())?;
+        let actual = segment
+            .remote_checksum(desc.remote_region, desc.remote_offset, desc.len, Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        verified &= expected == actual;
+    }
+    let plan_128k_us = planning_us(&model, PLAN_TOKENS, false)?;
+    let plan_128k_scattered_us = planning_us(&model, PLAN_TOKENS, true)?;
+    let baseline = match bench.transport {
+        TransportKind::Tcp if bench.raw_peer.is_some() => "raw-tcp",
+        TransportKind::Tcp => "none",
+        _ => "memcpy",
+    };
+    let ratio = if baseline_gbps > 0.0 { gbps / baseline_gbps } else { 0.0 };
+    if bench.json {
+        println!(
+            "{{\"mode\":\"kv\",\"model\":\"{}\",\"transport\":\"{}\",\"tokens\":{},\"blocks\":{blocks},\"request_bytes\":{request_bytes},\"requests\":{requests},\"ms_per_request\":{ms:.3},\"gbps\":{gbps:.3},\"descs_before\":{descs_before},\"descs_after\":{},\"plan_us\":{plan_us:.1},\"plan_128k_us\":{plan_128k_us:.1},\"plan_128k_scattered_us\":{plan_128k_scattered_us:.1},\"baseline\":\"{baseline}\",\"baseline_gbps\":{baseline_gbps:.3},\"ratio\":{ratio:.3},\"verified\":{verified}}}",
+            model.name,
+            bench.transport.name(),
+            bench.tokens,
+            descs.len()
+        );
+    } else {
+        println!(
+            "kv {} over {}: {} tokens = {blocks} blocks, {} per request, {requests} requests",
+            model.name,
+            bench.transport.name(),
+            bench.tokens,
+            crate::args::format_size(request_bytes)
+        );
+        println!(
+            "  {ms:.3} ms per request (p50), {gbps:.2} GB/s; {baseline} {baseline_gbps:.2} GB/s ({:.1}% of it); {}",
+            ratio * 100.0,
+            if verified { "verified" } else { "VERIFY FAILED" }
+        );
+        println!(
+            "  descriptors: {descs_before} blocks x layers x kinds -> {} after coalescing; planning {plan_us:.1} us; 128k tokens: {plan_128k_us:.1} us (consecutive), {plan_128k_scattered_us:.1} us (every other block)",
+            descs.len()
+        );
+    }
+    if verified {
+        Ok(())
+    } else {
+        Err("verification failed: the decode cache differs from what was pushed".into())
+    }
+}
+
+/// memcpy of the plan's ranges, `requests` times, between two shm mappings
+/// as large as the cache, on the lane's core.
+fn memcpy_descs(descs: &[BlockDesc], bytes: u64, requests: u64, core: Option<usize>) -> Result<f64, String> {
+    let src = ShmMapping::create(bytes as usize, 0x4b01).map_err(|e| e.to_string())?;
+    let dst = ShmMapping::create(bytes as usize, 0x4b02).map_err(|e| e.to_string())?;
+    let (src_addr, dst_addr) = (src.as_ptr() as usize, dst.as_ptr() as usize);
+    let ranges: Vec<(usize, usize, usize)> =
+        descs.iter().map(|d| (d.local_offset as usize, d.remote_offset as usize, d.len as usize)).collect();
+    if ranges.iter().any(|&(s, d, l)| s + l > bytes as usize || d + l > bytes as usize) {
+        return Err("baseline: a range falls outside the cache".into());
+    }
+    let copy = move || {
+        if let Some(core) = core {
+            core_affinity::set_for_current(core_affinity::CoreId { id: core });
+        }
+        let started = Instant::now();
+        let mut moved = 0u64;
+        for _ in 0..requests {
+            for &(s, d, l) in &ranges {
+                // SAFETY: both ranges lie inside their mappings (checked
+                // above), which outlive this thread (joined below).
+                unsafe { std::ptr::copy((src_addr + s) as *const u8, (dst_addr + d) as *mut u8, l) };
+                moved += l as u64;
+            }
+        }
+        moved as f64 / started.elapsed().as_secs_f64() / 1e9
+    };
+    let gbps = std::thread::spawn(copy).join().map_err(|_| "baseline thread panicked".to_string())?;
+    drop((src, dst));
+    Ok(gbps)
+}
