@@ -69,7 +69,7 @@ fn info(args: Args) -> Result<(), String> {
     let shm = std::path::Path::new(kvring::mem::shm::SHM_DIR);
     println!("shared memory:    {} ({})", shm.display(), if shm.is_dir() { "present" } else { "missing" });
     println!("host id:          {}", kvring::segment::local_host_id());
-    println!("transports:       shm, null (tcp and rdma: not in this build)");
+    println!("transports:       shm, tcp, null (rdma: not in this build)");
     println!("metadata:         peer handshake (no server)");
     Ok(())
 }
