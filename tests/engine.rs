@@ -85,8 +85,8 @@ fn a_large_batch_is_split_across_lanes_and_still_lands_whole() {
     assert_eq!(sub.wait(id, WAIT).unwrap().into_result().unwrap(), 8 * MIB as u64);
     assert_eq!(remote.checksum(0, 8 * MIB).unwrap(), local.checksum(0, 8 * MIB).unwrap());
     let stats = initiator.lane_stats();
-    assert!(stats.iter().all(|&(parts, descs, _, _)| parts >= 1 && descs >= 1), "both lanes worked: {stats:?}");
-    assert_eq!(stats.iter().map(|s| s.2).sum::<u64>(), 8 * MIB as u64);
+    assert!(stats.iter().all(|s| s.parts >= 1 && s.descs >= 1), "both lanes worked: {stats:?}");
+    assert_eq!(stats.iter().map(|s| s.bytes).sum::<u64>(), 8 * MIB as u64);
 }
 
 #[test]
@@ -370,7 +370,7 @@ fn idle_lanes_park_and_never_miss_a_wake_up() {
         let outcome = sub.wait(id, Duration::from_secs(5));
         assert!(matches!(outcome, Ok(Outcome::Done { .. })), "round {round}: {outcome:?}");
     }
-    let parks: u64 = initiator.lane_stats().iter().map(|s| s.3).sum();
+    let parks: u64 = initiator.lane_stats().iter().map(|s| s.parks).sum();
     assert!(parks > 0, "the lane never parked");
 }
 

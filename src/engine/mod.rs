@@ -278,6 +278,19 @@ impl EngineBuilder {
     }
 }
 
+/// One lane's counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LaneStatsSnapshot {
+    /// Batch parts executed.
+    pub parts: u64,
+    /// Descriptors executed (moved or failed).
+    pub descs: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Times the lane parked.
+    pub parks: u64,
+}
+
 /// One engine per process. Cheap to clone (a shared handle).
 #[derive(Debug, Clone)]
 pub struct Engine {
@@ -513,19 +526,26 @@ impl Engine {
         self.inner.lanes.iter().map(|l| l.shared.core).collect()
     }
 
-    /// Per-lane counters: (parts, descriptors, bytes, parks).
-    pub fn lane_stats(&self) -> Vec<(u64, u64, u64, u64)> {
+    /// Each lane's counters, read without a lock.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// for (lane, stats) in engine.lane_stats().iter().enumerate() {
+    ///     println!("lane {lane}: {} descriptors, {} bytes, parked {} times", stats.descs, stats.bytes, stats.parks);
+    /// }
+    /// ```
+    pub fn lane_stats(&self) -> Vec<LaneStatsSnapshot> {
         self.inner
             .lanes
             .iter()
             .map(|l| {
                 let s = &l.shared.stats;
-                (
-                    s.parts.load(Ordering::Relaxed),
-                    s.descs.load(Ordering::Relaxed),
-                    s.bytes.load(Ordering::Relaxed),
-                    s.parks.load(Ordering::Relaxed),
-                )
+                LaneStatsSnapshot {
+                    parts: s.parts.load(Ordering::Relaxed),
+                    descs: s.descs.load(Ordering::Relaxed),
+                    bytes: s.bytes.load(Ordering::Relaxed),
+                    parks: s.parks.load(Ordering::Relaxed),
+                }
             })
             .collect()
     }
