@@ -34,6 +34,7 @@ pub mod error;
 pub mod kv;
 pub mod mem;
 pub mod metadata;
+mod net;
 pub mod ring;
 pub mod runtime;
 pub mod segment;

@@ -7,13 +7,14 @@
 
 use super::frame::{self, decode_request, error_response, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES};
 use crate::error::{Error, Result};
+use crate::net::Acceptor;
 use crate::proto::{
     request, response, ChecksumRequest, ChecksumResponse, HandshakeRequest, HandshakeResponse, Notification,
     NotifyResponse,
 };
 use crate::segment::SegmentDescriptor;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,80 +44,28 @@ pub trait ControlHandler: Send + Sync + 'static {
 /// A running control server.
 #[derive(Debug)]
 pub struct ControlServer {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    acceptor: Acceptor,
 }
 
 impl ControlServer {
     /// Binds `listen` (only that address) and serves until stopped.
     pub fn start(listen: SocketAddr, handler: Arc<dyn ControlHandler>) -> Result<Self> {
-        // std sets SO_REUSEADDR on Unix listeners, so a restarted engine can
-        // bind the same port at once.
-        let listener =
-            TcpListener::bind(listen).map_err(|e| Error::io(format!("binding control listener on {listen}"), e))?;
-        let addr = listener.local_addr().map_err(|e| Error::io("reading control listener address", e))?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let active = Arc::new(AtomicUsize::new(0));
-        let thread_stop = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("kvring-control".into())
-            .spawn(move || accept_loop(listener, handler, thread_stop, active))
-            .map_err(|e| Error::io("spawning control thread", e))?;
-        Ok(Self { addr, stop, thread: Some(thread) })
+        let refuse = |stream: &mut TcpStream| {
+            let error = Error::Busy { queue: "control connection table", capacity: MAX_CONTROL_CONNECTIONS };
+            let _ = write_frame(stream, &error_response(&error));
+        };
+        let serve = move |stream: TcpStream, stop: &AtomicBool| serve_connection(stream, &*handler, stop);
+        Ok(Self { acceptor: Acceptor::start(listen, "control", MAX_CONTROL_CONNECTIONS, refuse, serve)? })
     }
 
     /// The bound address (with the real port when 0 was asked for).
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.acceptor.local_addr()
     }
 
-    /// Stops accepting and joins the accept thread.
+    /// Stops accepting and cuts every open connection.
     pub fn stop(&mut self) {
-        if self.stop.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        // Wake the blocking accept with one connection of our own.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for ControlServer {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn accept_loop(
-    listener: TcpListener,
-    handler: Arc<dyn ControlHandler>,
-    stop: Arc<AtomicBool>,
-    active: Arc<AtomicUsize>,
-) {
-    for stream in listener.incoming() {
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
-        let Ok(mut stream) = stream else { continue };
-        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONTROL_CONNECTIONS {
-            active.fetch_sub(1, Ordering::AcqRel);
-            let error = Error::Busy { queue: "control connection table", capacity: MAX_CONTROL_CONNECTIONS };
-            let _ = write_frame(&mut stream, &error_response(&error));
-            continue;
-        }
-        let handler = handler.clone();
-        let stop = stop.clone();
-        let active_for_thread = active.clone();
-        let spawned = std::thread::Builder::new().name("kvring-control-conn".into()).spawn(move || {
-            serve_connection(stream, &*handler, &stop);
-            active_for_thread.fetch_sub(1, Ordering::AcqRel);
-        });
-        if spawned.is_err() {
-            active.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.acceptor.stop();
     }
 }
 

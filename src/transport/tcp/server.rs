@@ -13,13 +13,13 @@ use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::mem::registry::{access_name, check_range};
 use crate::mem::{Access, Registry};
+use crate::net::Acceptor;
 use crate::transport::notify::{Notification, NotificationQueue};
 use prost::Message;
-use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerocopy::IntoBytes;
 
@@ -34,21 +34,13 @@ const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// A running data server.
 #[derive(Debug)]
 pub struct TcpDataServer {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    context: Arc<Context>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    acceptor: Acceptor,
 }
 
 struct Context {
     registry: Arc<Registry>,
     notifications: Arc<NotificationQueue>,
     epoch: u64,
-    stop: Arc<AtomicBool>,
-    active: AtomicUsize,
-    /// A handle on every open connection, so stopping cuts them at once
-    /// (peers then see the engine gone instead of a silent stall).
-    open: Mutex<HashMap<u64, TcpStream>>,
 }
 
 impl TcpDataServer {
@@ -59,87 +51,25 @@ impl TcpDataServer {
         notifications: Arc<NotificationQueue>,
         epoch: u64,
     ) -> Result<Self> {
-        let listener =
-            TcpListener::bind(listen).map_err(|e| Error::io(format!("binding tcp data listener on {listen}"), e))?;
-        let addr = listener.local_addr().map_err(|e| Error::io("reading tcp data listener address", e))?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let context = Arc::new(Context {
-            registry,
-            notifications,
-            epoch,
-            stop: stop.clone(),
-            active: AtomicUsize::new(0),
-            open: Mutex::new(HashMap::new()),
-        });
-        let for_thread = context.clone();
-        let thread = std::thread::Builder::new()
-            .name("kvring-tcp-accept".into())
-            .spawn(move || accept_loop(listener, for_thread))
-            .map_err(|e| Error::io("spawning tcp accept thread", e))?;
-        Ok(Self { addr, stop, context, thread: Some(thread) })
+        let context = Context { registry, notifications, epoch };
+        let refuse = |stream: &mut TcpStream| {
+            let error = Error::Busy { queue: "tcp data connection table", capacity: MAX_DATA_CONNECTIONS };
+            let _ = send_status(stream, FrameOp::Ack, &FrameHeader::new(FrameOp::Ack, 0, 0, 0, 0, 0), &error);
+        };
+        let serve = move |stream: TcpStream, stop: &AtomicBool| {
+            let _ = serve_connection(stream, &context, stop);
+        };
+        Ok(Self { acceptor: Acceptor::start(listen, "tcp-data", MAX_DATA_CONNECTIONS, refuse, serve)? })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.acceptor.local_addr()
     }
 
-    /// Stops accepting; connection threads end within their stop check.
+    /// Stops accepting and cuts every open connection.
     pub fn stop(&mut self) {
-        if self.stop.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-        let open = std::mem::take(&mut *self.context.open.lock().unwrap_or_else(|p| p.into_inner()));
-        for stream in open.into_values() {
-            let _ = stream.shutdown(std::net::Shutdown::Both);
-        }
-    }
-}
-
-impl Drop for TcpDataServer {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-impl std::fmt::Debug for Context {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context").field("epoch", &self.epoch).field("active", &self.active).finish()
-    }
-}
-
-fn accept_loop(listener: TcpListener, context: Arc<Context>) {
-    let mut next_id = 0u64;
-    for stream in listener.incoming() {
-        if context.stop.load(Ordering::Acquire) {
-            return;
-        }
-        let Ok(mut stream) = stream else { continue };
-        if context.active.fetch_add(1, Ordering::AcqRel) >= MAX_DATA_CONNECTIONS {
-            context.active.fetch_sub(1, Ordering::AcqRel);
-            let error = Error::Busy { queue: "tcp data connection table", capacity: MAX_DATA_CONNECTIONS };
-            let _ = send_status(&mut stream, FrameOp::Ack, &FrameHeader::new(FrameOp::Ack, 0, 0, 0, 0, 0), &error);
-            continue;
-        }
-        next_id += 1;
-        let id = next_id;
-        if let Ok(handle) = stream.try_clone() {
-            context.open.lock().unwrap_or_else(|p| p.into_inner()).insert(id, handle);
-        }
-        let for_thread = context.clone();
-        let spawned = std::thread::Builder::new().name("kvring-tcp-conn".into()).spawn(move || {
-            let _ = serve_connection(stream, &for_thread);
-            for_thread.open.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-            for_thread.active.fetch_sub(1, Ordering::AcqRel);
-        });
-        if spawned.is_err() {
-            // The closure, and its decrement, never ran.
-            context.active.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.acceptor.stop();
     }
 }
 
@@ -153,7 +83,7 @@ const READ_BUFFER_BYTES: usize = 256 * 1024;
 /// Bytes of replies gathered before a write.
 const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 
-fn serve_connection(stream: TcpStream, context: &Context) -> Result<()> {
+fn serve_connection(stream: TcpStream, context: &Context, stop: &AtomicBool) -> Result<()> {
     let _ = stream.set_nodelay(true);
     stream.set_write_timeout(Some(FRAME_READ_TIMEOUT)).map_err(|e| Error::io("setting write timeout", e))?;
     // Reads go through a buffer (headers and small payloads arrive many to
@@ -171,16 +101,18 @@ fn serve_connection(stream: TcpStream, context: &Context) -> Result<()> {
     loop {
         if reader.buffer().is_empty() {
             writer.flush().map_err(|e| Error::io("sending replies", e))?;
-            if !wait_readable(&stream, context, &mut idle_since)? {
+            if !wait_readable(&stream, stop, &mut idle_since)? {
                 return Ok(());
             }
+            // Waiting used a short timeout; a started frame gets the long
+            // one. Only here: a frame already buffered needs no syscall.
+            stream.set_read_timeout(Some(FRAME_READ_TIMEOUT)).map_err(|e| Error::io("setting read timeout", e))?;
         }
-        stream.set_read_timeout(Some(FRAME_READ_TIMEOUT)).map_err(|e| Error::io("setting read timeout", e))?;
         if reader.read_exact(&mut header_bytes).is_err() {
             // Disconnected or stalled mid-header: nothing to answer.
             return Ok(());
         }
-        if context.stop.load(Ordering::Acquire) {
+        if stop.load(Ordering::Acquire) {
             // Stopping: take no more writes, so nothing lands after the
             // engine is gone.
             return Ok(());
@@ -211,11 +143,11 @@ fn serve_connection(stream: TcpStream, context: &Context) -> Result<()> {
 
 /// Waits until a frame starts, honouring the stop flag and the idle limit.
 /// False when the connection should end.
-fn wait_readable(stream: &TcpStream, context: &Context, idle_since: &mut Instant) -> Result<bool> {
+fn wait_readable(stream: &TcpStream, stop: &AtomicBool, idle_since: &mut Instant) -> Result<bool> {
     stream.set_read_timeout(Some(STOP_CHECK_INTERVAL)).map_err(|e| Error::io("setting read timeout", e))?;
     let mut probe = [0u8; 1];
     loop {
-        if context.stop.load(Ordering::Acquire) || idle_since.elapsed() > DATA_IDLE_TIMEOUT {
+        if stop.load(Ordering::Acquire) || idle_since.elapsed() > DATA_IDLE_TIMEOUT {
             return Ok(false);
         }
         match stream.peek(&mut probe) {
