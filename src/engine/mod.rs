@@ -35,7 +35,7 @@ use crate::transport::{Link, NullLink, ShmLink, TcpDataServer, TcpLink};
 use segment::SegmentInner;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Default number of lanes.
@@ -316,7 +316,6 @@ pub(crate) struct EngineInner {
     data: Mutex<Option<TcpDataServer>>,
     notifications: Arc<NotificationQueue>,
     control_addr: SocketAddr,
-    tcp_addr: Option<String>,
     metadata: Box<dyn MetadataStore>,
     stopped: AtomicBool,
     next_tag: AtomicU16,
@@ -447,28 +446,26 @@ impl Engine {
             lanes.push(LaneHandle::start(lane_config, registry.clone())?);
         }
         let notifications = Arc::new(NotificationQueue::new(config.notify_queue));
-        let context = Arc::new(ControlContext {
-            name: config.name.clone(),
-            epoch,
-            host_id: local_host_id(),
-            registry: registry.clone(),
-            control_addr: Mutex::new(String::new()),
-            tcp_addr: Mutex::new(None),
-            token: config.token.clone(),
-            notifications: notifications.clone(),
-            kv_layout: Mutex::new(None),
-        });
         let data_server = if config.serve_tcp {
             let data_listen = SocketAddr::new(config.listen.ip(), 0);
             Some(TcpDataServer::start(data_listen, registry.clone(), notifications.clone(), epoch)?)
         } else {
             None
         };
-        let tcp_addr = data_server.as_ref().map(|s| s.local_addr().to_string());
-        *lock(&context.tcp_addr) = tcp_addr.clone();
+        let context = Arc::new(ControlContext {
+            name: config.name.clone(),
+            epoch,
+            registry: registry.clone(),
+            control_addr: OnceLock::new(),
+            tcp_addr: data_server.as_ref().map(|s| s.local_addr().to_string()),
+            token: config.token.clone(),
+            notifications: notifications.clone(),
+            kv_layout: Mutex::new(None),
+        });
         let server = ControlServer::start(config.listen, context.clone())?;
         let control_addr = server.local_addr();
-        *lock(&context.control_addr) = control_addr.to_string();
+        // Set before any peer can learn the address, so every handshake sees it.
+        let _ = context.control_addr.set(control_addr.to_string());
         let segments = SegmentTable {
             cache: SegmentCache::new(config.segment_cache_capacity.min(config.max_segments)),
             free: (0..config.max_segments.min(1 << 16) as u16).rev().collect(),
@@ -488,7 +485,6 @@ impl Engine {
                 data: Mutex::new(data_server),
                 notifications,
                 control_addr,
-                tcp_addr,
                 metadata: Box::new(PeerHandshake { token }),
                 stopped: AtomicBool::new(false),
                 next_tag: AtomicU16::new(1),
@@ -508,7 +504,7 @@ impl Engine {
 
     /// Where the TCP data listener is, when the engine serves one.
     pub fn tcp_addr(&self) -> Option<&str> {
-        self.inner.tcp_addr.as_deref()
+        self.inner.context.tcp_addr.as_deref()
     }
 
     /// Where the control plane listens: what peers pass to `open_segment`.
@@ -599,13 +595,7 @@ impl Engine {
 
     /// This engine's own segment descriptor (what peers get in a handshake).
     pub fn descriptor(&self) -> SegmentDescriptor {
-        describe(
-            &self.inner.config.name,
-            self.inner.epoch,
-            &self.inner.registry,
-            &self.inner.control_addr.to_string(),
-            self.inner.tcp_addr.clone(),
-        )
+        self.inner.context.describe()
     }
 
     /// Opens (or returns the cached handle of) a peer segment by name or
@@ -651,7 +641,7 @@ impl Engine {
         // lane, and without the table lock, so a dead peer stalls nobody else.
         let deadline = Instant::now() + timeout;
         let descriptor = self.inner.metadata.resolve(name, &self.inner.config.name, deadline)?;
-        let transport = crate::transport::select::choose(transport, &descriptor, &local_host_id())?;
+        let transport = crate::transport::select::choose(transport, &descriptor, local_host_id())?;
         let link = self.open_link(transport, &descriptor, deadline)?;
         self.install_segment(name, descriptor, transport, link)
     }
@@ -724,6 +714,7 @@ impl Engine {
                 key,
                 owner_epoch: self.inner.epoch,
                 opened_as: name.to_string(),
+                initiator: self.inner.config.name.clone(),
                 token: self.inner.config.token.clone(),
                 link: link.clone(),
                 peer,
@@ -816,12 +807,7 @@ impl Engine {
             return result;
         }
         let deadline = Instant::now() + timeout;
-        let mut client =
-            crate::control::ControlClient::connect(&segment.inner.peer.descriptor().control_addr, deadline)?;
-        if let Some(token) = &self.inner.config.token {
-            client.handshake(&self.inner.config.name, Some(token.as_bytes()), deadline)?;
-        }
-        client.notify(&self.inner.config.name, message, deadline)
+        segment.control_client(deadline)?.notify(&self.inner.config.name, message, deadline)
     }
 
     /// Publishes this engine's KV-cache layout, which peers read with
@@ -875,49 +861,47 @@ impl Engine {
     }
 }
 
-fn describe(
-    name: &str,
-    epoch: u64,
-    registry: &Registry,
-    control_addr: &str,
-    tcp_addr: Option<String>,
-) -> SegmentDescriptor {
-    let regions = registry
-        .snapshot()
-        .into_iter()
-        .map(|(id, entry)| RemoteRegion {
-            id,
-            kind: entry.info.kind,
-            len: entry.len as u64,
-            access: entry.info.access,
-            layer: entry.info.layer,
-            block_bytes: entry.info.block_bytes,
-            shm_path: entry.shm.as_ref().map(|m| m.path().to_path_buf()),
-        })
-        .collect();
-    SegmentDescriptor {
-        name: name.to_string(),
-        epoch,
-        host_id: local_host_id(),
-        pid: std::process::id(),
-        regions,
-        control_addr: control_addr.to_string(),
-        tcp_addr,
-    }
-}
-
 /// What the control server sees of the engine (no reference back to the
 /// engine itself, so dropping the engine stops the server).
 struct ControlContext {
     name: String,
     epoch: u64,
-    host_id: String,
     registry: Arc<Registry>,
-    control_addr: Mutex<String>,
-    tcp_addr: Mutex<Option<String>>,
+    /// Set once, as soon as the control server has bound.
+    control_addr: OnceLock<String>,
+    tcp_addr: Option<String>,
     token: Option<Token>,
     notifications: Arc<NotificationQueue>,
     kv_layout: Mutex<Option<KvLayout>>,
+}
+
+impl ControlContext {
+    /// The engine's segment descriptor as it stands now.
+    fn describe(&self) -> SegmentDescriptor {
+        let regions = self
+            .registry
+            .snapshot()
+            .into_iter()
+            .map(|(id, entry)| RemoteRegion {
+                id,
+                kind: entry.info.kind,
+                len: entry.len as u64,
+                access: entry.info.access,
+                layer: entry.info.layer,
+                block_bytes: entry.info.block_bytes,
+                shm_path: entry.shm.as_ref().map(|m| m.path().to_path_buf()),
+            })
+            .collect();
+        SegmentDescriptor {
+            name: self.name.clone(),
+            epoch: self.epoch,
+            host_id: local_host_id().to_string(),
+            pid: std::process::id(),
+            regions,
+            control_addr: self.control_addr.get().cloned().unwrap_or_default(),
+            tcp_addr: self.tcp_addr.clone(),
+        }
+    }
 }
 
 impl ControlHandler for ControlContext {
@@ -930,10 +914,7 @@ impl ControlHandler for ControlContext {
                 });
             }
         }
-        let tcp_addr = lock(&self.tcp_addr).clone();
-        let mut descriptor = describe(&self.name, self.epoch, &self.registry, &lock(&self.control_addr), tcp_addr);
-        descriptor.host_id.clone_from(&self.host_id);
-        Ok(descriptor)
+        Ok(self.describe())
     }
 
     fn notify(&self, notification: crate::proto::Notification) -> Result<()> {

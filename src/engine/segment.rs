@@ -33,7 +33,8 @@ pub(crate) struct SegmentInner {
     pub(crate) opened_as: String,
     pub(crate) peer: Arc<PeerSegment>,
     pub(crate) transport: TransportKind,
-    /// The engine's token, for control RPCs to this peer.
+    /// The engine's name and token, for control RPCs to this peer.
+    pub(crate) initiator: String,
     pub(crate) token: Option<Token>,
     /// The transport link the lanes use (notifications share its path).
     pub(crate) link: Arc<dyn crate::transport::Link>,
@@ -83,11 +84,7 @@ impl Segment {
     /// before the first transfer.
     pub fn kv_layout(&self, timeout: Duration) -> Result<crate::kv::KvLayout> {
         let deadline = Instant::now() + timeout;
-        let mut client = ControlClient::connect(&self.inner.peer.descriptor().control_addr, deadline)?;
-        if let Some(token) = &self.inner.token {
-            client.handshake(&self.inner.opened_as, Some(token.as_bytes()), deadline)?;
-        }
-        client.memory_info(deadline)
+        self.control_client(deadline)?.memory_info(deadline)
     }
 
     /// Asks the peer for a checksum of `len` bytes at `offset` of its region
@@ -96,12 +93,16 @@ impl Segment {
         let remote = self.inner.peer.region(region)?;
         crate::mem::registry::check_range(region, Side::Remote, 0, offset, len, remote.len)?;
         let deadline = Instant::now() + timeout;
-        let addr = &self.inner.peer.descriptor().control_addr;
-        let mut client = ControlClient::connect(addr, deadline)?;
+        self.control_client(deadline)?.checksum(region.raw(), offset, len, deadline)
+    }
+
+    /// A control connection to the peer, through its token check when this
+    /// engine has a token (a tokened peer answers nothing before one).
+    pub(crate) fn control_client(&self, deadline: Instant) -> Result<ControlClient> {
+        let mut client = ControlClient::connect(&self.inner.peer.descriptor().control_addr, deadline)?;
         if let Some(token) = &self.inner.token {
-            // A peer with a token answers nothing before a handshake.
-            client.handshake(&self.inner.opened_as, Some(token.as_bytes()), deadline)?;
+            client.handshake(&self.inner.initiator, Some(token.as_bytes()), deadline)?;
         }
-        client.checksum(region.raw(), offset, len, deadline)
+        Ok(client)
     }
 }

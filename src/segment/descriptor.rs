@@ -197,11 +197,15 @@ impl SegmentDescriptor {
     }
 }
 
-/// Identifies this host for the same-host check: boot id plus hostname.
-pub fn local_host_id() -> String {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    format!("{}/{}", boot.trim(), host.trim())
+/// Identifies this host for the same-host check: boot id plus hostname,
+/// read once per process (every handshake and open asks for it).
+pub fn local_host_id() -> &'static str {
+    static HOST_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST_ID.get_or_init(|| {
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}/{}", boot.trim(), host.trim())
+    })
 }
 
 #[cfg(test)]
@@ -212,7 +216,7 @@ mod tests {
         SegmentDescriptor {
             name: "decode-0".into(),
             epoch: 99,
-            host_id: local_host_id(),
+            host_id: local_host_id().to_string(),
             pid: 1,
             regions: vec![RemoteRegion {
                 id: RegionId::new(3, 1),
