@@ -136,23 +136,6 @@ impl Drop for Served {
 }
 
 /// Waits (bounded) until every thread of `pid` is stopped.
-fn wait_until_stopped(pid: u32) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the target runs");
-        let all_stopped = tasks.flatten().all(|task| {
-            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-            // The state follows the command name, which is in parentheses.
-            stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()) == Some("T")
-        });
-        if all_stopped {
-            return;
-        }
-        assert!(Instant::now() < deadline, "process {pid} did not stop");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 fn initiator(net: &Net, io_timeout: Duration) -> Engine {
     common::builder("prefill-a")
         .listen(format!("{}:0", net.a_ip).parse().unwrap())
@@ -264,7 +247,7 @@ fn a_peer_that_never_answers_fails_within_the_deadline() {
         unsafe { libc::kill(target.child.id() as i32, libc::SIGSTOP) };
         // A group stop reaches every thread only once one of them handles
         // the signal; until then a connection thread could still answer.
-        wait_until_stopped(target.child.id());
+        common::wait_until_stopped(target.child.id());
         let started = Instant::now();
         let descs = [BlockDesc::new(local.id(), 0, remote, 0, 4096)];
         let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();

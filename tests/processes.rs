@@ -334,3 +334,86 @@ fn the_kv_bench_moves_a_request_planned_from_block_ids() {
         String::from_utf8_lossy(&output.stderr).contains("unknown model \"gpt-9\" (presets: deepseek-v3, llama3-8b)")
     );
 }
+
+/// Pushes `count` 64 KiB blocks from `local` to `remote` region 0 as one batch.
+fn push_64k(
+    sub: &mut kvring::Submitter,
+    segment: &kvring::Segment,
+    local: &kvring::Region,
+    count: u64,
+    deadline: Option<Duration>,
+) -> kvring::BatchId {
+    let remote = segment.region(0).unwrap();
+    let descs: Vec<BlockDesc> =
+        (0..count).map(|i| BlockDesc::new(local.id(), i * 65536, remote, i * 65536, 65536)).collect();
+    let mut batch = Batch::write(segment).descs(&descs);
+    if let Some(deadline) = deadline {
+        batch = batch.deadline(deadline);
+    }
+    sub.submit(&batch).unwrap()
+}
+
+#[test]
+fn a_frozen_peer_does_not_hold_up_a_healthy_one_on_the_same_lane() {
+    let frozen = serve("8MiB");
+    let healthy = serve("8MiB");
+    // One lane serves both peers; a long io timeout, so only the batch
+    // deadline ends the frozen peer's batch.
+    let engine = common::builder("prefill-0").lanes(1).io_timeout(Duration::from_secs(60)).build().unwrap();
+    let local = engine.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
+    local.fill_pattern(7);
+    let to_frozen = engine.open_segment_with(&frozen.addr, Some(kvring::TransportKind::Tcp), WAIT).unwrap();
+    let to_healthy = engine.open_segment_with(&healthy.addr, Some(kvring::TransportKind::Tcp), WAIT).unwrap();
+    let mut sub = engine.submitter().unwrap();
+
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(frozen.child.id() as i32, libc::SIGSTOP) };
+    common::wait_until_stopped(frozen.child.id());
+    // 4 MiB to a peer that reads nothing: more than the socket buffers
+    // hold, so the lane has frames it cannot send.
+    let deadline = Duration::from_secs(3);
+    let started = Instant::now();
+    let stuck = push_64k(&mut sub, &to_frozen, &local, 64, Some(deadline));
+
+    // Meanwhile the healthy peer gets batch after batch, and several at once.
+    for _ in 0..10 {
+        let id = push_64k(&mut sub, &to_healthy, &local, 8, None);
+        assert!(sub.wait(id, WAIT).unwrap().is_done());
+    }
+    let ids: Vec<_> = (0..16).map(|_| push_64k(&mut sub, &to_healthy, &local, 16, None)).collect();
+    for id in ids {
+        assert!(sub.wait(id, WAIT).unwrap().is_done());
+    }
+    assert_eq!(
+        sub.state(stuck).unwrap(),
+        kvring::BatchState::Pending,
+        "the healthy peer's batches ended while the frozen peer's was still in flight"
+    );
+    assert!(engine.lane_stats()[0].peak_in_flight >= 2, "{:?}", engine.lane_stats());
+
+    // The frozen peer's batch ends at its deadline, not at the io timeout.
+    let outcome = sub.wait(stuck, WAIT).unwrap();
+    assert!(matches!(outcome, kvring::Outcome::TimedOut { .. }), "{outcome:?}");
+    assert!(started.elapsed() < deadline + Duration::from_secs(2), "{:?}", started.elapsed());
+
+    // Its connection was closed (bytes of the timed-out batch could still
+    // be on the wire), so the handle is stale; reopening by name works.
+    // SAFETY: as above.
+    unsafe { libc::kill(frozen.child.id() as i32, libc::SIGCONT) };
+    let remote = to_frozen.region(0).unwrap();
+    let refused = sub.submit(&Batch::write(&to_frozen).block(BlockDesc::new(local.id(), 0, remote, 0, 4096)));
+    assert!(matches!(refused, Err(Error::PeerRestarted { .. })), "{refused:?}");
+    let reopened = engine.open_segment_with(&frozen.addr, Some(kvring::TransportKind::Tcp), WAIT).unwrap();
+    let id = push_64k(&mut sub, &reopened, &local, 16, None);
+    assert!(sub.wait(id, WAIT).unwrap().is_done());
+
+    // What the healthy peer acknowledged is there: read it back.
+    let back = engine.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let remote = to_healthy.region(0).unwrap();
+    let descs = [BlockDesc::new(back.id(), 0, remote, 0, 1 << 20)];
+    let id = sub.submit(&Batch::read(&to_healthy).descs(&descs)).unwrap();
+    assert!(sub.wait(id, WAIT).unwrap().is_done());
+    let mut got = vec![0u8; 1 << 20];
+    back.read_at(0, &mut got).unwrap();
+    assert!(got == pattern(4 << 20, 7)[..1 << 20], "the healthy peer holds the pushed bytes");
+}

@@ -29,9 +29,10 @@ use crate::segment::{
     local_host_id, CacheStats, PeerSegment, RemoteRegion, SegmentCache, SegmentDescriptor, TransportKind,
     DEFAULT_SEGMENT_CACHE_CAPACITY,
 };
-use crate::transport::notify::{Notification, NotificationQueue, DEFAULT_NOTIFY_QUEUE};
+use crate::transport::notify::{Notification, NotificationQueue, DEFAULT_NOTIFY_QUEUE, MAX_NOTIFY_BYTES};
 use crate::transport::tcp::DEFAULT_IO_TIMEOUT;
 use crate::transport::{Link, NullLink, ShmLink, TcpDataServer, TcpLink};
+use prost::Message as _;
 use segment::SegmentInner;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
@@ -289,6 +290,8 @@ pub struct LaneStatsSnapshot {
     pub bytes: u64,
     /// Times the lane parked.
     pub parks: u64,
+    /// Most batch parts (and notifications) it has had in flight at once.
+    pub peak_in_flight: u64,
 }
 
 /// One engine per process. Cheap to clone (a shared handle).
@@ -541,6 +544,7 @@ impl Engine {
                     descs: s.descs.load(Ordering::Relaxed),
                     bytes: s.bytes.load(Ordering::Relaxed),
                     parks: s.parks.load(Ordering::Relaxed),
+                    peak_in_flight: s.peak_in_flight.load(Ordering::Relaxed),
                 }
             })
             .collect()
@@ -800,14 +804,29 @@ impl Engine {
         if segment.inner.peer.is_stale() {
             return Err(Error::PeerRestarted { segment: segment.name().to_string(), detail: "reopen it first".into() });
         }
-        if let Some(result) = segment.inner.link.notify(0, &self.inner.config.name, message) {
-            if let Err(Error::PeerRestarted { .. }) = &result {
-                segment.inner.peer.mark_stale();
-            }
-            return result;
-        }
         let deadline = Instant::now() + timeout;
+        if segment.inner.link.carries_notifications() {
+            return self.notify_on_data_path(segment, message, timeout);
+        }
         segment.control_client(deadline)?.notify(&self.inner.config.name, message, deadline)
+    }
+
+    /// Hands a notification to lane 0, which queues it on its data
+    /// connection to the peer behind what it has queued there.
+    fn notify_on_data_path(&self, segment: &Segment, message: &[u8], timeout: Duration) -> Result<()> {
+        if message.len() > MAX_NOTIFY_BYTES {
+            return Err(Error::MessageTooLarge { len: message.len() as u64, max: MAX_NOTIFY_BYTES as u64 });
+        }
+        let payload = crate::proto::Notification { from: self.inner.config.name.clone(), message: message.to_vec() }
+            .encode_to_vec();
+        let lane = self.inner.lanes.first().ok_or(Error::Shutdown)?;
+        let (reply, result) = std::sync::mpsc::sync_channel(1);
+        lane.shared.send(LaneCommand::Notify { key: segment.inner.key, payload, reply });
+        match result.recv_timeout(timeout) {
+            Ok(result) => result,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(Error::Timeout { waited: timeout }),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::Shutdown),
+        }
     }
 
     /// Publishes this engine's KV-cache layout, which peers read with

@@ -17,7 +17,8 @@ use crate::mem::{Access, Registry};
 use crate::proto::ErrorCode;
 use crate::ring::{Consumer, Cqe, CqeKind, Opcode, Producer, Sqe};
 use crate::segment::PeerSegment;
-use crate::transport::{Block, Link};
+use crate::transport::{Block, Finished, Link, Posted, TransferError};
+use bytemuck::Zeroable;
 use crossbeam_queue::SegQueue;
 use crossbeam_utils::CachePadded;
 use std::collections::VecDeque;
@@ -81,6 +82,8 @@ pub struct LaneStats {
     pub bytes: AtomicU64,
     /// Times the lane parked.
     pub parks: AtomicU64,
+    /// Most parts and notifications the lane has had in flight at once.
+    pub peak_in_flight: AtomicU64,
 }
 
 /// One submitter's rings as a lane sees them.
@@ -123,6 +126,16 @@ pub enum LaneCommand {
     DetachSegment {
         /// Its key.
         key: u32,
+    },
+    /// Send a notification on the segment's data path, after what this
+    /// lane has queued to it; the result goes to `reply`.
+    Notify {
+        /// The segment's key.
+        key: u32,
+        /// The encoded `Notification`.
+        payload: Vec<u8>,
+        /// Where the result goes.
+        reply: mpsc::SyncSender<Result<()>>,
     },
 }
 
@@ -252,6 +265,11 @@ fn lane_thread(config: LaneConfig, registry: Arc<Registry>, ready: mpsc::Sender<
         cq_backlog: VecDeque::new(),
         chunk: Vec::with_capacity(MAX_CHUNK_BLOCKS),
         ended_runs: Vec::with_capacity(MAX_CHUNK_BLOCKS),
+        tickets: (0..MAX_TICKETS).map(|_| Ticket::new()).collect(),
+        free_tickets: (0..MAX_TICKETS as u32).rev().collect(),
+        active: Vec::with_capacity(16),
+        finished: Vec::with_capacity(MAX_TICKETS),
+        peak_in_flight: 0,
         config,
     };
     if ready.send(Ok(shared)).is_err() {
@@ -288,7 +306,9 @@ pub fn memlock_needed_bytes(lanes: usize, io_memory_bytes: usize) -> u64 {
 struct Lane {
     shared: Arc<LaneShared>,
     registry: Arc<Registry>,
-    rings: Vec<SubmitterRings>,
+    /// Submitters' rings by stable slot (a slot is emptied, never shifted,
+    /// because tickets in flight name it).
+    rings: Vec<Option<RingSlot>>,
     /// Indexed by segment slot; `(key, segment)`.
     segments: Vec<Option<(u32, LaneSegment)>>,
     /// CQEs that found their ring full. By construction (a completion ring
@@ -298,14 +318,73 @@ struct Lane {
     /// Validated blocks of the chunk being built (preallocated).
     chunk: Vec<Block>,
     /// Regions whose runs ended in the chunk being built: their leases are
-    /// released once the chunk has been transferred.
+    /// released once the chunk has ended.
     ended_runs: Vec<RegionId>,
+    /// Parts and notifications being executed, by ticket (preallocated).
+    tickets: Vec<Ticket>,
+    free_tickets: Vec<u32>,
+    /// Links with chunks in flight, polled every round.
+    active: Vec<ActiveLink>,
+    /// Chunks links reported ended (reused buffer).
+    finished: Vec<Finished>,
+    /// Local copy of `stats.peak_in_flight` (no atomic read per part).
+    peak_in_flight: u64,
     config: LaneConfig,
+}
+
+struct RingSlot {
+    rings: SubmitterRings,
+    /// Tickets of this ring not yet ended.
+    tickets: u32,
+}
+
+struct ActiveLink {
+    link: Arc<dyn Link>,
+    chunks: u32,
+}
+
+/// One part (or notification) the lane is executing, from its SQE until
+/// every chunk of it has ended.
+struct Ticket {
+    ring: usize,
+    sqe: Sqe,
+    segment: Option<LaneSegment>,
+    /// Chunks handed to the link and not yet ended.
+    outstanding: u32,
+    progress: PartProgress,
+    end: Option<PartEnd<Error>>,
+    /// Leases held until the part ends (once any chunk went in flight).
+    leases: Vec<RegionId>,
+    /// Set for a notification: where its result goes.
+    notify_reply: Option<mpsc::SyncSender<Result<()>>>,
+}
+
+impl Ticket {
+    fn new() -> Self {
+        Self {
+            ring: 0,
+            sqe: Sqe::zeroed(),
+            segment: None,
+            outstanding: 0,
+            progress: PartProgress::default(),
+            end: None,
+            leases: Vec::new(),
+            notify_reply: None,
+        }
+    }
 }
 
 /// Most blocks any link takes per chunk; the lane's chunk buffer is
 /// allocated once with this capacity.
 pub const MAX_CHUNK_BLOCKS: usize = 256;
+/// Parts (and notifications) a lane executes at once; SQEs wait in their
+/// ring while all are taken.
+pub const MAX_TICKETS: usize = 512;
+/// Longest a lane parks while chunks are in flight: replies wake no
+/// doorbell, so it looks again this often.
+const IN_FLIGHT_PARK: Duration = Duration::from_micros(200);
+/// Rounds between deadline checks of parts in flight.
+const DEADLINE_CHECK_ROUNDS: u32 = 256;
 
 impl Lane {
     async fn run(mut self) {
@@ -313,7 +392,10 @@ impl Lane {
         let mut rounds: u32 = 0;
         loop {
             let commands = self.take_commands();
-            let worked = self.poll_rings() + commands;
+            let worked = self.poll_links() + self.poll_rings() + commands;
+            if self.free_tickets.len() < self.tickets.len() && (worked == 0 || rounds % DEADLINE_CHECK_ROUNDS == 0) {
+                self.expire_in_flight();
+            }
             if worked > 0 {
                 idle_since = None;
             } else if self.shared.stop.load(Ordering::Acquire) {
@@ -337,19 +419,27 @@ impl Lane {
                 glommio::yield_if_needed().await;
             }
         }
+        self.abort_all("the lane stopped");
     }
 
     fn drained(&mut self) -> bool {
-        self.cq_backlog.is_empty() && self.rings.iter_mut().all(|r| r.sq.is_empty())
+        self.cq_backlog.is_empty()
+            && self.free_tickets.len() == self.tickets.len()
+            && self.rings.iter_mut().flatten().all(|r| r.rings.sq.is_empty())
     }
 
     fn park(&mut self) {
         let shared = self.shared.clone();
+        let timeout = if self.active.is_empty() {
+            self.config.park_timeout
+        } else {
+            self.config.park_timeout.min(IN_FLIGHT_PARK)
+        };
         let rings = &mut self.rings;
-        let parked = shared.doorbell.park(self.config.park_timeout, || {
+        let parked = shared.doorbell.park(timeout, || {
             !shared.commands.is_empty()
                 || shared.stop.load(Ordering::Acquire)
-                || rings.iter_mut().any(|r| !r.sq.is_empty())
+                || rings.iter_mut().flatten().any(|r| !r.rings.sq.is_empty())
         });
         if parked {
             shared.stats.parks.fetch_add(1, Ordering::Relaxed);
@@ -361,7 +451,13 @@ impl Lane {
         while let Some(command) = self.shared.commands.pop() {
             taken += 1;
             match command {
-                LaneCommand::AttachSubmitter(rings) => self.rings.push(*rings),
+                LaneCommand::AttachSubmitter(rings) => {
+                    let slot = RingSlot { rings: *rings, tickets: 0 };
+                    match self.rings.iter_mut().find(|r| r.is_none()) {
+                        Some(free) => *free = Some(slot),
+                        None => self.rings.push(Some(slot)),
+                    }
+                }
                 LaneCommand::AttachSegment { key, segment } => {
                     if let Some(entry) = self.segments.get_mut(key as u16 as usize) {
                         *entry = Some((key, segment));
@@ -374,40 +470,68 @@ impl Lane {
                         }
                     }
                 }
+                LaneCommand::Notify { key, payload, reply } => self.post_notification(key, payload, reply),
             }
         }
         taken
     }
 
-    /// One pass over every submitter's ring. Returns SQEs executed.
+    fn segment(&self, key: u32) -> Option<&LaneSegment> {
+        self.segments.get(key as u16 as usize).and_then(Option::as_ref).filter(|(k, _)| *k == key).map(|(_, s)| s)
+    }
+
+    fn post_notification(&mut self, key: u32, payload: Vec<u8>, reply: mpsc::SyncSender<Result<()>>) {
+        let Some(segment) = self.segment(key).cloned() else {
+            let _ = reply.send(Err(Error::UnknownSegment { segment: format!("key {key:#x}") }));
+            return;
+        };
+        let Some(index) = self.free_tickets.pop() else {
+            let _ = reply.send(Err(Error::Busy { queue: "lane tickets", capacity: MAX_TICKETS }));
+            return;
+        };
+        match segment.link.post_notification(self.config.index, index as u64, payload) {
+            Ok(()) => {
+                let ticket = &mut self.tickets[index as usize];
+                ticket.outstanding = 1;
+                ticket.notify_reply = Some(reply);
+                activate(&mut self.active, &segment.link);
+                ticket.segment = Some(segment);
+            }
+            Err(error) => {
+                if matches!(error, Error::PeerRestarted { .. }) {
+                    segment.peer.mark_stale();
+                }
+                let _ = reply.send(Err(error));
+                self.free_tickets.push(index);
+            }
+        }
+    }
+
+    /// One pass over every submitter's ring. Returns SQEs taken.
     fn poll_rings(&mut self) -> usize {
         self.flush_cq_backlog();
         let mut executed = 0;
-        let mut index = 0;
-        while index < self.rings.len() {
-            let ring = &mut self.rings[index];
-            let available = ring.sq.slots().min(DEFAULT_MAX_SQES_PER_POLL);
+        for index in 0..self.rings.len() {
+            let Some(slot) = self.rings[index].as_mut() else { continue };
+            let available = slot.rings.sq.slots().min(DEFAULT_MAX_SQES_PER_POLL);
             if available == 0 {
-                if ring.closed.load(Ordering::Acquire) && ring.sq.is_empty() {
-                    self.rings.swap_remove(index);
-                    continue;
+                if slot.rings.closed.load(Ordering::Acquire) && slot.rings.sq.is_empty() && slot.tickets == 0 {
+                    self.rings[index] = None;
                 }
-                index += 1;
                 continue;
             }
-            for _ in 0..available {
-                let Some(sqe) = self.rings[index].sq.pop() else { break };
+            for _ in 0..available.min(self.free_tickets.len()) {
+                let Some(sqe) = self.rings[index].as_mut().and_then(|slot| slot.rings.sq.pop()) else { break };
                 self.execute_part(index, sqe);
                 executed += 1;
             }
-            index += 1;
         }
         executed
     }
 
     fn flush_cq_backlog(&mut self) {
         while let Some(&(ring, cqe)) = self.cq_backlog.front() {
-            match self.rings.get_mut(ring).map(|r| r.cq.push(cqe)) {
+            match self.rings.get_mut(ring).and_then(Option::as_mut).map(|r| r.rings.cq.push(cqe)) {
                 Some(Err(_)) => return,
                 _ => {
                     self.cq_backlog.pop_front();
@@ -416,19 +540,110 @@ impl Lane {
         }
     }
 
+    /// Polls every link with chunks in flight and ends what they report.
+    fn poll_links(&mut self) -> usize {
+        if self.active.is_empty() {
+            return 0;
+        }
+        let mut progressed = 0;
+        for active in &self.active {
+            progressed += active.link.poll(self.config.index, &mut self.finished) as usize;
+        }
+        self.end_finished();
+        progressed
+    }
+
+    fn end_finished(&mut self) {
+        let mut finished = std::mem::take(&mut self.finished);
+        for (ticket, result) in finished.drain(..) {
+            self.end_chunk(ticket as usize, result);
+        }
+        self.finished = finished;
+    }
+
+    /// Fails the parts in flight whose deadline has passed. Their chunks
+    /// cannot be recalled from a byte stream, so the link closes what
+    /// carries them (and with it everything else in flight on it: those
+    /// parts fail `PeerRestarted` and the segment is reopened by name).
+    fn expire_in_flight(&mut self) {
+        let now = self.config.clock.now_ns();
+        for index in 0..self.tickets.len() {
+            let ticket = &mut self.tickets[index];
+            let expired = ticket.outstanding > 0
+                && ticket.notify_reply.is_none()
+                && ticket.sqe.deadline_ns != 0
+                && now > ticket.sqe.deadline_ns;
+            if !expired {
+                continue;
+            }
+            ticket.end.get_or_insert(PartEnd::TimedOut);
+            if let Some(segment) = ticket.segment.clone() {
+                let reason = format!(
+                    "batch {:#x} passed its deadline with blocks in flight, so its connection was closed",
+                    ticket.sqe.batch_id
+                );
+                segment.link.abort(self.config.index, &reason, &mut self.finished);
+                segment.peer.mark_stale();
+            }
+        }
+        self.end_finished();
+    }
+
+    /// Ends everything in flight (the lane is exiting).
+    fn abort_all(&mut self, reason: &str) {
+        let links: Vec<_> = self.active.iter().map(|a| a.link.clone()).collect();
+        for link in links {
+            link.abort(self.config.index, reason, &mut self.finished);
+        }
+        self.end_finished();
+    }
+
+    fn end_chunk(&mut self, index: usize, result: Result<u64, TransferError>) {
+        let Some(ticket) = self.tickets.get_mut(index) else { return };
+        if ticket.outstanding == 0 {
+            return;
+        }
+        ticket.outstanding -= 1;
+        match result {
+            Ok(bytes) => ticket.progress.bytes += bytes,
+            Err((error, bytes)) => {
+                ticket.progress.bytes += bytes;
+                ticket.end.get_or_insert(PartEnd::Failed(error));
+            }
+        }
+        if let Some(segment) = &ticket.segment {
+            deactivate(&mut self.active, &segment.link);
+        }
+        if ticket.outstanding == 0 {
+            self.end_ticket(index);
+        }
+    }
+
     fn execute_part(&mut self, ring_index: usize, sqe: Sqe) {
+        if self.rings[ring_index].is_none() {
+            return;
+        }
+        let Some(ticket_index) = self.free_tickets.pop() else { return };
         let id = super::status::BatchId::from_raw(sqe.batch_id);
-        let Lane { shared, registry, rings, segments, config, cq_backlog, chunk, ended_runs } = self;
-        let ring = &mut rings[ring_index];
-        let segment = segments
-            .get(sqe.segment as u16 as usize)
-            .and_then(Option::as_ref)
-            .filter(|(key, _)| *key == sqe.segment)
-            .map(|(_, s)| s);
+        let segment = self.segment(sqe.segment).cloned();
+        let in_use = (MAX_TICKETS - self.free_tickets.len()) as u64;
+        if in_use > self.peak_in_flight {
+            self.peak_in_flight = in_use;
+            self.shared.stats.peak_in_flight.store(in_use, Ordering::Relaxed);
+        }
+        let Lane { registry, rings, config, chunk, ended_runs, tickets, active, .. } = self;
+        let Some(slot) = rings[ring_index].as_mut() else { unreachable!("checked above") };
+        slot.tickets += 1;
+        let ring = &mut slot.rings;
+        let ticket = &mut tickets[ticket_index as usize];
+        ticket.ring = ring_index;
+        ticket.sqe = sqe;
+        ticket.progress = PartProgress::default();
+        ticket.leases.clear();
         let op = Opcode::from_u8(sqe.opcode);
         let status = &ring.status;
 
-        let mut end: Option<PartEnd<Error>> = match (segment, op) {
+        ticket.end = match (&segment, op) {
             (None, _) => Some(PartEnd::Failed(Error::UnknownSegment { segment: format!("key {:#x}", sqe.segment) })),
             (_, None) => Some(PartEnd::Failed(Error::UnknownOpcode { opcode: sqe.opcode })),
             (Some(segment), _) if segment.peer.is_stale() => Some(PartEnd::Failed(Error::PeerRestarted {
@@ -441,74 +656,108 @@ impl Lane {
             Some(Opcode::Read) => (Access::LOCAL_WRITE, Access::REMOTE_READ),
             _ => (Access::LOCAL_READ, Access::REMOTE_WRITE),
         };
-        let max_chunk = segment.map_or(1, |s| s.link.max_chunk().clamp(1, MAX_CHUNK_BLOCKS));
-        let mut part = PartProgress { bytes: 0, executed: 0 };
+        let max_chunk = segment.as_ref().map_or(1, |s| s.link.max_chunk().clamp(1, MAX_CHUNK_BLOCKS));
         let mut run: Option<RegionId> = None;
         chunk.clear();
         ended_runs.clear();
+        let mut post = Poster { lane: config.index, ticket_index, id, registry, chunk, ended_runs, active };
         // Every descriptor of the part is consumed from the arena, executed
         // or not, so the next batch never waits behind a failed one; leases
         // are released run by run exactly as the submitter took them, but
-        // only after the chunk using them has been transferred.
+        // only once the chunk using them has ended.
         let descs = ring.descs.read_chunk(sqe.desc_count as usize);
         debug_assert_eq!(descs.len(), sqe.desc_count as usize, "descriptors are published before their SQE");
         for (offset, desc) in descs.enumerate() {
             if run != Some(desc.local_region) {
                 if let Some(region) = run {
-                    ended_runs.push(region);
+                    post.ended_runs.push(region);
                 }
                 run = Some(desc.local_region);
             }
-            if end.is_some() {
+            if ticket.end.is_some() {
                 continue;
             }
-            let (Some(segment), Some(op)) = (segment, op) else { continue };
-            if chunk.is_empty() {
+            let (Some(segment), Some(op)) = (&segment, op) else { continue };
+            if post.chunk.is_empty() {
                 if status.cancel_requested(id) {
-                    end = Some(PartEnd::Cancelled);
+                    ticket.end = Some(PartEnd::Cancelled);
                     continue;
                 }
                 if sqe.deadline_ns != 0 && config.clock.now_ns() > sqe.deadline_ns {
-                    end = Some(PartEnd::TimedOut);
+                    ticket.end = Some(PartEnd::TimedOut);
                     continue;
                 }
             }
             let desc_index = sqe.desc_base + offset as u32;
-            match validate(registry, segment, &desc, desc_index, local_needs, remote_needs) {
-                Ok(local) => chunk.push(Block { local, desc, desc_index }),
+            match validate(post.registry, segment, &desc, desc_index, local_needs, remote_needs) {
+                Ok(local) => post.chunk.push(Block { local, desc, desc_index }),
                 Err(error) => {
                     // Blocks validated before the bad one still move, as
                     // they would have one by one.
-                    end = flush(config.index, segment, op, id, chunk, registry, ended_runs, &mut part);
-                    part.executed += 1;
-                    end.get_or_insert(PartEnd::Failed(error));
+                    post.flush(ticket, segment, op);
+                    ticket.progress.executed += 1;
+                    ticket.end.get_or_insert(PartEnd::Failed(error));
                     continue;
                 }
             }
-            if chunk.len() >= max_chunk {
-                end = flush(config.index, segment, op, id, chunk, registry, ended_runs, &mut part);
+            if post.chunk.len() >= max_chunk {
+                post.flush(ticket, segment, op);
             }
         }
-        if end.is_none() {
-            if let (Some(segment), Some(op)) = (segment, op) {
-                end = flush(config.index, segment, op, id, chunk, registry, ended_runs, &mut part);
+        if ticket.end.is_none() {
+            if let (Some(segment), Some(op)) = (&segment, op) {
+                post.flush(ticket, segment, op);
             }
         }
-        chunk.clear();
-        for region in ended_runs.drain(..).chain(run) {
+        post.chunk.clear();
+        for region in post.ended_runs.drain(..).chain(run) {
+            if ticket.outstanding > 0 {
+                ticket.leases.push(region);
+            } else {
+                post.registry.release(region);
+            }
+        }
+        ticket.segment = segment;
+        if ticket.outstanding == 0 {
+            self.end_ticket(ticket_index as usize);
+        }
+    }
+
+    /// Ends a ticket whose chunks have all ended: releases its leases and
+    /// publishes its part's status and completion (or a notification's
+    /// result), then frees it.
+    fn end_ticket(&mut self, index: usize) {
+        let Lane { shared, registry, rings, tickets, free_tickets, cq_backlog, .. } = self;
+        let ticket = &mut tickets[index];
+        for region in ticket.leases.drain(..) {
             registry.release(region);
         }
-        if let (Some(segment), Some(PartEnd::Failed(Error::PeerRestarted { .. }))) = (segment, &end) {
+        let segment = ticket.segment.take();
+        let end = ticket.end.take();
+        if let (Some(segment), Some(PartEnd::Failed(Error::PeerRestarted { .. }))) = (&segment, &end) {
             // The peer is gone or restarted: later batches to this handle
             // fail at once, and the next open of its name reconnects.
             segment.peer.mark_stale();
         }
+        free_tickets.push(index as u32);
+        if let Some(reply) = ticket.notify_reply.take() {
+            let result = match end {
+                Some(PartEnd::Failed(error)) => Err(error),
+                _ => Ok(()),
+            };
+            let _ = reply.send(result);
+            return;
+        }
         let stats = &shared.stats;
         stats.parts.fetch_add(1, Ordering::Relaxed);
-        stats.descs.fetch_add(part.executed, Ordering::Relaxed);
-        stats.bytes.fetch_add(part.bytes, Ordering::Relaxed);
-
-        let finished = status.finish_part(id, part.bytes, end.unwrap_or(PartEnd::Done), result_code);
+        stats.descs.fetch_add(ticket.progress.executed, Ordering::Relaxed);
+        stats.bytes.fetch_add(ticket.progress.bytes, Ordering::Relaxed);
+        let Some(slot) = rings.get_mut(ticket.ring).and_then(Option::as_mut) else { return };
+        slot.tickets -= 1;
+        let sqe = ticket.sqe;
+        let id = super::status::BatchId::from_raw(sqe.batch_id);
+        let finished =
+            slot.rings.status.finish_part(id, ticket.progress.bytes, end.unwrap_or(PartEnd::Done), result_code);
         if let Some(completion) = finished {
             let cqe = Cqe {
                 user_data: sqe.user_data,
@@ -517,51 +766,85 @@ impl Lane {
                 result: completion.result,
                 kind: CqeKind::Batch as u32,
             };
-            if ring.cq.push(cqe).is_err() {
-                cq_backlog.push_back((ring_index, cqe));
+            if slot.rings.cq.push(cqe).is_err() {
+                cq_backlog.push_back((ticket.ring, cqe));
             }
         }
     }
 }
 
+/// Counts a chunk in flight on `link`, so the lane polls it.
+fn activate(active: &mut Vec<ActiveLink>, link: &Arc<dyn Link>) {
+    match active.iter_mut().find(|a| same_link(&a.link, link)) {
+        Some(entry) => entry.chunks += 1,
+        None => active.push(ActiveLink { link: link.clone(), chunks: 1 }),
+    }
+}
+
+/// Counts a chunk of `link` ended; a link with none left is not polled.
+fn deactivate(active: &mut Vec<ActiveLink>, link: &Arc<dyn Link>) {
+    if let Some(position) = active.iter().position(|a| same_link(&a.link, link)) {
+        active[position].chunks -= 1;
+        if active[position].chunks == 0 {
+            active.swap_remove(position);
+        }
+    }
+}
+
+fn same_link(a: &Arc<dyn Link>, b: &Arc<dyn Link>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+}
+
 /// Bytes and descriptors a part has moved so far.
+#[derive(Debug, Default, Clone, Copy)]
 struct PartProgress {
     bytes: u64,
     executed: u64,
 }
 
-/// Transfers the chunk, then releases the leases of the runs that ended in
-/// it. Returns the part's end if the transfer failed.
-#[allow(clippy::too_many_arguments)]
-fn flush(
+/// Hands a part's chunks to its link.
+struct Poster<'a> {
     lane: usize,
-    segment: &LaneSegment,
-    op: Opcode,
+    ticket_index: u32,
     id: super::status::BatchId,
-    chunk: &mut Vec<Block>,
-    registry: &Registry,
-    ended_runs: &mut Vec<RegionId>,
-    part: &mut PartProgress,
-) -> Option<PartEnd<Error>> {
-    if chunk.is_empty() {
-        return None;
-    }
-    // SAFETY: every block was validated against a region this part holds a
-    // lease on (`validate`), and those leases are released only below.
-    let result = unsafe { segment.link.transfer(lane, op, id.raw(), chunk) };
-    part.executed += chunk.len() as u64;
-    chunk.clear();
-    for region in ended_runs.drain(..) {
-        registry.release(region);
-    }
-    match result {
-        Ok(bytes) => {
-            part.bytes += bytes;
-            None
+    registry: &'a Registry,
+    chunk: &'a mut Vec<Block>,
+    ended_runs: &'a mut Vec<RegionId>,
+    active: &'a mut Vec<ActiveLink>,
+}
+
+impl Poster<'_> {
+    /// Transfers the chunk; releases the leases of the runs that ended in it
+    /// once it has ended (now, or when the part ends if any chunk of it is
+    /// in flight).
+    fn flush(&mut self, ticket: &mut Ticket, segment: &LaneSegment, op: Opcode) {
+        if self.chunk.is_empty() {
+            return;
         }
-        Err((error, bytes)) => {
-            part.bytes += bytes;
-            Some(PartEnd::Failed(error))
+        // SAFETY: every block was validated against a region this part holds
+        // a lease on (`validate`), and those leases are released only after
+        // the chunk has ended (below, or in `end_ticket`).
+        let posted =
+            unsafe { segment.link.transfer(self.lane, op, self.id.raw(), self.ticket_index as u64, self.chunk) };
+        ticket.progress.executed += self.chunk.len() as u64;
+        self.chunk.clear();
+        match posted {
+            Posted::Done(bytes) => ticket.progress.bytes += bytes,
+            Posted::Failed((error, bytes)) => {
+                ticket.progress.bytes += bytes;
+                ticket.end.get_or_insert(PartEnd::Failed(error));
+            }
+            Posted::InFlight => {
+                ticket.outstanding += 1;
+                activate(self.active, &segment.link);
+            }
+        }
+        if ticket.outstanding > 0 {
+            ticket.leases.append(self.ended_runs);
+        } else {
+            for region in self.ended_runs.drain(..) {
+                self.registry.release(region);
+            }
         }
     }
 }

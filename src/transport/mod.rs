@@ -32,7 +32,25 @@ pub struct Block {
 /// A chunk's failure: the error, and the bytes moved before it.
 pub type TransferError = (Error, u64);
 
+/// How a chunk ended, or that it will end later.
+#[derive(Debug)]
+pub enum Posted {
+    /// Moved now (synchronous links): the bytes moved.
+    Done(u64),
+    /// Failed now: the error and the bytes moved before it.
+    Failed(TransferError),
+    /// Handed to the link; its end comes from [`Link::poll`] under the
+    /// chunk's ticket. The chunk's memory must stay leased until then.
+    InFlight,
+}
+
+/// A chunk that ended after [`Posted::InFlight`]: its ticket and result.
+pub type Finished = (u64, Result<u64, TransferError>);
+
 /// A connection from this engine to one peer segment over one transport.
+///
+/// Shared by every lane (`Sync`), but a lane's calls name the lane, and a
+/// link keeps per-lane state that only that lane touches.
 pub trait Link: Send + Sync + std::fmt::Debug {
     /// Which transport this is.
     fn kind(&self) -> TransportKind;
@@ -40,22 +58,43 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     /// Most blocks the lane hands over at once.
     fn max_chunk(&self) -> usize;
 
-    /// Moves `blocks` in order for lane `lane`; returns the bytes moved, or
-    /// the first failure and the bytes moved before it.
+    /// Moves `blocks` in order for lane `lane`, now ([`Posted::Done`],
+    /// [`Posted::Failed`]) or later ([`Posted::InFlight`]: the end is
+    /// reported by [`Link::poll`] under `ticket`).
     ///
     /// # Safety
     ///
     /// Each block's `local..local + desc.len` must lie within one registered
-    /// local region that stays registered for the call (the lane holds a
-    /// lease on it), valid for reads (WRITE) or writes (READ), and not
-    /// otherwise accessed during the call.
-    unsafe fn transfer(&self, lane: usize, op: Opcode, batch_id: u64, blocks: &[Block]) -> Result<u64, TransferError>;
+    /// local region that stays registered, valid for reads (WRITE) or writes
+    /// (READ), and not otherwise accessed until the chunk has ended: on
+    /// return for `Done` and `Failed`, when `poll` or `abort` reports its
+    /// ticket for `InFlight`.
+    unsafe fn transfer(&self, lane: usize, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted;
 
-    /// Sends a notification on this link's own path, after what lane `lane`
-    /// has sent; `None` when the transport has no path of its own for it
-    /// (the engine then uses the control plane).
-    fn notify(&self, _lane: usize, _from: &str, _message: &[u8]) -> Option<crate::error::Result<()>> {
-        None
+    /// Makes progress on lane `lane`'s chunks in flight and appends those
+    /// that ended to `finished`. Returns true if anything moved.
+    fn poll(&self, _lane: usize, _finished: &mut Vec<Finished>) -> bool {
+        false
+    }
+
+    /// Ends every chunk lane `lane` has in flight at once (a batch passed
+    /// its deadline, the lane stops): closes what carries them, so no byte
+    /// of theirs is read or written afterwards, and reports each as failed
+    /// with `reason`.
+    fn abort(&self, _lane: usize, _reason: &str, _finished: &mut Vec<Finished>) {}
+
+    /// True when the transport carries notifications on its own path
+    /// ([`Link::post_notification`]); otherwise the engine sends them on
+    /// the control plane.
+    fn carries_notifications(&self) -> bool {
+        false
+    }
+
+    /// Queues an encoded notification on lane `lane`'s path, after
+    /// everything that lane has queued; it ends, like a chunk, through
+    /// `poll` under `ticket`.
+    fn post_notification(&self, _lane: usize, _ticket: u64, _payload: Vec<u8>) -> Result<(), Error> {
+        Err(Error::Unsupported { what: "notifications on this transport's data path".into() })
     }
 }
 

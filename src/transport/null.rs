@@ -1,7 +1,7 @@
 //! The null transport: validates like any other, moves nothing. It measures
 //! what kvring itself costs per descriptor (rings, lane loop, status).
 
-use super::{Block, Link, TransferError};
+use super::{Block, Link, Posted};
 use crate::ring::Opcode;
 use crate::segment::TransportKind;
 
@@ -19,13 +19,7 @@ impl Link for NullLink {
     }
 
     #[inline]
-    unsafe fn transfer(
-        &self,
-        _lane: usize,
-        _op: Opcode,
-        _batch_id: u64,
-        blocks: &[Block],
-    ) -> Result<u64, TransferError> {
-        Ok(blocks.iter().map(|b| b.desc.len).sum())
+    unsafe fn transfer(&self, _lane: usize, _op: Opcode, _batch_id: u64, _ticket: u64, blocks: &[Block]) -> Posted {
+        Posted::Done(blocks.iter().map(|b| b.desc.len).sum())
     }
 }

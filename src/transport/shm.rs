@@ -2,7 +2,7 @@
 //! into this process, and the lane copies straight into (WRITE) or out of
 //! (READ) them. One copy, no syscall, no peer thread involved.
 
-use super::{Block, Link, TransferError};
+use super::{Block, Link, Posted};
 use crate::desc::BlockDesc;
 use crate::error::{Error, Result, Side};
 use crate::mem::ShmMapping;
@@ -65,22 +65,16 @@ impl Link for ShmLink {
     }
 
     #[inline]
-    unsafe fn transfer(
-        &self,
-        _lane: usize,
-        op: Opcode,
-        _batch_id: u64,
-        blocks: &[Block],
-    ) -> Result<u64, TransferError> {
+    unsafe fn transfer(&self, _lane: usize, op: Opcode, _batch_id: u64, _ticket: u64, blocks: &[Block]) -> Posted {
         let mut moved = 0;
         for block in blocks {
             // SAFETY: forwarded from our caller, block by block.
             match unsafe { self.copy(op, block.local, &block.desc, block.desc_index) } {
                 Ok(()) => moved += block.desc.len,
-                Err(error) => return Err((error, moved)),
+                Err(error) => return Posted::Failed((error, moved)),
             }
         }
-        Ok(moved)
+        Posted::Done(moved)
     }
 }
 

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use kvring::{Engine, EngineBuilder};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Every wait in the tests is bounded by this.
 pub const WAIT: Duration = Duration::from_secs(10);
@@ -32,4 +32,23 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 /// The `kvring` binary built for these tests.
 pub fn kvring_bin() -> &'static str {
     env!("CARGO_BIN_EXE_kvring")
+}
+
+/// Waits until every thread of process `pid` is stopped (a group stop
+/// reaches the threads one by one, asynchronously).
+pub fn wait_until_stopped(pid: u32) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the target runs");
+        let all_stopped = tasks.flatten().all(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // The state follows the command name, which is in parentheses.
+            stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()) == Some("T")
+        });
+        if all_stopped {
+            return;
+        }
+        assert!(Instant::now() < deadline, "process {pid} did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }

@@ -1,55 +1,52 @@
-//! The initiator side of the TCP transport: one connection per lane to the
-//! peer's data listener, made when the segment is opened (on the caller's
-//! thread, never on a lane), used only by its lane.
+//! The initiator side of the TCP transport: one non-blocking connection per
+//! lane to the peer's data listener, made when the segment is opened (on the
+//! caller's thread, never on a lane), then driven only by its lane.
 //!
-//! A chunk of WRITE blocks goes out as frames written back to back with
-//! vectored writes, the last one flagged, and one ack comes back for the
-//! chunk. A chunk of READs is sent as one run of request headers; the
-//! replies come back in order and each payload lands straight in local
-//! memory. Blocks over [`MAX_FRAME_PAYLOAD_BYTES`] are split into frames.
+//! A chunk is queued on the lane's [`Connection`] and sent as far as the
+//! socket takes it; the lane's loop polls the link for the rest and for the
+//! replies, so any number of chunks are in flight and a silent peer costs
+//! the lane nothing but its own batches, which fail after `io_timeout` or
+//! at their deadline. WRITE chunks are frames back to back, the last one
+//! flagged, acknowledged once; READ chunks are request headers whose
+//! replies land straight in local memory. Blocks over
+//! [`MAX_FRAME_PAYLOAD_BYTES`](super::frame::MAX_FRAME_PAYLOAD_BYTES) span
+//! frames.
 
-use super::frame::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES, MAX_NOTIFY_BYTES};
+use super::conn::{Connection, Peer};
+use super::frame::MAX_NOTIFY_BYTES;
 use crate::error::{Error, Result};
-use crate::proto::ErrorCode;
 use crate::ring::Opcode;
 use crate::segment::TransportKind;
-use crate::transport::{Block, Link, TransferError};
-use prost::Message;
-use std::io::{BufReader, IoSlice, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use crate::transport::{Block, Finished, Link, Posted};
+use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use zerocopy::IntoBytes;
 
-/// Default deadline of one socket read or write on a data connection.
+/// Default time a connection may go without a byte moving while replies are
+/// awaited before it is declared dead.
 pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Blocks a lane hands the TCP link at once (one ack per chunk).
 pub const TCP_CHUNK_BLOCKS: usize = 64;
-/// Read-ahead buffer of a connection's replies.
-const REPLY_BUFFER_BYTES: usize = 256 * 1024;
 
-struct Connection {
-    stream: TcpStream,
-    /// Replies are read through a buffer: headers and small payloads come
-    /// many to a syscall; large payloads bypass it into local memory.
-    reader: BufReader<TcpStream>,
-    /// Frame headers of the chunk being sent (reused, no allocation once warm).
-    headers: Vec<FrameHeader>,
+/// One lane's connection, or why it is gone.
+#[derive(Debug)]
+enum Slot {
+    Open(Box<Connection>),
+    Closed(String),
 }
 
 /// Connections to one peer, one per lane.
 pub struct TcpLink {
-    peer: String,
-    addr: SocketAddr,
-    epoch: u64,
-    connections: Box<[Mutex<Option<Connection>>]>,
+    peer: Peer,
+    io_timeout: Duration,
+    lanes: Box<[Mutex<Slot>]>,
     broken: AtomicBool,
 }
 
 impl std::fmt::Debug for TcpLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpLink").field("peer", &self.peer).field("addr", &self.addr).finish()
+        f.debug_struct("TcpLink").field("peer", &self.peer.name).field("addr", &self.peer.addr).finish()
     }
 }
 
@@ -68,7 +65,7 @@ impl TcpLink {
             .map_err(|e| Error::io(format!("resolving {peer}'s data address {data_addr}"), e))?
             .next()
             .ok_or_else(|| Error::invalid("data address", format!("{data_addr} resolves to nothing")))?;
-        let mut connections = Vec::with_capacity(lanes);
+        let mut slots = Vec::with_capacity(lanes);
         for _ in 0..lanes {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -76,24 +73,13 @@ impl TcpLink {
             }
             let stream = TcpStream::connect_timeout(&addr, left)
                 .map_err(|e| Error::io(format!("connecting to {peer}'s data listener {addr}"), e))?;
-            let _ = stream.set_nodelay(true);
-            stream.set_read_timeout(Some(io_timeout)).map_err(|e| Error::io("setting read timeout", e))?;
-            stream.set_write_timeout(Some(io_timeout)).map_err(|e| Error::io("setting write timeout", e))?;
-            let reader = BufReader::with_capacity(
-                REPLY_BUFFER_BYTES,
-                stream.try_clone().map_err(|e| Error::io("cloning a socket", e))?,
-            );
-            connections.push(Mutex::new(Some(Connection {
-                stream,
-                reader,
-                headers: Vec::with_capacity(TCP_CHUNK_BLOCKS),
-            })));
+            let connection = Connection::new(stream).map_err(|e| Error::io("configuring a data connection", e))?;
+            slots.push(Mutex::new(Slot::Open(Box::new(connection))));
         }
         Ok(Self {
-            peer: peer.to_string(),
-            addr,
-            epoch,
-            connections: connections.into_boxed_slice(),
+            peer: Peer { name: peer.to_string(), addr, epoch },
+            io_timeout,
+            lanes: slots.into_boxed_slice(),
             broken: AtomicBool::new(false),
         })
     }
@@ -103,208 +89,18 @@ impl TcpLink {
         self.broken.load(Ordering::Acquire)
     }
 
-    fn gone(&self, detail: impl Into<String>) -> Error {
+    fn slot(&self, lane: usize) -> Option<std::sync::MutexGuard<'_, Slot>> {
+        // Only lane `lane` locks its slot: the mutex is never contended.
+        self.lanes.get(lane).map(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Fails everything on the slot's connection and closes it.
+    fn close(&self, slot: &mut Slot, reason: String, finished: &mut Vec<Finished>) {
         self.broken.store(true, Ordering::Release);
-        Error::PeerRestarted { segment: self.peer.clone(), detail: detail.into() }
-    }
-
-    /// Turns a reply's failure status into an error.
-    fn refused(&self, reply: &FrameHeader) -> Error {
-        let code = ErrorCode::try_from(-reply.status).unwrap_or(ErrorCode::Internal);
-        if code == ErrorCode::PeerRestarted {
-            return self.gone(format!("it answered with another epoch than {:#x}", self.epoch));
+        if let Slot::Open(connection) = slot {
+            connection.fail_all(&self.peer, &reason, finished);
         }
-        Error::Remote {
-            code,
-            message: format!(
-                "{} refused the block at region {} offset {}",
-                self.peer,
-                crate::RegionId::from_raw(reply.region),
-                reply.offset
-            ),
-        }
-    }
-
-    fn frames(&self, op: FrameOp, batch_id: u64, blocks: &[Block], headers: &mut Vec<FrameHeader>) {
-        headers.clear();
-        for block in blocks {
-            let mut done = 0;
-            while done < block.desc.len {
-                let len = (block.desc.len - done).min(MAX_FRAME_PAYLOAD_BYTES);
-                let offset = block.desc.remote_offset + done;
-                headers.push(FrameHeader::new(op, self.epoch, batch_id, block.desc.remote_region.raw(), offset, len));
-                done += len;
-            }
-        }
-        if let Some(last) = headers.last_mut() {
-            last.flags = FLAG_LAST;
-        }
-    }
-
-    /// Bytes of the blocks before the one a failing reply names.
-    fn bytes_before(blocks: &[Block], reply: &FrameHeader) -> u64 {
-        blocks
-            .iter()
-            .take_while(|b| {
-                let d = &b.desc;
-                !(d.remote_region.raw() == reply.region
-                    && (d.remote_offset..d.remote_offset + d.len).contains(&reply.offset))
-            })
-            .map(|b| b.desc.len)
-            .sum()
-    }
-
-    /// # Safety: as [`Link::transfer`].
-    unsafe fn write_chunk(
-        &self,
-        connection: &mut Connection,
-        batch_id: u64,
-        blocks: &[Block],
-    ) -> Result<u64, TransferError> {
-        let Connection { stream, reader, headers } = connection;
-        self.frames(FrameOp::Write, batch_id, blocks, headers);
-        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(headers.len() * 2);
-        let mut frame = 0;
-        for block in blocks {
-            let mut done = 0u64;
-            while done < block.desc.len {
-                let len = headers[frame].len;
-                // SAFETY: `block.local..+desc.len` is valid for reads (the
-                // caller's contract) and `done + len <= desc.len`.
-                let payload = unsafe { std::slice::from_raw_parts(block.local.add(done as usize), len as usize) };
-                slices.push(IoSlice::new(headers[frame].as_bytes()));
-                slices.push(IoSlice::new(payload));
-                done += len;
-                frame += 1;
-            }
-        }
-        if let Err(e) = write_all_vectored(stream, &mut slices) {
-            return Err((self.gone(format!("sending to {}: {e}", self.addr)), 0));
-        }
-        let reply = read_reply(reader).map_err(|e| (self.gone(format!("waiting for {}'s ack: {e}", self.addr)), 0))?;
-        if reply.opcode != FrameOp::Ack as u8 || reply.batch_id != batch_id {
-            return Err((self.gone(format!("{} answered out of order", self.addr)), 0));
-        }
-        if reply.status != 0 {
-            return Err((self.refused(&reply), Self::bytes_before(blocks, &reply)));
-        }
-        Ok(blocks.iter().map(|b| b.desc.len).sum())
-    }
-
-    /// # Safety: as [`Link::transfer`].
-    unsafe fn read_chunk(
-        &self,
-        connection: &mut Connection,
-        batch_id: u64,
-        blocks: &[Block],
-    ) -> Result<u64, TransferError> {
-        let Connection { stream, reader, headers } = connection;
-        self.frames(FrameOp::Read, batch_id, blocks, headers);
-        if let Err(e) = stream.write_all(headers.as_slice().as_bytes()) {
-            return Err((self.gone(format!("sending to {}: {e}", self.addr)), 0));
-        }
-        let mut moved = 0u64;
-        let mut failure: Option<Error> = None;
-        let mut frame = 0;
-        for block in blocks {
-            let mut done = 0u64;
-            while done < block.desc.len {
-                let asked = headers[frame];
-                frame += 1;
-                let reply =
-                    read_reply(reader).map_err(|e| (self.gone(format!("reading from {}: {e}", self.addr)), moved))?;
-                if reply.opcode != FrameOp::ReadData as u8 || reply.batch_id != batch_id {
-                    return Err((self.gone(format!("{} answered out of order", self.addr)), moved));
-                }
-                if reply.status != 0 {
-                    // Keep reading the replies still coming, so the
-                    // connection stays framed for the next chunk.
-                    failure.get_or_insert_with(|| self.refused(&reply));
-                } else if reply.len != asked.len {
-                    return Err((
-                        self.gone(format!("{} sent {} bytes for a {}-byte read", self.addr, reply.len, asked.len)),
-                        moved,
-                    ));
-                } else if failure.is_some() {
-                    discard(reader, reply.len)
-                        .map_err(|e| (self.gone(format!("reading from {}: {e}", self.addr)), moved))?;
-                } else {
-                    // SAFETY: `block.local..+desc.len` is valid for writes (the
-                    // caller's contract) and `done + len <= desc.len`.
-                    let target =
-                        unsafe { std::slice::from_raw_parts_mut(block.local.add(done as usize), reply.len as usize) };
-                    reader
-                        .read_exact(target)
-                        .map_err(|e| (self.gone(format!("reading from {}: {e}", self.addr)), moved))?;
-                }
-                done += asked.len;
-            }
-            if failure.is_none() {
-                moved += block.desc.len;
-            }
-        }
-        match failure {
-            None => Ok(moved),
-            Some(error) => Err((error, moved)),
-        }
-    }
-}
-
-fn read_reply(reader: &mut BufReader<TcpStream>) -> Result<FrameHeader> {
-    let mut bytes = [0u8; FRAME_HEADER_BYTES];
-    reader.read_exact(&mut bytes).map_err(|e| Error::io("reading a reply", e))?;
-    Ok(FrameHeader::decode(&bytes)?.0)
-}
-
-fn discard(reader: &mut BufReader<TcpStream>, len: u64) -> std::io::Result<()> {
-    let copied = std::io::copy(&mut reader.take(len), &mut std::io::sink())?;
-    if copied == len {
-        Ok(())
-    } else {
-        Err(std::io::ErrorKind::UnexpectedEof.into())
-    }
-}
-
-/// `write_all` for a list of slices, with one `writev` per round.
-fn write_all_vectored(stream: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
-    while !slices.is_empty() {
-        match stream.write_vectored(slices) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-impl TcpLink {
-    /// Sends a notification on lane `lane`'s data connection, after
-    /// everything that lane has sent to this peer, and waits for its ack.
-    pub fn send_notification(&self, lane: usize, from: &str, message: &[u8]) -> Result<()> {
-        if message.len() > MAX_NOTIFY_BYTES {
-            return Err(Error::MessageTooLarge { len: message.len() as u64, max: MAX_NOTIFY_BYTES as u64 });
-        }
-        let payload = crate::proto::Notification { from: from.to_string(), message: message.to_vec() }.encode_to_vec();
-        let slot = self.connections.get(lane).ok_or_else(|| Error::invalid("lane", format!("{lane} is not a lane")))?;
-        let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
-        let connection =
-            guard.as_mut().ok_or_else(|| self.gone("its connection was closed after an earlier failure"))?;
-        let header = FrameHeader::new(FrameOp::Notify, self.epoch, 0, 0, 0, payload.len() as u64);
-        let sent =
-            write_all_vectored(&mut connection.stream, &mut [IoSlice::new(header.as_bytes()), IoSlice::new(&payload)]);
-        let result = match sent {
-            Err(e) => Err(self.gone(format!("sending to {}: {e}", self.addr))),
-            Ok(()) => match read_reply(&mut connection.reader) {
-                Err(e) => Err(self.gone(format!("waiting for {}'s ack: {e}", self.addr))),
-                Ok(reply) if reply.status != 0 => Err(self.refused(&reply)),
-                Ok(_) => Ok(()),
-            },
-        };
-        if self.is_broken() {
-            *guard = None;
-        }
-        result
+        *slot = Slot::Closed(reason);
     }
 }
 
@@ -317,29 +113,62 @@ impl Link for TcpLink {
         TCP_CHUNK_BLOCKS
     }
 
-    fn notify(&self, lane: usize, from: &str, message: &[u8]) -> Option<Result<()>> {
-        Some(self.send_notification(lane, from, message))
+    unsafe fn transfer(&self, lane: usize, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
+        let Some(mut slot) = self.slot(lane) else {
+            return Posted::Failed((
+                Error::invalid("lane", format!("{lane} has no connection to {}", self.peer.name)),
+                0,
+            ));
+        };
+        let connection = match &mut *slot {
+            Slot::Open(connection) => connection,
+            Slot::Closed(reason) => return Posted::Failed((self.peer.gone(format!("connection closed: {reason}")), 0)),
+        };
+        connection.queue_chunk(&self.peer, op, batch_id, ticket, blocks);
+        // Start sending now: a lone small chunk often leaves in this call.
+        if let Err(reason) = connection.send(&self.peer) {
+            connection.mark_dead(reason);
+        }
+        Posted::InFlight
     }
 
-    unsafe fn transfer(&self, lane: usize, op: Opcode, batch_id: u64, blocks: &[Block]) -> Result<u64, TransferError> {
-        let Some(slot) = self.connections.get(lane) else {
-            return Err((Error::invalid("lane", format!("{lane} has no connection to {}", self.peer)), 0));
-        };
-        // Only this lane locks its slot: the mutex is never contended.
-        let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(connection) = guard.as_mut() else {
-            return Err((self.gone("its connection was closed after an earlier failure"), 0));
-        };
-        // SAFETY: forwarded from our caller.
-        let result = unsafe {
-            match op {
-                Opcode::Write => self.write_chunk(connection, batch_id, blocks),
-                Opcode::Read => self.read_chunk(connection, batch_id, blocks),
+    fn poll(&self, lane: usize, finished: &mut Vec<Finished>) -> bool {
+        let Some(mut slot) = self.slot(lane) else { return false };
+        let Slot::Open(connection) = &mut *slot else { return false };
+        match connection.progress(&self.peer, self.io_timeout, finished) {
+            Ok(progressed) => progressed,
+            Err(reason) => {
+                self.close(&mut slot, reason, finished);
+                true
             }
-        };
-        if self.is_broken() {
-            *guard = None;
         }
-        result
+    }
+
+    fn abort(&self, lane: usize, reason: &str, finished: &mut Vec<Finished>) {
+        if let Some(mut slot) = self.slot(lane) {
+            if matches!(&*slot, Slot::Open(c) if !c.is_idle()) {
+                self.close(&mut slot, reason.to_string(), finished);
+            }
+        }
+    }
+
+    fn carries_notifications(&self) -> bool {
+        true
+    }
+
+    fn post_notification(&self, lane: usize, ticket: u64, payload: Vec<u8>) -> Result<()> {
+        if payload.len() > MAX_NOTIFY_BYTES + 1024 {
+            return Err(Error::MessageTooLarge { len: payload.len() as u64, max: MAX_NOTIFY_BYTES as u64 });
+        }
+        let mut slot = self.slot(lane).ok_or_else(|| Error::invalid("lane", format!("{lane} is not a lane")))?;
+        let connection = match &mut *slot {
+            Slot::Open(connection) => connection,
+            Slot::Closed(reason) => return Err(self.peer.gone(format!("connection closed: {reason}"))),
+        };
+        connection.queue_notification(&self.peer, ticket, payload);
+        if let Err(reason) = connection.send(&self.peer) {
+            connection.mark_dead(reason);
+        }
+        Ok(())
     }
 }

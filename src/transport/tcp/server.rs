@@ -16,7 +16,7 @@ use crate::mem::{Access, Registry};
 use crate::net::Acceptor;
 use crate::transport::notify::{Notification, NotificationQueue};
 use prost::Message;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, BufWriter, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -252,7 +252,11 @@ fn receive_notify(
     }
 }
 
-fn serve_read(out: &mut impl Write, context: &Context, header: &FrameHeader) -> Result<()> {
+/// READ payloads at least this large are written straight from region
+/// memory rather than through the reply buffer.
+const DIRECT_WRITE_MIN_BYTES: usize = 16 * 1024;
+
+fn serve_read(out: &mut BufWriter<TcpStream>, context: &Context, header: &FrameHeader) -> Result<()> {
     match check_block(context, header, Access::REMOTE_READ) {
         Ok(addr) => {
             let reply = FrameHeader::new(
@@ -265,12 +269,32 @@ fn serve_read(out: &mut impl Write, context: &Context, header: &FrameHeader) -> 
             );
             // SAFETY: as in `receive_write`; the lease is released below.
             let source = unsafe { std::slice::from_raw_parts(addr as *const u8, header.len as usize) };
-            let sent = out.write_all(reply.as_bytes()).and_then(|()| out.write_all(source));
+            let sent = if source.len() >= DIRECT_WRITE_MIN_BYTES {
+                // Large payloads skip the reply buffer: one writev, no copy.
+                out.flush().and_then(|()| write_all_vectored(out.get_mut(), reply.as_bytes(), source))
+            } else {
+                out.write_all(reply.as_bytes()).and_then(|()| out.write_all(source))
+            };
             context.registry.release(RegionId::from_raw(header.region));
             sent.map_err(|e| Error::io("sending read data", e))
         }
         Err(error) => send_status(out, FrameOp::ReadData, header, &error),
     }
+}
+
+/// Writes a header and its payload with as few `writev`s as it takes.
+fn write_all_vectored(stream: &mut TcpStream, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
+    let mut slices = [IoSlice::new(header), IoSlice::new(payload)];
+    let mut slices = &mut slices[..];
+    while !slices.is_empty() {
+        match stream.write_vectored(slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Reads and drops `len` payload bytes, keeping the framing.

@@ -1,0 +1,698 @@
+//! One non-blocking data connection from a lane to a target: the frames it
+//! still has to send, the chunks waiting for replies, and where the reply
+//! being read lands.
+//!
+//! The lane drives it from its loop the way it would poll a completion
+//! queue: [`Connection::send`] writes as much as the socket takes with
+//! vectored writes, [`Connection::receive`] reads as much as has arrived
+//! and ends chunks as their replies complete. Nothing blocks, so a dead or
+//! slow peer never holds up the lane's other peers, and any number of
+//! chunks (of any number of batches) are in flight at once.
+
+use super::frame::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES};
+use crate::error::Error;
+use crate::proto::ErrorCode;
+use crate::ring::Opcode;
+use crate::transport::{Block, Finished};
+use std::collections::VecDeque;
+use std::io::{IoSlice, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+use zerocopy::IntoBytes;
+
+/// Read-ahead buffer for replies: headers and small payloads come many to
+/// a syscall; large payloads are read straight into local memory.
+const REPLY_BUFFER_BYTES: usize = 256 * 1024;
+/// Most slices one `writev` gathers (two per frame).
+const MAX_IO_SLICES: usize = 64;
+/// Below this, a payload is read through the buffer rather than directly.
+const DIRECT_READ_MIN_BYTES: usize = 16 * 1024;
+
+/// Who is at the other end, for error messages and frame headers.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// The peer's segment name.
+    pub name: String,
+    /// Its data address.
+    pub addr: SocketAddr,
+    /// Its epoch, stamped on every frame.
+    pub epoch: u64,
+}
+
+impl Peer {
+    /// The error for a connection that is gone: the lane marks the segment
+    /// stale, and the next open of its name reconnects.
+    pub fn gone(&self, detail: impl Into<String>) -> Error {
+        Error::PeerRestarted { segment: self.name.clone(), detail: detail.into() }
+    }
+
+    /// Turns a reply's failure status into an error.
+    fn refused(&self, reply: &FrameHeader) -> Error {
+        let code = ErrorCode::try_from(-reply.status).unwrap_or(ErrorCode::Internal);
+        if code == ErrorCode::PeerRestarted {
+            return self.gone(format!("it answered with another epoch than {:#x}", self.epoch));
+        }
+        Error::Remote {
+            code,
+            message: format!(
+                "{} refused the block at region {} offset {}",
+                self.name,
+                crate::RegionId::from_raw(reply.region),
+                reply.offset
+            ),
+        }
+    }
+}
+
+/// One frame's share of a block.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    local: *mut u8,
+    region: u32,
+    offset: u64,
+    len: u64,
+}
+
+/// A frame queued for sending.
+#[derive(Debug, Clone, Copy)]
+struct OutFrame {
+    header: FrameHeader,
+    /// Payload (WRITE, NOTIFY); null with `len` 0 for READ requests.
+    payload: *const u8,
+    len: usize,
+    ticket: u64,
+}
+
+impl OutFrame {
+    fn total(&self) -> usize {
+        FRAME_HEADER_BYTES + self.len
+    }
+}
+
+/// A chunk (or a notification) whose replies are awaited, in send order.
+#[derive(Debug)]
+struct Awaited {
+    ticket: u64,
+    batch_id: u64,
+    op: FrameOp,
+    /// One per frame.
+    spans: Vec<Span>,
+    /// READ: frames answered so far.
+    next: usize,
+    /// Bytes in place so far.
+    moved: u64,
+    failure: Option<Error>,
+    /// A notification's encoded payload: never read, owned here so the
+    /// queued frame that points into it stays valid until its reply.
+    _payload: Vec<u8>,
+}
+
+/// What the bytes being received are.
+#[derive(Debug, Clone, Copy)]
+enum Receiving {
+    Header,
+    /// A READ reply's payload, landing at `dest`.
+    Payload {
+        dest: *mut u8,
+        left: usize,
+    },
+    /// A payload nobody wants any more (its chunk already failed).
+    Discard {
+        left: usize,
+    },
+}
+
+/// A lane's data connection to one peer.
+#[derive(Debug)]
+pub struct Connection {
+    stream: TcpStream,
+    out: VecDeque<OutFrame>,
+    /// Bytes of the front frame (header, then payload) already written.
+    front_sent: usize,
+    awaiting: VecDeque<Awaited>,
+    buffer: Box<[u8]>,
+    start: usize,
+    end: usize,
+    receiving: Receiving,
+    /// Span lists of ended chunks, reused: no allocation once warm.
+    spare: Vec<Vec<Span>>,
+    /// Since when replies have been awaited without a byte moving.
+    stalled_since: Option<Instant>,
+    /// Set when a send failed outside `poll`; the next poll fails all.
+    dead: Option<String>,
+}
+
+// SAFETY: the raw pointers are into registered local regions that the lane
+// holds leases on until the chunk they belong to ends (`Link::transfer`'s
+// contract); the connection is used by one lane at a time (behind its
+// per-lane mutex), so moving it between threads moves no shared access.
+unsafe impl Send for Connection {}
+
+impl Connection {
+    /// Wraps a connected stream, switching it to non-blocking.
+    pub fn new(stream: TcpStream) -> std::io::Result<Self> {
+        stream.set_nonblocking(true)?;
+        let _ = stream.set_nodelay(true);
+        Ok(Self {
+            stream,
+            out: VecDeque::with_capacity(256),
+            front_sent: 0,
+            awaiting: VecDeque::with_capacity(64),
+            buffer: vec![0u8; REPLY_BUFFER_BYTES].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            receiving: Receiving::Header,
+            spare: Vec::new(),
+            stalled_since: None,
+            dead: None,
+        })
+    }
+
+    /// True when nothing is queued or awaited.
+    pub fn is_idle(&self) -> bool {
+        self.awaiting.is_empty()
+    }
+
+    /// Why the connection died outside `poll`, if it did.
+    pub fn take_dead(&mut self) -> Option<String> {
+        self.dead.take()
+    }
+
+    /// Queues a chunk: WRITE frames carry payloads, READ frames ask for
+    /// them. Blocks larger than [`MAX_FRAME_PAYLOAD_BYTES`] span frames.
+    pub fn queue_chunk(&mut self, peer: &Peer, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) {
+        let frame_op = match op {
+            Opcode::Write => FrameOp::Write,
+            Opcode::Read => FrameOp::Read,
+        };
+        let mut spans = self.spare.pop().unwrap_or_default();
+        spans.clear();
+        for block in blocks {
+            let mut done = 0;
+            while done < block.desc.len {
+                let len = (block.desc.len - done).min(MAX_FRAME_PAYLOAD_BYTES);
+                spans.push(Span {
+                    // The lane validated `local..local + desc.len`; `done < desc.len`.
+                    local: block.local.wrapping_add(done as usize),
+                    region: block.desc.remote_region.raw(),
+                    offset: block.desc.remote_offset + done,
+                    len,
+                });
+                done += len;
+            }
+        }
+        let count = spans.len();
+        for (index, span) in spans.iter().enumerate() {
+            let mut header = FrameHeader::new(frame_op, peer.epoch, batch_id, span.region, span.offset, span.len);
+            if index + 1 == count {
+                header.flags = FLAG_LAST;
+            }
+            let (payload, len) = match op {
+                Opcode::Write => (span.local as *const u8, span.len as usize),
+                Opcode::Read => (std::ptr::null(), 0),
+            };
+            self.out.push_back(OutFrame { header, payload, len, ticket });
+        }
+        self.await_reply(Awaited {
+            ticket,
+            batch_id,
+            op: frame_op,
+            spans,
+            next: 0,
+            moved: 0,
+            failure: None,
+            _payload: Vec::new(),
+        });
+    }
+
+    /// Queues a notification (an encoded `Notification`) after everything
+    /// queued before it.
+    pub fn queue_notification(&mut self, peer: &Peer, ticket: u64, payload: Vec<u8>) {
+        let header = FrameHeader::new(FrameOp::Notify, peer.epoch, 0, 0, 0, payload.len() as u64);
+        // The Vec's heap buffer does not move when the Vec does.
+        self.out.push_back(OutFrame { header, payload: payload.as_ptr(), len: payload.len(), ticket });
+        self.await_reply(Awaited {
+            ticket,
+            batch_id: 0,
+            op: FrameOp::Notify,
+            spans: Vec::new(),
+            next: 0,
+            moved: 0,
+            failure: None,
+            _payload: payload,
+        });
+    }
+
+    fn await_reply(&mut self, awaited: Awaited) {
+        if self.awaiting.is_empty() {
+            self.stalled_since = None;
+        }
+        self.awaiting.push_back(awaited);
+    }
+
+    /// Sends what the socket takes now. On failure the connection is dead:
+    /// the caller fails everything on it.
+    pub fn send(&mut self, peer: &Peer) -> Result<bool, String> {
+        let mut progressed = false;
+        while !self.out.is_empty() {
+            let mut slices = [IoSlice::new(&[]); MAX_IO_SLICES];
+            let mut count = 0;
+            let mut skip = self.front_sent;
+            for frame in self.out.iter() {
+                if count + 2 > MAX_IO_SLICES {
+                    break;
+                }
+                let header = frame.header.as_bytes();
+                let payload: &[u8] = if frame.len == 0 {
+                    &[]
+                } else {
+                    // SAFETY: WRITE payloads lie in leased registered memory
+                    // valid for reads until their chunk ends (the caller's
+                    // contract); notification payloads are owned by their
+                    // `Awaited` entry, which outlives the queued frame.
+                    unsafe { std::slice::from_raw_parts(frame.payload, frame.len) }
+                };
+                if skip < header.len() {
+                    slices[count] = IoSlice::new(&header[skip..]);
+                    count += 1;
+                    if !payload.is_empty() {
+                        slices[count] = IoSlice::new(payload);
+                        count += 1;
+                    }
+                } else {
+                    slices[count] = IoSlice::new(&payload[skip - header.len()..]);
+                    count += 1;
+                }
+                skip = 0;
+            }
+            match self.stream.write_vectored(&slices[..count]) {
+                Ok(0) => return Err(format!("{} stopped taking bytes", peer.addr)),
+                Ok(written) => {
+                    progressed = true;
+                    self.advance_sent(written);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("sending to {}: {e}", peer.addr)),
+            }
+        }
+        Ok(progressed)
+    }
+
+    fn advance_sent(&mut self, mut written: usize) {
+        while written > 0 {
+            let Some(front) = self.out.front() else { return };
+            let left = front.total() - self.front_sent;
+            if written >= left {
+                written -= left;
+                self.out.pop_front();
+                self.front_sent = 0;
+            } else {
+                self.front_sent += written;
+                written = 0;
+            }
+        }
+    }
+
+    /// Sends, receives, and ends chunks whose replies are complete. An
+    /// `Err` means the connection is dead (closed, reset, out of step, or
+    /// silent for `io_timeout` with replies awaited).
+    pub fn progress(
+        &mut self,
+        peer: &Peer,
+        io_timeout: Duration,
+        finished: &mut Vec<Finished>,
+    ) -> Result<bool, String> {
+        if let Some(reason) = self.dead.take() {
+            return Err(reason);
+        }
+        let sent = self.send(peer)?;
+        let received = self.receive(peer, finished)?;
+        if sent || received || self.awaiting.is_empty() {
+            self.stalled_since = None;
+        } else {
+            let since = *self.stalled_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > io_timeout {
+                return Err(format!("no reply from {} for {:?}", peer.addr, io_timeout));
+            }
+        }
+        Ok(sent || received)
+    }
+
+    /// Records a failed send outside `progress`; the next poll reports it.
+    pub fn mark_dead(&mut self, reason: String) {
+        self.dead.get_or_insert(reason);
+    }
+
+    fn receive(&mut self, peer: &Peer, finished: &mut Vec<Finished>) -> Result<bool, String> {
+        let mut progressed = false;
+        loop {
+            match self.receiving {
+                Receiving::Header => {
+                    if self.end - self.start < FRAME_HEADER_BYTES {
+                        // A large payload is next: read only its header, so
+                        // the payload lands in local memory in one copy.
+                        let limit = if self.large_reply_next() { FRAME_HEADER_BYTES } else { usize::MAX };
+                        match self.fill(peer, limit)? {
+                            0 => return Ok(progressed),
+                            _ => {
+                                progressed = true;
+                                continue;
+                            }
+                        }
+                    }
+                    let bytes = &self.buffer[self.start..self.start + FRAME_HEADER_BYTES];
+                    let (header, _) =
+                        FrameHeader::decode(bytes).map_err(|e| format!("{} sent a malformed reply: {e}", peer.addr))?;
+                    self.start += FRAME_HEADER_BYTES;
+                    self.on_header(peer, &header, finished)?;
+                }
+                Receiving::Payload { dest, left } => {
+                    let buffered = self.end - self.start;
+                    let took = if buffered > 0 {
+                        let n = buffered.min(left);
+                        // SAFETY: `dest..dest + left` lies in the leased local
+                        // range of the READ's span (checked by the lane when
+                        // the chunk was queued); `n <= left`.
+                        unsafe { std::ptr::copy_nonoverlapping(self.buffer.as_ptr().add(self.start), dest, n) };
+                        self.start += n;
+                        n
+                    } else if left >= DIRECT_READ_MIN_BYTES {
+                        // SAFETY: as above; the slice is the span's unfilled tail.
+                        let target = unsafe { std::slice::from_raw_parts_mut(dest, left) };
+                        match read_some(&mut self.stream, target, peer)? {
+                            0 => return Ok(progressed),
+                            n => n,
+                        }
+                    } else {
+                        match self.fill(peer, usize::MAX)? {
+                            0 => return Ok(progressed),
+                            _ => {
+                                progressed = true;
+                                continue;
+                            }
+                        }
+                    };
+                    progressed = true;
+                    if took == left {
+                        self.frame_done(finished)?;
+                    } else {
+                        self.receiving = Receiving::Payload { dest: dest.wrapping_add(took), left: left - took };
+                    }
+                }
+                Receiving::Discard { left } => {
+                    if self.end == self.start && self.fill(peer, usize::MAX)? == 0 {
+                        return Ok(progressed);
+                    }
+                    let n = (self.end - self.start).min(left);
+                    self.start += n;
+                    progressed = true;
+                    if n == left {
+                        self.frame_done(finished)?;
+                    } else {
+                        self.receiving = Receiving::Discard { left: left - n };
+                    }
+                }
+            }
+        }
+    }
+
+    /// True when the next reply is a READ payload big enough to read
+    /// straight into local memory.
+    fn large_reply_next(&self) -> bool {
+        self.awaiting.front().is_some_and(|front| {
+            front.op == FrameOp::Read
+                && front.failure.is_none()
+                && front.spans.get(front.next).is_some_and(|span| span.len as usize >= DIRECT_READ_MIN_BYTES)
+        })
+    }
+
+    /// Reads into the buffer's free tail (compacting first), stopping once
+    /// the buffer holds `want` bytes; 0 when nothing has arrived.
+    fn fill(&mut self, peer: &Peer, want: usize) -> Result<usize, String> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.start > 0 && self.buffer.len() - self.end < FRAME_HEADER_BYTES {
+            self.buffer.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let room = (self.buffer.len() - self.end).min(want.saturating_sub(self.end - self.start).max(1));
+        let n = read_some(&mut self.stream, &mut self.buffer[self.end..self.end + room], peer)?;
+        self.end += n;
+        Ok(n)
+    }
+
+    fn on_header(&mut self, peer: &Peer, reply: &FrameHeader, finished: &mut Vec<Finished>) -> Result<(), String> {
+        let front = self.awaiting.front_mut().ok_or_else(|| format!("{} sent a reply nobody asked for", peer.addr))?;
+        if reply.batch_id != front.batch_id {
+            return Err(format!("{} answered out of order", peer.addr));
+        }
+        match front.op {
+            FrameOp::Write | FrameOp::Notify => {
+                if reply.opcode != FrameOp::Ack as u8 {
+                    return Err(format!("{} answered a {:?} with opcode {}", peer.addr, front.op, reply.opcode));
+                }
+                let result = if reply.status == 0 {
+                    Ok(front.spans.iter().map(|s| s.len).sum())
+                } else {
+                    let before = front
+                        .spans
+                        .iter()
+                        .take_while(|s| !(s.region == reply.region && s.offset == reply.offset))
+                        .map(|s| s.len)
+                        .sum();
+                    Err((peer.refused(reply), before))
+                };
+                self.end_front(result, finished)
+            }
+            _ => {
+                if reply.opcode != FrameOp::ReadData as u8 {
+                    return Err(format!("{} answered a read with opcode {}", peer.addr, reply.opcode));
+                }
+                let span = front.spans[front.next];
+                if reply.status != 0 {
+                    front.failure.get_or_insert_with(|| peer.refused(reply));
+                    front.next += 1;
+                    return self.end_front_if_answered(finished);
+                }
+                if reply.len != span.len {
+                    return Err(format!("{} sent {} bytes for a {}-byte read", peer.addr, reply.len, span.len));
+                }
+                self.receiving = if front.failure.is_some() {
+                    Receiving::Discard { left: span.len as usize }
+                } else {
+                    Receiving::Payload { dest: span.local, left: span.len as usize }
+                };
+                if span.len == 0 {
+                    return self.frame_done(finished);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A READ reply's payload is in place (or discarded).
+    fn frame_done(&mut self, finished: &mut Vec<Finished>) -> Result<(), String> {
+        self.receiving = Receiving::Header;
+        let Some(front) = self.awaiting.front_mut() else { return Ok(()) };
+        if front.failure.is_none() {
+            front.moved += front.spans[front.next].len;
+        }
+        front.next += 1;
+        self.end_front_if_answered(finished)
+    }
+
+    fn end_front_if_answered(&mut self, finished: &mut Vec<Finished>) -> Result<(), String> {
+        let Some(front) = self.awaiting.front_mut() else { return Ok(()) };
+        if front.next < front.spans.len() {
+            return Ok(());
+        }
+        let result = match front.failure.take() {
+            None => Ok(front.moved),
+            Some(error) => Err((error, front.moved)),
+        };
+        self.end_front(result, finished)
+    }
+
+    /// Ends the oldest awaited chunk. A failed chunk's batch sends nothing
+    /// more: its chunks not yet started are dropped from the queue at once,
+    /// so the next batch does not wait behind them. An epoch mismatch kills
+    /// the connection.
+    fn end_front(&mut self, result: Result<u64, (Error, u64)>, finished: &mut Vec<Finished>) -> Result<(), String> {
+        let Some(mut ended) = self.awaiting.pop_front() else { return Ok(()) };
+        let failure = match &result {
+            Ok(_) => None,
+            Err((Error::PeerRestarted { detail, .. }, _)) => Some(Err(detail.clone())),
+            Err((error, _)) => {
+                Some(Ok((error.code(), format!("not sent: an earlier chunk of its batch failed ({error})"))))
+            }
+        };
+        finished.push((ended.ticket, result));
+        ended.spans.clear();
+        self.spare.push(std::mem::take(&mut ended.spans));
+        match failure {
+            None => Ok(()),
+            Some(Err(detail)) => Err(detail),
+            Some(Ok(cause)) => {
+                self.drop_unsent(ended.batch_id, &cause, finished);
+                Ok(())
+            }
+        }
+    }
+
+    /// Drops the chunks of `batch_id` none of whose frames has started.
+    fn drop_unsent(&mut self, batch_id: u64, cause: &(ErrorCode, String), finished: &mut Vec<Finished>) {
+        let started = (self.front_sent > 0).then(|| self.out.front().map(|f| f.ticket)).flatten();
+        let mut index = 0;
+        while index < self.awaiting.len() {
+            let entry = &self.awaiting[index];
+            if entry.batch_id != batch_id || entry.op == FrameOp::Notify || Some(entry.ticket) == started {
+                index += 1;
+                continue;
+            }
+            let unsent = self.out.iter().filter(|f| f.ticket == entry.ticket).count();
+            if unsent != entry.spans.len() {
+                index += 1;
+                continue;
+            }
+            let ticket = entry.ticket;
+            self.out.retain(|f| f.ticket != ticket);
+            if let Some(mut dropped) = self.awaiting.remove(index) {
+                dropped.spans.clear();
+                self.spare.push(std::mem::take(&mut dropped.spans));
+            }
+            finished.push((ticket, Err((Error::Remote { code: cause.0, message: cause.1.clone() }, 0))));
+        }
+    }
+
+    /// Fails everything queued or awaited with `reason` (the connection is
+    /// being dropped; nothing of theirs is touched afterwards).
+    pub fn fail_all(&mut self, peer: &Peer, reason: &str, finished: &mut Vec<Finished>) {
+        self.out.clear();
+        self.front_sent = 0;
+        for awaited in self.awaiting.drain(..) {
+            finished.push((awaited.ticket, Err((peer.gone(reason.to_string()), awaited.moved))));
+        }
+    }
+}
+
+/// One non-blocking read: 0 when nothing has arrived; an error when the
+/// peer closed or reset the connection.
+fn read_some(stream: &mut TcpStream, into: &mut [u8], peer: &Peer) -> Result<usize, String> {
+    loop {
+        return match stream.read(into) {
+            Ok(0) => Err(format!("{} closed the connection", peer.addr)),
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => Err(format!("reading from {}: {e}", peer.addr)),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desc::{BlockDesc, RegionId};
+    use std::net::TcpListener;
+
+    fn pair() -> (Connection, TcpStream, Peer) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = TcpStream::connect(addr).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        (Connection::new(client).unwrap(), server, Peer { name: "decode-0".into(), addr, epoch: 5 })
+    }
+
+    fn block(memory: &mut [u8], offset: u64) -> Block {
+        let region = RegionId::from_raw(1 << 16);
+        Block {
+            local: memory.as_mut_ptr().wrapping_add(offset as usize),
+            desc: BlockDesc::new(region, offset, region, offset, 4),
+            desc_index: 0,
+        }
+    }
+
+    #[test]
+    fn a_refused_chunk_drops_its_batchs_unsent_chunks_but_not_the_next_batchs() {
+        let (mut connection, mut server, peer) = pair();
+        let mut memory = vec![1u8; 64];
+        for ticket in 1..=3 {
+            let blocks = [block(&mut memory, ticket * 4)];
+            connection.queue_chunk(&peer, Opcode::Write, 7, ticket, &blocks);
+        }
+        let next_batch = [block(&mut memory, 32)];
+        connection.queue_chunk(&peer, Opcode::Write, 8, 4, &next_batch);
+
+        // The target refuses batch 7's first chunk before any of it is sent.
+        let mut refusal = FrameHeader::new(FrameOp::Ack, 5, 7, 1 << 16, 4, 0);
+        refusal.status = -(ErrorCode::OutOfBounds as i32);
+        server.write_all(refusal.as_bytes()).unwrap();
+        let mut finished = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while finished.len() < 3 {
+            connection.receive(&peer, &mut finished).unwrap();
+            assert!(Instant::now() < deadline, "no reply read: {finished:?}");
+        }
+        let tickets: Vec<u64> = finished.iter().map(|(ticket, _)| *ticket).collect();
+        assert_eq!(tickets, [1, 2, 3]);
+        assert!(matches!(&finished[0].1, Err((Error::Remote { code: ErrorCode::OutOfBounds, .. }, 0))));
+        for (_, result) in &finished[1..] {
+            let (error, _) = result.as_ref().unwrap_err();
+            assert!(error.to_string().contains("not sent: an earlier chunk of its batch failed"), "{error}");
+        }
+        // Chunk 1 (already answered) and batch 8 are all that is left to send.
+        let queued: Vec<u64> = connection.out.iter().map(|f| f.ticket).collect();
+        assert_eq!(queued, [1, 4]);
+        assert_eq!(connection.awaiting.len(), 1);
+    }
+
+    #[test]
+    fn replies_out_of_step_or_a_closed_peer_kill_the_connection() {
+        let (mut connection, mut server, peer) = pair();
+        let mut memory = vec![1u8; 64];
+        connection.queue_chunk(&peer, Opcode::Write, 7, 1, &[block(&mut memory, 0)]);
+        // An ack for a batch nobody sent.
+        server.write_all(FrameHeader::new(FrameOp::Ack, 5, 99, 0, 0, 0).as_bytes()).unwrap();
+        let mut finished = Vec::new();
+        let error = loop {
+            match connection.progress(&peer, Duration::from_secs(5), &mut finished) {
+                Err(reason) => break reason,
+                Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        };
+        assert!(error.contains("out of order"), "{error}");
+        connection.fail_all(&peer, &error, &mut finished);
+        assert!(matches!(&finished[..], [(1, Err((Error::PeerRestarted { .. }, 0)))]), "{finished:?}");
+
+        let (mut connection, server, peer) = pair();
+        connection.queue_chunk(&peer, Opcode::Read, 7, 1, &[block(&mut memory, 0)]);
+        drop(server);
+        let error = loop {
+            match connection.progress(&peer, Duration::from_secs(5), &mut finished) {
+                Err(reason) => break reason,
+                Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        };
+        assert!(error.contains("closed the connection") || error.contains("reset"), "{error}");
+    }
+
+    #[test]
+    fn a_silent_peer_is_declared_dead_after_the_io_timeout() {
+        let (mut connection, _server, peer) = pair();
+        let mut memory = vec![1u8; 64];
+        connection.queue_chunk(&peer, Opcode::Read, 7, 1, &[block(&mut memory, 0)]);
+        let mut finished = Vec::new();
+        let started = Instant::now();
+        let error = loop {
+            match connection.progress(&peer, Duration::from_millis(50), &mut finished) {
+                Err(reason) => break reason,
+                Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        };
+        assert!(error.contains("no reply"), "{error}");
+        assert!(started.elapsed() >= Duration::from_millis(50));
+    }
+}
