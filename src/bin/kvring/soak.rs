@@ -145,18 +145,37 @@ pub fn run(engine: &Engine, plan: &SoakPlan<'_>) -> Result<(), String> {
     // Verify, on the target, what was reported done since its last start.
     let covered_blocks = written_since_start.min(region_blocks);
     let covered = covered_blocks * plan.block;
+    let mut covered = covered;
+    let mut reopen_error = None;
+    if segment.is_none() && covered > 0 {
+        // The last batch failed: reopen to check what was done before it.
+        match engine.open_segment_with(plan.peer, Some(plan.transport), OPEN_TIMEOUT) {
+            Ok(opened) if opened.epoch() == epoch => segment = Some(opened),
+            // Restarted again since: what it held is gone with it.
+            Ok(_) => covered = 0,
+            Err(error) => reopen_error = Some(error),
+        }
+    }
     let verified = match (&segment, &local) {
-        (Some(segment), Some(local)) if covered > 0 => {
+        _ if covered == 0 => Ok(()),
+        (None, _) if reopen_error.is_some() => {
+            Err(format!("reopening the target to verify: {}", reopen_error.take().expect("checked")))
+        }
+        (Some(segment), Some(local)) => {
             let remote = segment.regions().first().map(|r| r.id).ok_or("the peer exposes no region")?;
             let expected = local.checksum(0, covered as usize).map_err(|e| e.to_string())?;
-            segment
-                .remote_checksum(remote, 0, covered, Duration::from_secs(10))
-                .map(|actual| actual == expected)
-                .unwrap_or(false)
+            match segment.remote_checksum(remote, 0, covered, Duration::from_secs(10)) {
+                Ok(actual) if actual == expected => Ok(()),
+                Ok(_) => Err("a batch reported done is not on the target".to_string()),
+                Err(error) => Err(format!("reading the target's checksum: {error}")),
+            }
         }
-        (_, _) if covered == 0 => true,
-        _ => false,
+        _ => Err("no segment or local region to verify with".to_string()),
     };
+    if let Err(reason) = &verified {
+        eprintln!("kvring bench: soak verification: {reason}");
+    }
+    let verified = verified.is_ok();
     let failures: Vec<String> = tally.failures.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
     let seconds = tally.started.elapsed().as_secs_f64();
     if plan.json {
