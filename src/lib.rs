@@ -49,8 +49,8 @@ pub mod proto {
 
 pub use desc::{BlockDesc, RegionId};
 pub use engine::{
-    Batch, Completion, Engine, EngineBuilder, EngineConfig, LaneStatsSnapshot, Outcome, Region, Segment, StatusReader,
-    Submitter,
+    Batch, Completion, Engine, EngineBuilder, EngineConfig, Event, LaneStatsSnapshot, Outcome, Region, Segment,
+    StatusReader, Submitter,
 };
 pub use error::{Error, Result, Side};
 pub use mem::{Access, RegionInfo, RegionKind};

@@ -9,6 +9,7 @@ use kvring::transport::tcp::frame::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADE
 use kvring::{Access, Batch, BlockDesc, Engine, Error, Outcome, RegionInfo, TransportKind};
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::time::{Duration, Instant};
 use zerocopy::{FromBytes, IntoBytes};
 
 const MIB: usize = 1 << 20;
@@ -286,4 +287,59 @@ fn notifications_arrive_after_the_data_over_tcp_and_shm() {
     // The data connection is still good after the refusals.
     let id = sub.submit(&Batch::write(&segment).descs(&[BlockDesc::new(local.id(), 0, remote.id(), 0, 4096)])).unwrap();
     assert!(sub.wait(id, WAIT).unwrap().is_done());
+}
+
+#[test]
+fn a_watching_submitter_reaps_notifications_and_batches_from_one_loop() {
+    let target = engine("decode-0");
+    let remote = target.alloc_region(64 * 1024, RegionInfo::raw()).unwrap();
+    let initiator = engine("prefill-0");
+    let local = initiator.alloc_region(64 * 1024, RegionInfo::raw()).unwrap();
+    let mut watcher = target.submitter().unwrap();
+    watcher.watch_notifications(true);
+    let mut sub = initiator.submitter().unwrap();
+    let mut sent = Vec::new();
+    for transport in [TransportKind::Tcp, TransportKind::Shm] {
+        let segment = initiator.open_segment_with(&target.control_addr().to_string(), Some(transport), WAIT).unwrap();
+        let id =
+            sub.submit(&Batch::write(&segment).block(BlockDesc::new(local.id(), 0, remote.id(), 0, 4096))).unwrap();
+        assert!(sub.wait(id, WAIT).unwrap().is_done());
+        for n in 0..3 {
+            let message = format!("request {n} via {}", transport.name());
+            initiator.notify(&segment, message.as_bytes(), WAIT).unwrap();
+            sent.push(message.into_bytes());
+        }
+    }
+    // The target's own batch (to the initiator) completes through the same loop.
+    let back = target.open_segment_with(&initiator.control_addr().to_string(), None, WAIT).unwrap();
+    let id = watcher
+        .submit(&Batch::read(&back).user_data(77).block(BlockDesc::new(remote.id(), 0, local.id(), 0, 4096)))
+        .unwrap();
+
+    let mut notifications = Vec::new();
+    let mut batches = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while notifications.len() < sent.len() || batches.is_empty() {
+        match watcher.reap_event() {
+            Some(kvring::Event::Notification(n)) => {
+                assert_eq!(n.from, "prefill-0");
+                notifications.push(n.message);
+            }
+            Some(kvring::Event::Batch(done)) => batches.push((done.id, done.user_data, done.outcome.is_done())),
+            None => std::thread::yield_now(),
+        }
+        assert!(Instant::now() < deadline, "got {notifications:?} and {batches:?}");
+    }
+    assert_eq!(notifications, sent, "every notification, in order");
+    assert_eq!(batches, [(id, 77, true)]);
+    assert!(watcher.reap_event().is_none());
+
+    // A submitter that does not watch sees no notification CQE.
+    let mut other = target.submitter().unwrap();
+    let segment =
+        initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
+    initiator.notify(&segment, b"late", WAIT).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(other.reap_event().is_none());
+    assert_eq!(target.poll_notification().unwrap().message, b"late");
 }

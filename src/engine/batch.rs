@@ -139,3 +139,12 @@ pub struct Completion {
     /// How it ended.
     pub outcome: Outcome,
 }
+
+/// What [`Submitter::reap_event`](crate::Submitter::reap_event) yields.
+#[derive(Debug)]
+pub enum Event {
+    /// A batch ended.
+    Batch(Completion),
+    /// A peer's notification arrived.
+    Notification(crate::transport::notify::Notification),
+}

@@ -7,7 +7,7 @@ mod region;
 mod segment;
 mod submitter;
 
-pub use batch::{Batch, Completion, Outcome};
+pub use batch::{Batch, Completion, Event, Outcome};
 pub use region::{fill_pattern, Region};
 pub use segment::Segment;
 pub use submitter::{StatusReader, Submitter, MAX_LANES};
@@ -434,6 +434,7 @@ impl Engine {
         let epoch = random_epoch();
         let registry = Arc::new(Registry::new(config.max_regions));
         let clock = Clock::new();
+        let notifications = Arc::new(NotificationQueue::new(config.notify_queue));
         let mut lanes = Vec::with_capacity(config.lanes);
         for (index, core) in lane_cores(&config).into_iter().enumerate() {
             let lane_config = LaneConfig {
@@ -444,11 +445,16 @@ impl Engine {
                 io_memory_bytes: config.io_memory_bytes,
                 max_segments: config.max_segments,
                 clock,
+                // Lane 0 posts notification CQEs to submitters that watch.
+                notifications: (index == 0).then(|| notifications.clone()),
             };
             // Lanes started so far stop when `lanes` drops on error.
             lanes.push(LaneHandle::start(lane_config, registry.clone())?);
         }
-        let notifications = Arc::new(NotificationQueue::new(config.notify_queue));
+        if let Some(lane) = lanes.first() {
+            let lane = lane.shared.clone();
+            notifications.on_delivery(Box::new(move || lane.doorbell.ring()));
+        }
         let data_server = if config.serve_tcp {
             let data_listen = SocketAddr::new(config.listen.ip(), 0);
             Some(TcpDataServer::start(data_listen, registry.clone(), notifications.clone(), epoch)?)

@@ -1,16 +1,16 @@
 //! The per-thread producer: submission rings, descriptor arenas, the status
 //! table, and the completion rings it reaps.
 
-use super::batch::{Batch, Completion, Outcome};
+use super::batch::{Batch, Completion, Event, Outcome};
 use super::segment::Segment;
 use super::EngineInner;
 use crate::desc::{BlockDesc, RegionId};
 use crate::error::{Error, Result, Side};
 use crate::kv::KvLayout;
 use crate::ring::Opcode;
-use crate::ring::{channel, Consumer, Cqe, Producer, Sqe};
+use crate::ring::{channel, Consumer, Cqe, CqeKind, Producer, Sqe};
 use crate::runtime::backoff::{Backoff, Snooze};
-use crate::runtime::lane::{LaneCommand, LaneShared, SubmitterRings};
+use crate::runtime::lane::{LaneCommand, LaneShared, NotificationWatch, SubmitterRings};
 use crate::runtime::status::{BatchState, Finished, IdError, StatusTable};
 use crate::runtime::BatchId;
 use std::cell::Cell;
@@ -57,6 +57,9 @@ pub struct Submitter {
     pending: VecDeque<Cqe>,
     next_lane: usize,
     closed: Arc<AtomicBool>,
+    watch: Arc<NotificationWatch>,
+    /// A notification CQE was reaped: poll the engine's queue until empty.
+    notifications_ready: bool,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -75,6 +78,7 @@ impl Submitter {
         let status = Arc::new(StatusTable::new(config.max_batches_in_flight, tag));
         let capacity = status.capacity();
         let closed = Arc::new(AtomicBool::new(false));
+        let watch = Arc::new(NotificationWatch::default());
         let lanes = engine
             .lanes
             .iter()
@@ -90,6 +94,7 @@ impl Submitter {
                     cq: cq_tx,
                     status: status.clone(),
                     closed: closed.clone(),
+                    watch: watch.clone(),
                 })));
                 SubmitterLane { sq, descs, cq, lane: handle.shared.clone(), desc_position: 0 }
             })
@@ -101,6 +106,8 @@ impl Submitter {
             status,
             next_lane: tag as usize,
             closed,
+            watch,
+            notifications_ready: false,
             engine,
             _not_sync: PhantomData,
         }
@@ -361,7 +368,7 @@ impl Submitter {
         for lane in &mut self.lanes {
             for cqe in lane.cq.read_chunk(usize::MAX) {
                 let id = BatchId::from_raw(cqe.batch_id);
-                if id != consumed && self.status.state(id).is_ok() {
+                if cqe.kind == CqeKind::Notification as u32 || (id != consumed && self.status.state(id).is_ok()) {
                     self.pending.push_back(cqe);
                 }
             }
@@ -384,6 +391,13 @@ impl Submitter {
                 Some(cqe) => cqe,
                 None => self.lanes.iter_mut().find_map(|lane| lane.cq.pop())?,
             };
+            if cqe.kind == CqeKind::Notification as u32 {
+                // Cleared before the queue is polled, so a delivery lane 0
+                // counts after this gets a CQE of its own.
+                self.watch.posted.store(false, Ordering::Release);
+                self.notifications_ready = true;
+                continue;
+            }
             let id = BatchId::from_raw(cqe.batch_id);
             match self.status.take(id) {
                 Ok(Some(finished)) => {
@@ -400,6 +414,49 @@ impl Submitter {
                 Err(_) => continue,
             }
         }
+    }
+
+    /// Asks lane 0 for a [`CqeKind::Notification`] CQE in this submitter's
+    /// completion ring whenever peers' notifications arrive, so one
+    /// [`reap_event`](Self::reap_event) loop serves batches and
+    /// notifications. Each notification goes to one reader: to the first
+    /// watcher (or [`Engine::poll_notification`](crate::Engine::poll_notification)
+    /// caller) that polls it.
+    pub fn watch_notifications(&mut self, on: bool) {
+        self.watch.on.store(on, Ordering::Release);
+        if on && self.engine.notifications.delivered() > 0 {
+            // Some may have arrived before watching began.
+            self.notifications_ready = true;
+        }
+    }
+
+    /// The next event: a batch that ended, or (when
+    /// [`watch_notifications`](Self::watch_notifications) is on) a peer's
+    /// notification.
+    ///
+    /// ```no_run
+    /// # fn demo(sub: &mut kvring::Submitter) {
+    /// use kvring::Event;
+    /// sub.watch_notifications(true);
+    /// while let Some(event) = sub.reap_event() {
+    ///     match event {
+    ///         Event::Batch(done) => println!("request {} ended: {:?}", done.user_data, done.outcome),
+    ///         Event::Notification(n) => println!("{} says {:?}", n.from, n.message),
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn reap_event(&mut self) -> Option<Event> {
+        if let Some(completion) = self.reap() {
+            return Some(Event::Batch(completion));
+        }
+        if self.notifications_ready {
+            match self.engine.notifications.poll() {
+                Some(notification) => return Some(Event::Notification(notification)),
+                None => self.notifications_ready = false,
+            }
+        }
+        None
     }
 
     /// Reaps up to `max` completions into `out`; returns how many.

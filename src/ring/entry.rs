@@ -72,9 +72,13 @@ const _: () = assert!(std::mem::size_of::<Sqe>() == 48);
 pub enum CqeKind {
     /// A batch reached a terminal state.
     Batch = 1,
+    /// Peers' notifications are waiting (one CQE for any number of them:
+    /// [`Submitter::reap_event`](crate::Submitter::reap_event) drains them).
+    Notification = 2,
 }
 
-/// One completion queue entry: a batch reached a terminal state.
+/// One completion queue entry: a batch reached a terminal state, or (kind
+/// [`CqeKind::Notification`]) notifications arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct Cqe {

@@ -17,6 +17,7 @@ use crate::mem::{Access, Registry};
 use crate::proto::ErrorCode;
 use crate::ring::{Consumer, Cqe, CqeKind, Opcode, Producer, Sqe};
 use crate::segment::PeerSegment;
+use crate::transport::notify::NotificationQueue;
 use crate::transport::{Block, Finished, Link, Posted, TransferError};
 use bytemuck::Zeroable;
 use crossbeam_queue::SegQueue;
@@ -99,6 +100,18 @@ pub struct SubmitterRings {
     pub status: Arc<StatusTable<Error>>,
     /// Set when the submitter is dropped.
     pub closed: Arc<AtomicBool>,
+    /// Whether (and whether already) to post notification CQEs.
+    pub watch: Arc<NotificationWatch>,
+}
+
+/// A submitter's wish for notification CQEs, shared with lane 0.
+#[derive(Debug, Default)]
+pub struct NotificationWatch {
+    /// The submitter wants a CQE when notifications arrive.
+    pub on: AtomicBool,
+    /// A notification CQE is in its ring and not yet reaped: lane 0 posts
+    /// no other until the submitter clears this (before it polls the queue).
+    pub posted: AtomicBool,
 }
 
 /// A segment as a lane uses it: the peer's region table and the link.
@@ -186,6 +199,9 @@ pub struct LaneConfig {
     pub max_segments: usize,
     /// Clock shared with submitters (deadlines).
     pub clock: Clock,
+    /// The engine's notification queue, for the lane (lane 0) that posts
+    /// notification CQEs to watching submitters; `None` on the others.
+    pub notifications: Option<Arc<NotificationQueue>>,
 }
 
 /// A running lane: its shared part and its thread.
@@ -270,6 +286,7 @@ fn lane_thread(config: LaneConfig, registry: Arc<Registry>, ready: mpsc::Sender<
         active: Vec::with_capacity(16),
         finished: Vec::with_capacity(MAX_TICKETS),
         peak_in_flight: 0,
+        seen_notifications: 0,
         config,
     };
     if ready.send(Ok(shared)).is_err() {
@@ -329,6 +346,8 @@ struct Lane {
     finished: Vec<Finished>,
     /// Local copy of `stats.peak_in_flight` (no atomic read per part).
     peak_in_flight: u64,
+    /// Notification deliveries already announced to watchers.
+    seen_notifications: u64,
     config: LaneConfig,
 }
 
@@ -392,7 +411,7 @@ impl Lane {
         let mut rounds: u32 = 0;
         loop {
             let commands = self.take_commands();
-            let worked = self.poll_links() + self.poll_rings() + commands;
+            let worked = self.poll_links() + self.poll_rings() + self.announce_notifications() + commands;
             if self.free_tickets.len() < self.tickets.len() && (worked == 0 || rounds % DEADLINE_CHECK_ROUNDS == 0) {
                 self.expire_in_flight();
             }
@@ -436,8 +455,11 @@ impl Lane {
             self.config.park_timeout.min(IN_FLIGHT_PARK)
         };
         let rings = &mut self.rings;
+        let notifications = self.config.notifications.as_deref();
+        let seen = self.seen_notifications;
         let parked = shared.doorbell.park(timeout, || {
             !shared.commands.is_empty()
+                || notifications.is_some_and(|queue| queue.delivered() != seen)
                 || shared.stop.load(Ordering::Acquire)
                 || rings.iter_mut().flatten().any(|r| !r.rings.sq.is_empty())
         });
@@ -474,6 +496,31 @@ impl Lane {
             }
         }
         taken
+    }
+
+    /// Posts one notification CQE to each watching submitter that has none
+    /// pending, when deliveries happened since the last look.
+    fn announce_notifications(&mut self) -> usize {
+        let Some(queue) = &self.config.notifications else { return 0 };
+        let delivered = queue.delivered();
+        if delivered == self.seen_notifications {
+            return 0;
+        }
+        self.seen_notifications = delivered;
+        for (index, slot) in self.rings.iter_mut().enumerate() {
+            let Some(slot) = slot else { continue };
+            let watch = &slot.rings.watch;
+            // `posted` is read after `delivered`: a submitter that cleared it
+            // polls the queue afterwards and finds what was counted.
+            if !watch.on.load(Ordering::Acquire) || watch.posted.swap(true, Ordering::AcqRel) {
+                continue;
+            }
+            let cqe = Cqe { user_data: 0, batch_id: 0, bytes: 0, result: 0, kind: CqeKind::Notification as u32 };
+            if slot.rings.cq.push(cqe).is_err() {
+                self.cq_backlog.push_back((index, cqe));
+            }
+        }
+        1
     }
 
     fn segment(&self, key: u32) -> Option<&LaneSegment> {
