@@ -14,3 +14,6 @@ pub mod status;
 
 #[path = "../../src/runtime/doorbell.rs"]
 pub mod doorbell;
+
+#[path = "../../src/runtime/watch.rs"]
+pub mod watch;

@@ -1,5 +1,5 @@
-//! loom models: every interleaving of the rings, the status table and the
-//! doorbell, with capacities shrunk so the models reach wrap-around.
+//! loom models: every interleaving of the rings, the status table, the
+//! doorbell and the notification-CQE handshake, with capacities shrunk so the models reach wrap-around.
 #![cfg(loom)]
 
 use kvring_loom::doorbell::Doorbell;
@@ -203,5 +203,65 @@ fn the_doorbell_never_loses_a_wake_up() {
         work.store(true, Ordering::Release);
         bell.ring();
         lane.join().unwrap();
+    });
+}
+
+#[test]
+fn a_notification_is_never_left_without_a_cqe() {
+    use kvring_loom::watch::NotificationWatch;
+    use loom::sync::atomic::{AtomicU32, AtomicU64};
+    loom::model(|| {
+        let watch = Arc::new(NotificationWatch::new());
+        watch.set(true);
+        let queued = Arc::new(AtomicU32::new(0));
+        let delivered = Arc::new(AtomicU64::new(0));
+        let cqes = Arc::new(AtomicU32::new(0));
+
+        // Lane 0's look at the queue, as `announce_notifications` does it.
+        let lane_pass = {
+            let (watch, delivered, cqes) = (watch.clone(), delivered.clone(), cqes.clone());
+            move |seen: &mut u64| {
+                let now = delivered.load(Ordering::Acquire);
+                if now != *seen {
+                    *seen = now;
+                    if watch.claim_post() {
+                        cqes.fetch_add(1, Ordering::Release);
+                    }
+                }
+            }
+        };
+        // A connection thread delivers two messages: push, then count.
+        let deliverer = {
+            let (queued, delivered) = (queued.clone(), delivered.clone());
+            thread::spawn(move || {
+                for _ in 0..2 {
+                    queued.fetch_add(1, Ordering::AcqRel);
+                    delivered.fetch_add(1, Ordering::AcqRel);
+                }
+            })
+        };
+        let lane = {
+            let lane_pass = lane_pass.clone();
+            thread::spawn(move || {
+                let mut seen = 0;
+                lane_pass(&mut seen);
+                lane_pass(&mut seen);
+                seen
+            })
+        };
+        // The submitter reaps a CQE, releases the claim, then drains.
+        for _ in 0..2 {
+            if cqes.load(Ordering::Acquire) > 0 {
+                cqes.fetch_sub(1, Ordering::AcqRel);
+                watch.reaped();
+                queued.swap(0, Ordering::AcqRel);
+            }
+        }
+        deliverer.join().unwrap();
+        let mut seen = lane.join().unwrap();
+        // The lane keeps looking; once it has, every message is either
+        // drained or announced by a CQE still in the ring.
+        lane_pass(&mut seen);
+        assert!(queued.load(Ordering::Acquire) == 0 || cqes.load(Ordering::Acquire) > 0, "a message without a CQE");
     });
 }

@@ -10,8 +10,9 @@ use crate::kv::KvLayout;
 use crate::ring::Opcode;
 use crate::ring::{channel, Consumer, Cqe, CqeKind, Producer, Sqe};
 use crate::runtime::backoff::{Backoff, Snooze};
-use crate::runtime::lane::{LaneCommand, LaneShared, NotificationWatch, SubmitterRings};
+use crate::runtime::lane::{LaneCommand, LaneShared, SubmitterRings};
 use crate::runtime::status::{BatchState, Finished, IdError, StatusTable};
+use crate::runtime::watch::NotificationWatch;
 use crate::runtime::BatchId;
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -394,7 +395,7 @@ impl Submitter {
             if cqe.kind == CqeKind::Notification as u32 {
                 // Cleared before the queue is polled, so a delivery lane 0
                 // counts after this gets a CQE of its own.
-                self.watch.posted.store(false, Ordering::Release);
+                self.watch.reaped();
                 self.notifications_ready = true;
                 continue;
             }
@@ -423,7 +424,7 @@ impl Submitter {
     /// watcher (or [`Engine::poll_notification`](crate::Engine::poll_notification)
     /// caller) that polls it.
     pub fn watch_notifications(&mut self, on: bool) {
-        self.watch.on.store(on, Ordering::Release);
+        self.watch.set(on);
         if on && self.engine.notifications.delivered() > 0 {
             // Some may have arrived before watching began.
             self.notifications_ready = true;

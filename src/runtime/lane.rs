@@ -11,6 +11,7 @@
 
 use super::doorbell::Doorbell;
 use super::status::{BatchState, PartEnd, StatusTable};
+use super::watch::NotificationWatch;
 use crate::desc::{BlockDesc, RegionId};
 use crate::error::{Error, Result, Side};
 use crate::mem::{Access, Registry};
@@ -102,16 +103,6 @@ pub struct SubmitterRings {
     pub closed: Arc<AtomicBool>,
     /// Whether (and whether already) to post notification CQEs.
     pub watch: Arc<NotificationWatch>,
-}
-
-/// A submitter's wish for notification CQEs, shared with lane 0.
-#[derive(Debug, Default)]
-pub struct NotificationWatch {
-    /// The submitter wants a CQE when notifications arrive.
-    pub on: AtomicBool,
-    /// A notification CQE is in its ring and not yet reaped: lane 0 posts
-    /// no other until the submitter clears this (before it polls the queue).
-    pub posted: AtomicBool,
 }
 
 /// A segment as a lane uses it: the peer's region table and the link.
@@ -509,10 +500,8 @@ impl Lane {
         self.seen_notifications = delivered;
         for (index, slot) in self.rings.iter_mut().enumerate() {
             let Some(slot) = slot else { continue };
-            let watch = &slot.rings.watch;
-            // `posted` is read after `delivered`: a submitter that cleared it
-            // polls the queue afterwards and finds what was counted.
-            if !watch.on.load(Ordering::Acquire) || watch.posted.swap(true, Ordering::AcqRel) {
+            // The claim is taken after reading `delivered` (see watch.rs).
+            if !slot.rings.watch.claim_post() {
                 continue;
             }
             let cqe = Cqe { user_data: 0, batch_id: 0, bytes: 0, result: 0, kind: CqeKind::Notification as u32 };
