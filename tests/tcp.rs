@@ -261,7 +261,8 @@ fn notifications_arrive_after_the_data_over_tcp_and_shm() {
         let segment = initiator.open_segment_with(&target.control_addr().to_string(), Some(transport), WAIT).unwrap();
         let descs = [BlockDesc::new(local.id(), offset, remote.id(), offset, 32 * 1024)];
         let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
-        assert!(sub.wait(id, WAIT).unwrap().is_done());
+        let outcome = sub.wait(id, WAIT).unwrap();
+        assert!(outcome.is_done(), "{transport:?}: {outcome:?}");
         let message = format!("request 42 via {}", transport.name());
         initiator.notify(&segment, message.as_bytes(), WAIT).unwrap();
         // When the target reads the notification, the blocks are in place.
@@ -303,7 +304,8 @@ fn a_watching_submitter_reaps_notifications_and_batches_from_one_loop() {
         let segment = initiator.open_segment_with(&target.control_addr().to_string(), Some(transport), WAIT).unwrap();
         let id =
             sub.submit(&Batch::write(&segment).block(BlockDesc::new(local.id(), 0, remote.id(), 0, 4096))).unwrap();
-        assert!(sub.wait(id, WAIT).unwrap().is_done());
+        let outcome = sub.wait(id, WAIT).unwrap();
+        assert!(outcome.is_done(), "{transport:?}: {outcome:?}");
         for n in 0..3 {
             let message = format!("request {n} via {}", transport.name());
             initiator.notify(&segment, message.as_bytes(), WAIT).unwrap();

@@ -661,7 +661,16 @@ impl Lane {
         }
         let Some(ticket_index) = self.free_tickets.pop() else { return };
         let id = super::status::BatchId::from_raw(sqe.batch_id);
-        let segment = self.segment(sqe.segment).cloned();
+        let segment = match self.segment(sqe.segment) {
+            Some(segment) => Some(segment.clone()),
+            None => {
+                // A segment's attach command is pushed before any SQE naming
+                // it, but the lane may have drained its commands just before
+                // both arrived: drain again before calling the key unknown.
+                self.take_commands();
+                self.segment(sqe.segment).cloned()
+            }
+        };
         let in_use = (MAX_TICKETS - self.free_tickets.len()) as u64;
         if in_use > self.peak_in_flight {
             self.peak_in_flight = in_use;
