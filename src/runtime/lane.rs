@@ -420,6 +420,9 @@ impl Lane {
                         self.park();
                         idle_since = None;
                     }
+                    // Waiting on peers' replies only: let a thread that shares
+                    // this core (often the very peer, on loopback) run.
+                    Some(_) if !self.active.is_empty() => std::thread::yield_now(),
                     Some(_) => std::hint::spin_loop(),
                 }
             }
