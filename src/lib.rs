@@ -31,6 +31,7 @@ pub mod control;
 pub mod desc;
 pub mod engine;
 pub mod error;
+pub mod http;
 pub mod kv;
 pub mod mem;
 pub mod metadata;

@@ -3,6 +3,7 @@
 //! out per-thread submitters.
 
 mod batch;
+mod metadata;
 mod region;
 mod segment;
 mod submitter;
@@ -99,6 +100,14 @@ pub struct EngineConfig {
     pub serve_tcp: bool,
     /// Notifications queued before senders are refused.
     pub notify_queue: usize,
+    /// Where names are resolved: `None` (or `"P2PHANDSHAKE"`) asks the peer
+    /// itself; `etcd://host:port[/prefix/]` uses etcd, where this engine
+    /// also publishes its own descriptor.
+    pub metadata: Option<String>,
+    /// TTL of the lease the published descriptor hangs on (etcd).
+    pub metadata_ttl: Duration,
+    /// How often open segments' published entries are re-read (etcd).
+    pub metadata_poll: Duration,
 }
 
 impl Default for EngineConfig {
@@ -125,9 +134,15 @@ impl Default for EngineConfig {
             io_timeout: DEFAULT_IO_TIMEOUT,
             serve_tcp: true,
             notify_queue: DEFAULT_NOTIFY_QUEUE,
+            metadata: None,
+            metadata_ttl: crate::metadata::etcd::DEFAULT_LEASE_TTL,
+            metadata_poll: DEFAULT_METADATA_POLL,
         }
     }
 }
+
+/// Default interval at which open segments' etcd entries are re-read.
+pub const DEFAULT_METADATA_POLL: Duration = Duration::from_secs(1);
 
 /// Builds an [`Engine`].
 ///
@@ -261,6 +276,26 @@ impl EngineBuilder {
         self
     }
 
+    /// Resolves names through etcd (`etcd://host:port[/prefix/]`) and
+    /// publishes this engine there; `"P2PHANDSHAKE"` (the default) asks
+    /// peers themselves.
+    pub fn metadata(mut self, url: impl Into<String>) -> Self {
+        self.config.metadata = Some(url.into());
+        self
+    }
+
+    /// TTL of the published descriptor's lease (etcd).
+    pub fn metadata_ttl(mut self, ttl: Duration) -> Self {
+        self.config.metadata_ttl = ttl;
+        self
+    }
+
+    /// How often open segments' published entries are re-read (etcd).
+    pub fn metadata_poll(mut self, every: Duration) -> Self {
+        self.config.metadata_poll = every;
+        self
+    }
+
     /// Notifications queued before senders are refused with `Busy`.
     pub fn notify_queue(mut self, capacity: usize) -> Self {
         self.config.notify_queue = capacity;
@@ -320,6 +355,8 @@ pub(crate) struct EngineInner {
     notifications: Arc<NotificationQueue>,
     control_addr: SocketAddr,
     metadata: Box<dyn MetadataStore>,
+    etcd: Option<Arc<crate::metadata::etcd::Etcd>>,
+    publication: Mutex<Option<crate::metadata::etcd::Publication>>,
     stopped: AtomicBool,
     next_tag: AtomicU16,
 }
@@ -343,6 +380,10 @@ impl EngineInner {
     fn stop(&self) {
         if self.stopped.swap(true, Ordering::AcqRel) {
             return;
+        }
+        // First: peers resolving this name stop finding it.
+        if let Some(mut publication) = lock(&self.publication).take() {
+            publication.stop();
         }
         if let Some(mut server) = lock(&self.control).take() {
             server.stop();
@@ -480,8 +521,19 @@ impl Engine {
             free: (0..config.max_segments.min(1 << 16) as u16).rev().collect(),
             generations: vec![1; config.max_segments.min(1 << 16)],
         };
-        let token = config.token.clone();
-        Ok(Self {
+        let handshake = PeerHandshake { token: config.token.clone() };
+        let (store, etcd) = metadata::open_store(config.metadata.as_deref(), handshake)?;
+        let publication = match &etcd {
+            Some(etcd) => Some(metadata::publish(
+                etcd.clone(),
+                &context.describe(),
+                config.metadata_ttl,
+                Instant::now() + config.control_timeout,
+            )?),
+            None => None,
+        };
+        let poll = config.metadata_poll;
+        let engine = Self {
             inner: Arc::new(EngineInner {
                 config,
                 epoch,
@@ -494,11 +546,28 @@ impl Engine {
                 data: Mutex::new(data_server),
                 notifications,
                 control_addr,
-                metadata: Box::new(PeerHandshake { token }),
+                metadata: store,
+                etcd,
+                publication: Mutex::new(publication),
                 stopped: AtomicBool::new(false),
                 next_tag: AtomicU16::new(1),
             }),
-        })
+        };
+        if engine.inner.etcd.is_some() {
+            metadata::start_watcher(Arc::downgrade(&engine.inner), poll)?;
+        }
+        Ok(engine)
+    }
+
+    /// How this engine resolves names (`kvring info` prints it).
+    pub fn metadata_mode(&self) -> String {
+        self.inner.metadata.mode()
+    }
+
+    /// Requests made to the metadata server so far (0 without one): opens
+    /// pay for them, batches never do.
+    pub fn metadata_calls(&self) -> u64 {
+        self.inner.etcd.as_ref().map_or(0, |etcd| etcd.calls())
     }
 
     /// The segment name peers see.

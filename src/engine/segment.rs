@@ -73,6 +73,13 @@ impl Segment {
         })
     }
 
+    /// True once the peer is known to have restarted or gone (a broken
+    /// connection, another epoch, or its metadata entry changed): batches
+    /// to this handle fail with `PeerRestarted`; open the name again.
+    pub fn is_stale(&self) -> bool {
+        self.inner.peer.is_stale()
+    }
+
     /// True once closed.
     pub fn is_closed(&self) -> bool {
         self.inner.peer.is_closed()

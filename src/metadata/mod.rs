@@ -1,5 +1,8 @@
 //! Where segment descriptors are found. The default needs no server: ask the
-//! peer itself over its control plane (the peer handshake).
+//! peer itself over its control plane (the peer handshake). A cluster can
+//! use etcd instead ([`etcd`]).
+
+pub mod etcd;
 
 use crate::control::{ControlClient, Token};
 use crate::error::Result;
@@ -10,6 +13,9 @@ use std::time::Instant;
 pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     /// Looks `name` up before `deadline`.
     fn resolve(&self, name: &str, initiator: &str, deadline: Instant) -> Result<SegmentDescriptor>;
+
+    /// How names are resolved, for `kvring info` and errors.
+    fn mode(&self) -> String;
 }
 
 /// The peer handshake: the name is the peer's control address
@@ -23,5 +29,9 @@ pub struct PeerHandshake {
 impl MetadataStore for PeerHandshake {
     fn resolve(&self, name: &str, initiator: &str, deadline: Instant) -> Result<SegmentDescriptor> {
         ControlClient::connect(name, deadline)?.handshake(initiator, self.token.as_ref().map(Token::as_bytes), deadline)
+    }
+
+    fn mode(&self) -> String {
+        "peer handshake (names are control addresses)".into()
     }
 }

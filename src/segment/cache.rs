@@ -75,6 +75,11 @@ impl<V> SegmentCache<V> {
         }
     }
 
+    /// Every cached name and value, in no particular order.
+    pub fn entries(&self) -> impl Iterator<Item = (&str, &V)> {
+        self.entries.iter().map(|(name, (value, _))| (name.as_str(), value))
+    }
+
     /// Looks a name up without counting or touching its recency.
     pub fn peek(&self, name: &str) -> Option<&V> {
         self.entries.get(name).map(|(value, _)| value)

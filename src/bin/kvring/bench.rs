@@ -47,6 +47,7 @@ struct Options {
     token: Option<String>,
     /// The target's raw-TCP sink, for the tcp baseline.
     raw_peer: Option<String>,
+    metadata: Option<String>,
     /// Soak for this long instead of running the cases.
     duration: Option<Duration>,
     /// Move one request's KV cache of this model instead.
@@ -88,6 +89,7 @@ fn parse(mut args: Args) -> Result<Options, String> {
         latency_samples: args.number("--latency-samples")?.unwrap_or(DEFAULT_LATENCY_SAMPLES),
         token: args.value("--token")?,
         raw_peer: args.value("--peer-raw")?,
+        metadata: args.value("--metadata")?,
         duration: args.duration("--duration")?,
         kv: args.value("--kv")?.map(|name| crate::models::find(&name)).transpose()?,
         tokens: args.number("--tokens")?.unwrap_or(8192) as u64,
@@ -169,6 +171,8 @@ struct CaseResult {
     verified: bool,
     bytes: u64,
     seconds: f64,
+    /// Requests to the metadata server while the case ran (opens only; 0).
+    metadata_calls: u64,
 }
 
 pub fn run(args: Args) -> Result<(), String> {
@@ -193,6 +197,9 @@ pub fn run(args: Args) -> Result<(), String> {
     let mut builder = Engine::builder().name("bench-initiator").lanes(options.lanes);
     if let Some(token) = &options.token {
         builder = builder.token(token.as_str());
+    }
+    if let Some(url) = &options.metadata {
+        builder = builder.metadata(url.as_str());
     }
     let engine = builder.build().map_err(|e| e.to_string())?;
     if let Some(model) = options.kv {
@@ -249,7 +256,10 @@ pub fn run(args: Args) -> Result<(), String> {
     let mut all_verified = true;
     for &op in &options.ops {
         for &block in &options.block_sizes {
-            let result = run_case(&engine, &mut sub, &segment, &local, remote.id, region_bytes, op, block, &options)?;
+            let calls_before = engine.metadata_calls();
+            let mut result =
+                run_case(&engine, &mut sub, &segment, &local, remote.id, region_bytes, op, block, &options)?;
+            result.metadata_calls = engine.metadata_calls() - calls_before;
             all_verified &= result.verified;
             print_result(&result, &options);
         }
@@ -337,7 +347,7 @@ fn run_case(
     } else {
         true
     };
-    Ok(CaseResult { op, block, gbps, p50_us, p99_us, baseline_gbps, verified, bytes, seconds })
+    Ok(CaseResult { op, block, gbps, p50_us, p99_us, baseline_gbps, verified, bytes, seconds, metadata_calls: 0 })
 }
 
 /// Moves `total` bytes in batches of `options.batch` blocks, cycling over
@@ -480,24 +490,27 @@ fn baseline_name(options: &Options) -> &'static str {
 
 fn print_result(r: &CaseResult, options: &Options) {
     let ratio = if r.baseline_gbps > 0.0 { r.gbps / r.baseline_gbps } else { 0.0 };
+    let batches = r.bytes.div_ceil(r.block * options.batch as u64).max(1);
     if options.json {
-        println!(
-            "{{\"op\":\"{}\",\"transport\":\"{}\",\"block_bytes\":{},\"batch\":{},\"lanes\":{},\"total_bytes\":{},\"seconds\":{:.6},\"gbps\":{:.3},\"p50_us\":{:.2},\"p99_us\":{:.2},\"baseline\":\"{}\",\"baseline_gbps\":{:.3},\"ratio\":{:.3},\"verified\":{}}}",
-            r.op.name(),
-            options.transport.name(),
-            r.block,
-            options.batch,
-            options.lanes,
-            r.bytes,
-            r.seconds,
-            r.gbps,
-            r.p50_us,
-            r.p99_us,
-            baseline_name(options),
-            r.baseline_gbps,
-            ratio,
-            r.verified
-        );
+        let line = serde_json::json!({
+            "op": r.op.name(),
+            "transport": options.transport.name(),
+            "block_bytes": r.block,
+            "batch": options.batch,
+            "lanes": options.lanes,
+            "total_bytes": r.bytes,
+            "seconds": r.seconds,
+            "gbps": r.gbps,
+            "p50_us": r.p50_us,
+            "p99_us": r.p99_us,
+            "baseline": baseline_name(options),
+            "baseline_gbps": r.baseline_gbps,
+            "ratio": ratio,
+            "verified": r.verified,
+            "metadata_calls": r.metadata_calls,
+            "metadata_calls_per_batch": r.metadata_calls as f64 / batches as f64,
+        });
+        println!("{line}");
     } else {
         println!(
             "{:5} {:>6}  {:7.2} GB/s  p50 {:7.2} us  p99 {:7.2} us  {} {:7.2} GB/s  ({:5.1}% of it)  {}",
@@ -511,5 +524,8 @@ fn print_result(r: &CaseResult, options: &Options) {
             ratio * 100.0,
             if r.verified { "verified" } else { "VERIFY FAILED" }
         );
+        if options.metadata.is_some() {
+            println!("      metadata: {} requests over {batches} batches (resolved once, at open)", r.metadata_calls);
+        }
     }
 }

@@ -18,15 +18,18 @@ USAGE:
                [--total 1GiB] [--lanes 1] [--transport shm|null] [--inflight 8]
                [--region-size 128MiB] [--latency-samples 5000] [--peer ADDR] [--peer-raw ADDR]
                [--token T] [--duration 60s] [--kv deepseek-v3|llama3-8b [--tokens 8192]] [--json]
+               [--metadata etcd://HOST:PORT[/PREFIX/]]
       With no --peer, starts `kvring serve` in a second process and moves blocks to it.
+      --peer is a control address, or with --metadata etcd://... a segment name.
       Baseline: memcpy (shm, null), or a raw TCP stream to the target's sink (tcp).
       --duration: a soak of WRITE batches until the time is up; failures are events,
       not fatal; every batch reported done is verified on the target at the end.
       --kv: one request's KV cache (--tokens) from prefill (here) to decode (the target),
       planned from block ids; ms per request, GB/s, descriptors before/after coalescing.
   kvring serve [--name NAME] [--listen 127.0.0.1:0] [--region-size 256MiB] [--lanes 1] [--token T]
-               [--kv MODEL --kv-blocks N]
+               [--kv MODEL --kv-blocks N] [--metadata etcd://HOST:PORT[/PREFIX/]] [--metadata-ttl 10s]
       A target engine with one shm-backed region; serves until SIGINT/SIGTERM.
+      --metadata: publish this engine under its name in etcd, on a lease kept alive.
   kvring info
       What this host offers kvring: cores, locked-memory limit, /dev/shm.
 ";

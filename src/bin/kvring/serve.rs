@@ -35,6 +35,8 @@ pub fn run(mut args: Args) -> Result<(), String> {
     let token = args.value("--token")?;
     let kv_model = args.value("--kv")?;
     let kv_blocks = args.number("--kv-blocks")?.unwrap_or(1024) as u64;
+    let metadata = args.value("--metadata")?;
+    let metadata_ttl = args.duration("--metadata-ttl")?;
     args.finish()?;
 
     let listen = listen.parse().map_err(|_| format!("--listen: {listen:?} is not an IP:port address"))?;
@@ -42,6 +44,12 @@ pub fn run(mut args: Args) -> Result<(), String> {
     let mut builder = Engine::builder().name(&name).listen(listen).lanes(lanes);
     if let Some(token) = token {
         builder = builder.token(token);
+    }
+    if let Some(url) = &metadata {
+        builder = builder.metadata(url.as_str());
+    }
+    if let Some(ttl) = metadata_ttl {
+        builder = builder.metadata_ttl(ttl);
     }
     let engine = builder.build().map_err(|e| e.to_string())?;
     // With --kv, the one region is a KV cache of that model, published as
@@ -62,13 +70,14 @@ pub fn run(mut args: Args) -> Result<(), String> {
     // measure a plain socket over the same path, even to a remote target.
     let raw = crate::raw::RawSink::start(listen.ip()).map_err(|e| format!("starting the raw baseline sink: {e}"))?;
     println!(
-        "kvring serve: name={name} listen={} tcp={} raw={} epoch={:#018x} region={} size={}",
+        "kvring serve: name={name} listen={} tcp={} raw={} epoch={:#018x} region={} size={} metadata={}",
         engine.control_addr(),
         engine.tcp_addr().unwrap_or("-"),
         raw.addr(),
         engine.epoch(),
         region.id(),
-        format_size(region_bytes)
+        format_size(region_bytes),
+        metadata.as_deref().unwrap_or("p2p")
     );
     let _ = std::io::stdout().flush();
 

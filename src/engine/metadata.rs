@@ -1,0 +1,127 @@
+//! The engine's side of cluster metadata: choosing the store, publishing
+//! this engine's descriptor, and noticing peers that restarted.
+//!
+//! With etcd, a watcher thread re-reads the published entry of every open
+//! segment at a bounded interval (`metadata_poll`) and marks a handle stale
+//! when its entry is gone (lease expired) or carries another epoch, so the
+//! next `open_segment(name)` reconnects before a transfer fails on it.
+//! The lanes never touch metadata.
+
+use super::{lock, EngineInner};
+use crate::error::{Error, Result};
+use crate::metadata::etcd::{Etcd, EtcdStore, EtcdUrl, Publication};
+use crate::metadata::{MetadataStore, PeerHandshake};
+use crate::segment::SegmentDescriptor;
+use prost::Message as _;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// The store an engine resolves names with, and its etcd client if any.
+pub(crate) type OpenedStore = (Box<dyn MetadataStore>, Option<Arc<Etcd>>);
+
+/// The store an engine resolves names with, and the etcd client if any.
+pub(crate) fn open_store(url: Option<&str>, handshake: PeerHandshake) -> Result<OpenedStore> {
+    match url {
+        None | Some("") | Some("P2PHANDSHAKE") => Ok((Box::new(handshake), None)),
+        Some(url) => {
+            let etcd = Arc::new(Etcd::new(EtcdUrl::parse(url)?));
+            Ok((Box::new(EtcdStore::new(etcd.clone(), handshake)), Some(etcd)))
+        }
+    }
+}
+
+/// Publishes `descriptor` under its name with a lease kept alive until the
+/// publication is dropped. Refuses to publish a loopback address to an etcd
+/// that is not on this host: peers elsewhere could never reach it.
+pub(crate) fn publish(
+    etcd: Arc<Etcd>,
+    descriptor: &SegmentDescriptor,
+    ttl: Duration,
+    deadline: Instant,
+) -> Result<Publication> {
+    let advertised: SocketAddr = descriptor
+        .control_addr
+        .parse()
+        .map_err(|_| Error::invalid("control address", format!("{:?} is not ip:port", descriptor.control_addr)))?;
+    if advertised.ip().is_loopback() && !is_on_this_host(&etcd.url().addr) {
+        return Err(Error::invalid(
+            "advertised address",
+            format!(
+                "{} is a loopback address, but etcd at {} is not on this host: peers could not reach it; \
+                 listen on a routable address or set an advertised one",
+                advertised,
+                etcd.url().addr
+            ),
+        ));
+    }
+    if advertised.ip().is_unspecified() {
+        return Err(Error::invalid(
+            "advertised address",
+            format!("{advertised} is unspecified; an engine must publish a concrete address"),
+        ));
+    }
+    let key = etcd.url().key(&descriptor.name);
+    // Its own client: lease refreshes are not counted as the opens' calls.
+    let own = Arc::new(Etcd::new(etcd.url().clone()));
+    Publication::start(own, key, descriptor.to_proto().encode_to_vec(), ttl, deadline)
+}
+
+/// True when `addr` (`host:port`) resolves to an address of this host.
+pub(crate) fn is_on_this_host(addr: &str) -> bool {
+    let Ok(mut resolved) = addr.to_socket_addrs() else { return false };
+    resolved.any(|a| is_local_ip(a.ip()))
+}
+
+/// Loopback, or an address a socket on this host can bind.
+pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
+    ip.is_loopback() || UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
+}
+
+/// Starts the thread that notices restarted peers (etcd only).
+pub(crate) fn start_watcher(engine: Weak<EngineInner>, poll: Duration) -> Result<()> {
+    std::thread::Builder::new()
+        .name("kvring-metadata-watch".into())
+        .spawn(move || {
+            let mut next = Instant::now() + poll;
+            loop {
+                std::thread::sleep(Duration::from_millis(20).min(poll));
+                let Some(engine) = engine.upgrade() else { return };
+                if engine.is_stopped() {
+                    return;
+                }
+                if Instant::now() >= next {
+                    next = Instant::now() + poll;
+                    check_open_segments(&engine);
+                }
+            }
+        })
+        .map(drop)
+        .map_err(|e| Error::io("spawning the metadata watcher", e))
+}
+
+/// Marks stale every open handle whose published entry is gone or names
+/// another epoch. An unreachable etcd changes nothing: open segments keep
+/// transferring.
+fn check_open_segments(engine: &EngineInner) {
+    let Some(etcd) = &engine.etcd else { return };
+    let open: Vec<_> = {
+        let table = lock(&engine.segments);
+        table
+            .cache
+            .entries()
+            .filter(|(_, s)| !s.inner.peer.is_stale() && !s.is_closed())
+            .map(|(name, s)| (name.to_string(), s.clone()))
+            .collect()
+    };
+    // Its own client: the watcher's reads are not counted as the opens' calls.
+    let store = EtcdStore::new(Arc::new(Etcd::new(etcd.url().clone())), PeerHandshake::default());
+    for (name, segment) in open {
+        let deadline = Instant::now() + engine.config.control_timeout;
+        match store.published(&name, deadline) {
+            Ok(published) if published.epoch == segment.epoch() => {}
+            Ok(_) | Err(Error::UnknownSegment { .. }) => segment.inner.peer.mark_stale(),
+            Err(_) => {}
+        }
+    }
+}
