@@ -4,6 +4,7 @@
 
 mod batch;
 mod metadata;
+mod metrics;
 mod region;
 mod segment;
 mod submitter;
@@ -108,6 +109,11 @@ pub struct EngineConfig {
     pub metadata_ttl: Duration,
     /// How often open segments' published entries are re-read (etcd).
     pub metadata_poll: Duration,
+    /// Where `/metrics` is served (Prometheus text); `None`: not served.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Whether lanes update their counters (on by default; see
+    /// [`Engine::set_metrics_enabled`]).
+    pub metrics_enabled: bool,
 }
 
 impl Default for EngineConfig {
@@ -137,6 +143,8 @@ impl Default for EngineConfig {
             metadata: None,
             metadata_ttl: crate::metadata::etcd::DEFAULT_LEASE_TTL,
             metadata_poll: DEFAULT_METADATA_POLL,
+            metrics_listen: None,
+            metrics_enabled: true,
         }
     }
 }
@@ -296,6 +304,18 @@ impl EngineBuilder {
         self
     }
 
+    /// Serves Prometheus text at `http://{addr}/metrics`.
+    pub fn metrics(mut self, addr: SocketAddr) -> Self {
+        self.config.metrics_listen = Some(addr);
+        self
+    }
+
+    /// Whether lanes count (default on).
+    pub fn metrics_enabled(mut self, on: bool) -> Self {
+        self.config.metrics_enabled = on;
+        self
+    }
+
     /// Notifications queued before senders are refused with `Busy`.
     pub fn notify_queue(mut self, capacity: usize) -> Self {
         self.config.notify_queue = capacity;
@@ -357,6 +377,9 @@ pub(crate) struct EngineInner {
     metadata: Box<dyn MetadataStore>,
     etcd: Option<Arc<crate::metadata::etcd::Etcd>>,
     publication: Mutex<Option<crate::metadata::etcd::Publication>>,
+    metrics_on: Arc<AtomicBool>,
+    metrics_server: Mutex<Option<crate::net::Acceptor>>,
+    metrics_addr: OnceLock<SocketAddr>,
     stopped: AtomicBool,
     next_tag: AtomicU16,
 }
@@ -386,6 +409,9 @@ impl EngineInner {
             publication.stop();
         }
         if let Some(mut server) = lock(&self.control).take() {
+            server.stop();
+        }
+        if let Some(mut server) = lock(&self.metrics_server).take() {
             server.stop();
         }
         if let Some(mut server) = lock(&self.data).take() {
@@ -476,6 +502,7 @@ impl Engine {
         let registry = Arc::new(Registry::new(config.max_regions));
         let clock = Clock::new();
         let notifications = Arc::new(NotificationQueue::new(config.notify_queue));
+        let metrics_on = Arc::new(AtomicBool::new(config.metrics_enabled));
         let mut lanes = Vec::with_capacity(config.lanes);
         for (index, core) in lane_cores(&config).into_iter().enumerate() {
             let lane_config = LaneConfig {
@@ -488,6 +515,7 @@ impl Engine {
                 clock,
                 // Lane 0 posts notification CQEs to submitters that watch.
                 notifications: (index == 0).then(|| notifications.clone()),
+                metrics: metrics_on.clone(),
             };
             // Lanes started so far stop when `lanes` drops on error.
             lanes.push(LaneHandle::start(lane_config, registry.clone())?);
@@ -549,6 +577,9 @@ impl Engine {
                 metadata: store,
                 etcd,
                 publication: Mutex::new(publication),
+                metrics_on,
+                metrics_server: Mutex::new(None),
+                metrics_addr: OnceLock::new(),
                 stopped: AtomicBool::new(false),
                 next_tag: AtomicU16::new(1),
             }),
@@ -556,7 +587,28 @@ impl Engine {
         if engine.inner.etcd.is_some() {
             metadata::start_watcher(Arc::downgrade(&engine.inner), poll)?;
         }
+        if let Some(listen) = engine.inner.config.metrics_listen {
+            let server = metrics::serve(listen, Arc::downgrade(&engine.inner))?;
+            let _ = engine.inner.metrics_addr.set(server.local_addr());
+            *lock(&engine.inner.metrics_server) = Some(server);
+        }
         Ok(engine)
+    }
+
+    /// Where `/metrics` is served, when it is.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.inner.metrics_addr.get().copied()
+    }
+
+    /// The Prometheus text `/metrics` would answer now.
+    pub fn metrics_text(&self) -> String {
+        metrics::text(&self.inner)
+    }
+
+    /// Turns the lanes' counting on or off at run time (the endpoint keeps
+    /// answering with what was counted).
+    pub fn set_metrics_enabled(&self, on: bool) {
+        self.inner.metrics_on.store(on, Ordering::Relaxed);
     }
 
     /// How this engine resolves names (`kvring info` prints it).
@@ -704,16 +756,20 @@ impl Engine {
         }
         {
             let mut table = lock(&self.inner.segments);
-            let cached = table.cache.get(name).cloned();
-            if let Some(segment) = cached {
-                if segment.inner.peer.is_stale() {
+            let cached = table.cache.peek(name).cloned();
+            match cached {
+                Some(segment) if segment.inner.peer.is_stale() => {
                     // Its peer restarted or went away: evict it now and
                     // reconnect through a fresh handshake below.
                     table.cache.remove_stale(name);
                     self.retire(&mut table, &segment);
-                } else if !segment.is_closed() && transport.is_none_or(|t| t == segment.transport()) {
+                    table.cache.note_miss();
+                }
+                Some(segment) if !segment.is_closed() && transport.is_none_or(|t| t == segment.transport()) => {
+                    table.cache.get(name); // counts the hit and refreshes its recency
                     return Ok(segment);
                 }
+                _ => table.cache.note_miss(),
             }
         }
         // The handshake and connects run on the caller's thread, never on a

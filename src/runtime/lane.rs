@@ -10,6 +10,7 @@
 //! preallocated when the lane starts.
 
 use super::doorbell::Doorbell;
+use super::metrics::LaneMetrics;
 use super::status::{BatchState, PartEnd, StatusTable};
 use super::watch::NotificationWatch;
 use crate::desc::{BlockDesc, RegionId};
@@ -156,6 +157,8 @@ pub struct LaneShared {
     pub commands: SegQueue<LaneCommand>,
     /// Counters.
     pub stats: CachePadded<LaneStats>,
+    /// Prometheus counters (written by this lane only).
+    pub metrics: CachePadded<LaneMetrics>,
     stop: AtomicBool,
 }
 
@@ -193,6 +196,9 @@ pub struct LaneConfig {
     /// The engine's notification queue, for the lane (lane 0) that posts
     /// notification CQEs to watching submitters; `None` on the others.
     pub notifications: Option<Arc<NotificationQueue>>,
+    /// Whether lanes update their Prometheus counters (switchable at run
+    /// time, so a benchmark can compare both in one run).
+    pub metrics: Arc<AtomicBool>,
 }
 
 /// A running lane: its shared part and its thread.
@@ -262,6 +268,7 @@ fn lane_thread(config: LaneConfig, registry: Arc<Registry>, ready: mpsc::Sender<
         doorbell: Doorbell::for_current_thread(),
         commands: SegQueue::new(),
         stats: CachePadded::new(LaneStats::default()),
+        metrics: CachePadded::new(LaneMetrics::new()),
         stop: AtomicBool::new(false),
     });
     let lane = Lane {
@@ -367,6 +374,8 @@ struct Ticket {
     leases: Vec<RegionId>,
     /// Set for a notification: where its result goes.
     notify_reply: Option<mpsc::SyncSender<Result<()>>>,
+    /// When the lane took the part (engine clock), for the latency histogram.
+    started_ns: u64,
 }
 
 impl Ticket {
@@ -380,6 +389,7 @@ impl Ticket {
             end: None,
             leases: Vec::new(),
             notify_reply: None,
+            started_ns: 0,
         }
     }
 }
@@ -550,9 +560,12 @@ impl Lane {
     fn poll_rings(&mut self) -> usize {
         self.flush_cq_backlog();
         let mut executed = 0;
+        let mut waiting = 0;
         for index in 0..self.rings.len() {
             let Some(slot) = self.rings[index].as_mut() else { continue };
-            let available = slot.rings.sq.slots().min(DEFAULT_MAX_SQES_PER_POLL);
+            let slots = slot.rings.sq.slots();
+            waiting += slots;
+            let available = slots.min(DEFAULT_MAX_SQES_PER_POLL);
             if available == 0 {
                 if slot.rings.closed.load(Ordering::Acquire) && slot.rings.sq.is_empty() && slot.tickets == 0 {
                     self.rings[index] = None;
@@ -564,6 +577,10 @@ impl Lane {
                 self.execute_part(index, sqe);
                 executed += 1;
             }
+        }
+        if self.config.metrics.load(Ordering::Relaxed) {
+            let in_flight = (self.tickets.len() - self.free_tickets.len()) as u64;
+            self.shared.metrics.occupancy(waiting.saturating_sub(executed) as u64, in_flight);
         }
         executed
     }
@@ -686,6 +703,7 @@ impl Lane {
         let ticket = &mut tickets[ticket_index as usize];
         ticket.ring = ring_index;
         ticket.sqe = sqe;
+        ticket.started_ns = if config.metrics.load(Ordering::Relaxed) { config.clock.now_ns() } else { 0 };
         ticket.progress = PartProgress::default();
         ticket.leases.clear();
         let op = Opcode::from_u8(sqe.opcode);
@@ -775,7 +793,7 @@ impl Lane {
     /// publishes its part's status and completion (or a notification's
     /// result), then frees it.
     fn end_ticket(&mut self, index: usize) {
-        let Lane { shared, registry, rings, tickets, free_tickets, cq_backlog, .. } = self;
+        let Lane { shared, registry, rings, tickets, free_tickets, cq_backlog, config, .. } = self;
         let ticket = &mut tickets[index];
         for region in ticket.leases.drain(..) {
             registry.release(region);
@@ -806,6 +824,15 @@ impl Lane {
         let id = super::status::BatchId::from_raw(sqe.batch_id);
         let finished =
             slot.rings.status.finish_part(id, ticket.progress.bytes, end.unwrap_or(PartEnd::Done), result_code);
+        if let (Some(op), true) = (Opcode::from_u8(sqe.opcode), ticket.started_ns != 0) {
+            let transport = segment.as_ref().map(|s| s.link.kind());
+            let metrics = &shared.metrics;
+            metrics.part(op, transport, ticket.progress.bytes);
+            if let Some(completion) = &finished {
+                let latency = config.clock.now_ns().saturating_sub(ticket.started_ns);
+                metrics.batch(op, transport, completion.result, latency);
+            }
+        }
         if let Some(completion) = finished {
             let cqe = Cqe {
                 user_data: sqe.user_data,

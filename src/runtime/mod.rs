@@ -5,6 +5,7 @@
 pub mod backoff;
 pub mod doorbell;
 pub mod lane;
+pub mod metrics;
 pub mod status;
 pub mod watch;
 

@@ -75,6 +75,11 @@ impl<V> SegmentCache<V> {
         }
     }
 
+    /// Counts a lookup that found nothing usable (the caller reopens).
+    pub fn note_miss(&mut self) {
+        self.stats.misses += 1;
+    }
+
     /// Every cached name and value, in no particular order.
     pub fn entries(&self) -> impl Iterator<Item = (&str, &V)> {
         self.entries.iter().map(|(name, (value, _))| (name.as_str(), value))

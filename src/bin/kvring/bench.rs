@@ -48,6 +48,11 @@ struct Options {
     /// The target's raw-TCP sink, for the tcp baseline.
     raw_peer: Option<String>,
     metadata: Option<String>,
+    /// Serve `/metrics` on this address while the bench runs.
+    metrics: Option<String>,
+    /// Measure against the same engine with its counters off instead of
+    /// memcpy or a raw socket.
+    metrics_overhead: bool,
     /// Soak for this long instead of running the cases.
     duration: Option<Duration>,
     /// Move one request's KV cache of this model instead.
@@ -90,6 +95,8 @@ fn parse(mut args: Args) -> Result<Options, String> {
         token: args.value("--token")?,
         raw_peer: args.value("--peer-raw")?,
         metadata: args.value("--metadata")?,
+        metrics: args.value("--metrics")?,
+        metrics_overhead: args.switch("--metrics-overhead"),
         duration: args.duration("--duration")?,
         kv: args.value("--kv")?.map(|name| crate::models::find(&name)).transpose()?,
         tokens: args.number("--tokens")?.unwrap_or(8192) as u64,
@@ -201,7 +208,13 @@ pub fn run(args: Args) -> Result<(), String> {
     if let Some(url) = &options.metadata {
         builder = builder.metadata(url.as_str());
     }
+    if let Some(addr) = &options.metrics {
+        builder = builder.metrics(addr.parse().map_err(|_| format!("--metrics: {addr:?} is not an IP:port address"))?);
+    }
     let engine = builder.build().map_err(|e| e.to_string())?;
+    if let (Some(addr), false) = (engine.metrics_addr(), options.json) {
+        println!("kvring bench: metrics at http://{addr}/metrics");
+    }
     if let Some(model) = options.kv {
         pin_caller(&engine);
         let bench = crate::kvbench::KvBench {
@@ -323,9 +336,18 @@ fn run_case(
     let mut kvring_rounds = Vec::with_capacity(ROUNDS);
     let (mut bytes, mut seconds) = (0u64, 0f64);
     for _ in 0..ROUNDS {
-        baseline_rounds.push(match (options.transport, &options.raw_peer) {
-            (TransportKind::Tcp, Some(raw)) => crate::raw::baseline(raw, op == Opcode::Write, block, per_round)?,
-            (TransportKind::Tcp, None) => 0.0,
+        baseline_rounds.push(match (options.metrics_overhead, options.transport, &options.raw_peer) {
+            (true, _, _) => {
+                // The same case on the same engine, its counters off.
+                engine.set_metrics_enabled(false);
+                let started = Instant::now();
+                let moved =
+                    move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options, &label);
+                engine.set_metrics_enabled(true);
+                moved? as f64 / started.elapsed().as_secs_f64() / 1e9
+            }
+            (false, TransportKind::Tcp, Some(raw)) => crate::raw::baseline(raw, op == Opcode::Write, block, per_round)?,
+            (false, TransportKind::Tcp, None) => 0.0,
             _ => memcpy_baseline(block, per_round, region_bytes, lane_core)?,
         });
         let started = Instant::now();
@@ -481,6 +503,9 @@ fn memcpy_baseline(block: u64, total: u64, region_bytes: u64, core: Option<usize
 
 /// What the case is measured against.
 fn baseline_name(options: &Options) -> &'static str {
+    if options.metrics_overhead {
+        return "metrics-off";
+    }
     match (options.transport, &options.raw_peer) {
         (TransportKind::Tcp, Some(_)) => "raw-tcp",
         (TransportKind::Tcp, None) => "none",

@@ -18,9 +18,10 @@ USAGE:
                [--total 1GiB] [--lanes 1] [--transport shm|null] [--inflight 8]
                [--region-size 128MiB] [--latency-samples 5000] [--peer ADDR] [--peer-raw ADDR]
                [--token T] [--duration 60s] [--kv deepseek-v3|llama3-8b [--tokens 8192]] [--json]
-               [--metadata etcd://HOST:PORT[/PREFIX/]]
+               [--metadata etcd://HOST:PORT[/PREFIX/]] [--metrics ADDR] [--metrics-overhead]
       With no --peer, starts `kvring serve` in a second process and moves blocks to it.
       --peer is a control address, or with --metadata etcd://... a segment name.
+      --metrics-overhead: the baseline is this engine with its counters off (same run).
       Baseline: memcpy (shm, null), or a raw TCP stream to the target's sink (tcp).
       --duration: a soak of WRITE batches until the time is up; failures are events,
       not fatal; every batch reported done is verified on the target at the end.
