@@ -27,6 +27,8 @@
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod advertise;
+pub mod config;
 pub mod control;
 pub mod desc;
 pub mod engine;

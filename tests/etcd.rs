@@ -239,6 +239,10 @@ fn bad_urls_prefixes_and_stored_descriptors_get_clear_errors() {
         let error = common::builder("bad").metadata(url).build().unwrap_err().to_string();
         assert!(error.contains(why), "{url}: {error}");
     }
+    // 192.0.2.1 (TEST-NET-1) is no address of this host: publishing a
+    // loopback address there would strand every peer.
+    let error = common::builder("loop").metadata("etcd://192.0.2.1:2379").build().unwrap_err().to_string();
+    assert!(error.contains("127.0.0.1") && error.contains("is not on this host"), "{error}");
     let Some(etcd) = EtcdServer::start() else { return };
     let client = etcd.client();
     let deadline = Instant::now() + WAIT;

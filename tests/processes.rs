@@ -157,7 +157,7 @@ fn bad_bench_flags_are_named() {
         (vec!["bench", "--block-size", "4XB"], "unknown size unit"),
         (vec!["bench", "--transport", "carrier-pigeon"], "this build has: shm, tcp, null"),
         (vec!["bench", "--frobnicate"], "unknown argument \"--frobnicate\""),
-        (vec!["serve", "--listen", "nowhere"], "is not an IP:port address"),
+        (vec!["serve", "--listen", "nowhere"], "--listen: listen: \"nowhere\" is not an ip:port address"),
     ] {
         let output = Command::new(kvring_bin()).args(&args).output().unwrap();
         assert!(!output.status.success(), "{args:?} succeeded");
@@ -416,4 +416,75 @@ fn a_frozen_peer_does_not_hold_up_a_healthy_one_on_the_same_lane() {
     let mut got = vec![0u8; 1 << 20];
     back.read_at(0, &mut got).unwrap();
     assert!(got == pattern(4 << 20, 7)[..1 << 20], "the healthy peer holds the pushed bytes");
+}
+
+#[test]
+fn info_shows_each_value_and_where_it_came_from() {
+    let dir = std::env::temp_dir().join(format!("kvring-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("kvring.toml");
+    std::fs::write(&file, "version = 1\nname = \"decode-7\"\nlanes = 2\nio_timeout = \"3s\"\ntoken = \"s3cret\"\n")
+        .unwrap();
+    let output = Command::new(kvring_bin())
+        .args(["info", "--json", "--config"])
+        .arg(&file)
+        .args(["--io-timeout", "9s"])
+        .env("KVRING_LANES", "3")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let setting = |key: &str| {
+        let entry = info["config"].as_array().unwrap().iter().find(|e| e["key"] == key).unwrap().clone();
+        (entry["value"].as_str().map(str::to_string), entry["source"].as_str().unwrap().to_string())
+    };
+    assert_eq!(setting("name"), (Some("decode-7".into()), file.display().to_string()));
+    assert_eq!(setting("lanes"), (Some("3".into()), "$KVRING_LANES".into()));
+    assert_eq!(setting("io_timeout"), (Some("9s".into()), "--io-timeout".into()));
+    assert_eq!(setting("listen"), (Some("127.0.0.1:0".into()), "default".into()));
+    assert_eq!(setting("token").0.as_deref(), Some("(set)"), "secrets are not printed");
+    assert_eq!(info["advertised"]["source"], "listen address");
+    assert_eq!(info["lanes"].as_array().unwrap().len(), 3);
+    assert!(info["metadata"].as_str().unwrap().starts_with("peer handshake"));
+    assert!(info["rdma"]["reason"].is_string() || info["rdma"]["devices"].is_array());
+
+    // A wrong version or an unknown key stops every command, naming it.
+    std::fs::write(&file, "version = 2\n").unwrap();
+    let output = Command::new(kvring_bin()).args(["serve", "--config"]).arg(&file).output().unwrap();
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown version 2"), "{output:?}");
+    std::fs::write(&file, "version = 1\nlanez = 1\n").unwrap();
+    let output = Command::new(kvring_bin()).args(["bench", "--config"]).arg(&file).output().unwrap();
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown key \"lanez\""), "{output:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_wildcard_listener_advertises_a_concrete_address() {
+    let mut child = Command::new(kvring_bin())
+        .args(["serve", "--name", "decode-w", "--listen", "0.0.0.0:0", "--region-size", "1MiB", "--parent-watch"])
+        .env("KVRING_HOST_IP", "127.0.0.1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.split_whitespace().find_map(|f| f.strip_prefix("listen=")).unwrap().to_string();
+    assert!(addr.starts_with("127.0.0.1:"), "peers are told the concrete address: {line}");
+    // And a peer reaches it there, data connection included.
+    let engine = common::engine("prefill-w");
+    let segment = engine.open_segment_with(&addr, Some(kvring::TransportKind::Tcp), WAIT).unwrap();
+    assert_eq!(segment.name(), "decode-w");
+    let _ = child.kill();
+    let _ = child.wait();
+    // Without any rule that yields one, it refuses to start rather than
+    // advertise 0.0.0.0 or a loopback address by accident.
+    let output = Command::new(kvring_bin())
+        .args(["serve", "--listen", "0.0.0.0:0", "--region-size", "1MiB"])
+        .env("HOST_IP", "not-an-address")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("$HOST_IP=\"not-an-address\" is not an IP address"));
 }

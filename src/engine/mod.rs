@@ -36,7 +36,7 @@ use crate::transport::tcp::DEFAULT_IO_TIMEOUT;
 use crate::transport::{Link, NullLink, ShmLink, TcpDataServer, TcpLink};
 use prost::Message as _;
 use segment::SegmentInner;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -114,6 +114,8 @@ pub struct EngineConfig {
     /// Whether lanes update their counters (on by default; see
     /// [`Engine::set_metrics_enabled`]).
     pub metrics_enabled: bool,
+    /// The IP told to peers; `None` resolves it (see [`crate::advertise`]).
+    pub advertise: Option<IpAddr>,
 }
 
 impl Default for EngineConfig {
@@ -145,6 +147,7 @@ impl Default for EngineConfig {
             metadata_poll: DEFAULT_METADATA_POLL,
             metrics_listen: None,
             metrics_enabled: true,
+            advertise: None,
         }
     }
 }
@@ -310,6 +313,13 @@ impl EngineBuilder {
         self
     }
 
+    /// The IP peers are told (in handshakes and the metadata store), for an
+    /// engine listening on `0.0.0.0` behind NAT or in a pod.
+    pub fn advertise(mut self, ip: IpAddr) -> Self {
+        self.config.advertise = Some(ip);
+        self
+    }
+
     /// Whether lanes count (default on).
     pub fn metrics_enabled(mut self, on: bool) -> Self {
         self.config.metrics_enabled = on;
@@ -326,6 +336,17 @@ impl EngineBuilder {
     pub fn config(mut self, config: EngineConfig) -> Self {
         self.config = config;
         self
+    }
+
+    /// The configuration built so far.
+    pub fn settings(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The cores lanes would be pinned to (`None`: unpinned), as `build`
+    /// would choose them.
+    pub fn planned_lane_cores(&self) -> Vec<Option<usize>> {
+        lane_cores(&self.config)
     }
 
     /// Starts the engine: checks limits, starts lanes and the control server.
@@ -380,6 +401,7 @@ pub(crate) struct EngineInner {
     metrics_on: Arc<AtomicBool>,
     metrics_server: Mutex<Option<crate::net::Acceptor>>,
     metrics_addr: OnceLock<SocketAddr>,
+    advertised: crate::advertise::Advertised,
     stopped: AtomicBool,
     next_tag: AtomicU16,
 }
@@ -524,6 +546,17 @@ impl Engine {
             let lane = lane.shared.clone();
             notifications.on_delivery(Box::new(move || lane.doorbell.ring()));
         }
+        let env = |name: &str| std::env::var(name).ok();
+        let route_to = match config.metadata.as_deref() {
+            Some(url) if url.starts_with("etcd://") => Some(crate::metadata::etcd::EtcdUrl::parse(url)?.addr),
+            _ => None,
+        };
+        let advertised = crate::advertise::resolve(&crate::advertise::Inputs::from_process(
+            config.advertise,
+            config.listen.ip(),
+            &env,
+            route_to.as_deref(),
+        ))?;
         let data_server = if config.serve_tcp {
             let data_listen = SocketAddr::new(config.listen.ip(), 0);
             Some(TcpDataServer::start(data_listen, registry.clone(), notifications.clone(), epoch)?)
@@ -535,13 +568,14 @@ impl Engine {
             epoch,
             registry: registry.clone(),
             control_addr: OnceLock::new(),
-            tcp_addr: data_server.as_ref().map(|s| s.local_addr().to_string()),
+            tcp_addr: data_server.as_ref().map(|s| SocketAddr::new(advertised.ip, s.local_addr().port()).to_string()),
             token: config.token.clone(),
             notifications: notifications.clone(),
             kv_layout: Mutex::new(None),
         });
         let server = ControlServer::start(config.listen, context.clone())?;
-        let control_addr = server.local_addr();
+        // Peers are told the advertised IP with the port actually bound.
+        let control_addr = SocketAddr::new(advertised.ip, server.local_addr().port());
         // Set before any peer can learn the address, so every handshake sees it.
         let _ = context.control_addr.set(control_addr.to_string());
         let segments = SegmentTable {
@@ -580,6 +614,7 @@ impl Engine {
                 metrics_on,
                 metrics_server: Mutex::new(None),
                 metrics_addr: OnceLock::new(),
+                advertised,
                 stopped: AtomicBool::new(false),
                 next_tag: AtomicU16::new(1),
             }),
@@ -593,6 +628,11 @@ impl Engine {
             *lock(&engine.inner.metrics_server) = Some(server);
         }
         Ok(engine)
+    }
+
+    /// The IP peers are told, and which rule chose it.
+    pub fn advertised(&self) -> &crate::advertise::Advertised {
+        &self.inner.advertised
     }
 
     /// Where `/metrics` is served, when it is.

@@ -182,8 +182,15 @@ struct CaseResult {
     metadata_calls: u64,
 }
 
-pub fn run(args: Args) -> Result<(), String> {
+pub fn run(mut args: Args) -> Result<(), String> {
+    // The initiator engine takes the config file and KVRING_* variables;
+    // the bench's own flags (below) override them.
+    let config = crate::settings::load(&mut args, Some(&[]))?;
+    let lanes_flag = args.has("--lanes");
     let mut options = parse(args)?;
+    if !lanes_flag {
+        options.lanes = config.get("lanes").and_then(|v| v.parse().ok()).unwrap_or(1);
+    }
     let target = match &options.peer {
         Some(_) => None,
         None => {
@@ -201,7 +208,7 @@ pub fn run(args: Args) -> Result<(), String> {
     if options.raw_peer.is_none() {
         options.raw_peer = target.as_ref().and_then(|t| t.raw_addr.clone());
     }
-    let mut builder = Engine::builder().name("bench-initiator").lanes(options.lanes);
+    let mut builder = config.builder().name("bench-initiator").lanes(options.lanes);
     if let Some(token) = &options.token {
         builder = builder.token(token.as_str());
     }

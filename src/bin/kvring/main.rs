@@ -6,6 +6,7 @@ mod kvbench;
 mod models;
 mod raw;
 mod serve;
+mod settings;
 mod soak;
 
 use args::Args;
@@ -31,8 +32,15 @@ USAGE:
                [--kv MODEL --kv-blocks N] [--metadata etcd://HOST:PORT[/PREFIX/]] [--metadata-ttl 10s]
       A target engine with one shm-backed region; serves until SIGINT/SIGTERM.
       --metadata: publish this engine under its name in etcd, on a lease kept alive.
-  kvring info
-      What this host offers kvring: cores, locked-memory limit, /dev/shm.
+  kvring info [--json] [--config PATH] [--KEY VALUE ...]
+      The resolved configuration and where each value came from, the advertised
+      address, lanes and their cores, the metadata mode, RDMA devices, host limits.
+
+CONFIGURATION:
+  Every key can be set in kvring.toml (`version = 1`; --config PATH, $KVRING_CONFIG,
+  or ./kvring.toml), overridden by $KVRING_<KEY>, then by --<key> on `serve` and `info`.
+  Keys: name listen advertise lanes metadata metadata-ttl metadata-poll metrics token
+        io-timeout control-timeout busy-poll segment-cache notify-queue region-size
 ";
 
 fn main() {
@@ -55,12 +63,93 @@ fn main() {
     }
 }
 
-fn info(args: Args) -> Result<(), String> {
+fn info(mut args: Args) -> Result<(), String> {
+    let config = settings::load(&mut args, None)?;
+    let json = args.switch("--json");
     args.finish()?;
-    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let builder = config.builder();
+    let engine = builder.settings();
+    let env = |name: &str| std::env::var(name).ok();
+    let route_to = match engine.metadata.as_deref() {
+        Some(url) if url.starts_with("etcd://") => {
+            Some(kvring::metadata::etcd::EtcdUrl::parse(url).map_err(|e| e.to_string())?.addr)
+        }
+        _ => None,
+    };
+    let advertised = kvring::advertise::resolve(&kvring::advertise::Inputs::from_process(
+        engine.advertise,
+        engine.listen.ip(),
+        &env,
+        route_to.as_deref(),
+    ));
+    let metadata = match engine.metadata.as_deref() {
+        None | Some("P2PHANDSHAKE") => "peer handshake (no server; names are control addresses)".to_string(),
+        Some(url) => {
+            let url = kvring::metadata::etcd::EtcdUrl::parse(url).map_err(|e| e.to_string())?;
+            format!("etcd at {}, keys under {}", url.addr, url.prefix)
+        }
+    };
+    let cores = builder.planned_lane_cores();
     let memlock = kvring::runtime::lane::memlock_limit_bytes();
+    let rdma = rdma_devices();
+    let settings: Vec<_> = config
+        .settings()
+        .iter()
+        .map(|s| {
+            // A token is a secret: say whether it is set, not what it is.
+            let value = match (&s.value, s.key.name) {
+                (Some(_), "token") => Some("(set)".to_string()),
+                (value, _) => value.clone(),
+            };
+            (s.key.name, value, s.source.to_string())
+        })
+        .collect();
+    if json {
+        let line = serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "config": settings.iter().map(|(key, value, source)| serde_json::json!({
+                "key": key, "value": value, "source": source,
+            })).collect::<Vec<_>>(),
+            "advertised": match &advertised {
+                Ok(a) => serde_json::json!({ "ip": a.ip.to_string(), "source": a.source }),
+                Err(e) => serde_json::json!({ "error": e.to_string() }),
+            },
+            "lanes": cores.iter().enumerate().map(|(lane, core)| serde_json::json!({ "lane": lane, "core": core }))
+                .collect::<Vec<_>>(),
+            "metadata": metadata,
+            "rdma": { "built": false, "devices": rdma.as_ref().ok(), "reason": rdma.as_ref().err() },
+            "host": {
+                "cores": core_affinity::get_core_ids().unwrap_or_default().len(),
+                "memlock_bytes": memlock,
+                "host_id": kvring::segment::local_host_id(),
+            },
+            "transports": ["shm", "tcp", "null"],
+        });
+        println!("{line}");
+        return Ok(());
+    }
     println!("kvring {}", env!("CARGO_PKG_VERSION"));
-    println!("cores:            {}", cores.len());
+    println!("configuration (file, then $KVRING_*, then flags):");
+    for (key, value, source) in &settings {
+        println!("  {key:<16} {:<28} {source}", value.as_deref().unwrap_or("-"));
+    }
+    match &advertised {
+        Ok(a) => println!("advertised:       {} ({})", a.ip, a.source),
+        Err(e) => println!("advertised:       none: {e}"),
+    }
+    let lanes: Vec<String> = cores
+        .iter()
+        .enumerate()
+        .map(|(lane, core)| format!("{lane}→{}", core.map_or("unpinned".into(), |c| format!("core {c}"))))
+        .collect();
+    println!("lanes:            {}", lanes.join(", "));
+    println!("metadata:         {metadata}");
+    match &rdma {
+        Ok(devices) => println!("rdma:             not in this build; devices seen: {}", devices.join(", ")),
+        Err(reason) => println!("rdma:             not in this build (cargo feature `rdma`); {reason}"),
+    }
+    println!("transports:       shm, tcp, null");
+    println!("cores:            {}", core_affinity::get_core_ids().unwrap_or_default().len());
     match memlock {
         Some(u64::MAX) => println!("locked memory:    unlimited"),
         Some(bytes) => println!(
@@ -73,7 +162,16 @@ fn info(args: Args) -> Result<(), String> {
     let shm = std::path::Path::new(kvring::mem::shm::SHM_DIR);
     println!("shared memory:    {} ({})", shm.display(), if shm.is_dir() { "present" } else { "missing" });
     println!("host id:          {}", kvring::segment::local_host_id());
-    println!("transports:       shm, tcp, null (rdma: not in this build)");
-    println!("metadata:         peer handshake (no server)");
     Ok(())
+}
+
+/// RDMA devices the kernel lists, or why there are none.
+fn rdma_devices() -> Result<Vec<String>, String> {
+    let dir = std::path::Path::new("/sys/class/infiniband");
+    let entries = std::fs::read_dir(dir).map_err(|_| format!("no devices: {} does not exist", dir.display()))?;
+    let devices: Vec<String> = entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    if devices.is_empty() {
+        return Err(format!("no devices under {}", dir.display()));
+    }
+    Ok(devices)
 }

@@ -3,7 +3,7 @@
 //! standard input closes, so a crashed parent never leaves it behind).
 
 use crate::args::{format_size, Args};
-use kvring::{Engine, RegionInfo};
+use kvring::RegionInfo;
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -27,31 +27,20 @@ fn install_signal_handlers() {
 }
 
 pub fn run(mut args: Args) -> Result<(), String> {
-    let name = args.value("--name")?.unwrap_or_else(|| format!("kvring-serve-{}", std::process::id()));
-    let listen = args.value("--listen")?.unwrap_or_else(|| "127.0.0.1:0".into());
-    let region_bytes = args.size("--region-size")?.unwrap_or(DEFAULT_REGION_BYTES);
-    let lanes = args.number("--lanes")?.unwrap_or(1);
+    // Every engine key (see `kvring info`) comes from the config file, then
+    // KVRING_* variables, then these flags.
+    let config = crate::settings::load(&mut args, None)?;
     let parent_watch = args.switch("--parent-watch");
-    let token = args.value("--token")?;
     let kv_model = args.value("--kv")?;
     let kv_blocks = args.number("--kv-blocks")?.unwrap_or(1024) as u64;
-    let metadata = args.value("--metadata")?;
-    let metadata_ttl = args.duration("--metadata-ttl")?;
     args.finish()?;
 
-    let listen = listen.parse().map_err(|_| format!("--listen: {listen:?} is not an IP:port address"))?;
+    let name = config.get("name").map_or_else(|| format!("kvring-serve-{}", std::process::id()), str::to_string);
+    let region_bytes = config.size("region_size").unwrap_or(DEFAULT_REGION_BYTES);
+    let metadata = config.get("metadata").unwrap_or("P2PHANDSHAKE").to_string();
     install_signal_handlers();
-    let mut builder = Engine::builder().name(&name).listen(listen).lanes(lanes);
-    if let Some(token) = token {
-        builder = builder.token(token);
-    }
-    if let Some(url) = &metadata {
-        builder = builder.metadata(url.as_str());
-    }
-    if let Some(ttl) = metadata_ttl {
-        builder = builder.metadata_ttl(ttl);
-    }
-    let engine = builder.build().map_err(|e| e.to_string())?;
+    let engine = config.builder().name(&name).build().map_err(|e| e.to_string())?;
+    let listen = engine.control_addr();
     // With --kv, the one region is a KV cache of that model, published as
     // the engine's layout for peers' memory-info requests.
     let (region_bytes, shape) = match &kv_model {
@@ -77,7 +66,7 @@ pub fn run(mut args: Args) -> Result<(), String> {
         engine.epoch(),
         region.id(),
         format_size(region_bytes),
-        metadata.as_deref().unwrap_or("p2p")
+        metadata
     );
     let _ = std::io::stdout().flush();
 
