@@ -207,6 +207,13 @@ pub enum Error {
         /// What was asked for.
         what: String,
     },
+    /// An RDMA device failed, disappeared, or refused an operation.
+    Device {
+        /// The device (or "verbs" when none is known).
+        device: String,
+        /// What failed.
+        reason: String,
+    },
     /// The engine is shutting down or has stopped.
     Shutdown,
     /// A peer refused us, or we refused a peer: wrong or missing token.
@@ -286,6 +293,7 @@ impl Error {
             Error::LockedMemoryLimit { .. } => ErrorCode::ResourceLimit,
             Error::LaneStart { .. } => ErrorCode::Internal,
             Error::Unsupported { .. } => ErrorCode::Unsupported,
+            Error::Device { .. } => ErrorCode::Io,
             Error::Shutdown => ErrorCode::Shutdown,
             Error::Unauthorized { .. } => ErrorCode::Unauthorized,
             Error::LayoutMismatch { .. } => ErrorCode::LayoutMismatch,
@@ -387,6 +395,7 @@ impl fmt::Display for Error {
             ),
             Error::LaneStart { lane, reason } => write!(f, "lane {lane} failed to start: {reason}"),
             Error::Unsupported { what } => write!(f, "unsupported: {what}"),
+            Error::Device { device, reason } => write!(f, "rdma device {device}: {reason}"),
             Error::Shutdown => f.write_str("the engine is shut down"),
             Error::Unauthorized { reason } => write!(f, "unauthorized: {reason}"),
             Error::LayoutMismatch { layer: Some(layer), field, local, remote } => write!(
@@ -432,6 +441,11 @@ mod tests {
     fn every_message_names_what_a_user_needs() {
         let cases: Vec<(Error, &str, ErrorCode)> = vec![
             (Error::invalid("length", "must be > 0"), "invalid length: must be > 0", ErrorCode::InvalidArgument),
+            (
+                Error::Device { device: "mlx5_0".into(), reason: "it disappeared".into() },
+                "rdma device mlx5_0: it disappeared",
+                ErrorCode::Io,
+            ),
             (
                 Error::RegionOverlap { addr: 0x1000, len: 10, existing: region(2), existing_addr: 0x1004, existing_len: 4 },
                 "range 0x1000+10 overlaps registered region 2:1 (0x1004+4)",

@@ -9,6 +9,7 @@
 
 pub mod notify;
 pub mod null;
+pub mod rdma;
 pub mod select;
 pub mod shm;
 pub mod tcp;

@@ -1,0 +1,223 @@
+//! RDMA devices as the kernel lists them (`/sys/class/infiniband`), the GID
+//! and MTU to use on a port, and where lanes go: on cores of their NIC's
+//! NUMA node, one poller per NIC queue pair. Pure functions over data, so
+//! they are tested on synthetic topologies and synthetic sysfs trees.
+
+use super::verbs::{DeviceInfo, PortInfo};
+use std::net::Ipv6Addr;
+use std::path::Path;
+
+/// Where the kernel lists RDMA devices.
+pub const SYSFS_ROOT: &str = "/sys/class/infiniband";
+
+/// Reads every device under `root` (normally [`SYSFS_ROOT`]); empty when
+/// the directory does not exist.
+pub fn read_sysfs(root: &Path) -> Vec<DeviceInfo> {
+    let Ok(entries) = std::fs::read_dir(root) else { return Vec::new() };
+    let mut devices: Vec<DeviceInfo> = entries
+        .flatten()
+        .map(|entry| {
+            let dir = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // -1 means "no NUMA information".
+            let numa_node = read_trimmed(&dir.join("device/numa_node")).and_then(|n| n.parse::<i64>().ok());
+            let numa_node = numa_node.filter(|&n| n >= 0).map(|n| n as u32);
+            let mut ports: Vec<PortInfo> = std::fs::read_dir(dir.join("ports"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|p| p.file_name().to_str()?.parse::<u8>().ok().map(|n| (n, p.path())))
+                .map(|(port, path)| read_port(port, &path))
+                .collect();
+            ports.sort_by_key(|p| p.port);
+            DeviceInfo { name, numa_node, ports }
+        })
+        .collect();
+    devices.sort_by(|a, b| a.name.cmp(&b.name));
+    devices
+}
+
+fn read_trimmed(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+}
+
+fn read_port(port: u8, dir: &Path) -> PortInfo {
+    // "4: ACTIVE"
+    let active = read_trimmed(&dir.join("state")).is_some_and(|s| s.ends_with("ACTIVE"));
+    let lid = read_trimmed(&dir.join("lid"))
+        .and_then(|s| u16::from_str_radix(s.trim_start_matches("0x"), 16).ok())
+        .unwrap_or(0);
+    let mut gids = Vec::new();
+    let mut netdev_mtu = None;
+    for index in 0..=u8::MAX {
+        let Some(text) = read_trimmed(&dir.join(format!("gids/{index}"))) else { break };
+        let Ok(address) = text.parse::<Ipv6Addr>() else { continue };
+        if address.is_unspecified() {
+            continue;
+        }
+        let kind = read_trimmed(&dir.join(format!("gid_attrs/types/{index}"))).unwrap_or_default();
+        gids.push((index, address.octets(), kind.eq_ignore_ascii_case("RoCE v2")));
+        if netdev_mtu.is_none() {
+            netdev_mtu = read_trimmed(&dir.join(format!("gid_attrs/ndevs/{index}")))
+                .and_then(|ndev| read_trimmed(&Path::new("/sys/class/net").join(ndev).join("mtu")))
+                .and_then(|mtu| mtu.parse::<u32>().ok());
+        }
+    }
+    PortInfo { port, active, mtu: path_mtu(netdev_mtu), lid, gids }
+}
+
+/// The largest InfiniBand path MTU (256..=4096) that fits the Ethernet MTU
+/// (RoCE); 4096 when unknown (InfiniBand).
+pub fn path_mtu(netdev_mtu: Option<u32>) -> u32 {
+    let Some(mtu) = netdev_mtu else { return 4096 };
+    [4096, 2048, 1024, 512, 256].into_iter().find(|&m| m <= mtu).unwrap_or(256)
+}
+
+/// The GID index to use on `port`: RoCE v2 with an IPv4-mapped address
+/// first (routable, what RoCE deployments use), then any RoCE v2, then the
+/// first GID (InfiniBand, RoCE v1).
+pub fn pick_gid(port: &PortInfo) -> Option<u8> {
+    let mapped = |gid: &[u8; 16]| Ipv6Addr::from(*gid).to_ipv4_mapped().is_some();
+    port.gids
+        .iter()
+        .find(|(_, gid, v2)| *v2 && mapped(gid))
+        .or_else(|| port.gids.iter().find(|(_, _, v2)| *v2))
+        .or_else(|| port.gids.first())
+        .map(|(index, _, _)| *index)
+}
+
+/// A core and its NUMA node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoreInfo {
+    /// Core id.
+    pub id: usize,
+    /// Its NUMA node.
+    pub numa: u32,
+}
+
+/// One lane's place: its core and the NIC its queue pair uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LanePlace {
+    /// Lane number.
+    pub lane: usize,
+    /// Core to pin it to.
+    pub core: usize,
+    /// Index of its NIC in the list given.
+    pub nic: usize,
+}
+
+/// Places `lanes_per_nic` lanes (pollers) per NIC: each on a core of its
+/// NIC's NUMA node not used by another lane, falling back to a free core
+/// elsewhere, and only then sharing one. NICs of unknown node take any free
+/// core. Cores are handed out in `cores` order.
+pub fn place(nics: &[DeviceInfo], cores: &[CoreInfo], lanes_per_nic: usize) -> Vec<LanePlace> {
+    let mut used = vec![false; cores.len()];
+    let mut places = Vec::with_capacity(nics.len() * lanes_per_nic);
+    // Round-robin over NICs, so each gets its near cores before any NIC
+    // takes a second helping from another node.
+    for round in 0..lanes_per_nic {
+        for (nic, device) in nics.iter().enumerate() {
+            let near = |c: &CoreInfo| device.numa_node.is_none_or(|node| c.numa == node);
+            let pick = (0..cores.len())
+                .find(|&i| !used[i] && near(&cores[i]))
+                .or_else(|| (0..cores.len()).find(|&i| !used[i]))
+                .or_else(|| {
+                    // Every core taken: share, near ones first, spread by lane.
+                    let lane = places.len();
+                    let near_cores: Vec<usize> = (0..cores.len()).filter(|&i| near(&cores[i])).collect();
+                    let pool = if near_cores.is_empty() { (0..cores.len()).collect() } else { near_cores };
+                    pool.get(lane % pool.len().max(1)).copied()
+                });
+            if let Some(index) = pick {
+                used[index] = true;
+                places.push(LanePlace { lane: places.len(), core: cores[index].id, nic });
+            }
+            let _ = round;
+        }
+    }
+    places
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::rdma::sim::SimVerbs;
+
+    fn cores(nodes: u32, per_node: usize) -> Vec<CoreInfo> {
+        (0..nodes)
+            .flat_map(|n| (0..per_node).map(move |i| CoreInfo { id: n as usize * per_node + i, numa: n }))
+            .collect()
+    }
+
+    #[test]
+    fn two_nodes_four_nics_sixteen_cores_keep_each_lane_near_its_nic() {
+        let nics: Vec<_> = (0..4).map(|i| SimVerbs::device(&format!("mlx5_{i}"), Some(i / 2))).collect();
+        let places = place(&nics, &cores(2, 8), 2);
+        assert_eq!(places.len(), 8);
+        for p in &places {
+            let node = nics[p.nic].numa_node.unwrap();
+            assert_eq!(p.core / 8, node as usize, "{p:?} is on its NIC's node");
+        }
+        let mut used: Vec<_> = places.iter().map(|p| p.core).collect();
+        used.sort();
+        used.dedup();
+        assert_eq!(used.len(), 8, "no core twice while free cores remain");
+        for nic in 0..4 {
+            assert_eq!(places.iter().filter(|p| p.nic == nic).count(), 2, "one poller per NIC queue pair");
+        }
+    }
+
+    #[test]
+    fn a_node_without_enough_cores_borrows_then_shares() {
+        // Node 1 has one core; its NIC wants three pollers.
+        let cores = vec![CoreInfo { id: 0, numa: 0 }, CoreInfo { id: 1, numa: 0 }, CoreInfo { id: 2, numa: 1 }];
+        let places = place(&[SimVerbs::device("mlx5_1", Some(1))], &cores, 3);
+        assert_eq!(places.iter().map(|p| p.core).collect::<Vec<_>>(), [2, 0, 1]);
+        let places = place(&[SimVerbs::device("mlx5_1", Some(1))], &cores, 4);
+        assert_eq!(places[3].core, 2, "all taken: share a core of the NIC's own node");
+        let unknown = place(&[SimVerbs::device("mlx5_x", None)], &cores, 2);
+        assert_eq!(unknown.iter().map(|p| p.core).collect::<Vec<_>>(), [0, 1]);
+    }
+
+    #[test]
+    fn gids_prefer_routable_roce_v2_and_mtu_fits_the_netdev() {
+        let mut port = SimVerbs::device("mlx5_0", Some(0)).ports.remove(0);
+        assert_eq!(pick_gid(&port), Some(1), "the IPv4-mapped RoCE v2 GID");
+        port.gids.retain(|g| !g.2);
+        assert_eq!(pick_gid(&port), Some(0), "no v2: the first GID");
+        port.gids.clear();
+        assert_eq!(pick_gid(&port), None);
+        assert_eq!(path_mtu(Some(9000)), 4096);
+        assert_eq!(path_mtu(Some(1500)), 1024);
+        assert_eq!(path_mtu(Some(100)), 256);
+        assert_eq!(path_mtu(None), 4096);
+    }
+
+    #[test]
+    fn a_synthetic_sysfs_tree_reads_as_devices() {
+        let root = std::env::temp_dir().join(format!("kvring-sysfs-{}", std::process::id()));
+        let port = root.join("mlx5_0/ports/1");
+        std::fs::create_dir_all(port.join("gids")).unwrap();
+        std::fs::create_dir_all(port.join("gid_attrs/types")).unwrap();
+        std::fs::create_dir_all(root.join("mlx5_0/device")).unwrap();
+        std::fs::create_dir_all(root.join("mlx5_1/ports")).unwrap();
+        std::fs::write(root.join("mlx5_0/device/numa_node"), "1\n").unwrap();
+        std::fs::write(port.join("state"), "4: ACTIVE\n").unwrap();
+        std::fs::write(port.join("lid"), "0x0\n").unwrap();
+        std::fs::write(port.join("gids/0"), "fe80:0000:0000:0000:0000:0000:0000:0001\n").unwrap();
+        std::fs::write(port.join("gids/1"), "0000:0000:0000:0000:0000:ffff:0a00:0001\n").unwrap();
+        std::fs::write(port.join("gids/2"), "0000:0000:0000:0000:0000:0000:0000:0000\n").unwrap();
+        std::fs::write(port.join("gid_attrs/types/0"), "IB/RoCE v1\n").unwrap();
+        std::fs::write(port.join("gid_attrs/types/1"), "RoCE v2\n").unwrap();
+        let devices = read_sysfs(&root);
+        let _ = std::fs::remove_dir_all(&root);
+        assert_eq!(devices.len(), 2);
+        let dev = &devices[0];
+        assert_eq!((dev.name.as_str(), dev.numa_node), ("mlx5_0", Some(1)));
+        assert!(dev.ports[0].active);
+        assert_eq!(dev.ports[0].gids.len(), 2, "the zero GID is skipped");
+        assert_eq!(pick_gid(&dev.ports[0]), Some(1));
+        assert_eq!((devices[1].numa_node, devices[1].ports.len()), (None, 0));
+        assert!(read_sysfs(Path::new("/nonexistent/infiniband")).is_empty());
+    }
+}

@@ -1,0 +1,195 @@
+//! Turning a chunk of validated blocks into work requests, per NIC.
+//!
+//! Adjacent blocks (contiguous on both sides, same regions) are coalesced
+//! into one request; requests larger than `slice_bytes` are cut into slices,
+//! and slices and requests are striped round-robin over the lane's NICs.
+//! Writes of at most `max_inline` bytes go inline. Signalling is selective:
+//! every `signal_every`-th request of a NIC asks for a completion, and so
+//! does each NIC's last one, so the chunk's end is always seen. Nothing here
+//! allocates once the output vectors are warm.
+
+use super::verbs::{SendWr, WrOp};
+
+/// How requests are shaped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PostConfig {
+    /// Requests larger than this are sliced (and the slices striped).
+    pub slice_bytes: u64,
+    /// Writes up to this many bytes are sent inline.
+    pub max_inline: u32,
+    /// Every this-many requests per NIC is signalled (and the last).
+    pub signal_every: u32,
+}
+
+impl Default for PostConfig {
+    fn default() -> Self {
+        Self { slice_bytes: 1 << 20, max_inline: 64, signal_every: 16 }
+    }
+}
+
+/// One block as the NICs see it: addresses and the regions whose keys to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyedBlock {
+    /// Local address.
+    pub local_addr: u64,
+    /// Remote address.
+    pub remote_addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Index of the local region in the lkey table.
+    pub local_region: u32,
+    /// Index of the remote region in the rkey table.
+    pub remote_region: u32,
+}
+
+/// Keys per NIC: `lkey(nic, local_region)` and `rkey(nic, remote_region)`.
+pub trait Keys {
+    /// The local key of `region` on NIC `nic`.
+    fn lkey(&self, nic: usize, region: u32) -> u32;
+    /// The peer's key of `region` on NIC `nic`.
+    fn rkey(&self, nic: usize, region: u32) -> u32;
+}
+
+/// Builds the requests of `blocks` into `out[nic]` (cleared first);
+/// `wr_id(seq)` names each request. Returns the number of requests.
+pub fn build(
+    op: WrOp,
+    blocks: &[KeyedBlock],
+    config: &PostConfig,
+    keys: &impl Keys,
+    wr_id: impl Fn(u64) -> u64,
+    out: &mut [Vec<SendWr>],
+) -> usize {
+    let nics = out.len();
+    if nics == 0 {
+        return 0;
+    }
+    for list in out.iter_mut() {
+        list.clear();
+    }
+    let slice = config.slice_bytes.max(1);
+    let mut seq = 0u64;
+    let mut nic = 0usize;
+    let mut emit = |local_addr: u64, remote_addr: u64, len: u64, local_region: u32, remote_region: u32| {
+        let list = &mut out[nic];
+        let count = list.len() as u32 + 1;
+        list.push(SendWr {
+            wr_id: wr_id(seq),
+            op,
+            local_addr,
+            len: len as u32,
+            lkey: keys.lkey(nic, local_region),
+            remote_addr,
+            rkey: keys.rkey(nic, remote_region),
+            signaled: count % config.signal_every.max(1) == 0,
+            inline: op == WrOp::Write && len <= u64::from(config.max_inline),
+        });
+        seq += 1;
+        nic = (nic + 1) % nics;
+    };
+    let mut pending: Option<KeyedBlock> = None;
+    let flush = |run: KeyedBlock, emit: &mut dyn FnMut(u64, u64, u64, u32, u32)| {
+        let mut done = 0;
+        while done < run.len {
+            let len = (run.len - done).min(slice);
+            emit(run.local_addr + done, run.remote_addr + done, len, run.local_region, run.remote_region);
+            done += len;
+        }
+    };
+    for block in blocks {
+        match &mut pending {
+            Some(run)
+                if run.local_region == block.local_region
+                    && run.remote_region == block.remote_region
+                    && run.local_addr + run.len == block.local_addr
+                    && run.remote_addr + run.len == block.remote_addr =>
+            {
+                run.len += block.len;
+            }
+            _ => {
+                if let Some(run) = pending.take() {
+                    flush(run, &mut emit);
+                }
+                pending = Some(*block);
+            }
+        }
+    }
+    if let Some(run) = pending {
+        flush(run, &mut emit);
+    }
+    // Each NIC's last request is signalled: its completion frees the send
+    // queue and says the NIC's share of the chunk has ended.
+    for list in out.iter_mut() {
+        if let Some(last) = list.last_mut() {
+            last.signaled = true;
+        }
+    }
+    seq as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct TestKeys;
+
+    impl Keys for TestKeys {
+        fn lkey(&self, nic: usize, region: u32) -> u32 {
+            0x100 * (nic as u32 + 1) + region
+        }
+        fn rkey(&self, nic: usize, region: u32) -> u32 {
+            0x1000 * (nic as u32 + 1) + region
+        }
+    }
+
+    fn block(local: u64, remote: u64, len: u64, regions: (u32, u32)) -> KeyedBlock {
+        KeyedBlock { local_addr: local, remote_addr: remote, len, local_region: regions.0, remote_region: regions.1 }
+    }
+
+    #[test]
+    fn adjacent_blocks_coalesce_and_others_do_not() {
+        let blocks = [
+            block(0, 1000, 100, (1, 2)),
+            block(100, 1100, 100, (1, 2)), // adjacent both sides: joins
+            block(300, 1200, 100, (1, 2)), // gap on the local side
+            block(400, 1300, 100, (3, 2)), // adjacent, other local region
+        ];
+        let mut out = vec![Vec::new()];
+        let count = build(WrOp::Write, &blocks, &PostConfig::default(), &TestKeys, |s| s, &mut out);
+        assert_eq!(count, 3);
+        let lens: Vec<_> = out[0].iter().map(|w| (w.local_addr, w.len, w.lkey)).collect();
+        assert_eq!(lens, [(0, 200, 0x101), (300, 100, 0x101), (400, 100, 0x103)]);
+        assert!(out[0].iter().all(|w| w.rkey == 0x1002));
+    }
+
+    #[test]
+    fn large_blocks_are_sliced_and_striped_over_nics_with_their_own_keys() {
+        let config = PostConfig { slice_bytes: 1 << 20, ..PostConfig::default() };
+        let mut out = vec![Vec::new(), Vec::new()];
+        let count = build(WrOp::Read, &[block(0, 0, 5 << 19, (1, 1))], &config, &TestKeys, |s| 7 << 32 | s, &mut out);
+        assert_eq!(count, 3, "2.5 MiB in 1 MiB slices");
+        assert_eq!(
+            out[0].iter().map(|w| (w.local_addr, w.len)).collect::<Vec<_>>(),
+            [(0, 1 << 20), (2 << 20, 1 << 19)]
+        );
+        assert_eq!(out[1].iter().map(|w| (w.local_addr, w.len)).collect::<Vec<_>>(), [(1 << 20, 1 << 20)]);
+        assert!(out[0].iter().all(|w| w.lkey == 0x101 && w.rkey == 0x1001));
+        assert!(out[1].iter().all(|w| w.lkey == 0x201 && w.rkey == 0x2001));
+        assert_eq!(out[1][0].wr_id, 7 << 32 | 1);
+        assert!(out.iter().flatten().all(|w| !w.inline), "reads are never inline");
+    }
+
+    #[test]
+    fn signalling_is_selective_and_the_last_is_always_signalled_small_writes_inline() {
+        let config = PostConfig { signal_every: 4, max_inline: 64, ..PostConfig::default() };
+        let blocks: Vec<_> = (0..10).map(|i| block(i * 128, i * 128 + 64, 64, (1, 1))).collect();
+        let mut out = vec![Vec::new()];
+        build(WrOp::Write, &blocks, &config, &TestKeys, |s| s, &mut out);
+        let signalled: Vec<_> = out[0].iter().enumerate().filter(|(_, w)| w.signaled).map(|(i, _)| i).collect();
+        assert_eq!(signalled, [3, 7, 9]);
+        assert!(out[0].iter().all(|w| w.inline));
+        let mut out = vec![Vec::new()];
+        build(WrOp::Write, &[block(0, 0, 65, (1, 1))], &config, &TestKeys, |s| s, &mut out);
+        assert!(!out[0][0].inline, "65 bytes is past the inline limit");
+    }
+}

@@ -1,0 +1,265 @@
+//! The narrow verbs interface kvring uses: open a device, allocate a
+//! protection domain, register memory, create a CQ and an RC QP, move the QP
+//! through its states, post send lists, poll the CQ.
+//!
+//! Two providers implement it: [`super::sim::SimVerbs`], in-process, which
+//! checks keys and bounds, executes WRITE and READ between registered memory
+//! and can inject faults; and (with the `rdma` feature) `IbVerbs` over
+//! rdma-sys. Objects are named by plain handles so the trait stays object
+//! safe and the lane's code is the same over both.
+
+use crate::error::Result;
+
+macro_rules! handle {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {$(
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(pub u64);
+    )*};
+}
+
+handle!(
+    /// An opened device.
+    Context,
+    /// A protection domain.
+    Pd,
+    /// A completion queue.
+    Cq,
+    /// A queue pair.
+    Qp,
+    /// A memory registration (see [`Mr`] for its keys).
+    MrHandle,
+);
+
+/// A memory registration: its handle, range and keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mr {
+    /// Handle to deregister it with.
+    pub handle: MrHandle,
+    /// First byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Key for local scatter-gather entries.
+    pub lkey: u32,
+    /// Key peers use to reach it.
+    pub rkey: u32,
+}
+
+/// Access a registration grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MrAccess {
+    /// The NIC may write it locally (READ destinations).
+    pub local_write: bool,
+    /// Peers may RDMA-WRITE into it.
+    pub remote_write: bool,
+    /// Peers may RDMA-READ from it.
+    pub remote_read: bool,
+}
+
+impl MrAccess {
+    /// Everything kvring's regions need.
+    pub const ALL: MrAccess = MrAccess { local_write: true, remote_write: true, remote_read: true };
+}
+
+/// A device port as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortInfo {
+    /// Port number (from 1).
+    pub port: u8,
+    /// Active and usable.
+    pub active: bool,
+    /// Active MTU in bytes.
+    pub mtu: u32,
+    /// Local id (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// GID table: index, GID, and whether it is RoCE v2.
+    pub gids: Vec<(u8, [u8; 16], bool)>,
+}
+
+/// A device as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Kernel name (`mlx5_0`).
+    pub name: String,
+    /// NUMA node of its PCI device, if known.
+    pub numa_node: Option<u32>,
+    /// Its ports.
+    pub ports: Vec<PortInfo>,
+}
+
+/// What a QP's peer needs to connect to it: exchanged in the handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpEndpoint {
+    /// QP number.
+    pub qpn: u32,
+    /// Initial packet sequence number.
+    pub psn: u32,
+    /// GID of the port.
+    pub gid: [u8; 16],
+    /// LID of the port (InfiniBand).
+    pub lid: u16,
+    /// Path MTU to use, bytes.
+    pub mtu: u32,
+}
+
+/// Sizes a QP is created with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send-queue depth (work requests outstanding at once).
+    pub max_send_wr: u32,
+    /// Largest payload posted inline.
+    pub max_inline: u32,
+    /// Port to use.
+    pub port: u8,
+    /// GID index to use.
+    pub gid_index: u8,
+}
+
+/// State transitions kvring makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpTransition {
+    /// RESET → INIT (access flags, port).
+    Init,
+    /// INIT → RTR, towards the peer's endpoint.
+    ReadyToReceive(QpEndpoint),
+    /// RTR → RTS.
+    ReadyToSend,
+    /// Any → RESET (after an error, before reconnecting).
+    Reset,
+}
+
+/// One-sided operations kvring posts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WrOp {
+    /// Local → remote.
+    Write,
+    /// Remote → local.
+    Read,
+}
+
+/// One work request with one scatter-gather entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned in its completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: WrOp,
+    /// Local address.
+    pub local_addr: u64,
+    /// Bytes.
+    pub len: u32,
+    /// Local key.
+    pub lkey: u32,
+    /// Remote address.
+    pub remote_addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Ask for a completion (selective signalling).
+    pub signaled: bool,
+    /// Send the payload inline (small writes).
+    pub inline: bool,
+}
+
+/// How a work request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WcStatus {
+    /// Done.
+    Success,
+    /// The peer never acknowledged (gone, or its QP reset).
+    RetryExceeded,
+    /// The peer refused the key or range.
+    RemoteAccess,
+    /// A local key or range was wrong.
+    LocalProtection,
+    /// Flushed: the QP had already failed.
+    Flushed,
+    /// Anything else, with the provider's code.
+    Other(u32),
+}
+
+/// One completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wc {
+    /// The request's `wr_id`.
+    pub wr_id: u64,
+    /// How it ended.
+    pub status: WcStatus,
+}
+
+/// Why a post stopped, and how many requests were posted before it.
+#[derive(Debug)]
+pub struct PostError {
+    /// Requests accepted before the failure.
+    pub posted: usize,
+    /// The failure.
+    pub error: PostFailure,
+}
+
+/// What stopped a post.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PostFailure {
+    /// The send queue is full: poll the CQ, then post the rest.
+    QueueFull,
+    /// The request is invalid (bad key or range caught at post, QP not RTS).
+    Invalid(String),
+}
+
+/// Objects created and destroyed, for leak checks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ObjectCounts {
+    /// QPs created / destroyed.
+    pub qps: (u64, u64),
+    /// MRs registered / deregistered.
+    pub mrs: (u64, u64),
+    /// CQs created / destroyed.
+    pub cqs: (u64, u64),
+    /// PDs allocated / deallocated.
+    pub pds: (u64, u64),
+}
+
+impl ObjectCounts {
+    /// True when every object created was destroyed.
+    pub fn balanced(&self) -> bool {
+        self.qps.0 == self.qps.1 && self.mrs.0 == self.mrs.1 && self.cqs.0 == self.cqs.1 && self.pds.0 == self.pds.1
+    }
+}
+
+/// The verbs kvring uses.
+pub trait Verbs: Send + Sync + std::fmt::Debug {
+    /// Devices and their ports.
+    fn devices(&self) -> Result<Vec<DeviceInfo>>;
+    /// Opens a device by name.
+    fn open(&self, device: &str) -> Result<Context>;
+    /// Closes a device.
+    fn close(&self, context: Context) -> Result<()>;
+    /// Allocates a protection domain.
+    fn alloc_pd(&self, context: Context) -> Result<Pd>;
+    /// Frees a protection domain (its MRs and QPs must be gone).
+    fn dealloc_pd(&self, pd: Pd) -> Result<()>;
+    /// Registers `len` bytes at `addr`.
+    ///
+    /// # Safety
+    ///
+    /// The range must stay valid until [`Verbs::dereg_mr`]: the NIC (or the
+    /// simulator) reads and writes it without the caller's involvement.
+    unsafe fn reg_mr(&self, pd: Pd, addr: u64, len: u64, access: MrAccess) -> Result<Mr>;
+    /// Deregisters memory.
+    fn dereg_mr(&self, mr: MrHandle) -> Result<()>;
+    /// Creates a completion queue.
+    fn create_cq(&self, context: Context, depth: u32) -> Result<Cq>;
+    /// Destroys a completion queue (its QPs must be gone).
+    fn destroy_cq(&self, cq: Cq) -> Result<()>;
+    /// Creates an RC QP; returns it and its endpoint (for the peer).
+    fn create_qp(&self, pd: Pd, cq: Cq, caps: QpCaps) -> Result<(Qp, QpEndpoint)>;
+    /// Moves a QP to another state.
+    fn modify_qp(&self, qp: Qp, transition: QpTransition) -> Result<()>;
+    /// Destroys a QP.
+    fn destroy_qp(&self, qp: Qp) -> Result<()>;
+    /// Posts `wrs` in order as one list.
+    fn post_send(&self, qp: Qp, wrs: &[SendWr]) -> std::result::Result<(), PostError>;
+    /// Takes up to `out.len()` completions; returns how many.
+    fn poll_cq(&self, cq: Cq, out: &mut [Wc]) -> Result<usize>;
+    /// Objects created and destroyed so far.
+    fn counts(&self) -> ObjectCounts;
+}
