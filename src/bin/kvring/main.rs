@@ -117,7 +117,7 @@ fn info(mut args: Args) -> Result<(), String> {
             "lanes": cores.iter().enumerate().map(|(lane, core)| serde_json::json!({ "lane": lane, "core": core }))
                 .collect::<Vec<_>>(),
             "metadata": metadata,
-            "rdma": { "built": false, "devices": rdma.as_ref().ok(), "reason": rdma.as_ref().err() },
+            "rdma": { "built": cfg!(feature = "rdma"), "devices": rdma.as_ref().ok(), "reason": rdma.as_ref().err() },
             "host": {
                 "cores": core_affinity::get_core_ids().unwrap_or_default().len(),
                 "memlock_bytes": memlock,
@@ -144,9 +144,11 @@ fn info(mut args: Args) -> Result<(), String> {
         .collect();
     println!("lanes:            {}", lanes.join(", "));
     println!("metadata:         {metadata}");
+    let built =
+        if cfg!(feature = "rdma") { "verbs provider built" } else { "not in this build (cargo feature `rdma`)" };
     match &rdma {
-        Ok(devices) => println!("rdma:             not in this build; devices seen: {}", devices.join(", ")),
-        Err(reason) => println!("rdma:             not in this build (cargo feature `rdma`); {reason}"),
+        Ok(devices) => println!("rdma:             {built}; devices: {}", devices.join("; ")),
+        Err(reason) => println!("rdma:             {built}; {reason}"),
     }
     println!("transports:       shm, tcp, null");
     println!("cores:            {}", core_affinity::get_core_ids().unwrap_or_default().len());
@@ -165,13 +167,33 @@ fn info(mut args: Args) -> Result<(), String> {
     Ok(())
 }
 
-/// RDMA devices the kernel lists, or why there are none.
+/// RDMA devices the kernel lists (name, NUMA node, active ports and the
+/// GID index kvring would use), or why there are none.
 fn rdma_devices() -> Result<Vec<String>, String> {
-    let dir = std::path::Path::new("/sys/class/infiniband");
-    let entries = std::fs::read_dir(dir).map_err(|_| format!("no devices: {} does not exist", dir.display()))?;
-    let devices: Vec<String> = entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-    if devices.is_empty() {
-        return Err(format!("no devices under {}", dir.display()));
+    use kvring::transport::rdma::devices::{pick_gid, read_sysfs, SYSFS_ROOT};
+    let root = std::path::Path::new(SYSFS_ROOT);
+    if !root.is_dir() {
+        return Err(format!("no devices: {SYSFS_ROOT} does not exist"));
     }
-    Ok(devices)
+    let devices = read_sysfs(root);
+    if devices.is_empty() {
+        return Err(format!("no devices under {SYSFS_ROOT}"));
+    }
+    Ok(devices
+        .iter()
+        .map(|d| {
+            let ports: Vec<String> = d
+                .ports
+                .iter()
+                .filter(|p| p.active)
+                .map(|p| format!("port {} gid {:?} mtu {}", p.port, pick_gid(p), p.mtu))
+                .collect();
+            let numa = d.numa_node.map_or("numa ?".to_string(), |n| format!("numa {n}"));
+            format!(
+                "{} ({numa}; {})",
+                d.name,
+                if ports.is_empty() { "no active port".into() } else { ports.join(", ") }
+            )
+        })
+        .collect())
 }
