@@ -345,3 +345,12 @@ fn a_watching_submitter_reaps_notifications_and_batches_from_one_loop() {
     assert!(other.reap_event().is_none());
     assert_eq!(target.poll_notification().unwrap().message, b"late");
 }
+
+#[test]
+fn notifying_after_shutdown_fails_at_once_with_shutdown() {
+    let (_target, _remote, initiator, _local, segment) = tcp_pair(4096);
+    initiator.shutdown();
+    let started = Instant::now();
+    assert!(matches!(initiator.notify(&segment, b"late", WAIT), Err(Error::Shutdown)));
+    assert!(started.elapsed() < Duration::from_secs(1), "not at the timeout: {:?}", started.elapsed());
+}

@@ -985,6 +985,10 @@ impl Engine {
     /// Hands a notification to lane 0, which queues it on its data
     /// connection to the peer behind what it has queued there.
     fn notify_on_data_path(&self, segment: &Segment, message: &[u8], timeout: Duration) -> Result<()> {
+        if self.inner.is_stopped() {
+            // The lanes read no more commands: fail now, not at the timeout.
+            return Err(Error::Shutdown);
+        }
         if message.len() > MAX_NOTIFY_BYTES {
             return Err(Error::MessageTooLarge { len: message.len() as u64, max: MAX_NOTIFY_BYTES as u64 });
         }

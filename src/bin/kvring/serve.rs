@@ -57,12 +57,17 @@ pub fn run(mut args: Args) -> Result<(), String> {
     }
     // The raw-TCP baseline sink, so `kvring bench --transport tcp` can
     // measure a plain socket over the same path, even to a remote target.
-    let raw = crate::raw::RawSink::start(listen.ip()).map_err(|e| format!("starting the raw baseline sink: {e}"))?;
+    // It binds the listen IP (possibly 0.0.0.0) and is announced, like the
+    // engine, at the advertised one.
+    let bind_ip =
+        config.get("listen").and_then(|v| v.parse::<std::net::SocketAddr>().ok()).map_or(listen.ip(), |a| a.ip());
+    let raw = crate::raw::RawSink::start(bind_ip).map_err(|e| format!("starting the raw baseline sink: {e}"))?;
+    let raw_addr = std::net::SocketAddr::new(listen.ip(), raw.addr().port());
     println!(
         "kvring serve: name={name} listen={} tcp={} raw={} epoch={:#018x} region={} size={} metadata={}",
         engine.control_addr(),
         engine.tcp_addr().unwrap_or("-"),
-        raw.addr(),
+        raw_addr,
         engine.epoch(),
         region.id(),
         format_size(region_bytes),
