@@ -33,6 +33,7 @@ pub mod control;
 pub mod desc;
 pub mod engine;
 pub mod error;
+pub mod ffi;
 pub mod http;
 pub mod kv;
 pub mod mem;

@@ -1,0 +1,474 @@
+//! The C ABI: opaque handles, plain structs, integer results, and the last
+//! error's message per thread. `include/kvring.h` is generated from this
+//! file by cbindgen (`cbindgen --config cbindgen.toml -o include/kvring.h src/ffi.rs`)
+//! and checked in.
+//!
+//! Every function returns 0 (or a count) on success and a negative
+//! `ErrorCode` on failure; `kvring_last_error()` then says why. No Rust type
+//! crosses the boundary, no panic unwinds into C (each call is wrapped in
+//! `catch_unwind`), and every pointer argument is checked for null.
+
+use crate::error::Error;
+use crate::proto::ErrorCode;
+use crate::{Batch, BlockDesc, Engine, Opcode, Outcome, RegionId, RegionInfo, Segment, Submitter, TransportKind};
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+/// An engine (opaque).
+#[derive(Debug)]
+pub struct KvringEngine(Engine);
+/// An open segment of a peer (opaque).
+#[derive(Debug)]
+pub struct KvringSegment(Segment);
+/// A submitter: rings to the lanes, used by one thread at a time (opaque).
+#[derive(Debug)]
+pub struct KvringSubmitter(Submitter);
+
+/// One block to move (32 bytes, the layout of kvring's descriptors).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KvringBlock {
+    /// This engine's region.
+    pub local_region: u32,
+    /// The peer's region, as the peer numbers it.
+    pub remote_region: u32,
+    /// Offset in the local region.
+    pub local_offset: u64,
+    /// Offset in the remote region.
+    pub remote_offset: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// A reaped completion.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KvringCompletion {
+    /// The batch id `kvring_submit` returned.
+    pub batch: u64,
+    /// The batch's `user_data`.
+    pub user_data: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// 0 when done, else a negative error code.
+    pub result: i32,
+}
+
+/// `kvring_submit` opcodes.
+pub const KVRING_WRITE: c_int = 1;
+/// Read: remote → local.
+pub const KVRING_READ: c_int = 2;
+/// `kvring_open_segment` transports: choose by the documented order.
+pub const KVRING_TRANSPORT_AUTO: c_int = 0;
+/// Shared memory (same host).
+pub const KVRING_TRANSPORT_SHM: c_int = 1;
+/// TCP.
+pub const KVRING_TRANSPORT_TCP: c_int = 2;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn remember(message: String) {
+    let message = CString::new(message.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|last| *last.borrow_mut() = message);
+}
+
+fn fail(error: Error) -> c_int {
+    let code = -(error.code() as c_int);
+    remember(error.to_string());
+    code
+}
+
+/// Runs `body`, turning errors and panics into negative codes.
+fn guarded(body: impl FnOnce() -> Result<c_int, Error>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(value)) => value,
+        Ok(Err(error)) => fail(error),
+        Err(_) => {
+            remember("internal error: a panic was caught at the C boundary".into());
+            -(ErrorCode::Internal as c_int)
+        }
+    }
+}
+
+fn null(what: &'static str) -> Error {
+    Error::invalid(what, "is a null pointer")
+}
+
+/// # Safety
+///
+/// `text` is null or a valid NUL-terminated string.
+unsafe fn text<'a>(text: *const c_char, what: &'static str) -> Result<&'a str, Error> {
+    if text.is_null() {
+        return Err(null(what));
+    }
+    // SAFETY: non-null, and NUL-terminated per our contract.
+    unsafe { CStr::from_ptr(text) }.to_str().map_err(|_| Error::invalid(what, "is not UTF-8"))
+}
+
+/// The message of this thread's last failed call (empty if none). Valid
+/// until this thread's next kvring call.
+#[no_mangle]
+pub extern "C" fn kvring_last_error() -> *const c_char {
+    LAST_ERROR.with(|last| last.borrow().as_ptr())
+}
+
+/// The name of an error code (negative or positive), e.g. `OUT_OF_BOUNDS`.
+/// Static; never null.
+#[no_mangle]
+pub extern "C" fn kvring_error_name(code: c_int) -> *const c_char {
+    static NAMES: std::sync::OnceLock<Vec<CString>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        (0..64).map(|c| CString::new(ErrorCode::try_from(c).map_or("UNKNOWN", |e| e.as_str_name())).unwrap()).collect()
+    });
+    let index = (code.unsigned_abs() as usize).min(names.len() - 1);
+    names[index].as_ptr()
+}
+
+/// Starts an engine named `name` whose control plane listens on `listen`
+/// (`"127.0.0.1:0"` picks a port), with `lanes` lanes (0: the default).
+///
+/// # Safety
+///
+/// `name` and `listen` are NUL-terminated strings; `out` is a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_engine_create(
+    name: *const c_char,
+    listen: *const c_char,
+    lanes: u32,
+    out: *mut *mut KvringEngine,
+) -> c_int {
+    guarded(|| {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: per our contract.
+        let (name, listen) = unsafe { (text(name, "name")?, text(listen, "listen")?) };
+        let listen = listen.parse().map_err(|_| Error::invalid("listen", format!("{listen:?} is not ip:port")))?;
+        let mut builder = Engine::builder().name(name).listen(listen);
+        if lanes > 0 {
+            builder = builder.lanes(lanes as usize);
+        }
+        let engine = builder.build()?;
+        // SAFETY: `out` is valid (checked non-null, per our contract).
+        unsafe { *out = Box::into_raw(Box::new(KvringEngine(engine))) };
+        Ok(0)
+    })
+}
+
+/// Shuts an engine down and frees it (null is ignored). Segments and
+/// submitters made from it must be freed first.
+///
+/// # Safety
+///
+/// `engine` came from `kvring_engine_create` and is not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_engine_destroy(engine: *mut KvringEngine) {
+    if !engine.is_null() {
+        // SAFETY: per our contract, we own it now.
+        let engine = unsafe { Box::from_raw(engine) };
+        let _ = catch_unwind(AssertUnwindSafe(|| engine.0.shutdown()));
+    }
+}
+
+/// Writes the engine's control address (what peers open) into `buf`;
+/// returns its length, or a negative code (`buf` too small, too).
+///
+/// # Safety
+///
+/// `engine` is live; `buf` has room for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_engine_control_addr(
+    engine: *const KvringEngine,
+    buf: *mut c_char,
+    len: usize,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: per our contract.
+        let engine = unsafe { engine.as_ref() }.ok_or_else(|| null("engine"))?;
+        if buf.is_null() {
+            return Err(null("buf"));
+        }
+        let addr = engine.0.control_addr().to_string();
+        if addr.len() + 1 > len {
+            return Err(Error::invalid("buf", format!("needs {} bytes", addr.len() + 1)));
+        }
+        // SAFETY: `buf` has room for `len >= addr.len() + 1` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(addr.as_ptr(), buf.cast::<u8>(), addr.len());
+            *buf.add(addr.len()) = 0;
+        }
+        Ok(addr.len() as c_int)
+    })
+}
+
+/// Registers `len` bytes at `addr` (readable and writable by peers); writes
+/// the region id to `region_out`.
+///
+/// # Safety
+///
+/// `engine` is live; `addr..addr+len` stays valid until `kvring_unregister`
+/// or the engine is destroyed; `region_out` is a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_register(
+    engine: *mut KvringEngine,
+    addr: *mut u8,
+    len: usize,
+    region_out: *mut u32,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: per our contract.
+        let engine = unsafe { engine.as_ref() }.ok_or_else(|| null("engine"))?;
+        if addr.is_null() || region_out.is_null() {
+            return Err(null(if addr.is_null() { "addr" } else { "region_out" }));
+        }
+        // SAFETY: the caller keeps the range valid (our contract).
+        let id = unsafe { engine.0.register(addr, len, RegionInfo::raw())? };
+        // SAFETY: checked non-null; valid per our contract.
+        unsafe { *region_out = id.raw() };
+        Ok(0)
+    })
+}
+
+/// Unregisters a region (refused while batches use it).
+///
+/// # Safety
+///
+/// `engine` is live.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_unregister(engine: *mut KvringEngine, region: u32) -> c_int {
+    guarded(|| {
+        // SAFETY: per our contract.
+        let engine = unsafe { engine.as_ref() }.ok_or_else(|| null("engine"))?;
+        engine.0.unregister(RegionId::from_raw(region))?;
+        Ok(0)
+    })
+}
+
+/// Opens a peer's segment by name (its control address with the default
+/// metadata mode) before `timeout_ms`.
+///
+/// # Safety
+///
+/// `engine` is live; `name` is a NUL-terminated string; `out` is valid.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_open_segment(
+    engine: *mut KvringEngine,
+    name: *const c_char,
+    transport: c_int,
+    timeout_ms: u32,
+    out: *mut *mut KvringSegment,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: per our contract.
+        let engine = unsafe { engine.as_ref() }.ok_or_else(|| null("engine"))?;
+        // SAFETY: per our contract.
+        let name = unsafe { text(name, "name")? };
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        let transport = match transport {
+            KVRING_TRANSPORT_AUTO => None,
+            KVRING_TRANSPORT_SHM => Some(TransportKind::Shm),
+            KVRING_TRANSPORT_TCP => Some(TransportKind::Tcp),
+            other => return Err(Error::invalid("transport", format!("{other} is not 0 (auto), 1 (shm) or 2 (tcp)"))),
+        };
+        let segment = engine.0.open_segment_with(name, transport, Duration::from_millis(u64::from(timeout_ms)))?;
+        // SAFETY: checked non-null; valid per our contract.
+        unsafe { *out = Box::into_raw(Box::new(KvringSegment(segment))) };
+        Ok(0)
+    })
+}
+
+/// Frees a segment handle (null is ignored).
+///
+/// # Safety
+///
+/// `segment` came from `kvring_open_segment` and is not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_segment_free(segment: *mut KvringSegment) {
+    if !segment.is_null() {
+        // SAFETY: per our contract, we own it now.
+        drop(unsafe { Box::from_raw(segment) });
+    }
+}
+
+/// The id of the peer's `position`-th region (in the order it lists them).
+///
+/// # Safety
+///
+/// `segment` is live; `region_out` is a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_segment_region(
+    segment: *const KvringSegment,
+    position: usize,
+    region_out: *mut u32,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: per our contract.
+        let segment = unsafe { segment.as_ref() }.ok_or_else(|| null("segment"))?;
+        if region_out.is_null() {
+            return Err(null("region_out"));
+        }
+        let id = segment.0.region(position)?;
+        // SAFETY: checked non-null; valid per our contract.
+        unsafe { *region_out = id.raw() };
+        Ok(0)
+    })
+}
+
+/// A submitter for this thread.
+///
+/// # Safety
+///
+/// `engine` is live; `out` is valid.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_submitter_create(engine: *mut KvringEngine, out: *mut *mut KvringSubmitter) -> c_int {
+    guarded(|| {
+        // SAFETY: per our contract.
+        let engine = unsafe { engine.as_ref() }.ok_or_else(|| null("engine"))?;
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        let submitter = engine.0.submitter()?;
+        // SAFETY: checked non-null; valid per our contract.
+        unsafe { *out = Box::into_raw(Box::new(KvringSubmitter(submitter))) };
+        Ok(0)
+    })
+}
+
+/// Frees a submitter (null is ignored); wait for its batches first.
+///
+/// # Safety
+///
+/// `submitter` came from `kvring_submitter_create` and is not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_submitter_free(submitter: *mut KvringSubmitter) {
+    if !submitter.is_null() {
+        // SAFETY: per our contract, we own it now.
+        drop(unsafe { Box::from_raw(submitter) });
+    }
+}
+
+/// Submits `count` blocks to `segment` as one batch (`KVRING_WRITE` or
+/// `KVRING_READ`), with a deadline (`deadline_ms`, 0: none); writes the
+/// batch id to `batch_out`.
+///
+/// # Safety
+///
+/// `submitter` and `segment` are live; `blocks` points to `count` blocks;
+/// `batch_out` is valid. The memory the blocks name stays untouched by the
+/// caller until the batch ends.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_submit(
+    submitter: *mut KvringSubmitter,
+    segment: *const KvringSegment,
+    opcode: c_int,
+    blocks: *const KvringBlock,
+    count: usize,
+    user_data: u64,
+    deadline_ms: u32,
+    batch_out: *mut u64,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: per our contract.
+        let submitter = unsafe { submitter.as_mut() }.ok_or_else(|| null("submitter"))?;
+        // SAFETY: per our contract.
+        let segment = unsafe { segment.as_ref() }.ok_or_else(|| null("segment"))?;
+        if blocks.is_null() || batch_out.is_null() {
+            return Err(null(if blocks.is_null() { "blocks" } else { "batch_out" }));
+        }
+        let op = match opcode {
+            KVRING_WRITE => Opcode::Write,
+            KVRING_READ => Opcode::Read,
+            other => return Err(Error::UnknownOpcode { opcode: other as u8 }),
+        };
+        // SAFETY: `blocks` points to `count` blocks (our contract).
+        let blocks = unsafe { std::slice::from_raw_parts(blocks, count) };
+        let descs: Vec<BlockDesc> = blocks
+            .iter()
+            .map(|b| {
+                BlockDesc::new(
+                    RegionId::from_raw(b.local_region),
+                    b.local_offset,
+                    RegionId::from_raw(b.remote_region),
+                    b.remote_offset,
+                    b.len,
+                )
+            })
+            .collect();
+        let mut batch = Batch::new(op, &segment.0).descs(&descs).user_data(user_data);
+        if deadline_ms > 0 {
+            batch = batch.deadline(Duration::from_millis(u64::from(deadline_ms)));
+        }
+        let id = submitter.0.submit(&batch)?;
+        // SAFETY: checked non-null; valid per our contract.
+        unsafe { *batch_out = id.raw() };
+        Ok(0)
+    })
+}
+
+fn outcome_code(outcome: Outcome, bytes_out: *mut u64) -> Result<c_int, Error> {
+    let (bytes, result) = match outcome {
+        Outcome::Done { bytes } => (bytes, Ok(0)),
+        Outcome::Failed(error) => (0, Err(error)),
+        Outcome::TimedOut { bytes } => (bytes, Err(Error::invalid("batch", "passed its deadline"))),
+        Outcome::Cancelled { bytes } => (bytes, Err(Error::invalid("batch", "was cancelled"))),
+    };
+    if !bytes_out.is_null() {
+        // SAFETY: non-null; the caller passes a valid pointer or null.
+        unsafe { *bytes_out = bytes };
+    }
+    result
+}
+
+/// Waits up to `timeout_ms` for a batch; 0 when it moved everything (bytes
+/// in `bytes_out`, which may be null), else a negative code: the batch's
+/// failure, or `-TIMEOUT` if it is still running.
+///
+/// # Safety
+///
+/// `submitter` is live; `bytes_out` is null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_wait(
+    submitter: *mut KvringSubmitter,
+    batch: u64,
+    timeout_ms: u32,
+    bytes_out: *mut u64,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: per our contract.
+        let submitter = unsafe { submitter.as_mut() }.ok_or_else(|| null("submitter"))?;
+        let outcome =
+            submitter.0.wait(crate::BatchId::from_raw(batch), Duration::from_millis(u64::from(timeout_ms)))?;
+        outcome_code(outcome, bytes_out)
+    })
+}
+
+/// Reaps one completion into `out`: 1 if there was one, 0 if none.
+///
+/// # Safety
+///
+/// `submitter` is live; `out` is valid.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_reap(submitter: *mut KvringSubmitter, out: *mut KvringCompletion) -> c_int {
+    guarded(|| {
+        // SAFETY: per our contract.
+        let submitter = unsafe { submitter.as_mut() }.ok_or_else(|| null("submitter"))?;
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        let Some(done) = submitter.0.reap() else { return Ok(0) };
+        let mut bytes = 0u64;
+        let result = match outcome_code(done.outcome, &mut bytes) {
+            Ok(_) => 0,
+            Err(error) => fail(error),
+        };
+        // SAFETY: checked non-null; valid per our contract.
+        unsafe { *out = KvringCompletion { batch: done.id.raw(), user_data: done.user_data, bytes, result } };
+        Ok(1)
+    })
+}

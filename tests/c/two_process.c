@@ -1,0 +1,147 @@
+/* Two processes over kvring's C ABI.
+ *
+ *   two_process target              serves 1 MiB of malloc'd memory; prints
+ *                                   "addr=IP:PORT region=N"; then answers
+ *                                   "check SEED LEN" lines with "ok" or
+ *                                   "mismatch at I"; exits at end of input.
+ *   two_process initiator ADDR      pushes 16 x 64 KiB over tcp, reads them
+ *                                   back into other memory, compares, and
+ *                                   checks that bad input is refused.
+ */
+#include "kvring.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LEN (1 << 20)
+#define BLOCK (64 * 1024)
+#define BLOCKS 16
+
+static void check(int rc, const char *what) {
+    if (rc < 0) {
+        fprintf(stderr, "%s failed: %s: %s\n", what, kvring_error_name(rc), kvring_last_error());
+        exit(1);
+    }
+}
+
+static unsigned char pattern(size_t i, unsigned seed) { return (unsigned char)((i * 7 + seed) & 0xff); }
+
+static unsigned char *buffer(void) {
+    unsigned char *memory = aligned_alloc(4096, LEN);
+    if (memory == NULL) {
+        perror("aligned_alloc");
+        exit(1);
+    }
+    memset(memory, 0, LEN);
+    return memory;
+}
+
+static int target(void) {
+    kvring_engine *engine = NULL;
+    check(kvring_engine_create("decode-c", "127.0.0.1:0", 1, &engine), "engine_create");
+    unsigned char *memory = buffer();
+    uint32_t region = 0;
+    check(kvring_register(engine, memory, LEN, &region), "register");
+    char addr[64];
+    check(kvring_engine_control_addr(engine, addr, sizeof addr), "control_addr");
+    printf("addr=%s region=%u\n", addr, region);
+    fflush(stdout);
+    char line[128];
+    while (fgets(line, sizeof line, stdin) != NULL) {
+        unsigned seed = 0;
+        size_t len = 0;
+        if (sscanf(line, "check %u %zu", &seed, &len) != 2 || len > LEN) {
+            printf("bad command\n");
+        } else {
+            size_t i = 0;
+            while (i < len && memory[i] == pattern(i, seed)) i++;
+            if (i == len) printf("ok\n");
+            else printf("mismatch at %zu\n", i);
+        }
+        fflush(stdout);
+    }
+    check(kvring_unregister(engine, region), "unregister");
+    kvring_engine_destroy(engine);
+    free(memory);
+    return 0;
+}
+
+static int initiator(const char *addr) {
+    kvring_engine *engine = NULL;
+    check(kvring_engine_create("prefill-c", "127.0.0.1:0", 1, &engine), "engine_create");
+    unsigned char *source = buffer();
+    unsigned char *back = buffer();
+    for (size_t i = 0; i < LEN; i++) source[i] = pattern(i, 7);
+    uint32_t local = 0, local_back = 0, remote = 0;
+    check(kvring_register(engine, source, LEN, &local), "register");
+    check(kvring_register(engine, back, LEN, &local_back), "register");
+    kvring_segment *segment = NULL;
+    check(kvring_open_segment(engine, addr, KVRING_TRANSPORT_TCP, 5000, &segment), "open_segment");
+    check(kvring_segment_region(segment, 0, &remote), "segment_region");
+    kvring_submitter *sub = NULL;
+    check(kvring_submitter_create(engine, &sub), "submitter_create");
+
+    kvring_block blocks[BLOCKS];
+    for (int i = 0; i < BLOCKS; i++) {
+        blocks[i] = (kvring_block){local, remote, (uint64_t)i * BLOCK, (uint64_t)i * BLOCK, BLOCK};
+    }
+    uint64_t batch = 0, bytes = 0;
+    check(kvring_submit(sub, segment, KVRING_WRITE, blocks, BLOCKS, 42, 0, &batch), "submit write");
+    check(kvring_wait(sub, batch, 10000, &bytes), "wait write");
+    if (bytes != (uint64_t)BLOCKS * BLOCK) {
+        fprintf(stderr, "wrote %llu bytes\n", (unsigned long long)bytes);
+        return 1;
+    }
+    for (int i = 0; i < BLOCKS; i++) blocks[i].local_region = local_back;
+    check(kvring_submit(sub, segment, KVRING_READ, blocks, BLOCKS, 43, 0, &batch), "submit read");
+    kvring_completion done = {0};
+    int reaped = 0;
+    for (int spins = 0; spins < 10000000 && reaped == 0; spins++) {
+        reaped = kvring_reap(sub, &done);
+        check(reaped, "reap");
+    }
+    if (reaped != 1 || done.result != 0 || done.user_data != 43 || done.batch != batch) {
+        fprintf(stderr, "read completion: reaped %d result %d user_data %llu\n", reaped, done.result,
+                (unsigned long long)done.user_data);
+        return 1;
+    }
+    if (memcmp(source, back, (size_t)BLOCKS * BLOCK) != 0) {
+        fprintf(stderr, "read back differs\n");
+        return 1;
+    }
+
+    /* Bad input gets a clear error, never a crash. */
+    kvring_block past_end = {local, remote, 0, LEN - 100, BLOCK};
+    check(kvring_submit(sub, segment, KVRING_WRITE, &past_end, 1, 0, 0, &batch), "submit past end");
+    int rc = kvring_wait(sub, batch, 10000, NULL);
+    if (rc >= 0 || strcmp(kvring_error_name(rc), "OUT_OF_BOUNDS") != 0) {
+        fprintf(stderr, "past the end: %d %s\n", rc, kvring_error_name(rc));
+        return 1;
+    }
+    rc = kvring_submit(sub, segment, 9, blocks, 1, 0, 0, &batch);
+    if (rc >= 0 || strstr(kvring_last_error(), "opcode") == NULL) {
+        fprintf(stderr, "bad opcode: %d %s\n", rc, kvring_last_error());
+        return 1;
+    }
+    rc = kvring_open_segment(engine, NULL, 0, 1000, &segment);
+    if (rc >= 0 || strstr(kvring_last_error(), "null") == NULL) {
+        fprintf(stderr, "null name: %d %s\n", rc, kvring_last_error());
+        return 1;
+    }
+
+    printf("pushed %d bytes, read back equal, bad input refused\n", BLOCKS * BLOCK);
+    kvring_submitter_free(sub);
+    kvring_segment_free(segment);
+    kvring_engine_destroy(engine);
+    free(source);
+    free(back);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "target") == 0) return target();
+    if (argc == 3 && strcmp(argv[1], "initiator") == 0) return initiator(argv[2]);
+    fprintf(stderr, "usage: %s target | %s initiator ADDR\n", argv[0], argv[0]);
+    return 2;
+}
