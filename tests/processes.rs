@@ -155,7 +155,7 @@ fn bad_bench_flags_are_named() {
     for (args, expected) in [
         (vec!["bench", "--op", "sideways"], "--op: \"sideways\" is not write, read or both"),
         (vec!["bench", "--block-size", "4XB"], "unknown size unit"),
-        (vec!["bench", "--transport", "carrier-pigeon"], "this build has: shm, tcp, null"),
+        (vec!["bench", "--transport", "carrier-pigeon"], "this build has: shm, tcp, rdma, null"),
         (vec!["bench", "--frobnicate"], "unknown argument \"--frobnicate\""),
         (vec!["serve", "--listen", "nowhere"], "--listen: listen: \"nowhere\" is not an ip:port address"),
     ] {

@@ -96,6 +96,26 @@ impl ControlClient {
         }
     }
 
+    /// Exchanges RDMA QP endpoints: ours (lane-major over `nics` NICs) for
+    /// the peer's, each checked.
+    pub fn rdma_connect(
+        &mut self,
+        initiator: &str,
+        nics: usize,
+        ours: &[crate::transport::rdma::verbs::QpEndpoint],
+        deadline: Instant,
+    ) -> Result<Vec<crate::transport::rdma::verbs::QpEndpoint>> {
+        let request = crate::proto::RdmaConnectRequest {
+            initiator: initiator.to_string(),
+            nics: nics as u32,
+            endpoints: ours.iter().map(endpoint_to_proto).collect(),
+        };
+        match self.call(request::Body::RdmaConnect(request), deadline)? {
+            response::Body::RdmaConnect(reply) => reply.endpoints.iter().map(endpoint_from_proto).collect(),
+            other => Err(Error::malformed("rdma connect", format!("unexpected answer {other:?}"))),
+        }
+    }
+
     /// Checksum of a range of one of the peer's regions.
     pub fn checksum(&mut self, region: u32, offset: u64, len: u64, deadline: Instant) -> Result<u64> {
         match self.call(request::Body::Checksum(ChecksumRequest { region, offset, len }), deadline)? {
@@ -103,4 +123,32 @@ impl ControlClient {
             other => Err(Error::malformed("checksum", format!("unexpected answer {other:?}"))),
         }
     }
+}
+
+/// A QP endpoint's wire form.
+pub fn endpoint_to_proto(endpoint: &crate::transport::rdma::verbs::QpEndpoint) -> crate::proto::QpEndpointInfo {
+    crate::proto::QpEndpointInfo {
+        qpn: endpoint.qpn,
+        psn: endpoint.psn,
+        gid: endpoint.gid.to_vec(),
+        lid: u32::from(endpoint.lid),
+        mtu: endpoint.mtu,
+    }
+}
+
+/// Checks and converts a QP endpoint from a peer.
+pub fn endpoint_from_proto(info: &crate::proto::QpEndpointInfo) -> Result<crate::transport::rdma::verbs::QpEndpoint> {
+    let gid: [u8; 16] = info
+        .gid
+        .as_slice()
+        .try_into()
+        .map_err(|_| Error::malformed("qp endpoint", format!("a gid of {} bytes, not 16", info.gid.len())))?;
+    let lid = u16::try_from(info.lid).map_err(|_| Error::malformed("qp endpoint", format!("lid {}", info.lid)))?;
+    if info.qpn > 0x00ff_ffff || info.psn > 0x00ff_ffff || !(256..=4096).contains(&info.mtu) {
+        return Err(Error::malformed(
+            "qp endpoint",
+            format!("qpn {:#x}, psn {:#x} or mtu {} out of range", info.qpn, info.psn, info.mtu),
+        ));
+    }
+    Ok(crate::transport::rdma::verbs::QpEndpoint { qpn: info.qpn, psn: info.psn, gid, lid, mtu: info.mtu })
 }

@@ -39,6 +39,8 @@ pub trait ControlHandler: Send + Sync + 'static {
     fn notify(&self, notification: Notification) -> Result<()>;
     /// The registered KV-cache layout.
     fn memory_info(&self) -> Result<crate::proto::KvLayoutInfo>;
+    /// Connects QPs of ours to an initiator's (RDMA); ours, in its order.
+    fn rdma_connect(&self, request: &crate::proto::RdmaConnectRequest) -> Result<Vec<crate::proto::QpEndpointInfo>>;
 }
 
 /// A running control server.
@@ -129,5 +131,8 @@ fn handle(handler: &dyn ControlHandler, body: request::Body, authenticated: &mut
         request::Body::MemoryInfo(_) => {
             Ok(response::Body::MemoryInfo(crate::proto::MemoryInfoResponse { layout: Some(handler.memory_info()?) }))
         }
+        request::Body::RdmaConnect(request) => Ok(response::Body::RdmaConnect(crate::proto::RdmaConnectResponse {
+            endpoints: handler.rdma_connect(&request)?,
+        })),
     }
 }

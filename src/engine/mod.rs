@@ -32,6 +32,8 @@ use crate::segment::{
     DEFAULT_SEGMENT_CACHE_CAPACITY,
 };
 use crate::transport::notify::{Notification, NotificationQueue, DEFAULT_NOTIFY_QUEUE, MAX_NOTIFY_BYTES};
+use crate::transport::rdma::link::RdmaLink;
+use crate::transport::rdma::node::RdmaNode;
 use crate::transport::tcp::DEFAULT_IO_TIMEOUT;
 use crate::transport::{Link, NullLink, ShmLink, TcpDataServer, TcpLink};
 use prost::Message as _;
@@ -116,6 +118,9 @@ pub struct EngineConfig {
     pub metrics_enabled: bool,
     /// The IP told to peers; `None` resolves it (see [`crate::advertise`]).
     pub advertise: Option<IpAddr>,
+    /// A verbs provider: the engine then serves and uses RDMA on every
+    /// device with an active port (see [`EngineBuilder::rdma`]).
+    pub rdma: Option<Arc<dyn crate::transport::rdma::verbs::Verbs>>,
 }
 
 impl Default for EngineConfig {
@@ -148,9 +153,13 @@ impl Default for EngineConfig {
             metrics_listen: None,
             metrics_enabled: true,
             advertise: None,
+            rdma: None,
         }
     }
 }
+
+/// Most NICs an engine uses for RDMA.
+pub const MAX_RDMA_NICS: usize = 8;
 
 /// Default interval at which open segments' etcd entries are re-read.
 pub const DEFAULT_METADATA_POLL: Duration = Duration::from_secs(1);
@@ -317,6 +326,15 @@ impl EngineBuilder {
     /// engine listening on `0.0.0.0` behind NAT or in a pod.
     pub fn advertise(mut self, ip: IpAddr) -> Self {
         self.config.advertise = Some(ip);
+        self
+    }
+
+    /// Serves and uses RDMA through `verbs` (the real provider with the
+    /// `rdma` feature, or the simulated one): every region is registered
+    /// with each NIC, peers learn the keys in the handshake, and RDMA comes
+    /// first in the transport order.
+    pub fn rdma(mut self, verbs: Arc<dyn crate::transport::rdma::verbs::Verbs>) -> Self {
+        self.config.rdma = Some(verbs);
         self
     }
 
@@ -572,6 +590,10 @@ impl Engine {
             token: config.token.clone(),
             notifications: notifications.clone(),
             kv_layout: Mutex::new(None),
+            rdma: match &config.rdma {
+                Some(verbs) => Some(Arc::new(RdmaNode::open(verbs.clone(), MAX_RDMA_NICS)?)),
+                None => None,
+            },
         });
         let server = ControlServer::start(config.listen, context.clone())?;
         // Peers are told the advertised IP with the port actually bound.
@@ -735,12 +757,37 @@ impl Engine {
     /// # Ok::<(), kvring::Error>(())
     /// ```
     pub unsafe fn register(&self, ptr: *mut u8, len: usize, info: RegionInfo) -> Result<RegionId> {
-        self.inner.registry.register(ptr as usize, len, info, None)
+        let id = self.inner.registry.register(ptr as usize, len, info, None)?;
+        // SAFETY: the caller keeps the range valid until it unregisters (our
+        // contract), which deregisters it from the NICs too.
+        unsafe { self.register_with_nics(id, ptr as u64, len as u64)? };
+        Ok(id)
+    }
+
+    /// Registers a region with every NIC (when the engine serves RDMA);
+    /// on failure the region is unregistered again.
+    ///
+    /// # Safety
+    ///
+    /// The range stays valid until the region is unregistered.
+    unsafe fn register_with_nics(&self, id: RegionId, addr: u64, len: u64) -> Result<()> {
+        let Some(node) = &self.inner.context.rdma else { return Ok(()) };
+        // SAFETY: forwarded from our caller.
+        if let Err(error) = unsafe { node.register_region(id, addr, len) } {
+            node.unregister_region(id);
+            let _ = self.inner.registry.unregister(id);
+            return Err(error);
+        }
+        Ok(())
     }
 
     /// Unregisters a region; refused with `RegionBusy` while batches use it.
     pub fn unregister(&self, id: RegionId) -> Result<()> {
-        self.inner.registry.unregister(id).map(drop)
+        self.inner.registry.unregister(id)?;
+        if let Some(node) = &self.inner.context.rdma {
+            node.unregister_region(id);
+        }
+        Ok(())
     }
 
     /// Allocates `len` bytes of shared memory (page aligned, pre-faulted,
@@ -755,6 +802,8 @@ impl Engine {
     pub fn alloc_region(&self, len: usize, info: RegionInfo) -> Result<Region> {
         let mapping = Arc::new(ShmMapping::create(len, self.inner.epoch)?);
         let id = self.inner.registry.register(mapping.as_ptr() as usize, len, info, Some(mapping.clone()))?;
+        // SAFETY: the registry keeps the mapping alive while it is registered.
+        unsafe { self.register_with_nics(id, mapping.as_ptr() as u64, len as u64)? };
         Region::new(id, mapping)
     }
 
@@ -816,7 +865,8 @@ impl Engine {
         // lane, and without the table lock, so a dead peer stalls nobody else.
         let deadline = Instant::now() + timeout;
         let descriptor = self.inner.metadata.resolve(name, &self.inner.config.name, deadline)?;
-        let transport = crate::transport::select::choose(transport, &descriptor, local_host_id())?;
+        let serves_rdma = self.inner.context.rdma.is_some();
+        let transport = crate::transport::select::choose(transport, &descriptor, local_host_id(), serves_rdma)?;
         let link = self.open_link(transport, &descriptor, deadline)?;
         self.install_segment(name, descriptor, transport, link)
     }
@@ -844,6 +894,23 @@ impl Engine {
                 )?)
             }
             TransportKind::Null => Arc::new(NullLink),
+            TransportKind::Rdma => {
+                let node = self
+                    .inner
+                    .context
+                    .rdma
+                    .clone()
+                    .ok_or_else(|| Error::Unsupported { what: "rdma: this engine has no RDMA device".into() })?;
+                let initiator = self.inner.config.name.clone();
+                let token = self.inner.config.token.clone();
+                Arc::new(RdmaLink::connect(node, descriptor, self.inner.lanes.len(), |nics, ours| {
+                    let mut client = crate::control::ControlClient::connect(&descriptor.control_addr, deadline)?;
+                    if let Some(token) = &token {
+                        client.handshake(&initiator, Some(token.as_bytes()), deadline)?;
+                    }
+                    client.rdma_connect(&initiator, nics, ours, deadline)
+                })?)
+            }
         })
     }
 
@@ -1067,6 +1134,7 @@ struct ControlContext {
     token: Option<Token>,
     notifications: Arc<NotificationQueue>,
     kv_layout: Mutex<Option<KvLayout>>,
+    rdma: Option<Arc<RdmaNode>>,
 }
 
 impl ControlContext {
@@ -1094,11 +1162,21 @@ impl ControlContext {
             regions,
             control_addr: self.control_addr.get().cloned().unwrap_or_default(),
             tcp_addr: self.tcp_addr.clone(),
+            rdma: self.rdma.as_ref().map(|node| node.info()),
         }
     }
 }
 
 impl ControlHandler for ControlContext {
+    fn rdma_connect(&self, request: &crate::proto::RdmaConnectRequest) -> Result<Vec<crate::proto::QpEndpointInfo>> {
+        let node =
+            self.rdma.as_ref().ok_or_else(|| Error::Unsupported { what: "rdma: this engine serves none".into() })?;
+        let endpoints: Vec<_> =
+            request.endpoints.iter().map(crate::control::client::endpoint_from_proto).collect::<Result<_>>()?;
+        let ours = node.accept(&request.initiator, request.nics as usize, &endpoints)?;
+        Ok(ours.iter().map(crate::control::client::endpoint_to_proto).collect())
+    }
+
     fn handshake(&self, request: &HandshakeRequest) -> Result<SegmentDescriptor> {
         if let Some(token) = &self.token {
             if !token.matches(&request.token) {

@@ -15,8 +15,8 @@ use std::fmt::Write as _;
 
 /// Ops counted: write, read.
 pub const OPS: usize = 2;
-/// Transports counted: shm, tcp, null, and "none" (no segment resolved).
-pub const TRANSPORTS: usize = 4;
+/// Transports counted: shm, tcp, null, rdma, and "none" (no segment resolved).
+pub const TRANSPORTS: usize = 5;
 /// Error codes counted (the wire codes 0..CODES).
 pub const CODES: usize = 32;
 /// Upper bounds of the batch-latency histogram's buckets, in microseconds.
@@ -63,12 +63,13 @@ fn transport_index(transport: Option<TransportKind>) -> usize {
         Some(TransportKind::Shm) => 0,
         Some(TransportKind::Tcp) => 1,
         Some(TransportKind::Null) => 2,
-        None => 3,
+        Some(TransportKind::Rdma) => 3,
+        None => 4,
     }
 }
 
 const OP_NAMES: [&str; OPS] = ["write", "read"];
-const TRANSPORT_NAMES: [&str; TRANSPORTS] = ["shm", "tcp", "null", "none"];
+const TRANSPORT_NAMES: [&str; TRANSPORTS] = ["shm", "tcp", "null", "rdma", "none"];
 
 impl LaneMetrics {
     /// All zero.

@@ -22,6 +22,8 @@ pub enum TransportKind {
     Tcp,
     /// Moves nothing: measures kvring's own per-descriptor overhead.
     Null,
+    /// RDMA (one-sided WRITE and READ through a verbs provider).
+    Rdma,
 }
 
 impl TransportKind {
@@ -31,6 +33,7 @@ impl TransportKind {
             TransportKind::Shm => "shm",
             TransportKind::Tcp => "tcp",
             TransportKind::Null => "null",
+            TransportKind::Rdma => "rdma",
         }
     }
 
@@ -40,7 +43,10 @@ impl TransportKind {
             "shm" => Ok(TransportKind::Shm),
             "tcp" => Ok(TransportKind::Tcp),
             "null" => Ok(TransportKind::Null),
-            other => Err(Error::Unsupported { what: format!("transport {other:?} (this build has: shm, tcp, null)") }),
+            "rdma" => Ok(TransportKind::Rdma),
+            other => {
+                Err(Error::Unsupported { what: format!("transport {other:?} (this build has: shm, tcp, rdma, null)") })
+            }
         }
     }
 }
@@ -97,7 +103,21 @@ pub struct SegmentDescriptor {
     pub control_addr: String,
     /// Where its TCP data listener is, if it serves one.
     pub tcp_addr: Option<String>,
+    /// How to reach its regions over RDMA, if it serves RDMA.
+    pub rdma: Option<RdmaInfo>,
 }
+
+/// A peer's RDMA reach: its NIC count and each region's address and keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaInfo {
+    /// NICs its regions are registered with.
+    pub nics: u32,
+    /// Per region: id, virtual address, one rkey per NIC.
+    pub regions: Vec<(RegionId, u64, Vec<u32>)>,
+}
+
+/// Most NICs a descriptor may list.
+pub const MAX_RDMA_NICS: u32 = 16;
 
 impl SegmentDescriptor {
     /// The wire form.
@@ -126,6 +146,14 @@ impl SegmentDescriptor {
                 .map(|addr| proto::Endpoint { transport: proto::TransportKind::Tcp as i32, address: addr.clone() })
                 .collect(),
             control_addr: self.control_addr.clone(),
+            rdma: self.rdma.as_ref().map(|info| proto::RdmaInfo {
+                nics: info.nics,
+                regions: info
+                    .regions
+                    .iter()
+                    .map(|(id, addr, rkeys)| proto::RdmaRegion { id: id.raw(), addr: *addr, rkeys: rkeys.clone() })
+                    .collect(),
+            }),
         }
     }
 
@@ -180,6 +208,26 @@ impl SegmentDescriptor {
                 shm_path,
             });
         }
+        let rdma = match message.rdma {
+            None => None,
+            Some(info) => {
+                if info.nics == 0 || info.nics > MAX_RDMA_NICS {
+                    return Err(bad(format!("rdma nics must be 1..={MAX_RDMA_NICS}, got {}", info.nics)));
+                }
+                let mut keyed = Vec::with_capacity(info.regions.len());
+                for r in info.regions {
+                    let id = RegionId::from_raw(r.id);
+                    if !regions.iter().any(|region: &RemoteRegion| region.id == id) {
+                        return Err(bad(format!("rdma keys for region {id}, which is not listed")));
+                    }
+                    if r.rkeys.len() != info.nics as usize {
+                        return Err(bad(format!("region {id} has {} rkeys for {} nics", r.rkeys.len(), info.nics)));
+                    }
+                    keyed.push((id, r.addr, r.rkeys));
+                }
+                Some(RdmaInfo { nics: info.nics, regions: keyed })
+            }
+        };
         let tcp_addr = message
             .endpoints
             .iter()
@@ -193,6 +241,7 @@ impl SegmentDescriptor {
             regions,
             control_addr: message.control_addr,
             tcp_addr,
+            rdma,
         })
     }
 }
@@ -229,6 +278,7 @@ mod tests {
             }],
             control_addr: "127.0.0.1:9".into(),
             tcp_addr: Some("127.0.0.1:10".into()),
+            rdma: Some(RdmaInfo { nics: 2, regions: vec![(RegionId::new(3, 1), 0x7f00_0000_0000, vec![11, 12])] }),
         }
     }
 
@@ -250,6 +300,15 @@ mod tests {
         p.regions.push(p.regions[0].clone());
         assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("listed twice"));
         let mut p = sample().to_proto();
+        p.rdma.as_mut().unwrap().regions[0].rkeys.pop();
+        assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("1 rkeys for 2 nics"));
+        let mut p = sample().to_proto();
+        p.rdma.as_mut().unwrap().regions[0].id = RegionId::new(9, 1).raw();
+        assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("which is not listed"));
+        let mut p = sample().to_proto();
+        p.rdma.as_mut().unwrap().nics = 0;
+        assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("rdma nics must be"));
+        let mut p = sample().to_proto();
         p.regions[0].len = 0;
         assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("zero length"));
         let mut p = sample().to_proto();
@@ -270,6 +329,7 @@ mod tests {
         ));
         r.access = Access::REMOTE_READ;
         assert!(matches!(r.check(0, 0, 1, Access::REMOTE_WRITE), Err(Error::AccessDenied { side: Side::Remote, .. })));
-        assert!(TransportKind::parse("rdma").unwrap_err().to_string().contains("this build has: shm, tcp, null"));
+        assert_eq!(TransportKind::parse("rdma").unwrap(), TransportKind::Rdma);
+        assert!(TransportKind::parse("ib").unwrap_err().to_string().contains("this build has: shm, tcp, rdma, null"));
     }
 }

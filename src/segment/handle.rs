@@ -92,6 +92,7 @@ mod tests {
             regions: vec![region(0, 1), region(5, 2)],
             control_addr: String::new(),
             tcp_addr: None,
+            rdma: None,
         });
         assert_eq!(peer.region(RegionId::new(5, 2)).unwrap().id, RegionId::new(5, 2));
         assert!(peer.region(RegionId::new(5, 1)).is_err(), "stale generation");

@@ -12,7 +12,9 @@ use crate::segment::{SegmentDescriptor, TransportKind};
 ///    shm-backed region.
 /// 3. Otherwise tcp, when the peer serves it.
 ///
-/// (rdma will come first in this order when it is built and a device exists.)
+/// 0. Before shm and tcp: rdma, when this engine serves RDMA (`local_rdma`:
+///    built with a verbs provider and a device with an active port) and the
+///    peer lists RDMA keys.
 ///
 /// ```
 /// use kvring::segment::{SegmentDescriptor, TransportKind};
@@ -20,15 +22,28 @@ use crate::segment::{SegmentDescriptor, TransportKind};
 /// let peer = SegmentDescriptor {
 ///     name: "decode-0".into(), epoch: 1, host_id: "elsewhere".into(), pid: 1,
 ///     regions: vec![], control_addr: "10.0.0.2:7000".into(), tcp_addr: Some("10.0.0.2:7001".into()),
+///     rdma: None,
 /// };
-/// assert_eq!(choose(None, &peer, "here").unwrap(), TransportKind::Tcp);
-/// assert!(choose(Some(TransportKind::Shm), &peer, "here").is_err());
+/// assert_eq!(choose(None, &peer, "here", false).unwrap(), TransportKind::Tcp);
+/// assert!(choose(Some(TransportKind::Shm), &peer, "here", false).is_err());
 /// ```
 pub fn choose(
     requested: Option<TransportKind>,
     peer: &SegmentDescriptor,
     local_host_id: &str,
+    local_rdma: bool,
 ) -> Result<TransportKind> {
+    let rdma_ok = || -> Result<()> {
+        if !local_rdma {
+            return Err(Error::Unsupported {
+                what: "rdma: this engine has no RDMA device (build with the `rdma` feature, or give a provider)".into(),
+            });
+        }
+        match peer.rdma {
+            Some(_) => Ok(()),
+            None => Err(Error::Unsupported { what: format!("rdma to {}: it serves no RDMA", peer.name) }),
+        }
+    };
     let same_host = peer.host_id == local_host_id;
     let has_shm = peer.regions.iter().any(|r| r.shm_path.is_some());
     let shm_ok = || -> Result<()> {
@@ -55,6 +70,8 @@ pub fn choose(
         Some(TransportKind::Shm) => shm_ok().map(|()| TransportKind::Shm),
         Some(TransportKind::Tcp) => tcp_ok().map(|()| TransportKind::Tcp),
         Some(TransportKind::Null) => Ok(TransportKind::Null),
+        Some(TransportKind::Rdma) => rdma_ok().map(|()| TransportKind::Rdma),
+        None if rdma_ok().is_ok() => Ok(TransportKind::Rdma),
         None if shm_ok().is_ok() => Ok(TransportKind::Shm),
         None if tcp_ok().is_ok() => Ok(TransportKind::Tcp),
         None => Err(Error::Unsupported {
@@ -87,29 +104,48 @@ mod tests {
             }],
             control_addr: "127.0.0.1:1".into(),
             tcp_addr: tcp.then(|| "127.0.0.1:2".into()),
+            rdma: None,
         }
     }
 
     #[test]
     fn every_branch_of_the_order() {
         // Default: shm on the same host with shm regions.
-        assert_eq!(choose(None, &peer("h", true, true), "h").unwrap(), TransportKind::Shm);
+        assert_eq!(choose(None, &peer("h", true, true), "h", false).unwrap(), TransportKind::Shm);
         // Default: tcp when on another host...
-        assert_eq!(choose(None, &peer("other", true, true), "h").unwrap(), TransportKind::Tcp);
+        assert_eq!(choose(None, &peer("other", true, true), "h", false).unwrap(), TransportKind::Tcp);
         // ...or on this host without shm-backed regions.
-        assert_eq!(choose(None, &peer("h", false, true), "h").unwrap(), TransportKind::Tcp);
+        assert_eq!(choose(None, &peer("h", false, true), "h", false).unwrap(), TransportKind::Tcp);
         // Nothing reaches it.
-        let err = choose(None, &peer("other", true, false), "h").unwrap_err();
+        let err = choose(None, &peer("other", true, false), "h", false).unwrap_err();
         assert!(err.to_string().contains("no transport reaches p"), "{err}");
         // The caller's choice wins when it can work...
-        assert_eq!(choose(Some(TransportKind::Tcp), &peer("h", true, true), "h").unwrap(), TransportKind::Tcp);
-        assert_eq!(choose(Some(TransportKind::Null), &peer("x", false, false), "h").unwrap(), TransportKind::Null);
+        assert_eq!(choose(Some(TransportKind::Tcp), &peer("h", true, true), "h", false).unwrap(), TransportKind::Tcp);
+        assert_eq!(
+            choose(Some(TransportKind::Null), &peer("x", false, false), "h", false).unwrap(),
+            TransportKind::Null
+        );
         // ...and is refused with a reason when it cannot.
-        let err = choose(Some(TransportKind::Shm), &peer("other", true, true), "h").unwrap_err();
+        let err = choose(Some(TransportKind::Shm), &peer("other", true, true), "h", false).unwrap_err();
         assert!(err.to_string().contains("on another host"), "{err}");
-        let err = choose(Some(TransportKind::Shm), &peer("h", false, true), "h").unwrap_err();
+        let err = choose(Some(TransportKind::Shm), &peer("h", false, true), "h", false).unwrap_err();
         assert!(err.to_string().contains("none of its regions is shm-backed"), "{err}");
-        let err = choose(Some(TransportKind::Tcp), &peer("h", true, false), "h").unwrap_err();
+        let err = choose(Some(TransportKind::Tcp), &peer("h", true, false), "h", false).unwrap_err();
         assert!(err.to_string().contains("serves no tcp data listener"), "{err}");
+    }
+
+    #[test]
+    fn rdma_comes_first_when_both_sides_serve_it() {
+        let mut both = peer("h", true, true);
+        both.rdma = Some(crate::segment::RdmaInfo { nics: 1, regions: vec![] });
+        assert_eq!(choose(None, &both, "h", true).unwrap(), TransportKind::Rdma);
+        // This engine has no device: shm, as before.
+        assert_eq!(choose(None, &both, "h", false).unwrap(), TransportKind::Shm);
+        // The peer serves none: the usual order.
+        assert_eq!(choose(None, &peer("other", true, true), "h", true).unwrap(), TransportKind::Tcp);
+        let err = choose(Some(TransportKind::Rdma), &peer("h", true, true), "h", true).unwrap_err();
+        assert!(err.to_string().contains("serves no RDMA"), "{err}");
+        let err = choose(Some(TransportKind::Rdma), &both, "h", false).unwrap_err();
+        assert!(err.to_string().contains("has no RDMA device"), "{err}");
     }
 }

@@ -4,11 +4,13 @@
 //! requests ([`post`]), and per-PD memory registration ([`mr_cache`]). The
 //! real provider over rdma-sys is behind the cargo feature `rdma`.
 //!
-//! Not yet: the RDMA `Link` the lanes drive, and the QP exchange in the
-//! control-plane handshake (see the README's status).
+//! [`node`] is an engine's RDMA side (NICs, PDs, per-region MRs, QPs it
+//! accepted), and [`link`] the `Link` the lanes drive.
 
 pub mod devices;
+pub mod link;
 pub mod mr_cache;
+pub mod node;
 pub mod post;
 pub mod sim;
 pub mod verbs;

@@ -1,0 +1,359 @@
+//! The RDMA link: one RC QP per (lane, peer, NIC), connected through the
+//! control plane when the segment is opened (on the caller's thread), then
+//! driven by its lane only. A chunk becomes work requests (`post.rs`),
+//! posted in chains no longer than the send queue takes (the rest waits for
+//! the next poll); the lane's `poll` polls the CQs, and a chunk ends when
+//! the signalled completions it expects have arrived.
+//!
+//! Any error completion leaves the QP in the error state, so the link is
+//! broken: the failing chunk gets the mapped error, everything else in
+//! flight on that lane `PeerRestarted`, and the segment goes stale; the next
+//! open reconnects with fresh QPs (the restart path tcp takes too).
+
+use super::node::RdmaNode;
+use super::post::{build, KeyedBlock, Keys, PostConfig};
+use super::verbs::*;
+use crate::error::{Error, Result};
+use crate::proto::ErrorCode;
+use crate::ring::Opcode;
+use crate::segment::{SegmentDescriptor, TransportKind};
+use crate::transport::{Block, Finished, Link, Posted};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Blocks a lane hands the RDMA link at once.
+pub const RDMA_CHUNK_BLOCKS: usize = 256;
+/// Completions taken per CQ poll.
+const POLL_BATCH: usize = 64;
+
+#[derive(Debug)]
+struct InFlight {
+    signals: u32,
+    bytes: u64,
+}
+
+#[derive(Debug)]
+struct LaneQps {
+    /// Per NIC: QP and its CQ.
+    qps: Vec<(Qp, Cq)>,
+    /// Per NIC: requests the send queue had no room for yet.
+    pending: Vec<VecDeque<SendWr>>,
+    in_flight: HashMap<u64, InFlight>,
+    /// Scratch, reused: no allocation per chunk once warm.
+    out: Vec<Vec<SendWr>>,
+    keyed: Vec<KeyedBlock>,
+    wcs: Vec<Wc>,
+    broken: bool,
+}
+
+/// Connections to one peer over RDMA, one QP per lane and NIC.
+#[derive(Debug)]
+pub struct RdmaLink {
+    peer: String,
+    node: Arc<RdmaNode>,
+    /// Peer region (raw id) → (address, rkey per NIC).
+    remote: HashMap<u32, (u64, Vec<u32>)>,
+    lanes: Box<[Mutex<LaneQps>]>,
+    config: PostConfig,
+    broken: AtomicBool,
+}
+
+struct LinkKeys<'a> {
+    local: &'a dyn Fn(u32, usize) -> Option<u32>,
+    remote: &'a HashMap<u32, (u64, Vec<u32>)>,
+}
+
+impl Keys for LinkKeys<'_> {
+    fn lkey(&self, nic: usize, region: u32) -> u32 {
+        (self.local)(region, nic).unwrap_or(0)
+    }
+    fn rkey(&self, nic: usize, region: u32) -> u32 {
+        self.remote.get(&region).and_then(|(_, keys)| keys.get(nic)).copied().unwrap_or(0)
+    }
+}
+
+fn wc_error(peer: &str, status: WcStatus) -> Error {
+    match status {
+        WcStatus::RetryExceeded | WcStatus::Flushed => Error::PeerRestarted {
+            segment: peer.to_string(),
+            detail: format!("the NIC gave up on it ({status:?}): it restarted or is unreachable"),
+        },
+        WcStatus::RemoteAccess => {
+            Error::Remote { code: ErrorCode::AccessDenied, message: format!("{peer} refused a remote key or range") }
+        }
+        WcStatus::LocalProtection => Error::Remote {
+            code: ErrorCode::AccessDenied,
+            message: "the local NIC refused a local key or range".into(),
+        },
+        WcStatus::Other(code) => Error::Device { device: "verbs".into(), reason: format!("completion error {code}") },
+        WcStatus::Success => Error::Device { device: "verbs".into(), reason: "no error".into() },
+    }
+}
+
+impl RdmaLink {
+    /// Creates `lanes × nics` QPs, exchanges them with the peer through
+    /// `exchange` (the control-plane RPC), and connects them.
+    pub fn connect(
+        node: Arc<RdmaNode>,
+        descriptor: &SegmentDescriptor,
+        lanes: usize,
+        exchange: impl FnOnce(usize, &[QpEndpoint]) -> Result<Vec<QpEndpoint>>,
+    ) -> Result<Self> {
+        let info = descriptor
+            .rdma
+            .as_ref()
+            .ok_or_else(|| Error::Unsupported { what: format!("rdma to {}: it serves no RDMA", descriptor.name) })?;
+        let nics = node.nics().len().min(info.nics as usize).max(1);
+        let mut made: Vec<(Qp, Cq)> = Vec::with_capacity(lanes * nics);
+        let mut endpoints = Vec::with_capacity(lanes * nics);
+        let verbs = node.verbs().clone();
+        let cleanup = |made: &[(Qp, Cq)]| {
+            for &(qp, cq) in made {
+                let _ = verbs.destroy_qp(qp);
+                let _ = verbs.destroy_cq(cq);
+            }
+        };
+        let result = (|| {
+            for _lane in 0..lanes {
+                for nic in 0..nics {
+                    let cq = node.create_cq(nic, super::node::QP_DEPTH * 2)?;
+                    match node.create_qp(nic, cq) {
+                        Ok((qp, endpoint)) => {
+                            made.push((qp, cq));
+                            endpoints.push(endpoint);
+                        }
+                        Err(error) => {
+                            let _ = verbs.destroy_cq(cq);
+                            return Err(error);
+                        }
+                    }
+                }
+            }
+            let theirs = exchange(nics, &endpoints)?;
+            if theirs.len() != endpoints.len() {
+                return Err(Error::malformed(
+                    "rdma connect reply",
+                    format!("{} endpoints for {}", theirs.len(), endpoints.len()),
+                ));
+            }
+            for (&(qp, _), remote) in made.iter().zip(&theirs) {
+                node.connect_qp(qp, *remote)?;
+            }
+            Ok(())
+        })();
+        if let Err(error) = result {
+            cleanup(&made);
+            return Err(error);
+        }
+        let lanes: Vec<Mutex<LaneQps>> = made
+            .chunks(nics)
+            .map(|qps| {
+                Mutex::new(LaneQps {
+                    qps: qps.to_vec(),
+                    pending: vec![VecDeque::new(); nics],
+                    in_flight: HashMap::new(),
+                    out: vec![Vec::with_capacity(RDMA_CHUNK_BLOCKS); nics],
+                    keyed: Vec::with_capacity(RDMA_CHUNK_BLOCKS),
+                    wcs: vec![Wc { wr_id: 0, status: WcStatus::Success }; POLL_BATCH],
+                    broken: false,
+                })
+            })
+            .collect();
+        let remote = info.regions.iter().map(|(id, addr, rkeys)| (id.raw(), (*addr, rkeys.clone()))).collect();
+        Ok(Self {
+            peer: descriptor.name.clone(),
+            node,
+            remote,
+            lanes: lanes.into_boxed_slice(),
+            config: PostConfig::default(),
+            broken: AtomicBool::new(false),
+        })
+    }
+
+    /// True once a QP failed (the segment must be reopened).
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
+    }
+
+    fn lane(&self, lane: usize) -> Option<std::sync::MutexGuard<'_, LaneQps>> {
+        // Only lane `lane` locks it: never contended.
+        self.lanes.get(lane).map(|l| l.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Fails everything in flight on a lane and marks the link broken.
+    fn break_lane(&self, state: &mut LaneQps, first: Option<(u64, Error)>, finished: &mut Vec<Finished>) {
+        self.broken.store(true, Ordering::Release);
+        state.broken = true;
+        for queue in &mut state.pending {
+            queue.clear();
+        }
+        if let Some((ticket, error)) = first {
+            if state.in_flight.remove(&ticket).is_some() {
+                finished.push((ticket, Err((error, 0))));
+            }
+        }
+        for (ticket, _) in state.in_flight.drain() {
+            let error = Error::PeerRestarted { segment: self.peer.clone(), detail: "its queue pair failed".into() };
+            finished.push((ticket, Err((error, 0))));
+        }
+    }
+
+    /// Posts what each NIC's send queue takes; false if a post was refused
+    /// for a reason other than a full queue.
+    fn post_pending(&self, state: &mut LaneQps) -> std::result::Result<(), String> {
+        let verbs = self.node.verbs();
+        for (nic, queue) in state.pending.iter_mut().enumerate() {
+            while !queue.is_empty() {
+                let (front, _) = queue.as_slices();
+                let chain: Vec<SendWr> = front.iter().take(super::node::QP_DEPTH as usize).copied().collect();
+                match verbs.post_send(state.qps[nic].0, &chain) {
+                    Ok(()) => {
+                        queue.drain(..chain.len());
+                    }
+                    Err(PostError { posted, error: PostFailure::QueueFull }) => {
+                        queue.drain(..posted);
+                        break;
+                    }
+                    Err(PostError { error: PostFailure::Invalid(why), .. }) => return Err(why),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Link for RdmaLink {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Rdma
+    }
+
+    fn max_chunk(&self) -> usize {
+        RDMA_CHUNK_BLOCKS
+    }
+
+    unsafe fn transfer(&self, lane: usize, op: Opcode, _batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
+        let Some(mut state) = self.lane(lane) else {
+            return Posted::Failed((Error::invalid("lane", format!("{lane} has no QP to {}", self.peer)), 0));
+        };
+        if state.broken {
+            let error = Error::PeerRestarted { segment: self.peer.clone(), detail: "its queue pair failed".into() };
+            return Posted::Failed((error, 0));
+        }
+        let state = &mut *state;
+        state.keyed.clear();
+        let mut bytes = 0;
+        for block in blocks {
+            let Some((base, _)) = self.remote.get(&block.desc.remote_region.raw()) else {
+                let error = Error::UnknownRegion { side: crate::Side::Remote, region: block.desc.remote_region };
+                return Posted::Failed((error, 0));
+            };
+            bytes += block.desc.len;
+            state.keyed.push(KeyedBlock {
+                local_addr: block.local as u64,
+                remote_addr: base + block.desc.remote_offset,
+                len: block.desc.len,
+                local_region: block.desc.local_region.raw(),
+                remote_region: block.desc.remote_region.raw(),
+            });
+        }
+        let verb = match op {
+            Opcode::Write => WrOp::Write,
+            Opcode::Read => WrOp::Read,
+        };
+        let LaneQps { keyed, out, pending, in_flight, .. } = state;
+        self.node.with_lkeys(|local| {
+            let keys = LinkKeys { local, remote: &self.remote };
+            build(verb, keyed, &self.config, &keys, |seq| ticket << 32 | seq, out);
+        });
+        // One completion comes back per signalled request (each NIC's last
+        // one is always signalled).
+        let signals = out.iter().flatten().filter(|w| w.signaled).count() as u32;
+        in_flight.insert(ticket, InFlight { signals, bytes });
+        for (nic, list) in out.iter_mut().enumerate() {
+            pending[nic].extend(list.drain(..));
+        }
+        if self.post_pending(state).is_err() {
+            // The QP refused the post: the next poll fails this chunk and
+            // everything else in flight on the lane.
+            state.broken = true;
+            self.broken.store(true, Ordering::Release);
+        }
+        Posted::InFlight
+    }
+
+    fn poll(&self, lane: usize, finished: &mut Vec<Finished>) -> bool {
+        let Some(mut state) = self.lane(lane) else { return false };
+        let state = &mut *state;
+        if state.broken {
+            let had = !state.in_flight.is_empty();
+            self.break_lane(state, None, finished);
+            return had;
+        }
+        if let Err(why) = self.post_pending(state) {
+            let error = Error::Device { device: "verbs".into(), reason: format!("posting to {}: {why}", self.peer) };
+            let first = state.in_flight.keys().next().copied().map(|t| (t, error));
+            self.break_lane(state, first, finished);
+            return true;
+        }
+        let verbs = self.node.verbs();
+        let mut progressed = false;
+        for nic in 0..state.qps.len() {
+            let cq = state.qps[nic].1;
+            let polled = match verbs.poll_cq(cq, &mut state.wcs) {
+                Ok(n) => n,
+                Err(error) => {
+                    let first = state.in_flight.keys().next().copied().map(|t| (t, error));
+                    self.break_lane(state, first, finished);
+                    return true;
+                }
+            };
+            for index in 0..polled {
+                progressed = true;
+                let wc = state.wcs[index];
+                let ticket = wc.wr_id >> 32;
+                if wc.status != WcStatus::Success {
+                    self.break_lane(state, Some((ticket, wc_error(&self.peer, wc.status))), finished);
+                    return true;
+                }
+                if let Some(entry) = state.in_flight.get_mut(&ticket) {
+                    entry.signals = entry.signals.saturating_sub(1);
+                    if entry.signals == 0 {
+                        let bytes = entry.bytes;
+                        state.in_flight.remove(&ticket);
+                        finished.push((ticket, Ok(bytes)));
+                    }
+                }
+            }
+        }
+        progressed
+    }
+
+    fn abort(&self, lane: usize, reason: &str, finished: &mut Vec<Finished>) {
+        let Some(mut state) = self.lane(lane) else { return };
+        if state.in_flight.is_empty() {
+            return;
+        }
+        // Requests already posted cannot be recalled: reset the QPs so the
+        // NIC stops touching the chunks' memory, then fail them.
+        for &(qp, _) in &state.qps {
+            let _ = self.node.verbs().modify_qp(qp, QpTransition::Reset);
+        }
+        let error = Error::PeerRestarted { segment: self.peer.clone(), detail: reason.to_string() };
+        let first = state.in_flight.keys().next().copied().map(|t| (t, error));
+        self.break_lane(&mut state, first, finished);
+    }
+}
+
+impl Drop for RdmaLink {
+    fn drop(&mut self) {
+        let verbs = self.node.verbs();
+        for lane in self.lanes.iter() {
+            let state = lane.lock().unwrap_or_else(|p| p.into_inner());
+            for &(qp, cq) in &state.qps {
+                let _ = verbs.destroy_qp(qp);
+                let _ = verbs.destroy_cq(cq);
+            }
+        }
+    }
+}
