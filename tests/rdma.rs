@@ -52,6 +52,15 @@ fn blocks_move_both_ways_over_rdma_and_rdma_comes_first() {
     assert!(sub.wait(id, WAIT).unwrap().is_done());
     assert_eq!(contents(&back, 0, 65536), source[1 << 20..(1 << 20) + 65536]);
 
+    // A batch of many chunks (the lane hands the link 256 blocks at a time),
+    // more requests than the send queue holds.
+    let many: Vec<BlockDesc> =
+        (0..2000).map(|i| BlockDesc::new(local.id(), i * 2048, remote.id(), i * 2048, 1024)).collect();
+    let id = sub.submit(&Batch::write(&segment).descs(&many)).unwrap();
+    let outcome = sub.wait(id, WAIT).unwrap();
+    assert!(matches!(outcome, Outcome::Done { bytes } if bytes == 2000 * 1024), "{outcome:?}");
+    assert_eq!(contents(&remote, 1999 * 2048, 1024), source[1999 * 2048..1999 * 2048 + 1024]);
+
     // A block past the peer's region is refused before any verb is posted.
     let past = BlockDesc::new(local.id(), 0, remote.id(), (4 << 20) - 100, 4096);
     let id = sub.submit(&Batch::write(&segment).block(past)).unwrap();

@@ -27,8 +27,11 @@ pub const RDMA_CHUNK_BLOCKS: usize = 256;
 /// Completions taken per CQ poll.
 const POLL_BATCH: usize = 64;
 
+/// One chunk in flight (a part's chunks share its ticket, so chunks have
+/// ids of their own).
 #[derive(Debug)]
 struct InFlight {
+    ticket: u64,
     signals: u32,
     bytes: u64,
 }
@@ -39,7 +42,9 @@ struct LaneQps {
     qps: Vec<(Qp, Cq)>,
     /// Per NIC: requests the send queue had no room for yet.
     pending: Vec<VecDeque<SendWr>>,
+    /// By chunk id (the high half of each request's `wr_id`).
     in_flight: HashMap<u64, InFlight>,
+    next_chunk: u32,
     /// Scratch, reused: no allocation per chunk once warm.
     out: Vec<Vec<SendWr>>,
     keyed: Vec<KeyedBlock>,
@@ -153,6 +158,7 @@ impl RdmaLink {
                     qps: qps.to_vec(),
                     pending: vec![VecDeque::new(); nics],
                     in_flight: HashMap::new(),
+                    next_chunk: 0,
                     out: vec![Vec::with_capacity(RDMA_CHUNK_BLOCKS); nics],
                     keyed: Vec::with_capacity(RDMA_CHUNK_BLOCKS),
                     wcs: vec![Wc { wr_id: 0, status: WcStatus::Success }; POLL_BATCH],
@@ -188,12 +194,12 @@ impl RdmaLink {
         for queue in &mut state.pending {
             queue.clear();
         }
-        if let Some((ticket, error)) = first {
-            if state.in_flight.remove(&ticket).is_some() {
-                finished.push((ticket, Err((error, 0))));
+        if let Some((chunk, error)) = first {
+            if let Some(entry) = state.in_flight.remove(&chunk) {
+                finished.push((entry.ticket, Err((error, 0))));
             }
         }
-        for (ticket, _) in state.in_flight.drain() {
+        for (_, InFlight { ticket, .. }) in state.in_flight.drain() {
             let error = Error::PeerRestarted { segment: self.peer.clone(), detail: "its queue pair failed".into() };
             finished.push((ticket, Err((error, 0))));
         }
@@ -261,15 +267,17 @@ impl Link for RdmaLink {
             Opcode::Write => WrOp::Write,
             Opcode::Read => WrOp::Read,
         };
+        let chunk = u64::from(state.next_chunk);
+        state.next_chunk = state.next_chunk.wrapping_add(1);
         let LaneQps { keyed, out, pending, in_flight, .. } = state;
         self.node.with_lkeys(|local| {
             let keys = LinkKeys { local, remote: &self.remote };
-            build(verb, keyed, &self.config, &keys, |seq| ticket << 32 | seq, out);
+            build(verb, keyed, &self.config, &keys, |seq| chunk << 32 | seq, out);
         });
         // One completion comes back per signalled request (each NIC's last
         // one is always signalled).
         let signals = out.iter().flatten().filter(|w| w.signaled).count() as u32;
-        in_flight.insert(ticket, InFlight { signals, bytes });
+        in_flight.insert(chunk, InFlight { ticket, signals, bytes });
         for (nic, list) in out.iter_mut().enumerate() {
             pending[nic].extend(list.drain(..));
         }
@@ -311,16 +319,16 @@ impl Link for RdmaLink {
             for index in 0..polled {
                 progressed = true;
                 let wc = state.wcs[index];
-                let ticket = wc.wr_id >> 32;
+                let chunk = wc.wr_id >> 32;
                 if wc.status != WcStatus::Success {
-                    self.break_lane(state, Some((ticket, wc_error(&self.peer, wc.status))), finished);
+                    self.break_lane(state, Some((chunk, wc_error(&self.peer, wc.status))), finished);
                     return true;
                 }
-                if let Some(entry) = state.in_flight.get_mut(&ticket) {
+                if let Some(entry) = state.in_flight.get_mut(&chunk) {
                     entry.signals = entry.signals.saturating_sub(1);
                     if entry.signals == 0 {
-                        let bytes = entry.bytes;
-                        state.in_flight.remove(&ticket);
+                        let (ticket, bytes) = (entry.ticket, entry.bytes);
+                        state.in_flight.remove(&chunk);
                         finished.push((ticket, Ok(bytes)));
                     }
                 }
