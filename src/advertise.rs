@@ -66,6 +66,18 @@ impl<'a> Inputs<'a> {
     }
 }
 
+/// The address an engine with `config` advertises: [`resolve`] with this
+/// process's environment and hostname, routing towards its etcd server
+/// when it uses one. The engine and `kvring info` both call this.
+pub fn for_engine(config: &crate::EngineConfig) -> Result<Advertised> {
+    let route_to = match config.metadata.as_deref() {
+        Some(url) if url.starts_with("etcd://") => Some(crate::metadata::etcd::EtcdUrl::parse(url)?.addr),
+        _ => None,
+    };
+    let env = |name: &str| std::env::var(name).ok();
+    resolve(&Inputs::from_process(config.advertise, config.listen.ip(), &env, route_to.as_deref()))
+}
+
 /// Resolves the advertised address in the documented order.
 pub fn resolve(inputs: &Inputs<'_>) -> Result<Advertised> {
     let found = |ip: IpAddr, source: String| Ok(Advertised { ip, source });

@@ -564,17 +564,8 @@ impl Engine {
             let lane = lane.shared.clone();
             notifications.on_delivery(Box::new(move || lane.doorbell.ring()));
         }
-        let env = |name: &str| std::env::var(name).ok();
-        let route_to = match config.metadata.as_deref() {
-            Some(url) if url.starts_with("etcd://") => Some(crate::metadata::etcd::EtcdUrl::parse(url)?.addr),
-            _ => None,
-        };
-        let advertised = crate::advertise::resolve(&crate::advertise::Inputs::from_process(
-            config.advertise,
-            config.listen.ip(),
-            &env,
-            route_to.as_deref(),
-        ))?;
+        let advertised = crate::advertise::for_engine(&config)?;
+
         let data_server = if config.serve_tcp {
             let data_listen = SocketAddr::new(config.listen.ip(), 0);
             Some(TcpDataServer::start(data_listen, registry.clone(), notifications.clone(), epoch)?)

@@ -896,11 +896,10 @@ impl Poster<'_> {
         if self.chunk.is_empty() {
             return;
         }
-        // SAFETY: every block was validated against a region this part holds
-        // a lease on (`validate`), and those leases are released only after
-        // the chunk has ended (below, or in `end_ticket`).
-        let posted =
-            unsafe { segment.link.transfer(self.lane, op, self.id.raw(), self.ticket_index as u64, self.chunk) };
+        let (batch_id, ticket_id) = (self.id.raw(), self.ticket_index as u64);
+        // SAFETY: every block was validated against a region this part holds a lease on
+        // (`validate`); the leases are released only after the chunk ended (below, or in `end_ticket`).
+        let posted = unsafe { segment.link.transfer(self.lane, op, batch_id, ticket_id, self.chunk) };
         ticket.progress.executed += self.chunk.len() as u64;
         self.chunk.clear();
         match posted {

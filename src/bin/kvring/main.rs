@@ -69,19 +69,7 @@ fn info(mut args: Args) -> Result<(), String> {
     args.finish()?;
     let builder = config.builder();
     let engine = builder.settings();
-    let env = |name: &str| std::env::var(name).ok();
-    let route_to = match engine.metadata.as_deref() {
-        Some(url) if url.starts_with("etcd://") => {
-            Some(kvring::metadata::etcd::EtcdUrl::parse(url).map_err(|e| e.to_string())?.addr)
-        }
-        _ => None,
-    };
-    let advertised = kvring::advertise::resolve(&kvring::advertise::Inputs::from_process(
-        engine.advertise,
-        engine.listen.ip(),
-        &env,
-        route_to.as_deref(),
-    ));
+    let advertised = kvring::advertise::for_engine(engine);
     let metadata = match engine.metadata.as_deref() {
         None | Some("P2PHANDSHAKE") => "peer handshake (no server; names are control addresses)".to_string(),
         Some(url) => {

@@ -266,10 +266,8 @@ impl Connection {
                 let payload: &[u8] = if frame.len == 0 {
                     &[]
                 } else {
-                    // SAFETY: WRITE payloads lie in leased registered memory
-                    // valid for reads until their chunk ends (the caller's
-                    // contract); notification payloads are owned by their
-                    // `Awaited` entry, which outlives the queued frame.
+                    // SAFETY: WRITE payloads are leased registered memory until their chunk ends;
+                    // notification payloads are owned by their `Awaited`, which outlives the frame.
                     unsafe { std::slice::from_raw_parts(frame.payload, frame.len) }
                 };
                 if skip < header.len() {
@@ -371,9 +369,7 @@ impl Connection {
                     let buffered = self.end - self.start;
                     let took = if buffered > 0 {
                         let n = buffered.min(left);
-                        // SAFETY: `dest..dest + left` lies in the leased local
-                        // range of the READ's span (checked by the lane when
-                        // the chunk was queued); `n <= left`.
+                        // SAFETY: `dest..dest + left` is the READ span's leased local range; `n <= left`.
                         unsafe { std::ptr::copy_nonoverlapping(self.buffer.as_ptr().add(self.start), dest, n) };
                         self.start += n;
                         n
