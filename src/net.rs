@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// The longest `stop` waits for connection threads to end.
+const CONNECTION_DRAIN: Duration = Duration::from_secs(5);
+
 struct Shared {
     stop: AtomicBool,
     active: AtomicUsize,
@@ -71,7 +74,10 @@ impl Acceptor {
         self.addr
     }
 
-    /// Stops accepting, joins the accept thread and cuts open connections.
+    /// Stops accepting, joins the accept thread, cuts open connections and
+    /// waits (a bounded while) for their threads to end, so that when it
+    /// returns nothing serves peers any more and nothing of the server's
+    /// state is held by a connection thread.
     pub(crate) fn stop(&mut self) {
         if self.shared.stop.swap(true, Ordering::AcqRel) {
             return;
@@ -83,6 +89,12 @@ impl Acceptor {
         }
         for stream in std::mem::take(&mut *self.shared.open()).into_values() {
             let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+        // A cut connection's thread sees its stream end at once; one in the
+        // middle of a request finishes it first.
+        let waited = std::time::Instant::now();
+        while self.shared.active.load(Ordering::Acquire) > 0 && waited.elapsed() < CONNECTION_DRAIN {
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }
@@ -121,6 +133,8 @@ fn accept_loop<S>(
         let (for_thread, serve) = (shared.clone(), serve.clone());
         let spawned = std::thread::Builder::new().name("kvring-conn".into()).spawn(move || {
             serve(stream, &for_thread.stop);
+            // The server's state goes before the count does: `stop` waits on it.
+            drop(serve);
             for_thread.open().remove(&id);
             for_thread.active.fetch_sub(1, Ordering::AcqRel);
         });

@@ -6,11 +6,17 @@ mod common;
 
 use common::{pattern, WAIT};
 use kvring::transport::rdma::sim::SimVerbs;
+use kvring::transport::rdma::verbs::{Verbs, WcStatus};
 use kvring::{Batch, BlockDesc, Engine, Error, Outcome, RegionInfo, TransportKind};
 use std::sync::Arc;
 
 fn rdma_engine(name: &str, sim: &Arc<SimVerbs>) -> Engine {
     common::builder(name).rdma(sim.clone()).build().unwrap()
+}
+
+fn run(sub: &mut kvring::Submitter, batch: &Batch) -> Outcome {
+    let id = sub.submit(batch).unwrap();
+    sub.wait(id, WAIT).unwrap()
 }
 
 fn contents(region: &kvring::Region, offset: u64, len: usize) -> Vec<u8> {
@@ -73,6 +79,7 @@ fn a_peer_that_restarts_fails_in_flight_work_and_is_reached_again_with_no_leak()
     let initiator = rdma_engine("prefill-0", &sim);
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let mut sub = initiator.submitter().unwrap();
+    let mut created_in_first_round = 0;
     for round in 0..20 {
         let target = rdma_engine("decode-0", &sim);
         let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
@@ -89,13 +96,20 @@ fn a_peer_that_restarts_fails_in_flight_work_and_is_reached_again_with_no_leak()
         assert!(matches!(outcome, Outcome::Failed(Error::PeerRestarted { .. })), "{outcome:?}");
         assert!(segment.is_stale());
         initiator.close_segment(&segment);
+        if round == 0 {
+            created_in_first_round = Verbs::counts(&*sim).qps.0;
+        }
     }
+    // Round 0 created the initiator's QPs and the first target's (as many);
+    // every later round only the new target's: the initiator's failed QPs
+    // were reset and re-handshaked, never recreated.
+    let created = Verbs::counts(&*sim).qps.0;
+    assert_eq!(created * 2, created_in_first_round * 21, "{created} QPs created, {created_in_first_round} in round 0");
     drop(sub);
     drop(local);
     drop(initiator);
-    let counts = kvring::transport::rdma::verbs::Verbs::counts(&*sim);
+    let counts = Verbs::counts(&*sim);
     assert!(counts.balanced(), "{counts:?}");
-    assert!(counts.qps.0 >= 40, "{counts:?}");
 }
 
 #[test]
@@ -111,4 +125,142 @@ fn an_engine_without_rdma_is_reached_over_the_usual_transports_and_refuses_rdma_
     let none = Arc::new(SimVerbs::with_devices(vec![]));
     let error = common::builder("x").rdma(none).build().unwrap_err().to_string();
     assert!(error.contains("no RDMA device with an active port"), "{error}");
+}
+
+#[test]
+fn a_failed_queue_pair_is_reset_and_handshaked_again_not_recreated() {
+    let sim = Arc::new(SimVerbs::new());
+    let target = rdma_engine("decode-0", &sim);
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let initiator = rdma_engine("prefill-0", &sim);
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    local.fill_pattern(9);
+    let name = target.control_addr().to_string();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = BlockDesc::new(local.id(), 0, remote.id(), 0, 65536);
+    let segment = initiator.open_segment(&name).unwrap();
+    assert!(run(&mut sub, &Batch::write(&segment).block(desc)).is_done());
+    drop(segment);
+    let before = Verbs::counts(&*sim);
+
+    for (round, status) in [WcStatus::RetryExceeded, WcStatus::Flushed, WcStatus::RetryExceeded].into_iter().enumerate()
+    {
+        // The fabric drops the next request: the NIC gives up on the QP.
+        sim.fail_next(status);
+        let segment = initiator.open_segment(&name).unwrap();
+        let outcome = run(&mut sub, &Batch::write(&segment).block(desc));
+        assert!(matches!(outcome, Outcome::Failed(Error::PeerRestarted { .. })), "round {round}: {outcome:?}");
+        assert!(segment.is_stale());
+        drop(segment);
+        // The next open by name reconnects over the same QPs, on both sides.
+        let segment = initiator.open_segment(&name).unwrap();
+        assert_eq!(segment.transport(), TransportKind::Rdma);
+        let read_back = BlockDesc::new(local.id(), 65536, remote.id(), 0, 65536);
+        assert!(run(&mut sub, &Batch::write(&segment).block(desc)).is_done());
+        assert!(run(&mut sub, &Batch::read(&segment).block(read_back)).is_done());
+        assert_eq!(contents(&local, 65536, 65536), pattern(65536, 9), "round {round}");
+        let now = Verbs::counts(&*sim);
+        assert_eq!(now.qps, before.qps, "round {round}: no QP created or destroyed by the reconnect");
+        assert_eq!(now.cqs, before.cqs, "round {round}");
+    }
+    drop(sub);
+    drop((local, remote, initiator, target));
+    let counts = Verbs::counts(&*sim);
+    assert!(counts.balanced(), "{counts:?}");
+}
+
+#[test]
+fn with_two_nics_each_large_blocks_are_striped_over_both_and_land_whole() {
+    let two = || vec![SimVerbs::device("mlx5_0", Some(0)), SimVerbs::device("mlx5_1", Some(0))];
+    let sim = Arc::new(SimVerbs::with_devices(two()));
+    let target = rdma_engine("decode-0", &sim);
+    let remote = target.alloc_region(8 << 20, RegionInfo::raw()).unwrap();
+    let initiator = rdma_engine("prefill-0", &sim);
+    let local = initiator.alloc_region(8 << 20, RegionInfo::raw()).unwrap();
+    local.fill_pattern(3);
+    let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
+    assert_eq!(segment.transport(), TransportKind::Rdma);
+
+    // One 6 MiB block (sliced) and 256 small ones, then all of it read back.
+    let mut descs = vec![BlockDesc::new(local.id(), 0, remote.id(), 0, 6 << 20)];
+    descs.extend(
+        (0..256).map(|i| BlockDesc::new(local.id(), (6 << 20) + i * 8192, remote.id(), (6 << 20) + i * 8192, 4096)),
+    );
+    let mut sub = initiator.submitter().unwrap();
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&descs)).is_done());
+    let source = pattern(8 << 20, 3);
+    assert_eq!(contents(&remote, 0, 6 << 20), source[..6 << 20]);
+    for i in 0..256usize {
+        let at = (6 << 20) + i * 8192;
+        assert_eq!(contents(&remote, at as u64, 4096), source[at..at + 4096]);
+    }
+    let written = (6 << 20) + 256 * 4096;
+    let (first, second) = (sim.bytes_moved("mlx5_0"), sim.bytes_moved("mlx5_1"));
+    assert_eq!(first + second, written, "every byte over one NIC or the other");
+    assert!(first >= written / 4 && second >= written / 4, "striped: {first} and {second} bytes");
+
+    let back = initiator.alloc_region(6 << 20, RegionInfo::raw()).unwrap();
+    let read = BlockDesc::new(back.id(), 0, remote.id(), 0, 6 << 20);
+    assert!(run(&mut sub, &Batch::read(&segment).block(read)).is_done());
+    assert_eq!(contents(&back, 0, 6 << 20), source[..6 << 20]);
+    assert_eq!(sim.bytes_moved("mlx5_0") + sim.bytes_moved("mlx5_1"), written + (6 << 20));
+}
+
+/// `submit`'s refusal or the batch's failure, whichever the engine gives.
+fn refusal(sub: &mut kvring::Submitter, batch: &Batch) -> Error {
+    match sub.submit(batch) {
+        Err(error) => error,
+        Ok(id) => match sub.wait(id, WAIT).unwrap() {
+            Outcome::Failed(error) => error,
+            other => panic!("expected a failure, got {other:?}"),
+        },
+    }
+}
+
+#[test]
+fn bad_keys_regions_batches_and_a_vanished_device_are_clear_errors_that_write_nothing() {
+    let sim = Arc::new(SimVerbs::new());
+    let target = rdma_engine("decode-0", &sim);
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let dropped = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let initiator = rdma_engine("prefill-0", &sim);
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    local.fill_pattern(4);
+    let name = target.control_addr().to_string();
+    let segment = initiator.open_segment(&name).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+
+    // A region the peer never registered.
+    let unknown = BlockDesc::new(local.id(), 0, kvring::RegionId::from_raw(9_999), 0, 4096);
+    let error = refusal(&mut sub, &Batch::write(&segment).block(unknown));
+    assert!(matches!(error, Error::UnknownRegion { .. }), "{error}");
+
+    // An oversized batch is refused whole at submit.
+    let many: Vec<BlockDesc> =
+        (0..1_000_000).map(|i| BlockDesc::new(local.id(), i % 256 * 4096, remote.id(), 0, 16)).collect();
+    let error = sub.submit(&Batch::write(&segment).descs(&many)).unwrap_err();
+    assert!(matches!(error, Error::InvalidArgument { .. }) && error.to_string().contains("exceed"), "{error}");
+
+    // A remote key the peer no longer honours: it unregistered the region
+    // after this initiator learned its key. The NIC refuses it; not a byte lands.
+    target.unregister(dropped.id()).unwrap();
+    let stale_key = BlockDesc::new(local.id(), 0, dropped.id(), 0, 65536);
+    let error = refusal(&mut sub, &Batch::write(&segment).block(stale_key));
+    assert!(error.to_string().contains("refused a remote key"), "{error}");
+    assert!(contents(&dropped, 0, 1 << 20).iter().all(|&b| b == 0), "nothing written outside registered memory");
+    assert!(segment.is_stale(), "the failed QP makes the handle stale");
+    // Reopened, the peer's table no longer lists the region.
+    let segment = initiator.open_segment(&name).unwrap();
+    let error = refusal(&mut sub, &Batch::write(&segment).block(stale_key));
+    assert!(matches!(error, Error::UnknownRegion { .. }), "{error}");
+    let fine = BlockDesc::new(local.id(), 0, remote.id(), 0, 65536);
+    assert!(run(&mut sub, &Batch::write(&segment).block(fine)).is_done());
+
+    // The NIC disappears (hot-unplug, driver reset).
+    sim.remove_device("sim0");
+    let error = refusal(&mut sub, &Batch::write(&segment).block(fine));
+    assert!(error.to_string().contains("no longer present"), "{error}");
+    drop(segment);
+    let error = initiator.open_segment_with(&name, Some(TransportKind::Rdma), WAIT).unwrap_err();
+    assert!(error.to_string().contains("no longer present"), "{error}");
 }

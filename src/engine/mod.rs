@@ -469,6 +469,11 @@ impl Drop for EngineInner {
         for lane in &mut self.lanes {
             lane.stop_and_join();
         }
+        // No peer reaches this engine's memory through its NICs any more,
+        // even while a segment handle keeps the RDMA node alive.
+        if let Some(node) = &self.context.rdma {
+            node.shutdown();
+        }
     }
 }
 
@@ -964,6 +969,7 @@ impl Engine {
 
     fn retire(&self, table: &mut SegmentTable, segment: &Segment) {
         segment.inner.peer.close();
+        segment.inner.link.retire();
         let key = segment.inner.key;
         for lane in &self.inner.lanes {
             lane.shared.send(LaneCommand::DetachSegment { key });

@@ -800,10 +800,13 @@ impl Lane {
         }
         let segment = ticket.segment.take();
         let end = ticket.end.take();
-        if let (Some(segment), Some(PartEnd::Failed(Error::PeerRestarted { .. }))) = (&segment, &end) {
-            // The peer is gone or restarted: later batches to this handle
-            // fail at once, and the next open of its name reconnects.
-            segment.peer.mark_stale();
+        if let (Some(segment), Some(PartEnd::Failed(error))) = (&segment, &end) {
+            // The peer is gone or restarted, or the link broke: later
+            // batches to this handle fail at once, and the next open of its
+            // name reconnects.
+            if matches!(error, Error::PeerRestarted { .. }) || segment.link.is_broken() {
+                segment.peer.mark_stale();
+            }
         }
         free_tickets.push(index as u32);
         if let Some(reply) = ticket.notify_reply.take() {

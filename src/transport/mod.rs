@@ -84,6 +84,20 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     /// with `reason`.
     fn abort(&self, _lane: usize, _reason: &str, _finished: &mut Vec<Finished>) {}
 
+    /// True once the link can carry nothing more (an RDMA QP in the error
+    /// state): the lane marks its segment stale at the first failure, of
+    /// whatever kind, so the next open reconnects.
+    fn is_broken(&self) -> bool {
+        false
+    }
+
+    /// The engine retired this link's handle (closed, evicted, or found
+    /// stale). A link whose connections failed hands back what it can
+    /// reuse now rather than when the last lane lets go of it, so the
+    /// reconnect that usually follows at once can take it. A healthy link
+    /// keeps everything until dropped: its chunks in flight still end.
+    fn retire(&self) {}
+
     /// True when the transport carries notifications on its own path
     /// ([`Link::post_notification`]); otherwise the engine sends them on
     /// the control plane.

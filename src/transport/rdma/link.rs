@@ -8,7 +8,9 @@
 //! Any error completion leaves the QP in the error state, so the link is
 //! broken: the failing chunk gets the mapped error, everything else in
 //! flight on that lane `PeerRestarted`, and the segment goes stale; the next
-//! open reconnects with fresh QPs (the restart path tcp takes too).
+//! open reconnects (the restart path tcp takes too). The broken link's QPs
+//! are reset when it is dropped and handed to that next connection, which
+//! re-handshakes them through the control plane: a reconnect creates no QP.
 
 use super::node::RdmaNode;
 use super::post::{build, KeyedBlock, Keys, PostConfig};
@@ -38,8 +40,8 @@ struct InFlight {
 
 #[derive(Debug)]
 struct LaneQps {
-    /// Per NIC: QP and its CQ.
-    qps: Vec<(Qp, Cq)>,
+    /// Per NIC: QP, its CQ, and the endpoint it was created with.
+    qps: Vec<(Qp, Cq, QpEndpoint)>,
     /// Per NIC: requests the send queue had no room for yet.
     pending: Vec<VecDeque<SendWr>>,
     /// By chunk id (the high half of each request's `wr_id`).
@@ -110,31 +112,14 @@ impl RdmaLink {
             .as_ref()
             .ok_or_else(|| Error::Unsupported { what: format!("rdma to {}: it serves no RDMA", descriptor.name) })?;
         let nics = node.nics().len().min(info.nics as usize).max(1);
-        let mut made: Vec<(Qp, Cq)> = Vec::with_capacity(lanes * nics);
-        let mut endpoints = Vec::with_capacity(lanes * nics);
-        let verbs = node.verbs().clone();
-        let cleanup = |made: &[(Qp, Cq)]| {
-            for &(qp, cq) in made {
-                let _ = verbs.destroy_qp(qp);
-                let _ = verbs.destroy_cq(cq);
-            }
-        };
+        let mut made: Vec<(Qp, Cq, QpEndpoint)> = Vec::with_capacity(lanes * nics);
         let result = (|| {
             for _lane in 0..lanes {
                 for nic in 0..nics {
-                    let cq = node.create_cq(nic, super::node::QP_DEPTH * 2)?;
-                    match node.create_qp(nic, cq) {
-                        Ok((qp, endpoint)) => {
-                            made.push((qp, cq));
-                            endpoints.push(endpoint);
-                        }
-                        Err(error) => {
-                            let _ = verbs.destroy_cq(cq);
-                            return Err(error);
-                        }
-                    }
+                    made.push(node.take_qp(nic, super::node::QP_DEPTH * 2)?);
                 }
             }
+            let endpoints: Vec<QpEndpoint> = made.iter().map(|&(_, _, endpoint)| endpoint).collect();
             let theirs = exchange(nics, &endpoints)?;
             if theirs.len() != endpoints.len() {
                 return Err(Error::malformed(
@@ -142,13 +127,15 @@ impl RdmaLink {
                     format!("{} endpoints for {}", theirs.len(), endpoints.len()),
                 ));
             }
-            for (&(qp, _), remote) in made.iter().zip(&theirs) {
+            for (&(qp, _, _), remote) in made.iter().zip(&theirs) {
                 node.connect_qp(qp, *remote)?;
             }
             Ok(())
         })();
         if let Err(error) = result {
-            cleanup(&made);
+            for (index, (qp, cq, endpoint)) in made.into_iter().enumerate() {
+                node.release_qp(index % nics, qp, cq, endpoint);
+            }
             return Err(error);
         }
         let lanes: Vec<Mutex<LaneQps>> = made
@@ -175,11 +162,6 @@ impl RdmaLink {
             config: PostConfig::default(),
             broken: AtomicBool::new(false),
         })
-    }
-
-    /// True once a QP failed (the segment must be reopened).
-    pub fn is_broken(&self) -> bool {
-        self.broken.load(Ordering::Acquire)
     }
 
     fn lane(&self, lane: usize) -> Option<std::sync::MutexGuard<'_, LaneQps>> {
@@ -236,6 +218,11 @@ impl Link for RdmaLink {
 
     fn max_chunk(&self) -> usize {
         RDMA_CHUNK_BLOCKS
+    }
+
+    /// True once a QP failed (the segment must be reopened).
+    fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
     }
 
     unsafe fn transfer(&self, lane: usize, op: Opcode, _batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
@@ -337,6 +324,21 @@ impl Link for RdmaLink {
         progressed
     }
 
+    /// A broken link's QPs go back to the node at once, reset, for the
+    /// reconnect that follows: its QPs are re-handshaked, not recreated.
+    /// Chunks still listed in flight end `PeerRestarted` at their lane's
+    /// next poll (the reset QP touches their memory no more).
+    fn retire(&self) {
+        if !self.is_broken() {
+            return;
+        }
+        for lane in self.lanes.iter() {
+            let mut state = lane.lock().unwrap_or_else(|p| p.into_inner());
+            state.broken = true;
+            self.release_qps(&mut state);
+        }
+    }
+
     fn abort(&self, lane: usize, reason: &str, finished: &mut Vec<Finished>) {
         let Some(mut state) = self.lane(lane) else { return };
         if state.in_flight.is_empty() {
@@ -344,7 +346,7 @@ impl Link for RdmaLink {
         }
         // Requests already posted cannot be recalled: reset the QPs so the
         // NIC stops touching the chunks' memory, then fail them.
-        for &(qp, _) in &state.qps {
+        for &(qp, _, _) in &state.qps {
             let _ = self.node.verbs().modify_qp(qp, QpTransition::Reset);
         }
         let error = Error::PeerRestarted { segment: self.peer.clone(), detail: reason.to_string() };
@@ -353,15 +355,21 @@ impl Link for RdmaLink {
     }
 }
 
+impl RdmaLink {
+    /// Takes lane `state`'s QPs out and hands them to the node, reset.
+    fn release_qps(&self, state: &mut LaneQps) {
+        for (nic, (qp, cq, endpoint)) in state.qps.drain(..).enumerate() {
+            self.node.release_qp(nic, qp, cq, endpoint);
+        }
+    }
+}
+
 impl Drop for RdmaLink {
+    /// The QPs go back to the node, reset, for the next connection (to this
+    /// peer again, once it reopens, or to another).
     fn drop(&mut self) {
-        let verbs = self.node.verbs();
         for lane in self.lanes.iter() {
-            let state = lane.lock().unwrap_or_else(|p| p.into_inner());
-            for &(qp, cq) in &state.qps {
-                let _ = verbs.destroy_qp(qp);
-                let _ = verbs.destroy_cq(cq);
-            }
+            self.release_qps(&mut lane.lock().unwrap_or_else(|p| p.into_inner()));
         }
     }
 }

@@ -17,6 +17,27 @@ pub const QP_DEPTH: u32 = 1024;
 pub const MAX_INLINE: u32 = 64;
 /// Most QP endpoints one connect request may carry.
 pub const MAX_CONNECT_ENDPOINTS: usize = 1024;
+/// Reset QPs kept per NIC and kind for the next connection; beyond this a
+/// released QP is destroyed.
+const MAX_SPARE_QPS: usize = 256;
+
+/// A QP in the RESET state, kept for reuse with the endpoint it was created
+/// with (its QP number does not change; its PSN is re-sent at each
+/// handshake).
+#[derive(Debug, Clone, Copy)]
+struct Spare {
+    qp: Qp,
+    cq: Cq,
+    endpoint: QpEndpoint,
+}
+
+/// Reset QPs of one NIC: those that had their own CQ (initiator side) and
+/// those on the NIC's passive CQ (accepted for initiators).
+#[derive(Debug, Default)]
+struct Spares {
+    active: Vec<Spare>,
+    passive: Vec<Spare>,
+}
 
 /// One NIC as the engine uses it.
 #[derive(Debug)]
@@ -31,6 +52,10 @@ pub struct Nic {
     /// The CQ of the QPs accepted for initiators (one-sided operations
     /// complete on the initiator's side; nothing is polled here).
     passive_cq: Cq,
+    /// QPs released by links and replaced accepts, reset for reuse: a
+    /// reconnect (a peer restart, a failed QP) re-handshakes them instead
+    /// of paying for a QP creation, which costs milliseconds on real NICs.
+    spares: Mutex<Spares>,
 }
 
 /// A region's keys on every NIC.
@@ -48,7 +73,8 @@ pub struct RdmaNode {
     verbs: Arc<dyn Verbs>,
     nics: Vec<Nic>,
     regions: RwLock<HashMap<u32, RegionKeys>>,
-    accepted: Mutex<HashMap<String, Vec<Qp>>>,
+    /// By initiator name: the QPs accepted for it, with their NIC.
+    accepted: Mutex<HashMap<String, Vec<(usize, Spare)>>>,
 }
 
 impl RdmaNode {
@@ -72,6 +98,7 @@ impl RdmaNode {
                 gid_index,
                 mrs: Mutex::new(MrCache::new(verbs.clone(), pd)),
                 passive_cq,
+                spares: Mutex::new(Spares::default()),
             });
         }
         if nics.is_empty() {
@@ -118,6 +145,22 @@ impl RdmaNode {
         }
     }
 
+    /// The engine stops: every accepted QP is destroyed and every region
+    /// deregistered, so no peer's request touches this engine's memory
+    /// again (links still held by segment handles fail their posts).
+    pub fn shutdown(&self) {
+        let accepted: Vec<_> = self.accepted.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
+        for (_, qps) in accepted {
+            for (_, spare) in qps {
+                let _ = self.verbs.destroy_qp(spare.qp);
+            }
+        }
+        let ids: Vec<u32> = self.regions.read().unwrap_or_else(|p| p.into_inner()).keys().copied().collect();
+        for id in ids {
+            self.unregister_region(RegionId::from_raw(id));
+        }
+    }
+
     /// The local key of `region` on NIC `nic`.
     pub fn lkey(&self, region: u32, nic: usize) -> Option<u32> {
         self.regions.read().unwrap_or_else(|p| p.into_inner()).get(&region).and_then(|k| k.lkeys.get(nic)).copied()
@@ -138,9 +181,66 @@ impl RdmaNode {
         }
     }
 
+    /// A QP on NIC `nic` in the INIT state with a CQ of its own (`depth`
+    /// entries): a spare one reset earlier when there is one, else a new one.
+    pub fn take_qp(&self, nic: usize, depth: u32) -> Result<(Qp, Cq, QpEndpoint)> {
+        let spare = self.nic(nic)?.spares.lock().unwrap_or_else(|p| p.into_inner()).active.pop();
+        if let Some(spare) = spare {
+            return match self.verbs.modify_qp(spare.qp, QpTransition::Init) {
+                Ok(()) => Ok((spare.qp, spare.cq, spare.endpoint)),
+                Err(error) => {
+                    self.destroy(spare);
+                    Err(error)
+                }
+            };
+        }
+        let cq = self.verbs.create_cq(self.nic(nic)?.context, depth)?;
+        match self.create_qp(nic, cq) {
+            Ok((qp, endpoint)) => Ok((qp, cq, endpoint)),
+            Err(error) => {
+                let _ = self.verbs.destroy_cq(cq);
+                Err(error)
+            }
+        }
+    }
+
+    /// Hands back a QP from [`RdmaNode::take_qp`]: reset (which also drops
+    /// its completions from the CQ, as mlx5 does on a move to RESET) and
+    /// kept for the next connection, or destroyed with its CQ when the
+    /// NIC has enough spares or the reset fails.
+    pub fn release_qp(&self, nic: usize, qp: Qp, cq: Cq, endpoint: QpEndpoint) {
+        self.keep_or_destroy(nic, Spare { qp, cq, endpoint }, false);
+    }
+
+    fn keep_or_destroy(&self, nic: usize, spare: Spare, passive: bool) {
+        let reset = self.verbs.modify_qp(spare.qp, QpTransition::Reset).is_ok();
+        if let (true, Ok(n)) = (reset, self.nic(nic)) {
+            let mut spares = n.spares.lock().unwrap_or_else(|p| p.into_inner());
+            let pool = if passive { &mut spares.passive } else { &mut spares.active };
+            if pool.len() < MAX_SPARE_QPS {
+                pool.push(spare);
+                return;
+            }
+        }
+        if passive {
+            let _ = self.verbs.destroy_qp(spare.qp);
+        } else {
+            self.destroy(spare);
+        }
+    }
+
+    fn destroy(&self, spare: Spare) {
+        let _ = self.verbs.destroy_qp(spare.qp);
+        let _ = self.verbs.destroy_cq(spare.cq);
+    }
+
+    fn nic(&self, nic: usize) -> Result<&Nic> {
+        self.nics.get(nic).ok_or_else(|| Error::invalid("nic", format!("{nic} is not a NIC")))
+    }
+
     /// Creates a QP on NIC `nic`, moved to INIT, with `cq`.
-    pub fn create_qp(&self, nic: usize, cq: Cq) -> Result<(Qp, QpEndpoint)> {
-        let nic = self.nics.get(nic).ok_or_else(|| Error::invalid("nic", format!("{nic} is not a NIC")))?;
+    fn create_qp(&self, nic: usize, cq: Cq) -> Result<(Qp, QpEndpoint)> {
+        let nic = self.nic(nic)?;
         let caps = QpCaps { max_send_wr: QP_DEPTH, max_inline: MAX_INLINE, port: nic.port, gid_index: nic.gid_index };
         let (qp, endpoint) = self.verbs.create_qp(nic.pd, cq, caps)?;
         if let Err(error) = self.verbs.modify_qp(qp, QpTransition::Init) {
@@ -150,10 +250,20 @@ impl RdmaNode {
         Ok((qp, endpoint))
     }
 
-    /// Creates a CQ on NIC `nic`.
-    pub fn create_cq(&self, nic: usize, depth: u32) -> Result<Cq> {
-        let nic = self.nics.get(nic).ok_or_else(|| Error::invalid("nic", format!("{nic} is not a NIC")))?;
-        self.verbs.create_cq(nic.context, depth)
+    /// A passive QP (on the NIC's passive CQ) in the INIT state: a spare
+    /// one when there is one.
+    fn take_passive_qp(&self, nic: usize) -> Result<Spare> {
+        let n = self.nic(nic)?;
+        let spare = n.spares.lock().unwrap_or_else(|p| p.into_inner()).passive.pop();
+        if let Some(spare) = spare {
+            if let Err(error) = self.verbs.modify_qp(spare.qp, QpTransition::Init) {
+                let _ = self.verbs.destroy_qp(spare.qp);
+                return Err(error);
+            }
+            return Ok(spare);
+        }
+        let (qp, endpoint) = self.create_qp(nic, n.passive_cq)?;
+        Ok(Spare { qp, cq: n.passive_cq, endpoint })
     }
 
     /// Moves an INIT QP to RTS towards `remote`.
@@ -172,28 +282,29 @@ impl RdmaNode {
                 format!("{} endpoints over {nics} nics (this engine has {})", endpoints.len(), self.nics.len()),
             ));
         }
+        // An initiator that reconnects (it restarted, or a QP failed) gets
+        // its earlier QPs back, reset and handshaked again.
         let previous = self.accepted.lock().unwrap_or_else(|p| p.into_inner()).remove(initiator);
-        for qp in previous.into_iter().flatten() {
-            let _ = self.verbs.destroy_qp(qp);
+        for (nic, spare) in previous.into_iter().flatten() {
+            self.keep_or_destroy(nic, spare, true);
         }
         let mut qps = Vec::with_capacity(endpoints.len());
-        let mut ours = Vec::with_capacity(endpoints.len());
         let made = (|| {
             for (index, remote) in endpoints.iter().enumerate() {
                 let nic = index % nics;
-                let (qp, endpoint) = self.create_qp(nic, self.nics[nic].passive_cq)?;
-                qps.push(qp);
-                self.connect_qp(qp, *remote)?;
-                ours.push(endpoint);
+                let spare = self.take_passive_qp(nic)?;
+                qps.push((nic, spare));
+                self.connect_qp(spare.qp, *remote)?;
             }
             Ok(())
         })();
         if let Err(error) = made {
-            for qp in qps {
-                let _ = self.verbs.destroy_qp(qp);
+            for (nic, spare) in qps {
+                self.keep_or_destroy(nic, spare, true);
             }
             return Err(error);
         }
+        let ours = qps.iter().map(|(_, spare)| spare.endpoint).collect();
         self.accepted.lock().unwrap_or_else(|p| p.into_inner()).insert(initiator.to_string(), qps);
         Ok(ours)
     }
@@ -202,11 +313,19 @@ impl RdmaNode {
 impl Drop for RdmaNode {
     fn drop(&mut self) {
         for (_, qps) in self.accepted.lock().unwrap_or_else(|p| p.into_inner()).drain() {
-            for qp in qps {
-                let _ = self.verbs.destroy_qp(qp);
+            for (_, spare) in qps {
+                let _ = self.verbs.destroy_qp(spare.qp);
             }
         }
         for nic in self.nics.drain(..) {
+            let spares = nic.spares.into_inner().unwrap_or_else(|p| p.into_inner());
+            for spare in spares.passive {
+                let _ = self.verbs.destroy_qp(spare.qp);
+            }
+            for spare in spares.active {
+                let _ = self.verbs.destroy_qp(spare.qp);
+                let _ = self.verbs.destroy_cq(spare.cq);
+            }
             // MRs first (the cache deregisters on drop), then CQ, PD, context.
             drop(nic.mrs);
             let _ = self.verbs.destroy_cq(nic.passive_cq);

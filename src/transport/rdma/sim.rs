@@ -107,6 +107,8 @@ struct State {
     fail_next: VecDeque<WcStatus>,
     /// Check everything but skip the copy (benchmarks of posting alone).
     skip_copy: bool,
+    /// Bytes each PD's QPs moved (WRITE or READ they initiated).
+    moved: HashMap<Pd, u64>,
     counts: ObjectCounts,
 }
 
@@ -203,6 +205,7 @@ impl State {
             WrOp::Write => (wr.local_addr, wr.remote_addr),
             WrOp::Read => (wr.remote_addr, wr.local_addr),
         };
+        *self.moved.entry(local_pd).or_default() += len;
         if self.skip_copy {
             return WcStatus::Success;
         }
@@ -279,6 +282,17 @@ impl SimVerbs {
     /// ("the copy itself excluded").
     pub fn skip_copy(&self, skip: bool) {
         self.lock().skip_copy = skip;
+    }
+
+    /// Bytes moved by requests posted through `device`'s QPs (the
+    /// initiating side's NIC), over the fabric's life.
+    pub fn bytes_moved(&self, device: &str) -> u64 {
+        let state = self.lock();
+        let on_device = |pd: &Pd| {
+            let context = state.pds.get(pd);
+            context.and_then(|c| state.contexts.get(c)).is_some_and(|name| name == device)
+        };
+        state.moved.iter().filter(|(pd, _)| on_device(pd)).map(|(_, bytes)| bytes).sum()
     }
 
     /// Requests posted on `qp` and not yet freed by a polled completion.
@@ -431,6 +445,15 @@ impl Verbs for SimVerbs {
             }
             (from, to) => return Err(misuse(format!("qp transition {to:?} from {from:?}"))),
         };
+        if entry.state == QpState::Reset {
+            // A move to RESET also removes the QP's completions from its CQ
+            // (mlx5 cleans the CQ there), so a reused QP sees none of its
+            // earlier life.
+            let cq = entry.cq;
+            if let Some((_, queue)) = state.cqs.get_mut(&cq) {
+                queue.retain(|p| p.qp != qp);
+            }
+        }
         Ok(())
     }
 
