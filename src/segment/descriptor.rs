@@ -288,6 +288,36 @@ mod tests {
         assert_eq!(SegmentDescriptor::from_proto(d.to_proto()).unwrap(), d);
     }
 
+    /// Each region adds its address and one rkey per NIC to the handshake,
+    /// nothing more: an engine at the region limit with the most NICs
+    /// still fits a control message many times over.
+    #[test]
+    fn rdma_keys_for_many_regions_keep_the_handshake_small() {
+        use prost::Message;
+        let regions = crate::engine::EngineConfig::default().max_regions;
+        let nics = crate::engine::MAX_RDMA_NICS;
+        let mut d = sample();
+        d.regions = (0..regions as u32)
+            .map(|i| RemoteRegion { id: RegionId::new(i as u16, 1), shm_path: None, ..d.regions[0].clone() })
+            .collect();
+        let keyed = (0..regions as u32)
+            .map(|i| {
+                (
+                    RegionId::new(i as u16, 1),
+                    0x7f00_0000_0000 + (u64::from(i) << 21),
+                    (0..nics as u32).map(|n| 0x1_0000 + i * 8 + n).collect(),
+                )
+            })
+            .collect();
+        let plain = d.to_proto().encoded_len();
+        d.rdma = Some(RdmaInfo { nics: nics as u32, regions: keyed });
+        let with_rdma = d.to_proto().encoded_len();
+        let per_region = (with_rdma - plain) / regions;
+        assert!(per_region <= 12 + 5 * nics, "{per_region} bytes per region for {nics} NICs");
+        assert!(with_rdma * 8 < crate::control::frame::MAX_CONTROL_MESSAGE_BYTES as usize, "{with_rdma} bytes");
+        assert_eq!(SegmentDescriptor::from_proto(d.to_proto()).unwrap(), d);
+    }
+
     #[test]
     fn hostile_descriptors_are_refused() {
         let mut p = sample().to_proto();
