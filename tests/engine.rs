@@ -496,3 +496,24 @@ fn a_pre_shared_token_is_required_when_the_target_has_one() {
         other => panic!("expected Unauthorized, got {other:?}"),
     }
 }
+
+#[test]
+fn addresses_are_turned_into_region_and_offset_on_both_sides() {
+    let target = common::engine("decode-locate");
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let initiator = common::engine("prefill-locate");
+    let local = initiator.alloc_region(65536, RegionInfo::raw()).unwrap();
+    let base = remote.as_ptr() as u64;
+    let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
+    assert_eq!(segment.locate(base + 4096, 8192).unwrap(), (remote.id(), 4096));
+    assert_eq!(segment.locate(base, 1 << 20).unwrap(), (remote.id(), 0));
+    for (addr, len) in [(base + (1 << 20) - 10, 11), (base - 1, 2), (u64::MAX - 2, 8)] {
+        let error = segment.locate(addr, len).unwrap_err().to_string();
+        assert!(error.contains("lies in no region of decode-locate"), "{error}");
+    }
+    let at = local.as_ptr() as u64;
+    assert_eq!(initiator.locate(at + 100, 900).unwrap(), (local.id(), 100));
+    let error = initiator.locate(at + 65000, 1000).unwrap_err().to_string();
+    assert!(error.contains("lies in no registered region"), "{error}");
+    assert!(initiator.locate(base, 10).is_err(), "the peer's memory is not ours");
+}

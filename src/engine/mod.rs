@@ -777,6 +777,23 @@ impl Engine {
         Ok(())
     }
 
+    /// The registered local region holding `addr..addr + len`, and the
+    /// offset of `addr` in it: for callers that name memory by address.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let region = engine.alloc_region(1 << 20, kvring::RegionInfo::raw())?;
+    /// let (id, offset) = engine.locate(region.as_ptr() as u64 + 4096, 4096)?;
+    /// assert_eq!((id, offset), (region.id(), 4096));
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
+    pub fn locate(&self, addr: u64, len: u64) -> Result<(RegionId, u64)> {
+        let found = usize::try_from(addr).ok().zip(usize::try_from(len).ok());
+        found
+            .and_then(|(addr, len)| self.inner.registry.find(addr, len))
+            .ok_or_else(|| Error::invalid("local address", format!("{addr:#x}+{len} lies in no registered region")))
+    }
+
     /// Unregisters a region; refused with `RegionBusy` while batches use it.
     pub fn unregister(&self, id: RegionId) -> Result<()> {
         self.inner.registry.unregister(id)?;
@@ -1149,6 +1166,7 @@ impl ControlContext {
                 layer: entry.info.layer,
                 block_bytes: entry.info.block_bytes,
                 shm_path: entry.shm.as_ref().map(|m| m.path().to_path_buf()),
+                addr: entry.addr as u64,
             })
             .collect();
         SegmentDescriptor {

@@ -7,6 +7,20 @@ use crate::segment::{PeerSegment, RemoteRegion, TransportKind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The region among `regions` (id, start, length) that holds all of
+/// `addr..addr + len`, and the offset of `addr` in it.
+pub(crate) fn locate(
+    regions: impl Iterator<Item = (RegionId, u64, u64)>,
+    addr: u64,
+    len: u64,
+) -> Option<(RegionId, u64)> {
+    let end = addr.checked_add(len)?;
+    regions
+        .filter(|&(_, start, size)| addr >= start && start.checked_add(size).is_some_and(|stop| end <= stop))
+        .map(|(id, start, _)| (id, addr - start))
+        .next()
+}
+
 /// An open peer segment. Cheap to clone; closing it (through the engine)
 /// makes new submissions to it fail with `UnknownSegment`.
 ///
@@ -70,6 +84,24 @@ impl Segment {
     pub fn region(&self, position: usize) -> Result<RegionId> {
         self.regions().get(position).map(|r| r.id).ok_or_else(|| {
             Error::invalid("region position", format!("{position} but the peer has {} regions", self.regions().len()))
+        })
+    }
+
+    /// The peer region holding `addr..addr + len` of the peer's address
+    /// space, and the offset of `addr` in it: for callers that name remote
+    /// memory by address, as Mooncake's API does. Regions the peer
+    /// registered after this handle was opened are not listed: reopen it.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// # let peer_buffer: u64 = 0x7f00_0000_0000;
+    /// let decode = engine.open_segment("127.0.0.1:7100")?;
+    /// let (region, offset) = decode.locate(peer_buffer, 4096)?;
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
+    pub fn locate(&self, addr: u64, len: u64) -> Result<(RegionId, u64)> {
+        locate(self.regions().iter().map(|r| (r.id, r.addr, r.len)), addr, len).ok_or_else(|| {
+            Error::invalid("remote address", format!("{addr:#x}+{len} lies in no region of {}", self.name()))
         })
     }
 

@@ -294,6 +294,17 @@ impl Registry {
         control.by_addr.values().map(|&id| (id, self.leased_entry_unchecked(id).clone())).collect()
     }
 
+    /// The live region holding `addr..addr + len`, and the offset of `addr`
+    /// in it (regions never overlap, so only the last one starting at or
+    /// before `addr` can).
+    pub fn find(&self, addr: usize, len: usize) -> Option<(RegionId, u64)> {
+        let control = self.control();
+        let (&start, &id) = control.by_addr.range(..=addr).next_back()?;
+        let entry = self.leased_entry_unchecked(id);
+        let end = addr.checked_add(len)?;
+        (end <= start + entry.len).then_some((id, (addr - start) as u64))
+    }
+
     /// One live region's entry, copied (a control-path read).
     pub fn get(&self, id: RegionId) -> Result<RegionEntry> {
         // Holding the mutex keeps a live slot live for the read.

@@ -68,6 +68,9 @@ pub struct RemoteRegion {
     pub block_bytes: u64,
     /// File a same-host engine can map, for shm-backed regions.
     pub shm_path: Option<PathBuf>,
+    /// Where the region starts in the owner's address space: only ever
+    /// compared, to turn a remote address into (region, offset).
+    pub addr: u64,
 }
 
 impl RemoteRegion {
@@ -138,6 +141,7 @@ impl SegmentDescriptor {
                     layer: r.layer,
                     block_bytes: r.block_bytes,
                     shm_path: r.shm_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                    addr: r.addr,
                 })
                 .collect(),
             endpoints: self
@@ -198,6 +202,9 @@ impl SegmentDescriptor {
                 }
                 Some(path)
             };
+            if r.addr.checked_add(r.len).is_none() {
+                return Err(bad(format!("region {id} at {:#x} with {} bytes wraps the address space", r.addr, r.len)));
+            }
             regions.push(RemoteRegion {
                 id,
                 kind: RegionKind::from_proto(kind),
@@ -206,6 +213,7 @@ impl SegmentDescriptor {
                 layer: r.layer,
                 block_bytes: r.block_bytes,
                 shm_path,
+                addr: r.addr,
             });
         }
         let rdma = match message.rdma {
@@ -275,6 +283,7 @@ mod tests {
                 layer: 2,
                 block_bytes: 512,
                 shm_path: Some(PathBuf::from("/dev/shm/kvring-1-2-3")),
+                addr: 0x7f00_0000_0000,
             }],
             control_addr: "127.0.0.1:9".into(),
             tcp_addr: Some("127.0.0.1:10".into()),

@@ -83,6 +83,7 @@ mod tests {
             layer: 0,
             block_bytes: 0,
             shm_path: None,
+            addr: 0,
         };
         let peer = PeerSegment::new(SegmentDescriptor {
             name: "p".into(),

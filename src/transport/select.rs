@@ -101,6 +101,7 @@ mod tests {
                 layer: 0,
                 block_bytes: 0,
                 shm_path: shm.then(|| "/dev/shm/kvring-1-1-1".into()),
+                addr: 0,
             }],
             control_addr: "127.0.0.1:1".into(),
             tcp_addr: tcp.then(|| "127.0.0.1:2".into()),
