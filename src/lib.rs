@@ -39,6 +39,8 @@ pub mod kv;
 pub mod mem;
 pub mod metadata;
 mod net;
+#[cfg(feature = "python")]
+pub mod python;
 pub mod ring;
 pub mod runtime;
 pub mod segment;

@@ -1,0 +1,199 @@
+"""kvring: KV-cache block transfer between prefill and decode engines.
+
+``kvring.Engine`` is the native Python API (mirrors the Rust engine);
+``kvring.mooncake.TransferEngine`` is a drop-in for Mooncake's Python
+``TransferEngine``; ``kvring.lmdeploy`` holds an LMDeploy migration backend.
+Every transfer and wait releases the GIL.
+"""
+
+import ctypes
+
+from . import _native
+from ._buffers import address_of
+from .errors import *  # noqa: F401,F403  (one class per error kind)
+from .errors import KvringError
+
+__all__ = ["Engine", "check_pd_topo", "transports", "KvringError"]
+
+
+def transports():
+    """The transports a Python engine can use in this build."""
+    return list(_native.transports())
+
+
+def check_pd_topo(local, remote, mode="push", attention="mha"):
+    """Whether two ranks, each (dp_size, tp_size, dp_rank, tp_rank), can
+    exchange KV blocks. Returns (verdict, reason): verdict is
+    "homogeneous", "heterogeneous", "invalid_local" or "invalid_remote"."""
+    return _native.check_pd_topo(tuple(local), tuple(remote), mode, attention)
+
+
+class Engine:
+    """A kvring engine: registered memory, peers opened by ``host:port`` (or
+    by name with etcd metadata), batches of block copies.
+
+    Blocks are either (local region, local offset, remote region, remote
+    offset, length) tuples, or addresses (``transfer_addrs``), as Mooncake
+    names memory.
+    """
+
+    def __init__(self, name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=True):
+        self._native = _native.Engine(name=name, listen=listen, lanes=lanes, metadata=metadata, serve_tcp=serve_tcp)
+        # Region id -> what keeps a registered buffer object alive and pinned.
+        self._held = {}
+
+    @property
+    def name(self):
+        """The engine's name."""
+        return self._native.name
+
+    @property
+    def control_addr(self):
+        """``host:port`` peers open this engine by."""
+        return self._native.control_addr
+
+    @property
+    def port(self):
+        """The control port (Mooncake's RPC port)."""
+        return int(self._native.control_addr.rsplit(":", 1)[1])
+
+    @property
+    def closed(self):
+        """True once closed."""
+        return self._native.closed
+
+    # Memory ------------------------------------------------------------
+
+    def register(self, memory, length=None):
+        """Registers memory in place (no copy): an int address with
+        ``length``, or a contiguous writable buffer object. Returns the
+        region id."""
+        addr, length, keep = address_of(memory, length)
+        region = self._native.register(addr, length)
+        if keep is not None:
+            self._held[region] = keep
+        return region
+
+    def unregister(self, region):
+        """Unregisters a region by id (refused while a batch uses it)."""
+        self._native.unregister(region)
+        self._held.pop(region, None)
+
+    def alloc(self, length):
+        """Allocates and registers ``length`` bytes of shared memory;
+        returns (region id, address). ``unregister`` frees it."""
+        return self._native.alloc(length)
+
+    def locate(self, addr, length):
+        """(region id, offset) of a local address range."""
+        return self._native.locate(addr, length)
+
+    def write_bytes(self, addr, data):
+        """Copies ``data`` into registered memory at ``addr``."""
+        data = bytes(data)
+        self._native.locate(addr, len(data))  # raises unless all of it is registered
+        ctypes.memmove(addr, data, len(data))
+
+    def read_bytes(self, addr, length):
+        """Copies ``length`` bytes of registered memory at ``addr``."""
+        self._native.locate(addr, length)
+        return ctypes.string_at(addr, length)
+
+    # Peers and batches -------------------------------------------------
+
+    def open_segment(self, name, transport=None, timeout=5.0):
+        """Opens a peer, with a transport ("shm", "tcp") or the engine's
+        order; returns the transport used. Later calls naming it use it."""
+        return self._native.open_segment(name, transport, timeout)
+
+    def segment_regions(self, name, timeout=5.0):
+        """The peer's regions as (region id, address, length)."""
+        return self._native.segment_regions(name, timeout)
+
+    def transfer(self, name, op, blocks, timeout=30.0):
+        """Moves blocks (5-tuples) with ``op`` "write" or "read" and waits;
+        returns the bytes moved."""
+        return self._native.transfer(name, op, [tuple(b) for b in blocks], timeout)
+
+    def write(self, name, blocks, timeout=30.0):
+        """``transfer(name, "write", blocks)``."""
+        return self._native.transfer(name, "write", [tuple(b) for b in blocks], timeout)
+
+    def read(self, name, blocks, timeout=30.0):
+        """``transfer(name, "read", blocks)``."""
+        return self._native.transfer(name, "read", [tuple(b) for b in blocks], timeout)
+
+    def transfer_addrs(self, name, op, local_addrs, remote_addrs, lengths, timeout=30.0):
+        """Moves blocks named by addresses and waits; returns the bytes."""
+        return self._native.transfer_addrs(name, op, local_addrs, remote_addrs, lengths, timeout)
+
+    def submit(self, name, op, local_addrs, remote_addrs, lengths, timeout=30.0):
+        """Submits blocks named by addresses; returns a batch id at once.
+        ``timeout`` is the batch's deadline."""
+        return self._native.submit_addrs(name, op, local_addrs, remote_addrs, lengths, timeout)
+
+    def wait(self, batch, timeout=30.0):
+        """Waits for a batch: its bytes, or its error raised."""
+        return self._native.wait(batch, timeout)
+
+    def poll(self, batch):
+        """A batch's bytes once done, None while running; raises its error."""
+        return self._native.poll(batch)
+
+    def reap(self, batches):
+        """Of ``batches``, those that ended: {batch: bytes or exception}."""
+        ended = {}
+        for batch in batches:
+            try:
+                bytes_moved = self._native.poll(batch)
+            except KvringError as error:
+                ended[batch] = error
+                continue
+            if bytes_moved is not None:
+                ended[batch] = bytes_moved
+        return ended
+
+    # Notifications -----------------------------------------------------
+
+    def notify(self, name, message, timeout=5.0):
+        """Sends a notification (bytes or str) to a peer."""
+        if isinstance(message, str):
+            message = message.encode()
+        self._native.notify(name, bytes(message), timeout)
+
+    def notifications(self):
+        """Notifications received since the last call, as (sender, bytes)."""
+        return self._native.notifications()
+
+    # KV-cache layer ----------------------------------------------------
+
+    def set_kv_layout(self, attention, dims, region, offset=0):
+        """Describes this engine's KV cache, contiguous in ``region`` from
+        ``offset``: "mha" with (layers, blocks, kv_heads, head_dim,
+        dtype_bytes, tokens_per_block, tp), or "mla" with (layers, blocks,
+        latent_dim, dtype_bytes, tokens_per_block, index_dim)."""
+        self._native.set_kv_layout(attention, list(dims), region, offset)
+
+    def push_blocks(self, name, src_ids, dst_ids, timeout=30.0):
+        """Writes blocks ``src_ids`` of every layer into the peer's
+        ``dst_ids``; returns the bytes moved."""
+        return self._native.kv_transfer(name, "push", list(src_ids), list(dst_ids), None, timeout)
+
+    def pull_blocks(self, name, src_ids, dst_ids, timeout=30.0):
+        """Reads the peer's blocks ``src_ids`` into ours ``dst_ids``."""
+        return self._native.kv_transfer(name, "pull", list(src_ids), list(dst_ids), None, timeout)
+
+    def push_layer(self, name, layer, src_ids, dst_ids, timeout=30.0):
+        """Writes one layer's blocks as soon as it is computed."""
+        return self._native.kv_transfer(name, "push", list(src_ids), list(dst_ids), layer, timeout)
+
+    def close(self):
+        """Stops the engine; later calls raise EngineClosedError."""
+        self._native.close()
+        self._held.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

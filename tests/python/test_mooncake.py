@@ -1,0 +1,111 @@
+"""kvring.mooncake: an unmodified Mooncake-style script, and the int
+convention for bad input."""
+
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kvring.mooncake import TransferEngine, TransferNotify, TransferOpcode
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.mark.parametrize("protocol", ["tcp", "shm"])
+def test_a_script_written_for_mooncake_runs_unmodified_across_two_processes(protocol):
+    script = os.path.join(HERE, "mooncake_script.py")
+    server = subprocess.Popen([sys.executable, script, "server", protocol], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        session_id, server_ptr = server.stdout.readline().split()
+        client = subprocess.run(
+            [sys.executable, script, "client", protocol, session_id, server_ptr], capture_output=True, text=True, timeout=120
+        )
+        assert client.returncode == 0, client.stderr
+        sent_sum = int(client.stdout.split()[-1])
+        server.stdin.write("done\n")
+        server.stdin.flush()
+        # Every byte the client wrote is in the server's buffer.
+        assert int(server.stdout.readline()) == sent_sum
+        server.stdin.write("exit\n")
+        server.stdin.flush()
+        assert server.wait(timeout=30) == 0
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def pair():
+    a, b = TransferEngine(), TransferEngine()
+    assert a.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert b.initialize("127.0.0.1:0", "P2PHANDSHAKE", "tcp", "") == 0
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_notifications_travel_after_the_transfer(pair):
+    a, b = pair
+    remote = b.allocate_managed_buffer(4096)
+    local = a.allocate_managed_buffer(4096)
+    assert a.write_bytes_to_buffer(local, b"kv-ready", 8) == 0
+    session = f"127.0.0.1:{b.get_rpc_port()}"
+    assert a.transfer_sync(session, local, remote, 8, TransferOpcode.Write, TransferNotify("req-7", "done")) == 0
+    assert b.read_bytes_from_buffer(remote, 8) == b"kv-ready"
+    for _ in range(1000):
+        got = b.get_notifies()
+        if got:
+            break
+    assert [(n.name, n.msg) for n in got] == [("req-7", "done")]
+
+
+def test_bad_input_is_a_negative_code_and_a_logged_reason(pair, caplog):
+    a, b = pair
+    session = f"127.0.0.1:{b.get_rpc_port()}"
+    remote = b.allocate_managed_buffer(65536)
+    local = a.allocate_managed_buffer(65536)
+    caplog.set_level(logging.ERROR, logger="kvring.mooncake")
+
+    # Unknown and unbuilt protocols never fall back.
+    for protocol, why in [("carrier-pigeon", "unknown protocol"), ("rdma", "not built into")]:
+        fresh = TransferEngine()
+        assert fresh.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") < 0
+        assert why in caplog.text
+    assert TransferEngine().initialize("127.0.0.1", "redis://x:1", "tcp", "") < 0
+    # A length past a registered region, on either side.
+    assert a.transfer_sync_write(session, local, remote, 65537) < 0
+    assert a.transfer_sync_write(session, local + 65000, remote, 4096) < 0
+    # An unregistered address; an unknown segment.
+    stray = np.zeros(4096, dtype=np.uint8)
+    assert a.transfer_sync_write(session, stray.ctypes.data, remote, 4096) < 0
+    assert a.transfer_sync_write("127.0.0.1:1", local, remote, 4096) < 0
+    assert a.batch_transfer_async_write("127.0.0.1:1", [local], [remote], [16]) == 0
+    # Mismatched batch lists.
+    assert a.batch_transfer_sync_write(session, [local, local], [remote], [16]) < 0
+    # A freed buffer.
+    assert a.free_managed_buffer(local, 65536) == 0
+    assert a.transfer_sync_write(session, local, remote, 4096) < 0
+    assert a.free_managed_buffer(local, 65536) < 0
+    assert a.read_bytes_from_buffer(local, 16) == b""
+    # Unknown batch ids.
+    assert a.transfer_check_status(12345) == -1
+    assert a.get_batch_transfer_status([12345]) == -1
+    assert "lies in no registered region" in caplog.text
+    # A closed engine.
+    a.close()
+    assert a.allocate_managed_buffer(4096) == 0
+    assert "shut down" in caplog.text
+
+
+def test_a_forked_child_gets_negative_codes(pair):
+    a, b = pair
+    local = a.allocate_managed_buffer(4096)
+    session = f"127.0.0.1:{b.get_rpc_port()}"
+    pid = os.fork()
+    if pid == 0:
+        code = a.transfer_sync_write(session, local, b.get_first_buffer_address(session) or 1, 16)
+        os._exit(0 if code < 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
