@@ -60,7 +60,8 @@ class TransferEngine:
         self._protocol = None
         self._registered = {}  # address -> region id
         self._managed = {}  # address -> region id (allocate_managed_buffer)
-        self._batches = {}  # Mooncake batch id -> [kvring batch ids]
+        self._batches = {}  # Mooncake batch id -> kvring batch id
+        self._opened = set()  # segment names opened with our protocol
         self._next_batch = 1
         self._timeout = _timeout()
 
@@ -106,6 +107,7 @@ class TransferEngine:
             log.error("initialize: %s", error)
             return -1
         self._protocol = protocol
+        self._native = self._engine._native
         return 0
 
     def get_rpc_port(self):
@@ -128,8 +130,12 @@ class TransferEngine:
             return failure
 
     def _segment(self, target):
-        """Opens ``target`` with the protocol chosen at initialize (a cache hit after the first)."""
-        self._engine.open_segment(target, self._protocol, self._timeout)
+        """Opens ``target`` with the protocol chosen at initialize, once:
+        later transfers name it and the native side reopens it if it goes
+        stale (a peer restart)."""
+        if target not in self._opened:
+            self._engine.open_segment(target, self._protocol, self._timeout)
+            self._opened.add(target)
         return target
 
     # Memory ----------------------------------------------------------------
@@ -213,11 +219,16 @@ class TransferEngine:
     # Transfers -------------------------------------------------------------
 
     def _sync(self, what, op, target, buffers, peers, lengths):
-        def run():
-            self._engine.transfer_addrs(self._segment(target), op, buffers, peers, lengths, self._timeout)
+        # The hot path: no closure, one native call once the segment is open.
+        if self._engine is None:
+            log.error("%s: call initialize() first", what)
+            return -1
+        try:
+            self._native.transfer_addrs(self._segment(target), op, buffers, peers, lengths, self._timeout)
             return 0
-
-        return self._call(what, run)
+        except KvringError as error:
+            log.error("%s: %s", what, error)
+            return -1
 
     def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
         """Writes ``length`` bytes at ``buffer`` to the peer's address; waits."""
