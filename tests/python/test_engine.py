@@ -85,6 +85,12 @@ def test_kv_blocks_are_pushed_into_a_peer_layout(engine, spawn):
             mine = cache[(layer * 8 + src) * block : (layer * 8 + src + 1) * block]
             assert peer.ask(f"digest {(layer * 8 + dst) * block} {block}") == digest(mine)
     assert engine.push_layer(name, 1, [2], [0]) == block
+    # Pull the peer's blocks 5 and 6 (what we pushed) back into our 3 and 4.
+    assert engine.pull_blocks(name, [5, 6], [3, 4]) == 2 * 2 * block
+    for layer in range(2):
+        for src, dst in [(0, 3), (1, 4)]:
+            at = lambda b: slice((layer * 8 + b) * block, (layer * 8 + b + 1) * block)  # noqa: E731
+            assert digest(cache[at(dst)]) == digest(pattern(2 * 8 * block, 5)[at(src)])
     assert kvring.check_pd_topo((1, 2, 0, 1), (1, 1, 0, 0), "push", "mla")[0] == "heterogeneous"
     verdict, reason = kvring.check_pd_topo((1, 2, 0, 1), (1, 1, 0, 0), "pull", "mha")
     assert verdict == "invalid_remote" and reason

@@ -109,3 +109,59 @@ def test_a_forked_child_gets_negative_codes(pair):
         os._exit(0 if code < 0 else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    """A real etcd on free loopback ports (skipped where none is installed)."""
+    import json
+    import shutil
+    import time
+    import urllib.request
+
+    if shutil.which("etcd") is None:
+        pytest.skip("no etcd on PATH (apt-get install etcd-server; .ci/run does)")
+    client, peer = _free_port(), _free_port()
+    proc = subprocess.Popen(
+        ["etcd", "--name", "py", "--data-dir", str(tmp_path / "etcd"),
+         "--listen-client-urls", f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
+         "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-cluster", f"py=http://127.0.0.1:{peer}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 20
+    while True:
+        try:
+            body = json.dumps({"key": "L3JlYWR5"}).encode()
+            urllib.request.urlopen(f"http://127.0.0.1:{client}/v3/kv/range", body, timeout=1)
+            break
+        except OSError:
+            assert time.time() < deadline, "etcd did not come up"
+            time.sleep(0.05)
+    yield f"127.0.0.1:{client}"
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("scheme", ["etcd://", ""])
+def test_segments_are_found_by_name_through_etcd(etcd, scheme):
+    names = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
+    a, b = TransferEngine(), TransferEngine()
+    assert a.initialize(names[0], scheme + etcd, "tcp", "") == 0
+    assert b.initialize(names[1], scheme + etcd, "tcp", "") == 0
+    remote = b.allocate_managed_buffer(65536)
+    local = a.allocate_managed_buffer(65536)
+    assert a.write_bytes_to_buffer(local, b"through etcd", 12) == 0
+    assert a.get_first_buffer_address(names[1]) == remote
+    assert a.transfer_sync_write(names[1], local, remote, 12) == 0
+    assert b.read_bytes_from_buffer(remote, 12) == b"through etcd"
+    a.close()
+    b.close()
