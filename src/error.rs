@@ -121,6 +121,13 @@ pub enum Error {
         /// Its capacity.
         capacity: usize,
     },
+    /// A batch's own deadline passed: what was posted drained, the blocks
+    /// not yet posted were dropped (`Outcome::TimedOut` as an error, for
+    /// APIs that report one).
+    DeadlinePassed {
+        /// Bytes moved before it.
+        bytes: u64,
+    },
     /// A wait reached its deadline; the batch is still running.
     Timeout {
         /// How long the caller waited.
@@ -279,7 +286,7 @@ impl Error {
             Error::LengthOverflow { .. } => ErrorCode::LengthOverflow,
             Error::AccessDenied { .. } => ErrorCode::AccessDenied,
             Error::Busy { .. } => ErrorCode::Busy,
-            Error::Timeout { .. } => ErrorCode::Timeout,
+            Error::Timeout { .. } | Error::DeadlinePassed { .. } => ErrorCode::Timeout,
             Error::UnknownBatch { .. } => ErrorCode::UnknownBatch,
             Error::StaleBatch { .. } => ErrorCode::StaleBatch,
             Error::UnknownSegment { .. } => ErrorCode::UnknownSegment,
@@ -359,6 +366,9 @@ impl fmt::Display for Error {
                 f,
                 "{queue} is full ({capacity} entries): nothing was queued; reap or wait, then resubmit"
             ),
+            Error::DeadlinePassed { bytes } => {
+                write!(f, "the batch's deadline passed after {bytes} bytes; blocks not yet posted were dropped")
+            }
             Error::Timeout { waited } => {
                 write!(f, "deadline reached after {waited:?}; the batch may still complete")
             }
@@ -487,6 +497,7 @@ mod tests {
             ),
             (Error::malformed("frame", "truncated"), "malformed frame: truncated", ErrorCode::MalformedMessage),
             (Error::MessageTooLarge { len: 10, max: 4 }, "message of 10 bytes exceeds the 4-byte limit", ErrorCode::MessageTooLarge),
+            (Error::DeadlinePassed { bytes: 8 }, "deadline passed after 8 bytes", ErrorCode::Timeout),
             (Error::UnknownOpcode { opcode: 9 }, "unknown opcode 9", ErrorCode::UnknownOpcode),
             (
                 Error::Remote { code: ErrorCode::OutOfBounds, message: "x".into() },

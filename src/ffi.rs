@@ -415,7 +415,7 @@ fn outcome_code(outcome: Outcome, bytes_out: *mut u64) -> Result<c_int, Error> {
     let (bytes, result) = match outcome {
         Outcome::Done { bytes } => (bytes, Ok(0)),
         Outcome::Failed(error) => (0, Err(error)),
-        Outcome::TimedOut { bytes } => (bytes, Err(Error::invalid("batch", "passed its deadline"))),
+        Outcome::TimedOut { bytes } => (bytes, Err(Error::DeadlinePassed { bytes })),
         Outcome::Cancelled { bytes } => (bytes, Err(Error::invalid("batch", "was cancelled"))),
     };
     if !bytes_out.is_null() {

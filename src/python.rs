@@ -193,8 +193,7 @@ fn finish(outcome: Outcome) -> crate::Result<u64> {
     match outcome {
         Outcome::Done { bytes } => Ok(bytes),
         Outcome::Failed(error) => Err(error),
-        // Its deadline passed: what was posted drained, the rest dropped.
-        Outcome::TimedOut { .. } => Err(Error::Timeout { waited: Duration::ZERO }),
+        Outcome::TimedOut { bytes } => Err(Error::DeadlinePassed { bytes }),
         Outcome::Cancelled { bytes } => Err(Error::invalid("batch", format!("cancelled after {bytes} bytes"))),
     }
 }

@@ -134,6 +134,9 @@ def test_bad_arguments_raise_their_own_exceptions(engine, spawn):
         engine.open_segment("127.0.0.1:1", timeout=1.0)
     with pytest.raises(kvring.UnsupportedError):
         engine.open_segment(name, "carrier-pigeon")
+    # A batch whose own deadline passes ends with the bytes it moved.
+    with pytest.raises(kvring.TransferTimeoutError, match="deadline passed"):
+        engine.write(name, [(region, 0, remote, 0, 65536)] * 64, timeout=1e-6)  # zeros: nothing changes
     # The peer's bytes are untouched by all of the above.
     assert peer.ask(f"digest 0 {peer.info['size']}") == digest(np.zeros(peer.info["size"], dtype=np.uint8))
 
