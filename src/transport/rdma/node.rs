@@ -184,24 +184,7 @@ impl RdmaNode {
     /// A QP on NIC `nic` in the INIT state with a CQ of its own (`depth`
     /// entries): a spare one reset earlier when there is one, else a new one.
     pub fn take_qp(&self, nic: usize, depth: u32) -> Result<(Qp, Cq, QpEndpoint)> {
-        let spare = self.nic(nic)?.spares.lock().unwrap_or_else(|p| p.into_inner()).active.pop();
-        if let Some(spare) = spare {
-            return match self.verbs.modify_qp(spare.qp, QpTransition::Init) {
-                Ok(()) => Ok((spare.qp, spare.cq, spare.endpoint)),
-                Err(error) => {
-                    self.destroy(spare);
-                    Err(error)
-                }
-            };
-        }
-        let cq = self.verbs.create_cq(self.nic(nic)?.context, depth)?;
-        match self.create_qp(nic, cq) {
-            Ok((qp, endpoint)) => Ok((qp, cq, endpoint)),
-            Err(error) => {
-                let _ = self.verbs.destroy_cq(cq);
-                Err(error)
-            }
-        }
+        self.take(nic, false, depth).map(|spare| (spare.qp, spare.cq, spare.endpoint))
     }
 
     /// Hands back a QP from [`RdmaNode::take_qp`]: reset (which also drops
@@ -210,6 +193,37 @@ impl RdmaNode {
     /// NIC has enough spares or the reset fails.
     pub fn release_qp(&self, nic: usize, qp: Qp, cq: Cq, endpoint: QpEndpoint) {
         self.keep_or_destroy(nic, Spare { qp, cq, endpoint }, false);
+    }
+
+    /// An INIT QP from NIC `nic`'s spares of that kind, or a new one: on the
+    /// NIC's passive CQ (`passive`, accepted QPs) or on a CQ of its own.
+    fn take(&self, nic: usize, passive: bool, depth: u32) -> Result<Spare> {
+        let n = self.nic(nic)?;
+        let spare = {
+            let mut spares = n.spares.lock().unwrap_or_else(|p| p.into_inner());
+            if passive {
+                spares.passive.pop()
+            } else {
+                spares.active.pop()
+            }
+        };
+        if let Some(spare) = spare {
+            if let Err(error) = self.verbs.modify_qp(spare.qp, QpTransition::Init) {
+                self.destroy(spare, passive);
+                return Err(error);
+            }
+            return Ok(spare);
+        }
+        let cq = if passive { n.passive_cq } else { self.verbs.create_cq(n.context, depth)? };
+        match self.create_qp(nic, cq) {
+            Ok((qp, endpoint)) => Ok(Spare { qp, cq, endpoint }),
+            Err(error) => {
+                if !passive {
+                    let _ = self.verbs.destroy_cq(cq);
+                }
+                Err(error)
+            }
+        }
     }
 
     fn keep_or_destroy(&self, nic: usize, spare: Spare, passive: bool) {
@@ -222,16 +236,15 @@ impl RdmaNode {
                 return;
             }
         }
-        if passive {
-            let _ = self.verbs.destroy_qp(spare.qp);
-        } else {
-            self.destroy(spare);
-        }
+        self.destroy(spare, passive);
     }
 
-    fn destroy(&self, spare: Spare) {
+    /// Destroys a QP, and its CQ unless that is the NIC's shared passive one.
+    fn destroy(&self, spare: Spare, passive: bool) {
         let _ = self.verbs.destroy_qp(spare.qp);
-        let _ = self.verbs.destroy_cq(spare.cq);
+        if !passive {
+            let _ = self.verbs.destroy_cq(spare.cq);
+        }
     }
 
     fn nic(&self, nic: usize) -> Result<&Nic> {
@@ -248,22 +261,6 @@ impl RdmaNode {
             return Err(error);
         }
         Ok((qp, endpoint))
-    }
-
-    /// A passive QP (on the NIC's passive CQ) in the INIT state: a spare
-    /// one when there is one.
-    fn take_passive_qp(&self, nic: usize) -> Result<Spare> {
-        let n = self.nic(nic)?;
-        let spare = n.spares.lock().unwrap_or_else(|p| p.into_inner()).passive.pop();
-        if let Some(spare) = spare {
-            if let Err(error) = self.verbs.modify_qp(spare.qp, QpTransition::Init) {
-                let _ = self.verbs.destroy_qp(spare.qp);
-                return Err(error);
-            }
-            return Ok(spare);
-        }
-        let (qp, endpoint) = self.create_qp(nic, n.passive_cq)?;
-        Ok(Spare { qp, cq: n.passive_cq, endpoint })
     }
 
     /// Moves an INIT QP to RTS towards `remote`.
@@ -292,7 +289,7 @@ impl RdmaNode {
         let made = (|| {
             for (index, remote) in endpoints.iter().enumerate() {
                 let nic = index % nics;
-                let spare = self.take_passive_qp(nic)?;
+                let spare = self.take(nic, true, 0)?;
                 qps.push((nic, spare));
                 self.connect_qp(spare.qp, *remote)?;
             }
