@@ -309,19 +309,15 @@ impl RdmaNode {
 
 impl Drop for RdmaNode {
     fn drop(&mut self) {
-        for (_, qps) in self.accepted.lock().unwrap_or_else(|p| p.into_inner()).drain() {
-            for (_, spare) in qps {
-                let _ = self.verbs.destroy_qp(spare.qp);
-            }
-        }
-        for nic in self.nics.drain(..) {
+        self.shutdown();
+        let nics: Vec<Nic> = self.nics.drain(..).collect();
+        for nic in nics {
             let spares = nic.spares.into_inner().unwrap_or_else(|p| p.into_inner());
             for spare in spares.passive {
-                let _ = self.verbs.destroy_qp(spare.qp);
+                self.destroy(spare, true);
             }
             for spare in spares.active {
-                let _ = self.verbs.destroy_qp(spare.qp);
-                let _ = self.verbs.destroy_cq(spare.cq);
+                self.destroy(spare, false);
             }
             // MRs first (the cache deregisters on drop), then CQ, PD, context.
             drop(nic.mrs);
