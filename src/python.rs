@@ -205,6 +205,8 @@ pub struct PyEngine {
     open: Mutex<Option<Open>>,
     /// The process that created it: a forked child has no lanes.
     pid: u32,
+    /// Set by `close`, read without the mutex.
+    closed: std::sync::atomic::AtomicBool,
     /// Kept apart from `open` so reading them never waits on a transfer.
     name: String,
     control_addr: String,
@@ -217,7 +219,11 @@ impl std::fmt::Debug for PyEngine {
 }
 
 impl PyEngine {
-    fn state(&self) -> PyResult<MutexGuard<'_, Option<Open>>> {
+    /// Refuses a forked child. Checked with the GIL held (raising needs
+    /// it) and without touching the mutex, which a transfer on another
+    /// thread may hold: waiting for it with the GIL held would stall the
+    /// whole interpreter.
+    fn not_forked(&self) -> PyResult<()> {
         if std::process::id() != self.pid {
             return Err(raise_code(
                 "FORK",
@@ -225,7 +231,12 @@ impl PyEngine {
                     .into(),
             ));
         }
-        Ok(self.open.lock().unwrap_or_else(|p| p.into_inner()))
+        Ok(())
+    }
+
+    /// The open engine, locked; taken only with the GIL released.
+    fn lock(&self) -> MutexGuard<'_, Option<Open>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs `f` on the open engine with the GIL released.
@@ -233,9 +244,9 @@ impl PyEngine {
         // Checked with the GIL held (raising needs it); the lock is taken
         // without it, so a long transfer on another thread never blocks
         // the interpreter.
-        drop(self.state()?);
+        self.not_forked()?;
         py.allow_threads(|| {
-            let mut guard = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            let mut guard = self.lock();
             match guard.as_mut() {
                 Some(open) => f(open).map_err(Err),
                 None => Err(Ok(())),
@@ -278,7 +289,8 @@ impl PyEngine {
         let submitter = engine.submitter().map_err(raise)?;
         let (name, control_addr) = (engine.name().to_string(), engine.control_addr().to_string());
         let open = Open { engine, submitter, allocated: HashMap::new(), transports: HashMap::new() };
-        Ok(Self { open: Mutex::new(Some(open)), pid: std::process::id(), name, control_addr })
+        let closed = std::sync::atomic::AtomicBool::new(false);
+        Ok(Self { open: Mutex::new(Some(open)), pid: std::process::id(), closed, name, control_addr })
     }
 
     /// The engine's name.
@@ -296,7 +308,7 @@ impl PyEngine {
     /// True once closed.
     #[getter]
     fn closed(&self) -> bool {
-        self.open.lock().map(|o| o.is_none()).unwrap_or(true)
+        self.closed.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Registers `length` bytes at `addr` (no copy); returns the region id.
@@ -569,8 +581,11 @@ impl PyEngine {
 
     /// Stops the engine: later calls raise `EngineClosedError`.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let taken = self.state()?.take();
-        py.allow_threads(move || drop(taken));
+        self.not_forked()?;
+        self.closed.store(true, std::sync::atomic::Ordering::Release);
+        // Waits for a transfer in flight on another thread, then stops the
+        // engine (joining its lanes), all without the GIL.
+        py.allow_threads(|| drop(self.lock().take()));
         Ok(())
     }
 }

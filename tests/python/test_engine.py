@@ -175,3 +175,40 @@ def test_a_forked_child_gets_fork_error_not_a_hang():
     # The parent's engine is unaffected.
     assert engine.alloc(4096)[1] > 0
     engine.close()
+
+
+def test_a_wait_releases_the_gil_so_other_threads_run(engine, spawn):
+    import signal
+    import threading
+    import time
+
+    peer = spawn("peer.py")
+    name, base = peer.info["addr"], peer.info["buffer"]
+    engine.open_segment(name, "tcp")
+    local = np.zeros(1 << 20, dtype=np.uint8)
+    engine.register(local)
+    os.kill(peer.proc.pid, signal.SIGSTOP)  # a frozen peer: the batch stays in flight
+    try:
+        batch = engine.submit(name, "write", [local.ctypes.data], [base], [1 << 20], timeout=5.0)
+        outcome = []
+
+        def waiter():
+            try:
+                engine.wait(batch, 0.5)
+            except kvring.TransferTimeoutError as error:
+                outcome.append(error)
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        time.sleep(0.05)  # the waiter is inside wait() now
+        spins, started = 0, time.perf_counter()
+        while thread.is_alive():
+            spins += 1
+            assert not engine.closed  # no lock held by the wait blocks this
+        elapsed = time.perf_counter() - started
+        assert outcome and "still complete" in str(outcome[0]), outcome
+        # This thread ran all along: far more than one pass per GIL switch interval.
+        assert elapsed > 0.3 and spins > 10_000, (elapsed, spins)
+    finally:
+        os.kill(peer.proc.pid, signal.SIGCONT)
+    assert engine.wait(batch, 10.0) == 1 << 20
