@@ -91,10 +91,9 @@ impl<'py> FromPyObject<'py> for U64s {
         let len = list.len();
         let mut out = Vec::with_capacity(len);
         for index in 0..len {
-            // SAFETY: the GIL is held (we have a `Bound`) and `index` is
-            // below the list's length, read just now under that GIL, so
-            // PyList_GetItem returns a borrowed, live item; nothing here
-            // runs Python code that could shrink the list in between.
+            // No Python code runs in this loop, so the list cannot shrink.
+            // SAFETY: the GIL is held (we have a `Bound`) and `index` is below
+            // the length read under it: PyList_GetItem gives a live, borrowed item.
             let item = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), index as pyo3::ffi::Py_ssize_t) };
             // SAFETY: `item` is a live object (above). The exact-int check
             // makes the conversion a plain read, with no `__index__` call.
