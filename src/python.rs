@@ -181,9 +181,21 @@ impl Open {
         Ok((segment, descs))
     }
 
-    fn run(&mut self, segment: &Segment, write: bool, descs: &[BlockDesc], timeout: Duration) -> crate::Result<u64> {
+    /// Submits one batch with `timeout` as its deadline.
+    fn submit(
+        &mut self,
+        segment: &Segment,
+        write: bool,
+        descs: &[BlockDesc],
+        timeout: Duration,
+    ) -> crate::Result<crate::BatchId> {
         let batch = if write { Batch::write(segment) } else { Batch::read(segment) };
-        let id = self.submitter.submit(&batch.descs(descs).deadline(timeout))?;
+        self.submitter.submit(&batch.descs(descs).deadline(timeout))
+    }
+
+    /// Submits one batch and waits for it (a little past its deadline).
+    fn run(&mut self, segment: &Segment, write: bool, descs: &[BlockDesc], timeout: Duration) -> crate::Result<u64> {
+        let id = self.submit(segment, write, descs, timeout)?;
         finish(self.submitter.wait(id, timeout + Duration::from_secs(1))?)
     }
 }
@@ -441,8 +453,7 @@ impl PyEngine {
         let (write, timeout) = (op_is_write(op)?, seconds(timeout)?);
         self.with_open(py, |open| {
             let (segment, descs) = open.descs_from_addrs(&name, &locals.0, &remotes.0, &lengths.0, timeout)?;
-            let batch = if write { Batch::write(&segment) } else { Batch::read(&segment) };
-            open.submitter.submit(&batch.descs(&descs).deadline(timeout)).map(|id| id.raw())
+            open.submit(&segment, write, &descs, timeout).map(|id| id.raw())
         })
     }
 

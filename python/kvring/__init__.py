@@ -117,11 +117,11 @@ class Engine:
 
     def write(self, name, blocks, timeout=30.0):
         """``transfer(name, "write", blocks)``."""
-        return self._native.transfer(name, "write", [tuple(b) for b in blocks], timeout)
+        return self.transfer(name, "write", blocks, timeout)
 
     def read(self, name, blocks, timeout=30.0):
         """``transfer(name, "read", blocks)``."""
-        return self._native.transfer(name, "read", [tuple(b) for b in blocks], timeout)
+        return self.transfer(name, "read", blocks, timeout)
 
     def transfer_addrs(self, name, op, local_addrs, remote_addrs, lengths, timeout=30.0):
         """Moves blocks named by addresses and waits; returns the bytes."""
