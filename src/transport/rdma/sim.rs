@@ -69,6 +69,8 @@ struct QpEntry {
     outstanding: u32,
     /// Unsignalled requests since the last signalled one.
     unsignaled_run: u32,
+    /// Bytes its successful requests moved.
+    moved: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,8 +109,9 @@ struct State {
     fail_next: VecDeque<WcStatus>,
     /// Check everything but skip the copy (benchmarks of posting alone).
     skip_copy: bool,
-    /// Bytes each PD's QPs moved (WRITE or READ they initiated).
-    moved: HashMap<Pd, u64>,
+    /// Bytes moved by QPs since destroyed, by their PD (live QPs count
+    /// their own, so posting pays no extra lookup).
+    moved_by_destroyed: HashMap<Pd, u64>,
     counts: ObjectCounts,
 }
 
@@ -152,6 +155,9 @@ impl State {
     fn complete(&mut self, qp: Qp, wr: &SendWr, status: WcStatus) {
         let Some(entry) = self.qps.get_mut(&qp) else { return };
         let failed = status != WcStatus::Success;
+        if !failed {
+            entry.moved += u64::from(wr.len);
+        }
         if failed && entry.state != QpState::Error {
             entry.state = QpState::Error;
         }
@@ -205,7 +211,6 @@ impl State {
             WrOp::Write => (wr.local_addr, wr.remote_addr),
             WrOp::Read => (wr.remote_addr, wr.local_addr),
         };
-        *self.moved.entry(local_pd).or_default() += len;
         if self.skip_copy {
             return WcStatus::Success;
         }
@@ -292,7 +297,9 @@ impl SimVerbs {
             let context = state.pds.get(pd);
             context.and_then(|c| state.contexts.get(c)).is_some_and(|name| name == device)
         };
-        state.moved.iter().filter(|(pd, _)| on_device(pd)).map(|(_, bytes)| bytes).sum()
+        let live = state.qps.values().filter(|q| on_device(&q.pd)).map(|q| q.moved);
+        let gone = state.moved_by_destroyed.iter().filter(|(pd, _)| on_device(pd)).map(|(_, bytes)| *bytes);
+        live.chain(gone).sum()
     }
 
     /// Requests posted on `qp` and not yet freed by a polled completion.
@@ -412,6 +419,7 @@ impl Verbs for SimVerbs {
                 remote_qp: None,
                 outstanding: 0,
                 unsignaled_run: 0,
+                moved: 0,
             },
         );
         state.by_qpn.insert(qpn, qp);
@@ -460,6 +468,7 @@ impl Verbs for SimVerbs {
     fn destroy_qp(&self, qp: Qp) -> Result<()> {
         let mut state = self.lock();
         let entry = state.qps.remove(&qp).ok_or_else(|| misuse("unknown qp"))?;
+        *state.moved_by_destroyed.entry(entry.pd).or_default() += entry.moved;
         state.by_qpn.remove(&entry.qpn);
         for (_, queue) in state.cqs.values_mut() {
             queue.retain(|p| p.qp != qp);
