@@ -223,6 +223,13 @@ pub enum Error {
     },
     /// The engine is shutting down or has stopped.
     Shutdown,
+    /// What answered at a peer's address does not speak kvring.
+    NotKvring {
+        /// The address (or what it was given as).
+        peer: String,
+        /// The first bytes it sent, printable.
+        got: String,
+    },
     /// A peer refused us, or we refused a peer: wrong or missing token.
     Unauthorized {
         /// Why.
@@ -302,6 +309,7 @@ impl Error {
             Error::Unsupported { .. } => ErrorCode::Unsupported,
             Error::Device { .. } => ErrorCode::Io,
             Error::Shutdown => ErrorCode::Shutdown,
+            Error::NotKvring { .. } => ErrorCode::MalformedMessage,
             Error::Unauthorized { .. } => ErrorCode::Unauthorized,
             Error::LayoutMismatch { .. } => ErrorCode::LayoutMismatch,
             Error::BlockCountMismatch { .. }
@@ -407,6 +415,14 @@ impl fmt::Display for Error {
             Error::Unsupported { what } => write!(f, "unsupported: {what}"),
             Error::Device { device, reason } => write!(f, "rdma device {device}: {reason}"),
             Error::Shutdown => f.write_str("the engine is shut down"),
+            Error::NotKvring { peer, got } if got == "nothing" => write!(
+                f,
+                "{peer} is not a kvring peer: it sent nothing (check the address: kvring serve prints its listen address)"
+            ),
+            Error::NotKvring { peer, got } => write!(
+                f,
+                "{peer} is not a kvring peer (it sent {got}); check the address: kvring serve prints its listen address"
+            ),
             Error::Unauthorized { reason } => write!(f, "unauthorized: {reason}"),
             Error::LayoutMismatch { layer: Some(layer), field, local, remote } => write!(
                 f,
@@ -517,6 +533,12 @@ mod tests {
             (Error::LaneStart { lane: 1, reason: "no cpu".into() }, "lane 1 failed to start: no cpu", ErrorCode::Internal),
             (Error::Unsupported { what: "rdma".into() }, "unsupported: rdma", ErrorCode::Unsupported),
             (Error::Shutdown, "the engine is shut down", ErrorCode::Shutdown),
+            (
+                Error::NotKvring { peer: "127.0.0.1:80".into(), got: "\"HTTP/1.1 400\"".into() },
+                "127.0.0.1:80 is not a kvring peer (it sent \"HTTP/1.1 400\")",
+                ErrorCode::MalformedMessage,
+            ),
+            (Error::NotKvring { peer: "h:1".into(), got: "nothing".into() }, "h:1 is not a kvring peer: it sent nothing", ErrorCode::MalformedMessage),
             (
                 Error::LayoutMismatch { layer: Some(3), field: "key bytes per block", local: "512".into(), remote: "256".into() },
                 "KV layouts differ at layer 3, key bytes per block: local 512, remote 256",

@@ -4,6 +4,7 @@
 //! and write. A full HTTP stack would be a heavy dependency for this.
 
 use crate::error::{Error, Result};
+use crate::net::DeadlineIo;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Instant;
@@ -32,11 +33,11 @@ pub fn post_json(addr: &str, path: &str, body: &[u8], deadline: Instant) -> Resu
     if left().is_zero() {
         return Err(Error::Timeout { waited: std::time::Duration::ZERO });
     }
-    let mut stream =
+    let stream =
         TcpStream::connect_timeout(&target, left()).map_err(|e| Error::io(format!("connecting to {addr}"), e))?;
-    let timeout = Some(left().max(std::time::Duration::from_millis(1)));
-    stream.set_read_timeout(timeout).map_err(|e| Error::io("setting a read timeout", e))?;
-    stream.set_write_timeout(timeout).map_err(|e| Error::io("setting a write timeout", e))?;
+    // One deadline for the whole exchange: a server that trickles bytes
+    // cannot hold the caller past it.
+    let mut stream = DeadlineIo::new(&stream, deadline);
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -44,12 +45,12 @@ pub fn post_json(addr: &str, path: &str, body: &[u8], deadline: Instant) -> Resu
     stream
         .write_all(head.as_bytes())
         .and_then(|()| stream.write_all(body))
-        .map_err(|e| Error::io(format!("sending to {addr}"), e))?;
+        .map_err(|e| timed(e, deadline, format!("sending to {addr}")))?;
     let mut raw = Vec::new();
-    stream
+    (&mut stream)
         .take(MAX_MESSAGE_BYTES as u64 + 1)
         .read_to_end(&mut raw)
-        .map_err(|e| Error::io(format!("reading the answer of {addr}"), e))?;
+        .map_err(|e| timed(e, deadline, format!("reading the answer of {addr}")))?;
     if raw.len() > MAX_MESSAGE_BYTES {
         return Err(Error::MessageTooLarge { len: raw.len() as u64, max: MAX_MESSAGE_BYTES as u64 });
     }
@@ -110,13 +111,27 @@ fn dechunk(mut rest: &[u8]) -> Result<Vec<u8>> {
     }
 }
 
+/// An I/O error of a deadline-bound exchange: `Timeout` when the deadline
+/// is what ended it.
+fn timed(error: std::io::Error, deadline: Instant, context: String) -> Error {
+    if crate::net::is_timeout(&error) && Instant::now() >= deadline {
+        Error::Timeout { waited: std::time::Duration::ZERO }
+    } else {
+        Error::io(context, error)
+    }
+}
+
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-/// Reads one request's head (up to the blank line, at most 8 KiB) and
-/// returns its method and path.
-pub fn read_request_line(stream: &mut TcpStream) -> Result<(String, String)> {
+/// Largest request head read.
+pub const MAX_REQUEST_HEAD_BYTES: usize = 8192;
+
+/// Reads one request's head (up to the blank line, at most
+/// [`MAX_REQUEST_HEAD_BYTES`]) and returns its method and path. Give it a
+/// [`DeadlineIo`] so the whole head is bounded in time.
+pub fn read_request_line(stream: &mut impl Read) -> Result<(String, String)> {
     let mut head = Vec::with_capacity(512);
     let mut byte = [0u8; 512];
     while find(&head, b"\r\n\r\n").is_none() {
@@ -125,20 +140,29 @@ pub fn read_request_line(stream: &mut TcpStream) -> Result<(String, String)> {
             return Err(Error::malformed("http request", "connection closed inside the head"));
         }
         head.extend_from_slice(&byte[..n]);
-        if head.len() > 8192 {
-            return Err(Error::MessageTooLarge { len: head.len() as u64, max: 8192 });
+        if head.len() > MAX_REQUEST_HEAD_BYTES {
+            return Err(Error::MessageTooLarge { len: head.len() as u64, max: MAX_REQUEST_HEAD_BYTES as u64 });
         }
     }
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
+    parse_request_line(&head)
+}
+
+/// The method and path of a request head (bytes from outside: fuzzed).
+pub fn parse_request_line(head: &[u8]) -> Result<(String, String)> {
+    let line = head.split(|&b| b == b'\r' || b == b'\n').next().unwrap_or_default();
+    let line = std::str::from_utf8(line).map_err(|_| Error::malformed("http request", "request line is not UTF-8"))?;
     let mut parts = line.split(' ');
-    let method = parts.next().unwrap_or_default().to_string();
-    let path = parts.next().unwrap_or_default().to_string();
-    Ok((method, path))
+    let method = parts.next().unwrap_or_default();
+    let path = parts.next().unwrap_or_default();
+    let version = parts.next().unwrap_or_default();
+    if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) || !version.starts_with("HTTP/1.") {
+        return Err(Error::malformed("http request", format!("not an HTTP/1.x request line: {line:?}")));
+    }
+    Ok((method.to_string(), path.to_string()))
 }
 
 /// Writes a complete response and closes nothing (the caller drops the stream).
-pub fn write_response(stream: &mut TcpStream, status: &str, content_type: &str, body: &[u8]) -> Result<()> {
+pub fn write_response(stream: &mut impl Write, status: &str, content_type: &str, body: &[u8]) -> Result<()> {
     let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -175,5 +199,18 @@ mod tests {
             let error = parse_response(raw).unwrap_err().to_string();
             assert!(error.contains(why), "{error} should say {why}");
         }
+    }
+
+    #[test]
+    fn request_lines_parse_and_garbage_is_refused() {
+        assert_eq!(
+            parse_request_line(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap(),
+            ("GET".to_string(), "/metrics".to_string())
+        );
+        for bad in [&b"\xff\xfe GET"[..], b"get / HTTP/1.1", b"GET /", b"", b"KVRC\x02\0\0\0"] {
+            assert!(parse_request_line(bad).is_err(), "{bad:?}");
+        }
+        let head = vec![b'a'; MAX_REQUEST_HEAD_BYTES + 10];
+        assert!(matches!(read_request_line(&mut head.as_slice()), Err(Error::MessageTooLarge { .. })));
     }
 }

@@ -28,6 +28,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod advertise;
+pub mod auth;
 pub mod config;
 pub mod control;
 pub mod desc;
@@ -53,6 +54,7 @@ pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/kvring.control.v1.rs"));
 }
 
+pub use auth::Token;
 pub use desc::{BlockDesc, RegionId};
 pub use engine::{
     Batch, Completion, Engine, EngineBuilder, EngineConfig, Event, LaneStatsSnapshot, Outcome, Region, Segment,

@@ -466,16 +466,25 @@ fn a_pre_shared_token_is_required_when_the_target_has_one() {
     let target = common::builder("guarded").token("s3cret").build().unwrap();
     let remote = target.alloc_region(8192, RegionInfo::raw()).unwrap();
     let addr = target.control_addr().to_string();
-    for (who, builder) in
-        [("missing", common::builder("no-token")), ("wrong", common::builder("bad-token").token("guess"))]
-    {
+    for (builder, expected) in [
+        (common::builder("no-token"), "requires a token"),
+        // The target's proof fails first: the initiator proves nothing to it.
+        (common::builder("bad-token").token("guess"), "does not prove the token; nothing was sent to it"),
+    ] {
         let initiator = builder.build().unwrap();
         match initiator.open_segment(&addr) {
-            Err(Error::Remote { code: kvring::ErrorCode::Unauthorized, message }) => {
-                assert!(message.contains(&format!("{who} token")), "{message}")
-            }
-            other => panic!("{who} token: expected Unauthorized, got {other:?}"),
+            Err(Error::Unauthorized { reason }) => assert!(reason.contains(expected), "{reason}"),
+            other => panic!("expected Unauthorized ({expected}), got {other:?}"),
         }
+    }
+    // A tokened initiator refuses a target that does not prove the token
+    // (a forged address, or a misconfigured peer).
+    let open = common::builder("open").build().unwrap();
+    let _open_region = open.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let guarded = common::builder("careful").token("s3cret").build().unwrap();
+    match guarded.open_segment(&open.control_addr().to_string()) {
+        Err(Error::Unauthorized { reason }) => assert!(reason.contains("runs without a token"), "{reason}"),
+        other => panic!("expected Unauthorized, got {other:?}"),
     }
     let initiator = common::builder("good-token").token("s3cret").build().unwrap();
     let local = initiator.alloc_region(8192, RegionInfo::raw()).unwrap();
@@ -491,7 +500,7 @@ fn a_pre_shared_token_is_required_when_the_target_has_one() {
     let mut client = kvring::control::ControlClient::connect(&addr, std::time::Instant::now() + WAIT).unwrap();
     match client.checksum(remote.id().raw(), 0, 8192, std::time::Instant::now() + WAIT) {
         Err(Error::Remote { code: kvring::ErrorCode::Unauthorized, message }) => {
-            assert!(message.contains("needs a handshake with its token first"), "{message}")
+            assert!(message.contains("requires a token: complete the handshake first"), "{message}")
         }
         other => panic!("expected Unauthorized, got {other:?}"),
     }

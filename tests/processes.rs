@@ -187,9 +187,14 @@ fn a_locked_memory_limit_too_low_for_the_lanes_is_a_clear_error() {
     assert!(stderr.contains("ulimit -l"), "the message says how to fix it: {stderr}");
 }
 
+/// A raw control connection: the preface each way, then `bytes`.
 fn send_raw(addr: &str, bytes: &[u8]) -> TcpStream {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(WAIT)).unwrap();
+    stream.write_all(&kvring::control::frame::preface()).unwrap();
+    let mut preface = [0u8; 8];
+    stream.read_exact(&mut preface).unwrap();
+    assert_eq!(preface, kvring::control::frame::preface());
     stream.write_all(bytes).unwrap();
     stream
 }
@@ -219,7 +224,7 @@ fn malformed_and_wrong_version_control_messages_get_clear_errors_and_the_server_
     // Same connection, wrong version.
     let wrong = Request {
         version: 99,
-        body: Some(request::Body::Handshake(HandshakeRequest { initiator: "x".into(), token: vec![] })),
+        body: Some(request::Body::Handshake(HandshakeRequest { initiator: "x".into(), ..Default::default() })),
     };
     write_frame(&mut stream, &wrong).unwrap();
     match reply_of(&mut stream) {
@@ -229,7 +234,7 @@ fn malformed_and_wrong_version_control_messages_get_clear_errors_and_the_server_
         other => panic!("{other:?}"),
     }
     // An empty request.
-    write_frame(&mut stream, &Request { version: 1, body: None }).unwrap();
+    write_frame(&mut stream, &Request { version: 2, body: None }).unwrap();
     assert!(matches!(reply_of(&mut stream), Err(Error::Remote { code: ErrorCode::MalformedMessage, .. })));
 
     // An oversized length: an error reply, then the connection is closed.

@@ -6,6 +6,7 @@ mod common;
 use common::{engine, pattern, WAIT};
 use kvring::proto::ErrorCode;
 use kvring::transport::tcp::frame::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES};
+use kvring::transport::tcp::hello::{ClientHello, ServerHello, SERVER_HELLO_BYTES};
 use kvring::{Access, Batch, BlockDesc, Engine, Error, Outcome, RegionInfo, TransportKind};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -92,9 +93,14 @@ fn the_target_refuses_bad_blocks_and_the_connection_keeps_working() {
     assert!(sub.wait(id, WAIT).unwrap().is_done());
 }
 
+/// A raw data connection past its hello (the target has no token).
 fn raw(target: &Engine) -> TcpStream {
-    let stream = TcpStream::connect(target.tcp_addr().unwrap()).unwrap();
+    let mut stream = TcpStream::connect(target.tcp_addr().unwrap()).unwrap();
     stream.set_read_timeout(Some(WAIT)).unwrap();
+    stream.write_all(ClientHello::new(target.epoch(), [0; 16], [0; 16]).as_bytes()).unwrap();
+    let mut answer = [0u8; SERVER_HELLO_BYTES];
+    stream.read_exact(&mut answer).unwrap();
+    assert_eq!(ServerHello::read_from_bytes(&answer).unwrap().status, 0);
     stream
 }
 

@@ -1,9 +1,15 @@
 //! The control-plane client: one request, one response, within a deadline.
 
-use super::frame::{decode_response, read_frame, request, write_frame, MAX_CONTROL_MESSAGE_BYTES};
+use super::frame::{
+    check_preface, decode_response, preface, read_frame, request, write_frame, MAX_CONTROL_MESSAGE_BYTES,
+    PREFACE_BYTES, PREFACE_MAGIC,
+};
+use crate::auth::{random_bytes, Initiator, Nonce, Session, Token, NONCE_BYTES};
 use crate::error::{Error, Result};
+use crate::net::DeadlineIo;
 use crate::proto::{request, response, ChecksumRequest, HandshakeRequest, Notification};
 use crate::segment::SegmentDescriptor;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -15,10 +21,23 @@ pub const DEFAULT_CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct ControlClient {
     stream: TcpStream,
     peer: SocketAddr,
+    /// Whether the peer's preface has been read and checked.
+    greeted: bool,
+}
+
+/// What a completed handshake gives: the peer's descriptor, and the
+/// session data connections prove when the peer requires a token.
+#[derive(Debug, Clone)]
+pub struct Handshake {
+    /// The peer's checked descriptor.
+    pub descriptor: SegmentDescriptor,
+    /// Set when the handshake was tokened.
+    pub session: Option<Session>,
 }
 
 impl ControlClient {
-    /// Connects to `addr` (`host:port`) before `deadline`.
+    /// Connects to `addr` (`host:port`) before `deadline`, and sends the
+    /// preface.
     pub fn connect(addr: &str, deadline: Instant) -> Result<Self> {
         let candidates: Vec<SocketAddr> =
             addr.to_socket_addrs().map_err(|e| Error::io(format!("resolving control address {addr}"), e))?.collect();
@@ -31,7 +50,10 @@ impl ControlClient {
             match TcpStream::connect_timeout(&peer, left) {
                 Ok(stream) => {
                     let _ = stream.set_nodelay(true);
-                    return Ok(Self { stream, peer });
+                    DeadlineIo::new(&stream, deadline)
+                        .write_all(&preface())
+                        .map_err(|e| timeout_or(e, left, format!("greeting control server {peer}")))?;
+                    return Ok(Self { stream, peer, greeted: false });
                 }
                 Err(e) => last_error = Some(Error::io(format!("connecting to control server {peer}"), e)),
             }
@@ -39,39 +61,133 @@ impl ControlClient {
         Err(last_error.unwrap_or_else(|| Error::invalid("control address", format!("{addr} resolves to no address"))))
     }
 
-    /// Sends one request and reads its response before `deadline`.
+    /// The address connected to.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Sends one request and reads its response before `deadline`: the
+    /// whole exchange, however slowly the peer's bytes come.
     pub fn call(&mut self, body: request::Body, deadline: Instant) -> Result<response::Body> {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::Timeout { waited: Duration::ZERO });
         }
-        self.stream.set_write_timeout(Some(left)).map_err(|e| Error::io("setting control timeout", e))?;
-        self.stream.set_read_timeout(Some(left)).map_err(|e| Error::io("setting control timeout", e))?;
-        write_frame(&mut self.stream, &request(body))?;
         let peer = self.peer;
-        let frame = read_frame(&mut self.stream, MAX_CONTROL_MESSAGE_BYTES).map_err(|e| match e {
-            Error::Io { source, .. }
-                if matches!(source.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
-            {
-                Error::Timeout { waited: left }
-            }
-            other => other,
-        })?;
+        write_frame(&mut DeadlineIo::new(&self.stream, deadline), &request(body)).map_err(|e| timeout_in(e, left))?;
+        if !self.greeted {
+            self.read_preface(deadline, left)?;
+            self.greeted = true;
+        }
+        let mut io = DeadlineIo::new(&self.stream, deadline);
+        let frame = read_frame(&mut io, MAX_CONTROL_MESSAGE_BYTES).map_err(|e| timeout_in(e, left))?;
         let frame = frame.ok_or_else(|| {
             Error::malformed("control response", format!("{peer} closed the connection without answering"))
         })?;
         decode_response(&frame)
     }
 
-    /// The handshake: the peer's segment descriptor, checked. `token` is the
-    /// pre-shared token, if the cluster uses one.
-    pub fn handshake(&mut self, initiator: &str, token: Option<&[u8]>, deadline: Instant) -> Result<SegmentDescriptor> {
-        let request = HandshakeRequest { initiator: initiator.to_string(), token: token.unwrap_or_default().to_vec() };
-        match self.call(request::Body::Handshake(request), deadline)? {
-            response::Body::Handshake(reply) => {
-                let segment = reply.segment.ok_or_else(|| Error::malformed("handshake", "no segment descriptor"))?;
-                SegmentDescriptor::from_proto(segment)
+    /// Reads and checks the peer's preface. It peeks first, so that what a
+    /// stranger sent (an HTTP error page, an SSH banner) can be shown in
+    /// the error without consuming a kvring peer's response.
+    fn read_preface(&mut self, deadline: Instant, waited: Duration) -> Result<()> {
+        let mut seen = [0u8; 64];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout { waited });
             }
+            self.stream.set_read_timeout(Some(left)).map_err(|e| Error::io("setting a read timeout", e))?;
+            let n = match self.stream.peek(&mut seen) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if crate::net::is_timeout(&e) => return Err(Error::Timeout { waited }),
+                Err(e) => return Err(Error::io(format!("reading the preface of {}", self.peer), e)),
+            };
+            let agrees = seen[..n.min(4)] == PREFACE_MAGIC[..n.min(4)];
+            if n == 0 || n >= PREFACE_BYTES || !agrees {
+                check_preface(&seen[..n], &self.peer.to_string())?;
+                let mut preface = [0u8; PREFACE_BYTES];
+                return DeadlineIo::new(&self.stream, deadline)
+                    .read_exact(&mut preface)
+                    .map_err(|e| timeout_or(e, waited, format!("reading the preface of {}", self.peer)));
+            }
+            // A preface cut in two: the rest follows at once.
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    /// The handshake: the peer's checked descriptor and, when the peer
+    /// requires a token, the session. With `token`, the peer must prove it
+    /// holds the same token before this side proves anything; the token
+    /// itself is never sent.
+    pub fn handshake(&mut self, initiator: &Initiator, token: Option<&Token>, deadline: Instant) -> Result<Handshake> {
+        let cn: Nonce = random_bytes();
+        let first = HandshakeRequest {
+            initiator: initiator.name.clone(),
+            initiator_epoch: initiator.epoch,
+            client_nonce: cn.to_vec(),
+            ..Default::default()
+        };
+        let reply = self.handshake_step(first, deadline)?;
+        let peer = self.peer;
+        let Some(challenge) = reply.challenge else {
+            if token.is_some() {
+                return Err(Error::Unauthorized {
+                    reason: format!(
+                        "{peer} runs without a token while this engine has one; refusing it \
+                         (both ends of a tokened cluster must prove the token)"
+                    ),
+                });
+            }
+            let segment = reply.segment.ok_or_else(|| Error::malformed("handshake", "no segment descriptor"))?;
+            return Ok(Handshake { descriptor: SegmentDescriptor::from_proto(segment)?, session: None });
+        };
+        let Some(token) = token else {
+            return Err(Error::Unauthorized {
+                reason: format!("{peer} requires a token; configure the cluster's token on this engine too"),
+            });
+        };
+        let sn: Nonce = challenge.server_nonce.as_slice().try_into().map_err(|_| {
+            Error::malformed(
+                "handshake",
+                format!("a server nonce of {} bytes, not {NONCE_BYTES}", challenge.server_nonce.len()),
+            )
+        })?;
+        if !token.check_server_proof(&cn, &sn, challenge.epoch, &challenge.proof) {
+            return Err(Error::Unauthorized {
+                reason: format!("{peer} does not prove the token; nothing was sent to it"),
+            });
+        }
+        let second = HandshakeRequest {
+            initiator: initiator.name.clone(),
+            initiator_epoch: initiator.epoch,
+            client_nonce: cn.to_vec(),
+            server_nonce: sn.to_vec(),
+            proof: token.client_proof(&cn, &sn, challenge.epoch, initiator).to_vec(),
+        };
+        let reply = self.handshake_step(second, deadline)?;
+        let segment = reply.segment.ok_or_else(|| Error::malformed("handshake", "no segment descriptor"))?;
+        let descriptor = SegmentDescriptor::from_proto(segment)?;
+        if descriptor.epoch != challenge.epoch {
+            return Err(Error::malformed(
+                "handshake",
+                format!(
+                    "the challenge was for epoch {:#x} but the descriptor says {:#x}",
+                    challenge.epoch, descriptor.epoch
+                ),
+            ));
+        }
+        Ok(Handshake { session: Some(token.session(cn, sn, descriptor.epoch)), descriptor })
+    }
+
+    fn handshake_step(
+        &mut self,
+        request: HandshakeRequest,
+        deadline: Instant,
+    ) -> Result<crate::proto::HandshakeResponse> {
+        match self.call(request::Body::Handshake(request), deadline)? {
+            response::Body::Handshake(reply) => Ok(reply),
             other => Err(Error::malformed("handshake", format!("unexpected answer {other:?}"))),
         }
     }
@@ -100,13 +216,12 @@ impl ControlClient {
     /// the peer's, each checked.
     pub fn rdma_connect(
         &mut self,
-        initiator: &str,
         nics: usize,
         ours: &[crate::transport::rdma::verbs::QpEndpoint],
         deadline: Instant,
     ) -> Result<Vec<crate::transport::rdma::verbs::QpEndpoint>> {
         let request = crate::proto::RdmaConnectRequest {
-            initiator: initiator.to_string(),
+            initiator: String::new(),
             nics: nics as u32,
             endpoints: ours.iter().map(endpoint_to_proto).collect(),
         };
@@ -151,4 +266,22 @@ pub fn endpoint_from_proto(info: &crate::proto::QpEndpointInfo) -> Result<crate:
         ));
     }
     Ok(crate::transport::rdma::verbs::QpEndpoint { qpn: info.qpn, psn: info.psn, gid, lid, mtu: info.mtu })
+}
+
+/// A deadline-bounded I/O error as kvring reports it: `Timeout` when the
+/// deadline passed, else the error in its context.
+fn timeout_or(error: std::io::Error, waited: Duration, context: String) -> Error {
+    if crate::net::is_timeout(&error) {
+        Error::Timeout { waited }
+    } else {
+        Error::io(context, error)
+    }
+}
+
+/// A framing error whose cause was the deadline becomes `Timeout`.
+fn timeout_in(error: Error, waited: Duration) -> Error {
+    match error {
+        Error::Io { source, .. } if crate::net::is_timeout(&source) => Error::Timeout { waited },
+        other => other,
+    }
 }

@@ -7,9 +7,46 @@ use prost::Message;
 use std::io::{Read, Write};
 
 /// The control-plane version this engine speaks.
-pub const CONTROL_VERSION: u32 = 1;
+pub const CONTROL_VERSION: u32 = 2;
 /// Largest control message accepted, bytes.
 pub const MAX_CONTROL_MESSAGE_BYTES: u32 = 4 << 20;
+/// What a control connection opens with, each way: `KVRC` and the version.
+pub const PREFACE_MAGIC: [u8; 4] = *b"KVRC";
+/// Bytes of the preface.
+pub const PREFACE_BYTES: usize = 8;
+
+/// The preface this engine sends.
+pub fn preface() -> [u8; PREFACE_BYTES] {
+    let mut bytes = [0u8; PREFACE_BYTES];
+    bytes[..4].copy_from_slice(&PREFACE_MAGIC);
+    bytes[4..].copy_from_slice(&CONTROL_VERSION.to_le_bytes());
+    bytes
+}
+
+/// Checks a peer's preface: `what` names the other end for the error
+/// ("10.0.0.2:7000", "a client").
+pub fn check_preface(bytes: &[u8], what: &str) -> Result<()> {
+    if bytes.len() < PREFACE_BYTES || bytes[..4] != PREFACE_MAGIC {
+        return Err(Error::NotKvring { peer: what.to_string(), got: printable(bytes) });
+    }
+    let version = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+    if version != CONTROL_VERSION {
+        return Err(Error::VersionMismatch { got: version, supported: CONTROL_VERSION });
+    }
+    Ok(())
+}
+
+/// The first bytes a stranger sent, as text a user can recognise
+/// (`HTTP/1.1 400 Bad Request`, `SSH-2.0-...`).
+pub fn printable(bytes: &[u8]) -> String {
+    let shown: String =
+        bytes.iter().take(32).map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' }).collect();
+    if bytes.is_empty() {
+        "nothing".into()
+    } else {
+        format!("{shown:?}")
+    }
+}
 
 /// Writes one length-prefixed message.
 pub fn write_frame(writer: &mut impl Write, message: &impl Message) -> Result<()> {
@@ -96,7 +133,7 @@ mod tests {
         let mut wire = Vec::new();
         write_frame(
             &mut wire,
-            &request(request::Body::Handshake(HandshakeRequest { initiator: "a".into(), token: vec![] })),
+            &request(request::Body::Handshake(HandshakeRequest { initiator: "a".into(), ..Default::default() })),
         )
         .unwrap();
         let body = read_frame(&mut wire.as_slice(), MAX_CONTROL_MESSAGE_BYTES).unwrap().unwrap();
@@ -108,13 +145,27 @@ mod tests {
     }
 
     #[test]
+    fn a_stranger_is_named_as_not_a_kvring_peer() {
+        assert!(check_preface(&preface(), "peer").is_ok());
+        let http = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+        let error = check_preface(http, "127.0.0.1:80").unwrap_err().to_string();
+        assert!(error.contains("127.0.0.1:80 is not a kvring peer"), "{error}");
+        assert!(error.contains("HTTP/1.1 400 Bad Request"), "{error}");
+        let error = check_preface(b"", "x").unwrap_err().to_string();
+        assert!(error.contains("it sent nothing"), "{error}");
+        let mut old = preface();
+        old[4] = 1;
+        assert!(matches!(check_preface(&old, "x"), Err(Error::VersionMismatch { got: 1, supported: 2 })));
+    }
+
+    #[test]
     fn wrong_version_and_garbage_get_clear_errors() {
         let mut message = request(request::Body::Checksum(ChecksumRequest { region: 1, offset: 0, len: 1 }));
-        message.version = 2;
+        message.version = 3;
         let err = decode_request(&message.encode_to_vec()).unwrap_err();
-        assert!(matches!(err, Error::VersionMismatch { got: 2, supported: 1 }));
+        assert!(matches!(err, Error::VersionMismatch { got: 3, supported: 2 }));
         assert!(matches!(decode_request(&[0xff, 0xff, 0xff]), Err(Error::Malformed { .. })));
-        let empty = Request { version: 1, body: None };
+        let empty = Request { version: CONTROL_VERSION, body: None };
         assert!(decode_request(&empty.encode_to_vec()).unwrap_err().to_string().contains("no body"));
         let reply = error_response(&Error::Shutdown).encode_to_vec();
         assert!(matches!(decode_response(&reply), Err(Error::Remote { code: crate::proto::ErrorCode::Shutdown, .. })));

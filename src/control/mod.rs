@@ -1,12 +1,12 @@
 //! The control plane: length-prefixed protobuf messages over TCP, off the
-//! lanes. Handshake (segment descriptor), checksum (bench verification).
+//! lanes. Handshake (segment descriptor, behind the token's mutual proof),
+//! checksum (bench verification), notifications, memory info, RDMA connect.
 
 pub mod client;
 pub mod frame;
 pub mod server;
-pub mod token;
 
-pub use client::{ControlClient, DEFAULT_CONTROL_TIMEOUT};
+pub use client::{ControlClient, Handshake, DEFAULT_CONTROL_TIMEOUT};
 pub use frame::CONTROL_VERSION;
-pub use server::{ControlHandler, ControlServer};
-pub use token::Token;
+pub(crate) use server::ControlHandler;
+pub use server::ControlServer;

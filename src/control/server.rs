@@ -1,46 +1,63 @@
-//! The control-plane server: answers handshakes (the engine's segment
-//! descriptor) and checksum requests on a TCP listener.
+//! The control-plane server: handshakes (the engine's segment descriptor,
+//! behind the token's mutual proof when the engine has one), checksums,
+//! notifications, memory info and RDMA connects.
 //!
 //! It runs on its own threads, never on a lane. It binds exactly the address
-//! it is given, bounds its connections, frame sizes and idle time, and
-//! answers every bad message with an error reply naming the problem.
+//! it is given and books every connection with the listener's admission
+//! policy: a connection must send the preface and prove itself (complete
+//! the tokened handshake, or with no token send one valid request) within
+//! the admission deadline; each message must arrive whole within
+//! [`MESSAGE_TIMEOUT`] of its first byte; a connection that completes no
+//! request for [`DEFAULT_CONTROL_IDLE`] is closed, whatever it sends. Every
+//! bad message gets an error reply naming the problem.
 
-use super::frame::{self, decode_request, error_response, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES};
+use super::frame::{
+    self, decode_request, error_response, preface, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES, PREFACE_BYTES,
+};
+use crate::auth::{Authenticator, Initiator, Nonce, NONCE_BYTES};
 use crate::error::{Error, Result};
-use crate::net::Acceptor;
+use crate::net::{Acceptor, AdmissionLimits, Admitted, DeadlineIo};
 use crate::proto::{
-    request, response, ChecksumRequest, ChecksumResponse, HandshakeRequest, HandshakeResponse, Notification,
+    request, response, ChecksumRequest, ChecksumResponse, HandshakeChallenge, HandshakeRequest, HandshakeResponse,
     NotifyResponse,
 };
 use crate::segment::SegmentDescriptor;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Most control connections served at once.
 pub const MAX_CONTROL_CONNECTIONS: usize = 64;
-/// A control connection idle this long is closed.
+/// Most control connections from one address.
+pub const MAX_CONTROL_CONNECTIONS_PER_SOURCE: usize = 32;
+/// A control connection that completes no request for this long is closed.
 pub const DEFAULT_CONTROL_IDLE: Duration = Duration::from_secs(30);
+/// A message must arrive whole within this of its first byte.
+pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a connection thread looks at the stop flag while idle.
 const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// What the server asks of the engine.
-pub trait ControlHandler: Send + Sync + 'static {
-    /// The engine's current segment descriptor, once the request's token is
-    /// checked (`Error::Unauthorized` when it is wrong or missing).
-    fn handshake(&self, request: &HandshakeRequest) -> Result<SegmentDescriptor>;
-    /// True when a connection must complete a handshake before any other
-    /// request (the engine has a token).
-    fn requires_handshake(&self) -> bool;
+pub(crate) trait ControlHandler: Send + Sync + 'static {
+    /// The token check, when the engine has a token.
+    fn authenticator(&self) -> Option<&Authenticator>;
+    /// The engine's epoch (a challenge's proof covers it).
+    fn epoch(&self) -> u64;
+    /// The engine's current segment descriptor.
+    fn describe(&self) -> SegmentDescriptor;
     /// Checksum of a remote-readable range of one of the engine's regions.
     fn checksum(&self, request: &ChecksumRequest) -> Result<u64>;
-    /// Queues a notification from a peer.
-    fn notify(&self, notification: Notification) -> Result<()>;
+    /// Queues a notification from `sender` (the proven or claimed name).
+    fn notify(&self, sender: &str, message: Vec<u8>) -> Result<()>;
     /// The registered KV-cache layout.
     fn memory_info(&self) -> Result<crate::proto::KvLayoutInfo>;
-    /// Connects QPs of ours to an initiator's (RDMA); ours, in its order.
-    fn rdma_connect(&self, request: &crate::proto::RdmaConnectRequest) -> Result<Vec<crate::proto::QpEndpointInfo>>;
+    /// Connects QPs of ours to `initiator`'s (RDMA); ours, in its order.
+    fn rdma_connect(
+        &self,
+        initiator: &Initiator,
+        request: &crate::proto::RdmaConnectRequest,
+    ) -> Result<Vec<crate::proto::QpEndpointInfo>>;
 }
 
 /// A running control server.
@@ -51,13 +68,24 @@ pub struct ControlServer {
 
 impl ControlServer {
     /// Binds `listen` (only that address) and serves until stopped.
-    pub fn start(listen: SocketAddr, handler: Arc<dyn ControlHandler>) -> Result<Self> {
-        let refuse = |stream: &mut TcpStream| {
-            let error = Error::Busy { queue: "control connection table", capacity: MAX_CONTROL_CONNECTIONS };
-            let _ = write_frame(stream, &error_response(&error));
+    pub(crate) fn start(
+        listen: SocketAddr,
+        handler: Arc<dyn ControlHandler>,
+        admission: AdmissionLimits,
+    ) -> Result<Self> {
+        let limits = AdmissionLimits {
+            max_per_source: admission.max_per_source.min(MAX_CONTROL_CONNECTIONS_PER_SOURCE),
+            ..admission
+        }
+        .capped(MAX_CONTROL_CONNECTIONS);
+        let refuse = |stream: &mut TcpStream, bound: &'static str| {
+            let error = Error::Busy { queue: bound, capacity: MAX_CONTROL_CONNECTIONS };
+            let mut io = DeadlineIo::new(stream, Instant::now() + Duration::from_millis(100));
+            let _ = io.write_all(&preface());
+            let _ = write_frame(&mut io, &error_response(&error));
         };
-        let serve = move |stream: TcpStream, stop: &AtomicBool| serve_connection(stream, &*handler, stop);
-        Ok(Self { acceptor: Acceptor::start(listen, "control", MAX_CONTROL_CONNECTIONS, refuse, serve)? })
+        let serve = move |stream: TcpStream, conn: &Admitted<'_>| serve_connection(stream, &*handler, conn);
+        Ok(Self { acceptor: Acceptor::start(listen, "control", limits, refuse, serve)? })
     }
 
     /// The bound address (with the real port when 0 was asked for).
@@ -71,18 +99,38 @@ impl ControlServer {
     }
 }
 
-fn serve_connection(mut stream: TcpStream, handler: &dyn ControlHandler, stop: &AtomicBool) {
+/// Where one connection's authentication stands.
+#[derive(Debug, Default)]
+pub(crate) struct ConnectionAuth {
+    /// The challenge this connection was sent: (client nonce, server nonce).
+    challenge: Option<(Nonce, Nonce)>,
+    /// Who the peer is: proven (with a token) or claimed (without).
+    identity: Option<Initiator>,
+    /// Proven itself: completed the tokened handshake, or with no token,
+    /// made one valid request.
+    admitted: bool,
+}
+
+fn serve_connection(stream: TcpStream, handler: &dyn ControlHandler, conn: &Admitted<'_>) {
     let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(STOP_CHECK_INTERVAL));
-    let _ = stream.set_write_timeout(Some(DEFAULT_CONTROL_IDLE));
-    let mut idle_since = Instant::now();
-    let mut authenticated = !handler.requires_handshake();
+    let mut greeting = [0u8; PREFACE_BYTES];
+    let greeted = DeadlineIo::new(&stream, conn.admission_deadline()).read_exact(&mut greeting);
+    // Always answer with ours, so a kvring client of another version can
+    // say which versions differ.
+    let _ = DeadlineIo::new(&stream, Instant::now() + MESSAGE_TIMEOUT).write_all(&preface());
+    if greeted.is_err() || frame::check_preface(&greeting, "a client").is_err() {
+        return;
+    }
+    let mut auth = ConnectionAuth::default();
+    let mut last_served = Instant::now();
     loop {
-        if stop.load(Ordering::Acquire) || idle_since.elapsed() > DEFAULT_CONTROL_IDLE {
+        // Wait for the next message's first byte, honouring the stop flag,
+        // the admission deadline and the idle limit.
+        let limit = if auth.admitted { last_served + DEFAULT_CONTROL_IDLE } else { conn.admission_deadline() };
+        if conn.stopping() || Instant::now() >= limit {
             return;
         }
-        // Wait for the first byte with the short timeout, so the stop flag
-        // and the idle limit are honoured; then read the frame whole.
+        let _ = stream.set_read_timeout(Some(STOP_CHECK_INTERVAL));
         let mut first = [0u8; 1];
         match stream.peek(&mut first) {
             Ok(0) => return,
@@ -90,49 +138,124 @@ fn serve_connection(mut stream: TcpStream, handler: &dyn ControlHandler, stop: &
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
             Err(_) => return,
         }
-        let _ = stream.set_read_timeout(Some(DEFAULT_CONTROL_IDLE));
-        let frame = read_frame(&mut stream, MAX_CONTROL_MESSAGE_BYTES);
-        let _ = stream.set_read_timeout(Some(STOP_CHECK_INTERVAL));
-        idle_since = Instant::now();
-        let (reply, keep_open) = match frame {
+        let message_deadline = (Instant::now() + MESSAGE_TIMEOUT).min(limit.max(Instant::now() + STOP_CHECK_INTERVAL));
+        let mut io = DeadlineIo::new(&stream, message_deadline);
+        let (reply, keep_open) = match read_frame(&mut io, MAX_CONTROL_MESSAGE_BYTES) {
             Ok(None) => return,
-            Ok(Some(body)) => match decode_request(&body).and_then(|body| handle(handler, body, &mut authenticated)) {
-                Ok(reply) => (frame::response(reply), true),
-                // The frame boundary is intact, so the connection survives a
-                // bad message.
-                Err(error) => (error_response(&error), true),
-            },
-            // Lost framing (oversized or truncated): answer, then close.
+            Ok(Some(body)) => {
+                let was_admitted = auth.admitted;
+                match decode_request(&body).and_then(|body| handle(handler, body, &mut auth)) {
+                    Ok(reply) if auth.admitted && !was_admitted => match conn.admit() {
+                        Ok(()) => (frame::response(reply), true),
+                        Err(bound) => {
+                            (error_response(&Error::Busy { queue: bound, capacity: MAX_CONTROL_CONNECTIONS }), false)
+                        }
+                    },
+                    Ok(reply) => (frame::response(reply), true),
+                    // A failed proof ends the connection: a guesser must
+                    // pay for a new one (and its admission) per guess.
+                    Err(error @ Error::Unauthorized { .. }) => (error_response(&error), false),
+                    // The frame boundary is intact, so the connection
+                    // survives any other bad message.
+                    Err(error) => (error_response(&error), true),
+                }
+            }
+            // Lost framing (oversized, truncated or too slow): answer, close.
             Err(error) => (error_response(&error), false),
         };
-        if write_frame(&mut stream, &reply).is_err() || !keep_open {
+        last_served = Instant::now();
+        let mut io = DeadlineIo::new(&stream, Instant::now() + MESSAGE_TIMEOUT);
+        if write_frame(&mut io, &reply).is_err() || !keep_open {
             return;
         }
     }
 }
 
-fn handle(handler: &dyn ControlHandler, body: request::Body, authenticated: &mut bool) -> Result<response::Body> {
+/// Answers one request, moving the connection's authentication along.
+/// Bytes from outside reach it whole (fuzzed with its state).
+pub(crate) fn handle(
+    handler: &dyn ControlHandler,
+    body: request::Body,
+    auth: &mut ConnectionAuth,
+) -> Result<response::Body> {
+    let tokened = handler.authenticator().is_some();
     match body {
-        request::Body::Handshake(request) => {
-            let descriptor = handler.handshake(&request)?;
-            *authenticated = true;
-            Ok(response::Body::Handshake(HandshakeResponse { segment: Some(descriptor.to_proto()) }))
-        }
-        _ if !*authenticated => {
-            Err(Error::Unauthorized { reason: "this engine needs a handshake with its token first".into() })
+        request::Body::Handshake(request) => handshake(handler, &request, auth),
+        _ if tokened && auth.identity.is_none() => {
+            Err(Error::Unauthorized { reason: "this engine requires a token: complete the handshake first".into() })
         }
         request::Body::Checksum(request) => {
-            Ok(response::Body::Checksum(ChecksumResponse { checksum: handler.checksum(&request)? }))
+            let checksum = handler.checksum(&request)?;
+            auth.admitted = true;
+            Ok(response::Body::Checksum(ChecksumResponse { checksum }))
         }
         request::Body::Notify(notification) => {
-            handler.notify(notification)?;
+            // A proven sender is counted under its proven name; without a
+            // token, the name it claims is all there is.
+            let sender = auth.identity.as_ref().map_or(notification.from.as_str(), |i| i.name.as_str());
+            handler.notify(sender, notification.message)?;
+            auth.admitted = true;
             Ok(response::Body::Notify(NotifyResponse {}))
         }
         request::Body::MemoryInfo(_) => {
-            Ok(response::Body::MemoryInfo(crate::proto::MemoryInfoResponse { layout: Some(handler.memory_info()?) }))
+            let layout = handler.memory_info()?;
+            auth.admitted = true;
+            Ok(response::Body::MemoryInfo(crate::proto::MemoryInfoResponse { layout: Some(layout) }))
         }
-        request::Body::RdmaConnect(request) => Ok(response::Body::RdmaConnect(crate::proto::RdmaConnectResponse {
-            endpoints: handler.rdma_connect(&request)?,
-        })),
+        request::Body::RdmaConnect(request) => {
+            let initiator = auth.identity.as_ref().ok_or_else(|| {
+                Error::invalid("rdma connect", "handshake first: the QPs belong to the handshake's initiator")
+            })?;
+            let endpoints = handler.rdma_connect(initiator, &request)?;
+            Ok(response::Body::RdmaConnect(crate::proto::RdmaConnectResponse { endpoints }))
+        }
     }
+}
+
+fn nonce(bytes: &[u8], what: &'static str) -> Result<Nonce> {
+    bytes
+        .try_into()
+        .map_err(|_| Error::malformed("handshake", format!("a {what} of {} bytes, not {NONCE_BYTES}", bytes.len())))
+}
+
+fn handshake(
+    handler: &dyn ControlHandler,
+    request: &HandshakeRequest,
+    auth: &mut ConnectionAuth,
+) -> Result<response::Body> {
+    if request.initiator.is_empty() || request.initiator.len() > crate::segment::descriptor::MAX_SEGMENT_NAME_BYTES {
+        return Err(Error::malformed("handshake", "the initiator name must be 1..=256 bytes"));
+    }
+    let initiator = Initiator { name: request.initiator.clone(), epoch: request.initiator_epoch };
+    let descriptor = |auth: &mut ConnectionAuth, initiator: Initiator| {
+        auth.identity = Some(initiator);
+        auth.admitted = true;
+        response::Body::Handshake(HandshakeResponse { segment: Some(handler.describe().to_proto()), challenge: None })
+    };
+    let Some(authenticator) = handler.authenticator() else {
+        return Ok(descriptor(auth, initiator));
+    };
+    let cn = nonce(&request.client_nonce, "client nonce")?;
+    if request.server_nonce.is_empty() {
+        // First step: challenge, proving our token to the initiator first.
+        let (sn, proof) = authenticator.challenge(&cn);
+        auth.challenge = Some((cn, sn));
+        return Ok(response::Body::Handshake(HandshakeResponse {
+            segment: None,
+            challenge: Some(HandshakeChallenge {
+                server_nonce: sn.to_vec(),
+                epoch: handler.epoch(),
+                proof: proof.to_vec(),
+            }),
+        }));
+    }
+    // Second step: the proof must answer this connection's own challenge.
+    let sn = nonce(&request.server_nonce, "server nonce")?;
+    let challenged = auth.challenge.take();
+    if challenged != Some((cn, sn)) || !authenticator.check_client(&cn, &sn, &initiator, &request.proof) {
+        return Err(Error::Unauthorized {
+            reason: format!("{:?} did not prove the token in its handshake", request.initiator),
+        });
+    }
+    Ok(descriptor(auth, initiator))
 }

@@ -3,17 +3,17 @@
 
 use super::{lock, EngineInner};
 use crate::error::Result;
-use crate::net::Acceptor;
+use crate::net::{Acceptor, AdmissionLimits, Admitted, DeadlineIo};
 use crate::runtime::metrics::{render, EngineSeries};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::AtomicBool;
 use std::sync::Weak;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Scrapes served at once; more wait in the listen backlog's stead of
 /// being refused by the acceptor.
 const MAX_SCRAPERS: usize = 8;
-/// A scraper must send its request within this.
+/// A scraper must send its whole request, and take the whole answer,
+/// within this.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The Prometheus text of `engine` now.
@@ -29,16 +29,17 @@ pub(crate) fn text(engine: &EngineInner) -> String {
 
 /// Serves `GET /metrics` on `listen` for as long as the engine lives.
 pub(crate) fn serve(listen: SocketAddr, engine: Weak<EngineInner>) -> Result<Acceptor> {
+    let limits = AdmissionLimits { timeout: REQUEST_TIMEOUT, ..AdmissionLimits::default() }.capped(MAX_SCRAPERS);
     Acceptor::start(
         listen,
         "metrics",
-        MAX_SCRAPERS,
-        |stream| {
-            let _ = crate::http::write_response(stream, "503 Service Unavailable", "text/plain", b"busy\n");
+        limits,
+        |stream, _bound| {
+            let mut stream = DeadlineIo::new(stream, Instant::now() + Duration::from_millis(100));
+            let _ = crate::http::write_response(&mut stream, "503 Service Unavailable", "text/plain", b"busy\n");
         },
-        move |mut stream: TcpStream, _stop: &AtomicBool| {
-            let _ = stream.set_read_timeout(Some(REQUEST_TIMEOUT));
-            let _ = stream.set_write_timeout(Some(REQUEST_TIMEOUT));
+        move |stream: TcpStream, conn: &Admitted<'_>| {
+            let mut stream = DeadlineIo::new(&stream, conn.admission_deadline());
             let Ok((method, path)) = crate::http::read_request_line(&mut stream) else { return };
             let (status, body) = match (method.as_str(), path.split('?').next().unwrap_or_default()) {
                 ("GET", "/metrics") => match engine.upgrade() {

@@ -14,14 +14,16 @@ pub use region::{fill_pattern, Region};
 pub use segment::Segment;
 pub use submitter::{StatusReader, Submitter, MAX_LANES};
 
-use crate::control::{ControlHandler, ControlServer, Token, DEFAULT_CONTROL_TIMEOUT};
+use crate::auth::{Authenticator, Initiator, Token};
+use crate::control::{ControlHandler, ControlServer, DEFAULT_CONTROL_TIMEOUT};
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::kv::KvLayout;
 use crate::mem::registry::check_range;
 use crate::mem::{Access, RegionInfo, Registry, ShmMapping, DEFAULT_MAX_REGIONS};
 use crate::metadata::{MetadataStore, PeerHandshake};
-use crate::proto::{ChecksumRequest, HandshakeRequest};
+use crate::net::AdmissionLimits;
+use crate::proto::ChecksumRequest;
 use crate::runtime::backoff::BackoffPolicy;
 use crate::runtime::lane::{
     memlock_limit_bytes, memlock_needed_bytes, Clock, LaneCommand, LaneConfig, LaneHandle, LaneSegment,
@@ -31,7 +33,7 @@ use crate::segment::{
     local_host_id, CacheStats, PeerSegment, RemoteRegion, SegmentCache, SegmentDescriptor, TransportKind,
     DEFAULT_SEGMENT_CACHE_CAPACITY,
 };
-use crate::transport::notify::{Notification, NotificationQueue, DEFAULT_NOTIFY_QUEUE, MAX_NOTIFY_BYTES};
+use crate::transport::notify::{Notification, NotificationQueue, NotifyQuota, MAX_NOTIFY_BYTES};
 use crate::transport::rdma::link::RdmaLink;
 use crate::transport::rdma::node::RdmaNode;
 use crate::transport::tcp::DEFAULT_IO_TIMEOUT;
@@ -95,14 +97,19 @@ pub struct EngineConfig {
     pub split_threshold_bytes: u64,
     /// How `wait` backs off.
     pub wait_backoff: BackoffPolicy,
-    /// Pre-shared token: required from peers' handshakes, and sent in ours.
+    /// The cluster's pre-shared token: peers must prove it (and this engine
+    /// proves it to them) in every handshake and on every data connection.
+    /// It never travels.
     pub token: Option<Token>,
+    /// Who may hold this engine's connections: per source, pending, the
+    /// deadline to prove oneself.
+    pub admission: AdmissionLimits,
     /// Deadline of one socket read or write on a TCP data connection.
     pub io_timeout: Duration,
     /// Serve the TCP data transport (on the control address's IP, any port).
     pub serve_tcp: bool,
     /// Notifications queued before senders are refused.
-    pub notify_queue: usize,
+    pub notify_quota: NotifyQuota,
     /// Where names are resolved: `None` (or `"P2PHANDSHAKE"`) asks the peer
     /// itself; `etcd://host:port[/prefix/]` uses etcd, where this engine
     /// also publishes its own descriptor.
@@ -144,9 +151,10 @@ impl Default for EngineConfig {
             split_threshold_bytes: DEFAULT_SPLIT_THRESHOLD_BYTES,
             wait_backoff: BackoffPolicy::default(),
             token: None,
+            admission: AdmissionLimits::default(),
             io_timeout: DEFAULT_IO_TIMEOUT,
             serve_tcp: true,
-            notify_queue: DEFAULT_NOTIFY_QUEUE,
+            notify_quota: NotifyQuota::default(),
             metadata: None,
             metadata_ttl: crate::metadata::etcd::DEFAULT_LEASE_TTL,
             metadata_poll: DEFAULT_METADATA_POLL,
@@ -275,11 +283,20 @@ impl EngineBuilder {
         self
     }
 
-    /// Requires this pre-shared token in peers' handshakes and sends it in
-    /// ours. Without one, any peer that reaches the control port may
-    /// handshake (it binds loopback by default).
+    /// The cluster's pre-shared token: every peer must prove it in its
+    /// handshake and every data connection must prove the handshake's
+    /// session before anything is served; this engine proves it to the
+    /// peers it opens too. The token itself never travels. Without one,
+    /// anyone who reaches the engine's ports can read and write its
+    /// registered memory (it binds loopback by default).
     pub fn token(mut self, token: impl Into<Vec<u8>>) -> Self {
         self.config.token = Some(Token::new(token));
+        self
+    }
+
+    /// Who may hold this engine's connections (see [`AdmissionLimits`]).
+    pub fn admission(mut self, limits: AdmissionLimits) -> Self {
+        self.config.admission = limits;
         self
     }
 
@@ -346,7 +363,14 @@ impl EngineBuilder {
 
     /// Notifications queued before senders are refused with `Busy`.
     pub fn notify_queue(mut self, capacity: usize) -> Self {
-        self.config.notify_queue = capacity;
+        self.config.notify_quota.total = capacity;
+        self
+    }
+
+    /// All of the notification quotas (per sender and in total, by count
+    /// and bytes); past them a sender gets `Busy`.
+    pub fn notify_quota(mut self, quota: NotifyQuota) -> Self {
+        self.config.notify_quota = quota;
         self
     }
 
@@ -546,7 +570,12 @@ impl Engine {
         let epoch = random_epoch();
         let registry = Arc::new(Registry::new(config.max_regions));
         let clock = Clock::new();
-        let notifications = Arc::new(NotificationQueue::new(config.notify_queue));
+        if config.token.as_ref().is_some_and(Token::is_empty) {
+            return Err(Error::invalid("token", "an empty token protects nothing; give one or none"));
+        }
+        let fd_limit = crate::net::raise_fd_limit();
+        let admission = config.admission.capped(crate::net::fd_budget(fd_limit));
+        let notifications = Arc::new(NotificationQueue::new(config.notify_quota));
         let metrics_on = Arc::new(AtomicBool::new(config.metrics_enabled));
         let mut lanes = Vec::with_capacity(config.lanes);
         for (index, core) in lane_cores(&config).into_iter().enumerate() {
@@ -571,9 +600,23 @@ impl Engine {
         }
         let advertised = crate::advertise::for_engine(&config)?;
 
+        let authenticator = config.token.clone().map(|token| Arc::new(Authenticator::new(token, epoch)));
+        if authenticator.is_none() && !config.listen.ip().is_loopback() {
+            tracing::warn!(
+                listen = %config.listen,
+                "listening beyond loopback without a token: anyone who reaches these ports can read and write \
+                 this engine's registered memory; set a token (token = ..., KVRING_TOKEN, --token)"
+            );
+        }
         let data_server = if config.serve_tcp {
             let data_listen = SocketAddr::new(config.listen.ip(), 0);
-            Some(TcpDataServer::start(data_listen, registry.clone(), notifications.clone(), epoch)?)
+            let target = crate::transport::tcp::TargetContext {
+                registry: registry.clone(),
+                notifications: notifications.clone(),
+                epoch,
+                auth: authenticator.clone(),
+            };
+            Some(TcpDataServer::start(data_listen, target, admission)?)
         } else {
             None
         };
@@ -583,7 +626,7 @@ impl Engine {
             registry: registry.clone(),
             control_addr: OnceLock::new(),
             tcp_addr: data_server.as_ref().map(|s| SocketAddr::new(advertised.ip, s.local_addr().port()).to_string()),
-            token: config.token.clone(),
+            auth: authenticator,
             notifications: notifications.clone(),
             kv_layout: Mutex::new(None),
             rdma: match &config.rdma {
@@ -591,7 +634,7 @@ impl Engine {
                 None => None,
             },
         });
-        let server = ControlServer::start(config.listen, context.clone())?;
+        let server = ControlServer::start(config.listen, context.clone(), admission)?;
         // Peers are told the advertised IP with the port actually bound.
         let control_addr = SocketAddr::new(advertised.ip, server.local_addr().port());
         // Set before any peer can learn the address, so every handshake sees it.
@@ -756,7 +799,7 @@ impl Engine {
         let id = self.inner.registry.register(ptr as usize, len, info, None)?;
         // SAFETY: the caller keeps the range valid until it unregisters (our
         // contract), which deregisters it from the NICs too.
-        unsafe { self.register_with_nics(id, ptr as u64, len as u64)? };
+        unsafe { self.register_with_nics(id, ptr as u64, len as u64, info.access)? };
         Ok(id)
     }
 
@@ -766,10 +809,10 @@ impl Engine {
     /// # Safety
     ///
     /// The range stays valid until the region is unregistered.
-    unsafe fn register_with_nics(&self, id: RegionId, addr: u64, len: u64) -> Result<()> {
+    unsafe fn register_with_nics(&self, id: RegionId, addr: u64, len: u64, access: Access) -> Result<()> {
         let Some(node) = &self.inner.context.rdma else { return Ok(()) };
         // SAFETY: forwarded from our caller.
-        if let Err(error) = unsafe { node.register_region(id, addr, len) } {
+        if let Err(error) = unsafe { node.register_region(id, addr, len, access) } {
             node.unregister_region(id);
             let _ = self.inner.registry.unregister(id);
             return Err(error);
@@ -816,7 +859,7 @@ impl Engine {
         let mapping = Arc::new(ShmMapping::create(len, self.inner.epoch)?);
         let id = self.inner.registry.register(mapping.as_ptr() as usize, len, info, Some(mapping.clone()))?;
         // SAFETY: the registry keeps the mapping alive while it is registered.
-        unsafe { self.register_with_nics(id, mapping.as_ptr() as u64, len as u64)? };
+        unsafe { self.register_with_nics(id, mapping.as_ptr() as u64, len as u64, info.access)? };
         Region::new(id, mapping)
     }
 
@@ -867,7 +910,14 @@ impl Engine {
                     self.retire(&mut table, &segment);
                     table.cache.note_miss();
                 }
-                Some(segment) if !segment.is_closed() && transport.is_none_or(|t| t == segment.transport()) => {
+                // A peer whose descriptor listed no region yet was still
+                // starting: ask it again rather than hand back the empty
+                // handle.
+                Some(segment)
+                    if !segment.is_closed()
+                        && !segment.regions().is_empty()
+                        && transport.is_none_or(|t| t == segment.transport()) =>
+                {
                     table.cache.get(name); // counts the hit and refreshes its recency
                     return Ok(segment);
                 }
@@ -877,19 +927,26 @@ impl Engine {
         // The handshake and connects run on the caller's thread, never on a
         // lane, and without the table lock, so a dead peer stalls nobody else.
         let deadline = Instant::now() + timeout;
-        let descriptor = self.inner.metadata.resolve(name, &self.inner.config.name, deadline)?;
+        let handshake = self.inner.metadata.resolve(name, &self.initiator(), deadline)?;
         let serves_rdma = self.inner.context.rdma.is_some();
-        let transport = crate::transport::select::choose(transport, &descriptor, local_host_id(), serves_rdma)?;
-        let link = self.open_link(transport, &descriptor, deadline)?;
-        self.install_segment(name, descriptor, transport, link)
+        let transport =
+            crate::transport::select::choose(transport, &handshake.descriptor, local_host_id(), serves_rdma)?;
+        let link = self.open_link(transport, &handshake, deadline)?;
+        self.install_segment(name, handshake.descriptor, transport, link)
+    }
+
+    /// Who this engine is to its peers.
+    fn initiator(&self) -> Initiator {
+        Initiator { name: self.inner.config.name.clone(), epoch: self.inner.epoch }
     }
 
     fn open_link(
         &self,
         transport: TransportKind,
-        descriptor: &SegmentDescriptor,
+        handshake: &crate::control::Handshake,
         deadline: Instant,
     ) -> Result<Arc<dyn Link>> {
+        let descriptor = &handshake.descriptor;
         Ok(match transport {
             TransportKind::Shm => Arc::new(ShmLink::open(descriptor)?),
             TransportKind::Tcp => {
@@ -901,6 +958,7 @@ impl Engine {
                     &descriptor.name,
                     addr,
                     descriptor.epoch,
+                    handshake.session.as_ref(),
                     lanes,
                     deadline,
                     self.inner.config.io_timeout,
@@ -914,14 +972,14 @@ impl Engine {
                     .rdma
                     .clone()
                     .ok_or_else(|| Error::Unsupported { what: "rdma: this engine has no RDMA device".into() })?;
-                let initiator = self.inner.config.name.clone();
+                let initiator = self.initiator();
                 let token = self.inner.config.token.clone();
                 Arc::new(RdmaLink::connect(node, descriptor, self.inner.lanes.len(), |nics, ours| {
+                    // The QPs belong to the identity this connection's
+                    // handshake establishes (proven, with a token).
                     let mut client = crate::control::ControlClient::connect(&descriptor.control_addr, deadline)?;
-                    if let Some(token) = &token {
-                        client.handshake(&initiator, Some(token.as_bytes()), deadline)?;
-                    }
-                    client.rdma_connect(&initiator, nics, ours, deadline)
+                    client.handshake(&initiator, token.as_ref(), deadline)?;
+                    client.rdma_connect(nics, ours, deadline)
                 })?)
             }
         })
@@ -938,9 +996,19 @@ impl Engine {
     /// # Ok::<(), kvring::Error>(())
     /// ```
     pub fn open_self(&self, transport: TransportKind) -> Result<Segment> {
-        let descriptor = self.descriptor();
-        let link = self.open_link(transport, &descriptor, Instant::now() + self.inner.config.control_timeout)?;
-        self.install_segment(&format!("self/{}", transport.name()), descriptor, transport, link)
+        let deadline = Instant::now() + self.inner.config.control_timeout;
+        let handshake = match (&self.inner.config.token, transport) {
+            // A tokened tcp connection proves a handshake's session, even
+            // to this engine itself.
+            (Some(token), TransportKind::Tcp) => crate::control::ControlClient::connect(
+                &self.inner.control_addr.to_string(),
+                deadline,
+            )?
+            .handshake(&self.initiator(), Some(token), deadline)?,
+            _ => crate::control::Handshake { descriptor: self.descriptor(), session: None },
+        };
+        let link = self.open_link(transport, &handshake, deadline)?;
+        self.install_segment(&format!("self/{}", transport.name()), handshake.descriptor, transport, link)
     }
 
     fn install_segment(
@@ -969,7 +1037,7 @@ impl Engine {
                 key,
                 owner_epoch: self.inner.epoch,
                 opened_as: name.to_string(),
-                initiator: self.inner.config.name.clone(),
+                initiator: self.initiator(),
                 token: self.inner.config.token.clone(),
                 link: link.clone(),
                 peer,
@@ -1145,7 +1213,7 @@ struct ControlContext {
     /// Set once, as soon as the control server has bound.
     control_addr: OnceLock<String>,
     tcp_addr: Option<String>,
-    token: Option<Token>,
+    auth: Option<Arc<Authenticator>>,
     notifications: Arc<NotificationQueue>,
     kv_layout: Mutex<Option<KvLayout>>,
     rdma: Option<Arc<RdmaNode>>,
@@ -1183,29 +1251,33 @@ impl ControlContext {
 }
 
 impl ControlHandler for ControlContext {
-    fn rdma_connect(&self, request: &crate::proto::RdmaConnectRequest) -> Result<Vec<crate::proto::QpEndpointInfo>> {
+    fn authenticator(&self) -> Option<&Authenticator> {
+        self.auth.as_deref()
+    }
+
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn describe(&self) -> SegmentDescriptor {
+        ControlContext::describe(self)
+    }
+
+    fn rdma_connect(
+        &self,
+        initiator: &Initiator,
+        request: &crate::proto::RdmaConnectRequest,
+    ) -> Result<Vec<crate::proto::QpEndpointInfo>> {
         let node =
             self.rdma.as_ref().ok_or_else(|| Error::Unsupported { what: "rdma: this engine serves none".into() })?;
         let endpoints: Vec<_> =
             request.endpoints.iter().map(crate::control::client::endpoint_from_proto).collect::<Result<_>>()?;
-        let ours = node.accept(&request.initiator, request.nics as usize, &endpoints)?;
+        let ours = node.accept(initiator, request.nics as usize, &endpoints)?;
         Ok(ours.iter().map(crate::control::client::endpoint_to_proto).collect())
     }
 
-    fn handshake(&self, request: &HandshakeRequest) -> Result<SegmentDescriptor> {
-        if let Some(token) = &self.token {
-            if !token.matches(&request.token) {
-                let what = if request.token.is_empty() { "missing" } else { "wrong" };
-                return Err(Error::Unauthorized {
-                    reason: format!("{what} token in the handshake from {:?}", request.initiator),
-                });
-            }
-        }
-        Ok(self.describe())
-    }
-
-    fn notify(&self, notification: crate::proto::Notification) -> Result<()> {
-        self.notifications.deliver(Notification { from: notification.from, message: notification.message })
+    fn notify(&self, sender: &str, message: Vec<u8>) -> Result<()> {
+        self.notifications.deliver(Notification { from: sender.to_string(), message })
     }
 
     fn memory_info(&self) -> Result<crate::proto::KvLayoutInfo> {
@@ -1213,10 +1285,6 @@ impl ControlHandler for ControlContext {
             .as_ref()
             .map(KvLayout::to_proto)
             .ok_or_else(|| Error::Unsupported { what: format!("{} has registered no KV-cache layout", self.name) })
-    }
-
-    fn requires_handshake(&self) -> bool {
-        self.token.is_some()
     }
 
     fn checksum(&self, request: &ChecksumRequest) -> Result<u64> {

@@ -1,6 +1,7 @@
 //! The caller's handle to an open peer segment.
 
-use crate::control::{ControlClient, Token};
+use crate::auth::{Initiator, Token};
+use crate::control::ControlClient;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::segment::{PeerSegment, RemoteRegion, TransportKind};
@@ -47,8 +48,8 @@ pub(crate) struct SegmentInner {
     pub(crate) opened_as: String,
     pub(crate) peer: Arc<PeerSegment>,
     pub(crate) transport: TransportKind,
-    /// The engine's name and token, for control RPCs to this peer.
-    pub(crate) initiator: String,
+    /// Who the engine is, and its token, for control RPCs to this peer.
+    pub(crate) initiator: Initiator,
     pub(crate) token: Option<Token>,
     /// The transport link the lanes use (notifications share its path).
     pub(crate) link: Arc<dyn crate::transport::Link>,
@@ -82,8 +83,19 @@ impl Segment {
 
     /// The id of the peer's `position`-th region.
     pub fn region(&self, position: usize) -> Result<RegionId> {
-        self.regions().get(position).map(|r| r.id).ok_or_else(|| {
-            Error::invalid("region position", format!("{position} but the peer has {} regions", self.regions().len()))
+        let regions = self.regions();
+        regions.get(position).map(|r| r.id).ok_or_else(|| {
+            if regions.is_empty() {
+                Error::invalid(
+                    "region position",
+                    format!("{} exposes no region yet (it may still be starting): open it again shortly", self.name()),
+                )
+            } else {
+                Error::invalid(
+                    "region position",
+                    format!("{position} but {} has {} regions", self.name(), regions.len()),
+                )
+            }
         })
     }
 
@@ -135,12 +147,12 @@ impl Segment {
         self.control_client(deadline)?.checksum(region.raw(), offset, len, deadline)
     }
 
-    /// A control connection to the peer, through its token check when this
-    /// engine has a token (a tokened peer answers nothing before one).
+    /// A control connection to the peer, through the token's mutual proof
+    /// when this engine has a token (a tokened peer answers nothing before).
     pub(crate) fn control_client(&self, deadline: Instant) -> Result<ControlClient> {
         let mut client = ControlClient::connect(&self.inner.peer.descriptor().control_addr, deadline)?;
         if let Some(token) = &self.inner.token {
-            client.handshake(&self.inner.initiator, Some(token.as_bytes()), deadline)?;
+            client.handshake(&self.inner.initiator, Some(token), deadline)?;
         }
         Ok(client)
     }

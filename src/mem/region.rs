@@ -69,6 +69,11 @@ impl Access {
         self.0 & other.0 == other.0
     }
 
+    /// True when any right in `other` is present.
+    pub const fn intersects(self, other: Access) -> bool {
+        self.0 & other.0 != 0
+    }
+
     /// The raw bits (as sent on the wire).
     pub const fn bits(self) -> u32 {
         self.0 as u32

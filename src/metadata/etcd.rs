@@ -9,6 +9,8 @@
 //! so no gRPC stack (and no tokio) is needed.
 
 use super::MetadataStore;
+use crate::auth::Initiator;
+use crate::control::Handshake;
 use crate::error::{Error, Result};
 use crate::segment::SegmentDescriptor;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -225,13 +227,18 @@ impl EtcdStore {
 }
 
 impl MetadataStore for EtcdStore {
-    fn resolve(&self, name: &str, initiator: &str, deadline: Instant) -> Result<SegmentDescriptor> {
+    fn resolve(&self, name: &str, initiator: &Initiator, deadline: Instant) -> Result<Handshake> {
         let published = self.published(name, deadline)?;
+        // Whoever can write the key chooses this address; with a token the
+        // handshake makes it prove the token before we prove ours.
         let live = self.handshake.resolve(&published.control_addr, initiator, deadline)?;
-        if live.name != name {
+        if live.descriptor.name != name {
             return Err(Error::PeerRestarted {
                 segment: name.to_string(),
-                detail: format!("{} now serves {:?}; its etcd entry is stale", published.control_addr, live.name),
+                detail: format!(
+                    "{} now serves {:?}; its etcd entry is stale",
+                    published.control_addr, live.descriptor.name
+                ),
             });
         }
         Ok(live)

@@ -4,15 +4,15 @@
 
 pub mod etcd;
 
-use crate::control::{ControlClient, Token};
+use crate::auth::{Initiator, Token};
+use crate::control::{ControlClient, Handshake};
 use crate::error::Result;
-use crate::segment::SegmentDescriptor;
 use std::time::Instant;
 
-/// A way to turn a segment name into its descriptor.
+/// A way to turn a segment name into a handshake with it.
 pub trait MetadataStore: Send + Sync + std::fmt::Debug {
-    /// Looks `name` up before `deadline`.
-    fn resolve(&self, name: &str, initiator: &str, deadline: Instant) -> Result<SegmentDescriptor>;
+    /// Looks `name` up and handshakes with it before `deadline`.
+    fn resolve(&self, name: &str, initiator: &Initiator, deadline: Instant) -> Result<Handshake>;
 
     /// How names are resolved, for `kvring info` and errors.
     fn mode(&self) -> String;
@@ -22,13 +22,13 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
 /// (`host:port`), and the peer answers with its own descriptor.
 #[derive(Debug, Default, Clone)]
 pub struct PeerHandshake {
-    /// Pre-shared token sent in every handshake.
+    /// The cluster's token: proven in every handshake, never sent.
     pub token: Option<Token>,
 }
 
 impl MetadataStore for PeerHandshake {
-    fn resolve(&self, name: &str, initiator: &str, deadline: Instant) -> Result<SegmentDescriptor> {
-        ControlClient::connect(name, deadline)?.handshake(initiator, self.token.as_ref().map(Token::as_bytes), deadline)
+    fn resolve(&self, name: &str, initiator: &Initiator, deadline: Instant) -> Result<Handshake> {
+        ControlClient::connect(name, deadline)?.handshake(initiator, self.token.as_ref(), deadline)
     }
 
     fn mode(&self) -> String {

@@ -2,19 +2,55 @@
 //! 42's blocks are in place"), queued until the engine's owner polls them.
 //!
 //! Both ways in (a NOTIFY frame on a tcp data connection, a notify request
-//! on the control plane for shm peers) deliver into one bounded queue; a full
-//! queue refuses the message with `Busy`, so the sender knows it was not
-//! delivered.
+//! on the control plane for shm peers) deliver into one queue with quotas by
+//! count and by bytes, per sender and in total, so no peer can fill a
+//! target's memory or crowd out the others. A refused message is `Busy`
+//! back to its sender, which then knows it was not delivered.
 
 use crate::error::{Error, Result};
-use crossbeam_queue::ArrayQueue;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
-/// Default number of notifications queued before senders are refused.
-pub const DEFAULT_NOTIFY_QUEUE: usize = 4096;
 /// Largest notification message accepted.
-pub use super::tcp::frame::MAX_NOTIFY_BYTES;
+pub const MAX_NOTIFY_BYTES: usize = 64 * 1024;
+/// Longest sender name accepted (a segment name's limit).
+pub const MAX_SENDER_BYTES: usize = 256;
+/// Largest encoded notification a NOTIFY frame may carry: the message, the
+/// name, and protobuf's few bytes of tags and lengths.
+pub const MAX_NOTIFY_FRAME_BYTES: usize = MAX_NOTIFY_BYTES + MAX_SENDER_BYTES + 16;
+/// Default most notifications queued in total.
+pub const DEFAULT_NOTIFY_QUEUE: usize = 4096;
+/// Default most bytes (messages and names) queued in total.
+pub const DEFAULT_NOTIFY_QUEUE_BYTES: usize = 16 << 20;
+/// Default most notifications queued from one sender.
+pub const DEFAULT_NOTIFY_PER_SENDER: usize = 1024;
+/// Default most bytes queued from one sender.
+pub const DEFAULT_NOTIFY_BYTES_PER_SENDER: usize = 4 << 20;
+
+/// The bounds on what senders may queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotifyQuota {
+    /// Most notifications queued in total.
+    pub total: usize,
+    /// Most bytes queued in total.
+    pub total_bytes: usize,
+    /// Most notifications queued from one sender.
+    pub per_sender: usize,
+    /// Most bytes queued from one sender.
+    pub per_sender_bytes: usize,
+}
+
+impl Default for NotifyQuota {
+    fn default() -> Self {
+        Self {
+            total: DEFAULT_NOTIFY_QUEUE,
+            total_bytes: DEFAULT_NOTIFY_QUEUE_BYTES,
+            per_sender: DEFAULT_NOTIFY_PER_SENDER,
+            per_sender_bytes: DEFAULT_NOTIFY_BYTES_PER_SENDER,
+        }
+    }
+}
 
 /// One notification.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,14 +61,30 @@ pub struct Notification {
     pub message: Vec<u8>,
 }
 
+impl Notification {
+    fn cost(&self) -> usize {
+        self.message.len() + self.from.len()
+    }
+}
+
 /// Called after each delivery (the engine rings the lane that posts
 /// notification CQEs).
 pub type DeliveryHook = Box<dyn Fn() + Send + Sync>;
 
-/// The bounded queue notifications land in. Many connection threads
-/// deliver into it, so it is crossbeam's MPMC `ArrayQueue`.
+#[derive(Debug, Default)]
+struct Queued {
+    queue: VecDeque<Notification>,
+    bytes: usize,
+    /// Per sender: notifications and bytes queued.
+    senders: HashMap<String, (usize, usize)>,
+}
+
+/// The queue notifications land in. Deliveries come from the data server
+/// and control threads and reads from the owner, none of them on a lane's
+/// data path, so one mutex keeps the quotas exact.
 pub struct NotificationQueue {
-    queue: ArrayQueue<Notification>,
+    quota: NotifyQuota,
+    queued: Mutex<Queued>,
     /// Deliveries so far: a lane compares it with what it last saw.
     delivered: AtomicU64,
     on_delivery: OnceLock<DeliveryHook>,
@@ -40,14 +92,25 @@ pub struct NotificationQueue {
 
 impl std::fmt::Debug for NotificationQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NotificationQueue").field("queued", &self.queue.len()).finish()
+        f.debug_struct("NotificationQueue").field("quota", &self.quota).finish_non_exhaustive()
     }
 }
 
 impl NotificationQueue {
-    /// A queue holding up to `capacity` notifications.
-    pub fn new(capacity: usize) -> Self {
-        Self { queue: ArrayQueue::new(capacity.max(1)), delivered: AtomicU64::new(0), on_delivery: OnceLock::new() }
+    /// An empty queue with these quotas.
+    pub fn new(quota: NotifyQuota) -> Self {
+        let quota = NotifyQuota { total: quota.total.max(1), per_sender: quota.per_sender.max(1), ..quota };
+        Self {
+            quota,
+            queued: Mutex::new(Queued::default()),
+            delivered: AtomicU64::new(0),
+            on_delivery: OnceLock::new(),
+        }
+    }
+
+    fn queued(&self) -> std::sync::MutexGuard<'_, Queued> {
+        // Every critical section leaves the counts consistent.
+        self.queued.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Sets what runs after each delivery (once; later calls are ignored).
@@ -60,8 +123,9 @@ impl NotificationQueue {
         self.delivered.load(Ordering::Acquire)
     }
 
-    /// Queues a notification; refused with `Busy` when full, or with
-    /// `InvalidArgument` when the message is too large.
+    /// Queues a notification; refused with `Busy` past a quota, with
+    /// `MessageTooLarge` or `InvalidArgument` when the message or the
+    /// sender's name is too long.
     pub fn deliver(&self, notification: Notification) -> Result<()> {
         if notification.message.len() > MAX_NOTIFY_BYTES {
             return Err(Error::MessageTooLarge {
@@ -69,9 +133,33 @@ impl NotificationQueue {
                 max: MAX_NOTIFY_BYTES as u64,
             });
         }
-        self.queue
-            .push(notification)
-            .map_err(|_| Error::Busy { queue: "notification queue", capacity: self.queue.capacity() })?;
+        if notification.from.len() > MAX_SENDER_BYTES {
+            return Err(Error::invalid("notification sender", format!("a name of {} bytes", notification.from.len())));
+        }
+        let cost = notification.cost();
+        {
+            let mut queued = self.queued();
+            let quota = self.quota;
+            if queued.queue.len() >= quota.total {
+                return Err(Error::Busy { queue: "notification queue", capacity: quota.total });
+            }
+            if queued.bytes + cost > quota.total_bytes {
+                return Err(Error::Busy { queue: "notification queue bytes", capacity: quota.total_bytes });
+            }
+            let (count, bytes) = queued.senders.get(&notification.from).copied().unwrap_or_default();
+            if count >= quota.per_sender {
+                return Err(Error::Busy { queue: "notifications from one sender", capacity: quota.per_sender });
+            }
+            if bytes + cost > quota.per_sender_bytes {
+                return Err(Error::Busy {
+                    queue: "notification bytes from one sender",
+                    capacity: quota.per_sender_bytes,
+                });
+            }
+            queued.senders.insert(notification.from.clone(), (count + 1, bytes + cost));
+            queued.bytes += cost;
+            queued.queue.push_back(notification);
+        }
         // Counted after the push: whoever sees the count finds the message.
         self.delivered.fetch_add(1, Ordering::AcqRel);
         if let Some(hook) = self.on_delivery.get() {
@@ -82,7 +170,18 @@ impl NotificationQueue {
 
     /// The oldest notification, if any.
     pub fn poll(&self) -> Option<Notification> {
-        self.queue.pop()
+        let mut queued = self.queued();
+        let notification = queued.queue.pop_front()?;
+        let cost = notification.cost();
+        queued.bytes -= cost;
+        if let Some((count, bytes)) = queued.senders.get_mut(&notification.from) {
+            *count -= 1;
+            *bytes -= cost;
+            if *count == 0 {
+                queued.senders.remove(&notification.from);
+            }
+        }
+        Some(notification)
     }
 }
 
@@ -90,18 +189,46 @@ impl NotificationQueue {
 mod tests {
     use super::*;
 
+    fn n(from: &str, message: &str) -> Notification {
+        Notification { from: from.into(), message: message.as_bytes().to_vec() }
+    }
+
     #[test]
-    fn a_full_queue_refuses_and_order_is_kept() {
-        let queue = NotificationQueue::new(2);
-        let n = |m: &str| Notification { from: "p".into(), message: m.as_bytes().to_vec() };
-        queue.deliver(n("a")).unwrap();
-        queue.deliver(n("b")).unwrap();
-        assert!(matches!(queue.deliver(n("c")), Err(Error::Busy { queue: "notification queue", capacity: 2 })));
+    fn quotas_hold_per_sender_and_in_total_and_order_is_kept() {
+        let quota = NotifyQuota { total: 3, total_bytes: 1000, per_sender: 2, per_sender_bytes: 1000 };
+        let queue = NotificationQueue::new(quota);
+        queue.deliver(n("p", "a")).unwrap();
+        queue.deliver(n("p", "b")).unwrap();
+        let error = queue.deliver(n("p", "c")).unwrap_err();
+        assert!(matches!(error, Error::Busy { queue: "notifications from one sender", capacity: 2 }), "{error}");
+        // Another sender still gets through, up to the total.
+        queue.deliver(n("q", "x")).unwrap();
+        assert!(matches!(queue.deliver(n("r", "y")), Err(Error::Busy { queue: "notification queue", capacity: 3 })));
         assert_eq!(queue.poll().unwrap().message, b"a");
-        assert_eq!(queue.poll().unwrap().message, b"b");
-        assert!(queue.poll().is_none());
-        assert_eq!(queue.delivered(), 2, "refused messages are not counted");
+        // Polling frees the sender's share.
+        queue.deliver(n("p", "c")).unwrap();
+        let order: Vec<_> = std::iter::from_fn(|| queue.poll()).map(|n| n.message).collect();
+        assert_eq!(order, [b"b".to_vec(), b"x".to_vec(), b"c".to_vec()]);
+        assert_eq!(queue.delivered(), 4, "refused messages are not counted");
+    }
+
+    #[test]
+    fn byte_quotas_and_size_limits_refuse_with_clear_errors() {
+        let quota = NotifyQuota { total: 100, total_bytes: 50, per_sender: 100, per_sender_bytes: 30 };
+        let queue = NotificationQueue::new(quota);
+        queue.deliver(n("p", &"a".repeat(20))).unwrap();
+        assert!(matches!(
+            queue.deliver(n("p", &"a".repeat(20))),
+            Err(Error::Busy { queue: "notification bytes from one sender", .. })
+        ));
+        queue.deliver(n("q", &"a".repeat(20))).unwrap();
+        assert!(matches!(
+            queue.deliver(n("r", "abcdefghij")),
+            Err(Error::Busy { queue: "notification queue bytes", .. })
+        ));
         let huge = Notification { from: "p".into(), message: vec![0; MAX_NOTIFY_BYTES + 1] };
         assert!(matches!(queue.deliver(huge), Err(Error::MessageTooLarge { .. })));
+        let long_name = Notification { from: "p".repeat(MAX_SENDER_BYTES + 1), message: vec![] };
+        assert!(queue.deliver(long_name).unwrap_err().to_string().contains("notification sender"));
     }
 }

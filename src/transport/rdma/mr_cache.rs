@@ -12,7 +12,7 @@ use std::sync::Arc;
 pub struct MrCache {
     verbs: Arc<dyn Verbs>,
     pd: Pd,
-    by_range: HashMap<(u64, u64), Mr>,
+    by_range: HashMap<(u64, u64), (Mr, MrAccess)>,
 }
 
 impl MrCache {
@@ -28,19 +28,25 @@ impl MrCache {
     /// As [`Verbs::reg_mr`]: the range stays valid until it is
     /// [`unregister`](Self::unregister)ed or the cache is dropped.
     pub unsafe fn register(&mut self, addr: u64, len: u64, access: MrAccess) -> Result<Mr> {
-        if let Some(mr) = self.by_range.get(&(addr, len)) {
-            return Ok(*mr);
+        if let Some((mr, rights)) = self.by_range.get(&(addr, len)) {
+            if *rights == access {
+                return Ok(*mr);
+            }
+            // Another registration of the same range with other rights: the
+            // old one goes, so no key grants more than asked for now.
+            let _ = self.verbs.dereg_mr(mr.handle);
+            self.by_range.remove(&(addr, len));
         }
         // SAFETY: forwarded from our caller.
         let mr = unsafe { self.verbs.reg_mr(self.pd, addr, len, access)? };
-        self.by_range.insert((addr, len), mr);
+        self.by_range.insert((addr, len), (mr, access));
         Ok(mr)
     }
 
     /// Deregisters a range; unknown ranges are ignored.
     pub fn unregister(&mut self, addr: u64, len: u64) -> Result<()> {
         match self.by_range.remove(&(addr, len)) {
-            Some(mr) => self.verbs.dereg_mr(mr.handle),
+            Some((mr, _)) => self.verbs.dereg_mr(mr.handle),
             None => Ok(()),
         }
     }
@@ -58,7 +64,7 @@ impl MrCache {
 
 impl Drop for MrCache {
     fn drop(&mut self) {
-        for (_, mr) in self.by_range.drain() {
+        for (_, (mr, _)) in self.by_range.drain() {
             let _ = self.verbs.dereg_mr(mr.handle);
         }
     }

@@ -5,8 +5,10 @@
 use super::devices::pick_gid;
 use super::mr_cache::MrCache;
 use super::verbs::*;
+use crate::auth::Initiator;
 use crate::desc::RegionId;
 use crate::error::{Error, Result};
+use crate::mem::Access;
 use crate::segment::RdmaInfo;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -15,8 +17,13 @@ use std::sync::{Arc, Mutex, RwLock};
 pub const QP_DEPTH: u32 = 1024;
 /// Writes up to this many bytes go inline.
 pub const MAX_INLINE: u32 = 64;
-/// Most QP endpoints one connect request may carry.
+/// Most QP endpoints one connect request may carry: the QPs one initiator
+/// may hold on this engine.
 pub const MAX_CONNECT_ENDPOINTS: usize = 1024;
+/// Most QPs accepted for all initiators together; past it the initiator
+/// that connected least recently loses its QPs (it reconnects when it
+/// next uses them), and a request larger than the bound is refused.
+pub const MAX_ACCEPTED_QPS: usize = 16 * 1024;
 /// Reset QPs kept per NIC and kind for the next connection; beyond this a
 /// released QP is destroyed.
 const MAX_SPARE_QPS: usize = 256;
@@ -65,6 +72,9 @@ struct RegionKeys {
     len: u64,
     lkeys: Vec<u32>,
     rkeys: Vec<u32>,
+    /// Whether peers may use the region at all (else its keys are not
+    /// listed for them).
+    remote: bool,
 }
 
 /// An engine's RDMA state.
@@ -73,8 +83,26 @@ pub struct RdmaNode {
     verbs: Arc<dyn Verbs>,
     nics: Vec<Nic>,
     regions: RwLock<HashMap<u32, RegionKeys>>,
-    /// By initiator name: the QPs accepted for it, with their NIC.
-    accepted: Mutex<HashMap<String, Vec<(usize, Spare)>>>,
+    /// The QPs accepted for each initiator.
+    accepted: Mutex<Accepted>,
+}
+
+/// QPs accepted for initiators, by identity (name and epoch: a restarted
+/// initiator is another identity, and its predecessor's QPs go).
+#[derive(Debug, Default)]
+struct Accepted {
+    by_initiator: HashMap<Initiator, AcceptedSet>,
+    /// Each name's current epoch.
+    epochs: HashMap<String, u64>,
+    total: usize,
+    /// Connects so far: orders initiators by how recently they connected.
+    clock: u64,
+}
+
+#[derive(Debug)]
+struct AcceptedSet {
+    qps: Vec<(usize, Spare)>,
+    connected: u64,
 }
 
 impl RdmaNode {
@@ -104,7 +132,7 @@ impl RdmaNode {
         if nics.is_empty() {
             return Err(Error::Device { device: "any".into(), reason: "no RDMA device with an active port".into() });
         }
-        Ok(Self { verbs, nics, regions: RwLock::new(HashMap::new()), accepted: Mutex::new(HashMap::new()) })
+        Ok(Self { verbs, nics, regions: RwLock::new(HashMap::new()), accepted: Mutex::new(Accepted::default()) })
     }
 
     /// The provider.
@@ -117,17 +145,27 @@ impl RdmaNode {
         &self.nics
     }
 
-    /// Registers a region with every NIC.
+    /// Registers a region with every NIC, with exactly the rights the
+    /// region grants peers (a region peers may only read is registered
+    /// without remote write, so the NIC itself refuses a write).
     ///
     /// # Safety
     ///
     /// `addr..addr + len` stays valid until [`RdmaNode::unregister_region`].
-    pub unsafe fn register_region(&self, id: RegionId, addr: u64, len: u64) -> Result<()> {
-        let mut keys = RegionKeys { addr, len, lkeys: Vec::new(), rkeys: Vec::new() };
+    pub unsafe fn register_region(&self, id: RegionId, addr: u64, len: u64, access: Access) -> Result<()> {
+        let rights = MrAccess {
+            // Verbs requires local write wherever remote write is granted,
+            // and a READ lands in local memory.
+            local_write: access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+            remote_write: access.contains(Access::REMOTE_WRITE),
+            remote_read: access.contains(Access::REMOTE_READ),
+        };
+        let remote = rights.remote_write || rights.remote_read;
+        let mut keys = RegionKeys { addr, len, lkeys: Vec::new(), rkeys: Vec::new(), remote };
         for nic in &self.nics {
             let mut mrs = nic.mrs.lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: forwarded from our caller.
-            let mr = unsafe { mrs.register(addr, len, MrAccess::ALL)? };
+            let mr = unsafe { mrs.register(addr, len, rights)? };
             keys.lkeys.push(mr.lkey);
             keys.rkeys.push(mr.rkey);
         }
@@ -149,9 +187,9 @@ impl RdmaNode {
     /// deregistered, so no peer's request touches this engine's memory
     /// again (links still held by segment handles fail their posts).
     pub fn shutdown(&self) {
-        let accepted: Vec<_> = self.accepted.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
-        for (_, qps) in accepted {
-            for (_, spare) in qps {
+        let accepted = std::mem::take(&mut *self.accepted.lock().unwrap_or_else(|p| p.into_inner()));
+        for (_, set) in accepted.by_initiator {
+            for (_, spare) in set.qps {
                 let _ = self.verbs.destroy_qp(spare.qp);
             }
         }
@@ -172,13 +210,23 @@ impl RdmaNode {
         f(&|region, nic| regions.get(&region).and_then(|k| k.lkeys.get(nic)).copied())
     }
 
-    /// What peers need: NIC count, and each region's address and rkeys.
+    /// What peers need: NIC count, and each region's address and rkeys
+    /// (only regions that grant peers a right).
     pub fn info(&self) -> RdmaInfo {
         let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
         RdmaInfo {
             nics: self.nics.len() as u32,
-            regions: regions.iter().map(|(&id, k)| (RegionId::from_raw(id), k.addr, k.rkeys.clone())).collect(),
+            regions: regions
+                .iter()
+                .filter(|(_, k)| k.remote)
+                .map(|(&id, k)| (RegionId::from_raw(id), k.addr, k.rkeys.clone()))
+                .collect(),
         }
+    }
+
+    /// QPs accepted for initiators now.
+    pub fn accepted_qps(&self) -> usize {
+        self.accepted.lock().unwrap_or_else(|p| p.into_inner()).total
     }
 
     /// A QP on NIC `nic` in the INIT state with a CQ of its own (`depth`
@@ -270,19 +318,45 @@ impl RdmaNode {
     }
 
     /// Accepts an initiator's QPs (lane-major over `nics` NICs): one QP of
-    /// ours connected to each, returned in the same order. An initiator that
-    /// connects again (it reopened us) replaces its earlier QPs.
-    pub fn accept(&self, initiator: &str, nics: usize, endpoints: &[QpEndpoint]) -> Result<Vec<QpEndpoint>> {
+    /// ours connected to each, returned in the same order. The QPs belong
+    /// to `initiator` (name and epoch, from its handshake): connecting
+    /// again (it reopened us) or as a later epoch of the same name (it
+    /// restarted) gives back the earlier QPs, reset for reuse. At most
+    /// [`MAX_CONNECT_ENDPOINTS`] per initiator and [`MAX_ACCEPTED_QPS`] in
+    /// all, the least recently connected initiator giving way.
+    pub fn accept(&self, initiator: &Initiator, nics: usize, endpoints: &[QpEndpoint]) -> Result<Vec<QpEndpoint>> {
         if nics == 0 || nics > self.nics.len() || endpoints.len() > MAX_CONNECT_ENDPOINTS {
             return Err(Error::invalid(
                 "rdma connect",
-                format!("{} endpoints over {nics} nics (this engine has {})", endpoints.len(), self.nics.len()),
+                format!(
+                    "{} endpoints over {nics} nics (this engine has {} nics and takes at most {MAX_CONNECT_ENDPOINTS})",
+                    endpoints.len(),
+                    self.nics.len()
+                ),
             ));
         }
-        // An initiator that reconnects (it restarted, or a QP failed) gets
-        // its earlier QPs back, reset and handshaked again.
-        let previous = self.accepted.lock().unwrap_or_else(|p| p.into_inner()).remove(initiator);
-        for (nic, spare) in previous.into_iter().flatten() {
+        let released = {
+            let mut accepted = self.accepted.lock().unwrap_or_else(|p| p.into_inner());
+            let mut released = Vec::new();
+            // Its own earlier QPs, and a restarted predecessor's.
+            if let Some(set) = accepted.remove(initiator) {
+                released.extend(set.qps);
+            }
+            if let Some(&epoch) = accepted.epochs.get(&initiator.name) {
+                let predecessor = Initiator { name: initiator.name.clone(), epoch };
+                if let Some(set) = accepted.remove(&predecessor) {
+                    released.extend(set.qps);
+                }
+            }
+            while accepted.total + endpoints.len() > MAX_ACCEPTED_QPS {
+                let Some(oldest) = accepted.least_recent() else { break };
+                if let Some(set) = accepted.remove(&oldest) {
+                    released.extend(set.qps);
+                }
+            }
+            released
+        };
+        for (nic, spare) in released {
             self.keep_or_destroy(nic, spare, true);
         }
         let mut qps = Vec::with_capacity(endpoints.len());
@@ -302,8 +376,38 @@ impl RdmaNode {
             return Err(error);
         }
         let ours = qps.iter().map(|(_, spare)| spare.endpoint).collect();
-        self.accepted.lock().unwrap_or_else(|p| p.into_inner()).insert(initiator.to_string(), qps);
+        let replaced = self.accepted.lock().unwrap_or_else(|p| p.into_inner()).insert(initiator.clone(), qps);
+        for (nic, spare) in replaced.into_iter().flat_map(|set| set.qps) {
+            self.keep_or_destroy(nic, spare, true);
+        }
         Ok(ours)
+    }
+}
+
+impl Accepted {
+    fn remove(&mut self, initiator: &Initiator) -> Option<AcceptedSet> {
+        let set = self.by_initiator.remove(initiator)?;
+        self.total -= set.qps.len();
+        if self.epochs.get(&initiator.name) == Some(&initiator.epoch) {
+            self.epochs.remove(&initiator.name);
+        }
+        Some(set)
+    }
+
+    /// Books `initiator`'s QPs; hands back a set it replaces (two connects
+    /// of one initiator raced: the later one holds).
+    fn insert(&mut self, initiator: Initiator, qps: Vec<(usize, Spare)>) -> Option<AcceptedSet> {
+        self.clock += 1;
+        self.total += qps.len();
+        self.epochs.insert(initiator.name.clone(), initiator.epoch);
+        let set = AcceptedSet { qps, connected: self.clock };
+        let old = self.by_initiator.insert(initiator, set)?;
+        self.total -= old.qps.len();
+        Some(old)
+    }
+
+    fn least_recent(&self) -> Option<Initiator> {
+        self.by_initiator.iter().min_by_key(|(_, set)| set.connected).map(|(initiator, _)| initiator.clone())
     }
 }
 

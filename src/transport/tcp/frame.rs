@@ -13,8 +13,6 @@ pub const FRAME_VERSION: u8 = 1;
 pub const FRAME_HEADER_BYTES: usize = std::mem::size_of::<FrameHeader>();
 /// Largest payload one frame carries; larger blocks are chunked.
 pub const MAX_FRAME_PAYLOAD_BYTES: u64 = 1 << 20;
-/// Largest notification message.
-pub const MAX_NOTIFY_BYTES: usize = 64 * 1024;
 
 /// Frame opcodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,15 +13,21 @@
 //! frames.
 
 use super::conn::{Connection, Peer};
-use super::frame::MAX_NOTIFY_BYTES;
+use super::hello::{ClientHello, ClientProof, ServerHello, FLAG_PROOF_REQUIRED, SERVER_HELLO_BYTES};
+use crate::auth::Session;
 use crate::error::{Error, Result};
+use crate::net::DeadlineIo;
 use crate::ring::Opcode;
 use crate::segment::TransportKind;
+use crate::transport::notify::MAX_NOTIFY_FRAME_BYTES;
 use crate::transport::{Block, Finished, Link, Posted};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use zerocopy::IntoBytes;
 
 /// Default time a connection may go without a byte moving while replies are
 /// awaited before it is declared dead.
@@ -51,11 +57,14 @@ impl std::fmt::Debug for TcpLink {
 }
 
 impl TcpLink {
-    /// Connects `lanes` connections to `data_addr` before `deadline`.
+    /// Connects `lanes` connections to `data_addr` before `deadline`, each
+    /// opened with the hello (and `session`'s proof when the target
+    /// requires one).
     pub fn connect(
         peer: &str,
         data_addr: &str,
         epoch: u64,
+        session: Option<&Session>,
         lanes: usize,
         deadline: Instant,
         io_timeout: Duration,
@@ -71,8 +80,7 @@ impl TcpLink {
             if left.is_zero() {
                 return Err(Error::Timeout { waited: Duration::ZERO });
             }
-            let stream = TcpStream::connect_timeout(&addr, left)
-                .map_err(|e| Error::io(format!("connecting to {peer}'s data listener {addr}"), e))?;
+            let stream = open(addr, peer, epoch, session, deadline)?;
             let connection = Connection::new(stream).map_err(|e| Error::io("configuring a data connection", e))?;
             slots.push(Mutex::new(Slot::Open(Box::new(connection))));
         }
@@ -157,8 +165,8 @@ impl Link for TcpLink {
     }
 
     fn post_notification(&self, lane: usize, ticket: u64, payload: Vec<u8>) -> Result<()> {
-        if payload.len() > MAX_NOTIFY_BYTES + 1024 {
-            return Err(Error::MessageTooLarge { len: payload.len() as u64, max: MAX_NOTIFY_BYTES as u64 });
+        if payload.len() > MAX_NOTIFY_FRAME_BYTES {
+            return Err(Error::MessageTooLarge { len: payload.len() as u64, max: MAX_NOTIFY_FRAME_BYTES as u64 });
         }
         let mut slot = self.slot(lane).ok_or_else(|| Error::invalid("lane", format!("{lane} is not a lane")))?;
         let connection = match &mut *slot {
@@ -171,4 +179,64 @@ impl Link for TcpLink {
         }
         Ok(())
     }
+}
+
+/// Connects one data connection and runs its opening: the hello, and the
+/// session proof when the target asks for one. A refusal comes back as the
+/// target's reason (`Busy` from its admission policy, `PeerRestarted` for
+/// another epoch, `Unauthorized`).
+fn open(addr: SocketAddr, peer: &str, epoch: u64, session: Option<&Session>, deadline: Instant) -> Result<TcpStream> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let stream = TcpStream::connect_timeout(&addr, left)
+        .map_err(|e| Error::io(format!("connecting to {peer}'s data listener {addr}"), e))?;
+    let _ = stream.set_nodelay(true);
+    let mut io = DeadlineIo::new(&stream, deadline);
+    let timed = |e: std::io::Error, what: &str| {
+        if crate::net::is_timeout(&e) {
+            Error::Timeout { waited: left }
+        } else {
+            Error::io(format!("{what} {peer}'s data listener {addr}"), e)
+        }
+    };
+    let (cn, sn) = session.map_or(([0; 16], [0; 16]), |s| (s.client_nonce, s.server_nonce));
+    io.write_all(ClientHello::new(epoch, cn, sn).as_bytes()).map_err(|e| timed(e, "greeting"))?;
+    let answer = read_answer(&mut io, &addr.to_string()).map_err(|e| match e {
+        Error::Io { source, .. } => timed(source, "reading the answer of"),
+        other => other,
+    })?;
+    if let Some(refusal) = answer.refused(peer) {
+        return Err(refusal);
+    }
+    if answer.flags & FLAG_PROOF_REQUIRED != 0 {
+        let session = session.ok_or_else(|| Error::Unauthorized {
+            reason: format!("{peer}'s data listener requires a token's session; this engine has no token"),
+        })?;
+        let proof = ClientProof::new(session.data_proof(&answer.nonce, epoch));
+        io.write_all(proof.as_bytes()).map_err(|e| timed(e, "proving the session to"))?;
+        let verdict = read_answer(&mut io, &addr.to_string()).map_err(|e| match e {
+            Error::Io { source, .. } => timed(source, "reading the answer of"),
+            other => other,
+        })?;
+        if let Some(refusal) = verdict.refused(peer) {
+            return Err(refusal);
+        }
+    }
+    Ok(stream)
+}
+
+/// Reads one [`ServerHello`]; what is cut short or not a hello is named as
+/// not a kvring peer, with what it sent.
+fn read_answer(io: &mut impl Read, addr: &str) -> Result<ServerHello> {
+    let mut bytes = [0u8; SERVER_HELLO_BYTES];
+    let mut got = 0;
+    while got < SERVER_HELLO_BYTES {
+        match io.read(&mut bytes[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if got > 0 && crate::net::is_timeout(&e) => break,
+            Err(e) => return Err(Error::io("reading a server hello", e)),
+        }
+    }
+    ServerHello::decode(&bytes[..got], addr)
 }

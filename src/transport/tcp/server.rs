@@ -1,316 +1,285 @@
-//! The target side of the TCP transport: a listener whose connections each
-//! get a thread that reads frames, checks every block against this engine's
-//! own registry (region exists, access, bounds, epoch), and only then
-//! touches memory.
+//! The target side of the TCP transport: one thread polls the listener and
+//! every accepted data connection (non-blocking sockets, an epoll set),
+//! and drives each connection's [`TargetConn`] state machine. A connection
+//! costs one descriptor and a few hundred bytes while idle, not a thread.
 //!
-//! A bad block fails its chunk (the rest of the chunk's payload is read and
-//! dropped, so framing survives) and the chunk's ack carries the error. A
-//! frame that cannot be framed (bad magic, version, opcode, oversized) is
-//! answered once and the connection closed. Other connections never notice.
+//! Every connection is booked with the listener's [`Admission`]: it must
+//! open with a valid hello (and with a token, a session proof) within the
+//! admission deadline; pending connections are bounded per source and in
+//! total, and the oldest is closed to make room for a newcomer; a refusal
+//! reaches the initiator as `Busy` in the server hello.
 
-use super::frame::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES};
-use crate::desc::RegionId;
-use crate::error::{Error, Result, Side};
-use crate::mem::registry::{access_name, check_range};
-use crate::mem::{Access, Registry};
-use crate::net::Acceptor;
-use crate::transport::notify::{Notification, NotificationQueue};
-use prost::Message;
-use std::io::{BufReader, BufWriter, IoSlice, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use super::hello::ServerHello;
+use super::target::{TargetConn, TargetContext};
+use crate::error::{Error, Result};
+use crate::net::{Admission, AdmissionLimits, Arrival};
+use polling::{Event, Events, PollMode, Poller};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerocopy::IntoBytes;
 
-/// Most data connections served at once.
-pub const MAX_DATA_CONNECTIONS: usize = 256;
-/// A data connection idle this long is closed.
-pub const DATA_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-/// Longest a started frame may take to arrive in full.
-pub const FRAME_READ_TIMEOUT: Duration = Duration::from_secs(10);
-const STOP_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+/// How often deadlines are checked while the loop would otherwise sleep.
+const TICK: Duration = Duration::from_millis(100);
+/// Pause of the accepts after `accept` failed (out of descriptors).
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
+/// The listener's key in the poller; connections use their slot + 1.
+const LISTENER_KEY: usize = 0;
 
 /// A running data server.
 #[derive(Debug)]
 pub struct TcpDataServer {
-    acceptor: Acceptor,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
-struct Context {
-    registry: Arc<Registry>,
-    notifications: Arc<NotificationQueue>,
-    epoch: u64,
+#[derive(Debug)]
+struct Shared {
+    poller: Poller,
+    stop: AtomicBool,
+    /// Connections open now.
+    connections: AtomicUsize,
 }
 
 impl TcpDataServer {
-    /// Binds `listen` (only that address) and serves `registry`'s regions.
-    pub fn start(
-        listen: SocketAddr,
-        registry: Arc<Registry>,
-        notifications: Arc<NotificationQueue>,
-        epoch: u64,
-    ) -> Result<Self> {
-        let context = Context { registry, notifications, epoch };
-        let refuse = |stream: &mut TcpStream| {
-            let error = Error::Busy { queue: "tcp data connection table", capacity: MAX_DATA_CONNECTIONS };
-            let _ = send_status(stream, FrameOp::Ack, &FrameHeader::new(FrameOp::Ack, 0, 0, 0, 0, 0), &error);
-        };
-        let serve = move |stream: TcpStream, stop: &AtomicBool| {
-            let _ = serve_connection(stream, &context, stop);
-        };
-        Ok(Self { acceptor: Acceptor::start(listen, "tcp-data", MAX_DATA_CONNECTIONS, refuse, serve)? })
+    /// Binds `listen` (only that address) and serves `ctx`'s regions within
+    /// `limits`.
+    pub(crate) fn start(listen: SocketAddr, ctx: TargetContext, limits: AdmissionLimits) -> Result<Self> {
+        let listener = TcpListener::bind(listen)
+            .map_err(|e| Error::io(format!("binding the tcp data listener on {listen}"), e))?;
+        let addr = listener.local_addr().map_err(|e| Error::io("reading the tcp data listener address", e))?;
+        listener.set_nonblocking(true).map_err(|e| Error::io("making the data listener non-blocking", e))?;
+        let poller = Poller::new().map_err(|e| Error::io("creating the data server's poller", e))?;
+        // SAFETY: the listener is deleted from the poller before it is
+        // dropped (at the end of `serve`, which owns both).
+        unsafe { poller.add_with_mode(&listener, Event::readable(LISTENER_KEY), PollMode::Level) }
+            .map_err(|e| Error::io("polling the data listener", e))?;
+        let shared = Arc::new(Shared { poller, stop: AtomicBool::new(false), connections: AtomicUsize::new(0) });
+        let for_thread = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("kvring-tcp-data".into())
+            .spawn(move || Server::new(listener, ctx, limits, &for_thread).serve())
+            .map_err(|e| Error::io("spawning the tcp data server", e))?;
+        Ok(Self { addr, shared, thread: Some(thread) })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
-        self.acceptor.local_addr()
+        self.addr
     }
 
-    /// Stops accepting and cuts every open connection.
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        self.shared.connections.load(Ordering::Acquire)
+    }
+
+    /// Stops accepting and closes every connection (their leases given
+    /// back), and waits for the server thread.
     pub fn stop(&mut self) {
-        self.acceptor.stop();
+        self.shared.stop.store(true, Ordering::Release);
+        let _ = self.shared.poller.notify();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
-/// The first failure of the chunk being received, if any.
-struct Chunk {
-    failure: Option<(FrameHeader, Error)>,
+impl Drop for TcpDataServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
-/// Bytes of frames read ahead: small frames cost one syscall per many.
-const READ_BUFFER_BYTES: usize = 256 * 1024;
-/// Bytes of replies gathered before a write.
-const WRITE_BUFFER_BYTES: usize = 256 * 1024;
+struct Slot {
+    stream: TcpStream,
+    conn: TargetConn,
+    /// The interest registered with the poller: (readable, writable).
+    interest: (bool, bool),
+}
 
-fn serve_connection(stream: TcpStream, context: &Context, stop: &AtomicBool) -> Result<()> {
-    let _ = stream.set_nodelay(true);
-    stream.set_write_timeout(Some(FRAME_READ_TIMEOUT)).map_err(|e| Error::io("setting write timeout", e))?;
-    // Reads go through a buffer (headers and small payloads arrive many to
-    // a syscall; large payloads bypass it straight into region memory);
-    // replies go out on the stream itself.
-    let mut reader =
-        BufReader::with_capacity(READ_BUFFER_BYTES, stream.try_clone().map_err(|e| Error::io("cloning a socket", e))?);
-    // Replies are buffered too, and flushed whenever no request is waiting:
-    // a run of small READs is answered with a few large writes.
-    let mut writer =
-        BufWriter::with_capacity(WRITE_BUFFER_BYTES, stream.try_clone().map_err(|e| Error::io("cloning a socket", e))?);
-    let mut chunk = Chunk { failure: None };
-    let mut header_bytes = [0u8; FRAME_HEADER_BYTES];
-    let mut idle_since = Instant::now();
-    loop {
-        if reader.buffer().is_empty() {
-            writer.flush().map_err(|e| Error::io("sending replies", e))?;
-            if !wait_readable(&stream, stop, &mut idle_since)? {
-                return Ok(());
+struct Server<'a> {
+    listener: TcpListener,
+    ctx: TargetContext,
+    shared: &'a Shared,
+    admission: Admission<usize>,
+    slots: Vec<Option<Slot>>,
+    free: Vec<usize>,
+    accept_paused_until: Option<Instant>,
+}
+
+impl<'a> Server<'a> {
+    fn new(listener: TcpListener, ctx: TargetContext, limits: AdmissionLimits, shared: &'a Shared) -> Self {
+        Self {
+            listener,
+            ctx,
+            shared,
+            admission: Admission::new(limits),
+            slots: Vec::new(),
+            free: Vec::new(),
+            accept_paused_until: None,
+        }
+    }
+
+    fn serve(mut self) {
+        let mut events = Events::new();
+        let mut last_tick = Instant::now();
+        while !self.shared.stop.load(Ordering::Acquire) {
+            events.clear();
+            if self.shared.poller.wait(&mut events, Some(TICK)).is_err() {
+                std::thread::sleep(ACCEPT_ERROR_PAUSE);
+                continue;
             }
-            // Waiting used a short timeout; a started frame gets the long
-            // one. Only here: a frame already buffered needs no syscall.
-            stream.set_read_timeout(Some(FRAME_READ_TIMEOUT)).map_err(|e| Error::io("setting read timeout", e))?;
-        }
-        if reader.read_exact(&mut header_bytes).is_err() {
-            // Disconnected or stalled mid-header: nothing to answer.
-            return Ok(());
-        }
-        if stop.load(Ordering::Acquire) {
-            // Stopping: take no more writes, so nothing lands after the
-            // engine is gone.
-            return Ok(());
-        }
-        let (header, op) = match FrameHeader::decode(&header_bytes) {
-            Ok(decoded) => decoded,
-            Err(error) => {
-                // Framing is lost: answer once, close.
-                let _ = send_status(&mut writer, FrameOp::Ack, &FrameHeader::new(FrameOp::Ack, 0, 0, 0, 0, 0), &error);
-                let _ = writer.flush();
-                return Ok(());
-            }
-        };
-        match op {
-            FrameOp::Write => receive_write(&mut reader, &mut writer, context, &header, &mut chunk)?,
-            FrameOp::Read => serve_read(&mut writer, context, &header)?,
-            FrameOp::Notify => receive_notify(&mut reader, &mut writer, context, &header)?,
-            FrameOp::Ack | FrameOp::ReadData => {
-                let error = Error::malformed("frame", format!("{op:?} is a reply, not a request"));
-                let _ = send_status(&mut writer, FrameOp::Ack, &header, &error);
-                let _ = writer.flush();
-                return Ok(());
-            }
-        }
-        idle_since = Instant::now();
-    }
-}
-
-/// Waits until a frame starts, honouring the stop flag and the idle limit.
-/// False when the connection should end.
-fn wait_readable(stream: &TcpStream, stop: &AtomicBool, idle_since: &mut Instant) -> Result<bool> {
-    stream.set_read_timeout(Some(STOP_CHECK_INTERVAL)).map_err(|e| Error::io("setting read timeout", e))?;
-    let mut probe = [0u8; 1];
-    loop {
-        if stop.load(Ordering::Acquire) || idle_since.elapsed() > DATA_IDLE_TIMEOUT {
-            return Ok(false);
-        }
-        match stream.peek(&mut probe) {
-            Ok(0) => return Ok(false),
-            Ok(_) => return Ok(true),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-            Err(_) => return Ok(false),
-        }
-    }
-}
-
-/// Checks one block against the registry; on success returns its address
-/// with a lease held (the caller releases `region`).
-fn check_block(context: &Context, header: &FrameHeader, needs: Access) -> Result<usize> {
-    if header.epoch != context.epoch {
-        return Err(Error::PeerRestarted {
-            segment: "this target".into(),
-            detail: format!("frame for epoch {:#x}, but the current epoch is {:#x}", header.epoch, context.epoch),
-        });
-    }
-    let region = RegionId::from_raw(header.region);
-    context.registry.lease(region).map_err(|_| Error::UnknownRegion { side: Side::Remote, region })?;
-    let checked = (|| {
-        let entry = context.registry.leased(region)?;
-        if !entry.info.access.contains(needs) {
-            return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region, needs: access_name(needs) });
-        }
-        check_range(region, Side::Remote, 0, header.offset, header.len, entry.len as u64)?;
-        Ok(entry.addr + header.offset as usize)
-    })();
-    if checked.is_err() {
-        context.registry.release(region);
-    }
-    checked
-}
-
-fn receive_write(
-    reader: &mut BufReader<TcpStream>,
-    out: &mut impl Write,
-    context: &Context,
-    header: &FrameHeader,
-    chunk: &mut Chunk,
-) -> Result<()> {
-    let len = header.len as usize;
-    if chunk.failure.is_none() {
-        match check_block(context, header, Access::REMOTE_WRITE) {
-            Ok(addr) => {
-                // SAFETY: `addr..addr+len` lies in a registered region (checked
-                // above) that our lease keeps registered until released below.
-                let target = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
-                let received = reader.read_exact(target);
-                context.registry.release(RegionId::from_raw(header.region));
-                if received.is_err() {
-                    // The initiator went away mid-frame: bytes before the
-                    // cut are in place, and no ack says the chunk is done.
-                    return Err(Error::malformed("frame", "connection ended inside a payload"));
+            let now = Instant::now();
+            for event in events.iter() {
+                if event.key == LISTENER_KEY {
+                    self.accept(now);
+                } else {
+                    self.drive(event.key - 1, event.readable, event.writable, now);
                 }
             }
-            Err(error) => {
-                chunk.failure = Some((*header, error));
-                discard(reader, len)?;
+            if now.duration_since(last_tick) >= TICK {
+                last_tick = now;
+                self.tick(now);
             }
         }
-    } else {
-        discard(reader, len)?;
-    }
-    if header.flags & FLAG_LAST != 0 {
-        let failure = chunk.failure.take();
-        match failure {
-            None => {
-                let mut ack = FrameHeader::new(FrameOp::Ack, context.epoch, header.batch_id, 0, 0, 0);
-                ack.status = 0;
-                out.write_all(ack.as_bytes()).map_err(|e| Error::io("sending ack", e))?;
-            }
-            Some((failed, error)) => send_status(out, FrameOp::Ack, &failed, &error)?,
+        for index in 0..self.slots.len() {
+            self.close(index);
         }
+        let _ = self.shared.poller.delete(&self.listener);
     }
-    Ok(())
-}
 
-fn receive_notify(
-    reader: &mut BufReader<TcpStream>,
-    out: &mut impl Write,
-    context: &Context,
-    header: &FrameHeader,
-) -> Result<()> {
-    let mut payload = vec![0u8; header.len as usize];
-    reader.read_exact(&mut payload).map_err(|_| Error::malformed("frame", "connection ended inside a payload"))?;
-    let delivered = if header.epoch != context.epoch {
-        Err(Error::PeerRestarted { segment: "this target".into(), detail: "notification for another epoch".into() })
-    } else {
-        crate::proto::Notification::decode(payload.as_slice())
-            .map_err(|e| Error::malformed("notification", e.to_string()))
-            .and_then(|n| context.notifications.deliver(Notification { from: n.from, message: n.message }))
-    };
-    match delivered {
-        Ok(()) => {
-            let ack = FrameHeader::new(FrameOp::Ack, context.epoch, header.batch_id, 0, 0, 0);
-            out.write_all(ack.as_bytes()).map_err(|e| Error::io("sending ack", e))
+    fn accept(&mut self, now: Instant) {
+        if self.accept_paused_until.is_some_and(|until| now < until) {
+            return;
         }
-        Err(error) => send_status(out, FrameOp::Ack, header, &error),
-    }
-}
-
-/// READ payloads at least this large are written straight from region
-/// memory rather than through the reply buffer.
-const DIRECT_WRITE_MIN_BYTES: usize = 16 * 1024;
-
-fn serve_read(out: &mut BufWriter<TcpStream>, context: &Context, header: &FrameHeader) -> Result<()> {
-    match check_block(context, header, Access::REMOTE_READ) {
-        Ok(addr) => {
-            let reply = FrameHeader::new(
-                FrameOp::ReadData,
-                context.epoch,
-                header.batch_id,
-                header.region,
-                header.offset,
-                header.len,
-            );
-            // SAFETY: as in `receive_write`; the lease is released below.
-            let source = unsafe { std::slice::from_raw_parts(addr as *const u8, header.len as usize) };
-            let sent = if source.len() >= DIRECT_WRITE_MIN_BYTES {
-                // Large payloads skip the reply buffer: one writev, no copy.
-                out.flush().and_then(|()| write_all_vectored(out.get_mut(), reply.as_bytes(), source))
-            } else {
-                out.write_all(reply.as_bytes()).and_then(|()| out.write_all(source))
+        loop {
+            let (stream, source) = match self.listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    // Out of descriptors (or memory): the listener stays
+                    // readable, so pause instead of spinning on it.
+                    self.pause_accepts(now);
+                    return;
+                }
             };
-            context.registry.release(RegionId::from_raw(header.region));
-            sent.map_err(|e| Error::io("sending read data", e))
+            let index = self.free.pop().unwrap_or(self.slots.len());
+            match self.admission.arrive(index, source.ip(), now) {
+                Arrival::Accept => {}
+                Arrival::AcceptEvicting(old) => self.close_booked(old),
+                Arrival::Refuse(bound) => {
+                    refuse(&stream, bound, self.ctx.epoch);
+                    if index < self.slots.len() {
+                        self.free.push(index);
+                    }
+                    continue;
+                }
+            }
+            if self.open(index, stream, now).is_err() {
+                self.admission.leave(index);
+                if index < self.slots.len() {
+                    self.free.push(index);
+                }
+            }
         }
-        Err(error) => send_status(out, FrameOp::ReadData, header, &error),
     }
-}
 
-/// Writes a header and its payload with as few `writev`s as it takes.
-fn write_all_vectored(stream: &mut TcpStream, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
-    let mut slices = [IoSlice::new(header), IoSlice::new(payload)];
-    let mut slices = &mut slices[..];
-    while !slices.is_empty() {
-        match stream.write_vectored(slices) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+    fn pause_accepts(&mut self, now: Instant) {
+        self.accept_paused_until = Some(now + ACCEPT_ERROR_PAUSE);
+        let _ = self.shared.poller.modify_with_mode(&self.listener, Event::none(LISTENER_KEY), PollMode::Level);
+    }
+
+    fn open(&mut self, index: usize, stream: TcpStream, now: Instant) -> std::io::Result<()> {
+        stream.set_nonblocking(true)?;
+        let _ = stream.set_nodelay(true);
+        // SAFETY: the stream is deleted from the poller in `close`, before
+        // it is dropped.
+        unsafe { self.shared.poller.add_with_mode(&stream, Event::readable(index + 1), PollMode::Level)? };
+        let conn = TargetConn::new(now, self.admission.limits().timeout);
+        let slot = Slot { stream, conn, interest: (true, false) };
+        if index == self.slots.len() {
+            self.slots.push(Some(slot));
+        } else {
+            self.slots[index] = Some(slot);
+        }
+        self.shared.connections.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Serves one connection's readiness.
+    fn drive(&mut self, index: usize, readable: bool, writable: bool, now: Instant) {
+        let Server { ctx, admission, slots, .. } = self;
+        let Some(Some(slot)) = slots.get_mut(index) else { return };
+        let mut admit = || admission.admit(index);
+        let mut outcome = Ok(());
+        if readable && slot.conn.wants_read() {
+            outcome = slot.conn.on_readable(&mut slot.stream, ctx, &mut admit, now).map(drop);
+        }
+        if outcome.is_ok() && (writable || slot.conn.wants_write()) {
+            outcome = slot.conn.on_writable(&mut slot.stream, ctx).map(drop);
+        }
+        let done = outcome.is_err() || slot.conn.finished();
+        if !done {
+            let interest = (slot.conn.wants_read(), slot.conn.wants_write());
+            if interest != slot.interest {
+                slot.interest = interest;
+                let mut event = Event::none(index + 1);
+                event.readable = interest.0;
+                event.writable = interest.1;
+                let _ = self.shared.poller.modify_with_mode(&slot.stream, event, PollMode::Level);
+            }
+            return;
+        }
+        self.close_booked(index);
+    }
+
+    /// Deadlines: unproven connections past the admission deadline, frames
+    /// that take too long, idle connections; and idle buffers freed.
+    fn tick(&mut self, now: Instant) {
+        if self.accept_paused_until.is_some_and(|until| now >= until) {
+            self.accept_paused_until = None;
+            let _ = self.shared.poller.modify_with_mode(&self.listener, Event::readable(LISTENER_KEY), PollMode::Level);
+        }
+        let mut expired = Vec::new();
+        self.admission.expire(now, &mut expired);
+        for index in expired {
+            self.close(index);
+        }
+        for index in 0..self.slots.len() {
+            let Some(slot) = self.slots[index].as_mut() else { continue };
+            if slot.conn.expired(now).is_some() {
+                self.close_booked(index);
+            } else {
+                slot.conn.shrink_if_idle(now);
+            }
         }
     }
-    Ok(())
-}
 
-/// Reads and drops `len` payload bytes, keeping the framing.
-fn discard(reader: &mut BufReader<TcpStream>, len: usize) -> Result<()> {
-    let copied = std::io::copy(&mut reader.take(len as u64), &mut std::io::sink())
-        .map_err(|e| Error::io("discarding a refused payload", e))?;
-    if copied != len as u64 {
-        return Err(Error::malformed("frame", "connection ended inside a payload"));
+    /// Closes a connection and takes it out of the admission book.
+    fn close_booked(&mut self, index: usize) {
+        self.admission.leave(index);
+        self.close(index);
     }
-    Ok(())
+
+    fn close(&mut self, index: usize) {
+        let Some(mut slot) = self.slots.get_mut(index).and_then(Option::take) else { return };
+        // Whatever is queued (a refusal, the last replies) gets one try.
+        let _ = slot.conn.on_writable(&mut slot.stream, &self.ctx);
+        slot.conn.release(&self.ctx);
+        let _ = self.shared.poller.delete(&slot.stream);
+        let _ = slot.stream.shutdown(std::net::Shutdown::Both);
+        self.free.push(index);
+        self.shared.connections.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
-/// Sends a reply header that reports `error` for the frame `about`.
-fn send_status(out: &mut impl Write, op: FrameOp, about: &FrameHeader, error: &Error) -> Result<()> {
-    let mut reply = FrameHeader::new(op, about.epoch, about.batch_id, about.region, about.offset, 0);
-    reply.status = -(error.code() as i32);
-    reply.len = 0;
-    out.write_all(reply.as_bytes()).map_err(|e| Error::io("sending an error reply", e))
+/// Answers a refused connection's hello with `Busy` (best effort: the
+/// socket is fresh, so a 40-byte write fits its buffer) and closes it.
+fn refuse(stream: &TcpStream, bound: &'static str, epoch: u64) {
+    let _ = stream.set_nonblocking(true);
+    let refusal = ServerHello::refusal(&Error::Busy { queue: bound, capacity: 0 }, epoch);
+    let _ = std::io::Write::write(&mut &*stream, refusal.as_bytes());
 }

@@ -1,0 +1,225 @@
+//! The accept loop of the servers that give each connection a thread (the
+//! control plane and `/metrics`, whose requests are few and may be slow):
+//! bind exactly the address given, book every connection with the
+//! listener's [`Admission`], and a stop that wakes the accept and cuts
+//! every open connection, so peers see the engine gone at once.
+
+use super::admission::{Admission, AdmissionLimits, Arrival};
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The longest `stop` waits for connection threads to end.
+const CONNECTION_DRAIN: Duration = Duration::from_secs(5);
+/// Pause after a failed `accept` (out of descriptors, say), so the loop
+/// does not spin on a condition that lasts.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
+
+struct Shared {
+    stop: AtomicBool,
+    active: AtomicUsize,
+    /// The admission book and a handle on every open connection, for
+    /// evictions and for `stop`.
+    book: Mutex<Book>,
+}
+
+struct Book {
+    admission: Admission<u64>,
+    open: HashMap<u64, TcpStream>,
+}
+
+impl Shared {
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        // Every critical section leaves the book consistent.
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What a connection's thread sees of its server.
+#[derive(Debug)]
+pub(crate) struct Admitted<'a> {
+    id: u64,
+    shared: &'a Shared,
+    accepted: Instant,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("active", &self.active).finish_non_exhaustive()
+    }
+}
+
+impl Admitted<'_> {
+    /// True once the server is stopping.
+    pub(crate) fn stopping(&self) -> bool {
+        self.shared.stop.load(Ordering::Acquire)
+    }
+
+    /// The connection proved itself; `Err` names the bound that refuses
+    /// it (the caller answers `Busy` and closes).
+    pub(crate) fn admit(&self) -> std::result::Result<(), &'static str> {
+        self.shared.book().admission.admit(self.id)
+    }
+
+    /// When the connection must have proved itself by.
+    pub(crate) fn admission_deadline(&self) -> Instant {
+        self.accepted + self.timeout
+    }
+}
+
+/// A running accept loop.
+pub(crate) struct Acceptor {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Acceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acceptor").field("addr", &self.addr).field("active", &self.shared.active).finish()
+    }
+}
+
+impl Acceptor {
+    /// Binds `listen` and serves each connection with `serve(stream, conn)`
+    /// on its own thread, within `limits`; a connection the book refuses is
+    /// handed to `refuse` (with the bound's name, to answer why) and
+    /// closed. std sets SO_REUSEADDR on Unix listeners, so a restarted
+    /// engine can bind the same port at once.
+    pub(crate) fn start(
+        listen: SocketAddr,
+        what: &'static str,
+        limits: AdmissionLimits,
+        refuse: impl Fn(&mut TcpStream, &'static str) + Send + 'static,
+        serve: impl Fn(TcpStream, &Admitted<'_>) + Send + Sync + 'static,
+    ) -> Result<Self> {
+        let listener =
+            TcpListener::bind(listen).map_err(|e| Error::io(format!("binding {what} listener on {listen}"), e))?;
+        let addr = listener.local_addr().map_err(|e| Error::io(format!("reading {what} listener address"), e))?;
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+            book: Mutex::new(Book { admission: Admission::new(limits), open: HashMap::new() }),
+        });
+        let for_thread = shared.clone();
+        let serve = Arc::new(serve);
+        let thread = std::thread::Builder::new()
+            .name(format!("kvring-{what}"))
+            .spawn(move || accept_loop(listener, for_thread, refuse, serve))
+            .map_err(|e| Error::io(format!("spawning the {what} accept thread"), e))?;
+        Ok(Self { addr, shared, thread: Some(thread) })
+    }
+
+    /// The bound address (with the real port when 0 was asked for).
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, joins the accept thread, cuts open connections and
+    /// waits (a bounded while) for their threads to end, so that when it
+    /// returns nothing serves peers any more and nothing of the server's
+    /// state is held by a connection thread.
+    pub(crate) fn stop(&mut self) {
+        if self.shared.stop.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Wake the blocking accept with one connection of our own.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        for stream in std::mem::take(&mut self.shared.book().open).into_values() {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+        // A cut connection's thread sees its stream end at once; one in the
+        // middle of a request finishes it first.
+        let waited = Instant::now();
+        while self.shared.active.load(Ordering::Acquire) > 0 && waited.elapsed() < CONNECTION_DRAIN {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for Acceptor {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop<S>(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    refuse: impl Fn(&mut TcpStream, &'static str),
+    serve: Arc<S>,
+) where
+    S: Fn(TcpStream, &Admitted<'_>) + Send + Sync + 'static,
+{
+    let mut next_id = 0u64;
+    let timeout = shared.book().admission.limits().timeout;
+    loop {
+        let accepted = listener.accept();
+        if shared.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let (mut stream, source) = match accepted {
+            Ok(accepted) => accepted,
+            Err(_) => {
+                std::thread::sleep(ACCEPT_ERROR_PAUSE);
+                continue;
+            }
+        };
+        next_id += 1;
+        let id = next_id;
+        let now = Instant::now();
+        {
+            let mut book = shared.book();
+            match book.admission.arrive(id, source.ip(), now) {
+                Arrival::Accept => {}
+                Arrival::AcceptEvicting(old) => {
+                    if let Some(old) = book.open.remove(&old) {
+                        let _ = old.shutdown(std::net::Shutdown::Both);
+                    }
+                }
+                Arrival::Refuse(bound) => {
+                    drop(book);
+                    refuse(&mut stream, bound);
+                    continue;
+                }
+            }
+            match stream.try_clone() {
+                Ok(handle) => {
+                    book.open.insert(id, handle);
+                }
+                Err(_) => {
+                    book.admission.leave(id);
+                    continue;
+                }
+            }
+        }
+        shared.active.fetch_add(1, Ordering::AcqRel);
+        let (for_thread, serve) = (shared.clone(), serve.clone());
+        let spawned = std::thread::Builder::new().name("kvring-conn".into()).spawn(move || {
+            let conn = Admitted { id, shared: &for_thread, accepted: now, timeout };
+            serve(stream, &conn);
+            // The server's state goes before the count does: `stop` waits on it.
+            drop(serve);
+            {
+                let mut book = for_thread.book();
+                book.open.remove(&id);
+                book.admission.leave(id);
+            }
+            for_thread.active.fetch_sub(1, Ordering::AcqRel);
+        });
+        if spawned.is_err() {
+            // The closure, and its clean-up, never ran.
+            let mut book = shared.book();
+            book.open.remove(&id);
+            book.admission.leave(id);
+            shared.active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! Who may hold a listener's connections.
+//!
+//! A connection is *pending* from accept until it proves itself (the token
+//! handshake, or with no token a valid opening message), then *admitted*.
+//! Pending connections are cheap to make and prove nothing, so they are
+//! what a flood consists of: they get a short deadline, a bound per source
+//! address and in total, and when a bound is reached the *oldest pending*
+//! connection is closed to make room, never an admitted one and never the
+//! newcomer. A legitimate peer proves itself within a round trip or two, so
+//! a flood of idle connections cannot keep it out; it only churns itself.
+//! Admitted connections are bounded per source and in total; past those a
+//! newcomer is refused (`Busy`, which the initiator may retry).
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+/// Default most connections (pending and admitted) a listener holds.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 8192;
+/// Default most admitted connections from one source address.
+pub const DEFAULT_MAX_CONNECTIONS_PER_SOURCE: usize = 4096;
+/// Default most pending connections from one source address.
+pub const DEFAULT_MAX_PENDING_PER_SOURCE: usize = 64;
+/// Default most pending connections in total.
+pub const DEFAULT_MAX_PENDING: usize = 1024;
+/// Default time a connection has to prove itself.
+pub const DEFAULT_ADMISSION_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The bounds one listener enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionLimits {
+    /// Most connections, pending and admitted.
+    pub max_total: usize,
+    /// Most admitted connections from one source address.
+    pub max_per_source: usize,
+    /// Most pending connections from one source address.
+    pub max_pending_per_source: usize,
+    /// Most pending connections in total.
+    pub max_pending: usize,
+    /// Time a connection has to prove itself before it is closed.
+    pub timeout: Duration,
+}
+
+impl Default for AdmissionLimits {
+    fn default() -> Self {
+        Self {
+            max_total: DEFAULT_MAX_CONNECTIONS,
+            max_per_source: DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
+            max_pending_per_source: DEFAULT_MAX_PENDING_PER_SOURCE,
+            max_pending: DEFAULT_MAX_PENDING,
+            timeout: DEFAULT_ADMISSION_TIMEOUT,
+        }
+    }
+}
+
+impl AdmissionLimits {
+    /// These limits with the total capped at `max` (the fd budget, or a
+    /// server's own bound).
+    pub(crate) fn capped(mut self, max: usize) -> Self {
+        self.max_total = self.max_total.min(max).max(1);
+        self.max_pending = self.max_pending.min(self.max_total);
+        self
+    }
+}
+
+/// What to do with a connection that just arrived.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Arrival<K> {
+    /// Keep it (pending).
+    Accept,
+    /// Keep it, and close `K` (the oldest pending connection) to make room.
+    AcceptEvicting(K),
+    /// Refuse it: answer `Busy` naming the bound, and close it.
+    Refuse(&'static str),
+}
+
+#[derive(Debug)]
+struct Entry {
+    source: IpAddr,
+    /// Set while pending: when it arrived.
+    pending_since: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct SourceCounts {
+    pending: usize,
+    admitted: usize,
+}
+
+/// One listener's book of connections, keyed by the server's own id.
+#[derive(Debug)]
+pub(crate) struct Admission<K: Copy + Eq + Hash> {
+    limits: AdmissionLimits,
+    entries: HashMap<K, Entry>,
+    sources: HashMap<IpAddr, SourceCounts>,
+    /// Pending connections, oldest first; entries that have since been
+    /// admitted or closed are skipped when met.
+    pending: VecDeque<(K, Instant)>,
+    pending_count: usize,
+}
+
+impl<K: Copy + Eq + Hash> Admission<K> {
+    /// An empty book.
+    pub(crate) fn new(limits: AdmissionLimits) -> Self {
+        Self { limits, entries: HashMap::new(), sources: HashMap::new(), pending: VecDeque::new(), pending_count: 0 }
+    }
+
+    /// The limits in force.
+    pub(crate) fn limits(&self) -> AdmissionLimits {
+        self.limits
+    }
+
+    /// Connections held, pending and admitted.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Pending connections held.
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> usize {
+        self.pending_count
+    }
+
+    /// Books a new connection `key` from `source` as pending, or says why
+    /// not. On `AcceptEvicting` the evicted connection is already out of
+    /// the book; the caller closes it.
+    pub(crate) fn arrive(&mut self, key: K, source: IpAddr, now: Instant) -> Arrival<K> {
+        let counts = self.sources.get(&source);
+        let from_source = counts.map_or(0, |c| c.pending);
+        let mut evicted = None;
+        if from_source >= self.limits.max_pending_per_source {
+            evicted = self.evict_oldest_pending(Some(source));
+        } else if self.pending_count >= self.limits.max_pending || self.entries.len() >= self.limits.max_total {
+            evicted = self.evict_oldest_pending(None);
+        }
+        if self.entries.len() >= self.limits.max_total {
+            return Arrival::Refuse("connection table");
+        }
+        if from_source >= self.limits.max_pending_per_source && evicted.is_none() {
+            return Arrival::Refuse("pending connections from one address");
+        }
+        self.entries.insert(key, Entry { source, pending_since: Some(now) });
+        self.sources.entry(source).or_default().pending += 1;
+        self.pending.push_back((key, now));
+        self.pending_count += 1;
+        match evicted {
+            Some(old) => Arrival::AcceptEvicting(old),
+            None => Arrival::Accept,
+        }
+    }
+
+    fn evict_oldest_pending(&mut self, source: Option<IpAddr>) -> Option<K> {
+        let position = self.pending.iter().position(|(key, since)| {
+            self.entries
+                .get(key)
+                .is_some_and(|e| e.pending_since == Some(*since) && source.is_none_or(|s| s == e.source))
+        })?;
+        let (key, _) = self.pending.remove(position)?;
+        self.leave(key);
+        Some(key)
+    }
+
+    /// The connection proved itself. `Err` names the bound that refuses
+    /// it (its source holds too many admitted connections): the caller
+    /// answers `Busy` and closes it, then calls [`Admission::leave`].
+    pub(crate) fn admit(&mut self, key: K) -> Result<(), &'static str> {
+        let Some(entry) = self.entries.get_mut(&key) else { return Ok(()) };
+        if entry.pending_since.is_none() {
+            return Ok(());
+        }
+        let counts = self.sources.entry(entry.source).or_default();
+        if counts.admitted >= self.limits.max_per_source {
+            return Err("connections from one address");
+        }
+        entry.pending_since = None;
+        counts.pending -= 1;
+        counts.admitted += 1;
+        self.pending_count -= 1;
+        Ok(())
+    }
+
+    /// The connection is gone (closed by either side).
+    pub(crate) fn leave(&mut self, key: K) {
+        let Some(entry) = self.entries.remove(&key) else { return };
+        if let Some(counts) = self.sources.get_mut(&entry.source) {
+            if entry.pending_since.is_some() {
+                counts.pending -= 1;
+                self.pending_count -= 1;
+            } else {
+                counts.admitted -= 1;
+            }
+            if counts.pending == 0 && counts.admitted == 0 {
+                self.sources.remove(&entry.source);
+            }
+        }
+        if self.pending.len() > 2 * self.pending_count + 64 {
+            // Compact the skipped entries now and then, so the queue stays
+            // proportional to what is really pending.
+            let entries = &self.entries;
+            self.pending.retain(|(key, since)| entries.get(key).is_some_and(|e| e.pending_since == Some(*since)));
+        }
+    }
+
+    /// Pending connections past their deadline, out of the book and into
+    /// `expired` for the caller to close.
+    pub(crate) fn expire(&mut self, now: Instant, expired: &mut Vec<K>) {
+        while let Some(&(key, since)) = self.pending.front() {
+            let still_pending = self.entries.get(&key).is_some_and(|e| e.pending_since == Some(since));
+            if still_pending && now.saturating_duration_since(since) < self.limits.timeout {
+                return;
+            }
+            self.pending.pop_front();
+            if still_pending {
+                self.leave(key);
+                expired.push(key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> AdmissionLimits {
+        AdmissionLimits {
+            max_total: 6,
+            max_per_source: 2,
+            max_pending_per_source: 3,
+            max_pending: 4,
+            timeout: Duration::from_secs(2),
+        }
+    }
+
+    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
+    const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
+
+    #[test]
+    fn a_flood_from_one_address_only_churns_its_own_pending_connections() {
+        let mut book = Admission::new(limits());
+        let t0 = Instant::now();
+        for key in 0..3 {
+            assert_eq!(book.arrive(key, A, t0), Arrival::Accept);
+        }
+        // A's fourth pending connection pushes out A's oldest.
+        assert_eq!(book.arrive(3, A, t0), Arrival::AcceptEvicting(0));
+        // B still gets in, and proves itself.
+        assert_eq!(book.arrive(10, B, t0), Arrival::Accept);
+        assert_eq!(book.admit(10), Ok(()));
+        assert_eq!(book.pending(), 3);
+        // A legitimate connection from A itself is accepted too, pushing
+        // out the flood's oldest, and is admitted.
+        assert_eq!(book.arrive(11, A, t0), Arrival::AcceptEvicting(1));
+        assert_eq!(book.admit(11), Ok(()));
+        assert_eq!(book.len(), 4);
+    }
+
+    #[test]
+    fn admitted_connections_are_never_evicted_and_bounds_refuse_with_a_reason() {
+        let mut book = Admission::new(limits());
+        let t0 = Instant::now();
+        for key in 0..2 {
+            assert_eq!(book.arrive(key, A, t0), Arrival::Accept);
+            assert_eq!(book.admit(key), Ok(()));
+        }
+        // A third admitted connection from A is refused at proof time.
+        assert_eq!(book.arrive(2, A, t0), Arrival::Accept);
+        assert_eq!(book.admit(2), Err("connections from one address"));
+        book.leave(2);
+        // Fill the table with admitted connections from many sources.
+        for key in 3..7u8 {
+            let source = IpAddr::V4(std::net::Ipv4Addr::new(10, 1, 0, key));
+            assert_eq!(book.arrive(u32::from(key), source, t0), Arrival::Accept);
+            assert_eq!(book.admit(u32::from(key)), Ok(()));
+        }
+        assert_eq!(book.len(), 6);
+        // Full of admitted connections: nothing to evict, so refuse.
+        assert_eq!(book.arrive(99, B, t0), Arrival::Refuse("connection table"));
+        book.leave(0);
+        assert_eq!(book.arrive(99, B, t0), Arrival::Accept);
+    }
+
+    #[test]
+    fn pending_connections_expire_at_their_deadline_and_admitted_ones_do_not() {
+        let mut book = Admission::new(limits());
+        let t0 = Instant::now();
+        book.arrive(1, A, t0);
+        book.arrive(2, B, t0 + Duration::from_secs(1));
+        book.arrive(3, B, t0 + Duration::from_millis(500));
+        assert_eq!(book.admit(3), Ok(()));
+        let mut expired = Vec::new();
+        book.expire(t0 + Duration::from_millis(1999), &mut expired);
+        assert!(expired.is_empty());
+        book.expire(t0 + Duration::from_secs(2), &mut expired);
+        assert_eq!(expired, [1]);
+        book.expire(t0 + Duration::from_secs(10), &mut expired);
+        assert_eq!(expired, [1, 2]);
+        assert_eq!((book.len(), book.pending()), (1, 0));
+        // Leaving twice, or a key never booked, changes nothing.
+        book.leave(1);
+        book.leave(42);
+        assert_eq!(book.len(), 1);
+    }
+
+    #[test]
+    fn the_total_pending_bound_evicts_the_oldest_of_any_source() {
+        let mut book = Admission::new(limits());
+        let t0 = Instant::now();
+        for (key, source) in [(1, A), (2, B), (3, A), (4, B)] {
+            assert_eq!(book.arrive(key, source, t0), Arrival::Accept);
+        }
+        let c = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 3));
+        assert_eq!(book.arrive(5, c, t0), Arrival::AcceptEvicting(1));
+        assert_eq!(book.pending(), 4);
+    }
+}

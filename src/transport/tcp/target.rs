@@ -1,0 +1,933 @@
+//! One data connection as the target serves it: a state machine fed by
+//! whatever the socket has, that never blocks and never trusts a byte.
+//!
+//! It opens with the hellos (`hello.rs`): nothing is read as a frame before
+//! the initiator named this start's epoch and, with a token, proved its
+//! session. Then each frame is checked against this engine's own registry
+//! (the region exists, allows the operation, and holds the range, with
+//! checked arithmetic) before memory is touched: a WRITE payload is read
+//! straight into the region under a lease; a READ is answered from the
+//! region under a lease held until its bytes are on the socket; a refused
+//! block fails its chunk (its payload is read and dropped so the framing
+//! survives) and the chunk's ack carries the error; a notification is
+//! bounded and handed to the engine's queue, whose quotas may refuse it.
+//! A frame that cannot be framed is answered once and the connection closed.
+//!
+//! The driver (the server's poll loop) calls [`TargetConn::on_readable`] and
+//! [`TargetConn::on_writable`] with the socket, and closes the connection
+//! when either says so or when [`TargetConn::expired`] does: a connection
+//! must prove itself within the admission deadline, finish each frame within
+//! [`FRAME_TIMEOUT`] of its first byte, and is closed when idle for
+//! [`IDLE_TIMEOUT`], whatever it sends. Generic over the stream, so the fuzz
+//! target drives the same code with bytes.
+
+use super::frame::{FrameHeader, FrameOp, FRAME_HEADER_BYTES};
+use super::hello::{
+    ClientHello, ClientProof, ServerHello, CLIENT_HELLO_BYTES, CLIENT_PROOF_BYTES, FLAG_PROOF_REQUIRED,
+};
+use crate::auth::{random_bytes, Authenticator, Nonce};
+use crate::desc::RegionId;
+use crate::error::{Error, Result, Side};
+use crate::mem::registry::{access_name, check_range};
+use crate::mem::{Access, Registry};
+use crate::transport::notify::{Notification, NotificationQueue, MAX_NOTIFY_FRAME_BYTES};
+use prost::Message;
+use std::collections::VecDeque;
+use std::io::{IoSlice, Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use zerocopy::IntoBytes;
+
+/// Longest a started frame may take to arrive in full.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection that completes no frame for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Bytes of the read-ahead buffer: headers and small payloads arrive many
+/// to a syscall; large payloads bypass it straight into region memory.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+/// Payloads at least this large are read straight into region memory.
+const DIRECT_READ_MIN_BYTES: usize = 16 * 1024;
+/// A buffer unused this long is freed, so idle connections cost little.
+const BUFFER_IDLE_FREE: Duration = Duration::from_secs(1);
+/// Replies queued before the connection stops reading requests (a client
+/// that asks without reading the answers holds no more than this).
+const MAX_QUEUED_REPLIES: usize = 1024;
+/// Most slices one `writev` gathers.
+const MAX_IO_SLICES: usize = 64;
+
+/// What a target's connections share: its registry, notification queue,
+/// epoch, and token check.
+#[derive(Debug)]
+pub(crate) struct TargetContext {
+    /// The regions served.
+    pub registry: Arc<Registry>,
+    /// Where notifications go.
+    pub notifications: Arc<NotificationQueue>,
+    /// This start's epoch.
+    pub epoch: u64,
+    /// Set when the engine has a token.
+    pub auth: Option<Arc<Authenticator>>,
+}
+
+/// Why the driver must close the connection.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Close {
+    /// The peer closed or reset it.
+    PeerGone,
+    /// This side ended it (refusal, broken framing, a deadline); `what`
+    /// says why, for the logs.
+    Ended(&'static str),
+}
+
+/// Asks the listener's admission policy to admit a connection that just
+/// proved itself; `Err` names the full bound.
+pub(crate) type Admit<'a> = &'a mut dyn FnMut() -> std::result::Result<(), &'static str>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Awaiting the [`ClientHello`].
+    Hello,
+    /// Awaiting the [`ClientProof`] over `nonce`, for session (cn, sn).
+    Proof { nonce: Nonce, cn: Nonce, sn: Nonce },
+    /// Serving frames.
+    Serving,
+    /// Sending its last replies; reading nothing more.
+    Closing,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Receiving {
+    Header,
+    /// A WRITE payload landing at `dest` in `region` (leased).
+    Payload {
+        dest: *mut u8,
+        left: usize,
+        region: RegionId,
+    },
+    /// A payload nobody will use (its chunk already failed).
+    Discard {
+        left: usize,
+    },
+    /// A notification's payload, gathered in `notify`.
+    Notify {
+        left: usize,
+    },
+}
+
+/// A reply queued for the socket: a fixed part copied here, and for READ
+/// data the region's bytes, sent from the region under a lease.
+#[derive(Debug)]
+struct Reply {
+    head: [u8; FRAME_HEADER_BYTES],
+    head_len: usize,
+    payload: *const u8,
+    payload_len: usize,
+    lease: Option<RegionId>,
+}
+
+impl Reply {
+    fn total(&self) -> usize {
+        self.head_len + self.payload_len
+    }
+}
+
+/// One data connection, target side.
+#[derive(Debug)]
+pub(crate) struct TargetConn {
+    phase: Phase,
+    buffer: Vec<u8>,
+    start: usize,
+    end: usize,
+    receiving: Receiving,
+    /// The frame whose payload is being received.
+    current: FrameHeader,
+    /// The first refusal in the WRITE chunk being received.
+    chunk_failure: Option<(FrameHeader, Error)>,
+    notify: Vec<u8>,
+    replies: VecDeque<Reply>,
+    /// Bytes of the front reply already written.
+    front_sent: usize,
+    opened: Instant,
+    admission_timeout: Duration,
+    /// When the frame being received began, if one is.
+    frame_started: Option<Instant>,
+    last_active: Instant,
+}
+
+// SAFETY: the raw pointers are into registered regions under leases this
+// connection holds until the bytes are moved (it releases them in `release`
+// at the latest); one thread drives a connection at a time.
+unsafe impl Send for TargetConn {}
+
+impl TargetConn {
+    /// A connection accepted `now`, with `admission_timeout` to prove itself.
+    pub(crate) fn new(now: Instant, admission_timeout: Duration) -> Self {
+        Self {
+            phase: Phase::Hello,
+            buffer: Vec::new(),
+            start: 0,
+            end: 0,
+            receiving: Receiving::Header,
+            current: FrameHeader::new(FrameOp::Ack, 0, 0, 0, 0, 0),
+            chunk_failure: None,
+            notify: Vec::new(),
+            replies: VecDeque::new(),
+            front_sent: 0,
+            opened: now,
+            admission_timeout,
+            frame_started: None,
+            last_active: now,
+        }
+    }
+
+    /// True when replies wait for the socket.
+    pub(crate) fn wants_write(&self) -> bool {
+        !self.replies.is_empty()
+    }
+
+    /// True while it takes more requests (false while too many replies
+    /// wait, or once it is closing).
+    pub(crate) fn wants_read(&self) -> bool {
+        self.phase != Phase::Closing && self.replies.len() < MAX_QUEUED_REPLIES
+    }
+
+    /// True once closing and everything queued is sent.
+    pub(crate) fn finished(&self) -> bool {
+        self.phase == Phase::Closing && self.replies.is_empty()
+    }
+
+    /// Why it must close now, if a deadline passed: proof, frame, idle.
+    pub(crate) fn expired(&self, now: Instant) -> Option<Close> {
+        match self.phase {
+            Phase::Hello | Phase::Proof { .. } if now >= self.opened + self.admission_timeout => {
+                Some(Close::Ended("did not prove itself in time"))
+            }
+            _ if self.frame_started.is_some_and(|t| now >= t + FRAME_TIMEOUT) => {
+                Some(Close::Ended("a frame took too long to arrive"))
+            }
+            _ if self.frame_started.is_none() && now >= self.last_active + IDLE_TIMEOUT => Some(Close::Ended("idle")),
+            _ => None,
+        }
+    }
+
+    /// Frees the read buffer of a connection that has been quiet a while
+    /// (it is allocated again on the next read).
+    pub(crate) fn shrink_if_idle(&mut self, now: Instant) {
+        if self.start == self.end && self.frame_started.is_none() && now >= self.last_active + BUFFER_IDLE_FREE {
+            self.buffer = Vec::new();
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Bytes this connection holds in buffers now.
+    #[cfg(test)]
+    pub(crate) fn buffered_bytes(&self) -> usize {
+        self.buffer.capacity() + self.notify.capacity() + self.replies.capacity() * std::mem::size_of::<Reply>()
+    }
+
+    /// Reads what has arrived and serves it, until the socket has nothing
+    /// more or too many replies wait. `Ok(true)` when anything moved.
+    pub(crate) fn on_readable<S: Read>(
+        &mut self,
+        io: &mut S,
+        ctx: &TargetContext,
+        admit: Admit<'_>,
+        now: Instant,
+    ) -> std::result::Result<bool, Close> {
+        let mut progressed = false;
+        loop {
+            self.process(ctx, admit, now);
+            if !self.wants_read() {
+                return Ok(progressed);
+            }
+            let n = match self.receiving {
+                Receiving::Payload { dest, left, region }
+                    if self.start == self.end && left >= DIRECT_READ_MIN_BYTES =>
+                {
+                    // SAFETY: `dest..dest + left` is the unfilled tail of a
+                    // checked WRITE range in `region`, leased until the
+                    // payload ends.
+                    let target = unsafe { std::slice::from_raw_parts_mut(dest, left) };
+                    let n = read_some(io, target)?;
+                    if n > 0 {
+                        self.payload_landed(ctx, dest, left, region, n, now);
+                    }
+                    n
+                }
+                _ => self.fill(io)?,
+            };
+            if n == 0 {
+                return Ok(progressed);
+            }
+            progressed = true;
+            if self.frame_started.is_none() {
+                self.frame_started = Some(now);
+            }
+        }
+    }
+
+    /// Writes queued replies as far as the socket takes them. `Ok(true)`
+    /// when anything was written.
+    pub(crate) fn on_writable<S: Write>(
+        &mut self,
+        io: &mut S,
+        ctx: &TargetContext,
+    ) -> std::result::Result<bool, Close> {
+        let mut progressed = false;
+        while !self.replies.is_empty() {
+            let mut slices = [IoSlice::new(&[]); MAX_IO_SLICES];
+            let mut count = 0;
+            let mut skip = self.front_sent;
+            for reply in &self.replies {
+                if count + 2 > MAX_IO_SLICES {
+                    break;
+                }
+                let head = &reply.head[..reply.head_len];
+                let payload: &[u8] = if reply.payload_len == 0 {
+                    &[]
+                } else {
+                    // SAFETY: a READ reply's payload is a checked range of a
+                    // region this connection holds a lease on until it is sent.
+                    unsafe { std::slice::from_raw_parts(reply.payload, reply.payload_len) }
+                };
+                for part in [head, payload] {
+                    if skip >= part.len() {
+                        skip -= part.len();
+                        continue;
+                    }
+                    slices[count] = IoSlice::new(&part[skip..]);
+                    skip = 0;
+                    count += 1;
+                }
+            }
+            let mut written = match io.write_vectored(&slices[..count]) {
+                Ok(0) => return Err(Close::PeerGone),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(progressed),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return Err(Close::PeerGone),
+            };
+            progressed = true;
+            while written > 0 {
+                let Some(front) = self.replies.front() else { break };
+                let left = front.total() - self.front_sent;
+                if written < left {
+                    self.front_sent += written;
+                    break;
+                }
+                written -= left;
+                self.front_sent = 0;
+                if let Some(done) = self.replies.pop_front() {
+                    if let Some(region) = done.lease {
+                        ctx.registry.release(region);
+                    }
+                }
+            }
+        }
+        Ok(progressed)
+    }
+
+    /// Gives back every lease the connection holds (it is being closed).
+    pub(crate) fn release(&mut self, ctx: &TargetContext) {
+        if let Receiving::Payload { region, .. } = self.receiving {
+            ctx.registry.release(region);
+        }
+        self.receiving = Receiving::Header;
+        for reply in self.replies.drain(..) {
+            if let Some(region) = reply.lease {
+                ctx.registry.release(region);
+            }
+        }
+        self.phase = Phase::Closing;
+    }
+
+    /// Reads into the buffer's free tail (allocating or compacting first).
+    fn fill<S: Read>(&mut self, io: &mut S) -> std::result::Result<usize, Close> {
+        if self.buffer.is_empty() {
+            self.buffer = vec![0u8; READ_BUFFER_BYTES];
+        }
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.start > 0 && self.buffer.len() - self.end < FRAME_HEADER_BYTES {
+            self.buffer.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let n = read_some(io, &mut self.buffer[self.end..])?;
+        self.end += n;
+        Ok(n)
+    }
+
+    /// Consumes buffered bytes as far as they go.
+    fn process(&mut self, ctx: &TargetContext, admit: Admit<'_>, now: Instant) {
+        while self.wants_read() {
+            let progressed = match self.phase {
+                Phase::Hello => self.on_hello(ctx, admit),
+                Phase::Proof { nonce, cn, sn } => self.on_proof(ctx, admit, nonce, cn, sn),
+                Phase::Serving => self.serve_buffered(ctx, now),
+                Phase::Closing => false,
+            };
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    fn take(&mut self, len: usize) -> Option<&[u8]> {
+        if self.end - self.start < len {
+            return None;
+        }
+        let taken = &self.buffer[self.start..self.start + len];
+        self.start += len;
+        Some(taken)
+    }
+
+    fn queue(&mut self, bytes: &[u8]) {
+        let mut head = [0u8; FRAME_HEADER_BYTES];
+        head[..bytes.len()].copy_from_slice(bytes);
+        self.replies.push_back(Reply {
+            head,
+            head_len: bytes.len(),
+            payload: std::ptr::null(),
+            payload_len: 0,
+            lease: None,
+        });
+    }
+
+    fn refuse(&mut self, error: &Error, epoch: u64) {
+        self.queue(ServerHello::refusal(error, epoch).as_bytes());
+        self.phase = Phase::Closing;
+    }
+
+    fn on_hello(&mut self, ctx: &TargetContext, admit: Admit<'_>) -> bool {
+        let Some(bytes) = self.take(CLIENT_HELLO_BYTES) else { return false };
+        let hello = match ClientHello::decode(bytes) {
+            Ok(hello) => hello,
+            Err(error) => {
+                self.refuse(&error, ctx.epoch);
+                return true;
+            }
+        };
+        if hello.epoch != ctx.epoch {
+            let error = Error::PeerRestarted {
+                segment: "this target".into(),
+                detail: format!("a connection for epoch {:#x}, but this start is {:#x}", hello.epoch, ctx.epoch),
+            };
+            self.refuse(&error, ctx.epoch);
+            return true;
+        }
+        match &ctx.auth {
+            Some(_) => {
+                let nonce: Nonce = random_bytes();
+                self.queue(ServerHello::new(0, FLAG_PROOF_REQUIRED, ctx.epoch, nonce).as_bytes());
+                self.phase = Phase::Proof { nonce, cn: hello.client_nonce, sn: hello.server_nonce };
+            }
+            None => self.admitted(ctx, admit),
+        }
+        true
+    }
+
+    fn on_proof(&mut self, ctx: &TargetContext, admit: Admit<'_>, nonce: Nonce, cn: Nonce, sn: Nonce) -> bool {
+        let Some(bytes) = self.take(CLIENT_PROOF_BYTES) else { return false };
+        let proven = ClientProof::decode(bytes)
+            .ok()
+            .zip(ctx.auth.as_ref())
+            .is_some_and(|(proof, auth)| auth.check_data(&cn, &sn, &nonce, &proof.mac));
+        if proven {
+            self.admitted(ctx, admit);
+        } else {
+            let error = Error::Unauthorized { reason: "no valid session proof".into() };
+            self.refuse(&error, ctx.epoch);
+        }
+        true
+    }
+
+    /// The connection proved itself: the admission policy has the last word.
+    fn admitted(&mut self, ctx: &TargetContext, admit: Admit<'_>) {
+        match admit() {
+            Ok(()) => {
+                self.queue(ServerHello::new(0, 0, ctx.epoch, [0; 16]).as_bytes());
+                self.phase = Phase::Serving;
+            }
+            Err(bound) => self.refuse(&Error::Busy { queue: bound, capacity: 0 }, ctx.epoch),
+        }
+    }
+
+    /// Serves one step of buffered frame bytes; false when more are needed.
+    fn serve_buffered(&mut self, ctx: &TargetContext, now: Instant) -> bool {
+        match self.receiving {
+            Receiving::Header => {
+                let Some(bytes) = self.take(FRAME_HEADER_BYTES) else {
+                    if self.start == self.end {
+                        self.frame_started = None;
+                    }
+                    return false;
+                };
+                match FrameHeader::decode(bytes) {
+                    Ok((header, op)) => {
+                        self.current = header;
+                        self.on_frame(ctx, op, now);
+                    }
+                    Err(error) => {
+                        // Framing is lost: answer once, close.
+                        self.queue_status(FrameOp::Ack, &FrameHeader::new(FrameOp::Ack, 0, 0, 0, 0, 0), &error);
+                        self.phase = Phase::Closing;
+                    }
+                }
+                true
+            }
+            Receiving::Payload { dest, left, region } => {
+                let n = left.min(self.end - self.start);
+                if n == 0 {
+                    return false;
+                }
+                // SAFETY: `dest..dest + left` is the unfilled tail of a
+                // checked, leased WRITE range, and `n <= left`; the buffer
+                // is our own memory, so the two never overlap.
+                unsafe { std::ptr::copy_nonoverlapping(self.buffer.as_ptr().add(self.start), dest, n) };
+                self.start += n;
+                self.payload_landed(ctx, dest, left, region, n, now);
+                true
+            }
+            Receiving::Discard { left } => {
+                let n = left.min(self.end - self.start);
+                if n == 0 {
+                    return false;
+                }
+                self.start += n;
+                if n == left {
+                    self.receiving = Receiving::Header;
+                    self.write_frame_ended(ctx, now);
+                } else {
+                    self.receiving = Receiving::Discard { left: left - n };
+                }
+                true
+            }
+            Receiving::Notify { left } => {
+                let n = left.min(self.end - self.start);
+                if n == 0 {
+                    return false;
+                }
+                let (start, end) = (self.start, self.start + n);
+                self.notify.extend_from_slice(&self.buffer[start..end]);
+                self.start = end;
+                if n == left {
+                    self.receiving = Receiving::Header;
+                    self.deliver_notification(ctx, now);
+                } else {
+                    self.receiving = Receiving::Notify { left: left - n };
+                }
+                true
+            }
+        }
+    }
+
+    /// `n` more bytes of the WRITE payload are in place.
+    fn payload_landed(
+        &mut self,
+        ctx: &TargetContext,
+        dest: *mut u8,
+        left: usize,
+        region: RegionId,
+        n: usize,
+        now: Instant,
+    ) {
+        if n < left {
+            self.receiving = Receiving::Payload { dest: dest.wrapping_add(n), left: left - n, region };
+            return;
+        }
+        ctx.registry.release(region);
+        self.receiving = Receiving::Header;
+        self.write_frame_ended(ctx, now);
+    }
+
+    fn on_frame(&mut self, ctx: &TargetContext, op: FrameOp, now: Instant) {
+        let header = self.current;
+        let len = header.len as usize;
+        match op {
+            FrameOp::Write => {
+                let checked = if self.chunk_failure.is_none() {
+                    match check_block(ctx, &header, Access::REMOTE_WRITE) {
+                        Ok(addr) => Some(addr),
+                        Err(error) => {
+                            self.chunk_failure = Some((header, error));
+                            None
+                        }
+                    }
+                } else {
+                    None
+                };
+                self.receiving = match checked {
+                    Some(addr) => Receiving::Payload {
+                        dest: addr as *mut u8,
+                        left: len,
+                        region: RegionId::from_raw(header.region),
+                    },
+                    None => Receiving::Discard { left: len },
+                };
+                if len == 0 {
+                    if let Receiving::Payload { region, .. } = self.receiving {
+                        ctx.registry.release(region);
+                    }
+                    self.receiving = Receiving::Header;
+                    self.write_frame_ended(ctx, now);
+                }
+            }
+            FrameOp::Read => {
+                match check_block(ctx, &header, Access::REMOTE_READ) {
+                    Ok(addr) => {
+                        let reply = FrameHeader::new(
+                            FrameOp::ReadData,
+                            ctx.epoch,
+                            header.batch_id,
+                            header.region,
+                            header.offset,
+                            header.len,
+                        );
+                        let mut head = [0u8; FRAME_HEADER_BYTES];
+                        head.copy_from_slice(reply.as_bytes());
+                        self.replies.push_back(Reply {
+                            head,
+                            head_len: FRAME_HEADER_BYTES,
+                            payload: addr as *const u8,
+                            payload_len: len,
+                            lease: Some(RegionId::from_raw(header.region)),
+                        });
+                    }
+                    Err(error) => self.queue_status(FrameOp::ReadData, &header, &error),
+                }
+                self.frame_done(now);
+            }
+            FrameOp::Notify => {
+                if len > MAX_NOTIFY_FRAME_BYTES {
+                    let error = Error::MessageTooLarge { len: len as u64, max: MAX_NOTIFY_FRAME_BYTES as u64 };
+                    self.queue_status(FrameOp::Ack, &header, &error);
+                    self.phase = Phase::Closing;
+                    return;
+                }
+                self.notify.clear();
+                self.receiving = Receiving::Notify { left: len };
+                if len == 0 {
+                    self.receiving = Receiving::Header;
+                    self.deliver_notification(ctx, now);
+                }
+            }
+            FrameOp::Ack | FrameOp::ReadData => {
+                let error = Error::malformed("frame", format!("{op:?} is a reply, not a request"));
+                self.queue_status(FrameOp::Ack, &header, &error);
+                self.phase = Phase::Closing;
+            }
+        }
+    }
+
+    /// A WRITE frame's payload is in place (or dropped): the chunk's last
+    /// frame gets the ack.
+    fn write_frame_ended(&mut self, ctx: &TargetContext, now: Instant) {
+        let header = self.current;
+        if header.is_last() {
+            match self.chunk_failure.take() {
+                None => self.queue(FrameHeader::new(FrameOp::Ack, ctx.epoch, header.batch_id, 0, 0, 0).as_bytes()),
+                Some((failed, error)) => self.queue_status(FrameOp::Ack, &failed, &error),
+            }
+        }
+        self.frame_done(now);
+    }
+
+    fn frame_done(&mut self, now: Instant) {
+        self.last_active = now;
+        self.frame_started = (self.start != self.end).then_some(now);
+    }
+
+    fn deliver_notification(&mut self, ctx: &TargetContext, now: Instant) {
+        let header = self.current;
+        let delivered = if header.epoch != ctx.epoch {
+            Err(Error::PeerRestarted { segment: "this target".into(), detail: "notification for another epoch".into() })
+        } else {
+            crate::proto::Notification::decode(self.notify.as_slice())
+                .map_err(|e| Error::malformed("notification", e.to_string()))
+                .and_then(|n| ctx.notifications.deliver(Notification { from: n.from, message: n.message }))
+        };
+        self.notify.clear();
+        match delivered {
+            Ok(()) => self.queue(FrameHeader::new(FrameOp::Ack, ctx.epoch, header.batch_id, 0, 0, 0).as_bytes()),
+            Err(error) => self.queue_status(FrameOp::Ack, &header, &error),
+        }
+        self.frame_done(now);
+    }
+
+    /// Queues a reply header that reports `error` for the frame `about`.
+    fn queue_status(&mut self, op: FrameOp, about: &FrameHeader, error: &Error) {
+        let mut reply = FrameHeader::new(op, about.epoch, about.batch_id, about.region, about.offset, 0);
+        reply.status = -(error.code() as i32);
+        self.queue(reply.as_bytes());
+    }
+}
+
+/// Checks one block against the registry; on success returns its address
+/// with a lease held (the caller releases the frame's region).
+fn check_block(ctx: &TargetContext, header: &FrameHeader, needs: Access) -> Result<usize> {
+    if header.epoch != ctx.epoch {
+        return Err(Error::PeerRestarted {
+            segment: "this target".into(),
+            detail: format!("frame for epoch {:#x}, but the current epoch is {:#x}", header.epoch, ctx.epoch),
+        });
+    }
+    let region = RegionId::from_raw(header.region);
+    ctx.registry.lease(region).map_err(|_| Error::UnknownRegion { side: Side::Remote, region })?;
+    let checked = (|| {
+        let entry = ctx.registry.leased(region)?;
+        if !entry.info.access.contains(needs) {
+            return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region, needs: access_name(needs) });
+        }
+        check_range(region, Side::Remote, 0, header.offset, header.len, entry.len as u64)?;
+        Ok(entry.addr + header.offset as usize)
+    })();
+    if checked.is_err() {
+        ctx.registry.release(region);
+    }
+    checked
+}
+
+/// One non-blocking read: 0 when nothing has arrived.
+fn read_some<S: Read>(io: &mut S, into: &mut [u8]) -> std::result::Result<usize, Close> {
+    loop {
+        return match io.read(into) {
+            Ok(0) => Err(Close::PeerGone),
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => Err(Close::PeerGone),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::frame::FLAG_LAST;
+    use super::super::hello::SERVER_HELLO_BYTES;
+    use super::*;
+    use crate::auth::Token;
+    use crate::mem::RegionInfo;
+    use crate::proto::ErrorCode;
+    use crate::transport::notify::NotifyQuota;
+    use zerocopy::FromBytes;
+
+    /// A socket stand-in: bytes in, bytes out, `WouldBlock` when empty.
+    #[derive(Default)]
+    struct Pipe {
+        input: VecDeque<u8>,
+        output: Vec<u8>,
+        closed: bool,
+    }
+
+    impl Read for Pipe {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.input.is_empty() {
+                return if self.closed { Ok(0) } else { Err(std::io::ErrorKind::WouldBlock.into()) };
+            }
+            let n = buf.len().min(self.input.len());
+            for (slot, byte) in buf.iter_mut().zip(self.input.drain(..n)) {
+                *slot = byte;
+            }
+            Ok(n)
+        }
+    }
+
+    impl Write for Pipe {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.output.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    struct Target {
+        ctx: TargetContext,
+        memory: Vec<u8>,
+        region: RegionId,
+    }
+
+    fn target(token: Option<&str>) -> Target {
+        let registry = Arc::new(Registry::new(4));
+        let mut memory = vec![0u8; 64 * 1024];
+        let region = registry.register(memory.as_mut_ptr() as usize, memory.len(), RegionInfo::raw(), None).unwrap();
+        let ctx = TargetContext {
+            registry,
+            notifications: Arc::new(NotificationQueue::new(NotifyQuota::default())),
+            epoch: 42,
+            auth: token.map(|t| Arc::new(Authenticator::new(Token::new(t), 42))),
+        };
+        Target { ctx, memory, region }
+    }
+
+    fn step(conn: &mut TargetConn, pipe: &mut Pipe, target: &Target, now: Instant) -> std::result::Result<(), Close> {
+        let mut admit = || Ok(());
+        conn.on_readable(pipe, &target.ctx, &mut admit, now)?;
+        conn.on_writable(pipe, &target.ctx)?;
+        Ok(())
+    }
+
+    fn answer(pipe: &mut Pipe) -> ServerHello {
+        let hello = ServerHello::read_from_bytes(&pipe.output[..SERVER_HELLO_BYTES]).unwrap();
+        pipe.output.drain(..SERVER_HELLO_BYTES);
+        hello
+    }
+
+    fn reply(pipe: &mut Pipe) -> FrameHeader {
+        let header = FrameHeader::read_from_bytes(&pipe.output[..FRAME_HEADER_BYTES]).unwrap();
+        pipe.output.drain(..FRAME_HEADER_BYTES);
+        header
+    }
+
+    fn open(target: &Target) -> (TargetConn, Pipe, Instant) {
+        let now = Instant::now();
+        let mut conn = TargetConn::new(now, Duration::from_secs(2));
+        let mut pipe = Pipe::default();
+        pipe.input.extend(ClientHello::new(42, [0; 16], [0; 16]).as_bytes());
+        step(&mut conn, &mut pipe, target, now).unwrap();
+        assert_eq!(answer(&mut pipe).status, 0);
+        (conn, pipe, now)
+    }
+
+    #[test]
+    fn writes_land_in_the_region_and_reads_come_back_from_it() {
+        let target = target(None);
+        let (mut conn, mut pipe, now) = open(&target);
+        let mut write = FrameHeader::new(FrameOp::Write, 42, 7, target.region.raw(), 100, 5);
+        write.flags = FLAG_LAST;
+        pipe.input.extend(write.as_bytes());
+        pipe.input.extend(b"hello");
+        pipe.input.extend(FrameHeader::new(FrameOp::Read, 42, 8, target.region.raw(), 100, 5).as_bytes());
+        step(&mut conn, &mut pipe, &target, now).unwrap();
+        assert_eq!(&target.memory[100..105], b"hello");
+        let ack = reply(&mut pipe);
+        assert_eq!((ack.opcode, ack.status, ack.batch_id), (FrameOp::Ack as u8, 0, 7));
+        let data = reply(&mut pipe);
+        assert_eq!((data.opcode, data.len), (FrameOp::ReadData as u8, 5));
+        assert_eq!(pipe.output, b"hello");
+        // Every lease went back: the region can be unregistered.
+        target.ctx.registry.unregister(target.region).unwrap();
+    }
+
+    #[test]
+    fn refused_blocks_fail_their_chunk_without_touching_memory() {
+        let target = target(None);
+        let (mut conn, mut pipe, now) = open(&target);
+        // Past the end, then a good frame in the same chunk: the whole chunk
+        // is refused with the first failure and nothing is written.
+        pipe.input.extend(FrameHeader::new(FrameOp::Write, 42, 7, target.region.raw(), 64 * 1024 - 2, 4).as_bytes());
+        pipe.input.extend(b"XXXX");
+        let mut last = FrameHeader::new(FrameOp::Write, 42, 7, target.region.raw(), 0, 4);
+        last.flags = FLAG_LAST;
+        pipe.input.extend(last.as_bytes());
+        pipe.input.extend(b"YYYY");
+        step(&mut conn, &mut pipe, &target, now).unwrap();
+        let ack = reply(&mut pipe);
+        assert_eq!(ErrorCode::try_from(-ack.status).unwrap(), ErrorCode::OutOfBounds);
+        assert!(target.memory.iter().all(|&b| b == 0));
+        // The connection stays framed: another chunk goes through.
+        pipe.input.extend(last.as_bytes());
+        pipe.input.extend(b"ZZZZ");
+        step(&mut conn, &mut pipe, &target, now).unwrap();
+        assert_eq!(reply(&mut pipe).status, 0);
+        assert_eq!(&target.memory[..4], b"ZZZZ");
+    }
+
+    #[test]
+    fn nothing_is_served_before_the_hello_and_a_wrong_epoch_is_a_restart() {
+        let target = target(None);
+        let now = Instant::now();
+        // A frame where the hello should be.
+        let mut conn = TargetConn::new(now, Duration::from_secs(2));
+        let mut pipe = Pipe::default();
+        let mut frame = FrameHeader::new(FrameOp::Write, 42, 7, target.region.raw(), 0, 0).as_bytes().to_vec();
+        frame.extend_from_slice(&[0; 8]);
+        pipe.input.extend(frame);
+        step(&mut conn, &mut pipe, &target, now).unwrap();
+        assert_eq!(ErrorCode::try_from(-answer(&mut pipe).status).unwrap(), ErrorCode::MalformedMessage);
+        assert!(conn.finished());
+        // A hello for another epoch.
+        let mut conn = TargetConn::new(now, Duration::from_secs(2));
+        let mut pipe = Pipe::default();
+        pipe.input.extend(ClientHello::new(41, [0; 16], [0; 16]).as_bytes());
+        step(&mut conn, &mut pipe, &target, now).unwrap();
+        assert_eq!(ErrorCode::try_from(-answer(&mut pipe).status).unwrap(), ErrorCode::PeerRestarted);
+        assert!(conn.finished());
+    }
+
+    #[test]
+    fn with_a_token_only_a_session_proof_opens_the_connection() {
+        let target = target(Some("s3cret"));
+        let token = Token::new("s3cret");
+        let cn = [1u8; 16];
+        let auth = target.ctx.auth.clone().unwrap();
+        let (sn, _) = auth.challenge(&cn);
+        let session = token.session(cn, sn, 42);
+        for (proof_of, expect_open) in [(None, false), (Some(&session), true)] {
+            let now = Instant::now();
+            let mut conn = TargetConn::new(now, Duration::from_secs(2));
+            let mut pipe = Pipe::default();
+            pipe.input.extend(ClientHello::new(42, cn, sn).as_bytes());
+            step(&mut conn, &mut pipe, &target, now).unwrap();
+            let challenge = answer(&mut pipe);
+            assert_eq!((challenge.status, challenge.flags), (0, FLAG_PROOF_REQUIRED));
+            // Frames sent before the proof are not served: they are read
+            // as the proof, which fails.
+            let mac = match proof_of {
+                Some(session) => session.data_proof(&challenge.nonce, 42),
+                None => Token::new("guess").session(cn, sn, 42).data_proof(&challenge.nonce, 42),
+            };
+            pipe.input.extend(ClientProof::new(mac).as_bytes());
+            step(&mut conn, &mut pipe, &target, now).unwrap();
+            let verdict = answer(&mut pipe);
+            if expect_open {
+                assert_eq!(verdict.status, 0);
+                assert!(!conn.finished());
+            } else {
+                assert_eq!(ErrorCode::try_from(-verdict.status).unwrap(), ErrorCode::Unauthorized);
+                assert!(conn.finished());
+            }
+        }
+    }
+
+    #[test]
+    fn deadlines_close_unproven_slow_and_idle_connections_and_idle_buffers_are_freed() {
+        let target = target(None);
+        let t0 = Instant::now();
+        let conn = TargetConn::new(t0, Duration::from_secs(2));
+        assert!(conn.expired(t0 + Duration::from_millis(1999)).is_none());
+        assert_eq!(conn.expired(t0 + Duration::from_secs(2)), Some(Close::Ended("did not prove itself in time")));
+
+        let (mut conn, mut pipe, now) = open(&target);
+        // Half a header, then silence: the frame deadline counts from its
+        // first byte, whatever else trickles in.
+        pipe.input.extend(&FrameHeader::new(FrameOp::Read, 42, 8, target.region.raw(), 0, 5).as_bytes()[..10]);
+        step(&mut conn, &mut pipe, &target, now).unwrap();
+        assert!(conn.expired(now + FRAME_TIMEOUT - Duration::from_millis(1)).is_none());
+        assert_eq!(conn.expired(now + FRAME_TIMEOUT), Some(Close::Ended("a frame took too long to arrive")));
+
+        let (mut conn, _pipe, now) = open(&target);
+        assert!(conn.buffered_bytes() >= READ_BUFFER_BYTES);
+        conn.shrink_if_idle(now + BUFFER_IDLE_FREE);
+        assert!(conn.buffered_bytes() < 1024, "{} bytes held while idle", conn.buffered_bytes());
+        assert_eq!(conn.expired(now + IDLE_TIMEOUT), Some(Close::Ended("idle")));
+    }
+
+    #[test]
+    fn a_closed_peer_and_oversized_notifications_end_the_connection() {
+        let target = target(None);
+        let (mut conn, mut pipe, now) = open(&target);
+        let huge = FrameHeader::new(FrameOp::Notify, 42, 0, 0, 0, (MAX_NOTIFY_FRAME_BYTES + 1) as u64);
+        pipe.input.extend(huge.as_bytes());
+        step(&mut conn, &mut pipe, &target, now).unwrap();
+        assert_eq!(ErrorCode::try_from(-reply(&mut pipe).status).unwrap(), ErrorCode::MessageTooLarge);
+        assert!(conn.finished());
+        let (mut conn, mut pipe, now) = open(&target);
+        pipe.closed = true;
+        assert_eq!(step(&mut conn, &mut pipe, &target, now), Err(Close::PeerGone));
+    }
+}
