@@ -44,6 +44,8 @@ enum Purpose {
     DataHello,
     /// The target's own tag inside the nonces it issues.
     IssuedNonce,
+    /// A tool's socket guarded by the token (`Token::answer`).
+    ToolChallenge,
 }
 
 impl Purpose {
@@ -54,6 +56,7 @@ impl Purpose {
             Purpose::Session => b"kvring/2/session",
             Purpose::DataHello => b"kvring/2/data-hello",
             Purpose::IssuedNonce => b"kvring/2/issued-nonce",
+            Purpose::ToolChallenge => b"kvring/2/tool-challenge",
         }
     }
 }
@@ -121,6 +124,28 @@ impl Token {
         self.0.is_empty()
     }
 
+    /// The answer to a challenge, proving the token without sending it: for
+    /// tools that guard a socket of their own with the cluster's token
+    /// (`kvring serve`'s raw-TCP baseline sink does). The challenger sends
+    /// fresh random bytes, and checks the answer with
+    /// [`Token::check_answer`].
+    ///
+    /// ```
+    /// use kvring::Token;
+    /// let token = Token::new("s3cret");
+    /// let challenge = [7u8; 16];
+    /// assert!(token.check_answer(&challenge, &token.answer(&challenge)));
+    /// assert!(!Token::new("guess").check_answer(&challenge, &token.answer(&challenge)));
+    /// ```
+    pub fn answer(&self, challenge: &[u8]) -> [u8; MAC_BYTES] {
+        tag(&self.0, Purpose::ToolChallenge, &[challenge])
+    }
+
+    /// Checks an answer from [`Token::answer`] in constant time.
+    pub fn check_answer(&self, challenge: &[u8], answer: &[u8]) -> bool {
+        verify(&self.0, Purpose::ToolChallenge, &[challenge], answer)
+    }
+
     /// The target's proof that it holds the token, for the initiator's
     /// nonce `cn`, its own nonce `sn` and its epoch.
     pub(crate) fn server_proof(&self, cn: &Nonce, sn: &Nonce, epoch: u64) -> Tag {
@@ -165,13 +190,16 @@ impl fmt::Debug for Token {
 }
 
 /// Who an initiator says it is: its segment name and its epoch (a restart
-/// is a new identity). Proven by its handshake when the target has a token.
+/// is a new identity), proven by its handshake when the target has a token;
+/// and where its control plane listens, so a target can probe it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Initiator {
     /// The initiator engine's name.
     pub name: String,
     /// Its epoch.
     pub epoch: u64,
+    /// Its control address (`host:port`); empty when unknown.
+    pub addr: String,
 }
 
 /// What an initiator holds after a tokened handshake: the two nonces that
@@ -265,7 +293,7 @@ mod tests {
     use super::*;
 
     fn initiator() -> Initiator {
-        Initiator { name: "prefill-0".into(), epoch: 7 }
+        Initiator { name: "prefill-0".into(), epoch: 7, addr: String::new() }
     }
 
     #[test]
@@ -294,9 +322,9 @@ mod tests {
         assert!(!target.check_client(&cn, &sn, &initiator(), &guess.client_proof(&cn, &sn, 42, &initiator())));
         // A proof is bound to the identity it was made for.
         let proof = token.client_proof(&cn, &sn, 42, &initiator());
-        let other = Initiator { name: "prefill-1".into(), epoch: 7 };
+        let other = Initiator { name: "prefill-1".into(), ..initiator() };
         assert!(!target.check_client(&cn, &sn, &other, &proof));
-        let restarted = Initiator { name: "prefill-0".into(), epoch: 8 };
+        let restarted = Initiator { epoch: 8, ..initiator() };
         assert!(!target.check_client(&cn, &sn, &restarted, &proof));
         // A nonce the target never issued (even with a right proof for it).
         let mut made_up = sn;

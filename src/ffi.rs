@@ -129,7 +129,8 @@ pub extern "C" fn kvring_error_name(code: c_int) -> *const c_char {
 }
 
 /// Starts an engine named `name` whose control plane listens on `listen`
-/// (`"127.0.0.1:0"` picks a port), with `lanes` lanes (0: the default).
+/// (`"127.0.0.1:0"` picks a port), with `lanes` lanes (0: the default),
+/// and no token (see `kvring_engine_create_with_token`).
 ///
 /// # Safety
 ///
@@ -141,16 +142,43 @@ pub unsafe extern "C" fn kvring_engine_create(
     lanes: u32,
     out: *mut *mut KvringEngine,
 ) -> c_int {
+    // SAFETY: forwarded from our caller; a null token means none.
+    unsafe { kvring_engine_create_with_token(name, listen, lanes, std::ptr::null(), out) }
+}
+
+/// As `kvring_engine_create`, with the cluster's pre-shared `token` (a
+/// NUL-terminated string; NULL for none): peers must prove it in every
+/// handshake and data connection, and this engine proves it to the peers
+/// it opens. It is never sent. Without one, anyone who reaches the
+/// engine's ports can read and write its registered memory.
+///
+/// # Safety
+///
+/// `name` and `listen` are NUL-terminated strings, `token` is one or NULL;
+/// `out` is a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_engine_create_with_token(
+    name: *const c_char,
+    listen: *const c_char,
+    lanes: u32,
+    token: *const c_char,
+    out: *mut *mut KvringEngine,
+) -> c_int {
     guarded(|| {
         if out.is_null() {
             return Err(null("out"));
         }
         // SAFETY: per our contract.
         let (name, listen) = unsafe { (text(name, "name")?, text(listen, "listen")?) };
+        // SAFETY: per our contract (checked for NULL first).
+        let token = if token.is_null() { None } else { Some(unsafe { text(token, "token")? }) };
         let listen = listen.parse().map_err(|_| Error::invalid("listen", format!("{listen:?} is not ip:port")))?;
         let mut builder = Engine::builder().name(name).listen(listen);
         if lanes > 0 {
             builder = builder.lanes(lanes as usize);
+        }
+        if let Some(token) = token {
+            builder = builder.token(token);
         }
         let engine = builder.build()?;
         // SAFETY: `out` is valid (checked non-null, per our contract).

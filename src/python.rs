@@ -274,9 +274,11 @@ impl PyEngine {
 impl PyEngine {
     /// Starts an engine. `listen` is the control address (port 0: any);
     /// `metadata` an `etcd://host:port[/prefix/]` URL or None (peer
-    /// handshake); `name` the name it publishes under.
+    /// handshake); `name` the name it publishes under; `token` the
+    /// cluster's pre-shared token (proven, never sent), or None.
     #[new]
-    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false))]
+    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         name: Option<String>,
@@ -285,6 +287,7 @@ impl PyEngine {
         metadata: Option<String>,
         serve_tcp: bool,
         pin: bool,
+        token: Option<Vec<u8>>,
     ) -> PyResult<Self> {
         let listen = listen
             .parse()
@@ -295,6 +298,9 @@ impl PyEngine {
         }
         if let Some(url) = metadata {
             builder = builder.metadata(url);
+        }
+        if let Some(token) = token {
+            builder = builder.token(token);
         }
         let engine = py.allow_threads(|| builder.build()).map_err(raise)?;
         let submitter = engine.submitter().map_err(raise)?;

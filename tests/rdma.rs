@@ -7,8 +7,9 @@ mod common;
 use common::{pattern, WAIT};
 use kvring::transport::rdma::sim::SimVerbs;
 use kvring::transport::rdma::verbs::{Verbs, WcStatus};
-use kvring::{Batch, BlockDesc, Engine, Error, Outcome, RegionInfo, TransportKind};
+use kvring::{Access, Batch, BlockDesc, Engine, Error, Outcome, RegionInfo, TransportKind};
 use std::sync::Arc;
+use std::time::Duration;
 
 fn rdma_engine(name: &str, sim: &Arc<SimVerbs>) -> Engine {
     common::builder(name).rdma(sim.clone()).build().unwrap()
@@ -263,4 +264,85 @@ fn bad_keys_regions_batches_and_a_vanished_device_are_clear_errors_that_write_no
     drop(segment);
     let error = initiator.open_segment_with(&name, Some(TransportKind::Rdma), WAIT).unwrap_err();
     assert!(error.to_string().contains("no longer present"), "{error}");
+}
+
+#[test]
+fn qps_held_for_initiators_that_went_away_are_released_and_a_reused_name_resets_nothing() {
+    let sim = Arc::new(SimVerbs::new());
+    let target =
+        common::builder("decode-0").rdma(sim.clone()).rdma_probe_interval(Duration::from_millis(50)).build().unwrap();
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let addr = target.control_addr().to_string();
+    let write = |initiator: &Engine| {
+        let local = initiator.alloc_region(65536, RegionInfo::raw()).unwrap();
+        let segment = initiator.open_segment_with(&addr, Some(TransportKind::Rdma), WAIT).unwrap();
+        let mut sub = initiator.submitter().unwrap();
+        let desc = BlockDesc::new(local.id(), 0, remote.id(), 0, 65536);
+        assert!(run(&mut sub, &Batch::write(&segment).block(desc)).is_done());
+        segment
+    };
+    // Twenty initiators, each with its own name (as processes with the
+    // default pid-based names are), come and go without saying goodbye.
+    let survivor = rdma_engine("prefill-survivor", &sim);
+    let kept = write(&survivor);
+    let per_initiator = target.rdma_accepted_qps();
+    assert!(per_initiator > 0);
+    for round in 0..20 {
+        let initiator = rdma_engine(&format!("prefill-{round}"), &sim);
+        write(&initiator);
+        drop(initiator);
+        assert!(target.rdma_accepted_qps() <= per_initiator * 22, "bounded while the reaper catches up");
+    }
+    // The reaper probes each initiator's control address: refused, so gone.
+    let deadline = std::time::Instant::now() + WAIT;
+    while target.rdma_accepted_qps() > per_initiator && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(target.rdma_accepted_qps(), per_initiator, "only the live initiator's QPs are held");
+
+    // Another engine under the survivor's name connects: the survivor's
+    // QPs are untouched and it keeps transferring.
+    let impostor = rdma_engine("prefill-survivor", &sim);
+    write(&impostor);
+    let local = survivor.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let mut sub = survivor.submitter().unwrap();
+    let desc = BlockDesc::new(local.id(), 0, remote.id(), 0, 4096);
+    assert!(run(&mut sub, &Batch::write(&kept).block(desc)).is_done());
+    assert_eq!(target.rdma_accepted_qps(), 2 * per_initiator);
+}
+
+#[test]
+fn regions_are_registered_with_their_own_rights_and_private_ones_get_no_keys() {
+    let sim = Arc::new(SimVerbs::new());
+    let target = rdma_engine("decode-0", &sim);
+    let read_only =
+        target.alloc_region(4096, RegionInfo::raw().with_access(Access::LOCAL_READ | Access::REMOTE_READ)).unwrap();
+    let private =
+        target.alloc_region(4096, RegionInfo::raw().with_access(Access::LOCAL_READ | Access::LOCAL_WRITE)).unwrap();
+    let open = target.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let rdma = target.descriptor().rdma.unwrap();
+    let keyed: Vec<_> = rdma.regions.iter().map(|(id, _, _)| *id).collect();
+    assert!(keyed.contains(&read_only.id()) && keyed.contains(&open.id()));
+    assert!(!keyed.contains(&private.id()), "a region peers may not use has no key");
+
+    // The initiator refuses the write before posting, and behind it the
+    // NIC holds the region's own rights (the simulator, like a NIC, refuses
+    // a remote write to a registration without that right).
+    let initiator = rdma_engine("prefill-0", &sim);
+    let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
+    local.fill_pattern(3);
+    let segment =
+        initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Rdma), WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    // The initiator refuses before posting...
+    let denied = BlockDesc::new(local.id(), 0, read_only.id(), 0, 4096);
+    assert!(matches!(
+        run(&mut sub, &Batch::write(&segment).block(denied)),
+        Outcome::Failed(Error::AccessDenied { .. })
+    ));
+    // ...and reading it works.
+    let read = BlockDesc::new(local.id(), 0, read_only.id(), 0, 4096);
+    assert!(run(&mut sub, &Batch::read(&segment).block(read)).is_done());
+    assert!(sim.mr_rights(read_only.as_ptr() as u64).is_some_and(|rights| rights.remote_read && !rights.remote_write));
+    assert!(sim.mr_rights(private.as_ptr() as u64).is_some_and(|rights| !rights.remote_read && !rights.remote_write));
 }

@@ -6,6 +6,7 @@
 Every transfer and wait releases the GIL.
 """
 
+import os
 import ctypes
 
 from . import _native
@@ -37,8 +38,19 @@ class Engine:
     names memory.
     """
 
-    def __init__(self, name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=True):
-        self._native = _native.Engine(name=name, listen=listen, lanes=lanes, metadata=metadata, serve_tcp=serve_tcp)
+    def __init__(self, name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=True, token=None):
+        """``token``: the cluster's pre-shared token (str or bytes), proven in
+        every handshake and data connection and never sent; when None, the
+        ``KVRING_TOKEN`` environment variable, if set. Without a token,
+        anyone who reaches the engine's ports can read and write its
+        registered memory."""
+        if token is None:
+            token = os.environ.get("KVRING_TOKEN") or None
+        if isinstance(token, str):
+            token = token.encode()
+        self._native = _native.Engine(
+            name=name, listen=listen, lanes=lanes, metadata=metadata, serve_tcp=serve_tcp, token=token
+        )
         # Region id -> what keeps a registered buffer object alive and pinned.
         self._held = {}
 

@@ -127,6 +127,7 @@ impl ControlClient {
             initiator: initiator.name.clone(),
             initiator_epoch: initiator.epoch,
             client_nonce: cn.to_vec(),
+            initiator_addr: initiator.addr.clone(),
             ..Default::default()
         };
         let reply = self.handshake_step(first, deadline)?;
@@ -165,6 +166,7 @@ impl ControlClient {
             client_nonce: cn.to_vec(),
             server_nonce: sn.to_vec(),
             proof: token.client_proof(&cn, &sn, challenge.epoch, initiator).to_vec(),
+            initiator_addr: initiator.addr.clone(),
         };
         let reply = self.handshake_step(second, deadline)?;
         let segment = reply.segment.ok_or_else(|| Error::malformed("handshake", "no segment descriptor"))?;
@@ -189,6 +191,15 @@ impl ControlClient {
         match self.call(request::Body::Handshake(request), deadline)? {
             response::Body::Handshake(reply) => Ok(reply),
             other => Err(Error::malformed("handshake", format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// The peer's name and epoch: is it alive, and which start is it?
+    /// Needs no handshake.
+    pub fn probe(&mut self, deadline: Instant) -> Result<(String, u64)> {
+        match self.call(request::Body::Probe(crate::proto::ProbeRequest {}), deadline)? {
+            response::Body::Probe(reply) => Ok((reply.name, reply.epoch)),
+            other => Err(Error::malformed("probe", format!("unexpected answer {other:?}"))),
         }
     }
 

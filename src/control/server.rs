@@ -46,6 +46,8 @@ pub(crate) trait ControlHandler: Send + Sync + 'static {
     fn epoch(&self) -> u64;
     /// The engine's current segment descriptor.
     fn describe(&self) -> SegmentDescriptor;
+    /// The engine's name.
+    fn name(&self) -> &str;
     /// Checksum of a remote-readable range of one of the engine's regions.
     fn checksum(&self, request: &ChecksumRequest) -> Result<u64>;
     /// Queues a notification from `sender` (the proven or claimed name).
@@ -181,6 +183,13 @@ pub(crate) fn handle(
     let tokened = handler.authenticator().is_some();
     match body {
         request::Body::Handshake(request) => handshake(handler, &request, auth),
+        request::Body::Probe(_) => {
+            auth.admitted = true;
+            Ok(response::Body::Probe(crate::proto::ProbeResponse {
+                name: handler.name().to_string(),
+                epoch: handler.epoch(),
+            }))
+        }
         _ if tokened && auth.identity.is_none() => {
             Err(Error::Unauthorized { reason: "this engine requires a token: complete the handshake first".into() })
         }
@@ -226,7 +235,14 @@ fn handshake(
     if request.initiator.is_empty() || request.initiator.len() > crate::segment::descriptor::MAX_SEGMENT_NAME_BYTES {
         return Err(Error::malformed("handshake", "the initiator name must be 1..=256 bytes"));
     }
-    let initiator = Initiator { name: request.initiator.clone(), epoch: request.initiator_epoch };
+    if request.initiator_addr.len() > 256 {
+        return Err(Error::malformed("handshake", "the initiator address is over 256 bytes"));
+    }
+    let initiator = Initiator {
+        name: request.initiator.clone(),
+        epoch: request.initiator_epoch,
+        addr: request.initiator_addr.clone(),
+    };
     let descriptor = |auth: &mut ConnectionAuth, initiator: Initiator| {
         auth.identity = Some(initiator);
         auth.admitted = true;

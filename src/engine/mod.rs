@@ -5,6 +5,7 @@
 mod batch;
 mod metadata;
 mod metrics;
+mod reaper;
 mod region;
 mod segment;
 mod submitter;
@@ -128,6 +129,9 @@ pub struct EngineConfig {
     /// A verbs provider: the engine then serves and uses RDMA on every
     /// device with an active port (see [`EngineBuilder::rdma`]).
     pub rdma: Option<Arc<dyn crate::transport::rdma::verbs::Verbs>>,
+    /// How often a target probes the initiators it holds RDMA QPs for, to
+    /// release those of initiators that went away.
+    pub rdma_probe_interval: Duration,
 }
 
 impl Default for EngineConfig {
@@ -162,9 +166,13 @@ impl Default for EngineConfig {
             metrics_enabled: true,
             advertise: None,
             rdma: None,
+            rdma_probe_interval: DEFAULT_RDMA_PROBE_INTERVAL,
         }
     }
 }
+
+/// Default interval of the probes of initiators holding RDMA QPs.
+pub const DEFAULT_RDMA_PROBE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Most NICs an engine uses for RDMA.
 pub const MAX_RDMA_NICS: usize = 8;
@@ -352,6 +360,13 @@ impl EngineBuilder {
     /// first in the transport order.
     pub fn rdma(mut self, verbs: Arc<dyn crate::transport::rdma::verbs::Verbs>) -> Self {
         self.config.rdma = Some(verbs);
+        self
+    }
+
+    /// How often the initiators holding this engine's RDMA QPs are probed
+    /// (those gone have their QPs released).
+    pub fn rdma_probe_interval(mut self, every: Duration) -> Self {
+        self.config.rdma_probe_interval = every;
         self
     }
 
@@ -683,6 +698,9 @@ impl Engine {
         if engine.inner.etcd.is_some() {
             metadata::start_watcher(Arc::downgrade(&engine.inner), poll)?;
         }
+        if engine.inner.context.rdma.is_some() {
+            reaper::start(Arc::downgrade(&engine.inner), engine.inner.config.rdma_probe_interval)?;
+        }
         if let Some(listen) = engine.inner.config.metrics_listen {
             let server = metrics::serve(listen, Arc::downgrade(&engine.inner))?;
             let _ = engine.inner.metrics_addr.set(server.local_addr());
@@ -751,6 +769,13 @@ impl Engine {
     /// Cores the lanes run on (None: not pinned).
     pub fn lane_cores(&self) -> Vec<Option<usize>> {
         self.inner.lanes.iter().map(|l| l.shared.core).collect()
+    }
+
+    /// RDMA QPs this engine holds for initiators now (0 without RDMA):
+    /// bounded per initiator and in total, released when an initiator
+    /// reconnects or its probe finds it gone.
+    pub fn rdma_accepted_qps(&self) -> usize {
+        self.inner.context.rdma.as_ref().map_or(0, |node| node.accepted_qps())
     }
 
     /// Each lane's counters, read without a lock.
@@ -937,7 +962,11 @@ impl Engine {
 
     /// Who this engine is to its peers.
     fn initiator(&self) -> Initiator {
-        Initiator { name: self.inner.config.name.clone(), epoch: self.inner.epoch }
+        Initiator {
+            name: self.inner.config.name.clone(),
+            epoch: self.inner.epoch,
+            addr: self.inner.control_addr.to_string(),
+        }
     }
 
     fn open_link(
@@ -1261,6 +1290,10 @@ impl ControlHandler for ControlContext {
 
     fn describe(&self) -> SegmentDescriptor {
         ControlContext::describe(self)
+    }
+
+    fn name(&self) -> &str {
+        &self.name
     }
 
     fn rdma_connect(

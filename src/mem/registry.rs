@@ -193,6 +193,12 @@ impl Registry {
         let index = control.free.pop().ok_or(Error::RegionTableFull { capacity: self.slots.len() })?;
         let slot = &self.slots[index as usize];
         let generation = generation_of(slot.state.load(Ordering::Relaxed));
+        if let Some(mapping) = &shm {
+            // Peers check that the file's header names this id: written
+            // before the region is listed (under the lock `snapshot` takes),
+            // so no handshake announces it before its file proves it.
+            mapping.set_region(RegionId::new(index, generation));
+        }
         // SAFETY: the slot is free (from the free list): not live, no leases,
         // so no reader exists; we hold the control mutex, so no writer either.
         unsafe { *slot.entry.get() = Some(RegionEntry { addr, len, info, shm }) };

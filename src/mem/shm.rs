@@ -1,27 +1,77 @@
 //! Shared-memory backing for regions: files in `/dev/shm`, mapped with memmap2.
 //!
-//! The owner creates the file, sizes it, allocates its pages with
+//! The owner creates the file (mode 0600, a name of kvring's choosing:
+//! `kvring-<pid>-<epoch>-<seq>`), sizes it, allocates its pages with
 //! `fallocate` and maps it with `MAP_POPULATE`, so neither the owner nor the
-//! lane pays a page fault (~15 µs each here) on the data path. A same-host
-//! peer maps the same file by path. The owner removes the file when the
-//! mapping is dropped; files left by a crashed process are swept at the next
-//! engine start ([`sweep_stale`]).
+//! lane pays a page fault (~15 µs each here) on the data path. The file's
+//! first page is a header the owner writes: magic, the owner's pid and
+//! epoch, the region's id and length. The region's bytes follow.
+//!
+//! A same-host peer maps a file only when it proves to be the region the
+//! descriptor announced ([`ShmMapping::open_peer`]): the name is the one
+//! kvring gives that owner's pid and epoch; it is opened with `O_NOFOLLOW`;
+//! it is a regular file of this user, mode 0600, of exactly the announced
+//! size; and after mapping, its header names the same pid, epoch, region
+//! and length. A peer claiming to be on this host can therefore point our
+//! writes at nothing but its own region: not another engine's, not another
+//! application's shared memory, not a file of another user.
+//!
+//! The owner removes the file when the mapping is dropped; files left by a
+//! crashed process of this user are swept at the next engine start.
 
+use crate::desc::RegionId;
 use crate::error::{Error, Result};
 use memmap2::{MmapOptions, MmapRaw};
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// Where kvring puts its shared-memory files.
 pub const SHM_DIR: &str = "/dev/shm";
 /// Prefix of every kvring shared-memory file name.
 pub const SHM_PREFIX: &str = "kvring-";
+/// Bytes before a region's first byte in its file: the header page.
+pub const SHM_HEADER_BYTES: usize = 4096;
+/// The only mode a region file may have: its owner's, read and write.
+pub const SHM_MODE: u32 = 0o600;
+/// "KVRINGSH".
+const HEADER_MAGIC: [u8; 8] = *b"KVRINGSH";
+const HEADER_VERSION: u32 = 1;
 
 static NEXT_SHM_SEQ: AtomicU64 = AtomicU64::new(0);
 
-/// A shared mapping of a `/dev/shm` file.
+/// The header at the start of every region file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct ShmHeader {
+    magic: [u8; 8],
+    version: u32,
+    pid: u32,
+    epoch: u64,
+    /// Raw region id; 0 until the owner registered the region.
+    region: u32,
+    reserved: u32,
+    len: u64,
+}
+
+/// What a peer's descriptor says about one of its shm regions: the file
+/// must prove every field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerRegion {
+    /// The owner's pid.
+    pub pid: u32,
+    /// The owner's epoch.
+    pub epoch: u64,
+    /// The region's id on the owner.
+    pub region: RegionId,
+    /// The region's length.
+    pub len: usize,
+}
+
+/// A shared mapping of a `/dev/shm` region file.
 #[derive(Debug)]
 pub struct ShmMapping {
     map: MmapRaw,
@@ -30,85 +80,182 @@ pub struct ShmMapping {
     owner: bool,
 }
 
+/// The name kvring gives a region file of the engine `pid` at `epoch`,
+/// without its sequence number.
+fn name_prefix(pid: u32, epoch: u64) -> String {
+    format!("{SHM_PREFIX}{pid}-{epoch:016x}-")
+}
+
 impl ShmMapping {
-    /// Creates a new file of `len` bytes (a multiple of the page size is
-    /// not required; the mapping is page aligned), allocates and maps it.
+    /// Creates a new region file of `len` bytes for the engine at `epoch`
+    /// (mode 0600, header written), allocates and maps it. The mapping is
+    /// page aligned.
     pub fn create(len: usize, epoch: u64) -> Result<Self> {
         if len == 0 {
             return Err(Error::invalid("region length", "must be greater than zero"));
         }
+        let total = len
+            .checked_add(SHM_HEADER_BYTES)
+            .ok_or_else(|| Error::invalid("region length", format!("{len} bytes overflow")))?;
         let seq = NEXT_SHM_SEQ.fetch_add(1, Ordering::Relaxed);
-        let path = Path::new(SHM_DIR).join(format!("{SHM_PREFIX}{}-{epoch:016x}-{seq}", std::process::id()));
+        let pid = std::process::id();
+        let path = Path::new(SHM_DIR).join(format!("{}{seq}", name_prefix(pid, epoch)));
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(SHM_MODE)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
             .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
-        let mapping = Self::size_and_map(file, &path, len);
+        let mapping = Self::size_and_map(file, &path, total).and_then(|mapping| {
+            let header = ShmHeader {
+                magic: HEADER_MAGIC,
+                version: HEADER_VERSION,
+                pid,
+                epoch,
+                region: 0,
+                reserved: 0,
+                len: len as u64,
+            };
+            mapping.write_header(&header);
+            Ok(mapping)
+        });
         if mapping.is_err() {
             let _ = std::fs::remove_file(&path);
         }
         mapping
     }
 
-    fn size_and_map(file: File, path: &Path, len: usize) -> Result<Self> {
-        file.set_len(len as u64).map_err(|e| Error::io(format!("sizing {}", path.display()), e))?;
+    fn size_and_map(file: File, path: &Path, total: usize) -> Result<Self> {
+        // The umask may have taken bits away; never leave any extra.
+        file.set_permissions(std::fs::Permissions::from_mode(SHM_MODE))
+            .map_err(|e| Error::io(format!("setting the mode of {}", path.display()), e))?;
+        file.set_len(total as u64).map_err(|e| Error::io(format!("sizing {}", path.display()), e))?;
         // SAFETY: fallocate on an fd we own, within the file's length.
-        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
+        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, total as libc::off_t) };
         if rc != 0 {
             let e = std::io::Error::last_os_error();
             return Err(Error::io(
-                format!("allocating {len} bytes for {} (is /dev/shm big enough?)", path.display()),
+                format!("allocating {total} bytes for {} (is /dev/shm big enough?)", path.display()),
                 e,
             ));
         }
         let map = MmapOptions::new()
-            .len(len)
+            .len(total)
             .populate()
             .map_raw(&file)
             .map_err(|e| Error::io(format!("mapping {}", path.display()), e))?;
         Ok(Self { map, path: path.to_path_buf(), owner: true })
     }
 
-    /// Maps a peer's file by path, expecting `len` bytes.
-    pub fn open(path: &Path, len: usize) -> Result<Self> {
-        if !path.starts_with(SHM_DIR) {
-            return Err(Error::invalid("shm path", format!("{} is not under {SHM_DIR}", path.display())));
+    fn header_ptr(&self) -> *mut ShmHeader {
+        self.map.as_mut_ptr().cast()
+    }
+
+    fn write_header(&self, header: &ShmHeader) {
+        // SAFETY: the mapping is at least SHM_HEADER_BYTES long and page
+        // aligned, so a ShmHeader fits at its start, aligned.
+        unsafe { self.header_ptr().write_volatile(*header) };
+    }
+
+    fn read_header(&self) -> ShmHeader {
+        // SAFETY: as in `write_header`; any bytes are a valid ShmHeader.
+        unsafe { self.header_ptr().read_volatile() }
+    }
+
+    /// Records the region id the owner registered this mapping under, in
+    /// the header peers check. Call before the id is published.
+    pub fn set_region(&self, region: RegionId) {
+        let mut header = self.read_header();
+        header.region = region.raw();
+        self.write_header(&header);
+    }
+
+    /// Maps a peer's region file, only if it proves to be the region
+    /// `expected` describes (see the module docs): the name kvring gives
+    /// that owner, `O_NOFOLLOW`, a regular file of this user with mode 0600
+    /// and the announced size, and a header naming the same pid, epoch,
+    /// region and length.
+    pub fn open_peer(path: &Path, expected: PeerRegion) -> Result<Self> {
+        let refuse = |why: String| Error::Unsupported { what: format!("shm region {}: {why}", path.display()) };
+        let name_ok = path.parent() == Some(Path::new(SHM_DIR))
+            && path.file_name().and_then(|n| n.to_str()).is_some_and(|name| {
+                name.strip_prefix(&name_prefix(expected.pid, expected.epoch))
+                    .is_some_and(|seq| !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit()))
+            });
+        if !name_ok {
+            return Err(refuse(format!(
+                "not the name kvring gives pid {} at epoch {:#x} (expected {SHM_DIR}/{}<n>)",
+                expected.pid,
+                expected.epoch,
+                name_prefix(expected.pid, expected.epoch)
+            )));
         }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)
             .map_err(|e| Error::io(format!("opening peer region {}", path.display()), e))?;
-        let actual = file.metadata().map_err(|e| Error::io(format!("reading size of {}", path.display()), e))?.len();
-        if actual < len as u64 {
-            return Err(Error::malformed(
-                "segment descriptor",
-                format!("{} has {actual} bytes but the peer advertised {len}", path.display()),
-            ));
+        let meta = file.metadata().map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        if !meta.file_type().is_file() {
+            return Err(refuse("not a regular file".into()));
+        }
+        if meta.uid() != uid {
+            return Err(refuse(format!("owned by uid {}, not this user ({uid})", meta.uid())));
+        }
+        if meta.mode() & 0o777 != SHM_MODE {
+            return Err(refuse(format!("mode {:o}, not {SHM_MODE:o}", meta.mode() & 0o777)));
+        }
+        let total = expected.len.checked_add(SHM_HEADER_BYTES).ok_or_else(|| refuse("length overflows".into()))?;
+        if meta.len() != total as u64 {
+            return Err(refuse(format!("{} bytes, but a region of {} needs {total}", meta.len(), expected.len)));
         }
         let map = MmapOptions::new()
-            .len(len)
+            .len(total)
             .populate()
             .map_raw(&file)
             .map_err(|e| Error::io(format!("mapping peer region {}", path.display()), e))?;
-        Ok(Self { map, path: path.to_path_buf(), owner: false })
+        let mapping = Self { map, path: path.to_path_buf(), owner: false };
+        let header = mapping.read_header();
+        let proven = header.magic == HEADER_MAGIC
+            && header.version == HEADER_VERSION
+            && header.pid == expected.pid
+            && header.epoch == expected.epoch
+            && header.region == expected.region.raw()
+            && header.len == expected.len as u64;
+        if !proven {
+            return Err(refuse(format!(
+                "its header (pid {}, epoch {:#x}, region {}, {} bytes) does not prove region {} of pid {} at epoch {:#x}",
+                header.pid,
+                header.epoch,
+                RegionId::from_raw(header.region),
+                header.len,
+                expected.region,
+                expected.pid,
+                expected.epoch
+            )));
+        }
+        Ok(mapping)
     }
 
-    /// Start of the mapping.
+    /// The region's first byte (after the header page; page aligned).
     pub fn as_ptr(&self) -> *mut u8 {
-        self.map.as_mut_ptr()
+        // The mapping is header + region bytes long.
+        self.map.as_mut_ptr().wrapping_add(SHM_HEADER_BYTES)
     }
 
-    /// Length in bytes.
+    /// The region's length in bytes.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.map.len() - SHM_HEADER_BYTES
     }
 
     /// Always false: empty mappings are refused at creation.
     pub fn is_empty(&self) -> bool {
-        self.map.len() == 0
+        self.len() == 0
     }
 
     /// The file behind the mapping.
@@ -127,15 +274,22 @@ impl Drop for ShmMapping {
     }
 }
 
-/// Removes kvring files in `/dev/shm` whose creating process is gone.
-/// Returns how many were removed.
+/// Removes this user's kvring files in `/dev/shm` whose creating process
+/// is gone. Returns how many were removed.
 pub fn sweep_stale() -> usize {
     let Ok(dir) = std::fs::read_dir(SHM_DIR) else { return 0 };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
     let mut removed = 0;
     for entry in dir.flatten() {
         let name = entry.file_name();
         let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(SHM_PREFIX)) else { continue };
         let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<libc::pid_t>().ok()) else { continue };
+        // Never another user's file, nor anything but a plain file.
+        let ours = entry.metadata().is_ok_and(|m| m.uid() == uid && m.file_type().is_file());
+        if !ours || pid <= 0 {
+            continue;
+        }
         // SAFETY: kill with signal 0 only checks whether the pid exists.
         let gone =
             unsafe { libc::kill(pid, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
@@ -150,11 +304,18 @@ pub fn sweep_stale() -> usize {
 mod tests {
     use super::*;
 
+    fn claim(mapping: &ShmMapping, epoch: u64, region: RegionId) -> PeerRegion {
+        PeerRegion { pid: std::process::id(), epoch, region, len: mapping.len() }
+    }
+
     #[test]
     fn owner_and_peer_see_the_same_bytes_and_the_file_goes_with_the_owner() {
         let owner = ShmMapping::create(8192, 0xabc).unwrap();
+        owner.set_region(RegionId::new(3, 1));
         assert_eq!(owner.as_ptr() as usize % 4096, 0, "page aligned");
-        let peer = ShmMapping::open(owner.path(), 8192).unwrap();
+        let mode = std::fs::metadata(owner.path()).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600, "only the owner's user reads or writes it");
+        let peer = ShmMapping::open_peer(owner.path(), claim(&owner, 0xabc, RegionId::new(3, 1))).unwrap();
         // SAFETY: both mappings are 8192 bytes long and alive.
         unsafe {
             owner.as_ptr().add(100).write(42);
@@ -167,12 +328,49 @@ mod tests {
     }
 
     #[test]
-    fn peer_refuses_a_shorter_file_and_paths_outside_dev_shm() {
-        let owner = ShmMapping::create(4096, 1).unwrap();
-        let err = ShmMapping::open(owner.path(), 8192).unwrap_err();
-        assert!(err.to_string().contains("has 4096 bytes but the peer advertised 8192"), "{err}");
-        let err = ShmMapping::open(Path::new("/etc/passwd"), 1).unwrap_err();
-        assert!(err.to_string().contains("is not under /dev/shm"), "{err}");
+    fn a_file_that_is_not_the_announced_region_is_never_mapped() {
+        let owner = ShmMapping::create(4096, 0x11).unwrap();
+        let region = RegionId::new(1, 1);
+        owner.set_region(region);
+        let good = claim(&owner, 0x11, region);
+        let expect_refusal = |path: &Path, claim: PeerRegion, why: &str| {
+            let error = ShmMapping::open_peer(path, claim).unwrap_err().to_string();
+            assert!(error.contains(why), "{error} should say {why}");
+        };
+        // Another engine's region (another epoch or region), or a wrong size.
+        expect_refusal(owner.path(), PeerRegion { epoch: 0x12, ..good }, "not the name kvring gives");
+        expect_refusal(owner.path(), PeerRegion { region: RegionId::new(2, 1), ..good }, "does not prove region");
+        expect_refusal(owner.path(), PeerRegion { len: 8192, ..good }, "needs 12288");
+        // Names outside kvring's own.
+        expect_refusal(Path::new("/etc/passwd"), good, "not the name kvring gives");
+        expect_refusal(Path::new("/dev/shm/some-other-app"), good, "not the name kvring gives");
+
+        // A file with the right name but not written by its owner.
+        let forged = Path::new(SHM_DIR).join(format!("{}999999", name_prefix(std::process::id(), 0x11)));
+        std::fs::write(&forged, vec![0u8; 4096 + SHM_HEADER_BYTES]).unwrap();
+        std::fs::set_permissions(&forged, std::fs::Permissions::from_mode(0o600)).unwrap();
+        expect_refusal(&forged, good, "does not prove region");
+        // Too open a mode.
+        std::fs::set_permissions(&forged, std::fs::Permissions::from_mode(0o644)).unwrap();
+        expect_refusal(&forged, good, "mode 644");
+        std::fs::remove_file(&forged).unwrap();
+        // A symlink with the right name, pointing at the real region.
+        let link = Path::new(SHM_DIR).join(format!("{}999998", name_prefix(std::process::id(), 0x11)));
+        std::os::unix::fs::symlink(owner.path(), &link).unwrap();
+        let error = ShmMapping::open_peer(&link, good).unwrap_err().to_string();
+        std::fs::remove_file(&link).unwrap();
+        assert!(error.contains("opening peer region"), "O_NOFOLLOW refuses the link: {error}");
+        // Another user's file (root can make one; others skip this part).
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let theirs = Path::new(SHM_DIR).join(format!("{}999997", name_prefix(std::process::id(), 0x11)));
+            std::fs::write(&theirs, vec![0u8; 4096 + SHM_HEADER_BYTES]).unwrap();
+            std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o600)).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+            let error = ShmMapping::open_peer(&theirs, good).unwrap_err().to_string();
+            std::fs::remove_file(&theirs).unwrap();
+            assert!(error.contains("owned by uid 65534"), "{error}");
+        }
         assert!(ShmMapping::create(0, 1).is_err());
     }
 

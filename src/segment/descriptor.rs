@@ -222,11 +222,21 @@ impl SegmentDescriptor {
                 if info.nics == 0 || info.nics > MAX_RDMA_NICS {
                     return Err(bad(format!("rdma nics must be 1..={MAX_RDMA_NICS}, got {}", info.nics)));
                 }
+                if info.regions.len() > regions.len() {
+                    return Err(bad(format!(
+                        "rdma keys for {} regions but {} listed",
+                        info.regions.len(),
+                        regions.len()
+                    )));
+                }
+                // One hash lookup per key entry: linear in what the peer
+                // sent (a scan per entry made a 4 MiB handshake cost minutes).
+                let mut listed: std::collections::HashSet<RegionId> = regions.iter().map(|r| r.id).collect();
                 let mut keyed = Vec::with_capacity(info.regions.len());
                 for r in info.regions {
                     let id = RegionId::from_raw(r.id);
-                    if !regions.iter().any(|region: &RemoteRegion| region.id == id) {
-                        return Err(bad(format!("rdma keys for region {id}, which is not listed")));
+                    if !listed.remove(&id) {
+                        return Err(bad(format!("rdma keys for region {id}, which is not listed (or listed twice)")));
                     }
                     if r.rkeys.len() != info.nics as usize {
                         return Err(bad(format!("region {id} has {} rkeys for {} nics", r.rkeys.len(), info.nics)));
@@ -325,6 +335,31 @@ mod tests {
         assert!(per_region <= 12 + 5 * nics, "{per_region} bytes per region for {nics} NICs");
         assert!(with_rdma * 8 < crate::control::frame::MAX_CONTROL_MESSAGE_BYTES as usize, "{with_rdma} bytes");
         assert_eq!(SegmentDescriptor::from_proto(d.to_proto()).unwrap(), d);
+    }
+
+    /// The check is linear in what a peer sends: the largest descriptor a
+    /// control message can carry, keyed for every region, checks quickly
+    /// (a scan per key once made this take minutes).
+    #[test]
+    fn a_maximal_descriptor_checks_in_linear_time() {
+        let mut p = sample().to_proto();
+        let base = p.regions[0].clone();
+        let keys = p.rdma.as_ref().unwrap().regions[0].clone();
+        let count = MAX_DESCRIPTOR_REGIONS as u32 - 1;
+        p.regions = (0..count)
+            .map(|i| proto::RegionDescriptor {
+                id: RegionId::new(i as u16, 1).raw(),
+                shm_path: String::new(),
+                ..base.clone()
+            })
+            .collect();
+        p.rdma.as_mut().unwrap().regions =
+            (0..count).map(|i| proto::RdmaRegion { id: RegionId::new(i as u16, 1).raw(), ..keys.clone() }).collect();
+        let started = std::time::Instant::now();
+        let d = SegmentDescriptor::from_proto(p).unwrap();
+        assert_eq!(d.rdma.unwrap().regions.len(), count as usize);
+        // Quadratic would be ~4 billion comparisons here: many seconds.
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use super::{Block, Link, Posted};
 use crate::desc::BlockDesc;
 use crate::error::{Error, Result, Side};
+use crate::mem::shm::PeerRegion;
 use crate::mem::ShmMapping;
 use crate::ring::Opcode;
 use crate::segment::{SegmentDescriptor, TransportKind};
@@ -16,8 +17,10 @@ pub struct ShmLink {
 }
 
 impl ShmLink {
-    /// Maps every shm-backed region of the peer. Fails when the peer is on
-    /// another host or exposes no shm-backed region.
+    /// Maps every shm-backed region of the peer, each only if its file
+    /// proves to be that region of that peer (`ShmMapping::open_peer`).
+    /// Fails when the peer is on another host or exposes no shm-backed
+    /// region.
     pub fn open(descriptor: &SegmentDescriptor) -> Result<Self> {
         if descriptor.host_id != crate::segment::local_host_id() {
             return Err(Error::Unsupported {
@@ -31,7 +34,8 @@ impl ShmLink {
             if let Some(path) = &region.shm_path {
                 let len = usize::try_from(region.len)
                     .map_err(|_| Error::malformed("segment descriptor", format!("region {} too large", region.id)))?;
-                mappings[region.id.index() as usize] = Some(ShmMapping::open(path, len)?);
+                let claim = PeerRegion { pid: descriptor.pid, epoch: descriptor.epoch, region: region.id, len };
+                mappings[region.id.index() as usize] = Some(ShmMapping::open_peer(path, claim)?);
                 mapped += 1;
             }
         }
@@ -44,11 +48,6 @@ impl ShmLink {
             });
         }
         Ok(Self { mappings })
-    }
-
-    /// Number of mapped regions.
-    pub fn mapped_regions(&self) -> usize {
-        self.mappings.iter().flatten().count()
     }
 }
 

@@ -230,6 +230,7 @@ pub fn run(mut args: Args) -> Result<(), String> {
             transport: options.transport,
             peer: &peer,
             raw_peer: options.raw_peer.as_deref(),
+            token: options.token.as_deref(),
             json: options.json,
         };
         let result = crate::kvbench::run(&engine, &bench);
@@ -353,7 +354,9 @@ fn run_case(
                 engine.set_metrics_enabled(true);
                 moved? as f64 / started.elapsed().as_secs_f64() / 1e9
             }
-            (false, TransportKind::Tcp, Some(raw)) => crate::raw::baseline(raw, op == Opcode::Write, block, per_round)?,
+            (false, TransportKind::Tcp, Some(raw)) => {
+                crate::raw::baseline(raw, options.token.as_deref(), op == Opcode::Write, block, per_round)?
+            }
             (false, TransportKind::Tcp, None) => 0.0,
             _ => memcpy_baseline(block, per_round, region_bytes, lane_core)?,
         });

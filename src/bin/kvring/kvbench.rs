@@ -24,6 +24,8 @@ pub struct KvBench<'a> {
     pub transport: TransportKind,
     pub peer: &'a str,
     pub raw_peer: Option<&'a str>,
+    /// The cluster's token, for the raw sink's challenge.
+    pub token: Option<&'a str>,
     pub json: bool,
 }
 
@@ -83,7 +85,7 @@ pub fn run(engine: &Engine, bench: &KvBench<'_>) -> Result<(), String> {
 
     let baseline_gbps = match (bench.transport, bench.raw_peer) {
         (TransportKind::Tcp, Some(raw)) => {
-            crate::raw::baseline(raw, true, shape.key_block_bytes * blocks, request_bytes * requests)?
+            crate::raw::baseline(raw, bench.token, true, shape.key_block_bytes * blocks, request_bytes * requests)?
         }
         (TransportKind::Tcp, None) => 0.0,
         _ => memcpy_descs(&descs, bytes, requests, engine.lane_cores().first().copied().flatten())?,

@@ -61,7 +61,8 @@ pub fn run(mut args: Args) -> Result<(), String> {
     // engine, at the advertised one.
     let bind_ip =
         config.get("listen").and_then(|v| v.parse::<std::net::SocketAddr>().ok()).map_or(listen.ip(), |a| a.ip());
-    let raw = crate::raw::RawSink::start(bind_ip).map_err(|e| format!("starting the raw baseline sink: {e}"))?;
+    let raw = crate::raw::RawSink::start(bind_ip, config.get("token").map(kvring::Token::new))
+        .map_err(|e| format!("starting the raw baseline sink: {e}"))?;
     let raw_addr = std::net::SocketAddr::new(listen.ip(), raw.addr().port());
     println!(
         "kvring serve: name={name} listen={} tcp={} raw={} epoch={:#018x} region={} size={} metadata={}",

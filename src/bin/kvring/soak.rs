@@ -8,8 +8,11 @@ use kvring::{Batch, BlockDesc, Engine, Outcome, Region, RegionInfo, Segment, Tra
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-/// Pause between attempts while the peer is unreachable.
+/// First pause between attempts while the peer is unreachable; it doubles
+/// with each failure in a row, up to [`MAX_RETRY_PAUSE`].
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
+/// Longest pause between attempts.
+const MAX_RETRY_PAUSE: Duration = Duration::from_millis(320);
 /// Deadline of one open (handshake and connects) during the soak.
 const OPEN_TIMEOUT: Duration = Duration::from_millis(500);
 /// Deadline of one batch's wait.
@@ -39,22 +42,33 @@ struct Tally {
     failures: BTreeMap<&'static str, u64>,
     recoveries: u64,
     outage_since: Option<Instant>,
+    /// Failures in a row, for the backoff.
+    in_a_row: u32,
 }
 
 impl Tally {
+    /// Records a failure (an event line) and waits before the next attempt:
+    /// nothing a peer does ends the soak early.
     fn failure(&mut self, stage: &str, error: &kvring::Error) {
-        let kind = error.code().as_str_name();
+        self.event(stage, error.code().as_str_name(), &error.to_string());
+    }
+
+    fn event(&mut self, stage: &str, kind: &'static str, detail: &str) {
         *self.failures.entry(kind).or_default() += 1;
         self.outage_since.get_or_insert_with(Instant::now);
         let t_ms = self.started.elapsed().as_millis();
         if self.json {
             println!("{{\"event\":\"failure\",\"stage\":\"{stage}\",\"kind\":\"{kind}\",\"t_ms\":{t_ms}}}");
         } else {
-            println!("{t_ms:>8} ms  {stage} failed: {error}");
+            println!("{t_ms:>8} ms  {stage} failed: {detail}");
         }
+        let pause = RETRY_PAUSE.saturating_mul(1 << self.in_a_row.min(4)).min(MAX_RETRY_PAUSE);
+        self.in_a_row += 1;
+        std::thread::sleep(pause);
     }
 
     fn success(&mut self) {
+        self.in_a_row = 0;
         if let Some(since) = self.outage_since.take() {
             self.recoveries += 1;
             let t_ms = self.started.elapsed().as_millis();
@@ -76,6 +90,7 @@ pub fn run(engine: &Engine, plan: &SoakPlan<'_>) -> Result<(), String> {
         failures: BTreeMap::new(),
         recoveries: 0,
         outage_since: None,
+        in_a_row: 0,
     };
     let mut sub = engine.submitter().map_err(|e| e.to_string())?;
     let mut segment: Option<Segment> = None;
@@ -110,13 +125,18 @@ pub fn run(engine: &Engine, plan: &SoakPlan<'_>) -> Result<(), String> {
                 }
                 Err(error) => {
                     tally.failure("open", &error);
-                    std::thread::sleep(RETRY_PAUSE);
                     continue;
                 }
             },
         };
+        let Some(remote) = current.regions().first().map(|r| r.id) else {
+            // A restarted target whose control port is up before its region
+            // is registered: a passing state. The next open asks it again.
+            segment = None;
+            tally.event("open", "HALF_STARTED", &format!("{} exposes no region yet", current.name()));
+            continue;
+        };
         let local_region = local.as_ref().expect("allocated at the first open");
-        let remote = current.regions().first().map(|r| r.id).ok_or("the peer exposes no region")?;
         descs.clear();
         for i in 0..plan.batch as u64 {
             let offset = ((written_since_start + i) % region_blocks) * plan.block;
@@ -130,13 +150,15 @@ pub fn run(engine: &Engine, plan: &SoakPlan<'_>) -> Result<(), String> {
                 tally.success();
             }
             Ok(Outcome::Failed(error)) | Err(error) => {
-                if matches!(error, kvring::Error::PeerRestarted { .. }) {
+                if matches!(error, kvring::Error::PeerRestarted { .. }) || current.is_stale() {
                     segment = None;
                 }
                 tally.failure("batch", &error);
-                std::thread::sleep(RETRY_PAUSE);
             }
             Ok(other) => {
+                if current.is_stale() {
+                    segment = None;
+                }
                 let error = kvring::Error::invalid("batch", format!("ended {other:?}"));
                 tally.failure("batch", &error);
             }
@@ -162,7 +184,7 @@ pub fn run(engine: &Engine, plan: &SoakPlan<'_>) -> Result<(), String> {
             Err(format!("reopening the target to verify: {}", reopen_error.take().expect("checked")))
         }
         (Some(segment), Some(local)) => {
-            let remote = segment.regions().first().map(|r| r.id).ok_or("the peer exposes no region")?;
+            let remote = segment.regions().first().map(|r| r.id).ok_or("the target exposes no region to verify")?;
             let expected = local.checksum(0, covered as usize).map_err(|e| e.to_string())?;
             match segment.remote_checksum(remote, 0, covered, Duration::from_secs(10)) {
                 Ok(actual) if actual == expected => Ok(()),

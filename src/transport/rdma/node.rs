@@ -87,13 +87,14 @@ pub struct RdmaNode {
     accepted: Mutex<Accepted>,
 }
 
+/// An initiator's identity: its name and epoch.
+type Identity = (String, u64);
+
 /// QPs accepted for initiators, by identity (name and epoch: a restarted
-/// initiator is another identity, and its predecessor's QPs go).
+/// initiator is another identity).
 #[derive(Debug, Default)]
 struct Accepted {
-    by_initiator: HashMap<Initiator, AcceptedSet>,
-    /// Each name's current epoch.
-    epochs: HashMap<String, u64>,
+    by_initiator: HashMap<Identity, AcceptedSet>,
     total: usize,
     /// Connects so far: orders initiators by how recently they connected.
     clock: u64,
@@ -103,6 +104,8 @@ struct Accepted {
 struct AcceptedSet {
     qps: Vec<(usize, Spare)>,
     connected: u64,
+    /// Where the initiator's control plane listens (for probes).
+    addr: String,
 }
 
 impl RdmaNode {
@@ -229,6 +232,29 @@ impl RdmaNode {
         self.accepted.lock().unwrap_or_else(|p| p.into_inner()).total
     }
 
+    /// The initiators this engine holds QPs for, with where to probe them.
+    pub fn initiators(&self) -> Vec<Initiator> {
+        let accepted = self.accepted.lock().unwrap_or_else(|p| p.into_inner());
+        accepted
+            .by_initiator
+            .iter()
+            .map(|((name, epoch), set)| Initiator { name: name.clone(), epoch: *epoch, addr: set.addr.clone() })
+            .collect()
+    }
+
+    /// Releases the QPs held for an initiator that went away; returns how
+    /// many there were.
+    pub fn release_initiator(&self, initiator: &Initiator) -> usize {
+        let set =
+            self.accepted.lock().unwrap_or_else(|p| p.into_inner()).remove(&(initiator.name.clone(), initiator.epoch));
+        let qps = set.map(|set| set.qps).unwrap_or_default();
+        let count = qps.len();
+        for (nic, spare) in qps {
+            self.keep_or_destroy(nic, spare, true);
+        }
+        count
+    }
+
     /// A QP on NIC `nic` in the INIT state with a CQ of its own (`depth`
     /// entries): a spare one reset earlier when there is one, else a new one.
     pub fn take_qp(&self, nic: usize, depth: u32) -> Result<(Qp, Cq, QpEndpoint)> {
@@ -320,8 +346,9 @@ impl RdmaNode {
     /// Accepts an initiator's QPs (lane-major over `nics` NICs): one QP of
     /// ours connected to each, returned in the same order. The QPs belong
     /// to `initiator` (name and epoch, from its handshake): connecting
-    /// again (it reopened us) or as a later epoch of the same name (it
-    /// restarted) gives back the earlier QPs, reset for reuse. At most
+    /// again (it reopened us) gives back its earlier QPs, reset for reuse;
+    /// those of an initiator that went away are released by the engine's
+    /// reaper, which probes it. At most
     /// [`MAX_CONNECT_ENDPOINTS`] per initiator and [`MAX_ACCEPTED_QPS`] in
     /// all, the least recently connected initiator giving way.
     pub fn accept(&self, initiator: &Initiator, nics: usize, endpoints: &[QpEndpoint]) -> Result<Vec<QpEndpoint>> {
@@ -338,15 +365,12 @@ impl RdmaNode {
         let released = {
             let mut accepted = self.accepted.lock().unwrap_or_else(|p| p.into_inner());
             let mut released = Vec::new();
-            // Its own earlier QPs, and a restarted predecessor's.
-            if let Some(set) = accepted.remove(initiator) {
+            // Its own earlier QPs (it reconnects). Another identity's are
+            // never touched here, even under the same name: whether that one
+            // went away is for the reaper's probe to find out.
+            let identity = (initiator.name.clone(), initiator.epoch);
+            if let Some(set) = accepted.remove(&identity) {
                 released.extend(set.qps);
-            }
-            if let Some(&epoch) = accepted.epochs.get(&initiator.name) {
-                let predecessor = Initiator { name: initiator.name.clone(), epoch };
-                if let Some(set) = accepted.remove(&predecessor) {
-                    released.extend(set.qps);
-                }
             }
             while accepted.total + endpoints.len() > MAX_ACCEPTED_QPS {
                 let Some(oldest) = accepted.least_recent() else { break };
@@ -376,7 +400,7 @@ impl RdmaNode {
             return Err(error);
         }
         let ours = qps.iter().map(|(_, spare)| spare.endpoint).collect();
-        let replaced = self.accepted.lock().unwrap_or_else(|p| p.into_inner()).insert(initiator.clone(), qps);
+        let replaced = self.accepted.lock().unwrap_or_else(|p| p.into_inner()).insert(initiator, qps);
         for (nic, spare) in replaced.into_iter().flat_map(|set| set.qps) {
             self.keep_or_destroy(nic, spare, true);
         }
@@ -385,29 +409,25 @@ impl RdmaNode {
 }
 
 impl Accepted {
-    fn remove(&mut self, initiator: &Initiator) -> Option<AcceptedSet> {
-        let set = self.by_initiator.remove(initiator)?;
+    fn remove(&mut self, identity: &Identity) -> Option<AcceptedSet> {
+        let set = self.by_initiator.remove(identity)?;
         self.total -= set.qps.len();
-        if self.epochs.get(&initiator.name) == Some(&initiator.epoch) {
-            self.epochs.remove(&initiator.name);
-        }
         Some(set)
     }
 
     /// Books `initiator`'s QPs; hands back a set it replaces (two connects
     /// of one initiator raced: the later one holds).
-    fn insert(&mut self, initiator: Initiator, qps: Vec<(usize, Spare)>) -> Option<AcceptedSet> {
+    fn insert(&mut self, initiator: &Initiator, qps: Vec<(usize, Spare)>) -> Option<AcceptedSet> {
         self.clock += 1;
         self.total += qps.len();
-        self.epochs.insert(initiator.name.clone(), initiator.epoch);
-        let set = AcceptedSet { qps, connected: self.clock };
-        let old = self.by_initiator.insert(initiator, set)?;
+        let set = AcceptedSet { qps, connected: self.clock, addr: initiator.addr.clone() };
+        let old = self.by_initiator.insert((initiator.name.clone(), initiator.epoch), set)?;
         self.total -= old.qps.len();
         Some(old)
     }
 
-    fn least_recent(&self) -> Option<Initiator> {
-        self.by_initiator.iter().min_by_key(|(_, set)| set.connected).map(|(initiator, _)| initiator.clone())
+    fn least_recent(&self) -> Option<Identity> {
+        self.by_initiator.iter().min_by_key(|(_, set)| set.connected).map(|(identity, _)| identity.clone())
     }
 }
 

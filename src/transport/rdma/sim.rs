@@ -302,6 +302,13 @@ impl SimVerbs {
         live.chain(gone).sum()
     }
 
+    /// The rights of the MR registered at `addr` (the first one found): a
+    /// NIC enforces these on every remote request, whatever the initiator
+    /// checked (the simulator does too).
+    pub fn mr_rights(&self, addr: u64) -> Option<MrAccess> {
+        self.lock().mrs.values().find(|entry| entry.mr.addr == addr).map(|entry| entry.access)
+    }
+
     /// Requests posted on `qp` and not yet freed by a polled completion.
     pub fn outstanding(&self, qp: Qp) -> Option<u32> {
         self.lock().qps.get(&qp).map(|q| q.outstanding)
