@@ -108,7 +108,7 @@ impl ShmMapping {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
             .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
-        let mapping = Self::size_and_map(file, &path, total).map(|mapping| {
+        let mapping = Self::size_and_map(file, &path, total).inspect(|mapping| {
             let header = ShmHeader {
                 magic: HEADER_MAGIC,
                 version: HEADER_VERSION,
@@ -119,7 +119,6 @@ impl ShmMapping {
                 len: len as u64,
             };
             mapping.write_header(&header);
-            mapping
         });
         if mapping.is_err() {
             let _ = std::fs::remove_file(&path);
