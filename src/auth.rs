@@ -222,7 +222,7 @@ impl fmt::Debug for Session {
 impl Session {
     /// A data connection's proof: the session key over the nonce the target
     /// sent on that connection.
-    pub(crate) fn data_proof(&self, data_nonce: &Nonce, epoch: u64) -> Tag {
+    pub fn data_proof(&self, data_nonce: &Nonce, epoch: u64) -> Tag {
         tag(&self.key, Purpose::DataHello, &[data_nonce, &epoch.to_le_bytes()])
     }
 }

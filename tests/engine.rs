@@ -526,3 +526,19 @@ fn addresses_are_turned_into_region_and_offset_on_both_sides() {
     assert!(error.contains("lies in no registered region"), "{error}");
     assert!(initiator.locate(base, 10).is_err(), "the peer's memory is not ours");
 }
+
+#[test]
+fn a_half_started_peer_is_asked_again_rather_than_cached_empty() {
+    let target = common::engine("decode-starting");
+    let initiator = common::engine("initiator");
+    let addr = target.control_addr().to_string();
+    // Its control port is up, its region not registered yet.
+    let early = initiator.open_segment(&addr).unwrap();
+    assert!(early.regions().is_empty());
+    let error = early.region(0).unwrap_err().to_string();
+    assert!(error.contains("decode-starting exposes no region yet"), "{error}");
+    let region = target.alloc_region(4096, RegionInfo::raw()).unwrap();
+    // The next open asks the peer again instead of returning the empty handle.
+    let ready = initiator.open_segment(&addr).unwrap();
+    assert_eq!(ready.region(0).unwrap(), region.id());
+}

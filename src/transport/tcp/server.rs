@@ -246,6 +246,9 @@ impl<'a> Server<'a> {
         let mut expired = Vec::new();
         self.admission.expire(now, &mut expired);
         for index in expired {
+            if let Some(Some(slot)) = self.slots.get_mut(index) {
+                slot.conn.too_late(self.ctx.epoch);
+            }
             self.close(index);
         }
         for index in 0..self.slots.len() {

@@ -210,6 +210,14 @@ impl TargetConn {
         }
     }
 
+    /// The connection ran out of time to prove itself: queues a refusal
+    /// saying so (sent by the driver's last write before it closes).
+    pub(crate) fn too_late(&mut self, epoch: u64) {
+        if matches!(self.phase, Phase::Hello | Phase::Proof { .. }) {
+            self.refuse(&Error::Timeout { waited: self.admission_timeout }, epoch);
+        }
+    }
+
     /// Frees the read buffer of a connection that has been quiet a while
     /// (it is allocated again on the next read).
     pub(crate) fn shrink_if_idle(&mut self, now: Instant) {
