@@ -35,6 +35,9 @@ pub mod desc;
 pub mod engine;
 pub mod error;
 pub mod ffi;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod kv;
 pub mod mem;

@@ -234,10 +234,12 @@ impl ControlClient {
         let request = crate::proto::RdmaConnectRequest {
             initiator: String::new(),
             nics: nics as u32,
-            endpoints: ours.iter().map(endpoint_to_proto).collect(),
+            endpoints: ours.iter().map(crate::transport::rdma::verbs::QpEndpoint::to_proto).collect(),
         };
         match self.call(request::Body::RdmaConnect(request), deadline)? {
-            response::Body::RdmaConnect(reply) => reply.endpoints.iter().map(endpoint_from_proto).collect(),
+            response::Body::RdmaConnect(reply) => {
+                reply.endpoints.iter().map(crate::transport::rdma::verbs::QpEndpoint::from_proto).collect()
+            }
             other => Err(Error::malformed("rdma connect", format!("unexpected answer {other:?}"))),
         }
     }
@@ -249,34 +251,6 @@ impl ControlClient {
             other => Err(Error::malformed("checksum", format!("unexpected answer {other:?}"))),
         }
     }
-}
-
-/// A QP endpoint's wire form.
-pub fn endpoint_to_proto(endpoint: &crate::transport::rdma::verbs::QpEndpoint) -> crate::proto::QpEndpointInfo {
-    crate::proto::QpEndpointInfo {
-        qpn: endpoint.qpn,
-        psn: endpoint.psn,
-        gid: endpoint.gid.to_vec(),
-        lid: u32::from(endpoint.lid),
-        mtu: endpoint.mtu,
-    }
-}
-
-/// Checks and converts a QP endpoint from a peer.
-pub fn endpoint_from_proto(info: &crate::proto::QpEndpointInfo) -> Result<crate::transport::rdma::verbs::QpEndpoint> {
-    let gid: [u8; 16] = info
-        .gid
-        .as_slice()
-        .try_into()
-        .map_err(|_| Error::malformed("qp endpoint", format!("a gid of {} bytes, not 16", info.gid.len())))?;
-    let lid = u16::try_from(info.lid).map_err(|_| Error::malformed("qp endpoint", format!("lid {}", info.lid)))?;
-    if info.qpn > 0x00ff_ffff || info.psn > 0x00ff_ffff || !(256..=4096).contains(&info.mtu) {
-        return Err(Error::malformed(
-            "qp endpoint",
-            format!("qpn {:#x}, psn {:#x} or mtu {} out of range", info.qpn, info.psn, info.mtu),
-        ));
-    }
-    Ok(crate::transport::rdma::verbs::QpEndpoint { qpn: info.qpn, psn: info.psn, gid, lid, mtu: info.mtu })
 }
 
 /// A deadline-bounded I/O error as kvring reports it: `Timeout` when the

@@ -113,6 +113,14 @@ pub(crate) struct ConnectionAuth {
     admitted: bool,
 }
 
+impl ConnectionAuth {
+    /// True once the peer has an identity (proven, with a token).
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn is_proven(&self) -> bool {
+        self.identity.is_some()
+    }
+}
+
 fn serve_connection(stream: TcpStream, handler: &dyn ControlHandler, conn: &Admitted<'_>) {
     let _ = stream.set_nodelay(true);
     let mut greeting = [0u8; PREFACE_BYTES];

@@ -37,6 +37,7 @@ use crate::segment::{
 use crate::transport::notify::{Notification, NotificationQueue, NotifyQuota, MAX_NOTIFY_BYTES};
 use crate::transport::rdma::link::RdmaLink;
 use crate::transport::rdma::node::RdmaNode;
+use crate::transport::rdma::verbs::QpEndpoint;
 use crate::transport::tcp::DEFAULT_IO_TIMEOUT;
 use crate::transport::{Link, NullLink, ShmLink, TcpDataServer, TcpLink};
 use prost::Message as _;
@@ -1303,10 +1304,9 @@ impl ControlHandler for ControlContext {
     ) -> Result<Vec<crate::proto::QpEndpointInfo>> {
         let node =
             self.rdma.as_ref().ok_or_else(|| Error::Unsupported { what: "rdma: this engine serves none".into() })?;
-        let endpoints: Vec<_> =
-            request.endpoints.iter().map(crate::control::client::endpoint_from_proto).collect::<Result<_>>()?;
+        let endpoints: Vec<_> = request.endpoints.iter().map(QpEndpoint::from_proto).collect::<Result<_>>()?;
         let ours = node.accept(initiator, request.nics as usize, &endpoints)?;
-        Ok(ours.iter().map(crate::control::client::endpoint_to_proto).collect())
+        Ok(ours.iter().map(QpEndpoint::to_proto).collect())
     }
 
     fn notify(&self, sender: &str, message: Vec<u8>) -> Result<()> {

@@ -103,6 +103,37 @@ pub struct QpEndpoint {
     pub mtu: u32,
 }
 
+impl QpEndpoint {
+    /// The wire form, for the control plane's RDMA connect.
+    pub fn to_proto(&self) -> crate::proto::QpEndpointInfo {
+        crate::proto::QpEndpointInfo {
+            qpn: self.qpn,
+            psn: self.psn,
+            gid: self.gid.to_vec(),
+            lid: u32::from(self.lid),
+            mtu: self.mtu,
+        }
+    }
+
+    /// Checks and converts an endpoint a peer sent (fuzzed).
+    pub fn from_proto(info: &crate::proto::QpEndpointInfo) -> crate::error::Result<Self> {
+        use crate::error::Error;
+        let gid: [u8; 16] = info
+            .gid
+            .as_slice()
+            .try_into()
+            .map_err(|_| Error::malformed("qp endpoint", format!("a gid of {} bytes, not 16", info.gid.len())))?;
+        let lid = u16::try_from(info.lid).map_err(|_| Error::malformed("qp endpoint", format!("lid {}", info.lid)))?;
+        if info.qpn > 0x00ff_ffff || info.psn > 0x00ff_ffff || !(256..=4096).contains(&info.mtu) {
+            return Err(Error::malformed(
+                "qp endpoint",
+                format!("qpn {:#x}, psn {:#x} or mtu {} out of range", info.qpn, info.psn, info.mtu),
+            ));
+        }
+        Ok(Self { qpn: info.qpn, psn: info.psn, gid, lid, mtu: info.mtu })
+    }
+}
+
 /// Sizes a QP is created with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpCaps {

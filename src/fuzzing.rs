@@ -1,0 +1,376 @@
+//! Entry points for kvring's fuzz targets (`fuzz/`, cargo feature
+//! `fuzzing`): each takes arbitrary bytes, drives one decoder of outside
+//! bytes (or a whole connection state machine) with them, and asserts what
+//! must hold whatever the bytes are: no panic, no byte written outside a
+//! registered region, no request served before its connection proved
+//! itself. Not part of kvring's API.
+
+use crate::auth::{Authenticator, Initiator, Token};
+use crate::control::frame::{decode_request, decode_response, read_frame};
+use crate::control::server::{handle, ConnectionAuth, ControlHandler};
+use crate::desc::{BlockDesc, RegionId};
+use crate::error::{Error, Result};
+use crate::mem::{RegionInfo, Registry};
+use crate::proto::{request, response};
+use crate::segment::{PeerSegment, SegmentDescriptor};
+use crate::transport::notify::{NotificationQueue, NotifyQuota};
+use crate::transport::tcp::conn::{Connection, Peer};
+use crate::transport::tcp::hello::ClientHello;
+use crate::transport::tcp::target::{TargetConn, TargetContext};
+use crate::transport::Block;
+use prost::Message;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use zerocopy::IntoBytes;
+
+/// A TCP data frame header.
+pub fn frame_header(data: &[u8]) {
+    use crate::transport::tcp::frame::{FrameHeader, MAX_FRAME_PAYLOAD_BYTES};
+    if let Ok((header, _op)) = FrameHeader::decode(data) {
+        assert!(header.len <= MAX_FRAME_PAYLOAD_BYTES);
+        assert!(header.offset.checked_add(header.len).is_some());
+    }
+}
+
+/// A framed control message (what the control server and client read from
+/// a socket); an RDMA connect's endpoints are checked or refused; a
+/// preface is checked.
+pub fn control_message(data: &[u8]) {
+    let _ = crate::control::frame::check_preface(data, "fuzz");
+    let mut reader = data;
+    if let Ok(Some(body)) = read_frame(&mut reader, 1 << 16) {
+        let _ = decode_request(&body);
+        let _ = decode_response(&body);
+    }
+    if let Ok(request::Body::RdmaConnect(connect)) = decode_request(data) {
+        for endpoint in &connect.endpoints {
+            if let Ok(checked) = crate::transport::rdma::verbs::QpEndpoint::from_proto(endpoint) {
+                assert!(checked.qpn <= 0x00ff_ffff && (256..=4096).contains(&checked.mtu));
+            }
+        }
+    }
+    if let Ok(response::Body::RdmaConnect(reply)) = decode_response(data) {
+        for endpoint in &reply.endpoints {
+            let _ = crate::transport::rdma::verbs::QpEndpoint::from_proto(endpoint);
+        }
+    }
+}
+
+/// etcd's answer: the HTTP parser, the JSON and range decoders and the
+/// stored-descriptor decoder.
+pub fn etcd_answer(data: &[u8]) {
+    use crate::http::{parse_response, MAX_MESSAGE_BYTES};
+    use crate::metadata::etcd::{decode_json, decode_range, EtcdStore};
+    if let Ok(response) = parse_response(data) {
+        assert!(response.body.len() <= data.len().max(MAX_MESSAGE_BYTES));
+        if let Ok(json) = decode_json(&response.body) {
+            if let Ok(Some(value)) = decode_range(&json) {
+                if let Ok(descriptor) = EtcdStore::decode_descriptor("decode-0", &value) {
+                    assert_eq!(descriptor.name, "decode-0");
+                }
+            }
+        }
+    }
+    let _ = EtcdStore::decode_descriptor("decode-0", data);
+}
+
+/// A peer's memory-info answer: a checked layout plans without overflow.
+pub fn kv_layout(data: &[u8]) {
+    use crate::kv::{plan_blocks, KvLayout};
+    let Ok(info) = crate::proto::KvLayoutInfo::decode(data) else { return };
+    let Ok(layout) = KvLayout::from_proto(info) else { return };
+    assert_eq!(KvLayout::from_proto(layout.to_proto()).expect("a checked layout re-encodes"), layout);
+    let last = layout.blocks() - 1;
+    let _ = plan_blocks(&layout, &layout, crate::ring::Opcode::Write, &[0, last], &[last, 0]);
+}
+
+/// A handshake's segment descriptor: refused, or a descriptor whose region
+/// table looks up every listed region and only those. The check is linear
+/// in the input (a corpus seed lists the most regions a descriptor may).
+pub fn segment_descriptor(data: &[u8]) {
+    let expanded;
+    let data = if data == b"MAXIMAL" {
+        expanded = maximal_descriptor();
+        &expanded[..]
+    } else {
+        data
+    };
+    let Ok(wire) = crate::proto::SegmentDescriptor::decode(data) else { return };
+    let Ok(descriptor) = SegmentDescriptor::from_proto(wire) else { return };
+    for region in &descriptor.regions {
+        assert!(region.len > 0);
+        if let Some(path) = &region.shm_path {
+            assert!(path.starts_with("/dev/shm/"));
+        }
+    }
+    let ids: Vec<_> = descriptor.regions.iter().map(|r| r.id).collect();
+    let peer = PeerSegment::new(descriptor);
+    for id in ids {
+        assert_eq!(peer.region(id).expect("listed region resolves").id, id);
+        let stale = RegionId::new(id.index(), id.generation().wrapping_add(1));
+        assert!(peer.region(stale).is_err());
+    }
+}
+
+/// The largest descriptor a peer may send: every region listed, and RDMA
+/// keys for each on the most NICs. (A check that scanned the regions per key
+/// took minutes over this; the seed `MAXIMAL` stands for it.)
+fn maximal_descriptor() -> Vec<u8> {
+    use crate::segment::descriptor::{MAX_DESCRIPTOR_REGIONS, MAX_RDMA_NICS};
+    let count = MAX_DESCRIPTOR_REGIONS as u32 - 1;
+    let regions = (0..count)
+        .map(|i| crate::proto::RegionDescriptor {
+            id: RegionId::new(i as u16, 1).raw(),
+            len: 4096,
+            access: 15,
+            addr: u64::from(i) << 20,
+            ..Default::default()
+        })
+        .collect();
+    let keys = (0..count)
+        .map(|i| crate::proto::RdmaRegion {
+            id: RegionId::new(i as u16, 1).raw(),
+            addr: u64::from(i) << 20,
+            rkeys: vec![i; MAX_RDMA_NICS as usize],
+        })
+        .collect();
+    crate::proto::SegmentDescriptor {
+        name: "maximal".into(),
+        epoch: 1,
+        regions,
+        rdma: Some(crate::proto::RdmaInfo { nics: MAX_RDMA_NICS, regions: keys }),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// The metrics server's request line.
+pub fn http_request_line(data: &[u8]) {
+    if let Ok((method, path)) = crate::http::parse_request_line(data) {
+        assert!(!method.is_empty() && method.bytes().all(|b| b.is_ascii_uppercase()));
+        assert!(path.len() <= data.len());
+    }
+    let _ = crate::http::read_request_line(&mut &data[..]);
+}
+
+/// A socket stand-in for the target's connection loop: bytes in, replies
+/// out, reads and writes cut into pieces the input chooses.
+struct Wire<'a> {
+    input: &'a [u8],
+    piece: usize,
+    written: usize,
+}
+
+impl Read for Wire<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.input.is_empty() {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        let n = buf.len().min(self.input.len()).min(self.piece);
+        buf[..n].copy_from_slice(&self.input[..n]);
+        self.input = &self.input[n..];
+        Ok(n)
+    }
+}
+
+impl Write for Wire<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.piece * 7);
+        self.written += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Guard bytes around the region a fuzzed target serves.
+const GUARD: u8 = 0xab;
+const GUARD_BYTES: usize = 4096;
+const SERVED_BYTES: usize = 64 * 1024;
+
+struct Served {
+    ctx: TargetContext,
+    memory: Vec<u8>,
+    region: RegionId,
+}
+
+fn served(token: Option<&str>) -> Served {
+    let registry = Arc::new(Registry::new(4));
+    let mut memory = vec![GUARD; GUARD_BYTES + SERVED_BYTES + GUARD_BYTES];
+    memory[GUARD_BYTES..GUARD_BYTES + SERVED_BYTES].fill(0);
+    let start = memory.as_mut_ptr() as usize + GUARD_BYTES;
+    let region = registry.register(start, SERVED_BYTES, RegionInfo::raw(), None).expect("registers");
+    let quota = NotifyQuota { total: 8, total_bytes: 4096, per_sender: 4, per_sender_bytes: 2048 };
+    let ctx = TargetContext {
+        registry,
+        notifications: Arc::new(NotificationQueue::new(quota)),
+        epoch: 42,
+        auth: token.map(|t| Arc::new(Authenticator::new(Token::new(t), 42))),
+    };
+    Served { ctx, memory, region }
+}
+
+/// Feeds `bytes` to a fresh target connection, `piece` bytes at a time.
+fn drive(served: &Served, bytes: &[u8], piece: usize) -> TargetConn {
+    let now = Instant::now();
+    let mut conn = TargetConn::new(now, Duration::from_secs(2));
+    let mut wire = Wire { input: bytes, piece: piece.max(1), written: 0 };
+    let mut admit = || Ok(());
+    for _ in 0..bytes.len() + 8 {
+        let read = conn.on_readable(&mut wire, &served.ctx, &mut admit, now);
+        let written = conn.on_writable(&mut wire, &served.ctx);
+        if read.is_err() || written.is_err() || conn.finished() || (wire.input.is_empty() && !conn.wants_write()) {
+            break;
+        }
+    }
+    conn.release(&served.ctx);
+    conn
+}
+
+fn guards_intact(served: &Served) {
+    assert!(served.memory[..GUARD_BYTES].iter().all(|&b| b == GUARD), "a write landed before the region");
+    assert!(served.memory[GUARD_BYTES + SERVED_BYTES..].iter().all(|&b| b == GUARD), "a write landed past the region");
+    // Every lease went back with the connection.
+    served.ctx.registry.unregister(served.region).expect("no lease left behind");
+}
+
+/// The data server's opening with a token: nothing is served unless the
+/// bytes carry a valid session proof (they cannot, without the token).
+pub fn data_hello(data: &[u8]) {
+    let served = served(Some("fuzz-token"));
+    let piece = data.first().map_or(1, |b| usize::from(*b % 61) + 1);
+    let _ = drive(&served, data, piece);
+    assert!(served.memory[GUARD_BYTES..GUARD_BYTES + SERVED_BYTES].iter().all(|&b| b == 0), "served without proof");
+    assert!(served.ctx.notifications.poll().is_none(), "a notification got in without proof");
+    guards_intact(&served);
+}
+
+/// The data server's frame loop (WRITE, READ, NOTIFY, garbage), past a
+/// hello: never a byte outside the region, every lease given back.
+pub fn target_connection(data: &[u8]) {
+    let served = served(None);
+    let piece = data.first().map_or(1, |b| usize::from(*b % 61) + 1);
+    let mut bytes = ClientHello::new(42, [0; 16], [0; 16]).as_bytes().to_vec();
+    // Frame headers in the input name region 1 (the index the registry
+    // gives the served region) and epoch 42 often enough to reach memory.
+    bytes.extend_from_slice(data.get(1..).unwrap_or_default());
+    let _ = drive(&served, &bytes, piece);
+    guards_intact(&served);
+}
+
+/// The initiator's reply parser: a connection with a WRITE chunk and a READ
+/// chunk in flight reads the input as the target's replies; it never writes
+/// outside the READ blocks' memory.
+pub fn initiator_replies(data: &[u8]) {
+    static LISTENER: OnceLock<TcpListener> = OnceLock::new();
+    let listener = LISTENER.get_or_init(|| TcpListener::bind("127.0.0.1:0").expect("binds loopback"));
+    let addr = listener.local_addr().expect("has an address");
+    let Ok(client) = TcpStream::connect(addr) else { return };
+    let Ok((mut server, _)) = listener.accept() else { return };
+    let Ok(mut connection) = Connection::new(client) else { return };
+    let peer = Peer { name: "fuzz".into(), addr, epoch: 42 };
+    let mut memory = vec![GUARD; GUARD_BYTES + 3 * SERVED_BYTES + GUARD_BYTES];
+    let base = GUARD_BYTES;
+    let region = RegionId::new(1, 1);
+    let start = memory.as_mut_ptr();
+    let block = |offset: usize, len: u64| Block {
+        local: start.wrapping_add(base + offset),
+        desc: BlockDesc::new(region, offset as u64, region, offset as u64, len),
+        desc_index: 0,
+    };
+    let writes = [block(0, 4096), block(4096, 4096)];
+    let reads = [block(0, 16), block(SERVED_BYTES, 32 * 1024), block(2 * SERVED_BYTES, 100)];
+    connection.queue_chunk(&peer, crate::ring::Opcode::Write, 7, 1, &writes);
+    connection.queue_chunk(&peer, crate::ring::Opcode::Read, 8, 2, &reads);
+    let _ = server.write_all(data);
+    let _ = server.shutdown(std::net::Shutdown::Write);
+    let mut finished = Vec::new();
+    for _ in 0..data.len() / 16 + 64 {
+        match connection.progress(&peer, Duration::from_secs(5), &mut finished) {
+            Ok(true) => {}
+            Ok(false) => std::thread::sleep(Duration::from_micros(10)),
+            Err(_) => break,
+        }
+    }
+    connection.fail_all(&peer, "fuzz", &mut finished);
+    drop(server);
+    let spans = [(0, 16), (SERVED_BYTES, 32 * 1024), (2 * SERVED_BYTES, 100)];
+    for (index, byte) in memory[base..base + 3 * SERVED_BYTES].iter().enumerate() {
+        let inside = spans.iter().any(|&(start, len)| index >= start && index < start + len);
+        assert!(inside || *byte == GUARD, "a reply wrote local byte {index}, outside every READ block");
+    }
+    assert!(memory[..base].iter().chain(&memory[base + 3 * SERVED_BYTES..]).all(|&b| b == GUARD));
+}
+
+/// A control handler with a token, for the control server's request
+/// handling.
+#[derive(Debug)]
+struct Handler {
+    auth: Authenticator,
+}
+
+impl ControlHandler for Handler {
+    fn authenticator(&self) -> Option<&Authenticator> {
+        Some(&self.auth)
+    }
+    fn epoch(&self) -> u64 {
+        42
+    }
+    fn describe(&self) -> SegmentDescriptor {
+        SegmentDescriptor {
+            name: "fuzz".into(),
+            epoch: 42,
+            host_id: String::new(),
+            pid: 1,
+            regions: Vec::new(),
+            control_addr: String::new(),
+            tcp_addr: None,
+            rdma: None,
+        }
+    }
+    fn name(&self) -> &str {
+        "fuzz"
+    }
+    fn checksum(&self, _request: &crate::proto::ChecksumRequest) -> Result<u64> {
+        Ok(0)
+    }
+    fn notify(&self, _sender: &str, _message: Vec<u8>) -> Result<()> {
+        Ok(())
+    }
+    fn memory_info(&self) -> Result<crate::proto::KvLayoutInfo> {
+        Err(Error::Unsupported { what: "fuzz".into() })
+    }
+    fn rdma_connect(
+        &self,
+        _initiator: &Initiator,
+        _request: &crate::proto::RdmaConnectRequest,
+    ) -> Result<Vec<crate::proto::QpEndpointInfo>> {
+        Ok(Vec::new())
+    }
+}
+
+/// The control server's request handling with its authentication state: a
+/// sequence of framed requests from a client without the token never gets
+/// a descriptor, a checksum, a notification in, or QPs.
+pub fn control_requests(data: &[u8]) {
+    static HANDLER: OnceLock<Handler> = OnceLock::new();
+    let handler = HANDLER.get_or_init(|| Handler { auth: Authenticator::new(Token::new("fuzz-token"), 42) });
+    let mut auth = ConnectionAuth::default();
+    let mut reader = data;
+    while let Ok(Some(body)) = read_frame(&mut reader, 1 << 16) {
+        let Ok(request) = decode_request(&body) else { continue };
+        let probe = matches!(request, request::Body::Probe(_));
+        match handle(handler, request, &mut auth) {
+            Ok(response::Body::Handshake(reply)) => {
+                assert!(reply.segment.is_none(), "a descriptor without the token's proof");
+            }
+            Ok(_) => assert!(probe, "a request served before the handshake"),
+            Err(_) => {}
+        }
+        assert!(!auth.is_proven(), "proven without the token");
+    }
+}
