@@ -312,6 +312,40 @@ fn a_soak_rides_out_a_peer_restart_and_verifies_what_it_reported_done() {
     drop(restarted);
 }
 
+/// Eight `kill -9`s of the target in 40 s, each restarted on the same port
+/// (a restarted target's control port is up a moment before its region is
+/// registered): the soak rides out every one, reports each failure and
+/// recovery, and verifies on the target what it reported done.
+#[test]
+fn a_soak_survives_eight_kill_9_restarts_of_its_target_in_40_seconds() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut target = serve_on(port);
+    let addr = target.addr.clone();
+    let soak = Command::new(kvring_bin())
+        .args(["bench", "--peer", &addr, "--transport", "tcp", "--duration", "40s", "--json"])
+        .args(["--batch", "8", "--block-size", "4KiB", "--region-size", "1MiB"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(3500));
+        let _ = target.child.kill();
+        let _ = target.child.wait();
+        // Restart at once: the soak meets a half-started target at times.
+        target = serve_on(port);
+    }
+    let output = soak.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "soak failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    let recoveries = stdout.lines().filter(|l| l.contains("\"event\":\"recovered\"")).count();
+    assert!(recoveries >= 8, "{recoveries} recoveries for 8 restarts: {stdout}");
+    let summary = stdout.lines().last().unwrap();
+    assert!(summary.contains("\"verified\":true"), "{summary}");
+    assert!(!summary.contains("\"verified_bytes\":0,"), "something was verified: {summary}");
+    drop(target);
+}
+
 #[test]
 fn the_kv_bench_moves_a_request_planned_from_block_ids() {
     for (model, transport, after) in [("deepseek-v3", "shm", 61), ("llama3-8b", "tcp", 64)] {

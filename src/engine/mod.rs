@@ -545,7 +545,7 @@ fn lane_cores(config: &EngineConfig) -> Vec<Option<usize>> {
     if !config.cores.is_empty() {
         return (0..config.lanes).map(|i| Some(config.cores[i % config.cores.len()])).collect();
     }
-    let online: Vec<usize> = core_affinity::get_core_ids().unwrap_or_default().into_iter().map(|c| c.id).collect();
+    let online = crate::runtime::placement::usable_cores();
     if online.is_empty() {
         return vec![None; config.lanes];
     }

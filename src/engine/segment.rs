@@ -71,6 +71,11 @@ impl Segment {
         self.inner.peer.descriptor().epoch
     }
 
+    /// Where the peer's tcp data listener is, when it serves one.
+    pub fn tcp_addr(&self) -> Option<&str> {
+        self.inner.peer.descriptor().tcp_addr.as_deref()
+    }
+
     /// The transport the lanes use to reach it.
     pub fn transport(&self) -> TransportKind {
         self.inner.transport

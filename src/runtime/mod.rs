@@ -6,6 +6,7 @@ pub mod backoff;
 pub mod doorbell;
 pub mod lane;
 pub mod metrics;
+pub mod placement;
 pub mod status;
 pub mod watch;
 

@@ -59,6 +59,11 @@ struct Options {
     kv: Option<crate::models::Model>,
     /// Tokens of that request.
     tokens: u64,
+    /// Measure each case with this many idle connections held open to the
+    /// target's data port, against the same case without them.
+    idle_connections: usize,
+    /// Measure tcp with a token against tcp without one, same run.
+    token_overhead: bool,
 }
 
 fn parse(mut args: Args) -> Result<Options, String> {
@@ -100,6 +105,8 @@ fn parse(mut args: Args) -> Result<Options, String> {
         duration: args.duration("--duration")?,
         kv: args.value("--kv")?.map(|name| crate::models::find(&name)).transpose()?,
         tokens: args.number("--tokens")?.unwrap_or(8192) as u64,
+        idle_connections: args.number("--idle-connections")?.unwrap_or(0),
+        token_overhead: args.switch("--token-overhead"),
     };
     args.finish()?;
     if options.batch == 0 || options.inflight == 0 || options.total == 0 {
@@ -190,6 +197,9 @@ pub fn run(mut args: Args) -> Result<(), String> {
     let mut options = parse(args)?;
     if !lanes_flag {
         options.lanes = config.get("lanes").and_then(|v| v.parse().ok()).unwrap_or(1);
+    }
+    if options.token_overhead {
+        return token_overhead(&config, &options);
     }
     let target = match &options.peer {
         Some(_) => None,
@@ -295,6 +305,82 @@ pub fn run(mut args: Args) -> Result<(), String> {
     }
 }
 
+/// `--token-overhead`: tcp to a target with a token against tcp to one
+/// without, from two initiators in this process, round by round: WRITE
+/// 1 MiB throughput and WRITE 4 KiB single-block p50. The token is proven at
+/// connect time only, so the data path should not notice it.
+fn token_overhead(config: &kvring::config::Config, options: &Options) -> Result<(), String> {
+    const TOKEN: &str = "bench-token-overhead";
+    let sides = [None, Some(TOKEN)];
+    let mut targets = Vec::new();
+    for token in sides {
+        let extra: Vec<String> = token.map(|t| vec!["--token".to_string(), t.to_string()]).unwrap_or_default();
+        targets.push(Target::spawn(options.region_bytes, &extra)?);
+    }
+    let block = 1 << 20;
+    let per_round = options.total.div_ceil(ROUNDS as u64).div_ceil(block) * block;
+    let samples = (options.latency_samples / ROUNDS).max(100);
+    let mut gbps = [Vec::new(), Vec::new()];
+    let mut p50 = [Vec::new(), Vec::new()];
+    for round in 0..ROUNDS {
+        // Alternate which goes first; each side's initiator exists only for
+        // its own measurement, so no idle engine's lanes spin beside it.
+        for side in [round % 2, 1 - round % 2] {
+            let mut builder = config.builder().name("bench-initiator").lanes(options.lanes);
+            if let Some(token) = sides[side] {
+                builder = builder.token(token);
+            }
+            let engine = builder.build().map_err(|e| e.to_string())?;
+            let addr = &targets[side].addr;
+            let segment = engine
+                .open_segment_with(addr, Some(TransportKind::Tcp), Duration::from_secs(10))
+                .map_err(|e| format!("opening {addr}: {e}"))?;
+            let remote = segment.region(0).map_err(|e| e.to_string())?;
+            let region_bytes = options.region_bytes.min(segment.regions()[0].len);
+            let local = engine.alloc_region(region_bytes as usize, RegionInfo::raw()).map_err(|e| e.to_string())?;
+            local.fill_pattern(7);
+            let mut sub = engine.submitter().map_err(|e| e.to_string())?;
+            pin_caller(&engine);
+            let started = Instant::now();
+            let moved = move_bytes(
+                &mut sub,
+                &segment,
+                &local,
+                remote,
+                Opcode::Write,
+                region_bytes,
+                block,
+                per_round,
+                options,
+                "1MiB",
+            )?;
+            gbps[side].push(moved as f64 / started.elapsed().as_secs_f64() / 1e9);
+            p50[side].push(latency(&mut sub, &segment, &local, remote, Opcode::Write, 4096, samples)?.0);
+            drop(sub);
+            engine.shutdown();
+        }
+    }
+    let (plain_gbps, token_gbps) = (median(&mut gbps[0]), median(&mut gbps[1]));
+    let (plain_p50, token_p50) = (median(&mut p50[0]), median(&mut p50[1]));
+    if options.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "case": "token_overhead",
+                "write_1mib_gbps": {"no_token": plain_gbps, "token": token_gbps, "ratio": token_gbps / plain_gbps},
+                "write_4kib_p50_us": {"no_token": plain_p50, "token": token_p50, "ratio": token_p50 / plain_p50},
+            })
+        );
+    } else {
+        println!(
+            "token overhead (tcp, same run, {ROUNDS} rounds each):\n  WRITE 1MiB  {token_gbps:7.2} GB/s with a token, {plain_gbps:7.2} GB/s without ({:5.1}%)\n  WRITE 4KiB  p50 {token_p50:7.2} us with a token, {plain_p50:7.2} us without ({:5.1}%)",
+            100.0 * token_gbps / plain_gbps,
+            100.0 * token_p50 / plain_p50
+        );
+    }
+    Ok(())
+}
+
 /// Pins the bench thread to a core no lane uses, when there is one.
 fn pin_caller(engine: &Engine) {
     let used: Vec<usize> = engine.lane_cores().into_iter().flatten().collect();
@@ -344,7 +430,20 @@ fn run_case(
     let mut kvring_rounds = Vec::with_capacity(ROUNDS);
     let (mut bytes, mut seconds) = (0u64, 0f64);
     for _ in 0..ROUNDS {
+        let mut flood = None;
         baseline_rounds.push(match (options.metrics_overhead, options.transport, &options.raw_peer) {
+            _ if options.idle_connections > 0 => {
+                // The same case without the flood; the measured round below
+                // runs with it.
+                let started = Instant::now();
+                let moved =
+                    move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options, &label)?;
+                let gbps = moved as f64 / started.elapsed().as_secs_f64() / 1e9;
+                let addr = segment.tcp_addr().ok_or("--idle-connections: the target serves no tcp")?;
+                let addr = addr.parse().map_err(|e| format!("--idle-connections: {addr}: {e}"))?;
+                flood = Some(crate::flood::IdleFlood::start(addr, options.idle_connections));
+                gbps
+            }
             (true, _, _) => {
                 // The same case on the same engine, its counters off.
                 engine.set_metrics_enabled(false);
@@ -363,6 +462,15 @@ fn run_case(
         let started = Instant::now();
         let moved = move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options, &label)?;
         let elapsed = started.elapsed().as_secs_f64();
+        if let Some(flood) = flood.take() {
+            if flood.open() < options.idle_connections / 2 {
+                return Err(format!(
+                    "--idle-connections: only {} of {} held open",
+                    flood.open(),
+                    options.idle_connections
+                ));
+            }
+        }
         kvring_rounds.push(moved as f64 / elapsed / 1e9);
         bytes += moved;
         seconds += elapsed;
@@ -515,6 +623,9 @@ fn memcpy_baseline(block: u64, total: u64, region_bytes: u64, core: Option<usize
 fn baseline_name(options: &Options) -> &'static str {
     if options.metrics_overhead {
         return "metrics-off";
+    }
+    if options.idle_connections > 0 {
+        return "no-flood";
     }
     match (options.transport, &options.raw_peer) {
         (TransportKind::Tcp, Some(_)) => "raw-tcp",

@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod flood;
 mod kvbench;
 mod models;
 mod raw;
