@@ -72,12 +72,29 @@ const char *kvring_last_error(void);
 const char *kvring_error_name(int code);
 
 // Starts an engine named `name` whose control plane listens on `listen`
-// (`"127.0.0.1:0"` picks a port), with `lanes` lanes (0: the default).
+// (`"127.0.0.1:0"` picks a port), with `lanes` lanes (0: the default),
+// and no token (see `kvring_engine_create_with_token`).
 //
 // # Safety
 //
 // `name` and `listen` are NUL-terminated strings; `out` is a valid pointer.
 int kvring_engine_create(const char *name, const char *listen, uint32_t lanes, kvring_engine **out);
+
+// As `kvring_engine_create`, with the cluster's pre-shared `token` (a
+// NUL-terminated string; NULL for none): peers must prove it in every
+// handshake and data connection, and this engine proves it to the peers
+// it opens. It is never sent. Without one, anyone who reaches the
+// engine's ports can read and write its registered memory.
+//
+// # Safety
+//
+// `name` and `listen` are NUL-terminated strings, `token` is one or NULL;
+// `out` is a valid pointer.
+int kvring_engine_create_with_token(const char *name,
+                                    const char *listen,
+                                    uint32_t lanes,
+                                    const char *token,
+                                    kvring_engine **out);
 
 // Shuts an engine down and frees it (null is ignored). Segments and
 // submitters made from it must be freed first.

@@ -39,7 +39,8 @@ static unsigned char *buffer(void) {
 
 static int target(void) {
     kvring_engine *engine = NULL;
-    check(kvring_engine_create("decode-c", "127.0.0.1:0", 1, &engine), "engine_create");
+    // Both sides share the cluster's token (it is proven, never sent).
+    check(kvring_engine_create_with_token("decode-c", "127.0.0.1:0", 1, "c-abi-token", &engine), "engine_create");
     unsigned char *memory = buffer();
     uint32_t region = 0;
     check(kvring_register(engine, memory, LEN, &region), "register");
@@ -69,7 +70,17 @@ static int target(void) {
 
 static int initiator(const char *addr) {
     kvring_engine *engine = NULL;
-    check(kvring_engine_create("prefill-c", "127.0.0.1:0", 1, &engine), "engine_create");
+    // Without the token, the target refuses this engine's handshake.
+    kvring_engine *stranger = NULL;
+    kvring_segment *refused = NULL;
+    check(kvring_engine_create("stranger-c", "127.0.0.1:0", 1, &stranger), "engine_create");
+    int refusal = kvring_open_segment(stranger, addr, KVRING_TRANSPORT_TCP, 5000, &refused);
+    if (refusal >= 0 || strcmp(kvring_error_name(refusal), "UNAUTHORIZED") != 0) {
+        fprintf(stderr, "a tokenless engine opened a tokened target: %d %s\n", refusal, kvring_error_name(refusal));
+        return 1;
+    }
+    kvring_engine_destroy(stranger);
+    check(kvring_engine_create_with_token("prefill-c", "127.0.0.1:0", 1, "c-abi-token", &engine), "engine_create");
     unsigned char *source = buffer();
     unsigned char *back = buffer();
     for (size_t i = 0; i < LEN; i++) source[i] = pattern(i, 7);

@@ -212,3 +212,21 @@ def test_a_wait_releases_the_gil_so_other_threads_run(engine, spawn):
     finally:
         os.kill(peer.proc.pid, signal.SIGCONT)
     assert engine.wait(batch, 10.0) == 1 << 20
+
+
+def test_a_token_is_proven_both_ways_and_never_optional_on_one_side(monkeypatch):
+    """Engines with the same token move bytes; a tokenless engine is refused
+    by a tokened one and the reverse; KVRING_TOKEN gives the token too."""
+    with kvring.Engine(token="py-token") as target, kvring.Engine(token=b"py-token") as good:
+        buf, _ = target.alloc(1 << 16)
+        good.open_segment(target.control_addr, "tcp")
+        local = good.register(pattern(1 << 16, 3))
+        assert good.write(target.control_addr, [(local, 0, buf, 0, 1 << 16)]) == 1 << 16
+        with kvring.Engine() as stranger:
+            with pytest.raises(kvring.UnauthorizedError, match="requires a token"):
+                stranger.open_segment(target.control_addr, "tcp")
+            with pytest.raises(kvring.UnauthorizedError, match="runs without a token"):
+                good.open_segment(stranger.control_addr, "tcp")
+        monkeypatch.setenv("KVRING_TOKEN", "py-token")
+        with kvring.Engine() as from_env:
+            assert from_env.open_segment(target.control_addr, "tcp") == "tcp"
