@@ -7,9 +7,9 @@
 //! completes; two engines on one simulated fabric, copy skipped.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kvring::transport::rdma::post::{build, KeyedBlock, Keys, PostConfig};
-use kvring::transport::rdma::sim::SimVerbs;
-use kvring::transport::rdma::verbs::*;
+use kvring::rdma::SimVerbs;
+use kvring::rdma::*;
+use kvring::testing::rdma::{build, KeyedBlock, Keys, PostConfig};
 use std::hint::black_box;
 
 struct Fixed(u32, u32);

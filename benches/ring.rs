@@ -40,13 +40,13 @@ fn two_threads(
 }
 
 fn kvring_single(items: u64) -> Duration {
-    let (mut tx, mut rx) = kvring::ring::channel::<u64>(CAPACITY);
+    let (mut tx, mut rx) = kvring::testing::ring::channel::<u64>(CAPACITY);
     two_threads(
         items,
         move |n| {
             for i in 0..n {
                 let mut v = i;
-                while let Err(kvring::ring::Full(back)) = tx.push(v) {
+                while let Err(kvring::testing::ring::Full(back)) = tx.push(v) {
                     v = back;
                     std::hint::spin_loop();
                 }
@@ -65,7 +65,7 @@ fn kvring_single(items: u64) -> Duration {
 }
 
 fn kvring_batched(items: u64) -> Duration {
-    let (mut tx, mut rx) = kvring::ring::channel::<u64>(CAPACITY);
+    let (mut tx, mut rx) = kvring::testing::ring::channel::<u64>(CAPACITY);
     two_threads(
         items,
         move |n| {
@@ -73,7 +73,9 @@ fn kvring_batched(items: u64) -> Duration {
             while next < n {
                 let want = (CHUNK as u64).min(n - next) as usize;
                 if let Ok(mut chunk) = tx.write_chunk(want) {
-                    chunk.extend(next..next + want as u64);
+                    for value in next..next + want as u64 {
+                        let _ = chunk.push(value);
+                    }
                     next += want as u64;
                     chunk.commit();
                 } else {
@@ -85,7 +87,7 @@ fn kvring_batched(items: u64) -> Duration {
             let mut got = 0;
             while got < n {
                 let chunk = rx.read_chunk(CHUNK);
-                if chunk.is_empty() {
+                if chunk.len() == 0 {
                     std::hint::spin_loop();
                 }
                 for v in chunk {

@@ -66,16 +66,13 @@ impl<'a> Inputs<'a> {
     }
 }
 
-/// The address an engine with `config` advertises: [`resolve`] with this
-/// process's environment and hostname, routing towards its etcd server
-/// when it uses one. The engine and `kvring info` both call this.
-pub fn for_engine(config: &crate::EngineConfig) -> Result<Advertised> {
-    let route_to = match config.metadata.as_deref() {
-        Some(url) if url.starts_with("etcd://") => Some(crate::metadata::etcd::EtcdUrl::parse(url)?.addr),
-        _ => None,
-    };
+/// The address an engine advertises, given its `advertise` setting, the IP
+/// it listens on and its metadata server (if any): [`resolve`] with this
+/// process's environment and hostname. The engine and `kvring info` (through
+/// `EngineBuilder::planned_advertise`) both call this.
+pub(crate) fn for_process(configured: Option<IpAddr>, listen: IpAddr, route_to: Option<&str>) -> Result<Advertised> {
     let env = |name: &str| std::env::var(name).ok();
-    resolve(&Inputs::from_process(config.advertise, config.listen.ip(), &env, route_to.as_deref()))
+    resolve(&Inputs::from_process(configured, listen, &env, route_to))
 }
 
 /// Resolves the advertised address in the documented order.

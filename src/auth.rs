@@ -124,19 +124,25 @@ impl Token {
         self.0.is_empty()
     }
 
-    /// The answer to a challenge, proving the token without sending it: for
-    /// tools that guard a socket of their own with the cluster's token
-    /// (`kvring serve`'s raw-TCP baseline sink does). The challenger sends
-    /// fresh random bytes, and checks the answer with
+    /// A fresh random challenge, for tools that guard a socket of their own
+    /// with the cluster's token (`kvring serve`'s raw-TCP baseline sink
+    /// does): the peer proves the token with [`Token::answer`] without
+    /// sending it, and the challenger checks that with
     /// [`Token::check_answer`].
     ///
     /// ```
     /// use kvring::Token;
     /// let token = Token::new("s3cret");
-    /// let challenge = [7u8; 16];
+    /// let challenge = Token::challenge();
     /// assert!(token.check_answer(&challenge, &token.answer(&challenge)));
     /// assert!(!Token::new("guess").check_answer(&challenge, &token.answer(&challenge)));
     /// ```
+    pub fn challenge() -> [u8; 16] {
+        random_bytes()
+    }
+
+    /// The answer to a tool's `challenge`: proof of the token, never the
+    /// token itself.
     pub fn answer(&self, challenge: &[u8]) -> [u8; MAC_BYTES] {
         tag(&self.0, Purpose::ToolChallenge, &[challenge])
     }

@@ -4,8 +4,8 @@
 //! (region ids, offsets, lengths, limits); every `Display` message is tested
 //! below. Bad input from a caller or a peer always ends here, never in a panic.
 
-use crate::desc::RegionId;
 use crate::proto::ErrorCode;
+use crate::region_id::RegionId;
 use std::fmt;
 use std::time::Duration;
 
@@ -28,10 +28,11 @@ impl fmt::Display for Side {
 }
 
 /// Everything that can go wrong in kvring.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A caller passed a value that can never be valid.
+    #[error("invalid {what}: {reason}")]
     InvalidArgument {
         /// The argument.
         what: &'static str,
@@ -39,6 +40,7 @@ pub enum Error {
         reason: String,
     },
     /// A region that would overlap one already registered.
+    #[error("range {addr:#x}+{len} overlaps registered region {existing} ({existing_addr:#x}+{existing_len}); unregister it first or register the same range exactly")]
     RegionOverlap {
         /// Start address of the new range.
         addr: usize,
@@ -52,11 +54,13 @@ pub enum Error {
         existing_len: usize,
     },
     /// The same range registered again with different information.
+    #[error("range is already registered as region {existing} with different kind, layer, block size or access")]
     RegionInfoMismatch {
         /// The region already registered on that range.
         existing: RegionId,
     },
     /// Unregistering a region while transfers still use it.
+    #[error("region {region} has {in_flight} batch(es) in flight; wait for them before unregistering")]
     RegionBusy {
         /// The region.
         region: RegionId,
@@ -65,6 +69,7 @@ pub enum Error {
     },
     /// A region id that names no registered region (never registered,
     /// unregistered, or forged).
+    #[error("unknown {side} region {region}: not registered, unregistered, or forged id")]
     UnknownRegion {
         /// Which side's registry was asked.
         side: Side,
@@ -72,11 +77,13 @@ pub enum Error {
         region: RegionId,
     },
     /// The registry has no free slot.
+    #[error("region table is full ({capacity} regions); unregister some first")]
     RegionTableFull {
         /// The registry's capacity.
         capacity: usize,
     },
     /// A descriptor reaches past its region's end.
+    #[error("descriptor {desc_index}: {side} range offset {offset} + len {len} exceeds region {region} of {region_len} bytes")]
     OutOfBounds {
         /// Index of the descriptor in its batch.
         desc_index: u32,
@@ -92,6 +99,7 @@ pub enum Error {
         region_len: u64,
     },
     /// `offset + len` does not fit in 64 bits.
+    #[error("descriptor {desc_index}: {side} offset {offset} + len {len} overflows 64 bits")]
     LengthOverflow {
         /// Index of the descriptor in its batch.
         desc_index: u32,
@@ -103,6 +111,7 @@ pub enum Error {
         len: u64,
     },
     /// A region's access rights forbid the operation.
+    #[error("descriptor {desc_index}: {side} region {region} does not allow {needs}")]
     AccessDenied {
         /// Index of the descriptor in its batch.
         desc_index: u32,
@@ -115,6 +124,7 @@ pub enum Error {
     },
     /// A ring or table is full: back-pressure, nothing was queued. Retry
     /// after reaping or waiting.
+    #[error("{queue} is full ({capacity} entries): nothing was queued; reap or wait, then resubmit")]
     Busy {
         /// Which queue is full.
         queue: &'static str,
@@ -124,31 +134,37 @@ pub enum Error {
     /// A batch's own deadline passed: what was posted drained, the blocks
     /// not yet posted were dropped (`Outcome::TimedOut` as an error, for
     /// APIs that report one).
+    #[error("the batch's deadline passed after {bytes} bytes; blocks not yet posted were dropped")]
     DeadlinePassed {
         /// Bytes moved before it.
         bytes: u64,
     },
     /// A wait reached its deadline; the batch is still running.
+    #[error("deadline reached after {waited:?}; the batch may still complete")]
     Timeout {
         /// How long the caller waited.
         waited: Duration,
     },
     /// A batch id that was never issued by this submitter.
+    #[error("batch id {id:#x} was not issued by this submitter")]
     UnknownBatch {
         /// The raw id.
         id: u64,
     },
     /// A batch id whose batch already ended and was consumed.
+    #[error("batch id {id:#x} already ended and its result was consumed")]
     StaleBatch {
         /// The raw id.
         id: u64,
     },
     /// A segment handle that is closed or unknown to this engine.
+    #[error("segment {segment} is not open in this engine")]
     UnknownSegment {
         /// Name or slot of the segment.
         segment: String,
     },
     /// The peer restarted (its epoch changed) or its connection broke.
+    #[error("peer {segment} restarted or went away: {detail}")]
     PeerRestarted {
         /// The peer's segment name.
         segment: String,
@@ -156,6 +172,7 @@ pub enum Error {
         detail: String,
     },
     /// A control message of a version this engine does not speak.
+    #[error("control message version {got} is not supported (this engine speaks version {supported})")]
     VersionMismatch {
         /// Version received.
         got: u32,
@@ -163,6 +180,7 @@ pub enum Error {
         supported: u32,
     },
     /// Bytes from a peer or a caller that do not decode.
+    #[error("malformed {what}: {reason}")]
     Malformed {
         /// What was being decoded.
         what: &'static str,
@@ -170,6 +188,7 @@ pub enum Error {
         reason: String,
     },
     /// A message larger than the limit.
+    #[error("message of {len} bytes exceeds the {max}-byte limit")]
     MessageTooLarge {
         /// Its length.
         len: u64,
@@ -177,11 +196,13 @@ pub enum Error {
         max: u64,
     },
     /// An opcode this engine does not know.
+    #[error("unknown opcode {opcode}")]
     UnknownOpcode {
         /// The raw opcode.
         opcode: u8,
     },
     /// The peer answered with an error.
+    #[error("peer answered {}: {message}", .code.as_str_name())]
     Remote {
         /// The peer's wire code.
         code: ErrorCode,
@@ -189,13 +210,16 @@ pub enum Error {
         message: String,
     },
     /// An operating-system call failed.
+    #[error("{context}: {source}")]
     Io {
         /// What kvring was doing.
         context: String,
         /// The OS error.
+        #[source]
         source: std::io::Error,
     },
     /// The locked-memory limit is too low for the lanes' io_uring rings.
+    #[error("locked-memory limit is {have_bytes} bytes but the lanes' io_uring rings need {need_bytes}; raise it (`ulimit -l {}` or memlock in /etc/security/limits.conf) or use fewer lanes", .need_bytes.div_ceil(1024))]
     LockedMemoryLimit {
         /// The limit in force, bytes.
         have_bytes: u64,
@@ -203,6 +227,7 @@ pub enum Error {
         need_bytes: u64,
     },
     /// A lane could not start.
+    #[error("lane {lane} failed to start: {reason}")]
     LaneStart {
         /// The lane.
         lane: usize,
@@ -210,11 +235,13 @@ pub enum Error {
         reason: String,
     },
     /// The operation is not supported by this build or transport.
+    #[error("unsupported: {what}")]
     Unsupported {
         /// What was asked for.
         what: String,
     },
     /// An RDMA device failed, disappeared, or refused an operation.
+    #[error("rdma device {device}: {reason}")]
     Device {
         /// The device (or "verbs" when none is known).
         device: String,
@@ -222,8 +249,10 @@ pub enum Error {
         reason: String,
     },
     /// The engine is shutting down or has stopped.
+    #[error("the engine is shut down")]
     Shutdown,
     /// What answered at a peer's address does not speak kvring.
+    #[error("{peer} is not a kvring peer{}; check the address: kvring serve prints its listen address", sent(.got))]
     NotKvring {
         /// The address (or what it was given as).
         peer: String,
@@ -231,11 +260,13 @@ pub enum Error {
         got: String,
     },
     /// A peer refused us, or we refused a peer: wrong or missing token.
+    #[error("unauthorized: {reason}")]
     Unauthorized {
         /// Why.
         reason: String,
     },
     /// Two KV-cache layouts that cannot exchange blocks.
+    #[error("KV layouts differ {}{field}: local {local}, remote {remote}", at_layer(.layer))]
     LayoutMismatch {
         /// The layer that differs, when one does.
         layer: Option<u32>,
@@ -247,6 +278,7 @@ pub enum Error {
         remote: String,
     },
     /// Source and destination block-id lists of different lengths.
+    #[error("{src} source block ids but {dst} destination block ids; they pair one to one")]
     BlockCountMismatch {
         /// Source ids.
         src: usize,
@@ -254,6 +286,7 @@ pub enum Error {
         dst: usize,
     },
     /// A block id past the end of a layout.
+    #[error("{side} block id {id} is out of range: the layout has {blocks} blocks")]
     BlockOutOfRange {
         /// Which side's layout.
         side: Side,
@@ -263,11 +296,13 @@ pub enum Error {
         blocks: u64,
     },
     /// The same destination block listed twice.
+    #[error("destination block id {id} is listed twice")]
     DuplicateBlock {
         /// The id.
         id: u64,
     },
     /// A layer past the end of a layout.
+    #[error("layer {layer} is out of range: the layout has {layers} layers")]
     LayerOutOfRange {
         /// The layer.
         layer: u32,
@@ -333,124 +368,32 @@ impl Error {
     pub fn malformed(what: &'static str, reason: impl Into<String>) -> Self {
         Error::Malformed { what, reason: reason.into() }
     }
-}
 
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::InvalidArgument { what, reason } => write!(f, "invalid {what}: {reason}"),
-            Error::RegionOverlap { addr, len, existing, existing_addr, existing_len } => write!(
-                f,
-                "range {addr:#x}+{len} overlaps registered region {existing} \
-                 ({existing_addr:#x}+{existing_len}); unregister it first or register the same range exactly"
-            ),
-            Error::RegionInfoMismatch { existing } => write!(
-                f,
-                "range is already registered as region {existing} with different kind, layer, block size or access"
-            ),
-            Error::RegionBusy { region, in_flight } => write!(
-                f,
-                "region {region} has {in_flight} batch(es) in flight; wait for them before unregistering"
-            ),
-            Error::UnknownRegion { side, region } => {
-                write!(f, "unknown {side} region {region}: not registered, unregistered, or forged id")
-            }
-            Error::RegionTableFull { capacity } => {
-                write!(f, "region table is full ({capacity} regions); unregister some first")
-            }
-            Error::OutOfBounds { desc_index, side, region, offset, len, region_len } => write!(
-                f,
-                "descriptor {desc_index}: {side} range offset {offset} + len {len} exceeds region {region} of {region_len} bytes"
-            ),
-            Error::LengthOverflow { desc_index, side, offset, len } => write!(
-                f,
-                "descriptor {desc_index}: {side} offset {offset} + len {len} overflows 64 bits"
-            ),
-            Error::AccessDenied { desc_index, side, region, needs } => write!(
-                f,
-                "descriptor {desc_index}: {side} region {region} does not allow {needs}"
-            ),
-            Error::Busy { queue, capacity } => write!(
-                f,
-                "{queue} is full ({capacity} entries): nothing was queued; reap or wait, then resubmit"
-            ),
-            Error::DeadlinePassed { bytes } => {
-                write!(f, "the batch's deadline passed after {bytes} bytes; blocks not yet posted were dropped")
-            }
-            Error::Timeout { waited } => {
-                write!(f, "deadline reached after {waited:?}; the batch may still complete")
-            }
-            Error::UnknownBatch { id } => {
-                write!(f, "batch id {id:#x} was not issued by this submitter")
-            }
-            Error::StaleBatch { id } => {
-                write!(f, "batch id {id:#x} already ended and its result was consumed")
-            }
-            Error::UnknownSegment { segment } => {
-                write!(f, "segment {segment} is not open in this engine")
-            }
-            Error::PeerRestarted { segment, detail } => {
-                write!(f, "peer {segment} restarted or went away: {detail}")
-            }
-            Error::VersionMismatch { got, supported } => write!(
-                f,
-                "control message version {got} is not supported (this engine speaks version {supported})"
-            ),
-            Error::Malformed { what, reason } => write!(f, "malformed {what}: {reason}"),
-            Error::MessageTooLarge { len, max } => {
-                write!(f, "message of {len} bytes exceeds the {max}-byte limit")
-            }
-            Error::UnknownOpcode { opcode } => write!(f, "unknown opcode {opcode}"),
-            Error::Remote { code, message } => {
-                write!(f, "peer answered {}: {message}", code.as_str_name())
-            }
-            Error::Io { context, source } => write!(f, "{context}: {source}"),
-            Error::LockedMemoryLimit { have_bytes, need_bytes } => write!(
-                f,
-                "locked-memory limit is {have_bytes} bytes but the lanes' io_uring rings need {need_bytes}; \
-                 raise it (`ulimit -l {}` or memlock in /etc/security/limits.conf) or use fewer lanes",
-                need_bytes.div_ceil(1024)
-            ),
-            Error::LaneStart { lane, reason } => write!(f, "lane {lane} failed to start: {reason}"),
-            Error::Unsupported { what } => write!(f, "unsupported: {what}"),
-            Error::Device { device, reason } => write!(f, "rdma device {device}: {reason}"),
-            Error::Shutdown => f.write_str("the engine is shut down"),
-            Error::NotKvring { peer, got } if got == "nothing" => write!(
-                f,
-                "{peer} is not a kvring peer: it sent nothing (check the address: kvring serve prints its listen address)"
-            ),
-            Error::NotKvring { peer, got } => write!(
-                f,
-                "{peer} is not a kvring peer (it sent {got}); check the address: kvring serve prints its listen address"
-            ),
-            Error::Unauthorized { reason } => write!(f, "unauthorized: {reason}"),
-            Error::LayoutMismatch { layer: Some(layer), field, local, remote } => write!(
-                f,
-                "KV layouts differ at layer {layer}, {field}: local {local}, remote {remote}"
-            ),
-            Error::LayoutMismatch { layer: None, field, local, remote } => {
-                write!(f, "KV layouts differ in {field}: local {local}, remote {remote}")
-            }
-            Error::BlockCountMismatch { src, dst } => {
-                write!(f, "{src} source block ids but {dst} destination block ids; they pair one to one")
-            }
-            Error::BlockOutOfRange { side, id, blocks } => {
-                write!(f, "{side} block id {id} is out of range: the layout has {blocks} blocks")
-            }
-            Error::DuplicateBlock { id } => write!(f, "destination block id {id} is listed twice"),
-            Error::LayerOutOfRange { layer, layers } => {
-                write!(f, "layer {layer} is out of range: the layout has {layers} layers")
-            }
-        }
+    /// What answered at `peer` does not speak kvring: its first bytes,
+    /// shown as text a user can recognise (`HTTP/1.1 400 Bad Request`,
+    /// `SSH-2.0-...`).
+    pub fn not_kvring(peer: impl Into<String>, got: &[u8]) -> Self {
+        let shown: String =
+            got.iter().take(32).map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' }).collect();
+        let got = if got.is_empty() { "nothing".into() } else { format!("{shown:?}") };
+        Error::NotKvring { peer: peer.into(), got }
     }
 }
 
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Io { source, .. } => Some(source),
-            _ => None,
-        }
+/// What a stranger at a peer's address sent, for [`Error::NotKvring`].
+fn sent(got: &str) -> String {
+    if got == "nothing" {
+        ": it sent nothing".into()
+    } else {
+        format!(" (it sent {got})")
+    }
+}
+
+/// Where two layouts differ, for [`Error::LayoutMismatch`].
+fn at_layer(layer: &Option<u32>) -> String {
+    match layer {
+        Some(layer) => format!("at layer {layer}, "),
+        None => "in ".into(),
     }
 }
 

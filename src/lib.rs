@@ -27,45 +27,50 @@
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-pub mod advertise;
-pub mod auth;
+mod advertise;
+mod auth;
 pub mod config;
-pub mod control;
-pub mod desc;
-pub mod engine;
-pub mod error;
-pub mod ffi;
-#[cfg(feature = "fuzzing")]
-#[doc(hidden)]
-pub mod fuzzing;
-pub mod http;
+mod control;
+mod desc;
+mod engine;
+mod error;
+mod ffi;
+mod http;
 pub mod kv;
-pub mod mem;
-pub mod metadata;
+mod mem;
+mod metadata;
 mod net;
+mod notify;
+mod proto;
 #[cfg(feature = "python")]
-pub mod python;
-pub mod ring;
-pub mod runtime;
-pub mod segment;
+mod python;
+mod region_id;
+mod ring;
+mod runtime;
+mod segment;
 mod sync;
-pub mod transport;
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing;
+mod transport;
 
-/// Control-plane messages generated from `proto/kvring/control.proto`.
-#[allow(missing_docs, clippy::doc_lazy_continuation)]
-pub mod proto {
-    include!(concat!(env!("OUT_DIR"), "/kvring.control.v1.rs"));
-}
+pub mod host;
+pub mod rdma;
 
+pub use advertise::Advertised;
 pub use auth::Token;
-pub use desc::{BlockDesc, RegionId};
+pub use desc::BlockDesc;
 pub use engine::{
-    Batch, Completion, Engine, EngineBuilder, EngineConfig, Event, LaneStatsSnapshot, Outcome, Region, Segment,
-    StatusReader, Submitter,
+    Batch, Completion, Engine, EngineBuilder, EngineConfig, Event, Outcome, Region, Segment, StatusReader, Submitter,
 };
 pub use error::{Error, Result, Side};
 pub use mem::{Access, RegionInfo, RegionKind};
+pub use metadata::{EtcdUrl, MetadataMode};
+pub use net::AdmissionLimits;
+pub use notify::{Notification, NotifyQuota};
 pub use proto::ErrorCode;
+pub use region_id::RegionId;
 pub use ring::Opcode;
-pub use runtime::{BatchId, BatchState};
-pub use segment::TransportKind;
+pub use runtime::{BackoffPolicy, BatchId, BatchState, LaneStatsSnapshot};
+pub use segment::{CacheStats, RemoteRegion};
+pub use transport::TransportKind;

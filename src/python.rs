@@ -297,7 +297,7 @@ impl PyEngine {
             builder = builder.name(name);
         }
         if let Some(url) = metadata {
-            builder = builder.metadata(url);
+            builder = builder.metadata(crate::MetadataMode::parse(&url).map_err(raise)?);
         }
         if let Some(token) = token {
             builder = builder.token(token);

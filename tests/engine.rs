@@ -497,7 +497,7 @@ fn a_pre_shared_token_is_required_when_the_target_has_one() {
     // Control RPCs after the handshake work with the token...
     assert_eq!(segment.remote_checksum(remote.id(), 0, 8192, WAIT).unwrap(), local.checksum(0, 8192).unwrap());
     // ...and a connection that skips the handshake gets nothing.
-    let mut client = kvring::control::ControlClient::connect(&addr, std::time::Instant::now() + WAIT).unwrap();
+    let mut client = kvring::testing::control::ControlClient::connect(&addr, std::time::Instant::now() + WAIT).unwrap();
     match client.checksum(remote.id().raw(), 0, 8192, std::time::Instant::now() + WAIT) {
         Err(Error::Remote { code: kvring::ErrorCode::Unauthorized, message }) => {
             assert!(message.contains("requires a token: complete the handshake first"), "{message}")

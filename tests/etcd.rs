@@ -5,7 +5,8 @@
 mod common;
 
 use common::{kvring_bin, pattern, WAIT};
-use kvring::metadata::etcd::{Etcd, EtcdUrl};
+use kvring::testing::etcd::{Etcd, EtcdUrl};
+use kvring::MetadataMode;
 use kvring::{Batch, BlockDesc, Engine, Error, RegionInfo, TransportKind};
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -97,7 +98,11 @@ impl Drop for EtcdServer {
 }
 
 fn engine_on(etcd: &EtcdServer, name: &str) -> Engine {
-    common::builder(name).metadata(etcd.url.as_str()).metadata_poll(Duration::from_millis(100)).build().unwrap()
+    common::builder(name)
+        .metadata(etcd_mode(etcd.url.as_str()))
+        .metadata_poll(Duration::from_millis(100))
+        .build()
+        .unwrap()
 }
 
 fn push(engine: &Engine, segment: &kvring::Segment, local: &kvring::Region, len: u64) -> kvring::Outcome {
@@ -113,7 +118,7 @@ fn an_engine_published_in_etcd_is_opened_by_name_and_moves_blocks() {
     let target = engine_on(&etcd, "decode-0");
     let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     assert!(etcd.key_exists("decode-0"));
-    assert!(target.metadata_mode().starts_with(&format!("etcd://{}/kvring/segments/", etcd.addr)));
+    assert_eq!(target.metadata_mode().to_string(), format!("etcd at {}, keys under /kvring/segments/", etcd.addr));
 
     let initiator = engine_on(&etcd, "prefill-0");
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
@@ -224,7 +229,7 @@ fn with_etcd_down_opens_fail_naming_it_and_open_segments_keep_moving() {
     assert!(!segment.is_stale());
     assert!(push(&initiator, &segment, &local, 64 * 1024).is_done());
     // A new engine cannot publish, and says where it tried.
-    let error = common::builder("decode-2").metadata(etcd.url.as_str()).build().unwrap_err().to_string();
+    let error = common::builder("decode-2").metadata(etcd_mode(etcd.url.as_str())).build().unwrap_err().to_string();
     assert!(error.contains(&etcd.addr), "{error}");
 }
 
@@ -232,16 +237,16 @@ fn with_etcd_down_opens_fail_naming_it_and_open_segments_keep_moving() {
 fn bad_urls_prefixes_and_stored_descriptors_get_clear_errors() {
     for (url, why) in [
         ("etcd://localhost", "needs host:port"),
-        ("etcd//localhost:2379", "must start with etcd://"),
+        ("etcd//localhost:2379", "neither P2PHANDSHAKE nor etcd://"),
         ("etcd://localhost:2379/kvring", "start and end with '/'"),
         ("etcd://localhost:2379/a/../b/", "'..'"),
     ] {
-        let error = common::builder("bad").metadata(url).build().unwrap_err().to_string();
+        let error = MetadataMode::parse(url).unwrap_err().to_string();
         assert!(error.contains(why), "{url}: {error}");
     }
     // 192.0.2.1 (TEST-NET-1) is no address of this host: publishing a
     // loopback address there would strand every peer.
-    let error = common::builder("loop").metadata("etcd://192.0.2.1:2379").build().unwrap_err().to_string();
+    let error = common::builder("loop").metadata(etcd_mode("etcd://192.0.2.1:2379")).build().unwrap_err().to_string();
     assert!(error.contains("127.0.0.1") && error.contains("is not on this host"), "{error}");
     let Some(etcd) = EtcdServer::start() else { return };
     let client = etcd.client();
@@ -254,10 +259,15 @@ fn bad_urls_prefixes_and_stored_descriptors_get_clear_errors() {
     }
     // Under a custom prefix, names resolve there and nowhere else.
     let url = format!("etcd://{}/cluster-b/", etcd.addr);
-    let target = common::builder("decode-b").metadata(url.as_str()).build().unwrap();
+    let target = common::builder("decode-b").metadata(etcd_mode(url.as_str())).build().unwrap();
     let _region = target.alloc_region(4096, RegionInfo::raw()).unwrap();
     assert!(client.get("/cluster-b/decode-b", deadline).unwrap().is_some());
     assert!(initiator.open_segment("decode-b").is_err(), "not under the default prefix");
-    let other = common::builder("prefill-b").metadata(url.as_str()).build().unwrap();
+    let other = common::builder("prefill-b").metadata(etcd_mode(url.as_str())).build().unwrap();
     assert_eq!(other.open_segment("decode-b").unwrap().epoch(), target.epoch());
+}
+
+/// The metadata mode for an etcd URL the test knows to be well formed.
+fn etcd_mode(url: &str) -> MetadataMode {
+    MetadataMode::parse(url).unwrap()
 }

@@ -5,10 +5,10 @@
 mod common;
 
 use common::{kvring_bin, WAIT};
-use kvring::control::frame::{preface, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES};
-use kvring::proto::{request, response, ErrorCode, Request};
-use kvring::transport::tcp::frame::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES};
-use kvring::transport::tcp::hello::{ClientHello, ServerHello, FLAG_PROOF_REQUIRED, SERVER_HELLO_BYTES};
+use kvring::testing::control::{preface, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES};
+use kvring::testing::control::{request, response, ErrorCode, Request};
+use kvring::testing::tcp::{ClientHello, ServerHello, FLAG_PROOF_REQUIRED, SERVER_HELLO_BYTES};
+use kvring::testing::tcp::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES};
 use kvring::{Batch, BlockDesc, Engine, Error, RegionInfo, Segment, TransportKind};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -171,9 +171,9 @@ fn data_frames_without_a_session_proof_are_refused_and_change_nothing() {
 /// its session comes from a real handshake.
 fn tokened_data_connection(target: &Target) -> TcpStream {
     let token = kvring::Token::new(TOKEN);
-    let initiator = kvring::auth::Initiator { name: "tester".into(), epoch: 1, addr: String::new() };
+    let initiator = kvring::testing::control::Initiator { name: "tester".into(), epoch: 1, addr: String::new() };
     let deadline = Instant::now() + WAIT;
-    let handshake = kvring::control::ControlClient::connect(&target.control, deadline)
+    let handshake = kvring::testing::control::ControlClient::connect(&target.control, deadline)
         .unwrap()
         .handshake(&initiator, Some(&token), deadline)
         .unwrap();
@@ -181,7 +181,7 @@ fn tokened_data_connection(target: &Target) -> TcpStream {
     let mut s = connect(&target.tcp);
     s.write_all(ClientHello::new(target.epoch, session.client_nonce, session.server_nonce).as_bytes()).unwrap();
     let challenge = answer(&mut s);
-    let proof = kvring::transport::tcp::hello::ClientProof::new(session.data_proof(&challenge.nonce, target.epoch));
+    let proof = kvring::testing::tcp::ClientProof::new(session.data_proof(&challenge.nonce, target.epoch));
     s.write_all(proof.as_bytes()).unwrap();
     assert_eq!(answer(&mut s).status, 0);
     s
@@ -251,13 +251,13 @@ fn control_plane_garbage_and_requests_without_a_handshake_are_refused() {
     s.write_all(&[4, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]).unwrap();
     let reply = read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES).unwrap().unwrap();
     assert!(matches!(
-        kvring::control::frame::decode_response(&reply),
+        kvring::testing::control::decode_response(&reply),
         Err(Error::Remote { code: ErrorCode::MalformedMessage, .. })
     ));
     // A checksum (reading the region) without a handshake: refused, closed.
     let ask = Request {
-        version: kvring::control::CONTROL_VERSION,
-        body: Some(request::Body::Checksum(kvring::proto::ChecksumRequest {
+        version: kvring::testing::control::CONTROL_VERSION,
+        body: Some(request::Body::Checksum(kvring::testing::control::ChecksumRequest {
             region: target.region,
             offset: 0,
             len: 16,
@@ -266,24 +266,27 @@ fn control_plane_garbage_and_requests_without_a_handshake_are_refused() {
     write_frame(&mut s, &ask).unwrap();
     let reply = read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES).unwrap().unwrap();
     assert!(matches!(
-        kvring::control::frame::decode_response(&reply),
+        kvring::testing::control::decode_response(&reply),
         Err(Error::Remote { code: ErrorCode::Unauthorized, .. })
     ));
     assert!(closed(&mut s));
     // A handshake whose second step carries a made-up proof.
     let mut s = control_connection(&target);
-    let mut step = kvring::proto::HandshakeRequest {
+    let mut step = kvring::testing::control::HandshakeRequest {
         initiator: "hostile".into(),
         client_nonce: vec![1; 16],
         ..Default::default()
     };
     write_frame(
         &mut s,
-        &Request { version: kvring::control::CONTROL_VERSION, body: Some(request::Body::Handshake(step.clone())) },
+        &Request {
+            version: kvring::testing::control::CONTROL_VERSION,
+            body: Some(request::Body::Handshake(step.clone())),
+        },
     )
     .unwrap();
     let reply = read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES).unwrap().unwrap();
-    let Ok(response::Body::Handshake(first)) = kvring::control::frame::decode_response(&reply) else {
+    let Ok(response::Body::Handshake(first)) = kvring::testing::control::decode_response(&reply) else {
         panic!("expected a challenge")
     };
     assert!(first.segment.is_none(), "no descriptor before the proof");
@@ -291,12 +294,12 @@ fn control_plane_garbage_and_requests_without_a_handshake_are_refused() {
     step.proof = vec![0; 32];
     write_frame(
         &mut s,
-        &Request { version: kvring::control::CONTROL_VERSION, body: Some(request::Body::Handshake(step)) },
+        &Request { version: kvring::testing::control::CONTROL_VERSION, body: Some(request::Body::Handshake(step)) },
     )
     .unwrap();
     let reply = read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES).unwrap().unwrap();
     assert!(matches!(
-        kvring::control::frame::decode_response(&reply),
+        kvring::testing::control::decode_response(&reply),
         Err(Error::Remote { code: ErrorCode::Unauthorized, .. })
     ));
     legit.write_and_verify(5);
@@ -378,15 +381,16 @@ fn a_peer_whose_descriptor_points_at_another_engines_shm_file_is_refused() {
     // region whose file is the victim's.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let mut lie = victim.descriptor();
+    let mut lie = kvring::testing::descriptor(&victim);
     lie.name = "liar".into();
     lie.epoch ^= 0xdead; // its own epoch, not the victim's
     lie.pid = std::process::id() + 1;
     lie.tcp_addr = None;
-    let answer = kvring::control::frame::response(response::Body::Handshake(kvring::proto::HandshakeResponse {
-        segment: Some(lie.to_proto()),
-        challenge: None,
-    }));
+    let answer =
+        kvring::testing::control::response(response::Body::Handshake(kvring::testing::control::HandshakeResponse {
+            segment: Some(lie.to_proto()),
+            challenge: None,
+        }));
     let server = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
         let mut theirs = [0u8; 8];

@@ -66,7 +66,7 @@ fn homogeneous_push_and_pull_over_shm_and_tcp() {
         // Blocks not named stay as they were.
         let untouched = block(&d_region, &d_layout, 0, 0, 3);
         let mut expected = vec![0u8; shape.bytes().unwrap() as usize];
-        kvring::engine::fill_pattern(&mut expected, 2);
+        kvring::testing::fill_pattern(&mut expected, 2);
         let bb = shape.key_block_bytes as usize;
         assert_eq!(untouched, expected[3 * bb..4 * bb], "{transport:?}");
 

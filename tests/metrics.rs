@@ -7,13 +7,13 @@ use kvring::{Batch, BlockDesc, RegionInfo, TransportKind};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
-fn get(addr: std::net::SocketAddr, path: &str) -> kvring::http::Response {
+fn get(addr: std::net::SocketAddr, path: &str) -> kvring::testing::http::Response {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(WAIT)).unwrap();
     write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).unwrap();
-    kvring::http::parse_response(&raw).unwrap()
+    kvring::testing::http::parse_response(&raw).unwrap()
 }
 
 fn value(text: &str, series: &str) -> u64 {
@@ -73,5 +73,5 @@ fn a_scrape_counts_bytes_batches_errors_latency_and_cache_use() {
     stream.write_all(b"POST /metrics HTTP/1.1\r\n\r\n").unwrap();
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).unwrap();
-    assert_eq!(kvring::http::parse_response(&raw).unwrap().status, 405);
+    assert_eq!(kvring::testing::http::parse_response(&raw).unwrap().status, 405);
 }

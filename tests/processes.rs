@@ -4,8 +4,8 @@
 mod common;
 
 use common::{kvring_bin, pattern, WAIT};
-use kvring::control::frame::{decode_response, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES};
-use kvring::proto::{request, response, HandshakeRequest, Request};
+use kvring::testing::control::{decode_response, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES};
+use kvring::testing::control::{request, response, HandshakeRequest, Request};
 use kvring::{Batch, BlockDesc, Error, ErrorCode, RegionInfo};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -191,10 +191,10 @@ fn a_locked_memory_limit_too_low_for_the_lanes_is_a_clear_error() {
 fn send_raw(addr: &str, bytes: &[u8]) -> TcpStream {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(WAIT)).unwrap();
-    stream.write_all(&kvring::control::frame::preface()).unwrap();
+    stream.write_all(&kvring::testing::control::preface()).unwrap();
     let mut preface = [0u8; 8];
     stream.read_exact(&mut preface).unwrap();
-    assert_eq!(preface, kvring::control::frame::preface());
+    assert_eq!(preface, kvring::testing::control::preface());
     stream.write_all(bytes).unwrap();
     stream
 }

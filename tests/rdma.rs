@@ -5,8 +5,8 @@
 mod common;
 
 use common::{pattern, WAIT};
-use kvring::transport::rdma::sim::SimVerbs;
-use kvring::transport::rdma::verbs::{Verbs, WcStatus};
+use kvring::rdma::SimVerbs;
+use kvring::rdma::{Verbs, WcStatus};
 use kvring::{Access, Batch, BlockDesc, Engine, Error, Outcome, RegionInfo, TransportKind};
 use std::sync::Arc;
 use std::time::Duration;
@@ -320,7 +320,7 @@ fn regions_are_registered_with_their_own_rights_and_private_ones_get_no_keys() {
     let private =
         target.alloc_region(4096, RegionInfo::raw().with_access(Access::LOCAL_READ | Access::LOCAL_WRITE)).unwrap();
     let open = target.alloc_region(4096, RegionInfo::raw()).unwrap();
-    let rdma = target.descriptor().rdma.unwrap();
+    let rdma = kvring::testing::descriptor(&target).rdma.unwrap();
     let keyed: Vec<_> = rdma.regions.iter().map(|(id, _, _)| *id).collect();
     assert!(keyed.contains(&read_only.id()) && keyed.contains(&open.id()));
     assert!(!keyed.contains(&private.id()), "a region peers may not use has no key");

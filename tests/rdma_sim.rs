@@ -1,9 +1,9 @@
 //! The verbs path on the simulated provider: what a NIC checks, what it
 //! moves, how it completes, and every fault it can throw.
 
-use kvring::transport::rdma::post::{build, KeyedBlock, Keys, PostConfig};
-use kvring::transport::rdma::sim::SimVerbs;
-use kvring::transport::rdma::verbs::*;
+use kvring::rdma::SimVerbs;
+use kvring::rdma::*;
+use kvring::testing::rdma::{build, KeyedBlock, Keys, PostConfig};
 use std::sync::Arc;
 
 /// One side: a PD, a CQ, one MR over `memory`, one QP.

@@ -4,9 +4,9 @@
 mod common;
 
 use common::{engine, pattern, WAIT};
-use kvring::proto::ErrorCode;
-use kvring::transport::tcp::frame::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES};
-use kvring::transport::tcp::hello::{ClientHello, ServerHello, SERVER_HELLO_BYTES};
+use kvring::testing::tcp::{ClientHello, ServerHello, SERVER_HELLO_BYTES};
+use kvring::testing::tcp::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES};
+use kvring::ErrorCode;
 use kvring::{Access, Batch, BlockDesc, Engine, Error, Outcome, RegionInfo, TransportKind};
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -1,4 +1,4 @@
-//! Arbitrary bytes as a framed control message or preface (see kvring::fuzzing::control_message).
+//! Arbitrary bytes as a framed control message or preface (see kvring::testing::fuzz::control_message).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| kvring::fuzzing::control_message(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kvring::testing::fuzz::control_message(data));

@@ -1,4 +1,4 @@
-//! Arbitrary bytes as a data connection's opening to a tokened target: nothing is served without a session proof (see kvring::fuzzing::data_hello).
+//! Arbitrary bytes as a data connection's opening to a tokened target: nothing is served without a session proof (see kvring::testing::fuzz::data_hello).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| kvring::fuzzing::data_hello(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kvring::testing::fuzz::data_hello(data));

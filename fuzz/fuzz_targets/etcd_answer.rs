@@ -1,4 +1,4 @@
-//! Arbitrary bytes as etcd's answer (see kvring::fuzzing::etcd_answer).
+//! Arbitrary bytes as etcd's answer (see kvring::testing::fuzz::etcd_answer).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| kvring::fuzzing::etcd_answer(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kvring::testing::fuzz::etcd_answer(data));

@@ -1,4 +1,4 @@
-//! Arbitrary bytes as a target's replies to the initiator's chunks in flight: never a byte outside the READ blocks (see kvring::fuzzing::initiator_replies).
+//! Arbitrary bytes as a target's replies to the initiator's chunks in flight: never a byte outside the READ blocks (see kvring::testing::fuzz::initiator_replies).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| kvring::fuzzing::initiator_replies(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kvring::testing::fuzz::initiator_replies(data));

@@ -1,4 +1,4 @@
-//! Arbitrary bytes as a handshake's segment descriptor; a seed lists the most regions a descriptor may, which a check quadratic in them would time out on (see kvring::fuzzing::segment_descriptor).
+//! Arbitrary bytes as a handshake's segment descriptor; a seed lists the most regions a descriptor may, which a check quadratic in them would time out on (see kvring::testing::fuzz::segment_descriptor).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| kvring::fuzzing::segment_descriptor(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kvring::testing::fuzz::segment_descriptor(data));

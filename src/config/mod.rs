@@ -21,6 +21,7 @@ mod units;
 pub use units::{parse_duration, parse_size};
 
 use crate::error::{Error, Result};
+use crate::metadata::MetadataMode;
 use crate::EngineBuilder;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -46,6 +47,8 @@ pub enum Kind {
     SocketAddr,
     /// An IP address.
     Ip,
+    /// `P2PHANDSHAKE` or `etcd://host:port[/prefix/]` ([`MetadataMode`]).
+    Metadata,
 }
 
 /// One configurable key.
@@ -70,7 +73,7 @@ pub const KEYS: &[Key] = &[
     Key { name: "lanes", kind: Kind::Count, default: Some("1"), help: "poller threads, one per core" },
     Key {
         name: "metadata",
-        kind: Kind::Text,
+        kind: Kind::Metadata,
         default: Some("P2PHANDSHAKE"),
         help: "P2PHANDSHAKE or etcd://host:port[/prefix/]",
     },
@@ -141,6 +144,7 @@ fn check(key: &Key, value: &str) -> std::result::Result<(), String> {
         Kind::Size => parse_size(value).is_ok_and(|n| n > 0),
         Kind::SocketAddr => value.parse::<SocketAddr>().is_ok(),
         Kind::Ip => value.parse::<IpAddr>().is_ok(),
+        Kind::Metadata => MetadataMode::parse(value).is_ok(),
     };
     if ok {
         return Ok(());
@@ -152,6 +156,7 @@ fn check(key: &Key, value: &str) -> std::result::Result<(), String> {
         Kind::Size => "a size such as 4KiB or 256MiB",
         Kind::SocketAddr => "an ip:port address",
         Kind::Ip => "an IP address",
+        Kind::Metadata => "P2PHANDSHAKE or etcd://host:port[/prefix/]",
     };
     Err(format!("{value:?} is not {expected}"))
 }
@@ -284,8 +289,8 @@ impl Config {
         if let Some(lanes) = self.count("lanes") {
             builder = builder.lanes(lanes);
         }
-        if let Some(metadata) = self.get("metadata") {
-            builder = builder.metadata(metadata);
+        if let Some(mode) = self.get("metadata").and_then(|v| MetadataMode::parse(v).ok()) {
+            builder = builder.metadata(mode);
         }
         if let Some(ttl) = self.duration("metadata_ttl") {
             builder = builder.metadata_ttl(ttl);

@@ -61,11 +61,6 @@ impl ControlClient {
         Err(last_error.unwrap_or_else(|| Error::invalid("control address", format!("{addr} resolves to no address"))))
     }
 
-    /// The address connected to.
-    pub fn peer(&self) -> SocketAddr {
-        self.peer
-    }
-
     /// Sends one request and reads its response before `deadline`: the
     /// whole exchange, however slowly the peer's bytes come.
     pub fn call(&mut self, body: request::Body, deadline: Instant) -> Result<response::Body> {

@@ -27,25 +27,13 @@ pub fn preface() -> [u8; PREFACE_BYTES] {
 /// ("10.0.0.2:7000", "a client").
 pub fn check_preface(bytes: &[u8], what: &str) -> Result<()> {
     if bytes.len() < PREFACE_BYTES || bytes[..4] != PREFACE_MAGIC {
-        return Err(Error::NotKvring { peer: what.to_string(), got: printable(bytes) });
+        return Err(Error::not_kvring(what, bytes));
     }
     let version = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
     if version != CONTROL_VERSION {
         return Err(Error::VersionMismatch { got: version, supported: CONTROL_VERSION });
     }
     Ok(())
-}
-
-/// The first bytes a stranger sent, as text a user can recognise
-/// (`HTTP/1.1 400 Bad Request`, `SSH-2.0-...`).
-pub fn printable(bytes: &[u8]) -> String {
-    let shown: String =
-        bytes.iter().take(32).map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' }).collect();
-    if bytes.is_empty() {
-        "nothing".into()
-    } else {
-        format!("{shown:?}")
-    }
 }
 
 /// Writes one length-prefixed message.

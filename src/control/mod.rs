@@ -7,6 +7,5 @@ pub mod frame;
 pub mod server;
 
 pub use client::{ControlClient, Handshake, DEFAULT_CONTROL_TIMEOUT};
-pub use frame::CONTROL_VERSION;
 pub(crate) use server::ControlHandler;
 pub use server::ControlServer;

@@ -115,7 +115,7 @@ pub(crate) struct ConnectionAuth {
 
 impl ConnectionAuth {
     /// True once the peer has an identity (proven, with a token).
-    #[cfg(feature = "fuzzing")]
+    #[cfg(feature = "testing")]
     pub(crate) fn is_proven(&self) -> bool {
         self.identity.is_some()
     }

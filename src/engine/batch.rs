@@ -146,5 +146,5 @@ pub enum Event {
     /// A batch ended.
     Batch(Completion),
     /// A peer's notification arrived.
-    Notification(crate::transport::notify::Notification),
+    Notification(crate::notify::Notification),
 }

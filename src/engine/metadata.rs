@@ -9,8 +9,8 @@
 
 use super::{lock, EngineInner};
 use crate::error::{Error, Result};
-use crate::metadata::etcd::{Etcd, EtcdStore, EtcdUrl, Publication};
-use crate::metadata::{MetadataStore, PeerHandshake};
+use crate::metadata::etcd::{Etcd, EtcdStore, Publication};
+use crate::metadata::{MetadataMode, MetadataStore, PeerHandshake};
 use crate::segment::SegmentDescriptor;
 use prost::Message as _;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 pub(crate) type OpenedStore = (Box<dyn MetadataStore>, Option<Arc<Etcd>>);
 
 /// The store an engine resolves names with, and the etcd client if any.
-pub(crate) fn open_store(url: Option<&str>, handshake: PeerHandshake) -> Result<OpenedStore> {
-    match url {
-        None | Some("") | Some("P2PHANDSHAKE") => Ok((Box::new(handshake), None)),
-        Some(url) => {
-            let etcd = Arc::new(Etcd::new(EtcdUrl::parse(url)?));
-            Ok((Box::new(EtcdStore::new(etcd.clone(), handshake)), Some(etcd)))
+pub(crate) fn open_store(mode: &MetadataMode, handshake: PeerHandshake) -> OpenedStore {
+    match mode {
+        MetadataMode::PeerHandshake => (Box::new(handshake), None),
+        MetadataMode::Etcd(url) => {
+            let etcd = Arc::new(Etcd::new(url.clone()));
+            (Box::new(EtcdStore::new(etcd.clone(), handshake)), Some(etcd))
         }
     }
 }

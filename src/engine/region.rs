@@ -67,7 +67,8 @@ impl Region {
         Ok(())
     }
 
-    /// Checksum of `len` bytes at `offset` ([`crate::mem::checksum`]).
+    /// Checksum of `len` bytes at `offset`: equal to what the owning engine
+    /// computes for a peer (`Segment::remote_checksum`).
     pub fn checksum(&self, offset: u64, len: usize) -> Result<u64> {
         let src = self.range(offset, len)?;
         // SAFETY: in bounds (checked); the bytes are plain integers, and a

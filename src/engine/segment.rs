@@ -4,7 +4,8 @@ use crate::auth::{Initiator, Token};
 use crate::control::ControlClient;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
-use crate::segment::{PeerSegment, RemoteRegion, TransportKind};
+use crate::segment::{PeerSegment, RemoteRegion};
+use crate::transport::TransportKind;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,7 +53,7 @@ pub(crate) struct SegmentInner {
     pub(crate) initiator: Initiator,
     pub(crate) token: Option<Token>,
     /// The transport link the lanes use (notifications share its path).
-    pub(crate) link: Arc<dyn crate::transport::Link>,
+    pub(crate) link: Arc<crate::transport::LinkState>,
 }
 
 impl Segment {

@@ -417,7 +417,7 @@ impl Submitter {
         }
     }
 
-    /// Asks lane 0 for a [`CqeKind::Notification`] CQE in this submitter's
+    /// Asks lane 0 for an [`Event::Notification`](crate::Event::Notification) in this submitter's
     /// completion ring whenever peers' notifications arrive, so one
     /// [`reap_event`](Self::reap_event) loop serves batches and
     /// notifications. Each notification goes to one reader: to the first

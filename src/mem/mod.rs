@@ -8,5 +8,5 @@ pub mod shm;
 
 pub use checksum::checksum;
 pub use region::{Access, RegionInfo, RegionKind};
-pub use registry::{RegionEntry, Registry, DEFAULT_MAX_REGIONS};
+pub use registry::{Registry, DEFAULT_MAX_REGIONS};
 pub use shm::ShmMapping;

@@ -149,11 +149,6 @@ impl Registry {
         self.control().by_addr.len()
     }
 
-    /// True when nothing is registered.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Registers `[addr, addr + len)`. The same range registered again with
     /// the same info returns the same id; any other overlap is refused.
     pub fn register(

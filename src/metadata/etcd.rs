@@ -18,7 +18,7 @@ use base64::Engine as _;
 use prost::Message;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Key prefix segments are published under when the URL names none.
@@ -36,7 +36,7 @@ pub struct EtcdUrl {
 }
 
 impl EtcdUrl {
-    /// Parses `etcd://host:port` (prefix [`DEFAULT_PREFIX`]) or
+    /// Parses `etcd://host:port` (prefix `/kvring/segments/`) or
     /// `etcd://host:port/some/prefix/`.
     pub fn parse(url: &str) -> Result<Self> {
         let bad = |why: String| Error::invalid("etcd url", format!("{url:?}: {why}"));
@@ -243,10 +243,6 @@ impl MetadataStore for EtcdStore {
         }
         Ok(live)
     }
-
-    fn mode(&self) -> String {
-        format!("etcd://{}{}", self.etcd.url().addr, self.etcd.url().prefix)
-    }
 }
 
 /// Keeps a descriptor published under a lease until stopped: grants, puts,
@@ -255,7 +251,6 @@ impl MetadataStore for EtcdStore {
 #[derive(Debug)]
 pub struct Publication {
     stop: Arc<AtomicBool>,
-    last_error: Arc<Mutex<Option<String>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -266,8 +261,7 @@ impl Publication {
         let mut lease = etcd.grant(ttl, deadline)?;
         etcd.put(&key, &value, lease, deadline)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let last_error = Arc::new(Mutex::new(None));
-        let (thread_stop, thread_error) = (stop.clone(), last_error.clone());
+        let thread_stop = stop.clone();
         let period = (ttl / 3).max(Duration::from_millis(100));
         let thread = std::thread::Builder::new()
             .name("kvring-etcd-lease".into())
@@ -287,18 +281,17 @@ impl Publication {
                         lease = etcd.grant(ttl, deadline)?;
                         etcd.put(&key, &value, lease, deadline)
                     });
-                    *thread_error.lock().unwrap_or_else(|p| p.into_inner()) = refreshed.err().map(|e| e.to_string());
+                    if let Err(error) = refreshed {
+                        // Peers keep finding the entry until its lease runs
+                        // out; the next round tries again.
+                        tracing::warn!(key = %key, %error, "could not refresh the published descriptor's lease");
+                    }
                 }
                 // Going away cleanly: the key goes now, not after the TTL.
                 let _ = etcd.revoke(lease, Instant::now() + Duration::from_secs(1));
             })
             .map_err(|e| Error::io("spawning the etcd lease thread", e))?;
-        Ok(Self { stop, last_error, thread: Some(thread) })
-    }
-
-    /// The last refresh's failure, if it failed.
-    pub fn last_error(&self) -> Option<String> {
-        self.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        Ok(Self { stop, thread: Some(thread) })
     }
 
     /// Revokes the lease and stops refreshing it.

@@ -10,6 +10,7 @@ mod deadline;
 mod fds;
 
 pub(crate) use acceptor::{Acceptor, Admitted};
-pub(crate) use admission::{Admission, AdmissionLimits, Arrival};
+pub use admission::AdmissionLimits;
+pub(crate) use admission::{Admission, Arrival};
 pub(crate) use deadline::{is_timeout, DeadlineIo};
 pub(crate) use fds::{fd_budget, raise_fd_limit};

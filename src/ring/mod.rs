@@ -18,4 +18,6 @@ pub mod entry;
 pub mod spsc;
 
 pub use entry::{Cqe, CqeKind, Opcode, Sqe};
-pub use spsc::{channel, Consumer, Full, Producer, TooFewSlots};
+#[cfg(feature = "testing")]
+pub use spsc::Full;
+pub use spsc::{channel, Consumer, Producer};

@@ -81,7 +81,7 @@ impl<T> Drop for Shared<T> {
 /// of two, at least 1) and returns its two halves.
 ///
 /// ```
-/// let (mut tx, mut rx) = kvring::ring::spsc::channel::<u32>(4);
+/// let (mut tx, mut rx) = kvring::testing::ring::channel::<u32>(4);
 /// tx.push(7).unwrap();
 /// assert_eq!(rx.pop(), Some(7));
 /// ```
@@ -163,6 +163,7 @@ impl<T> Producer<T> {
     }
 
     /// Free slots right now (reloads the consumer's position).
+    #[cfg(test)]
     pub fn slots(&mut self) -> usize {
         self.free_slots(usize::MAX)
     }
@@ -177,7 +178,7 @@ impl<T> Producer<T> {
     /// Pushes one entry, or hands it back when the ring is full.
     ///
     /// ```
-    /// use kvring::ring::spsc::{channel, Full};
+    /// use kvring::testing::ring::{channel, Full};
     /// let (mut tx, _rx) = channel::<u8>(1);
     /// tx.push(1).unwrap();
     /// assert_eq!(tx.push(2), Err(Full(2)));
@@ -200,7 +201,7 @@ impl<T> Producer<T> {
     /// consumer only when the chunk is committed, all with one store.
     ///
     /// ```
-    /// let (mut tx, mut rx) = kvring::ring::spsc::channel::<u32>(8);
+    /// let (mut tx, mut rx) = kvring::testing::ring::channel::<u32>(8);
     /// let mut chunk = tx.write_chunk(3).unwrap();
     /// for v in 0..3 { chunk.push(v).unwrap(); }
     /// chunk.commit();
@@ -264,37 +265,6 @@ impl<T> WriteChunk<'_, T> {
         Ok(())
     }
 
-    /// Writes entries from `iter` until the chunk or the iterator is
-    /// exhausted; returns how many were written.
-    #[inline]
-    pub fn extend(&mut self, iter: impl IntoIterator<Item = T>) -> usize {
-        let before = self.written;
-        let start = *self.tail;
-        for value in iter.into_iter().take(self.limit - self.written) {
-            let index = start.wrapping_add(self.written) & self.mask;
-            // SAFETY: `index` is masked into the slots, whose length is
-            // mask + 1.
-            let slot = unsafe { self.slots.get_unchecked(index) };
-            slot.with_mut(|slot| {
-                // SAFETY: the slot lies inside the reserved free range, which
-                // only this chunk writes.
-                unsafe { (*slot).write(value) };
-            });
-            self.written += 1;
-        }
-        self.written - before
-    }
-
-    /// Entries written so far.
-    pub fn len(&self) -> usize {
-        self.written
-    }
-
-    /// True when nothing has been written yet.
-    pub fn is_empty(&self) -> bool {
-        self.written == 0
-    }
-
     /// Publishes every entry written, with one Release store.
     pub fn commit(mut self) {
         let n = std::mem::take(&mut self.written);
@@ -339,6 +309,7 @@ impl<T> fmt::Debug for Consumer<T> {
 
 impl<T> Consumer<T> {
     /// Capacity of the ring in entries.
+    #[cfg(test)]
     pub fn capacity(&self) -> usize {
         self.shared.capacity()
     }
@@ -418,11 +389,6 @@ impl<T> ReadChunk<'_, T> {
     /// Entries left to yield.
     pub fn len(&self) -> usize {
         self.limit - self.read
-    }
-
-    /// True when nothing is left to yield.
-    pub fn is_empty(&self) -> bool {
-        self.read == self.limit
     }
 }
 

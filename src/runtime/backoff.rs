@@ -23,7 +23,7 @@ pub struct BackoffPolicy {
     pub spin: Duration,
     /// Then `yield_now` this long.
     pub yield_for: Duration,
-    /// Then sleep, doubling from [`FIRST_SLEEP`] up to this cap.
+    /// Then sleep, doubling from 10 µs up to this cap.
     pub sleep_cap: Duration,
 }
 

@@ -9,8 +9,8 @@
 
 use crate::proto::ErrorCode;
 use crate::ring::Opcode;
-use crate::segment::TransportKind;
 use crate::sync::{AtomicU64, Ordering};
+use crate::transport::TransportKind;
 use std::fmt::Write as _;
 
 /// Ops counted: write, read.
@@ -23,9 +23,31 @@ pub const CODES: usize = 32;
 pub const LATENCY_BUCKETS_US: [u64; 14] =
     [5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 50_000, 250_000, 1_000_000];
 
-/// One lane's counters. Written by that lane only.
+/// One lane's counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LaneStatsSnapshot {
+    /// Batch parts executed.
+    pub parts: u64,
+    /// Descriptors executed (moved or failed).
+    pub descs: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Times the lane parked.
+    pub parks: u64,
+    /// Most batch parts (and notifications) it has had in flight at once.
+    pub peak_in_flight: u64,
+}
+
+/// One lane's counters. Written by that lane only. The totals (parts,
+/// descriptors, bytes, parks, peak) are always kept; the series by op,
+/// transport and latency only while the engine's metrics are on.
 #[derive(Debug)]
-pub struct LaneMetrics {
+pub(crate) struct LaneMetrics {
+    parts: AtomicU64,
+    descs: AtomicU64,
+    total_bytes: AtomicU64,
+    parks: AtomicU64,
+    peak_in_flight: AtomicU64,
     bytes: [[AtomicU64; TRANSPORTS]; OPS],
     batches: [[AtomicU64; TRANSPORTS]; OPS],
     errors: [AtomicU64; CODES],
@@ -75,6 +97,11 @@ impl LaneMetrics {
     /// All zero.
     pub fn new() -> Self {
         Self {
+            parts: AtomicU64::new(0),
+            descs: AtomicU64::new(0),
+            total_bytes: AtomicU64::new(0),
+            parks: AtomicU64::new(0),
+            peak_in_flight: AtomicU64::new(0),
             bytes: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             batches: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             errors: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -85,7 +112,38 @@ impl LaneMetrics {
         }
     }
 
-    /// A batch part moved `bytes`.
+    /// A batch part ended: `descs` descriptors executed, `bytes` moved.
+    #[inline]
+    pub fn part_executed(&self, descs: u64, bytes: u64) {
+        bump(&self.parts, 1);
+        bump(&self.descs, descs);
+        bump(&self.total_bytes, bytes);
+    }
+
+    /// The lane parked.
+    #[inline]
+    pub fn parked(&self) {
+        bump(&self.parks, 1);
+    }
+
+    /// A new peak of parts and notifications in flight.
+    #[inline]
+    pub fn peak_in_flight(&self, in_flight: u64) {
+        self.peak_in_flight.store(in_flight, Ordering::Relaxed);
+    }
+
+    /// The totals now.
+    pub fn snapshot(&self) -> LaneStatsSnapshot {
+        LaneStatsSnapshot {
+            parts: load(&self.parts),
+            descs: load(&self.descs),
+            bytes: load(&self.total_bytes),
+            parks: load(&self.parks),
+            peak_in_flight: load(&self.peak_in_flight),
+        }
+    }
+
+    /// A batch part moved `bytes` (by op and transport).
     #[inline]
     pub fn part(&self, op: Opcode, transport: Option<TransportKind>, bytes: u64) {
         bump(&self.bytes[op_index(op)][transport_index(transport)], bytes);

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 /// Default number of open segments kept.
 pub const DEFAULT_SEGMENT_CACHE_CAPACITY: usize = 256;
 
-/// Counters of a [`SegmentCache`].
+/// Counters of the engine's cache of open segment handles.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
     /// Lookups that found an open handle.

@@ -13,44 +13,6 @@ pub const MAX_DESCRIPTOR_REGIONS: usize = 1 << 16;
 /// Longest segment name accepted.
 pub const MAX_SEGMENT_NAME_BYTES: usize = 256;
 
-/// Transports a segment can be reached by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TransportKind {
-    /// Same-host shared memory.
-    Shm,
-    /// TCP, any two hosts.
-    Tcp,
-    /// Moves nothing: measures kvring's own per-descriptor overhead.
-    Null,
-    /// RDMA (one-sided WRITE and READ through a verbs provider).
-    Rdma,
-}
-
-impl TransportKind {
-    /// Lower-case name.
-    pub fn name(self) -> &'static str {
-        match self {
-            TransportKind::Shm => "shm",
-            TransportKind::Tcp => "tcp",
-            TransportKind::Null => "null",
-            TransportKind::Rdma => "rdma",
-        }
-    }
-
-    /// Parses a name as the command line spells it.
-    pub fn parse(name: &str) -> Result<Self> {
-        match name {
-            "shm" => Ok(TransportKind::Shm),
-            "tcp" => Ok(TransportKind::Tcp),
-            "null" => Ok(TransportKind::Null),
-            "rdma" => Ok(TransportKind::Rdma),
-            other => {
-                Err(Error::Unsupported { what: format!("transport {other:?} (this build has: shm, tcp, rdma, null)") })
-            }
-        }
-    }
-}
-
 /// One region of a peer, as its descriptor lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteRegion {
@@ -403,7 +365,5 @@ mod tests {
         ));
         r.access = Access::REMOTE_READ;
         assert!(matches!(r.check(0, 0, 1, Access::REMOTE_WRITE), Err(Error::AccessDenied { side: Side::Remote, .. })));
-        assert_eq!(TransportKind::parse("rdma").unwrap(), TransportKind::Rdma);
-        assert!(TransportKind::parse("ib").unwrap_err().to_string().contains("this build has: shm, tcp, rdma, null"));
     }
 }

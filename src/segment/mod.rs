@@ -5,5 +5,5 @@ pub mod descriptor;
 pub mod handle;
 
 pub use cache::{CacheStats, SegmentCache, DEFAULT_SEGMENT_CACHE_CAPACITY};
-pub use descriptor::{local_host_id, RdmaInfo, RemoteRegion, SegmentDescriptor, TransportKind};
+pub use descriptor::{local_host_id, RdmaInfo, RemoteRegion, SegmentDescriptor};
 pub use handle::PeerSegment;

@@ -1,25 +1,28 @@
 //! The null transport: validates like any other, moves nothing. It measures
 //! what kvring itself costs per descriptor (rings, lane loop, status).
 
-use super::{Block, Link, Posted};
+use super::{Block, LaneLink, Link, LinkState, Posted, TransportKind};
 use crate::ring::Opcode;
-use crate::segment::TransportKind;
 
-/// A link that moves nothing.
+/// A lane link that moves nothing.
 #[derive(Debug, Default)]
-pub struct NullLink;
+pub(crate) struct NullLink;
 
-impl Link for NullLink {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Null
+impl NullLink {
+    /// One null lane link per lane.
+    pub fn open(lanes: usize) -> Link {
+        let lanes = (0..lanes).map(|_| Box::new(NullLink) as Box<dyn LaneLink>).collect();
+        Link { state: LinkState::new(TransportKind::Null, false), lanes }
     }
+}
 
+impl LaneLink for NullLink {
     fn max_chunk(&self) -> usize {
         64
     }
 
     #[inline]
-    unsafe fn transfer(&self, _lane: usize, _op: Opcode, _batch_id: u64, _ticket: u64, blocks: &[Block]) -> Posted {
+    unsafe fn transfer(&mut self, _op: Opcode, _batch_id: u64, _ticket: u64, blocks: &[Block]) -> Posted {
         Posted::Done(blocks.iter().map(|b| b.desc.len).sum())
     }
 }

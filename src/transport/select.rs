@@ -1,7 +1,8 @@
 //! Which transport reaches a peer: the one documented order, in one place.
 
 use crate::error::{Error, Result};
-use crate::segment::{SegmentDescriptor, TransportKind};
+use crate::segment::SegmentDescriptor;
+use crate::transport::TransportKind;
 
 /// Chooses the transport to a peer.
 ///
@@ -15,18 +16,6 @@ use crate::segment::{SegmentDescriptor, TransportKind};
 /// 0. Before shm and tcp: rdma, when this engine serves RDMA (`local_rdma`:
 ///    built with a verbs provider and a device with an active port) and the
 ///    peer lists RDMA keys.
-///
-/// ```
-/// use kvring::segment::{SegmentDescriptor, TransportKind};
-/// use kvring::transport::select::choose;
-/// let peer = SegmentDescriptor {
-///     name: "decode-0".into(), epoch: 1, host_id: "elsewhere".into(), pid: 1,
-///     regions: vec![], control_addr: "10.0.0.2:7000".into(), tcp_addr: Some("10.0.0.2:7001".into()),
-///     rdma: None,
-/// };
-/// assert_eq!(choose(None, &peer, "here", false).unwrap(), TransportKind::Tcp);
-/// assert!(choose(Some(TransportKind::Shm), &peer, "here", false).is_err());
-/// ```
 pub fn choose(
     requested: Option<TransportKind>,
     peer: &SegmentDescriptor,

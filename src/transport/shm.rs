@@ -2,26 +2,29 @@
 //! into this process, and the lane copies straight into (WRITE) or out of
 //! (READ) them. One copy, no syscall, no peer thread involved.
 
-use super::{Block, Link, Posted};
+use super::{Block, LaneLink, Link, LinkState, Posted, TransportKind};
 use crate::desc::BlockDesc;
 use crate::error::{Error, Result, Side};
 use crate::mem::shm::PeerRegion;
 use crate::mem::ShmMapping;
 use crate::ring::Opcode;
-use crate::segment::{SegmentDescriptor, TransportKind};
+use crate::segment::SegmentDescriptor;
+use std::sync::Arc;
 
-/// Mappings of one peer's shm-backed regions, indexed by region slot.
+/// A lane's view of one peer's shm-backed regions, indexed by region slot.
+/// The mappings are made once and shared by the lanes (they only copy
+/// through them), so each lane's link is a pointer to them.
 #[derive(Debug)]
-pub struct ShmLink {
-    mappings: Vec<Option<ShmMapping>>,
+pub(crate) struct ShmLink {
+    mappings: Arc<[Option<ShmMapping>]>,
 }
 
 impl ShmLink {
     /// Maps every shm-backed region of the peer, each only if its file
     /// proves to be that region of that peer (`ShmMapping::open_peer`).
     /// Fails when the peer is on another host or exposes no shm-backed
-    /// region.
-    pub fn open(descriptor: &SegmentDescriptor) -> Result<Self> {
+    /// region. Every lane gets a link over the same mappings.
+    pub fn open(descriptor: &SegmentDescriptor, lanes: usize) -> Result<Link> {
         if descriptor.host_id != crate::segment::local_host_id() {
             return Err(Error::Unsupported {
                 what: format!("shm to {}: the peer is on another host", descriptor.name),
@@ -47,24 +50,22 @@ impl ShmLink {
                 ),
             });
         }
-        Ok(Self { mappings })
+        let mappings: Arc<[Option<ShmMapping>]> = mappings.into();
+        let lanes = (0..lanes).map(|_| Box::new(ShmLink { mappings: mappings.clone() }) as Box<dyn LaneLink>).collect();
+        Ok(Link { state: LinkState::new(TransportKind::Shm, false), lanes })
     }
 }
 
 /// Blocks per chunk: the lane checks cancel and deadlines between chunks.
 pub const SHM_CHUNK_BLOCKS: usize = 16;
 
-impl Link for ShmLink {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Shm
-    }
-
+impl LaneLink for ShmLink {
     fn max_chunk(&self) -> usize {
         SHM_CHUNK_BLOCKS
     }
 
     #[inline]
-    unsafe fn transfer(&self, _lane: usize, op: Opcode, _batch_id: u64, _ticket: u64, blocks: &[Block]) -> Posted {
+    unsafe fn transfer(&mut self, op: Opcode, _batch_id: u64, _ticket: u64, blocks: &[Block]) -> Posted {
         let mut moved = 0;
         for block in blocks {
             // SAFETY: forwarded from our caller, block by block.
@@ -82,7 +83,7 @@ impl ShmLink {
     ///
     /// # Safety
     ///
-    /// As [`Link::transfer`], for this one block.
+    /// As [`LaneLink::transfer`], for this one block.
     #[inline]
     unsafe fn copy(&self, op: Opcode, local: *mut u8, desc: &BlockDesc, desc_index: u32) -> Result<()> {
         let mapping = self

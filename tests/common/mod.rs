@@ -25,7 +25,7 @@ pub fn engine(name: &str) -> Engine {
 /// Bytes of a pattern for `seed`, as `Region::fill_pattern` writes them.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut bytes = vec![0u8; len];
-    kvring::engine::fill_pattern(&mut bytes, seed);
+    kvring::testing::fill_pattern(&mut bytes, seed);
     bytes
 }
 

@@ -8,7 +8,6 @@
 //! the moved bytes by checksum on the target.
 
 use crate::args::{format_size, Args};
-use kvring::mem::ShmMapping;
 use kvring::{
     Batch, BatchId, BlockDesc, Engine, Opcode, Outcome, Region, RegionInfo, Segment, Submitter, TransportKind,
 };
@@ -201,34 +200,13 @@ pub fn run(mut args: Args) -> Result<(), String> {
     if options.token_overhead {
         return token_overhead(&config, &options);
     }
-    let target = match &options.peer {
-        Some(_) => None,
-        None => {
-            let extra: Vec<String> = match &options.kv {
-                Some(model) => {
-                    let blocks = crate::kvbench::target_blocks(model, options.tokens);
-                    vec!["--kv".into(), model.name.into(), "--kv-blocks".into(), blocks.to_string()]
-                }
-                None => Vec::new(),
-            };
-            Some(Target::spawn(options.region_bytes, &extra)?)
-        }
-    };
+    // Without --peer, the bench starts its own target (`kvring serve`).
+    let target = if options.peer.is_some() { None } else { Some(spawn_target(&options)?) };
     let peer = options.peer.clone().unwrap_or_else(|| target.as_ref().expect("spawned").addr.clone());
     if options.raw_peer.is_none() {
         options.raw_peer = target.as_ref().and_then(|t| t.raw_addr.clone());
     }
-    let mut builder = config.builder().name("bench-initiator").lanes(options.lanes);
-    if let Some(token) = &options.token {
-        builder = builder.token(token.as_str());
-    }
-    if let Some(url) = &options.metadata {
-        builder = builder.metadata(url.as_str());
-    }
-    if let Some(addr) = &options.metrics {
-        builder = builder.metrics(addr.parse().map_err(|_| format!("--metrics: {addr:?} is not an IP:port address"))?);
-    }
-    let engine = builder.build().map_err(|e| e.to_string())?;
+    let engine = initiator(&config, &options)?;
     if let (Some(addr), false) = (engine.metrics_addr(), options.json) {
         println!("kvring bench: metrics at http://{addr}/metrics");
     }
@@ -303,6 +281,35 @@ pub fn run(mut args: Args) -> Result<(), String> {
     } else {
         Err("verification failed: the target's bytes differ from what was moved".into())
     }
+}
+
+/// The target the bench starts when given no `--peer`: a `kvring serve`
+/// child, with a KV cache for `--kv`.
+fn spawn_target(options: &Options) -> Result<Target, String> {
+    let extra: Vec<String> = match &options.kv {
+        Some(model) => {
+            let blocks = crate::kvbench::target_blocks(model, options.tokens);
+            vec!["--kv".into(), model.name.into(), "--kv-blocks".into(), blocks.to_string()]
+        }
+        None => Vec::new(),
+    };
+    Target::spawn(options.region_bytes, &extra)
+}
+
+/// The bench's own engine: the configuration, then its flags.
+fn initiator(config: &kvring::config::Config, options: &Options) -> Result<Engine, String> {
+    let mut builder = config.builder().name("bench-initiator").lanes(options.lanes);
+    if let Some(token) = &options.token {
+        builder = builder.token(token.as_str());
+    }
+    if let Some(url) = &options.metadata {
+        let mode = kvring::MetadataMode::parse(url).map_err(|e| format!("--metadata: {e}"))?;
+        builder = builder.metadata(mode);
+    }
+    if let Some(addr) = &options.metrics {
+        builder = builder.metrics(addr.parse().map_err(|_| format!("--metrics: {addr:?} is not an IP:port address"))?);
+    }
+    builder.build().map_err(|e| e.to_string())
 }
 
 /// `--token-overhead`: tcp to a target with a token against tcp to one
@@ -590,14 +597,10 @@ fn median(values: &mut [f64]) -> f64 {
 /// pre-faulted shared mappings of the same size as the bench's regions, on
 /// the lane's core: what the shm transport's copy costs alone.
 fn memcpy_baseline(block: u64, total: u64, region_bytes: u64, core: Option<usize>) -> Result<f64, String> {
-    let src = ShmMapping::create(region_bytes as usize, 0xbe0c).map_err(|e| e.to_string())?;
-    let dst = ShmMapping::create(region_bytes as usize, 0xbe0d).map_err(|e| e.to_string())?;
-    kvring::engine::fill_pattern(
-        // SAFETY: the mapping is region_bytes long and only this thread uses it.
-        unsafe { std::slice::from_raw_parts_mut(src.as_ptr(), src.len()) },
-        block,
-    );
-    let (src_addr, dst_addr) = (src.as_ptr() as usize, dst.as_ptr() as usize);
+    let mut src = crate::scratch::shm_buffer(region_bytes as usize)?;
+    let mut dst = crate::scratch::shm_buffer(region_bytes as usize)?;
+    crate::scratch::fill(&mut src, block);
+    let (src_addr, dst_addr) = (src.as_mut_ptr() as usize, dst.as_mut_ptr() as usize);
     let copy = move || {
         if let Some(core) = core {
             core_affinity::set_for_current(core_affinity::CoreId { id: core });

@@ -5,7 +5,6 @@
 
 use crate::models::Model;
 use kvring::kv::{plan_blocks, KvLayout};
-use kvring::mem::ShmMapping;
 use kvring::{Batch, BlockDesc, Engine, Opcode, RegionInfo, TransportKind};
 use std::time::{Duration, Instant};
 
@@ -160,9 +159,9 @@ pub fn run(engine: &Engine, bench: &KvBench<'_>) -> Result<(), String> {
 /// memcpy of the plan's ranges, `requests` times, between two shm mappings
 /// as large as the cache, on the lane's core.
 fn memcpy_descs(descs: &[BlockDesc], bytes: u64, requests: u64, core: Option<usize>) -> Result<f64, String> {
-    let src = ShmMapping::create(bytes as usize, 0x4b01).map_err(|e| e.to_string())?;
-    let dst = ShmMapping::create(bytes as usize, 0x4b02).map_err(|e| e.to_string())?;
-    let (src_addr, dst_addr) = (src.as_ptr() as usize, dst.as_ptr() as usize);
+    let mut src = crate::scratch::shm_buffer(bytes as usize)?;
+    let mut dst = crate::scratch::shm_buffer(bytes as usize)?;
+    let (src_addr, dst_addr) = (src.as_mut_ptr() as usize, dst.as_mut_ptr() as usize);
     let ranges: Vec<(usize, usize, usize)> =
         descs.iter().map(|d| (d.local_offset as usize, d.remote_offset as usize, d.len as usize)).collect();
     if ranges.iter().any(|&(s, d, l)| s + l > bytes as usize || d + l > bytes as usize) {

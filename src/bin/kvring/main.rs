@@ -6,6 +6,7 @@ mod flood;
 mod kvbench;
 mod models;
 mod raw;
+mod scratch;
 mod serve;
 mod settings;
 mod soak;
@@ -70,17 +71,11 @@ fn info(mut args: Args) -> Result<(), String> {
     args.finish()?;
     let builder = config.builder();
     let engine = builder.settings();
-    let advertised = kvring::advertise::for_engine(engine);
-    let metadata = match engine.metadata.as_deref() {
-        None | Some("P2PHANDSHAKE") => "peer handshake (no server; names are control addresses)".to_string(),
-        Some(url) => {
-            let url = kvring::metadata::etcd::EtcdUrl::parse(url).map_err(|e| e.to_string())?;
-            format!("etcd at {}, keys under {}", url.addr, url.prefix)
-        }
-    };
+    let advertised = builder.planned_advertise();
+    let metadata = engine.metadata.to_string();
     let cores = builder.planned_lane_cores();
-    let memlock = kvring::runtime::lane::memlock_limit_bytes();
-    let rdma = rdma_devices();
+    let memlock = kvring::host::locked_memory_limit();
+    let rdma = kvring::host::rdma_devices();
     let settings: Vec<_> = config
         .settings()
         .iter()
@@ -110,7 +105,7 @@ fn info(mut args: Args) -> Result<(), String> {
             "host": {
                 "cores": core_affinity::get_core_ids().unwrap_or_default().len(),
                 "memlock_bytes": memlock,
-                "host_id": kvring::segment::local_host_id(),
+                "host_id": kvring::host::id(),
             },
             "transports": ["shm", "tcp", "null"],
         });
@@ -146,43 +141,12 @@ fn info(mut args: Args) -> Result<(), String> {
         Some(bytes) => println!(
             "locked memory:    {} KiB (each lane needs {} KiB; glommio's floor is 512 KiB)",
             bytes / 1024,
-            kvring::runtime::lane::memlock_needed_bytes(1, kvring::runtime::lane::DEFAULT_IO_MEMORY_BYTES) / 1024
+            kvring::host::locked_memory_needed(1) / 1024
         ),
         None => println!("locked memory:    unknown"),
     }
-    let shm = std::path::Path::new(kvring::mem::shm::SHM_DIR);
+    let shm = std::path::Path::new(kvring::host::SHM_DIR);
     println!("shared memory:    {} ({})", shm.display(), if shm.is_dir() { "present" } else { "missing" });
-    println!("host id:          {}", kvring::segment::local_host_id());
+    println!("host id:          {}", kvring::host::id());
     Ok(())
-}
-
-/// RDMA devices the kernel lists (name, NUMA node, active ports and the
-/// GID index kvring would use), or why there are none.
-fn rdma_devices() -> Result<Vec<String>, String> {
-    use kvring::transport::rdma::devices::{pick_gid, read_sysfs, SYSFS_ROOT};
-    let root = std::path::Path::new(SYSFS_ROOT);
-    if !root.is_dir() {
-        return Err(format!("no devices: {SYSFS_ROOT} does not exist"));
-    }
-    let devices = read_sysfs(root);
-    if devices.is_empty() {
-        return Err(format!("no devices under {SYSFS_ROOT}"));
-    }
-    Ok(devices
-        .iter()
-        .map(|d| {
-            let ports: Vec<String> = d
-                .ports
-                .iter()
-                .filter(|p| p.active)
-                .map(|p| format!("port {} gid {:?} mtu {}", p.port, pick_gid(p), p.mtu))
-                .collect();
-            let numa = d.numa_node.map_or("numa ?".to_string(), |n| format!("numa {n}"));
-            format!(
-                "{} ({numa}; {})",
-                d.name,
-                if ports.is_empty() { "no active port".into() } else { ports.join(", ") }
-            )
-        })
-        .collect())
 }

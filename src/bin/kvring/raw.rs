@@ -69,7 +69,7 @@ impl RawSink {
 
 fn serve(mut stream: TcpStream, token: Option<&Token>) -> std::io::Result<()> {
     let _ = stream.set_nodelay(true);
-    let challenge: [u8; 16] = kvring::auth::random_bytes();
+    let challenge = Token::challenge();
     stream.write_all(&challenge)?;
     stream.set_read_timeout(Some(ANSWER_TIMEOUT))?;
     let mut answer = [0u8; 32];

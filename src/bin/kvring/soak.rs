@@ -166,7 +166,31 @@ pub fn run(engine: &Engine, plan: &SoakPlan<'_>) -> Result<(), String> {
     }
     // Verify, on the target, what was reported done since its last start.
     let covered_blocks = written_since_start.min(region_blocks);
-    let covered = covered_blocks * plan.block;
+    let (covered, verified) =
+        verify_on_target(engine, plan, segment, local.as_ref(), epoch, covered_blocks * plan.block);
+    if let Err(reason) = &verified {
+        eprintln!("kvring bench: soak verification: {reason}");
+    }
+    let verified = verified.is_ok();
+    print_summary(plan, &tally, batches_done, covered, verified);
+    if verified {
+        Ok(())
+    } else {
+        Err("soak verification failed: a batch reported done is not on the target".into())
+    }
+}
+
+/// Checks on the target that the `covered` bytes written since its last
+/// start are there (reopening it if the last batch failed): the bytes
+/// actually checked (0 when the target restarted since), and the verdict.
+fn verify_on_target(
+    engine: &Engine,
+    plan: &SoakPlan<'_>,
+    mut segment: Option<Segment>,
+    local: Option<&Region>,
+    epoch: u64,
+    covered: u64,
+) -> (u64, Result<(), String>) {
     let mut covered = covered;
     let mut reopen_error = None;
     if segment.is_none() && covered > 0 {
@@ -178,26 +202,31 @@ pub fn run(engine: &Engine, plan: &SoakPlan<'_>) -> Result<(), String> {
             Err(error) => reopen_error = Some(error),
         }
     }
-    let verified = match (&segment, &local) {
+    let verified = match (&segment, local) {
         _ if covered == 0 => Ok(()),
         (None, _) if reopen_error.is_some() => {
             Err(format!("reopening the target to verify: {}", reopen_error.take().expect("checked")))
         }
-        (Some(segment), Some(local)) => {
-            let remote = segment.regions().first().map(|r| r.id).ok_or("the target exposes no region to verify")?;
-            let expected = local.checksum(0, covered as usize).map_err(|e| e.to_string())?;
-            match segment.remote_checksum(remote, 0, covered, Duration::from_secs(10)) {
-                Ok(actual) if actual == expected => Ok(()),
-                Ok(_) => Err("a batch reported done is not on the target".to_string()),
-                Err(error) => Err(format!("reading the target's checksum: {error}")),
-            }
-        }
+        (Some(segment), Some(local)) => compare(segment, local, covered),
         _ => Err("no segment or local region to verify with".to_string()),
     };
-    if let Err(reason) = &verified {
-        eprintln!("kvring bench: soak verification: {reason}");
+    (covered, verified)
+}
+
+/// The target's checksum of its first region's first `covered` bytes
+/// against this side's.
+fn compare(segment: &Segment, local: &Region, covered: u64) -> Result<(), String> {
+    let remote = segment.regions().first().map(|r| r.id).ok_or("the target exposes no region to verify")?;
+    let expected = local.checksum(0, covered as usize).map_err(|e| e.to_string())?;
+    match segment.remote_checksum(remote, 0, covered, Duration::from_secs(10)) {
+        Ok(actual) if actual == expected => Ok(()),
+        Ok(_) => Err("a batch reported done is not on the target".to_string()),
+        Err(error) => Err(format!("reading the target's checksum: {error}")),
     }
-    let verified = verified.is_ok();
+}
+
+/// The soak's last line (JSON with `--json`).
+fn print_summary(plan: &SoakPlan<'_>, tally: &Tally, batches_done: u64, covered: u64, verified: bool) {
     let failures: Vec<String> = tally.failures.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
     let seconds = tally.started.elapsed().as_secs_f64();
     if plan.json {
@@ -214,10 +243,5 @@ pub fn run(engine: &Engine, plan: &SoakPlan<'_>) -> Result<(), String> {
             crate::args::format_size(covered),
             if verified { "ok" } else { "MISMATCH" }
         );
-    }
-    if verified {
-        Ok(())
-    } else {
-        Err("soak verification failed: a batch reported done is not on the target".into())
     }
 }

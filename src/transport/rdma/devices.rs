@@ -86,98 +86,10 @@ pub fn pick_gid(port: &PortInfo) -> Option<u8> {
         .map(|(index, _, _)| *index)
 }
 
-/// A core and its NUMA node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CoreInfo {
-    /// Core id.
-    pub id: usize,
-    /// Its NUMA node.
-    pub numa: u32,
-}
-
-/// One lane's place: its core and the NIC its queue pair uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LanePlace {
-    /// Lane number.
-    pub lane: usize,
-    /// Core to pin it to.
-    pub core: usize,
-    /// Index of its NIC in the list given.
-    pub nic: usize,
-}
-
-/// Places `lanes_per_nic` lanes (pollers) per NIC: each on a core of its
-/// NIC's NUMA node not used by another lane, falling back to a free core
-/// elsewhere, and only then sharing one. NICs of unknown node take any free
-/// core. Cores are handed out in `cores` order.
-pub fn place(nics: &[DeviceInfo], cores: &[CoreInfo], lanes_per_nic: usize) -> Vec<LanePlace> {
-    let mut used = vec![false; cores.len()];
-    let mut places = Vec::with_capacity(nics.len() * lanes_per_nic);
-    // Round-robin over NICs, so each gets its near cores before any NIC
-    // takes a second helping from another node.
-    for round in 0..lanes_per_nic {
-        for (nic, device) in nics.iter().enumerate() {
-            let near = |c: &CoreInfo| device.numa_node.is_none_or(|node| c.numa == node);
-            let pick = (0..cores.len())
-                .find(|&i| !used[i] && near(&cores[i]))
-                .or_else(|| (0..cores.len()).find(|&i| !used[i]))
-                .or_else(|| {
-                    // Every core taken: share, near ones first, spread by lane.
-                    let lane = places.len();
-                    let near_cores: Vec<usize> = (0..cores.len()).filter(|&i| near(&cores[i])).collect();
-                    let pool = if near_cores.is_empty() { (0..cores.len()).collect() } else { near_cores };
-                    pool.get(lane % pool.len().max(1)).copied()
-                });
-            if let Some(index) = pick {
-                used[index] = true;
-                places.push(LanePlace { lane: places.len(), core: cores[index].id, nic });
-            }
-            let _ = round;
-        }
-    }
-    places
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::transport::rdma::sim::SimVerbs;
-
-    fn cores(nodes: u32, per_node: usize) -> Vec<CoreInfo> {
-        (0..nodes)
-            .flat_map(|n| (0..per_node).map(move |i| CoreInfo { id: n as usize * per_node + i, numa: n }))
-            .collect()
-    }
-
-    #[test]
-    fn two_nodes_four_nics_sixteen_cores_keep_each_lane_near_its_nic() {
-        let nics: Vec<_> = (0..4).map(|i| SimVerbs::device(&format!("mlx5_{i}"), Some(i / 2))).collect();
-        let places = place(&nics, &cores(2, 8), 2);
-        assert_eq!(places.len(), 8);
-        for p in &places {
-            let node = nics[p.nic].numa_node.unwrap();
-            assert_eq!(p.core / 8, node as usize, "{p:?} is on its NIC's node");
-        }
-        let mut used: Vec<_> = places.iter().map(|p| p.core).collect();
-        used.sort();
-        used.dedup();
-        assert_eq!(used.len(), 8, "no core twice while free cores remain");
-        for nic in 0..4 {
-            assert_eq!(places.iter().filter(|p| p.nic == nic).count(), 2, "one poller per NIC queue pair");
-        }
-    }
-
-    #[test]
-    fn a_node_without_enough_cores_borrows_then_shares() {
-        // Node 1 has one core; its NIC wants three pollers.
-        let cores = vec![CoreInfo { id: 0, numa: 0 }, CoreInfo { id: 1, numa: 0 }, CoreInfo { id: 2, numa: 1 }];
-        let places = place(&[SimVerbs::device("mlx5_1", Some(1))], &cores, 3);
-        assert_eq!(places.iter().map(|p| p.core).collect::<Vec<_>>(), [2, 0, 1]);
-        let places = place(&[SimVerbs::device("mlx5_1", Some(1))], &cores, 4);
-        assert_eq!(places[3].core, 2, "all taken: share a core of the NIC's own node");
-        let unknown = place(&[SimVerbs::device("mlx5_x", None)], &cores, 2);
-        assert_eq!(unknown.iter().map(|p| p.core).collect::<Vec<_>>(), [0, 1]);
-    }
 
     #[test]
     fn gids_prefer_routable_roce_v2_and_mtu_fits_the_netdev() {

@@ -1,6 +1,6 @@
 //! The RDMA link: one RC QP per (lane, peer, NIC), connected through the
 //! control plane when the segment is opened (on the caller's thread), then
-//! driven by its lane only. A chunk becomes work requests (`post.rs`),
+//! owned and driven by its lane only. A chunk becomes work requests (`post.rs`),
 //! posted in chains no longer than the send queue takes (the rest waits for
 //! the next poll); the lane's `poll` polls the CQs, and a chunk ends when
 //! the signalled completions it expects have arrived.
@@ -18,11 +18,10 @@ use super::verbs::*;
 use crate::error::{Error, Result};
 use crate::proto::ErrorCode;
 use crate::ring::Opcode;
-use crate::segment::{SegmentDescriptor, TransportKind};
-use crate::transport::{Block, Finished, Link, Posted};
+use crate::segment::SegmentDescriptor;
+use crate::transport::{Block, ChunkEnd, LaneLink, Link, LinkState, Posted, TransportKind};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Blocks a lane hands the RDMA link at once.
 pub const RDMA_CHUNK_BLOCKS: usize = 256;
@@ -38,8 +37,16 @@ struct InFlight {
     bytes: u64,
 }
 
+/// One lane's queue pairs to one peer (one per NIC), owned and driven by
+/// that lane only.
 #[derive(Debug)]
-struct LaneQps {
+pub(crate) struct RdmaLink {
+    peer: String,
+    node: Arc<RdmaNode>,
+    /// Peer region (raw id) → (address, rkey per NIC), shared by the lanes.
+    remote: Arc<HashMap<u32, (u64, Vec<u32>)>>,
+    config: PostConfig,
+    state: Arc<LinkState>,
     /// Per NIC: QP, its CQ, and the endpoint it was created with.
     qps: Vec<(Qp, Cq, QpEndpoint)>,
     /// Per NIC: requests the send queue had no room for yet.
@@ -51,19 +58,8 @@ struct LaneQps {
     out: Vec<Vec<SendWr>>,
     keyed: Vec<KeyedBlock>,
     wcs: Vec<Wc>,
+    /// This lane's QPs failed (or were handed back): nothing more moves.
     broken: bool,
-}
-
-/// Connections to one peer over RDMA, one QP per lane and NIC.
-#[derive(Debug)]
-pub struct RdmaLink {
-    peer: String,
-    node: Arc<RdmaNode>,
-    /// Peer region (raw id) → (address, rkey per NIC).
-    remote: HashMap<u32, (u64, Vec<u32>)>,
-    lanes: Box<[Mutex<LaneQps>]>,
-    config: PostConfig,
-    broken: AtomicBool,
 }
 
 struct LinkKeys<'a> {
@@ -100,13 +96,14 @@ fn wc_error(peer: &str, status: WcStatus) -> Error {
 
 impl RdmaLink {
     /// Creates `lanes × nics` QPs, exchanges them with the peer through
-    /// `exchange` (the control-plane RPC), and connects them.
+    /// `exchange` (the control-plane RPC), and connects them: one lane link
+    /// per lane, each owning its QPs.
     pub fn connect(
         node: Arc<RdmaNode>,
         descriptor: &SegmentDescriptor,
         lanes: usize,
         exchange: impl FnOnce(usize, &[QpEndpoint]) -> Result<Vec<QpEndpoint>>,
-    ) -> Result<Self> {
+    ) -> Result<Link> {
         let info = descriptor
             .rdma
             .as_ref()
@@ -138,10 +135,18 @@ impl RdmaLink {
             }
             return Err(error);
         }
-        let lanes: Vec<Mutex<LaneQps>> = made
+        let remote: Arc<HashMap<_, _>> =
+            Arc::new(info.regions.iter().map(|(id, addr, rkeys)| (id.raw(), (*addr, rkeys.clone()))).collect());
+        let state = LinkState::new(TransportKind::Rdma, false);
+        let lanes = made
             .chunks(nics)
             .map(|qps| {
-                Mutex::new(LaneQps {
+                Box::new(RdmaLink {
+                    peer: descriptor.name.clone(),
+                    node: node.clone(),
+                    remote: remote.clone(),
+                    config: PostConfig::default(),
+                    state: state.clone(),
                     qps: qps.to_vec(),
                     pending: vec![VecDeque::new(); nics],
                     in_flight: HashMap::new(),
@@ -150,52 +155,39 @@ impl RdmaLink {
                     keyed: Vec::with_capacity(RDMA_CHUNK_BLOCKS),
                     wcs: vec![Wc { wr_id: 0, status: WcStatus::Success }; POLL_BATCH],
                     broken: false,
-                })
+                }) as Box<dyn LaneLink>
             })
             .collect();
-        let remote = info.regions.iter().map(|(id, addr, rkeys)| (id.raw(), (*addr, rkeys.clone()))).collect();
-        Ok(Self {
-            peer: descriptor.name.clone(),
-            node,
-            remote,
-            lanes: lanes.into_boxed_slice(),
-            config: PostConfig::default(),
-            broken: AtomicBool::new(false),
-        })
+        Ok(Link { state, lanes })
     }
 
-    fn lane(&self, lane: usize) -> Option<std::sync::MutexGuard<'_, LaneQps>> {
-        // Only lane `lane` locks it: never contended.
-        self.lanes.get(lane).map(|l| l.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    /// Fails everything in flight on a lane and marks the link broken.
-    fn break_lane(&self, state: &mut LaneQps, first: Option<(u64, Error)>, finished: &mut Vec<Finished>) {
-        self.broken.store(true, Ordering::Release);
-        state.broken = true;
-        for queue in &mut state.pending {
+    /// Fails everything in flight and marks the link broken.
+    fn break_lane(&mut self, first: Option<(u64, Error)>, ended: &mut Vec<ChunkEnd>) {
+        self.state.mark_broken();
+        self.broken = true;
+        for queue in &mut self.pending {
             queue.clear();
         }
         if let Some((chunk, error)) = first {
-            if let Some(entry) = state.in_flight.remove(&chunk) {
-                finished.push((entry.ticket, Err((error, 0))));
+            if let Some(entry) = self.in_flight.remove(&chunk) {
+                ended.push((entry.ticket, Err((error, 0))));
             }
         }
-        for (_, InFlight { ticket, .. }) in state.in_flight.drain() {
+        for (_, InFlight { ticket, .. }) in self.in_flight.drain() {
             let error = Error::PeerRestarted { segment: self.peer.clone(), detail: "its queue pair failed".into() };
-            finished.push((ticket, Err((error, 0))));
+            ended.push((ticket, Err((error, 0))));
         }
     }
 
-    /// Posts what each NIC's send queue takes; false if a post was refused
-    /// for a reason other than a full queue.
-    fn post_pending(&self, state: &mut LaneQps) -> std::result::Result<(), String> {
+    /// Posts what each NIC's send queue takes; an error if a post was
+    /// refused for a reason other than a full queue.
+    fn post_pending(&mut self) -> std::result::Result<(), String> {
         let verbs = self.node.verbs();
-        for (nic, queue) in state.pending.iter_mut().enumerate() {
+        for (nic, queue) in self.pending.iter_mut().enumerate() {
             while !queue.is_empty() {
                 let (front, _) = queue.as_slices();
                 let chain: Vec<SendWr> = front.iter().take(super::node::QP_DEPTH as usize).copied().collect();
-                match verbs.post_send(state.qps[nic].0, &chain) {
+                match verbs.post_send(self.qps[nic].0, &chain) {
                     Ok(()) => {
                         queue.drain(..chain.len());
                     }
@@ -209,32 +201,27 @@ impl RdmaLink {
         }
         Ok(())
     }
+
+    /// Hands this lane's QPs back to the node, reset, for the next
+    /// connection (to this peer again, once it reopens, or to another).
+    fn release_qps(&mut self) {
+        for (nic, (qp, cq, endpoint)) in self.qps.drain(..).enumerate() {
+            self.node.release_qp(nic, qp, cq, endpoint);
+        }
+    }
 }
 
-impl Link for RdmaLink {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Rdma
-    }
-
+impl LaneLink for RdmaLink {
     fn max_chunk(&self) -> usize {
         RDMA_CHUNK_BLOCKS
     }
 
-    /// True once a QP failed (the segment must be reopened).
-    fn is_broken(&self) -> bool {
-        self.broken.load(Ordering::Acquire)
-    }
-
-    unsafe fn transfer(&self, lane: usize, op: Opcode, _batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
-        let Some(mut state) = self.lane(lane) else {
-            return Posted::Failed((Error::invalid("lane", format!("{lane} has no QP to {}", self.peer)), 0));
-        };
-        if state.broken {
+    unsafe fn transfer(&mut self, op: Opcode, _batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
+        if self.broken {
             let error = Error::PeerRestarted { segment: self.peer.clone(), detail: "its queue pair failed".into() };
             return Posted::Failed((error, 0));
         }
-        let state = &mut *state;
-        state.keyed.clear();
+        self.keyed.clear();
         let mut bytes = 0;
         for block in blocks {
             let Some((base, _)) = self.remote.get(&block.desc.remote_region.raw()) else {
@@ -242,7 +229,7 @@ impl Link for RdmaLink {
                 return Posted::Failed((error, 0));
             };
             bytes += block.desc.len;
-            state.keyed.push(KeyedBlock {
+            self.keyed.push(KeyedBlock {
                 local_addr: block.local as u64,
                 remote_addr: base + block.desc.remote_offset,
                 len: block.desc.len,
@@ -254,12 +241,12 @@ impl Link for RdmaLink {
             Opcode::Write => WrOp::Write,
             Opcode::Read => WrOp::Read,
         };
-        let chunk = u64::from(state.next_chunk);
-        state.next_chunk = state.next_chunk.wrapping_add(1);
-        let LaneQps { keyed, out, pending, in_flight, .. } = state;
-        self.node.with_lkeys(|local| {
-            let keys = LinkKeys { local, remote: &self.remote };
-            build(verb, keyed, &self.config, &keys, |seq| chunk << 32 | seq, out);
+        let chunk = u64::from(self.next_chunk);
+        self.next_chunk = self.next_chunk.wrapping_add(1);
+        let RdmaLink { keyed, out, pending, in_flight, node, remote, config, .. } = self;
+        node.with_lkeys(|local| {
+            let keys = LinkKeys { local, remote };
+            build(verb, keyed, config, &keys, |seq| chunk << 32 | seq, out);
         });
         // One completion comes back per signalled request (each NIC's last
         // one is always signalled).
@@ -268,55 +255,53 @@ impl Link for RdmaLink {
         for (nic, list) in out.iter_mut().enumerate() {
             pending[nic].extend(list.drain(..));
         }
-        if self.post_pending(state).is_err() {
+        if self.post_pending().is_err() {
             // The QP refused the post: the next poll fails this chunk and
             // everything else in flight on the lane.
-            state.broken = true;
-            self.broken.store(true, Ordering::Release);
+            self.broken = true;
+            self.state.mark_broken();
         }
         Posted::InFlight
     }
 
-    fn poll(&self, lane: usize, finished: &mut Vec<Finished>) -> bool {
-        let Some(mut state) = self.lane(lane) else { return false };
-        let state = &mut *state;
-        if state.broken {
-            let had = !state.in_flight.is_empty();
-            self.break_lane(state, None, finished);
+    fn poll(&mut self, ended: &mut Vec<ChunkEnd>) -> bool {
+        if self.broken {
+            let had = !self.in_flight.is_empty();
+            self.break_lane(None, ended);
             return had;
         }
-        if let Err(why) = self.post_pending(state) {
+        if let Err(why) = self.post_pending() {
             let error = Error::Device { device: "verbs".into(), reason: format!("posting to {}: {why}", self.peer) };
-            let first = state.in_flight.keys().next().copied().map(|t| (t, error));
-            self.break_lane(state, first, finished);
+            let first = self.in_flight.keys().next().copied().map(|t| (t, error));
+            self.break_lane(first, ended);
             return true;
         }
-        let verbs = self.node.verbs();
         let mut progressed = false;
-        for nic in 0..state.qps.len() {
-            let cq = state.qps[nic].1;
-            let polled = match verbs.poll_cq(cq, &mut state.wcs) {
+        for nic in 0..self.qps.len() {
+            let cq = self.qps[nic].1;
+            let polled = match self.node.verbs().poll_cq(cq, &mut self.wcs) {
                 Ok(n) => n,
                 Err(error) => {
-                    let first = state.in_flight.keys().next().copied().map(|t| (t, error));
-                    self.break_lane(state, first, finished);
+                    let first = self.in_flight.keys().next().copied().map(|t| (t, error));
+                    self.break_lane(first, ended);
                     return true;
                 }
             };
             for index in 0..polled {
                 progressed = true;
-                let wc = state.wcs[index];
+                let wc = self.wcs[index];
                 let chunk = wc.wr_id >> 32;
                 if wc.status != WcStatus::Success {
-                    self.break_lane(state, Some((chunk, wc_error(&self.peer, wc.status))), finished);
+                    let error = wc_error(&self.peer, wc.status);
+                    self.break_lane(Some((chunk, error)), ended);
                     return true;
                 }
-                if let Some(entry) = state.in_flight.get_mut(&chunk) {
+                if let Some(entry) = self.in_flight.get_mut(&chunk) {
                     entry.signals = entry.signals.saturating_sub(1);
                     if entry.signals == 0 {
                         let (ticket, bytes) = (entry.ticket, entry.bytes);
-                        state.in_flight.remove(&chunk);
-                        finished.push((ticket, Ok(bytes)));
+                        self.in_flight.remove(&chunk);
+                        ended.push((ticket, Ok(bytes)));
                     }
                 }
             }
@@ -326,41 +311,28 @@ impl Link for RdmaLink {
 
     /// A broken link's QPs go back to the node at once, reset, for the
     /// reconnect that follows: its QPs are re-handshaked, not recreated.
-    /// Chunks still listed in flight end `PeerRestarted` at their lane's
-    /// next poll (the reset QP touches their memory no more).
-    fn retire(&self) {
-        if !self.is_broken() {
+    /// What was still in flight on them ends `PeerRestarted` (the reset QP
+    /// touches its memory no more).
+    fn retire(&mut self, ended: &mut Vec<ChunkEnd>) {
+        if !self.state.is_broken() {
             return;
         }
-        for lane in self.lanes.iter() {
-            let mut state = lane.lock().unwrap_or_else(|p| p.into_inner());
-            state.broken = true;
-            self.release_qps(&mut state);
-        }
+        self.break_lane(None, ended);
+        self.release_qps();
     }
 
-    fn abort(&self, lane: usize, reason: &str, finished: &mut Vec<Finished>) {
-        let Some(mut state) = self.lane(lane) else { return };
-        if state.in_flight.is_empty() {
+    fn abort(&mut self, reason: &str, ended: &mut Vec<ChunkEnd>) {
+        if self.in_flight.is_empty() {
             return;
         }
         // Requests already posted cannot be recalled: reset the QPs so the
         // NIC stops touching the chunks' memory, then fail them.
-        for &(qp, _, _) in &state.qps {
+        for &(qp, _, _) in &self.qps {
             let _ = self.node.verbs().modify_qp(qp, QpTransition::Reset);
         }
         let error = Error::PeerRestarted { segment: self.peer.clone(), detail: reason.to_string() };
-        let first = state.in_flight.keys().next().copied().map(|t| (t, error));
-        self.break_lane(&mut state, first, finished);
-    }
-}
-
-impl RdmaLink {
-    /// Takes lane `state`'s QPs out and hands them to the node, reset.
-    fn release_qps(&self, state: &mut LaneQps) {
-        for (nic, (qp, cq, endpoint)) in state.qps.drain(..).enumerate() {
-            self.node.release_qp(nic, qp, cq, endpoint);
-        }
+        let first = self.in_flight.keys().next().copied().map(|t| (t, error));
+        self.break_lane(first, ended);
     }
 }
 
@@ -368,8 +340,6 @@ impl Drop for RdmaLink {
     /// The QPs go back to the node, reset, for the next connection (to this
     /// peer again, once it reopens, or to another).
     fn drop(&mut self) {
-        for lane in self.lanes.iter() {
-            self.release_qps(&mut lane.lock().unwrap_or_else(|p| p.into_inner()));
-        }
+        self.release_qps();
     }
 }

@@ -52,13 +52,9 @@ impl MrCache {
     }
 
     /// Registrations held.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.by_range.len()
-    }
-
-    /// True when nothing is registered.
-    pub fn is_empty(&self) -> bool {
-        self.by_range.is_empty()
     }
 }
 

@@ -49,8 +49,6 @@ struct Spares {
 /// One NIC as the engine uses it.
 #[derive(Debug)]
 pub struct Nic {
-    /// Device name.
-    pub name: String,
     context: Context,
     pd: Pd,
     port: u8,
@@ -122,7 +120,6 @@ impl RdmaNode {
             let pd = verbs.alloc_pd(context)?;
             let passive_cq = verbs.create_cq(context, 16)?;
             nics.push(Nic {
-                name: device.name.clone(),
                 context,
                 pd,
                 port: port.port,
@@ -200,11 +197,6 @@ impl RdmaNode {
         for id in ids {
             self.unregister_region(RegionId::from_raw(id));
         }
-    }
-
-    /// The local key of `region` on NIC `nic`.
-    pub fn lkey(&self, region: u32, nic: usize) -> Option<u32> {
-        self.regions.read().unwrap_or_else(|p| p.into_inner()).get(&region).and_then(|k| k.lkeys.get(nic)).copied()
     }
 
     /// Runs `f` with a key lookup that holds the table's read lock once.

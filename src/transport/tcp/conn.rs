@@ -10,10 +10,10 @@
 //! chunks (of any number of batches) are in flight at once.
 
 use super::frame::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES};
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::proto::ErrorCode;
 use crate::ring::Opcode;
-use crate::transport::{Block, Finished};
+use crate::transport::{Block, ChunkEnd};
 use std::collections::VecDeque;
 use std::io::{IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -44,6 +44,15 @@ impl Peer {
     /// stale, and the next open of its name reconnects.
     pub fn gone(&self, detail: impl Into<String>) -> Error {
         Error::PeerRestarted { segment: self.name.clone(), detail: detail.into() }
+    }
+
+    /// The detail of a connection's end, for the errors of every chunk it
+    /// carried.
+    pub fn detail(error: &Error) -> String {
+        match error {
+            Error::PeerRestarted { detail, .. } => detail.clone(),
+            other => other.to_string(),
+        }
     }
 
     /// Turns a reply's failure status into an error.
@@ -139,7 +148,7 @@ pub struct Connection {
     /// Since when replies have been awaited without a byte moving.
     stalled_since: Option<Instant>,
     /// Set when a send failed outside `poll`; the next poll fails all.
-    dead: Option<String>,
+    dead: Option<Error>,
 }
 
 // SAFETY: the raw pointers are into registered local regions that the lane
@@ -173,14 +182,15 @@ impl Connection {
         self.awaiting.is_empty()
     }
 
-    /// Why the connection died outside `poll`, if it did.
-    pub fn take_dead(&mut self) -> Option<String> {
-        self.dead.take()
-    }
-
     /// Queues a chunk: WRITE frames carry payloads, READ frames ask for
     /// them. Blocks larger than [`MAX_FRAME_PAYLOAD_BYTES`] span frames.
-    pub fn queue_chunk(&mut self, peer: &Peer, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) {
+    ///
+    /// # Safety
+    ///
+    /// As [`LaneLink::transfer`](crate::transport::LaneLink::transfer): the
+    /// blocks' local ranges are read (WRITE) or written (READ) later, by
+    /// `send` and `progress`, until the chunk's ticket ends.
+    pub unsafe fn queue_chunk(&mut self, peer: &Peer, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) {
         let frame_op = match op {
             Opcode::Write => FrameOp::Write,
             Opcode::Read => FrameOp::Read,
@@ -252,7 +262,7 @@ impl Connection {
 
     /// Sends what the socket takes now. On failure the connection is dead:
     /// the caller fails everything on it.
-    pub fn send(&mut self, peer: &Peer) -> Result<bool, String> {
+    pub fn send(&mut self, peer: &Peer) -> Result<bool> {
         let mut progressed = false;
         while !self.out.is_empty() {
             let mut slices = [IoSlice::new(&[]); MAX_IO_SLICES];
@@ -284,14 +294,14 @@ impl Connection {
                 skip = 0;
             }
             match self.stream.write_vectored(&slices[..count]) {
-                Ok(0) => return Err(format!("{} stopped taking bytes", peer.addr)),
+                Ok(0) => return Err(peer.gone(format!("{} stopped taking bytes", peer.addr))),
                 Ok(written) => {
                     progressed = true;
                     self.advance_sent(written);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(format!("sending to {}: {e}", peer.addr)),
+                Err(e) => return Err(peer.gone(format!("sending to {}: {e}", peer.addr))),
             }
         }
         Ok(progressed)
@@ -315,12 +325,7 @@ impl Connection {
     /// Sends, receives, and ends chunks whose replies are complete. An
     /// `Err` means the connection is dead (closed, reset, out of step, or
     /// silent for `io_timeout` with replies awaited).
-    pub fn progress(
-        &mut self,
-        peer: &Peer,
-        io_timeout: Duration,
-        finished: &mut Vec<Finished>,
-    ) -> Result<bool, String> {
+    pub fn progress(&mut self, peer: &Peer, io_timeout: Duration, finished: &mut Vec<ChunkEnd>) -> Result<bool> {
         if let Some(reason) = self.dead.take() {
             return Err(reason);
         }
@@ -331,18 +336,18 @@ impl Connection {
         } else {
             let since = *self.stalled_since.get_or_insert_with(Instant::now);
             if since.elapsed() > io_timeout {
-                return Err(format!("no reply from {} for {:?}", peer.addr, io_timeout));
+                return Err(peer.gone(format!("no reply from {} for {:?}", peer.addr, io_timeout)));
             }
         }
         Ok(sent || received)
     }
 
     /// Records a failed send outside `progress`; the next poll reports it.
-    pub fn mark_dead(&mut self, reason: String) {
+    pub fn mark_dead(&mut self, reason: Error) {
         self.dead.get_or_insert(reason);
     }
 
-    fn receive(&mut self, peer: &Peer, finished: &mut Vec<Finished>) -> Result<bool, String> {
+    fn receive(&mut self, peer: &Peer, finished: &mut Vec<ChunkEnd>) -> Result<bool> {
         let mut progressed = false;
         loop {
             match self.receiving {
@@ -360,8 +365,8 @@ impl Connection {
                         }
                     }
                     let bytes = &self.buffer[self.start..self.start + FRAME_HEADER_BYTES];
-                    let (header, _) =
-                        FrameHeader::decode(bytes).map_err(|e| format!("{} sent a malformed reply: {e}", peer.addr))?;
+                    let (header, _) = FrameHeader::decode(bytes)
+                        .map_err(|e| peer.gone(format!("{} sent a malformed reply: {e}", peer.addr)))?;
                     self.start += FRAME_HEADER_BYTES;
                     self.on_header(peer, &header, finished)?;
                 }
@@ -425,7 +430,7 @@ impl Connection {
 
     /// Reads into the buffer's free tail (compacting first), stopping once
     /// the buffer holds `want` bytes; 0 when nothing has arrived.
-    fn fill(&mut self, peer: &Peer, want: usize) -> Result<usize, String> {
+    fn fill(&mut self, peer: &Peer, want: usize) -> Result<usize> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -440,15 +445,20 @@ impl Connection {
         Ok(n)
     }
 
-    fn on_header(&mut self, peer: &Peer, reply: &FrameHeader, finished: &mut Vec<Finished>) -> Result<(), String> {
-        let front = self.awaiting.front_mut().ok_or_else(|| format!("{} sent a reply nobody asked for", peer.addr))?;
+    fn on_header(&mut self, peer: &Peer, reply: &FrameHeader, finished: &mut Vec<ChunkEnd>) -> Result<()> {
+        let front = self
+            .awaiting
+            .front_mut()
+            .ok_or_else(|| peer.gone(format!("{} sent a reply nobody asked for", peer.addr)))?;
         if reply.batch_id != front.batch_id {
-            return Err(format!("{} answered out of order", peer.addr));
+            return Err(peer.gone(format!("{} answered out of order", peer.addr)));
         }
         match front.op {
             FrameOp::Write | FrameOp::Notify => {
                 if reply.opcode != FrameOp::Ack as u8 {
-                    return Err(format!("{} answered a {:?} with opcode {}", peer.addr, front.op, reply.opcode));
+                    return Err(
+                        peer.gone(format!("{} answered a {:?} with opcode {}", peer.addr, front.op, reply.opcode))
+                    );
                 }
                 let result = if reply.status == 0 {
                     Ok(front.spans.iter().map(|s| s.len).sum())
@@ -465,7 +475,7 @@ impl Connection {
             }
             _ => {
                 if reply.opcode != FrameOp::ReadData as u8 {
-                    return Err(format!("{} answered a read with opcode {}", peer.addr, reply.opcode));
+                    return Err(peer.gone(format!("{} answered a read with opcode {}", peer.addr, reply.opcode)));
                 }
                 let span = front.spans[front.next];
                 if reply.status != 0 {
@@ -474,7 +484,9 @@ impl Connection {
                     return self.end_front_if_answered(finished);
                 }
                 if reply.len != span.len {
-                    return Err(format!("{} sent {} bytes for a {}-byte read", peer.addr, reply.len, span.len));
+                    return Err(
+                        peer.gone(format!("{} sent {} bytes for a {}-byte read", peer.addr, reply.len, span.len))
+                    );
                 }
                 self.receiving = if front.failure.is_some() {
                     Receiving::Discard { left: span.len as usize }
@@ -490,7 +502,7 @@ impl Connection {
     }
 
     /// A READ reply's payload is in place (or discarded).
-    fn frame_done(&mut self, finished: &mut Vec<Finished>) -> Result<(), String> {
+    fn frame_done(&mut self, finished: &mut Vec<ChunkEnd>) -> Result<()> {
         self.receiving = Receiving::Header;
         let Some(front) = self.awaiting.front_mut() else { return Ok(()) };
         if front.failure.is_none() {
@@ -500,7 +512,7 @@ impl Connection {
         self.end_front_if_answered(finished)
     }
 
-    fn end_front_if_answered(&mut self, finished: &mut Vec<Finished>) -> Result<(), String> {
+    fn end_front_if_answered(&mut self, finished: &mut Vec<ChunkEnd>) -> Result<()> {
         let Some(front) = self.awaiting.front_mut() else { return Ok(()) };
         if front.next < front.spans.len() {
             return Ok(());
@@ -516,11 +528,13 @@ impl Connection {
     /// more: its chunks not yet started are dropped from the queue at once,
     /// so the next batch does not wait behind them. An epoch mismatch kills
     /// the connection.
-    fn end_front(&mut self, result: Result<u64, (Error, u64)>, finished: &mut Vec<Finished>) -> Result<(), String> {
+    fn end_front(&mut self, result: Result<u64, (Error, u64)>, finished: &mut Vec<ChunkEnd>) -> Result<()> {
         let Some(mut ended) = self.awaiting.pop_front() else { return Ok(()) };
         let failure = match &result {
             Ok(_) => None,
-            Err((Error::PeerRestarted { detail, .. }, _)) => Some(Err(detail.clone())),
+            Err((Error::PeerRestarted { segment, detail }, _)) => {
+                Some(Err(Error::PeerRestarted { segment: segment.clone(), detail: detail.clone() }))
+            }
             Err((error, _)) => {
                 Some(Ok((error.code(), format!("not sent: an earlier chunk of its batch failed ({error})"))))
             }
@@ -530,7 +544,7 @@ impl Connection {
         self.spare.push(std::mem::take(&mut ended.spans));
         match failure {
             None => Ok(()),
-            Some(Err(detail)) => Err(detail),
+            Some(Err(gone)) => Err(gone),
             Some(Ok(cause)) => {
                 self.drop_unsent(ended.batch_id, &cause, finished);
                 Ok(())
@@ -539,7 +553,7 @@ impl Connection {
     }
 
     /// Drops the chunks of `batch_id` none of whose frames has started.
-    fn drop_unsent(&mut self, batch_id: u64, cause: &(ErrorCode, String), finished: &mut Vec<Finished>) {
+    fn drop_unsent(&mut self, batch_id: u64, cause: &(ErrorCode, String), finished: &mut Vec<ChunkEnd>) {
         let started = (self.front_sent > 0).then(|| self.out.front().map(|f| f.ticket)).flatten();
         let mut index = 0;
         while index < self.awaiting.len() {
@@ -565,7 +579,7 @@ impl Connection {
 
     /// Fails everything queued or awaited with `reason` (the connection is
     /// being dropped; nothing of theirs is touched afterwards).
-    pub fn fail_all(&mut self, peer: &Peer, reason: &str, finished: &mut Vec<Finished>) {
+    pub fn fail_all(&mut self, peer: &Peer, reason: &str, finished: &mut Vec<ChunkEnd>) {
         self.out.clear();
         self.front_sent = 0;
         for awaited in self.awaiting.drain(..) {
@@ -576,119 +590,17 @@ impl Connection {
 
 /// One non-blocking read: 0 when nothing has arrived; an error when the
 /// peer closed or reset the connection.
-fn read_some(stream: &mut TcpStream, into: &mut [u8], peer: &Peer) -> Result<usize, String> {
+fn read_some(stream: &mut TcpStream, into: &mut [u8], peer: &Peer) -> Result<usize> {
     loop {
         return match stream.read(into) {
-            Ok(0) => Err(format!("{} closed the connection", peer.addr)),
+            Ok(0) => Err(peer.gone(format!("{} closed the connection", peer.addr))),
             Ok(n) => Ok(n),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => Err(format!("reading from {}: {e}", peer.addr)),
+            Err(e) => Err(peer.gone(format!("reading from {}: {e}", peer.addr))),
         };
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::desc::{BlockDesc, RegionId};
-    use std::net::TcpListener;
-
-    fn pair() -> (Connection, TcpStream, Peer) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let client = TcpStream::connect(addr).unwrap();
-        let (server, _) = listener.accept().unwrap();
-        (Connection::new(client).unwrap(), server, Peer { name: "decode-0".into(), addr, epoch: 5 })
-    }
-
-    fn block(memory: &mut [u8], offset: u64) -> Block {
-        let region = RegionId::from_raw(1 << 16);
-        Block {
-            local: memory.as_mut_ptr().wrapping_add(offset as usize),
-            desc: BlockDesc::new(region, offset, region, offset, 4),
-            desc_index: 0,
-        }
-    }
-
-    #[test]
-    fn a_refused_chunk_drops_its_batchs_unsent_chunks_but_not_the_next_batchs() {
-        let (mut connection, mut server, peer) = pair();
-        let mut memory = vec![1u8; 64];
-        for ticket in 1..=3 {
-            let blocks = [block(&mut memory, ticket * 4)];
-            connection.queue_chunk(&peer, Opcode::Write, 7, ticket, &blocks);
-        }
-        let next_batch = [block(&mut memory, 32)];
-        connection.queue_chunk(&peer, Opcode::Write, 8, 4, &next_batch);
-
-        // The target refuses batch 7's first chunk before any of it is sent.
-        let mut refusal = FrameHeader::new(FrameOp::Ack, 5, 7, 1 << 16, 4, 0);
-        refusal.status = -(ErrorCode::OutOfBounds as i32);
-        server.write_all(refusal.as_bytes()).unwrap();
-        let mut finished = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while finished.len() < 3 {
-            connection.receive(&peer, &mut finished).unwrap();
-            assert!(Instant::now() < deadline, "no reply read: {finished:?}");
-        }
-        let tickets: Vec<u64> = finished.iter().map(|(ticket, _)| *ticket).collect();
-        assert_eq!(tickets, [1, 2, 3]);
-        assert!(matches!(&finished[0].1, Err((Error::Remote { code: ErrorCode::OutOfBounds, .. }, 0))));
-        for (_, result) in &finished[1..] {
-            let (error, _) = result.as_ref().unwrap_err();
-            assert!(error.to_string().contains("not sent: an earlier chunk of its batch failed"), "{error}");
-        }
-        // Chunk 1 (already answered) and batch 8 are all that is left to send.
-        let queued: Vec<u64> = connection.out.iter().map(|f| f.ticket).collect();
-        assert_eq!(queued, [1, 4]);
-        assert_eq!(connection.awaiting.len(), 1);
-    }
-
-    #[test]
-    fn replies_out_of_step_or_a_closed_peer_kill_the_connection() {
-        let (mut connection, mut server, peer) = pair();
-        let mut memory = vec![1u8; 64];
-        connection.queue_chunk(&peer, Opcode::Write, 7, 1, &[block(&mut memory, 0)]);
-        // An ack for a batch nobody sent.
-        server.write_all(FrameHeader::new(FrameOp::Ack, 5, 99, 0, 0, 0).as_bytes()).unwrap();
-        let mut finished = Vec::new();
-        let error = loop {
-            match connection.progress(&peer, Duration::from_secs(5), &mut finished) {
-                Err(reason) => break reason,
-                Ok(_) => std::thread::sleep(Duration::from_millis(1)),
-            }
-        };
-        assert!(error.contains("out of order"), "{error}");
-        connection.fail_all(&peer, &error, &mut finished);
-        assert!(matches!(&finished[..], [(1, Err((Error::PeerRestarted { .. }, 0)))]), "{finished:?}");
-
-        let (mut connection, server, peer) = pair();
-        connection.queue_chunk(&peer, Opcode::Read, 7, 1, &[block(&mut memory, 0)]);
-        drop(server);
-        let error = loop {
-            match connection.progress(&peer, Duration::from_secs(5), &mut finished) {
-                Err(reason) => break reason,
-                Ok(_) => std::thread::sleep(Duration::from_millis(1)),
-            }
-        };
-        assert!(error.contains("closed the connection") || error.contains("reset"), "{error}");
-    }
-
-    #[test]
-    fn a_silent_peer_is_declared_dead_after_the_io_timeout() {
-        let (mut connection, _server, peer) = pair();
-        let mut memory = vec![1u8; 64];
-        connection.queue_chunk(&peer, Opcode::Read, 7, 1, &[block(&mut memory, 0)]);
-        let mut finished = Vec::new();
-        let started = Instant::now();
-        let error = loop {
-            match connection.progress(&peer, Duration::from_millis(50), &mut finished) {
-                Err(reason) => break reason,
-                Ok(_) => std::thread::sleep(Duration::from_millis(1)),
-            }
-        };
-        assert!(error.contains("no reply"), "{error}");
-        assert!(started.elapsed() >= Duration::from_millis(50));
-    }
-}
+mod tests;

@@ -121,10 +121,9 @@ impl ServerHello {
     /// Decodes an answer (the initiator's side): what is not a kvring
     /// target's answer is named as such.
     pub fn decode(bytes: &[u8], peer: &str) -> Result<Self> {
-        let hello = Self::read_from_bytes(bytes)
-            .map_err(|_| Error::NotKvring { peer: peer.to_string(), got: crate::control::frame::printable(bytes) })?;
+        let hello = Self::read_from_bytes(bytes).map_err(|_| Error::not_kvring(peer, bytes))?;
         if hello.magic != HELLO_MAGIC {
-            return Err(Error::NotKvring { peer: peer.to_string(), got: crate::control::frame::printable(bytes) });
+            return Err(Error::not_kvring(peer, bytes));
         }
         check_magic(hello.magic, hello.version)?;
         Ok(hello)

@@ -1,6 +1,6 @@
 //! The initiator side of the TCP transport: one non-blocking connection per
 //! lane to the peer's data listener, made when the segment is opened (on the
-//! caller's thread, never on a lane), then driven only by its lane.
+//! caller's thread, never on a lane), then owned and driven by its lane.
 //!
 //! A chunk is queued on the lane's [`Connection`] and sent as far as the
 //! socket takes it; the lane's loop polls the link for the rest and for the
@@ -17,15 +17,13 @@ use super::hello::{ClientHello, ClientProof, ServerHello, FLAG_PROOF_REQUIRED, S
 use crate::auth::Session;
 use crate::error::{Error, Result};
 use crate::net::DeadlineIo;
+use crate::notify::MAX_NOTIFY_FRAME_BYTES;
 use crate::ring::Opcode;
-use crate::segment::TransportKind;
-use crate::transport::notify::MAX_NOTIFY_FRAME_BYTES;
-use crate::transport::{Block, Finished, Link, Posted};
+use crate::transport::{Block, ChunkEnd, LaneLink, Link, LinkState, Posted, TransportKind};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::net::{TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerocopy::IntoBytes;
 
@@ -35,19 +33,13 @@ pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Blocks a lane hands the TCP link at once (one ack per chunk).
 pub const TCP_CHUNK_BLOCKS: usize = 64;
 
-/// One lane's connection, or why it is gone.
-#[derive(Debug)]
-enum Slot {
-    Open(Box<Connection>),
-    Closed(String),
-}
-
-/// Connections to one peer, one per lane.
-pub struct TcpLink {
+/// One lane's connection to one peer, driven by that lane only.
+pub(crate) struct TcpLink {
     peer: Peer,
     io_timeout: Duration,
-    lanes: Box<[Mutex<Slot>]>,
-    broken: AtomicBool,
+    /// The connection, or why it is gone.
+    connection: Result<Box<Connection>, String>,
+    state: Arc<LinkState>,
 }
 
 impl std::fmt::Debug for TcpLink {
@@ -59,7 +51,7 @@ impl std::fmt::Debug for TcpLink {
 impl TcpLink {
     /// Connects `lanes` connections to `data_addr` before `deadline`, each
     /// opened with the hello (and `session`'s proof when the target
-    /// requires one).
+    /// requires one), one per lane.
     pub fn connect(
         peer: &str,
         data_addr: &str,
@@ -68,13 +60,14 @@ impl TcpLink {
         lanes: usize,
         deadline: Instant,
         io_timeout: Duration,
-    ) -> Result<Self> {
+    ) -> Result<Link> {
         let addr = data_addr
             .to_socket_addrs()
             .map_err(|e| Error::io(format!("resolving {peer}'s data address {data_addr}"), e))?
             .next()
             .ok_or_else(|| Error::invalid("data address", format!("{data_addr} resolves to nothing")))?;
-        let mut slots = Vec::with_capacity(lanes);
+        let state = LinkState::new(TransportKind::Tcp, true);
+        let mut links: Vec<Box<dyn LaneLink>> = Vec::with_capacity(lanes);
         for _ in 0..lanes {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -82,100 +75,82 @@ impl TcpLink {
             }
             let stream = open(addr, peer, epoch, session, deadline)?;
             let connection = Connection::new(stream).map_err(|e| Error::io("configuring a data connection", e))?;
-            slots.push(Mutex::new(Slot::Open(Box::new(connection))));
+            links.push(Box::new(TcpLink {
+                peer: Peer { name: peer.to_string(), addr, epoch },
+                io_timeout,
+                connection: Ok(Box::new(connection)),
+                state: state.clone(),
+            }));
         }
-        Ok(Self {
-            peer: Peer { name: peer.to_string(), addr, epoch },
-            io_timeout,
-            lanes: slots.into_boxed_slice(),
-            broken: AtomicBool::new(false),
-        })
+        Ok(Link { state, lanes: links })
     }
 
-    /// True once a connection broke or the peer reported another epoch.
-    pub fn is_broken(&self) -> bool {
-        self.broken.load(Ordering::Acquire)
-    }
-
-    fn slot(&self, lane: usize) -> Option<std::sync::MutexGuard<'_, Slot>> {
-        // Only lane `lane` locks its slot: the mutex is never contended.
-        self.lanes.get(lane).map(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    /// Fails everything on the slot's connection and closes it.
-    fn close(&self, slot: &mut Slot, reason: String, finished: &mut Vec<Finished>) {
-        self.broken.store(true, Ordering::Release);
-        if let Slot::Open(connection) = slot {
-            connection.fail_all(&self.peer, &reason, finished);
+    /// Fails everything on the connection and closes it.
+    fn close(&mut self, why: &Error, ended: &mut Vec<ChunkEnd>) {
+        self.state.mark_broken();
+        let reason = Peer::detail(why);
+        if let Ok(connection) = &mut self.connection {
+            connection.fail_all(&self.peer, &reason, ended);
         }
-        *slot = Slot::Closed(reason);
+        self.connection = Err(reason);
     }
 }
 
-impl Link for TcpLink {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Tcp
+/// The open connection, or the error a chunk gets for its absence.
+fn open_connection<'a>(peer: &Peer, connection: &'a mut Result<Box<Connection>, String>) -> Result<&'a mut Connection> {
+    match connection {
+        Ok(connection) => Ok(connection),
+        Err(reason) => Err(peer.gone(format!("connection closed: {reason}"))),
     }
+}
 
+impl LaneLink for TcpLink {
     fn max_chunk(&self) -> usize {
         TCP_CHUNK_BLOCKS
     }
 
-    unsafe fn transfer(&self, lane: usize, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
-        let Some(mut slot) = self.slot(lane) else {
-            return Posted::Failed((
-                Error::invalid("lane", format!("{lane} has no connection to {}", self.peer.name)),
-                0,
-            ));
+    unsafe fn transfer(&mut self, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
+        let TcpLink { peer, connection, .. } = self;
+        let connection = match open_connection(peer, connection) {
+            Ok(connection) => connection,
+            Err(error) => return Posted::Failed((error, 0)),
         };
-        let connection = match &mut *slot {
-            Slot::Open(connection) => connection,
-            Slot::Closed(reason) => return Posted::Failed((self.peer.gone(format!("connection closed: {reason}")), 0)),
-        };
-        connection.queue_chunk(&self.peer, op, batch_id, ticket, blocks);
+        // SAFETY: forwarded from our caller: the blocks stay leased until
+        // this chunk's ticket ends through `poll` or `abort`.
+        unsafe { connection.queue_chunk(peer, op, batch_id, ticket, blocks) };
         // Start sending now: a lone small chunk often leaves in this call.
-        if let Err(reason) = connection.send(&self.peer) {
-            connection.mark_dead(reason);
+        if let Err(error) = connection.send(peer) {
+            connection.mark_dead(error);
         }
         Posted::InFlight
     }
 
-    fn poll(&self, lane: usize, finished: &mut Vec<Finished>) -> bool {
-        let Some(mut slot) = self.slot(lane) else { return false };
-        let Slot::Open(connection) = &mut *slot else { return false };
-        match connection.progress(&self.peer, self.io_timeout, finished) {
+    fn poll(&mut self, ended: &mut Vec<ChunkEnd>) -> bool {
+        let Ok(connection) = &mut self.connection else { return false };
+        match connection.progress(&self.peer, self.io_timeout, ended) {
             Ok(progressed) => progressed,
-            Err(reason) => {
-                self.close(&mut slot, reason, finished);
+            Err(error) => {
+                self.close(&error, ended);
                 true
             }
         }
     }
 
-    fn abort(&self, lane: usize, reason: &str, finished: &mut Vec<Finished>) {
-        if let Some(mut slot) = self.slot(lane) {
-            if matches!(&*slot, Slot::Open(c) if !c.is_idle()) {
-                self.close(&mut slot, reason.to_string(), finished);
-            }
+    fn abort(&mut self, reason: &str, ended: &mut Vec<ChunkEnd>) {
+        if matches!(&self.connection, Ok(c) if !c.is_idle()) {
+            self.close(&self.peer.gone(reason), ended);
         }
     }
 
-    fn carries_notifications(&self) -> bool {
-        true
-    }
-
-    fn post_notification(&self, lane: usize, ticket: u64, payload: Vec<u8>) -> Result<()> {
+    fn post_notification(&mut self, ticket: u64, payload: Vec<u8>) -> Result<()> {
         if payload.len() > MAX_NOTIFY_FRAME_BYTES {
             return Err(Error::MessageTooLarge { len: payload.len() as u64, max: MAX_NOTIFY_FRAME_BYTES as u64 });
         }
-        let mut slot = self.slot(lane).ok_or_else(|| Error::invalid("lane", format!("{lane} is not a lane")))?;
-        let connection = match &mut *slot {
-            Slot::Open(connection) => connection,
-            Slot::Closed(reason) => return Err(self.peer.gone(format!("connection closed: {reason}"))),
-        };
-        connection.queue_notification(&self.peer, ticket, payload);
-        if let Err(reason) = connection.send(&self.peer) {
-            connection.mark_dead(reason);
+        let TcpLink { peer, connection, .. } = self;
+        let connection = open_connection(peer, connection)?;
+        connection.queue_notification(peer, ticket, payload);
+        if let Err(error) = connection.send(peer) {
+            connection.mark_dead(error);
         }
         Ok(())
     }

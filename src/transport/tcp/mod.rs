@@ -11,6 +11,6 @@ pub mod link;
 pub mod server;
 pub(crate) mod target;
 
-pub use link::{TcpLink, DEFAULT_IO_TIMEOUT};
+pub(crate) use link::{TcpLink, DEFAULT_IO_TIMEOUT};
 pub use server::TcpDataServer;
 pub(crate) use target::TargetContext;

@@ -70,11 +70,6 @@ impl TcpDataServer {
         self.addr
     }
 
-    /// Connections open now.
-    pub fn connections(&self) -> usize {
-        self.shared.connections.load(Ordering::Acquire)
-    }
-
     /// Stops accepting and closes every connection (their leases given
     /// back), and waits for the server thread.
     pub fn stop(&mut self) {

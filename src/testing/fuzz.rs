@@ -1,5 +1,5 @@
 //! Entry points for kvring's fuzz targets (`fuzz/`, cargo feature
-//! `fuzzing`): each takes arbitrary bytes, drives one decoder of outside
+//! `testing`): each takes arbitrary bytes, drives one decoder of outside
 //! bytes (or a whole connection state machine) with them, and asserts what
 //! must hold whatever the bytes are: no panic, no byte written outside a
 //! registered region, no request served before its connection proved
@@ -11,9 +11,9 @@ use crate::control::server::{handle, ConnectionAuth, ControlHandler};
 use crate::desc::{BlockDesc, RegionId};
 use crate::error::{Error, Result};
 use crate::mem::{RegionInfo, Registry};
+use crate::notify::{NotificationQueue, NotifyQuota};
 use crate::proto::{request, response};
 use crate::segment::{PeerSegment, SegmentDescriptor};
-use crate::transport::notify::{NotificationQueue, NotifyQuota};
 use crate::transport::tcp::conn::{Connection, Peer};
 use crate::transport::tcp::hello::ClientHello;
 use crate::transport::tcp::target::{TargetConn, TargetContext};
@@ -284,8 +284,13 @@ pub fn initiator_replies(data: &[u8]) {
     };
     let writes = [block(0, 4096), block(4096, 4096)];
     let reads = [block(0, 16), block(SERVED_BYTES, 32 * 1024), block(2 * SERVED_BYTES, 100)];
-    connection.queue_chunk(&peer, crate::ring::Opcode::Write, 7, 1, &writes);
-    connection.queue_chunk(&peer, crate::ring::Opcode::Read, 8, 2, &reads);
+    // SAFETY: every block lies inside `memory`, which lives to the end of
+    // this function: the connection is driven only before that, and
+    // dropping it touches none of the queued pointers.
+    unsafe {
+        connection.queue_chunk(&peer, crate::ring::Opcode::Write, 7, 1, &writes);
+        connection.queue_chunk(&peer, crate::ring::Opcode::Read, 8, 2, &reads);
+    }
     let _ = server.write_all(data);
     let _ = server.shutdown(std::net::Shutdown::Write);
     let mut finished = Vec::new();

@@ -1,0 +1,132 @@
+//! The engine as the control server sees it: its descriptor, the RDMA
+//! connect, notifications, its KV layout and checksums, and nothing that
+//! keeps the engine itself alive.
+
+use super::lifecycle::lock;
+use crate::auth::{Authenticator, Initiator};
+use crate::control::ControlHandler;
+use crate::error::{Error, Result, Side};
+use crate::kv::KvLayout;
+use crate::mem::registry::check_range;
+use crate::mem::{Access, Registry};
+use crate::notify::{Notification, NotificationQueue};
+use crate::proto::ChecksumRequest;
+use crate::region_id::RegionId;
+use crate::segment::{local_host_id, RemoteRegion, SegmentDescriptor};
+use crate::transport::rdma::node::RdmaNode;
+use crate::transport::rdma::verbs::QpEndpoint;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// What the control server sees of the engine (no reference back to the
+/// engine itself, so dropping the engine stops the server).
+pub(super) struct ControlContext {
+    pub name: String,
+    pub epoch: u64,
+    pub registry: Arc<Registry>,
+    /// Set once, as soon as the control server has bound.
+    pub control_addr: OnceLock<String>,
+    pub tcp_addr: Option<String>,
+    pub auth: Option<Arc<Authenticator>>,
+    pub notifications: Arc<NotificationQueue>,
+    pub kv_layout: Mutex<Option<KvLayout>>,
+    pub rdma: Option<Arc<RdmaNode>>,
+}
+
+impl ControlContext {
+    /// The engine's segment descriptor as it stands now.
+    pub fn describe(&self) -> SegmentDescriptor {
+        let regions = self
+            .registry
+            .snapshot()
+            .into_iter()
+            .map(|(id, entry)| RemoteRegion {
+                id,
+                kind: entry.info.kind,
+                len: entry.len as u64,
+                access: entry.info.access,
+                layer: entry.info.layer,
+                block_bytes: entry.info.block_bytes,
+                shm_path: entry.shm.as_ref().map(|m| m.path().to_path_buf()),
+                addr: entry.addr as u64,
+            })
+            .collect();
+        SegmentDescriptor {
+            name: self.name.clone(),
+            epoch: self.epoch,
+            host_id: local_host_id().to_string(),
+            pid: std::process::id(),
+            regions,
+            control_addr: self.control_addr.get().cloned().unwrap_or_default(),
+            tcp_addr: self.tcp_addr.clone(),
+            rdma: self.rdma.as_ref().map(|node| node.info()),
+        }
+    }
+}
+
+impl ControlHandler for ControlContext {
+    fn authenticator(&self) -> Option<&Authenticator> {
+        self.auth.as_deref()
+    }
+
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn describe(&self) -> SegmentDescriptor {
+        ControlContext::describe(self)
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn rdma_connect(
+        &self,
+        initiator: &Initiator,
+        request: &crate::proto::RdmaConnectRequest,
+    ) -> Result<Vec<crate::proto::QpEndpointInfo>> {
+        let node =
+            self.rdma.as_ref().ok_or_else(|| Error::Unsupported { what: "rdma: this engine serves none".into() })?;
+        let endpoints: Vec<_> = request.endpoints.iter().map(QpEndpoint::from_proto).collect::<Result<_>>()?;
+        let ours = node.accept(initiator, request.nics as usize, &endpoints)?;
+        Ok(ours.iter().map(QpEndpoint::to_proto).collect())
+    }
+
+    fn notify(&self, sender: &str, message: Vec<u8>) -> Result<()> {
+        self.notifications.deliver(Notification { from: sender.to_string(), message })
+    }
+
+    fn memory_info(&self) -> Result<crate::proto::KvLayoutInfo> {
+        lock(&self.kv_layout)
+            .as_ref()
+            .map(KvLayout::to_proto)
+            .ok_or_else(|| Error::Unsupported { what: format!("{} has registered no KV-cache layout", self.name) })
+    }
+
+    fn checksum(&self, request: &ChecksumRequest) -> Result<u64> {
+        let id = RegionId::from_raw(request.region);
+        // The lease keeps the region registered while we read it.
+        self.registry.lease(id).map_err(|_| Error::UnknownRegion { side: Side::Remote, region: id })?;
+        let result = (|| {
+            let entry = self.registry.leased(id)?;
+            if !entry.info.access.contains(Access::REMOTE_READ) {
+                return Err(Error::AccessDenied {
+                    desc_index: 0,
+                    side: Side::Remote,
+                    region: id,
+                    needs: "remote read",
+                });
+            }
+            check_range(id, Side::Remote, 0, request.offset, request.len, entry.len as u64)?;
+            // SAFETY: the range is inside a registered region (checked) that
+            // the lease keeps registered; the bytes are plain integers, and a
+            // transfer running concurrently only makes the sum meaningless.
+            let bytes = unsafe {
+                std::slice::from_raw_parts((entry.addr + request.offset as usize) as *const u8, request.len as usize)
+            };
+            Ok(crate::mem::checksum(bytes))
+        })();
+        self.registry.release(id);
+        result
+    }
+}

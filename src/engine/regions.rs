@@ -1,0 +1,101 @@
+//! Registering memory: regions the caller owns, regions the engine
+//! allocates in shared memory, and their registration with every NIC.
+
+use super::{Engine, Region};
+use crate::error::{Error, Result};
+use crate::mem::{Access, RegionInfo, ShmMapping};
+use crate::region_id::RegionId;
+use std::sync::Arc;
+
+impl Engine {
+    /// Registers `len` bytes at `ptr`. The same range again (same info)
+    /// returns the same id; overlapping another region is refused.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr+len` must stay valid for reads and writes until the region
+    /// is unregistered (or the engine dropped), and the caller must not
+    /// access it while a batch that uses it is in flight.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let mut kv = vec![0u8; 1 << 20];
+    /// // SAFETY: `kv` outlives the registration (unregistered below).
+    /// let id = unsafe { engine.register(kv.as_mut_ptr(), kv.len(), kvring::RegionInfo::raw())? };
+    /// engine.unregister(id)?;
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
+    pub unsafe fn register(&self, ptr: *mut u8, len: usize, info: RegionInfo) -> Result<RegionId> {
+        let id = self.inner.registry.register(ptr as usize, len, info, None)?;
+        // SAFETY: the caller keeps the range valid until it unregisters (our
+        // contract), which deregisters it from the NICs too.
+        unsafe { self.register_with_nics(id, ptr as u64, len as u64, info.access)? };
+        Ok(id)
+    }
+
+    /// Registers a region with every NIC (when the engine serves RDMA);
+    /// on failure the region is unregistered again.
+    ///
+    /// # Safety
+    ///
+    /// The range stays valid until the region is unregistered.
+    unsafe fn register_with_nics(&self, id: RegionId, addr: u64, len: u64, access: Access) -> Result<()> {
+        let Some(node) = &self.inner.context.rdma else { return Ok(()) };
+        // SAFETY: forwarded from our caller.
+        if let Err(error) = unsafe { node.register_region(id, addr, len, access) } {
+            node.unregister_region(id);
+            let _ = self.inner.registry.unregister(id);
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    /// The registered local region holding `addr..addr + len`, and the
+    /// offset of `addr` in it: for callers that name memory by address.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let region = engine.alloc_region(1 << 20, kvring::RegionInfo::raw())?;
+    /// let (id, offset) = engine.locate(region.as_ptr() as u64 + 4096, 4096)?;
+    /// assert_eq!((id, offset), (region.id(), 4096));
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
+    pub fn locate(&self, addr: u64, len: u64) -> Result<(RegionId, u64)> {
+        let found = usize::try_from(addr).ok().zip(usize::try_from(len).ok());
+        found
+            .and_then(|(addr, len)| self.inner.registry.find(addr, len))
+            .ok_or_else(|| Error::invalid("local address", format!("{addr:#x}+{len} lies in no registered region")))
+    }
+
+    /// Unregisters a region; refused with `RegionBusy` while batches use it.
+    pub fn unregister(&self, id: RegionId) -> Result<()> {
+        self.inner.registry.unregister(id)?;
+        if let Some(node) = &self.inner.context.rdma {
+            node.unregister_region(id);
+        }
+        Ok(())
+    }
+
+    /// Allocates `len` bytes of shared memory (page aligned, pre-faulted,
+    /// mappable by same-host peers) and registers it.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let region = engine.alloc_region(1 << 20, kvring::RegionInfo::raw())?;
+    /// region.write_at(0, b"hello")?;
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
+    pub fn alloc_region(&self, len: usize, info: RegionInfo) -> Result<Region> {
+        let mapping = Arc::new(ShmMapping::create(len, self.inner.epoch)?);
+        let id = self.inner.registry.register(mapping.as_ptr() as usize, len, info, Some(mapping.clone()))?;
+        // SAFETY: the registry keeps the mapping alive while it is registered.
+        unsafe { self.register_with_nics(id, mapping.as_ptr() as u64, len as u64, info.access)? };
+        Region::new(id, mapping)
+    }
+
+    /// A registered region's description.
+    pub fn region_info(&self, id: RegionId) -> Result<(usize, usize, RegionInfo)> {
+        let entry = self.inner.registry.get(id)?;
+        Ok((entry.addr, entry.len, entry.info))
+    }
+}

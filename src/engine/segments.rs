@@ -1,0 +1,273 @@
+//! Opening peer segments: the handle cache, the handshake, the one
+//! function that picks and opens a transport, and handing each lane its own
+//! link to the peer.
+
+use super::config::EngineConfig;
+use super::lifecycle::lock;
+use super::segment::SegmentInner;
+use super::{Engine, Segment};
+use crate::auth::Initiator;
+use crate::control::{ControlClient, Handshake};
+use crate::error::{Error, Result};
+use crate::runtime::lane::LaneCommand;
+use crate::segment::{local_host_id, CacheStats, PeerSegment, SegmentCache, SegmentDescriptor};
+use crate::transport::null::NullLink;
+use crate::transport::rdma::link::RdmaLink;
+use crate::transport::shm::ShmLink;
+use crate::transport::tcp::TcpLink;
+use crate::transport::{Link, TransportKind};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The open segment handles: the cache by name, and the key slots with
+/// their generations (a key names one opening of one segment).
+#[derive(Debug)]
+pub(super) struct OpenSegments {
+    pub cache: SegmentCache<Segment>,
+    free: Vec<u16>,
+    generations: Vec<u16>,
+}
+
+impl OpenSegments {
+    /// Empty, with room for `config.max_segments` keys.
+    pub fn new(config: &EngineConfig) -> Self {
+        let slots = config.max_segments.min(1 << 16);
+        Self {
+            cache: SegmentCache::new(config.segment_cache_capacity.min(config.max_segments)),
+            free: (0..slots as u16).rev().collect(),
+            generations: vec![1; slots],
+        }
+    }
+}
+
+/// Longest a retire waits for lanes to hand back a broken link's resources.
+const RETIRE_WAIT: Duration = Duration::from_secs(1);
+
+impl Engine {
+    /// Opens (or returns the cached handle of) a peer segment by name or
+    /// control address, choosing the transport: shm when the peer is on
+    /// this host.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let decode = engine.open_segment("127.0.0.1:7100")?;
+    /// println!("{} has {} regions", decode.name(), decode.regions().len());
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
+    pub fn open_segment(&self, name: &str) -> Result<Segment> {
+        self.open_segment_with(name, None, self.inner.config.control_timeout)
+    }
+
+    /// [`open_segment`](Self::open_segment) with an explicit transport and
+    /// handshake deadline.
+    pub fn open_segment_with(
+        &self,
+        name: &str,
+        transport: Option<TransportKind>,
+        timeout: Duration,
+    ) -> Result<Segment> {
+        if self.inner.is_stopped() {
+            return Err(Error::Shutdown);
+        }
+        {
+            let mut table = lock(&self.inner.segments);
+            let cached = table.cache.peek(name).cloned();
+            match cached {
+                Some(segment) if segment.inner.peer.is_stale() => {
+                    // Its peer restarted or went away: evict it now and
+                    // reconnect through a fresh handshake below.
+                    table.cache.remove_stale(name);
+                    self.retire(&mut table, &segment);
+                    table.cache.note_miss();
+                }
+                // A peer whose descriptor listed no region yet was still
+                // starting: ask it again rather than hand back the empty
+                // handle.
+                Some(segment)
+                    if !segment.is_closed()
+                        && !segment.regions().is_empty()
+                        && transport.is_none_or(|t| t == segment.transport()) =>
+                {
+                    table.cache.get(name); // counts the hit and refreshes its recency
+                    return Ok(segment);
+                }
+                _ => table.cache.note_miss(),
+            }
+        }
+        // The handshake and connects run on the caller's thread, never on a
+        // lane, and without the table lock, so a dead peer stalls nobody else.
+        let deadline = Instant::now() + timeout;
+        let handshake = self.inner.metadata.resolve(name, &self.initiator(), deadline)?;
+        let serves_rdma = self.inner.context.rdma.is_some();
+        let transport =
+            crate::transport::select::choose(transport, &handshake.descriptor, local_host_id(), serves_rdma)?;
+        let link = self.open_link(transport, &handshake, deadline)?;
+        self.install_segment(name, handshake.descriptor, transport, link)
+    }
+
+    /// Who this engine is to its peers.
+    fn initiator(&self) -> Initiator {
+        Initiator {
+            name: self.inner.config.name.clone(),
+            epoch: self.inner.epoch,
+            addr: self.inner.control_addr.to_string(),
+        }
+    }
+
+    /// The one place a transport is opened: the link to `handshake`'s peer
+    /// over `transport`, one lane link per lane.
+    fn open_link(&self, transport: TransportKind, handshake: &Handshake, deadline: Instant) -> Result<Link> {
+        let descriptor = &handshake.descriptor;
+        let lanes = self.inner.lanes.len();
+        match transport {
+            TransportKind::Shm => ShmLink::open(descriptor, lanes),
+            TransportKind::Null => Ok(NullLink::open(lanes)),
+            TransportKind::Tcp => {
+                let addr = descriptor.tcp_addr.as_deref().ok_or_else(|| Error::Unsupported {
+                    what: format!("tcp to {}: it serves no tcp data listener", descriptor.name),
+                })?;
+                TcpLink::connect(
+                    &descriptor.name,
+                    addr,
+                    descriptor.epoch,
+                    handshake.session.as_ref(),
+                    lanes,
+                    deadline,
+                    self.inner.config.io_timeout,
+                )
+            }
+            TransportKind::Rdma => {
+                let node = self
+                    .inner
+                    .context
+                    .rdma
+                    .clone()
+                    .ok_or_else(|| Error::Unsupported { what: "rdma: this engine has no RDMA device".into() })?;
+                let initiator = self.initiator();
+                let token = self.inner.config.token.clone();
+                RdmaLink::connect(node, descriptor, lanes, |nics, ours| {
+                    // The QPs belong to the identity this connection's
+                    // handshake establishes (proven, with a token).
+                    let mut client = ControlClient::connect(&descriptor.control_addr, deadline)?;
+                    client.handshake(&initiator, token.as_ref(), deadline)?;
+                    client.rdma_connect(nics, ours, deadline)
+                })
+            }
+        }
+    }
+
+    /// Opens this engine's own segment as a peer (loopback): useful to test
+    /// a transport, or to measure kvring's own overhead with the null
+    /// transport, without a second process.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let own = engine.open_self(kvring::TransportKind::Null)?;
+    /// assert_eq!(own.epoch(), engine.epoch());
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
+    pub fn open_self(&self, transport: TransportKind) -> Result<Segment> {
+        let deadline = Instant::now() + self.inner.config.control_timeout;
+        let handshake = match (&self.inner.config.token, transport) {
+            // A tokened tcp connection proves a handshake's session, even
+            // to this engine itself.
+            (Some(token), TransportKind::Tcp) => ControlClient::connect(
+                &self.inner.control_addr.to_string(),
+                deadline,
+            )?
+            .handshake(&self.initiator(), Some(token), deadline)?,
+            _ => Handshake { descriptor: self.descriptor(), session: None },
+        };
+        let link = self.open_link(transport, &handshake, deadline)?;
+        self.install_segment(&format!("self/{}", transport.name()), handshake.descriptor, transport, link)
+    }
+
+    fn install_segment(
+        &self,
+        name: &str,
+        descriptor: SegmentDescriptor,
+        transport: TransportKind,
+        link: Link,
+    ) -> Result<Segment> {
+        let mut table = lock(&self.inner.segments);
+        if let Some(old) = table.cache.remove(name) {
+            self.retire(&mut table, &old);
+        }
+        let slot =
+            table.free.pop().ok_or(Error::Busy { queue: "segment table", capacity: self.inner.config.max_segments })?;
+        let key = ((table.generations[slot as usize] as u32) << 16) | slot as u32;
+        let peer = Arc::new(PeerSegment::new(descriptor));
+        let Link { state, lanes } = link;
+        for (lane, link) in self.inner.lanes.iter().zip(lanes) {
+            lane.shared.send(LaneCommand::AttachSegment { key, peer: peer.clone(), state: state.clone(), link });
+        }
+        let segment = Segment {
+            inner: Arc::new(SegmentInner {
+                key,
+                owner_epoch: self.inner.epoch,
+                opened_as: name.to_string(),
+                initiator: self.initiator(),
+                token: self.inner.config.token.clone(),
+                link: state,
+                peer,
+                transport,
+            }),
+        };
+        // A full cache pushes out its least recently used handle, whose
+        // lanes' links are dropped now.
+        for evicted in table.cache.insert(name, segment.clone()) {
+            self.retire(&mut table, &evicted);
+        }
+        Ok(segment)
+    }
+
+    /// Takes a handle out of service: its slot's generation moves on, and
+    /// every lane lets go of its link. A broken link's lanes are waited for
+    /// (briefly), so what they hand back (RDMA QPs, reset) is there for the
+    /// reconnect that usually follows at once.
+    fn retire(&self, table: &mut OpenSegments, segment: &Segment) {
+        segment.inner.peer.close();
+        let key = segment.inner.key;
+        let wait = segment.inner.link.is_broken() && !self.inner.is_stopped();
+        let (done, detached) = std::sync::mpsc::sync_channel(self.inner.lanes.len());
+        for lane in &self.inner.lanes {
+            lane.shared.send(LaneCommand::DetachSegment { key, done: wait.then(|| done.clone()) });
+        }
+        if wait {
+            let deadline = Instant::now() + RETIRE_WAIT;
+            for _ in &self.inner.lanes {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if detached.recv_timeout(left).is_err() {
+                    break;
+                }
+            }
+        }
+        let slot = key as u16;
+        let generation = &mut table.generations[slot as usize];
+        *generation = generation.wrapping_add(1).max(1);
+        table.free.push(slot);
+    }
+
+    /// Closes a segment: new submissions to it fail; batches already queued
+    /// to it fail with `UnknownSegment` if a lane reaches them after the
+    /// close.
+    pub fn close_segment(&self, segment: &Segment) {
+        let mut table = lock(&self.inner.segments);
+        let name = segment.opened_as();
+        if table.cache.peek(name).is_some_and(|s| s.inner.key == segment.inner.key) {
+            table.cache.remove(name);
+            self.retire(&mut table, segment);
+        }
+    }
+
+    /// Segment-cache counters: hits, misses, evictions, stale evictions.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let stats = engine.segment_cache_stats();
+    /// println!("{} hits, {} misses, {} evicted", stats.hits, stats.misses, stats.evictions);
+    /// ```
+    pub fn segment_cache_stats(&self) -> CacheStats {
+        lock(&self.inner.segments).cache.stats()
+    }
+}

@@ -1,0 +1,274 @@
+//! Executing one batch part: its ticket, the validation of every
+//! descriptor, and the chunks handed to the lane's link.
+
+use super::super::status::{BatchId, PartEnd};
+use super::links::{LinkSlot, Links};
+use super::poll::Lane;
+use super::MAX_CHUNK_BLOCKS;
+use crate::desc::{BlockDesc, RegionId};
+use crate::error::{Error, Result, Side};
+use crate::mem::{Access, Registry};
+use crate::ring::{Opcode, Sqe};
+use crate::segment::PeerSegment;
+use crate::transport::{Block, Posted};
+use bytemuck::Zeroable;
+use std::sync::mpsc;
+
+/// One part (or notification) the lane is executing, from its SQE until
+/// every chunk of it has ended.
+pub(super) struct Ticket {
+    pub ring: usize,
+    pub sqe: Sqe,
+    /// The link it runs on (arena index), once resolved.
+    pub link: Option<u32>,
+    /// Chunks handed to the link and not yet ended.
+    pub outstanding: u32,
+    pub progress: PartProgress,
+    pub end: Option<PartEnd<Error>>,
+    /// Leases held until the part ends (once any chunk went in flight).
+    pub leases: Vec<RegionId>,
+    /// Set for a notification: where its result goes.
+    pub notify_reply: Option<mpsc::SyncSender<Result<()>>>,
+    /// When the lane took the part (engine clock), for the latency histogram.
+    pub started_ns: u64,
+}
+
+impl Ticket {
+    pub fn new() -> Self {
+        Self {
+            ring: 0,
+            sqe: Sqe::zeroed(),
+            link: None,
+            outstanding: 0,
+            progress: PartProgress::default(),
+            end: None,
+            leases: Vec::new(),
+            notify_reply: None,
+            started_ns: 0,
+        }
+    }
+}
+
+/// Bytes and descriptors a part has moved so far.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct PartProgress {
+    pub bytes: u64,
+    pub executed: u64,
+}
+
+impl Lane {
+    /// Executes one SQE: validates its descriptors run by run and hands
+    /// them to the segment's link in chunks; ends the part now, or when its
+    /// last chunk in flight ends.
+    pub(super) fn execute_part(&mut self, ring_index: usize, sqe: Sqe) {
+        if self.rings[ring_index].is_none() {
+            return;
+        }
+        let Some(ticket_index) = self.free_tickets.pop() else { return };
+        let link = match self.links.find(sqe.segment) {
+            Some(link) => Some(link),
+            None => {
+                // A segment's attach command is pushed before any SQE naming
+                // it, but the lane may have drained its commands just before
+                // both arrived: drain again before calling the key unknown.
+                self.take_commands();
+                self.links.find(sqe.segment)
+            }
+        };
+        self.count_in_flight();
+        let op = Opcode::from_u8(sqe.opcode);
+        let first_end = match (link, op) {
+            (None, _) => Some(PartEnd::Failed(Error::UnknownSegment { segment: format!("key {:#x}", sqe.segment) })),
+            (_, None) => Some(PartEnd::Failed(Error::UnknownOpcode { opcode: sqe.opcode })),
+            (Some(link), _) => stale_end(&self.links.get(link).peer),
+        };
+        let Lane { registry, rings, config, chunk, ended_runs, tickets, links, .. } = self;
+        let Some(slot) = rings[ring_index].as_mut() else { unreachable!("checked above") };
+        slot.tickets += 1;
+        let ring = &mut slot.rings;
+        let ticket = &mut tickets[ticket_index as usize];
+        ticket.ring = ring_index;
+        ticket.sqe = sqe;
+        ticket.link = link;
+        ticket.started_ns =
+            if config.metrics.load(std::sync::atomic::Ordering::Relaxed) { config.clock.now_ns() } else { 0 };
+        ticket.progress = PartProgress::default();
+        ticket.leases.clear();
+        ticket.end = first_end;
+        let id = BatchId::from_raw(sqe.batch_id);
+        chunk.clear();
+        ended_runs.clear();
+        let max_chunk = link.map_or(1, |l| links.get(l).link.max_chunk().clamp(1, MAX_CHUNK_BLOCKS));
+        let mut post = Poster { ticket_index, id, max_chunk, registry, chunk, ended_runs, links };
+        // Every descriptor of the part is consumed from the arena, executed
+        // or not, so the next batch never waits behind a failed one; leases
+        // are released run by run exactly as the submitter took them, but
+        // only once the chunk using them has ended.
+        let descs = ring.descs.read_chunk(sqe.desc_count as usize);
+        debug_assert_eq!(descs.len(), sqe.desc_count as usize, "descriptors are published before their SQE");
+        let mut run: Option<RegionId> = None;
+        for (offset, desc) in descs.enumerate() {
+            if run != Some(desc.local_region) {
+                if let Some(region) = run {
+                    post.ended_runs.push(region);
+                }
+                run = Some(desc.local_region);
+            }
+            let (Some(link), Some(op), None) = (link, op, &ticket.end) else { continue };
+            if post.chunk.is_empty() {
+                if ring.status.cancel_requested(id) {
+                    ticket.end = Some(PartEnd::Cancelled);
+                    continue;
+                }
+                if sqe.deadline_ns != 0 && config.clock.now_ns() > sqe.deadline_ns {
+                    ticket.end = Some(PartEnd::TimedOut);
+                    continue;
+                }
+            }
+            post.add(ticket, link, op, desc, sqe.desc_base + offset as u32);
+        }
+        if let (Some(link), Some(op), None) = (link, op, &ticket.end) {
+            post.flush(ticket, link, op);
+        }
+        post.chunk.clear();
+        for region in post.ended_runs.drain(..).chain(run) {
+            if ticket.outstanding > 0 {
+                ticket.leases.push(region);
+            } else {
+                post.registry.release(region);
+            }
+        }
+        if ticket.outstanding == 0 {
+            self.end_ticket(ticket_index as usize);
+        }
+    }
+
+    /// Raises the peak-in-flight counter when the tickets in use exceed it.
+    fn count_in_flight(&mut self) {
+        let in_use = (self.tickets.len() - self.free_tickets.len()) as u64;
+        if in_use > self.peak_in_flight {
+            self.peak_in_flight = in_use;
+            self.shared.metrics.peak_in_flight(in_use);
+        }
+    }
+
+    /// Queues a notification on `key`'s link, after what this lane queued
+    /// there; its result goes to `reply` when it ends like a chunk.
+    pub(super) fn post_notification(&mut self, key: u32, payload: Vec<u8>, reply: mpsc::SyncSender<Result<()>>) {
+        let Some(link) = self.links.find(key) else {
+            let _ = reply.send(Err(Error::UnknownSegment { segment: format!("key {key:#x}") }));
+            return;
+        };
+        let Some(index) = self.free_tickets.pop() else {
+            let _ = reply.send(Err(Error::Busy { queue: "lane tickets", capacity: self.tickets.len() }));
+            return;
+        };
+        let slot = self.links.get_mut(link);
+        match slot.link.post_notification(index as u64, payload) {
+            Ok(()) => {
+                let ticket = &mut self.tickets[index as usize];
+                ticket.outstanding = 1;
+                ticket.notify_reply = Some(reply);
+                ticket.link = Some(link);
+                self.links.chunk_started(link);
+            }
+            Err(error) => {
+                if matches!(error, Error::PeerRestarted { .. }) {
+                    slot.peer.mark_stale();
+                }
+                let _ = reply.send(Err(error));
+                self.free_tickets.push(index);
+            }
+        }
+    }
+}
+
+/// A part to a peer already found gone fails at once.
+fn stale_end(peer: &PeerSegment) -> Option<PartEnd<Error>> {
+    peer.is_stale().then(|| {
+        PartEnd::Failed(Error::PeerRestarted {
+            segment: peer.descriptor().name.clone(),
+            detail: "an earlier batch found it gone".into(),
+        })
+    })
+}
+
+/// Hands a part's validated blocks to its link, chunk by chunk.
+struct Poster<'a> {
+    ticket_index: u32,
+    id: BatchId,
+    /// Most blocks the link takes at once.
+    max_chunk: usize,
+    registry: &'a Registry,
+    chunk: &'a mut Vec<Block>,
+    ended_runs: &'a mut Vec<RegionId>,
+    links: &'a mut Links,
+}
+
+impl Poster<'_> {
+    /// Validates one descriptor into the chunk, flushing the chunk when it
+    /// is full; a bad descriptor ends the part (blocks validated before it
+    /// still move, as they would have one by one).
+    fn add(&mut self, ticket: &mut Ticket, link: u32, op: Opcode, desc: BlockDesc, desc_index: u32) {
+        match validate(self.registry, &self.links.get(link).peer, &desc, desc_index, op) {
+            Ok(local) => self.chunk.push(Block { local, desc, desc_index }),
+            Err(error) => {
+                self.flush(ticket, link, op);
+                ticket.progress.executed += 1;
+                ticket.end.get_or_insert(PartEnd::Failed(error));
+                return;
+            }
+        }
+        if self.chunk.len() >= self.max_chunk {
+            self.flush(ticket, link, op);
+        }
+    }
+
+    /// Transfers the chunk; releases the leases of the runs that ended in it
+    /// once it has ended (now, or when the part ends if any chunk of it is
+    /// in flight).
+    fn flush(&mut self, ticket: &mut Ticket, link: u32, op: Opcode) {
+        if self.chunk.is_empty() {
+            return;
+        }
+        let slot: &mut LinkSlot = self.links.get_mut(link);
+        // SAFETY: every block was validated against a region this part holds a lease on
+        // (`validate`); the leases are released only after the chunk ended (below, or in `end_ticket`).
+        let posted = unsafe { slot.link.transfer(op, self.id.raw(), self.ticket_index as u64, self.chunk) };
+        ticket.progress.executed += self.chunk.len() as u64;
+        self.chunk.clear();
+        match posted {
+            Posted::Done(bytes) => ticket.progress.bytes += bytes,
+            Posted::Failed((error, bytes)) => {
+                ticket.progress.bytes += bytes;
+                ticket.end.get_or_insert(PartEnd::Failed(error));
+            }
+            Posted::InFlight => {
+                ticket.outstanding += 1;
+                self.links.chunk_started(link);
+            }
+        }
+        if ticket.outstanding > 0 {
+            ticket.leases.append(self.ended_runs);
+        } else {
+            for region in self.ended_runs.drain(..) {
+                self.registry.release(region);
+            }
+        }
+    }
+}
+
+/// Checks a descriptor's local range against the leased registry entry and
+/// its remote range against the peer's descriptor; returns the local address.
+#[inline]
+fn validate(registry: &Registry, peer: &PeerSegment, desc: &BlockDesc, desc_index: u32, op: Opcode) -> Result<*mut u8> {
+    let (local_needs, remote_needs) = match op {
+        Opcode::Read => (Access::LOCAL_WRITE, Access::REMOTE_READ),
+        Opcode::Write => (Access::LOCAL_READ, Access::REMOTE_WRITE),
+    };
+    let local = registry.leased(desc.local_region)?;
+    let local_addr =
+        local.check(desc.local_region, Side::Local, desc_index, desc.local_offset, desc.len, local_needs)?;
+    peer.region(desc.remote_region)?.check(desc_index, desc.remote_offset, desc.len, remote_needs)?;
+    Ok(local_addr as *mut u8)
+}

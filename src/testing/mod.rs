@@ -1,0 +1,58 @@
+//! For kvring's own tests, benches and fuzz targets only (cargo feature
+//! `testing`): the wire formats, for tests that speak the protocols as an
+//! outsider would (a hostile client, a peer that answers out of step), the
+//! pieces a bench measures on their own, and the fuzz entry points. Not
+//! part of kvring's API: nothing here is covered by semver, and `cargo doc`
+//! does not show it.
+
+pub mod fuzz;
+
+/// The control protocol: preface, frames, the client, the version.
+pub mod control {
+    pub use crate::auth::Initiator;
+    pub use crate::control::frame::CONTROL_VERSION;
+    pub use crate::control::frame::{
+        decode_response, preface, read_frame, response, write_frame, MAX_CONTROL_MESSAGE_BYTES,
+    };
+    pub use crate::control::ControlClient;
+    pub use crate::proto::*;
+}
+
+/// The tcp data protocol: frame headers and the hello.
+pub mod tcp {
+    pub use crate::transport::tcp::frame::{
+        FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES,
+    };
+    pub use crate::transport::tcp::hello::{
+        ClientHello, ClientProof, ServerHello, FLAG_PROOF_REQUIRED, SERVER_HELLO_BYTES,
+    };
+}
+
+/// Work-request building, measured on its own by `benches/rdma_post.rs`.
+pub mod rdma {
+    pub use crate::transport::rdma::post::{build, KeyedBlock, Keys, PostConfig};
+}
+
+/// The submission rings, measured against rtrb and crossbeam.
+pub mod ring {
+    pub use crate::ring::{channel, Full};
+}
+
+/// The etcd client, for tests that check what an engine published.
+pub mod etcd {
+    pub use crate::metadata::etcd::{Etcd, EtcdUrl};
+}
+
+/// The HTTP response parser, for tests that scrape `/metrics`.
+pub mod http {
+    pub use crate::http::{parse_response, Response};
+}
+
+pub use crate::engine::fill_pattern;
+pub use crate::segment::{RdmaInfo, SegmentDescriptor};
+
+/// What `engine` tells peers in a handshake: for tests that check it or
+/// forge a lie from it.
+pub fn descriptor(engine: &crate::Engine) -> SegmentDescriptor {
+    engine.descriptor()
+}

@@ -1,0 +1,107 @@
+//! Tests of `conn.rs`.
+use super::*;
+use crate::desc::{BlockDesc, RegionId};
+use std::net::TcpListener;
+
+fn pair() -> (Connection, TcpStream, Peer) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client = TcpStream::connect(addr).unwrap();
+    let (server, _) = listener.accept().unwrap();
+    (Connection::new(client).unwrap(), server, Peer { name: "decode-0".into(), addr, epoch: 5 })
+}
+
+fn block(memory: &mut [u8], offset: u64) -> Block {
+    let region = RegionId::from_raw(1 << 16);
+    Block {
+        local: memory.as_mut_ptr().wrapping_add(offset as usize),
+        desc: BlockDesc::new(region, offset, region, offset, 4),
+        desc_index: 0,
+    }
+}
+
+#[test]
+fn a_refused_chunk_drops_its_batchs_unsent_chunks_but_not_the_next_batchs() {
+    let (mut connection, mut server, peer) = pair();
+    let mut memory = vec![1u8; 64];
+    for ticket in 1..=3 {
+        let blocks = [block(&mut memory, ticket * 4)];
+        // SAFETY: `memory` outlives the connection and nothing else touches it.
+        unsafe { connection.queue_chunk(&peer, Opcode::Write, 7, ticket, &blocks) };
+    }
+    let next_batch = [block(&mut memory, 32)];
+    // SAFETY: `memory` outlives the connection and nothing else touches it.
+    unsafe { connection.queue_chunk(&peer, Opcode::Write, 8, 4, &next_batch) };
+
+    // The target refuses batch 7's first chunk before any of it is sent.
+    let mut refusal = FrameHeader::new(FrameOp::Ack, 5, 7, 1 << 16, 4, 0);
+    refusal.status = -(ErrorCode::OutOfBounds as i32);
+    server.write_all(refusal.as_bytes()).unwrap();
+    let mut finished = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while finished.len() < 3 {
+        connection.receive(&peer, &mut finished).unwrap();
+        assert!(Instant::now() < deadline, "no reply read: {finished:?}");
+    }
+    let tickets: Vec<u64> = finished.iter().map(|(ticket, _)| *ticket).collect();
+    assert_eq!(tickets, [1, 2, 3]);
+    assert!(matches!(&finished[0].1, Err((Error::Remote { code: ErrorCode::OutOfBounds, .. }, 0))));
+    for (_, result) in &finished[1..] {
+        let (error, _) = result.as_ref().unwrap_err();
+        assert!(error.to_string().contains("not sent: an earlier chunk of its batch failed"), "{error}");
+    }
+    // Chunk 1 (already answered) and batch 8 are all that is left to send.
+    let queued: Vec<u64> = connection.out.iter().map(|f| f.ticket).collect();
+    assert_eq!(queued, [1, 4]);
+    assert_eq!(connection.awaiting.len(), 1);
+}
+
+#[test]
+fn replies_out_of_step_or_a_closed_peer_kill_the_connection() {
+    let (mut connection, mut server, peer) = pair();
+    let mut memory = vec![1u8; 64];
+    // SAFETY: `memory` outlives the connection and nothing else touches it.
+    unsafe { connection.queue_chunk(&peer, Opcode::Write, 7, 1, &[block(&mut memory, 0)]) };
+    // An ack for a batch nobody sent.
+    server.write_all(FrameHeader::new(FrameOp::Ack, 5, 99, 0, 0, 0).as_bytes()).unwrap();
+    let mut finished = Vec::new();
+    let error = loop {
+        match connection.progress(&peer, Duration::from_secs(5), &mut finished) {
+            Err(reason) => break reason.to_string(),
+            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    };
+    assert!(error.contains("out of order"), "{error}");
+    connection.fail_all(&peer, &error, &mut finished);
+    assert!(matches!(&finished[..], [(1, Err((Error::PeerRestarted { .. }, 0)))]), "{finished:?}");
+
+    let (mut connection, server, peer) = pair();
+    // SAFETY: `memory` outlives the connection and nothing else touches it.
+    unsafe { connection.queue_chunk(&peer, Opcode::Read, 7, 1, &[block(&mut memory, 0)]) };
+    drop(server);
+    let error = loop {
+        match connection.progress(&peer, Duration::from_secs(5), &mut finished) {
+            Err(reason) => break reason.to_string(),
+            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    };
+    assert!(error.contains("closed the connection") || error.contains("reset"), "{error}");
+}
+
+#[test]
+fn a_silent_peer_is_declared_dead_after_the_io_timeout() {
+    let (mut connection, _server, peer) = pair();
+    let mut memory = vec![1u8; 64];
+    // SAFETY: `memory` outlives the connection and nothing else touches it.
+    unsafe { connection.queue_chunk(&peer, Opcode::Read, 7, 1, &[block(&mut memory, 0)]) };
+    let mut finished = Vec::new();
+    let started = Instant::now();
+    let error = loop {
+        match connection.progress(&peer, Duration::from_millis(50), &mut finished) {
+            Err(reason) => break reason.to_string(),
+            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    };
+    assert!(error.contains("no reply"), "{error}");
+    assert!(started.elapsed() >= Duration::from_millis(50));
+}

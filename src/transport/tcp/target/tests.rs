@@ -1,0 +1,227 @@
+//! Tests of `target.rs`.
+use super::super::frame::FLAG_LAST;
+use super::super::hello::SERVER_HELLO_BYTES;
+use super::*;
+use crate::auth::Token;
+use crate::mem::RegionInfo;
+use crate::notify::NotifyQuota;
+use crate::proto::ErrorCode;
+use crate::transport::tcp::hello::{ClientHello, ClientProof, ServerHello, FLAG_PROOF_REQUIRED};
+use zerocopy::FromBytes;
+
+/// A socket stand-in: bytes in, bytes out, `WouldBlock` when empty.
+#[derive(Default)]
+struct Pipe {
+    input: VecDeque<u8>,
+    output: Vec<u8>,
+    closed: bool,
+}
+
+impl Read for Pipe {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.input.is_empty() {
+            return if self.closed { Ok(0) } else { Err(std::io::ErrorKind::WouldBlock.into()) };
+        }
+        let n = buf.len().min(self.input.len());
+        for (slot, byte) in buf.iter_mut().zip(self.input.drain(..n)) {
+            *slot = byte;
+        }
+        Ok(n)
+    }
+}
+
+impl Write for Pipe {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.output.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+struct Target {
+    ctx: TargetContext,
+    memory: Vec<u8>,
+    region: RegionId,
+}
+
+fn target(token: Option<&str>) -> Target {
+    let registry = Arc::new(Registry::new(4));
+    let mut memory = vec![0u8; 64 * 1024];
+    let region = registry.register(memory.as_mut_ptr() as usize, memory.len(), RegionInfo::raw(), None).unwrap();
+    let ctx = TargetContext {
+        registry,
+        notifications: Arc::new(NotificationQueue::new(NotifyQuota::default())),
+        epoch: 42,
+        auth: token.map(|t| Arc::new(Authenticator::new(Token::new(t), 42))),
+    };
+    Target { ctx, memory, region }
+}
+
+fn step(conn: &mut TargetConn, pipe: &mut Pipe, target: &Target, now: Instant) -> std::result::Result<(), Close> {
+    let mut admit = || Ok(());
+    conn.on_readable(pipe, &target.ctx, &mut admit, now)?;
+    conn.on_writable(pipe, &target.ctx)?;
+    Ok(())
+}
+
+fn answer(pipe: &mut Pipe) -> ServerHello {
+    let hello = ServerHello::read_from_bytes(&pipe.output[..SERVER_HELLO_BYTES]).unwrap();
+    pipe.output.drain(..SERVER_HELLO_BYTES);
+    hello
+}
+
+fn reply(pipe: &mut Pipe) -> FrameHeader {
+    let header = FrameHeader::read_from_bytes(&pipe.output[..FRAME_HEADER_BYTES]).unwrap();
+    pipe.output.drain(..FRAME_HEADER_BYTES);
+    header
+}
+
+fn open(target: &Target) -> (TargetConn, Pipe, Instant) {
+    let now = Instant::now();
+    let mut conn = TargetConn::new(now, Duration::from_secs(2));
+    let mut pipe = Pipe::default();
+    pipe.input.extend(ClientHello::new(42, [0; 16], [0; 16]).as_bytes());
+    step(&mut conn, &mut pipe, target, now).unwrap();
+    assert_eq!(answer(&mut pipe).status, 0);
+    (conn, pipe, now)
+}
+
+#[test]
+fn writes_land_in_the_region_and_reads_come_back_from_it() {
+    let target = target(None);
+    let (mut conn, mut pipe, now) = open(&target);
+    let mut write = FrameHeader::new(FrameOp::Write, 42, 7, target.region.raw(), 100, 5);
+    write.flags = FLAG_LAST;
+    pipe.input.extend(write.as_bytes());
+    pipe.input.extend(b"hello");
+    pipe.input.extend(FrameHeader::new(FrameOp::Read, 42, 8, target.region.raw(), 100, 5).as_bytes());
+    step(&mut conn, &mut pipe, &target, now).unwrap();
+    assert_eq!(&target.memory[100..105], b"hello");
+    let ack = reply(&mut pipe);
+    assert_eq!((ack.opcode, ack.status, ack.batch_id), (FrameOp::Ack as u8, 0, 7));
+    let data = reply(&mut pipe);
+    assert_eq!((data.opcode, data.len), (FrameOp::ReadData as u8, 5));
+    assert_eq!(pipe.output, b"hello");
+    // Every lease went back: the region can be unregistered.
+    target.ctx.registry.unregister(target.region).unwrap();
+}
+
+#[test]
+fn refused_blocks_fail_their_chunk_without_touching_memory() {
+    let target = target(None);
+    let (mut conn, mut pipe, now) = open(&target);
+    // Past the end, then a good frame in the same chunk: the whole chunk
+    // is refused with the first failure and nothing is written.
+    pipe.input.extend(FrameHeader::new(FrameOp::Write, 42, 7, target.region.raw(), 64 * 1024 - 2, 4).as_bytes());
+    pipe.input.extend(b"XXXX");
+    let mut last = FrameHeader::new(FrameOp::Write, 42, 7, target.region.raw(), 0, 4);
+    last.flags = FLAG_LAST;
+    pipe.input.extend(last.as_bytes());
+    pipe.input.extend(b"YYYY");
+    step(&mut conn, &mut pipe, &target, now).unwrap();
+    let ack = reply(&mut pipe);
+    assert_eq!(ErrorCode::try_from(-ack.status).unwrap(), ErrorCode::OutOfBounds);
+    assert!(target.memory.iter().all(|&b| b == 0));
+    // The connection stays framed: another chunk goes through.
+    pipe.input.extend(last.as_bytes());
+    pipe.input.extend(b"ZZZZ");
+    step(&mut conn, &mut pipe, &target, now).unwrap();
+    assert_eq!(reply(&mut pipe).status, 0);
+    assert_eq!(&target.memory[..4], b"ZZZZ");
+}
+
+#[test]
+fn nothing_is_served_before_the_hello_and_a_wrong_epoch_is_a_restart() {
+    let target = target(None);
+    let now = Instant::now();
+    // A frame where the hello should be.
+    let mut conn = TargetConn::new(now, Duration::from_secs(2));
+    let mut pipe = Pipe::default();
+    let mut frame = FrameHeader::new(FrameOp::Write, 42, 7, target.region.raw(), 0, 0).as_bytes().to_vec();
+    frame.extend_from_slice(&[0; 8]);
+    pipe.input.extend(frame);
+    step(&mut conn, &mut pipe, &target, now).unwrap();
+    assert_eq!(ErrorCode::try_from(-answer(&mut pipe).status).unwrap(), ErrorCode::MalformedMessage);
+    assert!(conn.finished());
+    // A hello for another epoch.
+    let mut conn = TargetConn::new(now, Duration::from_secs(2));
+    let mut pipe = Pipe::default();
+    pipe.input.extend(ClientHello::new(41, [0; 16], [0; 16]).as_bytes());
+    step(&mut conn, &mut pipe, &target, now).unwrap();
+    assert_eq!(ErrorCode::try_from(-answer(&mut pipe).status).unwrap(), ErrorCode::PeerRestarted);
+    assert!(conn.finished());
+}
+
+#[test]
+fn with_a_token_only_a_session_proof_opens_the_connection() {
+    let target = target(Some("s3cret"));
+    let token = Token::new("s3cret");
+    let cn = [1u8; 16];
+    let auth = target.ctx.auth.clone().unwrap();
+    let (sn, _) = auth.challenge(&cn);
+    let session = token.session(cn, sn, 42);
+    for (proof_of, expect_open) in [(None, false), (Some(&session), true)] {
+        let now = Instant::now();
+        let mut conn = TargetConn::new(now, Duration::from_secs(2));
+        let mut pipe = Pipe::default();
+        pipe.input.extend(ClientHello::new(42, cn, sn).as_bytes());
+        step(&mut conn, &mut pipe, &target, now).unwrap();
+        let challenge = answer(&mut pipe);
+        assert_eq!((challenge.status, challenge.flags), (0, FLAG_PROOF_REQUIRED));
+        // Frames sent before the proof are not served: they are read
+        // as the proof, which fails.
+        let mac = match proof_of {
+            Some(session) => session.data_proof(&challenge.nonce, 42),
+            None => Token::new("guess").session(cn, sn, 42).data_proof(&challenge.nonce, 42),
+        };
+        pipe.input.extend(ClientProof::new(mac).as_bytes());
+        step(&mut conn, &mut pipe, &target, now).unwrap();
+        let verdict = answer(&mut pipe);
+        if expect_open {
+            assert_eq!(verdict.status, 0);
+            assert!(!conn.finished());
+        } else {
+            assert_eq!(ErrorCode::try_from(-verdict.status).unwrap(), ErrorCode::Unauthorized);
+            assert!(conn.finished());
+        }
+    }
+}
+
+#[test]
+fn deadlines_close_unproven_slow_and_idle_connections_and_idle_buffers_are_freed() {
+    let target = target(None);
+    let t0 = Instant::now();
+    let conn = TargetConn::new(t0, Duration::from_secs(2));
+    assert!(conn.expired(t0 + Duration::from_millis(1999)).is_none());
+    assert_eq!(conn.expired(t0 + Duration::from_secs(2)), Some(Close::Ended("did not prove itself in time")));
+
+    let (mut conn, mut pipe, now) = open(&target);
+    // Half a header, then silence: the frame deadline counts from its
+    // first byte, whatever else trickles in.
+    pipe.input.extend(&FrameHeader::new(FrameOp::Read, 42, 8, target.region.raw(), 0, 5).as_bytes()[..10]);
+    step(&mut conn, &mut pipe, &target, now).unwrap();
+    assert!(conn.expired(now + FRAME_TIMEOUT - Duration::from_millis(1)).is_none());
+    assert_eq!(conn.expired(now + FRAME_TIMEOUT), Some(Close::Ended("a frame took too long to arrive")));
+
+    let (mut conn, _pipe, now) = open(&target);
+    assert!(conn.buffered_bytes() >= READ_BUFFER_BYTES);
+    conn.shrink_if_idle(now + BUFFER_IDLE_FREE);
+    assert!(conn.buffered_bytes() < 1024, "{} bytes held while idle", conn.buffered_bytes());
+    assert_eq!(conn.expired(now + IDLE_TIMEOUT), Some(Close::Ended("idle")));
+}
+
+#[test]
+fn a_closed_peer_and_oversized_notifications_end_the_connection() {
+    let target = target(None);
+    let (mut conn, mut pipe, now) = open(&target);
+    let huge = FrameHeader::new(FrameOp::Notify, 42, 0, 0, 0, (MAX_NOTIFY_FRAME_BYTES + 1) as u64);
+    pipe.input.extend(huge.as_bytes());
+    step(&mut conn, &mut pipe, &target, now).unwrap();
+    assert_eq!(ErrorCode::try_from(-reply(&mut pipe).status).unwrap(), ErrorCode::MessageTooLarge);
+    assert!(conn.finished());
+    let (mut conn, mut pipe, now) = open(&target);
+    pipe.closed = true;
+    assert_eq!(step(&mut conn, &mut pipe, &target, now), Err(Close::PeerGone));
+}
