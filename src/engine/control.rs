@@ -106,27 +106,18 @@ impl ControlHandler for ControlContext {
     fn checksum(&self, request: &ChecksumRequest) -> Result<u64> {
         let id = RegionId::from_raw(request.region);
         // The lease keeps the region registered while we read it.
-        self.registry.lease(id).map_err(|_| Error::UnknownRegion { side: Side::Remote, region: id })?;
-        let result = (|| {
-            let entry = self.registry.leased(id)?;
-            if !entry.info.access.contains(Access::REMOTE_READ) {
-                return Err(Error::AccessDenied {
-                    desc_index: 0,
-                    side: Side::Remote,
-                    region: id,
-                    needs: "remote read",
-                });
-            }
-            check_range(id, Side::Remote, 0, request.offset, request.len, entry.len as u64)?;
-            // SAFETY: the range is inside a registered region (checked) that
-            // the lease keeps registered; the bytes are plain integers, and a
-            // transfer running concurrently only makes the sum meaningless.
-            let bytes = unsafe {
-                std::slice::from_raw_parts((entry.addr + request.offset as usize) as *const u8, request.len as usize)
-            };
-            Ok(crate::mem::checksum(bytes))
-        })();
-        self.registry.release(id);
-        result
+        let lease = self.registry.lease(id).map_err(|_| Error::UnknownRegion { side: Side::Remote, region: id })?;
+        let entry = lease.entry();
+        if !entry.info.access.contains(Access::REMOTE_READ) {
+            return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region: id, needs: "remote read" });
+        }
+        check_range(id, Side::Remote, 0, request.offset, request.len, entry.len as u64)?;
+        // SAFETY: the range is inside a registered region (checked) that the
+        // lease keeps registered; the bytes are plain integers, and a
+        // transfer running concurrently only makes the sum meaningless.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((entry.addr + request.offset as usize) as *const u8, request.len as usize)
+        };
+        Ok(crate::mem::checksum(bytes))
     }
 }

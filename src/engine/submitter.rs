@@ -263,8 +263,13 @@ impl Submitter {
     fn lease_parts(&self, descs: &[BlockDesc], parts: &[(usize, usize, usize)]) -> Result<()> {
         let registry = &self.engine.registry;
         for (taken, region) in lease_runs(descs, parts).enumerate() {
-            if let Err(error) = registry.lease(region) {
-                lease_runs(descs, parts).take(taken).for_each(|region| registry.release(region));
+            // Each lease travels with its part to the lane, which gives it
+            // back once the part's chunks have ended.
+            if let Err(error) = registry.lease(region).map(|lease| lease.keep()) {
+                for region in lease_runs(descs, parts).take(taken) {
+                    // SAFETY: kept just above by this call, and not yet handed to a lane.
+                    unsafe { registry.release_kept(region) };
+                }
                 return Err(error);
             }
         }

@@ -236,9 +236,11 @@ impl Registry {
         self.slots.get(id.index() as usize).ok_or(Error::UnknownRegion { side, region: id })
     }
 
-    /// Takes a lease on a region for one batch part.
+    /// Takes a lease on a region: while the returned guard (or the lease it
+    /// [keeps](Lease::keep)) lives, the region cannot be unregistered and
+    /// its entry can be read.
     #[inline]
-    pub fn lease(&self, id: RegionId) -> Result<()> {
+    pub fn lease(&self, id: RegionId) -> Result<Lease<'_>> {
         let slot = self.slot(id, Side::Local)?;
         let mut current = slot.state.load(Ordering::Acquire);
         loop {
@@ -251,15 +253,21 @@ impl Registry {
             // Acquire pairs with the Release in `register`: the entry is
             // visible to whoever holds the lease.
             match slot.state.compare_exchange_weak(current, current + 1, Ordering::Acquire, Ordering::Acquire) {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(Lease { registry: self, id }),
                 Err(actual) => current = actual,
             }
         }
     }
 
-    /// Drops a lease taken with [`lease`](Self::lease).
+    /// Gives up a lease kept with [`Lease::keep`].
+    ///
+    /// # Safety
+    ///
+    /// The caller owns a lease on `id` that [`Lease::keep`] kept and nobody
+    /// released yet, and no borrow from [`kept`](Self::kept) under it
+    /// outlives this call: the region may be unregistered right after.
     #[inline]
-    pub fn release(&self, id: RegionId) {
+    pub unsafe fn release_kept(&self, id: RegionId) {
         if let Ok(slot) = self.slot(id, Side::Local) {
             // Release pairs with `unregister`'s Acquire: our reads of the
             // entry happen before the slot is freed.
@@ -267,12 +275,18 @@ impl Registry {
         }
     }
 
-    /// The entry of a region the caller holds a lease on.
+    /// The entry of a region under a lease kept with [`Lease::keep`].
     ///
     /// Checks the id's generation, so a lane handed a stale id gets an
     /// error instead of another region's bytes.
+    ///
+    /// # Safety
+    ///
+    /// The caller owns a kept lease on `id` for as long as the returned
+    /// borrow lives (it releases it with [`release_kept`](Self::release_kept)
+    /// only after).
     #[inline]
-    pub fn leased(&self, id: RegionId) -> Result<&RegionEntry> {
+    pub unsafe fn kept(&self, id: RegionId) -> Result<&RegionEntry> {
         let slot = self.slot(id, Side::Local)?;
         let state = slot.state.load(Ordering::Acquire);
         if generation_of(state) != id.generation() || state & LIVE == 0 || state & LEASE_MASK == 0 {
@@ -316,6 +330,41 @@ impl Registry {
             return Err(Error::UnknownRegion { side: Side::Local, region: id });
         }
         Ok(self.leased_entry_unchecked(id).clone())
+    }
+}
+
+/// A lease on one registered region, given back when dropped: while it
+/// lives the region cannot be unregistered, so its entry (address, length,
+/// rights) stays valid to read and its memory stays mapped.
+#[derive(Debug)]
+pub(crate) struct Lease<'a> {
+    registry: &'a Registry,
+    id: RegionId,
+}
+
+impl Lease<'_> {
+    /// The region's entry.
+    #[inline]
+    pub fn entry(&self) -> &RegionEntry {
+        self.registry.leased_entry_unchecked(self.id)
+    }
+
+    /// Keeps the lease past this guard, for work that carries it elsewhere
+    /// (a submitter's batch to its lane, a target's frame across polls):
+    /// whoever ends that work gives it back with [`Registry::release_kept`].
+    /// A lease kept and never released only keeps its region registered.
+    #[inline]
+    pub fn keep(self) -> RegionId {
+        let id = self.id;
+        std::mem::forget(self);
+        id
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        // SAFETY: this guard owns the lease, and `entry`'s borrows end with it.
+        unsafe { self.registry.release_kept(self.id) };
     }
 }
 
@@ -368,12 +417,16 @@ mod tests {
         let registry = Registry::new(4);
         let (_buf, addr) = buffer(64);
         let id = registry.register(addr, 64, RegionInfo::raw(), None).unwrap();
-        registry.lease(id).unwrap();
-        registry.lease(id).unwrap();
+        let guard = registry.lease(id).unwrap();
+        let kept = registry.lease(id).unwrap().keep();
         assert!(matches!(registry.unregister(id), Err(Error::RegionBusy { in_flight: 2, .. })));
-        assert_eq!(registry.leased(id).unwrap().len, 64);
-        registry.release(id);
-        registry.release(id);
+        assert_eq!(guard.entry().len, 64);
+        drop(guard);
+        assert!(matches!(registry.unregister(id), Err(Error::RegionBusy { in_flight: 1, .. })), "kept past its guard");
+        // SAFETY: the lease kept above, not released yet; the borrow ends here.
+        assert_eq!(unsafe { registry.kept(kept) }.unwrap().len, 64);
+        // SAFETY: that lease, given back once.
+        unsafe { registry.release_kept(kept) };
         registry.unregister(id).unwrap();
         assert!(matches!(registry.lease(id), Err(Error::UnknownRegion { .. })));
         assert!(matches!(registry.unregister(id), Err(Error::UnknownRegion { .. })));

@@ -135,7 +135,9 @@ impl Lane {
             if ticket.outstanding > 0 {
                 ticket.leases.push(region);
             } else {
-                post.registry.release(region);
+                // SAFETY: the submitter kept this run's lease for this part; the part
+                // has no chunk in flight, and the lease is given back once, here.
+                unsafe { post.registry.release_kept(region) };
             }
         }
         if ticket.outstanding == 0 {
@@ -252,7 +254,9 @@ impl Poster<'_> {
             ticket.leases.append(self.ended_runs);
         } else {
             for region in self.ended_runs.drain(..) {
-                self.registry.release(region);
+                // SAFETY: the submitter kept this run's lease for this part; the chunk
+                // that used it has ended, and the lease is given back once, here.
+                unsafe { self.registry.release_kept(region) };
             }
         }
     }
@@ -266,7 +270,9 @@ fn validate(registry: &Registry, peer: &PeerSegment, desc: &BlockDesc, desc_inde
         Opcode::Read => (Access::LOCAL_WRITE, Access::REMOTE_READ),
         Opcode::Write => (Access::LOCAL_READ, Access::REMOTE_WRITE),
     };
-    let local = registry.leased(desc.local_region)?;
+    // SAFETY: the submitter kept a lease on every run's region of this part,
+    // given back only once the part's chunks have ended (after this borrow).
+    let local = unsafe { registry.kept(desc.local_region) }?;
     let local_addr =
         local.check(desc.local_region, Side::Local, desc_index, desc.local_offset, desc.len, local_needs)?;
     peer.region(desc.remote_region)?.check(desc_index, desc.remote_offset, desc.len, remote_needs)?;

@@ -325,7 +325,8 @@ impl TargetConn {
                 self.front_sent = 0;
                 if let Some(done) = self.replies.pop_front() {
                     if let Some(region) = done.lease {
-                        ctx.registry.release(region);
+                        // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
+                        unsafe { ctx.registry.release_kept(region) };
                     }
                 }
             }
@@ -336,12 +337,14 @@ impl TargetConn {
     /// Gives back every lease the connection holds (it is being closed).
     pub(crate) fn release(&mut self, ctx: &TargetContext) {
         if let Receiving::Payload { region, .. } = self.receiving {
-            ctx.registry.release(region);
+            // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
+            unsafe { ctx.registry.release_kept(region) };
         }
         self.receiving = Receiving::Header;
         for reply in self.replies.drain(..) {
             if let Some(region) = reply.lease {
-                ctx.registry.release(region);
+                // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
+                unsafe { ctx.registry.release_kept(region) };
             }
         }
         self.phase = Phase::Closing;
@@ -484,7 +487,8 @@ impl TargetConn {
             self.receiving = Receiving::Payload { dest: dest.wrapping_add(n), left: left - n, region };
             return;
         }
-        ctx.registry.release(region);
+        // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
+        unsafe { ctx.registry.release_kept(region) };
         self.receiving = Receiving::Header;
         self.write_frame_ended(ctx, now);
     }
@@ -515,7 +519,8 @@ impl TargetConn {
                 };
                 if len == 0 {
                     if let Receiving::Payload { region, .. } = self.receiving {
-                        ctx.registry.release(region);
+                        // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
+                        unsafe { ctx.registry.release_kept(region) };
                     }
                     self.receiving = Receiving::Header;
                     self.write_frame_ended(ctx, now);
@@ -612,7 +617,8 @@ impl TargetConn {
 }
 
 /// Checks one block against the registry; on success returns its address
-/// with a lease held (the caller releases the frame's region).
+/// with its region's lease kept for the frame (whoever ends the frame gives
+/// it back with `release_kept`).
 fn check_block(ctx: &TargetContext, header: &FrameHeader, needs: Access) -> Result<usize> {
     if header.epoch != ctx.epoch {
         return Err(Error::PeerRestarted {
@@ -621,19 +627,16 @@ fn check_block(ctx: &TargetContext, header: &FrameHeader, needs: Access) -> Resu
         });
     }
     let region = RegionId::from_raw(header.region);
-    ctx.registry.lease(region).map_err(|_| Error::UnknownRegion { side: Side::Remote, region })?;
-    let checked = (|| {
-        let entry = ctx.registry.leased(region)?;
-        if !entry.info.access.contains(needs) {
-            return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region, needs: access_name(needs) });
-        }
-        check_range(region, Side::Remote, 0, header.offset, header.len, entry.len as u64)?;
-        Ok(entry.addr + header.offset as usize)
-    })();
-    if checked.is_err() {
-        ctx.registry.release(region);
+    let lease = ctx.registry.lease(region).map_err(|_| Error::UnknownRegion { side: Side::Remote, region })?;
+    let entry = lease.entry();
+    if !entry.info.access.contains(needs) {
+        return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region, needs: access_name(needs) });
     }
-    checked
+    check_range(region, Side::Remote, 0, header.offset, header.len, entry.len as u64)?;
+    let addr = entry.addr + header.offset as usize;
+    // The frame's bytes move across polls: the lease goes with the frame.
+    lease.keep();
+    Ok(addr)
 }
 
 /// One non-blocking read: 0 when nothing has arrived.
