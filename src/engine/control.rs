@@ -113,11 +113,8 @@ impl ControlHandler for ControlContext {
         }
         check_range(id, Side::Remote, 0, request.offset, request.len, entry.len as u64)?;
         // SAFETY: the range is inside a registered region (checked) that the
-        // lease keeps registered; the bytes are plain integers, and a
-        // transfer running concurrently only makes the sum meaningless.
-        let bytes = unsafe {
-            std::slice::from_raw_parts((entry.addr + request.offset as usize) as *const u8, request.len as usize)
-        };
-        Ok(crate::mem::checksum(bytes))
+        // lease keeps registered; read through a bounce buffer, since lanes
+        // and peers may write it meanwhile (which only makes the sum stale).
+        Ok(unsafe { crate::mem::checksum_shared((entry.addr + request.offset as usize) as *const u8, request.len as usize) })
     }
 }

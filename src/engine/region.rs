@@ -71,30 +71,45 @@ impl Region {
     /// computes for a peer (`Segment::remote_checksum`).
     pub fn checksum(&self, offset: u64, len: usize) -> Result<u64> {
         let src = self.range(offset, len)?;
-        // SAFETY: in bounds (checked); the bytes are plain integers, and a
-        // concurrent transfer only makes the sum meaningless, as documented.
-        let bytes = unsafe { std::slice::from_raw_parts(src, len) };
-        Ok(crate::mem::checksum(bytes))
+        // SAFETY: in bounds (checked) of a mapping this handle keeps alive;
+        // a concurrent transfer only makes the sum meaningless.
+        Ok(unsafe { crate::mem::checksum_shared(src, len) })
     }
 
     /// Fills the whole region with a deterministic pattern from `seed`
     /// (tests and the bench use it to make every block's bytes distinct).
     pub fn fill_pattern(&self, seed: u64) {
-        // SAFETY: the whole mapping is ours to write; see `as_ptr`.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len()) };
-        fill_pattern(bytes, seed);
+        // Written through a bounce buffer: the mapping may be written by
+        // lanes and peers at the same time, so no `&mut` to it is made.
+        const BOUNCE: usize = 1 << 20;
+        let mut bounce = vec![0u8; BOUNCE.min(self.len())];
+        let whole = self.len() - self.len() % 8;
+        let mut offset = 0;
+        while offset < whole {
+            let n = (whole - offset).min(BOUNCE);
+            fill_words(&mut bounce[..n], seed, (offset / 8) as u64);
+            let _ = self.write_at(offset as u64, &bounce[..n]);
+            offset += n;
+        }
+        let tail: Vec<u8> = (0..self.len() - whole).map(|j| (seed as u8).wrapping_add(j as u8)).collect();
+        let _ = self.write_at(whole as u64, &tail);
     }
 }
 
 /// Fills `bytes` with a pattern derived from `seed` and each word's position.
 pub fn fill_pattern(bytes: &mut [u8], seed: u64) {
-    let mut chunks = bytes.chunks_exact_mut(8);
-    for (i, chunk) in (&mut chunks).enumerate() {
-        let v = (seed ^ i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17);
-        chunk.copy_from_slice(&v.to_le_bytes());
-    }
-    for (j, b) in chunks.into_remainder().iter_mut().enumerate() {
+    let whole = bytes.len() - bytes.len() % 8;
+    fill_words(&mut bytes[..whole], seed, 0);
+    for (j, b) in bytes[whole..].iter_mut().enumerate() {
         *b = (seed as u8).wrapping_add(j as u8);
+    }
+}
+
+/// The pattern's whole words, the first being word `first` of the region.
+fn fill_words(bytes: &mut [u8], seed: u64, first: u64) {
+    for (i, chunk) in bytes.chunks_exact_mut(8).enumerate() {
+        let v = (seed ^ (first + i as u64)).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17);
+        chunk.copy_from_slice(&v.to_le_bytes());
     }
 }
 

@@ -12,31 +12,93 @@ fn mix(h: u64, w: u64, k: u64) -> u64 {
 /// Checksum of `bytes`; equal inputs give equal sums, and any change of a
 /// byte or of the length changes it with overwhelming probability.
 pub fn checksum(bytes: &[u8]) -> u64 {
-    let mut h = [1u64, 2, 3, 4];
-    let mut blocks = bytes.chunks_exact(32);
-    for block in &mut blocks {
-        let words: [u64; 4] = bytemuck::pod_read_unaligned(block);
-        for i in 0..4 {
-            h[i] = mix(h[i], words[i], K[i]);
+    let whole = bytes.len() - bytes.len() % BLOCK;
+    let mut sum = Checksum::new();
+    sum.blocks(&bytes[..whole]);
+    sum.finish(&bytes[whole..])
+}
+
+/// Checksum of `len` bytes at `ptr` in memory that other threads or
+/// processes may be writing (a registered region: lanes, peers over shm,
+/// NICs): read through a bounce buffer, so no reference to that memory is
+/// ever made. Equal to [`checksum`] of the same bytes.
+///
+/// # Safety
+///
+/// `ptr..ptr + len` stays mapped and readable for the call.
+pub unsafe fn checksum_shared(ptr: *const u8, len: usize) -> u64 {
+    const BOUNCE: usize = 64 * 1024;
+    let mut bounce = vec![0u8; BOUNCE.min(len)];
+    let mut sum = Checksum::new();
+    let mut done = 0;
+    loop {
+        let n = (len - done).min(BOUNCE);
+        // SAFETY: `done + n <= len`, inside the range our caller vouches for;
+        // the bounce buffer has room for `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(ptr.add(done), bounce.as_mut_ptr(), n) };
+        done += n;
+        if done == len {
+            let whole = n - n % BLOCK;
+            sum.blocks(&bounce[..whole]);
+            return sum.finish(&bounce[whole..n]);
         }
+        // BOUNCE is a multiple of BLOCK: only the last piece has a tail.
+        sum.blocks(&bounce[..n]);
     }
-    let mut tail = [0u8; 32];
-    let rest = blocks.remainder();
-    tail[..rest.len()].copy_from_slice(rest);
-    let words: [u64; 4] = bytemuck::cast(tail);
-    for i in 0..4 {
-        h[i] = mix(h[i], words[i], K[i]);
+}
+
+const BLOCK: usize = 32;
+
+/// The running state: four lanes over 32-byte blocks.
+struct Checksum {
+    h: [u64; 4],
+    len: u64,
+}
+
+impl Checksum {
+    fn new() -> Self {
+        Self { h: [1, 2, 3, 4], len: 0 }
     }
-    let mut out = bytes.len() as u64;
-    for (i, v) in h.iter().enumerate() {
-        out = mix(out, *v, K[(i + 1) % 4]);
+
+    /// Takes whole blocks (`bytes.len()` a multiple of [`BLOCK`]).
+    fn blocks(&mut self, bytes: &[u8]) {
+        for block in bytes.chunks_exact(BLOCK) {
+            let words: [u64; 4] = bytemuck::pod_read_unaligned(block);
+            for i in 0..4 {
+                self.h[i] = mix(self.h[i], words[i], K[i]);
+            }
+        }
+        self.len += bytes.len() as u64;
     }
-    out ^ (out >> 31)
+
+    /// Takes the last partial block (possibly empty) and folds the length in.
+    fn finish(mut self, tail: &[u8]) -> u64 {
+        let mut last = [0u8; BLOCK];
+        last[..tail.len()].copy_from_slice(tail);
+        let words: [u64; 4] = bytemuck::cast(last);
+        for i in 0..4 {
+            self.h[i] = mix(self.h[i], words[i], K[i]);
+        }
+        let mut out = self.len + tail.len() as u64;
+        for (i, v) in self.h.iter().enumerate() {
+            out = mix(out, *v, K[(i + 1) % 4]);
+        }
+        out ^ (out >> 31)
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::checksum;
+    use super::{checksum, checksum_shared};
+
+    #[test]
+    fn through_a_bounce_buffer_it_equals_the_direct_sum() {
+        for len in [0, 1, 31, 32, 33, 65536, 65536 + 7, 3 * 65536 + 32, 200_000] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
+            // SAFETY: `bytes` is live and `len` long.
+            assert_eq!(unsafe { checksum_shared(bytes.as_ptr(), len) }, checksum(&bytes), "{len}");
+        }
+    }
 
     #[test]
     fn sensitive_to_every_byte_position_and_length() {

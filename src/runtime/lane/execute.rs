@@ -270,8 +270,9 @@ fn validate(registry: &Registry, peer: &PeerSegment, desc: &BlockDesc, desc_inde
         Opcode::Read => (Access::LOCAL_WRITE, Access::REMOTE_READ),
         Opcode::Write => (Access::LOCAL_READ, Access::REMOTE_WRITE),
     };
-    // SAFETY: the submitter kept a lease on every run's region of this part,
-    // given back only once the part's chunks have ended (after this borrow).
+    // SAFETY: the submitter kept a lease on every run's region of this part;
+    // this run's lease is given back only after the chunk holding this block
+    // has ended (`Poster::flush`, `end_ticket`), long after this borrow.
     let local = unsafe { registry.kept(desc.local_region) }?;
     let local_addr =
         local.check(desc.local_region, Side::Local, desc_index, desc.local_offset, desc.len, local_needs)?;

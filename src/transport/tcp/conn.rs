@@ -90,6 +90,8 @@ struct OutFrame {
     payload: *const u8,
     len: usize,
     ticket: u64,
+    /// The chunk it belongs to (a part's chunks share its ticket).
+    chunk: u64,
 }
 
 impl OutFrame {
@@ -102,6 +104,8 @@ impl OutFrame {
 #[derive(Debug)]
 struct Awaited {
     ticket: u64,
+    /// Its own id, unique on the connection: its frames carry it.
+    chunk: u64,
     batch_id: u64,
     op: FrameOp,
     /// One per frame.
@@ -149,12 +153,15 @@ pub struct Connection {
     stalled_since: Option<Instant>,
     /// Set when a send failed outside `poll`; the next poll fails all.
     dead: Option<Error>,
+    /// Id of the next chunk queued.
+    next_chunk: u64,
 }
 
-// SAFETY: the raw pointers are into registered local regions that the lane
-// holds leases on until the chunk they belong to ends (`Link::transfer`'s
-// contract); the connection is used by one lane at a time (behind its
-// per-lane mutex), so moving it between threads moves no shared access.
+// SAFETY: the raw pointers are into registered local regions that the
+// lane holds leases on until the chunk they belong to ends
+// (`LaneLink::transfer`'s contract), or into notification payloads the
+// connection owns; only its lane drives it, and it moves to that lane (from
+// the thread that opened it) before anything is queued on it.
 unsafe impl Send for Connection {}
 
 impl Connection {
@@ -174,6 +181,7 @@ impl Connection {
             spare: Vec::new(),
             stalled_since: None,
             dead: None,
+            next_chunk: 0,
         })
     }
 
@@ -211,6 +219,7 @@ impl Connection {
                 done += len;
             }
         }
+        let chunk = self.take_chunk_id();
         let count = spans.len();
         for (index, span) in spans.iter().enumerate() {
             let mut header = FrameHeader::new(frame_op, peer.epoch, batch_id, span.region, span.offset, span.len);
@@ -221,10 +230,11 @@ impl Connection {
                 Opcode::Write => (span.local as *const u8, span.len as usize),
                 Opcode::Read => (std::ptr::null(), 0),
             };
-            self.out.push_back(OutFrame { header, payload, len, ticket });
+            self.out.push_back(OutFrame { header, payload, len, ticket, chunk });
         }
         self.await_reply(Awaited {
             ticket,
+            chunk,
             batch_id,
             op: frame_op,
             spans,
@@ -239,10 +249,12 @@ impl Connection {
     /// queued before it.
     pub fn queue_notification(&mut self, peer: &Peer, ticket: u64, payload: Vec<u8>) {
         let header = FrameHeader::new(FrameOp::Notify, peer.epoch, 0, 0, 0, payload.len() as u64);
+        let chunk = self.take_chunk_id();
         // The Vec's heap buffer does not move when the Vec does.
-        self.out.push_back(OutFrame { header, payload: payload.as_ptr(), len: payload.len(), ticket });
+        self.out.push_back(OutFrame { header, payload: payload.as_ptr(), len: payload.len(), ticket, chunk });
         self.await_reply(Awaited {
             ticket,
+            chunk,
             batch_id: 0,
             op: FrameOp::Notify,
             spans: Vec::new(),
@@ -251,6 +263,12 @@ impl Connection {
             failure: None,
             _payload: payload,
         });
+    }
+
+    fn take_chunk_id(&mut self) -> u64 {
+        let chunk = self.next_chunk;
+        self.next_chunk = self.next_chunk.wrapping_add(1);
+        chunk
     }
 
     fn await_reply(&mut self, awaited: Awaited) {
@@ -276,8 +294,11 @@ impl Connection {
                 let payload: &[u8] = if frame.len == 0 {
                     &[]
                 } else {
-                    // SAFETY: WRITE payloads are leased registered memory until their chunk ends;
-                    // notification payloads are owned by their `Awaited`, which outlives the frame.
+                    // SAFETY: a frame is queued only while its chunk is awaited: WRITE payloads
+                    // are leased registered memory until their chunk ends, notification payloads
+                    // are owned by their `Awaited`; and no chunk ends while a frame of it is
+                    // queued (`on_header` refuses such a reply, `drop_unsent` and `fail_all`
+                    // remove the frames with the chunk).
                     unsafe { std::slice::from_raw_parts(frame.payload, frame.len) }
                 };
                 if skip < header.len() {
@@ -455,6 +476,13 @@ impl Connection {
         }
         match front.op {
             FrameOp::Write | FrameOp::Notify => {
+                // Frames leave in order, so a chunk with a frame still queued
+                // has it at the front. An ack for it now would end it while
+                // its payload is still to be read from memory it no longer
+                // holds: only a peer out of step does that.
+                if self.out.front().is_some_and(|frame| frame.chunk == front.chunk) {
+                    return Err(peer.gone(format!("{} acknowledged a chunk before it was sent", peer.addr)));
+                }
                 if reply.opcode != FrameOp::Ack as u8 {
                     return Err(
                         peer.gone(format!("{} answered a {:?} with opcode {}", peer.addr, front.op, reply.opcode))

@@ -33,7 +33,10 @@ fn a_refused_chunk_drops_its_batchs_unsent_chunks_but_not_the_next_batchs() {
     // SAFETY: `memory` outlives the connection and nothing else touches it.
     unsafe { connection.queue_chunk(&peer, Opcode::Write, 8, 4, &next_batch) };
 
-    // The target refuses batch 7's first chunk before any of it is sent.
+    // Chunk 1 leaves (as if the socket took exactly its frame); the target
+    // refuses it before the rest of batch 7 is sent.
+    let first = connection.out.front().unwrap().total();
+    connection.advance_sent(first);
     let mut refusal = FrameHeader::new(FrameOp::Ack, 5, 7, 1 << 16, 4, 0);
     refusal.status = -(ErrorCode::OutOfBounds as i32);
     server.write_all(refusal.as_bytes()).unwrap();
@@ -50,10 +53,42 @@ fn a_refused_chunk_drops_its_batchs_unsent_chunks_but_not_the_next_batchs() {
         let (error, _) = result.as_ref().unwrap_err();
         assert!(error.to_string().contains("not sent: an earlier chunk of its batch failed"), "{error}");
     }
-    // Chunk 1 (already answered) and batch 8 are all that is left to send.
+    // Batch 8 is all that is left to send.
     let queued: Vec<u64> = connection.out.iter().map(|f| f.ticket).collect();
-    assert_eq!(queued, [1, 4]);
+    assert_eq!(queued, [4]);
     assert_eq!(connection.awaiting.len(), 1);
+}
+
+#[test]
+fn an_ack_for_a_chunk_or_notification_not_yet_sent_kills_the_connection() {
+    // A peer out of step acks what it cannot have read: the chunk must not
+    // end while its payload is still queued (its memory would be released,
+    // or the notification's buffer freed, before the frame goes out).
+    for notify in [false, true] {
+        let (mut connection, mut server, peer) = pair();
+        let mut memory = vec![1u8; 64];
+        if notify {
+            connection.queue_notification(&peer, 1, b"request 42 in place".to_vec());
+        } else {
+            // SAFETY: `memory` outlives the connection and nothing else touches it.
+            unsafe { connection.queue_chunk(&peer, Opcode::Write, 7, 1, &[block(&mut memory, 0)]) };
+        }
+        let batch = if notify { 0 } else { 7 };
+        server.write_all(FrameHeader::new(FrameOp::Ack, 5, batch, 0, 0, 0).as_bytes()).unwrap();
+        let mut finished = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let error = loop {
+            match connection.receive(&peer, &mut finished) {
+                Err(error) => break error.to_string(),
+                Ok(_) => assert!(Instant::now() < deadline, "the early ack was not read"),
+            }
+        };
+        assert!(error.contains("acknowledged a chunk before it was sent"), "{error}");
+        assert!(finished.is_empty(), "nothing ended on the early ack: {finished:?}");
+        connection.fail_all(&peer, &error, &mut finished);
+        assert!(connection.out.is_empty(), "the frames went with the chunk");
+        assert!(matches!(&finished[..], [(1, Err((Error::PeerRestarted { .. }, 0)))]), "{finished:?}");
+    }
 }
 
 #[test]
