@@ -96,7 +96,9 @@ impl Region {
     }
 }
 
-/// Fills `bytes` with a pattern derived from `seed` and each word's position.
+/// Fills `bytes` with a pattern derived from `seed` and each word's position
+/// (what [`Region::fill_pattern`] writes, for tests to compare against).
+#[cfg(any(test, feature = "testing"))]
 pub fn fill_pattern(bytes: &mut [u8], seed: u64) {
     let whole = bytes.len() - bytes.len() % 8;
     fill_words(&mut bytes[..whole], seed, 0);

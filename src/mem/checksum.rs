@@ -11,6 +11,7 @@ fn mix(h: u64, w: u64, k: u64) -> u64 {
 
 /// Checksum of `bytes`; equal inputs give equal sums, and any change of a
 /// byte or of the length changes it with overwhelming probability.
+#[cfg(test)]
 pub fn checksum(bytes: &[u8]) -> u64 {
     let whole = bytes.len() - bytes.len() % BLOCK;
     let mut sum = Checksum::new();

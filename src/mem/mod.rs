@@ -7,8 +7,6 @@ pub mod registry;
 pub mod shm;
 
 pub use checksum::checksum_shared;
-#[cfg(test)]
-pub use checksum::checksum;
 pub use region::{Access, RegionInfo, RegionKind};
 pub use registry::{Registry, DEFAULT_MAX_REGIONS};
 pub use shm::ShmMapping;
