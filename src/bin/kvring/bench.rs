@@ -7,23 +7,17 @@
 //! baseline for the same block size measured just before it, and verifies
 //! the moved bytes by checksum on the target.
 
-use crate::args::{format_size, Args};
+use crate::args::{format_lanes, format_size, BenchArgs};
 use kvring::{
     Batch, BatchId, BlockDesc, Engine, Opcode, Outcome, Region, RegionInfo, Segment, Submitter, TransportKind,
 };
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, IsTerminal, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 const DEFAULT_BLOCK_SIZES: [u64; 3] = [4 << 10, 64 << 10, 1 << 20];
-const DEFAULT_BATCH: usize = 64;
 /// Block size of a soak when none is given.
 const DEFAULT_SOAK_BLOCK: u64 = 64 << 10;
-const DEFAULT_TOTAL: u64 = 1 << 30;
-const DEFAULT_REGION: u64 = 128 << 20;
-const DEFAULT_INFLIGHT: usize = 8;
-const DEFAULT_LATENCY_SAMPLES: usize = 5000;
 const LATENCY_WARMUP: usize = 200;
 /// Deadline of one wait in the bench: generous, never unbounded.
 const WAIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -48,7 +42,7 @@ struct Options {
     raw_peer: Option<String>,
     metadata: Option<String>,
     /// Serve `/metrics` on this address while the bench runs.
-    metrics: Option<String>,
+    metrics: Option<std::net::SocketAddr>,
     /// Measure against the same engine with its counters off instead of
     /// memcpy or a raw socket.
     metrics_overhead: bool,
@@ -63,51 +57,42 @@ struct Options {
     idle_connections: usize,
     /// Measure tcp with a token against tcp without one, same run.
     token_overhead: bool,
+    /// Write the report (JSON and SVG plots) of the cases here.
+    report: Option<std::path::PathBuf>,
 }
 
-fn parse(mut args: Args) -> Result<Options, String> {
-    let ops = match args.value("--op")?.as_deref() {
-        None | Some("both") => vec![Opcode::Write, Opcode::Read],
-        Some("write") => vec![Opcode::Write],
-        Some("read") => vec![Opcode::Read],
-        Some(other) => return Err(format!("--op: {other:?} is not write, read or both")),
-    };
-    let block_sizes = match args.value("--block-size")? {
-        None if args.has("--duration") => vec![DEFAULT_SOAK_BLOCK],
-        None => DEFAULT_BLOCK_SIZES.to_vec(),
-        Some(list) => list
-            .split(',')
-            .map(crate::args::parse_size)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("--block-size: {e}"))?,
+/// The bench's options from its flags; `--lanes` falls back to the
+/// configuration's `lanes`.
+fn parse(args: BenchArgs, config: &kvring::config::Config) -> Result<Options, String> {
+    let block_sizes = match args.block_size {
+        sizes if !sizes.is_empty() => sizes,
+        _ if args.duration.is_some() => vec![DEFAULT_SOAK_BLOCK],
+        _ => DEFAULT_BLOCK_SIZES.to_vec(),
     };
     let options = Options {
-        ops,
+        ops: args.op.opcodes(),
         block_sizes,
-        batch: args.number("--batch")?.unwrap_or(DEFAULT_BATCH),
-        total: args.size("--total")?.unwrap_or(DEFAULT_TOTAL),
-        lanes: args.number("--lanes")?.unwrap_or(1),
-        transport: match args.value("--transport")? {
-            None => TransportKind::Shm,
-            Some(name) => TransportKind::parse(&name).map_err(|e| format!("--transport: {e}"))?,
-        },
-        json: args.switch("--json"),
-        peer: args.value("--peer")?,
-        region_bytes: args.size("--region-size")?.unwrap_or(DEFAULT_REGION),
-        inflight: args.number("--inflight")?.unwrap_or(DEFAULT_INFLIGHT),
-        latency_samples: args.number("--latency-samples")?.unwrap_or(DEFAULT_LATENCY_SAMPLES),
-        token: args.value("--token")?,
-        raw_peer: args.value("--peer-raw")?,
-        metadata: args.value("--metadata")?,
-        metrics: args.value("--metrics")?,
-        metrics_overhead: args.switch("--metrics-overhead"),
-        duration: args.duration("--duration")?,
-        kv: args.value("--kv")?.map(|name| crate::models::find(&name)).transpose()?,
-        tokens: args.number("--tokens")?.unwrap_or(8192) as u64,
-        idle_connections: args.number("--idle-connections")?.unwrap_or(0),
-        token_overhead: args.switch("--token-overhead"),
+        batch: args.batch,
+        total: args.total,
+        lanes: args.lanes.unwrap_or_else(|| config.get("lanes").and_then(|v| v.parse().ok()).unwrap_or(1)),
+        transport: args.transport,
+        json: args.json,
+        peer: args.peer,
+        region_bytes: args.region_size,
+        inflight: args.inflight,
+        latency_samples: args.latency_samples,
+        token: args.token,
+        raw_peer: args.peer_raw,
+        metadata: args.metadata,
+        metrics: args.metrics,
+        metrics_overhead: args.metrics_overhead,
+        duration: args.duration,
+        kv: args.kv,
+        tokens: args.tokens,
+        idle_connections: args.idle_connections,
+        token_overhead: args.token_overhead,
+        report: args.report,
     };
-    args.finish()?;
     if options.batch == 0 || options.inflight == 0 || options.total == 0 {
         return Err("--batch, --inflight and --total must be greater than zero".into());
     }
@@ -123,64 +108,15 @@ fn parse(mut args: Args) -> Result<Options, String> {
     Ok(options)
 }
 
-/// The target process started by the bench; killed and reaped on drop.
-struct Target {
-    child: Child,
-    addr: String,
-    raw_addr: Option<String>,
-}
-
-impl Target {
-    fn spawn(region_bytes: u64, extra: &[String]) -> Result<Self, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("locating the kvring binary: {e}"))?;
-        let mut child = Command::new(exe)
-            .args(["serve", "--name", "bench-target", "--listen", "127.0.0.1:0", "--parent-watch"])
-            .args(["--region-size", &region_bytes.to_string()])
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("starting `kvring serve`: {e}"))?;
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let mut line = String::new();
-        let read = BufReader::new(stdout).read_line(&mut line);
-        let field = |key: &str| line.split_whitespace().find_map(|f| f.strip_prefix(key)).map(str::to_string);
-        let (addr, raw_addr) = (field("listen="), field("raw="));
-        match (read, addr) {
-            (Ok(_), Some(addr)) => Ok(Self { child, addr, raw_addr }),
-            _ => {
-                let _ = child.kill();
-                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
-                Err(format!("`kvring serve` did not start ({status}); its error is above"))
-            }
-        }
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        // SAFETY: sending SIGTERM to our own child, which we still own.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 struct CaseResult {
     op: Opcode,
     block: u64,
     gbps: f64,
     p50_us: f64,
     p99_us: f64,
-    baseline_gbps: f64,
+    /// Median GB/s of the baseline rounds; `None` when there was none to
+    /// measure (tcp to a target whose raw sink is not known).
+    baseline_gbps: Option<f64>,
     verified: bool,
     bytes: u64,
     seconds: f64,
@@ -188,15 +124,13 @@ struct CaseResult {
     metadata_calls: u64,
 }
 
-pub fn run(mut args: Args) -> Result<(), String> {
+/// Runs `kvring bench`: the cases, a soak (`--duration`), a KV request
+/// (`--kv`) or the token overhead (`--token-overhead`).
+pub fn run(args: BenchArgs) -> Result<(), String> {
     // The initiator engine takes the config file and KVRING_* variables;
-    // the bench's own flags (below) override them.
-    let config = crate::settings::load(&mut args, Some(&[]))?;
-    let lanes_flag = args.has("--lanes");
-    let mut options = parse(args)?;
-    if !lanes_flag {
-        options.lanes = config.get("lanes").and_then(|v| v.parse().ok()).unwrap_or(1);
-    }
+    // the bench's own flags override them (it takes no key flags).
+    let config = crate::settings::load(args.config.as_deref(), &[])?;
+    let mut options = parse(args, &config)?;
     if options.token_overhead {
         return token_overhead(&config, &options);
     }
@@ -249,11 +183,38 @@ pub fn run(mut args: Args) -> Result<(), String> {
     let local = engine.alloc_region(region_bytes as usize, RegionInfo::raw()).map_err(|e| e.to_string())?;
     pin_caller(&engine);
     let mut sub = engine.submitter().map_err(|e| e.to_string())?;
+    print_header(&engine, &segment, &peer, region_bytes, &options);
+    let mut results = Vec::new();
+    for &op in &options.ops {
+        for &block in &options.block_sizes {
+            let calls_before = engine.metadata_calls();
+            let mut result =
+                run_case(&engine, &mut sub, &segment, &local, remote.id, region_bytes, op, block, &options)?;
+            result.metadata_calls = engine.metadata_calls() - calls_before;
+            print_result(&result, &options);
+            results.push(result);
+        }
+    }
+    drop(sub);
+    engine.shutdown();
+    drop(target);
+    if let Some(dir) = &options.report {
+        write_report(dir, &results, &options)?;
+    }
+    if results.iter().all(|r| r.verified) {
+        Ok(())
+    } else {
+        Err("verification failed: the target's bytes differ from what was moved".into())
+    }
+}
+
+/// The cases' header: lanes and cores, peer, transport, sizes; and, when
+/// the cases have no baseline, how to get one.
+fn print_header(engine: &Engine, segment: &Segment, peer: &str, region_bytes: u64, options: &Options) {
     if !options.json {
         println!(
-            "kvring bench: {} lanes {:?}, peer {} ({}), transport {}, region {}, batch {}, {} per case",
-            options.lanes,
-            engine.lane_cores(),
+            "kvring bench: {}, peer {} ({}), transport {}, region {}, batch {}, {} per case",
+            format_lanes(&engine.lane_cores()),
             segment.name(),
             peer,
             options.transport.name(),
@@ -262,30 +223,20 @@ pub fn run(mut args: Args) -> Result<(), String> {
             format_size(options.total)
         );
     }
-    let mut all_verified = true;
-    for &op in &options.ops {
-        for &block in &options.block_sizes {
-            let calls_before = engine.metadata_calls();
-            let mut result =
-                run_case(&engine, &mut sub, &segment, &local, remote.id, region_bytes, op, block, &options)?;
-            result.metadata_calls = engine.metadata_calls() - calls_before;
-            all_verified &= result.verified;
-            print_result(&result, &options);
+    if baseline_name(options).is_none() {
+        // An external target's sink is not known: say how to get the ratio.
+        let hint = "no raw-TCP baseline: give --peer-raw ADDR (kvring serve prints its raw sink)";
+        if options.json {
+            eprintln!("kvring bench: {hint}");
+        } else {
+            println!("{hint}");
         }
-    }
-    drop(sub);
-    engine.shutdown();
-    drop(target);
-    if all_verified {
-        Ok(())
-    } else {
-        Err("verification failed: the target's bytes differ from what was moved".into())
     }
 }
 
 /// The target the bench starts when given no `--peer`: a `kvring serve`
 /// child, with a KV cache for `--kv`.
-fn spawn_target(options: &Options) -> Result<Target, String> {
+fn spawn_target(options: &Options) -> Result<crate::serve::Target, String> {
     let extra: Vec<String> = match &options.kv {
         Some(model) => {
             let blocks = crate::kvbench::target_blocks(model, options.tokens);
@@ -293,7 +244,7 @@ fn spawn_target(options: &Options) -> Result<Target, String> {
         }
         None => Vec::new(),
     };
-    Target::spawn(options.region_bytes, &extra)
+    crate::serve::Target::spawn(options.region_bytes, &extra)
 }
 
 /// The bench's own engine: the configuration, then its flags.
@@ -306,8 +257,8 @@ fn initiator(config: &kvring::config::Config, options: &Options) -> Result<Engin
         let mode = kvring::MetadataMode::parse(url).map_err(|e| format!("--metadata: {e}"))?;
         builder = builder.metadata(mode);
     }
-    if let Some(addr) = &options.metrics {
-        builder = builder.metrics(addr.parse().map_err(|_| format!("--metrics: {addr:?} is not an IP:port address"))?);
+    if let Some(addr) = options.metrics {
+        builder = builder.metrics(addr);
     }
     builder.build().map_err(|e| e.to_string())
 }
@@ -322,7 +273,7 @@ fn token_overhead(config: &kvring::config::Config, options: &Options) -> Result<
     let mut targets = Vec::new();
     for token in sides {
         let extra: Vec<String> = token.map(|t| vec!["--token".to_string(), t.to_string()]).unwrap_or_default();
-        targets.push(Target::spawn(options.region_bytes, &extra)?);
+        targets.push(crate::serve::Target::spawn(options.region_bytes, &extra)?);
     }
     let block = 1 << 20;
     let per_round = options.total.div_ceil(ROUNDS as u64).div_ceil(block) * block;
@@ -349,6 +300,8 @@ fn token_overhead(config: &kvring::config::Config, options: &Options) -> Result<
             let mut sub = engine.submitter().map_err(|e| e.to_string())?;
             pin_caller(&engine);
             let started = Instant::now();
+            let label = format!("token overhead, round {}/{ROUNDS}", round + 1);
+            let mut progress = Progress::new(label, per_round, options);
             let moved = move_bytes(
                 &mut sub,
                 &segment,
@@ -359,7 +312,7 @@ fn token_overhead(config: &kvring::config::Config, options: &Options) -> Result<
                 block,
                 per_round,
                 options,
-                "1MiB",
+                &mut progress,
             )?;
             gbps[side].push(moved as f64 / started.elapsed().as_secs_f64() / 1e9);
             p50[side].push(latency(&mut sub, &segment, &local, remote, Opcode::Write, 4096, samples)?.0);
@@ -414,12 +367,14 @@ fn run_case(
     let verify_transport = options.transport != TransportKind::Null;
 
     // Prepare: the source holds a fresh pattern, the destination something else.
+    let label = format!("{} {}", op.name(), format_size(block));
     match op {
         Opcode::Write => local.fill_pattern(seed),
         Opcode::Read => {
             local.fill_pattern(seed);
             let whole = (region_bytes / block) * block;
-            move_bytes(sub, segment, local, remote, Opcode::Write, region_bytes, block, whole, options, "seeding")?;
+            let mut seeding = Progress::new(format!("{label}: seeding"), whole, options);
+            move_bytes(sub, segment, local, remote, Opcode::Write, region_bytes, block, whole, options, &mut seeding)?;
             local.fill_pattern(!seed);
         }
     }
@@ -427,49 +382,27 @@ fn run_case(
     // The case and its baseline alternate in ROUNDS rounds, each moving a
     // share of the total, and each reports its median round: on a shared,
     // noisy machine this keeps a burst of noise from landing on one side.
-    let label = format!("{} {}", op.name(), format_size(block));
-    let lane_core = engine.lane_cores().first().copied().flatten();
     let per_round = options.total.div_ceil(ROUNDS as u64).div_ceil(block) * block;
     // Every round starts at the region's first block and cycles through it,
     // so what the rounds cover is one round's worth, capped at the region.
     let covered = (blocks_in_region as u64 * block).min(per_round);
+    // The progress line counts the whole case (and a baseline that moves
+    // through kvring too), not one round.
+    let passes = if options.metrics_overhead || options.idle_connections > 0 { 2 } else { 1 };
+    let mut progress = Progress::new(label, per_round * ROUNDS as u64 * passes, options);
     let mut baseline_rounds = Vec::with_capacity(ROUNDS);
     let mut kvring_rounds = Vec::with_capacity(ROUNDS);
     let (mut bytes, mut seconds) = (0u64, 0f64);
     for _ in 0..ROUNDS {
-        let mut flood = None;
-        baseline_rounds.push(match (options.metrics_overhead, options.transport, &options.raw_peer) {
-            _ if options.idle_connections > 0 => {
-                // The same case without the flood; the measured round below
-                // runs with it.
-                let started = Instant::now();
-                let moved =
-                    move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options, &label)?;
-                let gbps = moved as f64 / started.elapsed().as_secs_f64() / 1e9;
-                let addr = segment.tcp_addr().ok_or("--idle-connections: the target serves no tcp")?;
-                let addr = addr.parse().map_err(|e| format!("--idle-connections: {addr}: {e}"))?;
-                flood = Some(crate::flood::IdleFlood::start(addr, options.idle_connections));
-                gbps
-            }
-            (true, _, _) => {
-                // The same case on the same engine, its counters off.
-                engine.set_metrics_enabled(false);
-                let started = Instant::now();
-                let moved =
-                    move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options, &label);
-                engine.set_metrics_enabled(true);
-                moved? as f64 / started.elapsed().as_secs_f64() / 1e9
-            }
-            (false, TransportKind::Tcp, Some(raw)) => {
-                crate::raw::baseline(raw, options.token.as_deref(), op == Opcode::Write, block, per_round)?
-            }
-            (false, TransportKind::Tcp, None) => 0.0,
-            _ => memcpy_baseline(block, per_round, region_bytes, lane_core)?,
-        });
+        let what = (op, block, per_round);
+        let (baseline, flood) =
+            baseline_round(engine, sub, segment, local, remote, region_bytes, what, options, &mut progress)?;
+        baseline_rounds.extend(baseline);
         let started = Instant::now();
-        let moved = move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options, &label)?;
+        let moved =
+            move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options, &mut progress)?;
         let elapsed = started.elapsed().as_secs_f64();
-        if let Some(flood) = flood.take() {
+        if let Some(flood) = flood {
             if flood.open() < options.idle_connections / 2 {
                 return Err(format!(
                     "--idle-connections: only {} of {} held open",
@@ -482,7 +415,8 @@ fn run_case(
         bytes += moved;
         seconds += elapsed;
     }
-    let baseline_gbps = median(&mut baseline_rounds);
+    drop(progress);
+    let baseline_gbps = (!baseline_rounds.is_empty()).then(|| median(&mut baseline_rounds));
     let gbps = median(&mut kvring_rounds);
 
     let (p50_us, p99_us) = latency(sub, segment, local, remote, op, block, options.latency_samples)?;
@@ -495,6 +429,89 @@ fn run_case(
         true
     };
     Ok(CaseResult { op, block, gbps, p50_us, p99_us, baseline_gbps, verified, bytes, seconds, metadata_calls: 0 })
+}
+
+/// One round of the case's baseline (`what`: op, block size, bytes): GB/s,
+/// `None` when there is none to measure; with `--idle-connections`, the
+/// flood the measured round that follows runs beside.
+#[allow(clippy::too_many_arguments)]
+fn baseline_round(
+    engine: &Engine,
+    sub: &mut Submitter,
+    segment: &Segment,
+    local: &Region,
+    remote: kvring::RegionId,
+    region_bytes: u64,
+    what: (Opcode, u64, u64),
+    options: &Options,
+    progress: &mut Progress,
+) -> Result<(Option<f64>, Option<crate::flood::IdleFlood>), String> {
+    let (op, block, per_round) = what;
+    let gbps = match (options.metrics_overhead, options.transport, &options.raw_peer) {
+        _ if options.idle_connections > 0 => {
+            // The same case without the flood; the measured round after
+            // this one runs with it.
+            let started = Instant::now();
+            let moved = move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options, progress)?;
+            let gbps = moved as f64 / started.elapsed().as_secs_f64() / 1e9;
+            let addr = segment.tcp_addr().ok_or("--idle-connections: the target serves no tcp")?;
+            let addr = addr.parse().map_err(|e| format!("--idle-connections: {addr}: {e}"))?;
+            return Ok((Some(gbps), Some(crate::flood::IdleFlood::start(addr, options.idle_connections))));
+        }
+        (true, _, _) => {
+            // The same case on the same engine, its counters off.
+            engine.set_metrics_enabled(false);
+            let started = Instant::now();
+            let moved = move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options, progress);
+            engine.set_metrics_enabled(true);
+            Some(moved? as f64 / started.elapsed().as_secs_f64() / 1e9)
+        }
+        (false, TransportKind::Tcp, Some(raw)) => {
+            Some(crate::raw::baseline(raw, options.token.as_deref(), op == Opcode::Write, block, per_round)?)
+        }
+        // The target's raw sink is not known: no plain socket to compare with.
+        (false, TransportKind::Tcp, None) => None,
+        _ => {
+            let lane_core = engine.lane_cores().first().copied().flatten();
+            Some(crate::scratch::memcpy_baseline(block, per_round, region_bytes, lane_core)?)
+        }
+    };
+    Ok((gbps, None))
+}
+
+/// The progress line of one case (on a terminal, not with `--json`): the
+/// share of the case's bytes moved over all its rounds, so it climbs once
+/// per case instead of restarting each round. Cleared when dropped.
+struct Progress {
+    label: String,
+    done: u64,
+    total: u64,
+    last: Instant,
+    on: bool,
+}
+
+impl Progress {
+    fn new(label: String, total: u64, options: &Options) -> Self {
+        let on = !options.json && std::io::stderr().is_terminal();
+        Self { label, done: 0, total: total.max(1), last: Instant::now(), on }
+    }
+
+    fn add(&mut self, bytes: u64) {
+        self.done += bytes;
+        if self.on && self.last.elapsed() >= PROGRESS_EVERY {
+            self.last = Instant::now();
+            eprint!("\r  {}: {:3}%   ", self.label, (100 * self.done / self.total).min(100));
+            let _ = std::io::stderr().flush();
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if self.on {
+            eprint!("\r{:70}\r", "");
+        }
+    }
 }
 
 /// Moves `total` bytes in batches of `options.batch` blocks, cycling over
@@ -510,16 +527,15 @@ fn move_bytes(
     block: u64,
     total: u64,
     options: &Options,
-    label: &str,
+    progress: &mut Progress,
 ) -> Result<u64, String> {
+    let label = progress.label.clone();
     let blocks_in_region = region_bytes / block;
     let total_blocks = total.div_ceil(block);
     let mut descs: Vec<BlockDesc> = Vec::with_capacity(options.batch);
     let mut in_flight: VecDeque<BatchId> = VecDeque::with_capacity(options.inflight);
     let mut next_block = 0u64;
     let mut moved = 0u64;
-    let mut last_progress = Instant::now();
-    let progress = !options.json && std::io::stderr().is_terminal();
     while next_block < total_blocks || !in_flight.is_empty() {
         if next_block < total_blocks && in_flight.len() < options.inflight {
             descs.clear();
@@ -540,17 +556,12 @@ fn move_bytes(
         }
         let id = in_flight.pop_front().expect("something is in flight");
         match sub.wait(id, WAIT_TIMEOUT).map_err(|e| format!("{label}: wait: {e}"))? {
-            Outcome::Done { bytes } => moved += bytes,
+            Outcome::Done { bytes } => {
+                moved += bytes;
+                progress.add(bytes);
+            }
             other => return Err(format!("{label}: batch ended {other:?}")),
         }
-        if progress && last_progress.elapsed() >= PROGRESS_EVERY {
-            last_progress = Instant::now();
-            eprint!("\r  {label}: {} / {}   ", format_size(moved & !((1 << 20) - 1)), format_size(total));
-            let _ = std::io::stderr().flush();
-        }
-    }
-    if progress {
-        eprint!("\r{:60}\r", "");
     }
     Ok(moved)
 }
@@ -593,52 +604,24 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
-/// memcpy of `total` bytes in `block`-sized copies between two page-aligned,
-/// pre-faulted shared mappings of the same size as the bench's regions, on
-/// the lane's core: what the shm transport's copy costs alone.
-fn memcpy_baseline(block: u64, total: u64, region_bytes: u64, core: Option<usize>) -> Result<f64, String> {
-    let mut src = crate::scratch::shm_buffer(region_bytes as usize)?;
-    let mut dst = crate::scratch::shm_buffer(region_bytes as usize)?;
-    crate::scratch::fill(&mut src, block);
-    let (src_addr, dst_addr) = (src.as_mut_ptr() as usize, dst.as_mut_ptr() as usize);
-    let copy = move || {
-        if let Some(core) = core {
-            core_affinity::set_for_current(core_affinity::CoreId { id: core });
-        }
-        let blocks_in_region = region_bytes / block;
-        let count = total.div_ceil(block);
-        let started = Instant::now();
-        for i in 0..count {
-            let offset = ((i % blocks_in_region) * block) as usize;
-            // SAFETY: offset + block <= region_bytes (blocks_in_region whole
-            // blocks); both mappings are region_bytes long, distinct, and
-            // outlive this thread (joined below).
-            unsafe { std::ptr::copy((src_addr + offset) as *const u8, (dst_addr + offset) as *mut u8, block as usize) };
-        }
-        (count * block) as f64 / started.elapsed().as_secs_f64() / 1e9
-    };
-    let gbps = std::thread::spawn(copy).join().map_err(|_| "memcpy baseline thread panicked".to_string())?;
-    drop((src, dst));
-    Ok(gbps)
-}
-
-/// What the case is measured against.
-fn baseline_name(options: &Options) -> &'static str {
+/// What the case is measured against; `None` when nothing is (tcp to a
+/// target whose raw sink is not known).
+fn baseline_name(options: &Options) -> Option<&'static str> {
     if options.metrics_overhead {
-        return "metrics-off";
+        return Some("metrics-off");
     }
     if options.idle_connections > 0 {
-        return "no-flood";
+        return Some("no-flood");
     }
     match (options.transport, &options.raw_peer) {
-        (TransportKind::Tcp, Some(_)) => "raw-tcp",
-        (TransportKind::Tcp, None) => "none",
-        _ => "memcpy",
+        (TransportKind::Tcp, Some(_)) => Some("raw-tcp"),
+        (TransportKind::Tcp, None) => None,
+        _ => Some("memcpy"),
     }
 }
 
 fn print_result(r: &CaseResult, options: &Options) {
-    let ratio = if r.baseline_gbps > 0.0 { r.gbps / r.baseline_gbps } else { 0.0 };
+    let ratio = r.baseline_gbps.filter(|&b| b > 0.0).map(|b| r.gbps / b);
     let batches = r.bytes.div_ceil(r.block * options.batch as u64).max(1);
     if options.json {
         let line = serde_json::json!({
@@ -652,7 +635,7 @@ fn print_result(r: &CaseResult, options: &Options) {
             "gbps": r.gbps,
             "p50_us": r.p50_us,
             "p99_us": r.p99_us,
-            "baseline": baseline_name(options),
+            "baseline": baseline_name(options).unwrap_or("none"),
             "baseline_gbps": r.baseline_gbps,
             "ratio": ratio,
             "verified": r.verified,
@@ -661,20 +644,50 @@ fn print_result(r: &CaseResult, options: &Options) {
         });
         println!("{line}");
     } else {
+        let against = match (baseline_name(options), r.baseline_gbps) {
+            (Some(name), Some(gbps)) => {
+                format!("{name} {gbps:7.2} GB/s  ({:5.1}% of it)", ratio.unwrap_or(0.0) * 100.0)
+            }
+            _ => format!("{:34}", "no baseline"),
+        };
         println!(
-            "{:5} {:>6}  {:7.2} GB/s  p50 {:7.2} us  p99 {:7.2} us  {} {:7.2} GB/s  ({:5.1}% of it)  {}",
+            "{:5} {:>6}  {:7.2} GB/s  p50 {:7.2} us  p99 {:7.2} us  {against}  {}",
             r.op.name(),
             format_size(r.block),
             r.gbps,
             r.p50_us,
             r.p99_us,
-            baseline_name(options),
-            r.baseline_gbps,
-            ratio * 100.0,
             if r.verified { "verified" } else { "VERIFY FAILED" }
         );
         if options.metadata.is_some() {
             println!("      metadata: {} requests over {batches} batches (resolved once, at open)", r.metadata_calls);
         }
     }
+}
+
+/// `--report DIR`: the cases as the report plots them; prints the paths
+/// written (on stderr with `--json`, whose stdout is one line per case).
+fn write_report(dir: &std::path::Path, results: &[CaseResult], options: &Options) -> Result<(), String> {
+    let baseline = baseline_name(options);
+    let rows: Vec<crate::report::Row> = results
+        .iter()
+        .map(|r| crate::report::Row {
+            transport: options.transport.name().to_string(),
+            op: r.op.name().to_string(),
+            block_bytes: r.block,
+            gbps: r.gbps,
+            p50_us: r.p50_us,
+            p99_us: r.p99_us,
+            baseline: baseline.zip(r.baseline_gbps).map(|(name, gbps)| (name.to_string(), gbps)),
+        })
+        .collect();
+    let paths = crate::report::write(dir, &rows).map_err(|e| format!("--report {}: {e}", dir.display()))?;
+    for path in paths {
+        if options.json {
+            eprintln!("kvring bench: report: {}", path.display());
+        } else {
+            println!("report: {}", path.display());
+        }
+    }
+    Ok(())
 }

@@ -5,7 +5,7 @@
 
 use crate::models::Model;
 use kvring::kv::{plan_blocks, KvLayout};
-use kvring::{Batch, BlockDesc, Engine, Opcode, RegionInfo, TransportKind};
+use kvring::{Batch, BlockDesc, Engine, Opcode, Region, RegionInfo, Segment, TransportKind};
 use std::time::{Duration, Instant};
 
 /// Bytes the bench aims to move in all (at least `MIN_REQUESTS` requests).
@@ -82,39 +82,22 @@ pub fn run(engine: &Engine, bench: &KvBench<'_>) -> Result<(), String> {
     let request_bytes: u64 = descs.iter().map(|d| d.len).sum();
     let requests = (TARGET_BYTES / request_bytes.max(1)).clamp(MIN_REQUESTS, MAX_REQUESTS);
 
+    // None: tcp to a target whose raw sink is not known (no --peer-raw).
     let baseline_gbps = match (bench.transport, bench.raw_peer) {
-        (TransportKind::Tcp, Some(raw)) => {
-            crate::raw::baseline(raw, bench.token, true, shape.key_block_bytes * blocks, request_bytes * requests)?
-        }
-        (TransportKind::Tcp, None) => 0.0,
-        _ => memcpy_descs(&descs, bytes, requests, engine.lane_cores().first().copied().flatten())?,
+        (TransportKind::Tcp, Some(raw)) => Some(crate::raw::baseline(
+            raw,
+            bench.token,
+            true,
+            shape.key_block_bytes * blocks,
+            request_bytes * requests,
+        )?),
+        (TransportKind::Tcp, None) => None,
+        _ => Some(memcpy_descs(&descs, bytes, requests, engine.lane_cores().first().copied().flatten())?),
     };
 
-    let mut sub = engine.submitter().map_err(|e| e.to_string())?;
-    let batch = Batch::write(&segment).descs(&descs);
-    let mut times = Vec::with_capacity(requests as usize);
-    let all = Instant::now();
-    for _ in 0..requests {
-        let started = Instant::now();
-        let id = sub.submit(&batch).map_err(|e| format!("submit: {e}"))?;
-        match sub.wait(id, Duration::from_secs(30)).map_err(|e| format!("wait: {e}"))? {
-            kvring::Outcome::Done { .. } => {}
-            other => return Err(format!("request ended {other:?}")),
-        }
-        times.push(started.elapsed().as_secs_f64() * 1e3);
-    }
-    let seconds = all.elapsed().as_secs_f64();
+    let (seconds, ms) = push_requests(engine, &segment, &descs, requests)?;
     let gbps = (request_bytes * requests) as f64 / seconds / 1e9;
-    let ms = median(&mut times);
-
-    let mut verified = true;
-    for desc in &descs {
-        let expected = region.checksum(desc.local_offset, desc.len as usize).map_err(|e| e.to_string())?;
-        let actual = segment
-            .remote_checksum(desc.remote_region, desc.remote_offset, desc.len, Duration::from_secs(10))
-            .map_err(|e| e.to_string())?;
-        verified &= expected == actual;
-    }
+    let verified = verify(&region, &segment, &descs)?;
     let plan_128k_us = planning_us(&model, PLAN_TOKENS, false)?;
     let plan_128k_scattered_us = planning_us(&model, PLAN_TOKENS, true)?;
     let baseline = match bench.transport {
@@ -122,15 +105,19 @@ pub fn run(engine: &Engine, bench: &KvBench<'_>) -> Result<(), String> {
         TransportKind::Tcp => "none",
         _ => "memcpy",
     };
-    let ratio = if baseline_gbps > 0.0 { gbps / baseline_gbps } else { 0.0 };
+    let ratio = baseline_gbps.filter(|&b| b > 0.0).map(|b| gbps / b);
+    let round3 = |v: f64| (v * 1e3).round() / 1e3;
     if bench.json {
-        println!(
-            "{{\"mode\":\"kv\",\"model\":\"{}\",\"transport\":\"{}\",\"tokens\":{},\"blocks\":{blocks},\"request_bytes\":{request_bytes},\"requests\":{requests},\"ms_per_request\":{ms:.3},\"gbps\":{gbps:.3},\"descs_before\":{descs_before},\"descs_after\":{},\"plan_us\":{plan_us:.1},\"plan_128k_us\":{plan_128k_us:.1},\"plan_128k_scattered_us\":{plan_128k_scattered_us:.1},\"baseline\":\"{baseline}\",\"baseline_gbps\":{baseline_gbps:.3},\"ratio\":{ratio:.3},\"verified\":{verified}}}",
-            model.name,
-            bench.transport.name(),
-            bench.tokens,
-            descs.len()
-        );
+        let line = serde_json::json!({
+            "mode": "kv", "model": model.name, "transport": bench.transport.name(), "tokens": bench.tokens,
+            "blocks": blocks, "request_bytes": request_bytes, "requests": requests,
+            "ms_per_request": round3(ms), "gbps": round3(gbps), "descs_before": descs_before, "descs_after": descs.len(),
+            "plan_us": (plan_us * 10.0).round() / 10.0, "plan_128k_us": (plan_128k_us * 10.0).round() / 10.0,
+            "plan_128k_scattered_us": (plan_128k_scattered_us * 10.0).round() / 10.0,
+            "baseline": baseline, "baseline_gbps": baseline_gbps.map(round3), "ratio": ratio.map(round3),
+            "verified": verified,
+        });
+        println!("{line}");
     } else {
         println!(
             "kv {} over {}: {} tokens = {blocks} blocks, {} per request, {requests} requests",
@@ -139,9 +126,12 @@ pub fn run(engine: &Engine, bench: &KvBench<'_>) -> Result<(), String> {
             bench.tokens,
             crate::args::format_size(request_bytes)
         );
+        let against = match (baseline_gbps, ratio) {
+            (Some(b), ratio) => format!("{baseline} {b:.2} GB/s ({:.1}% of it)", ratio.unwrap_or(0.0) * 100.0),
+            (None, _) => "no raw-TCP baseline: give --peer-raw ADDR (kvring serve prints its raw sink)".to_string(),
+        };
         println!(
-            "  {ms:.3} ms per request (p50), {gbps:.2} GB/s; {baseline} {baseline_gbps:.2} GB/s ({:.1}% of it); {}",
-            ratio * 100.0,
+            "  {ms:.3} ms per request (p50), {gbps:.2} GB/s; {against}; {}",
             if verified { "verified" } else { "VERIFY FAILED" }
         );
         println!(
@@ -154,6 +144,38 @@ pub fn run(engine: &Engine, bench: &KvBench<'_>) -> Result<(), String> {
     } else {
         Err("verification failed: the decode cache differs from what was pushed".into())
     }
+}
+
+/// Pushes the planned request `requests` times, one at a time: the seconds
+/// they took, and the median milliseconds of one.
+fn push_requests(engine: &Engine, segment: &Segment, descs: &[BlockDesc], requests: u64) -> Result<(f64, f64), String> {
+    let mut sub = engine.submitter().map_err(|e| e.to_string())?;
+    let batch = Batch::write(segment).descs(descs);
+    let mut times = Vec::with_capacity(requests as usize);
+    let all = Instant::now();
+    for _ in 0..requests {
+        let started = Instant::now();
+        let id = sub.submit(&batch).map_err(|e| format!("submit: {e}"))?;
+        match sub.wait(id, Duration::from_secs(30)).map_err(|e| format!("wait: {e}"))? {
+            kvring::Outcome::Done { .. } => {}
+            other => return Err(format!("request ended {other:?}")),
+        }
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok((all.elapsed().as_secs_f64(), median(&mut times)))
+}
+
+/// True when the decode side holds, range by range, what was pushed.
+fn verify(region: &Region, segment: &Segment, descs: &[BlockDesc]) -> Result<bool, String> {
+    let mut verified = true;
+    for desc in descs {
+        let expected = region.checksum(desc.local_offset, desc.len as usize).map_err(|e| e.to_string())?;
+        let actual = segment
+            .remote_checksum(desc.remote_region, desc.remote_offset, desc.len, Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        verified &= expected == actual;
+    }
+    Ok(verified)
 }
 
 /// memcpy of the plan's ranges, `requests` times, between two shm mappings

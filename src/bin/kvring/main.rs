@@ -1,63 +1,41 @@
-//! The `kvring` command: `bench`, `serve`, `info`.
+//! The `kvring` command: `bench`, `serve`, `info`, `completions`.
 
 mod args;
 mod bench;
 mod flood;
 mod kvbench;
+mod logging;
 mod models;
 mod raw;
+mod report;
 mod scratch;
 mod serve;
 mod settings;
 mod soak;
 
-use args::Args;
-
-const USAGE: &str = "\
-kvring — moves KV-cache blocks between prefill and decode engines
-
-USAGE:
-  kvring bench [--op write|read|both] [--block-size 4KiB,64KiB,1MiB] [--batch 64]
-               [--total 1GiB] [--lanes 1] [--transport shm|null] [--inflight 8]
-               [--region-size 128MiB] [--latency-samples 5000] [--peer ADDR] [--peer-raw ADDR]
-               [--token T] [--duration 60s] [--kv deepseek-v3|llama3-8b [--tokens 8192]] [--json]
-               [--metadata etcd://HOST:PORT[/PREFIX/]] [--metrics ADDR] [--metrics-overhead]
-      With no --peer, starts `kvring serve` in a second process and moves blocks to it.
-      --peer is a control address, or with --metadata etcd://... a segment name.
-      --metrics-overhead: the baseline is this engine with its counters off (same run).
-      Baseline: memcpy (shm, null), or a raw TCP stream to the target's sink (tcp).
-      --duration: a soak of WRITE batches until the time is up; failures are events,
-      not fatal; every batch reported done is verified on the target at the end.
-      --kv: one request's KV cache (--tokens) from prefill (here) to decode (the target),
-      planned from block ids; ms per request, GB/s, descriptors before/after coalescing.
-  kvring serve [--name NAME] [--listen 127.0.0.1:0] [--region-size 256MiB] [--lanes 1] [--token T]
-               [--kv MODEL --kv-blocks N] [--metadata etcd://HOST:PORT[/PREFIX/]] [--metadata-ttl 10s]
-      A target engine with one shm-backed region; serves until SIGINT/SIGTERM.
-      --metadata: publish this engine under its name in etcd, on a lease kept alive.
-  kvring info [--json] [--config PATH] [--KEY VALUE ...]
-      The resolved configuration and where each value came from, the advertised
-      address, lanes and their cores, the metadata mode, RDMA devices, host limits.
-
-CONFIGURATION:
-  Every key can be set in kvring.toml (`version = 1`; --config PATH, $KVRING_CONFIG,
-  or ./kvring.toml), overridden by $KVRING_<KEY>, then by --<key> on `serve` and `info`.
-  Keys: name listen advertise lanes metadata metadata-ttl metadata-poll metrics token
-        io-timeout control-timeout busy-poll segment-cache notify-queue region-size
-";
+use args::{Cli, Command, InfoArgs};
+use clap::{CommandFactory, Parser};
 
 fn main() {
-    let mut argv = std::env::args().skip(1);
-    let command = argv.next();
-    let args = Args::new(argv);
-    let result = match command.as_deref() {
-        Some("bench") => bench::run(args),
-        Some("serve") => serve::run(args),
-        Some("info") => info(args),
-        Some("help" | "--help" | "-h") | None => {
-            print!("{USAGE}");
+    // A bad flag or value ends here: clap names it, shows the usage and
+    // exits with status 2.
+    let cli = Cli::parse();
+    // A target run by hand says what it does; a bench (and the target it
+    // starts for itself) prints its table and warnings only.
+    logging::init(match &cli.command {
+        Some(Command::Serve(args)) if !args.parent_watch => "kvring=info",
+        _ => "kvring=warn",
+    });
+    let result = match cli.command {
+        Some(Command::Bench(args)) => bench::run(*args),
+        Some(Command::Serve(args)) => serve::run(args),
+        Some(Command::Info(args)) => info(args),
+        Some(Command::Completions { shell }) => {
+            clap_complete::generate(shell, &mut Cli::command(), "kvring", &mut std::io::stdout());
             Ok(())
         }
-        Some(other) => Err(format!("unknown command {other:?}\n\n{USAGE}")),
+        // Bare `kvring`: the help, as a first step, not an error.
+        None => Cli::command().print_help().map_err(|e| format!("printing the help: {e}")),
     };
     if let Err(message) = result {
         eprintln!("kvring: {message}");
@@ -65,10 +43,10 @@ fn main() {
     }
 }
 
-fn info(mut args: Args) -> Result<(), String> {
-    let config = settings::load(&mut args, None)?;
-    let json = args.switch("--json");
-    args.finish()?;
+/// `kvring info`: the resolved configuration and what this host offers.
+fn info(args: InfoArgs) -> Result<(), String> {
+    let config = settings::load_layered(&args.settings)?;
+    let json = args.json;
     let builder = config.builder();
     let engine = builder.settings();
     let advertised = builder.planned_advertise();
@@ -107,7 +85,7 @@ fn info(mut args: Args) -> Result<(), String> {
                 "memlock_bytes": memlock,
                 "host_id": kvring::host::id(),
             },
-            "transports": ["shm", "tcp", "null"],
+            "transports": args::transports(),
         });
         println!("{line}");
         return Ok(());
@@ -134,7 +112,7 @@ fn info(mut args: Args) -> Result<(), String> {
         Ok(devices) => println!("rdma:             {built}; devices: {}", devices.join("; ")),
         Err(reason) => println!("rdma:             {built}; {reason}"),
     }
-    println!("transports:       shm, tcp, null");
+    println!("transports:       {}", args::transports().join(", "));
     println!("cores:            {}", core_affinity::get_core_ids().unwrap_or_default().len());
     match memlock {
         Some(u64::MAX) => println!("locked memory:    unlimited"),

@@ -4,6 +4,7 @@
 
 use memmap2::{MmapMut, MmapOptions};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
 
 /// A pre-faulted shared mapping of `len` bytes of a /dev/shm file that is
 /// unlinked at once (nothing is left behind, whatever happens next).
@@ -23,6 +24,14 @@ pub fn shm_buffer(len: usize) -> Result<MmapMut, String> {
         .map_err(|e| format!("creating {path}: {e}"))?;
     let _ = std::fs::remove_file(&path);
     file.set_len(len as u64).map_err(|e| format!("sizing {path}: {e}"))?;
+    // Pages allocated now, as `alloc_region` does: a sparse file would be
+    // populated with the zero page, and every first write would fault
+    // inside the measured copy.
+    // SAFETY: fallocate on a file descriptor this function owns.
+    let rc = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, len as libc::off_t) };
+    if rc != 0 {
+        return Err(format!("allocating {path}: {}", std::io::Error::last_os_error()));
+    }
     // SAFETY: the file was created (and unlinked) by this process: nothing
     // else maps or truncates it.
     unsafe { MmapOptions::new().len(len).populate().map_mut(&file) }.map_err(|e| format!("mapping {path}: {e}"))
@@ -34,4 +43,33 @@ pub fn fill(bytes: &mut [u8], seed: u64) {
         let value = (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed;
         word.copy_from_slice(&value.to_le_bytes()[..word.len()]);
     }
+}
+
+/// memcpy of `total` bytes in `block`-sized copies between two page-aligned,
+/// pre-faulted shared mappings of the same size as the bench's regions, on
+/// the lane's core: what the shm transport's copy costs alone.
+pub fn memcpy_baseline(block: u64, total: u64, region_bytes: u64, core: Option<usize>) -> Result<f64, String> {
+    let mut src = shm_buffer(region_bytes as usize)?;
+    let mut dst = shm_buffer(region_bytes as usize)?;
+    fill(&mut src, block);
+    let (src_addr, dst_addr) = (src.as_mut_ptr() as usize, dst.as_mut_ptr() as usize);
+    let copy = move || {
+        if let Some(core) = core {
+            core_affinity::set_for_current(core_affinity::CoreId { id: core });
+        }
+        let blocks_in_region = region_bytes / block;
+        let count = total.div_ceil(block);
+        let started = Instant::now();
+        for i in 0..count {
+            let offset = ((i % blocks_in_region) * block) as usize;
+            // SAFETY: offset + block <= region_bytes (blocks_in_region whole
+            // blocks); both mappings are region_bytes long, distinct, and
+            // outlive this thread (joined below).
+            unsafe { std::ptr::copy((src_addr + offset) as *const u8, (dst_addr + offset) as *mut u8, block as usize) };
+        }
+        (count * block) as f64 / started.elapsed().as_secs_f64() / 1e9
+    };
+    let gbps = std::thread::spawn(copy).join().map_err(|_| "memcpy baseline thread panicked".to_string())?;
+    drop((src, dst));
+    Ok(gbps)
 }

@@ -2,12 +2,13 @@
 //! serves until SIGINT or SIGTERM (or, with `--parent-watch`, until its
 //! standard input closes, so a crashed parent never leaves it behind).
 
-use crate::args::{format_size, Args};
+use crate::args::{format_size, ServeArgs};
 use kvring::RegionInfo;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Default size of the served region.
 pub const DEFAULT_REGION_BYTES: u64 = 256 << 20;
@@ -26,14 +27,13 @@ fn install_signal_handlers() {
     }
 }
 
-pub fn run(mut args: Args) -> Result<(), String> {
+/// Runs the target until a signal (or, with `--parent-watch`, until its
+/// standard input closes).
+pub fn run(args: ServeArgs) -> Result<(), String> {
     // Every engine key (see `kvring info`) comes from the config file, then
     // KVRING_* variables, then these flags.
-    let config = crate::settings::load(&mut args, None)?;
-    let parent_watch = args.switch("--parent-watch");
-    let kv_model = args.value("--kv")?;
-    let kv_blocks = args.number("--kv-blocks")?.unwrap_or(1024) as u64;
-    args.finish()?;
+    let config = crate::settings::load_layered(&args.settings)?;
+    let (parent_watch, kv_model, kv_blocks) = (args.parent_watch, args.kv, args.kv_blocks);
 
     let name = config.get("name").map_or_else(|| format!("kvring-serve-{}", std::process::id()), str::to_string);
     let region_bytes = config.size("region_size").unwrap_or(DEFAULT_REGION_BYTES);
@@ -44,8 +44,8 @@ pub fn run(mut args: Args) -> Result<(), String> {
     // With --kv, the one region is a KV cache of that model, published as
     // the engine's layout for peers' memory-info requests.
     let (region_bytes, shape) = match &kv_model {
-        Some(name) => {
-            let shape = crate::models::find(name)?.shape(kv_blocks)?;
+        Some(model) => {
+            let shape = model.shape(kv_blocks)?;
             (shape.bytes().map_err(|e| e.to_string())?, Some(shape))
         }
         None => (region_bytes, None),
@@ -92,4 +92,61 @@ pub fn run(mut args: Args) -> Result<(), String> {
     drop(region);
     eprintln!("kvring serve: {name} stopped");
     Ok(())
+}
+
+/// A `kvring serve` child, as `kvring bench` starts it when given no
+/// `--peer`: its addresses read from the first line it prints; killed and
+/// reaped on drop.
+pub struct Target {
+    child: Child,
+    /// Its control address (`listen=` on its first line).
+    pub addr: String,
+    /// Its raw-TCP baseline sink (`raw=`), for the tcp baseline.
+    pub raw_addr: Option<String>,
+}
+
+impl Target {
+    /// Starts `kvring serve` with a region of `region_bytes` and `extra`
+    /// flags, and waits for its first line.
+    pub fn spawn(region_bytes: u64, extra: &[String]) -> Result<Self, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("locating the kvring binary: {e}"))?;
+        let mut child = Command::new(exe)
+            .args(["serve", "--name", "bench-target", "--listen", "127.0.0.1:0", "--parent-watch"])
+            .args(["--region-size", &region_bytes.to_string()])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("starting `kvring serve`: {e}"))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut line = String::new();
+        let read = BufReader::new(stdout).read_line(&mut line);
+        let field = |key: &str| line.split_whitespace().find_map(|f| f.strip_prefix(key)).map(str::to_string);
+        let (addr, raw_addr) = (field("listen="), field("raw="));
+        match (read, addr) {
+            (Ok(_), Some(addr)) => Ok(Self { child, addr, raw_addr }),
+            _ => {
+                let _ = child.kill();
+                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+                Err(format!("`kvring serve` did not start ({status}); its error is above"))
+            }
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        // SAFETY: sending SIGTERM to our own child, which we still own.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -159,8 +159,8 @@ pub fn run(engine: &Engine, plan: &SoakPlan<'_>) -> Result<(), String> {
                 if current.is_stale() {
                     segment = None;
                 }
-                let error = kvring::Error::invalid("batch", format!("ended {other:?}"));
-                tally.failure("batch", &error);
+                let kind = if matches!(other, Outcome::Cancelled { .. }) { "CANCELLED" } else { "TIMEOUT" };
+                tally.event("batch", kind, &format!("ended {other:?}"));
             }
         }
     }

@@ -1,0 +1,124 @@
+//! The command line as a new user meets it: real processes of the built
+//! binary for `--help`, `--version`, completions, and the errors of bad
+//! flags, which name the flag, the value and what would do instead.
+
+use std::process::{Command, Output};
+
+fn kvring(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvring")).args(args).output().expect("kvring runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn every_command_help_lists_its_flags() {
+    let cases: [(&[&str], &[&str]); 4] = [
+        (&["--help"], &["bench", "serve", "info", "completions", "--version", "KVRING_"]),
+        (
+            &["bench", "--help"],
+            &[
+                "--op",
+                "--block-size",
+                "--total",
+                "--transport",
+                "--peer",
+                "--peer-raw",
+                "--duration",
+                "--kv",
+                "--report",
+            ],
+        ),
+        (&["serve", "--help"], &["--config", "--name", "--listen", "--region-size", "--io-timeout", "--kv-blocks"]),
+        (&["info", "--help"], &["--json", "--config", "--metadata-ttl", "--token", "--lanes"]),
+    ];
+    for (args, flags) in cases {
+        let output = kvring(args);
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        let help = stdout(&output);
+        for flag in flags {
+            assert!(help.contains(flag), "{args:?} does not mention {flag}:\n{help}");
+        }
+    }
+    // Bare `kvring` shows the help too, as a first step rather than an error.
+    let output = kvring(&[]);
+    assert!(output.status.success() && stdout(&output).contains("Usage: kvring"), "{}", stdout(&output));
+}
+
+#[test]
+fn version_names_the_features_built() {
+    let output = kvring(&["--version"]);
+    assert!(output.status.success());
+    let line = stdout(&output);
+    let features: Vec<&str> = [("rdma", cfg!(feature = "rdma")), ("python", cfg!(feature = "python"))]
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect();
+    let features = if features.is_empty() { "none".to_string() } else { features.join(", ") };
+    assert_eq!(line.trim(), format!("kvring {} (features: {features})", env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn completions_print_a_shell_script() {
+    let output = kvring(&["completions", "bash"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let script = stdout(&output);
+    assert!(script.contains("_kvring") && script.contains("complete") && script.contains("--block-size"), "{script}");
+    for shell in ["zsh", "fish"] {
+        let output = kvring(&["completions", shell]);
+        assert!(output.status.success() && !output.stdout.is_empty(), "{shell}: {}", stderr(&output));
+    }
+    assert!(!kvring(&["completions", "cmd.exe"]).status.success());
+}
+
+#[test]
+fn a_bad_size_names_the_flag_the_value_and_the_units() {
+    let output = kvring(&["bench", "--block-size", "3XB"]);
+    assert!(!output.status.success());
+    let error = stderr(&output);
+    for part in ["--block-size", "3XB", "KiB", "MiB", "GiB", "GB", "10^9"] {
+        assert!(error.contains(part), "{part} missing in {error}");
+    }
+}
+
+#[test]
+fn a_bad_transport_lists_the_transports_of_this_build() {
+    let output = kvring(&["bench", "--transport", "carrier-pigeon"]);
+    assert!(!output.status.success());
+    let error = stderr(&output);
+    let expected = if cfg!(feature = "rdma") { "shm, tcp, null, rdma]" } else { "shm, tcp, null]" };
+    assert!(error.contains("--transport") && error.contains("carrier-pigeon") && error.contains(expected), "{error}");
+    // `info` lists the same ones.
+    let info = stdout(&kvring(&["info"]));
+    assert!(info.contains(&format!("transports:       {}", expected.trim_end_matches(']'))), "{info}");
+}
+
+#[test]
+fn a_gigabyte_is_ten_to_the_ninth_bytes() {
+    // The header states the total per case as given; a tiny region and
+    // one small case keep this quick (1GB moves over a 1MiB region).
+    let output = kvring(&[
+        "bench",
+        "--total",
+        "1GB",
+        "--block-size",
+        "1MiB",
+        "--op",
+        "write",
+        "--region-size",
+        "1MiB",
+        "--latency-samples",
+        "0",
+        "--transport",
+        "null",
+    ]);
+    let text = stdout(&output);
+    assert!(output.status.success(), "{}\n{text}", stderr(&output));
+    let header = text.lines().next().unwrap();
+    assert!(header.contains("1GB per case") && header.contains("1 lane ("), "{header}");
+}
