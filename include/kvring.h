@@ -24,6 +24,21 @@
 // TCP.
 #define KVRING_TRANSPORT_TCP 2
 
+// `kvring_set_log_callback` levels, most severe first.
+#define KVRING_LOG_ERROR 1
+
+// Something failed or was refused; kvring carries on.
+#define KVRING_LOG_WARN 2
+
+// Lifecycle: an engine started or stopped, a segment reopened.
+#define KVRING_LOG_INFO 3
+
+// Details (a segment opened or evicted).
+#define KVRING_LOG_DEBUG 4
+
+// Finer still.
+#define KVRING_LOG_TRACE 5
+
 // An engine (opaque).
 typedef struct kvring_engine kvring_engine;
 
@@ -59,6 +74,12 @@ typedef struct {
   int32_t result;
 } kvring_completion;
 
+// Receives one of kvring's log events: its level (`KVRING_LOG_*`), its
+// target (the module, e.g. `kvring::engine::lifecycle`), its message with
+// its fields (`engine started name=... epoch=0x...`), and the `user`
+// pointer given with it. Both strings are valid during the call only.
+typedef void (*KvringLogCallback)(int level, const char *target, const char *message, void *user);
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -70,6 +91,21 @@ const char *kvring_last_error(void);
 // The name of an error code (negative or positive), e.g. `OUT_OF_BOUNDS`.
 // Static; never null.
 const char *kvring_error_name(int code);
+
+// Sends kvring's log events to `callback` (NULL: to nowhere), filtered by
+// `RUST_LOG` if set, else kvring's info and above. Returns 0, or
+// `-INVALID_ARGUMENT` if this process already has a Rust `tracing`
+// subscriber (kvring's events then go there).
+//
+// The callback runs on the thread that logged: an engine's own threads,
+// and lanes (only when a transfer fails, and at most once a second). It
+// must be thread-safe, return quickly and not call kvring.
+//
+// # Safety
+//
+// `callback` is null or a function valid, with `user`, until it is
+// replaced by another call.
+int kvring_set_log_callback(KvringLogCallback callback, void *user);
 
 // Starts an engine named `name` whose control plane listens on `listen`
 // (`"127.0.0.1:0"` picks a port), with `lanes` lanes (0: the default),

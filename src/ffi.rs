@@ -9,11 +9,13 @@
 //! `catch_unwind`), and every pointer argument is checked for null.
 
 use crate::error::Error;
+use crate::log::sink::{set_sink, Sink};
 use crate::proto::ErrorCode;
 use crate::{Batch, BlockDesc, Engine, Opcode, Outcome, RegionId, RegionInfo, Segment, Submitter, TransportKind};
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// An engine (opaque).
@@ -126,6 +128,67 @@ pub extern "C" fn kvring_error_name(code: c_int) -> *const c_char {
     });
     let index = (code.unsigned_abs() as usize).min(names.len() - 1);
     names[index].as_ptr()
+}
+
+/// `kvring_set_log_callback` levels, most severe first.
+pub const KVRING_LOG_ERROR: c_int = 1;
+/// Something failed or was refused; kvring carries on.
+pub const KVRING_LOG_WARN: c_int = 2;
+/// Lifecycle: an engine started or stopped, a segment reopened.
+pub const KVRING_LOG_INFO: c_int = 3;
+/// Details (a segment opened or evicted).
+pub const KVRING_LOG_DEBUG: c_int = 4;
+/// Finer still.
+pub const KVRING_LOG_TRACE: c_int = 5;
+
+/// A `tracing` level as its `KVRING_LOG_*`.
+fn log_level(level: tracing::Level) -> c_int {
+    match level {
+        tracing::Level::ERROR => KVRING_LOG_ERROR,
+        tracing::Level::WARN => KVRING_LOG_WARN,
+        tracing::Level::INFO => KVRING_LOG_INFO,
+        tracing::Level::DEBUG => KVRING_LOG_DEBUG,
+        tracing::Level::TRACE => KVRING_LOG_TRACE,
+    }
+}
+
+/// Receives one of kvring's log events: its level (`KVRING_LOG_*`), its
+/// target (the module, e.g. `kvring::engine::lifecycle`), its message with
+/// its fields (`engine started name=... epoch=0x...`), and the `user`
+/// pointer given with it. Both strings are valid during the call only.
+pub type KvringLogCallback =
+    Option<unsafe extern "C" fn(level: c_int, target: *const c_char, message: *const c_char, user: *mut c_void)>;
+
+/// Sends kvring's log events to `callback` (NULL: to nowhere), filtered by
+/// `RUST_LOG` if set, else kvring's info and above. Returns 0, or
+/// `-INVALID_ARGUMENT` if this process already has a Rust `tracing`
+/// subscriber (kvring's events then go there).
+///
+/// The callback runs on the thread that logged: an engine's own threads,
+/// and lanes (only when a transfer fails, and at most once a second). It
+/// must be thread-safe, return quickly and not call kvring.
+///
+/// # Safety
+///
+/// `callback` is null or a function valid, with `user`, until it is
+/// replaced by another call.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_set_log_callback(callback: KvringLogCallback, user: *mut c_void) -> c_int {
+    // A C pointer the caller vouches for, carried to other threads as a number.
+    let user = user as usize;
+    guarded(|| {
+        let sink = callback.map(|callback| -> Sink {
+            Arc::new(move |level, target, message| {
+                let target = CString::new(target.replace('\0', " ")).unwrap_or_default();
+                let message = CString::new(message.replace('\0', " ")).unwrap_or_default();
+                // SAFETY: valid with `user` per the caller's contract; the
+                // strings outlive the call.
+                unsafe { callback(log_level(level), target.as_ptr(), message.as_ptr(), user as *mut c_void) };
+            })
+        });
+        set_sink(sink, "kvring=info").map_err(|why| Error::invalid("log callback", why))?;
+        Ok(0)
+    })
 }
 
 /// Starts an engine named `name` whose control plane listens on `listen`

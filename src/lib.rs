@@ -37,6 +37,7 @@ mod error;
 mod ffi;
 mod http;
 pub mod kv;
+mod log;
 mod mem;
 mod metadata;
 mod net;

@@ -8,6 +8,7 @@
 //! back to its sender, which then knows it was not delivered.
 
 use crate::error::{Error, Result};
+use crate::log::ratelimit::{log_limited, RateLimit};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -137,28 +138,27 @@ impl NotificationQueue {
             return Err(Error::invalid("notification sender", format!("a name of {} bytes", notification.from.len())));
         }
         let cost = notification.cost();
-        {
+        let refused = {
             let mut queued = self.queued();
-            let quota = self.quota;
-            if queued.queue.len() >= quota.total {
-                return Err(Error::Busy { queue: "notification queue", capacity: quota.total });
+            match self.refusal(&queued, &notification.from, cost) {
+                Some(refused) => Some((refused, notification.from)),
+                None => {
+                    let (count, bytes) = queued.senders.get(&notification.from).copied().unwrap_or_default();
+                    queued.senders.insert(notification.from.clone(), (count + 1, bytes + cost));
+                    queued.bytes += cost;
+                    queued.queue.push_back(notification);
+                    None
+                }
             }
-            if queued.bytes + cost > quota.total_bytes {
-                return Err(Error::Busy { queue: "notification queue bytes", capacity: quota.total_bytes });
+        };
+        if let Some(((kind, error), from)) = refused {
+            // Logged outside the lock, and limited: a peer can cause this
+            // at any rate.
+            static LIMITS: [RateLimit; 4] = [const { RateLimit::per_second() }; 4];
+            if let Error::Busy { queue, capacity } = &error {
+                log_limited!(warn, LIMITS[kind], %from, quota = *queue, capacity, "notification refused");
             }
-            let (count, bytes) = queued.senders.get(&notification.from).copied().unwrap_or_default();
-            if count >= quota.per_sender {
-                return Err(Error::Busy { queue: "notifications from one sender", capacity: quota.per_sender });
-            }
-            if bytes + cost > quota.per_sender_bytes {
-                return Err(Error::Busy {
-                    queue: "notification bytes from one sender",
-                    capacity: quota.per_sender_bytes,
-                });
-            }
-            queued.senders.insert(notification.from.clone(), (count + 1, bytes + cost));
-            queued.bytes += cost;
-            queued.queue.push_back(notification);
+            return Err(error);
         }
         // Counted after the push: whoever sees the count finds the message.
         self.delivered.fetch_add(1, Ordering::AcqRel);
@@ -166,6 +166,25 @@ impl NotificationQueue {
             hook();
         }
         Ok(())
+    }
+
+    /// Why `from`'s notification of `cost` bytes does not fit, if it does
+    /// not: the kind of quota (an index for its log rate limit) and the error.
+    fn refusal(&self, queued: &Queued, from: &str, cost: usize) -> Option<(usize, Error)> {
+        let quota = self.quota;
+        let (count, bytes) = queued.senders.get(from).copied().unwrap_or_default();
+        let (kind, queue, capacity) = if queued.queue.len() >= quota.total {
+            (0, "notification queue", quota.total)
+        } else if queued.bytes + cost > quota.total_bytes {
+            (1, "notification queue bytes", quota.total_bytes)
+        } else if count >= quota.per_sender {
+            (2, "notifications from one sender", quota.per_sender)
+        } else if bytes + cost > quota.per_sender_bytes {
+            (3, "notification bytes from one sender", quota.per_sender_bytes)
+        } else {
+            return None;
+        };
+        Some((kind, Error::Busy { queue, capacity }))
     }
 
     /// The oldest notification, if any.

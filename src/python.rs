@@ -13,6 +13,7 @@
 //! leaked rather than joined (joining threads that do not exist would hang).
 
 use crate::kv::{check_pd_topo, Attention, CacheShape, KvLayout, Mode, Rank, TopoCheck};
+use crate::log::sink::{on_own_thread, set_sink};
 use crate::{
     Batch, BlockDesc, Engine, Error, Outcome, Region, RegionId, RegionInfo, Segment, Submitter, TransportKind,
 };
@@ -23,6 +24,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyType};
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
+use tracing::Level;
 
 /// Error code name (`"OUT_OF_BOUNDS"`, …) → exception class, set once by
 /// the Python package at import.
@@ -653,6 +655,31 @@ fn transports() -> Vec<&'static str> {
     vec!["shm", "tcp"]
 }
 
+/// Sends kvring's log events to `forward(level, target, message)` (None:
+/// nowhere), `level` a name (`"WARN"`). A thread of its own calls it: who
+/// logs (an engine's threads, a lane on a failure) never waits for the GIL.
+#[pyfunction]
+#[pyo3(signature = (forward=None))]
+fn set_log_callback(py: Python<'_>, forward: Option<PyObject>) -> PyResult<()> {
+    static FORWARDER: Mutex<Option<std::thread::JoinHandle<()>>> = Mutex::new(None);
+    let (sink, thread) = match forward {
+        Some(forward) => {
+            let (sink, thread) = on_own_thread(move |level: Level, target, text| {
+                Python::with_gil(|py| forward.call1(py, (level.as_str(), target, text)).map_err(|e| e.print(py))).ok();
+            })?;
+            (Some(sink), Some(thread))
+        }
+        None => (None, None),
+    };
+    set_sink(sink, "kvring=debug").map_err(PyRuntimeError::new_err)?;
+    // The last forwarder ends with its sink: wait for it, so that none is
+    // left to take the GIL while the interpreter finalizes (the package
+    // calls this with None at exit).
+    let last = std::mem::replace(&mut *FORWARDER.lock().unwrap_or_else(|p| p.into_inner()), thread);
+    let _ = py.allow_threads(|| last.map(std::thread::JoinHandle::join));
+    Ok(())
+}
+
 /// The extension module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -660,5 +687,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_error_classes, m)?)?;
     m.add_function(wrap_pyfunction!(py_check_pd_topo, m)?)?;
     m.add_function(wrap_pyfunction!(transports, m)?)?;
+    m.add_function(wrap_pyfunction!(set_log_callback, m)?)?;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The C ABI from C: `tests/c/two_process.c` is compiled with the system C
 //! compiler against `include/kvring.h`, linked to the cdylib this build
-//! made, and run as two processes that move and verify blocks.
+//! made, and run as two processes that move and verify blocks; the
+//! initiator's log callback counts kvring's events.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -41,10 +42,13 @@ fn a_c_program_moves_and_verifies_blocks_between_two_processes() {
     let first = lines.next().unwrap().unwrap();
     let addr = first.split_whitespace().find_map(|f| f.strip_prefix("addr=")).expect("address line").to_string();
 
-    let output = Command::new(&program).args(["initiator", &addr]).output().unwrap();
+    // The initiator's log callback gets kvring's default (info and above).
+    let output = Command::new(&program).args(["initiator", &addr]).env_remove("RUST_LOG").output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "initiator: {stdout}{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("read back equal, bad input refused"), "{stdout}");
+    let logged = stdout.split(", ").find_map(|part| part.strip_suffix(" events logged\n")).expect("a count of events");
+    assert!(logged.parse::<u32>().unwrap() >= 2, "{stdout}");
 
     // The target checks its own memory: the pushed pattern is there.
     let mut stdin = target.stdin.take().unwrap();

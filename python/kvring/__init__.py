@@ -4,8 +4,16 @@
 ``kvring.mooncake.TransferEngine`` is a drop-in for Mooncake's Python
 ``TransferEngine``; ``kvring.lmdeploy`` holds an LMDeploy migration backend.
 Every transfer and wait releases the GIL.
+
+kvring's log events (an engine started or stopped, a peer restarted, a
+refusal, a lost metadata store) go to Python's ``logging``, under the
+logger ``kvring`` (``kvring.engine.lifecycle`` and so on: the Rust module
+path). They arrive from a thread of kvring's own, shortly after the fact.
+``RUST_LOG`` narrows what is sent (default: debug and above).
 """
 
+import atexit
+import logging
 import os
 import ctypes
 
@@ -15,6 +23,26 @@ from .errors import *  # noqa: F401,F403  (one class per error kind)
 from .errors import KvringError
 
 __all__ = ["Engine", "check_pd_topo", "transports", "KvringError"]
+
+
+_LEVELS = {"ERROR": logging.ERROR, "WARN": logging.WARNING, "INFO": logging.INFO, "DEBUG": logging.DEBUG, "TRACE": 5}
+
+
+def _forward_log(level, target, message):
+    """Hands one of kvring's events to ``logging`` (kvring's log thread)."""
+    level = _LEVELS.get(level, logging.INFO)
+    name = target.replace("::", ".") if target.startswith("kvring") else "kvring"
+    logger = logging.getLogger(name)
+    if logger.isEnabledFor(level):
+        logger.log(level, message, extra={"kvring_target": target})
+
+
+try:
+    _native.set_log_callback(_forward_log)
+    # Stop forwarding before the interpreter goes away.
+    atexit.register(_native.set_log_callback, None)
+except RuntimeError as _error:  # another tracing subscriber in this process
+    logging.getLogger("kvring").debug("kvring's events do not reach logging: %s", _error)
 
 
 def transports():

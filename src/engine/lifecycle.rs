@@ -80,6 +80,7 @@ impl EngineInner {
         for lane in &self.lanes {
             lane.shared.stop();
         }
+        tracing::info!(name = %self.config.name, epoch = format_args!("{:#x}", self.epoch), "engine stopped");
     }
 }
 
@@ -208,7 +209,26 @@ impl Engine {
             }),
         };
         engine.start_threads()?;
+        engine.announce();
         Ok(engine)
+    }
+
+    /// One line that says what this engine is and how peers reach it.
+    fn announce(&self) {
+        let inner = &self.inner;
+        let config = &inner.config;
+        tracing::info!(
+            name = %config.name,
+            epoch = format_args!("{:#x}", inner.epoch),
+            control = %inner.control_addr,
+            tcp = inner.context.tcp_addr.as_deref().unwrap_or("none"),
+            advertised_ip = %inner.advertised.ip,
+            advertised_from = %inner.advertised.source,
+            lanes = inner.lanes.len(),
+            metadata = %config.metadata,
+            token = config.token.is_some(),
+            "engine started"
+        );
     }
 
     /// The engine's own threads: the metadata watcher (etcd), the RDMA

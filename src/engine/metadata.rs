@@ -9,6 +9,7 @@
 
 use super::{lock, EngineInner};
 use crate::error::{Error, Result};
+use crate::log::ratelimit::{log_limited, RateLimit};
 use crate::metadata::etcd::{Etcd, EtcdStore, Publication};
 use crate::metadata::{MetadataMode, MetadataStore, PeerHandshake};
 use crate::segment::SegmentDescriptor;
@@ -84,6 +85,7 @@ pub(crate) fn start_watcher(engine: Weak<EngineInner>, poll: Duration) -> Result
         .name("kvring-metadata-watch".into())
         .spawn(move || {
             let mut next = Instant::now() + poll;
+            let mut reach = Reach::default();
             loop {
                 std::thread::sleep(Duration::from_millis(20).min(poll));
                 let Some(engine) = engine.upgrade() else { return };
@@ -92,7 +94,9 @@ pub(crate) fn start_watcher(engine: Weak<EngineInner>, poll: Duration) -> Result
                 }
                 if Instant::now() >= next {
                     next = Instant::now() + poll;
-                    check_open_segments(&engine);
+                    if let Some(result) = check_open_segments(&engine) {
+                        reach.note(&engine, result);
+                    }
                 }
             }
         })
@@ -100,11 +104,41 @@ pub(crate) fn start_watcher(engine: Weak<EngineInner>, poll: Duration) -> Result
         .map_err(|e| Error::io("spawning the metadata watcher", e))
 }
 
+/// Whether the watcher's last read reached etcd, so that losing it and
+/// regaining it are each logged once, not every poll.
+#[derive(Debug, Default)]
+struct Reach {
+    /// Reads that failed since the last success.
+    failures: u64,
+}
+
+impl Reach {
+    fn note(&mut self, engine: &EngineInner, result: Result<()>) {
+        let etcd = engine.etcd.as_ref().map(|e| e.url().addr.clone()).unwrap_or_default();
+        match result {
+            Ok(()) if self.failures > 0 => {
+                tracing::info!(%etcd, failures = self.failures, "metadata store reachable again");
+                self.failures = 0;
+            }
+            Ok(()) => {}
+            Err(error) => {
+                self.failures += 1;
+                // Bounded even if it flaps at every poll.
+                static LIMIT: RateLimit = RateLimit::per_second();
+                if self.failures == 1 {
+                    log_limited!(warn, LIMIT, %etcd, %error, "metadata store unreachable; open segments keep transferring");
+                }
+            }
+        }
+    }
+}
+
 /// Marks stale every open handle whose published entry is gone or names
 /// another epoch. An unreachable etcd changes nothing: open segments keep
-/// transferring.
-fn check_open_segments(engine: &EngineInner) {
-    let Some(etcd) = &engine.etcd else { return };
+/// transferring. `None` when no segment was open to check, else whether
+/// etcd answered.
+fn check_open_segments(engine: &EngineInner) -> Option<Result<()>> {
+    let etcd = engine.etcd.as_ref()?;
     let open: Vec<_> = {
         let table = lock(&engine.segments);
         table
@@ -116,12 +150,25 @@ fn check_open_segments(engine: &EngineInner) {
     };
     // Its own client: the watcher's reads are not counted as the opens' calls.
     let store = EtcdStore::new(Arc::new(Etcd::new(etcd.url().clone())), PeerHandshake::default());
+    let mut reached = None;
     for (name, segment) in open {
         let deadline = Instant::now() + engine.config.control_timeout;
-        match store.published(&name, deadline) {
-            Ok(published) if published.epoch == segment.epoch() => {}
-            Ok(_) | Err(Error::UnknownSegment { .. }) => segment.inner.peer.mark_stale(),
-            Err(_) => {}
+        let detail = match store.published(&name, deadline) {
+            Ok(published) if published.epoch == segment.epoch() => None,
+            Ok(published) => Some(format!("its published epoch is now {:#x}", published.epoch)),
+            Err(Error::UnknownSegment { .. }) => Some("its published entry is gone".to_string()),
+            Err(error) => {
+                // One answer anywhere says etcd is reachable.
+                reached.get_or_insert(Err(error));
+                continue;
+            }
+        };
+        reached = Some(Ok(()));
+        if let Some(detail) = detail {
+            segment.inner.peer.mark_stale();
+            let old_epoch = segment.epoch();
+            tracing::warn!(segment = %name, old_epoch = format_args!("{old_epoch:#x}"), %detail, "peer restart detected");
         }
     }
+    reached
 }

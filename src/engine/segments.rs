@@ -40,6 +40,28 @@ impl OpenSegments {
     }
 }
 
+/// The lanes' acknowledgements of a broken link's detach.
+#[derive(Debug)]
+struct Detaching {
+    lanes: usize,
+    detached: std::sync::mpsc::Receiver<()>,
+}
+
+impl Detaching {
+    /// Waits (bounded by [`RETIRE_WAIT`] each) until every lane has let go.
+    fn wait_all(all: impl IntoIterator<Item = Detaching>) {
+        for detaching in all {
+            let deadline = Instant::now() + RETIRE_WAIT;
+            for _ in 0..detaching.lanes {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if detaching.detached.recv_timeout(left).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
 /// Longest a retire waits for lanes to hand back a broken link's resources.
 const RETIRE_WAIT: Duration = Duration::from_secs(1);
 
@@ -69,6 +91,8 @@ impl Engine {
         if self.inner.is_stopped() {
             return Err(Error::Shutdown);
         }
+        let mut stale = None;
+        let mut detaching = None;
         {
             let mut table = lock(&self.inner.segments);
             let cached = table.cache.peek(name).cloned();
@@ -77,7 +101,8 @@ impl Engine {
                     // Its peer restarted or went away: evict it now and
                     // reconnect through a fresh handshake below.
                     table.cache.remove_stale(name);
-                    self.retire(&mut table, &segment);
+                    stale = Some((segment.epoch(), segment.inner.link.is_broken()));
+                    detaching = self.retire(&mut table, &segment);
                     table.cache.note_miss();
                 }
                 // A peer whose descriptor listed no region yet was still
@@ -94,6 +119,17 @@ impl Engine {
                 _ => table.cache.note_miss(),
             }
         }
+        Detaching::wait_all(detaching);
+        if let Some((old_epoch, broken)) = stale {
+            // Outside the table lock: a log sink never holds up other opens.
+            let detail = if broken { "its link broke" } else { "its peer restarted or its published entry changed" };
+            tracing::warn!(
+                segment = name,
+                old_epoch = format_args!("{old_epoch:#x}"),
+                detail,
+                "stale segment handle; reconnecting"
+            );
+        }
         // The handshake and connects run on the caller's thread, never on a
         // lane, and without the table lock, so a dead peer stalls nobody else.
         let deadline = Instant::now() + timeout;
@@ -102,7 +138,7 @@ impl Engine {
         let transport =
             crate::transport::select::choose(transport, &handshake.descriptor, local_host_id(), serves_rdma)?;
         let link = self.open_link(transport, &handshake, deadline)?;
-        self.install_segment(name, handshake.descriptor, transport, link)
+        self.install_segment(name, handshake.descriptor, transport, link, stale.map(|(epoch, _)| epoch))
     }
 
     /// Who this engine is to its peers.
@@ -179,22 +215,31 @@ impl Engine {
             _ => Handshake { descriptor: self.descriptor(), session: None },
         };
         let link = self.open_link(transport, &handshake, deadline)?;
-        self.install_segment(&format!("self/{}", transport.name()), handshake.descriptor, transport, link)
+        self.install_segment(&format!("self/{}", transport.name()), handshake.descriptor, transport, link, None)
     }
 
+    /// Hands each lane its link and caches the handle; `replaced` is the
+    /// epoch of a stale handle of this name already retired.
     fn install_segment(
         &self,
         name: &str,
         descriptor: SegmentDescriptor,
         transport: TransportKind,
         link: Link,
+        mut replaced: Option<u64>,
     ) -> Result<Segment> {
+        let epoch = descriptor.epoch;
         let mut table = lock(&self.inner.segments);
+        let mut detaching = Vec::new();
         if let Some(old) = table.cache.remove(name) {
-            self.retire(&mut table, &old);
+            replaced = Some(old.epoch());
+            detaching.extend(self.retire(&mut table, &old));
         }
-        let slot =
-            table.free.pop().ok_or(Error::Busy { queue: "segment table", capacity: self.inner.config.max_segments })?;
+        let Some(slot) = table.free.pop() else {
+            drop(table);
+            Detaching::wait_all(detaching);
+            return Err(Error::Busy { queue: "segment table", capacity: self.inner.config.max_segments });
+        };
         let key = ((table.generations[slot as usize] as u32) << 16) | slot as u32;
         let peer = Arc::new(PeerSegment::new(descriptor));
         let Link { state, lanes } = link;
@@ -215,17 +260,40 @@ impl Engine {
         };
         // A full cache pushes out its least recently used handle, whose
         // lanes' links are dropped now.
-        for evicted in table.cache.insert(name, segment.clone()) {
-            self.retire(&mut table, &evicted);
+        let evicted = table.cache.insert(name, segment.clone());
+        for old in &evicted {
+            detaching.extend(self.retire(&mut table, old));
+        }
+        drop(table);
+        Detaching::wait_all(detaching);
+        let transport = transport.name();
+        match replaced {
+            Some(old) => tracing::info!(
+                segment = name,
+                epoch = format_args!("{epoch:#x}"),
+                old_epoch = format_args!("{old:#x}"),
+                transport,
+                "segment reopened"
+            ),
+            None => tracing::debug!(segment = name, epoch = format_args!("{epoch:#x}"), transport, "segment opened"),
+        }
+        for old in &evicted {
+            tracing::debug!(
+                segment = old.opened_as(),
+                epoch = format_args!("{:#x}", old.epoch()),
+                "segment evicted (least recently used)"
+            );
         }
         Ok(segment)
     }
 
     /// Takes a handle out of service: its slot's generation moves on, and
-    /// every lane lets go of its link. A broken link's lanes are waited for
-    /// (briefly), so what they hand back (RDMA QPs, reset) is there for the
+    /// every lane lets go of its link. For a broken link the caller gets a
+    /// [`Detaching`] to wait on once it has let go of the table lock, so
+    /// what the lanes hand back (RDMA QPs, reset) is there for the
     /// reconnect that usually follows at once.
-    fn retire(&self, table: &mut OpenSegments, segment: &Segment) {
+    #[must_use = "wait on a broken link's detach after releasing the table lock"]
+    fn retire(&self, table: &mut OpenSegments, segment: &Segment) -> Option<Detaching> {
         segment.inner.peer.close();
         let key = segment.inner.key;
         let wait = segment.inner.link.is_broken() && !self.inner.is_stopped();
@@ -233,19 +301,11 @@ impl Engine {
         for lane in &self.inner.lanes {
             lane.shared.send(LaneCommand::DetachSegment { key, done: wait.then(|| done.clone()) });
         }
-        if wait {
-            let deadline = Instant::now() + RETIRE_WAIT;
-            for _ in &self.inner.lanes {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if detached.recv_timeout(left).is_err() {
-                    break;
-                }
-            }
-        }
         let slot = key as u16;
         let generation = &mut table.generations[slot as usize];
         *generation = generation.wrapping_add(1).max(1);
         table.free.push(slot);
+        wait.then(|| Detaching { lanes: self.inner.lanes.len(), detached })
     }
 
     /// Closes a segment: new submissions to it fail; batches already queued
@@ -256,7 +316,9 @@ impl Engine {
         let name = segment.opened_as();
         if table.cache.peek(name).is_some_and(|s| s.inner.key == segment.inner.key) {
             table.cache.remove(name);
-            self.retire(&mut table, segment);
+            let detaching = self.retire(&mut table, segment);
+            drop(table);
+            Detaching::wait_all(detaching);
         }
     }
 

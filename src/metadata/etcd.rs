@@ -12,6 +12,7 @@ use super::MetadataStore;
 use crate::auth::Initiator;
 use crate::control::Handshake;
 use crate::error::{Error, Result};
+use crate::log::ratelimit::{log_limited, RateLimit};
 use crate::segment::SegmentDescriptor;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
@@ -267,6 +268,7 @@ impl Publication {
             .name("kvring-etcd-lease".into())
             .spawn(move || {
                 let mut next = Instant::now() + period;
+                let mut failures = 0u64;
                 while !thread_stop.load(Ordering::Acquire) {
                     if Instant::now() < next {
                         std::thread::sleep(Duration::from_millis(20));
@@ -281,10 +283,22 @@ impl Publication {
                         lease = etcd.grant(ttl, deadline)?;
                         etcd.put(&key, &value, lease, deadline)
                     });
-                    if let Err(error) = refreshed {
-                        // Peers keep finding the entry until its lease runs
-                        // out; the next round tries again.
-                        tracing::warn!(key = %key, %error, "could not refresh the published descriptor's lease");
+                    match refreshed {
+                        Ok(()) if failures > 0 => {
+                            tracing::info!(%key, failures, "metadata store reachable again; lease refreshed");
+                            failures = 0;
+                        }
+                        Ok(()) => {}
+                        Err(error) => {
+                            // Peers keep finding the entry until its lease
+                            // runs out; the next round tries again. Logged
+                            // when lost, not every round it stays lost.
+                            failures += 1;
+                            static LIMIT: RateLimit = RateLimit::per_second();
+                            if failures == 1 {
+                                log_limited!(warn, LIMIT, %key, %error, "metadata store lost: could not refresh the published descriptor's lease");
+                            }
+                        }
                     }
                 }
                 // Going away cleanly: the key goes now, not after the TTL.

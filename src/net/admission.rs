@@ -11,6 +11,7 @@
 //! Admitted connections are bounded per source and in total; past those a
 //! newcomer is refused (`Busy`, which the initiator may retry).
 
+use crate::log::ratelimit::{log_limited, RateLimit};
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::net::IpAddr;
@@ -136,9 +137,20 @@ impl<K: Copy + Eq + Hash> Admission<K> {
             evicted = self.evict_oldest_pending(None);
         }
         if self.entries.len() >= self.limits.max_total {
+            static LIMIT: RateLimit = RateLimit::per_second();
+            log_limited!(warn, LIMIT, %source, bound = "connection table", limit = self.limits.max_total, "connection refused");
             return Arrival::Refuse("connection table");
         }
         if from_source >= self.limits.max_pending_per_source && evicted.is_none() {
+            static LIMIT: RateLimit = RateLimit::per_second();
+            log_limited!(
+                warn,
+                LIMIT,
+                %source,
+                bound = "pending connections from one address",
+                limit = self.limits.max_pending_per_source,
+                "connection refused"
+            );
             return Arrival::Refuse("pending connections from one address");
         }
         self.entries.insert(key, Entry { source, pending_since: Some(now) });
@@ -172,6 +184,16 @@ impl<K: Copy + Eq + Hash> Admission<K> {
         }
         let counts = self.sources.entry(entry.source).or_default();
         if counts.admitted >= self.limits.max_per_source {
+            static LIMIT: RateLimit = RateLimit::per_second();
+            let source = entry.source;
+            log_limited!(
+                warn,
+                LIMIT,
+                %source,
+                bound = "connections from one address",
+                limit = self.limits.max_per_source,
+                "connection refused after its proof"
+            );
             return Err("connections from one address");
         }
         entry.pending_since = None;

@@ -2,7 +2,10 @@
 //! (control plane, metrics), the admission policy every listener applies
 //! (connections per source, a deadline to prove itself, oldest unproven
 //! connection out first), whole-operation deadlines on blocking sockets,
-//! and the file-descriptor budget.
+//! the file-descriptor budget; and logging's two helpers, here because
+//! every layer above reaches this module: a rate limit per kind of event
+//! (what a peer can cause must not flood the logs) and the sink that
+//! forwards events to the C ABI's callback or Python's `logging`.
 
 mod acceptor;
 mod admission;

@@ -6,10 +6,13 @@
  *                                   "mismatch at I"; exits at end of input.
  *   two_process initiator ADDR      pushes 16 x 64 KiB over tcp, reads them
  *                                   back into other memory, compares, and
- *                                   checks that bad input is refused.
+ *                                   checks that bad input is refused; its
+ *                                   log callback must see both its engines
+ *                                   start.
  */
 #include "kvring.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +25,18 @@ static void check(int rc, const char *what) {
     if (rc < 0) {
         fprintf(stderr, "%s failed: %s: %s\n", what, kvring_error_name(rc), kvring_last_error());
         exit(1);
+    }
+}
+
+/* What the log callback saw: every event, and engines starting (at info). */
+static atomic_int logged, started;
+
+/* Runs on kvring's threads, so it only counts (atomically). */
+static void on_log(int level, const char *target, const char *message, void *user) {
+    atomic_fetch_add(&logged, 1);
+    if (user == (void *)&logged && level == KVRING_LOG_INFO && strncmp(target, "kvring", 6) == 0 &&
+        strncmp(message, "engine started name=", 20) == 0) {
+        atomic_fetch_add(&started, 1);
     }
 }
 
@@ -69,6 +84,7 @@ static int target(void) {
 }
 
 static int initiator(const char *addr) {
+    check(kvring_set_log_callback(on_log, (void *)&logged), "set_log_callback");
     kvring_engine *engine = NULL;
     // Without the token, the target refuses this engine's handshake.
     kvring_engine *stranger = NULL;
@@ -141,10 +157,17 @@ static int initiator(const char *addr) {
         return 1;
     }
 
-    printf("pushed %d bytes, read back equal, bad input refused\n", BLOCKS * BLOCK);
+    if (atomic_load(&started) != 2) {
+        fprintf(stderr, "the log callback saw %d engine starts (of 2) in %d events\n", atomic_load(&started),
+                atomic_load(&logged));
+        return 1;
+    }
+    printf("pushed %d bytes, read back equal, bad input refused, %d events logged\n", BLOCKS * BLOCK,
+           atomic_load(&logged));
     kvring_submitter_free(sub);
     kvring_segment_free(segment);
     kvring_engine_destroy(engine);
+    check(kvring_set_log_callback(NULL, NULL), "set_log_callback(NULL)");
     free(source);
     free(back);
     return 0;

@@ -4,6 +4,7 @@
 use super::super::status::{BatchId, BatchState, PartEnd};
 use super::poll::Lane;
 use crate::error::Error;
+use crate::log::ratelimit::{log_limited, RateLimit};
 use crate::proto::ErrorCode;
 use crate::ring::{Cqe, CqeKind, Opcode};
 use crate::transport::TransferError;
@@ -59,6 +60,22 @@ impl Lane {
             // batches to this handle fail at once, and the next open of its
             // name reconnects.
             if matches!(error, Error::PeerRestarted { .. }) || link.state.is_broken() {
+                // Logged by the first chunk that finds the link broken (its
+                // other chunks and lanes find the handle stale already),
+                // and limited besides: peers restart at their own pace.
+                if !link.peer.is_stale() {
+                    static LIMIT: RateLimit = RateLimit::per_second();
+                    let peer = link.peer.descriptor();
+                    log_limited!(
+                        warn,
+                        LIMIT,
+                        segment = %peer.name,
+                        epoch = format_args!("{:#x}", peer.epoch),
+                        transport = link.state.kind().name(),
+                        %error,
+                        "link to a peer broke; its handle is stale"
+                    );
+                }
                 link.peer.mark_stale();
             }
         }
