@@ -355,24 +355,24 @@ impl Error {
     }
 
     /// Wraps an OS error with what kvring was doing when it happened.
-    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io { context: context.into(), source }
     }
 
     /// Shorthand for [`Error::InvalidArgument`].
-    pub fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
+    pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
         Error::InvalidArgument { what, reason: reason.into() }
     }
 
     /// Shorthand for [`Error::Malformed`].
-    pub fn malformed(what: &'static str, reason: impl Into<String>) -> Self {
+    pub(crate) fn malformed(what: &'static str, reason: impl Into<String>) -> Self {
         Error::Malformed { what, reason: reason.into() }
     }
 
     /// What answered at `peer` does not speak kvring: its first bytes,
     /// shown as text a user can recognise (`HTTP/1.1 400 Bad Request`,
     /// `SSH-2.0-...`).
-    pub fn not_kvring(peer: impl Into<String>, got: &[u8]) -> Self {
+    pub(crate) fn not_kvring(peer: impl Into<String>, got: &[u8]) -> Self {
         let shown: String =
             got.iter().take(32).map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' }).collect();
         let got = if got.is_empty() { "nothing".into() } else { format!("{shown:?}") };

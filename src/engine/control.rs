@@ -115,6 +115,8 @@ impl ControlHandler for ControlContext {
         // SAFETY: the range is inside a registered region (checked) that the
         // lease keeps registered; read through a bounce buffer, since lanes
         // and peers may write it meanwhile (which only makes the sum stale).
-        Ok(unsafe { crate::mem::checksum_shared((entry.addr + request.offset as usize) as *const u8, request.len as usize) })
+        Ok(unsafe {
+            crate::mem::checksum_shared((entry.addr + request.offset as usize) as *const u8, request.len as usize)
+        })
     }
 }

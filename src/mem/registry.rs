@@ -271,7 +271,8 @@ impl Registry {
         if let Ok(slot) = self.slot(id, Side::Local) {
             // Release pairs with `unregister`'s Acquire: our reads of the
             // entry happen before the slot is freed.
-            slot.state.fetch_sub(1, Ordering::Release);
+            let before = slot.state.fetch_sub(1, Ordering::Release);
+            debug_assert!(before & LEASE_MASK != 0, "a lease given back that was never taken");
         }
     }
 

@@ -64,7 +64,11 @@ impl Lane {
         if self.rings[ring_index].is_none() {
             return;
         }
-        let Some(ticket_index) = self.free_tickets.pop() else { return };
+        // `poll_rings` pops an SQE only with a ticket free.
+        let Some(ticket_index) = self.free_tickets.pop() else {
+            debug_assert!(false, "an SQE was taken with no ticket free");
+            return;
+        };
         let link = match self.links.find(sqe.segment) {
             Some(link) => Some(link),
             None => {

@@ -20,6 +20,9 @@ const MAX_SQES_PER_POLL: usize = 32;
 /// Longest a lane parks while chunks are in flight: replies wake no
 /// doorbell, so it looks again this often.
 const IN_FLIGHT_PARK: Duration = Duration::from_micros(200);
+/// How long a stopping lane waits for its chunks in flight to end before it
+/// aborts them (their connections closed, their batches failed).
+const STOP_GRACE: Duration = Duration::from_secs(2);
 /// Rounds between deadline checks of parts in flight.
 const DEADLINE_CHECK_ROUNDS: u32 = 256;
 
@@ -82,6 +85,7 @@ impl Lane {
 
     pub async fn run(mut self) {
         let mut idle_since: Option<Instant> = None;
+        let mut stopping_since: Option<Instant> = None;
         let mut rounds: u32 = 0;
         loop {
             let commands = self.take_commands();
@@ -92,8 +96,17 @@ impl Lane {
             if worked > 0 {
                 idle_since = None;
             } else if self.shared.stopping() {
+                let since = *stopping_since.get_or_insert_with(Instant::now);
                 if self.drained() {
                     break;
+                }
+                if since.elapsed() > STOP_GRACE {
+                    // A peer that trickles replies (or none) must not hold
+                    // the engine's drop: end what is still in flight.
+                    self.abort_all("the engine stopped");
+                    if since.elapsed() > 2 * STOP_GRACE {
+                        break;
+                    }
                 }
             } else {
                 let now = Instant::now();
@@ -213,7 +226,14 @@ impl Lane {
                 }
                 continue;
             }
-            for _ in 0..available.min(self.free_tickets.len()) {
+            for _ in 0..available {
+                // Checked before each pop, not once: executing a part can
+                // run lane commands (a notification takes a ticket too), and
+                // an SQE taken without a ticket would be lost with its
+                // descriptors still in the arena.
+                if self.free_tickets.is_empty() {
+                    break;
+                }
                 let Some(sqe) = self.rings[index].as_mut().and_then(|slot| slot.rings.sq.pop()) else { break };
                 self.execute_part(index, sqe);
                 executed += 1;
