@@ -228,10 +228,16 @@ impl LaneLink for RdmaLink {
                 let error = Error::UnknownRegion { side: crate::Side::Remote, region: block.desc.remote_region };
                 return Posted::Failed((error, 0));
             };
+            // The base is the peer's word: an address near the top of the
+            // space is refused, not wrapped (nor a panic in debug builds).
+            let Some(remote_addr) = base.checked_add(block.desc.remote_offset) else {
+                let error = Error::malformed("rdma region address", format!("{base:#x} + offset overflows 64 bits"));
+                return Posted::Failed((error, 0));
+            };
             bytes += block.desc.len;
             self.keyed.push(KeyedBlock {
                 local_addr: block.local as u64,
-                remote_addr: base + block.desc.remote_offset,
+                remote_addr,
                 len: block.desc.len,
                 local_region: block.desc.local_region.raw(),
                 remote_region: block.desc.remote_region.raw(),
