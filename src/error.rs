@@ -248,6 +248,15 @@ pub enum Error {
         /// What failed.
         reason: String,
     },
+    /// A GPU, its driver or a peer's exported GPU memory failed or refused
+    /// an operation.
+    #[error("gpu {device}: {reason}")]
+    Gpu {
+        /// The device (or the provider when none is known).
+        device: String,
+        /// What failed, and what to do about it.
+        reason: String,
+    },
     /// The engine is shutting down or has stopped.
     #[error("the engine is shut down")]
     Shutdown,
@@ -342,7 +351,7 @@ impl Error {
             Error::LockedMemoryLimit { .. } => ErrorCode::ResourceLimit,
             Error::LaneStart { .. } => ErrorCode::Internal,
             Error::Unsupported { .. } => ErrorCode::Unsupported,
-            Error::Device { .. } => ErrorCode::Io,
+            Error::Device { .. } | Error::Gpu { .. } => ErrorCode::Io,
             Error::Shutdown => ErrorCode::Shutdown,
             Error::NotKvring { .. } => ErrorCode::MalformedMessage,
             Error::Unauthorized { .. } => ErrorCode::Unauthorized,
@@ -413,6 +422,11 @@ mod tests {
             (
                 Error::Device { device: "mlx5_0".into(), reason: "it disappeared".into() },
                 "rdma device mlx5_0: it disappeared",
+                ErrorCode::Io,
+            ),
+            (
+                Error::Gpu { device: "sim-gpu-1".into(), reason: "the device was lost".into() },
+                "gpu sim-gpu-1: the device was lost",
                 ErrorCode::Io,
             ),
             (

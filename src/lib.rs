@@ -35,6 +35,8 @@ mod desc;
 mod engine;
 mod error;
 mod ffi;
+#[allow(dead_code)] // the GPU layer lands before the engine uses it (issue 15)
+mod gpu;
 mod http;
 pub mod kv;
 mod log;
