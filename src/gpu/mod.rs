@@ -6,11 +6,13 @@
 //! Objects are plain handles, so the trait stays object safe and the code
 //! above it is the same over every provider.
 //!
-//! Providers: [`sim::SimGpu`], in-process, where device memory is a mapping
-//! the host cannot touch (any dereference faults) and a stand-in copy
-//! engine moves bytes after a configurable delay, with faults to inject; the
-//! CUDA driver provider (loaded at run time) is the next step.
+//! Providers: [`cuda::CudaGpu`], the CUDA driver API loaded at run time
+//! (cudarc), and [`sim::SimGpu`], in-process, where device memory is a
+//! mapping the host cannot touch (any dereference faults) and a stand-in
+//! copy engine moves bytes after a configurable delay, with faults to
+//! inject.
 
+pub(crate) mod cuda;
 pub(crate) mod sim;
 
 use crate::error::Result;

@@ -515,7 +515,7 @@ mod tests {
         let producer = std::thread::spawn(move || {
             let mut next = 0u64;
             while next < COUNT {
-                if next % 3 == 0 {
+                if next.is_multiple_of(3) {
                     let want = ((COUNT - next) as usize).min(7);
                     if let Ok(mut chunk) = tx.write_chunk(want) {
                         for _ in 0..want {

@@ -313,7 +313,7 @@ pub fn format_size(bytes: u64) -> String {
             .into_iter()
             .chain([("KB", 1_000)])
     {
-        if bytes >= scale && bytes % scale == 0 {
+        if bytes >= scale && bytes.is_multiple_of(scale) {
             return format!("{}{unit}", bytes / scale);
         }
     }

@@ -90,7 +90,9 @@ impl Lane {
         loop {
             let commands = self.take_commands();
             let worked = self.poll_links() + self.poll_rings() + self.announce_notifications() + commands;
-            if self.free_tickets.len() < self.tickets.len() && (worked == 0 || rounds % DEADLINE_CHECK_ROUNDS == 0) {
+            if self.free_tickets.len() < self.tickets.len()
+                && (worked == 0 || rounds.is_multiple_of(DEADLINE_CHECK_ROUNDS))
+            {
                 self.expire_in_flight();
             }
             if worked > 0 {
@@ -123,7 +125,7 @@ impl Lane {
                 }
             }
             rounds = rounds.wrapping_add(1);
-            if rounds % 64 == 0 {
+            if rounds.is_multiple_of(64) {
                 // Let other tasks on this executor (future transports) run.
                 glommio::yield_if_needed().await;
             }

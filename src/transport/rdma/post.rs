@@ -81,7 +81,7 @@ pub fn build(
             lkey: keys.lkey(nic, local_region),
             remote_addr,
             rkey: keys.rkey(nic, remote_region),
-            signaled: count % config.signal_every.max(1) == 0,
+            signaled: count.is_multiple_of(config.signal_every.max(1)),
             inline: op == WrOp::Write && len <= u64::from(config.max_inline),
         });
         seq += 1;
