@@ -1,6 +1,7 @@
 //! What this host offers an engine, read before one starts: its identity
 //! (same-host peers are recognised by it), its locked-memory limit against
-//! what the lanes need, its shared-memory directory, and its RDMA devices.
+//! what the lanes need, its shared-memory directory, its RDMA devices and
+//! its GPUs.
 //! `kvring info` prints these; an embedding engine can check them the same
 //! way.
 
@@ -49,6 +50,22 @@ pub fn rdma_devices() -> Result<Vec<String>, String> {
             let numa = d.numa_node.map_or("numa ?".to_string(), |n| format!("numa {n}"));
             let ports = if ports.is_empty() { "no active port".into() } else { ports.join(", ") };
             format!("{} ({numa}; {ports})", d.name)
+        })
+        .collect())
+}
+
+/// GPUs the CUDA driver lists (ordinal, name, memory, PCI bus, NUMA node),
+/// one line each, or why there are none (no driver, no device).
+pub fn gpus() -> Result<Vec<String>, String> {
+    use crate::gpu::Gpu;
+    let gpu = crate::gpu::cuda::CudaGpu::load().map_err(|e| e.to_string())?;
+    let devices = gpu.devices().map_err(|e| e.to_string())?;
+    Ok(devices
+        .iter()
+        .map(|d| {
+            let numa = d.numa_node.map_or("numa ?".to_string(), |n| format!("numa {n}"));
+            let bus = d.pci_bus.as_deref().unwrap_or("pci ?");
+            format!("{}: {} ({} MiB; {bus}; {numa})", d.ordinal, d.name, d.memory_bytes >> 20)
         })
         .collect())
 }

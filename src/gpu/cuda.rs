@@ -74,8 +74,8 @@ impl CudaGpu {
     pub fn load() -> Result<Self> {
         if !driver_present() {
             return Err(cuda_error(
-                "no CUDA driver found (libcuda.so.1 does not load): device memory needs the NVIDIA driver; \
-                 the simulated provider (--gpu sim) runs the same paths without one",
+                "no CUDA driver found (libcuda.so.1 does not load): device memory needs the NVIDIA driver \
+                 (kvring's tests run the GPU paths on a simulated provider without one)",
             ));
         }
         // SAFETY: the library is present; cuInit takes no pointer.
@@ -443,6 +443,6 @@ mod tests {
             return;
         }
         let error = CudaGpu::load().unwrap_err().to_string();
-        assert!(error.contains("no CUDA driver found") && error.contains("--gpu sim"), "{error}");
+        assert!(error.contains("no CUDA driver found") && error.contains("NVIDIA driver"), "{error}");
     }
 }

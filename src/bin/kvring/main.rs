@@ -54,6 +54,7 @@ fn info(args: InfoArgs) -> Result<(), String> {
     let cores = builder.planned_lane_cores();
     let memlock = kvring::host::locked_memory_limit();
     let rdma = kvring::host::rdma_devices();
+    let gpus = kvring::host::gpus();
     let settings: Vec<_> = config
         .settings()
         .iter()
@@ -80,6 +81,7 @@ fn info(args: InfoArgs) -> Result<(), String> {
                 .collect::<Vec<_>>(),
             "metadata": metadata,
             "rdma": { "built": cfg!(feature = "rdma"), "devices": rdma.as_ref().ok(), "reason": rdma.as_ref().err() },
+            "gpus": { "devices": gpus.as_ref().ok(), "reason": gpus.as_ref().err() },
             "host": {
                 "cores": core_affinity::get_core_ids().unwrap_or_default().len(),
                 "memlock_bytes": memlock,
@@ -111,6 +113,10 @@ fn info(args: InfoArgs) -> Result<(), String> {
     match &rdma {
         Ok(devices) => println!("rdma:             {built}; devices: {}", devices.join("; ")),
         Err(reason) => println!("rdma:             {built}; {reason}"),
+    }
+    match &gpus {
+        Ok(devices) => println!("gpus:             {}", devices.join("; ")),
+        Err(reason) => println!("gpus:             none: {reason}"),
     }
     println!("transports:       {}", args::transports().join(", "));
     println!("cores:            {}", core_affinity::get_core_ids().unwrap_or_default().len());
