@@ -35,8 +35,6 @@ mod desc;
 mod engine;
 mod error;
 mod ffi;
-#[allow(dead_code)] // the GPU layer lands before the engine uses it (issue 15)
-mod gpu;
 mod http;
 pub mod kv;
 mod log;
@@ -57,6 +55,7 @@ mod sync;
 pub mod testing;
 mod transport;
 
+pub mod gpu;
 pub mod host;
 pub mod rdma;
 
@@ -67,7 +66,7 @@ pub use engine::{
     Batch, Completion, Engine, EngineBuilder, EngineConfig, Event, Outcome, Region, Segment, StatusReader, Submitter,
 };
 pub use error::{Error, Result, Side};
-pub use mem::{Access, RegionInfo, RegionKind};
+pub use mem::{Access, MemoryKind, RegionInfo, RegionKind};
 pub use metadata::{EtcdUrl, MetadataMode};
 pub use net::AdmissionLimits;
 pub use notify::{Notification, NotifyQuota};

@@ -6,6 +6,7 @@ use crate::advertise::Advertised;
 use crate::auth::Token;
 use crate::control::DEFAULT_CONTROL_TIMEOUT;
 use crate::error::Result;
+use crate::gpu::Gpu;
 use crate::mem::DEFAULT_MAX_REGIONS;
 use crate::metadata::MetadataMode;
 use crate::net::AdmissionLimits;
@@ -102,6 +103,10 @@ pub struct EngineConfig {
     /// A verbs provider: the engine then serves and uses RDMA on every
     /// device with an active port (see [`EngineBuilder::rdma`]).
     pub rdma: Option<Arc<dyn Verbs>>,
+    /// A GPU provider, to tell device memory from host memory when a range
+    /// is registered; `None` loads the CUDA driver at the first
+    /// registration where one is installed (see [`EngineBuilder::gpu`]).
+    pub gpu: Option<Arc<dyn Gpu>>,
     /// How often a target probes the initiators it holds RDMA QPs for, to
     /// release those of initiators that went away.
     pub rdma_probe_interval: Duration,
@@ -139,6 +144,7 @@ impl Default for EngineConfig {
             metrics_enabled: true,
             advertise: None,
             rdma: None,
+            gpu: None,
             rdma_probe_interval: DEFAULT_RDMA_PROBE_INTERVAL,
         }
     }
@@ -334,6 +340,13 @@ impl EngineBuilder {
     /// first in the transport order.
     pub fn rdma(mut self, verbs: Arc<dyn Verbs>) -> Self {
         self.config.rdma = Some(verbs);
+        self
+    }
+
+    /// Classifies registered memory with `gpu` (the simulated provider in
+    /// tests, or an embedder's own) instead of the CUDA driver.
+    pub fn gpu(mut self, gpu: Arc<dyn Gpu>) -> Self {
+        self.config.gpu = Some(gpu);
         self
     }
 

@@ -108,6 +108,9 @@ impl ControlHandler for ControlContext {
         // The lease keeps the region registered while we read it.
         let lease = self.registry.lease(id).map_err(|_| Error::UnknownRegion { side: Side::Remote, region: id })?;
         let entry = lease.entry();
+        if entry.info.memory != crate::mem::MemoryKind::Host {
+            return Err(Error::Unsupported { what: format!("a checksum of GPU memory (region {id})") });
+        }
         if !entry.info.access.contains(Access::REMOTE_READ) {
             return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region: id, needs: "remote read" });
         }

@@ -42,6 +42,8 @@ pub(crate) struct EngineInner {
     pub(super) advertised: crate::advertise::Advertised,
     pub(super) stopped: AtomicBool,
     pub(super) next_tag: AtomicU16,
+    /// The GPU provider, found at the first registration.
+    pub(super) gpu: OnceLock<Option<Arc<dyn crate::gpu::Gpu>>>,
 }
 
 impl std::fmt::Debug for EngineInner {
@@ -206,6 +208,7 @@ impl Engine {
                 advertised,
                 stopped: AtomicBool::new(false),
                 next_tag: AtomicU16::new(1),
+                gpu: OnceLock::new(),
             }),
         };
         engine.start_threads()?;

@@ -3,7 +3,8 @@
 
 use super::{Engine, Region};
 use crate::error::{Error, Result};
-use crate::mem::{Access, RegionInfo, ShmMapping};
+use crate::gpu::{CudaGpu, Gpu, Memory};
+use crate::mem::{Access, MemoryKind, RegionInfo, ShmMapping};
 use crate::region_id::RegionId;
 use std::sync::Arc;
 
@@ -26,11 +27,58 @@ impl Engine {
     /// # Ok::<(), kvring::Error>(())
     /// ```
     pub unsafe fn register(&self, ptr: *mut u8, len: usize, info: RegionInfo) -> Result<RegionId> {
+        self.check_memory(ptr as u64, len as u64, &info)?;
         let id = self.inner.registry.register(ptr as usize, len, info, None)?;
-        // SAFETY: the caller keeps the range valid until it unregisters (our
-        // contract), which deregisters it from the NICs too.
-        unsafe { self.register_with_nics(id, ptr as u64, len as u64, info.access)? };
+        if info.memory == MemoryKind::Host {
+            // SAFETY: the caller keeps the range valid until it unregisters
+            // (our contract), which deregisters it from the NICs too.
+            unsafe { self.register_with_nics(id, ptr as u64, len as u64, info.access)? };
+        }
         Ok(id)
+    }
+
+    /// Checks where `addr..addr + len` lives against where `info` says it
+    /// does, with the GPU provider: a device pointer registered as host
+    /// memory (what a CUDA tensor's address handed to a host API is) would
+    /// have a lane copy from it, so it is refused, as is the reverse.
+    fn check_memory(&self, addr: u64, len: u64, info: &RegionInfo) -> Result<()> {
+        let gpu = self.gpu();
+        let found = match gpu {
+            Some(gpu) => gpu.classify(addr, len)?,
+            None => Memory::Host,
+        };
+        let wrong = |reason: String| Err(Error::invalid("memory", format!("{addr:#x}+{len} {reason}")));
+        match (info.memory, found) {
+            (MemoryKind::Host, Memory::Host) => Ok(()),
+            (MemoryKind::Gpu(want), Memory::Device { ordinal, .. }) if want == ordinal => Ok(()),
+            (MemoryKind::Host, Memory::Device { ordinal, .. }) => wrong(format!(
+                "is memory of GPU {ordinal}, registered as host memory: register it with RegionInfo::on_gpu({ordinal})"
+            )),
+            (MemoryKind::Gpu(want), Memory::Device { ordinal, .. }) => {
+                wrong(format!("is memory of GPU {ordinal}, registered as GPU {want}'s"))
+            }
+            (MemoryKind::Gpu(want), Memory::Host) if gpu.is_none() => wrong(format!(
+                "is registered as GPU {want}'s, but this engine has no GPU provider (no CUDA driver found)"
+            )),
+            (MemoryKind::Gpu(want), Memory::Host) => wrong(format!("is host memory, registered as GPU {want}'s")),
+        }
+    }
+
+    /// The GPU provider: the builder's, or the CUDA driver's when one is
+    /// installed (loaded at the first registration, not at start, so an
+    /// engine that never registers memory never initialises CUDA).
+    pub(crate) fn gpu(&self) -> Option<&Arc<dyn Gpu>> {
+        self.inner
+            .gpu
+            .get_or_init(|| {
+                self.inner.config.gpu.clone().or_else(|| {
+                    crate::gpu::cuda::driver_present()
+                        .then(CudaGpu::load)
+                        .and_then(|loaded| loaded.ok())
+                        .map(|gpu| Arc::new(gpu) as Arc<dyn Gpu>)
+                })
+            })
+            .as_ref()
     }
 
     /// Registers a region with every NIC (when the engine serves RDMA);
@@ -86,6 +134,9 @@ impl Engine {
     /// # Ok::<(), kvring::Error>(())
     /// ```
     pub fn alloc_region(&self, len: usize, info: RegionInfo) -> Result<Region> {
+        if info.memory != MemoryKind::Host {
+            return Err(Error::invalid("memory", "alloc_region allocates host shared memory; register GPU memory"));
+        }
         let mapping = Arc::new(ShmMapping::create(len, self.inner.epoch)?);
         let id = self.inner.registry.register(mapping.as_ptr() as usize, len, info, Some(mapping.clone()))?;
         // SAFETY: the registry keeps the mapping alive while it is registered.

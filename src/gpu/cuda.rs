@@ -44,7 +44,7 @@ unsafe impl<T> Sync for Raw<T> {}
 
 /// The provider over the CUDA driver.
 #[derive(Debug)]
-pub(crate) struct CudaGpu {
+pub struct CudaGpu {
     /// Per device: its handle and retained primary context.
     contexts: Vec<(sys::CUdevice, Raw<sys::CUcontext>)>,
     batch_copy: Option<BatchCopy>,

@@ -12,26 +12,29 @@
 //! copy engine moves bytes after a configurable delay, with faults to
 //! inject.
 
-pub(crate) mod cuda;
-pub(crate) mod sim;
+pub mod cuda;
+pub mod sim;
+
+pub use cuda::CudaGpu;
+pub use sim::SimGpu;
 
 use crate::error::Result;
 
 /// A device address (the provider's, not dereferenceable by the host).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct DevicePtr(pub u64);
+pub struct DevicePtr(pub u64);
 
 /// A stream: copies on it run in order, asynchronously to the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Stream(pub u64);
+pub struct Stream(pub u64);
 
 /// A point in a stream that the host polls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Event(pub u64);
+pub struct Event(pub u64);
 
 /// One GPU as the host sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct GpuDevice {
+pub struct GpuDevice {
     /// The provider's ordinal.
     pub ordinal: u32,
     /// Its name ("NVIDIA H200", "sim-gpu-0").
@@ -46,7 +49,7 @@ pub(crate) struct GpuDevice {
 
 /// Where a range of addresses lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Memory {
+pub enum Memory {
     /// Host memory (pageable or registered).
     Host,
     /// Memory of one device, inside one allocation.
@@ -64,7 +67,7 @@ pub(crate) enum Memory {
 /// provider understands, and where the exported pointer sits in its
 /// allocation (handles name whole allocations).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct IpcHandle {
+pub struct IpcHandle {
     /// The provider's handle.
     pub bytes: [u8; 64],
     /// Offset of the exported pointer from its allocation's base.
@@ -76,7 +79,7 @@ pub(crate) struct IpcHandle {
 /// One copy of a batch: addresses are host pointers or device pointers, as
 /// [`Gpu::classify`] tells them apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Copy {
+pub struct Copy {
     /// Where the bytes come from.
     pub src: u64,
     /// Where they go.
@@ -87,7 +90,7 @@ pub(crate) struct Copy {
 
 /// How a batch of copies was issued (reported by the bench).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum CopyMethod {
+pub enum CopyMethod {
     /// One batched driver call (`cuMemcpyBatchAsync`).
     Batched,
     /// A copy kernel walking a descriptor array.
@@ -97,7 +100,7 @@ pub(crate) enum CopyMethod {
 }
 
 /// The GPU operations kvring uses.
-pub(crate) trait Gpu: Send + Sync + std::fmt::Debug {
+pub trait Gpu: Send + Sync + std::fmt::Debug {
     /// The provider's name (`sim`, `cuda`).
     fn provider(&self) -> &'static str;
     /// The devices this process can use.

@@ -29,7 +29,7 @@ const SIM_MEMORY_BYTES: u64 = 16 << 30;
 
 /// The simulated provider.
 #[derive(Debug)]
-pub(crate) struct SimGpu {
+pub struct SimGpu {
     devices: u32,
     copy_delay: Duration,
     state: Mutex<State>,
@@ -57,8 +57,8 @@ struct Alloc {
     device: u32,
     len: u64,
     file: File,
-    /// The inaccessible view at the device address.
-    view: NoAccess,
+    /// The inaccessible view at the device address (held for its mapping).
+    _view: NoAccess,
     /// The view the copy engine uses.
     alias: MmapRaw,
     /// Opened from another process's export (closed, not freed).
@@ -146,7 +146,7 @@ impl SimGpu {
         let view = map_no_access(&file, len)?;
         let alias = MmapRaw::map_raw(&file).map_err(|e| Error::io("mapping simulated device memory", e))?;
         let base = view.addr as u64;
-        state.allocs.insert(base, Alloc { device, len, file, view, alias, opened });
+        state.allocs.insert(base, Alloc { device, len, file, _view: view, alias, opened });
         Ok(base)
     }
 }

@@ -7,6 +7,6 @@ pub mod registry;
 pub mod shm;
 
 pub use checksum::checksum_shared;
-pub use region::{Access, RegionInfo, RegionKind};
+pub use region::{Access, MemoryKind, RegionInfo, RegionKind};
 pub use registry::{Registry, DEFAULT_MAX_REGIONS};
 pub use shm::ShmMapping;

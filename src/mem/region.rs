@@ -122,12 +122,33 @@ pub struct RegionInfo {
     pub block_bytes: u64,
     /// Who may read or write it.
     pub access: Access,
+    /// Where its bytes live: host memory, or a GPU's.
+    pub memory: MemoryKind,
+}
+
+/// Where a region's bytes live. Registering a range checks it against the
+/// engine's GPU provider: a device pointer said to be host memory, or host
+/// memory said to be a GPU's, is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum MemoryKind {
+    /// Host memory: the lanes copy it, NICs and sockets read it.
+    #[default]
+    Host,
+    /// Memory of GPU `n`: never touched by a lane (only by the GPU's copy
+    /// engines and NICs that can reach it).
+    Gpu(u32),
 }
 
 impl RegionInfo {
-    /// Untyped bytes, every access right.
+    /// Untyped host bytes, every access right.
     pub const fn raw() -> Self {
-        Self { kind: RegionKind::Raw, layer: 0, block_bytes: 0, access: Access::ALL }
+        Self { kind: RegionKind::Raw, layer: 0, block_bytes: 0, access: Access::ALL, memory: MemoryKind::Host }
+    }
+
+    /// In the memory of GPU `device`.
+    pub const fn on_gpu(mut self, device: u32) -> Self {
+        self.memory = MemoryKind::Gpu(device);
+        self
     }
 
     /// With another kind.

@@ -7,7 +7,7 @@ use super::poll::Lane;
 use super::MAX_CHUNK_BLOCKS;
 use crate::desc::{BlockDesc, RegionId};
 use crate::error::{Error, Result, Side};
-use crate::mem::{Access, Registry};
+use crate::mem::{Access, MemoryKind, Registry};
 use crate::ring::{Opcode, Sqe};
 use crate::segment::PeerSegment;
 use crate::transport::{Block, Posted};
@@ -278,8 +278,22 @@ fn validate(registry: &Registry, peer: &PeerSegment, desc: &BlockDesc, desc_inde
     // this run's lease is given back only after the chunk holding this block
     // has ended (`Poster::flush`, `end_ticket`), long after this borrow.
     let local = unsafe { registry.kept(desc.local_region) }?;
+    if local.info.memory != MemoryKind::Host {
+        // No transport moves GPU memory yet, and a lane must never touch it.
+        return Err(gpu_memory_unsupported(desc.local_region));
+    }
     let local_addr =
         local.check(desc.local_region, Side::Local, desc_index, desc.local_offset, desc.len, local_needs)?;
     peer.region(desc.remote_region)?.check(desc_index, desc.remote_offset, desc.len, remote_needs)?;
     Ok(local_addr as *mut u8)
+}
+
+/// The error for a GPU region on a path that would have a host thread touch
+/// its bytes.
+pub(crate) fn gpu_memory_unsupported(region: RegionId) -> Error {
+    Error::Unsupported {
+        what: format!(
+            "moving GPU memory (region {region}): no transport carries device memory yet (cuda_ipc and GPUDirect are to come)"
+        ),
+    }
 }

@@ -629,6 +629,10 @@ fn check_block(ctx: &TargetContext, header: &FrameHeader, needs: Access) -> Resu
     let region = RegionId::from_raw(header.region);
     let lease = ctx.registry.lease(region).map_err(|_| Error::UnknownRegion { side: Side::Remote, region })?;
     let entry = lease.entry();
+    if entry.info.memory != crate::mem::MemoryKind::Host {
+        // The target's thread would copy into or out of it: never.
+        return Err(Error::Unsupported { what: format!("tcp to or from GPU memory (region {region})") });
+    }
     if !entry.info.access.contains(needs) {
         return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region, needs: access_name(needs) });
     }
