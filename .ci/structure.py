@@ -52,36 +52,31 @@ def strip(text):
     return "".join(out)
 
 
+def closing_brace(code, start):
+    """Index of the `}` closing the `{` at `start` (comments and strings stripped)."""
+    depth = 0
+    for j in range(start, len(code)):
+        if code[j] == "{":
+            depth += 1
+        elif code[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+    return len(code)
+
+
 def test_blocks(code):
     """Line ranges of `#[cfg(test)]` items."""
     ranges = []
     for m in re.finditer(r"#\[cfg\(test\)\]\s*(pub(\(crate\))?\s+)?mod\s+\w+\s*\{", code):
-        start = m.end() - 1
-        depth, j = 0, start
-        while j < len(code):
-            if code[j] == "{":
-                depth += 1
-            elif code[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    break
-            j += 1
+        j = closing_brace(code, m.end() - 1)
         ranges.append((code.count("\n", 0, m.start()), code.count("\n", 0, j)))
     return ranges
 
 
 def functions(code):
     for m in re.finditer(r"\bfn\s+(\w+)[^;{]*\{", code):
-        start = m.end() - 1
-        depth, j = 0, start
-        while j < len(code):
-            if code[j] == "{":
-                depth += 1
-            elif code[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    break
-            j += 1
+        j = closing_brace(code, m.end() - 1)
         first = code.count("\n", 0, m.start())
         last = code.count("\n", 0, j)
         yield m.group(1), first, last

@@ -199,10 +199,10 @@ impl State {
                         continue;
                     }
                     for (src, dst, len) in copies {
-                        // SAFETY: device ranges were resolved inside live
-                        // allocations' aliases; host ranges are valid per
-                        // `copy_batch`'s contract until this work's event
-                        // completes, which is not before this copy.
+                        // Device ranges were resolved inside live allocations'
+                        // aliases; host ranges stay valid until this work's
+                        // event completes (`copy_batch`'s contract).
+                        // SAFETY: both ranges are valid for `len` bytes, as above.
                         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len as usize) };
                     }
                 }

@@ -294,11 +294,11 @@ impl Connection {
                 let payload: &[u8] = if frame.len == 0 {
                     &[]
                 } else {
-                    // SAFETY: a frame is queued only while its chunk is awaited: WRITE payloads
-                    // are leased registered memory until their chunk ends, notification payloads
-                    // are owned by their `Awaited`; and no chunk ends while a frame of it is
-                    // queued (`on_header` refuses such a reply, `drop_unsent` and `fail_all`
-                    // remove the frames with the chunk).
+                    // A frame is queued only while its chunk is awaited: WRITE payloads are
+                    // leased registered memory until their chunk ends, notification payloads
+                    // are owned by their `Awaited`; no chunk ends while a frame of it is queued
+                    // (`on_header` refuses such a reply; `drop_unsent`, `fail_all` drop both).
+                    // SAFETY: the payload is live for `frame.len` bytes, as above.
                     unsafe { std::slice::from_raw_parts(frame.payload, frame.len) }
                 };
                 if skip < header.len() {
