@@ -1,25 +1,50 @@
-//! GPU memory as an engine meets it today, on the simulated provider (where
-//! device memory is mapped with no access: a host thread touching it would
-//! crash this test): registration classifies every range, and no transport
-//! ever copies device memory on a host thread.
+//! GPU memory end to end on the simulated provider, whose device memory is
+//! mapped with no access (a host thread touching it would crash this test)
+//! and whose copies land only when an event says so: registration tells
+//! device memory from host memory; cuda_ipc moves every pairing of device
+//! and host memory, in one process and across processes (legacy handles
+//! and runs of pieces, as PyTorch's expandable segments); a batch is never
+//! `Done` before its bytes are in place; faults are clear errors; tcp never
+//! touches device memory.
 
 mod common;
 
-use kvring::gpu::{Copy, Gpu, SimGpu};
-use kvring::{Batch, BlockDesc, Outcome, RegionInfo, TransportKind};
+use common::WAIT;
+use kvring::gpu::{CopyMethod, Gpu, SimGpu};
+use kvring::{Batch, BlockDesc, Engine, Opcode, Outcome, Region, RegionInfo, Segment, TransportKind};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
-
-const WAIT: Duration = Duration::from_secs(5);
+use std::time::{Duration, Instant};
 
 fn sim() -> Arc<SimGpu> {
     Arc::new(SimGpu::new(2, Duration::from_millis(1)))
 }
 
+fn engine(name: &str, gpu: &Arc<SimGpu>) -> Engine {
+    common::builder(name).gpu(gpu.clone()).build().unwrap()
+}
+
+fn open(initiator: &Engine, target: &Engine, transport: Option<TransportKind>) -> kvring::Result<Segment> {
+    initiator.open_segment_with(&target.control_addr().to_string(), transport, WAIT)
+}
+
+/// Submits one batch and waits for its outcome.
+fn run(sub: &mut kvring::Submitter, batch: &Batch) -> Outcome {
+    let id = sub.submit(batch).unwrap();
+    sub.wait(id, WAIT).unwrap()
+}
+
+fn read(region: &Region, offset: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    region.read_at(offset, &mut out).unwrap();
+    out
+}
+
 #[test]
 fn registration_tells_device_memory_from_host_memory() {
     let gpu = sim();
-    let engine = common::builder("gpu-0").gpu(gpu.clone()).build().unwrap();
+    let engine = engine("gpu-0", &gpu);
     let device = gpu.alloc(0, 1 << 20).unwrap();
     let mut host = vec![0u8; 1 << 16];
 
@@ -37,14 +62,35 @@ fn registration_tells_device_memory_from_host_memory() {
     // SAFETY: refused.
     let error = unsafe { engine.register(device.0 as *mut u8, 2 << 20, RegionInfo::raw().on_gpu(0)) }.unwrap_err();
     assert!(error.to_string().contains("runs past its allocation"), "{error}");
+    // Managed memory: the host may touch it, but it cannot be shared.
+    let managed = gpu.alloc_managed(1, 4096).unwrap();
+    // SAFETY: refused.
+    let error = unsafe { engine.register(managed.0 as *mut u8, 4096, RegionInfo::raw().on_gpu(1)) }.unwrap_err();
+    assert!(error.to_string().contains("managed memory"), "{error}");
+    // SAFETY: the managed allocation outlives the engine's use of it.
+    unsafe { engine.register(managed.0 as *mut u8, 4096, RegionInfo::raw()) }.unwrap();
 
-    // Told right, both register.
+    // Told right, both register, and say where they live.
     // SAFETY: the allocation and `host` outlive the engine's use of them.
     let on_gpu = unsafe { engine.register(device.0 as *mut u8, 1 << 20, RegionInfo::raw().on_gpu(0)) }.unwrap();
     // SAFETY: as above.
     let on_host = unsafe { engine.register(host.as_mut_ptr(), host.len(), RegionInfo::raw()) }.unwrap();
-    assert_ne!(on_gpu, on_host);
-    assert!(engine.alloc_region(4096, RegionInfo::raw().on_gpu(0)).is_err(), "alloc_region is host memory");
+    assert_eq!(engine.region_info(on_gpu).unwrap().2.memory, kvring::MemoryKind::Gpu(0));
+    assert_eq!(engine.region_info(on_host).unwrap().2.memory, kvring::MemoryKind::Host);
+
+    // The engine allocates GPU memory too, and reaches its bytes only
+    // through the copy engine.
+    let owned = engine.alloc_region(1 << 16, RegionInfo::raw().on_gpu(1)).unwrap();
+    assert_eq!(owned.memory(), kvring::MemoryKind::Gpu(1));
+    assert!(owned.shm_path().is_none());
+    let bytes = common::pattern(5000, 4);
+    owned.write_at(100, &bytes).unwrap();
+    assert_eq!(read(&owned, 100, 5000), bytes);
+    assert_eq!(owned.checksum(100, 5000).unwrap(), kvring::testing::checksum(&bytes));
+    assert!(owned.write_at((1 << 16) - 10, &bytes).is_err(), "bounds are checked before the GPU is asked");
+    // Host shared memory is pinned for the GPU's copy engines.
+    let pinned = engine.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    assert!(gpu.is_host_registered(pinned.as_ptr() as u64 - 4096), "the mapping, header page included");
     drop(engine);
     // SAFETY: the engine that registered it is gone.
     unsafe { gpu.free(device).unwrap() };
@@ -60,55 +106,407 @@ fn without_a_gpu_provider_a_gpu_region_is_refused() {
     // SAFETY: refused.
     let error = unsafe { engine.register(host.as_mut_ptr(), 4096, RegionInfo::raw().on_gpu(0)) }.unwrap_err();
     assert!(error.to_string().contains("no GPU provider"), "{error}");
+    let error = engine.alloc_region(4096, RegionInfo::raw().on_gpu(0)).unwrap_err();
+    assert!(error.to_string().contains("no GPU provider"), "{error}");
+}
+
+/// Every pairing of local and remote memory, WRITE then READ back into a
+/// cleared range, bytes checked through the provider.
+#[test]
+fn cuda_ipc_moves_every_pairing_of_device_and_host_memory_in_one_process() {
+    let gpu = sim();
+    let target = engine("ipc-target", &gpu);
+    let initiator = engine("ipc-initiator", &gpu);
+    let remote_gpu = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap();
+    let remote_host = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let local_gpu = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let local_shm = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let mut caller = vec![0u8; 1 << 20];
+    // SAFETY: `caller` outlives the engine's use of it (the engine drops first).
+    let local_caller = unsafe { initiator.register(caller.as_mut_ptr(), caller.len(), RegionInfo::raw()) }.unwrap();
+    let segment = open(&initiator, &target, None).unwrap();
+    assert_eq!(segment.transport(), TransportKind::CudaIpc, "GPU memory on one host: cuda_ipc first");
+    let mut sub = initiator.submitter().unwrap();
+    let locals: [(&str, kvring::RegionId, Option<&Region>); 3] = [
+        ("gpu", local_gpu.id(), Some(&local_gpu)),
+        ("shm", local_shm.id(), Some(&local_shm)),
+        ("caller", local_caller, None),
+    ];
+    for (seed, (local_name, local, local_region)) in locals.into_iter().enumerate() {
+        for (remote_name, remote) in [("gpu", &remote_gpu), ("host", &remote_host)] {
+            let what = format!("{local_name} -> {remote_name}");
+            let source = common::pattern(3 * 4096, seed as u64 + 10);
+            match local_region {
+                Some(region) => region.write_at(0, &source).unwrap(),
+                None => caller[..source.len()].copy_from_slice(&source),
+            }
+            // Three adjacent blocks: one copy (coalesced) on the GPU's side.
+            let push: Vec<BlockDesc> =
+                (0..3).map(|i| BlockDesc::new(local, i * 4096, remote.id(), 8192 + i * 4096, 4096)).collect();
+            assert!(run(&mut sub, &Batch::write(&segment).descs(&push)).is_done(), "{what}");
+            assert_eq!(read(remote, 8192, source.len()), source, "{what}: written");
+            // Back into a cleared range of the local region.
+            let pull: Vec<BlockDesc> =
+                (0..3).map(|i| BlockDesc::new(local, 65536 + i * 4096, remote.id(), 8192 + i * 4096, 4096)).collect();
+            assert!(run(&mut sub, &Batch::read(&segment).descs(&pull)).is_done(), "{what}");
+            let back = match local_region {
+                Some(region) => read(region, 65536, source.len()),
+                None => caller[65536..65536 + source.len()].to_vec(),
+            };
+            assert_eq!(back, source, "{what}: read back");
+        }
+    }
+    drop(sub);
+    drop(initiator);
 }
 
 #[test]
-fn no_transport_copies_device_memory_on_a_host_thread() {
+fn adjacent_blocks_cost_one_copy_and_a_chunk_one_batched_call() {
     let gpu = sim();
-    let target = common::builder("gpu-target").gpu(gpu.clone()).build().unwrap();
-    let initiator = common::builder("gpu-initiator").gpu(gpu.clone()).build().unwrap();
-    let device = gpu.alloc(0, 1 << 20).unwrap();
-    // The bytes a device region holds, written by the copy engine only.
-    let source = common::pattern(4096, 5);
-    let stream = gpu.create_stream(0).unwrap();
-    // SAFETY: `source` outlives the wait below.
-    unsafe { gpu.copy_batch(stream, &[Copy { src: source.as_ptr() as u64, dst: device.0, len: 4096 }]).unwrap() };
-    let event = gpu.record(stream).unwrap();
-    while !gpu.query(event).unwrap() {
-        std::thread::sleep(Duration::from_millis(1));
+    let target = engine("coalesce-target", &gpu);
+    let initiator = engine("coalesce-initiator", &gpu);
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    local.fill_pattern(3);
+    let segment = open(&initiator, &target, None).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let before = gpu.copy_counts();
+    // 64 blocks, adjacent on both sides: one call, one copy.
+    let adjacent: Vec<BlockDesc> =
+        (0..64).map(|i| BlockDesc::new(local.id(), i * 4096, remote.id(), i * 4096, 4096)).collect();
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&adjacent)).is_done());
+    let after = gpu.copy_counts();
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1), "one batched call carrying one copy");
+    // 64 blocks scattered on the remote side: one call, 64 copies.
+    let scattered: Vec<BlockDesc> =
+        (0..64).map(|i| BlockDesc::new(local.id(), i * 4096, remote.id(), (63 - i) * 4096, 4096)).collect();
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&scattered)).is_done());
+    let last = gpu.copy_counts();
+    assert_eq!((last.0 - after.0, last.1 - after.1), (1, 64));
+    assert_eq!(read(&remote, 63 * 4096, 4096), read(&local, 0, 4096));
+}
+
+#[test]
+fn a_batch_past_its_deadline_ends_only_once_its_copies_have() {
+    let delay = Duration::from_millis(300);
+    let gpu = Arc::new(SimGpu::new(1, delay));
+    let target = engine("slow-target", &gpu);
+    let initiator = engine("slow-initiator", &gpu);
+    let remote = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
+    let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    local.fill_pattern(21);
+    let segment = open(&initiator, &target, None).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = [BlockDesc::new(local.id(), 0, remote.id(), 0, 4096)];
+    let started = Instant::now();
+    let batch = Batch::write(&segment).descs(&desc).deadline(Duration::from_millis(20));
+    assert!(matches!(run(&mut sub, &batch), Outcome::TimedOut { bytes: 4096 }), "its copy landed, late");
+    // A copy cannot be recalled: the batch ended once it had landed, so
+    // its memory is the caller's again, and the segment stays healthy.
+    assert!(started.elapsed() >= delay, "ended after {:?}, before its copy", started.elapsed());
+    assert_eq!(read(&remote, 0, 4096), read(&local, 0, 4096));
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done(), "the segment is not stale");
+}
+
+#[test]
+fn gpu_faults_are_clear_errors_and_the_lane_serves_others() {
+    let gpu = sim();
+    let target = engine("fault-target", &gpu);
+    let initiator = engine("fault-initiator", &gpu);
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap();
+    let host_peer = engine("fault-host-peer", &gpu);
+    let host_remote = host_peer.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+
+    // A copy that fails on the device: the batch fails with it, the rest
+    // of its chunks are not reported done.
+    let segment = open(&initiator, &target, None).unwrap();
+    let host_segment = open(&initiator, &host_peer, Some(TransportKind::Shm)).unwrap();
+    gpu.fail_next_copy();
+    let many: Vec<BlockDesc> =
+        (0..600).map(|i| BlockDesc::new(local.id(), i * 1024, remote.id(), (599 - i) * 1024, 1024)).collect();
+    match run(&mut sub, &Batch::write(&segment).descs(&many)) {
+        Outcome::Failed(error) => assert!(error.to_string().contains("a copy failed on the device"), "{error}"),
+        other => panic!("{other:?}"),
     }
-    // SAFETY: the allocation outlives both engines.
-    let on_gpu = unsafe { initiator.register(device.0 as *mut u8, 1 << 20, RegionInfo::raw().on_gpu(0)) }.unwrap();
+    // Host memory on the same lane still moves (GPU errors are sticky, as
+    // CUDA's are, but a host copy never asks the GPU).
+    let host = [BlockDesc::new(local.id(), 0, host_remote.id(), 0, 4096)];
+    assert!(run(&mut sub, &Batch::write(&host_segment).descs(&host)).is_done());
+
+    // A peer whose GPU is gone: its transfers fail, saying so. (An export
+    // that does not open is a cross-process test below: in one process the
+    // peer's pointers are used as they are, never opened.)
+    let fresh = sim();
+    let (t2, i2) = (engine("open-target", &fresh), engine("open-initiator", &fresh));
+    let far = t2.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
+    let segment = open(&i2, &t2, None).unwrap();
+    fresh.lose_device(0);
+    let local2 = i2.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    let mut sub2 = i2.submitter().unwrap();
+    let desc = [BlockDesc::new(local2.id(), 0, far.id(), 0, 4096)];
+    match run(&mut sub2, &Batch::write(&segment).descs(&desc)) {
+        Outcome::Failed(error) => assert!(error.to_string().contains("the device was lost"), "{error}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn tcp_never_touches_device_memory() {
+    let gpu = sim();
+    let target = engine("gpu-target", &gpu);
+    let initiator = engine("gpu-initiator", &gpu);
+    let on_gpu = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
     let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let mut sub = initiator.submitter().unwrap();
-    for transport in [TransportKind::Shm, TransportKind::Tcp] {
-        let segment = initiator.open_segment_with(&target.control_addr().to_string(), Some(transport), WAIT).unwrap();
-        for batch in [Batch::write(&segment), Batch::read(&segment)] {
-            let desc = [BlockDesc::new(on_gpu, 0, remote.id(), 0, 4096)];
-            let id = sub.submit(&batch.descs(&desc)).unwrap();
-            match sub.wait(id, WAIT).unwrap() {
-                Outcome::Failed(error) => assert!(error.to_string().contains("moving GPU memory"), "{error}"),
-                other => panic!("{transport:?}: {other:?}"),
+    let segment = open(&initiator, &target, Some(TransportKind::Tcp)).unwrap();
+    for batch in [Batch::write(&segment), Batch::read(&segment)] {
+        let desc = [BlockDesc::new(on_gpu.id(), 0, remote.id(), 0, 4096)];
+        match run(&mut sub, &batch.descs(&desc)) {
+            Outcome::Failed(error) => assert!(error.to_string().contains("only cuda_ipc"), "{error}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    // The peer's GPU region over tcp: refused by this lane before any byte
+    // is sent, and by the target had it been sent (a raw-socket test of the
+    // target is in tests/hostile.rs).
+    let theirs = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(1)).unwrap();
+    let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    initiator.close_segment(&segment); // the cached handle predates `theirs`
+    let segment = open(&initiator, &target, Some(TransportKind::Tcp)).unwrap();
+    let desc = [BlockDesc::new(local.id(), 0, theirs.id(), 0, 4096)];
+    match run(&mut sub, &Batch::write(&segment).descs(&desc)) {
+        Outcome::Failed(error) => assert!(error.to_string().contains("the peer's region"), "{error}"),
+        other => panic!("{other:?}"),
+    }
+    // Its checksum runs through the target's copy engine.
+    theirs.write_at(0, &common::pattern(4096, 8)).unwrap();
+    let sum = segment.remote_checksum(theirs.id(), 0, 4096, WAIT).unwrap();
+    assert_eq!(sum, kvring::testing::checksum(&common::pattern(4096, 8)));
+}
+
+/// A target in another process (this test binary, run as a child): its GPU
+/// memory is exported and opened for real (through /proc, or pidfd_getfd
+/// for runs of pieces), not shared by pointer.
+struct ChildTarget {
+    child: Child,
+    addr: String,
+}
+
+impl ChildTarget {
+    /// Starts a child serving GPU memory laid out as `mode` says
+    /// (`legacy`, `pieces` or `kv`), its copy engine `delay_us` slow.
+    fn start(mode: &str, delay_us: u64) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "gpu_child_target", "--nocapture", "--test-threads=1"])
+            .env("KVRING_GPU_CHILD", mode)
+            .env("KVRING_GPU_CHILD_DELAY_US", delay_us.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let addr = loop {
+            let line = lines.next().expect("the child says it is ready").unwrap();
+            // libtest prints the test's name before it on the same line.
+            if let Some((_, addr)) = line.split_once("ready ") {
+                break addr.trim().to_string();
+            }
+        };
+        ChildTarget { child, addr }
+    }
+}
+
+impl Drop for ChildTarget {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take()); // the child exits at EOF
+        let _ = self.child.wait();
+    }
+}
+
+/// The KV cache shape of the `kv` child and its initiator.
+fn kv_shape() -> kvring::kv::CacheShape {
+    kvring::kv::CacheShape::mha(3, 32, 2, 64, 2, 1, 1).unwrap()
+}
+
+/// A vLLM-style KV cache in GPU memory: one region per layer for K and one
+/// for V, filled with a pattern from `seed`, published as the layout.
+fn gpu_kv_cache(engine: &Engine, seed: u64) -> (Vec<Region>, kvring::kv::KvLayout) {
+    use kvring::kv::{KvBuffer, KvLayout};
+    let shape = kv_shape();
+    let mut regions = Vec::new();
+    let mut layers = Vec::new();
+    for layer in 0..shape.layers {
+        let mut buffers = Vec::new();
+        for (kind, block_bytes) in shape.kinds() {
+            let bytes = (block_bytes * shape.blocks) as usize;
+            let region =
+                engine.alloc_region(bytes, RegionInfo::raw().on_gpu(0).with_kind(kind).with_layer(layer)).unwrap();
+            region.fill_pattern(seed + regions.len() as u64);
+            buffers.push(KvBuffer { kind, region: region.id(), offset: 0, block_bytes });
+            regions.push(region);
+        }
+        layers.push(buffers);
+    }
+    let layout = KvLayout::from_buffers(shape, layers).unwrap();
+    engine.set_kv_layout(layout.clone()).unwrap();
+    (regions, layout)
+}
+
+/// The child side of [`ChildTarget`]: run only as such.
+#[test]
+#[ignore = "the child of the cross-process GPU tests"]
+fn gpu_child_target() {
+    let mode = std::env::var("KVRING_GPU_CHILD").expect("run by ChildTarget");
+    let delay: u64 = std::env::var("KVRING_GPU_CHILD_DELAY_US").unwrap().parse().unwrap();
+    let gpu = Arc::new(SimGpu::new(2, Duration::from_micros(delay)));
+    let engine = engine("gpu-child", &gpu);
+    let mut _keep = Vec::new();
+    match mode.as_str() {
+        "legacy" => _keep.push(engine.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap()),
+        "pieces" => {
+            // A run of 8 pieces of 128 KiB, registered as one region.
+            let run = gpu.alloc_pieces(0, 128 << 10, 8).unwrap();
+            // SAFETY: the run lives as long as this process.
+            unsafe { engine.register(run.0 as *mut u8, 1 << 20, RegionInfo::raw().on_gpu(0)) }.unwrap();
+        }
+        "kv" => _keep = gpu_kv_cache(&engine, 100).0,
+        other => panic!("unknown mode {other}"),
+    }
+    println!("ready {}", engine.control_addr());
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line); // until the parent closes stdin
+}
+
+#[test]
+fn across_processes_legacy_handles_and_runs_of_pieces_open_and_move() {
+    let gpu = sim();
+    let initiator = engine("xproc-initiator", &gpu);
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    local.fill_pattern(31);
+    let mut sub = initiator.submitter().unwrap();
+    for mode in ["legacy", "pieces"] {
+        let target = ChildTarget::start(mode, 200);
+        let segment = initiator.open_segment_with(&target.addr, None, WAIT).unwrap();
+        assert_eq!(segment.transport(), TransportKind::CudaIpc, "{mode}");
+        let remote = segment.regions()[0].clone();
+        assert!(matches!(remote.memory, kvring::MemoryKind::Gpu(_)), "{mode}: {remote:?}");
+        // 256 KiB blocks across the pieces' boundaries, then read back.
+        let descs: Vec<BlockDesc> =
+            (0..3).map(|i| BlockDesc::new(local.id(), i * 262144, remote.id, 4096 + i * 262144, 262144)).collect();
+        assert!(run(&mut sub, &Batch::write(&segment).descs(&descs)).is_done(), "{mode}");
+        let expected = read(&local, 0, 3 * 262144);
+        let sum = segment.remote_checksum(remote.id, 4096, expected.len() as u64, WAIT).unwrap();
+        assert_eq!(sum, kvring::testing::checksum(&expected), "{mode}: the target's bytes, read by the target");
+        let back: Vec<BlockDesc> = (0..3)
+            .map(|i| BlockDesc::new(local.id(), (1 << 19) + i * 65536, remote.id, 4096 + i * 262144, 65536))
+            .collect();
+        assert!(run(&mut sub, &Batch::read(&segment).descs(&back)).is_done(), "{mode}");
+        for i in 0..3usize {
+            let got = read(&local, (1 << 19) + i as u64 * 65536, 65536);
+            assert_eq!(got, expected[i * 262144..i * 262144 + 65536], "{mode}: block {i} read back");
+        }
+        initiator.close_segment(&segment);
+    }
+    // An export whose opening fails (as for a peer that exited between the
+    // handshake and the open): the open fails, saying so.
+    let target = ChildTarget::start("legacy", 0);
+    gpu.fail_next_open();
+    let error = initiator.open_segment_with(&target.addr, None, WAIT).unwrap_err().to_string();
+    assert!(error.contains("has it exited, restarted or freed it?") && error.contains("injected"), "{error}");
+}
+
+/// No batch is `Done` before its bytes are in place: 10,000 single-block
+/// WRITEs, each checked by the target itself (on a stream of its own, in
+/// its own process) the moment the initiator saw `Done`. The copy engine
+/// lags 100 µs, so a completion reported early would find old bytes.
+#[test]
+fn ten_thousand_batches_each_in_place_when_reported_done() {
+    let gpu = Arc::new(SimGpu::new(2, Duration::from_micros(100)));
+    let initiator = engine("done-initiator", &gpu);
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let target = ChildTarget::start("legacy", 0);
+    let segment = initiator.open_segment_with(&target.addr, None, WAIT).unwrap();
+    let remote = segment.regions()[0].id;
+    let mut sub = initiator.submitter().unwrap();
+    for i in 0..10_000u64 {
+        let block = (i % 256) * 4096;
+        let bytes = (i as u32).to_le_bytes().repeat(1024);
+        local.write_at(block, &bytes).unwrap();
+        let desc = [BlockDesc::new(local.id(), block, remote, block, 4096)];
+        assert!(run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done(), "batch {i}");
+        let sum = segment.remote_checksum(remote, block, 4096, WAIT).unwrap();
+        assert_eq!(sum, kvring::testing::checksum(&bytes), "batch {i} was reported done before its bytes landed");
+    }
+}
+
+#[test]
+fn kv_push_pull_and_push_layer_between_device_layouts_of_two_processes() {
+    let gpu = sim();
+    let prefill = engine("kv-prefill", &gpu);
+    let (regions, layout) = gpu_kv_cache(&prefill, 7);
+    let decode = ChildTarget::start("kv", 100);
+    let segment = prefill.open_segment_with(&decode.addr, None, WAIT).unwrap();
+    assert_eq!(segment.transport(), TransportKind::CudaIpc);
+    let remote = segment.kv_layout(WAIT).unwrap();
+    layout.check_compatible(&remote).unwrap();
+    let mut sub = prefill.submitter().unwrap();
+    let id = sub.push_blocks(&segment, &layout, &remote, &[3, 4, 5, 9], &[0, 1, 2, 7]).unwrap();
+    assert!(sub.wait(id, WAIT).unwrap().is_done());
+    for layer in 0..layout.layers() {
+        let id = sub.push_layer(&segment, &layout, &remote, layer, &[20, 21], &[30, 31]).unwrap();
+        assert!(sub.wait(id, WAIT).unwrap().is_done());
+    }
+    // Every destination block holds its source block (checked by the
+    // decode process through its own copy engine).
+    let check = |src_ids: &[u64], dst_ids: &[u64]| {
+        for layer in 0..layout.layers() {
+            let (ours, theirs) = (layout.layer(layer).unwrap(), remote.layer(layer).unwrap());
+            for (kind, (src, dst)) in ours.iter().zip(theirs).enumerate() {
+                let region = &regions[layer as usize * ours.len() + kind];
+                for (&s, &d) in src_ids.iter().zip(dst_ids) {
+                    let bytes = read(region, src.offset + s * src.block_bytes, src.block_bytes as usize);
+                    let at = dst.offset + d * dst.block_bytes;
+                    let sum = segment.remote_checksum(dst.region, at, dst.block_bytes, WAIT).unwrap();
+                    assert_eq!(sum, kvring::testing::checksum(&bytes), "layer {layer} kind {kind} block {s}->{d}");
+                }
+            }
+        }
+    };
+    check(&[3, 4, 5, 9], &[0, 1, 2, 7]);
+    check(&[20, 21], &[30, 31]);
+    // Pull: the decode side's blocks 10, 11 into ours 12, 13.
+    let id = sub.pull_blocks(&segment, &layout, &remote, &[10, 11], &[12, 13]).unwrap();
+    assert!(sub.wait(id, WAIT).unwrap().is_done());
+    for layer in 0..layout.layers() {
+        let (ours, theirs) = (layout.layer(layer).unwrap(), remote.layer(layer).unwrap());
+        for (kind, (dst, src)) in ours.iter().zip(theirs).enumerate() {
+            let region = &regions[layer as usize * ours.len() + kind];
+            for (d, s) in [(12u64, 10u64), (13, 11)] {
+                let bytes = read(region, dst.offset + d * dst.block_bytes, dst.block_bytes as usize);
+                let sum = segment
+                    .remote_checksum(src.region, src.offset + s * src.block_bytes, src.block_bytes, WAIT)
+                    .unwrap();
+                assert_eq!(kvring::testing::checksum(&bytes), sum, "layer {layer} kind {kind} pulled {s}->{d}");
             }
         }
     }
+}
 
-    // The other way: a peer writing into this engine's GPU region over tcp
-    // is refused by the target before its thread touches a byte.
-    let gpu_target = common::builder("gpu-holder").gpu(gpu.clone()).build().unwrap();
-    let other = gpu.alloc(1, 1 << 16).unwrap();
-    // SAFETY: the allocation outlives the engine.
-    let theirs = unsafe { gpu_target.register(other.0 as *mut u8, 1 << 16, RegionInfo::raw().on_gpu(1)) }.unwrap();
+#[test]
+fn an_older_driver_falls_back_and_the_copies_still_land() {
+    let gpu = Arc::new(SimGpu::new(1, Duration::from_micros(50)).with_copy_method(CopyMethod::PerCopy));
+    let target = common::builder("old-target").gpu(gpu.clone()).build().unwrap();
+    let initiator = common::builder("old-initiator").gpu(gpu.clone()).build().unwrap();
+    assert_eq!(initiator.gpu_copy_method(), Some(CopyMethod::PerCopy), "the engine says which path it takes");
+    let remote = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
     let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
-    let segment =
-        initiator.open_segment_with(&gpu_target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
-    let desc = [BlockDesc::new(local.id(), 0, theirs, 0, 4096)];
-    let id = sub.submit(&Batch::write(&segment).descs(&desc)).unwrap();
-    match sub.wait(id, WAIT).unwrap() {
-        // The target's reply carries the code, not its words.
-        Outcome::Failed(error) => assert!(error.to_string().contains("answered UNSUPPORTED"), "{error}"),
-        other => panic!("{other:?}"),
-    }
-    let error = segment.remote_checksum(theirs, 0, 4096, WAIT).unwrap_err();
-    assert!(error.to_string().contains("GPU memory"), "{error}");
+    local.fill_pattern(5);
+    let segment = open(&initiator, &target, None).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = [BlockDesc::new(local.id(), 0, remote.id(), 0, 1 << 16)];
+    assert!(run(&mut sub, &Batch::new(Opcode::Write, &segment).descs(&desc)).is_done());
+    assert_eq!(read(&remote, 0, 1 << 16), read(&local, 0, 1 << 16));
 }

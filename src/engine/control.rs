@@ -48,6 +48,11 @@ impl ControlContext {
                 block_bytes: entry.info.block_bytes,
                 shm_path: entry.shm.as_ref().map(|m| m.path().to_path_buf()),
                 addr: entry.addr as u64,
+                memory: entry.info.memory,
+                gpu_export: match &entry.device {
+                    None => Ok(Vec::new()),
+                    Some(device) => device.export.as_ref().map(|e| e.handles().to_vec()).map_err(Clone::clone),
+                },
             })
             .collect();
         SegmentDescriptor {
@@ -108,13 +113,15 @@ impl ControlHandler for ControlContext {
         // The lease keeps the region registered while we read it.
         let lease = self.registry.lease(id).map_err(|_| Error::UnknownRegion { side: Side::Remote, region: id })?;
         let entry = lease.entry();
-        if entry.info.memory != crate::mem::MemoryKind::Host {
-            return Err(Error::Unsupported { what: format!("a checksum of GPU memory (region {id})") });
-        }
         if !entry.info.access.contains(Access::REMOTE_READ) {
             return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region: id, needs: "remote read" });
         }
         check_range(id, Side::Remote, 0, request.offset, request.len, entry.len as u64)?;
+        if let Some(device) = &entry.device {
+            // Through the GPU's copy engine, on this (control) thread.
+            let addr = entry.addr as u64 + request.offset;
+            return crate::mem::checksum::checksum_device(device, addr, request.len as usize);
+        }
         // SAFETY: the range is inside a registered region (checked) that the
         // lease keeps registered; read through a bounce buffer, since lanes
         // and peers may write it meanwhile (which only makes the sum stale).

@@ -85,6 +85,13 @@ impl Engine {
         &self.inner.config.metadata
     }
 
+    /// How this engine's GPU provider issues a chunk's copies: one batched
+    /// driver call, a copy kernel, or one call per copy (drivers older than
+    /// CUDA 12.8); `None` where there is no GPU provider.
+    pub fn gpu_copy_method(&self) -> Option<crate::gpu::CopyMethod> {
+        self.gpu().map(|gpu| gpu.copy_method())
+    }
+
     /// Requests made to the metadata server so far (0 without one): opens
     /// pay for them, batches never do.
     pub fn metadata_calls(&self) -> u64 {

@@ -1,20 +1,33 @@
-//! Regions that kvring allocated in shared memory.
+//! Regions that kvring allocated: in shared memory, or in a GPU's memory.
 
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::mem::registry::check_range;
-use crate::mem::ShmMapping;
+use crate::mem::{DeviceBacking, MemoryKind, ShmMapping};
 use std::sync::Arc;
 
-/// A shared-memory region allocated by [`Engine::alloc_region`]: page
-/// aligned, pre-faulted, mappable by same-host peers. The memory lives as
-/// long as this handle or its registration, whichever is longer.
+/// A region allocated by [`Engine::alloc_region`]: host shared memory (page
+/// aligned, pre-faulted, mappable by same-host peers) or a GPU's memory
+/// (exported for same-host peers). The memory lives as long as this handle
+/// or its registration, whichever is longer.
 ///
 /// [`Engine::alloc_region`]: crate::Engine::alloc_region
 #[derive(Debug, Clone)]
 pub struct Region {
     pub(crate) id: RegionId,
-    pub(crate) mapping: Arc<ShmMapping>,
+    memory: RegionMemory,
+}
+
+/// Where a [`Region`]'s bytes are.
+#[derive(Debug, Clone)]
+enum RegionMemory {
+    Shm(Arc<ShmMapping>),
+    /// Device memory at `ptr`: reached only through the provider's copies.
+    Device {
+        backing: Arc<DeviceBacking>,
+        ptr: u64,
+        len: usize,
+    },
 }
 
 impl Region {
@@ -25,55 +38,90 @@ impl Region {
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.mapping.len()
+        match &self.memory {
+            RegionMemory::Shm(mapping) => mapping.len(),
+            RegionMemory::Device { len, .. } => *len,
+        }
     }
 
     /// Never true: empty regions are refused.
     pub fn is_empty(&self) -> bool {
-        self.mapping.is_empty()
+        self.len() == 0
     }
 
-    /// First byte. Writing through it races with transfers into the region;
-    /// keep them apart as with any DMA buffer.
+    /// Where its bytes live.
+    pub fn memory(&self) -> MemoryKind {
+        match &self.memory {
+            RegionMemory::Shm(_) => MemoryKind::Host,
+            RegionMemory::Device { backing, .. } => MemoryKind::Gpu(backing.ordinal),
+        }
+    }
+
+    /// First byte. For host memory, writing through it races with transfers
+    /// into the region (keep them apart as with any DMA buffer); for GPU
+    /// memory it is a device address, for the GPU's own kernels and copies,
+    /// never to be dereferenced on the host.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.mapping.as_ptr()
+        match &self.memory {
+            RegionMemory::Shm(mapping) => mapping.as_ptr(),
+            RegionMemory::Device { ptr, .. } => *ptr as *mut u8,
+        }
     }
 
-    /// The backing file under /dev/shm.
-    pub fn shm_path(&self) -> &std::path::Path {
-        self.mapping.path()
+    /// The backing file under /dev/shm (none for GPU memory).
+    pub fn shm_path(&self) -> Option<&std::path::Path> {
+        match &self.memory {
+            RegionMemory::Shm(mapping) => Some(mapping.path()),
+            RegionMemory::Device { .. } => None,
+        }
     }
 
     fn range(&self, offset: u64, len: usize) -> Result<*mut u8> {
         check_range(self.id, Side::Local, 0, offset, len as u64, self.len() as u64)?;
-        // SAFETY: offset + len <= self.len() was just checked.
+        // SAFETY: offset + len <= self.len() was just checked (for device
+        // memory the address is only computed, never dereferenced).
         Ok(unsafe { self.as_ptr().add(offset as usize) })
     }
 
-    /// Copies `bytes` into the region at `offset` (bounds checked).
+    /// Copies `bytes` into the region at `offset` (bounds checked; GPU
+    /// memory through the provider's copy engine, waiting for it).
     pub fn write_at(&self, offset: u64, bytes: &[u8]) -> Result<()> {
         let dst = self.range(offset, bytes.len())?;
-        // SAFETY: `dst..dst+len` is inside the mapping (checked above), which
-        // cannot overlap a Rust slice the caller owns.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
-        Ok(())
+        match &self.memory {
+            RegionMemory::Device { backing, .. } => backing.write(dst as u64, bytes),
+            RegionMemory::Shm(_) => {
+                // SAFETY: `dst..dst+len` is inside the mapping (checked
+                // above), which cannot overlap a Rust slice the caller owns.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
+                Ok(())
+            }
+        }
     }
 
-    /// Copies from the region at `offset` into `out` (bounds checked).
+    /// Copies from the region at `offset` into `out` (bounds checked; GPU
+    /// memory through the provider's copy engine, waiting for it).
     pub fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let src = self.range(offset, out.len())?;
-        // SAFETY: as in `write_at`.
-        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
-        Ok(())
+        match &self.memory {
+            RegionMemory::Device { backing, .. } => backing.read(src as u64, out),
+            RegionMemory::Shm(_) => {
+                // SAFETY: as in `write_at`.
+                unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+                Ok(())
+            }
+        }
     }
 
     /// Checksum of `len` bytes at `offset`: equal to what the owning engine
     /// computes for a peer (`Segment::remote_checksum`).
     pub fn checksum(&self, offset: u64, len: usize) -> Result<u64> {
         let src = self.range(offset, len)?;
-        // SAFETY: in bounds (checked) of a mapping this handle keeps alive;
-        // a concurrent transfer only makes the sum meaningless.
-        Ok(unsafe { crate::mem::checksum_shared(src, len) })
+        match &self.memory {
+            RegionMemory::Device { backing, .. } => crate::mem::checksum::checksum_device(backing, src as u64, len),
+            // SAFETY: in bounds (checked) of a mapping this handle keeps
+            // alive; a concurrent transfer only makes the sum meaningless.
+            RegionMemory::Shm(_) => Ok(unsafe { crate::mem::checksum_shared(src, len) }),
+        }
     }
 
     /// Fills the whole region with a deterministic pattern from `seed`
@@ -126,6 +174,11 @@ impl Region {
         if mapping.is_empty() {
             return Err(Error::invalid("region", "empty mapping"));
         }
-        Ok(Self { id, mapping })
+        Ok(Self { id, memory: RegionMemory::Shm(mapping) })
+    }
+
+    /// A region in GPU memory at `ptr`, `len` bytes, backed by `backing`.
+    pub(crate) fn on_device(id: RegionId, backing: Arc<DeviceBacking>, ptr: u64, len: usize) -> Self {
+        Self { id, memory: RegionMemory::Device { backing, ptr, len } }
     }
 }

@@ -4,7 +4,7 @@
 use super::{Engine, Region};
 use crate::error::{Error, Result};
 use crate::gpu::{CudaGpu, Gpu, Memory};
-use crate::mem::{Access, MemoryKind, RegionInfo, ShmMapping};
+use crate::mem::{Access, Backing, DeviceBacking, MemoryKind, RegionInfo, ShmMapping};
 use crate::region_id::RegionId;
 use std::sync::Arc;
 
@@ -26,9 +26,16 @@ impl Engine {
     /// engine.unregister(id)?;
     /// # Ok::<(), kvring::Error>(())
     /// ```
+    ///
+    /// GPU memory (`RegionInfo::on_gpu(n)`) is exported for same-host peers
+    /// when it is registered. CUDA cannot revoke a peer's mapping: keep the
+    /// memory allocated until the peers that opened this engine's segment
+    /// have closed it (or this engine has stopped), not only until
+    /// [`unregister`](Self::unregister).
     pub unsafe fn register(&self, ptr: *mut u8, len: usize, info: RegionInfo) -> Result<RegionId> {
-        self.check_memory(ptr as u64, len as u64, &info)?;
-        let id = self.inner.registry.register(ptr as usize, len, info, None)?;
+        let device = self.check_memory(ptr as u64, len as u64, &info)?;
+        let backing = Backing { shm: None, device };
+        let id = self.inner.registry.register(ptr as usize, len, info, backing)?;
         if info.memory == MemoryKind::Host {
             // SAFETY: the caller keeps the range valid until it unregisters
             // (our contract), which deregisters it from the NICs too.
@@ -40,8 +47,9 @@ impl Engine {
     /// Checks where `addr..addr + len` lives against where `info` says it
     /// does, with the GPU provider: a device pointer registered as host
     /// memory (what a CUDA tensor's address handed to a host API is) would
-    /// have a lane copy from it, so it is refused, as is the reverse.
-    fn check_memory(&self, addr: u64, len: u64, info: &RegionInfo) -> Result<()> {
+    /// have a lane copy from it, so it is refused, as is the reverse. GPU
+    /// memory comes back with its backing (exported for peers).
+    fn check_memory(&self, addr: u64, len: u64, info: &RegionInfo) -> Result<Option<Arc<DeviceBacking>>> {
         let gpu = self.gpu();
         let found = match gpu {
             Some(gpu) => gpu.classify(addr, len)?,
@@ -49,8 +57,17 @@ impl Engine {
         };
         let wrong = |reason: String| Err(Error::invalid("memory", format!("{addr:#x}+{len} {reason}")));
         match (info.memory, found) {
-            (MemoryKind::Host, Memory::Host) => Ok(()),
-            (MemoryKind::Gpu(want), Memory::Device { ordinal, .. }) if want == ordinal => Ok(()),
+            // Managed memory migrates to the host on touch: host threads may
+            // use it (at the cost of page migration), and CUDA cannot share it.
+            (MemoryKind::Host, Memory::Host | Memory::Managed { .. }) => Ok(None),
+            (MemoryKind::Gpu(want), Memory::Device { ordinal, .. }) if want == ordinal => {
+                let gpu = gpu.expect("device memory was classified by a provider").clone();
+                Ok(Some(Arc::new(DeviceBacking::caller(gpu, ordinal, addr, len))))
+            }
+            (MemoryKind::Gpu(_), Memory::Managed { ordinal }) => wrong(format!(
+                "is managed memory (of GPU {ordinal}), which CUDA cannot share between processes: register it as \
+                 host memory (RegionInfo::raw())"
+            )),
             (MemoryKind::Host, Memory::Device { ordinal, .. }) => wrong(format!(
                 "is memory of GPU {ordinal}, registered as host memory: register it with RegionInfo::on_gpu({ordinal})"
             )),
@@ -124,8 +141,10 @@ impl Engine {
         Ok(())
     }
 
-    /// Allocates `len` bytes of shared memory (page aligned, pre-faulted,
-    /// mappable by same-host peers) and registers it.
+    /// Allocates `len` bytes and registers them: host shared memory (page
+    /// aligned, pre-faulted, mappable by same-host peers, and pinned for the
+    /// GPU where there is one), or with `RegionInfo::on_gpu(n)` memory of
+    /// GPU `n` (exported for same-host peers).
     ///
     /// ```no_run
     /// # let engine = kvring::Engine::builder().build().unwrap();
@@ -134,14 +153,31 @@ impl Engine {
     /// # Ok::<(), kvring::Error>(())
     /// ```
     pub fn alloc_region(&self, len: usize, info: RegionInfo) -> Result<Region> {
-        if info.memory != MemoryKind::Host {
-            return Err(Error::invalid("memory", "alloc_region allocates host shared memory; register GPU memory"));
+        if let MemoryKind::Gpu(ordinal) = info.memory {
+            return self.alloc_device_region(ordinal, len, info);
         }
         let mapping = Arc::new(ShmMapping::create(len, self.inner.epoch)?);
-        let id = self.inner.registry.register(mapping.as_ptr() as usize, len, info, Some(mapping.clone()))?;
+        if let Some(gpu) = self.gpu() {
+            // Copies between this region and a GPU then run at full rate.
+            mapping.pin(gpu)?;
+        }
+        let backing = Backing { shm: Some(mapping.clone()), device: None };
+        let id = self.inner.registry.register(mapping.as_ptr() as usize, len, info, backing)?;
         // SAFETY: the registry keeps the mapping alive while it is registered.
         unsafe { self.register_with_nics(id, mapping.as_ptr() as u64, len as u64, info.access)? };
         Region::new(id, mapping)
+    }
+
+    /// Allocates `len` bytes of GPU `ordinal`'s memory and registers them.
+    fn alloc_device_region(&self, ordinal: u32, len: usize, info: RegionInfo) -> Result<Region> {
+        let gpu = self.gpu().ok_or_else(|| {
+            Error::invalid("memory", format!("GPU {ordinal}: this engine has no GPU provider (no CUDA driver found)"))
+        })?;
+        let (backing, ptr) = DeviceBacking::allocate(gpu.clone(), ordinal, len as u64)?;
+        let backing = Arc::new(backing);
+        let entry = Backing { shm: None, device: Some(backing.clone()) };
+        let id = self.inner.registry.register(ptr.0 as usize, len, info, entry)?;
+        Ok(Region::on_device(id, backing, ptr.0, len))
     }
 
     /// A registered region's description.

@@ -9,10 +9,12 @@ use super::{Engine, Segment};
 use crate::auth::Initiator;
 use crate::control::{ControlClient, Handshake};
 use crate::error::{Error, Result};
+use crate::mem::MemoryKind;
 use crate::runtime::lane::LaneCommand;
 use crate::segment::{local_host_id, CacheStats, PeerSegment, SegmentCache, SegmentDescriptor};
 use crate::transport::null::NullLink;
 use crate::transport::rdma::link::RdmaLink;
+use crate::transport::select::LocalReach;
 use crate::transport::shm::ShmLink;
 use crate::transport::tcp::TcpLink;
 use crate::transport::{Link, TransportKind};
@@ -134,11 +136,21 @@ impl Engine {
         // lane, and without the table lock, so a dead peer stalls nobody else.
         let deadline = Instant::now() + timeout;
         let handshake = self.inner.metadata.resolve(name, &self.initiator(), deadline)?;
-        let serves_rdma = self.inner.context.rdma.is_some();
-        let transport =
-            crate::transport::select::choose(transport, &handshake.descriptor, local_host_id(), serves_rdma)?;
+        let transport = self.choose_transport(transport, &handshake.descriptor)?;
         let link = self.open_link(transport, &handshake, deadline)?;
         self.install_segment(name, handshake.descriptor, transport, link, stale.map(|(epoch, _)| epoch))
+    }
+
+    /// The transport to `peer`: the one documented order
+    /// (`transport::select::choose`) given what this engine brings.
+    fn choose_transport(&self, requested: Option<TransportKind>, peer: &SegmentDescriptor) -> Result<TransportKind> {
+        let local = LocalReach {
+            host_id: local_host_id(),
+            rdma: self.inner.context.rdma.is_some(),
+            gpu: self.gpu().is_some(),
+            device_regions: self.inner.registry.snapshot().iter().any(|(_, e)| e.info.memory != MemoryKind::Host),
+        };
+        crate::transport::select::choose(requested, peer, &local)
     }
 
     /// Who this engine is to its peers.
@@ -156,7 +168,11 @@ impl Engine {
         let descriptor = &handshake.descriptor;
         let lanes = self.inner.lanes.len();
         match transport {
-            TransportKind::Shm => ShmLink::open(descriptor, lanes),
+            // One same-host link for both: with a GPU provider it also
+            // opens the peer's device regions and moves GPU memory.
+            TransportKind::Shm | TransportKind::CudaIpc => {
+                ShmLink::open(descriptor, lanes, transport, self.gpu().cloned())
+            }
             TransportKind::Null => Ok(NullLink::open(lanes)),
             TransportKind::Tcp => {
                 let addr = descriptor.tcp_addr.as_deref().ok_or_else(|| Error::Unsupported {

@@ -11,14 +11,24 @@
 //! mapping the host cannot touch (any dereference faults) and a stand-in
 //! copy engine moves bytes after a configurable delay, with faults to
 //! inject.
+//!
+//! Device memory crosses processes two ways, as CUDA has it: memory from
+//! `cuMemAlloc` (`cudaMalloc`, PyTorch's default caching allocator) by a
+//! legacy IPC handle, and memory from the virtual memory management API
+//! (PyTorch's expandable segments: one address range over many physical
+//! allocations) by one shareable file descriptor per physical allocation,
+//! which the opener duplicates out of the exporter with `pidfd_getfd`, as
+//! PyTorch does ([`fd`]).
 
 pub mod cuda;
+pub(crate) mod fd;
 pub mod sim;
 
 pub use cuda::CudaGpu;
 pub use sim::SimGpu;
 
 use crate::error::Result;
+use std::os::fd::OwnedFd;
 
 /// A device address (the provider's, not dereferenceable by the host).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -28,7 +38,8 @@ pub struct DevicePtr(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Stream(pub u64);
 
-/// A point in a stream that the host polls.
+/// A marker the host records in a stream and polls: complete once
+/// everything queued on the stream before its latest recording is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Event(pub u64);
 
@@ -52,28 +63,126 @@ pub struct GpuDevice {
 pub enum Memory {
     /// Host memory (pageable or registered).
     Host,
-    /// Memory of one device, inside one allocation.
+    /// Memory of one device: the range lies inside `base..base + len`, one
+    /// allocation or one run of physical allocations mapped back to back
+    /// (the virtual memory API).
     Device {
         /// The device's ordinal.
         ordinal: u32,
-        /// Start of the allocation holding the range.
+        /// Start of the allocation (or run) holding the range.
         base: DevicePtr,
-        /// Length of that allocation.
+        /// Length of that allocation (or run).
         len: u64,
+    },
+    /// Managed (unified) memory, which the driver migrates on demand: the
+    /// host may touch it, but it cannot be shared with other processes.
+    Managed {
+        /// The device it was allocated on.
+        ordinal: u32,
     },
 }
 
-/// What another process needs to open device memory: opaque bytes the
-/// provider understands, and where the exported pointer sits in its
-/// allocation (handles name whole allocations).
+/// How an [`IpcHandle`] names device memory for another process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HandleKind {
+    /// The driver's opaque IPC handle of a `cuMemAlloc` allocation
+    /// (`cuIpcGetMemHandle`).
+    Legacy,
+    /// A shareable file descriptor of one physical allocation of the
+    /// virtual memory API: the handle holds the exporter's pid and the
+    /// descriptor's number there ([`fd`]); the opener duplicates it.
+    FileDescriptor,
+}
+
+impl HandleKind {
+    /// The wire number.
+    pub fn to_wire(self) -> u32 {
+        match self {
+            HandleKind::Legacy => 1,
+            HandleKind::FileDescriptor => 2,
+        }
+    }
+
+    /// From the wire number.
+    pub fn from_wire(value: u32) -> Option<Self> {
+        match value {
+            1 => Some(HandleKind::Legacy),
+            2 => Some(HandleKind::FileDescriptor),
+            _ => None,
+        }
+    }
+}
+
+/// Bytes of an [`IpcHandle`]'s payload (a CUDA legacy handle's size).
+pub const IPC_HANDLE_BYTES: usize = 64;
+
+/// One physical allocation as another process opens it: opaque bytes the
+/// provider understands, the allocation's length, and where the exported
+/// range starts in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IpcHandle {
+    /// How `bytes` name the memory.
+    pub kind: HandleKind,
     /// The provider's handle.
-    pub bytes: [u8; 64],
-    /// Offset of the exported pointer from its allocation's base.
+    pub bytes: [u8; IPC_HANDLE_BYTES],
+    /// Offset of the exported range's first byte in this allocation (0 for
+    /// every allocation of an [`Export`] but the first).
     pub offset: u64,
     /// Length of the allocation.
     pub len: u64,
+}
+
+/// Most physical allocations one exported range may span (a 64 GiB
+/// expandable segment of PyTorch's 20 MiB pages is about 3,300).
+pub const MAX_EXPORT_PIECES: usize = 1 << 14;
+
+/// A device range exported for other processes: one handle per physical
+/// allocation it spans, in address order and back to back. Whatever the
+/// export must keep open while peers may open it (the shareable file
+/// descriptors of the virtual memory API) it holds, and closes when
+/// dropped.
+#[derive(Debug)]
+pub struct Export {
+    handles: Vec<IpcHandle>,
+    _held: Vec<OwnedFd>,
+}
+
+impl Export {
+    /// An export of `handles`, keeping `held` open as long as it lives.
+    pub fn new(handles: Vec<IpcHandle>, held: Vec<OwnedFd>) -> Self {
+        Self { handles, _held: held }
+    }
+
+    /// The handles, in address order.
+    pub fn handles(&self) -> &[IpcHandle] {
+        &self.handles
+    }
+}
+
+/// Checks a peer's handles before any of them is opened: one legacy
+/// handle, or 1..=[`MAX_EXPORT_PIECES`] file descriptors; offsets inside
+/// the first allocation and zero after it; `need` bytes reachable from the
+/// range's start without overflow. Returns the total mapped length.
+pub fn check_handles(handles: &[IpcHandle], need: u64) -> std::result::Result<u64, String> {
+    let first = handles.first().ok_or("no handle")?;
+    if handles.len() > MAX_EXPORT_PIECES {
+        return Err(format!("{} handles exceed the limit of {MAX_EXPORT_PIECES}", handles.len()));
+    }
+    if handles.iter().any(|h| h.kind != first.kind) {
+        return Err("handles of different kinds".into());
+    }
+    if first.kind == HandleKind::Legacy && handles.len() != 1 {
+        return Err("a legacy export is exactly one handle".into());
+    }
+    if first.offset >= first.len || handles[1..].iter().any(|h| h.offset != 0 || h.len == 0) {
+        return Err("a handle's offset lies outside its allocation".into());
+    }
+    let total = handles.iter().try_fold(0u64, |sum, h| sum.checked_add(h.len)).ok_or("lengths overflow")?;
+    let reachable = total - first.offset;
+    if reachable < need {
+        return Err(format!("the handles reach {reachable} bytes, the region is {need}"));
+    }
+    Ok(total)
 }
 
 /// One copy of a batch: addresses are host pointers or device pointers, as
@@ -88,15 +197,26 @@ pub struct Copy {
     pub len: u64,
 }
 
-/// How a batch of copies was issued (reported by the bench).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a batch of copies is issued (reported by the bench).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CopyMethod {
-    /// One batched driver call (`cuMemcpyBatchAsync`).
+    /// One batched driver call (`cuMemcpyBatchAsync`, CUDA 12.8 drivers).
     Batched,
     /// A copy kernel walking a descriptor array.
     Kernel,
-    /// One copy call per triple.
+    /// One copy call per triple (older drivers).
     PerCopy,
+}
+
+impl CopyMethod {
+    /// Lower-case name, as the bench prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CopyMethod::Batched => "batched",
+            CopyMethod::Kernel => "kernel",
+            CopyMethod::PerCopy => "per-copy",
+        }
+    }
 }
 
 /// The GPU operations kvring uses.
@@ -105,8 +225,9 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     fn provider(&self) -> &'static str;
     /// The devices this process can use.
     fn devices(&self) -> Result<Vec<GpuDevice>>;
-    /// Where `addr..addr + len` lives; a range that starts in a device
-    /// allocation and runs past its end is an error.
+    /// Where `addr..addr + len` lives; a range that starts in device memory
+    /// and runs past the allocation (or run of mapped allocations) holding
+    /// it is an error.
     fn classify(&self, addr: u64, len: u64) -> Result<Memory>;
     /// Allocates `len` bytes on `device`.
     fn alloc(&self, device: u32, len: u64) -> Result<DevicePtr>;
@@ -116,12 +237,13 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     ///
     /// No copy in flight uses it, and no peer has it open.
     unsafe fn free(&self, ptr: DevicePtr) -> Result<()>;
-    /// Exports the allocation holding `ptr` for another process.
-    fn export(&self, ptr: DevicePtr) -> Result<IpcHandle>;
-    /// Opens a peer's export; returns the pointer it exported, in this
-    /// process. Opening a handle of this very process is refused (CUDA
-    /// does the same).
-    fn open(&self, handle: &IpcHandle) -> Result<DevicePtr>;
+    /// Exports `addr..addr + len` for other processes.
+    fn export(&self, addr: u64, len: u64) -> Result<Export>;
+    /// Opens a peer's export (its handles, checked with
+    /// [`check_handles`]); returns the first exported byte's address in
+    /// this process. Opening an export of this very process is refused
+    /// (CUDA does the same: its pointers are valid here already).
+    fn open(&self, handles: &[IpcHandle]) -> Result<DevicePtr>;
     /// Closes what [`Gpu::open`] opened.
     ///
     /// # Safety
@@ -132,6 +254,8 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     fn create_stream(&self, device: u32) -> Result<Stream>;
     /// Destroys a stream (its work is finished or abandoned).
     fn destroy_stream(&self, stream: Stream) -> Result<()>;
+    /// How [`Gpu::copy_batch`] issues copies here.
+    fn copy_method(&self) -> CopyMethod;
     /// Queues `copies` on `stream`, in no particular order among
     /// themselves, after what the stream already has.
     ///
@@ -141,10 +265,14 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     /// destination) and untouched by the host until an event recorded after
     /// this call completes; device ranges are checked by the provider.
     unsafe fn copy_batch(&self, stream: Stream, copies: &[Copy]) -> Result<CopyMethod>;
-    /// Records an event after the stream's work so far.
-    fn record(&self, stream: Stream) -> Result<Event>;
-    /// True once everything before the event has completed; an error if a
-    /// copy before it failed (and from then on: GPU errors are sticky).
+    /// An event on `device`, to record and poll many times.
+    fn create_event(&self, device: u32) -> Result<Event>;
+    /// Records `event` after the stream's work so far (replacing what it
+    /// marked before).
+    fn record(&self, stream: Stream, event: Event) -> Result<()>;
+    /// True once everything before the event's latest recording has
+    /// completed; an error if a copy before it failed (and from then on:
+    /// GPU errors are sticky).
     fn query(&self, event: Event) -> Result<bool>;
     /// Destroys an event.
     fn destroy_event(&self, event: Event) -> Result<()>;
@@ -156,4 +284,35 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     unsafe fn host_register(&self, addr: u64, len: u64) -> Result<()>;
     /// Unpins what [`Gpu::host_register`] pinned.
     fn host_unregister(&self, addr: u64) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(kind: HandleKind, offset: u64, len: u64) -> IpcHandle {
+        IpcHandle { kind, bytes: [0; IPC_HANDLE_BYTES], offset, len }
+    }
+
+    #[test]
+    fn handles_from_a_peer_are_checked_before_anything_is_opened() {
+        use HandleKind::*;
+        assert_eq!(check_handles(&[handle(Legacy, 4096, 1 << 20)], (1 << 20) - 4096), Ok(1 << 20));
+        let pieces = [handle(FileDescriptor, 100, 1000), handle(FileDescriptor, 0, 1000)];
+        assert_eq!(check_handles(&pieces, 1900), Ok(2000));
+        let refused = |handles: &[IpcHandle], need: u64| check_handles(handles, need).unwrap_err();
+        assert!(refused(&[], 1).contains("no handle"));
+        assert!(refused(&pieces, 1901).contains("reach 1900 bytes"));
+        assert!(refused(&[handle(Legacy, 0, 10), handle(Legacy, 0, 10)], 1).contains("exactly one"));
+        assert!(refused(&[handle(Legacy, 0, 10), handle(FileDescriptor, 0, 10)], 1).contains("different kinds"));
+        assert!(refused(&[handle(Legacy, 10, 10)], 1).contains("outside its allocation"));
+        assert!(refused(&[handle(FileDescriptor, 0, 10), handle(FileDescriptor, 5, 10)], 1).contains("outside"));
+        assert!(refused(&[handle(FileDescriptor, 0, u64::MAX), handle(FileDescriptor, 0, 2)], 1).contains("overflow"));
+        let many = vec![handle(FileDescriptor, 0, 1); MAX_EXPORT_PIECES + 1];
+        assert!(refused(&many, 1).contains("exceed the limit"));
+        for kind in [Legacy, FileDescriptor] {
+            assert_eq!(HandleKind::from_wire(kind.to_wire()), Some(kind));
+        }
+        assert_eq!(HandleKind::from_wire(0), None);
+    }
 }

@@ -11,7 +11,7 @@ fn mix(h: u64, w: u64, k: u64) -> u64 {
 
 /// Checksum of `bytes`; equal inputs give equal sums, and any change of a
 /// byte or of the length changes it with overwhelming probability.
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 pub fn checksum(bytes: &[u8]) -> u64 {
     let whole = bytes.len() - bytes.len() % BLOCK;
     let mut sum = Checksum::new();
@@ -46,6 +46,25 @@ pub unsafe fn checksum_shared(ptr: *const u8, len: usize) -> u64 {
         // BOUNCE is a multiple of BLOCK: only the last piece has a tail.
         sum.blocks(&bounce[..n]);
     }
+}
+
+/// Checksum of `len` bytes of device memory at `addr`, read through the
+/// provider's copy engine: equal to [`checksum_shared`] of the same bytes.
+pub fn checksum_device(backing: &super::DeviceBacking, addr: u64, len: usize) -> crate::error::Result<u64> {
+    let mut sum = Some(Checksum::new());
+    let mut result = None;
+    backing.read_chunks(addr, len, |offset, chunk| {
+        let Some(running) = sum.as_mut() else { return };
+        if offset + chunk.len() < len {
+            // Bounce chunks are multiples of BLOCK: only the last has a tail.
+            running.blocks(chunk);
+        } else {
+            let whole = chunk.len() - chunk.len() % BLOCK;
+            running.blocks(&chunk[..whole]);
+            result = sum.take().map(|s| s.finish(&chunk[whole..]));
+        }
+    })?;
+    Ok(result.unwrap_or_else(|| Checksum::new().finish(&[])))
 }
 
 const BLOCK: usize = 32;

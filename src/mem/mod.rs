@@ -2,11 +2,13 @@
 //! and the checksum used to verify moved bytes.
 
 pub mod checksum;
+pub mod device;
 pub mod region;
 pub mod registry;
 pub mod shm;
 
 pub use checksum::checksum_shared;
+pub use device::DeviceBacking;
 pub use region::{Access, MemoryKind, RegionInfo, RegionKind};
-pub use registry::{Registry, DEFAULT_MAX_REGIONS};
+pub use registry::{Backing, Registry, DEFAULT_MAX_REGIONS};
 pub use shm::ShmMapping;

@@ -10,6 +10,7 @@
 //!
 //! Slot state word: `generation << 48 | live << 47 | leases`.
 
+use super::device::DeviceBacking;
 use super::region::{Access, RegionInfo};
 use super::shm::ShmMapping;
 use crate::desc::RegionId;
@@ -41,6 +42,17 @@ pub struct RegionEntry {
     pub info: RegionInfo,
     /// Set for regions from `alloc_region`: the shared mapping peers can open.
     pub shm: Option<Arc<ShmMapping>>,
+    /// Set for GPU regions: the provider, the export, owned memory.
+    pub device: Option<Arc<DeviceBacking>>,
+}
+
+/// What a region's bytes are backed by beyond the caller's pointer.
+#[derive(Debug, Clone, Default)]
+pub struct Backing {
+    /// Engine-allocated shared memory.
+    pub shm: Option<Arc<ShmMapping>>,
+    /// GPU memory: how peers open it, and who frees it.
+    pub device: Option<Arc<DeviceBacking>>,
 }
 
 impl RegionEntry {
@@ -151,13 +163,8 @@ impl Registry {
 
     /// Registers `[addr, addr + len)`. The same range registered again with
     /// the same info returns the same id; any other overlap is refused.
-    pub fn register(
-        &self,
-        addr: usize,
-        len: usize,
-        info: RegionInfo,
-        shm: Option<Arc<ShmMapping>>,
-    ) -> Result<RegionId> {
+    pub fn register(&self, addr: usize, len: usize, info: RegionInfo, backing: Backing) -> Result<RegionId> {
+        let Backing { shm, device } = backing;
         if addr == 0 {
             return Err(Error::invalid("region address", "null pointer"));
         }
@@ -172,7 +179,7 @@ impl Registry {
         // `end`; regions never overlap each other, so one check suffices.
         if let Some((&start, &id)) = control.by_addr.range(..end).next_back() {
             let existing = self.leased_entry_unchecked(id);
-            if start == addr && existing.len == len && shm.is_none() {
+            if start == addr && existing.len == len && shm.is_none() && device.as_ref().is_none_or(|d| d.is_caller()) {
                 return if existing.info == info { Ok(id) } else { Err(Error::RegionInfoMismatch { existing: id }) };
             }
             if start + existing.len > addr {
@@ -196,7 +203,7 @@ impl Registry {
         }
         // SAFETY: the slot is free (from the free list): not live, no leases,
         // so no reader exists; we hold the control mutex, so no writer either.
-        unsafe { *slot.entry.get() = Some(RegionEntry { addr, len, info, shm }) };
+        unsafe { *slot.entry.get() = Some(RegionEntry { addr, len, info, shm, device }) };
         // Release publishes the entry to lease takers (Acquire in `lease`).
         slot.state.store(((generation as u64) << GENERATION_SHIFT) | LIVE, Ordering::Release);
         let id = RegionId::new(index, generation);
@@ -383,31 +390,35 @@ mod tests {
     fn same_range_is_idempotent_and_overlaps_are_refused() {
         let registry = Registry::new(8);
         let (_buf, addr) = buffer(4096);
-        let id = registry.register(addr, 4096, RegionInfo::raw(), None).unwrap();
-        assert_eq!(registry.register(addr, 4096, RegionInfo::raw(), None).unwrap(), id);
-        let err = registry.register(addr, 4096, RegionInfo::raw().with_layer(2), None).unwrap_err();
+        let id = registry.register(addr, 4096, RegionInfo::raw(), Backing::default()).unwrap();
+        assert_eq!(registry.register(addr, 4096, RegionInfo::raw(), Backing::default()).unwrap(), id);
+        let err = registry.register(addr, 4096, RegionInfo::raw().with_layer(2), Backing::default()).unwrap_err();
         assert!(matches!(err, Error::RegionInfoMismatch { existing } if existing == id));
         for (start, len) in [(addr + 100, 10), (addr - 10 + 4096, 20), (addr, 10)] {
-            let err = registry.register(start, len, RegionInfo::raw(), None).unwrap_err();
+            let err = registry.register(start, len, RegionInfo::raw(), Backing::default()).unwrap_err();
             assert!(matches!(err, Error::RegionOverlap { existing, .. } if existing == id), "{start:#x}+{len}: {err}");
         }
         // Adjacent is fine.
         let (_buf2, _) = buffer(1);
-        assert!(registry.register(addr + 4096, 16, RegionInfo::raw(), None).is_ok());
+        assert!(registry.register(addr + 4096, 16, RegionInfo::raw(), Backing::default()).is_ok());
         assert_eq!(registry.len(), 2);
     }
 
     #[test]
     fn bad_ranges_are_refused() {
         let registry = Registry::new(2);
-        assert!(registry.register(0, 10, RegionInfo::raw(), None).unwrap_err().to_string().contains("null pointer"));
         assert!(registry
-            .register(8, 0, RegionInfo::raw(), None)
+            .register(0, 10, RegionInfo::raw(), Backing::default())
+            .unwrap_err()
+            .to_string()
+            .contains("null pointer"));
+        assert!(registry
+            .register(8, 0, RegionInfo::raw(), Backing::default())
             .unwrap_err()
             .to_string()
             .contains("greater than zero"));
         assert!(registry
-            .register(usize::MAX - 4, 10, RegionInfo::raw(), None)
+            .register(usize::MAX - 4, 10, RegionInfo::raw(), Backing::default())
             .unwrap_err()
             .to_string()
             .contains("overflows"));
@@ -417,7 +428,7 @@ mod tests {
     fn leased_regions_cannot_be_unregistered_and_stale_ids_are_rejected() {
         let registry = Registry::new(4);
         let (_buf, addr) = buffer(64);
-        let id = registry.register(addr, 64, RegionInfo::raw(), None).unwrap();
+        let id = registry.register(addr, 64, RegionInfo::raw(), Backing::default()).unwrap();
         let guard = registry.lease(id).unwrap();
         let kept = registry.lease(id).unwrap().keep();
         assert!(matches!(registry.unregister(id), Err(Error::RegionBusy { in_flight: 2, .. })));
@@ -432,7 +443,7 @@ mod tests {
         assert!(matches!(registry.lease(id), Err(Error::UnknownRegion { .. })));
         assert!(matches!(registry.unregister(id), Err(Error::UnknownRegion { .. })));
         // The slot is reused under a new generation; the old id stays dead.
-        let again = registry.register(addr, 64, RegionInfo::raw(), None).unwrap();
+        let again = registry.register(addr, 64, RegionInfo::raw(), Backing::default()).unwrap();
         assert_eq!(again.index(), id.index());
         assert_ne!(again.generation(), id.generation());
         assert!(registry.lease(id).is_err());
@@ -445,9 +456,9 @@ mod tests {
         let registry = Registry::new(1);
         let (_a, a) = buffer(8);
         let (_b, b) = buffer(8);
-        registry.register(a, 8, RegionInfo::raw(), None).unwrap();
+        registry.register(a, 8, RegionInfo::raw(), Backing::default()).unwrap();
         assert!(matches!(
-            registry.register(b, 8, RegionInfo::raw(), None),
+            registry.register(b, 8, RegionInfo::raw(), Backing::default()),
             Err(Error::RegionTableFull { capacity: 1 })
         ));
     }
@@ -464,8 +475,13 @@ mod tests {
             check_range(id, Side::Remote, 2, u64::MAX, 2, 4096),
             Err(Error::LengthOverflow { desc_index: 2, .. })
         ));
-        let entry =
-            RegionEntry { addr: 0x1000, len: 100, info: RegionInfo::raw().with_access(Access::LOCAL_READ), shm: None };
+        let entry = RegionEntry {
+            addr: 0x1000,
+            len: 100,
+            info: RegionInfo::raw().with_access(Access::LOCAL_READ),
+            shm: None,
+            device: None,
+        };
         assert_eq!(entry.check(id, Side::Local, 0, 10, 10, Access::LOCAL_READ).unwrap(), 0x100a);
         let err = entry.check(id, Side::Local, 0, 10, 10, Access::LOCAL_WRITE).unwrap_err();
         assert!(err.to_string().contains("does not allow local write"), "{err}");

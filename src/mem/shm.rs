@@ -78,6 +78,8 @@ pub struct ShmMapping {
     path: PathBuf,
     /// The creator unlinks the file on drop; a peer's mapping does not.
     owner: bool,
+    /// The GPU provider the mapping is pinned with, unpinned on drop.
+    pinned: std::sync::OnceLock<std::sync::Arc<dyn crate::gpu::Gpu>>,
 }
 
 /// The name kvring gives a region file of the engine `pid` at `epoch`,
@@ -145,7 +147,7 @@ impl ShmMapping {
             .populate()
             .map_raw(&file)
             .map_err(|e| Error::io(format!("mapping {}", path.display()), e))?;
-        Ok(Self { map, path: path.to_path_buf(), owner: true })
+        Ok(Self { map, path: path.to_path_buf(), owner: true, pinned: Default::default() })
     }
 
     fn header_ptr(&self) -> *mut ShmHeader {
@@ -218,7 +220,7 @@ impl ShmMapping {
             .populate()
             .map_raw(&file)
             .map_err(|e| Error::io(format!("mapping peer region {}", path.display()), e))?;
-        let mapping = Self { map, path: path.to_path_buf(), owner: false };
+        let mapping = Self { map, path: path.to_path_buf(), owner: false, pinned: Default::default() };
         let header = mapping.read_header();
         let proven = header.magic == HEADER_MAGIC
             && header.version == HEADER_VERSION
@@ -261,10 +263,28 @@ impl ShmMapping {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Pins the mapping with `gpu`, so the GPU's copy engines reach it at
+    /// full rate; unpinned when dropped. Called by whoever created or opened
+    /// the mapping, before sharing it; a second call does nothing.
+    pub fn pin(&self, gpu: &std::sync::Arc<dyn crate::gpu::Gpu>) -> Result<()> {
+        if self.pinned.get().is_some() {
+            return Ok(());
+        }
+        // SAFETY: the whole mapping stays mapped until this value drops,
+        // which unpins it first.
+        unsafe { gpu.host_register(self.map.as_ptr() as u64, self.map.len() as u64)? };
+        let _ = self.pinned.set(gpu.clone());
+        Ok(())
+    }
 }
 
 impl Drop for ShmMapping {
     fn drop(&mut self) {
+        if let Some(gpu) = self.pinned.get() {
+            // Before the mapping goes (its fields drop after this body).
+            let _ = gpu.host_unregister(self.map.as_ptr() as u64);
+        }
         if self.owner {
             // Peers that already mapped it keep their mapping; new ones fail
             // to open it, which is right: the region is gone.

@@ -4,7 +4,7 @@
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::mem::registry::{access_name, check_range};
-use crate::mem::{Access, RegionKind};
+use crate::mem::{Access, MemoryKind, RegionKind};
 use crate::proto;
 use std::path::PathBuf;
 
@@ -33,6 +33,11 @@ pub struct RemoteRegion {
     /// Where the region starts in the owner's address space: only ever
     /// compared, to turn a remote address into (region, offset).
     pub addr: u64,
+    /// Where its bytes live (GPUs as the owner numbers them).
+    pub memory: MemoryKind,
+    /// For GPU memory: what a same-host peer opens it by, or why the owner
+    /// could not export it.
+    pub(crate) gpu_export: super::gpu::GpuExport,
 }
 
 impl RemoteRegion {
@@ -48,6 +53,49 @@ impl RemoteRegion {
             });
         }
         check_range(self.id, Side::Remote, desc_index, offset, len, self.len)
+    }
+    /// Checks and converts one region of a peer's descriptor.
+    fn from_proto(r: proto::RegionDescriptor) -> Result<Self> {
+        let bad = |reason: String| Error::malformed("segment descriptor", reason);
+        let id = RegionId::from_raw(r.id);
+        if r.len == 0 {
+            return Err(bad(format!("region {id} has zero length")));
+        }
+        let kind =
+            proto::RegionKind::try_from(r.kind).map_err(|_| bad(format!("region {id} has unknown kind {}", r.kind)))?;
+        let shm_path = if r.shm_path.is_empty() {
+            None
+        } else {
+            let path = PathBuf::from(&r.shm_path);
+            let file_name_ok = path
+                .strip_prefix(crate::mem::shm::SHM_DIR)
+                .ok()
+                .and_then(|rest| rest.to_str())
+                .is_some_and(|rest| !rest.is_empty() && !rest.contains('/') && rest != "..");
+            if !file_name_ok {
+                return Err(bad(format!(
+                    "region {id} shm path {:?} is not a file directly under /dev/shm",
+                    r.shm_path
+                )));
+            }
+            Some(path)
+        };
+        if r.addr.checked_add(r.len).is_none() {
+            return Err(bad(format!("region {id} at {:#x} with {} bytes wraps the address space", r.addr, r.len)));
+        }
+        let (memory, gpu_export) = super::gpu::from_proto(&r, bad)?;
+        Ok(RemoteRegion {
+            id,
+            kind: RegionKind::from_proto(kind),
+            len: r.len,
+            access: Access::from_bits(r.access),
+            layer: r.layer,
+            block_bytes: r.block_bytes,
+            shm_path,
+            addr: r.addr,
+            memory,
+            gpu_export,
+        })
     }
 }
 
@@ -95,15 +143,21 @@ impl SegmentDescriptor {
             regions: self
                 .regions
                 .iter()
-                .map(|r| proto::RegionDescriptor {
-                    id: r.id.raw(),
-                    kind: r.kind.to_proto() as i32,
-                    len: r.len,
-                    access: r.access.bits(),
-                    layer: r.layer,
-                    block_bytes: r.block_bytes,
-                    shm_path: r.shm_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-                    addr: r.addr,
+                .map(|r| {
+                    let (gpu, gpu_handles, gpu_export_error) = super::gpu::to_proto(r.memory, &r.gpu_export);
+                    proto::RegionDescriptor {
+                        id: r.id.raw(),
+                        kind: r.kind.to_proto() as i32,
+                        len: r.len,
+                        access: r.access.bits(),
+                        layer: r.layer,
+                        block_bytes: r.block_bytes,
+                        shm_path: r.shm_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                        addr: r.addr,
+                        gpu,
+                        gpu_handles,
+                        gpu_export_error,
+                    }
                 })
                 .collect(),
             endpoints: self
@@ -142,41 +196,7 @@ impl SegmentDescriptor {
             if !seen.insert(id.index()) {
                 return Err(bad(format!("region index {} listed twice", id.index())));
             }
-            if r.len == 0 {
-                return Err(bad(format!("region {id} has zero length")));
-            }
-            let kind = proto::RegionKind::try_from(r.kind)
-                .map_err(|_| bad(format!("region {id} has unknown kind {}", r.kind)))?;
-            let shm_path = if r.shm_path.is_empty() {
-                None
-            } else {
-                let path = PathBuf::from(&r.shm_path);
-                let file_name_ok = path
-                    .strip_prefix(crate::mem::shm::SHM_DIR)
-                    .ok()
-                    .and_then(|rest| rest.to_str())
-                    .is_some_and(|rest| !rest.is_empty() && !rest.contains('/') && rest != "..");
-                if !file_name_ok {
-                    return Err(bad(format!(
-                        "region {id} shm path {:?} is not a file directly under /dev/shm",
-                        r.shm_path
-                    )));
-                }
-                Some(path)
-            };
-            if r.addr.checked_add(r.len).is_none() {
-                return Err(bad(format!("region {id} at {:#x} with {} bytes wraps the address space", r.addr, r.len)));
-            }
-            regions.push(RemoteRegion {
-                id,
-                kind: RegionKind::from_proto(kind),
-                len: r.len,
-                access: Access::from_bits(r.access),
-                layer: r.layer,
-                block_bytes: r.block_bytes,
-                shm_path,
-                addr: r.addr,
-            });
+            regions.push(RemoteRegion::from_proto(r)?);
         }
         let rdma = match message.rdma {
             None => None,
@@ -256,6 +276,8 @@ mod tests {
                 block_bytes: 512,
                 shm_path: Some(PathBuf::from("/dev/shm/kvring-1-2-3")),
                 addr: 0x7f00_0000_0000,
+                memory: MemoryKind::Host,
+                gpu_export: Ok(Vec::new()),
             }],
             control_addr: "127.0.0.1:9".into(),
             tcp_addr: Some("127.0.0.1:10".into()),

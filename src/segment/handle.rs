@@ -84,6 +84,8 @@ mod tests {
             block_bytes: 0,
             shm_path: None,
             addr: 0,
+            memory: crate::mem::MemoryKind::Host,
+            gpu_export: Ok(Vec::new()),
         };
         let peer = PeerSegment::new(SegmentDescriptor {
             name: "p".into(),

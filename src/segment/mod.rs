@@ -2,6 +2,7 @@
 
 pub mod cache;
 pub mod descriptor;
+pub mod gpu;
 pub mod handle;
 
 pub use cache::{CacheStats, SegmentCache, DEFAULT_SEGMENT_CACHE_CAPACITY};

@@ -203,7 +203,7 @@ fn served(token: Option<&str>) -> Served {
     let mut memory = vec![GUARD; GUARD_BYTES + SERVED_BYTES + GUARD_BYTES];
     memory[GUARD_BYTES..GUARD_BYTES + SERVED_BYTES].fill(0);
     let start = memory.as_mut_ptr() as usize + GUARD_BYTES;
-    let region = registry.register(start, SERVED_BYTES, RegionInfo::raw(), None).expect("registers");
+    let region = registry.register(start, SERVED_BYTES, RegionInfo::raw(), Default::default()).expect("registers");
     let quota = NotifyQuota { total: 8, total_bytes: 4096, per_sender: 4, per_sender_bytes: 2048 };
     let ctx = TargetContext {
         registry,
@@ -279,6 +279,7 @@ pub fn initiator_replies(data: &[u8]) {
     let start = memory.as_mut_ptr();
     let block = |offset: usize, len: u64| Block {
         local: start.wrapping_add(base + offset),
+        memory: crate::mem::MemoryKind::Host,
         desc: BlockDesc::new(region, offset as u64, region, offset as u64, len),
         desc_index: 0,
     };

@@ -49,6 +49,7 @@ pub mod http {
 }
 
 pub use crate::engine::fill_pattern;
+pub use crate::mem::checksum::checksum;
 pub use crate::segment::{RdmaInfo, SegmentDescriptor};
 
 /// What `engine` tells peers in a handshake: for tests that check it or

@@ -14,6 +14,10 @@ pub enum TransportKind {
     Null,
     /// RDMA (one-sided WRITE and READ through a verbs provider).
     Rdma,
+    /// Same host, GPU memory on either end: the peer's device memory opened
+    /// by IPC handle, bytes moved by the GPU's copy engines (host memory of
+    /// the peer over its shared-memory files, as shm).
+    CudaIpc,
 }
 
 impl TransportKind {
@@ -24,6 +28,7 @@ impl TransportKind {
             TransportKind::Tcp => "tcp",
             TransportKind::Null => "null",
             TransportKind::Rdma => "rdma",
+            TransportKind::CudaIpc => "cuda_ipc",
         }
     }
 
@@ -34,9 +39,10 @@ impl TransportKind {
             "tcp" => Ok(TransportKind::Tcp),
             "null" => Ok(TransportKind::Null),
             "rdma" => Ok(TransportKind::Rdma),
-            other => {
-                Err(Error::Unsupported { what: format!("transport {other:?} (this build has: shm, tcp, rdma, null)") })
-            }
+            "cuda_ipc" => Ok(TransportKind::CudaIpc),
+            other => Err(Error::Unsupported {
+                what: format!("transport {other:?} (this build has: shm, cuda_ipc, tcp, rdma, null)"),
+            }),
         }
     }
 }
@@ -47,9 +53,12 @@ mod tests {
 
     #[test]
     fn names_parse_back_and_an_unknown_one_lists_what_this_build_has() {
-        for kind in [TransportKind::Shm, TransportKind::Tcp, TransportKind::Null, TransportKind::Rdma] {
+        let all =
+            [TransportKind::Shm, TransportKind::Tcp, TransportKind::Null, TransportKind::Rdma, TransportKind::CudaIpc];
+        for kind in all {
             assert_eq!(TransportKind::parse(kind.name()).unwrap(), kind);
         }
-        assert!(TransportKind::parse("ib").unwrap_err().to_string().contains("this build has: shm, tcp, rdma, null"));
+        let error = TransportKind::parse("ib").unwrap_err().to_string();
+        assert!(error.contains("this build has: shm, cuda_ipc, tcp, rdma, null"), "{error}");
     }
 }

@@ -10,6 +10,7 @@
 //! descriptor), in chunks of at most [`LaneLink::max_chunk`] blocks, and
 //! checks cancel and deadlines between chunks.
 
+pub(crate) mod cuda_ipc;
 pub(crate) mod kind;
 pub(crate) mod null;
 pub(crate) mod rdma;
@@ -21,15 +22,23 @@ pub use kind::TransportKind;
 
 use crate::desc::BlockDesc;
 use crate::error::Error;
+use crate::mem::MemoryKind;
 use crate::ring::Opcode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+/// Most blocks any link takes per chunk; a lane's chunk buffer is
+/// allocated once with this capacity.
+pub(crate) const MAX_CHUNK_BLOCKS: usize = 256;
+
 /// One validated block: where its local bytes are, and its descriptor.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Block {
-    /// First byte of the local range (inside a leased, registered region).
+    /// First byte of the local range (inside a leased, registered region):
+    /// a host address, or a device address (`memory`) never dereferenced.
     pub local: *mut u8,
+    /// Where the local range lives.
+    pub memory: MemoryKind,
     /// The descriptor (its remote range was checked against the peer's).
     pub desc: BlockDesc,
     /// Its index in the caller's batch, for errors.
@@ -124,6 +133,20 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
     /// return for `Done` and `Failed`, when `poll` or `abort` reports its
     /// ticket for `InFlight`.
     unsafe fn transfer(&mut self, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted;
+
+    /// True when the link moves GPU memory (local or remote): the lane
+    /// refuses a GPU region on any other link before it is touched.
+    fn moves_device_memory(&self) -> bool {
+        false
+    }
+
+    /// True when chunks in flight end on their own, whatever the peer does
+    /// (a GPU's copies): a part past its deadline then waits for them to end
+    /// (and ends `TimedOut`) rather than have [`LaneLink::abort`] close the
+    /// link, since they cannot be recalled and the segment is healthy.
+    fn ends_on_its_own(&self) -> bool {
+        false
+    }
 
     /// Makes progress on the chunks in flight and appends those that ended
     /// to `ended`. Returns true if anything moved.

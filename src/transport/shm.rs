@@ -1,128 +1,224 @@
-//! The shared-memory transport: the peer's shm-backed regions are mapped
-//! into this process, and the lane copies straight into (WRITE) or out of
-//! (READ) them. One copy, no syscall, no peer thread involved.
+//! The same-host link, behind both `shm` and `cuda_ipc`: the peer's
+//! shm-backed regions are mapped into this process and host-to-host blocks
+//! are copied by the lane (one copy, no syscall, no peer thread); with a
+//! GPU provider, the peer's device regions are opened too (`cuda_ipc.rs`)
+//! and every block with GPU memory on either end goes to the GPU's copy
+//! engines, one batched copy per chunk, ending when its event completes.
 
-use super::{Block, LaneLink, Link, LinkState, Posted, TransportKind};
+use super::cuda_ipc::{device_copy, DeviceCopier, PeerDevice, RemoteAt};
+use super::{Block, ChunkEnd, LaneLink, Link, LinkState, Posted, TransportKind};
 use crate::desc::BlockDesc;
 use crate::error::{Error, Result, Side};
+use crate::gpu::Gpu;
 use crate::mem::shm::PeerRegion;
 use crate::mem::ShmMapping;
 use crate::ring::Opcode;
 use crate::segment::SegmentDescriptor;
 use std::sync::Arc;
 
-/// A lane's view of one peer's shm-backed regions, indexed by region slot.
-/// The mappings are made once and shared by the lanes (they only copy
-/// through them), so each lane's link is a pointer to them.
+/// A lane's view of one peer on this host: its shm-backed regions, indexed
+/// by region slot, and (with a GPU provider) its device regions and this
+/// lane's copier. The mappings and opened regions are made once and shared
+/// by the lanes, so each lane's link holds pointers to them.
 #[derive(Debug)]
 pub(crate) struct ShmLink {
     mappings: Arc<[Option<ShmMapping>]>,
+    device: Option<(Arc<PeerDevice>, DeviceCopier)>,
 }
 
 impl ShmLink {
     /// Maps every shm-backed region of the peer, each only if its file
-    /// proves to be that region of that peer (`ShmMapping::open_peer`).
-    /// Fails when the peer is on another host or exposes no shm-backed
-    /// region. Every lane gets a link over the same mappings.
-    pub fn open(descriptor: &SegmentDescriptor, lanes: usize) -> Result<Link> {
+    /// proves to be that region of that peer (`ShmMapping::open_peer`), and
+    /// with `gpu`, opens its device regions and pins the mappings. Fails
+    /// when the peer is on another host, or exposes nothing this link can
+    /// reach. Every lane gets a link over the same mappings.
+    pub fn open(
+        descriptor: &SegmentDescriptor,
+        lanes: usize,
+        kind: TransportKind,
+        gpu: Option<Arc<dyn Gpu>>,
+    ) -> Result<Link> {
         if descriptor.host_id != crate::segment::local_host_id() {
             return Err(Error::Unsupported {
-                what: format!("shm to {}: the peer is on another host", descriptor.name),
+                what: format!("{} to {}: the peer is on another host", kind.name(), descriptor.name),
             });
         }
-        let max_index = descriptor.regions.iter().map(|r| r.id.index() as usize + 1).max().unwrap_or(0);
-        let mut mappings: Vec<Option<ShmMapping>> = (0..max_index).map(|_| None).collect();
-        let mut mapped = 0;
-        for region in &descriptor.regions {
-            if let Some(path) = &region.shm_path {
-                let len = usize::try_from(region.len)
-                    .map_err(|_| Error::malformed("segment descriptor", format!("region {} too large", region.id)))?;
-                let claim = PeerRegion { pid: descriptor.pid, epoch: descriptor.epoch, region: region.id, len };
-                mappings[region.id.index() as usize] = Some(ShmMapping::open_peer(path, claim)?);
-                mapped += 1;
-            }
-        }
-        if mapped == 0 && !descriptor.regions.is_empty() {
+        let mappings: Arc<[Option<ShmMapping>]> = map_peer(descriptor)?.into();
+        let device = match &gpu {
+            Some(gpu) => Some(Arc::new(PeerDevice::open(gpu.clone(), descriptor)?)),
+            None => None,
+        };
+        let mapped = mappings.iter().flatten().count();
+        if mapped == 0 && !device.as_ref().is_some_and(|d| d.has_regions()) && !descriptor.regions.is_empty() {
             return Err(Error::Unsupported {
                 what: format!(
-                    "shm to {}: none of its regions is shm-backed (allocate them with alloc_region)",
+                    "{} to {}: none of its regions is shm-backed or GPU memory (allocate them with alloc_region)",
+                    kind.name(),
                     descriptor.name
                 ),
             });
         }
-        let mappings: Arc<[Option<ShmMapping>]> = mappings.into();
-        let lanes = (0..lanes).map(|_| Box::new(ShmLink { mappings: mappings.clone() }) as Box<dyn LaneLink>).collect();
-        Ok(Link { state: LinkState::new(TransportKind::Shm, false), lanes })
+        if let Some(gpu) = &gpu {
+            for mapping in mappings.iter().flatten() {
+                // Copies between the GPU and the peer's memory then run at
+                // full rate; without it they still run, staged by the driver.
+                if let Err(error) = mapping.pin(gpu) {
+                    tracing::debug!(%error, peer = %descriptor.name, "pinning a peer's region for the GPU");
+                }
+            }
+        }
+        let lanes = (0..lanes)
+            .map(|_| {
+                let device = device.as_ref().zip(gpu.as_ref()).map(|(d, g)| (d.clone(), DeviceCopier::new(g.clone())));
+                Box::new(ShmLink { mappings: mappings.clone(), device }) as Box<dyn LaneLink>
+            })
+            .collect();
+        Ok(Link { state: LinkState::new(kind, false), lanes })
     }
 }
 
-/// Blocks per chunk: the lane checks cancel and deadlines between chunks.
+/// Maps the peer's shm-backed regions, by region slot.
+fn map_peer(descriptor: &SegmentDescriptor) -> Result<Vec<Option<ShmMapping>>> {
+    let max_index = descriptor.regions.iter().map(|r| r.id.index() as usize + 1).max().unwrap_or(0);
+    let mut mappings: Vec<Option<ShmMapping>> = (0..max_index).map(|_| None).collect();
+    for region in &descriptor.regions {
+        if let Some(path) = &region.shm_path {
+            let len = usize::try_from(region.len)
+                .map_err(|_| Error::malformed("segment descriptor", format!("region {} too large", region.id)))?;
+            let claim = PeerRegion { pid: descriptor.pid, epoch: descriptor.epoch, region: region.id, len };
+            mappings[region.id.index() as usize] = Some(ShmMapping::open_peer(path, claim)?);
+        }
+    }
+    Ok(mappings)
+}
+
+/// Blocks per chunk of host copies: the lane checks cancel and deadlines
+/// between chunks.
 pub const SHM_CHUNK_BLOCKS: usize = 16;
+/// Blocks per chunk with a GPU: one batched copy each, so the more the
+/// cheaper (the lane's chunk buffer holds at most this many).
+pub const GPU_CHUNK_BLOCKS: usize = super::MAX_CHUNK_BLOCKS;
 
 impl LaneLink for ShmLink {
     fn max_chunk(&self) -> usize {
-        SHM_CHUNK_BLOCKS
+        if self.device.is_some() {
+            GPU_CHUNK_BLOCKS
+        } else {
+            SHM_CHUNK_BLOCKS
+        }
+    }
+
+    fn moves_device_memory(&self) -> bool {
+        self.device.is_some()
+    }
+
+    fn ends_on_its_own(&self) -> bool {
+        self.device.is_some()
     }
 
     #[inline]
-    unsafe fn transfer(&mut self, op: Opcode, _batch_id: u64, _ticket: u64, blocks: &[Block]) -> Posted {
+    unsafe fn transfer(&mut self, op: Opcode, _batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
         let mut moved = 0;
+        let mut failure = None;
         for block in blocks {
-            // SAFETY: forwarded from our caller, block by block.
-            match unsafe { self.copy(op, block.local, &block.desc, block.desc_index) } {
-                Ok(()) => moved += block.desc.len,
-                Err(error) => return Posted::Failed((error, moved)),
+            let remote = match self.remote(&block.desc, block.desc_index) {
+                Ok(remote) => remote,
+                Err(error) => {
+                    failure = Some(error);
+                    break;
+                }
+            };
+            let copier = self.device.as_mut().map(|(_, copier)| copier);
+            match (device_copy(op, block.local as u64, block.memory, remote), copier, remote) {
+                (Some((src, dst, device)), Some(copier), _) => copier.add(src, dst, block.desc.len, device),
+                (None, _, RemoteAt::Host(remote)) => {
+                    // SAFETY: `local` is valid per our contract; `remote` is
+                    // inside the peer's mapping (`remote` checked it).
+                    unsafe { copy_host(op, block.local, remote as *mut u8, block.desc.len as usize) };
+                    moved += block.desc.len;
+                }
+                // GPU memory reaches a link only when it moves device memory
+                // (the lane checks `moves_device_memory` first).
+                _ => {
+                    failure = Some(Error::Unsupported { what: "GPU memory on a link without a GPU".into() });
+                    break;
+                }
             }
         }
-        Posted::Done(moved)
+        match self.device.as_mut().map(|(_, copier)| copier).filter(|c| c.has_copies()) {
+            // SAFETY: the blocks' local ranges stay valid until the chunk is
+            // reported ended (our contract); the remote ones are the peer's
+            // mappings and opened regions, which this link holds.
+            Some(copier) => match unsafe { copier.issue(ticket, moved, failure) } {
+                Ok(()) => Posted::InFlight,
+                Err(error) => Posted::Failed((error, moved)),
+            },
+            None => match failure {
+                Some(error) => Posted::Failed((error, moved)),
+                None => Posted::Done(moved),
+            },
+        }
+    }
+
+    fn poll(&mut self, ended: &mut Vec<ChunkEnd>) -> bool {
+        self.device.as_mut().is_some_and(|(_, copier)| copier.poll(ended))
+    }
+
+    fn abort(&mut self, reason: &str, ended: &mut Vec<ChunkEnd>) {
+        if let Some((_, copier)) = self.device.as_mut() {
+            copier.abort(reason, ended);
+        }
     }
 }
 
 impl ShmLink {
-    /// Copies one block.
-    ///
-    /// # Safety
-    ///
-    /// As [`LaneLink::transfer`], for this one block.
+    /// Where a block's remote range is here: in a mapping, or in device
+    /// memory opened here.
     #[inline]
-    unsafe fn copy(&self, op: Opcode, local: *mut u8, desc: &BlockDesc, desc_index: u32) -> Result<()> {
-        let mapping = self
-            .mappings
-            .get(desc.remote_region.index() as usize)
-            .and_then(Option::as_ref)
-            .ok_or(Error::UnknownRegion { side: Side::Remote, region: desc.remote_region })?;
-        // The lane checked the range against the descriptor; the mapping was
-        // made with the descriptor's length, so re-checking here is a cheap
-        // second fence against ever touching memory outside it.
-        let end = desc.remote_offset.checked_add(desc.len).ok_or(Error::LengthOverflow {
-            desc_index,
-            side: Side::Remote,
-            offset: desc.remote_offset,
-            len: desc.len,
-        })?;
-        if end > mapping.len() as u64 {
-            return Err(Error::OutOfBounds {
+    fn remote(&self, desc: &BlockDesc, desc_index: u32) -> Result<RemoteAt> {
+        let index = desc.remote_region.index() as usize;
+        if let Some(mapping) = self.mappings.get(index).and_then(Option::as_ref) {
+            // The lane checked the range against the descriptor; the mapping
+            // was made with the descriptor's length, so re-checking here is a
+            // cheap second fence against ever touching memory outside it.
+            crate::mem::registry::check_range(
+                desc.remote_region,
+                Side::Remote,
                 desc_index,
-                side: Side::Remote,
-                region: desc.remote_region,
-                offset: desc.remote_offset,
-                len: desc.len,
-                region_len: mapping.len() as u64,
-            });
+                desc.remote_offset,
+                desc.len,
+                mapping.len() as u64,
+            )?;
+            // SAFETY: `remote_offset + len <= mapping.len()` (checked above).
+            let at = unsafe { mapping.as_ptr().add(desc.remote_offset as usize) };
+            return Ok(RemoteAt::Host(at as u64));
         }
-        // SAFETY: `remote_offset + len <= mapping.len()` (checked above), and
-        // the mapping lives as long as `self`.
-        let remote = unsafe { mapping.as_ptr().add(desc.remote_offset as usize) };
-        let len = desc.len as usize;
-        // The ranges overlap only when an engine maps its own region
-        // (loopback), which `copy` (memmove) handles.
-        // SAFETY: `local` is valid per our contract; `remote` is in the mapping.
-        unsafe {
-            match op {
-                Opcode::Write => std::ptr::copy(local, remote, len),
-                Opcode::Read => std::ptr::copy(remote, local, len),
-            }
+        let device = self
+            .device
+            .as_ref()
+            .and_then(|(peer, _)| peer.address(desc.remote_region, desc.remote_offset, desc.len, desc_index));
+        match device {
+            Some(found) => found.map(|(addr, ordinal)| RemoteAt::Device(addr, ordinal)),
+            None => Err(Error::UnknownRegion { side: Side::Remote, region: desc.remote_region }),
         }
-        Ok(())
+    }
+}
+
+/// Copies one host block between local memory and a peer's mapping.
+///
+/// # Safety
+///
+/// `local` is valid for `len` bytes as [`LaneLink::transfer`] requires, and
+/// `remote` lies inside a mapping the link holds.
+#[inline]
+unsafe fn copy_host(op: Opcode, local: *mut u8, remote: *mut u8, len: usize) {
+    // The ranges overlap only when an engine maps its own region
+    // (loopback), which `copy` (memmove) handles.
+    // SAFETY: per this function's contract.
+    unsafe {
+        match op {
+            Opcode::Write => std::ptr::copy(local, remote, len),
+            Opcode::Read => std::ptr::copy(remote, local, len),
+        }
     }
 }

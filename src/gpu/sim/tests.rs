@@ -1,4 +1,5 @@
 //! Tests of the simulated GPU provider.
+use super::super::{HandleKind, IPC_HANDLE_BYTES};
 use super::*;
 use std::process::Command;
 
@@ -21,9 +22,10 @@ fn wait(gpu: &SimGpu, event: Event) -> Result<Duration> {
 /// Copies `copies` on a fresh stream of device 0 and waits for them.
 fn run(gpu: &SimGpu, copies: &[Copy]) -> Result<()> {
     let stream = gpu.create_stream(0)?;
+    let event = gpu.create_event(0)?;
     // SAFETY: the tests' host buffers outlive the wait below.
     unsafe { gpu.copy_batch(stream, copies)? };
-    let event = gpu.record(stream)?;
+    gpu.record(stream, event)?;
     wait(gpu, event)?;
     gpu.destroy_event(event)?;
     gpu.destroy_stream(stream)
@@ -60,18 +62,52 @@ fn copies_land_only_when_their_event_completes_host_to_device_to_device_to_host(
     let source = pattern(1 << 16, 7);
     let mut back = vec![0u8; 1 << 16];
     let stream = gpu.create_stream(0).unwrap();
+    let uploaded = gpu.create_event(0).unwrap();
+    assert!(gpu.query(uploaded).unwrap(), "an event never recorded is complete, as CUDA's");
     let copies = [Copy { src: source.as_ptr() as u64, dst: a.0, len: 1 << 16 }];
     // SAFETY: `source` outlives the wait below.
     unsafe { gpu.copy_batch(stream, &copies).unwrap() };
-    let uploaded = gpu.record(stream).unwrap();
+    gpu.record(stream, uploaded).unwrap();
     assert!(!gpu.query(uploaded).unwrap(), "not before the copy engine's delay");
     assert!(wait(&gpu, uploaded).unwrap() + Duration::from_millis(2) >= DELAY / 2);
+    // Recorded again: incomplete again until the new work is done.
+    // SAFETY: as above.
+    unsafe { gpu.copy_batch(stream, &copies).unwrap() };
+    gpu.record(stream, uploaded).unwrap();
+    assert!(!gpu.query(uploaded).unwrap(), "the latest recording counts");
+    wait(&gpu, uploaded).unwrap();
     // Two halves device to device in one batch, then the whole back.
     let halves = [Copy { src: a.0, dst: b.0 + 32768, len: 32768 }, Copy { src: a.0 + 32768, dst: b.0, len: 32768 }];
     run(&gpu, &halves).unwrap();
     run(&gpu, &[Copy { src: b.0, dst: back.as_mut_ptr() as u64, len: 1 << 16 }]).unwrap();
     assert_eq!(&back[32768..], &source[..32768]);
     assert_eq!(&back[..32768], &source[32768..]);
+    assert_eq!(gpu.copy_counts(), (4, 5), "calls and copies");
+    assert_eq!(gpu.copy_method(), CopyMethod::Batched);
+    let old = SimGpu::new(1, DELAY).with_copy_method(CopyMethod::PerCopy);
+    assert_eq!(old.copy_method(), CopyMethod::PerCopy);
+}
+
+#[test]
+fn a_run_of_pieces_is_one_range_and_copies_cross_its_piece_ends() {
+    let gpu = gpu();
+    let run_ptr = gpu.alloc_pieces(0, 8192, 4).unwrap();
+    let whole = Memory::Device { ordinal: 0, base: run_ptr, len: 4 * 8192 };
+    assert_eq!(gpu.classify(run_ptr.0 + 100, 3 * 8192).unwrap(), whole, "one range over four pieces");
+    assert!(gpu.classify(run_ptr.0 + 100, 4 * 8192).is_err(), "past the run's end");
+    let source = pattern(3 * 8192, 9);
+    let mut back = vec![0u8; 3 * 8192];
+    let at = run_ptr.0 + 4000;
+    run(&gpu, &[Copy { src: source.as_ptr() as u64, dst: at, len: source.len() as u64 }]).unwrap();
+    run(&gpu, &[Copy { src: at, dst: back.as_mut_ptr() as u64, len: back.len() as u64 }]).unwrap();
+    assert_eq!(back, source, "through four pieces' own views");
+    let export = gpu.export(at, 2 * 8192).unwrap();
+    let kinds: Vec<_> = export.handles().iter().map(|h| (h.kind, h.offset, h.len)).collect();
+    let fd = HandleKind::FileDescriptor;
+    assert_eq!(kinds, [(fd, 4000, 8192), (fd, 0, 8192), (fd, 0, 8192)], "the pieces the range touches");
+    // SAFETY: nothing uses it.
+    unsafe { gpu.free(run_ptr).unwrap() };
+    assert_eq!(gpu.classify(run_ptr.0 + 3 * 8192, 1).unwrap(), Memory::Host, "every piece freed");
 }
 
 #[test]
@@ -91,7 +127,8 @@ fn bad_copies_and_faults_are_clear_errors() {
     let error = run(&gpu, &within).unwrap_err().to_string();
     assert!(error.contains("a copy failed"), "{error}");
     let stream = gpu.create_stream(0).unwrap();
-    let event = gpu.record(stream).unwrap();
+    let event = gpu.create_event(0).unwrap();
+    gpu.record(stream, event).unwrap();
     assert!(gpu.query(event).is_err(), "sticky");
 
     // A lost device refuses everything.
@@ -109,6 +146,7 @@ fn bad_copies_and_faults_are_clear_errors() {
     // Host registration twice is refused, as CUDA refuses it.
     // SAFETY: `host` outlives the registration.
     unsafe { gpu.host_register(host.as_ptr() as u64, 8192).unwrap() };
+    assert!(gpu.is_host_registered(host.as_ptr() as u64));
     // SAFETY: refused.
     assert!(unsafe { gpu.host_register(host.as_ptr() as u64 + 4096, 16) }.is_err());
     gpu.host_unregister(host.as_ptr() as u64).unwrap();
@@ -116,58 +154,86 @@ fn bad_copies_and_faults_are_clear_errors() {
     assert!(gpu.alloc(5, 16).unwrap_err().to_string().contains("no such device"));
 }
 
+/// A handle as text for a child process: kind, 8 payload words, offset, len.
+fn handle_words(handle: &IpcHandle) -> String {
+    let mut words = vec![handle.kind.to_wire() as u64];
+    words.extend(handle.bytes.chunks(8).map(|w| u64::from_le_bytes(w.try_into().unwrap())));
+    words.extend([handle.offset, handle.len]);
+    words.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn parse_handle(text: &str) -> IpcHandle {
+    let words: Vec<u64> = text.split(',').map(|w| w.parse().unwrap()).collect();
+    let mut bytes = [0u8; IPC_HANDLE_BYTES];
+    for (i, word) in words[1..9].iter().enumerate() {
+        bytes[i * 8..i * 8 + 8].copy_from_slice(&word.to_le_bytes());
+    }
+    IpcHandle { kind: HandleKind::from_wire(words[0] as u32).unwrap(), bytes, offset: words[9], len: words[10] }
+}
+
 /// The child half of the cross-process test: opens the parent's export
-/// named in `KVRING_SIM_GPU_HANDLE` and checks its bytes. Run only by
-/// `an_export_opens_in_another_process_and_not_in_its_own`.
+/// named in `KVRING_SIM_GPU_HANDLES` (handles separated by `;`) and checks
+/// that its first `KVRING_SIM_GPU_LEN` bytes are the pattern. Run only by
+/// `exports_open_in_another_process_and_not_in_their_own`.
 #[test]
 #[ignore = "the child of a cross-process test"]
 fn child_opens_an_export() {
-    let text = std::env::var("KVRING_SIM_GPU_HANDLE").expect("run by the cross-process test");
-    let words: Vec<u64> = text.split(',').map(|w| w.parse().unwrap()).collect();
-    let mut bytes = [0u8; 64];
-    for (i, word) in words[..8].iter().enumerate() {
-        bytes[i * 8..i * 8 + 8].copy_from_slice(&word.to_le_bytes());
-    }
-    let handle = IpcHandle { bytes, offset: words[8], len: words[9] };
+    let text = std::env::var("KVRING_SIM_GPU_HANDLES").expect("run by the cross-process test");
+    let len: usize = std::env::var("KVRING_SIM_GPU_LEN").unwrap().parse().unwrap();
+    let handles: Vec<IpcHandle> = text.split(';').map(parse_handle).collect();
     let gpu = gpu();
-    let ptr = gpu.open(&handle).unwrap();
-    let mut back = vec![0u8; 4096];
-    run(&gpu, &[Copy { src: ptr.0, dst: back.as_mut_ptr() as u64, len: 4096 }]).unwrap();
-    assert_eq!(back, pattern(4096, 3), "the peer's bytes, at the exported pointer");
+    let ptr = gpu.open(&handles).unwrap();
+    let mut back = vec![0u8; len];
+    run(&gpu, &[Copy { src: ptr.0, dst: back.as_mut_ptr() as u64, len: len as u64 }]).unwrap();
+    assert_eq!(back, pattern(len, 3), "the peer's bytes, at the exported pointer");
     // SAFETY: no copy uses it any more.
     unsafe { gpu.close(ptr).unwrap() };
 }
 
-#[test]
-fn an_export_opens_in_another_process_and_not_in_its_own() {
-    let gpu = gpu();
-    let ptr = gpu.alloc(0, 1 << 16).unwrap();
-    let source = pattern(4096, 3);
-    let at = ptr.0 + 8192;
-    run(&gpu, &[Copy { src: source.as_ptr() as u64, dst: at, len: 4096 }]).unwrap();
-    let handle = gpu.export(DevicePtr(at)).unwrap();
-    assert_eq!((handle.offset, handle.len), (8192, 1 << 16));
-    assert!(gpu.open(&handle).unwrap_err().to_string().contains("its own IPC handle"));
-
-    let mut words: Vec<String> =
-        handle.bytes.chunks(8).map(|w| u64::from_le_bytes(w.try_into().unwrap()).to_string()).collect();
-    words.push(handle.offset.to_string());
-    words.push(handle.len.to_string());
-    let child = Command::new(std::env::current_exe().unwrap())
+/// Runs the child on `export`; true when it found the bytes.
+fn child_reads(export: &Export, len: usize) -> std::process::Output {
+    let text: Vec<String> = export.handles().iter().map(handle_words).collect();
+    Command::new(std::env::current_exe().unwrap())
         .args(["--ignored", "--exact", "gpu::sim::tests::child_opens_an_export", "--test-threads=1"])
-        .env("KVRING_SIM_GPU_HANDLE", words.join(","))
+        .env("KVRING_SIM_GPU_HANDLES", text.join(";"))
+        .env("KVRING_SIM_GPU_LEN", len.to_string())
         .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&child.stdout);
-    assert!(child.status.success() && out.contains("1 passed"), "{out}{}", String::from_utf8_lossy(&child.stderr));
+        .unwrap()
+}
+
+#[test]
+fn exports_open_in_another_process_and_not_in_their_own() {
+    let gpu = gpu();
+    let legacy = gpu.alloc(0, 1 << 16).unwrap();
+    let pieces = gpu.alloc_pieces(0, 8192, 3).unwrap();
+    let source = pattern(12000, 3);
+    for at in [legacy.0 + 8192, pieces.0 + 4000] {
+        run(&gpu, &[Copy { src: source.as_ptr() as u64, dst: at, len: source.len() as u64 }]).unwrap();
+        let export = gpu.export(at, source.len() as u64).unwrap();
+        let error = gpu.open(export.handles()).unwrap_err().to_string();
+        assert!(error.contains("its own"), "{error}");
+        let child = child_reads(&export, source.len());
+        let out = String::from_utf8_lossy(&child.stdout);
+        assert!(child.status.success() && out.contains("1 passed"), "{out}{}", String::from_utf8_lossy(&child.stderr));
+    }
+    let export = gpu.export(legacy.0 + 8192, 4096).unwrap();
+    assert_eq!(export.handles()[0].kind, HandleKind::Legacy);
+    assert_eq!((export.handles()[0].offset, export.handles()[0].len), (8192, 1 << 16));
 
     // A handle whose process is gone (a pid that cannot exist) is refused.
-    let mut gone = handle;
+    let mut gone = export.handles()[0];
     gone.bytes[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-    let error = gpu.open(&gone).unwrap_err().to_string();
+    let error = gpu.open(&[gone]).unwrap_err().to_string();
     assert!(error.contains("is gone or its memory is freed"), "{error}");
-    gpu.fail_next_open();
-    let mut other = handle;
+    let mut other = export.handles()[0];
     other.bytes[4..8].copy_from_slice(&1u32.to_le_bytes());
-    assert!(gpu.open(&other).unwrap_err().to_string().contains("injected"));
+    gpu.fail_next_open();
+    assert!(gpu.open(&[other]).unwrap_err().to_string().contains("injected"));
+    // A run's export whose exporter let it go: its descriptors are closed.
+    let dropped = gpu.export(pieces.0, 8192).unwrap();
+    let handles = dropped.handles().to_vec();
+    drop(dropped);
+    let child = child_reads(&Export::new(handles, Vec::new()), 16);
+    assert!(!child.status.success(), "a closed descriptor opens nothing");
+    assert!(String::from_utf8_lossy(&child.stdout).contains("no longer exports"));
 }

@@ -103,7 +103,8 @@ impl Lane {
         chunk.clear();
         ended_runs.clear();
         let max_chunk = link.map_or(1, |l| links.get(l).link.max_chunk().clamp(1, MAX_CHUNK_BLOCKS));
-        let mut post = Poster { ticket_index, id, max_chunk, registry, chunk, ended_runs, links };
+        let moves_device_memory = link.is_some_and(|l| links.get(l).link.moves_device_memory());
+        let mut post = Poster { ticket_index, id, max_chunk, moves_device_memory, registry, chunk, ended_runs, links };
         // Every descriptor of the part is consumed from the arena, executed
         // or not, so the next batch never waits behind a failed one; leases
         // are released run by run exactly as the submitter took them, but
@@ -205,6 +206,8 @@ struct Poster<'a> {
     id: BatchId,
     /// Most blocks the link takes at once.
     max_chunk: usize,
+    /// Whether the link may be handed GPU memory.
+    moves_device_memory: bool,
     registry: &'a Registry,
     chunk: &'a mut Vec<Block>,
     ended_runs: &'a mut Vec<RegionId>,
@@ -216,8 +219,9 @@ impl Poster<'_> {
     /// is full; a bad descriptor ends the part (blocks validated before it
     /// still move, as they would have one by one).
     fn add(&mut self, ticket: &mut Ticket, link: u32, op: Opcode, desc: BlockDesc, desc_index: u32) {
-        match validate(self.registry, &self.links.get(link).peer, &desc, desc_index, op) {
-            Ok(local) => self.chunk.push(Block { local, desc, desc_index }),
+        let peer = &self.links.get(link).peer;
+        match validate(self.registry, peer, &desc, desc_index, op, self.moves_device_memory) {
+            Ok((local, memory)) => self.chunk.push(Block { local, memory, desc, desc_index }),
             Err(error) => {
                 self.flush(ticket, link, op);
                 ticket.progress.executed += 1;
@@ -267,9 +271,18 @@ impl Poster<'_> {
 }
 
 /// Checks a descriptor's local range against the leased registry entry and
-/// its remote range against the peer's descriptor; returns the local address.
+/// its remote range against the peer's descriptor; returns the local address
+/// and where it lives. GPU memory on either side goes only to a link that
+/// moves device memory: no other may ever touch it.
 #[inline]
-fn validate(registry: &Registry, peer: &PeerSegment, desc: &BlockDesc, desc_index: u32, op: Opcode) -> Result<*mut u8> {
+fn validate(
+    registry: &Registry,
+    peer: &PeerSegment,
+    desc: &BlockDesc,
+    desc_index: u32,
+    op: Opcode,
+    moves_device_memory: bool,
+) -> Result<(*mut u8, MemoryKind)> {
     let (local_needs, remote_needs) = match op {
         Opcode::Read => (Access::LOCAL_WRITE, Access::REMOTE_READ),
         Opcode::Write => (Access::LOCAL_READ, Access::REMOTE_WRITE),
@@ -278,22 +291,30 @@ fn validate(registry: &Registry, peer: &PeerSegment, desc: &BlockDesc, desc_inde
     // this run's lease is given back only after the chunk holding this block
     // has ended (`Poster::flush`, `end_ticket`), long after this borrow.
     let local = unsafe { registry.kept(desc.local_region) }?;
-    if local.info.memory != MemoryKind::Host {
-        // No transport moves GPU memory yet, and a lane must never touch it.
-        return Err(gpu_memory_unsupported(desc.local_region));
+    if local.info.memory != MemoryKind::Host && !moves_device_memory {
+        return Err(gpu_memory_unsupported(desc.local_region, Side::Local));
     }
     let local_addr =
         local.check(desc.local_region, Side::Local, desc_index, desc.local_offset, desc.len, local_needs)?;
-    peer.region(desc.remote_region)?.check(desc_index, desc.remote_offset, desc.len, remote_needs)?;
-    Ok(local_addr as *mut u8)
+    let remote = peer.region(desc.remote_region)?;
+    if remote.memory != MemoryKind::Host && !moves_device_memory {
+        return Err(gpu_memory_unsupported(desc.remote_region, Side::Remote));
+    }
+    remote.check(desc_index, desc.remote_offset, desc.len, remote_needs)?;
+    Ok((local_addr as *mut u8, local.info.memory))
 }
 
-/// The error for a GPU region on a path that would have a host thread touch
-/// its bytes.
-pub(crate) fn gpu_memory_unsupported(region: RegionId) -> Error {
+/// The error for a GPU region on a link that does not move device memory
+/// (a host thread would touch its bytes).
+pub(crate) fn gpu_memory_unsupported(region: RegionId, side: Side) -> Error {
+    let whose = match side {
+        Side::Local => "this engine's",
+        Side::Remote => "the peer's",
+    };
     Error::Unsupported {
         what: format!(
-            "moving GPU memory (region {region}): no transport carries device memory yet (cuda_ipc and GPUDirect are to come)"
+            "moving GPU memory ({whose} region {region}) over this transport: only cuda_ipc (same host, with a GPU \
+             provider) moves device memory so far"
         ),
     }
 }

@@ -27,9 +27,7 @@ pub(crate) const DEFAULT_BUSY_POLL: Duration = Duration::from_millis(2);
 /// Default longest a parked lane sleeps before looking again on its own
 /// (a safety net: the doorbell wakes it as soon as work arrives).
 pub(crate) const DEFAULT_PARK_TIMEOUT: Duration = Duration::from_millis(50);
-/// Most blocks any link takes per chunk; the lane's chunk buffer is
-/// allocated once with this capacity.
-pub(crate) const MAX_CHUNK_BLOCKS: usize = 256;
+pub(crate) use crate::transport::MAX_CHUNK_BLOCKS;
 /// Parts (and notifications) a lane executes at once; SQEs wait in their
 /// ring while all are taken.
 pub(crate) const MAX_TICKETS: usize = 512;

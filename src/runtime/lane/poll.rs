@@ -286,6 +286,12 @@ impl Lane {
             }
             ticket.end.get_or_insert(super::super::status::PartEnd::TimedOut);
             if let Some(link) = ticket.link {
+                if self.links.get(link).link.ends_on_its_own() {
+                    // Its chunks end when their copies do (they cannot be
+                    // recalled); the part then ends TimedOut, with nothing
+                    // of it still writing the caller's memory.
+                    continue;
+                }
                 let reason = format!(
                     "batch {:#x} passed its deadline with blocks in flight, so its connection was closed",
                     ticket.sqe.batch_id

@@ -15,6 +15,7 @@ fn block(memory: &mut [u8], offset: u64) -> Block {
     let region = RegionId::from_raw(1 << 16);
     Block {
         local: memory.as_mut_ptr().wrapping_add(offset as usize),
+        memory: crate::mem::MemoryKind::Host,
         desc: BlockDesc::new(region, offset, region, offset, 4),
         desc_index: 0,
     }

@@ -49,7 +49,8 @@ struct Target {
 fn target(token: Option<&str>) -> Target {
     let registry = Arc::new(Registry::new(4));
     let mut memory = vec![0u8; 64 * 1024];
-    let region = registry.register(memory.as_mut_ptr() as usize, memory.len(), RegionInfo::raw(), None).unwrap();
+    let region =
+        registry.register(memory.as_mut_ptr() as usize, memory.len(), RegionInfo::raw(), Default::default()).unwrap();
     let ctx = TargetContext {
         registry,
         notifications: Arc::new(NotificationQueue::new(NotifyQuota::default())),

@@ -9,9 +9,11 @@
 //! per triple, and the method is reported). Each operation makes its
 //! device's primary context current on the calling thread first: the
 //! context the CUDA runtime (and PyTorch) uses, so their pointers and ours
-//! are the same.
+//! are the same. Classifying, exporting and opening memory is `ipc.rs`.
 
-use super::{Copy, CopyMethod, DevicePtr, Event, Gpu, GpuDevice, IpcHandle, Memory, Stream};
+mod ipc;
+
+use super::{Copy, CopyMethod, DevicePtr, Event, Export, Gpu, GpuDevice, IpcHandle, Memory, Stream};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::collections::HashMap;
@@ -55,8 +57,10 @@ pub struct CudaGpu {
 struct State {
     streams: HashMap<u64, (u32, Raw<sys::CUstream>)>,
     events: HashMap<u64, (u32, Raw<sys::CUevent>)>,
-    /// Peers' exports opened here: base → (device, opens).
-    opened: HashMap<u64, (u32, u32)>,
+    /// Peers' exports opened here, by the pointer `open` returned.
+    opened: HashMap<u64, Vec<ipc::Opened>>,
+    /// Legacy handles opened here: their base and how many opens hold them.
+    legacy: HashMap<[u8; 64], (u64, u32)>,
     next_id: u64,
 }
 
@@ -102,15 +106,6 @@ impl CudaGpu {
         Ok(Self { contexts, batch_copy, state: Mutex::new(State::default()) })
     }
 
-    /// How batches are copied on this driver.
-    pub fn copy_method(&self) -> CopyMethod {
-        if self.batch_copy.is_some() {
-            CopyMethod::Batched
-        } else {
-            CopyMethod::PerCopy
-        }
-    }
-
     /// Makes `device`'s primary context current on this thread.
     fn bind(&self, device: u32) -> Result<()> {
         let (_, context) = self
@@ -135,7 +130,11 @@ impl State {
 
 impl Drop for CudaGpu {
     fn drop(&mut self) {
-        let state = std::mem::take(self.state.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let mut state = std::mem::take(self.state.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let _ = self.bind(0);
+        for (opened, base) in state.take_opened() {
+            let _ = ipc::close(opened, base);
+        }
         for (_, (device, event)) in state.events {
             let _ = self.bind(device);
             // SAFETY: an event this provider created and nothing uses now.
@@ -163,36 +162,7 @@ impl Gpu for CudaGpu {
     }
 
     fn classify(&self, addr: u64, len: u64) -> Result<Memory> {
-        self.bind(0)?;
-        use sys::CUpointer_attribute::*;
-        let (mut kind, mut ordinal, mut start, mut size) = (0u32, -1i32, 0u64, 0usize);
-        let mut attributes = [
-            CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-            CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-        ];
-        let mut data: [*mut c_void; 4] = [
-            (&mut kind as *mut u32).cast(),
-            (&mut ordinal as *mut i32).cast(),
-            (&mut start as *mut u64).cast(),
-            (&mut size as *mut usize).cast(),
-        ];
-        // SAFETY: each data pointer points at a value of the type its
-        // attribute writes; the call does not fail on unknown pointers.
-        let result = unsafe {
-            sys::cuPointerGetAttributes(attributes.len() as c_uint, attributes.as_mut_ptr(), data.as_mut_ptr(), addr)
-        };
-        check(result, "classifying a pointer")?;
-        // 2 is CU_MEMORYTYPE_DEVICE; 0 (unknown to CUDA) and 1 (host) are host memory.
-        if kind != 2 {
-            return Ok(Memory::Host);
-        }
-        let end = addr.saturating_add(len);
-        if end > start + size as u64 {
-            return Err(cuda_error(format!("{addr:#x}+{len} runs past its device allocation ({start:#x}+{size})")));
-        }
-        Ok(Memory::Device { ordinal: ordinal.max(0) as u32, base: DevicePtr(start), len: size as u64 })
+        self.classify_range(addr, len)
     }
 
     fn alloc(&self, device: u32, len: u64) -> Result<DevicePtr> {
@@ -208,53 +178,17 @@ impl Gpu for CudaGpu {
         check(unsafe { sys::cuMemFree_v2(ptr.0) }, "freeing device memory")
     }
 
-    fn export(&self, ptr: DevicePtr) -> Result<IpcHandle> {
-        let Memory::Device { ordinal, base, len } = self.classify(ptr.0, 1)? else {
-            return Err(cuda_error(format!("{:#x} is not device memory", ptr.0)));
-        };
-        self.bind(ordinal)?;
-        let mut handle = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
-        // SAFETY: writes one handle for the allocation's base.
-        let result = unsafe { sys::cuIpcGetMemHandle(handle.as_mut_ptr(), base.0) };
-        check(result, "exporting device memory (memory from the virtual memory API, as PyTorch's expandable segments allocate it, is not exported yet)")?;
-        // SAFETY: initialised by the successful call above.
-        let handle = unsafe { handle.assume_init() };
-        let bytes = handle.reserved.map(|b| b as u8);
-        Ok(IpcHandle { bytes, offset: ptr.0 - base.0, len })
+    fn export(&self, addr: u64, len: u64) -> Result<Export> {
+        self.export_range(addr, len)
     }
 
-    fn open(&self, handle: &IpcHandle) -> Result<DevicePtr> {
-        self.bind(0)?;
-        let raw = sys::CUipcMemHandle { reserved: handle.bytes.map(|b| b as c_char) };
-        let mut base: sys::CUdeviceptr = 0;
-        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint;
-        // SAFETY: writes one device pointer; the handle is passed by value.
-        let result = unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, raw, flags) };
-        check(result, "opening a peer's device memory (has it exited or freed it?)")?;
-        if handle.offset >= handle.len {
-            // SAFETY: opened just above, used by nothing.
-            unsafe { sys::cuIpcCloseMemHandle(base) };
-            return Err(cuda_error("the handle's offset lies past its allocation"));
-        }
-        let mut state = self.lock();
-        state.opened.entry(base).or_insert((0, 0)).1 += 1;
-        Ok(DevicePtr(base + handle.offset))
+    fn open(&self, handles: &[IpcHandle]) -> Result<DevicePtr> {
+        self.open_export(handles)
     }
 
     unsafe fn close(&self, ptr: DevicePtr) -> Result<()> {
-        let mut state = self.lock();
-        let base = state.opened.keys().copied().filter(|&b| b <= ptr.0).max();
-        let base = base.ok_or_else(|| cuda_error(format!("{:#x} was not opened from a peer", ptr.0)))?;
-        let (device, opens) = state.opened.get_mut(&base).expect("found above");
-        *opens -= 1;
-        let device = *device;
-        if *opens == 0 {
-            state.opened.remove(&base);
-        }
-        drop(state);
-        self.bind(device)?;
-        // SAFETY: one close per open; our caller's contract: nothing uses it.
-        check(unsafe { sys::cuIpcCloseMemHandle(base) }, "closing a peer's device memory")
+        // SAFETY: our caller's contract: no copy uses it.
+        unsafe { self.close_export(ptr) }
     }
 
     fn create_stream(&self, device: u32) -> Result<Stream> {
@@ -274,6 +208,14 @@ impl Gpu for CudaGpu {
         self.bind(device)?;
         // SAFETY: a stream this provider created, now out of its table.
         check(unsafe { sys::cuStreamDestroy_v2(raw.0) }, "destroying a stream")
+    }
+
+    fn copy_method(&self) -> CopyMethod {
+        if self.batch_copy.is_some() {
+            CopyMethod::Batched
+        } else {
+            CopyMethod::PerCopy
+        }
     }
 
     unsafe fn copy_batch(&self, stream: Stream, copies: &[Copy]) -> Result<CopyMethod> {
@@ -321,23 +263,24 @@ impl Gpu for CudaGpu {
         Ok(CopyMethod::PerCopy)
     }
 
-    fn record(&self, stream: Stream) -> Result<Event> {
-        let (device, raw) = *self.lock().streams.get(&stream.0).ok_or_else(|| cuda_error("no such stream"))?;
+    fn create_event(&self, device: u32) -> Result<Event> {
         self.bind(device)?;
         let mut event: sys::CUevent = std::ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
         // SAFETY: writes one event handle.
         check(unsafe { sys::cuEventCreate(&mut event, flags) }, "creating an event")?;
-        // SAFETY: both handles are live.
-        if let Err(error) = check(unsafe { sys::cuEventRecord(event, raw.0) }, "recording an event") {
-            // SAFETY: created above, used by nothing.
-            unsafe { sys::cuEventDestroy_v2(event) };
-            return Err(error);
-        }
         let mut state = self.lock();
         let id = state.take_id();
         state.events.insert(id, (device, Raw(event)));
         Ok(Event(id))
+    }
+
+    fn record(&self, stream: Stream, event: Event) -> Result<()> {
+        let (device, stream) = *self.lock().streams.get(&stream.0).ok_or_else(|| cuda_error("no such stream"))?;
+        let (_, event) = *self.lock().events.get(&event.0).ok_or_else(|| cuda_error("no such event"))?;
+        self.bind(device)?;
+        // SAFETY: both handles are live (in the provider's tables).
+        check(unsafe { sys::cuEventRecord(event.0, stream.0) }, "recording an event")
     }
 
     fn query(&self, event: Event) -> Result<bool> {

@@ -1,0 +1,331 @@
+//! Device memory across processes on the CUDA driver: where a pointer lives
+//! (including runs of physical allocations that the virtual memory API maps
+//! back to back, as PyTorch's expandable segments do), exporting a range,
+//! and opening a peer's export.
+//!
+//! `cuMemAlloc` memory travels by legacy IPC handle (`cuIpcGetMemHandle`,
+//! opened with `cuIpcOpenMemHandle`). Virtual-memory-API memory cannot: each
+//! physical allocation is exported as a shareable POSIX descriptor
+//! (`cuMemExportToShareableHandle`), which the export keeps open; the opener
+//! takes each with `pidfd_getfd` (`gpu/fd.rs`), imports it, reserves one
+//! address range and maps the pieces back to back, granting its devices
+//! access, which is how PyTorch shares expandable segments.
+
+use super::{check, cuda_error, CudaGpu, State};
+use crate::error::Result;
+use crate::gpu::{fd, DevicePtr, Export, HandleKind, IpcHandle, Memory};
+use cudarc::driver::sys;
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// A peer's export opened here.
+#[derive(Debug)]
+pub(super) enum Opened {
+    /// By `cuIpcOpenMemHandle` (once per handle, counted in `State::legacy`:
+    /// regions of one peer often share an allocation, and the driver maps a
+    /// handle once per context).
+    Legacy { handle: [u8; 64] },
+    /// Pieces imported and mapped into an address range reserved here.
+    Mapped { range: u64, total: u64, pieces: Vec<(u64, u64)> },
+}
+
+/// One pointer's attributes.
+struct Attributes {
+    kind: u32,
+    ordinal: i32,
+    start: u64,
+    size: usize,
+    managed: bool,
+    legacy_ipc: bool,
+}
+
+impl CudaGpu {
+    /// The attributes of the allocation holding `addr`.
+    fn attributes(&self, addr: u64) -> Result<Attributes> {
+        use sys::CUpointer_attribute::*;
+        let (mut kind, mut ordinal, mut start, mut size) = (0u32, -1i32, 0u64, 0usize);
+        let (mut managed, mut legacy_ipc) = (0u32, 0u32);
+        let mut attributes = [
+            CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+            CU_POINTER_ATTRIBUTE_IS_MANAGED,
+            CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+        ];
+        let mut data: [*mut c_void; 6] = [
+            (&mut kind as *mut u32).cast(),
+            (&mut ordinal as *mut i32).cast(),
+            (&mut start as *mut u64).cast(),
+            (&mut size as *mut usize).cast(),
+            (&mut managed as *mut u32).cast(),
+            (&mut legacy_ipc as *mut u32).cast(),
+        ];
+        // SAFETY: each data pointer points at a value of the type its
+        // attribute writes; the call does not fail on unknown pointers.
+        let result = unsafe {
+            sys::cuPointerGetAttributes(attributes.len() as c_uint, attributes.as_mut_ptr(), data.as_mut_ptr(), addr)
+        };
+        check(result, "classifying a pointer")?;
+        Ok(Attributes { kind, ordinal, start, size, managed: managed != 0, legacy_ipc: legacy_ipc != 0 })
+    }
+
+    /// Where `addr..addr + len` lives; device memory may span a run of
+    /// allocations mapped back to back on one device.
+    pub(super) fn classify_range(&self, addr: u64, len: u64) -> Result<Memory> {
+        self.bind(0)?;
+        let first = self.attributes(addr)?;
+        if first.managed {
+            return Ok(Memory::Managed { ordinal: first.ordinal.max(0) as u32 });
+        }
+        // 2 is CU_MEMORYTYPE_DEVICE; 0 (unknown to CUDA) and 1 (host) are host memory.
+        if first.kind != 2 {
+            return Ok(Memory::Host);
+        }
+        let end = addr.saturating_add(len);
+        let mut run_end = first.start + first.size as u64;
+        while run_end < end {
+            let next = self.attributes(run_end)?;
+            if next.kind != 2 || next.ordinal != first.ordinal || next.start != run_end || next.size == 0 {
+                return Err(cuda_error(format!(
+                    "{addr:#x}+{len} runs past its device allocation ({:#x}+{})",
+                    first.start,
+                    run_end - first.start
+                )));
+            }
+            run_end += next.size as u64;
+        }
+        Ok(Memory::Device {
+            ordinal: first.ordinal.max(0) as u32,
+            base: DevicePtr(first.start),
+            len: run_end - first.start,
+        })
+    }
+
+    /// Exports `addr..addr + len`: a legacy handle for `cuMemAlloc` memory,
+    /// else one shareable descriptor per physical allocation.
+    pub(super) fn export_range(&self, addr: u64, len: u64) -> Result<Export> {
+        let Memory::Device { ordinal, .. } = self.classify_range(addr, len)? else {
+            return Err(cuda_error(format!("{addr:#x} is not device memory")));
+        };
+        self.bind(ordinal)?;
+        let first = self.attributes(addr)?;
+        if first.legacy_ipc && addr + len <= first.start + first.size as u64 {
+            let mut handle = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+            // SAFETY: writes one handle for the allocation's base.
+            check(unsafe { sys::cuIpcGetMemHandle(handle.as_mut_ptr(), first.start) }, "exporting device memory")?;
+            // SAFETY: initialised by the successful call above.
+            let bytes = unsafe { handle.assume_init() }.reserved.map(|b| b as u8);
+            let handle =
+                IpcHandle { kind: HandleKind::Legacy, bytes, offset: addr - first.start, len: first.size as u64 };
+            return Ok(Export::new(vec![handle], Vec::new()));
+        }
+        let (mut handles, mut held) = (Vec::new(), Vec::new());
+        let mut at = first.start;
+        while at < addr + len {
+            let piece = self.attributes(at)?;
+            let fd = export_piece(at)?;
+            let bytes = fd::encode(std::process::id(), fd.as_raw_fd());
+            let offset = addr.saturating_sub(at);
+            handles.push(IpcHandle { kind: HandleKind::FileDescriptor, bytes, offset, len: piece.size as u64 });
+            held.push(fd);
+            at += piece.size as u64;
+        }
+        Ok(Export::new(handles, held))
+    }
+
+    /// Opens a peer's export; a handle already open here is opened once
+    /// more by reference (the driver would refuse a second open).
+    pub(super) fn open_export(&self, handles: &[IpcHandle]) -> Result<DevicePtr> {
+        crate::gpu::check_handles(handles, 1).map_err(|reason| cuda_error(format!("a peer's export: {reason}")))?;
+        self.bind(0)?;
+        let first = handles[0];
+        let (opened, base) = match first.kind {
+            HandleKind::Legacy => (Opened::Legacy { handle: first.bytes }, self.open_legacy(&first.bytes)?),
+            HandleKind::FileDescriptor => {
+                let mapped = self.map_pieces(handles)?;
+                let Opened::Mapped { range, .. } = mapped else { unreachable!("map_pieces maps") };
+                (mapped, range)
+            }
+        };
+        let ptr = base + first.offset;
+        self.lock().opened.entry(ptr).or_default().push(opened);
+        Ok(DevicePtr(ptr))
+    }
+
+    /// The base of a legacy handle's allocation here: opened now, or
+    /// counted once more.
+    fn open_legacy(&self, handle: &[u8; 64]) -> Result<u64> {
+        if let Some((base, opens)) = self.lock().legacy.get_mut(handle) {
+            *opens += 1;
+            return Ok(*base);
+        }
+        let raw = sys::CUipcMemHandle { reserved: handle.map(|b| b as c_char) };
+        let mut base: sys::CUdeviceptr = 0;
+        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint;
+        // SAFETY: writes one device pointer; the handle is passed by value.
+        let result = unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, raw, flags) };
+        check(result, "opening a peer's device memory (has it exited or freed it?)")?;
+        self.lock().legacy.insert(*handle, (base, 1));
+        Ok(base)
+    }
+
+    /// Imports every piece and maps them back to back in a new range, with
+    /// read and write access for every device of this process; on any
+    /// failure, undoes what was done.
+    fn map_pieces(&self, handles: &[IpcHandle]) -> Result<Opened> {
+        let total: u64 = handles.iter().map(|h| h.len).sum();
+        let mut range: sys::CUdeviceptr = 0;
+        // SAFETY: writes one address; alignment 0 is the default granularity.
+        check(unsafe { sys::cuMemAddressReserve(&mut range, total as usize, 0, 0, 0) }, "reserving addresses")?;
+        let mut pieces = Vec::with_capacity(handles.len());
+        let mapped = handles.iter().try_for_each(|handle| {
+            let at = range + pieces.iter().map(|&(_, len)| len).sum::<u64>();
+            map_piece(handle, at)?;
+            pieces.push((at, handle.len));
+            Ok(())
+        });
+        let access = mapped.and_then(|()| self.grant_access(range, total));
+        if let Err(error) = access {
+            unmap(range, total, &pieces);
+            return Err(error);
+        }
+        Ok(Opened::Mapped { range, total, pieces })
+    }
+
+    /// Read and write access to `range` for every device of this process
+    /// that can have it (at least one).
+    fn grant_access(&self, range: u64, total: u64) -> Result<()> {
+        let mut granted = 0;
+        for ordinal in 0..self.contexts.len() {
+            let desc = sys::CUmemAccessDesc {
+                location: sys::CUmemLocation {
+                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: ordinal as c_int,
+                },
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: one access descriptor for a range this provider mapped.
+            if unsafe { sys::cuMemSetAccess(range, total as usize, &desc, 1) } == sys::CUresult::CUDA_SUCCESS {
+                granted += 1;
+            }
+        }
+        if granted == 0 {
+            return Err(cuda_error("no GPU of this process can access the peer's memory"));
+        }
+        Ok(())
+    }
+
+    /// Closes what `open_export` opened at `ptr`.
+    ///
+    /// # Safety
+    ///
+    /// No copy in flight uses it.
+    pub(super) unsafe fn close_export(&self, ptr: DevicePtr) -> Result<()> {
+        let mut state = self.lock();
+        let opened = state.opened.get_mut(&ptr.0).and_then(Vec::pop);
+        let opened = opened.ok_or_else(|| cuda_error(format!("{:#x} was not opened from a peer", ptr.0)))?;
+        state.opened.retain(|_, opens| !opens.is_empty());
+        let closing = match opened {
+            Opened::Legacy { handle } => {
+                let Some((base, opens)) = state.legacy.get_mut(&handle) else { return Ok(()) };
+                *opens -= 1;
+                let base = *base;
+                (*opens == 0)
+                    .then(|| state.legacy.remove(&handle))
+                    .map(|_| Opened::Legacy { handle })
+                    .map(|o| (o, base))
+            }
+            mapped => Some((mapped, 0)),
+        };
+        drop(state);
+        self.bind(0)?;
+        match closing {
+            Some((opened, base)) => close(opened, base),
+            None => Ok(()),
+        }
+    }
+}
+
+impl State {
+    /// Everything opened, for the provider's drop: each mapped range, and
+    /// each legacy allocation once.
+    pub(super) fn take_opened(&mut self) -> Vec<(Opened, u64)> {
+        let mapped = self.opened.drain().flat_map(|(_, opens)| opens).filter(|o| matches!(o, Opened::Mapped { .. }));
+        let mut all: Vec<(Opened, u64)> = mapped.map(|o| (o, 0)).collect();
+        all.extend(self.legacy.drain().map(|(handle, (base, _))| (Opened::Legacy { handle }, base)));
+        all
+    }
+}
+
+/// Closes an opened export (`base`: a legacy handle's allocation here).
+pub(super) fn close(opened: Opened, base: u64) -> Result<()> {
+    match opened {
+        Opened::Legacy { .. } => {
+            // SAFETY: the last open of this handle here; nothing uses it
+            // (our callers' contract).
+            check(unsafe { sys::cuIpcCloseMemHandle(base) }, "closing a peer's device memory")
+        }
+        Opened::Mapped { range, total, pieces } => {
+            unmap(range, total, &pieces);
+            Ok(())
+        }
+    }
+}
+
+/// The shareable descriptor of the physical allocation mapped at `at`.
+fn export_piece(at: u64) -> Result<OwnedFd> {
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: writes one handle; `at` is the start of a mapped allocation.
+    let retained = unsafe { sys::cuMemRetainAllocationHandle(&mut handle, at as *mut c_void) };
+    check(
+        retained,
+        "exporting device memory: neither cuMemAlloc memory nor from the virtual memory API (cudaMallocAsync pools \
+         are not exportable)",
+    )?;
+    let mut raw: c_int = -1;
+    let kind = sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    // SAFETY: writes one descriptor number for a retained handle.
+    let exported = unsafe { sys::cuMemExportToShareableHandle((&mut raw as *mut c_int).cast(), handle, kind, 0) };
+    // SAFETY: one release per retain above.
+    unsafe { sys::cuMemRelease(handle) };
+    check(
+        exported,
+        "exporting device memory: the allocation was made without POSIX descriptor handles (PyTorch: \
+         expandable segments with the default handle type)",
+    )?;
+    // SAFETY: a fresh descriptor the driver handed to this process.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Takes a peer's descriptor, imports it and maps it at `at`.
+fn map_piece(handle: &IpcHandle, at: u64) -> Result<()> {
+    let (pid, number) = fd::decode(&handle.bytes).map_err(|e| cuda_error(format!("a peer's export: {e}")))?;
+    if pid == std::process::id() {
+        return Err(cuda_error("a process cannot open its own export"));
+    }
+    let taken = fd::take(pid, number).map_err(cuda_error)?;
+    let mut imported: sys::CUmemGenericAllocationHandle = 0;
+    let kind = sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    // SAFETY: the driver reads the descriptor number passed as the pointer
+    // value (its convention for POSIX handles) and writes one handle.
+    let result =
+        unsafe { sys::cuMemImportFromShareableHandle(&mut imported, taken.as_raw_fd() as usize as *mut c_void, kind) };
+    drop(taken);
+    check(result, "importing a peer's device memory")?;
+    // SAFETY: maps the whole imported allocation at reserved addresses.
+    let mapped = unsafe { sys::cuMemMap(at, handle.len as usize, 0, imported, 0) };
+    // SAFETY: the mapping holds its own reference; ours is released.
+    unsafe { sys::cuMemRelease(imported) };
+    check(mapped, "mapping a peer's device memory")
+}
+
+/// Unmaps `pieces` and frees the reserved range.
+fn unmap(range: u64, total: u64, pieces: &[(u64, u64)]) {
+    for &(at, len) in pieces {
+        // SAFETY: a piece this provider mapped, used by no copy any more.
+        unsafe { sys::cuMemUnmap(at, len as usize) };
+    }
+    // SAFETY: the range this provider reserved, now empty.
+    unsafe { sys::cuMemAddressFree(range, total as usize) };
+}

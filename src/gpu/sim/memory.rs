@@ -1,0 +1,384 @@
+//! The simulated provider's device memory: allocations, their two views,
+//! runs of pieces (the virtual memory API's shape), exports and opens.
+//!
+//! Every piece is a `memfd` mapped twice: at its device address with no
+//! access at all (a host dereference faults), and once more, readable and
+//! writable, where only the stand-in copy engine reaches it. A legacy
+//! export names the allocation's memfd by `/proc/<pid>/fd/<n>` (an opaque
+//! handle that only a same-host process can use, as CUDA's); a piece of a
+//! run is exported as a duplicated descriptor that the opener takes with
+//! `pidfd_getfd`, the path real device memory of the virtual memory API
+//! takes.
+
+use super::super::{fd, DevicePtr, Export, HandleKind, IpcHandle, IPC_HANDLE_BYTES};
+use super::{gpu_error, SimGpu, State};
+use crate::error::{Error, Result};
+use memmap2::MmapRaw;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// Marks a simulated legacy IPC handle.
+const HANDLE_MAGIC: [u8; 4] = *b"KVSG";
+
+/// One piece of device memory (an allocation, or one physical allocation
+/// of a run): two views of one memfd.
+#[derive(Debug)]
+pub(super) struct Piece {
+    pub device: u32,
+    pub len: u64,
+    file: File,
+    /// The view at the device address: no access at all, or for managed
+    /// memory read and write (held for its mapping).
+    _view: View,
+    /// The view the copy engine uses.
+    pub alias: MmapRaw,
+    /// Start of the run this piece belongs to (its own address when alone).
+    pub run: u64,
+    /// Allocated as a run of pieces (exported piece by piece, by descriptor).
+    pub vmm: bool,
+    /// Opened from another process's export (closed, not freed).
+    pub opened: bool,
+    /// Managed memory: the host may touch it; it cannot be exported.
+    pub managed: bool,
+}
+
+/// The mapping at a piece's device address (no access rights, so touching
+/// it faults; or, for managed memory, read and write).
+#[derive(Debug)]
+struct View {
+    addr: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the handle is an address range and its length; moving it between
+// threads moves no access (only the copy engine, under the provider's lock,
+// or the owner of managed memory touches the bytes).
+unsafe impl Send for View {}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        // SAFETY: the range was mapped by `map_view` and is unmapped once.
+        unsafe { libc::munmap(self.addr, self.len) };
+    }
+}
+
+impl State {
+    /// The piece holding `addr`, if any, with its address.
+    pub(super) fn piece_at(&self, addr: u64) -> Option<(u64, &Piece)> {
+        let (&base, piece) = self.pieces.range(..=addr).next_back()?;
+        (addr < base + piece.len).then_some((base, piece))
+    }
+
+    /// The pieces of the run starting at `run`, in address order.
+    fn run_pieces(&self, run: u64) -> impl Iterator<Item = (u64, &Piece)> {
+        self.pieces.range(run..).map(|(&a, p)| (a, p)).take_while(move |(_, p)| p.run == run)
+    }
+
+    /// The run holding `addr`: its device, start and length.
+    pub(super) fn run_at(&self, addr: u64) -> Option<(u32, u64, u64)> {
+        let (_, piece) = self.piece_at(addr)?;
+        let end = self.run_pieces(piece.run).last().map(|(a, p)| a + p.len)?;
+        Some((piece.device, piece.run, end - piece.run))
+    }
+
+    /// `addr..addr + len` resolved to where the copy engine reaches it: the
+    /// alias of a device range (inside one piece: copies are split at piece
+    /// ends by `split_at_pieces`), or the host address as it is.
+    pub(super) fn resolve(&self, addr: u64, len: u64) -> Result<u64> {
+        match self.piece_at(addr) {
+            None => Ok(addr),
+            Some((base, piece)) => {
+                if self.lost.contains(&piece.device) {
+                    return Err(gpu_error(piece.device, "the device was lost"));
+                }
+                let end = addr.checked_add(len).ok_or_else(|| gpu_error(piece.device, "a copy's range overflows"))?;
+                if end > base + piece.len {
+                    let (_, run, run_len) = self.run_at(addr).expect("inside a piece");
+                    return Err(past_allocation(piece.device, addr, len, run, run_len));
+                }
+                Ok(piece.alias.as_ptr() as u64 + (addr - base))
+            }
+        }
+    }
+
+    /// Splits a copy where either side crosses from one piece of a run into
+    /// the next (a real copy engine sees one virtual range; the stand-in
+    /// copies through each piece's own alias).
+    pub(super) fn split_at_pieces(&self, src: u64, dst: u64, len: u64, out: &mut Vec<(u64, u64, u64)>) -> Result<()> {
+        for addr in [src, dst] {
+            // A device side must lie inside one run: past its end is no
+            // piece at all, which must never be read as host memory.
+            if let Some((device, run, run_len)) = self.run_at(addr) {
+                if addr.checked_add(len).is_none_or(|end| end > run + run_len) {
+                    return Err(past_allocation(device, addr, len, run, run_len));
+                }
+            }
+        }
+        let room = |addr: u64| self.piece_at(addr).map(|(base, piece)| base + piece.len - addr);
+        let (mut src, mut dst, mut left) = (src, dst, len);
+        while left > 0 {
+            let step = [room(src), room(dst), Some(left)].into_iter().flatten().min().expect("left is some");
+            out.push((self.resolve(src, step)?, self.resolve(dst, step)?, step));
+            (src, dst, left) = (src + step, dst + step, left - step);
+        }
+        Ok(())
+    }
+}
+
+impl SimGpu {
+    /// Allocates `pieces` physical allocations of `piece_len` bytes each on
+    /// `device`, mapped back to back at one device address, as the virtual
+    /// memory API (PyTorch's expandable segments) lays memory out: exported
+    /// piece by piece, by shareable descriptor.
+    pub fn alloc_pieces(&self, device: u32, piece_len: u64, pieces: u32) -> Result<DevicePtr> {
+        let mut state = self.lock();
+        self.check_device(&state, device)?;
+        let total = piece_len.checked_mul(pieces as u64).filter(|&t| t > 0);
+        let total = total.ok_or_else(|| gpu_error(device, "a run of 0 bytes, or one that overflows"))?;
+        let files = (0..pieces).map(|_| memfd(piece_len)).collect::<Result<Vec<_>>>()?;
+        let base = reserve(total)?;
+        let placed = files.into_iter().enumerate().try_for_each(|(i, file)| {
+            let at = Some(base + i as u64 * piece_len);
+            install(&mut state, Placed { device, file, at, run: base, vmm: true, opened: false, managed: false })
+                .map(drop)
+        });
+        placed.map_err(|error| abandon(&mut state, base, total, error))?;
+        Ok(DevicePtr(base))
+    }
+
+    /// Allocates `len` bytes of managed memory on `device`: the host may
+    /// read and write it, and it cannot be exported (as CUDA's
+    /// `cuMemAllocManaged`).
+    pub fn alloc_managed(&self, device: u32, len: u64) -> Result<DevicePtr> {
+        let mut state = self.lock();
+        self.check_device(&state, device)?;
+        self.alloc_one(&mut state, device, len, true)
+    }
+
+    /// Allocates one legacy-exportable allocation (the provider's `alloc`),
+    /// or managed memory.
+    pub(super) fn alloc_one(&self, state: &mut State, device: u32, len: u64, managed: bool) -> Result<DevicePtr> {
+        if len == 0 {
+            return Err(gpu_error(device, "an allocation of 0 bytes"));
+        }
+        let file = memfd(len)?;
+        let placed = Placed { device, file, at: None, run: 0, vmm: false, opened: false, managed };
+        Ok(DevicePtr(install(state, placed)?))
+    }
+
+    /// Frees what `alloc` or `alloc_pieces` returned (the whole run).
+    pub(super) fn free_run(&self, state: &mut State, ptr: DevicePtr) -> Result<()> {
+        match state.pieces.get(&ptr.0) {
+            Some(piece) if !piece.opened && piece.run == ptr.0 => {
+                let addrs: Vec<u64> = state.run_pieces(ptr.0).map(|(a, _)| a).collect();
+                addrs.iter().for_each(|a| drop(state.pieces.remove(a)));
+                Ok(())
+            }
+            _ => Err(gpu_error(0, format!("{:#x} is not an allocation of this process", ptr.0))),
+        }
+    }
+
+    /// Exports `addr..addr + len`: one legacy handle, or one descriptor per
+    /// piece of a run.
+    pub(super) fn export_range(&self, state: &State, addr: u64, len: u64) -> Result<Export> {
+        let (device, run, run_len) = state
+            .run_at(addr)
+            .filter(|(_, run, _)| !state.pieces[run].opened && !state.pieces[run].managed)
+            .ok_or_else(|| gpu_error(0, format!("{addr:#x} is not device memory this process allocated")))?;
+        self.check_device(state, device)?;
+        let end = addr.checked_add(len).filter(|&end| len > 0 && end <= run + run_len);
+        let end = end.ok_or_else(|| past_allocation(device, addr, len, run, run_len))?;
+        let pid = std::process::id();
+        let (first, piece) = state.piece_at(addr).expect("inside the run");
+        if !piece.vmm {
+            let mut bytes = [0u8; IPC_HANDLE_BYTES];
+            bytes[..4].copy_from_slice(&HANDLE_MAGIC);
+            bytes[4..8].copy_from_slice(&pid.to_le_bytes());
+            bytes[8..12].copy_from_slice(&piece.file.as_raw_fd().to_le_bytes());
+            bytes[12..16].copy_from_slice(&device.to_le_bytes());
+            let handle = IpcHandle { kind: HandleKind::Legacy, bytes, offset: addr - first, len: piece.len };
+            return Ok(Export::new(vec![handle], Vec::new()));
+        }
+        let (mut handles, mut held) = (Vec::new(), Vec::new());
+        for (at, piece) in state.run_pieces(run).filter(|(at, p)| at + p.len > addr && *at < end) {
+            // The shareable descriptor the exporter keeps open for peers to
+            // take (CUDA's cuMemExportToShareableHandle gives a new one).
+            let shared = piece.file.try_clone().map_err(|e| Error::io("exporting simulated device memory", e))?;
+            let mut bytes = fd::encode(pid, shared.as_raw_fd());
+            bytes[12..16].copy_from_slice(&device.to_le_bytes());
+            let offset = addr.saturating_sub(at);
+            handles.push(IpcHandle { kind: HandleKind::FileDescriptor, bytes, offset, len: piece.len });
+            held.push(OwnedFd::from(shared));
+        }
+        Ok(Export::new(handles, held))
+    }
+
+    /// Opens a peer's export (handles already checked); returns the first
+    /// exported byte's address.
+    pub(super) fn open_export(&self, state: &mut State, handles: &[IpcHandle]) -> Result<DevicePtr> {
+        let first = handles[0];
+        let device = u32::from_le_bytes(first.bytes[12..16].try_into().expect("4 bytes"));
+        self.check_device(state, device)?;
+        if std::mem::take(&mut state.fail_next_open) {
+            return Err(gpu_error(device, "opening the peer's memory failed (injected)"));
+        }
+        let files = match first.kind {
+            HandleKind::Legacy => vec![open_legacy(device, &first)?],
+            HandleKind::FileDescriptor => handles
+                .iter()
+                .map(|h| {
+                    let (pid, number) = fd::decode(&h.bytes).map_err(|e| gpu_error(device, e))?;
+                    if pid == std::process::id() {
+                        return Err(gpu_error(device, "a process cannot open its own export"));
+                    }
+                    let taken = fd::take(pid, number).map_err(|e| gpu_error(device, e))?;
+                    Ok(File::from(taken))
+                })
+                .collect::<Result<Vec<_>>>()?,
+        };
+        for (file, handle) in files.iter().zip(handles) {
+            let size = file.metadata().map_err(|e| Error::io("sizing a peer's export", e))?.len();
+            if size != handle.len {
+                return Err(gpu_error(
+                    device,
+                    format!("the exported memory is {size} bytes, the handle says {}", handle.len),
+                ));
+            }
+        }
+        let total = handles.iter().map(|h| h.len).sum();
+        let base = reserve(total)?;
+        let vmm = first.kind == HandleKind::FileDescriptor;
+        let mut at = base;
+        let placed = files.into_iter().zip(handles).try_for_each(|(file, handle)| {
+            install(state, Placed { device, file, at: Some(at), run: base, vmm, opened: true, managed: false })?;
+            at += handle.len;
+            Ok(())
+        });
+        placed.map_err(|error| abandon(state, base, total, error))?;
+        Ok(DevicePtr(base + first.offset))
+    }
+
+    /// Closes an opened export (every piece of its run).
+    pub(super) fn close_run(&self, state: &mut State, ptr: DevicePtr) -> Result<()> {
+        let run = state.piece_at(ptr.0).filter(|(_, p)| p.opened).map(|(_, p)| p.run);
+        let run = run.ok_or_else(|| gpu_error(0, format!("{:#x} was not opened from a peer", ptr.0)))?;
+        let addrs: Vec<u64> = state.run_pieces(run).map(|(a, _)| a).collect();
+        addrs.iter().for_each(|a| drop(state.pieces.remove(a)));
+        Ok(())
+    }
+}
+
+/// Opens a simulated legacy handle: the exporter's memfd through /proc.
+fn open_legacy(device: u32, handle: &IpcHandle) -> Result<File> {
+    if handle.bytes[..4] != HANDLE_MAGIC {
+        return Err(gpu_error(device, "not a simulated GPU's IPC handle"));
+    }
+    let word = |at: usize| u32::from_le_bytes(handle.bytes[at..at + 4].try_into().expect("4 bytes"));
+    let (pid, fd) = (word(4), word(8) as i32);
+    if pid == std::process::id() {
+        return Err(gpu_error(device, "a process cannot open its own IPC handle"));
+    }
+    let path = format!("/proc/{pid}/fd/{fd}");
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| gpu_error(device, format!("the exporting process {pid} is gone or its memory is freed ({e})")))
+}
+
+/// Where and how a piece is installed.
+struct Placed {
+    device: u32,
+    file: File,
+    /// A fixed address inside a reservation, or anywhere.
+    at: Option<u64>,
+    /// The run's start (`at` for a lone piece placed anywhere: 0 here).
+    run: u64,
+    vmm: bool,
+    opened: bool,
+    managed: bool,
+}
+
+/// Maps a piece twice and records it at its device address.
+fn install(state: &mut State, placed: Placed) -> Result<u64> {
+    let len = placed.file.metadata().map_err(|e| Error::io("sizing simulated device memory", e))?.len();
+    let prot = if placed.managed { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_NONE };
+    let view = map_view(&placed.file, len, placed.at, prot)?;
+    let alias = MmapRaw::map_raw(&placed.file).map_err(|e| Error::io("mapping simulated device memory", e))?;
+    let addr = view.addr as u64;
+    let run = if placed.at.is_some() { placed.run } else { addr };
+    let piece = Piece {
+        device: placed.device,
+        len,
+        file: placed.file,
+        _view: view,
+        alias,
+        run,
+        vmm: placed.vmm,
+        opened: placed.opened,
+        managed: placed.managed,
+    };
+    state.pieces.insert(addr, piece);
+    Ok(addr)
+}
+
+/// Undoes a run that could not be placed whole: its pieces leave the
+/// table, and the rest of its reservation is unmapped.
+fn abandon(state: &mut State, run: u64, len: u64, error: Error) -> Error {
+    let addrs: Vec<u64> = state.run_pieces(run).map(|(a, _)| a).collect();
+    addrs.iter().for_each(|a| drop(state.pieces.remove(a)));
+    // SAFETY: the reservation was made by `reserve` for this run alone, and
+    // none of its pieces is in the table any more.
+    unsafe { libc::munmap(run as *mut libc::c_void, len as usize) };
+    error
+}
+
+/// A new memfd of `len` bytes.
+fn memfd(len: u64) -> Result<File> {
+    // SAFETY: memfd_create with a NUL-terminated name; the descriptor is
+    // owned by the File made from it below.
+    let fd = unsafe { libc::memfd_create(c"kvring-sim-gpu".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::io("creating simulated device memory", std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(len).map_err(|e| Error::io("sizing simulated device memory", e))?;
+    Ok(file)
+}
+
+/// Reserves `len` bytes of addresses (no access) for a run's pieces, which
+/// are then mapped over it one by one and unmap their own parts.
+fn reserve(len: u64) -> Result<u64> {
+    let len = usize::try_from(len).map_err(|_| Error::invalid("allocation", "larger than the address space"))?;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    // SAFETY: a fresh anonymous mapping with no access; the kernel picks the
+    // address.
+    let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_NONE, flags, -1, 0) };
+    if addr == libc::MAP_FAILED {
+        return Err(Error::io("reserving simulated device addresses", std::io::Error::last_os_error()));
+    }
+    Ok(addr as u64)
+}
+
+/// Maps `file` with `prot` (no access, but for managed memory) at `at`
+/// (inside a reservation) or anywhere.
+fn map_view(file: &File, len: u64, at: Option<u64>, prot: libc::c_int) -> Result<View> {
+    let len = usize::try_from(len).map_err(|_| Error::invalid("allocation", "larger than the address space"))?;
+    let (hint, flags) = match at {
+        Some(at) => (at as *mut libc::c_void, libc::MAP_SHARED | libc::MAP_FIXED),
+        None => (std::ptr::null_mut(), libc::MAP_SHARED),
+    };
+    // SAFETY: a shared mapping of a file we hold; with MAP_FIXED only over
+    // addresses this provider reserved for the run.
+    let addr = unsafe { libc::mmap(hint, len, prot, flags, file.as_raw_fd(), 0) };
+    if addr == libc::MAP_FAILED {
+        return Err(Error::io("mapping simulated device addresses", std::io::Error::last_os_error()));
+    }
+    Ok(View { addr, len })
+}
+
+/// The error for a range past the allocation (or run) holding its start.
+pub(super) fn past_allocation(device: u32, addr: u64, len: u64, base: u64, alloc_len: u64) -> Error {
+    gpu_error(device, format!("{addr:#x}+{len} runs past its allocation ({base:#x}+{alloc_len})"))
+}

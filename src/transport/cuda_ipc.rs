@@ -1,0 +1,340 @@
+//! The GPU half of the same-host link (`cuda_ipc`): a peer's device regions,
+//! opened once per segment by their IPC handles and closed when the last
+//! lane lets go of the link, and each lane's copier, which turns a chunk
+//! into one batched copy on the lane's own stream and learns its end by
+//! polling an event in the lane's loop (never a blocking synchronize).
+//!
+//! Device bytes are never touched by a host thread: a chunk's copies go to
+//! the GPU provider, and the chunk ends `Done` only once the event recorded
+//! after them reports complete, so a batch is never reported done before
+//! its bytes are in place (Mooncake PR #1918 is the bug this rules out).
+
+use crate::desc::RegionId;
+use crate::error::{Error, Result, Side};
+use crate::gpu::{Copy, Event, Gpu, Memory, Stream};
+use crate::mem::MemoryKind;
+use crate::segment::SegmentDescriptor;
+use crate::transport::{ChunkEnd, TransferError};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// A peer region in device memory, as this process reaches it.
+#[derive(Debug, Clone, Copy)]
+struct OpenedRegion {
+    /// Its first byte here.
+    ptr: u64,
+    len: u64,
+    /// The GPU holding it, as this process numbers them.
+    ordinal: u32,
+    /// Opened from the peer's export (closed when dropped); false for a peer
+    /// in this very process, whose device pointers are valid here as they are.
+    opened: bool,
+}
+
+/// A peer's device regions, opened once per segment and shared by the
+/// lanes' links; each is closed when the last link holding it is dropped
+/// (after its chunks ended), so a restarted peer's memory is never used.
+#[derive(Debug)]
+pub(crate) struct PeerDevice {
+    gpu: Arc<dyn Gpu>,
+    name: String,
+    /// By region index: where it is here, or why it cannot be reached.
+    regions: Vec<Option<std::result::Result<OpenedRegion, String>>>,
+}
+
+impl PeerDevice {
+    /// Opens every device region of the peer. A handle that does not open
+    /// (the peer exited, restarted or freed the memory) fails the whole
+    /// open; a region its owner could not export is recorded with the
+    /// reason, and only batches naming it fail.
+    pub fn open(gpu: Arc<dyn Gpu>, descriptor: &SegmentDescriptor) -> Result<Self> {
+        let slots = descriptor.regions.iter().map(|r| r.id.index() as usize + 1).max().unwrap_or(0);
+        let mut peer = PeerDevice { gpu, name: descriptor.name.clone(), regions: vec![None; slots] };
+        let same_process = descriptor.pid == std::process::id();
+        for region in descriptor.regions.iter().filter(|r| r.memory != MemoryKind::Host) {
+            let reached = match &region.gpu_export {
+                Err(reason) => Err(format!("its owner could not export it ({reason})")),
+                // This process's own memory: valid here as it is, if this
+                // engine's provider sees it as device memory too.
+                Ok(_) if same_process => peer.local(region.addr, region.len),
+                Ok(handles) => {
+                    let at = region.id.index() as usize;
+                    let ptr = peer.gpu.open(handles).map_err(|e| opening(&descriptor.name, region.id, e))?;
+                    // Recorded at once, so that dropping `peer` closes it
+                    // whatever happens next.
+                    let opened = OpenedRegion { ptr: ptr.0, len: region.len, ordinal: 0, opened: true };
+                    peer.regions[at] = Some(Ok(opened));
+                    let ordinal =
+                        peer.ordinal_of(ptr.0, region.len).map_err(|e| opening(&descriptor.name, region.id, e))?;
+                    peer.regions[at] = Some(Ok(OpenedRegion { ordinal, ..opened }));
+                    continue;
+                }
+            };
+            peer.regions[region.id.index() as usize] = Some(reached);
+        }
+        Ok(peer)
+    }
+
+    /// A device range of this process, as this engine's provider sees it.
+    fn local(&self, addr: u64, len: u64) -> std::result::Result<OpenedRegion, String> {
+        let ordinal = self.ordinal_of(addr, len).map_err(|e| e.to_string())?;
+        Ok(OpenedRegion { ptr: addr, len, ordinal, opened: false })
+    }
+
+    /// The GPU holding `addr..addr + len`, which must be device memory.
+    fn ordinal_of(&self, addr: u64, len: u64) -> Result<u32> {
+        match self.gpu.classify(addr, len)? {
+            Memory::Device { ordinal, .. } => Ok(ordinal),
+            _ => Err(Error::Gpu {
+                device: self.gpu.provider().into(),
+                reason: format!("{addr:#x}+{len} is not device memory to this engine's GPU provider"),
+            }),
+        }
+    }
+
+    /// True when the peer has a region in device memory.
+    pub fn has_regions(&self) -> bool {
+        self.regions.iter().any(Option::is_some)
+    }
+
+    /// Where `offset..offset + len` of peer region `region` is here, and on
+    /// which GPU; `None` when the region is not in device memory.
+    pub fn address(&self, region: RegionId, offset: u64, len: u64, desc_index: u32) -> Option<Result<(u64, u32)>> {
+        let reached = self.regions.get(region.index() as usize)?.as_ref()?;
+        Some(match reached {
+            Err(reason) => Err(Error::Unsupported {
+                what: format!("region {region} of {}: GPU memory this engine cannot open: {reason}", self.name),
+            }),
+            Ok(opened) => {
+                // The lane checked the range against the descriptor; this
+                // second fence keeps a copy inside what was opened.
+                crate::mem::registry::check_range(region, Side::Remote, desc_index, offset, len, opened.len)
+                    .map(|()| (opened.ptr + offset, opened.ordinal))
+            }
+        })
+    }
+}
+
+impl Drop for PeerDevice {
+    fn drop(&mut self) {
+        for opened in self.regions.iter().flatten().flatten().filter(|r| r.opened) {
+            // SAFETY: the last lane link using these regions is gone, and a
+            // link is dropped only once its chunks in flight have ended.
+            if let Err(error) = unsafe { self.gpu.close(crate::gpu::DevicePtr(opened.ptr)) } {
+                tracing::debug!(%error, peer = %self.name, "closing a peer's GPU memory");
+            }
+        }
+    }
+}
+
+fn opening(peer: &str, region: RegionId, error: Error) -> Error {
+    Error::Gpu {
+        device: "cuda_ipc".into(),
+        reason: format!("opening region {region} of {peer} (has it exited, restarted or freed it?): {error}"),
+    }
+}
+
+/// A chunk whose copies were issued and whose event is not yet seen
+/// complete.
+#[derive(Debug)]
+struct Pending {
+    ticket: u64,
+    device: u32,
+    event: Event,
+    /// Bytes the chunk moves (its host copies done already, its device
+    /// copies once the event completes).
+    bytes: u64,
+    /// A block of the chunk that was refused after earlier ones were
+    /// issued: the chunk fails with it, once the earlier copies ended.
+    failure: Option<Error>,
+}
+
+/// One lane's GPU copier: its streams and events (one per GPU it has used,
+/// made at first use and reused), the chunk being built, and the chunks in
+/// flight. Only its lane drives it.
+#[derive(Debug)]
+pub(crate) struct DeviceCopier {
+    gpu: Arc<dyn Gpu>,
+    streams: Vec<(u32, Stream)>,
+    free_events: Vec<(u32, Event)>,
+    in_flight: VecDeque<Pending>,
+    /// The chunk being built, merged where blocks continue each other.
+    copies: Vec<Copy>,
+    copy_bytes: u64,
+    /// The GPU whose stream carries the chunk (its first device side).
+    device: Option<u32>,
+}
+
+impl DeviceCopier {
+    /// A copier with nothing made yet.
+    pub fn new(gpu: Arc<dyn Gpu>) -> Self {
+        Self {
+            gpu,
+            streams: Vec::new(),
+            free_events: Vec::new(),
+            in_flight: VecDeque::new(),
+            copies: Vec::with_capacity(super::MAX_CHUNK_BLOCKS),
+            copy_bytes: 0,
+            device: None,
+        }
+    }
+
+    /// Adds a copy to the chunk being built; one that continues the last on
+    /// both sides extends it (adjacent blocks cost one copy, not one each).
+    pub fn add(&mut self, src: u64, dst: u64, len: u64, device: u32) {
+        self.device.get_or_insert(device);
+        self.copy_bytes += len;
+        if let Some(last) = self.copies.last_mut() {
+            if last.src + last.len == src && last.dst + last.len == dst {
+                last.len += len;
+                return;
+            }
+        }
+        self.copies.push(Copy { src, dst, len });
+    }
+
+    /// True when the chunk being built has copies.
+    pub fn has_copies(&self) -> bool {
+        !self.copies.is_empty()
+    }
+
+    /// Issues the chunk under `ticket`: one batched copy, then its event.
+    /// `host_bytes` were moved by the host already; `failure`, when set,
+    /// fails the chunk once its copies ended. On error nothing is in flight
+    /// and the chunk being built is dropped.
+    ///
+    /// # Safety
+    ///
+    /// Every host range of the chunk's copies stays valid and untouched
+    /// until the chunk is reported ended by [`DeviceCopier::poll`] or
+    /// [`DeviceCopier::abort`].
+    pub unsafe fn issue(&mut self, ticket: u64, host_bytes: u64, failure: Option<Error>) -> Result<()> {
+        let device = self.device.take().unwrap_or(0);
+        let bytes = host_bytes + std::mem::take(&mut self.copy_bytes);
+        let issued = (|| {
+            let stream = self.stream(device)?;
+            let event = self.event(device)?;
+            // SAFETY: forwarded from our caller.
+            let copied = unsafe { self.gpu.copy_batch(stream, &self.copies) };
+            match copied.and_then(|_| self.gpu.record(stream, event)) {
+                Ok(()) => Ok(event),
+                Err(error) => {
+                    self.free_events.push((device, event));
+                    Err(error)
+                }
+            }
+        })();
+        self.copies.clear();
+        let event = issued?;
+        self.in_flight.push_back(Pending { ticket, device, event, bytes, failure });
+        Ok(())
+    }
+
+    /// The lane's stream on `device`, made at its first use.
+    fn stream(&mut self, device: u32) -> Result<Stream> {
+        if let Some(&(_, stream)) = self.streams.iter().find(|(d, _)| *d == device) {
+            return Ok(stream);
+        }
+        let stream = self.gpu.create_stream(device)?;
+        self.streams.push((device, stream));
+        Ok(stream)
+    }
+
+    /// A free event of `device`, made when none is free.
+    fn event(&mut self, device: u32) -> Result<Event> {
+        match self.free_events.iter().position(|(d, _)| *d == device) {
+            Some(at) => Ok(self.free_events.swap_remove(at).1),
+            None => self.gpu.create_event(device),
+        }
+    }
+
+    /// Ends the chunks whose events completed (each stream's in order: one
+    /// not yet complete holds back the later ones of its stream). Returns
+    /// true if any ended.
+    pub fn poll(&mut self, ended: &mut Vec<ChunkEnd>) -> bool {
+        let before = ended.len();
+        let mut waiting: u64 = 0; // bit per stream index seen incomplete
+        let mut index = 0;
+        while index < self.in_flight.len() {
+            let pending = &self.in_flight[index];
+            let stream_bit = 1u64 << (self.streams.iter().position(|(d, _)| *d == pending.device).unwrap_or(0) % 64);
+            if waiting & stream_bit != 0 {
+                index += 1;
+                continue;
+            }
+            let result = match self.gpu.query(pending.event) {
+                Ok(false) => {
+                    waiting |= stream_bit;
+                    index += 1;
+                    continue;
+                }
+                Ok(true) => Ok(()),
+                Err(error) => Err(error),
+            };
+            let pending = self.in_flight.remove(index).expect("index is in range");
+            self.free_events.push((pending.device, pending.event));
+            let end: std::result::Result<u64, TransferError> = match (result, pending.failure) {
+                (Ok(()), None) => Ok(pending.bytes),
+                (Ok(()), Some(failure)) => Err((failure, pending.bytes)),
+                (Err(error), _) => Err((error, 0)),
+            };
+            ended.push((pending.ticket, end));
+        }
+        ended.len() > before
+    }
+
+    /// Ends every chunk in flight as failed (the lane is stopping): a copy
+    /// cannot be recalled from the GPU, so this is for the lane's exit only.
+    pub fn abort(&mut self, reason: &str, ended: &mut Vec<ChunkEnd>) {
+        for pending in self.in_flight.drain(..) {
+            let error = Error::Gpu { device: "cuda_ipc".into(), reason: reason.into() };
+            ended.push((pending.ticket, Err((error, 0))));
+            let _ = self.gpu.destroy_event(pending.event);
+        }
+    }
+}
+
+impl Drop for DeviceCopier {
+    fn drop(&mut self) {
+        for (_, event) in self.free_events.drain(..) {
+            let _ = self.gpu.destroy_event(event);
+        }
+        for pending in self.in_flight.drain(..) {
+            let _ = self.gpu.destroy_event(pending.event);
+        }
+        for (_, stream) in self.streams.drain(..) {
+            let _ = self.gpu.destroy_stream(stream);
+        }
+    }
+}
+
+/// Where a block's remote bytes are for the same-host link.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RemoteAt {
+    /// In the peer's shm mapping, here.
+    Host(u64),
+    /// In the peer's device memory opened here, on this GPU.
+    Device(u64, u32),
+}
+
+/// The source, destination and carrying GPU of a block's copy; `None` when
+/// both sides are host memory (the host copies it).
+pub(crate) fn device_copy(
+    op: crate::ring::Opcode,
+    local: u64,
+    memory: MemoryKind,
+    remote: RemoteAt,
+) -> Option<(u64, u64, u32)> {
+    let (remote_addr, remote_device) = match remote {
+        RemoteAt::Host(addr) => (addr, None),
+        RemoteAt::Device(addr, ordinal) => (addr, Some(ordinal)),
+    };
+    let device = match memory {
+        MemoryKind::Gpu(ordinal) => Some(ordinal),
+        MemoryKind::Host => remote_device,
+    }?;
+    Some(match op {
+        crate::ring::Opcode::Write => (local, remote_addr, device),
+        crate::ring::Opcode::Read => (remote_addr, local, device),
+    })
+}
