@@ -6,6 +6,10 @@
 //! and runs of pieces, as PyTorch's expandable segments); a batch is never
 //! `Done` before its bytes are in place; faults are clear errors; tcp never
 //! touches device memory.
+//!
+//! With `KVRING_GPU_TESTS=cuda` (what `scripts/gpu-check.sh` sets on a GPU
+//! machine) the same tests run on the CUDA driver; those that need the
+//! simulator's fault injection, delays or counters skip, saying so.
 
 mod common;
 
@@ -17,11 +21,48 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn sim() -> Arc<SimGpu> {
-    Arc::new(SimGpu::new(2, Duration::from_millis(1)))
+/// True when the tests run on the CUDA driver.
+fn on_cuda() -> bool {
+    std::env::var("KVRING_GPU_TESTS").is_ok_and(|v| v == "cuda")
 }
 
-fn engine(name: &str, gpu: &Arc<SimGpu>) -> Engine {
+/// The provider the tests run on: the simulator (copies `delay` late), or
+/// the CUDA driver.
+fn provider_with(delay: Duration) -> Arc<dyn Gpu> {
+    match on_cuda() {
+        true => Arc::new(kvring::gpu::CudaGpu::load().expect("KVRING_GPU_TESTS=cuda needs a CUDA driver")),
+        false => Arc::new(SimGpu::new(2, delay)),
+    }
+}
+
+fn provider() -> Arc<dyn Gpu> {
+    provider_with(Duration::from_millis(1))
+}
+
+/// A simulator for a test that needs its faults, delays or counters; `None`
+/// (the test skips, saying why) on the CUDA driver.
+fn sim_only(test: &str, sim: SimGpu) -> Option<Arc<SimGpu>> {
+    if on_cuda() {
+        eprintln!("{test}: skipped on the CUDA driver (it needs the simulator's fault injection or counters)");
+        return None;
+    }
+    Some(Arc::new(sim))
+}
+
+fn sim() -> SimGpu {
+    SimGpu::new(2, Duration::from_millis(1))
+}
+
+/// A second GPU where there is one, else the first.
+fn other_gpu(gpu: &Arc<dyn Gpu>) -> u32 {
+    u32::from(gpu.devices().unwrap().len() > 1)
+}
+
+fn engine(name: &str, gpu: &Arc<impl Gpu + 'static>) -> Engine {
+    common::builder(name).gpu(gpu.clone()).build().unwrap()
+}
+
+fn engine_on(name: &str, gpu: &Arc<dyn Gpu>) -> Engine {
     common::builder(name).gpu(gpu.clone()).build().unwrap()
 }
 
@@ -43,10 +84,11 @@ fn read(region: &Region, offset: u64, len: usize) -> Vec<u8> {
 
 #[test]
 fn registration_tells_device_memory_from_host_memory() {
-    let gpu = sim();
-    let engine = engine("gpu-0", &gpu);
+    let gpu = provider();
+    let engine = engine_on("gpu-0", &gpu);
     let device = gpu.alloc(0, 1 << 20).unwrap();
     let mut host = vec![0u8; 1 << 16];
+    let other = other_gpu(&gpu);
 
     // A CUDA tensor's address handed to a host API: refused, saying how.
     // SAFETY: refused before anything is kept.
@@ -57,18 +99,11 @@ fn registration_tells_device_memory_from_host_memory() {
     let error = unsafe { engine.register(host.as_mut_ptr(), host.len(), RegionInfo::raw().on_gpu(0)) }.unwrap_err();
     assert!(error.to_string().contains("is host memory, registered as GPU 0's"), "{error}");
     // SAFETY: refused.
-    let error = unsafe { engine.register(device.0 as *mut u8, 1 << 20, RegionInfo::raw().on_gpu(1)) }.unwrap_err();
-    assert!(error.to_string().contains("is memory of GPU 0, registered as GPU 1's"), "{error}");
+    let error = unsafe { engine.register(device.0 as *mut u8, 1 << 20, RegionInfo::raw().on_gpu(5)) }.unwrap_err();
+    assert!(error.to_string().contains("is memory of GPU 0, registered as GPU 5's"), "{error}");
     // SAFETY: refused.
     let error = unsafe { engine.register(device.0 as *mut u8, 2 << 20, RegionInfo::raw().on_gpu(0)) }.unwrap_err();
-    assert!(error.to_string().contains("runs past its allocation"), "{error}");
-    // Managed memory: the host may touch it, but it cannot be shared.
-    let managed = gpu.alloc_managed(1, 4096).unwrap();
-    // SAFETY: refused.
-    let error = unsafe { engine.register(managed.0 as *mut u8, 4096, RegionInfo::raw().on_gpu(1)) }.unwrap_err();
-    assert!(error.to_string().contains("managed memory"), "{error}");
-    // SAFETY: the managed allocation outlives the engine's use of it.
-    unsafe { engine.register(managed.0 as *mut u8, 4096, RegionInfo::raw()) }.unwrap();
+    assert!(error.to_string().contains("runs past its"), "{error}");
 
     // Told right, both register, and say where they live.
     // SAFETY: the allocation and `host` outlive the engine's use of them.
@@ -80,20 +115,32 @@ fn registration_tells_device_memory_from_host_memory() {
 
     // The engine allocates GPU memory too, and reaches its bytes only
     // through the copy engine.
-    let owned = engine.alloc_region(1 << 16, RegionInfo::raw().on_gpu(1)).unwrap();
-    assert_eq!(owned.memory(), kvring::MemoryKind::Gpu(1));
+    let owned = engine.alloc_region(1 << 16, RegionInfo::raw().on_gpu(other)).unwrap();
+    assert_eq!(owned.memory(), kvring::MemoryKind::Gpu(other));
     assert!(owned.shm_path().is_none());
     let bytes = common::pattern(5000, 4);
     owned.write_at(100, &bytes).unwrap();
     assert_eq!(read(&owned, 100, 5000), bytes);
     assert_eq!(owned.checksum(100, 5000).unwrap(), kvring::testing::checksum(&bytes));
     assert!(owned.write_at((1 << 16) - 10, &bytes).is_err(), "bounds are checked before the GPU is asked");
-    // Host shared memory is pinned for the GPU's copy engines.
     let pinned = engine.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
-    assert!(gpu.is_host_registered(pinned.as_ptr() as u64 - 4096), "the mapping, header page included");
     drop(engine);
     // SAFETY: the engine that registered it is gone.
     unsafe { gpu.free(device).unwrap() };
+
+    let Some(sim) = sim_only("registration (managed memory, pinning)", sim()) else { return };
+    let engine = self::engine("gpu-managed", &sim);
+    // Managed memory: the host may touch it, but it cannot be shared.
+    let managed = sim.alloc_managed(1, 4096).unwrap();
+    // SAFETY: refused.
+    let error = unsafe { engine.register(managed.0 as *mut u8, 4096, RegionInfo::raw().on_gpu(1)) }.unwrap_err();
+    assert!(error.to_string().contains("managed memory"), "{error}");
+    // SAFETY: the managed allocation outlives the engine's use of it.
+    unsafe { engine.register(managed.0 as *mut u8, 4096, RegionInfo::raw()) }.unwrap();
+    // Host shared memory is pinned for the GPU's copy engines.
+    let pinned_here = engine.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    assert!(sim.is_host_registered(pinned_here.as_ptr() as u64 - 4096), "the mapping, header page included");
+    drop(pinned);
 }
 
 #[test]
@@ -114,10 +161,10 @@ fn without_a_gpu_provider_a_gpu_region_is_refused() {
 /// cleared range, bytes checked through the provider.
 #[test]
 fn cuda_ipc_moves_every_pairing_of_device_and_host_memory_in_one_process() {
-    let gpu = sim();
-    let target = engine("ipc-target", &gpu);
-    let initiator = engine("ipc-initiator", &gpu);
-    let remote_gpu = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap();
+    let gpu = provider();
+    let target = engine_on("ipc-target", &gpu);
+    let initiator = engine_on("ipc-initiator", &gpu);
+    let remote_gpu = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(other_gpu(&gpu))).unwrap();
     let remote_host = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let local_gpu = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
     let local_shm = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
@@ -162,7 +209,7 @@ fn cuda_ipc_moves_every_pairing_of_device_and_host_memory_in_one_process() {
 
 #[test]
 fn adjacent_blocks_cost_one_copy_and_a_chunk_one_batched_call() {
-    let gpu = sim();
+    let Some(gpu) = sim_only("coalescing (copy counters)", sim()) else { return };
     let target = engine("coalesce-target", &gpu);
     let initiator = engine("coalesce-initiator", &gpu);
     let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
@@ -189,7 +236,7 @@ fn adjacent_blocks_cost_one_copy_and_a_chunk_one_batched_call() {
 #[test]
 fn a_batch_past_its_deadline_ends_only_once_its_copies_have() {
     let delay = Duration::from_millis(300);
-    let gpu = Arc::new(SimGpu::new(1, delay));
+    let Some(gpu) = sim_only("deadline (a slow copy engine)", SimGpu::new(1, delay)) else { return };
     let target = engine("slow-target", &gpu);
     let initiator = engine("slow-initiator", &gpu);
     let remote = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
@@ -210,7 +257,7 @@ fn a_batch_past_its_deadline_ends_only_once_its_copies_have() {
 
 #[test]
 fn gpu_faults_are_clear_errors_and_the_lane_serves_others() {
-    let gpu = sim();
+    let Some(gpu) = sim_only("faults (injected)", sim()) else { return };
     let target = engine("fault-target", &gpu);
     let initiator = engine("fault-initiator", &gpu);
     let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap();
@@ -238,7 +285,7 @@ fn gpu_faults_are_clear_errors_and_the_lane_serves_others() {
     // A peer whose GPU is gone: its transfers fail, saying so. (An export
     // that does not open is a cross-process test below: in one process the
     // peer's pointers are used as they are, never opened.)
-    let fresh = sim();
+    let fresh = Arc::new(sim());
     let (t2, i2) = (engine("open-target", &fresh), engine("open-initiator", &fresh));
     let far = t2.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
     let segment = open(&i2, &t2, None).unwrap();
@@ -254,9 +301,9 @@ fn gpu_faults_are_clear_errors_and_the_lane_serves_others() {
 
 #[test]
 fn tcp_never_touches_device_memory() {
-    let gpu = sim();
-    let target = engine("gpu-target", &gpu);
-    let initiator = engine("gpu-initiator", &gpu);
+    let gpu = provider();
+    let target = engine_on("gpu-target", &gpu);
+    let initiator = engine_on("gpu-initiator", &gpu);
     let on_gpu = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
     let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let mut sub = initiator.submitter().unwrap();
@@ -271,7 +318,7 @@ fn tcp_never_touches_device_memory() {
     // The peer's GPU region over tcp: refused by this lane before any byte
     // is sent, and by the target had it been sent (a raw-socket test of the
     // target is in tests/hostile.rs).
-    let theirs = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(1)).unwrap();
+    let theirs = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(other_gpu(&gpu))).unwrap();
     let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
     initiator.close_segment(&segment); // the cached handle predates `theirs`
     let segment = open(&initiator, &target, Some(TransportKind::Tcp)).unwrap();
@@ -354,22 +401,29 @@ fn gpu_kv_cache(engine: &Engine, seed: u64) -> (Vec<Region>, kvring::kv::KvLayou
     (regions, layout)
 }
 
+/// A piece of the `pieces` child's run: the NVIDIA allocation granularity.
+const PIECE_BYTES: u64 = 2 << 20;
+/// The `legacy` and `pieces` children's region.
+const PIECES_BYTES: u64 = 4 * PIECE_BYTES;
+
 /// The child side of [`ChildTarget`]: run only as such.
 #[test]
 #[ignore = "the child of the cross-process GPU tests"]
 fn gpu_child_target() {
     let mode = std::env::var("KVRING_GPU_CHILD").expect("run by ChildTarget");
     let delay: u64 = std::env::var("KVRING_GPU_CHILD_DELAY_US").unwrap().parse().unwrap();
-    let gpu = Arc::new(SimGpu::new(2, Duration::from_micros(delay)));
-    let engine = engine("gpu-child", &gpu);
+    let gpu = provider_with(Duration::from_micros(delay));
+    let engine = engine_on("gpu-child", &gpu);
     let mut _keep = Vec::new();
     match mode.as_str() {
-        "legacy" => _keep.push(engine.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap()),
+        "legacy" => {
+            _keep.push(engine.alloc_region(PIECES_BYTES as usize, RegionInfo::raw().on_gpu(other_gpu(&gpu))).unwrap())
+        }
         "pieces" => {
-            // A run of 8 pieces of 128 KiB, registered as one region.
-            let run = gpu.alloc_pieces(0, 128 << 10, 8).unwrap();
+            // A run of pieces (as an expandable segment), one region.
+            let run = gpu.alloc_pieces(0, PIECE_BYTES, (PIECES_BYTES / PIECE_BYTES) as u32).unwrap();
             // SAFETY: the run lives as long as this process.
-            unsafe { engine.register(run.0 as *mut u8, 1 << 20, RegionInfo::raw().on_gpu(0)) }.unwrap();
+            unsafe { engine.register(run.0 as *mut u8, PIECES_BYTES as usize, RegionInfo::raw().on_gpu(0)) }.unwrap();
         }
         "kv" => _keep = gpu_kv_cache(&engine, 100).0,
         other => panic!("unknown mode {other}"),
@@ -382,8 +436,8 @@ fn gpu_child_target() {
 
 #[test]
 fn across_processes_legacy_handles_and_runs_of_pieces_open_and_move() {
-    let gpu = sim();
-    let initiator = engine("xproc-initiator", &gpu);
+    let gpu = provider();
+    let initiator = engine_on("xproc-initiator", &gpu);
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
     local.fill_pattern(31);
     let mut sub = initiator.submitter().unwrap();
@@ -393,15 +447,16 @@ fn across_processes_legacy_handles_and_runs_of_pieces_open_and_move() {
         assert_eq!(segment.transport(), TransportKind::CudaIpc, "{mode}");
         let remote = segment.regions()[0].clone();
         assert!(matches!(remote.memory, kvring::MemoryKind::Gpu(_)), "{mode}: {remote:?}");
-        // 256 KiB blocks across the pieces' boundaries, then read back.
+        // 256 KiB blocks across a boundary between pieces, then read back.
+        let at = PIECE_BYTES - 131072;
         let descs: Vec<BlockDesc> =
-            (0..3).map(|i| BlockDesc::new(local.id(), i * 262144, remote.id, 4096 + i * 262144, 262144)).collect();
+            (0..3).map(|i| BlockDesc::new(local.id(), i * 262144, remote.id, at + i * 262144, 262144)).collect();
         assert!(run(&mut sub, &Batch::write(&segment).descs(&descs)).is_done(), "{mode}");
         let expected = read(&local, 0, 3 * 262144);
-        let sum = segment.remote_checksum(remote.id, 4096, expected.len() as u64, WAIT).unwrap();
+        let sum = segment.remote_checksum(remote.id, at, expected.len() as u64, WAIT).unwrap();
         assert_eq!(sum, kvring::testing::checksum(&expected), "{mode}: the target's bytes, read by the target");
         let back: Vec<BlockDesc> = (0..3)
-            .map(|i| BlockDesc::new(local.id(), (1 << 19) + i * 65536, remote.id, 4096 + i * 262144, 65536))
+            .map(|i| BlockDesc::new(local.id(), (1 << 19) + i * 65536, remote.id, at + i * 262144, 65536))
             .collect();
         assert!(run(&mut sub, &Batch::read(&segment).descs(&back)).is_done(), "{mode}");
         for i in 0..3usize {
@@ -412,8 +467,10 @@ fn across_processes_legacy_handles_and_runs_of_pieces_open_and_move() {
     }
     // An export whose opening fails (as for a peer that exited between the
     // handshake and the open): the open fails, saying so.
+    let Some(sim) = sim_only("a failed open (injected)", sim()) else { return };
+    let initiator = engine("xproc-open", &sim);
     let target = ChildTarget::start("legacy", 0);
-    gpu.fail_next_open();
+    sim.fail_next_open();
     let error = initiator.open_segment_with(&target.addr, None, WAIT).unwrap_err().to_string();
     assert!(error.contains("has it exited, restarted or freed it?") && error.contains("injected"), "{error}");
 }
@@ -424,8 +481,8 @@ fn across_processes_legacy_handles_and_runs_of_pieces_open_and_move() {
 /// lags 100 µs, so a completion reported early would find old bytes.
 #[test]
 fn ten_thousand_batches_each_in_place_when_reported_done() {
-    let gpu = Arc::new(SimGpu::new(2, Duration::from_micros(100)));
-    let initiator = engine("done-initiator", &gpu);
+    let gpu = provider_with(Duration::from_micros(100));
+    let initiator = engine_on("done-initiator", &gpu);
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let target = ChildTarget::start("legacy", 0);
     let segment = initiator.open_segment_with(&target.addr, None, WAIT).unwrap();
@@ -444,8 +501,8 @@ fn ten_thousand_batches_each_in_place_when_reported_done() {
 
 #[test]
 fn kv_push_pull_and_push_layer_between_device_layouts_of_two_processes() {
-    let gpu = sim();
-    let prefill = engine("kv-prefill", &gpu);
+    let gpu = provider();
+    let prefill = engine_on("kv-prefill", &gpu);
     let (regions, layout) = gpu_kv_cache(&prefill, 7);
     let decode = ChildTarget::start("kv", 100);
     let segment = prefill.open_segment_with(&decode.addr, None, WAIT).unwrap();
@@ -497,7 +554,8 @@ fn kv_push_pull_and_push_layer_between_device_layouts_of_two_processes() {
 
 #[test]
 fn an_older_driver_falls_back_and_the_copies_still_land() {
-    let gpu = Arc::new(SimGpu::new(1, Duration::from_micros(50)).with_copy_method(CopyMethod::PerCopy));
+    let old = SimGpu::new(1, Duration::from_micros(50)).with_copy_method(CopyMethod::PerCopy);
+    let Some(gpu) = sim_only("an older driver (simulated)", old) else { return };
     let target = common::builder("old-target").gpu(gpu.clone()).build().unwrap();
     let initiator = common::builder("old-initiator").gpu(gpu.clone()).build().unwrap();
     assert_eq!(initiator.gpu_copy_method(), Some(CopyMethod::PerCopy), "the engine says which path it takes");
@@ -509,4 +567,32 @@ fn an_older_driver_falls_back_and_the_copies_still_land() {
     let desc = [BlockDesc::new(local.id(), 0, remote.id(), 0, 1 << 16)];
     assert!(run(&mut sub, &Batch::new(Opcode::Write, &segment).descs(&desc)).is_done());
     assert_eq!(read(&remote, 0, 1 << 16), read(&local, 0, 1 << 16));
+}
+
+#[test]
+fn the_gpu_bench_runs_on_the_simulated_provider_beside_both_baselines_and_verifies() {
+    let output = Command::new(common::kvring_bin())
+        .args(["bench", "--memory", "gpu:0,host", "--gpu", "sim", "--sim-copy-delay", "20us", "--json"])
+        .args(["--block-size", "4KiB,256KiB", "--total", "16MiB", "--region-size", "8MiB", "--latency-samples", "50"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let cases: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(cases.len(), 4, "write and read, two block sizes: {stdout}");
+    for case in &cases {
+        assert_eq!(case["transport"], "cuda_ipc");
+        assert_eq!(case["memory"], serde_json::json!(["gpu:0", "host"]));
+        assert_eq!((case["provider"].as_str(), case["copy_method"].as_str()), (Some("sim"), Some("batched")));
+        assert_eq!(case["verified"], true, "{case}");
+        for field in ["gbps", "baseline_per_call_gbps", "baseline_one_copy_gbps", "ratio_per_call", "ratio_one_copy"] {
+            assert!(case[field].as_f64().is_some_and(|v| v > 0.0), "{field} in {case}");
+        }
+    }
+    // Without a driver, --gpu cuda (the default) says what to do instead.
+    if kvring::host::gpus().is_err() {
+        let output = Command::new(common::kvring_bin()).args(["bench", "--memory", "gpu"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && stderr.contains("`--gpu sim`"), "{stderr}");
+    }
 }

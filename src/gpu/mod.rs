@@ -231,7 +231,13 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     fn classify(&self, addr: u64, len: u64) -> Result<Memory>;
     /// Allocates `len` bytes on `device`.
     fn alloc(&self, device: u32, len: u64) -> Result<DevicePtr>;
-    /// Frees an allocation from [`Gpu::alloc`].
+    /// Allocates `pieces` physical allocations of `piece_len` bytes each on
+    /// `device`, mapped back to back at one address, as the virtual memory
+    /// API lays PyTorch's expandable segments out (tests and the bench: such
+    /// memory is exported piece by piece). `piece_len` must be a multiple of
+    /// the device's allocation granularity (2 MiB on NVIDIA GPUs).
+    fn alloc_pieces(&self, device: u32, piece_len: u64, pieces: u32) -> Result<DevicePtr>;
+    /// Frees an allocation from [`Gpu::alloc`] or [`Gpu::alloc_pieces`].
     ///
     /// # Safety
     ///

@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 
 /// Ops counted: write, read.
 pub const OPS: usize = 2;
-/// Transports counted: shm, tcp, null, rdma, and "none" (no segment resolved).
+/// Transports counted: shm, tcp, null, rdma, cuda_ipc, and "none" (no segment resolved).
 pub const TRANSPORTS: usize = 6;
 /// Error codes counted (the wire codes 0..CODES).
 pub const CODES: usize = 32;

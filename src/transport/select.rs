@@ -23,9 +23,9 @@ pub struct LocalReach<'a> {
 ///
 /// 1. The caller's choice, if it names one; refused with a reason when it
 ///    cannot reach this peer (shm or cuda_ipc to another host, shm to a
-///    peer with no shm-backed region, cuda_ipc without a GPU provider or
-///    without GPU memory on either end; tcp to a peer serving no tcp
-///    listener; rdma without a device on both ends).
+///    peer with no shm-backed region, cuda_ipc without a GPU provider; tcp
+///    to a peer serving no tcp listener; rdma without a device on both
+///    ends).
 /// 2. Otherwise cuda_ipc, when the peer is on this host, this engine has a
 ///    GPU provider, and either end has GPU memory.
 /// 3. Otherwise rdma, when this engine serves RDMA and the peer lists
@@ -36,13 +36,15 @@ pub struct LocalReach<'a> {
 pub fn choose(requested: Option<TransportKind>, peer: &SegmentDescriptor, local: &LocalReach) -> Result<TransportKind> {
     let same_host = peer.host_id == local.host_id;
     let peer_device = peer.regions.iter().any(|r| r.memory != MemoryKind::Host);
-    let cuda_ipc_ok = || -> Result<()> {
+    // Asked for, cuda_ipc needs the host and a provider (GPU memory may be
+    // registered after the open); chosen by default, GPU memory on an end.
+    let cuda_ipc_ok = |asked: bool| -> Result<()> {
         match () {
             _ if !same_host => unsupported(format!("cuda_ipc to {}: it is on another host", peer.name)),
             _ if !local.gpu => {
                 unsupported("cuda_ipc: this engine has no GPU provider (no CUDA driver found)".to_string())
             }
-            _ if !peer_device && !local.device_regions => {
+            _ if !asked && !peer_device && !local.device_regions => {
                 unsupported(format!("cuda_ipc to {}: neither end has registered GPU memory", peer.name))
             }
             _ => Ok(()),
@@ -79,12 +81,12 @@ pub fn choose(requested: Option<TransportKind>, peer: &SegmentDescriptor, local:
         }
     };
     match requested {
-        Some(TransportKind::CudaIpc) => cuda_ipc_ok().map(|()| TransportKind::CudaIpc),
+        Some(TransportKind::CudaIpc) => cuda_ipc_ok(true).map(|()| TransportKind::CudaIpc),
         Some(TransportKind::Shm) => shm_ok().map(|()| TransportKind::Shm),
         Some(TransportKind::Tcp) => tcp_ok().map(|()| TransportKind::Tcp),
         Some(TransportKind::Null) => Ok(TransportKind::Null),
         Some(TransportKind::Rdma) => rdma_ok().map(|()| TransportKind::Rdma),
-        None if cuda_ipc_ok().is_ok() => Ok(TransportKind::CudaIpc),
+        None if cuda_ipc_ok(false).is_ok() => Ok(TransportKind::CudaIpc),
         None if rdma_ok().is_ok() => Ok(TransportKind::Rdma),
         None if shm_ok().is_ok() => Ok(TransportKind::Shm),
         None if tcp_ok().is_ok() => Ok(TransportKind::Tcp),
@@ -202,6 +204,11 @@ mod tests {
         };
         assert!(refused(&far, gpu(true)).contains("on another host"));
         assert!(refused(&on_gpu, no_gpu).contains("no GPU provider"));
-        assert!(refused(&peer("h", true, true), gpu(false)).contains("neither end has registered GPU memory"));
+        // Asked for with no GPU memory yet: granted (it may be registered
+        // after the open); not chosen by default.
+        assert_eq!(
+            choose(Some(TransportKind::CudaIpc), &peer("h", true, true), &gpu(false)).unwrap(),
+            TransportKind::CudaIpc
+        );
     }
 }

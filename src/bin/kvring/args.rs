@@ -6,7 +6,7 @@
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Arg, ArgMatches, Args, Parser, Subcommand, ValueEnum};
 use kvring::config::{Kind, KEYS};
-use kvring::{Opcode, TransportKind};
+use kvring::{MemoryKind, Opcode, TransportKind};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -69,9 +69,16 @@ pub struct BenchArgs {
     /// Lanes (poller threads) of this engine [default: the configuration's `lanes`].
     #[arg(long, value_name = "N")]
     pub lanes: Option<usize>,
-    /// Transport to move blocks over (rdma only in builds with the `rdma` feature; it needs a NIC).
-    #[arg(long, value_parser = transport_parser(), default_value = "shm")]
-    pub transport: TransportKind,
+    /// Transport to move blocks over [default: shm; cuda_ipc with GPU memory] (rdma needs the `rdma` feature and a NIC).
+    #[arg(long, value_parser = transport_parser())]
+    pub transport: Option<TransportKind>,
+    /// Memory of each end, LOCAL[,REMOTE]: `host` or `gpu[:N]` (one value for both) [default: host].
+    #[arg(long, value_name = "LOCAL[,REMOTE]", value_parser = parse_memory_pair,
+          conflicts_with_all = ["kv", "duration", "token_overhead", "metrics_overhead", "idle_connections"])]
+    pub memory: Option<(MemoryKind, MemoryKind)>,
+    /// The GPU provider, with --memory gpu.
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// Batches in flight at once.
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub inflight: usize,
@@ -162,6 +169,61 @@ pub struct ServeArgs {
     /// Blocks of that cache (with --kv).
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub kv_blocks: u64,
+    /// Where the served region lives: `host` (shared memory) or `gpu[:N]`.
+    #[arg(long, value_name = "MEMORY", value_parser = parse_memory, default_value = "host")]
+    pub memory: MemoryKind,
+    /// The GPU provider, with --memory gpu.
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+}
+
+/// The GPU provider flags of `bench` and `serve`.
+#[derive(Args, Clone)]
+pub struct GpuArgs {
+    /// GPU provider: the CUDA driver (loaded at run time) or a simulated GPU, which runs anywhere.
+    #[arg(long, value_enum, default_value_t = GpuChoice::Cuda)]
+    pub gpu: GpuChoice,
+    /// The simulated GPU's copy-engine delay (with --gpu sim).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10us")]
+    pub sim_copy_delay: Duration,
+}
+
+/// `--gpu`.
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+pub enum GpuChoice {
+    /// The CUDA driver (libcuda, loaded at run time).
+    Cuda,
+    /// kvring's simulated GPU: device memory no host thread can touch, copies after a delay.
+    Sim,
+}
+
+/// `host`, `gpu` (GPU 0) or `gpu:N`.
+pub fn parse_memory(text: &str) -> Result<MemoryKind, String> {
+    match text.trim() {
+        "host" => Ok(MemoryKind::Host),
+        "gpu" => Ok(MemoryKind::Gpu(0)),
+        other => other
+            .strip_prefix("gpu:")
+            .and_then(|n| n.parse().ok())
+            .map(MemoryKind::Gpu)
+            .ok_or_else(|| format!("{other:?} is not a memory (host, gpu or gpu:N)")),
+    }
+}
+
+/// `LOCAL[,REMOTE]`: one value names both ends.
+fn parse_memory_pair(text: &str) -> Result<(MemoryKind, MemoryKind), String> {
+    match text.split_once(',') {
+        Some((local, remote)) => Ok((parse_memory(local)?, parse_memory(remote)?)),
+        None => parse_memory(text).map(|both| (both, both)),
+    }
+}
+
+/// How a memory is written on the command line.
+pub fn format_memory(memory: MemoryKind) -> String {
+    match memory {
+        MemoryKind::Host => "host".into(),
+        MemoryKind::Gpu(n) => format!("gpu:{n}"),
+    }
 }
 
 /// `kvring info`'s flags.
@@ -257,7 +319,7 @@ fn value_name(name: &str, kind: Kind) -> String {
 /// The transports this build can use, in the order every message lists
 /// them: rdma only when built with the `rdma` feature.
 pub fn transports() -> Vec<&'static str> {
-    let mut names = vec!["shm", "tcp", "null"];
+    let mut names = vec!["shm", "cuda_ipc", "tcp", "null"];
     if cfg!(feature = "rdma") {
         names.push("rdma");
     }

@@ -8,20 +8,13 @@
 //! the moved bytes by checksum on the target.
 
 use crate::args::{format_lanes, format_size, BenchArgs};
-use kvring::{
-    Batch, BatchId, BlockDesc, Engine, Opcode, Outcome, Region, RegionInfo, Segment, Submitter, TransportKind,
-};
-use std::collections::VecDeque;
-use std::io::{IsTerminal, Write};
+use crate::drive::{latency, median, move_bytes, Progress, Shape};
+use kvring::{Engine, Opcode, Region, RegionInfo, Segment, Submitter, TransportKind};
 use std::time::{Duration, Instant};
 
 const DEFAULT_BLOCK_SIZES: [u64; 3] = [4 << 10, 64 << 10, 1 << 20];
 /// Block size of a soak when none is given.
 const DEFAULT_SOAK_BLOCK: u64 = 64 << 10;
-const LATENCY_WARMUP: usize = 200;
-/// Deadline of one wait in the bench: generous, never unbounded.
-const WAIT_TIMEOUT: Duration = Duration::from_secs(30);
-const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 /// Rounds each case alternates with its baseline.
 const ROUNDS: usize = 5;
 
@@ -59,6 +52,17 @@ struct Options {
     token_overhead: bool,
     /// Write the report (JSON and SVG plots) of the cases here.
     report: Option<std::path::PathBuf>,
+    /// Memory of (this side, the target), with `--memory`.
+    memory: Option<(kvring::MemoryKind, kvring::MemoryKind)>,
+    /// The GPU provider flags.
+    gpu: crate::args::GpuArgs,
+}
+
+impl Options {
+    /// How every case moves its bytes.
+    fn shape(&self) -> Shape {
+        Shape { batch: self.batch, inflight: self.inflight }
+    }
 }
 
 /// The bench's options from its flags; `--lanes` falls back to the
@@ -75,7 +79,11 @@ fn parse(args: BenchArgs, config: &kvring::config::Config) -> Result<Options, St
         batch: args.batch,
         total: args.total,
         lanes: args.lanes.unwrap_or_else(|| config.get("lanes").and_then(|v| v.parse().ok()).unwrap_or(1)),
-        transport: args.transport,
+        transport: args.transport.unwrap_or(if crate::gpubench::involves_gpu(args.memory) {
+            TransportKind::CudaIpc
+        } else {
+            TransportKind::Shm
+        }),
         json: args.json,
         peer: args.peer,
         region_bytes: args.region_size,
@@ -92,6 +100,8 @@ fn parse(args: BenchArgs, config: &kvring::config::Config) -> Result<Options, St
         idle_connections: args.idle_connections,
         token_overhead: args.token_overhead,
         report: args.report,
+        memory: args.memory,
+        gpu: args.gpu,
     };
     if options.batch == 0 || options.inflight == 0 || options.total == 0 {
         return Err("--batch, --inflight and --total must be greater than zero".into());
@@ -140,7 +150,11 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     if options.raw_peer.is_none() {
         options.raw_peer = target.as_ref().and_then(|t| t.raw_addr.clone());
     }
-    let engine = initiator(&config, &options)?;
+    let gpu = match crate::gpubench::involves_gpu(options.memory) {
+        true => Some(crate::gpubench::provider(&options.gpu)?),
+        false => None,
+    };
+    let engine = initiator(&config, &options, gpu.clone())?;
     if let (Some(addr), false) = (engine.metrics_addr(), options.json) {
         println!("kvring bench: metrics at http://{addr}/metrics");
     }
@@ -180,10 +194,18 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         .map_err(|e| format!("opening {peer}: {e}"))?;
     let remote = segment.regions().first().ok_or_else(|| format!("{peer} exposes no region"))?.clone();
     let region_bytes = options.region_bytes.min(remote.len);
-    let local = engine.alloc_region(region_bytes as usize, RegionInfo::raw()).map_err(|e| e.to_string())?;
+    let info = crate::gpubench::local_info(options.memory);
+    let local = engine.alloc_region(region_bytes as usize, info).map_err(|e| e.to_string())?;
     pin_caller(&engine);
     let mut sub = engine.submitter().map_err(|e| e.to_string())?;
-    print_header(&engine, &segment, &peer, region_bytes, &options);
+    print_header(&engine, &segment, &peer, region_bytes, &options, gpu.as_deref());
+    if let Some(gpu) = gpu {
+        let result = gpu_cases(&mut sub, &segment, &local, remote.id, region_bytes, &options, gpu);
+        drop(sub);
+        engine.shutdown();
+        drop(target);
+        return result;
+    }
     let mut results = Vec::new();
     for &op in &options.ops {
         for &block in &options.block_sizes {
@@ -208,12 +230,61 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     }
 }
 
-/// The cases' header: lanes and cores, peer, transport, sizes; and, when
-/// the cases have no baseline, how to get one.
-fn print_header(engine: &Engine, segment: &Segment, peer: &str, region_bytes: u64, options: &Options) {
+/// `--memory` with GPU memory: the cases over cuda_ipc, their report, and
+/// whether every case verified.
+fn gpu_cases(
+    sub: &mut Submitter,
+    segment: &Segment,
+    local: &Region,
+    remote: kvring::RegionId,
+    region_bytes: u64,
+    options: &Options,
+    gpu: std::sync::Arc<dyn kvring::gpu::Gpu>,
+) -> Result<(), String> {
+    let plan = crate::gpubench::Plan {
+        ops: &options.ops,
+        block_sizes: &options.block_sizes,
+        shape: options.shape(),
+        total: options.total,
+        latency_samples: options.latency_samples,
+        json: options.json,
+        memory: options.memory.expect("GPU cases have --memory"),
+        gpu,
+    };
+    let cases = crate::gpubench::run(sub, segment, local, remote, region_bytes, &plan)?;
+    if let Some(dir) = &options.report {
+        let paths = crate::report::write(dir, &crate::gpubench::report_rows(&cases))
+            .map_err(|e| format!("--report {}: {e}", dir.display()))?;
+        paths.iter().for_each(|path| eprintln!("kvring bench: report: {}", path.display()));
+    }
+    match cases.iter().all(|c| c.verified) {
+        true => Ok(()),
+        false => Err("verification failed: the target's bytes differ from what was moved".into()),
+    }
+}
+
+/// The cases' header: lanes and cores, peer, transport, memory, sizes;
+/// and, when the cases have no baseline, how to get one.
+fn print_header(
+    engine: &Engine,
+    segment: &Segment,
+    peer: &str,
+    region_bytes: u64,
+    options: &Options,
+    gpu: Option<&dyn kvring::gpu::Gpu>,
+) {
     if !options.json {
+        let memory = match (options.memory, gpu) {
+            (Some((local, remote)), Some(gpu)) => format!(
+                ", memory {} -> {} on {}",
+                crate::args::format_memory(local),
+                crate::args::format_memory(remote),
+                crate::gpubench::describe(&options.gpu, gpu)
+            ),
+            _ => String::new(),
+        };
         println!(
-            "kvring bench: {}, peer {} ({}), transport {}, region {}, batch {}, {} per case",
+            "kvring bench: {}, peer {} ({}), transport {}{memory}, region {}, batch {}, {} per case",
             format_lanes(&engine.lane_cores()),
             segment.name(),
             peer,
@@ -242,14 +313,24 @@ fn spawn_target(options: &Options) -> Result<crate::serve::Target, String> {
             let blocks = crate::kvbench::target_blocks(model, options.tokens);
             vec!["--kv".into(), model.name.into(), "--kv-blocks".into(), blocks.to_string()]
         }
-        None => Vec::new(),
+        None => match options.memory {
+            Some((_, remote)) => crate::gpubench::target_flags(remote, &options.gpu),
+            None => Vec::new(),
+        },
     };
     crate::serve::Target::spawn(options.region_bytes, &extra)
 }
 
 /// The bench's own engine: the configuration, then its flags.
-fn initiator(config: &kvring::config::Config, options: &Options) -> Result<Engine, String> {
+fn initiator(
+    config: &kvring::config::Config,
+    options: &Options,
+    gpu: Option<std::sync::Arc<dyn kvring::gpu::Gpu>>,
+) -> Result<Engine, String> {
     let mut builder = config.builder().name("bench-initiator").lanes(options.lanes);
+    if let Some(gpu) = gpu {
+        builder = builder.gpu(gpu);
+    }
     if let Some(token) = &options.token {
         builder = builder.token(token.as_str());
     }
@@ -301,7 +382,7 @@ fn token_overhead(config: &kvring::config::Config, options: &Options) -> Result<
             pin_caller(&engine);
             let started = Instant::now();
             let label = format!("token overhead, round {}/{ROUNDS}", round + 1);
-            let mut progress = Progress::new(label, per_round, options);
+            let mut progress = Progress::new(label, per_round, options.json);
             let moved = move_bytes(
                 &mut sub,
                 &segment,
@@ -311,7 +392,7 @@ fn token_overhead(config: &kvring::config::Config, options: &Options) -> Result<
                 region_bytes,
                 block,
                 per_round,
-                options,
+                options.shape(),
                 &mut progress,
             )?;
             gbps[side].push(moved as f64 / started.elapsed().as_secs_f64() / 1e9);
@@ -363,8 +444,6 @@ fn run_case(
 ) -> Result<CaseResult, String> {
     let seed = (block << 8) ^ op as u64 ^ engine.epoch();
     let blocks_in_region = (region_bytes / block) as usize;
-    // Null moves nothing, so there is nothing to verify.
-    let verify_transport = options.transport != TransportKind::Null;
 
     // Prepare: the source holds a fresh pattern, the destination something else.
     let label = format!("{} {}", op.name(), format_size(block));
@@ -373,8 +452,19 @@ fn run_case(
         Opcode::Read => {
             local.fill_pattern(seed);
             let whole = (region_bytes / block) * block;
-            let mut seeding = Progress::new(format!("{label}: seeding"), whole, options);
-            move_bytes(sub, segment, local, remote, Opcode::Write, region_bytes, block, whole, options, &mut seeding)?;
+            let mut seeding = Progress::new(format!("{label}: seeding"), whole, options.json);
+            move_bytes(
+                sub,
+                segment,
+                local,
+                remote,
+                Opcode::Write,
+                region_bytes,
+                block,
+                whole,
+                options.shape(),
+                &mut seeding,
+            )?;
             local.fill_pattern(!seed);
         }
     }
@@ -389,7 +479,7 @@ fn run_case(
     // The progress line counts the whole case (and a baseline that moves
     // through kvring too), not one round.
     let passes = if options.metrics_overhead || options.idle_connections > 0 { 2 } else { 1 };
-    let mut progress = Progress::new(label, per_round * ROUNDS as u64 * passes, options);
+    let mut progress = Progress::new(label, per_round * ROUNDS as u64 * passes, options.json);
     let mut baseline_rounds = Vec::with_capacity(ROUNDS);
     let mut kvring_rounds = Vec::with_capacity(ROUNDS);
     let (mut bytes, mut seconds) = (0u64, 0f64);
@@ -399,8 +489,18 @@ fn run_case(
             baseline_round(engine, sub, segment, local, remote, region_bytes, what, options, &mut progress)?;
         baseline_rounds.extend(baseline);
         let started = Instant::now();
-        let moved =
-            move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options, &mut progress)?;
+        let moved = move_bytes(
+            sub,
+            segment,
+            local,
+            remote,
+            op,
+            region_bytes,
+            block,
+            per_round,
+            options.shape(),
+            &mut progress,
+        )?;
         let elapsed = started.elapsed().as_secs_f64();
         if let Some(flood) = flood {
             if flood.open() < options.idle_connections / 2 {
@@ -421,7 +521,8 @@ fn run_case(
 
     let (p50_us, p99_us) = latency(sub, segment, local, remote, op, block, options.latency_samples)?;
 
-    let verified = if verify_transport {
+    // Null moves nothing, so there is nothing to verify.
+    let verified = if options.transport != TransportKind::Null {
         let expected = local.checksum(0, covered as usize).map_err(|e| e.to_string())?;
         let actual = segment.remote_checksum(remote, 0, covered, Duration::from_secs(30)).map_err(|e| e.to_string())?;
         expected == actual
@@ -452,7 +553,8 @@ fn baseline_round(
             // The same case without the flood; the measured round after
             // this one runs with it.
             let started = Instant::now();
-            let moved = move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options, progress)?;
+            let moved =
+                move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options.shape(), progress)?;
             let gbps = moved as f64 / started.elapsed().as_secs_f64() / 1e9;
             let addr = segment.tcp_addr().ok_or("--idle-connections: the target serves no tcp")?;
             let addr = addr.parse().map_err(|e| format!("--idle-connections: {addr}: {e}"))?;
@@ -462,7 +564,8 @@ fn baseline_round(
             // The same case on the same engine, its counters off.
             engine.set_metrics_enabled(false);
             let started = Instant::now();
-            let moved = move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options, progress);
+            let moved =
+                move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options.shape(), progress);
             engine.set_metrics_enabled(true);
             Some(moved? as f64 / started.elapsed().as_secs_f64() / 1e9)
         }
@@ -477,131 +580,6 @@ fn baseline_round(
         }
     };
     Ok((gbps, None))
-}
-
-/// The progress line of one case (on a terminal, not with `--json`): the
-/// share of the case's bytes moved over all its rounds, so it climbs once
-/// per case instead of restarting each round. Cleared when dropped.
-struct Progress {
-    label: String,
-    done: u64,
-    total: u64,
-    last: Instant,
-    on: bool,
-}
-
-impl Progress {
-    fn new(label: String, total: u64, options: &Options) -> Self {
-        let on = !options.json && std::io::stderr().is_terminal();
-        Self { label, done: 0, total: total.max(1), last: Instant::now(), on }
-    }
-
-    fn add(&mut self, bytes: u64) {
-        self.done += bytes;
-        if self.on && self.last.elapsed() >= PROGRESS_EVERY {
-            self.last = Instant::now();
-            eprint!("\r  {}: {:3}%   ", self.label, (100 * self.done / self.total).min(100));
-            let _ = std::io::stderr().flush();
-        }
-    }
-}
-
-impl Drop for Progress {
-    fn drop(&mut self) {
-        if self.on {
-            eprint!("\r{:70}\r", "");
-        }
-    }
-}
-
-/// Moves `total` bytes in batches of `options.batch` blocks, cycling over
-/// the region, with up to `options.inflight` batches in flight.
-#[allow(clippy::too_many_arguments)]
-fn move_bytes(
-    sub: &mut Submitter,
-    segment: &Segment,
-    local: &Region,
-    remote: kvring::RegionId,
-    op: Opcode,
-    region_bytes: u64,
-    block: u64,
-    total: u64,
-    options: &Options,
-    progress: &mut Progress,
-) -> Result<u64, String> {
-    let label = progress.label.clone();
-    let blocks_in_region = region_bytes / block;
-    let total_blocks = total.div_ceil(block);
-    let mut descs: Vec<BlockDesc> = Vec::with_capacity(options.batch);
-    let mut in_flight: VecDeque<BatchId> = VecDeque::with_capacity(options.inflight);
-    let mut next_block = 0u64;
-    let mut moved = 0u64;
-    while next_block < total_blocks || !in_flight.is_empty() {
-        if next_block < total_blocks && in_flight.len() < options.inflight {
-            descs.clear();
-            let count = (options.batch as u64).min(total_blocks - next_block);
-            for i in 0..count {
-                let offset = ((next_block + i) % blocks_in_region) * block;
-                descs.push(BlockDesc::new(local.id(), offset, remote, offset, block));
-            }
-            match sub.submit(&Batch::new(op, segment).descs(&descs)) {
-                Ok(id) => {
-                    in_flight.push_back(id);
-                    next_block += count;
-                    continue;
-                }
-                Err(kvring::Error::Busy { .. }) if !in_flight.is_empty() => {}
-                Err(e) => return Err(format!("{label}: submit: {e}")),
-            }
-        }
-        let id = in_flight.pop_front().expect("something is in flight");
-        match sub.wait(id, WAIT_TIMEOUT).map_err(|e| format!("{label}: wait: {e}"))? {
-            Outcome::Done { bytes } => {
-                moved += bytes;
-                progress.add(bytes);
-            }
-            other => return Err(format!("{label}: batch ended {other:?}")),
-        }
-    }
-    Ok(moved)
-}
-
-/// Single-block round trips: submit one block, wait for it; p50 and p99.
-fn latency(
-    sub: &mut Submitter,
-    segment: &Segment,
-    local: &Region,
-    remote: kvring::RegionId,
-    op: Opcode,
-    block: u64,
-    samples: usize,
-) -> Result<(f64, f64), String> {
-    if samples == 0 {
-        return Ok((0.0, 0.0));
-    }
-    let descs = [BlockDesc::new(local.id(), 0, remote, 0, block)];
-    let batch = Batch::new(op, segment).descs(&descs);
-    let mut times = Vec::with_capacity(samples);
-    for i in 0..LATENCY_WARMUP + samples {
-        let started = Instant::now();
-        let id = sub.submit(&batch).map_err(|e| format!("latency: submit: {e}"))?;
-        let outcome = sub.wait(id, WAIT_TIMEOUT).map_err(|e| format!("latency: wait: {e}"))?;
-        let elapsed = started.elapsed();
-        if !outcome.is_done() {
-            return Err(format!("latency: batch ended {outcome:?}"));
-        }
-        if i >= LATENCY_WARMUP {
-            times.push(elapsed);
-        }
-    }
-    times.sort_unstable();
-    let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6;
-    Ok((at(0.50), at(0.99)))
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 /// What the case is measured against; `None` when nothing is (tcp to a

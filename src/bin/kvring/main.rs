@@ -2,7 +2,9 @@
 
 mod args;
 mod bench;
+mod drive;
 mod flood;
+mod gpubench;
 mod kvbench;
 mod logging;
 mod models;

@@ -1,6 +1,7 @@
-//! `kvring serve`: a target engine that exposes one shm-backed region and
-//! serves until SIGINT or SIGTERM (or, with `--parent-watch`, until its
-//! standard input closes, so a crashed parent never leaves it behind).
+//! `kvring serve`: a target engine that exposes one region (shared memory,
+//! or with `--memory gpu` a GPU's memory) and serves until SIGINT or
+//! SIGTERM (or, with `--parent-watch`, until its standard input closes, so
+//! a crashed parent never leaves it behind).
 
 use crate::args::{format_size, ServeArgs};
 use kvring::RegionInfo;
@@ -34,12 +35,17 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     // KVRING_* variables, then these flags.
     let config = crate::settings::load_layered(&args.settings)?;
     let (parent_watch, kv_model, kv_blocks) = (args.parent_watch, args.kv, args.kv_blocks);
+    let memory = args.memory;
 
     let name = config.get("name").map_or_else(|| format!("kvring-serve-{}", std::process::id()), str::to_string);
     let region_bytes = config.size("region_size").unwrap_or(DEFAULT_REGION_BYTES);
     let metadata = config.get("metadata").unwrap_or("P2PHANDSHAKE").to_string();
     install_signal_handlers();
-    let engine = config.builder().name(&name).build().map_err(|e| e.to_string())?;
+    let mut builder = config.builder().name(&name);
+    if args.gpu.gpu == crate::args::GpuChoice::Sim {
+        builder = builder.gpu(crate::gpubench::provider(&args.gpu)?);
+    }
+    let engine = builder.build().map_err(|e| e.to_string())?;
     let listen = engine.control_addr();
     // With --kv, the one region is a KV cache of that model, published as
     // the engine's layout for peers' memory-info requests.
@@ -50,7 +56,14 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         }
         None => (region_bytes, None),
     };
-    let region = engine.alloc_region(region_bytes as usize, RegionInfo::raw()).map_err(|e| e.to_string())?;
+    let info = match memory {
+        kvring::MemoryKind::Gpu(n) => RegionInfo::raw().on_gpu(n),
+        kvring::MemoryKind::Host => RegionInfo::raw(),
+    };
+    let region = engine.alloc_region(region_bytes as usize, info).map_err(|e| match memory {
+        kvring::MemoryKind::Gpu(_) => format!("{e} (`--gpu sim` serves a simulated GPU's memory)"),
+        kvring::MemoryKind::Host => e.to_string(),
+    })?;
     if let Some(shape) = shape {
         let layout = kvring::kv::KvLayout::contiguous(shape, region.id(), 0).map_err(|e| e.to_string())?;
         engine.set_kv_layout(layout).map_err(|e| e.to_string())?;
@@ -65,13 +78,14 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("starting the raw baseline sink: {e}"))?;
     let raw_addr = std::net::SocketAddr::new(listen.ip(), raw.addr().port());
     println!(
-        "kvring serve: name={name} listen={} tcp={} raw={} epoch={:#018x} region={} size={} metadata={}",
+        "kvring serve: name={name} listen={} tcp={} raw={} epoch={:#018x} region={} size={} memory={} metadata={}",
         engine.control_addr(),
         engine.tcp_addr().unwrap_or("-"),
         raw_addr,
         engine.epoch(),
         region.id(),
         format_size(region_bytes),
+        crate::args::format_memory(memory),
         metadata
     );
     let _ = std::io::stdout().flush();

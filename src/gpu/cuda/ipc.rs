@@ -193,6 +193,54 @@ impl CudaGpu {
         Ok(Opened::Mapped { range, total, pieces })
     }
 
+    /// Allocates a run of `pieces` physical allocations with shareable
+    /// descriptor handles, mapped back to back (what PyTorch's expandable
+    /// segments do), readable and writable by every device that can.
+    pub(super) fn alloc_run(&self, device: u32, piece_len: u64, pieces: u32) -> Result<DevicePtr> {
+        self.bind(device)?;
+        // SAFETY: every field of the properties is plain data; zero is a
+        // valid value for each (the ones that matter are set below).
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.requestedHandleTypes = sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        prop.location =
+            sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device as c_int };
+        let mut granularity = 0usize;
+        let option = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
+        // SAFETY: writes one size for valid properties.
+        let result = unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &prop, option) };
+        check(result, "allocation granularity")?;
+        if piece_len == 0 || granularity == 0 || !piece_len.is_multiple_of(granularity as u64) || pieces == 0 {
+            return Err(cuda_error(format!(
+                "pieces of {piece_len} bytes: not a multiple of the granularity {granularity}"
+            )));
+        }
+        let total = piece_len * pieces as u64;
+        let mut range: sys::CUdeviceptr = 0;
+        // SAFETY: writes one address.
+        check(unsafe { sys::cuMemAddressReserve(&mut range, total as usize, 0, 0, 0) }, "reserving addresses")?;
+        let mut mapped = Vec::new();
+        let made = (0..pieces).try_for_each(|i| {
+            let at = range + i as u64 * piece_len;
+            let mut handle: sys::CUmemGenericAllocationHandle = 0;
+            // SAFETY: writes one handle for valid properties.
+            check(unsafe { sys::cuMemCreate(&mut handle, piece_len as usize, &prop, 0) }, "allocating a piece")?;
+            // SAFETY: maps the whole new allocation at reserved addresses.
+            let result = unsafe { sys::cuMemMap(at, piece_len as usize, 0, handle, 0) };
+            // SAFETY: the mapping holds its own reference.
+            unsafe { sys::cuMemRelease(handle) };
+            check(result, "mapping a piece")?;
+            mapped.push((at, piece_len));
+            Ok(())
+        });
+        if let Err(error) = made.and_then(|()| self.grant_access(range, total)) {
+            unmap(range, total, &mapped);
+            return Err(error);
+        }
+        self.lock().runs.insert(range, Opened::Mapped { range, total, pieces: mapped });
+        Ok(DevicePtr(range))
+    }
+
     /// Read and write access to `range` for every device of this process
     /// that can have it (at least one).
     fn grant_access(&self, range: u64, total: u64) -> Result<()> {

@@ -61,6 +61,8 @@ struct State {
     opened: HashMap<u64, Vec<ipc::Opened>>,
     /// Legacy handles opened here: their base and how many opens hold them.
     legacy: HashMap<[u8; 64], (u64, u32)>,
+    /// Runs of pieces this provider allocated, by their address.
+    runs: HashMap<u64, ipc::Opened>,
     next_id: u64,
 }
 
@@ -135,6 +137,9 @@ impl Drop for CudaGpu {
         for (opened, base) in state.take_opened() {
             let _ = ipc::close(opened, base);
         }
+        for (_, run) in state.runs.drain() {
+            let _ = ipc::close(run, 0);
+        }
         for (_, (device, event)) in state.events {
             let _ = self.bind(device);
             // SAFETY: an event this provider created and nothing uses now.
@@ -173,7 +178,15 @@ impl Gpu for CudaGpu {
         Ok(DevicePtr(ptr))
     }
 
+    fn alloc_pieces(&self, device: u32, piece_len: u64, pieces: u32) -> Result<DevicePtr> {
+        self.alloc_run(device, piece_len, pieces)
+    }
+
     unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
+        if let Some(run) = self.lock().runs.remove(&ptr.0) {
+            self.bind(0)?;
+            return ipc::close(run, 0);
+        }
         // SAFETY: our caller's contract: nothing uses the allocation.
         check(unsafe { sys::cuMemFree_v2(ptr.0) }, "freeing device memory")
     }

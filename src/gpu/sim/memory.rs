@@ -130,7 +130,7 @@ impl SimGpu {
     /// `device`, mapped back to back at one device address, as the virtual
     /// memory API (PyTorch's expandable segments) lays memory out: exported
     /// piece by piece, by shareable descriptor.
-    pub fn alloc_pieces(&self, device: u32, piece_len: u64, pieces: u32) -> Result<DevicePtr> {
+    pub(super) fn alloc_run(&self, device: u32, piece_len: u64, pieces: u32) -> Result<DevicePtr> {
         let mut state = self.lock();
         self.check_device(&state, device)?;
         let total = piece_len.checked_mul(pieces as u64).filter(|&t| t > 0);

@@ -235,6 +235,10 @@ impl Gpu for SimGpu {
         self.alloc_one(&mut state, device, len, false)
     }
 
+    fn alloc_pieces(&self, device: u32, piece_len: u64, pieces: u32) -> Result<DevicePtr> {
+        self.alloc_run(device, piece_len, pieces)
+    }
+
     unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
         self.free_run(&mut self.lock(), ptr)
     }

@@ -149,6 +149,12 @@ impl Links {
         !self.active.is_empty()
     }
 
+    /// True when some link with chunks in flight waits on a peer's thread
+    /// (not on a GPU's copies, which need no thread of ours).
+    pub fn any_waiting_on_peers(&self) -> bool {
+        self.active.iter().any(|&index| self.slots[index as usize].as_ref().is_some_and(|s| !s.link.ends_on_its_own()))
+    }
+
     /// Polls every link with chunks in flight; returns how many progressed.
     pub fn poll_active(&mut self, ended: &mut Vec<ChunkEnd>) -> usize {
         let mut progressed = 0;

@@ -119,8 +119,9 @@ impl Lane {
                         idle_since = None;
                     }
                     // Waiting on peers' replies only: let a thread that shares
-                    // this core (often the very peer, on loopback) run.
-                    Some(_) if self.links.any_active() => std::thread::yield_now(),
+                    // this core (often the very peer, on loopback) run. A
+                    // GPU's copies need no thread: keep polling their events.
+                    Some(_) if self.links.any_waiting_on_peers() => std::thread::yield_now(),
                     Some(_) => std::hint::spin_loop(),
                 }
             }
