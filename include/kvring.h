@@ -24,6 +24,14 @@
 // TCP.
 #define KVRING_TRANSPORT_TCP 2
 
+// Same host with GPU memory on either end (CUDA IPC, the GPU's copy
+// engines).
+#define KVRING_TRANSPORT_CUDA_IPC 3
+
+// `kvring_register_memory` and the memory queries: host memory. A value
+// `n >= 0` is GPU `n`.
+#define KVRING_MEMORY_HOST -1
+
 // `kvring_set_log_callback` levels, most severe first.
 #define KVRING_LOG_ERROR 1
 
@@ -47,6 +55,12 @@ typedef struct kvring_segment kvring_segment;
 
 // A submitter: rings to the lanes, used by one thread at a time (opaque).
 typedef struct kvring_submitter kvring_submitter;
+
+// Receives one of kvring's log events: its level (`KVRING_LOG_*`), its
+// target (the module, e.g. `kvring::engine::lifecycle`), its message with
+// its fields (`engine started name=... epoch=0x...`), and the `user`
+// pointer given with it. Both strings are valid during the call only.
+typedef void (*KvringLogCallback)(int level, const char *target, const char *message, void *user);
 
 // One block to move (32 bytes, the layout of kvring's descriptors).
 typedef struct {
@@ -73,12 +87,6 @@ typedef struct {
   // 0 when done, else a negative error code.
   int32_t result;
 } kvring_completion;
-
-// Receives one of kvring's log events: its level (`KVRING_LOG_*`), its
-// target (the module, e.g. `kvring::engine::lifecycle`), its message with
-// its fields (`engine started name=... epoch=0x...`), and the `user`
-// pointer given with it. Both strings are valid during the call only.
-typedef void (*KvringLogCallback)(int level, const char *target, const char *message, void *user);
 
 #ifdef __cplusplus
 extern "C" {
@@ -157,6 +165,29 @@ int kvring_engine_control_addr(const kvring_engine *engine, char *buf, size_t le
 // or the engine is destroyed; `region_out` is a valid pointer.
 int kvring_register(kvring_engine *engine, uint8_t *addr, size_t len, uint32_t *region_out);
 
+// Registers `len` bytes at `addr` living in `memory`: `KVRING_MEMORY_HOST`
+// or a GPU's number (a CUDA device pointer, exported for same-host peers).
+// The pointer is classified with the GPU driver: GPU memory said to be
+// host memory, or the reverse, is refused with a clear error.
+//
+// # Safety
+//
+// As `kvring_register`; GPU memory also stays allocated until the peers
+// that opened this engine's segment have closed it (CUDA cannot revoke
+// their mappings).
+int kvring_register_memory(kvring_engine *engine,
+                           uint8_t *addr,
+                           size_t len,
+                           int memory,
+                           uint32_t *region_out);
+
+// Where a local region lives: `KVRING_MEMORY_HOST` or a GPU's number.
+//
+// # Safety
+//
+// `engine` is live.
+int kvring_region_memory(kvring_engine *engine, uint32_t region);
+
 // Unregisters a region (refused while batches use it).
 //
 // # Safety
@@ -189,6 +220,14 @@ void kvring_segment_free(kvring_segment *segment);
 //
 // `segment` is live; `region_out` is a valid pointer.
 int kvring_segment_region(const kvring_segment *segment, size_t position, uint32_t *region_out);
+
+// Where the peer's `position`-th region lives: `KVRING_MEMORY_HOST` or
+// the peer's GPU number.
+//
+// # Safety
+//
+// `segment` is live.
+int kvring_segment_region_memory(const kvring_segment *segment, size_t position);
 
 // A submitter for this thread.
 //

@@ -68,6 +68,12 @@ pub const KVRING_TRANSPORT_AUTO: c_int = 0;
 pub const KVRING_TRANSPORT_SHM: c_int = 1;
 /// TCP.
 pub const KVRING_TRANSPORT_TCP: c_int = 2;
+/// Same host with GPU memory on either end (CUDA IPC, the GPU's copy
+/// engines).
+pub const KVRING_TRANSPORT_CUDA_IPC: c_int = 3;
+/// `kvring_register_memory` and the memory queries: host memory. A value
+/// `n >= 0` is GPU `n`.
+pub const KVRING_MEMORY_HOST: c_int = -1;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -324,6 +330,66 @@ pub unsafe extern "C" fn kvring_register(
     })
 }
 
+/// Registers `len` bytes at `addr` living in `memory`: `KVRING_MEMORY_HOST`
+/// or a GPU's number (a CUDA device pointer, exported for same-host peers).
+/// The pointer is classified with the GPU driver: GPU memory said to be
+/// host memory, or the reverse, is refused with a clear error.
+///
+/// # Safety
+///
+/// As `kvring_register`; GPU memory also stays allocated until the peers
+/// that opened this engine's segment have closed it (CUDA cannot revoke
+/// their mappings).
+#[no_mangle]
+pub unsafe extern "C" fn kvring_register_memory(
+    engine: *mut KvringEngine,
+    addr: *mut u8,
+    len: usize,
+    memory: c_int,
+    region_out: *mut u32,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: per our contract.
+        let engine = unsafe { engine.as_ref() }.ok_or_else(|| null("engine"))?;
+        if addr.is_null() || region_out.is_null() {
+            return Err(null(if addr.is_null() { "addr" } else { "region_out" }));
+        }
+        let info = RegionInfo::raw();
+        let info = match memory {
+            KVRING_MEMORY_HOST => info,
+            n if n >= 0 => info.on_gpu(n as u32),
+            other => return Err(Error::invalid("memory", format!("{other} is not -1 (host) or a GPU's number"))),
+        };
+        // SAFETY: the caller keeps the range valid (our contract).
+        let id = unsafe { engine.0.register(addr, len, info)? };
+        // SAFETY: checked non-null; valid per our contract.
+        unsafe { *region_out = id.raw() };
+        Ok(0)
+    })
+}
+
+/// Where a local region lives: `KVRING_MEMORY_HOST` or a GPU's number.
+///
+/// # Safety
+///
+/// `engine` is live.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_region_memory(engine: *mut KvringEngine, region: u32) -> c_int {
+    guarded(|| {
+        // SAFETY: per our contract.
+        let engine = unsafe { engine.as_ref() }.ok_or_else(|| null("engine"))?;
+        Ok(memory_code(engine.0.region_info(RegionId::from_raw(region))?.2.memory))
+    })
+}
+
+/// The C number of a memory kind.
+fn memory_code(memory: crate::MemoryKind) -> c_int {
+    match memory {
+        crate::MemoryKind::Host => KVRING_MEMORY_HOST,
+        crate::MemoryKind::Gpu(n) => n as c_int,
+    }
+}
+
 /// Unregisters a region (refused while batches use it).
 ///
 /// # Safety
@@ -365,7 +431,13 @@ pub unsafe extern "C" fn kvring_open_segment(
             KVRING_TRANSPORT_AUTO => None,
             KVRING_TRANSPORT_SHM => Some(TransportKind::Shm),
             KVRING_TRANSPORT_TCP => Some(TransportKind::Tcp),
-            other => return Err(Error::invalid("transport", format!("{other} is not 0 (auto), 1 (shm) or 2 (tcp)"))),
+            KVRING_TRANSPORT_CUDA_IPC => Some(TransportKind::CudaIpc),
+            other => {
+                return Err(Error::invalid(
+                    "transport",
+                    format!("{other} is not 0 (auto), 1 (shm), 2 (tcp) or 3 (cuda_ipc)"),
+                ))
+            }
         };
         let segment = engine.0.open_segment_with(name, transport, Duration::from_millis(u64::from(timeout_ms)))?;
         // SAFETY: checked non-null; valid per our contract.
@@ -408,6 +480,25 @@ pub unsafe extern "C" fn kvring_segment_region(
         // SAFETY: checked non-null; valid per our contract.
         unsafe { *region_out = id.raw() };
         Ok(0)
+    })
+}
+
+/// Where the peer's `position`-th region lives: `KVRING_MEMORY_HOST` or
+/// the peer's GPU number.
+///
+/// # Safety
+///
+/// `segment` is live.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_segment_region_memory(segment: *const KvringSegment, position: usize) -> c_int {
+    guarded(|| {
+        // SAFETY: per our contract.
+        let segment = unsafe { segment.as_ref() }.ok_or_else(|| null("segment"))?;
+        let regions = segment.0.regions();
+        let region = regions.get(position).ok_or_else(|| {
+            Error::invalid("position", format!("{position} is past the peer's {} regions", regions.len()))
+        })?;
+        Ok(memory_code(region.memory))
     })
 }
 

@@ -596,3 +596,24 @@ fn the_gpu_bench_runs_on_the_simulated_provider_beside_both_baselines_and_verifi
         assert!(!output.status.success() && stderr.contains("`--gpu sim`"), "{stderr}");
     }
 }
+
+#[test]
+fn lanes_serving_a_gpu_run_on_its_numa_node() {
+    let Some(node0) = std::fs::read_to_string("/sys/devices/system/node/node0/cpulist").ok() else {
+        eprintln!("skipped: this host lists no NUMA node in sysfs");
+        return;
+    };
+    let gpu = Arc::new(SimGpu::new(1, Duration::from_micros(1)).with_numa_node(0));
+    let builder = kvring::Engine::builder().lanes(3).gpu(gpu).gpu_device(0);
+    let cores: Vec<usize> = builder.planned_lane_cores().into_iter().map(|c| c.expect("pinned")).collect();
+    let node: Vec<usize> = node0
+        .trim()
+        .split(',')
+        .flat_map(|part| match part.split_once('-') {
+            Some((a, b)) => (a.parse().unwrap()..=b.parse().unwrap()).collect::<Vec<usize>>(),
+            None => vec![part.parse().unwrap()],
+        })
+        .collect();
+    assert_eq!(cores.len(), 3);
+    assert!(cores.iter().all(|c| node.contains(c)), "lanes on {cores:?}, node 0 has {node:?}");
+}

@@ -72,6 +72,12 @@ pub const KEYS: &[Key] = &[
     Key { name: "advertise", kind: Kind::Ip, default: None, help: "address told to peers when listening on 0.0.0.0" },
     Key { name: "lanes", kind: Kind::Count, default: Some("1"), help: "poller threads, one per core" },
     Key {
+        name: "gpu_device",
+        kind: Kind::Count,
+        default: None,
+        help: "the GPU this engine serves: lanes run on its NUMA node's cores",
+    },
+    Key {
         name: "metadata",
         kind: Kind::Metadata,
         default: Some("P2PHANDSHAKE"),
@@ -288,6 +294,9 @@ impl Config {
         }
         if let Some(lanes) = self.count("lanes") {
             builder = builder.lanes(lanes);
+        }
+        if let Some(device) = self.count("gpu_device") {
+            builder = builder.gpu_device(device as u32);
         }
         if let Some(mode) = self.get("metadata").and_then(|v| MetadataMode::parse(v).ok()) {
             builder = builder.metadata(mode);

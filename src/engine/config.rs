@@ -107,6 +107,9 @@ pub struct EngineConfig {
     /// is registered; `None` loads the CUDA driver at the first
     /// registration where one is installed (see [`EngineBuilder::gpu`]).
     pub gpu: Option<Arc<dyn Gpu>>,
+    /// The GPU this engine moves memory of, when it has one: its lanes run
+    /// on cores of that GPU's NUMA node (unless `cores` says otherwise).
+    pub gpu_device: Option<u32>,
     /// How often a target probes the initiators it holds RDMA QPs for, to
     /// release those of initiators that went away.
     pub rdma_probe_interval: Duration,
@@ -145,6 +148,7 @@ impl Default for EngineConfig {
             advertise: None,
             rdma: None,
             gpu: None,
+            gpu_device: None,
             rdma_probe_interval: DEFAULT_RDMA_PROBE_INTERVAL,
         }
     }
@@ -187,6 +191,14 @@ impl EngineBuilder {
     /// Number of lanes (1..=64).
     pub fn lanes(mut self, lanes: usize) -> Self {
         self.config.lanes = lanes;
+        self
+    }
+
+    /// The GPU this engine serves: its lanes run on cores of that GPU's
+    /// NUMA node, as the GPU provider reports it (where it knows it, and
+    /// unless [`cores`](Self::cores) names them).
+    pub fn gpu_device(mut self, ordinal: u32) -> Self {
+        self.config.gpu_device = Some(ordinal);
         self
     }
 
@@ -409,20 +421,46 @@ impl EngineBuilder {
     }
 }
 
-/// Cores for `lanes` lanes: the configured ones, or every online core but
-/// the first (left to the application's own threads), round robin.
+/// Cores for `lanes` lanes, round robin: the configured ones; else with a
+/// `gpu_device`, the cores of its NUMA node; else every online core but the
+/// first (left to the application's own threads).
 pub(super) fn lane_cores(config: &EngineConfig) -> Vec<Option<usize>> {
+    use crate::runtime::placement;
     if !config.pin {
         return vec![None; config.lanes];
     }
     if !config.cores.is_empty() {
         return (0..config.lanes).map(|i| Some(config.cores[i % config.cores.len()])).collect();
     }
-    let online = crate::runtime::placement::usable_cores();
+    let online = placement::usable_cores();
     if online.is_empty() {
         return vec![None; config.lanes];
     }
+    let near_gpu = config.gpu_device.and_then(|ordinal| {
+        let near = placement::near_node(gpu_numa_node(config, ordinal), &online, placement::node_cores);
+        if near.is_none() {
+            tracing::warn!(
+                gpu = ordinal,
+                "lanes placed as usual: the GPU's NUMA node is unknown or has no usable core"
+            );
+        }
+        near
+    });
     let skip_first = usize::from(online.len() > 1);
-    let usable = &online[skip_first..];
+    let usable = near_gpu.as_deref().unwrap_or(&online[skip_first..]);
     (0..config.lanes).map(|i| Some(usable[i % usable.len()])).collect()
+}
+
+/// The NUMA node of GPU `ordinal`, as the configured provider (or the CUDA
+/// driver, where there is one) reports it.
+fn gpu_numa_node(config: &EngineConfig, ordinal: u32) -> Option<u32> {
+    let loaded;
+    let gpu: &dyn Gpu = match &config.gpu {
+        Some(gpu) => gpu.as_ref(),
+        None => {
+            loaded = crate::gpu::CudaGpu::load().ok()?;
+            &loaded
+        }
+    };
+    gpu.devices().ok()?.into_iter().find(|d| d.ordinal == ordinal)?.numa_node
 }

@@ -32,6 +32,28 @@ fn read_list(path: &str) -> Option<Vec<usize>> {
     std::fs::read_to_string(Path::new(path)).ok().and_then(|text| parse_cpu_list(&text)).filter(|c| !c.is_empty())
 }
 
+/// The cores of NUMA node `node` (from sysfs), if it has a CPU list.
+pub fn node_cores(node: u32) -> Option<Vec<usize>> {
+    read_list(&format!("/sys/devices/system/node/node{node}/cpulist"))
+}
+
+/// Cores for lanes that drive a device on NUMA node `node` (a GPU, a NIC):
+/// the usable cores of that node, the node's first left to the
+/// application's threads when it has more; `None` when the node is unknown
+/// or none of its cores is usable here (the caller places lanes as usual).
+pub fn near_node(
+    node: Option<u32>,
+    usable: &[usize],
+    cores_of: impl Fn(u32) -> Option<Vec<usize>>,
+) -> Option<Vec<usize>> {
+    let local: Vec<usize> = cores_of(node?)?.into_iter().filter(|c| usable.contains(c)).collect();
+    match local.len() {
+        0 => None,
+        1 => Some(local),
+        _ => Some(local[1..].to_vec()),
+    }
+}
+
 /// The cores this process may use: online CPUs within the cgroup's cpuset;
 /// where neither can be read, the calling thread's affinity.
 pub fn usable_cores() -> Vec<usize> {
@@ -64,6 +86,26 @@ mod tests {
         assert_eq!(parse_cpu_list("3-1"), None);
         assert_eq!(parse_cpu_list("a-b"), None);
         assert_eq!(parse_cpu_list("0-999999"), None);
+    }
+
+    #[test]
+    fn lanes_for_a_device_go_to_its_node_and_fall_back_when_they_cannot() {
+        // Two nodes of four cores; this process may use 1..=6.
+        let topology = |node: u32| match node {
+            0 => Some(vec![0, 1, 2, 3]),
+            1 => Some(vec![4, 5, 6, 7]),
+            _ => None,
+        };
+        let usable = [1, 2, 3, 4, 5, 6];
+        // Node 1's usable cores, its first left to the application.
+        assert_eq!(near_node(Some(1), &usable, topology), Some(vec![5, 6]));
+        assert_eq!(near_node(Some(0), &usable, topology), Some(vec![2, 3]));
+        // A node with a single usable core keeps it.
+        assert_eq!(near_node(Some(1), &[4], topology), Some(vec![4]));
+        // Unknown node, or nothing usable there: no preference.
+        assert_eq!(near_node(None, &usable, topology), None);
+        assert_eq!(near_node(Some(7), &usable, topology), None);
+        assert_eq!(near_node(Some(1), &[0, 1], topology), None);
     }
 
     #[test]

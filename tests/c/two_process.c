@@ -102,10 +102,27 @@ static int initiator(const char *addr) {
     for (size_t i = 0; i < LEN; i++) source[i] = pattern(i, 7);
     uint32_t local = 0, local_back = 0, remote = 0;
     check(kvring_register(engine, source, LEN, &local), "register");
-    check(kvring_register(engine, back, LEN, &local_back), "register");
+    check(kvring_register_memory(engine, back, LEN, KVRING_MEMORY_HOST, &local_back), "register_memory");
+    /* Where regions live: host memory here and on the peer. Host memory
+       said to be a GPU's is refused (with a GPU driver, as host memory; without
+       one, for want of a GPU provider), as is a memory number below -1. */
+    if (kvring_region_memory(engine, local_back) != KVRING_MEMORY_HOST) {
+        fprintf(stderr, "region_memory: not host memory\n");
+        return 1;
+    }
+    uint32_t not_registered = 0;
+    if (kvring_register_memory(engine, back + 4096, 4096, 0, &not_registered) >= 0 ||
+        kvring_register_memory(engine, back + 8192, 4096, -2, &not_registered) >= 0) {
+        fprintf(stderr, "register_memory: host memory registered as a GPU's\n");
+        return 1;
+    }
     kvring_segment *segment = NULL;
     check(kvring_open_segment(engine, addr, KVRING_TRANSPORT_TCP, 5000, &segment), "open_segment");
     check(kvring_segment_region(segment, 0, &remote), "segment_region");
+    if (kvring_segment_region_memory(segment, 0) != KVRING_MEMORY_HOST || kvring_segment_region_memory(segment, 9) >= 0) {
+        fprintf(stderr, "segment_region_memory: wrong answers\n");
+        return 1;
+    }
     kvring_submitter *sub = NULL;
     check(kvring_submitter_create(engine, &sub), "submitter_create");
 
