@@ -7,7 +7,7 @@
 //! `Done` before its bytes are in place; faults are clear errors; tcp never
 //! touches device memory.
 //!
-//! With `KVRING_GPU_TESTS=cuda` (what `scripts/gpu-check.sh` sets on a GPU
+//! With `TEST_GPU_PROVIDER=cuda` (what `benches/gpu_check.sh` sets on a GPU
 //! machine) the same tests run on the CUDA driver; those that need the
 //! simulator's fault injection, delays or counters skip, saying so.
 
@@ -23,14 +23,14 @@ use std::time::{Duration, Instant};
 
 /// True when the tests run on the CUDA driver.
 fn on_cuda() -> bool {
-    std::env::var("KVRING_GPU_TESTS").is_ok_and(|v| v == "cuda")
+    std::env::var("TEST_GPU_PROVIDER").is_ok_and(|v| v == "cuda")
 }
 
 /// The provider the tests run on: the simulator (copies `delay` late), or
 /// the CUDA driver.
 fn provider_with(delay: Duration) -> Arc<dyn Gpu> {
     match on_cuda() {
-        true => Arc::new(kvring::gpu::CudaGpu::load().expect("KVRING_GPU_TESTS=cuda needs a CUDA driver")),
+        true => Arc::new(kvring::gpu::CudaGpu::load().expect("TEST_GPU_PROVIDER=cuda needs a CUDA driver")),
         false => Arc::new(SimGpu::new(2, delay)),
     }
 }
