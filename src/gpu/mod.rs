@@ -186,8 +186,9 @@ pub fn check_handles(handles: &[IpcHandle], need: u64) -> std::result::Result<u6
 }
 
 /// One copy of a batch: addresses are host pointers or device pointers, as
-/// [`Gpu::classify`] tells them apart.
+/// [`Gpu::classify`] tells them apart. Laid out as the copy kernel reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
 pub struct Copy {
     /// Where the bytes come from.
     pub src: u64,

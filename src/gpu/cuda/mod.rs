@@ -12,6 +12,7 @@
 //! are the same. Classifying, exporting and opening memory is `ipc.rs`.
 
 mod ipc;
+mod kernel;
 
 use super::{Copy, CopyMethod, DevicePtr, Event, Export, Gpu, GpuDevice, IpcHandle, Memory, Stream};
 use crate::error::{Error, Result};
@@ -63,6 +64,10 @@ struct State {
     legacy: HashMap<[u8; 64], (u64, u32)>,
     /// Runs of pieces this provider allocated, by their address.
     runs: HashMap<u64, ipc::Opened>,
+    /// The copy kernel per device, once loaded (`None`: it did not load).
+    kernels: HashMap<u32, Option<kernel::Loaded>>,
+    /// The copy kernel's descriptor ring of each stream that launched it.
+    rings: HashMap<u64, kernel::Ring>,
     next_id: u64,
 }
 
@@ -121,6 +126,25 @@ impl CudaGpu {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// The copy kernel on `device` (loaded at its first use), where the
+    /// driver has no batched copy and the kernel loads; a failure to load
+    /// is said once and remembered.
+    fn kernel(&self, device: u32) -> Option<kernel::Loaded> {
+        if self.batch_copy.is_some() {
+            return None;
+        }
+        if let Some(&known) = self.lock().kernels.get(&device) {
+            return known;
+        }
+        let loaded = self.bind(device).and_then(|()| kernel::load());
+        if let Err(error) = &loaded {
+            tracing::warn!(%error, gpu = device, "the copy kernel did not load: one copy call per run instead");
+        }
+        let loaded = loaded.ok();
+        self.lock().kernels.insert(device, loaded);
+        loaded
+    }
 }
 
 impl State {
@@ -139,6 +163,12 @@ impl Drop for CudaGpu {
         }
         for (_, run) in state.runs.drain() {
             let _ = ipc::close(run, 0);
+        }
+        for (id, ring) in state.rings.drain() {
+            if let Some((device, stream)) = state.streams.get(&id) {
+                let _ = self.bind(*device);
+                ring.free(stream.0);
+            }
         }
         for (_, (device, event)) in state.events {
             let _ = self.bind(device);
@@ -219,15 +249,18 @@ impl Gpu for CudaGpu {
     fn destroy_stream(&self, stream: Stream) -> Result<()> {
         let (device, raw) = self.lock().streams.remove(&stream.0).ok_or_else(|| cuda_error("no such stream"))?;
         self.bind(device)?;
+        if let Some(ring) = self.lock().rings.remove(&stream.0) {
+            ring.free(raw.0);
+        }
         // SAFETY: a stream this provider created, now out of its table.
         check(unsafe { sys::cuStreamDestroy_v2(raw.0) }, "destroying a stream")
     }
 
     fn copy_method(&self) -> CopyMethod {
-        if self.batch_copy.is_some() {
-            CopyMethod::Batched
-        } else {
-            CopyMethod::PerCopy
+        match (self.batch_copy.is_some(), self.kernel(0).is_some()) {
+            (true, _) => CopyMethod::Batched,
+            (false, true) => CopyMethod::Kernel,
+            (false, false) => CopyMethod::PerCopy,
         }
     }
 
@@ -267,6 +300,17 @@ impl Gpu for CudaGpu {
             };
             check(result, &format!("a batched copy (copy {failed} refused)"))?;
             return Ok(CopyMethod::Batched);
+        }
+        if let Some(kernel) = self.kernel(device) {
+            let mut state = self.lock();
+            if let std::collections::hash_map::Entry::Vacant(slot) = state.rings.entry(stream.0) {
+                slot.insert(kernel::Ring::new()?);
+            }
+            let ring = state.rings.get_mut(&stream.0).expect("inserted above");
+            // SAFETY: forwarded from our caller.
+            if unsafe { ring.launch(kernel, raw.0, copies)? } {
+                return Ok(CopyMethod::Kernel);
+            }
         }
         for copy in copies {
             // SAFETY: the ranges are our caller's; UVA resolves directions.
