@@ -41,7 +41,10 @@ impl<T> UnsafeCell<T> {
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;
 
-/// Thread parking: `std::thread` normally, loom's under `cfg(loom)`.
+/// Thread parking: `std::thread` normally, loom's under `cfg(loom)` (lanes
+/// sleep in their pollers; the doorbell's loom models and tests park
+/// threads).
+#[cfg(any(loom, test))]
 pub(crate) mod thread {
     #[cfg(not(loom))]
     pub(crate) use std::thread::{current, park_timeout, Thread};

@@ -146,13 +146,13 @@ impl Engine {
         }
         let data_server = if config.serve_tcp {
             let data_listen = SocketAddr::new(config.listen.ip(), 0);
-            let target = crate::transport::tcp::TargetContext {
+            let target = super::serving::Target {
                 registry: registry.clone(),
                 notifications: notifications.clone(),
                 epoch,
                 auth: authenticator.clone(),
             };
-            Some(TcpDataServer::start(data_listen, target, admission)?)
+            Some(super::serving::serve_tcp(data_listen, &lanes, target, admission)?)
         } else {
             None
         };

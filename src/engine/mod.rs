@@ -23,6 +23,7 @@ mod region;
 mod regions;
 mod segment;
 mod segments;
+mod serving;
 mod submitter;
 
 pub use batch::{Batch, Completion, Event, Outcome};

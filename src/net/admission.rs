@@ -119,7 +119,6 @@ impl<K: Copy + Eq + Hash> Admission<K> {
     }
 
     /// Pending connections held.
-    #[cfg(test)]
     pub(crate) fn pending(&self) -> usize {
         self.pending_count
     }

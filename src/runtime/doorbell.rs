@@ -11,31 +11,65 @@
 //!
 //! The lane also parks with a timeout, so even a broken invariant costs a
 //! bounded delay, never a hang.
+//!
+//! A lane sleeps in its poller (`epoll_wait`), so that a socket it serves
+//! wakes it as well as a submitter: the doorbell then rings with the
+//! poller's `notify`, which, like an unpark, is remembered by a wait that
+//! has not started yet. The loom models check the thread-park form; the
+//! protocol (flag, fence, re-check) is the same for both.
 
-use crate::sync::{fence, thread, AtomicBool, Ordering};
+#[cfg(any(loom, test))]
+use crate::sync::thread;
+use crate::sync::{fence, AtomicBool, Ordering};
 use std::time::Duration;
 
 /// A lane's doorbell.
 #[derive(Debug)]
 pub struct Doorbell {
     sleeping: AtomicBool,
-    lane: thread::Thread,
+    wake: Wake,
+}
+
+/// How a parked lane is woken.
+#[derive(Debug)]
+enum Wake {
+    /// It parked its thread (the loom models' form).
+    #[cfg(any(loom, test))]
+    Thread(thread::Thread),
+    /// It waits in its poller.
+    #[cfg(not(loom))]
+    Poller(std::sync::Arc<polling::Poller>),
 }
 
 impl Doorbell {
     /// A doorbell for the calling thread (the lane).
+    #[cfg(any(loom, test))]
     pub fn for_current_thread() -> Self {
         Self::for_thread(thread::current())
     }
 
     /// A doorbell that wakes `lane`.
+    #[cfg(any(loom, test))]
     pub fn for_thread(lane: thread::Thread) -> Self {
-        Self { sleeping: AtomicBool::new(false), lane }
+        Self { sleeping: AtomicBool::new(false), wake: Wake::Thread(lane) }
     }
 
-    /// Lane side: park unless `has_work` finds something after the
-    /// announcement. Returns true when it actually parked.
+    /// A doorbell for a lane that sleeps in `poller`.
+    #[cfg(not(loom))]
+    pub fn for_poller(poller: std::sync::Arc<polling::Poller>) -> Self {
+        Self { sleeping: AtomicBool::new(false), wake: Wake::Poller(poller) }
+    }
+
+    /// Lane side: park the thread unless `has_work` finds something after
+    /// the announcement. Returns true when it actually parked.
+    #[cfg(any(loom, test))]
     pub fn park(&self, timeout: Duration, has_work: impl FnOnce() -> bool) -> bool {
+        self.park_with(timeout, has_work, thread::park_timeout)
+    }
+
+    /// Lane side: as [`park`](Self::park), sleeping with `sleep` (a wait in
+    /// the lane's poller, which the doorbell's `ring` interrupts).
+    pub fn park_with(&self, timeout: Duration, has_work: impl FnOnce() -> bool, sleep: impl FnOnce(Duration)) -> bool {
         self.sleeping.store(true, Ordering::Relaxed);
         // SeqCst fence pairs with the one in `ring`: our store of `sleeping`
         // and the submitter's store of the ring tail cannot both be missed.
@@ -44,7 +78,7 @@ impl Doorbell {
             self.sleeping.store(false, Ordering::Relaxed);
             return false;
         }
-        thread::park_timeout(timeout);
+        sleep(timeout);
         self.sleeping.store(false, Ordering::Relaxed);
         true
     }
@@ -55,7 +89,84 @@ impl Doorbell {
         // SeqCst fence pairs with the one in `park` (see the module docs).
         fence(Ordering::SeqCst);
         if self.sleeping.load(Ordering::Relaxed) {
-            self.lane.unpark();
+            match &self.wake {
+                #[cfg(any(loom, test))]
+                Wake::Thread(lane) => lane.unpark(),
+                #[cfg(not(loom))]
+                Wake::Poller(poller) => {
+                    let _ = poller.notify();
+                }
+            }
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    /// A lane asleep in its poller is woken by the doorbell at once, and a
+    /// ring before the wait began is not lost: the next wait returns at once.
+    #[test]
+    fn a_ring_wakes_a_lane_asleep_in_its_poller_and_is_never_lost() {
+        let poller = Arc::new(polling::Poller::new().unwrap());
+        let bell = Arc::new(Doorbell::for_poller(poller.clone()));
+        let mut events = polling::Events::new();
+        let ringer = {
+            let bell = bell.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                bell.ring();
+            })
+        };
+        let started = Instant::now();
+        let parked = bell.park_with(
+            Duration::from_secs(10),
+            || false,
+            |t| {
+                let _ = poller.wait(&mut events, Some(t));
+            },
+        );
+        assert!(parked && started.elapsed() < Duration::from_secs(5), "woken by the ring, not the timeout");
+        ringer.join().unwrap();
+        // The lane announces sleep, a submitter rings before the lane waits:
+        // the wait still returns at once.
+        let remembered = bell.park_with(
+            Duration::from_secs(10),
+            || {
+                bell.ring();
+                false
+            },
+            |t| {
+                let started = Instant::now();
+                let _ = poller.wait(&mut events, Some(t));
+                assert!(started.elapsed() < Duration::from_secs(5), "the early ring was remembered");
+            },
+        );
+        assert!(remembered);
+        // Work found after the announcement: no sleep at all.
+        assert!(!bell.park_with(Duration::from_secs(10), || true, |_| panic!("must not sleep")));
+    }
+
+    /// The thread-park form (the one the loom models check) wakes the same.
+    #[test]
+    fn a_ring_unparks_a_parked_thread() {
+        let bell = Arc::new(Doorbell::for_current_thread());
+        let ringer = {
+            let bell = bell.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                bell.ring();
+            })
+        };
+        let started = Instant::now();
+        // A spurious return is allowed: park until the ring was seen.
+        while started.elapsed() < Duration::from_millis(50) {
+            assert!(bell.park(Duration::from_secs(10), || false));
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "woken by the ring");
+        ringer.join().unwrap();
     }
 }

@@ -27,6 +27,36 @@ use crate::ring::Opcode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+/// Keys below this in a lane's poller are its service's connections; keys
+/// from it up are its links' sockets (`LINK_KEY_BASE + arena index`).
+pub(crate) const LINK_KEY_BASE: usize = 1 << 40;
+
+/// A target's connections served from a lane's loop: accepted elsewhere,
+/// adopted by the lane, driven by readiness from the lane's poller (every
+/// key it registers is below [`LINK_KEY_BASE`]). Only its lane calls it.
+pub(crate) trait Service: Send + std::fmt::Debug {
+    /// Takes a connection accepted under admission id `id` and registers it
+    /// with `poller`.
+    fn adopt(&mut self, poller: &polling::Poller, stream: std::net::TcpStream, id: u64, now: std::time::Instant);
+    /// Ends connection `id` (evicted to make room, or too late to prove
+    /// itself: then it is told so first).
+    fn evict(&mut self, poller: &polling::Poller, id: u64, too_late: bool);
+    /// Serves the readiness of `key`; true when anything moved.
+    fn ready(
+        &mut self,
+        poller: &polling::Poller,
+        key: usize,
+        readable: bool,
+        writable: bool,
+        now: std::time::Instant,
+    ) -> bool;
+    /// Closes what passed a deadline and frees idle buffers; returns when
+    /// it next needs to look (`None`: it holds no connection).
+    fn tick(&mut self, poller: &polling::Poller, now: std::time::Instant) -> Option<std::time::Instant>;
+    /// Closes every connection (the lane stops), giving back their leases.
+    fn close_all(&mut self, poller: &polling::Poller);
+}
+
 /// Most blocks any link takes per chunk; a lane's chunk buffer is
 /// allocated once with this capacity.
 pub(crate) const MAX_CHUNK_BLOCKS: usize = 256;
@@ -165,6 +195,12 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
     /// it still had in flight; a healthy one keeps everything until
     /// dropped, so its chunks in flight still end.
     fn retire(&mut self, _ended: &mut Vec<ChunkEnd>) {}
+
+    /// The socket whose readability means this link has something to poll
+    /// (a reply), so that a parked lane waits on it instead of a timer.
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 
     /// Queues an encoded notification after everything queued before it; it
     /// ends, like a chunk, through `poll` under `ticket`.

@@ -3,7 +3,9 @@
 //! have ended, and polled only while they have some.
 
 use crate::segment::PeerSegment;
-use crate::transport::{ChunkEnd, LaneLink, LinkState};
+use crate::transport::{ChunkEnd, LaneLink, LinkState, LINK_KEY_BASE};
+use polling::{Event, PollMode, Poller};
+use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::{mpsc, Arc};
 
 /// One link and what the lane needs beside it.
@@ -19,6 +21,9 @@ pub(super) struct LinkSlot {
     chunks: u32,
     /// False once its segment was detached: dropped when `chunks` is 0.
     attached: bool,
+    /// Its socket, registered with the lane's poller so a reply wakes a
+    /// parked lane; `None` for links no socket announces.
+    wake: Option<RawFd>,
 }
 
 /// The arena of a lane's links. Indices are stable while a link has chunks
@@ -31,17 +36,20 @@ pub(super) struct Links {
     by_segment: Vec<Option<(u32, u32)>>,
     /// Arena indices with chunks in flight, polled every round.
     active: Vec<u32>,
+    /// The lane's poller, where links' sockets are registered.
+    poller: Arc<Poller>,
 }
 
 impl Links {
     /// Room for `max_segments` keys (preallocated: attaching never grows
     /// the key table).
-    pub fn new(max_segments: usize) -> Self {
+    pub fn new(max_segments: usize, poller: Arc<Poller>) -> Self {
         Self {
             slots: Vec::with_capacity(max_segments.min(64)),
             free: Vec::new(),
             by_segment: vec![None; max_segments],
             active: Vec::with_capacity(16),
+            poller,
         }
     }
 
@@ -62,17 +70,21 @@ impl Links {
         if let Some((old, _)) = self.by_segment[segment] {
             self.detach(old, ended);
         }
-        let slot = LinkSlot { peer, state, link, chunks: 0, attached: true };
-        let index = match self.free.pop() {
-            Some(index) => {
-                self.slots[index as usize] = Some(slot);
-                index
-            }
-            None => {
-                self.slots.push(Some(slot));
-                (self.slots.len() - 1) as u32
-            }
-        };
+        let index = self.free.pop().unwrap_or(self.slots.len() as u32);
+        // Edge-triggered: each arrival wakes a parked lane once; the lane
+        // reads what came by polling the link, as it always does.
+        let wake = link.wake_fd().filter(|&fd| {
+            let event = Event::readable(LINK_KEY_BASE + index as usize);
+            // SAFETY: the descriptor is the link's socket, deleted from the
+            // poller in `drop_if_done` before the link (and it) is dropped.
+            unsafe { self.poller.add_with_mode(fd, event, PollMode::Edge) }.is_ok()
+        });
+        let slot = LinkSlot { peer, state, link, chunks: 0, attached: true, wake };
+        if index as usize == self.slots.len() {
+            self.slots.push(Some(slot));
+        } else {
+            self.slots[index as usize] = Some(slot);
+        }
         self.by_segment[segment] = Some((key, index));
     }
 
@@ -138,6 +150,10 @@ impl Links {
     fn drop_if_done(&mut self, index: u32) {
         let done = self.slots[index as usize].as_ref().is_some_and(|s| !s.attached && s.chunks == 0);
         if done {
+            if let Some(fd) = self.slots[index as usize].as_ref().and_then(|s| s.wake) {
+                // SAFETY: the link (which owns the socket) is still alive here.
+                let _ = self.poller.delete(unsafe { BorrowedFd::borrow_raw(fd) });
+            }
             self.slots[index as usize] = None;
             self.free.push(index);
         }
@@ -147,6 +163,12 @@ impl Links {
     #[inline]
     pub fn any_active(&self) -> bool {
         !self.active.is_empty()
+    }
+
+    /// True when some link with chunks in flight has no socket to wake the
+    /// lane when they progress.
+    pub fn any_active_without_wake(&self) -> bool {
+        self.active.iter().any(|&index| self.slots[index as usize].as_ref().is_some_and(|s| s.wake.is_none()))
     }
 
     /// True when some link with chunks in flight waits on a peer's thread

@@ -1,6 +1,8 @@
 //! The lane's loop: take commands, poll the links with chunks in flight,
-//! drain the submission rings, announce notifications; busy-poll while
-//! there is work or was lately, then park on the doorbell.
+//! serve the target connections the poller says are ready, drain the
+//! submission rings, announce notifications; busy-poll while there is work
+//! or was lately, then sleep in the poller until the doorbell, a served
+//! connection or a link's socket wakes it.
 
 use super::execute::Ticket;
 use super::links::{acknowledge, Links};
@@ -9,7 +11,8 @@ use super::{MAX_CHUNK_BLOCKS, MAX_TICKETS};
 use crate::desc::RegionId;
 use crate::mem::Registry;
 use crate::ring::{Cqe, CqeKind};
-use crate::transport::{Block, ChunkEnd};
+use crate::transport::{Block, ChunkEnd, Service, LINK_KEY_BASE};
+use polling::{Events, Poller};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -17,9 +20,17 @@ use std::time::{Duration, Instant};
 
 /// Most SQEs a lane takes from one ring before visiting the next.
 const MAX_SQES_PER_POLL: usize = 32;
-/// Longest a lane parks while chunks are in flight: replies wake no
-/// doorbell, so it looks again this often.
+/// Longest a lane parks while chunks are in flight on a link whose
+/// progress no socket announces (a GPU's copies): it looks again this often.
 const IN_FLIGHT_PARK: Duration = Duration::from_micros(200);
+/// Longest between two looks at the served connections' deadlines (a frame
+/// started after a look gets its deadline checked within this).
+const TICK_CAP: Duration = Duration::from_secs(1);
+/// How soon after a connection is adopted the deadlines are looked at (a
+/// burst of adoptions is looked at once).
+const ADOPT_TICK: Duration = Duration::from_millis(100);
+/// Readiness events taken per poll.
+const EVENTS_PER_POLL: usize = 256;
 /// How long a stopping lane waits for its chunks in flight to end before it
 /// aborts them (their connections closed, their batches failed).
 const STOP_GRACE: Duration = Duration::from_secs(2);
@@ -54,6 +65,14 @@ pub(super) struct Lane {
     /// Notification deliveries already announced to watchers.
     seen_notifications: u64,
     pub config: LaneConfig,
+    /// Where the lane sleeps, and what wakes it: its doorbell, its
+    /// service's connections, its links' sockets.
+    pub poller: Arc<Poller>,
+    events: Events,
+    /// The target connections this lane serves, if it serves any.
+    pub service: Option<Box<dyn Service>>,
+    /// When the service next needs its deadlines looked at.
+    next_tick: Option<Instant>,
 }
 
 /// One submitter's rings and the lane's count of its tickets.
@@ -65,9 +84,14 @@ pub(super) struct RingSlot {
 
 impl Lane {
     /// A lane with every table preallocated.
-    pub fn new(config: LaneConfig, shared: Arc<LaneShared>, registry: Arc<Registry>) -> Self {
+    pub fn new(config: LaneConfig, shared: Arc<LaneShared>, registry: Arc<Registry>, poller: Arc<Poller>) -> Self {
+        let capacity = std::num::NonZeroUsize::new(EVENTS_PER_POLL).expect("non-zero");
         Self {
-            links: Links::new(config.max_segments),
+            links: Links::new(config.max_segments, poller.clone()),
+            poller,
+            events: Events::with_capacity(capacity),
+            service: None,
+            next_tick: None,
             shared,
             registry,
             rings: Vec::new(),
@@ -89,11 +113,15 @@ impl Lane {
         let mut rounds: u32 = 0;
         loop {
             let commands = self.take_commands();
-            let worked = self.poll_links() + self.poll_rings() + self.announce_notifications() + commands;
+            let served = if self.serving() { self.poll_io(Some(Duration::ZERO)) } else { 0 };
+            let worked = self.poll_links() + self.poll_rings() + self.announce_notifications() + commands + served;
             if self.free_tickets.len() < self.tickets.len()
                 && (worked == 0 || rounds.is_multiple_of(DEADLINE_CHECK_ROUNDS))
             {
                 self.expire_in_flight();
+            }
+            if self.next_tick.is_some() && (worked == 0 || rounds.is_multiple_of(DEADLINE_CHECK_ROUNDS)) {
+                self.tick_service();
             }
             if worked > 0 {
                 idle_since = None;
@@ -115,8 +143,13 @@ impl Lane {
                 match idle_since {
                     None => idle_since = Some(now),
                     Some(since) if now - since >= self.config.busy_poll => {
-                        self.park();
-                        idle_since = None;
+                        // Still idle unless what woke it brought work: a
+                        // timeout or a stray wake parks again at once rather
+                        // than spinning a whole window (an idle lane costs
+                        // nothing).
+                        if self.park() > 0 {
+                            idle_since = None;
+                        }
                     }
                     // Waiting on peers' replies only: let a thread that shares
                     // this core (often the very peer, on loopback) run. A
@@ -132,6 +165,10 @@ impl Lane {
             }
         }
         self.abort_all("the lane stopped");
+        if let Some(service) = self.service.as_mut() {
+            // Peers see the engine gone at once.
+            service.close_all(&self.poller);
+        }
     }
 
     fn drained(&mut self) -> bool {
@@ -140,25 +177,96 @@ impl Lane {
             && self.rings.iter_mut().flatten().all(|r| r.rings.sq.is_empty())
     }
 
-    fn park(&mut self) {
-        let shared = self.shared.clone();
-        let timeout = if self.links.any_active() {
-            self.config.park_timeout.min(IN_FLIGHT_PARK)
-        } else {
-            self.config.park_timeout
-        };
-        let rings = &mut self.rings;
-        let notifications = self.config.notifications.as_deref();
-        let seen = self.seen_notifications;
-        let parked = shared.doorbell.park(timeout, || {
-            !shared.commands.is_empty()
-                || notifications.is_some_and(|queue| queue.delivered() != seen)
-                || shared.stopping()
-                || rings.iter_mut().flatten().any(|r| !r.rings.sq.is_empty())
-        });
+    /// Sleeps in the poller until the doorbell rings, a served connection
+    /// or a link's socket is ready, or the next deadline (a tick of the
+    /// served connections, a part in flight); returns the work done on what
+    /// woke it.
+    fn park(&mut self) -> usize {
+        let timeout = self.park_timeout();
+        let Lane { shared, poller, events, rings, config, seen_notifications, .. } = self;
+        let notifications = config.notifications.as_deref();
+        let seen = *seen_notifications;
+        events.clear();
+        let parked = shared.doorbell.park_with(
+            timeout,
+            || {
+                !shared.commands.is_empty()
+                    || notifications.is_some_and(|queue| queue.delivered() != seen)
+                    || shared.stopping()
+                    || rings.iter_mut().flatten().any(|r| !r.rings.sq.is_empty())
+            },
+            |timeout| {
+                let _ = poller.wait(events, Some(timeout));
+            },
+        );
         if parked {
-            shared.metrics.parked();
+            self.shared.metrics.parked();
         }
+        self.serve_events()
+    }
+
+    /// How long the lane may sleep: the park timeout (a safety net), but no
+    /// later than its next deadline: the service's next tick, the earliest
+    /// deadline of a part in flight, and a short look while a link with
+    /// chunks in flight has no socket to wake it.
+    fn park_timeout(&self) -> Duration {
+        let now = Instant::now();
+        let mut timeout = self.config.park_timeout;
+        if self.links.any_active_without_wake() {
+            timeout = timeout.min(IN_FLIGHT_PARK);
+        }
+        if let Some(at) = self.next_tick {
+            timeout = timeout.min(at.saturating_duration_since(now));
+        }
+        let clock_now = self.config.clock.now_ns();
+        let earliest = self
+            .tickets
+            .iter()
+            .filter(|t| t.outstanding > 0 && t.sqe.deadline_ns != 0)
+            .map(|t| t.sqe.deadline_ns)
+            .min();
+        if let Some(deadline) = earliest {
+            timeout = timeout.min(Duration::from_nanos(deadline.saturating_sub(clock_now)));
+        }
+        timeout
+    }
+
+    /// True when the lane serves connections: its busy loop then polls
+    /// their readiness each round.
+    fn serving(&self) -> bool {
+        self.next_tick.is_some()
+    }
+
+    /// Takes what is ready now (or within `timeout`) and serves it.
+    fn poll_io(&mut self, timeout: Option<Duration>) -> usize {
+        self.events.clear();
+        if self.poller.wait(&mut self.events, timeout).is_err() {
+            return 0;
+        }
+        self.serve_events()
+    }
+
+    /// Serves the readiness events taken: the service's connections (a
+    /// link's socket only woke the lane, whose loop polls the link).
+    fn serve_events(&mut self) -> usize {
+        let Lane { service, events, poller, .. } = self;
+        let Some(service) = service.as_mut() else { return 0 };
+        let now = Instant::now();
+        let mut worked = 0;
+        for event in events.iter().filter(|e| e.key < LINK_KEY_BASE) {
+            worked += usize::from(service.ready(poller, event.key, event.readable, event.writable, now));
+        }
+        worked
+    }
+
+    /// Looks at the served connections' deadlines when it is time to.
+    fn tick_service(&mut self) {
+        let now = Instant::now();
+        if self.next_tick.is_some_and(|at| now < at) {
+            return;
+        }
+        let Some(service) = self.service.as_mut() else { return };
+        self.next_tick = service.tick(&self.poller, now).map(|next| next.min(now + TICK_CAP));
     }
 
     /// Takes every queued command; returns how many.
@@ -182,6 +290,21 @@ impl Lane {
                     acknowledge(done);
                 }
                 LaneCommand::Notify { key, payload, reply } => self.post_notification(key, payload, reply),
+                LaneCommand::Serve(service) => self.service = Some(service),
+                LaneCommand::Adopt { stream, id } => {
+                    // Without a service the stream is dropped: closed.
+                    if let Some(service) = self.service.as_mut() {
+                        let now = Instant::now();
+                        service.adopt(&self.poller, stream, id, now);
+                        let soon = now + ADOPT_TICK;
+                        self.next_tick = Some(self.next_tick.map_or(soon, |at| at.min(soon)));
+                    }
+                }
+                LaneCommand::Evict { id, too_late } => {
+                    if let Some(service) = self.service.as_mut() {
+                        service.evict(&self.poller, id, too_late);
+                    }
+                }
             }
         }
         if !self.ended.is_empty() {

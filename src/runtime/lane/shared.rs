@@ -62,6 +62,24 @@ pub(crate) enum LaneCommand {
         /// Told once the detach is done.
         done: Option<mpsc::SyncSender<()>>,
     },
+    /// Serve a target's data connections from this lane's loop.
+    Serve(Box<dyn crate::transport::Service>),
+    /// A data connection accepted for this lane's service, booked under
+    /// admission id `id`.
+    Adopt {
+        /// The accepted socket.
+        stream: std::net::TcpStream,
+        /// Its admission id.
+        id: u64,
+    },
+    /// Close served connection `id` (out of the admission book already);
+    /// `too_late`: tell it it did not prove itself in time.
+    Evict {
+        /// Its admission id.
+        id: u64,
+        /// Whether it ran out of time to prove itself.
+        too_late: bool,
+    },
     /// Send a notification on the segment's data path, after what this
     /// lane has queued to it; the result goes to `reply`.
     Notify {

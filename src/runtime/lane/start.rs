@@ -81,14 +81,23 @@ fn lane_thread(config: LaneConfig, registry: Arc<Registry>, ready: mpsc::Sender<
             return;
         }
     };
+    // The lane sleeps in its poller: its doorbell, the target connections it
+    // serves and its links' sockets all wake it there.
+    let poller = match polling::Poller::new() {
+        Ok(poller) => Arc::new(poller),
+        Err(e) => {
+            let _ = ready.send(Err(Error::io(format!("creating lane {index}'s poller"), e)));
+            return;
+        }
+    };
     let shared = Arc::new(LaneShared {
         core,
-        doorbell: Doorbell::for_current_thread(),
+        doorbell: Doorbell::for_poller(poller.clone()),
         commands: SegQueue::new(),
         metrics: CachePadded::new(LaneMetrics::new()),
         stop: AtomicBool::new(false),
     });
-    let lane = Lane::new(config, shared.clone(), registry);
+    let lane = Lane::new(config, shared.clone(), registry, poller);
     if ready.send(Ok(shared)).is_err() {
         return;
     }

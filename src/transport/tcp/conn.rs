@@ -368,6 +368,12 @@ impl Connection {
         self.dead.get_or_insert(reason);
     }
 
+    /// Shuts the socket down both ways (the peer sees it closed even while
+    /// another descriptor of it stays open).
+    pub fn shutdown(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
     fn receive(&mut self, peer: &Peer, finished: &mut Vec<ChunkEnd>) -> Result<bool> {
         let mut progressed = false;
         loop {

@@ -40,6 +40,11 @@ pub(crate) struct TcpLink {
     /// The connection, or why it is gone.
     connection: Result<Box<Connection>, String>,
     state: Arc<LinkState>,
+    /// A second descriptor of the socket, registered with the lane's poller
+    /// so a reply wakes a parked lane; it lives as long as the link, so the
+    /// registration never outlives it (a closed connection is shut down,
+    /// which the peer sees at once).
+    wake: Option<std::os::fd::OwnedFd>,
 }
 
 impl std::fmt::Debug for TcpLink {
@@ -74,12 +79,14 @@ impl TcpLink {
                 return Err(Error::Timeout { waited: Duration::ZERO });
             }
             let stream = open(addr, peer, epoch, session, deadline)?;
+            let wake = stream.try_clone().ok().map(std::os::fd::OwnedFd::from);
             let connection = Connection::new(stream).map_err(|e| Error::io("configuring a data connection", e))?;
             links.push(Box::new(TcpLink {
                 peer: Peer { name: peer.to_string(), addr, epoch },
                 io_timeout,
                 connection: Ok(Box::new(connection)),
                 state: state.clone(),
+                wake,
             }));
         }
         Ok(Link { state, lanes: links })
@@ -91,6 +98,8 @@ impl TcpLink {
         let reason = Peer::detail(why);
         if let Ok(connection) = &mut self.connection {
             connection.fail_all(&self.peer, &reason, ended);
+            // The wake descriptor keeps the socket open: shut it down now.
+            connection.shutdown();
         }
         self.connection = Err(reason);
     }
@@ -140,6 +149,11 @@ impl LaneLink for TcpLink {
         if matches!(&self.connection, Ok(c) if !c.is_idle()) {
             self.close(&self.peer.gone(reason), ended);
         }
+    }
+
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.wake.as_ref().map(AsRawFd::as_raw_fd)
     }
 
     fn post_notification(&mut self, ticket: u64, payload: Vec<u8>) -> Result<()> {

@@ -8,9 +8,11 @@ pub mod conn;
 pub mod frame;
 pub mod hello;
 pub mod link;
+pub(crate) mod served;
 pub mod server;
 pub(crate) mod target;
 
 pub(crate) use link::{TcpLink, DEFAULT_IO_TIMEOUT};
+pub(crate) use served::Served;
 pub use server::TcpDataServer;
 pub(crate) use target::TargetContext;

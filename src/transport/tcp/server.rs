@@ -1,33 +1,47 @@
-//! The target side of the TCP transport: one thread polls the listener and
-//! every accepted data connection (non-blocking sockets, an epoll set),
-//! and drives each connection's [`TargetConn`] state machine. A connection
-//! costs one descriptor and a few hundred bytes while idle, not a thread.
+//! The target side of the TCP transport: one acceptor thread books every
+//! new data connection with the listener's [`Admission`] and hands it to
+//! the least loaded lane, whose loop serves it from then on (`served.rs`).
+//! The acceptor holds no connection and reads no byte; the engine's threads
+//! are its lanes and a fixed few, whatever the number of peers.
 //!
-//! Every connection is booked with the listener's [`Admission`]: it must
-//! open with a valid hello (and with a token, a session proof) within the
-//! admission deadline; pending connections are bounded per source and in
-//! total, and the oldest is closed to make room for a newcomer; a refusal
-//! reaches the initiator as `Busy` in the server hello.
+//! A connection must open with a valid hello (and with a token, a session
+//! proof) within the admission deadline; pending connections are bounded
+//! per source and in total, and the oldest is closed to make room for a
+//! newcomer; a refusal reaches the initiator as `Busy` in the server hello.
 
 use super::hello::ServerHello;
-use super::target::{TargetConn, TargetContext};
 use crate::error::{Error, Result};
-use crate::net::{Admission, AdmissionLimits, Arrival};
+use crate::net::{Admission, Arrival};
 use polling::{Event, Events, PollMode, Poller};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use zerocopy::IntoBytes;
 
-/// How often deadlines are checked while the loop would otherwise sleep.
-const TICK: Duration = Duration::from_millis(100);
 /// Pause of the accepts after `accept` failed (out of descriptors).
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
-/// The listener's key in the poller; connections use their slot + 1.
-const LISTENER_KEY: usize = 0;
+/// How often the book is swept of connections pending past their deadline
+/// while some are pending (the lanes close their own; this only keeps the
+/// book from holding them).
+const SWEEP: Duration = Duration::from_millis(500);
+/// Bits of a connection id that name its lane.
+pub(crate) const LANE_BITS: u32 = 16;
 
-/// A running data server.
+/// Where the acceptor sends connections: the engine's lanes.
+pub(crate) trait Dispatch: Send + Sync + std::fmt::Debug {
+    /// How many lanes there are.
+    fn lanes(&self) -> usize;
+    /// Connections lane `lane` serves now.
+    fn load(&self, lane: usize) -> usize;
+    /// Hands lane `lane` a connection booked under `id`.
+    fn adopt(&self, lane: usize, stream: TcpStream, id: u64);
+    /// Asks lane `lane` to close connection `id` (out of the book already);
+    /// `too_late`: it did not prove itself in time, and is told so.
+    fn evict(&self, lane: usize, id: u64, too_late: bool);
+}
+
+/// A running data listener.
 #[derive(Debug)]
 pub struct TcpDataServer {
     addr: SocketAddr,
@@ -39,29 +53,32 @@ pub struct TcpDataServer {
 struct Shared {
     poller: Poller,
     stop: AtomicBool,
-    /// Connections open now.
-    connections: AtomicUsize,
 }
 
 impl TcpDataServer {
-    /// Binds `listen` (only that address) and serves `ctx`'s regions within
-    /// `limits`.
-    pub(crate) fn start(listen: SocketAddr, ctx: TargetContext, limits: AdmissionLimits) -> Result<Self> {
+    /// Binds `listen` (only that address) and accepts into `lanes`, booking
+    /// with `admission`; `epoch` goes into refusals.
+    pub(crate) fn start(
+        listen: SocketAddr,
+        admission: Arc<Mutex<Admission<u64>>>,
+        lanes: Arc<dyn Dispatch>,
+        epoch: u64,
+    ) -> Result<Self> {
         let listener = TcpListener::bind(listen)
             .map_err(|e| Error::io(format!("binding the tcp data listener on {listen}"), e))?;
         let addr = listener.local_addr().map_err(|e| Error::io("reading the tcp data listener address", e))?;
         listener.set_nonblocking(true).map_err(|e| Error::io("making the data listener non-blocking", e))?;
-        let poller = Poller::new().map_err(|e| Error::io("creating the data server's poller", e))?;
+        let poller = Poller::new().map_err(|e| Error::io("creating the data listener's poller", e))?;
         // SAFETY: the listener is deleted from the poller before it is
         // dropped (at the end of `serve`, which owns both).
-        unsafe { poller.add_with_mode(&listener, Event::readable(LISTENER_KEY), PollMode::Level) }
+        unsafe { poller.add_with_mode(&listener, Event::readable(0), PollMode::Level) }
             .map_err(|e| Error::io("polling the data listener", e))?;
-        let shared = Arc::new(Shared { poller, stop: AtomicBool::new(false), connections: AtomicUsize::new(0) });
-        let for_thread = shared.clone();
+        let shared = Arc::new(Shared { poller, stop: AtomicBool::new(false) });
+        let acceptor = Acceptor { listener, admission, lanes, epoch, shared: shared.clone(), next_id: 0 };
         let thread = std::thread::Builder::new()
-            .name("kvring-tcp-data".into())
-            .spawn(move || Server::new(listener, ctx, limits, &for_thread).serve())
-            .map_err(|e| Error::io("spawning the tcp data server", e))?;
+            .name("kvring-tcp-accept".into())
+            .spawn(move || acceptor.serve())
+            .map_err(|e| Error::io("spawning the tcp acceptor", e))?;
         Ok(Self { addr, shared, thread: Some(thread) })
     }
 
@@ -70,8 +87,8 @@ impl TcpDataServer {
         self.addr
     }
 
-    /// Stops accepting and closes every connection (their leases given
-    /// back), and waits for the server thread.
+    /// Stops accepting and waits for the acceptor (the lanes close the
+    /// connections they serve when they stop).
     pub fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         let _ = self.shared.poller.notify();
@@ -87,191 +104,89 @@ impl Drop for TcpDataServer {
     }
 }
 
-struct Slot {
-    stream: TcpStream,
-    conn: TargetConn,
-    /// The interest registered with the poller: (readable, writable).
-    interest: (bool, bool),
-}
-
-struct Server<'a> {
+struct Acceptor {
     listener: TcpListener,
-    ctx: TargetContext,
-    shared: &'a Shared,
-    admission: Admission<usize>,
-    slots: Vec<Option<Slot>>,
-    free: Vec<usize>,
-    accept_paused_until: Option<Instant>,
+    admission: Arc<Mutex<Admission<u64>>>,
+    lanes: Arc<dyn Dispatch>,
+    epoch: u64,
+    shared: Arc<Shared>,
+    next_id: u64,
 }
 
-impl<'a> Server<'a> {
-    fn new(listener: TcpListener, ctx: TargetContext, limits: AdmissionLimits, shared: &'a Shared) -> Self {
-        Self {
-            listener,
-            ctx,
-            shared,
-            admission: Admission::new(limits),
-            slots: Vec::new(),
-            free: Vec::new(),
-            accept_paused_until: None,
-        }
-    }
-
+impl Acceptor {
     fn serve(mut self) {
         let mut events = Events::new();
-        let mut last_tick = Instant::now();
+        let mut paused_until: Option<Instant> = None;
         while !self.shared.stop.load(Ordering::Acquire) {
             events.clear();
-            if self.shared.poller.wait(&mut events, Some(TICK)).is_err() {
+            // Asleep until a connection arrives, unless the book has pending
+            // entries to sweep or the accepts are paused.
+            let pending = lock(&self.admission).pending() > 0;
+            let timeout = match (paused_until, pending) {
+                (Some(until), _) => Some(until.saturating_duration_since(Instant::now())),
+                (None, true) => Some(SWEEP),
+                (None, false) => None,
+            };
+            if self.shared.poller.wait(&mut events, timeout).is_err() {
                 std::thread::sleep(ACCEPT_ERROR_PAUSE);
                 continue;
             }
             let now = Instant::now();
-            for event in events.iter() {
-                if event.key == LISTENER_KEY {
-                    self.accept(now);
-                } else {
-                    self.drive(event.key - 1, event.readable, event.writable, now);
-                }
+            if paused_until.is_some_and(|until| now >= until) {
+                paused_until = None;
+                let _ = self.shared.poller.modify_with_mode(&self.listener, Event::readable(0), PollMode::Level);
             }
-            if now.duration_since(last_tick) >= TICK {
-                last_tick = now;
-                self.tick(now);
+            if paused_until.is_none() && !events.is_empty() && !self.accept(now) {
+                // Out of descriptors (or memory): the listener stays
+                // readable, so pause instead of spinning on it.
+                paused_until = Some(now + ACCEPT_ERROR_PAUSE);
+                let _ = self.shared.poller.modify_with_mode(&self.listener, Event::none(0), PollMode::Level);
             }
-        }
-        for index in 0..self.slots.len() {
-            self.close(index);
+            self.sweep(now);
         }
         let _ = self.shared.poller.delete(&self.listener);
     }
 
-    fn accept(&mut self, now: Instant) {
-        if self.accept_paused_until.is_some_and(|until| now < until) {
-            return;
-        }
+    /// Accepts what waits; false when `accept` failed for want of
+    /// resources.
+    fn accept(&mut self, now: Instant) -> bool {
         loop {
             let (stream, source) = match self.listener.accept() {
                 Ok(accepted) => accepted,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    // Out of descriptors (or memory): the listener stays
-                    // readable, so pause instead of spinning on it.
-                    self.pause_accepts(now);
-                    return;
-                }
+                Err(_) => return false,
             };
-            let index = self.free.pop().unwrap_or(self.slots.len());
-            match self.admission.arrive(index, source.ip(), now) {
+            let lane = (0..self.lanes.lanes()).min_by_key(|&lane| self.lanes.load(lane)).unwrap_or(0);
+            self.next_id += 1;
+            let id = (self.next_id << LANE_BITS) | lane as u64;
+            let arrival = lock(&self.admission).arrive(id, source.ip(), now);
+            match arrival {
                 Arrival::Accept => {}
-                Arrival::AcceptEvicting(old) => self.close_booked(old),
+                Arrival::AcceptEvicting(old) => self.lanes.evict(lane_of(old), old, false),
                 Arrival::Refuse(bound) => {
-                    refuse(&stream, bound, self.ctx.epoch);
-                    if index < self.slots.len() {
-                        self.free.push(index);
-                    }
+                    refuse(&stream, bound, self.epoch);
                     continue;
                 }
             }
-            if self.open(index, stream, now).is_err() {
-                self.admission.leave(index);
-                if index < self.slots.len() {
-                    self.free.push(index);
-                }
-            }
+            self.lanes.adopt(lane, stream, id);
         }
     }
 
-    fn pause_accepts(&mut self, now: Instant) {
-        self.accept_paused_until = Some(now + ACCEPT_ERROR_PAUSE);
-        let _ = self.shared.poller.modify_with_mode(&self.listener, Event::none(LISTENER_KEY), PollMode::Level);
-    }
-
-    fn open(&mut self, index: usize, stream: TcpStream, now: Instant) -> std::io::Result<()> {
-        stream.set_nonblocking(true)?;
-        let _ = stream.set_nodelay(true);
-        // SAFETY: the stream is deleted from the poller in `close`, before
-        // it is dropped.
-        unsafe { self.shared.poller.add_with_mode(&stream, Event::readable(index + 1), PollMode::Level)? };
-        let conn = TargetConn::new(now, self.admission.limits().timeout);
-        let slot = Slot { stream, conn, interest: (true, false) };
-        if index == self.slots.len() {
-            self.slots.push(Some(slot));
-        } else {
-            self.slots[index] = Some(slot);
-        }
-        self.shared.connections.fetch_add(1, Ordering::AcqRel);
-        Ok(())
-    }
-
-    /// Serves one connection's readiness.
-    fn drive(&mut self, index: usize, readable: bool, writable: bool, now: Instant) {
-        let Server { ctx, admission, slots, .. } = self;
-        let Some(Some(slot)) = slots.get_mut(index) else { return };
-        let mut admit = || admission.admit(index);
-        let mut outcome = Ok(());
-        if readable && slot.conn.wants_read() {
-            outcome = slot.conn.on_readable(&mut slot.stream, ctx, &mut admit, now).map(drop);
-        }
-        if outcome.is_ok() && (writable || slot.conn.wants_write()) {
-            outcome = slot.conn.on_writable(&mut slot.stream, ctx).map(drop);
-        }
-        let done = outcome.is_err() || slot.conn.finished();
-        if !done {
-            let interest = (slot.conn.wants_read(), slot.conn.wants_write());
-            if interest != slot.interest {
-                slot.interest = interest;
-                let mut event = Event::none(index + 1);
-                event.readable = interest.0;
-                event.writable = interest.1;
-                let _ = self.shared.poller.modify_with_mode(&slot.stream, event, PollMode::Level);
-            }
-            return;
-        }
-        self.close_booked(index);
-    }
-
-    /// Deadlines: unproven connections past the admission deadline, frames
-    /// that take too long, idle connections; and idle buffers freed.
-    fn tick(&mut self, now: Instant) {
-        if self.accept_paused_until.is_some_and(|until| now >= until) {
-            self.accept_paused_until = None;
-            let _ = self.shared.poller.modify_with_mode(&self.listener, Event::readable(LISTENER_KEY), PollMode::Level);
-        }
+    /// Takes connections pending past their deadline out of the book and
+    /// has their lanes tell them so and close them.
+    fn sweep(&mut self, now: Instant) {
         let mut expired = Vec::new();
-        self.admission.expire(now, &mut expired);
-        for index in expired {
-            if let Some(Some(slot)) = self.slots.get_mut(index) {
-                slot.conn.too_late(self.ctx.epoch);
-            }
-            self.close(index);
-        }
-        for index in 0..self.slots.len() {
-            let Some(slot) = self.slots[index].as_mut() else { continue };
-            if slot.conn.expired(now).is_some() {
-                self.close_booked(index);
-            } else {
-                slot.conn.shrink_if_idle(now);
-            }
+        lock(&self.admission).expire(now, &mut expired);
+        for id in expired {
+            self.lanes.evict(lane_of(id), id, true);
         }
     }
+}
 
-    /// Closes a connection and takes it out of the admission book.
-    fn close_booked(&mut self, index: usize) {
-        self.admission.leave(index);
-        self.close(index);
-    }
-
-    fn close(&mut self, index: usize) {
-        let Some(mut slot) = self.slots.get_mut(index).and_then(Option::take) else { return };
-        // Whatever is queued (a refusal, the last replies) gets one try.
-        let _ = slot.conn.on_writable(&mut slot.stream, &self.ctx);
-        slot.conn.release(&self.ctx);
-        let _ = self.shared.poller.delete(&slot.stream);
-        let _ = slot.stream.shutdown(std::net::Shutdown::Both);
-        self.free.push(index);
-        self.shared.connections.fetch_sub(1, Ordering::AcqRel);
-    }
+/// The lane a connection id was handed to.
+fn lane_of(id: u64) -> usize {
+    (id & ((1 << LANE_BITS) - 1)) as usize
 }
 
 /// Answers a refused connection's hello with `Busy` (best effort: the
@@ -280,4 +195,8 @@ fn refuse(stream: &TcpStream, bound: &'static str, epoch: u64) {
     let _ = stream.set_nonblocking(true);
     let refusal = ServerHello::refusal(&Error::Busy { queue: bound, capacity: 0 }, epoch);
     let _ = std::io::Write::write(&mut &*stream, refusal.as_bytes());
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

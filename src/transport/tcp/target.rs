@@ -207,6 +207,17 @@ impl TargetConn {
         }
     }
 
+    /// When [`expired`](Self::expired) or
+    /// [`shrink_if_idle`](Self::shrink_if_idle) next has something to do.
+    pub(crate) fn next_deadline(&self) -> Instant {
+        match (self.phase, self.frame_started) {
+            (Phase::Hello | Phase::Proof { .. }, _) => self.opened + self.admission_timeout,
+            (_, Some(started)) => started + FRAME_TIMEOUT,
+            (_, None) if self.buffer.capacity() > 0 => self.last_active + BUFFER_IDLE_FREE,
+            (_, None) => self.last_active + IDLE_TIMEOUT,
+        }
+    }
+
     /// The connection ran out of time to prove itself: queues a refusal
     /// saying so (sent by the driver's last write before it closes).
     pub(crate) fn too_late(&mut self, epoch: u64) {
