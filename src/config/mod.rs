@@ -49,6 +49,8 @@ pub enum Kind {
     Ip,
     /// `P2PHANDSHAKE` or `etcd://host:port[/prefix/]` ([`MetadataMode`]).
     Metadata,
+    /// A CPU list such as `2-5,8`.
+    Cores,
 }
 
 /// One configurable key.
@@ -71,6 +73,12 @@ pub const KEYS: &[Key] = &[
     Key { name: "listen", kind: Kind::SocketAddr, default: Some("127.0.0.1:0"), help: "control-plane address" },
     Key { name: "advertise", kind: Kind::Ip, default: None, help: "address told to peers when listening on 0.0.0.0" },
     Key { name: "lanes", kind: Kind::Count, default: Some("1"), help: "poller threads, one per core" },
+    Key {
+        name: "cores",
+        kind: Kind::Cores,
+        default: None,
+        help: "cores the lanes run on, round robin (default: every core but the first)",
+    },
     Key {
         name: "gpu_device",
         kind: Kind::Count,
@@ -151,6 +159,7 @@ fn check(key: &Key, value: &str) -> std::result::Result<(), String> {
         Kind::SocketAddr => value.parse::<SocketAddr>().is_ok(),
         Kind::Ip => value.parse::<IpAddr>().is_ok(),
         Kind::Metadata => MetadataMode::parse(value).is_ok(),
+        Kind::Cores => crate::runtime::placement::parse_cpu_list(value).is_some_and(|c| !c.is_empty()),
     };
     if ok {
         return Ok(());
@@ -163,6 +172,7 @@ fn check(key: &Key, value: &str) -> std::result::Result<(), String> {
         Kind::SocketAddr => "an ip:port address",
         Kind::Ip => "an IP address",
         Kind::Metadata => "P2PHANDSHAKE or etcd://host:port[/prefix/]",
+        Kind::Cores => "a CPU list such as 1 or 2-5,8",
     };
     Err(format!("{value:?} is not {expected}"))
 }
@@ -294,6 +304,9 @@ impl Config {
         }
         if let Some(lanes) = self.count("lanes") {
             builder = builder.lanes(lanes);
+        }
+        if let Some(cores) = self.get("cores").and_then(crate::runtime::placement::parse_cpu_list) {
+            builder = builder.cores(cores);
         }
         if let Some(device) = self.count("gpu_device") {
             builder = builder.gpu_device(device as u32);

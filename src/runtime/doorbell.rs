@@ -13,8 +13,8 @@
 //! bounded delay, never a hang.
 //!
 //! A lane sleeps in its poller (`epoll_wait`), so that a socket it serves
-//! wakes it as well as a submitter: the doorbell then rings with the
-//! poller's `notify`, which, like an unpark, is remembered by a wait that
+//! wakes it as well as a submitter: the doorbell then rings the poller's
+//! waker (an eventfd), which, like an unpark, is remembered by a wait that
 //! has not started yet. The loom models check the thread-park form; the
 //! protocol (flag, fence, re-check) is the same for both.
 
@@ -36,9 +36,9 @@ enum Wake {
     /// It parked its thread (the loom models' form).
     #[cfg(any(loom, test))]
     Thread(thread::Thread),
-    /// It waits in its poller.
+    /// It waits in its poller, which this wakes.
     #[cfg(not(loom))]
-    Poller(std::sync::Arc<polling::Poller>),
+    Poller(mio::Waker),
 }
 
 impl Doorbell {
@@ -54,10 +54,10 @@ impl Doorbell {
         Self { sleeping: AtomicBool::new(false), wake: Wake::Thread(lane) }
     }
 
-    /// A doorbell for a lane that sleeps in `poller`.
+    /// A doorbell for a lane that sleeps in the poller `waker` wakes.
     #[cfg(not(loom))]
-    pub fn for_poller(poller: std::sync::Arc<polling::Poller>) -> Self {
-        Self { sleeping: AtomicBool::new(false), wake: Wake::Poller(poller) }
+    pub fn for_poller(waker: mio::Waker) -> Self {
+        Self { sleeping: AtomicBool::new(false), wake: Wake::Poller(waker) }
     }
 
     /// Lane side: park the thread unless `has_work` finds something after
@@ -93,8 +93,10 @@ impl Doorbell {
                 #[cfg(any(loom, test))]
                 Wake::Thread(lane) => lane.unpark(),
                 #[cfg(not(loom))]
-                Wake::Poller(poller) => {
-                    let _ = poller.notify();
+                Wake::Poller(waker) => {
+                    // It fails only if the eventfd cannot be written, and the
+                    // lane's park times out anyway.
+                    let _ = waker.wake();
                 }
             }
         }
@@ -111,9 +113,10 @@ mod tests {
     /// ring before the wait began is not lost: the next wait returns at once.
     #[test]
     fn a_ring_wakes_a_lane_asleep_in_its_poller_and_is_never_lost() {
-        let poller = Arc::new(polling::Poller::new().unwrap());
-        let bell = Arc::new(Doorbell::for_poller(poller.clone()));
-        let mut events = polling::Events::new();
+        let mut poll = mio::Poll::new().unwrap();
+        let waker = mio::Waker::new(poll.registry(), mio::Token(7)).unwrap();
+        let bell = Arc::new(Doorbell::for_poller(waker));
+        let mut events = mio::Events::with_capacity(8);
         let ringer = {
             let bell = bell.clone();
             std::thread::spawn(move || {
@@ -126,10 +129,11 @@ mod tests {
             Duration::from_secs(10),
             || false,
             |t| {
-                let _ = poller.wait(&mut events, Some(t));
+                let _ = poll.poll(&mut events, Some(t));
             },
         );
         assert!(parked && started.elapsed() < Duration::from_secs(5), "woken by the ring, not the timeout");
+        assert!(events.iter().any(|e| e.token() == mio::Token(7)), "the waker's event was seen");
         ringer.join().unwrap();
         // The lane announces sleep, a submitter rings before the lane waits:
         // the wait still returns at once.
@@ -141,7 +145,7 @@ mod tests {
             },
             |t| {
                 let started = Instant::now();
-                let _ = poller.wait(&mut events, Some(t));
+                let _ = poll.poll(&mut events, Some(t));
                 assert!(started.elapsed() < Duration::from_secs(5), "the early ring was remembered");
             },
         );

@@ -30,31 +30,28 @@ use std::sync::Arc;
 /// Keys below this in a lane's poller are its service's connections; keys
 /// from it up are its links' sockets (`LINK_KEY_BASE + arena index`).
 pub(crate) const LINK_KEY_BASE: usize = 1 << 40;
+/// The key of a lane's waker (its doorbell's eventfd).
+pub(crate) const WAKER_KEY: mio::Token = mio::Token(usize::MAX);
 
 /// A target's connections served from a lane's loop: accepted elsewhere,
 /// adopted by the lane, driven by readiness from the lane's poller (every
-/// key it registers is below [`LINK_KEY_BASE`]). Only its lane calls it.
+/// key it registers is below [`LINK_KEY_BASE`]; registrations are
+/// edge-triggered, so a connection is driven until its socket would block
+/// or it must wait for its own replies to drain). Only its lane calls it.
 pub(crate) trait Service: Send + std::fmt::Debug {
     /// Takes a connection accepted under admission id `id` and registers it
-    /// with `poller`.
-    fn adopt(&mut self, poller: &polling::Poller, stream: std::net::TcpStream, id: u64, now: std::time::Instant);
+    /// with `registry`.
+    fn adopt(&mut self, registry: &mio::Registry, stream: std::net::TcpStream, id: u64, now: std::time::Instant);
     /// Ends connection `id` (evicted to make room, or too late to prove
     /// itself: then it is told so first).
-    fn evict(&mut self, poller: &polling::Poller, id: u64, too_late: bool);
-    /// Serves the readiness of `key`; true when anything moved.
-    fn ready(
-        &mut self,
-        poller: &polling::Poller,
-        key: usize,
-        readable: bool,
-        writable: bool,
-        now: std::time::Instant,
-    ) -> bool;
+    fn evict(&mut self, registry: &mio::Registry, id: u64, too_late: bool);
+    /// Serves a readiness event of `key`; true when anything moved.
+    fn ready(&mut self, registry: &mio::Registry, key: usize, now: std::time::Instant) -> bool;
     /// Closes what passed a deadline and frees idle buffers; returns when
     /// it next needs to look (`None`: it holds no connection).
-    fn tick(&mut self, poller: &polling::Poller, now: std::time::Instant) -> Option<std::time::Instant>;
+    fn tick(&mut self, registry: &mio::Registry, now: std::time::Instant) -> Option<std::time::Instant>;
     /// Closes every connection (the lane stops), giving back their leases.
-    fn close_all(&mut self, poller: &polling::Poller);
+    fn close_all(&mut self, registry: &mio::Registry);
 }
 
 /// Most blocks any link takes per chunk; a lane's chunk buffer is

@@ -313,6 +313,7 @@ fn value_name(name: &str, kind: Kind) -> String {
         Kind::SocketAddr => "IP:PORT".into(),
         Kind::Ip => "IP".into(),
         Kind::Metadata => "MODE".into(),
+        Kind::Cores => "CPUS".into(),
     }
 }
 

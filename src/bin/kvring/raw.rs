@@ -8,8 +8,12 @@
 //! token just as the engine does. Then the client sends 16-byte requests
 //! (`op`, `bytes`, little-endian u64s); for op 1 (write) it then streams
 //! `bytes` and the sink answers one byte when all have arrived; for op 2
-//! (read) the sink streams `bytes` back. At most [`MAX_SINK_CONNECTIONS`]
-//! are served at once; more are closed at once.
+//! (read) the sink streams `bytes` back. Ops 3 and 4 are the latency
+//! floor, a ping-pong both ends busy-poll until the client closes: for op 3
+//! the client sends `bytes` and the sink answers 8 bytes each time (a WRITE
+//! and its ack); for op 4 the client sends 8 bytes and the sink answers
+//! `bytes` (a READ). At most [`MAX_SINK_CONNECTIONS`] are served at once;
+//! more are closed at once.
 
 use kvring::Token;
 use std::io::{Read, Write};
@@ -27,6 +31,12 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_RAW_BYTES: u64 = 1 << 40;
 /// Buffer the sink reads into and writes from.
 const SINK_BUFFER: usize = 1 << 20;
+/// A busy-polled ping-pong that sees no byte for this long ends.
+const PING_PONG_STALL: Duration = Duration::from_secs(10);
+/// Bytes of the ping-pong's small side (an ack, a request).
+const PING_BYTES: usize = 8;
+/// Round trips run before the floor's timed ones.
+const FLOOR_WARMUP: usize = 200;
 
 /// A listener that serves raw-TCP baseline requests, one thread each.
 pub struct RawSink {
@@ -108,15 +118,115 @@ fn serve(mut stream: TcpStream, token: Option<&Token>) -> std::io::Result<()> {
                     left -= n as u64;
                 }
             }
+            3 | 4 if bytes as usize <= SINK_BUFFER => return ping_pong(stream, &mut buffer[..bytes as usize], op == 3),
             _ => return Ok(()),
         }
     }
 }
 
-/// GB/s of moving `total` bytes to (write) or from (read) the sink at
-/// `addr` in `block`-sized socket calls, answering its challenge with
-/// `token`.
-pub fn baseline(addr: &str, token: Option<&str>, write: bool, block: u64, total: u64) -> Result<f64, String> {
+/// The sink's side of the floor: busy-polls `block`-sized messages in and
+/// 8-byte answers out (`write`), or the reverse, until the client closes.
+fn ping_pong(mut stream: TcpStream, block: &mut [u8], write: bool) -> std::io::Result<()> {
+    stream.set_nonblocking(true)?;
+    let mut ping = [0u8; PING_BYTES];
+    loop {
+        let (inbound, outbound): (&mut [u8], &[u8]) =
+            if write { (block, &[1; PING_BYTES]) } else { (&mut ping, block) };
+        if !spin_read_exact(&mut stream, inbound)? {
+            return Ok(());
+        }
+        spin_write_all(&mut stream, outbound)?;
+    }
+}
+
+/// Reads exactly `buf` from a non-blocking stream, spinning; false when
+/// the peer closed before the first byte.
+fn spin_read_exact(stream: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
+    let mut at = 0;
+    let mut last = Instant::now();
+    let mut spins = 0u32;
+    while at < buf.len() {
+        match stream.read(&mut buf[at..]) {
+            Ok(0) if at == 0 => return Ok(false),
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                at += n;
+                last = Instant::now();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(4096) && last.elapsed() > PING_PONG_STALL {
+                    return Err(std::io::ErrorKind::TimedOut.into());
+                }
+                std::hint::spin_loop();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Writes all of `buf` to a non-blocking stream, spinning.
+fn spin_write_all(stream: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
+    let mut at = 0;
+    let started = Instant::now();
+    while at < buf.len() {
+        match stream.write(&buf[at..]) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if started.elapsed() > PING_PONG_STALL {
+                    return Err(std::io::ErrorKind::TimedOut.into());
+                }
+                std::hint::spin_loop();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The latency floor: `samples` round trips (after a warm-up) of a
+/// ping-pong with the sink at `addr` that both ends busy-poll, the shape
+/// of one `block`-sized WRITE and its ack (`write`) or of a READ's request
+/// and its `block` of data. Returns each round trip's time.
+pub fn floor(
+    addr: &str,
+    token: Option<&str>,
+    write: bool,
+    block: u64,
+    samples: usize,
+) -> Result<Vec<Duration>, String> {
+    let block = usize::try_from(block).ok().filter(|&b| b <= SINK_BUFFER).ok_or("floor: block too large")?;
+    let mut stream = connect(addr, token)?;
+    let mut request = [0u8; 16];
+    request[..8].copy_from_slice(&(if write { 3u64 } else { 4 }).to_le_bytes());
+    request[8..].copy_from_slice(&(block as u64).to_le_bytes());
+    stream.write_all(&request).map_err(|e| format!("floor: {e}"))?;
+    stream.set_nonblocking(true).map_err(|e| format!("floor: {e}"))?;
+    let mut payload = vec![0x5au8; block];
+    let mut ping = [0u8; PING_BYTES];
+    let mut times = Vec::with_capacity(samples);
+    for i in 0..FLOOR_WARMUP + samples {
+        let started = Instant::now();
+        let (outbound, inbound): (&[u8], &mut [u8]) = if write { (&payload, &mut ping) } else { (&ping, &mut payload) };
+        spin_write_all(&mut stream, outbound).map_err(|e| format!("floor: {e}"))?;
+        match spin_read_exact(&mut stream, inbound) {
+            Ok(true) => {}
+            Ok(false) => return Err("floor: the sink closed the connection".into()),
+            Err(e) => return Err(format!("floor: {e}")),
+        }
+        if i >= FLOOR_WARMUP {
+            times.push(started.elapsed());
+        }
+    }
+    Ok(times)
+}
+
+/// A connection to the sink at `addr`, its challenge answered with `token`.
+fn connect(addr: &str, token: Option<&str>) -> Result<TcpStream, String> {
     let mut stream = TcpStream::connect(addr).map_err(|e| format!("raw baseline: connecting to {addr}: {e}"))?;
     let _ = stream.set_nodelay(true);
     stream.set_read_timeout(Some(Duration::from_secs(60))).map_err(|e| e.to_string())?;
@@ -124,6 +234,14 @@ pub fn baseline(addr: &str, token: Option<&str>, write: bool, block: u64, total:
     stream.read_exact(&mut challenge).map_err(|e| format!("raw baseline: reading the sink's challenge: {e}"))?;
     let answer = token.map_or([0u8; 32], |token| Token::new(token).answer(&challenge));
     stream.write_all(&answer).map_err(|e| format!("raw baseline: {e}"))?;
+    Ok(stream)
+}
+
+/// GB/s of moving `total` bytes to (write) or from (read) the sink at
+/// `addr` in `block`-sized socket calls, answering its challenge with
+/// `token`.
+pub fn baseline(addr: &str, token: Option<&str>, write: bool, block: u64, total: u64) -> Result<f64, String> {
+    let mut stream = connect(addr, token)?;
     let block = block.min(total).max(1) as usize;
     let mut buffer = vec![0x5au8; block];
     let mut request = [0u8; 16];

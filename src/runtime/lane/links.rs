@@ -4,8 +4,9 @@
 
 use crate::segment::PeerSegment;
 use crate::transport::{ChunkEnd, LaneLink, LinkState, LINK_KEY_BASE};
-use polling::{Event, PollMode, Poller};
-use std::os::fd::{BorrowedFd, RawFd};
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token};
+use std::os::fd::RawFd;
 use std::sync::{mpsc, Arc};
 
 /// One link and what the lane needs beside it.
@@ -36,20 +37,21 @@ pub(super) struct Links {
     by_segment: Vec<Option<(u32, u32)>>,
     /// Arena indices with chunks in flight, polled every round.
     active: Vec<u32>,
-    /// The lane's poller, where links' sockets are registered.
-    poller: Arc<Poller>,
+    /// The lane's poller, where links' sockets are registered (`None`:
+    /// it could not be shared, and replies are found by polling alone).
+    registry: Option<Registry>,
 }
 
 impl Links {
     /// Room for `max_segments` keys (preallocated: attaching never grows
     /// the key table).
-    pub fn new(max_segments: usize, poller: Arc<Poller>) -> Self {
+    pub fn new(max_segments: usize, registry: Option<Registry>) -> Self {
         Self {
             slots: Vec::with_capacity(max_segments.min(64)),
             free: Vec::new(),
             by_segment: vec![None; max_segments],
             active: Vec::with_capacity(16),
-            poller,
+            registry,
         }
     }
 
@@ -73,11 +75,11 @@ impl Links {
         let index = self.free.pop().unwrap_or(self.slots.len() as u32);
         // Edge-triggered: each arrival wakes a parked lane once; the lane
         // reads what came by polling the link, as it always does.
-        let wake = link.wake_fd().filter(|&fd| {
-            let event = Event::readable(LINK_KEY_BASE + index as usize);
-            // SAFETY: the descriptor is the link's socket, deleted from the
-            // poller in `drop_if_done` before the link (and it) is dropped.
-            unsafe { self.poller.add_with_mode(fd, event, PollMode::Edge) }.is_ok()
+        // The descriptor is the link's own (it lives as long as the link)
+        // and leaves the poller in `drop_if_done`, before the link drops.
+        let token = Token(LINK_KEY_BASE + index as usize);
+        let wake = link.wake_fd().filter(|fd| {
+            self.registry.as_ref().is_some_and(|r| r.register(&mut SourceFd(fd), token, Interest::READABLE).is_ok())
         });
         let slot = LinkSlot { peer, state, link, chunks: 0, attached: true, wake };
         if index as usize == self.slots.len() {
@@ -150,9 +152,11 @@ impl Links {
     fn drop_if_done(&mut self, index: u32) {
         let done = self.slots[index as usize].as_ref().is_some_and(|s| !s.attached && s.chunks == 0);
         if done {
-            if let Some(fd) = self.slots[index as usize].as_ref().and_then(|s| s.wake) {
-                // SAFETY: the link (which owns the socket) is still alive here.
-                let _ = self.poller.delete(unsafe { BorrowedFd::borrow_raw(fd) });
+            if let (Some(fd), Some(registry)) =
+                (self.slots[index as usize].as_ref().and_then(|s| s.wake), &self.registry)
+            {
+                // The link (which owns the descriptor) is still alive here.
+                let _ = registry.deregister(&mut SourceFd(&fd));
             }
             self.slots[index as usize] = None;
             self.free.push(index);

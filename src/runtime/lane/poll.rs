@@ -12,7 +12,7 @@ use crate::desc::RegionId;
 use crate::mem::Registry;
 use crate::ring::{Cqe, CqeKind};
 use crate::transport::{Block, ChunkEnd, Service, LINK_KEY_BASE};
-use polling::{Events, Poller};
+use mio::{Events, Poll};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -67,7 +67,7 @@ pub(super) struct Lane {
     pub config: LaneConfig,
     /// Where the lane sleeps, and what wakes it: its doorbell, its
     /// service's connections, its links' sockets.
-    pub poller: Arc<Poller>,
+    pub poller: Poll,
     events: Events,
     /// The target connections this lane serves, if it serves any.
     pub service: Option<Box<dyn Service>>,
@@ -84,12 +84,14 @@ pub(super) struct RingSlot {
 
 impl Lane {
     /// A lane with every table preallocated.
-    pub fn new(config: LaneConfig, shared: Arc<LaneShared>, registry: Arc<Registry>, poller: Arc<Poller>) -> Self {
-        let capacity = std::num::NonZeroUsize::new(EVENTS_PER_POLL).expect("non-zero");
+    pub fn new(config: LaneConfig, shared: Arc<LaneShared>, registry: Arc<Registry>, poller: Poll) -> Self {
+        // A lane whose poller's registry cannot be shared still serves its
+        // links: their replies are then found by polling alone.
+        let link_registry = poller.registry().try_clone().ok();
         Self {
-            links: Links::new(config.max_segments, poller.clone()),
+            links: Links::new(config.max_segments, link_registry),
             poller,
-            events: Events::with_capacity(capacity),
+            events: Events::with_capacity(EVENTS_PER_POLL),
             service: None,
             next_tick: None,
             shared,
@@ -151,11 +153,15 @@ impl Lane {
                             idle_since = None;
                         }
                     }
-                    // Waiting on peers' replies only: let a thread that shares
-                    // this core (often the very peer, on loopback) run. A
-                    // GPU's copies need no thread: keep polling their events.
-                    Some(_) if self.links.any_waiting_on_peers() => std::thread::yield_now(),
-                    Some(_) => std::hint::spin_loop(),
+                    // Waiting only on a GPU's copies, which need no thread:
+                    // keep polling their events.
+                    Some(_) if self.links.any_active() && !self.links.any_waiting_on_peers() => std::hint::spin_loop(),
+                    // Waiting on peers' replies, or on nothing in the busy
+                    // window: let a thread that shares this core run (often
+                    // the very peer on loopback, or the caller waiting on
+                    // this lane's completion); with none, yielding returns
+                    // at once and the lane keeps polling.
+                    Some(_) => std::thread::yield_now(),
                 }
             }
             rounds = rounds.wrapping_add(1);
@@ -167,7 +173,7 @@ impl Lane {
         self.abort_all("the lane stopped");
         if let Some(service) = self.service.as_mut() {
             // Peers see the engine gone at once.
-            service.close_all(&self.poller);
+            service.close_all(self.poller.registry());
         }
     }
 
@@ -186,7 +192,6 @@ impl Lane {
         let Lane { shared, poller, events, rings, config, seen_notifications, .. } = self;
         let notifications = config.notifications.as_deref();
         let seen = *seen_notifications;
-        events.clear();
         let parked = shared.doorbell.park_with(
             timeout,
             || {
@@ -196,7 +201,7 @@ impl Lane {
                     || rings.iter_mut().flatten().any(|r| !r.rings.sq.is_empty())
             },
             |timeout| {
-                let _ = poller.wait(events, Some(timeout));
+                let _ = poller.poll(events, Some(timeout));
             },
         );
         if parked {
@@ -239,8 +244,7 @@ impl Lane {
 
     /// Takes what is ready now (or within `timeout`) and serves it.
     fn poll_io(&mut self, timeout: Option<Duration>) -> usize {
-        self.events.clear();
-        if self.poller.wait(&mut self.events, timeout).is_err() {
+        if self.poller.poll(&mut self.events, timeout).is_err() {
             return 0;
         }
         self.serve_events()
@@ -253,8 +257,8 @@ impl Lane {
         let Some(service) = service.as_mut() else { return 0 };
         let now = Instant::now();
         let mut worked = 0;
-        for event in events.iter().filter(|e| e.key < LINK_KEY_BASE) {
-            worked += usize::from(service.ready(poller, event.key, event.readable, event.writable, now));
+        for event in events.iter().filter(|e| e.token().0 < LINK_KEY_BASE) {
+            worked += usize::from(service.ready(poller.registry(), event.token().0, now));
         }
         worked
     }
@@ -266,7 +270,7 @@ impl Lane {
             return;
         }
         let Some(service) = self.service.as_mut() else { return };
-        self.next_tick = service.tick(&self.poller, now).map(|next| next.min(now + TICK_CAP));
+        self.next_tick = service.tick(self.poller.registry(), now).map(|next| next.min(now + TICK_CAP));
     }
 
     /// Takes every queued command; returns how many.
@@ -295,14 +299,14 @@ impl Lane {
                     // Without a service the stream is dropped: closed.
                     if let Some(service) = self.service.as_mut() {
                         let now = Instant::now();
-                        service.adopt(&self.poller, stream, id, now);
+                        service.adopt(self.poller.registry(), stream, id, now);
                         let soon = now + ADOPT_TICK;
                         self.next_tick = Some(self.next_tick.map_or(soon, |at| at.min(soon)));
                     }
                 }
                 LaneCommand::Evict { id, too_late } => {
                     if let Some(service) = self.service.as_mut() {
-                        service.evict(&self.poller, id, too_late);
+                        service.evict(self.poller.registry(), id, too_late);
                     }
                 }
             }

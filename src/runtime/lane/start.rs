@@ -83,8 +83,10 @@ fn lane_thread(config: LaneConfig, registry: Arc<Registry>, ready: mpsc::Sender<
     };
     // The lane sleeps in its poller: its doorbell, the target connections it
     // serves and its links' sockets all wake it there.
-    let poller = match polling::Poller::new() {
-        Ok(poller) => Arc::new(poller),
+    let poller =
+        mio::Poll::new().and_then(|poll| Ok((mio::Waker::new(poll.registry(), crate::transport::WAKER_KEY)?, poll)));
+    let (waker, poller) = match poller {
+        Ok(both) => both,
         Err(e) => {
             let _ = ready.send(Err(Error::io(format!("creating lane {index}'s poller"), e)));
             return;
@@ -92,7 +94,7 @@ fn lane_thread(config: LaneConfig, registry: Arc<Registry>, ready: mpsc::Sender<
     };
     let shared = Arc::new(LaneShared {
         core,
-        doorbell: Doorbell::for_poller(poller.clone()),
+        doorbell: Doorbell::for_poller(waker),
         commands: SegQueue::new(),
         metrics: CachePadded::new(LaneMetrics::new()),
         stop: AtomicBool::new(false),

@@ -12,9 +12,11 @@
 use super::target::{TargetConn, TargetContext};
 use crate::net::Admission;
 use crate::transport::Service;
-use polling::{Event, PollMode, Poller};
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token};
 use std::collections::HashMap;
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,8 +28,6 @@ struct Slot {
     conn: TargetConn,
     /// Its admission id.
     id: u64,
-    /// The interest registered with the poller: (readable, writable).
-    interest: (bool, bool),
 }
 
 /// One lane's share of a target's data connections.
@@ -54,12 +54,12 @@ impl Served {
 
     /// Closes the connection in `index`; `booked`: it still has its place
     /// in the admission book, which it gives back.
-    fn close(&mut self, poller: &Poller, index: usize, booked: bool) {
+    fn close(&mut self, registry: &Registry, index: usize, booked: bool) {
         let Some(mut slot) = self.slots.get_mut(index).and_then(Option::take) else { return };
         // Whatever is queued (a refusal, the last replies) gets one try.
         let _ = slot.conn.on_writable(&mut slot.stream, &self.ctx);
         slot.conn.release(&self.ctx);
-        let _ = poller.delete(&slot.stream);
+        let _ = registry.deregister(&mut SourceFd(&slot.stream.as_raw_fd()));
         let _ = slot.stream.shutdown(std::net::Shutdown::Both);
         self.by_id.remove(&slot.id);
         self.free.push(index);
@@ -71,20 +71,22 @@ impl Served {
 }
 
 impl Service for Served {
-    fn adopt(&mut self, poller: &Poller, stream: TcpStream, id: u64, now: Instant) {
+    fn adopt(&mut self, registry: &Registry, stream: TcpStream, id: u64, now: Instant) {
         let index = self.free.pop().unwrap_or(self.slots.len());
+        // Edge-triggered, both ways: `ready` drives the connection until its
+        // socket would block; it leaves the poller in `close`, before the
+        // stream drops.
         let registered = stream.set_nonblocking(true).and_then(|()| {
             let _ = stream.set_nodelay(true);
-            // SAFETY: the stream is deleted from the poller in `close`,
-            // before it is dropped.
-            unsafe { poller.add_with_mode(&stream, Event::readable(index), PollMode::Level) }
+            let interest = Interest::READABLE | Interest::WRITABLE;
+            registry.register(&mut SourceFd(&stream.as_raw_fd()), Token(index), interest)
         });
         if registered.is_err() {
             self.free.push(index);
             lock(&self.admission).leave(id);
             return;
         }
-        let slot = Slot { stream, conn: TargetConn::new(now, self.timeout), id, interest: (true, false) };
+        let slot = Slot { stream, conn: TargetConn::new(now, self.timeout), id };
         if index == self.slots.len() {
             self.slots.push(Some(slot));
         } else {
@@ -94,7 +96,7 @@ impl Service for Served {
         self.load.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn evict(&mut self, poller: &Poller, id: u64, too_late: bool) {
+    fn evict(&mut self, registry: &Registry, id: u64, too_late: bool) {
         let Some(&index) = self.by_id.get(&id) else { return };
         if too_late {
             if let Some(Some(slot)) = self.slots.get_mut(index) {
@@ -102,45 +104,49 @@ impl Service for Served {
             }
         }
         // Out of the book already (evicted or expired there).
-        self.close(poller, index, false);
+        self.close(registry, index, false);
     }
 
-    fn ready(&mut self, poller: &Poller, index: usize, readable: bool, writable: bool, now: Instant) -> bool {
+    fn ready(&mut self, registry: &Registry, index: usize, now: Instant) -> bool {
         let Served { ctx, admission, slots, .. } = self;
         let Some(Some(slot)) = slots.get_mut(index) else { return false };
         let id = slot.id;
         let mut admit = || lock(admission).admit(id);
+        // Edge-triggered: read until the socket would block (or too many
+        // replies wait), write until it would block (or none is left), and
+        // again while either moved, since written replies make room to
+        // read. What stops the loop is a socket that would block (its next
+        // edge wakes the lane) or nothing left to do.
         let mut moved = false;
-        let mut outcome = Ok(());
-        if readable && slot.conn.wants_read() {
-            outcome = slot.conn.on_readable(&mut slot.stream, ctx, &mut admit, now).map(|m| moved |= m);
-        }
-        if outcome.is_ok() && (writable || slot.conn.wants_write()) {
-            outcome = slot.conn.on_writable(&mut slot.stream, ctx).map(|m| moved |= m);
-        }
-        if outcome.is_ok() && !slot.conn.finished() {
-            let interest = (slot.conn.wants_read(), slot.conn.wants_write());
-            if interest != slot.interest {
-                slot.interest = interest;
-                let mut event = Event::none(index);
-                event.readable = interest.0;
-                event.writable = interest.1;
-                let _ = poller.modify_with_mode(&slot.stream, event, PollMode::Level);
+        let outcome = loop {
+            let read = match slot.conn.on_readable(&mut slot.stream, ctx, &mut admit, now) {
+                Ok(read) => read,
+                Err(close) => break Err(close),
+            };
+            let wrote = match slot.conn.on_writable(&mut slot.stream, ctx) {
+                Ok(wrote) => wrote,
+                Err(close) => break Err(close),
+            };
+            moved |= read | wrote;
+            if slot.conn.finished() || !(read || wrote) {
+                break Ok(());
             }
+        };
+        if outcome.is_ok() && !slot.conn.finished() {
             return moved;
         }
-        self.close(poller, index, true);
+        self.close(registry, index, true);
         true
     }
 
-    fn tick(&mut self, poller: &Poller, now: Instant) -> Option<Instant> {
+    fn tick(&mut self, registry: &Registry, now: Instant) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         for index in 0..self.slots.len() {
             let Some(slot) = self.slots[index].as_mut() else { continue };
             if slot.conn.expired(now).is_some() {
                 // A hello out of time is told so; the rest just close.
                 slot.conn.too_late(self.ctx.epoch);
-                self.close(poller, index, true);
+                self.close(registry, index, true);
                 continue;
             }
             slot.conn.shrink_if_idle(now);
@@ -150,9 +156,9 @@ impl Service for Served {
         next
     }
 
-    fn close_all(&mut self, poller: &Poller) {
+    fn close_all(&mut self, registry: &Registry) {
         for index in 0..self.slots.len() {
-            self.close(poller, index, true);
+            self.close(registry, index, true);
         }
     }
 }

@@ -12,8 +12,10 @@
 use super::hello::ServerHello;
 use crate::error::{Error, Result};
 use crate::net::{Admission, Arrival};
-use polling::{Event, Events, PollMode, Poller};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -51,9 +53,13 @@ pub struct TcpDataServer {
 
 #[derive(Debug)]
 struct Shared {
-    poller: Poller,
+    /// Wakes the acceptor (to stop).
+    waker: Waker,
     stop: AtomicBool,
 }
+
+/// The listener's key in the acceptor's poller; the waker's is the other.
+const LISTENER: Token = Token(0);
 
 impl TcpDataServer {
     /// Binds `listen` (only that address) and accepts into `lanes`, booking
@@ -68,13 +74,15 @@ impl TcpDataServer {
             .map_err(|e| Error::io(format!("binding the tcp data listener on {listen}"), e))?;
         let addr = listener.local_addr().map_err(|e| Error::io("reading the tcp data listener address", e))?;
         listener.set_nonblocking(true).map_err(|e| Error::io("making the data listener non-blocking", e))?;
-        let poller = Poller::new().map_err(|e| Error::io("creating the data listener's poller", e))?;
-        // SAFETY: the listener is deleted from the poller before it is
-        // dropped (at the end of `serve`, which owns both).
-        unsafe { poller.add_with_mode(&listener, Event::readable(0), PollMode::Level) }
+        let poll = Poll::new().map_err(|e| Error::io("creating the data listener's poller", e))?;
+        // The listener leaves the poller when both drop, together, at the
+        // end of `serve`.
+        poll.registry()
+            .register(&mut SourceFd(&listener.as_raw_fd()), LISTENER, Interest::READABLE)
             .map_err(|e| Error::io("polling the data listener", e))?;
-        let shared = Arc::new(Shared { poller, stop: AtomicBool::new(false) });
-        let acceptor = Acceptor { listener, admission, lanes, epoch, shared: shared.clone(), next_id: 0 };
+        let waker = Waker::new(poll.registry(), Token(1)).map_err(|e| Error::io("creating the acceptor's waker", e))?;
+        let shared = Arc::new(Shared { waker, stop: AtomicBool::new(false) });
+        let acceptor = Acceptor { listener, poll, admission, lanes, epoch, shared: shared.clone(), next_id: 0 };
         let thread = std::thread::Builder::new()
             .name("kvring-tcp-accept".into())
             .spawn(move || acceptor.serve())
@@ -91,7 +99,7 @@ impl TcpDataServer {
     /// connections they serve when they stop).
     pub fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        let _ = self.shared.poller.notify();
+        let _ = self.shared.waker.wake();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -106,6 +114,7 @@ impl Drop for TcpDataServer {
 
 struct Acceptor {
     listener: TcpListener,
+    poll: Poll,
     admission: Arc<Mutex<Admission<u64>>>,
     lanes: Arc<dyn Dispatch>,
     epoch: u64,
@@ -115,10 +124,9 @@ struct Acceptor {
 
 impl Acceptor {
     fn serve(mut self) {
-        let mut events = Events::new();
+        let mut events = Events::with_capacity(16);
         let mut paused_until: Option<Instant> = None;
         while !self.shared.stop.load(Ordering::Acquire) {
-            events.clear();
             // Asleep until a connection arrives, unless the book has pending
             // entries to sweep or the accepts are paused.
             let pending = lock(&self.admission).pending() > 0;
@@ -127,24 +135,23 @@ impl Acceptor {
                 (None, true) => Some(SWEEP),
                 (None, false) => None,
             };
-            if self.shared.poller.wait(&mut events, timeout).is_err() {
+            if self.poll.poll(&mut events, timeout).is_err() {
                 std::thread::sleep(ACCEPT_ERROR_PAUSE);
                 continue;
             }
             let now = Instant::now();
             if paused_until.is_some_and(|until| now >= until) {
                 paused_until = None;
-                let _ = self.shared.poller.modify_with_mode(&self.listener, Event::readable(0), PollMode::Level);
             }
-            if paused_until.is_none() && !events.is_empty() && !self.accept(now) {
-                // Out of descriptors (or memory): the listener stays
-                // readable, so pause instead of spinning on it.
+            // Edge-triggered: accept until the listener would block, on
+            // every wake; after a pause too, since connections that queued
+            // meanwhile raise no new edge.
+            if paused_until.is_none() && !self.accept(now) {
+                // Out of descriptors (or memory): pause rather than spin.
                 paused_until = Some(now + ACCEPT_ERROR_PAUSE);
-                let _ = self.shared.poller.modify_with_mode(&self.listener, Event::none(0), PollMode::Level);
             }
             self.sweep(now);
         }
-        let _ = self.shared.poller.delete(&self.listener);
     }
 
     /// Accepts what waits; false when `accept` failed for want of

@@ -177,7 +177,9 @@ impl TargetConn {
         }
     }
 
-    /// True when replies wait for the socket.
+    /// True when replies wait for the socket (the fuzz target's driver
+    /// asks; the lanes' edge-triggered driver simply tries to write).
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn wants_write(&self) -> bool {
         !self.replies.is_empty()
     }
@@ -252,12 +254,16 @@ impl TargetConn {
         now: Instant,
     ) -> std::result::Result<bool, Close> {
         let mut progressed = false;
+        let mut drained = false;
         loop {
             self.process(ctx, admit, now);
-            if !self.wants_read() {
+            // A read that took less than it asked for emptied the socket's
+            // queue (a stream socket): the next arrival raises a new edge, so
+            // asking again now would only hear "would block".
+            if drained || !self.wants_read() {
                 return Ok(progressed);
             }
-            let n = match self.receiving {
+            let (n, asked) = match self.receiving {
                 Receiving::Payload { dest, left, region }
                     if self.start == self.end && left >= DIRECT_READ_MIN_BYTES =>
                 {
@@ -269,13 +275,14 @@ impl TargetConn {
                     if n > 0 {
                         self.payload_landed(ctx, dest, left, region, n, now);
                     }
-                    n
+                    (n, left)
                 }
                 _ => self.fill(io)?,
             };
             if n == 0 {
                 return Ok(progressed);
             }
+            drained = n < asked;
             progressed = true;
             if self.frame_started.is_none() {
                 self.frame_started = Some(now);
@@ -361,8 +368,9 @@ impl TargetConn {
         self.phase = Phase::Closing;
     }
 
-    /// Reads into the buffer's free tail (allocating or compacting first).
-    fn fill<S: Read>(&mut self, io: &mut S) -> std::result::Result<usize, Close> {
+    /// Reads into the buffer's free tail (allocating or compacting first):
+    /// the bytes read, and how many it asked for.
+    fn fill<S: Read>(&mut self, io: &mut S) -> std::result::Result<(usize, usize), Close> {
         if self.buffer.is_empty() {
             self.buffer = vec![0u8; READ_BUFFER_BYTES];
         }
@@ -374,9 +382,10 @@ impl TargetConn {
             self.end -= self.start;
             self.start = 0;
         }
+        let asked = self.buffer.len() - self.end;
         let n = read_some(io, &mut self.buffer[self.end..])?;
         self.end += n;
-        Ok(n)
+        Ok((n, asked))
     }
 
     /// Consumes buffered bytes as far as they go.

@@ -1,0 +1,243 @@
+//! One case of the bench: its rounds against the same-run baseline, its
+//! latency beside the floor, and the check of the bytes on the target.
+
+use super::{Options, ROUNDS};
+use crate::args::format_size;
+use crate::drive::{latency, median, move_bytes, Progress};
+use kvring::{Engine, Opcode, Region, Segment, Submitter, TransportKind};
+use std::time::{Duration, Instant};
+
+pub(super) struct CaseResult {
+    pub op: Opcode,
+    pub block: u64,
+    pub gbps: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// p50 of the busy-polled raw ping-pong of the same shape, measured
+    /// beside the case's round trips (tcp with a known raw sink).
+    pub floor_p50_us: Option<f64>,
+    /// Median GB/s of the baseline rounds; `None` when there was none to
+    /// measure (tcp to a target whose raw sink is not known).
+    pub baseline_gbps: Option<f64>,
+    pub verified: bool,
+    pub bytes: u64,
+    pub seconds: f64,
+    /// Requests to the metadata server while the case ran (opens only; 0).
+    pub metadata_calls: u64,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_case(
+    engine: &Engine,
+    sub: &mut Submitter,
+    segment: &Segment,
+    local: &Region,
+    remote: kvring::RegionId,
+    region_bytes: u64,
+    op: Opcode,
+    block: u64,
+    options: &Options,
+) -> Result<CaseResult, String> {
+    let seed = (block << 8) ^ op as u64 ^ engine.epoch();
+    let blocks_in_region = (region_bytes / block) as usize;
+
+    let label = format!("{} {}", op.name(), format_size(block));
+    prepare(sub, segment, local, remote, region_bytes, (op, block, seed), options, &label)?;
+
+    // The case and its baseline alternate in ROUNDS rounds, each moving a
+    // share of the total, and each reports its median round: on a shared,
+    // noisy machine this keeps a burst of noise from landing on one side.
+    let per_round = options.total.div_ceil(ROUNDS as u64).div_ceil(block) * block;
+    // Every round starts at the region's first block and cycles through it,
+    // so what the rounds cover is one round's worth, capped at the region.
+    let covered = (blocks_in_region as u64 * block).min(per_round);
+    // The progress line counts the whole case (and a baseline that moves
+    // through kvring too), not one round.
+    let passes = if options.metrics_overhead || options.idle_connections > 0 { 2 } else { 1 };
+    let mut progress = Progress::new(label, per_round * ROUNDS as u64 * passes, options.json);
+    let mut baseline_rounds = Vec::with_capacity(ROUNDS);
+    let mut kvring_rounds = Vec::with_capacity(ROUNDS);
+    let (mut bytes, mut seconds) = (0u64, 0f64);
+    for _ in 0..ROUNDS {
+        let what = (op, block, per_round);
+        let (baseline, flood) =
+            baseline_round(engine, sub, segment, local, remote, region_bytes, what, options, &mut progress)?;
+        baseline_rounds.extend(baseline);
+        let started = Instant::now();
+        let moved = move_bytes(
+            sub,
+            segment,
+            local,
+            remote,
+            op,
+            region_bytes,
+            block,
+            per_round,
+            options.shape(),
+            &mut progress,
+        )?;
+        let elapsed = started.elapsed().as_secs_f64();
+        if let Some(flood) = flood {
+            if flood.open() < options.idle_connections / 2 {
+                return Err(format!(
+                    "--idle-connections: only {} of {} held open",
+                    flood.open(),
+                    options.idle_connections
+                ));
+            }
+        }
+        kvring_rounds.push(moved as f64 / elapsed / 1e9);
+        bytes += moved;
+        seconds += elapsed;
+    }
+    drop(progress);
+    let baseline_gbps = (!baseline_rounds.is_empty()).then(|| median(&mut baseline_rounds));
+    let gbps = median(&mut kvring_rounds);
+
+    let (p50_us, p99_us, floor_p50_us) = round_trips(sub, segment, local, remote, op, block, options)?;
+
+    // Null moves nothing, so there is nothing to verify.
+    let verified = options.transport == TransportKind::Null || verify(segment, local, remote, covered)?;
+    Ok(CaseResult {
+        op,
+        block,
+        gbps,
+        p50_us,
+        p99_us,
+        floor_p50_us,
+        baseline_gbps,
+        verified,
+        bytes,
+        seconds,
+        metadata_calls: 0,
+    })
+}
+
+/// One round of the case's baseline (`what`: op, block size, bytes): GB/s,
+/// `None` when there is none to measure; with `--idle-connections`, the
+/// flood the measured round that follows runs beside.
+#[allow(clippy::too_many_arguments)]
+fn baseline_round(
+    engine: &Engine,
+    sub: &mut Submitter,
+    segment: &Segment,
+    local: &Region,
+    remote: kvring::RegionId,
+    region_bytes: u64,
+    what: (Opcode, u64, u64),
+    options: &Options,
+    progress: &mut Progress,
+) -> Result<(Option<f64>, Option<crate::flood::IdleFlood>), String> {
+    let (op, block, per_round) = what;
+    let gbps = match (options.metrics_overhead, options.transport, &options.raw_peer) {
+        _ if options.idle_connections > 0 => {
+            // The same case without the flood; the measured round after
+            // this one runs with it.
+            let started = Instant::now();
+            let moved =
+                move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options.shape(), progress)?;
+            let gbps = moved as f64 / started.elapsed().as_secs_f64() / 1e9;
+            let addr = segment.tcp_addr().ok_or("--idle-connections: the target serves no tcp")?;
+            let addr = addr.parse().map_err(|e| format!("--idle-connections: {addr}: {e}"))?;
+            return Ok((Some(gbps), Some(crate::flood::IdleFlood::start(addr, options.idle_connections))));
+        }
+        (true, _, _) => {
+            // The same case on the same engine, its counters off.
+            engine.set_metrics_enabled(false);
+            let started = Instant::now();
+            let moved =
+                move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options.shape(), progress);
+            engine.set_metrics_enabled(true);
+            Some(moved? as f64 / started.elapsed().as_secs_f64() / 1e9)
+        }
+        (false, TransportKind::Tcp, Some(raw)) => {
+            Some(crate::raw::baseline(raw, options.token.as_deref(), op == Opcode::Write, block, per_round)?)
+        }
+        // The target's raw sink is not known: no plain socket to compare with.
+        (false, TransportKind::Tcp, None) => None,
+        _ => {
+            let lane_core = engine.lane_cores().first().copied().flatten();
+            Some(crate::scratch::memcpy_baseline(block, per_round, region_bytes, lane_core)?)
+        }
+    };
+    Ok((gbps, None))
+}
+
+/// The case's single-block round trips (p50, p99) and, for tcp with a known
+/// raw sink, the floor's p50: the busy-polled raw ping-pong of the same
+/// shape, measured in two halves around kvring's, so a burst of noise lands
+/// on both.
+fn round_trips(
+    sub: &mut Submitter,
+    segment: &Segment,
+    local: &Region,
+    remote: kvring::RegionId,
+    op: Opcode,
+    block: u64,
+    options: &Options,
+) -> Result<(f64, f64, Option<f64>), String> {
+    let samples = options.latency_samples;
+    let raw = match (options.transport, &options.raw_peer) {
+        (TransportKind::Tcp, Some(raw)) if samples > 0 && block <= 1 << 20 => Some(raw.as_str()),
+        _ => None,
+    };
+    let token = options.token.as_deref();
+    let write = op == Opcode::Write;
+    let mut floor = match raw {
+        Some(raw) => crate::raw::floor(raw, token, write, block, samples.div_ceil(2))?,
+        None => Vec::new(),
+    };
+    let (p50, p99) = latency(sub, segment, local, remote, op, block, samples)?;
+    if let Some(raw) = raw {
+        floor.extend(crate::raw::floor(raw, token, write, block, samples / 2)?);
+    }
+    let floor_p50 = (!floor.is_empty()).then(|| {
+        floor.sort_unstable();
+        floor[(floor.len() - 1) / 2].as_secs_f64() * 1e6
+    });
+    Ok((p50, p99, floor_p50))
+}
+
+/// Prepares a case (`what`: op, block size, seed): the source holds a fresh
+/// pattern, the destination something else (for READ, the target is seeded
+/// through kvring first).
+#[allow(clippy::too_many_arguments)]
+fn prepare(
+    sub: &mut Submitter,
+    segment: &Segment,
+    local: &Region,
+    remote: kvring::RegionId,
+    region_bytes: u64,
+    what: (Opcode, u64, u64),
+    options: &Options,
+    label: &str,
+) -> Result<(), String> {
+    let (op, block, seed) = what;
+    local.fill_pattern(seed);
+    if op == Opcode::Read {
+        let whole = (region_bytes / block) * block;
+        let mut seeding = Progress::new(format!("{label}: seeding"), whole, options.json);
+        move_bytes(
+            sub,
+            segment,
+            local,
+            remote,
+            Opcode::Write,
+            region_bytes,
+            block,
+            whole,
+            options.shape(),
+            &mut seeding,
+        )?;
+        local.fill_pattern(!seed);
+    }
+    Ok(())
+}
+
+/// True when the first `covered` bytes of the target's region are the
+/// local region's (by checksum on both sides).
+fn verify(segment: &Segment, local: &Region, remote: kvring::RegionId, covered: u64) -> Result<bool, String> {
+    let expected = local.checksum(0, covered as usize).map_err(|e| e.to_string())?;
+    let actual = segment.remote_checksum(remote, 0, covered, Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    Ok(expected == actual)
+}

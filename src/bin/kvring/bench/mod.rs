@@ -1,0 +1,343 @@
+//! `kvring bench`: two engines on this host moving KV blocks.
+//!
+//! With no arguments it starts a target (`kvring serve`) in a second
+//! process and drives it from this one over shm: WRITE and READ, 4 KiB,
+//! 64 KiB and 1 MiB blocks, batches of 64, 1 GiB per case. Each case prints
+//! throughput, single-block round-trip latency (p50/p99), and the memcpy
+//! baseline for the same block size measured just before it, and verifies
+//! the moved bytes by checksum on the target.
+
+mod case;
+mod output;
+mod overhead;
+
+use crate::args::{format_lanes, format_size, BenchArgs};
+use crate::drive::Shape;
+use case::run_case;
+use kvring::{Engine, Opcode, Region, Segment, Submitter, TransportKind};
+use output::{baseline_name, print_result, write_report};
+use std::time::Duration;
+
+const DEFAULT_BLOCK_SIZES: [u64; 3] = [4 << 10, 64 << 10, 1 << 20];
+/// Block size of a soak when none is given.
+const DEFAULT_SOAK_BLOCK: u64 = 64 << 10;
+/// Rounds each case alternates with its baseline.
+const ROUNDS: usize = 5;
+
+struct Options {
+    ops: Vec<Opcode>,
+    block_sizes: Vec<u64>,
+    batch: usize,
+    total: u64,
+    lanes: usize,
+    transport: TransportKind,
+    json: bool,
+    peer: Option<String>,
+    region_bytes: u64,
+    inflight: usize,
+    latency_samples: usize,
+    token: Option<String>,
+    /// The target's raw-TCP sink, for the tcp baseline.
+    raw_peer: Option<String>,
+    metadata: Option<String>,
+    /// Serve `/metrics` on this address while the bench runs.
+    metrics: Option<std::net::SocketAddr>,
+    /// Measure against the same engine with its counters off instead of
+    /// memcpy or a raw socket.
+    metrics_overhead: bool,
+    /// Soak for this long instead of running the cases.
+    duration: Option<Duration>,
+    /// Move one request's KV cache of this model instead.
+    kv: Option<crate::models::Model>,
+    /// Tokens of that request.
+    tokens: u64,
+    /// Measure each case with this many idle connections held open to the
+    /// target's data port, against the same case without them.
+    idle_connections: usize,
+    /// Measure tcp with a token against tcp without one, same run.
+    token_overhead: bool,
+    /// Write the report (JSON and SVG plots) of the cases here.
+    report: Option<std::path::PathBuf>,
+    /// Memory of (this side, the target), with `--memory`.
+    memory: Option<(kvring::MemoryKind, kvring::MemoryKind)>,
+    /// The GPU provider flags.
+    gpu: crate::args::GpuArgs,
+}
+
+impl Options {
+    /// How every case moves its bytes.
+    fn shape(&self) -> Shape {
+        Shape { batch: self.batch, inflight: self.inflight }
+    }
+}
+
+/// The bench's options from its flags; `--lanes` falls back to the
+/// configuration's `lanes`.
+fn parse(args: BenchArgs, config: &kvring::config::Config) -> Result<Options, String> {
+    let block_sizes = match args.block_size {
+        sizes if !sizes.is_empty() => sizes,
+        _ if args.duration.is_some() => vec![DEFAULT_SOAK_BLOCK],
+        _ => DEFAULT_BLOCK_SIZES.to_vec(),
+    };
+    let options = Options {
+        ops: args.op.opcodes(),
+        block_sizes,
+        batch: args.batch,
+        total: args.total,
+        lanes: args.lanes.unwrap_or_else(|| config.get("lanes").and_then(|v| v.parse().ok()).unwrap_or(1)),
+        transport: args.transport.unwrap_or(if crate::gpubench::involves_gpu(args.memory) {
+            TransportKind::CudaIpc
+        } else {
+            TransportKind::Shm
+        }),
+        json: args.json,
+        peer: args.peer,
+        region_bytes: args.region_size,
+        inflight: args.inflight,
+        latency_samples: args.latency_samples,
+        token: args.token,
+        raw_peer: args.peer_raw,
+        metadata: args.metadata,
+        metrics: args.metrics,
+        metrics_overhead: args.metrics_overhead,
+        duration: args.duration,
+        kv: args.kv,
+        tokens: args.tokens,
+        idle_connections: args.idle_connections,
+        token_overhead: args.token_overhead,
+        report: args.report,
+        memory: args.memory,
+        gpu: args.gpu,
+    };
+    if options.batch == 0 || options.inflight == 0 || options.total == 0 {
+        return Err("--batch, --inflight and --total must be greater than zero".into());
+    }
+    for &block in &options.block_sizes {
+        if block == 0 || block > options.region_bytes {
+            return Err(format!(
+                "--block-size {} must be within 1..=--region-size ({})",
+                format_size(block),
+                format_size(options.region_bytes)
+            ));
+        }
+    }
+    Ok(options)
+}
+
+/// Runs `kvring bench`: the cases, a soak (`--duration`), a KV request
+/// (`--kv`) or the token overhead (`--token-overhead`).
+pub fn run(args: BenchArgs) -> Result<(), String> {
+    // The initiator engine takes the config file and KVRING_* variables;
+    // the bench's own flags override them (it takes no key flags).
+    let config = crate::settings::load(args.config.as_deref(), &[])?;
+    let mut options = parse(args, &config)?;
+    if options.token_overhead {
+        return overhead::token_overhead(&config, &options);
+    }
+    // Without --peer, the bench starts its own target (`kvring serve`).
+    let target = if options.peer.is_some() { None } else { Some(spawn_target(&options)?) };
+    let peer = options.peer.clone().unwrap_or_else(|| target.as_ref().expect("spawned").addr.clone());
+    if options.raw_peer.is_none() {
+        options.raw_peer = target.as_ref().and_then(|t| t.raw_addr.clone());
+    }
+    let gpu = match crate::gpubench::involves_gpu(options.memory) {
+        true => Some(crate::gpubench::provider(&options.gpu)?),
+        false => None,
+    };
+    let engine = initiator(&config, &options, gpu.clone())?;
+    if let (Some(addr), false) = (engine.metrics_addr(), options.json) {
+        println!("kvring bench: metrics at http://{addr}/metrics");
+    }
+    if let Some(model) = options.kv {
+        pin_caller(&engine);
+        let bench = crate::kvbench::KvBench {
+            model,
+            tokens: options.tokens,
+            transport: options.transport,
+            peer: &peer,
+            raw_peer: options.raw_peer.as_deref(),
+            token: options.token.as_deref(),
+            json: options.json,
+        };
+        let result = crate::kvbench::run(&engine, &bench);
+        engine.shutdown();
+        drop(target);
+        return result;
+    }
+    if let Some(duration) = options.duration {
+        let plan = crate::soak::SoakPlan {
+            peer: &peer,
+            transport: options.transport,
+            block: options.block_sizes[0],
+            batch: options.batch,
+            region_bytes: options.region_bytes,
+            duration,
+            json: options.json,
+        };
+        let result = crate::soak::run(&engine, &plan);
+        engine.shutdown();
+        drop(target);
+        return result;
+    }
+    let segment = engine
+        .open_segment_with(&peer, Some(options.transport), Duration::from_secs(10))
+        .map_err(|e| format!("opening {peer}: {e}"))?;
+    let remote = segment.regions().first().ok_or_else(|| format!("{peer} exposes no region"))?.clone();
+    let region_bytes = options.region_bytes.min(remote.len);
+    let info = crate::gpubench::local_info(options.memory);
+    let local = engine.alloc_region(region_bytes as usize, info).map_err(|e| e.to_string())?;
+    pin_caller(&engine);
+    let mut sub = engine.submitter().map_err(|e| e.to_string())?;
+    print_header(&engine, &segment, &peer, region_bytes, &options, gpu.as_deref());
+    if let Some(gpu) = gpu {
+        let result = gpu_cases(&mut sub, &segment, &local, remote.id, region_bytes, &options, gpu);
+        drop(sub);
+        engine.shutdown();
+        drop(target);
+        return result;
+    }
+    let mut results = Vec::new();
+    for &op in &options.ops {
+        for &block in &options.block_sizes {
+            let calls_before = engine.metadata_calls();
+            let mut result =
+                run_case(&engine, &mut sub, &segment, &local, remote.id, region_bytes, op, block, &options)?;
+            result.metadata_calls = engine.metadata_calls() - calls_before;
+            print_result(&result, &options);
+            results.push(result);
+        }
+    }
+    drop(sub);
+    engine.shutdown();
+    drop(target);
+    if let Some(dir) = &options.report {
+        write_report(dir, &results, &options)?;
+    }
+    if results.iter().all(|r| r.verified) {
+        Ok(())
+    } else {
+        Err("verification failed: the target's bytes differ from what was moved".into())
+    }
+}
+
+/// `--memory` with GPU memory: the cases over cuda_ipc, their report, and
+/// whether every case verified.
+fn gpu_cases(
+    sub: &mut Submitter,
+    segment: &Segment,
+    local: &Region,
+    remote: kvring::RegionId,
+    region_bytes: u64,
+    options: &Options,
+    gpu: std::sync::Arc<dyn kvring::gpu::Gpu>,
+) -> Result<(), String> {
+    let plan = crate::gpubench::Plan {
+        ops: &options.ops,
+        block_sizes: &options.block_sizes,
+        shape: options.shape(),
+        total: options.total,
+        latency_samples: options.latency_samples,
+        json: options.json,
+        memory: options.memory.expect("GPU cases have --memory"),
+        gpu,
+    };
+    let cases = crate::gpubench::run(sub, segment, local, remote, region_bytes, &plan)?;
+    if let Some(dir) = &options.report {
+        let paths = crate::report::write(dir, &crate::gpubench::report_rows(&cases))
+            .map_err(|e| format!("--report {}: {e}", dir.display()))?;
+        paths.iter().for_each(|path| eprintln!("kvring bench: report: {}", path.display()));
+    }
+    match cases.iter().all(|c| c.verified) {
+        true => Ok(()),
+        false => Err("verification failed: the target's bytes differ from what was moved".into()),
+    }
+}
+
+/// The cases' header: lanes and cores, peer, transport, memory, sizes;
+/// and, when the cases have no baseline, how to get one.
+fn print_header(
+    engine: &Engine,
+    segment: &Segment,
+    peer: &str,
+    region_bytes: u64,
+    options: &Options,
+    gpu: Option<&dyn kvring::gpu::Gpu>,
+) {
+    if !options.json {
+        let memory = match (options.memory, gpu) {
+            (Some((local, remote)), Some(gpu)) => format!(
+                ", memory {} -> {} on {}",
+                crate::args::format_memory(local),
+                crate::args::format_memory(remote),
+                crate::gpubench::describe(&options.gpu, gpu)
+            ),
+            _ => String::new(),
+        };
+        println!(
+            "kvring bench: {}, peer {} ({}), transport {}{memory}, region {}, batch {}, {} per case",
+            format_lanes(&engine.lane_cores()),
+            segment.name(),
+            peer,
+            options.transport.name(),
+            format_size(region_bytes),
+            options.batch,
+            format_size(options.total)
+        );
+    }
+    if baseline_name(options).is_none() {
+        // An external target's sink is not known: say how to get the ratio.
+        let hint = "no raw-TCP baseline: give --peer-raw ADDR (kvring serve prints its raw sink)";
+        if options.json {
+            eprintln!("kvring bench: {hint}");
+        } else {
+            println!("{hint}");
+        }
+    }
+}
+
+/// The target the bench starts when given no `--peer`: a `kvring serve`
+/// child, with a KV cache for `--kv`.
+fn spawn_target(options: &Options) -> Result<crate::serve::Target, String> {
+    let extra: Vec<String> = match &options.kv {
+        Some(model) => {
+            let blocks = crate::kvbench::target_blocks(model, options.tokens);
+            vec!["--kv".into(), model.name.into(), "--kv-blocks".into(), blocks.to_string()]
+        }
+        None => match options.memory {
+            Some((_, remote)) => crate::gpubench::target_flags(remote, &options.gpu),
+            None => Vec::new(),
+        },
+    };
+    crate::serve::Target::spawn(options.region_bytes, &extra)
+}
+
+/// The bench's own engine: the configuration, then its flags.
+fn initiator(
+    config: &kvring::config::Config,
+    options: &Options,
+    gpu: Option<std::sync::Arc<dyn kvring::gpu::Gpu>>,
+) -> Result<Engine, String> {
+    let mut builder = config.builder().name("bench-initiator").lanes(options.lanes);
+    if let Some(gpu) = gpu {
+        builder = builder.gpu(gpu);
+    }
+    if let Some(token) = &options.token {
+        builder = builder.token(token.as_str());
+    }
+    if let Some(url) = &options.metadata {
+        let mode = kvring::MetadataMode::parse(url).map_err(|e| format!("--metadata: {e}"))?;
+        builder = builder.metadata(mode);
+    }
+    if let Some(addr) = options.metrics {
+        builder = builder.metrics(addr);
+    }
+    builder.build().map_err(|e| e.to_string())
+}
+
+/// Pins the bench thread to a core no lane uses, when there is one.
+pub(super) fn pin_caller(engine: &Engine) {
+    let used: Vec<usize> = engine.lane_cores().into_iter().flatten().collect();
+    if let Some(core) = core_affinity::get_core_ids().unwrap_or_default().into_iter().find(|c| !used.contains(&c.id)) {
+        core_affinity::set_for_current(core);
+    }
+}
