@@ -42,6 +42,12 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Bytes of the read-ahead buffer: headers and small payloads arrive many
 /// to a syscall; large payloads bypass it straight into region memory.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
+/// Bytes of the buffer before the connection proves itself: room for its
+/// hello and proof.
+const HELLO_BUFFER_BYTES: usize = 256;
+const _: () = assert!(
+    HELLO_BUFFER_BYTES >= super::hello::CLIENT_HELLO_BYTES && HELLO_BUFFER_BYTES >= super::hello::CLIENT_PROOF_BYTES
+);
 /// Payloads at least this large are read straight into region memory.
 const DIRECT_READ_MIN_BYTES: usize = 16 * 1024;
 /// A buffer unused this long is freed, so idle connections cost little.
@@ -235,6 +241,12 @@ impl TargetConn {
             self.buffer = Vec::new();
             self.start = 0;
             self.end = 0;
+            if self.replies.is_empty() {
+                self.replies = VecDeque::new();
+            }
+            if self.notify.is_empty() {
+                self.notify = Vec::new();
+            }
         }
     }
 
@@ -371,8 +383,17 @@ impl TargetConn {
     /// Reads into the buffer's free tail (allocating or compacting first):
     /// the bytes read, and how many it asked for.
     fn fill<S: Read>(&mut self, io: &mut S) -> std::result::Result<(usize, usize), Close> {
-        if self.buffer.is_empty() {
-            self.buffer = vec![0u8; READ_BUFFER_BYTES];
+        // Until the connection proves itself it gets a buffer of a few
+        // hundred bytes (a hello, a proof), so thousands of connections that
+        // never send a frame hold little; frames get the full buffer, with
+        // whatever is buffered carried over.
+        let wanted = if self.phase == Phase::Serving { READ_BUFFER_BYTES } else { HELLO_BUFFER_BYTES };
+        if self.buffer.len() < wanted {
+            let mut grown = vec![0u8; wanted];
+            grown[..self.end - self.start].copy_from_slice(&self.buffer[self.start..self.end]);
+            self.end -= self.start;
+            self.start = 0;
+            self.buffer = grown;
         }
         if self.start == self.end {
             self.start = 0;

@@ -206,8 +206,18 @@ fn deadlines_close_unproven_slow_and_idle_connections_and_idle_buffers_are_freed
     assert!(conn.expired(now + FRAME_TIMEOUT - Duration::from_millis(1)).is_none());
     assert_eq!(conn.expired(now + FRAME_TIMEOUT), Some(Close::Ended("a frame took too long to arrive")));
 
-    let (mut conn, _pipe, now) = open(&target);
+    // A connection that proved itself and sent no frame holds a few hundred
+    // bytes; its first frame gets the full read buffer, freed when idle.
+    let (mut conn, mut pipe, now) = open(&target);
+    assert!(
+        conn.buffered_bytes() < 1024,
+        "{} bytes held by a connection that sent only its hello",
+        conn.buffered_bytes()
+    );
+    pipe.input.extend(FrameHeader::new(FrameOp::Read, 42, 8, target.region.raw(), 0, 5).as_bytes());
+    step(&mut conn, &mut pipe, &target, now).unwrap();
     assert!(conn.buffered_bytes() >= READ_BUFFER_BYTES);
+    let _ = reply(&mut pipe);
     conn.shrink_if_idle(now + BUFFER_IDLE_FREE);
     assert!(conn.buffered_bytes() < 1024, "{} bytes held while idle", conn.buffered_bytes());
     assert_eq!(conn.expired(now + IDLE_TIMEOUT), Some(Close::Ended("idle")));
