@@ -1,4 +1,5 @@
-//! The raw-TCP baseline: what a plain socket moves over the same path, so
+//! The raw-TCP baseline: what a plain socket moves over the same path, both
+//! ends busy-polling non-blocking sockets as kvring's lanes do, so
 //! the tcp transport's figures are a ratio measured in the same run.
 //!
 //! `kvring serve` runs a [`RawSink`]. On connect the sink sends a 16-byte
@@ -45,8 +46,10 @@ pub struct RawSink {
 
 impl RawSink {
     /// Binds `ip:0` and serves in the background; with `token`, only
-    /// clients that answer its challenge.
-    pub fn start(ip: std::net::IpAddr, token: Option<Token>) -> std::io::Result<Self> {
+    /// clients that answer its challenge. Each connection runs on `core`
+    /// when given (where the engine's first lane runs, so the baseline takes
+    /// the path kvring takes).
+    pub fn start(ip: std::net::IpAddr, token: Option<Token>, core: Option<usize>) -> std::io::Result<Self> {
         let listener = TcpListener::bind(SocketAddr::new(ip, 0))?;
         let addr = listener.local_addr()?;
         let active = Arc::new(AtomicUsize::new(0));
@@ -59,6 +62,9 @@ impl RawSink {
                 }
                 let (for_thread, token) = (active.clone(), token.clone());
                 let spawned = std::thread::Builder::new().name("kvring-raw-conn".into()).spawn(move || {
+                    if let Some(core) = core {
+                        core_affinity::set_for_current(core_affinity::CoreId { id: core });
+                    }
                     let _ = serve(stream, token.as_ref().as_ref());
                     for_thread.fetch_sub(1, Ordering::AcqRel);
                 });
@@ -87,11 +93,13 @@ fn serve(mut stream: TcpStream, token: Option<&Token>) -> std::io::Result<()> {
     if token.is_some_and(|token| !token.check_answer(&challenge, &answer)) {
         return Ok(());
     }
-    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    // Both ends busy-poll, as kvring's lanes do: the baseline is what a
+    // plain socket moves when nobody sleeps.
+    stream.set_nonblocking(true)?;
     let mut buffer = vec![0u8; SINK_BUFFER];
     loop {
         let mut request = [0u8; 16];
-        if stream.read_exact(&mut request).is_err() {
+        if !spin_read_exact(&mut stream, &mut request)? {
             return Ok(());
         }
         let op = u64::from_le_bytes(request[..8].try_into().expect("8 bytes"));
@@ -103,18 +111,18 @@ fn serve(mut stream: TcpStream, token: Option<&Token>) -> std::io::Result<()> {
         match op {
             1 => {
                 while left > 0 {
-                    let n = stream.read(&mut buffer[..(left as usize).min(SINK_BUFFER)])?;
-                    if n == 0 {
+                    let n = (left as usize).min(SINK_BUFFER);
+                    if !spin_read_exact(&mut stream, &mut buffer[..n])? {
                         return Ok(());
                     }
                     left -= n as u64;
                 }
-                stream.write_all(&[1])?;
+                spin_write_all(&mut stream, &[1])?;
             }
             2 => {
                 while left > 0 {
                     let n = (left as usize).min(SINK_BUFFER);
-                    stream.write_all(&buffer[..n])?;
+                    spin_write_all(&mut stream, &buffer[..n])?;
                     left -= n as u64;
                 }
             }
@@ -127,7 +135,6 @@ fn serve(mut stream: TcpStream, token: Option<&Token>) -> std::io::Result<()> {
 /// The sink's side of the floor: busy-polls `block`-sized messages in and
 /// 8-byte answers out (`write`), or the reverse, until the client closes.
 fn ping_pong(mut stream: TcpStream, block: &mut [u8], write: bool) -> std::io::Result<()> {
-    stream.set_nonblocking(true)?;
     let mut ping = [0u8; PING_BYTES];
     loop {
         let (inbound, outbound): (&mut [u8], &[u8]) =
@@ -204,8 +211,8 @@ pub fn floor(
     let mut request = [0u8; 16];
     request[..8].copy_from_slice(&(if write { 3u64 } else { 4 }).to_le_bytes());
     request[8..].copy_from_slice(&(block as u64).to_le_bytes());
-    stream.write_all(&request).map_err(|e| format!("floor: {e}"))?;
     stream.set_nonblocking(true).map_err(|e| format!("floor: {e}"))?;
+    spin_write_all(&mut stream, &request).map_err(|e| format!("floor: {e}"))?;
     let mut payload = vec![0x5au8; block];
     let mut ping = [0u8; PING_BYTES];
     let mut times = Vec::with_capacity(samples);
@@ -247,21 +254,42 @@ pub fn baseline(addr: &str, token: Option<&str>, write: bool, block: u64, total:
     let mut request = [0u8; 16];
     request[..8].copy_from_slice(&(if write { 1u64 } else { 2 }).to_le_bytes());
     request[8..].copy_from_slice(&total.to_le_bytes());
+    stream.set_nonblocking(true).map_err(|e| format!("raw baseline: {e}"))?;
+    let failed = |e: std::io::Error| format!("raw baseline: {e}");
+    let closed =
+        |read: bool| if read { Ok(()) } else { Err("raw baseline: the sink closed the connection".to_string()) };
     let started = Instant::now();
-    stream.write_all(&request).map_err(|e| e.to_string())?;
+    spin_write_all(&mut stream, &request).map_err(failed)?;
     let mut left = total;
     while left > 0 {
         let n = (left as usize).min(block);
         if write {
-            stream.write_all(&buffer[..n]).map_err(|e| format!("raw baseline: {e}"))?;
+            spin_write_all(&mut stream, &buffer[..n]).map_err(failed)?;
         } else {
-            stream.read_exact(&mut buffer[..n]).map_err(|e| format!("raw baseline: {e}"))?;
+            closed(spin_read_exact(&mut stream, &mut buffer[..n]).map_err(failed)?)?;
         }
         left -= n as u64;
     }
     if write {
         let mut ack = [0u8; 1];
-        stream.read_exact(&mut ack).map_err(|e| format!("raw baseline: {e}"))?;
+        closed(spin_read_exact(&mut stream, &mut ack).map_err(failed)?)?;
     }
     Ok(total as f64 / started.elapsed().as_secs_f64() / 1e9)
+}
+
+/// Runs `work` on a thread pinned to `core` (when given) and returns what
+/// it returns: the client side of a baseline runs where the bench's lane
+/// runs, as the sink runs where the target's lane does.
+pub fn on_core<T: Send>(core: Option<usize>, work: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                if let Some(core) = core {
+                    core_affinity::set_for_current(core_affinity::CoreId { id: core });
+                }
+                work()
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }

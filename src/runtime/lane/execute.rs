@@ -80,6 +80,9 @@ impl Lane {
             }
         };
         self.count_in_flight();
+        if sqe.deadline_ns != 0 {
+            self.next_expiry_ns = self.next_expiry_ns.min(sqe.deadline_ns);
+        }
         let op = Opcode::from_u8(sqe.opcode);
         let first_end = match (link, op) {
             (None, _) => Some(PartEnd::Failed(Error::UnknownSegment { segment: format!("key {:#x}", sqe.segment) })),

@@ -64,6 +64,10 @@ pub(super) struct Lane {
     pub peak_in_flight: u64,
     /// Notification deliveries already announced to watchers.
     seen_notifications: u64,
+    /// No part in flight passes its deadline before this (clock ns;
+    /// `u64::MAX`: none has one); lowered as parts start, recomputed by
+    /// the scan that finds it passed.
+    pub next_expiry_ns: u64,
     pub config: LaneConfig,
     /// Where the lane sleeps, and what wakes it: its doorbell, its
     /// service's connections, its links' sockets.
@@ -105,6 +109,7 @@ impl Lane {
             ended: Vec::with_capacity(MAX_TICKETS),
             peak_in_flight: 0,
             seen_notifications: 0,
+            next_expiry_ns: u64::MAX,
             config,
         }
     }
@@ -403,6 +408,12 @@ impl Lane {
     /// parts fail `PeerRestarted` and the segment is reopened by name).
     fn expire_in_flight(&mut self) {
         let now = self.config.clock.now_ns();
+        // Scanned only once the earliest deadline in flight has passed, so a
+        // lane waiting on replies does not walk its tickets every round.
+        if now <= self.next_expiry_ns {
+            return;
+        }
+        self.next_expiry_ns = u64::MAX;
         for index in 0..self.tickets.len() {
             let ticket = &mut self.tickets[index];
             let expired = ticket.outstanding > 0
@@ -410,6 +421,9 @@ impl Lane {
                 && ticket.sqe.deadline_ns != 0
                 && now > ticket.sqe.deadline_ns;
             if !expired {
+                if ticket.outstanding > 0 && ticket.sqe.deadline_ns != 0 && ticket.end.is_none() {
+                    self.next_expiry_ns = self.next_expiry_ns.min(ticket.sqe.deadline_ns);
+                }
                 continue;
             }
             ticket.end.get_or_insert(super::super::status::PartEnd::TimedOut);

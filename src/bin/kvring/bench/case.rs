@@ -94,7 +94,8 @@ pub(super) fn run_case(
     let baseline_gbps = (!baseline_rounds.is_empty()).then(|| median(&mut baseline_rounds));
     let gbps = median(&mut kvring_rounds);
 
-    let (p50_us, p99_us, floor_p50_us) = round_trips(sub, segment, local, remote, op, block, options)?;
+    let lane_core = engine.lane_cores().first().copied().flatten();
+    let (p50_us, p99_us, floor_p50_us) = round_trips(lane_core, sub, segment, local, remote, op, block, options)?;
 
     // Null moves nothing, so there is nothing to verify.
     let verified = options.transport == TransportKind::Null || verify(segment, local, remote, covered)?;
@@ -151,7 +152,11 @@ fn baseline_round(
             Some(moved? as f64 / started.elapsed().as_secs_f64() / 1e9)
         }
         (false, TransportKind::Tcp, Some(raw)) => {
-            Some(crate::raw::baseline(raw, options.token.as_deref(), op == Opcode::Write, block, per_round)?)
+            let token = options.token.as_deref();
+            let lane_core = engine.lane_cores().first().copied().flatten();
+            Some(crate::raw::on_core(lane_core, || {
+                crate::raw::baseline(raw, token, op == Opcode::Write, block, per_round)
+            })?)
         }
         // The target's raw sink is not known: no plain socket to compare with.
         (false, TransportKind::Tcp, None) => None,
@@ -167,7 +172,9 @@ fn baseline_round(
 /// raw sink, the floor's p50: the busy-polled raw ping-pong of the same
 /// shape, measured in two halves around kvring's, so a burst of noise lands
 /// on both.
+#[allow(clippy::too_many_arguments)]
 fn round_trips(
+    lane_core: Option<usize>,
     sub: &mut Submitter,
     segment: &Segment,
     local: &Region,
@@ -183,14 +190,13 @@ fn round_trips(
     };
     let token = options.token.as_deref();
     let write = op == Opcode::Write;
-    let mut floor = match raw {
-        Some(raw) => crate::raw::floor(raw, token, write, block, samples.div_ceil(2))?,
-        None => Vec::new(),
+    let floor_half = |samples| match raw {
+        Some(raw) => crate::raw::on_core(lane_core, || crate::raw::floor(raw, token, write, block, samples)),
+        None => Ok(Vec::new()),
     };
+    let mut floor = floor_half(samples.div_ceil(2))?;
     let (p50, p99) = latency(sub, segment, local, remote, op, block, samples)?;
-    if let Some(raw) = raw {
-        floor.extend(crate::raw::floor(raw, token, write, block, samples / 2)?);
-    }
+    floor.extend(floor_half(samples / 2)?);
     let floor_p50 = (!floor.is_empty()).then(|| {
         floor.sort_unstable();
         floor[(floor.len() - 1) / 2].as_secs_f64() * 1e6

@@ -135,7 +135,10 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         return overhead::token_overhead(&config, &options);
     }
     // Without --peer, the bench starts its own target (`kvring serve`).
-    let target = if options.peer.is_some() { None } else { Some(spawn_target(&options)?) };
+    let target = match options.peer {
+        Some(_) => None,
+        None => Some(spawn_target(&options, &initiator_cores(&config, &options))?),
+    };
     let peer = options.peer.clone().unwrap_or_else(|| target.as_ref().expect("spawned").addr.clone());
     if options.raw_peer.is_none() {
         options.raw_peer = target.as_ref().and_then(|t| t.raw_addr.clone());
@@ -297,8 +300,8 @@ fn print_header(
 
 /// The target the bench starts when given no `--peer`: a `kvring serve`
 /// child, with a KV cache for `--kv`.
-fn spawn_target(options: &Options) -> Result<crate::serve::Target, String> {
-    let extra: Vec<String> = match &options.kv {
+fn spawn_target(options: &Options, initiator_cores: &[Option<usize>]) -> Result<crate::serve::Target, String> {
+    let mut extra: Vec<String> = match &options.kv {
         Some(model) => {
             let blocks = crate::kvbench::target_blocks(model, options.tokens);
             vec!["--kv".into(), model.name.into(), "--kv-blocks".into(), blocks.to_string()]
@@ -308,7 +311,36 @@ fn spawn_target(options: &Options) -> Result<crate::serve::Target, String> {
             None => Vec::new(),
         },
     };
+    if let Some(cores) = target_cores(initiator_cores) {
+        extra.extend(["--cores".to_string(), cores]);
+    }
     crate::serve::Target::spawn(options.region_bytes, &extra)
+}
+
+/// The cores the bench's own lanes will run on.
+fn initiator_cores(config: &kvring::config::Config, options: &Options) -> Vec<Option<usize>> {
+    config.builder().lanes(options.lanes).planned_lane_cores()
+}
+
+/// Cores for the target's lanes (a CPU list), so that they do not share
+/// cores with the bench's own lanes: the usable cores less those, less the
+/// first where that leaves some (left to the callers' threads). `None`: no
+/// core is left, or the bench's lanes are unpinned; the target places its
+/// lanes as usual.
+fn target_cores(initiator: &[Option<usize>]) -> Option<String> {
+    let taken: Vec<usize> = initiator.iter().flatten().copied().collect();
+    if taken.is_empty() {
+        return None;
+    }
+    let free: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.id)
+        .filter(|c| !taken.contains(c))
+        .collect();
+    let beyond_first: Vec<usize> = free.iter().copied().filter(|&c| c != 0).collect();
+    let cores = if beyond_first.is_empty() { free } else { beyond_first };
+    (!cores.is_empty()).then(|| cores.iter().map(usize::to_string).collect::<Vec<_>>().join(","))
 }
 
 /// The bench's own engine: the configuration, then its flags.
