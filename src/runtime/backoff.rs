@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 /// Default time spent spinning before yielding.
-pub const DEFAULT_SPIN: Duration = Duration::from_micros(5);
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 /// Default time spent yielding before sleeping.
 pub const DEFAULT_YIELD: Duration = Duration::from_micros(200);
 /// First sleep step.

@@ -47,6 +47,9 @@ pub(crate) trait Service: Send + std::fmt::Debug {
     fn evict(&mut self, registry: &mio::Registry, id: u64, too_late: bool);
     /// Serves a readiness event of `key`; true when anything moved.
     fn ready(&mut self, registry: &mio::Registry, key: usize, now: std::time::Instant) -> bool;
+    /// Drives again the connections that stopped at their read budget (so
+    /// one busy peer never holds the lane); true when anything moved.
+    fn drive_again(&mut self, registry: &mio::Registry, now: std::time::Instant) -> bool;
     /// Closes what passed a deadline and frees idle buffers; returns when
     /// it next needs to look (`None`: it holds no connection).
     fn tick(&mut self, registry: &mio::Registry, now: std::time::Instant) -> Option<std::time::Instant>;

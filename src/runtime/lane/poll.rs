@@ -261,7 +261,7 @@ impl Lane {
         let Lane { service, events, poller, .. } = self;
         let Some(service) = service.as_mut() else { return 0 };
         let now = Instant::now();
-        let mut worked = 0;
+        let mut worked = usize::from(service.drive_again(poller.registry(), now));
         for event in events.iter().filter(|e| e.token().0 < LINK_KEY_BASE) {
             worked += usize::from(service.ready(poller.registry(), event.token().0, now));
         }

@@ -42,6 +42,11 @@ pub(crate) struct Served {
     by_id: HashMap<u64, usize>,
     /// Connections held, read by the acceptor to pick the least loaded lane.
     load: Arc<AtomicUsize>,
+    /// Connections that stopped at their read budget with bytes perhaps
+    /// left: driven again next round (their socket raises no new edge).
+    again: Vec<usize>,
+    /// `again` as it is being driven (kept to reuse its allocation).
+    driving: Vec<usize>,
 }
 
 impl Served {
@@ -49,7 +54,17 @@ impl Served {
     /// counts its connections for the acceptor.
     pub(crate) fn new(ctx: Arc<TargetContext>, admission: Arc<Mutex<Admission<u64>>>, load: Arc<AtomicUsize>) -> Self {
         let timeout = lock(&admission).limits().timeout;
-        Self { ctx, admission, timeout, slots: Vec::new(), free: Vec::new(), by_id: HashMap::new(), load }
+        Self {
+            ctx,
+            admission,
+            timeout,
+            slots: Vec::new(),
+            free: Vec::new(),
+            by_id: HashMap::new(),
+            load,
+            again: Vec::new(),
+            driving: Vec::new(),
+        }
     }
 
     /// Closes the connection in `index`; `booked`: it still has its place
@@ -128,15 +143,34 @@ impl Service for Served {
                 Err(close) => break Err(close),
             };
             moved |= read | wrote;
-            if slot.conn.finished() || !(read || wrote) {
+            if slot.conn.finished() || slot.conn.unread() || !(read || wrote) {
                 break Ok(());
             }
         };
         if outcome.is_ok() && !slot.conn.finished() {
+            if slot.conn.unread() {
+                self.again.push(index);
+            }
             return moved;
         }
         self.close(registry, index, true);
         true
+    }
+
+    fn drive_again(&mut self, registry: &Registry, now: Instant) -> bool {
+        if self.again.is_empty() {
+            return false;
+        }
+        std::mem::swap(&mut self.again, &mut self.driving);
+        let mut moved = false;
+        let mut driving = std::mem::take(&mut self.driving);
+        for index in driving.drain(..) {
+            // A closed (or reused) slot is driven harmlessly: it reads what
+            // its own socket has.
+            moved |= self.ready(registry, index, now);
+        }
+        self.driving = driving;
+        moved
     }
 
     fn tick(&mut self, registry: &Registry, now: Instant) -> Option<Instant> {

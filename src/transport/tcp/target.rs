@@ -48,6 +48,9 @@ const HELLO_BUFFER_BYTES: usize = 256;
 const _: () = assert!(
     HELLO_BUFFER_BYTES >= super::hello::CLIENT_HELLO_BYTES && HELLO_BUFFER_BYTES >= super::hello::CLIENT_PROOF_BYTES
 );
+/// Bytes one [`TargetConn::on_readable`] reads at most before it lets the
+/// lane serve others (a whole largest frame).
+const READ_BUDGET_BYTES: usize = 1 << 20;
 /// Payloads at least this large are read straight into region memory.
 const DIRECT_READ_MIN_BYTES: usize = 16 * 1024;
 /// A buffer unused this long is freed, so idle connections cost little.
@@ -155,6 +158,8 @@ pub(crate) struct TargetConn {
     /// When the frame being received began, if one is.
     frame_started: Option<Instant>,
     last_active: Instant,
+    /// The last read stopped at its budget (see [`TargetConn::unread`]).
+    unread: bool,
 }
 
 // SAFETY: the raw pointers are into registered regions under leases this
@@ -180,7 +185,14 @@ impl TargetConn {
             admission_timeout,
             frame_started: None,
             last_active: now,
+            unread: false,
         }
+    }
+
+    /// True when the last [`on_readable`](Self::on_readable) stopped at its
+    /// read budget with the socket not known to be empty: drive it again.
+    pub(crate) fn unread(&self) -> bool {
+        self.unread
     }
 
     /// True when replies wait for the socket (the fuzz target's driver
@@ -267,12 +279,21 @@ impl TargetConn {
     ) -> std::result::Result<bool, Close> {
         let mut progressed = false;
         let mut drained = false;
+        let mut taken = 0usize;
+        self.unread = false;
         loop {
             self.process(ctx, admit, now);
             // A read that took less than it asked for emptied the socket's
             // queue (a stream socket): the next arrival raises a new edge, so
             // asking again now would only hear "would block".
             if drained || !self.wants_read() {
+                return Ok(progressed);
+            }
+            // A peer that keeps the socket full must not keep the lane: past
+            // its budget the connection yields, to be driven again once the
+            // lane has served the others (no new edge would come for it).
+            if taken >= READ_BUDGET_BYTES {
+                self.unread = true;
                 return Ok(progressed);
             }
             let (n, asked) = match self.receiving {
@@ -295,6 +316,7 @@ impl TargetConn {
                 return Ok(progressed);
             }
             drained = n < asked;
+            taken += n;
             progressed = true;
             if self.frame_started.is_none() {
                 self.frame_started = Some(now);

@@ -135,10 +135,16 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         return overhead::token_overhead(&config, &options);
     }
     // Without --peer, the bench starts its own target (`kvring serve`).
+    let planned = initiator_cores(&config, &options);
+    let target_cores = if options.peer.is_none() { target_cores(&planned) } else { Vec::new() };
     let target = match options.peer {
         Some(_) => None,
-        None => Some(spawn_target(&options, &initiator_cores(&config, &options))?),
+        None => Some(spawn_target(&options, &target_cores)?),
     };
+    // On a host too small to give the caller a core of its own, the caller
+    // shares one with the target's lane: its waits then yield from the
+    // start rather than spin, or the lane would wait for the caller's spin.
+    let caller_shares = caller_core(&planned).is_some_and(|core| target_cores.contains(&core));
     let peer = options.peer.clone().unwrap_or_else(|| target.as_ref().expect("spawned").addr.clone());
     if options.raw_peer.is_none() {
         options.raw_peer = target.as_ref().and_then(|t| t.raw_addr.clone());
@@ -147,7 +153,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         true => Some(crate::gpubench::provider(&options.gpu)?),
         false => None,
     };
-    let engine = initiator(&config, &options, gpu.clone())?;
+    let engine = initiator(&config, &options, gpu.clone(), caller_shares)?;
     if let (Some(addr), false) = (engine.metrics_addr(), options.json) {
         println!("kvring bench: metrics at http://{addr}/metrics");
     }
@@ -300,7 +306,7 @@ fn print_header(
 
 /// The target the bench starts when given no `--peer`: a `kvring serve`
 /// child, with a KV cache for `--kv`.
-fn spawn_target(options: &Options, initiator_cores: &[Option<usize>]) -> Result<crate::serve::Target, String> {
+fn spawn_target(options: &Options, cores: &[usize]) -> Result<crate::serve::Target, String> {
     let mut extra: Vec<String> = match &options.kv {
         Some(model) => {
             let blocks = crate::kvbench::target_blocks(model, options.tokens);
@@ -311,8 +317,8 @@ fn spawn_target(options: &Options, initiator_cores: &[Option<usize>]) -> Result<
             None => Vec::new(),
         },
     };
-    if let Some(cores) = target_cores(initiator_cores) {
-        extra.extend(["--cores".to_string(), cores]);
+    if !cores.is_empty() {
+        extra.extend(["--cores".to_string(), cores.iter().map(usize::to_string).collect::<Vec<_>>().join(",")]);
     }
     crate::serve::Target::spawn(options.region_bytes, &extra)
 }
@@ -322,15 +328,14 @@ fn initiator_cores(config: &kvring::config::Config, options: &Options) -> Vec<Op
     config.builder().lanes(options.lanes).planned_lane_cores()
 }
 
-/// Cores for the target's lanes (a CPU list), so that they do not share
-/// cores with the bench's own lanes: the usable cores less those, less the
-/// first where that leaves some (left to the callers' threads). `None`: no
-/// core is left, or the bench's lanes are unpinned; the target places its
-/// lanes as usual.
-fn target_cores(initiator: &[Option<usize>]) -> Option<String> {
+/// Cores for the target's lanes, so that they do not share cores with the
+/// bench's own lanes: the usable cores less those, less the first where that
+/// leaves some (left to the callers' threads). Empty: no core is left, or
+/// the bench's lanes are unpinned; the target places its lanes as usual.
+fn target_cores(initiator: &[Option<usize>]) -> Vec<usize> {
     let taken: Vec<usize> = initiator.iter().flatten().copied().collect();
     if taken.is_empty() {
-        return None;
+        return Vec::new();
     }
     let free: Vec<usize> = core_affinity::get_core_ids()
         .unwrap_or_default()
@@ -339,8 +344,17 @@ fn target_cores(initiator: &[Option<usize>]) -> Option<String> {
         .filter(|c| !taken.contains(c))
         .collect();
     let beyond_first: Vec<usize> = free.iter().copied().filter(|&c| c != 0).collect();
-    let cores = if beyond_first.is_empty() { free } else { beyond_first };
-    (!cores.is_empty()).then(|| cores.iter().map(usize::to_string).collect::<Vec<_>>().join(","))
+    if beyond_first.is_empty() {
+        free
+    } else {
+        beyond_first
+    }
+}
+
+/// The core [`pin_caller`] will choose: the first no lane of the bench uses.
+fn caller_core(initiator: &[Option<usize>]) -> Option<usize> {
+    let used: Vec<usize> = initiator.iter().flatten().copied().collect();
+    core_affinity::get_core_ids().unwrap_or_default().into_iter().map(|c| c.id).find(|c| !used.contains(c))
 }
 
 /// The bench's own engine: the configuration, then its flags.
@@ -348,8 +362,12 @@ fn initiator(
     config: &kvring::config::Config,
     options: &Options,
     gpu: Option<std::sync::Arc<dyn kvring::gpu::Gpu>>,
+    caller_shares: bool,
 ) -> Result<Engine, String> {
     let mut builder = config.builder().name("bench-initiator").lanes(options.lanes);
+    if caller_shares {
+        builder = builder.wait_backoff(kvring::BackoffPolicy { spin: Duration::ZERO, ..Default::default() });
+    }
     if let Some(gpu) = gpu {
         builder = builder.gpu(gpu);
     }
@@ -368,8 +386,7 @@ fn initiator(
 
 /// Pins the bench thread to a core no lane uses, when there is one.
 pub(super) fn pin_caller(engine: &Engine) {
-    let used: Vec<usize> = engine.lane_cores().into_iter().flatten().collect();
-    if let Some(core) = core_affinity::get_core_ids().unwrap_or_default().into_iter().find(|c| !used.contains(&c.id)) {
-        core_affinity::set_for_current(core);
+    if let Some(id) = caller_core(&engine.lane_cores()) {
+        core_affinity::set_for_current(core_affinity::CoreId { id });
     }
 }

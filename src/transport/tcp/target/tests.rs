@@ -236,3 +236,42 @@ fn a_closed_peer_and_oversized_notifications_end_the_connection() {
     pipe.closed = true;
     assert_eq!(step(&mut conn, &mut pipe, &target, now), Err(Close::PeerGone));
 }
+
+/// An endless stream of 4 KiB WRITE frames (none LAST, so no replies queue
+/// up to stop the reading): the socket of a peer that keeps it full.
+struct Endless {
+    frame: Vec<u8>,
+    at: usize,
+    given: usize,
+}
+
+impl Read for Endless {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        assert!(self.given < 64 << 20, "the connection read 64 MiB without letting go of the lane");
+        for byte in buf.iter_mut() {
+            *byte = self.frame[self.at];
+            self.at = (self.at + 1) % self.frame.len();
+        }
+        self.given += buf.len();
+        Ok(buf.len())
+    }
+}
+
+#[test]
+fn a_peer_that_keeps_its_socket_full_gets_a_budget_then_lets_the_lane_go() {
+    let target = target(None);
+    let (mut conn, _pipe, now) = open(&target);
+    let header = FrameHeader::new(FrameOp::Write, 42, 1, target.region.raw(), 0, 4096);
+    let mut frame = header.as_bytes().to_vec();
+    frame.extend([0x5a; 4096]);
+    let mut endless = Endless { frame, at: 0, given: 0 };
+    let mut admit = || Ok(());
+    assert!(conn.on_readable(&mut endless, &target.ctx, &mut admit, now).unwrap());
+    assert!(conn.unread(), "it stopped at its budget, not because the socket was empty");
+    assert!(endless.given <= READ_BUDGET_BYTES + READ_BUFFER_BYTES, "read {} bytes in one go", endless.given);
+    assert_eq!(&target.memory[..4096], &[0x5a; 4096][..], "what it read landed");
+    // Driven again, it goes on from where it stopped.
+    let before = endless.given;
+    assert!(conn.on_readable(&mut endless, &target.ctx, &mut admit, now).unwrap());
+    assert!(endless.given > before && conn.unread());
+}
