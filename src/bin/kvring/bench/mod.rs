@@ -320,6 +320,10 @@ fn spawn_target(options: &Options, cores: &[usize]) -> Result<crate::serve::Targ
     if !cores.is_empty() {
         extra.extend(["--cores".to_string(), cores.iter().map(usize::to_string).collect::<Vec<_>>().join(",")]);
     }
+    // As many lanes as the bench's: the initiator opens one connection per
+    // lane, and the target hands each to its least loaded lane, so a peer's
+    // chunks spread over lanes on both ends.
+    extra.extend(["--lanes".to_string(), options.lanes.to_string()]);
     crate::serve::Target::spawn(options.region_bytes, &extra)
 }
 
