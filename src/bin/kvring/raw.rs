@@ -95,11 +95,11 @@ fn serve(mut stream: TcpStream, token: Option<&Token>) -> std::io::Result<()> {
     }
     // Both ends busy-poll, as kvring's lanes do: the baseline is what a
     // plain socket moves when nobody sleeps.
-    stream.set_nonblocking(true)?;
+    let mut stream = Polled::new(stream, true)?;
     let mut buffer = vec![0u8; SINK_BUFFER];
     loop {
         let mut request = [0u8; 16];
-        if !spin_read_exact(&mut stream, &mut request)? {
+        if !stream.read_exact(&mut request)? {
             return Ok(());
         }
         let op = u64::from_le_bytes(request[..8].try_into().expect("8 bytes"));
@@ -112,21 +112,23 @@ fn serve(mut stream: TcpStream, token: Option<&Token>) -> std::io::Result<()> {
             1 => {
                 while left > 0 {
                     let n = (left as usize).min(SINK_BUFFER);
-                    if !spin_read_exact(&mut stream, &mut buffer[..n])? {
+                    if !stream.read_exact(&mut buffer[..n])? {
                         return Ok(());
                     }
                     left -= n as u64;
                 }
-                spin_write_all(&mut stream, &[1])?;
+                stream.write_all(&[1])?;
             }
             2 => {
                 while left > 0 {
                     let n = (left as usize).min(SINK_BUFFER);
-                    spin_write_all(&mut stream, &buffer[..n])?;
+                    stream.write_all(&buffer[..n])?;
                     left -= n as u64;
                 }
             }
-            3 | 4 if bytes as usize <= SINK_BUFFER => return ping_pong(stream, &mut buffer[..bytes as usize], op == 3),
+            3 | 4 if bytes as usize <= SINK_BUFFER => {
+                return ping_pong(Polled::new(stream.stream, false)?, &mut buffer[..bytes as usize], op == 3)
+            }
             _ => return Ok(()),
         }
     }
@@ -134,65 +136,103 @@ fn serve(mut stream: TcpStream, token: Option<&Token>) -> std::io::Result<()> {
 
 /// The sink's side of the floor: busy-polls `block`-sized messages in and
 /// 8-byte answers out (`write`), or the reverse, until the client closes.
-fn ping_pong(mut stream: TcpStream, block: &mut [u8], write: bool) -> std::io::Result<()> {
+fn ping_pong(mut stream: Polled, block: &mut [u8], write: bool) -> std::io::Result<()> {
     let mut ping = [0u8; PING_BYTES];
     loop {
         let (inbound, outbound): (&mut [u8], &[u8]) =
             if write { (block, &[1; PING_BYTES]) } else { (&mut ping, block) };
-        if !spin_read_exact(&mut stream, inbound)? {
+        if !stream.read_exact(inbound)? {
             return Ok(());
         }
-        spin_write_all(&mut stream, outbound)?;
+        stream.write_all(outbound)?;
     }
 }
 
-/// Reads exactly `buf` from a non-blocking stream, spinning; false when
-/// the peer closed before the first byte.
-fn spin_read_exact(stream: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
-    let mut at = 0;
-    let mut last = Instant::now();
-    let mut spins = 0u32;
-    while at < buf.len() {
-        match stream.read(&mut buf[at..]) {
-            Ok(0) if at == 0 => return Ok(false),
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => {
-                at += n;
-                last = Instant::now();
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                spins = spins.wrapping_add(1);
-                if spins.is_multiple_of(4096) && last.elapsed() > PING_PONG_STALL {
-                    return Err(std::io::ErrorKind::TimedOut.into());
-                }
-                std::hint::spin_loop();
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(true)
+/// A non-blocking stream whose waits busy-poll epoll (mio, edge-triggered)
+/// rather than the socket: a reader spinning on `read` takes the socket's
+/// lock on every try, which sends the writer's segments to the socket's
+/// backlog and slowed a loopback stream to a fifth of its rate; a lane
+/// likewise polls its poller, not its sockets.
+struct Polled {
+    stream: TcpStream,
+    /// `None`: waits retry the socket itself (the floor: for one small
+    /// message the lock costs nothing and a retry is the quickest look).
+    poll: Option<(mio::Poll, mio::Events)>,
 }
 
-/// Writes all of `buf` to a non-blocking stream, spinning.
-fn spin_write_all(stream: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
-    let mut at = 0;
-    let started = Instant::now();
-    while at < buf.len() {
-        match stream.write(&buf[at..]) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => at += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if started.elapsed() > PING_PONG_STALL {
-                    return Err(std::io::ErrorKind::TimedOut.into());
+impl Polled {
+    /// Waits on epoll (`through_epoll`) or by retrying the socket.
+    fn new(stream: TcpStream, through_epoll: bool) -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        stream.set_nonblocking(true)?;
+        if !through_epoll {
+            return Ok(Self { stream, poll: None });
+        }
+        let poll = mio::Poll::new()?;
+        let interest = mio::Interest::READABLE | mio::Interest::WRITABLE;
+        poll.registry().register(&mut mio::unix::SourceFd(&stream.as_raw_fd()), mio::Token(0), interest)?;
+        Ok(Self { stream, poll: Some((poll, mio::Events::with_capacity(4))) })
+    }
+
+    /// Spins on the poller until the socket raises an edge.
+    fn wait(&mut self, since: Instant) -> std::io::Result<()> {
+        loop {
+            let ready = match &mut self.poll {
+                Some((poll, events)) => {
+                    poll.poll(events, Some(Duration::ZERO))?;
+                    !events.is_empty()
                 }
-                std::hint::spin_loop();
+                None => true,
+            };
+            if since.elapsed() > PING_PONG_STALL {
+                return Err(std::io::ErrorKind::TimedOut.into());
             }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            if ready {
+                return Ok(());
+            }
+            std::hint::spin_loop();
         }
     }
-    Ok(())
+
+    /// Reads exactly `buf`; false when the peer closed before its first
+    /// byte.
+    fn read_exact(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
+        let mut at = 0;
+        let mut last = Instant::now();
+        while at < buf.len() {
+            match self.stream.read(&mut buf[at..]) {
+                Ok(0) if at == 0 => return Ok(false),
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    at += n;
+                    last = Instant::now();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.wait(last)?,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Writes all of `buf`.
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        let mut at = 0;
+        let mut last = Instant::now();
+        while at < buf.len() {
+            match self.stream.write(&buf[at..]) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    at += n;
+                    last = Instant::now();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.wait(last)?,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The latency floor: `samples` round trips (after a warm-up) of a
@@ -207,20 +247,20 @@ pub fn floor(
     samples: usize,
 ) -> Result<Vec<Duration>, String> {
     let block = usize::try_from(block).ok().filter(|&b| b <= SINK_BUFFER).ok_or("floor: block too large")?;
-    let mut stream = connect(addr, token)?;
+    let stream = connect(addr, token)?;
     let mut request = [0u8; 16];
     request[..8].copy_from_slice(&(if write { 3u64 } else { 4 }).to_le_bytes());
     request[8..].copy_from_slice(&(block as u64).to_le_bytes());
-    stream.set_nonblocking(true).map_err(|e| format!("floor: {e}"))?;
-    spin_write_all(&mut stream, &request).map_err(|e| format!("floor: {e}"))?;
+    let mut stream = Polled::new(stream, false).map_err(|e| format!("floor: {e}"))?;
+    stream.write_all(&request).map_err(|e| format!("floor: {e}"))?;
     let mut payload = vec![0x5au8; block];
     let mut ping = [0u8; PING_BYTES];
     let mut times = Vec::with_capacity(samples);
     for i in 0..FLOOR_WARMUP + samples {
         let started = Instant::now();
         let (outbound, inbound): (&[u8], &mut [u8]) = if write { (&payload, &mut ping) } else { (&ping, &mut payload) };
-        spin_write_all(&mut stream, outbound).map_err(|e| format!("floor: {e}"))?;
-        match spin_read_exact(&mut stream, inbound) {
+        stream.write_all(outbound).map_err(|e| format!("floor: {e}"))?;
+        match stream.read_exact(inbound) {
             Ok(true) => {}
             Ok(false) => return Err("floor: the sink closed the connection".into()),
             Err(e) => return Err(format!("floor: {e}")),
@@ -248,31 +288,31 @@ fn connect(addr: &str, token: Option<&str>) -> Result<TcpStream, String> {
 /// `addr` in `block`-sized socket calls, answering its challenge with
 /// `token`.
 pub fn baseline(addr: &str, token: Option<&str>, write: bool, block: u64, total: u64) -> Result<f64, String> {
-    let mut stream = connect(addr, token)?;
+    let stream = connect(addr, token)?;
     let block = block.min(total).max(1) as usize;
     let mut buffer = vec![0x5au8; block];
     let mut request = [0u8; 16];
     request[..8].copy_from_slice(&(if write { 1u64 } else { 2 }).to_le_bytes());
     request[8..].copy_from_slice(&total.to_le_bytes());
-    stream.set_nonblocking(true).map_err(|e| format!("raw baseline: {e}"))?;
+    let mut stream = Polled::new(stream, true).map_err(|e| format!("raw baseline: {e}"))?;
     let failed = |e: std::io::Error| format!("raw baseline: {e}");
     let closed =
         |read: bool| if read { Ok(()) } else { Err("raw baseline: the sink closed the connection".to_string()) };
     let started = Instant::now();
-    spin_write_all(&mut stream, &request).map_err(failed)?;
+    stream.write_all(&request).map_err(failed)?;
     let mut left = total;
     while left > 0 {
         let n = (left as usize).min(block);
         if write {
-            spin_write_all(&mut stream, &buffer[..n]).map_err(failed)?;
+            stream.write_all(&buffer[..n]).map_err(failed)?;
         } else {
-            closed(spin_read_exact(&mut stream, &mut buffer[..n]).map_err(failed)?)?;
+            closed(stream.read_exact(&mut buffer[..n]).map_err(failed)?)?;
         }
         left -= n as u64;
     }
     if write {
         let mut ack = [0u8; 1];
-        closed(spin_read_exact(&mut stream, &mut ack).map_err(failed)?)?;
+        closed(stream.read_exact(&mut ack).map_err(failed)?)?;
     }
     Ok(total as f64 / started.elapsed().as_secs_f64() / 1e9)
 }
