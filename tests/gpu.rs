@@ -14,7 +14,7 @@
 mod common;
 
 use common::WAIT;
-use kvring::gpu::{CopyMethod, Gpu, SimGpu};
+use kvring::gpu::{CopyMethod, CopyMethodCounts, Gpu, SimGpu};
 use kvring::{Batch, BlockDesc, Engine, Opcode, Outcome, Region, RegionInfo, Segment, TransportKind};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -567,6 +567,60 @@ fn an_older_driver_falls_back_and_the_copies_still_land() {
     let desc = [BlockDesc::new(local.id(), 0, remote.id(), 0, 1 << 16)];
     assert!(run(&mut sub, &Batch::new(Opcode::Write, &segment).descs(&desc)).is_done());
     assert_eq!(read(&remote, 0, 1 << 16), read(&local, 0, 1 << 16));
+}
+
+/// Chunks of GPU copies the engine's lanes issued, by method.
+fn chunks(engine: &Engine) -> CopyMethodCounts {
+    CopyMethodCounts::sum(engine.lane_stats().iter().map(|s| s.gpu_chunks))
+}
+
+/// On a driver without the batch API, a chunk goes through the copy kernel
+/// only when every host range it touches is pinned; otherwise, and when the
+/// kernel's descriptor slots are all in flight, one copy call per copy.
+/// Each chunk's method is counted, and the bytes land either way.
+#[test]
+fn the_copy_kernel_takes_only_pinned_chunks_and_every_chunks_method_is_counted() {
+    let sim = SimGpu::new(1, Duration::from_millis(200)).with_copy_method(CopyMethod::Kernel);
+    let Some(gpu) = sim_only("kernel tier (simulated driver)", sim) else { return };
+    let target = engine("kernel-target", &gpu);
+    let initiator = engine("kernel-initiator", &gpu);
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let pinned = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    pinned.fill_pattern(11);
+    let mut pageable = common::pattern(1 << 16, 12);
+    let addr = pageable.as_mut_ptr() as u64;
+    // SAFETY: `pageable` outlives the engine's use of it (the engine drops first).
+    let caller = unsafe { initiator.register(pageable.as_mut_ptr(), pageable.len(), RegionInfo::raw()) }.unwrap();
+    let _ = gpu.host_unregister(addr); // whatever pinned it, it is pageable now
+    let segment = open(&initiator, &target, None).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let before = chunks(&initiator);
+    let from_pinned = [BlockDesc::new(pinned.id(), 0, remote.id(), 0, 4096)];
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&from_pinned)).is_done());
+    assert_eq!(chunks(&initiator).since(&before), CopyMethodCounts { kernel: 1, ..Default::default() });
+    let from_pageable = [BlockDesc::new(caller, 0, remote.id(), 65536, 4096)];
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&from_pageable)).is_done());
+    assert_eq!(chunks(&initiator).since(&before), CopyMethodCounts { kernel: 1, per_copy: 1, ..Default::default() });
+    assert_eq!(read(&remote, 0, 4096), read(&pinned, 0, 4096));
+    assert_eq!(read(&remote, 65536, 4096), pageable[..4096]);
+    // Twenty chunks in flight at once on one stream: sixteen slots, then
+    // one call per copy, counted as such.
+    let before = chunks(&initiator);
+    let ids: Vec<_> = (0..20u64)
+        .map(|i| {
+            let desc = [BlockDesc::new(pinned.id(), i * 4096, remote.id(), i * 4096, 4096)];
+            sub.submit(&Batch::write(&segment).descs(&desc)).unwrap()
+        })
+        .collect();
+    for id in ids {
+        assert!(sub.wait(id, WAIT).unwrap().is_done());
+    }
+    assert_eq!(chunks(&initiator).since(&before), CopyMethodCounts { kernel: 16, per_copy: 4, ..Default::default() });
+    assert_eq!(read(&remote, 0, 20 * 4096), read(&pinned, 0, 20 * 4096));
+    let text = initiator.metrics_text();
+    assert!(text.contains("kvring_gpu_chunks_total{method=\"kernel\"} 17"), "{text}");
+    drop(sub);
+    drop(initiator);
 }
 
 #[test]

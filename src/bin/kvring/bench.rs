@@ -200,7 +200,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let mut sub = engine.submitter().map_err(|e| e.to_string())?;
     print_header(&engine, &segment, &peer, region_bytes, &options, gpu.as_deref());
     if let Some(gpu) = gpu {
-        let result = gpu_cases(&mut sub, &segment, &local, remote.id, region_bytes, &options, gpu);
+        let result = gpu_cases((&engine, &mut sub), &segment, &local, remote.id, region_bytes, &options, gpu);
         drop(sub);
         engine.shutdown();
         drop(target);
@@ -233,7 +233,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
 /// `--memory` with GPU memory: the cases over cuda_ipc, their report, and
 /// whether every case verified.
 fn gpu_cases(
-    sub: &mut Submitter,
+    (engine, sub): (&kvring::Engine, &mut Submitter),
     segment: &Segment,
     local: &Region,
     remote: kvring::RegionId,
@@ -250,6 +250,7 @@ fn gpu_cases(
         json: options.json,
         memory: options.memory.expect("GPU cases have --memory"),
         gpu,
+        engine,
     };
     let cases = crate::gpubench::run(sub, segment, local, remote, region_bytes, &plan)?;
     if let Some(dir) = &options.report {
