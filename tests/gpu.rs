@@ -670,4 +670,8 @@ fn lanes_serving_a_gpu_run_on_its_numa_node() {
         .collect();
     assert_eq!(cores.len(), 3);
     assert!(cores.iter().all(|c| node.contains(c)), "lanes on {cores:?}, node 0 has {node:?}");
+    // Every GPU on one node: the same cores with nobody naming a GPU.
+    let gpu = Arc::new(SimGpu::new(2, Duration::from_micros(1)).with_numa_node(0));
+    let unnamed = kvring::Engine::builder().lanes(3).gpu(gpu).planned_lane_cores();
+    assert_eq!(unnamed, cores.iter().map(|&c| Some(c)).collect::<Vec<_>>());
 }
