@@ -143,6 +143,38 @@ fn registration_tells_device_memory_from_host_memory() {
     drop(pinned);
 }
 
+/// Caller-registered host memory is pinned with the GPU provider (best
+/// effort, counted, visible per region) and unpinned when unregistered.
+#[test]
+fn caller_host_memory_is_pinned_for_the_gpu_best_effort_and_counted() {
+    let Some(sim) = sim_only("host pinning (the simulator's registrations)", sim()) else { return };
+    let engine = engine("pin-engine", &sim);
+    let mut kv = vec![0u8; 1 << 16];
+    let addr = kv.as_mut_ptr() as u64;
+    // SAFETY: `kv` outlives its registration (unregistered below).
+    let id = unsafe { engine.register(kv.as_mut_ptr(), kv.len(), RegionInfo::raw()) }.unwrap();
+    assert!(sim.is_host_registered(addr) && engine.region_pinned(id));
+    assert_eq!(engine.host_pins(), kvring::HostPinStats { regions: 1, bytes: 1 << 16, failed: 0 });
+    // SAFETY: as above; the same registration again is the same region.
+    assert_eq!(unsafe { engine.register(kv.as_mut_ptr(), kv.len(), RegionInfo::raw()) }.unwrap(), id);
+    assert_eq!(engine.host_pins().failed, 0, "pinned once");
+    engine.unregister(id).unwrap();
+    assert!(!sim.is_host_registered(addr) && !engine.region_pinned(id));
+    assert_eq!(engine.host_pins().regions, 0);
+    // Memory someone else pinned: registered all the same, not pinned by
+    // the engine, counted as a failure.
+    let mut theirs = vec![0u8; 1 << 16];
+    // SAFETY: unpinned below, before `theirs` is freed.
+    unsafe { sim.host_register(theirs.as_mut_ptr() as u64, 1 << 16).unwrap() };
+    // SAFETY: `theirs` outlives the engine's use of it.
+    let other = unsafe { engine.register(theirs.as_mut_ptr(), theirs.len(), RegionInfo::raw()) }.unwrap();
+    assert!(!engine.region_pinned(other));
+    assert_eq!(engine.host_pins(), kvring::HostPinStats { regions: 0, bytes: 0, failed: 1 });
+    engine.unregister(other).unwrap();
+    assert!(sim.is_host_registered(theirs.as_ptr() as u64), "the engine unpins only what it pinned");
+    sim.host_unregister(theirs.as_ptr() as u64).unwrap();
+}
+
 #[test]
 fn without_a_gpu_provider_a_gpu_region_is_refused() {
     if kvring::host::gpus().is_ok() {
