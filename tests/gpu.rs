@@ -15,8 +15,8 @@ mod common;
 
 use common::WAIT;
 use kvring::gpu::{CopyMethod, CopyMethodCounts, Gpu, SimGpu};
-use kvring::{Batch, BlockDesc, Engine, Opcode, Outcome, Region, RegionInfo, Segment, TransportKind};
-use std::io::{BufRead, BufReader, Write};
+use kvring::{Batch, BlockDesc, Engine, Error, Opcode, Outcome, Region, RegionInfo, Segment, TransportKind};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -348,8 +348,8 @@ fn tcp_never_touches_device_memory() {
         }
     }
     // The peer's GPU region over tcp: refused by this lane before any byte
-    // is sent, and by the target had it been sent (a raw-socket test of the
-    // target is in tests/hostile.rs).
+    // is sent, and by the target had it been sent (the raw-socket test
+    // `the_tcp_target_refuses_frames_aimed_at_a_gpu_region`).
     let theirs = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(other_gpu(&gpu))).unwrap();
     let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
     initiator.close_segment(&segment); // the cached handle predates `theirs`
@@ -371,29 +371,44 @@ fn tcp_never_touches_device_memory() {
 struct ChildTarget {
     child: Child,
     addr: String,
+    /// Kept open, so the child's last words find a reader.
+    _stdout: BufReader<std::process::ChildStdout>,
 }
 
 impl ChildTarget {
     /// Starts a child serving GPU memory laid out as `mode` says
-    /// (`legacy`, `pieces` or `kv`), its copy engine `delay_us` slow.
+    /// (`legacy`, `pieces`, `kv` or `mla`), its copy engine `delay_us` slow.
     fn start(mode: &str, delay_us: u64) -> Self {
+        Self::start_on(mode, delay_us, "127.0.0.1:0")
+    }
+
+    /// [`ChildTarget::start`], its control server on `listen`.
+    fn start_on(mode: &str, delay_us: u64, listen: &str) -> Self {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--ignored", "--exact", "gpu_child_target", "--nocapture", "--test-threads=1"])
             .env("KVRING_GPU_CHILD", mode)
             .env("KVRING_GPU_CHILD_DELAY_US", delay_us.to_string())
+            .env("KVRING_GPU_CHILD_LISTEN", listen)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let addr = loop {
-            let line = lines.next().expect("the child says it is ready").unwrap();
+            let mut line = String::new();
+            assert!(stdout.read_line(&mut line).unwrap() > 0, "the child exited before it was ready");
             // libtest prints the test's name before it on the same line.
             if let Some((_, addr)) = line.split_once("ready ") {
                 break addr.trim().to_string();
             }
         };
-        ChildTarget { child, addr }
+        ChildTarget { child, addr, _stdout: stdout }
+    }
+
+    /// `kill -9`, then reaped.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -445,7 +460,8 @@ fn gpu_child_target() {
     let mode = std::env::var("KVRING_GPU_CHILD").expect("run by ChildTarget");
     let delay: u64 = std::env::var("KVRING_GPU_CHILD_DELAY_US").unwrap().parse().unwrap();
     let gpu = provider_with(Duration::from_micros(delay));
-    let engine = engine_on("gpu-child", &gpu);
+    let listen = std::env::var("KVRING_GPU_CHILD_LISTEN").unwrap().parse().unwrap();
+    let engine = common::builder("gpu-child").gpu(gpu.clone()).listen(listen).build().unwrap();
     let mut _keep = Vec::new();
     match mode.as_str() {
         "legacy" => {
@@ -706,4 +722,185 @@ fn lanes_serving_a_gpu_run_on_its_numa_node() {
     let gpu = Arc::new(SimGpu::new(2, Duration::from_micros(1)).with_numa_node(0));
     let unnamed = kvring::Engine::builder().lanes(3).gpu(gpu).planned_lane_cores();
     assert_eq!(unnamed, cores.iter().map(|&c| Some(c)).collect::<Vec<_>>());
+}
+
+/// Polls `done` every millisecond until it holds, failing the test at the
+/// deadline.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A cuda_ipc target killed: the next batch fails `PeerRestarted` (the
+/// memory opened from it is still mapped here, and must not be written as
+/// if it were the peer's), its opened memory is closed once the stale
+/// handle is retired, and the target restarted on the same port opens
+/// afresh and moves bytes its own copy engine verifies.
+#[test]
+fn a_killed_cuda_ipc_target_is_seen_gone_its_memory_closed_and_its_successor_opened() {
+    let Some(sim) = sim_only("restarted target (open and close counters)", sim()) else { return };
+    let initiator = engine("restart-initiator", &sim);
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    local.fill_pattern(41);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut target = ChildTarget::start_on("legacy", 0, &listen);
+    let segment = initiator.open_segment_with(&target.addr, None, WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = [BlockDesc::new(local.id(), 0, segment.regions()[0].id, 0, 65536)];
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done());
+    assert_eq!(sim.open_counts(), (1, 0));
+
+    target.kill();
+    match run(&mut sub, &Batch::write(&segment).descs(&desc)) {
+        Outcome::Failed(Error::PeerRestarted { detail, .. }) => assert!(detail.contains("exited"), "{detail}"),
+        other => panic!("a batch to a dead target ended {other:?}"),
+    }
+    assert!(segment.is_stale());
+    let restarted = ChildTarget::start_on("legacy", 0, &listen);
+    let reopened = initiator.open_segment_with(&restarted.addr, None, WAIT).unwrap();
+    assert_ne!(reopened.epoch(), segment.epoch(), "a new target, a new epoch");
+    eventually("the dead target's memory closed", || sim.open_counts() == (2, 1));
+    let remote = reopened.regions()[0].id;
+    let desc = [BlockDesc::new(local.id(), 0, remote, 0, 65536)];
+    assert!(run(&mut sub, &Batch::write(&reopened).descs(&desc)).is_done());
+    let sum = reopened.remote_checksum(remote, 0, 65536, WAIT).unwrap();
+    assert_eq!(sum, kvring::testing::checksum(&read(&local, 0, 65536)), "the successor holds the bytes");
+}
+
+/// The GPU holding a peer's memory (in another process) is lost: batches
+/// to it fail saying so, and the same lane goes on moving another GPU's
+/// memory.
+#[test]
+fn a_lost_gpu_under_a_peers_memory_fails_its_batches_and_the_lane_serves_the_other_gpu() {
+    let Some(sim) = sim_only("a lost GPU (injected)", sim()) else { return };
+    let initiator = engine("lost-initiator", &sim);
+    let target = ChildTarget::start("legacy", 0);
+    let segment = initiator.open_segment_with(&target.addr, None, WAIT).unwrap();
+    let remote = segment.regions()[0].clone();
+    assert_eq!(remote.memory, kvring::MemoryKind::Gpu(1), "the legacy child's memory is on GPU 1");
+    let host_peer = engine("lost-host-peer", &sim);
+    let host_remote = host_peer.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    let host_segment = open(&initiator, &host_peer, None).unwrap();
+    let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    let on_zero = initiator.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
+    on_zero.fill_pattern(43);
+    let mut sub = initiator.submitter().unwrap();
+    sim.lose_device(1);
+    let desc = [BlockDesc::new(local.id(), 0, remote.id, 0, 4096)];
+    match run(&mut sub, &Batch::write(&segment).descs(&desc)) {
+        Outcome::Failed(error) => assert!(error.to_string().contains("the device was lost"), "{error}"),
+        other => panic!("{other:?}"),
+    }
+    let desc = [BlockDesc::new(on_zero.id(), 0, host_remote.id(), 0, 8192)];
+    assert!(run(&mut sub, &Batch::write(&host_segment).descs(&desc)).is_done(), "GPU 0 still moves");
+    assert_eq!(read(&host_remote, 0, 8192), read(&on_zero, 0, 8192));
+}
+
+/// A peer's exported memory vanishes after it was opened (its owner freed
+/// it): a copy touching it faults, and the batch fails saying why.
+#[test]
+fn a_peers_memory_that_vanishes_after_it_was_opened_fails_the_batch_clearly() {
+    let Some(sim) = sim_only("vanished memory (injected)", sim()) else { return };
+    let initiator = engine("vanish-initiator", &sim);
+    let target = ChildTarget::start("legacy", 0);
+    let segment = initiator.open_segment_with(&target.addr, None, WAIT).unwrap();
+    let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = [BlockDesc::new(local.id(), 0, segment.regions()[0].id, 0, 4096)];
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done());
+    sim.vanish_opened();
+    match run(&mut sub, &Batch::read(&segment).descs(&desc)) {
+        Outcome::Failed(error) => assert!(error.to_string().contains("vanished after it was opened"), "{error}"),
+        other => panic!("a batch on vanished memory ended {other:?}"),
+    }
+}
+
+/// A copy call refused in the middle of a four-chunk batch: the batch
+/// fails with it, the chunks after it are never issued (the copy counts
+/// say so, and their bytes never land), and the lane goes on moving GPU
+/// memory for the next batch.
+#[test]
+fn a_copy_refused_mid_batch_drops_the_later_chunks_and_the_lane_serves_on() {
+    let Some(gpu) = sim_only("a refused copy call (injected)", sim()) else { return };
+    let target = engine("midbatch-target", &gpu);
+    let initiator = common::builder("midbatch-initiator").gpu(gpu.clone()).lanes(1).build().unwrap();
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    local.fill_pattern(47);
+    let segment = open(&initiator, &target, None).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    // 1000 blocks of 1 KiB, reversed on the remote side so no two merge:
+    // chunks of 256, 256, 256 and 232 copies.
+    let many: Vec<BlockDesc> =
+        (0..1000).map(|i| BlockDesc::new(local.id(), i * 1024, remote.id(), (999 - i) * 1024, 1024)).collect();
+    let before = gpu.copy_counts();
+    gpu.refuse_copy_call(1);
+    match run(&mut sub, &Batch::write(&segment).descs(&many)) {
+        Outcome::Failed(error) => assert!(error.to_string().contains("refused the copy call"), "{error}"),
+        other => panic!("{other:?}"),
+    }
+    let after = gpu.copy_counts();
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 256), "the first chunk alone was issued");
+    assert_eq!(read(&remote, 999 * 1024, 1024), read(&local, 0, 1024), "the first chunk landed");
+    for block in [256u64, 600, 999] {
+        let at = (999 - block) * 1024;
+        assert!(read(&remote, at, 1024).iter().all(|&b| b == 0), "block {block} of a dropped chunk landed");
+    }
+    let next: Vec<BlockDesc> =
+        (0..64).map(|i| BlockDesc::new(local.id(), i * 1024, remote.id(), i * 1024, 1024)).collect();
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&next)).is_done(), "the lane serves on");
+    assert_eq!(read(&remote, 0, 64 * 1024), read(&local, 0, 64 * 1024));
+}
+
+/// The tcp target, spoken to byte by byte: a WRITE or READ frame naming a
+/// GPU region is refused (its thread would touch device memory), the
+/// connection stays framed, and the region's bytes are untouched.
+#[test]
+fn the_tcp_target_refuses_frames_aimed_at_a_gpu_region() {
+    use kvring::testing::tcp::SERVER_HELLO_BYTES;
+    use kvring::testing::tcp::{ClientHello, FrameHeader, FrameOp, ServerHello, FLAG_LAST, FRAME_HEADER_BYTES};
+    use zerocopy::{FromBytes, IntoBytes};
+    let gpu = provider();
+    let target = engine_on("raw-gpu-target", &gpu);
+    let on_gpu = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
+    on_gpu.write_at(0, &common::pattern(4096, 53)).unwrap();
+    let host = target.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    let mut s = std::net::TcpStream::connect(target.tcp_addr().unwrap()).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(ClientHello::new(target.epoch(), [0; 16], [0; 16]).as_bytes()).unwrap();
+    let mut hello = [0u8; SERVER_HELLO_BYTES];
+    s.read_exact(&mut hello).unwrap();
+    assert_eq!(ServerHello::read_from_bytes(&hello).unwrap().status, 0);
+    let mut replies = s.try_clone().unwrap();
+    let mut reply = || {
+        let mut bytes = [0u8; FRAME_HEADER_BYTES];
+        replies.read_exact(&mut bytes).unwrap();
+        FrameHeader::read_from_bytes(&bytes).unwrap()
+    };
+    let frame = |op: FrameOp, region: &Region| {
+        let mut header = FrameHeader::new(op, target.epoch(), 9, region.id().raw(), 0, 4096);
+        header.flags = FLAG_LAST;
+        header
+    };
+    s.write_all(frame(FrameOp::Write, &on_gpu).as_bytes()).unwrap();
+    s.write_all(&[0xEE; 4096]).unwrap();
+    let ack = reply();
+    assert_eq!(
+        (ack.opcode, kvring::ErrorCode::try_from(-ack.status)),
+        (FrameOp::Ack as u8, Ok(kvring::ErrorCode::Unsupported))
+    );
+    s.write_all(frame(FrameOp::Read, &on_gpu).as_bytes()).unwrap();
+    let refused = reply();
+    assert_eq!(refused.opcode, FrameOp::ReadData as u8);
+    assert_eq!(kvring::ErrorCode::try_from(-refused.status), Ok(kvring::ErrorCode::Unsupported));
+    // Still framed: a host region's write on the same connection lands.
+    s.write_all(frame(FrameOp::Write, &host).as_bytes()).unwrap();
+    s.write_all(&[0x5A; 4096]).unwrap();
+    assert_eq!(reply().status, 0);
+    assert_eq!(read(&host, 0, 4096), vec![0x5A; 4096]);
+    assert_eq!(read(&on_gpu, 0, 4096), common::pattern(4096, 53), "the GPU region is untouched");
 }

@@ -40,6 +40,10 @@ pub(crate) struct PeerDevice {
     name: String,
     /// By region index: where it is here, or why it cannot be reached.
     regions: Vec<Option<std::result::Result<OpenedRegion, String>>>,
+    /// The peer process (another than this one), watched for its exit:
+    /// memory opened from a process that is gone must never be reported
+    /// as its memory written.
+    process: Option<(u32, std::os::fd::OwnedFd)>,
 }
 
 impl PeerDevice {
@@ -49,8 +53,14 @@ impl PeerDevice {
     /// reason, and only batches naming it fail.
     pub fn open(gpu: Arc<dyn Gpu>, descriptor: &SegmentDescriptor) -> Result<Self> {
         let slots = descriptor.regions.iter().map(|r| r.id.index() as usize + 1).max().unwrap_or(0);
-        let mut peer = PeerDevice { gpu, name: descriptor.name.clone(), regions: vec![None; slots] };
         let same_process = descriptor.pid == std::process::id();
+        // Opened before its memory: a process that exits after this is
+        // seen exited, whatever reuses its pid.
+        let process = match same_process {
+            true => None,
+            false => crate::gpu::fd::pidfd_open(descriptor.pid).ok().map(|fd| (descriptor.pid, fd)),
+        };
+        let mut peer = PeerDevice { gpu, name: descriptor.name.clone(), regions: vec![None; slots], process };
         for region in descriptor.regions.iter().filter(|r| r.memory != MemoryKind::Host) {
             let reached = match &region.gpu_export {
                 Err(reason) => Err(format!("its owner could not export it ({reason})")),
@@ -90,6 +100,17 @@ impl PeerDevice {
                 reason: format!("{addr:#x}+{len} is not device memory to this engine's GPU provider"),
             }),
         }
+    }
+
+    /// `PeerRestarted` once the peer's process has exited (one `poll` of
+    /// its pidfd): its opened memory may still be mapped here, but writing
+    /// it would reach nobody, and reading it would return stale bytes.
+    pub fn gone(&self) -> Option<Error> {
+        let (pid, pidfd) = self.process.as_ref()?;
+        crate::gpu::fd::exited(pidfd).then(|| Error::PeerRestarted {
+            segment: self.name.clone(),
+            detail: format!("its process {pid} exited; open the segment again to reach its successor"),
+        })
     }
 
     /// True when the peer has a region in device memory.

@@ -123,6 +123,11 @@ impl LaneLink for ShmLink {
 
     #[inline]
     unsafe fn transfer(&mut self, op: Opcode, _batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
+        // A link that moves GPU memory checks its peer is alive first (one
+        // `poll`): its opened memory outlives the peer's process.
+        if let Some(error) = self.device.as_ref().and_then(|(peer, _)| peer.gone()) {
+            return Posted::Failed((error, 0));
+        }
         let mut moved = 0;
         let mut failure = None;
         for block in blocks {
