@@ -419,16 +419,21 @@ impl Drop for ChildTarget {
     }
 }
 
-/// The KV cache shape of the `kv` child and its initiator.
-fn kv_shape() -> kvring::kv::CacheShape {
-    kvring::kv::CacheShape::mha(3, 32, 2, 64, 2, 1, 1).unwrap()
+/// The KV cache shape of the `kv` (MHA) or `mla` child and its initiator.
+fn kv_shape(mode: &str) -> kvring::kv::CacheShape {
+    match mode {
+        "kv" => kvring::kv::CacheShape::mha(3, 32, 2, 64, 2, 1, 1).unwrap(),
+        // DeepSeek's shape, smaller: a latent buffer and an index buffer
+        // per layer, no value buffer.
+        "mla" => kvring::kv::CacheShape::mla(3, 32, 576, 2, 1, 128).unwrap(),
+        other => panic!("no KV shape for {other}"),
+    }
 }
 
 /// A vLLM-style KV cache in GPU memory: one region per layer for K and one
 /// for V, filled with a pattern from `seed`, published as the layout.
-fn gpu_kv_cache(engine: &Engine, seed: u64) -> (Vec<Region>, kvring::kv::KvLayout) {
+fn gpu_kv_cache(engine: &Engine, shape: kvring::kv::CacheShape, seed: u64) -> (Vec<Region>, kvring::kv::KvLayout) {
     use kvring::kv::{KvBuffer, KvLayout};
-    let shape = kv_shape();
     let mut regions = Vec::new();
     let mut layers = Vec::new();
     for layer in 0..shape.layers {
@@ -473,7 +478,7 @@ fn gpu_child_target() {
             // SAFETY: the run lives as long as this process.
             unsafe { engine.register(run.0 as *mut u8, PIECES_BYTES as usize, RegionInfo::raw().on_gpu(0)) }.unwrap();
         }
-        "kv" => _keep = gpu_kv_cache(&engine, 100).0,
+        "kv" | "mla" => _keep = gpu_kv_cache(&engine, kv_shape(&mode), 100).0,
         other => panic!("unknown mode {other}"),
     }
     println!("ready {}", engine.control_addr());
@@ -524,35 +529,69 @@ fn across_processes_legacy_handles_and_runs_of_pieces_open_and_move() {
 }
 
 /// No batch is `Done` before its bytes are in place: 10,000 single-block
-/// WRITEs, each checked by the target itself (on a stream of its own, in
-/// its own process) the moment the initiator saw `Done`. The copy engine
-/// lags 100 µs, so a completion reported early would find old bytes.
+/// WRITEs from host memory, each checked by the target itself (on a stream
+/// of its own, in its own process) the moment the initiator saw `Done`.
+/// The copy engine lags 100 µs, so a completion reported early would find
+/// old bytes.
 #[test]
 fn ten_thousand_batches_each_in_place_when_reported_done() {
+    each_in_place_when_reported_done(RegionInfo::raw(), 10_000);
+}
+
+/// The same device to device, WRITE and READ: each WRITE from GPU memory is
+/// checked by the target, then the block is READ back into another block of
+/// this GPU region and read at once through a stream of its own; each
+/// round's bytes differ, so a READ reported early would find the last
+/// round's.
+#[test]
+fn device_to_device_writes_and_reads_each_in_place_when_reported_done() {
+    each_in_place_when_reported_done(RegionInfo::raw().on_gpu(0), 2_500);
+}
+
+fn each_in_place_when_reported_done(local_memory: RegionInfo, rounds: u64) {
     let gpu = provider_with(Duration::from_micros(100));
     let initiator = engine_on("done-initiator", &gpu);
-    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let local = initiator.alloc_region(2 << 20, local_memory).unwrap();
     let target = ChildTarget::start("legacy", 0);
     let segment = initiator.open_segment_with(&target.addr, None, WAIT).unwrap();
     let remote = segment.regions()[0].id;
     let mut sub = initiator.submitter().unwrap();
-    for i in 0..10_000u64 {
+    let read_back = local_memory.memory != kvring::MemoryKind::Host;
+    for i in 0..rounds {
         let block = (i % 256) * 4096;
         let bytes = (i as u32).to_le_bytes().repeat(1024);
         local.write_at(block, &bytes).unwrap();
         let desc = [BlockDesc::new(local.id(), block, remote, block, 4096)];
         assert!(run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done(), "batch {i}");
         let sum = segment.remote_checksum(remote, block, 4096, WAIT).unwrap();
-        assert_eq!(sum, kvring::testing::checksum(&bytes), "batch {i} was reported done before its bytes landed");
+        assert_eq!(sum, kvring::testing::checksum(&bytes), "write {i} was reported done before its bytes landed");
+        if read_back {
+            let back = [BlockDesc::new(local.id(), (1 << 20) + block, remote, block, 4096)];
+            assert!(run(&mut sub, &Batch::read(&segment).descs(&back)).is_done(), "read {i}");
+            assert_eq!(read(&local, (1 << 20) + block, 4096), bytes, "read {i} was reported done before it landed");
+        }
     }
 }
 
 #[test]
 fn kv_push_pull_and_push_layer_between_device_layouts_of_two_processes() {
+    kv_round_trip("kv");
+}
+
+/// MLA: latent (key) and index buffers in GPU memory, no value buffer.
+#[test]
+fn kv_push_pull_and_push_layer_between_device_mla_layouts_of_two_processes() {
+    kv_round_trip("mla");
+}
+
+/// Push, per-layer push and pull between this process's KV cache in GPU
+/// memory and the `mode` child's, every destination block checked.
+fn kv_round_trip(mode: &str) {
     let gpu = provider();
     let prefill = engine_on("kv-prefill", &gpu);
-    let (regions, layout) = gpu_kv_cache(&prefill, 7);
-    let decode = ChildTarget::start("kv", 100);
+    let (regions, layout) = gpu_kv_cache(&prefill, kv_shape(mode), 7);
+    assert!(regions.iter().all(|r| r.memory() == kvring::MemoryKind::Gpu(0)));
+    let decode = ChildTarget::start(mode, 100);
     let segment = prefill.open_segment_with(&decode.addr, None, WAIT).unwrap();
     assert_eq!(segment.transport(), TransportKind::CudaIpc);
     let remote = segment.kv_layout(WAIT).unwrap();
@@ -671,24 +710,39 @@ fn the_copy_kernel_takes_only_pinned_chunks_and_every_chunks_method_is_counted()
     drop(initiator);
 }
 
-#[test]
-fn the_gpu_bench_runs_on_the_simulated_provider_beside_both_baselines_and_verifies() {
+/// Runs `kvring bench --memory MEMORY --gpu sim` and returns its JSON cases.
+fn gpu_bench(memory: &str, block_sizes: &str) -> Vec<serde_json::Value> {
     let output = Command::new(common::kvring_bin())
-        .args(["bench", "--memory", "gpu:0,host", "--gpu", "sim", "--sim-copy-delay", "20us", "--json"])
-        .args(["--block-size", "4KiB,256KiB", "--total", "16MiB", "--region-size", "8MiB", "--latency-samples", "50"])
+        .args(["bench", "--memory", memory, "--gpu", "sim", "--sim-copy-delay", "20us", "--json"])
+        .args(["--block-size", block_sizes, "--total", "16MiB", "--region-size", "8MiB", "--latency-samples", "50"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
-    let cases: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(cases.len(), 4, "write and read, two block sizes: {stdout}");
-    for case in &cases {
-        assert_eq!(case["transport"], "cuda_ipc");
-        assert_eq!(case["memory"], serde_json::json!(["gpu:0", "host"]));
-        assert_eq!((case["provider"].as_str(), case["copy_method"].as_str()), (Some("sim"), Some("batched")));
-        assert_eq!(case["verified"], true, "{case}");
-        for field in ["gbps", "baseline_per_call_gbps", "baseline_one_copy_gbps", "ratio_per_call", "ratio_one_copy"] {
-            assert!(case[field].as_f64().is_some_and(|v| v > 0.0), "{field} in {case}");
+    assert!(output.status.success(), "{memory}: {stdout}{}", String::from_utf8_lossy(&output.stderr));
+    stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn the_gpu_bench_runs_on_the_simulated_provider_beside_both_baselines_and_verifies() {
+    for (memory, ends) in
+        [("gpu:0,host", ["gpu:0", "host"]), ("gpu,gpu", ["gpu:0", "gpu:0"]), ("host,gpu", ["host", "gpu:0"])]
+    {
+        let cases = gpu_bench(memory, "4KiB,256KiB");
+        assert_eq!(cases.len(), 4, "{memory}: write and read, two block sizes: {cases:?}");
+        for case in &cases {
+            assert_eq!(case["transport"], "cuda_ipc");
+            assert_eq!(case["memory"], serde_json::json!(ends), "{memory}");
+            assert_eq!((case["provider"].as_str(), case["copy_method"].as_str()), (Some("sim"), Some("batched")));
+            assert_eq!(case["verified"], true, "{case}");
+            for field in
+                ["gbps", "baseline_per_call_gbps", "baseline_one_copy_gbps", "ratio_per_call", "ratio_one_copy"]
+            {
+                assert!(case[field].as_f64().is_some_and(|v| v > 0.0), "{field} in {case}");
+            }
+            // Every timed chunk went as one batched call, and was counted.
+            let chunks = &case["chunks"];
+            assert!(chunks["batched"].as_u64().is_some_and(|n| n > 0), "{case}");
+            assert_eq!((chunks["kernel"].as_u64(), chunks["per_copy"].as_u64()), (Some(0), Some(0)), "{case}");
         }
     }
     // Without a driver, --gpu cuda (the default) says what to do instead.
