@@ -104,6 +104,26 @@ impl Engine {
         }
     }
 
+    /// Where `addr..addr + len` lives, as this engine's GPU provider tells
+    /// it: `Gpu(n)` for memory of GPU n, `Host` for host memory (managed
+    /// memory too, which host threads may touch). Without a provider, host
+    /// memory. For callers that name memory by address alone, as Mooncake's
+    /// `register_memory(addr, len)` does: register what this says.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let kv = vec![0u8; 4096];
+    /// assert_eq!(engine.memory_of(kv.as_ptr() as u64, 4096)?, kvring::MemoryKind::Host);
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
+    pub fn memory_of(&self, addr: u64, len: u64) -> Result<MemoryKind> {
+        let Some(gpu) = self.gpu() else { return Ok(MemoryKind::Host) };
+        Ok(match gpu.classify(addr, len)? {
+            Memory::Host | Memory::Managed { .. } => MemoryKind::Host,
+            Memory::Device { ordinal, .. } => MemoryKind::Gpu(ordinal),
+        })
+    }
+
     /// The GPU provider: the builder's, or the CUDA driver's when one is
     /// installed (loaded at the first registration, not at start, so an
     /// engine that never registers memory never initialises CUDA).

@@ -1,16 +1,23 @@
 //! The `Engine` class of `kvring._native`.
 
+use super::gpu::{location_name, wanted, SimDeviceBuffer, Wanted};
 use super::open::{finish, Open};
 use super::u64s::U64s;
 use super::{op_is_write, raise, raise_code, seconds};
+use crate::gpu::SimGpu;
 use crate::kv::{CacheShape, KvLayout};
-use crate::{BlockDesc, Engine, Error, RegionId, RegionInfo};
+use crate::{BlockDesc, Engine, Error, MemoryKind, RegionId, RegionInfo};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+
+/// GPUs of the simulated provider (`gpu="sim"`).
+const SIM_GPUS: u32 = 2;
+/// Its copy engine's delay: copies land only when their event says so.
+const SIM_COPY_DELAY: Duration = Duration::from_micros(10);
 
 /// A kvring engine, for Python. Its methods take addresses and region ids;
 /// `kvring.Engine` wraps it with buffer objects and defaults.
@@ -24,6 +31,8 @@ pub struct PyEngine {
     /// Kept apart from `open` so reading them never waits on a transfer.
     name: String,
     control_addr: String,
+    /// The simulated GPU, when the engine was made with `gpu="sim"`.
+    sim: Option<Arc<SimGpu>>,
 }
 
 impl std::fmt::Debug for PyEngine {
@@ -78,9 +87,12 @@ impl PyEngine {
     /// Starts an engine. `listen` is the control address (port 0: any);
     /// `metadata` an `etcd://host:port[/prefix/]` URL or None (peer
     /// handshake); `name` the name it publishes under; `token` the
-    /// cluster's pre-shared token (proven, never sent), or None.
+    /// cluster's pre-shared token (proven, never sent), or None; `gpu` the
+    /// GPU provider: None (the CUDA driver where installed, loaded at the
+    /// first registration), "cuda" (the driver, now, or an error), or
+    /// "sim" (kvring's simulated GPUs: 2 of them, for tests).
     #[new]
-    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None))]
+    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None, gpu=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -91,6 +103,7 @@ impl PyEngine {
         serve_tcp: bool,
         pin: bool,
         token: Option<Vec<u8>>,
+        gpu: Option<&str>,
     ) -> PyResult<Self> {
         let listen = listen
             .parse()
@@ -105,12 +118,27 @@ impl PyEngine {
         if let Some(token) = token {
             builder = builder.token(token);
         }
+        let sim = match gpu.map(str::trim).filter(|g| !g.is_empty()) {
+            None => None,
+            Some("sim") => Some(Arc::new(SimGpu::new(SIM_GPUS, SIM_COPY_DELAY))),
+            Some("cuda") => {
+                let cuda = py.allow_threads(crate::gpu::CudaGpu::load).map_err(raise)?;
+                builder = builder.gpu(Arc::new(cuda));
+                None
+            }
+            Some(other) => {
+                return Err(raise(Error::invalid("gpu", format!("{other:?} is not None, \"cuda\" or \"sim\""))))
+            }
+        };
+        if let Some(sim) = &sim {
+            builder = builder.gpu(sim.clone());
+        }
         let engine = py.allow_threads(|| builder.build()).map_err(raise)?;
         let submitter = engine.submitter().map_err(raise)?;
         let (name, control_addr) = (engine.name().to_string(), engine.control_addr().to_string());
         let open = Open { engine, submitter, allocated: HashMap::new(), transports: HashMap::new() };
         let closed = std::sync::atomic::AtomicBool::new(false);
-        Ok(Self { open: Mutex::new(Some(open)), pid: std::process::id(), closed, name, control_addr })
+        Ok(Self { open: Mutex::new(Some(open)), pid: std::process::id(), closed, name, control_addr, sim })
     }
 
     /// The engine's name.
@@ -132,18 +160,67 @@ impl PyEngine {
     }
 
     /// Registers `length` bytes at `addr` (no copy); returns the region id.
-    /// The memory must stay valid until `unregister`.
-    fn register(&self, py: Python<'_>, addr: u64, length: u64) -> PyResult<u32> {
+    /// The memory must stay valid until `unregister`. `location` says where
+    /// it lives: None, "auto" or "*" asks the GPU provider (host memory, or
+    /// the GPU holding it, as Mooncake classifies an address); "host" or
+    /// "cpu[:N]" for host memory, "gpu[:N]" or "cuda[:N]" for a GPU's
+    /// (checked: a wrong claim is refused).
+    #[pyo3(signature = (addr, length, location=None))]
+    fn register(&self, py: Python<'_>, addr: u64, length: u64, location: Option<&str>) -> PyResult<u32> {
         if addr == 0 {
             return Err(raise(Error::invalid("address", "null")));
         }
         let len = usize::try_from(length).map_err(|_| raise(Error::invalid("length", "past the address space")))?;
+        let wanted = wanted(location).map_err(raise)?;
         self.with_open(py, |open| {
+            let memory = match wanted {
+                Wanted::Memory(memory) => memory,
+                Wanted::Classify { device_only } => match open.engine.memory_of(addr, length)? {
+                    MemoryKind::Host if device_only => {
+                        return Err(Error::invalid("memory", format!("{addr:#x}+{length} is not GPU memory")))
+                    }
+                    found => found,
+                },
+            };
+            let info = match memory {
+                MemoryKind::Host => RegionInfo::raw(),
+                MemoryKind::Gpu(n) => RegionInfo::raw().on_gpu(n),
+            };
             // SAFETY: the caller promises the range stays valid until it
             // unregisters it (this method's documented contract; the Python
             // layer holds buffer objects for that long).
-            unsafe { open.engine.register(addr as *mut u8, len, RegionInfo::raw()) }.map(|id| id.raw())
+            unsafe { open.engine.register(addr as *mut u8, len, info) }.map(|id| id.raw())
         })
+    }
+
+    /// Where a region lives: "host" or "gpu:N"; with `segment`, a peer's
+    /// region (by id), else one of this engine's.
+    #[pyo3(signature = (region, segment=None, timeout=5.0))]
+    fn region_memory(&self, py: Python<'_>, region: u32, segment: Option<String>, timeout: f64) -> PyResult<String> {
+        let timeout = seconds(timeout)?;
+        let id = RegionId::from_raw(region);
+        self.with_open(py, |open| {
+            let memory = match &segment {
+                None => open.engine.region_info(id)?.2.memory,
+                Some(name) => {
+                    let segment = open.segment(name, timeout)?;
+                    let found = segment.regions().iter().find(|r| r.id == id).map(|r| r.memory);
+                    found.ok_or(Error::UnknownRegion { side: crate::Side::Remote, region: id })?
+                }
+            };
+            Ok(location_name(memory))
+        })
+    }
+
+    /// For tests: `length` bytes of the simulated GPU `device`, as an
+    /// object with `__cuda_array_interface__` and DLPack (engines made
+    /// with `gpu="sim"` only).
+    #[pyo3(signature = (length, device=0))]
+    fn sim_device_buffer(&self, py: Python<'_>, length: u64, device: u32) -> PyResult<SimDeviceBuffer> {
+        let sim = self.sim.clone().ok_or_else(|| {
+            raise(Error::invalid("gpu", "sim_device_buffer needs an engine made with gpu=\"sim\"".to_string()))
+        })?;
+        py.allow_threads(|| SimDeviceBuffer::allocate(sim, device, length)).map_err(raise)
     }
 
     /// Unregisters a region by id (refused while a batch uses it).

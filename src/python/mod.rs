@@ -14,9 +14,11 @@
 
 //!
 //! `engine.rs` is the `Engine` class, `open.rs` what an open engine holds,
-//! `u64s.rs` the fast reading of int lists.
+//! `gpu.rs` GPU memory from Python (DLPack, locations, the simulated
+//! device buffer for tests), `u64s.rs` the fast reading of int lists.
 
 mod engine;
+mod gpu;
 mod open;
 mod u64s;
 
@@ -110,11 +112,13 @@ fn py_check_pd_topo(
     })
 }
 
-/// Which transports a Python engine can use. RDMA is not among them: the
-/// module does not hand the engine a verbs provider (see the README).
+/// Which transports a Python engine can use (cuda_ipc needs a GPU
+/// provider at run time: the CUDA driver, or `gpu="sim"`). RDMA is not
+/// among them: the module does not hand the engine a verbs provider (see
+/// the README).
 #[pyfunction]
 fn transports() -> Vec<&'static str> {
-    vec!["shm", "tcp"]
+    vec!["shm", "tcp", "cuda_ipc"]
 }
 
 /// Sends kvring's log events to `forward(level, target, message)` (None:
@@ -146,6 +150,8 @@ fn set_log_callback(py: Python<'_>, forward: Option<PyObject>) -> PyResult<()> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngine>()?;
+    m.add_class::<gpu::SimDeviceBuffer>()?;
+    m.add_function(wrap_pyfunction!(gpu::dlpack_info, m)?)?;
     m.add_function(wrap_pyfunction!(set_error_classes, m)?)?;
     m.add_function(wrap_pyfunction!(py_check_pd_topo, m)?)?;
     m.add_function(wrap_pyfunction!(transports, m)?)?;
