@@ -410,6 +410,10 @@ unsafe extern "C" fn delete_exported(tensor: *mut DlManagedTensor) {
 
 /// The capsule's destructor: an unconsumed capsule deletes its tensor; a
 /// consumed one ("used_dltensor") belongs to its consumer.
+///
+/// # Safety
+///
+/// Called by Python, once, with a capsule [`export`] made.
 unsafe extern "C" fn destroy_capsule(capsule: *mut pyo3::ffi::PyObject) {
     // SAFETY: called by Python with the capsule being freed.
     if unsafe { pyo3::ffi::PyCapsule_IsValid(capsule, DLTENSOR.as_ptr()) } == 1 {
