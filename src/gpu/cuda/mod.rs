@@ -238,8 +238,9 @@ impl CudaGpu {
             unsafe { sys::cuStreamDestroy_v2(stream.0) };
         }
         for (addr, _) in state.pinned {
-            // SAFETY: pinned by this provider, and still mapped: whoever
-            // pinned it unpins before unmapping, and is gone by now.
+            // SAFETY: a range this provider pinned whose owner never
+            // unpinned it (owners hold the provider, so they are gone); the
+            // driver checks the address and touches no memory of it.
             unsafe { sys::cuMemHostUnregister(addr as *mut c_void) };
         }
         for (device, _) in &self.contexts {
