@@ -17,6 +17,9 @@ cd "$(dirname "$0")/.."
 
 kvring="${KVRING_BIN:-}"
 tests="${KVRING_GPU_TEST_BIN:-}"
+# kvring reads every KVRING_* variable as a setting and refuses unknown
+# ones: these two are this script's, not kvring's.
+unset KVRING_BIN KVRING_GPU_TEST_BIN
 if [ -z "$kvring" ] || [ -z "$tests" ]; then
     cargo build --release --bin kvring || exit 1
     kvring=target/release/kvring
@@ -82,7 +85,9 @@ for op in ["write", "read"]:
 bad = [c for c in cases if not c["verified"]]
 print("== targets (issue 15)")
 print("\n".join(rows))
-print(f"{len(cases)} cases, {len(bad)} not verified; copy method: {sorted({c['copy_method'] for c in cases})}")
+taken = {m: sum(c.get("chunks", {}).get(m, 0) for c in cases) for m in ["batched", "kernel", "per_copy"]}
+print(f"{len(cases)} cases, {len(bad)} not verified; driver's best method: {sorted({c['copy_method'] for c in cases})}; "
+      f"chunks taken: {taken}")
 sys.exit(0 if ok and not bad else 1)
 EOF
 rm -f "$out"

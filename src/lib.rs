@@ -63,7 +63,8 @@ pub use advertise::Advertised;
 pub use auth::Token;
 pub use desc::BlockDesc;
 pub use engine::{
-    Batch, Completion, Engine, EngineBuilder, EngineConfig, Event, Outcome, Region, Segment, StatusReader, Submitter,
+    Batch, Completion, Engine, EngineBuilder, EngineConfig, Event, HostPinStats, Outcome, Region, Segment,
+    StatusReader, Submitter,
 };
 pub use error::{Error, Result, Side};
 pub use mem::{Access, MemoryKind, RegionInfo, RegionKind};

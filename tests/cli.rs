@@ -122,3 +122,29 @@ fn a_gigabyte_is_ten_to_the_ninth_bytes() {
     let header = text.lines().next().unwrap();
     assert!(header.contains("1GB per case") && header.contains("1 lane ("), "{header}");
 }
+
+/// `kvring info` has one line for GPUs: each one the driver lists, or why
+/// there are none; the JSON form carries the same.
+#[test]
+fn info_lists_the_gpus_or_says_why_there_are_none() {
+    let output = kvring(&["info"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let line = text.lines().find(|l| l.starts_with("gpus:")).unwrap_or_else(|| panic!("no gpus line:\n{text}"));
+    let json: serde_json::Value = serde_json::from_slice(&kvring(&["info", "--json"]).stdout).unwrap();
+    let gpus = &json["gpus"];
+    match kvring::host::gpus() {
+        Ok(devices) => {
+            // A GPU host: every device, with its memory and NUMA node.
+            assert!(devices.iter().all(|d| line.contains(d.as_str())), "{line}");
+            assert!(line.contains("MiB") && line.contains("numa"), "{line}");
+            assert_eq!(gpus["devices"].as_array().map(Vec::len), Some(devices.len()), "{gpus}");
+        }
+        Err(reason) => {
+            // No driver here: the line says so, and says why.
+            assert!(line.contains("none: ") && line.contains("no CUDA driver found"), "{line}");
+            assert!(line.contains(&reason), "{line} vs {reason}");
+            assert!(gpus["devices"].is_null() && gpus["reason"].as_str() == Some(reason.as_str()), "{gpus}");
+        }
+    }
+}

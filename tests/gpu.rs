@@ -14,9 +14,9 @@
 mod common;
 
 use common::WAIT;
-use kvring::gpu::{CopyMethod, Gpu, SimGpu};
-use kvring::{Batch, BlockDesc, Engine, Opcode, Outcome, Region, RegionInfo, Segment, TransportKind};
-use std::io::{BufRead, BufReader, Write};
+use kvring::gpu::{CopyMethod, CopyMethodCounts, Gpu, SimGpu};
+use kvring::{Batch, BlockDesc, Engine, Error, Opcode, Outcome, Region, RegionInfo, Segment, TransportKind};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -141,6 +141,38 @@ fn registration_tells_device_memory_from_host_memory() {
     let pinned_here = engine.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
     assert!(sim.is_host_registered(pinned_here.as_ptr() as u64 - 4096), "the mapping, header page included");
     drop(pinned);
+}
+
+/// Caller-registered host memory is pinned with the GPU provider (best
+/// effort, counted, visible per region) and unpinned when unregistered.
+#[test]
+fn caller_host_memory_is_pinned_for_the_gpu_best_effort_and_counted() {
+    let Some(sim) = sim_only("host pinning (the simulator's registrations)", sim()) else { return };
+    let engine = engine("pin-engine", &sim);
+    let mut kv = vec![0u8; 1 << 16];
+    let addr = kv.as_mut_ptr() as u64;
+    // SAFETY: `kv` outlives its registration (unregistered below).
+    let id = unsafe { engine.register(kv.as_mut_ptr(), kv.len(), RegionInfo::raw()) }.unwrap();
+    assert!(sim.is_host_registered(addr) && engine.region_pinned(id));
+    assert_eq!(engine.host_pins(), kvring::HostPinStats { regions: 1, bytes: 1 << 16, failed: 0 });
+    // SAFETY: as above; the same registration again is the same region.
+    assert_eq!(unsafe { engine.register(kv.as_mut_ptr(), kv.len(), RegionInfo::raw()) }.unwrap(), id);
+    assert_eq!(engine.host_pins().failed, 0, "pinned once");
+    engine.unregister(id).unwrap();
+    assert!(!sim.is_host_registered(addr) && !engine.region_pinned(id));
+    assert_eq!(engine.host_pins().regions, 0);
+    // Memory someone else pinned: registered all the same, not pinned by
+    // the engine, counted as a failure.
+    let mut theirs = vec![0u8; 1 << 16];
+    // SAFETY: unpinned below, before `theirs` is freed.
+    unsafe { sim.host_register(theirs.as_mut_ptr() as u64, 1 << 16).unwrap() };
+    // SAFETY: `theirs` outlives the engine's use of it.
+    let other = unsafe { engine.register(theirs.as_mut_ptr(), theirs.len(), RegionInfo::raw()) }.unwrap();
+    assert!(!engine.region_pinned(other));
+    assert_eq!(engine.host_pins(), kvring::HostPinStats { regions: 0, bytes: 0, failed: 1 });
+    engine.unregister(other).unwrap();
+    assert!(sim.is_host_registered(theirs.as_ptr() as u64), "the engine unpins only what it pinned");
+    sim.host_unregister(theirs.as_ptr() as u64).unwrap();
 }
 
 #[test]
@@ -316,8 +348,8 @@ fn tcp_never_touches_device_memory() {
         }
     }
     // The peer's GPU region over tcp: refused by this lane before any byte
-    // is sent, and by the target had it been sent (a raw-socket test of the
-    // target is in tests/hostile.rs).
+    // is sent, and by the target had it been sent (the raw-socket test
+    // `the_tcp_target_refuses_frames_aimed_at_a_gpu_region`).
     let theirs = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(other_gpu(&gpu))).unwrap();
     let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
     initiator.close_segment(&segment); // the cached handle predates `theirs`
@@ -339,29 +371,44 @@ fn tcp_never_touches_device_memory() {
 struct ChildTarget {
     child: Child,
     addr: String,
+    /// Kept open, so the child's last words find a reader.
+    _stdout: BufReader<std::process::ChildStdout>,
 }
 
 impl ChildTarget {
     /// Starts a child serving GPU memory laid out as `mode` says
-    /// (`legacy`, `pieces` or `kv`), its copy engine `delay_us` slow.
+    /// (`legacy`, `pieces`, `kv` or `mla`), its copy engine `delay_us` slow.
     fn start(mode: &str, delay_us: u64) -> Self {
+        Self::start_on(mode, delay_us, "127.0.0.1:0")
+    }
+
+    /// [`ChildTarget::start`], its control server on `listen`.
+    fn start_on(mode: &str, delay_us: u64, listen: &str) -> Self {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--ignored", "--exact", "gpu_child_target", "--nocapture", "--test-threads=1"])
             .env("KVRING_GPU_CHILD", mode)
             .env("KVRING_GPU_CHILD_DELAY_US", delay_us.to_string())
+            .env("KVRING_GPU_CHILD_LISTEN", listen)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let addr = loop {
-            let line = lines.next().expect("the child says it is ready").unwrap();
+            let mut line = String::new();
+            assert!(stdout.read_line(&mut line).unwrap() > 0, "the child exited before it was ready");
             // libtest prints the test's name before it on the same line.
             if let Some((_, addr)) = line.split_once("ready ") {
                 break addr.trim().to_string();
             }
         };
-        ChildTarget { child, addr }
+        ChildTarget { child, addr, _stdout: stdout }
+    }
+
+    /// `kill -9`, then reaped.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -372,16 +419,21 @@ impl Drop for ChildTarget {
     }
 }
 
-/// The KV cache shape of the `kv` child and its initiator.
-fn kv_shape() -> kvring::kv::CacheShape {
-    kvring::kv::CacheShape::mha(3, 32, 2, 64, 2, 1, 1).unwrap()
+/// The KV cache shape of the `kv` (MHA) or `mla` child and its initiator.
+fn kv_shape(mode: &str) -> kvring::kv::CacheShape {
+    match mode {
+        "kv" => kvring::kv::CacheShape::mha(3, 32, 2, 64, 2, 1, 1).unwrap(),
+        // DeepSeek's shape, smaller: a latent buffer and an index buffer
+        // per layer, no value buffer.
+        "mla" => kvring::kv::CacheShape::mla(3, 32, 576, 2, 1, 128).unwrap(),
+        other => panic!("no KV shape for {other}"),
+    }
 }
 
 /// A vLLM-style KV cache in GPU memory: one region per layer for K and one
 /// for V, filled with a pattern from `seed`, published as the layout.
-fn gpu_kv_cache(engine: &Engine, seed: u64) -> (Vec<Region>, kvring::kv::KvLayout) {
+fn gpu_kv_cache(engine: &Engine, shape: kvring::kv::CacheShape, seed: u64) -> (Vec<Region>, kvring::kv::KvLayout) {
     use kvring::kv::{KvBuffer, KvLayout};
-    let shape = kv_shape();
     let mut regions = Vec::new();
     let mut layers = Vec::new();
     for layer in 0..shape.layers {
@@ -413,7 +465,8 @@ fn gpu_child_target() {
     let mode = std::env::var("KVRING_GPU_CHILD").expect("run by ChildTarget");
     let delay: u64 = std::env::var("KVRING_GPU_CHILD_DELAY_US").unwrap().parse().unwrap();
     let gpu = provider_with(Duration::from_micros(delay));
-    let engine = engine_on("gpu-child", &gpu);
+    let listen = std::env::var("KVRING_GPU_CHILD_LISTEN").unwrap().parse().unwrap();
+    let engine = common::builder("gpu-child").gpu(gpu.clone()).listen(listen).build().unwrap();
     let mut _keep = Vec::new();
     match mode.as_str() {
         "legacy" => {
@@ -425,7 +478,7 @@ fn gpu_child_target() {
             // SAFETY: the run lives as long as this process.
             unsafe { engine.register(run.0 as *mut u8, PIECES_BYTES as usize, RegionInfo::raw().on_gpu(0)) }.unwrap();
         }
-        "kv" => _keep = gpu_kv_cache(&engine, 100).0,
+        "kv" | "mla" => _keep = gpu_kv_cache(&engine, kv_shape(&mode), 100).0,
         other => panic!("unknown mode {other}"),
     }
     println!("ready {}", engine.control_addr());
@@ -476,35 +529,69 @@ fn across_processes_legacy_handles_and_runs_of_pieces_open_and_move() {
 }
 
 /// No batch is `Done` before its bytes are in place: 10,000 single-block
-/// WRITEs, each checked by the target itself (on a stream of its own, in
-/// its own process) the moment the initiator saw `Done`. The copy engine
-/// lags 100 µs, so a completion reported early would find old bytes.
+/// WRITEs from host memory, each checked by the target itself (on a stream
+/// of its own, in its own process) the moment the initiator saw `Done`.
+/// The copy engine lags 100 µs, so a completion reported early would find
+/// old bytes.
 #[test]
 fn ten_thousand_batches_each_in_place_when_reported_done() {
+    each_in_place_when_reported_done(RegionInfo::raw(), 10_000);
+}
+
+/// The same device to device, WRITE and READ: each WRITE from GPU memory is
+/// checked by the target, then the block is READ back into another block of
+/// this GPU region and read at once through a stream of its own; each
+/// round's bytes differ, so a READ reported early would find the last
+/// round's.
+#[test]
+fn device_to_device_writes_and_reads_each_in_place_when_reported_done() {
+    each_in_place_when_reported_done(RegionInfo::raw().on_gpu(0), 2_500);
+}
+
+fn each_in_place_when_reported_done(local_memory: RegionInfo, rounds: u64) {
     let gpu = provider_with(Duration::from_micros(100));
     let initiator = engine_on("done-initiator", &gpu);
-    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let local = initiator.alloc_region(2 << 20, local_memory).unwrap();
     let target = ChildTarget::start("legacy", 0);
     let segment = initiator.open_segment_with(&target.addr, None, WAIT).unwrap();
     let remote = segment.regions()[0].id;
     let mut sub = initiator.submitter().unwrap();
-    for i in 0..10_000u64 {
+    let read_back = local_memory.memory != kvring::MemoryKind::Host;
+    for i in 0..rounds {
         let block = (i % 256) * 4096;
         let bytes = (i as u32).to_le_bytes().repeat(1024);
         local.write_at(block, &bytes).unwrap();
         let desc = [BlockDesc::new(local.id(), block, remote, block, 4096)];
         assert!(run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done(), "batch {i}");
         let sum = segment.remote_checksum(remote, block, 4096, WAIT).unwrap();
-        assert_eq!(sum, kvring::testing::checksum(&bytes), "batch {i} was reported done before its bytes landed");
+        assert_eq!(sum, kvring::testing::checksum(&bytes), "write {i} was reported done before its bytes landed");
+        if read_back {
+            let back = [BlockDesc::new(local.id(), (1 << 20) + block, remote, block, 4096)];
+            assert!(run(&mut sub, &Batch::read(&segment).descs(&back)).is_done(), "read {i}");
+            assert_eq!(read(&local, (1 << 20) + block, 4096), bytes, "read {i} was reported done before it landed");
+        }
     }
 }
 
 #[test]
 fn kv_push_pull_and_push_layer_between_device_layouts_of_two_processes() {
+    kv_round_trip("kv");
+}
+
+/// MLA: latent (key) and index buffers in GPU memory, no value buffer.
+#[test]
+fn kv_push_pull_and_push_layer_between_device_mla_layouts_of_two_processes() {
+    kv_round_trip("mla");
+}
+
+/// Push, per-layer push and pull between this process's KV cache in GPU
+/// memory and the `mode` child's, every destination block checked.
+fn kv_round_trip(mode: &str) {
     let gpu = provider();
     let prefill = engine_on("kv-prefill", &gpu);
-    let (regions, layout) = gpu_kv_cache(&prefill, 7);
-    let decode = ChildTarget::start("kv", 100);
+    let (regions, layout) = gpu_kv_cache(&prefill, kv_shape(mode), 7);
+    assert!(regions.iter().all(|r| r.memory() == kvring::MemoryKind::Gpu(0)));
+    let decode = ChildTarget::start(mode, 100);
     let segment = prefill.open_segment_with(&decode.addr, None, WAIT).unwrap();
     assert_eq!(segment.transport(), TransportKind::CudaIpc);
     let remote = segment.kv_layout(WAIT).unwrap();
@@ -569,24 +656,93 @@ fn an_older_driver_falls_back_and_the_copies_still_land() {
     assert_eq!(read(&remote, 0, 1 << 16), read(&local, 0, 1 << 16));
 }
 
+/// Chunks of GPU copies the engine's lanes issued, by method.
+fn chunks(engine: &Engine) -> CopyMethodCounts {
+    CopyMethodCounts::sum(engine.lane_stats().iter().map(|s| s.gpu_chunks))
+}
+
+/// On a driver without the batch API, a chunk goes through the copy kernel
+/// only when every host range it touches is pinned; otherwise, and when the
+/// kernel's descriptor slots are all in flight, one copy call per copy.
+/// Each chunk's method is counted, and the bytes land either way.
 #[test]
-fn the_gpu_bench_runs_on_the_simulated_provider_beside_both_baselines_and_verifies() {
+fn the_copy_kernel_takes_only_pinned_chunks_and_every_chunks_method_is_counted() {
+    let sim = SimGpu::new(1, Duration::from_millis(200)).with_copy_method(CopyMethod::Kernel);
+    let Some(gpu) = sim_only("kernel tier (simulated driver)", sim) else { return };
+    let target = engine("kernel-target", &gpu);
+    let initiator = engine("kernel-initiator", &gpu);
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let pinned = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    pinned.fill_pattern(11);
+    let mut pageable = common::pattern(1 << 16, 12);
+    let addr = pageable.as_mut_ptr() as u64;
+    // SAFETY: `pageable` outlives the engine's use of it (the engine drops first).
+    let caller = unsafe { initiator.register(pageable.as_mut_ptr(), pageable.len(), RegionInfo::raw()) }.unwrap();
+    let _ = gpu.host_unregister(addr); // whatever pinned it, it is pageable now
+    let segment = open(&initiator, &target, None).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let before = chunks(&initiator);
+    let from_pinned = [BlockDesc::new(pinned.id(), 0, remote.id(), 0, 4096)];
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&from_pinned)).is_done());
+    assert_eq!(chunks(&initiator).since(&before), CopyMethodCounts { kernel: 1, ..Default::default() });
+    let from_pageable = [BlockDesc::new(caller, 0, remote.id(), 65536, 4096)];
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&from_pageable)).is_done());
+    assert_eq!(chunks(&initiator).since(&before), CopyMethodCounts { kernel: 1, per_copy: 1, ..Default::default() });
+    assert_eq!(read(&remote, 0, 4096), read(&pinned, 0, 4096));
+    assert_eq!(read(&remote, 65536, 4096), pageable[..4096]);
+    // Twenty chunks in flight at once on one stream: sixteen slots, then
+    // one call per copy, counted as such.
+    let before = chunks(&initiator);
+    let ids: Vec<_> = (0..20u64)
+        .map(|i| {
+            let desc = [BlockDesc::new(pinned.id(), i * 4096, remote.id(), i * 4096, 4096)];
+            sub.submit(&Batch::write(&segment).descs(&desc)).unwrap()
+        })
+        .collect();
+    for id in ids {
+        assert!(sub.wait(id, WAIT).unwrap().is_done());
+    }
+    assert_eq!(chunks(&initiator).since(&before), CopyMethodCounts { kernel: 16, per_copy: 4, ..Default::default() });
+    assert_eq!(read(&remote, 0, 20 * 4096), read(&pinned, 0, 20 * 4096));
+    let text = initiator.metrics_text();
+    assert!(text.contains("kvring_gpu_chunks_total{method=\"kernel\"} 17"), "{text}");
+    drop(sub);
+    drop(initiator);
+}
+
+/// Runs `kvring bench --memory MEMORY --gpu sim` and returns its JSON cases.
+fn gpu_bench(memory: &str, block_sizes: &str) -> Vec<serde_json::Value> {
     let output = Command::new(common::kvring_bin())
-        .args(["bench", "--memory", "gpu:0,host", "--gpu", "sim", "--sim-copy-delay", "20us", "--json"])
-        .args(["--block-size", "4KiB,256KiB", "--total", "16MiB", "--region-size", "8MiB", "--latency-samples", "50"])
+        .args(["bench", "--memory", memory, "--gpu", "sim", "--sim-copy-delay", "20us", "--json"])
+        .args(["--block-size", block_sizes, "--total", "16MiB", "--region-size", "8MiB", "--latency-samples", "50"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
-    let cases: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(cases.len(), 4, "write and read, two block sizes: {stdout}");
-    for case in &cases {
-        assert_eq!(case["transport"], "cuda_ipc");
-        assert_eq!(case["memory"], serde_json::json!(["gpu:0", "host"]));
-        assert_eq!((case["provider"].as_str(), case["copy_method"].as_str()), (Some("sim"), Some("batched")));
-        assert_eq!(case["verified"], true, "{case}");
-        for field in ["gbps", "baseline_per_call_gbps", "baseline_one_copy_gbps", "ratio_per_call", "ratio_one_copy"] {
-            assert!(case[field].as_f64().is_some_and(|v| v > 0.0), "{field} in {case}");
+    assert!(output.status.success(), "{memory}: {stdout}{}", String::from_utf8_lossy(&output.stderr));
+    stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn the_gpu_bench_runs_on_the_simulated_provider_beside_both_baselines_and_verifies() {
+    for (memory, ends) in
+        [("gpu:0,host", ["gpu:0", "host"]), ("gpu,gpu", ["gpu:0", "gpu:0"]), ("host,gpu", ["host", "gpu:0"])]
+    {
+        let cases = gpu_bench(memory, "4KiB,256KiB");
+        assert_eq!(cases.len(), 4, "{memory}: write and read, two block sizes: {cases:?}");
+        for case in &cases {
+            assert_eq!(case["transport"], "cuda_ipc");
+            assert_eq!(case["memory"], serde_json::json!(ends), "{memory}");
+            assert_eq!((case["provider"].as_str(), case["copy_method"].as_str()), (Some("sim"), Some("batched")));
+            assert_eq!(case["verified"], true, "{case}");
+            for field in
+                ["gbps", "baseline_per_call_gbps", "baseline_one_copy_gbps", "ratio_per_call", "ratio_one_copy"]
+            {
+                assert!(case[field].as_f64().is_some_and(|v| v > 0.0), "{field} in {case}");
+            }
+            // Every timed chunk went as one batched call, and was counted.
+            let chunks = &case["chunks"];
+            assert!(chunks["batched"].as_u64().is_some_and(|n| n > 0), "{case}");
+            assert_eq!((chunks["kernel"].as_u64(), chunks["per_copy"].as_u64()), (Some(0), Some(0)), "{case}");
         }
     }
     // Without a driver, --gpu cuda (the default) says what to do instead.
@@ -616,4 +772,189 @@ fn lanes_serving_a_gpu_run_on_its_numa_node() {
         .collect();
     assert_eq!(cores.len(), 3);
     assert!(cores.iter().all(|c| node.contains(c)), "lanes on {cores:?}, node 0 has {node:?}");
+    // Every GPU on one node: the same cores with nobody naming a GPU.
+    let gpu = Arc::new(SimGpu::new(2, Duration::from_micros(1)).with_numa_node(0));
+    let unnamed = kvring::Engine::builder().lanes(3).gpu(gpu).planned_lane_cores();
+    assert_eq!(unnamed, cores.iter().map(|&c| Some(c)).collect::<Vec<_>>());
+}
+
+/// Polls `done` every millisecond until it holds, failing the test at the
+/// deadline.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A cuda_ipc target killed: the next batch fails `PeerRestarted` (the
+/// memory opened from it is still mapped here, and must not be written as
+/// if it were the peer's), its opened memory is closed once the stale
+/// handle is retired, and the target restarted on the same port opens
+/// afresh and moves bytes its own copy engine verifies.
+#[test]
+fn a_killed_cuda_ipc_target_is_seen_gone_its_memory_closed_and_its_successor_opened() {
+    let Some(sim) = sim_only("restarted target (open and close counters)", sim()) else { return };
+    let initiator = engine("restart-initiator", &sim);
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    local.fill_pattern(41);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut target = ChildTarget::start_on("legacy", 0, &listen);
+    let segment = initiator.open_segment_with(&target.addr, None, WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = [BlockDesc::new(local.id(), 0, segment.regions()[0].id, 0, 65536)];
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done());
+    assert_eq!(sim.open_counts(), (1, 0));
+
+    target.kill();
+    match run(&mut sub, &Batch::write(&segment).descs(&desc)) {
+        Outcome::Failed(Error::PeerRestarted { detail, .. }) => assert!(detail.contains("exited"), "{detail}"),
+        other => panic!("a batch to a dead target ended {other:?}"),
+    }
+    assert!(segment.is_stale());
+    let restarted = ChildTarget::start_on("legacy", 0, &listen);
+    let reopened = initiator.open_segment_with(&restarted.addr, None, WAIT).unwrap();
+    assert_ne!(reopened.epoch(), segment.epoch(), "a new target, a new epoch");
+    eventually("the dead target's memory closed", || sim.open_counts() == (2, 1));
+    let remote = reopened.regions()[0].id;
+    let desc = [BlockDesc::new(local.id(), 0, remote, 0, 65536)];
+    assert!(run(&mut sub, &Batch::write(&reopened).descs(&desc)).is_done());
+    let sum = reopened.remote_checksum(remote, 0, 65536, WAIT).unwrap();
+    assert_eq!(sum, kvring::testing::checksum(&read(&local, 0, 65536)), "the successor holds the bytes");
+}
+
+/// The GPU holding a peer's memory (in another process) is lost: batches
+/// to it fail saying so, and the same lane goes on moving another GPU's
+/// memory.
+#[test]
+fn a_lost_gpu_under_a_peers_memory_fails_its_batches_and_the_lane_serves_the_other_gpu() {
+    let Some(sim) = sim_only("a lost GPU (injected)", sim()) else { return };
+    let initiator = engine("lost-initiator", &sim);
+    let target = ChildTarget::start("legacy", 0);
+    let segment = initiator.open_segment_with(&target.addr, None, WAIT).unwrap();
+    let remote = segment.regions()[0].clone();
+    assert_eq!(remote.memory, kvring::MemoryKind::Gpu(1), "the legacy child's memory is on GPU 1");
+    let host_peer = engine("lost-host-peer", &sim);
+    let host_remote = host_peer.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    let host_segment = open(&initiator, &host_peer, None).unwrap();
+    let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    let on_zero = initiator.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
+    on_zero.fill_pattern(43);
+    let mut sub = initiator.submitter().unwrap();
+    sim.lose_device(1);
+    let desc = [BlockDesc::new(local.id(), 0, remote.id, 0, 4096)];
+    match run(&mut sub, &Batch::write(&segment).descs(&desc)) {
+        Outcome::Failed(error) => assert!(error.to_string().contains("the device was lost"), "{error}"),
+        other => panic!("{other:?}"),
+    }
+    let desc = [BlockDesc::new(on_zero.id(), 0, host_remote.id(), 0, 8192)];
+    assert!(run(&mut sub, &Batch::write(&host_segment).descs(&desc)).is_done(), "GPU 0 still moves");
+    assert_eq!(read(&host_remote, 0, 8192), read(&on_zero, 0, 8192));
+}
+
+/// A peer's exported memory vanishes after it was opened (its owner freed
+/// it): a copy touching it faults, and the batch fails saying why.
+#[test]
+fn a_peers_memory_that_vanishes_after_it_was_opened_fails_the_batch_clearly() {
+    let Some(sim) = sim_only("vanished memory (injected)", sim()) else { return };
+    let initiator = engine("vanish-initiator", &sim);
+    let target = ChildTarget::start("legacy", 0);
+    let segment = initiator.open_segment_with(&target.addr, None, WAIT).unwrap();
+    let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = [BlockDesc::new(local.id(), 0, segment.regions()[0].id, 0, 4096)];
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done());
+    sim.vanish_opened();
+    match run(&mut sub, &Batch::read(&segment).descs(&desc)) {
+        Outcome::Failed(error) => assert!(error.to_string().contains("vanished after it was opened"), "{error}"),
+        other => panic!("a batch on vanished memory ended {other:?}"),
+    }
+}
+
+/// A copy call refused in the middle of a four-chunk batch: the batch
+/// fails with it, the chunks after it are never issued (the copy counts
+/// say so, and their bytes never land), and the lane goes on moving GPU
+/// memory for the next batch.
+#[test]
+fn a_copy_refused_mid_batch_drops_the_later_chunks_and_the_lane_serves_on() {
+    let Some(gpu) = sim_only("a refused copy call (injected)", sim()) else { return };
+    let target = engine("midbatch-target", &gpu);
+    let initiator = common::builder("midbatch-initiator").gpu(gpu.clone()).lanes(1).build().unwrap();
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    local.fill_pattern(47);
+    let segment = open(&initiator, &target, None).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    // 1000 blocks of 1 KiB, reversed on the remote side so no two merge:
+    // chunks of 256, 256, 256 and 232 copies.
+    let many: Vec<BlockDesc> =
+        (0..1000).map(|i| BlockDesc::new(local.id(), i * 1024, remote.id(), (999 - i) * 1024, 1024)).collect();
+    let before = gpu.copy_counts();
+    gpu.refuse_copy_call(1);
+    match run(&mut sub, &Batch::write(&segment).descs(&many)) {
+        Outcome::Failed(error) => assert!(error.to_string().contains("refused the copy call"), "{error}"),
+        other => panic!("{other:?}"),
+    }
+    let after = gpu.copy_counts();
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 256), "the first chunk alone was issued");
+    assert_eq!(read(&remote, 999 * 1024, 1024), read(&local, 0, 1024), "the first chunk landed");
+    for block in [256u64, 600, 999] {
+        let at = (999 - block) * 1024;
+        assert!(read(&remote, at, 1024).iter().all(|&b| b == 0), "block {block} of a dropped chunk landed");
+    }
+    let next: Vec<BlockDesc> =
+        (0..64).map(|i| BlockDesc::new(local.id(), i * 1024, remote.id(), i * 1024, 1024)).collect();
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&next)).is_done(), "the lane serves on");
+    assert_eq!(read(&remote, 0, 64 * 1024), read(&local, 0, 64 * 1024));
+}
+
+/// The tcp target, spoken to byte by byte: a WRITE or READ frame naming a
+/// GPU region is refused (its thread would touch device memory), the
+/// connection stays framed, and the region's bytes are untouched.
+#[test]
+fn the_tcp_target_refuses_frames_aimed_at_a_gpu_region() {
+    use kvring::testing::tcp::SERVER_HELLO_BYTES;
+    use kvring::testing::tcp::{ClientHello, FrameHeader, FrameOp, ServerHello, FLAG_LAST, FRAME_HEADER_BYTES};
+    use zerocopy::{FromBytes, IntoBytes};
+    let gpu = provider();
+    let target = engine_on("raw-gpu-target", &gpu);
+    let on_gpu = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
+    on_gpu.write_at(0, &common::pattern(4096, 53)).unwrap();
+    let host = target.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    let mut s = std::net::TcpStream::connect(target.tcp_addr().unwrap()).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(ClientHello::new(target.epoch(), [0; 16], [0; 16]).as_bytes()).unwrap();
+    let mut hello = [0u8; SERVER_HELLO_BYTES];
+    s.read_exact(&mut hello).unwrap();
+    assert_eq!(ServerHello::read_from_bytes(&hello).unwrap().status, 0);
+    let mut replies = s.try_clone().unwrap();
+    let mut reply = || {
+        let mut bytes = [0u8; FRAME_HEADER_BYTES];
+        replies.read_exact(&mut bytes).unwrap();
+        FrameHeader::read_from_bytes(&bytes).unwrap()
+    };
+    let frame = |op: FrameOp, region: &Region| {
+        let mut header = FrameHeader::new(op, target.epoch(), 9, region.id().raw(), 0, 4096);
+        header.flags = FLAG_LAST;
+        header
+    };
+    s.write_all(frame(FrameOp::Write, &on_gpu).as_bytes()).unwrap();
+    s.write_all(&[0xEE; 4096]).unwrap();
+    let ack = reply();
+    assert_eq!(
+        (ack.opcode, kvring::ErrorCode::try_from(-ack.status)),
+        (FrameOp::Ack as u8, Ok(kvring::ErrorCode::Unsupported))
+    );
+    s.write_all(frame(FrameOp::Read, &on_gpu).as_bytes()).unwrap();
+    let refused = reply();
+    assert_eq!(refused.opcode, FrameOp::ReadData as u8);
+    assert_eq!(kvring::ErrorCode::try_from(-refused.status), Ok(kvring::ErrorCode::Unsupported));
+    // Still framed: a host region's write on the same connection lands.
+    s.write_all(frame(FrameOp::Write, &host).as_bytes()).unwrap();
+    s.write_all(&[0x5A; 4096]).unwrap();
+    assert_eq!(reply().status, 0);
+    assert_eq!(read(&host, 0, 4096), vec![0x5A; 4096]);
+    assert_eq!(read(&on_gpu, 0, 4096), common::pattern(4096, 53), "the GPU region is untouched");
 }

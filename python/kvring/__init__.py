@@ -66,18 +66,27 @@ class Engine:
     names memory.
     """
 
-    def __init__(self, name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=True, token=None):
+    def __init__(self, name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=True, token=None, gpu=None):
         """``token``: the cluster's pre-shared token (str or bytes), proven in
         every handshake and data connection and never sent; when None, the
         ``KVRING_TOKEN`` environment variable, if set. Without a token,
         anyone who reaches the engine's ports can read and write its
-        registered memory."""
+        registered memory.
+
+        ``gpu``: the GPU provider. None (or ``KVRING_GPU`` unset): the CUDA
+        driver where one is installed, loaded at the first registration;
+        "cuda": the driver now, or an error; "sim": kvring's simulated GPUs
+        (two), whose memory no host thread can touch, for tests and for
+        trying the GPU path anywhere (``sim_device_buffer``). When None, the
+        ``KVRING_GPU`` environment variable, if set."""
         if token is None:
             token = os.environ.get("KVRING_TOKEN") or None
         if isinstance(token, str):
             token = token.encode()
+        if gpu is None:
+            gpu = os.environ.get("KVRING_GPU") or None
         self._native = _native.Engine(
-            name=name, listen=listen, lanes=lanes, metadata=metadata, serve_tcp=serve_tcp, token=token
+            name=name, listen=listen, lanes=lanes, metadata=metadata, serve_tcp=serve_tcp, token=token, gpu=gpu
         )
         # Region id -> what keeps a registered buffer object alive and pinned.
         self._held = {}
@@ -104,15 +113,33 @@ class Engine:
 
     # Memory ------------------------------------------------------------
 
-    def register(self, memory, length=None):
-        """Registers memory in place (no copy): an int address with
-        ``length``, or a contiguous writable buffer object. Returns the
-        region id."""
-        addr, length, keep = address_of(memory, length)
-        region = self._native.register(addr, length)
+    def register(self, memory, length=None, location=None):
+        """Registers memory in place (no copy) and returns the region id:
+        an int address with ``length``, a contiguous writable buffer object
+        (host memory), or a contiguous GPU array (``__cuda_array_interface__``
+        or DLPack: a CUDA tensor, no import of torch needed). Where it lives
+        is found out: an address is classified by the GPU provider (host
+        memory, or the GPU holding it, as Mooncake does), a DLPack tensor
+        says its device. ``location`` ("host", "gpu:N"; default: found
+        out) overrides, and is checked."""
+        addr, length, keep, found = address_of(memory, length)
+        region = self._native.register(addr, length, location if location is not None else found)
         if keep is not None:
             self._held[region] = keep
         return region
+
+    def region_memory(self, region, segment=None, timeout=5.0):
+        """Where a region lives: "host" or "gpu:N". With ``segment`` (a
+        peer's name), the peer's region of that id."""
+        return self._native.region_memory(region, segment, timeout)
+
+    def sim_device_buffer(self, length, device=0):
+        """For tests: ``length`` bytes of simulated GPU ``device``'s memory
+        (engines made with ``gpu="sim"``), an object with
+        ``__cuda_array_interface__`` and DLPack, as a CUDA tensor has, and
+        ``write(offset, bytes)`` / ``read(offset, length)`` through the
+        simulated copy engine (no host thread can touch it otherwise)."""
+        return self._native.sim_device_buffer(length, device)
 
     def unregister(self, region):
         """Unregisters a region by id (refused while a batch uses it)."""
@@ -142,8 +169,9 @@ class Engine:
     # Peers and batches -------------------------------------------------
 
     def open_segment(self, name, transport=None, timeout=5.0):
-        """Opens a peer, with a transport ("shm", "tcp") or the engine's
-        order; returns the transport used. Later calls naming it use it."""
+        """Opens a peer, with a transport ("shm", "tcp", "cuda_ipc") or the
+        engine's order (cuda_ipc first for GPU memory on one host); returns
+        the transport used. Later calls naming it use it."""
         return self._native.open_segment(name, transport, timeout)
 
     def segment_regions(self, name, timeout=5.0):

@@ -4,9 +4,11 @@ The five operations of LMDeploy's ``MigrationBackendImpl``. Arguments are
 duck-typed: LMDeploy's own request objects (pydantic models) or plain dicts
 with the same fields work alike.
 
-- ``p2p_initialize(init_request)``: ``remote_engine_id``, ``protocol``.
+- ``p2p_initialize(init_request)``: ``remote_engine_id``, ``protocol``
+  (TCP, or NVLINK: GPU caches on one host, kvring's cuda_ipc).
 - ``register_memory_region(request)``: ``mr_key``, ``addr``, ``offset``,
-  ``length`` (the region is ``addr + offset`` for ``length`` bytes).
+  ``length`` (the region is ``addr + offset`` for ``length`` bytes; a GPU
+  cache's address registers as that GPU's memory).
 - ``endpoint_info(remote_engine_id, protocol)``: this side's address and
   memory regions, a JSON-ready dict for the peer's ``p2p_connect``.
 - ``p2p_connect(remote_engine_id, conn_req)``: ``endpoint_info`` (the dict,
@@ -37,12 +39,18 @@ def _field(obj, name):
         raise InvalidArgumentError(f"{type(obj).__name__} has no field {name!r}") from None
 
 
+# LMDeploy's protocol -> kvring's transport: NVLINK (GPU caches of one
+# host) is cuda_ipc.
+_TRANSPORTS = {"nvlink": "cuda_ipc"}
+
+
 def _protocol(value):
-    """``MigrationProtocol.TCP``, ``"tcp"``, ``"TCP"`` -> ``"tcp"``."""
+    """``MigrationProtocol.TCP``, ``"tcp"``, ``"TCP"`` -> ``"tcp"``;
+    ``MigrationProtocol.NVLINK`` -> ``"cuda_ipc"``."""
     name = getattr(value, "name", value)
     if not isinstance(name, str):
         raise InvalidArgumentError(f"protocol {value!r} is not a name")
-    return name.lower()
+    return _TRANSPORTS.get(name.lower(), name.lower())
 
 
 class KvringMigrationBackend:

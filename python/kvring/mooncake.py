@@ -20,7 +20,10 @@ from .errors import KvringError
 log = logging.getLogger("kvring.mooncake")
 
 P2PHANDSHAKE = "P2PHANDSHAKE"
-_PROTOCOLS = ("tcp", "shm", "rdma")
+_PROTOCOLS = ("tcp", "shm", "rdma", "nvlink")
+# Mooncake's protocol -> kvring's transport: "nvlink" (GPU memory between
+# processes of one host) is cuda_ipc.
+_TRANSPORTS = {"nvlink": "cuda_ipc"}
 
 
 class TransferOpcode(enum.IntEnum):
@@ -70,14 +73,17 @@ class TransferEngine:
     def initialize(self, local_hostname, metadata_server, protocol, device_name):
         """Starts the engine. ``metadata_server``: "P2PHANDSHAKE", or an
         etcd address (``etcd://host:port`` or bare ``host:port``).
-        ``protocol``: "tcp", "shm" or "rdma" (must be built in)."""
+        ``protocol``: "tcp", "shm", "nvlink" (GPU memory on one host:
+        kvring's cuda_ipc) or "rdma" (must be built in). The GPU provider is
+        the CUDA driver, or the simulator with ``KVRING_GPU=sim``."""
         if self._engine is not None:
             log.error("initialize: this TransferEngine is already initialized")
             return -1
         if protocol not in _PROTOCOLS:
             log.error("initialize: unknown protocol %r (kvring knows %s)", protocol, ", ".join(_PROTOCOLS))
             return -1
-        if protocol not in transports():
+        transport = _TRANSPORTS.get(protocol, protocol)
+        if transport not in transports():
             log.error(
                 "initialize: protocol %r is not built into this kvring module (it has %s); not falling back",
                 protocol,
@@ -106,7 +112,7 @@ class TransferEngine:
         except KvringError as error:
             log.error("initialize: %s", error)
             return -1
-        self._protocol = protocol
+        self._protocol = transport
         self._native = self._engine._native
         return 0
 
@@ -141,10 +147,13 @@ class TransferEngine:
     # Memory ----------------------------------------------------------------
 
     def register_memory(self, buffer_addr, capacity, location="*"):
-        """Registers ``capacity`` bytes at ``buffer_addr``."""
+        """Registers ``capacity`` bytes at ``buffer_addr``. ``location`` as
+        Mooncake's: "*" finds out where the address lives (host memory, or
+        the GPU holding it: a CUDA tensor's ``data_ptr()`` registers as that
+        GPU's memory); "cpu:N" or "cuda:N" says so, and is checked."""
 
         def register():
-            self._registered[buffer_addr] = self._engine.register(buffer_addr, capacity)
+            self._registered[buffer_addr] = self._engine.register(buffer_addr, capacity, location=location)
             return 0
 
         return self._call("register_memory", register)
@@ -167,7 +176,7 @@ class TransferEngine:
         if len(buffer_addresses) != len(capacities):
             log.error("batch_register_memory: %d addresses, %d capacities", len(buffer_addresses), len(capacities))
             return -1
-        codes = [self.register_memory(a, c) for a, c in zip(buffer_addresses, capacities)]
+        codes = [self.register_memory(a, c, location) for a, c in zip(buffer_addresses, capacities)]
         return 0 if all(code == 0 for code in codes) else -1
 
     def batch_unregister_memory(self, buffer_addresses):

@@ -83,7 +83,7 @@ pub const KEYS: &[Key] = &[
         name: "gpu_device",
         kind: Kind::Count,
         default: None,
-        help: "the GPU this engine serves: lanes run on its NUMA node's cores",
+        help: "the GPU this engine serves: lanes run on its NUMA node's cores (unset: the GPUs' node, if one)",
     },
     Key {
         name: "metadata",

@@ -109,6 +109,7 @@ pub struct EngineConfig {
     pub gpu: Option<Arc<dyn Gpu>>,
     /// The GPU this engine moves memory of, when it has one: its lanes run
     /// on cores of that GPU's NUMA node (unless `cores` says otherwise).
+    /// `None`: the GPUs' node when they all sit on one.
     pub gpu_device: Option<u32>,
     /// How often a target probes the initiators it holds RDMA QPs for, to
     /// release those of initiators that went away.
@@ -196,7 +197,9 @@ impl EngineBuilder {
 
     /// The GPU this engine serves: its lanes run on cores of that GPU's
     /// NUMA node, as the GPU provider reports it (where it knows it, and
-    /// unless [`cores`](Self::cores) names them).
+    /// unless [`cores`](Self::cores) names them). Without it, lanes go to
+    /// the GPUs' node when that is unambiguous (one GPU, or all on one
+    /// node); this overrides that choice.
     pub fn gpu_device(mut self, ordinal: u32) -> Self {
         self.config.gpu_device = Some(ordinal);
         self
@@ -421,11 +424,12 @@ impl EngineBuilder {
     }
 }
 
-/// Cores for `lanes` lanes, round robin: the configured ones; else with a
-/// `gpu_device`, the cores of its NUMA node; else every online core but the
+/// Cores for `lanes` lanes, round robin: the configured ones; else the
+/// cores of the GPUs' NUMA node (`gpu_device`'s, or the one node all GPUs
+/// sit on: `placement::gpu_placement`); else every online core but the
 /// first (left to the application's own threads).
 pub(super) fn lane_cores(config: &EngineConfig) -> Vec<Option<usize>> {
-    use crate::runtime::placement;
+    use crate::runtime::placement::{self, GpuPlacement};
     if !config.pin {
         return vec![None; config.lanes];
     }
@@ -436,31 +440,39 @@ pub(super) fn lane_cores(config: &EngineConfig) -> Vec<Option<usize>> {
     if online.is_empty() {
         return vec![None; config.lanes];
     }
-    let near_gpu = config.gpu_device.and_then(|ordinal| {
-        let near = placement::near_node(gpu_numa_node(config, ordinal), &online, placement::node_cores);
-        if near.is_none() {
-            tracing::warn!(
-                gpu = ordinal,
-                "lanes placed as usual: the GPU's NUMA node is unknown or has no usable core"
-            );
+    let near_gpu = match placement::gpu_placement(config.gpu_device, &gpu_nodes(config)) {
+        GpuPlacement::Node(node) => {
+            let near = placement::near_node(Some(node), &online, placement::node_cores);
+            if near.is_none() && config.gpu_device.is_some() {
+                tracing::warn!(node, "lanes placed as usual: the GPU's NUMA node has no usable core");
+            }
+            near
         }
-        near
-    });
+        GpuPlacement::NamedUnknown(gpu) => {
+            tracing::warn!(gpu, "lanes placed as usual: the GPU's NUMA node is unknown");
+            None
+        }
+        GpuPlacement::Ambiguous | GpuPlacement::NoGpu => None,
+    };
     let skip_first = usize::from(online.len() > 1);
     let usable = near_gpu.as_deref().unwrap_or(&online[skip_first..]);
     (0..config.lanes).map(|i| Some(usable[i % usable.len()])).collect()
 }
 
-/// The NUMA node of GPU `ordinal`, as the configured provider (or the CUDA
-/// driver, where there is one) reports it.
-fn gpu_numa_node(config: &EngineConfig, ordinal: u32) -> Option<u32> {
-    let loaded;
-    let gpu: &dyn Gpu = match &config.gpu {
-        Some(gpu) => gpu.as_ref(),
-        None => {
-            loaded = crate::gpu::CudaGpu::load().ok()?;
-            &loaded
-        }
+/// Every GPU as (ordinal, NUMA node): from the configured provider; with
+/// `gpu_device` named and none configured, from the CUDA driver; else,
+/// where the driver is installed, from sysfs (no CUDA initialised at start
+/// for an engine that may never touch a GPU; ordinals are positions then).
+fn gpu_nodes(config: &EngineConfig) -> Vec<(u32, Option<u32>)> {
+    let from = |gpu: &dyn Gpu| -> Vec<(u32, Option<u32>)> {
+        gpu.devices().map(|all| all.into_iter().map(|d| (d.ordinal, d.numa_node)).collect()).unwrap_or_default()
     };
-    gpu.devices().ok()?.into_iter().find(|d| d.ordinal == ordinal)?.numa_node
+    match (&config.gpu, config.gpu_device) {
+        (Some(gpu), _) => from(gpu.as_ref()),
+        (None, Some(_)) => crate::gpu::CudaGpu::load().map(|gpu| from(&gpu)).unwrap_or_default(),
+        (None, None) if crate::gpu::cuda::driver_present() => {
+            crate::runtime::placement::sysfs_gpu_nodes().into_iter().enumerate().map(|(i, n)| (i as u32, n)).collect()
+        }
+        (None, None) => Vec::new(),
+    }
 }

@@ -44,6 +44,8 @@ pub(crate) struct EngineInner {
     pub(super) next_tag: AtomicU16,
     /// The GPU provider, found at the first registration.
     pub(super) gpu: OnceLock<Option<Arc<dyn crate::gpu::Gpu>>>,
+    /// Caller-registered host regions pinned with the GPU provider.
+    pub(super) pins: super::pins::HostPins,
 }
 
 impl std::fmt::Debug for EngineInner {
@@ -209,6 +211,7 @@ impl Engine {
                 stopped: AtomicBool::new(false),
                 next_tag: AtomicU16::new(1),
                 gpu: OnceLock::new(),
+                pins: Default::default(),
             }),
         };
         engine.start_threads()?;

@@ -18,6 +18,7 @@ mod lifecycle;
 mod metadata;
 mod metrics;
 mod notify;
+mod pins;
 mod reaper;
 mod region;
 mod regions;
@@ -31,6 +32,7 @@ pub use batch::{Batch, Completion, Event, Outcome};
 pub(crate) use config::MAX_RDMA_NICS;
 pub use config::{EngineBuilder, EngineConfig};
 pub(crate) use lifecycle::EngineInner;
+pub use pins::HostPinStats;
 #[cfg(feature = "testing")]
 pub use region::fill_pattern;
 pub use region::Region;

@@ -1,6 +1,7 @@
 //! Registering memory: regions the caller owns, regions the engine
 //! allocates in shared memory, and their registration with every NIC.
 
+use super::pins::HostPinStats;
 use super::{Engine, Region};
 use crate::error::{Error, Result};
 use crate::gpu::{CudaGpu, Gpu, Memory};
@@ -27,8 +28,12 @@ impl Engine {
     /// # Ok::<(), kvring::Error>(())
     /// ```
     ///
-    /// GPU memory (`RegionInfo::on_gpu(n)`) is exported for same-host peers
-    /// when it is registered. CUDA cannot revoke a peer's mapping: keep the
+    /// Host memory is pinned with the GPU provider where there is one (best
+    /// effort: [`host_pins`](Self::host_pins) counts what was and was not,
+    /// [`region_pinned`](Self::region_pinned) says it per region), so copies
+    /// between it and a GPU run at full rate; it is unpinned when
+    /// unregistered. GPU memory (`RegionInfo::on_gpu(n)`) is exported for
+    /// same-host peers when it is registered. CUDA cannot revoke a peer's mapping: keep the
     /// memory allocated until the peers that opened this engine's segment
     /// have closed it (or this engine has stopped), not only until
     /// [`unregister`](Self::unregister).
@@ -40,8 +45,26 @@ impl Engine {
             // SAFETY: the caller keeps the range valid until it unregisters
             // (our contract), which deregisters it from the NICs too.
             unsafe { self.register_with_nics(id, ptr as u64, len as u64, info.access)? };
+            if let Some(gpu) = self.gpu() {
+                // SAFETY: as above; `unregister` (or the engine's drop)
+                // unpins it.
+                unsafe { self.inner.pins.pin(gpu, id, ptr as u64, len as u64) };
+            }
         }
         Ok(id)
+    }
+
+    /// What pinning caller-registered host memory with the GPU provider
+    /// achieved: regions and bytes pinned now, failures so far.
+    pub fn host_pins(&self) -> HostPinStats {
+        self.inner.pins.stats()
+    }
+
+    /// True when registered region `id` is host memory this engine pinned
+    /// with its GPU provider (`alloc_region`'s shared memory is pinned at
+    /// allocation and not counted here).
+    pub fn region_pinned(&self, id: RegionId) -> bool {
+        self.inner.pins.is_pinned(id)
     }
 
     /// Checks where `addr..addr + len` lives against where `info` says it
@@ -79,6 +102,26 @@ impl Engine {
             )),
             (MemoryKind::Gpu(want), Memory::Host) => wrong(format!("is host memory, registered as GPU {want}'s")),
         }
+    }
+
+    /// Where `addr..addr + len` lives, as this engine's GPU provider tells
+    /// it: `Gpu(n)` for memory of GPU n, `Host` for host memory (managed
+    /// memory too, which host threads may touch). Without a provider, host
+    /// memory. For callers that name memory by address alone, as Mooncake's
+    /// `register_memory(addr, len)` does: register what this says.
+    ///
+    /// ```no_run
+    /// # let engine = kvring::Engine::builder().build().unwrap();
+    /// let kv = vec![0u8; 4096];
+    /// assert_eq!(engine.memory_of(kv.as_ptr() as u64, 4096)?, kvring::MemoryKind::Host);
+    /// # Ok::<(), kvring::Error>(())
+    /// ```
+    pub fn memory_of(&self, addr: u64, len: u64) -> Result<MemoryKind> {
+        let Some(gpu) = self.gpu() else { return Ok(MemoryKind::Host) };
+        Ok(match gpu.classify(addr, len)? {
+            Memory::Host | Memory::Managed { .. } => MemoryKind::Host,
+            Memory::Device { ordinal, .. } => MemoryKind::Gpu(ordinal),
+        })
     }
 
     /// The GPU provider: the builder's, or the CUDA driver's when one is
@@ -135,6 +178,7 @@ impl Engine {
     /// Unregisters a region; refused with `RegionBusy` while batches use it.
     pub fn unregister(&self, id: RegionId) -> Result<()> {
         self.inner.registry.unregister(id)?;
+        self.inner.pins.unpin(id);
         if let Some(node) = &self.inner.context.rdma {
             node.unregister_region(id);
         }

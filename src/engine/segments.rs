@@ -171,7 +171,8 @@ impl Engine {
             // One same-host link for both: with a GPU provider it also
             // opens the peer's device regions and moves GPU memory.
             TransportKind::Shm | TransportKind::CudaIpc => {
-                ShmLink::open(descriptor, lanes, transport, self.gpu().cloned())
+                let counters: Vec<_> = self.inner.lanes.iter().map(|l| l.shared.metrics.gpu_copies()).collect();
+                ShmLink::open(descriptor, &counters, transport, self.gpu().cloned())
             }
             TransportKind::Null => Ok(NullLink::open(lanes)),
             TransportKind::Tcp => {

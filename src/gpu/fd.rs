@@ -37,18 +37,10 @@ pub(crate) fn decode(bytes: &[u8; IPC_HANDLE_BYTES]) -> Result<(u32, i32), Strin
 /// Duplicates descriptor `fd` of process `pid` into this one; the error
 /// says what to do about it.
 pub(crate) fn take(pid: u32, fd: i32) -> Result<OwnedFd, String> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
-    // or -1; no memory is passed.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if pidfd < 0 {
-        let error = std::io::Error::last_os_error();
-        return Err(match error.raw_os_error() {
-            Some(libc::ESRCH) => format!("the exporting process {pid} is gone"),
-            _ => format!("pidfd_open({pid}): {error} (Linux 5.3 or newer is needed)"),
-        });
-    }
-    // SAFETY: a fresh descriptor nothing else owns.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    let pidfd = pidfd_open(pid).map_err(|error| match error.raw_os_error() {
+        Some(libc::ESRCH) => format!("the exporting process {pid} is gone"),
+        _ => format!("pidfd_open({pid}): {error} (Linux 5.3 or newer is needed)"),
+    })?;
     let raw = {
         use std::os::fd::AsRawFd;
         // SAFETY: pidfd_getfd takes two descriptor numbers and flags and
@@ -69,6 +61,29 @@ pub(crate) fn take(pid: u32, fd: i32) -> Result<OwnedFd, String> {
     }
     // SAFETY: a fresh descriptor nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(raw as i32) })
+}
+
+/// A descriptor for process `pid` (`pidfd_open`): it names that process
+/// and no other, even once its pid is reused.
+pub(crate) fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
+    // or -1; no memory is passed.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if pidfd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(pidfd as i32) })
+}
+
+/// True once the process behind `pidfd` has exited (its descriptor turns
+/// readable then); one `poll` that does not wait.
+pub(crate) fn exited(pidfd: &OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut entry = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one pollfd, owned by this frame; a zero timeout never blocks.
+    let ready = unsafe { libc::poll(&mut entry, 1, 0) };
+    ready > 0 && entry.revents & (libc::POLLIN | libc::POLLHUP) != 0
 }
 
 #[cfg(test)]

@@ -23,9 +23,11 @@
 pub mod cuda;
 pub(crate) mod fd;
 pub mod sim;
+pub mod tier;
 
 pub use cuda::CudaGpu;
 pub use sim::SimGpu;
+pub use tier::{choose_method, TierInputs};
 
 use crate::error::Result;
 use std::os::fd::OwnedFd;
@@ -198,6 +200,25 @@ pub struct Copy {
     pub len: u64,
 }
 
+/// Where one side of a copy lives, as the caller registered it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Place {
+    /// Host memory.
+    Host,
+    /// Memory of this GPU (as this process numbers them).
+    Device(u32),
+}
+
+/// Where both sides of one [`Copy`] live: what a provider needs to know
+/// whether its copy kernel may dereference them ([`tier`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CopySides {
+    /// The source's memory.
+    pub src: Place,
+    /// The destination's memory.
+    pub dst: Place,
+}
+
 /// How a batch of copies is issued (reported by the bench).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CopyMethod {
@@ -210,12 +231,94 @@ pub enum CopyMethod {
 }
 
 impl CopyMethod {
+    /// Every method, in [`CopyMethod::index`] order.
+    pub const ALL: [CopyMethod; 3] = [CopyMethod::Batched, CopyMethod::Kernel, CopyMethod::PerCopy];
+
     /// Lower-case name, as the bench prints it.
     pub fn name(self) -> &'static str {
         match self {
             CopyMethod::Batched => "batched",
             CopyMethod::Kernel => "kernel",
             CopyMethod::PerCopy => "per-copy",
+        }
+    }
+
+    /// Its position in [`CopyMethod::ALL`] (and in counters).
+    pub fn index(self) -> usize {
+        match self {
+            CopyMethod::Batched => 0,
+            CopyMethod::Kernel => 1,
+            CopyMethod::PerCopy => 2,
+        }
+    }
+}
+
+/// Chunks of GPU copies issued by each method: how the copies really went,
+/// chunk by chunk (a driver's best method is not always the one taken: the
+/// kernel needs pinned host memory and a free descriptor slot).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopyMethodCounts {
+    /// Chunks issued as one batched driver call.
+    pub batched: u64,
+    /// Chunks issued as one copy-kernel launch.
+    pub kernel: u64,
+    /// Chunks issued as one copy call per copy.
+    pub per_copy: u64,
+}
+
+impl CopyMethodCounts {
+    /// The count of `method`.
+    pub fn get(&self, method: CopyMethod) -> u64 {
+        match method {
+            CopyMethod::Batched => self.batched,
+            CopyMethod::Kernel => self.kernel,
+            CopyMethod::PerCopy => self.per_copy,
+        }
+    }
+
+    /// Every count since `earlier` (a snapshot taken before).
+    pub fn since(&self, earlier: &CopyMethodCounts) -> CopyMethodCounts {
+        CopyMethodCounts {
+            batched: self.batched.wrapping_sub(earlier.batched),
+            kernel: self.kernel.wrapping_sub(earlier.kernel),
+            per_copy: self.per_copy.wrapping_sub(earlier.per_copy),
+        }
+    }
+
+    /// The sum of each method's count over `all`.
+    pub fn sum(all: impl IntoIterator<Item = CopyMethodCounts>) -> CopyMethodCounts {
+        all.into_iter().fold(CopyMethodCounts::default(), |sum, c| CopyMethodCounts {
+            batched: sum.batched + c.batched,
+            kernel: sum.kernel + c.kernel,
+            per_copy: sum.per_copy + c.per_copy,
+        })
+    }
+}
+
+/// One lane's [`CopyMethodCounts`], bumped by that lane only (a load and a
+/// store, no locked instruction) and read by anyone.
+#[derive(Debug, Default)]
+pub(crate) struct CopyCounters {
+    chunks: [std::sync::atomic::AtomicU64; 3],
+}
+
+impl CopyCounters {
+    /// A chunk went out by `method`.
+    #[inline]
+    pub fn count(&self, method: CopyMethod) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let counter = &self.chunks[method.index()];
+        counter.store(counter.load(Relaxed).wrapping_add(1), Relaxed);
+    }
+
+    /// The counts now.
+    pub fn snapshot(&self) -> CopyMethodCounts {
+        use std::sync::atomic::Ordering::Relaxed;
+        let [batched, kernel, per_copy] = &self.chunks;
+        CopyMethodCounts {
+            batched: batched.load(Relaxed),
+            kernel: kernel.load(Relaxed),
+            per_copy: per_copy.load(Relaxed),
         }
     }
 }
@@ -261,17 +364,33 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     fn create_stream(&self, device: u32) -> Result<Stream>;
     /// Destroys a stream (its work is finished or abandoned).
     fn destroy_stream(&self, stream: Stream) -> Result<()>;
-    /// How [`Gpu::copy_batch`] issues copies here.
+    /// The best method [`Gpu::copy_batch`] has here (what the driver
+    /// offers); a chunk whose host memory is not pinned, or that touches a
+    /// GPU without peer access, may take a lesser one, which `copy_batch`
+    /// returns.
     fn copy_method(&self) -> CopyMethod;
     /// Queues `copies` on `stream`, in no particular order among
-    /// themselves, after what the stream already has.
+    /// themselves, after what the stream already has, by the method
+    /// [`tier::choose_method`] picks for them; returns that method.
+    /// `sides` says where each copy's ends live (one entry per copy; empty
+    /// when unknown, and then the copy kernel is never used).
     ///
     /// # Safety
     ///
     /// Every host range stays valid (for reads as a source, writes as a
     /// destination) and untouched by the host until an event recorded after
     /// this call completes; device ranges are checked by the provider.
-    unsafe fn copy_batch(&self, stream: Stream, copies: &[Copy]) -> Result<CopyMethod>;
+    /// `sides`, when given, tells each end truly: the copy kernel
+    /// dereferences what it is told is device memory.
+    unsafe fn copy_batch(&self, stream: Stream, copies: &[Copy], sides: &[CopySides]) -> Result<CopyMethod>;
+    /// Queues one plain copy on `stream` (`cuMemcpyAsync`): what engines
+    /// issue per block today, the bench's per-call baseline, and the
+    /// blocking copies kvring makes off the lanes.
+    ///
+    /// # Safety
+    ///
+    /// As [`Gpu::copy_batch`] for the copy's host range.
+    unsafe fn copy_one(&self, stream: Stream, copy: Copy) -> Result<()>;
     /// An event on `device`, to record and poll many times.
     fn create_event(&self, device: u32) -> Result<Event>;
     /// Records `event` after the stream's work so far (replacing what it

@@ -1,5 +1,5 @@
 //! Forwarding kvring's `tracing` events to a logger that is not Rust's:
-//! the C ABI's callback (`ffi.rs`) and Python's `logging` (`python.rs`).
+//! the C ABI's callback (`ffi.rs`) and Python's `logging` (`python/`).
 //!
 //! The first [`set_sink`] installs, process-wide, a subscriber that turns
 //! each enabled event into one line (the message, then ` field=value` for

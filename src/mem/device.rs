@@ -110,10 +110,12 @@ impl DeviceBacking {
                 return Err(error);
             }
         };
+        // One plain copy: `bounce` is pageable memory, which only the
+        // driver's own copy path may touch (never the copy kernel).
         // SAFETY: the host side is `bounce`, which stays allocated and
         // untouched until the event completes (or forever, if it never
         // does); the device side is checked by the provider.
-        let queued = unsafe { self.gpu.copy_batch(stream, &[copy]) }.and_then(|_| self.gpu.record(stream, event));
+        let queued = unsafe { self.gpu.copy_one(stream, copy) }.and_then(|()| self.gpu.record(stream, event));
         let outcome = queued.and_then(|()| self.poll(event));
         let _ = self.gpu.destroy_event(event);
         let _ = self.gpu.destroy_stream(stream);

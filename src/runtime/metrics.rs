@@ -7,11 +7,13 @@
 //! of a batch updated and another not yet: each series is exact on its
 //! own, and monotonic.
 
+use crate::gpu::{CopyCounters, CopyMethod, CopyMethodCounts};
 use crate::proto::ErrorCode;
 use crate::ring::Opcode;
 use crate::sync::{AtomicU64, Ordering};
 use crate::transport::TransportKind;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 /// Ops counted: write, read.
 pub const OPS: usize = 2;
@@ -36,6 +38,8 @@ pub struct LaneStatsSnapshot {
     pub parks: u64,
     /// Most batch parts (and notifications) it has had in flight at once.
     pub peak_in_flight: u64,
+    /// Chunks of GPU copies it issued, by the method each really took.
+    pub gpu_chunks: CopyMethodCounts,
 }
 
 /// One lane's counters. Written by that lane only. The totals (parts,
@@ -59,6 +63,9 @@ pub(crate) struct LaneMetrics {
     sqes_waiting: AtomicU64,
     /// Parts and notifications in flight.
     in_flight: AtomicU64,
+    /// GPU chunks by method, bumped by this lane's GPU copiers (always
+    /// kept: one store per chunk of up to 256 copies).
+    gpu_copies: Arc<CopyCounters>,
 }
 
 impl Default for LaneMetrics {
@@ -110,7 +117,13 @@ impl LaneMetrics {
             latency_sum_ns: AtomicU64::new(0),
             sqes_waiting: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
+            gpu_copies: Arc::default(),
         }
+    }
+
+    /// The counters this lane's GPU copiers bump, one per chunk.
+    pub fn gpu_copies(&self) -> Arc<CopyCounters> {
+        self.gpu_copies.clone()
     }
 
     /// A batch part ended: `descs` descriptors executed, `bytes` moved.
@@ -141,6 +154,7 @@ impl LaneMetrics {
             bytes: load(&self.total_bytes),
             parks: load(&self.parks),
             peak_in_flight: load(&self.peak_in_flight),
+            gpu_chunks: self.gpu_copies.snapshot(),
         }
     }
 
@@ -230,6 +244,11 @@ pub fn render(lanes: &[&LaneMetrics], engine: &EngineSeries) -> String {
     let _ = writeln!(out, "kvring_batch_latency_seconds_sum {seconds}");
     let _ = writeln!(out, "kvring_batch_latency_seconds_count {cumulative}");
 
+    header(&mut out, "kvring_gpu_chunks_total", "counter", "Chunks of GPU copies, by the method each took.");
+    let chunks = CopyMethodCounts::sum(lanes.iter().map(|l| l.gpu_copies.snapshot()));
+    for method in CopyMethod::ALL {
+        let _ = writeln!(out, "kvring_gpu_chunks_total{{method=\"{}\"}} {}", method.name(), chunks.get(method));
+    }
     header(&mut out, "kvring_ring_sqes_waiting", "gauge", "SQEs waiting in a lane's submission rings.");
     for (lane, metrics) in lanes.iter().enumerate() {
         let _ = writeln!(out, "kvring_ring_sqes_waiting{{lane=\"{lane}\"}} {}", load(&metrics.sqes_waiting));
@@ -279,6 +298,10 @@ mod tests {
         a.batch(Opcode::Write, Some(TransportKind::Tcp), 0, 30_000);
         b.batch(Opcode::Read, Some(TransportKind::Shm), -(ErrorCode::OutOfBounds as i32), 2_000_000_000);
         a.occupancy(3, 1);
+        a.gpu_copies().count(CopyMethod::Kernel);
+        b.gpu_copies().count(CopyMethod::Kernel);
+        b.gpu_copies().count(CopyMethod::PerCopy);
+        assert_eq!(b.snapshot().gpu_chunks, CopyMethodCounts { batched: 0, kernel: 1, per_copy: 1 });
         let text = render(&[&a, &b], &EngineSeries { cache: [5, 2, 1, 1], metadata_calls: 7 });
         assert!(text.contains("kvring_bytes_total{op=\"write\",transport=\"tcp\"} 8192"), "{text}");
         assert!(text.contains("kvring_batches_total{op=\"read\",transport=\"shm\"} 1"));
@@ -290,6 +313,9 @@ mod tests {
         assert!(text.contains("kvring_ring_sqes_waiting{lane=\"0\"} 3"));
         assert!(text.contains("kvring_segment_cache_stale_evictions_total 1"));
         assert!(text.contains("kvring_metadata_calls_total 7"));
+        assert!(text.contains("kvring_gpu_chunks_total{method=\"kernel\"} 2"), "{text}");
+        assert!(text.contains("kvring_gpu_chunks_total{method=\"per-copy\"} 1"), "{text}");
+        assert!(text.contains("kvring_gpu_chunks_total{method=\"batched\"} 0"), "{text}");
         // Every series has a TYPE line before it, and every name is kvring_*.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("kvring_"), "{line}");

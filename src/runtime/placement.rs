@@ -54,6 +54,54 @@ pub fn near_node(
     }
 }
 
+/// Where lanes that drive GPUs should run, by the GPUs' NUMA nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuPlacement {
+    /// On this node's cores.
+    Node(u32),
+    /// The GPU named by `gpu_device` has no known node (or does not exist).
+    NamedUnknown(u32),
+    /// The GPUs sit on several nodes, or some node is unknown: no GPU is
+    /// "the" GPU, so lanes are placed as usual (name one with `gpu_device`).
+    Ambiguous,
+    /// No GPU.
+    NoGpu,
+}
+
+/// The node for lanes, given the GPU named by `gpu_device` (the override)
+/// and every GPU as (ordinal, NUMA node): the named GPU's node; with none
+/// named, the node of every GPU when they all sit on one known node (one
+/// GPU, or all on one socket), which is unambiguous.
+pub fn gpu_placement(named: Option<u32>, gpus: &[(u32, Option<u32>)]) -> GpuPlacement {
+    if let Some(ordinal) = named {
+        return match gpus.iter().find(|(o, _)| *o == ordinal) {
+            Some(&(_, Some(node))) => GpuPlacement::Node(node),
+            _ => GpuPlacement::NamedUnknown(ordinal),
+        };
+    }
+    let Some(&(_, first)) = gpus.first() else { return GpuPlacement::NoGpu };
+    match first {
+        Some(node) if gpus.iter().all(|&(_, n)| n == Some(node)) => GpuPlacement::Node(node),
+        _ => GpuPlacement::Ambiguous,
+    }
+}
+
+/// NVIDIA GPUs' NUMA nodes as sysfs lists them (display and 3D controllers
+/// of vendor 0x10de), without loading the driver; CUDA's ordinals are not
+/// sysfs's order, so only "all on one node" can be read from this.
+pub fn sysfs_gpu_nodes() -> Vec<Option<u32>> {
+    let Ok(devices) = std::fs::read_dir("/sys/bus/pci/devices") else { return Vec::new() };
+    let read = |path: std::path::PathBuf| std::fs::read_to_string(path).map(|t| t.trim().to_string()).ok();
+    devices
+        .flatten()
+        .filter(|d| read(d.path().join("vendor")).as_deref() == Some("0x10de"))
+        .filter(|d| read(d.path().join("class")).is_some_and(|c| c.starts_with("0x0300") || c.starts_with("0x0302")))
+        .map(|d| {
+            read(d.path().join("numa_node")).and_then(|n| n.parse::<i64>().ok()).and_then(|n| u32::try_from(n).ok())
+        })
+        .collect()
+}
+
 /// The cores this process may use: online CPUs within the cgroup's cpuset;
 /// where neither can be read, the calling thread's affinity.
 pub fn usable_cores() -> Vec<usize> {
@@ -106,6 +154,29 @@ mod tests {
         assert_eq!(near_node(None, &usable, topology), None);
         assert_eq!(near_node(Some(7), &usable, topology), None);
         assert_eq!(near_node(Some(1), &[0, 1], topology), None);
+    }
+
+    #[test]
+    fn lanes_follow_the_gpus_node_when_it_is_unambiguous_and_the_named_gpu_always() {
+        use GpuPlacement::*;
+        // One GPU, or every GPU on one node: that node, nobody naming it.
+        assert_eq!(gpu_placement(None, &[(0, Some(1))]), Node(1));
+        assert_eq!(gpu_placement(None, &[(0, Some(0)), (1, Some(0)), (2, Some(0))]), Node(0));
+        // GPUs on two nodes, or a node unknown: no guess.
+        assert_eq!(gpu_placement(None, &[(0, Some(0)), (1, Some(1))]), Ambiguous);
+        assert_eq!(gpu_placement(None, &[(0, Some(0)), (1, None)]), Ambiguous);
+        assert_eq!(gpu_placement(None, &[(0, None)]), Ambiguous);
+        assert_eq!(gpu_placement(None, &[]), NoGpu);
+        // `gpu_device` overrides: its node, whatever the others.
+        assert_eq!(gpu_placement(Some(1), &[(0, Some(0)), (1, Some(1))]), Node(1));
+        assert_eq!(gpu_placement(Some(0), &[(0, Some(0)), (1, Some(1))]), Node(0));
+        assert_eq!(gpu_placement(Some(1), &[(0, Some(0)), (1, None)]), NamedUnknown(1));
+        assert_eq!(gpu_placement(Some(5), &[(0, Some(0))]), NamedUnknown(5));
+        // Then the node's cores, as for a NIC: eight GPUs on node 1 of two.
+        let topology = |node: u32| Some(if node == 0 { vec![0, 1, 2, 3] } else { vec![4, 5, 6, 7] });
+        let on_one: Vec<(u32, Option<u32>)> = (0..8).map(|g| (g, Some(1))).collect();
+        let GpuPlacement::Node(node) = gpu_placement(None, &on_one) else { panic!("one node") };
+        assert_eq!(near_node(Some(node), &[0, 1, 2, 3, 4, 5, 6, 7], topology), Some(vec![5, 6, 7]));
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
-use crate::gpu::{Copy, Event, Gpu, Memory, Stream};
+use crate::gpu::{Copy, CopyCounters, CopySides, Event, Gpu, Memory, Place, Stream};
 use crate::mem::MemoryKind;
 use crate::segment::SegmentDescriptor;
 use crate::transport::{ChunkEnd, TransferError};
@@ -40,6 +40,10 @@ pub(crate) struct PeerDevice {
     name: String,
     /// By region index: where it is here, or why it cannot be reached.
     regions: Vec<Option<std::result::Result<OpenedRegion, String>>>,
+    /// The peer process (another than this one), watched for its exit:
+    /// memory opened from a process that is gone must never be reported
+    /// as its memory written.
+    process: Option<(u32, std::os::fd::OwnedFd)>,
 }
 
 impl PeerDevice {
@@ -49,8 +53,14 @@ impl PeerDevice {
     /// reason, and only batches naming it fail.
     pub fn open(gpu: Arc<dyn Gpu>, descriptor: &SegmentDescriptor) -> Result<Self> {
         let slots = descriptor.regions.iter().map(|r| r.id.index() as usize + 1).max().unwrap_or(0);
-        let mut peer = PeerDevice { gpu, name: descriptor.name.clone(), regions: vec![None; slots] };
         let same_process = descriptor.pid == std::process::id();
+        // Opened before its memory: a process that exits after this is
+        // seen exited, whatever reuses its pid.
+        let process = match same_process {
+            true => None,
+            false => crate::gpu::fd::pidfd_open(descriptor.pid).ok().map(|fd| (descriptor.pid, fd)),
+        };
+        let mut peer = PeerDevice { gpu, name: descriptor.name.clone(), regions: vec![None; slots], process };
         for region in descriptor.regions.iter().filter(|r| r.memory != MemoryKind::Host) {
             let reached = match &region.gpu_export {
                 Err(reason) => Err(format!("its owner could not export it ({reason})")),
@@ -90,6 +100,17 @@ impl PeerDevice {
                 reason: format!("{addr:#x}+{len} is not device memory to this engine's GPU provider"),
             }),
         }
+    }
+
+    /// `PeerRestarted` once the peer's process has exited (one `poll` of
+    /// its pidfd): its opened memory may still be mapped here, but writing
+    /// it would reach nobody, and reading it would return stale bytes.
+    pub fn gone(&self) -> Option<Error> {
+        let (pid, pidfd) = self.process.as_ref()?;
+        crate::gpu::fd::exited(pidfd).then(|| Error::PeerRestarted {
+            segment: self.name.clone(),
+            detail: format!("its process {pid} exited; open the segment again to reach its successor"),
+        })
     }
 
     /// True when the peer has a region in device memory.
@@ -160,37 +181,47 @@ pub(crate) struct DeviceCopier {
     in_flight: VecDeque<Pending>,
     /// The chunk being built, merged where blocks continue each other.
     copies: Vec<Copy>,
+    /// Where each copy's ends live, for the provider's choice of method.
+    sides: Vec<CopySides>,
     copy_bytes: u64,
+    /// The lane's count of chunks by the method they really went by.
+    counters: Arc<CopyCounters>,
     /// The GPU whose stream carries the chunk (its first device side).
     device: Option<u32>,
 }
 
 impl DeviceCopier {
-    /// A copier with nothing made yet.
-    pub fn new(gpu: Arc<dyn Gpu>) -> Self {
+    /// A copier with nothing made yet, counting its chunks' methods in
+    /// `counters` (its lane's).
+    pub fn new(gpu: Arc<dyn Gpu>, counters: Arc<CopyCounters>) -> Self {
         Self {
             gpu,
             streams: Vec::new(),
             free_events: Vec::new(),
             in_flight: VecDeque::new(),
             copies: Vec::with_capacity(super::MAX_CHUNK_BLOCKS),
+            sides: Vec::with_capacity(super::MAX_CHUNK_BLOCKS),
             copy_bytes: 0,
+            counters,
             device: None,
         }
     }
 
     /// Adds a copy to the chunk being built; one that continues the last on
-    /// both sides extends it (adjacent blocks cost one copy, not one each).
-    pub fn add(&mut self, src: u64, dst: u64, len: u64, device: u32) {
+    /// both sides, in the same kinds of memory, extends it (adjacent blocks
+    /// cost one copy, not one each).
+    pub fn add(&mut self, copy: DeviceCopy, len: u64) {
+        let DeviceCopy { src, dst, sides, device } = copy;
         self.device.get_or_insert(device);
         self.copy_bytes += len;
-        if let Some(last) = self.copies.last_mut() {
-            if last.src + last.len == src && last.dst + last.len == dst {
+        if let (Some(last), Some(&last_sides)) = (self.copies.last_mut(), self.sides.last()) {
+            if last.src + last.len == src && last.dst + last.len == dst && last_sides == sides {
                 last.len += len;
                 return;
             }
         }
         self.copies.push(Copy { src, dst, len });
+        self.sides.push(sides);
     }
 
     /// True when the chunk being built has copies.
@@ -214,10 +245,14 @@ impl DeviceCopier {
         let issued = (|| {
             let stream = self.stream(device)?;
             let event = self.event(device)?;
-            // SAFETY: forwarded from our caller.
-            let copied = unsafe { self.gpu.copy_batch(stream, &self.copies) };
-            match copied.and_then(|_| self.gpu.record(stream, event)) {
-                Ok(()) => Ok(event),
+            // SAFETY: forwarded from our caller; `sides` were taken from the
+            // registry and the peer's descriptor, one per copy.
+            let copied = unsafe { self.gpu.copy_batch(stream, &self.copies, &self.sides) };
+            match copied.and_then(|method| self.gpu.record(stream, event).map(|()| method)) {
+                Ok(method) => {
+                    self.counters.count(method);
+                    Ok(event)
+                }
                 Err(error) => {
                     self.free_events.push((device, event));
                     Err(error)
@@ -225,6 +260,7 @@ impl DeviceCopier {
             }
         })();
         self.copies.clear();
+        self.sides.clear();
         let event = issued?;
         self.in_flight.push_back(Pending { ticket, device, event, bytes, failure });
         Ok(())
@@ -317,24 +353,48 @@ pub(crate) enum RemoteAt {
     Device(u64, u32),
 }
 
-/// The source, destination and carrying GPU of a block's copy; `None` when
-/// both sides are host memory (the host copies it).
+/// One block's copy for the GPU: its ends, where they live, and the GPU
+/// whose stream carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeviceCopy {
+    pub src: u64,
+    pub dst: u64,
+    pub sides: CopySides,
+    pub device: u32,
+}
+
+/// A block's copy for the GPU (the local end's GPU carries it, else the
+/// remote end's); `None` when both ends are host memory (the host copies it).
 pub(crate) fn device_copy(
     op: crate::ring::Opcode,
     local: u64,
     memory: MemoryKind,
     remote: RemoteAt,
-) -> Option<(u64, u64, u32)> {
-    let (remote_addr, remote_device) = match remote {
-        RemoteAt::Host(addr) => (addr, None),
-        RemoteAt::Device(addr, ordinal) => (addr, Some(ordinal)),
+) -> Option<DeviceCopy> {
+    let (remote_addr, remote_place) = match remote {
+        RemoteAt::Host(addr) => (addr, Place::Host),
+        RemoteAt::Device(addr, ordinal) => (addr, Place::Device(ordinal)),
     };
-    let device = match memory {
-        MemoryKind::Gpu(ordinal) => Some(ordinal),
-        MemoryKind::Host => remote_device,
-    }?;
+    let local_place = match memory {
+        MemoryKind::Gpu(ordinal) => Place::Device(ordinal),
+        MemoryKind::Host => Place::Host,
+    };
+    let device = match (local_place, remote_place) {
+        (Place::Device(ordinal), _) | (Place::Host, Place::Device(ordinal)) => ordinal,
+        (Place::Host, Place::Host) => return None,
+    };
     Some(match op {
-        crate::ring::Opcode::Write => (local, remote_addr, device),
-        crate::ring::Opcode::Read => (remote_addr, local, device),
+        crate::ring::Opcode::Write => DeviceCopy {
+            src: local,
+            dst: remote_addr,
+            sides: CopySides { src: local_place, dst: remote_place },
+            device,
+        },
+        crate::ring::Opcode::Read => DeviceCopy {
+            src: remote_addr,
+            dst: local,
+            sides: CopySides { src: remote_place, dst: local_place },
+            device,
+        },
     })
 }

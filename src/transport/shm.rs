@@ -9,7 +9,7 @@ use super::cuda_ipc::{device_copy, DeviceCopier, PeerDevice, RemoteAt};
 use super::{Block, ChunkEnd, LaneLink, Link, LinkState, Posted, TransportKind};
 use crate::desc::BlockDesc;
 use crate::error::{Error, Result, Side};
-use crate::gpu::Gpu;
+use crate::gpu::{CopyCounters, Gpu};
 use crate::mem::shm::PeerRegion;
 use crate::mem::ShmMapping;
 use crate::ring::Opcode;
@@ -31,10 +31,11 @@ impl ShmLink {
     /// proves to be that region of that peer (`ShmMapping::open_peer`), and
     /// with `gpu`, opens its device regions and pins the mappings. Fails
     /// when the peer is on another host, or exposes nothing this link can
-    /// reach. Every lane gets a link over the same mappings.
+    /// reach. Every lane gets a link over the same mappings, counting its
+    /// GPU chunks in that lane's `counters`.
     pub fn open(
         descriptor: &SegmentDescriptor,
-        lanes: usize,
+        lanes: &[Arc<CopyCounters>],
         kind: TransportKind,
         gpu: Option<Arc<dyn Gpu>>,
     ) -> Result<Link> {
@@ -67,9 +68,13 @@ impl ShmLink {
                 }
             }
         }
-        let lanes = (0..lanes)
-            .map(|_| {
-                let device = device.as_ref().zip(gpu.as_ref()).map(|(d, g)| (d.clone(), DeviceCopier::new(g.clone())));
+        let lanes = lanes
+            .iter()
+            .map(|counters| {
+                let copier = |(d, g): (&Arc<PeerDevice>, &Arc<dyn Gpu>)| {
+                    (d.clone(), DeviceCopier::new(g.clone(), counters.clone()))
+                };
+                let device = device.as_ref().zip(gpu.as_ref()).map(copier);
                 Box::new(ShmLink { mappings: mappings.clone(), device }) as Box<dyn LaneLink>
             })
             .collect();
@@ -118,6 +123,11 @@ impl LaneLink for ShmLink {
 
     #[inline]
     unsafe fn transfer(&mut self, op: Opcode, _batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
+        // A link that moves GPU memory checks its peer is alive first (one
+        // `poll`): its opened memory outlives the peer's process.
+        if let Some(error) = self.device.as_ref().and_then(|(peer, _)| peer.gone()) {
+            return Posted::Failed((error, 0));
+        }
         let mut moved = 0;
         let mut failure = None;
         for block in blocks {
@@ -130,7 +140,7 @@ impl LaneLink for ShmLink {
             };
             let copier = self.device.as_mut().map(|(_, copier)| copier);
             match (device_copy(op, block.local as u64, block.memory, remote), copier, remote) {
-                (Some((src, dst, device)), Some(copier), _) => copier.add(src, dst, block.desc.len, device),
+                (Some(copy), Some(copier), _) => copier.add(copy, block.desc.len),
                 (None, _, RemoteAt::Host(remote)) => {
                     // SAFETY: `local` is valid per our contract; `remote` is
                     // inside the peer's mapping (`remote` checked it).

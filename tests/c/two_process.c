@@ -110,12 +110,23 @@ static int initiator(const char *addr) {
         fprintf(stderr, "region_memory: not host memory\n");
         return 1;
     }
+    /* A buffer no region covers, so that nothing but the memory kind can be
+       the reason for a refusal (an overlap with `back` would refuse it too). */
+    unsigned char *spare = buffer();
     uint32_t not_registered = 0;
-    if (kvring_register_memory(engine, back + 4096, 4096, 0, &not_registered) >= 0 ||
-        kvring_register_memory(engine, back + 8192, 4096, -2, &not_registered) >= 0) {
-        fprintf(stderr, "register_memory: host memory registered as a GPU's\n");
+    if (kvring_register_memory(engine, spare, 4096, 0, &not_registered) >= 0 ||
+        strstr(kvring_last_error(), "GPU 0") == NULL) {
+        fprintf(stderr, "register_memory: host memory registered as a GPU's, or refused for another reason: %s\n",
+                kvring_last_error());
         return 1;
     }
+    if (kvring_register_memory(engine, spare, 4096, -2, &not_registered) >= 0 ||
+        strstr(kvring_last_error(), "is not -1 (host)") == NULL) {
+        fprintf(stderr, "register_memory: memory -2 not refused as such: %s\n", kvring_last_error());
+        return 1;
+    }
+    /* Told it is host memory, the same buffer registers. */
+    check(kvring_register_memory(engine, spare, 4096, KVRING_MEMORY_HOST, &not_registered), "register_memory spare");
     kvring_segment *segment = NULL;
     check(kvring_open_segment(engine, addr, KVRING_TRANSPORT_TCP, 5000, &segment), "open_segment");
     check(kvring_segment_region(segment, 0, &remote), "segment_region");

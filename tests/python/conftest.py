@@ -20,6 +20,31 @@ def digest(array):
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
+class CudaArray:
+    """An object with only ``__cuda_array_interface__``, as Numba's or
+    CuPy's arrays (without their DLPack)."""
+
+    def __init__(self, memory):
+        self._memory = memory
+
+    @property
+    def __cuda_array_interface__(self):
+        return self._memory.__cuda_array_interface__
+
+
+class DLPackTensor:
+    """An object with only DLPack, as a JAX array."""
+
+    def __init__(self, memory):
+        self._memory = memory
+
+    def __dlpack__(self, stream=None):
+        return self._memory.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self._memory.__dlpack_device__()
+
+
 class Process:
     """A helper script in its own interpreter, talked to by JSON lines."""
 

@@ -104,7 +104,7 @@ def test_bad_requests_and_missing_transports_fail_early_and_clearly():
         KvringMigrationBackend(protocol=MigrationProtocol.RDMA)  # at construction, not at the first transfer
     backend = KvringMigrationBackend()
     with pytest.raises(kvring.UnsupportedError):
-        backend.p2p_initialize({"remote_engine_id": "x", "protocol": MigrationProtocol.NVLINK})
+        backend.p2p_initialize({"remote_engine_id": "x", "protocol": "carrier-pigeon"})
     with pytest.raises(kvring.InvalidArgumentError, match="remote_engine_id"):
         backend.p2p_initialize({"protocol": "tcp"})
     with pytest.raises(kvring.UnknownSegmentError, match="p2p_initialize"):

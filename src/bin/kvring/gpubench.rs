@@ -10,7 +10,7 @@
 
 use crate::args::{format_memory, format_size, GpuArgs, GpuChoice};
 use crate::drive::{latency, median, move_bytes, Progress, Shape};
-use kvring::gpu::{Copy, CudaGpu, DevicePtr, Gpu, SimGpu};
+use kvring::gpu::{Copy, CopyMethod, CopyMethodCounts, CudaGpu, DevicePtr, Gpu, SimGpu};
 use kvring::{MemoryKind, Opcode, Region, RegionId, Segment, Submitter};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,6 +56,15 @@ pub struct Plan<'a> {
     /// (this side, the target's).
     pub memory: (MemoryKind, MemoryKind),
     pub gpu: Arc<dyn Gpu>,
+    /// The initiator, whose lanes count the chunks by method.
+    pub engine: &'a kvring::Engine,
+}
+
+impl Plan<'_> {
+    /// Chunks of GPU copies the initiator's lanes issued so far, by method.
+    fn chunks(&self) -> CopyMethodCounts {
+        CopyMethodCounts::sum(self.engine.lane_stats().iter().map(|s| s.gpu_chunks))
+    }
 }
 
 /// One case's figures.
@@ -69,6 +78,8 @@ pub struct GpuCase {
     pub per_call_gbps: f64,
     /// One large copy of the same bytes, same run.
     pub one_copy_gbps: f64,
+    /// The timed rounds' chunks, by the method each took.
+    pub chunks: CopyMethodCounts,
     pub verified: bool,
 }
 
@@ -118,13 +129,15 @@ fn run_case(
     let covered = ((region_bytes / block) * block).min(per_round);
     let mut progress = Progress::new(label, per_round * ROUNDS as u64, plan.json);
     let (mut ours, mut per_call, mut one_copy) = (Vec::new(), Vec::new(), Vec::new());
+    let mut chunks = CopyMethodCounts::default();
     for _ in 0..ROUNDS {
         per_call.push(baseline.per_call(op, block, per_round)?);
         one_copy.push(baseline.one_copy(op, per_round)?);
-        let started = Instant::now();
+        let (started, before) = (Instant::now(), plan.chunks());
         let moved =
             move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, plan.shape, &mut progress)?;
         ours.push(moved as f64 / started.elapsed().as_secs_f64() / 1e9);
+        chunks = CopyMethodCounts::sum([chunks, plan.chunks().since(&before)]);
     }
     drop(progress);
     let (p50_us, p99_us) = latency(sub, segment, local, remote, op, block, plan.latency_samples)?;
@@ -138,6 +151,7 @@ fn run_case(
         p99_us,
         per_call_gbps: median(&mut per_call),
         one_copy_gbps: median(&mut one_copy),
+        chunks,
         verified: expected == actual,
     })
 }
@@ -160,12 +174,17 @@ fn print(case: &GpuCase, plan: &Plan) {
             "ratio_per_call": per_call,
             "baseline_one_copy_gbps": case.one_copy_gbps,
             "ratio_one_copy": roof,
+            "chunks": {
+                "batched": case.chunks.batched,
+                "kernel": case.chunks.kernel,
+                "per_copy": case.chunks.per_copy,
+            },
             "verified": case.verified,
         });
         println!("{line}");
     } else {
         println!(
-            "{:5} {:>6}  {:8.2} GB/s  p50 {:7.2} us  p99 {:7.2} us  per-call {:8.2} GB/s ({:6.1}x it)  one-copy {:8.2} GB/s ({:5.1}% of it)  {}",
+            "{:5} {:>6}  {:8.2} GB/s  p50 {:7.2} us  p99 {:7.2} us  per-call {:8.2} GB/s ({:6.1}x it)  one-copy {:8.2} GB/s ({:5.1}% of it)  chunks {}  {}",
             case.op.name(),
             format_size(case.block),
             case.gbps,
@@ -175,8 +194,23 @@ fn print(case: &GpuCase, plan: &Plan) {
             per_call,
             case.one_copy_gbps,
             roof * 100.0,
+            chunk_text(&case.chunks),
             if case.verified { "verified" } else { "VERIFY FAILED" }
         );
+    }
+}
+
+/// The chunks' methods, as `batched 40` or `kernel 30 + per-copy 2`.
+fn chunk_text(chunks: &CopyMethodCounts) -> String {
+    let parts: Vec<String> = CopyMethod::ALL
+        .iter()
+        .filter(|&&m| chunks.get(m) > 0)
+        .map(|&m| format!("{} {}", m.name(), chunks.get(m)))
+        .collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(" + ")
     }
 }
 
@@ -252,7 +286,8 @@ impl Baseline {
         }
     }
 
-    /// `total` bytes in `block`-sized copies, one call each; GB/s.
+    /// `total` bytes in `block`-sized copies, one plain copy call each
+    /// (`cuMemcpyAsync`, as engines issue them per block); GB/s.
     fn per_call(&mut self, op: Opcode, block: u64, total: u64) -> Result<f64, String> {
         let (src, dst) = self.ends(op);
         let blocks_in = (self.len / block).max(1);
@@ -262,7 +297,7 @@ impl Baseline {
             let copy = Copy { src: src + offset, dst: dst + offset, len: block };
             // SAFETY: both buffers live as long as `self`, and `wait` runs
             // before this returns.
-            unsafe { self.gpu.copy_batch(self.stream, &[copy]) }.map_err(|e| e.to_string())?;
+            unsafe { self.gpu.copy_one(self.stream, copy) }.map_err(|e| e.to_string())?;
         }
         self.wait()?;
         Ok(total as f64 / started.elapsed().as_secs_f64() / 1e9)
@@ -276,7 +311,7 @@ impl Baseline {
         while left > 0 {
             let len = left.min(self.len);
             // SAFETY: as in `per_call`.
-            unsafe { self.gpu.copy_batch(self.stream, &[Copy { src, dst, len }]) }.map_err(|e| e.to_string())?;
+            unsafe { self.gpu.copy_one(self.stream, Copy { src, dst, len }) }.map_err(|e| e.to_string())?;
             left -= len;
         }
         self.wait()?;

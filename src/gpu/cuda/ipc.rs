@@ -71,7 +71,10 @@ impl CudaGpu {
     }
 
     /// Where `addr..addr + len` lives; device memory may span a run of
-    /// allocations mapped back to back on one device.
+    /// physical allocations of the virtual memory API mapped back to back
+    /// on one device (an expandable segment), never two allocations of
+    /// another kind that merely sit side by side (exported one by one, a
+    /// peer would not reach the second).
     pub(super) fn classify_range(&self, addr: u64, len: u64) -> Result<Memory> {
         self.bind(0)?;
         let first = self.attributes(addr)?;
@@ -83,23 +86,23 @@ impl CudaGpu {
             return Ok(Memory::Host);
         }
         let end = addr.saturating_add(len);
-        let mut run_end = first.start + first.size as u64;
-        while run_end < end {
-            let next = self.attributes(run_end)?;
-            if next.kind != 2 || next.ordinal != first.ordinal || next.start != run_end || next.size == 0 {
-                return Err(cuda_error(format!(
-                    "{addr:#x}+{len} runs past its device allocation ({:#x}+{})",
-                    first.start,
-                    run_end - first.start
-                )));
-            }
-            run_end += next.size as u64;
+        let described = |at: u64| -> Result<Piece> {
+            let found = self.attributes(at)?;
+            Ok(Piece::of(&found, || is_vmm(at)))
+        };
+        let run = run_end(Piece::of(&first, || is_vmm(addr)), end, described)?;
+        match run {
+            Some(run_end) => Ok(Memory::Device {
+                ordinal: first.ordinal.max(0) as u32,
+                base: DevicePtr(first.start),
+                len: run_end - first.start,
+            }),
+            None => Err(cuda_error(format!(
+                "{addr:#x}+{len} runs past its device allocation ({:#x}+{}); only pieces of the virtual \
+                 memory API mapped back to back form one range",
+                first.start, first.size
+            ))),
         }
-        Ok(Memory::Device {
-            ordinal: first.ordinal.max(0) as u32,
-            base: DevicePtr(first.start),
-            len: run_end - first.start,
-        })
     }
 
     /// Exports `addr..addr + len`: a legacy handle for `cuMemAlloc` memory,
@@ -295,6 +298,62 @@ impl CudaGpu {
     }
 }
 
+/// One allocation as the driver describes an address in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Piece {
+    /// Device memory (not host, not managed).
+    pub device: bool,
+    pub ordinal: i32,
+    pub start: u64,
+    pub size: u64,
+    /// Mapped through the virtual memory API (`cuMemMap`).
+    pub vmm: bool,
+}
+
+impl Piece {
+    /// `found` as a piece; `vmm` is asked only of device memory.
+    fn of(found: &Attributes, vmm: impl FnOnce() -> bool) -> Self {
+        let device = found.kind == 2 && !found.managed;
+        let vmm = device && vmm();
+        Piece { device, ordinal: found.ordinal, start: found.start, size: found.size as u64, vmm }
+    }
+}
+
+/// The end of the run of device memory that holds `first.start..end`:
+/// `first` alone when it reaches `end`, else `first` and the pieces after
+/// it (`at` describes the allocation at an address), each mapped right at
+/// the end of the one before, on the same device, all of the virtual
+/// memory API. `None` when no such run reaches `end`.
+pub(super) fn run_end(first: Piece, end: u64, mut at: impl FnMut(u64) -> Result<Piece>) -> Result<Option<u64>> {
+    let mut run_end = first.start.saturating_add(first.size);
+    while run_end < end {
+        if !first.vmm {
+            return Ok(None);
+        }
+        let next = at(run_end)?;
+        let joins = next.device && next.vmm && next.ordinal == first.ordinal && next.start == run_end && next.size > 0;
+        if !joins {
+            return Ok(None);
+        }
+        run_end = run_end.saturating_add(next.size);
+    }
+    Ok(Some(run_end))
+}
+
+/// True when `addr` is in memory mapped through the virtual memory API
+/// (`cuMemRetainAllocationHandle` knows only that memory).
+fn is_vmm(addr: u64) -> bool {
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: writes one handle, or fails for memory not from cuMemMap.
+    let retained = unsafe { sys::cuMemRetainAllocationHandle(&mut handle, addr as *mut c_void) };
+    if retained != sys::CUresult::CUDA_SUCCESS {
+        return false;
+    }
+    // SAFETY: one release per successful retain.
+    unsafe { sys::cuMemRelease(handle) };
+    true
+}
+
 impl State {
     /// Everything opened, for the provider's drop: each mapped range, and
     /// each legacy allocation once.
@@ -376,4 +435,41 @@ fn unmap(range: u64, total: u64, pieces: &[(u64, u64)]) {
     }
     // SAFETY: the range this provider reserved, now empty.
     unsafe { sys::cuMemAddressFree(range, total as usize) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn piece(start: u64, size: u64, vmm: bool) -> Piece {
+        Piece { device: true, ordinal: 0, start, size, vmm }
+    }
+
+    /// Runs `run_end` over a synthetic address map.
+    fn end_of(map: &[Piece], addr: u64, len: u64) -> Option<u64> {
+        let at = |a: u64| map.iter().copied().find(|p| p.start <= a && a < p.start + p.size);
+        let host = Piece { device: false, ordinal: -1, start: 0, size: 0, vmm: false };
+        run_end(at(addr).unwrap(), addr + len, |a| Ok(at(a).unwrap_or(host))).unwrap()
+    }
+
+    #[test]
+    fn only_pieces_of_the_virtual_memory_api_join_into_one_range() {
+        // Two cuMemAlloc allocations side by side: never one range.
+        let legacy = [piece(0, 2 * MIB, false), piece(2 * MIB, 2 * MIB, false)];
+        assert_eq!(end_of(&legacy, MIB, MIB), Some(2 * MIB), "inside the first");
+        assert_eq!(end_of(&legacy, MIB, 2 * MIB), None);
+        // An expandable segment's pieces: one range.
+        let pieces = [piece(0, 2 * MIB, true), piece(2 * MIB, 2 * MIB, true), piece(4 * MIB, 2 * MIB, true)];
+        assert_eq!(end_of(&pieces, MIB, 4 * MIB), Some(6 * MIB));
+        // A piece next to a cuMemAlloc allocation, either way round.
+        assert_eq!(end_of(&[piece(0, 2 * MIB, true), piece(2 * MIB, 2 * MIB, false)], MIB, 2 * MIB), None);
+        assert_eq!(end_of(&[piece(0, 2 * MIB, false), piece(2 * MIB, 2 * MIB, true)], MIB, 2 * MIB), None);
+        // Another GPU's piece, a gap, or host memory after it.
+        let other = Piece { ordinal: 1, ..piece(2 * MIB, 2 * MIB, true) };
+        assert_eq!(end_of(&[piece(0, 2 * MIB, true), other], MIB, 2 * MIB), None);
+        assert_eq!(end_of(&[piece(0, 2 * MIB, true), piece(3 * MIB, MIB, true)], MIB, 2 * MIB), None);
+        assert_eq!(end_of(&[piece(0, 2 * MIB, true)], MIB, 2 * MIB), None);
+    }
 }

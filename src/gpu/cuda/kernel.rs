@@ -7,7 +7,10 @@
 //! device-mapped host memory, which the kernel reads over the bus. A slot is
 //! reused only once the event recorded after the launch that read it has
 //! completed; a slot still busy sends that chunk down the per-copy path, so
-//! the lane never waits.
+//! the lane never waits (and the chunk is counted as per-copy). The kernel
+//! dereferences host addresses: it runs only where every one is pinned and
+//! device-mapped at that address, and every other GPU's memory is reachable
+//! by peer access (`tier.rs` decides, `reach.rs` asks the driver).
 
 use super::{check, Raw};
 use crate::error::Result;
@@ -78,6 +81,13 @@ impl Ring {
         Ok(ring)
     }
 
+    /// True when the next slot is free (the launch that last read it has
+    /// completed, or none ever did).
+    pub(super) fn slot_free(&self) -> bool {
+        // SAFETY: an event of this ring (one never recorded is complete).
+        unsafe { sys::cuEventQuery(self.events[self.next].0) == sys::CUresult::CUDA_SUCCESS }
+    }
+
     /// Launches the kernel over `copies` on `stream` from the next slot;
     /// `Ok(false)` when that slot is still read by an earlier launch (or
     /// the copies do not fit one), and nothing was launched.
@@ -88,12 +98,7 @@ impl Ring {
     /// so far has completed.
     pub(super) unsafe fn launch(&mut self, kernel: Loaded, stream: sys::CUstream, copies: &[Copy]) -> Result<bool> {
         let slot = self.next;
-        if copies.len() > SLOT_COPIES {
-            return Ok(false);
-        }
-        // SAFETY: an event of this ring (one never recorded is complete).
-        let free = unsafe { sys::cuEventQuery(self.events[slot].0) } == sys::CUresult::CUDA_SUCCESS;
-        if !free {
+        if copies.len() > SLOT_COPIES || !self.slot_free() {
             return Ok(false);
         }
         // SAFETY: the slot holds SLOT_COPIES entries and no launch reads it

@@ -3,21 +3,30 @@
 //! at all and says so when asked for a GPU.
 //!
 //! Every call is gated: cudarc panics on a missing library or symbol, and a
-//! panic must never cross the C ABI or Python, so the library's presence is
-//! checked once before anything else, and `cuMemcpyBatchAsync` is used only
-//! when the driver hands it out for the 12.8 ABI (otherwise one copy call
-//! per triple, and the method is reported). Each operation makes its
-//! device's primary context current on the calling thread first: the
-//! context the CUDA runtime (and PyTorch) uses, so their pointers and ours
-//! are the same. Classifying, exporting and opening memory is `ipc.rs`.
+//! panic must never reach a lane, the C ABI or Python. The library's
+//! presence is checked once before anything else; the driver's version is
+//! asked first (`cuDriverGetVersion`, in every driver) and a driver older
+//! than [`tier::BASELINE_DRIVER`] is refused, saying so; every function
+//! newer than that baseline is called only on drivers that have it
+//! (`cuGetProcAddress_v2` from 12.0, `cuMemcpyBatchAsync` from 12.8); and
+//! every entry point runs under `catch_unwind`, so a symbol missing after
+//! all is an error, not a crash. How each chunk's copies go (batch API,
+//! copy kernel, one call each) is [`tier::choose_method`]'s choice, from
+//! what is pinned here and which GPUs this process has peer access between
+//! (`reach.rs`). Each operation makes its device's primary context current
+//! on the calling thread first: the context the CUDA runtime (and PyTorch)
+//! uses, so their pointers and ours are the same. Classifying, exporting
+//! and opening memory is `ipc.rs`.
 
 mod ipc;
 mod kernel;
+mod reach;
 
-use super::{Copy, CopyMethod, DevicePtr, Event, Export, Gpu, GpuDevice, IpcHandle, Memory, Stream};
+use super::tier::{self, choose_method, TierInputs};
+use super::{Copy, CopyMethod, CopySides, DevicePtr, Event, Export, Gpu, GpuDevice, IpcHandle, Memory, Stream};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -50,7 +59,12 @@ unsafe impl<T> Sync for Raw<T> {}
 pub struct CudaGpu {
     /// Per device: its handle and retained primary context.
     contexts: Vec<(sys::CUdevice, Raw<sys::CUcontext>)>,
+    /// The driver's CUDA version (12080 for 12.8).
+    driver_version: u32,
     batch_copy: Option<BatchCopy>,
+    /// Per device: whether a host pointer pinned here is also its address
+    /// on that device (what lets the copy kernel use host pointers).
+    host_pointers: Vec<bool>,
     state: Mutex<State>,
 }
 
@@ -68,6 +82,11 @@ struct State {
     kernels: HashMap<u32, Option<kernel::Loaded>>,
     /// The copy kernel's descriptor ring of each stream that launched it.
     rings: HashMap<u64, kernel::Ring>,
+    /// Host ranges this provider pinned (device-mapped): start → length.
+    pinned: BTreeMap<u64, u64>,
+    /// Whether a kernel on the first GPU may touch the second's memory
+    /// (peer access asked for once per pair).
+    peers: HashMap<(u32, u32), bool>,
     next_id: u64,
 }
 
@@ -81,13 +100,30 @@ pub(crate) fn driver_present() -> bool {
 
 impl CudaGpu {
     /// Loads the driver, initialises it and retains every device's primary
-    /// context; a clear error when there is no driver or no device.
+    /// context; a clear error when there is no driver, no device, or a
+    /// driver older than kvring needs.
     pub fn load() -> Result<Self> {
         if !driver_present() {
             return Err(cuda_error(
                 "no CUDA driver found (libcuda.so.1 does not load): device memory needs the NVIDIA driver \
                  (kvring's tests run the GPU paths on a simulated provider without one)",
             ));
+        }
+        shielded("loading the CUDA driver", Self::load_present)
+    }
+
+    /// [`CudaGpu::load`] once the library is known to be there.
+    fn load_present() -> Result<Self> {
+        let mut version: c_int = 0;
+        // SAFETY: writes one int; in every driver, callable before cuInit.
+        check(unsafe { sys::cuDriverGetVersion(&mut version) }, "asking the CUDA driver's version")?;
+        let driver_version = u32::try_from(version).unwrap_or(0);
+        if driver_version < tier::BASELINE_DRIVER {
+            return Err(cuda_error(format!(
+                "the CUDA driver supports CUDA {} only; kvring needs {} or newer (update the NVIDIA driver)",
+                tier::version_text(driver_version),
+                tier::version_text(tier::BASELINE_DRIVER)
+            )));
         }
         // SAFETY: the library is present; cuInit takes no pointer.
         check(unsafe { sys::cuInit(0) }, "initialising the CUDA driver")?;
@@ -109,8 +145,15 @@ impl CudaGpu {
         }
         // SAFETY: the first device's context, retained just above.
         check(unsafe { sys::cuCtxSetCurrent(contexts[0].1 .0) }, "making a GPU's context current")?;
-        let batch_copy = batch_copy_12080();
-        Ok(Self { contexts, batch_copy, state: Mutex::new(State::default()) })
+        let host_pointers = contexts.iter().map(|&(device, _)| reach::host_pointers_usable(device)).collect();
+        let batch_copy = batch_copy_12080(driver_version);
+        let state = Mutex::new(State::default());
+        Ok(Self { contexts, driver_version, batch_copy, host_pointers, state })
+    }
+
+    /// The driver's CUDA version (12080 for 12.8).
+    pub fn driver_version(&self) -> u32 {
+        self.driver_version
     }
 
     /// Makes `device`'s primary context current on this thread.
@@ -156,7 +199,21 @@ impl State {
 
 impl Drop for CudaGpu {
     fn drop(&mut self) {
-        let mut state = std::mem::take(self.state.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let state = std::mem::take(self.state.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let released = shielded("releasing the CUDA provider", || {
+            self.release(state);
+            Ok(())
+        });
+        if let Err(error) = released {
+            tracing::warn!(%error, "the CUDA provider did not release everything");
+        }
+    }
+}
+
+impl CudaGpu {
+    /// Closes, frees and destroys everything in `state`, then releases the
+    /// contexts (the provider's drop).
+    fn release(&self, mut state: State) {
         let _ = self.bind(0);
         for (opened, base) in state.take_opened() {
             let _ = ipc::close(opened, base);
@@ -180,10 +237,81 @@ impl Drop for CudaGpu {
             // SAFETY: a stream this provider created and nothing uses now.
             unsafe { sys::cuStreamDestroy_v2(stream.0) };
         }
+        for (addr, _) in state.pinned {
+            // SAFETY: a range this provider pinned whose owner never
+            // unpinned it (owners hold the provider, so they are gone); the
+            // driver checks the address and touches no memory of it.
+            unsafe { sys::cuMemHostUnregister(addr as *mut c_void) };
+        }
         for (device, _) in &self.contexts {
             // SAFETY: one release per retain in `load`.
             unsafe { sys::cuDevicePrimaryCtxRelease_v2(*device) };
         }
+    }
+
+    /// A stream's device and handle.
+    fn stream(&self, stream: Stream) -> Result<(u32, Raw<sys::CUstream>)> {
+        self.lock().streams.get(&stream.0).copied().ok_or_else(|| cuda_error("no such stream"))
+    }
+
+    /// `copies` by the method [`choose_method`] picks for them on `device`'s
+    /// stream `raw`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Gpu::copy_batch`].
+    unsafe fn issue(
+        &self,
+        device: u32,
+        stream: Stream,
+        raw: sys::CUstream,
+        copies: &[Copy],
+        sides: &[CopySides],
+    ) -> Result<CopyMethod> {
+        let batch = self.batch_copy.filter(|_| self.driver_version >= tier::BATCH_API_DRIVER);
+        let kernel = if batch.is_some() { None } else { self.kernel(device) };
+        let kernel_ready = kernel.is_some() && copies.len() <= kernel::SLOT_COPIES && self.slot_free(stream)?;
+        let (host_pinned, peers_reachable) = match kernel_ready {
+            true => (self.host_pinned(device, copies, sides), self.peers_reachable(device, sides)),
+            false => (false, false),
+        };
+        let inputs = TierInputs {
+            driver_version: self.driver_version,
+            batch_api: batch.is_some(),
+            kernel_ready,
+            host_pinned,
+            peers_reachable,
+        };
+        match (choose_method(inputs), batch, kernel) {
+            (CopyMethod::Batched, Some(batch), _) => {
+                // SAFETY: forwarded from our caller.
+                unsafe { batched(batch, raw, copies) }.map(|()| CopyMethod::Batched)
+            }
+            (CopyMethod::Kernel, _, Some(kernel)) => {
+                let mut state = self.lock();
+                let ring =
+                    state.rings.get_mut(&stream.0).ok_or_else(|| cuda_error("the copy kernel's ring is gone"))?;
+                // SAFETY: forwarded from our caller; every address the
+                // kernel dereferences is reachable (the tier's inputs).
+                match unsafe { ring.launch(kernel, raw, copies)? } {
+                    true => Ok(CopyMethod::Kernel),
+                    // SAFETY: as above.
+                    false => unsafe { per_copy(raw, copies) }.map(|()| CopyMethod::PerCopy),
+                }
+            }
+            // SAFETY: forwarded from our caller.
+            _ => unsafe { per_copy(raw, copies) }.map(|()| CopyMethod::PerCopy),
+        }
+    }
+
+    /// True when `stream`'s next descriptor slot is free (its ring made at
+    /// the first look).
+    fn slot_free(&self, stream: Stream) -> Result<bool> {
+        let mut state = self.lock();
+        if let std::collections::hash_map::Entry::Vacant(slot) = state.rings.entry(stream.0) {
+            slot.insert(kernel::Ring::new()?);
+        }
+        Ok(state.rings.get(&stream.0).is_some_and(kernel::Ring::slot_free))
     }
 }
 
@@ -193,183 +321,240 @@ impl Gpu for CudaGpu {
     }
 
     fn devices(&self) -> Result<Vec<GpuDevice>> {
-        self.contexts.iter().enumerate().map(|(ordinal, (device, _))| describe(ordinal as u32, *device)).collect()
+        shielded("listing GPUs", || {
+            self.contexts.iter().enumerate().map(|(ordinal, (device, _))| describe(ordinal as u32, *device)).collect()
+        })
     }
 
     fn classify(&self, addr: u64, len: u64) -> Result<Memory> {
-        self.classify_range(addr, len)
+        shielded("classifying a pointer", || self.classify_range(addr, len))
     }
 
     fn alloc(&self, device: u32, len: u64) -> Result<DevicePtr> {
-        self.bind(device)?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: writes one device pointer.
-        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, len as usize) }, "allocating device memory")?;
-        Ok(DevicePtr(ptr))
+        shielded("allocating device memory", || {
+            self.bind(device)?;
+            let mut ptr: sys::CUdeviceptr = 0;
+            // SAFETY: writes one device pointer.
+            check(unsafe { sys::cuMemAlloc_v2(&mut ptr, len as usize) }, "allocating device memory")?;
+            Ok(DevicePtr(ptr))
+        })
     }
 
     fn alloc_pieces(&self, device: u32, piece_len: u64, pieces: u32) -> Result<DevicePtr> {
-        self.alloc_run(device, piece_len, pieces)
+        shielded("allocating device memory", || self.alloc_run(device, piece_len, pieces))
     }
 
     unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
-        if let Some(run) = self.lock().runs.remove(&ptr.0) {
-            self.bind(0)?;
-            return ipc::close(run, 0);
-        }
-        // SAFETY: our caller's contract: nothing uses the allocation.
-        check(unsafe { sys::cuMemFree_v2(ptr.0) }, "freeing device memory")
+        shielded("freeing device memory", || {
+            if let Some(run) = self.lock().runs.remove(&ptr.0) {
+                self.bind(0)?;
+                return ipc::close(run, 0);
+            }
+            // SAFETY: our caller's contract: nothing uses the allocation.
+            check(unsafe { sys::cuMemFree_v2(ptr.0) }, "freeing device memory")
+        })
     }
 
     fn export(&self, addr: u64, len: u64) -> Result<Export> {
-        self.export_range(addr, len)
+        shielded("exporting device memory", || self.export_range(addr, len))
     }
 
     fn open(&self, handles: &[IpcHandle]) -> Result<DevicePtr> {
-        self.open_export(handles)
+        shielded("opening a peer's device memory", || self.open_export(handles))
     }
 
     unsafe fn close(&self, ptr: DevicePtr) -> Result<()> {
         // SAFETY: our caller's contract: no copy uses it.
-        unsafe { self.close_export(ptr) }
+        shielded("closing a peer's device memory", || unsafe { self.close_export(ptr) })
     }
 
     fn create_stream(&self, device: u32) -> Result<Stream> {
-        self.bind(device)?;
-        let mut stream: sys::CUstream = std::ptr::null_mut();
-        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
-        // SAFETY: writes one stream handle.
-        check(unsafe { sys::cuStreamCreate(&mut stream, flags) }, "creating a stream")?;
-        let mut state = self.lock();
-        let id = state.take_id();
-        state.streams.insert(id, (device, Raw(stream)));
-        Ok(Stream(id))
+        shielded("creating a stream", || {
+            self.bind(device)?;
+            let mut stream: sys::CUstream = std::ptr::null_mut();
+            let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
+            // SAFETY: writes one stream handle.
+            check(unsafe { sys::cuStreamCreate(&mut stream, flags) }, "creating a stream")?;
+            let mut state = self.lock();
+            let id = state.take_id();
+            state.streams.insert(id, (device, Raw(stream)));
+            Ok(Stream(id))
+        })
     }
 
     fn destroy_stream(&self, stream: Stream) -> Result<()> {
-        let (device, raw) = self.lock().streams.remove(&stream.0).ok_or_else(|| cuda_error("no such stream"))?;
-        self.bind(device)?;
-        if let Some(ring) = self.lock().rings.remove(&stream.0) {
-            ring.free(raw.0);
-        }
-        // SAFETY: a stream this provider created, now out of its table.
-        check(unsafe { sys::cuStreamDestroy_v2(raw.0) }, "destroying a stream")
+        shielded("destroying a stream", || {
+            let (device, raw) = self.lock().streams.remove(&stream.0).ok_or_else(|| cuda_error("no such stream"))?;
+            self.bind(device)?;
+            if let Some(ring) = self.lock().rings.remove(&stream.0) {
+                ring.free(raw.0);
+            }
+            // SAFETY: a stream this provider created, now out of its table.
+            check(unsafe { sys::cuStreamDestroy_v2(raw.0) }, "destroying a stream")
+        })
     }
 
     fn copy_method(&self) -> CopyMethod {
-        match (self.batch_copy.is_some(), self.kernel(0).is_some()) {
-            (true, _) => CopyMethod::Batched,
-            (false, true) => CopyMethod::Kernel,
-            (false, false) => CopyMethod::PerCopy,
-        }
+        let kernel = shielded("loading the copy kernel", || Ok(self.kernel(0).is_some())).unwrap_or(false);
+        choose_method(TierInputs {
+            driver_version: self.driver_version,
+            batch_api: self.batch_copy.is_some(),
+            kernel_ready: kernel,
+            host_pinned: true,
+            peers_reachable: true,
+        })
     }
 
-    unsafe fn copy_batch(&self, stream: Stream, copies: &[Copy]) -> Result<CopyMethod> {
-        let (device, raw) = *self.lock().streams.get(&stream.0).ok_or_else(|| cuda_error("no such stream"))?;
-        self.bind(device)?;
-        if copies.is_empty() {
-            return Ok(self.copy_method());
-        }
-        if let Some(batch) = self.batch_copy {
-            let mut dsts: Vec<u64> = copies.iter().map(|c| c.dst).collect();
-            let mut srcs: Vec<u64> = copies.iter().map(|c| c.src).collect();
-            let mut sizes: Vec<usize> = copies.iter().map(|c| c.len as usize).collect();
-            let nowhere = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID, id: 0 };
-            let mut attributes = [sys::CUmemcpyAttributes {
-                srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-                srcLocHint: nowhere,
-                dstLocHint: nowhere,
-                flags: 0,
-            }];
-            let mut first = [0usize];
-            let mut failed = usize::MAX;
-            // SAFETY: the arrays hold `copies.len()` entries each and one
-            // attribute set covering them all; the ranges are our caller's.
-            let result = unsafe {
-                batch(
-                    dsts.as_mut_ptr(),
-                    srcs.as_mut_ptr(),
-                    sizes.as_mut_ptr(),
-                    copies.len(),
-                    attributes.as_mut_ptr(),
-                    first.as_mut_ptr(),
-                    1,
-                    &mut failed,
-                    raw.0,
-                )
-            };
-            check(result, &format!("a batched copy (copy {failed} refused)"))?;
-            return Ok(CopyMethod::Batched);
-        }
-        if let Some(kernel) = self.kernel(device) {
-            let mut state = self.lock();
-            if let std::collections::hash_map::Entry::Vacant(slot) = state.rings.entry(stream.0) {
-                slot.insert(kernel::Ring::new()?);
+    unsafe fn copy_batch(&self, stream: Stream, copies: &[Copy], sides: &[CopySides]) -> Result<CopyMethod> {
+        shielded("a batch of copies", || {
+            let (device, raw) = self.stream(stream)?;
+            self.bind(device)?;
+            if copies.is_empty() {
+                return Ok(self.copy_method());
             }
-            let ring = state.rings.get_mut(&stream.0).expect("inserted above");
             // SAFETY: forwarded from our caller.
-            if unsafe { ring.launch(kernel, raw.0, copies)? } {
-                return Ok(CopyMethod::Kernel);
-            }
-        }
-        for copy in copies {
-            // SAFETY: the ranges are our caller's; UVA resolves directions.
-            let result = unsafe { sys::cuMemcpyAsync(copy.dst, copy.src, copy.len as usize, raw.0) };
-            check(result, "a copy")?;
-        }
-        Ok(CopyMethod::PerCopy)
+            unsafe { self.issue(device, stream, raw.0, copies, sides) }
+        })
+    }
+
+    unsafe fn copy_one(&self, stream: Stream, copy: Copy) -> Result<()> {
+        shielded("a copy", || {
+            let (device, raw) = self.stream(stream)?;
+            self.bind(device)?;
+            // SAFETY: the range is our caller's; UVA resolves the direction.
+            check(unsafe { sys::cuMemcpyAsync(copy.dst, copy.src, copy.len as usize, raw.0) }, "a copy")
+        })
     }
 
     fn create_event(&self, device: u32) -> Result<Event> {
-        self.bind(device)?;
-        let mut event: sys::CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
-        // SAFETY: writes one event handle.
-        check(unsafe { sys::cuEventCreate(&mut event, flags) }, "creating an event")?;
-        let mut state = self.lock();
-        let id = state.take_id();
-        state.events.insert(id, (device, Raw(event)));
-        Ok(Event(id))
+        shielded("creating an event", || {
+            self.bind(device)?;
+            let mut event: sys::CUevent = std::ptr::null_mut();
+            let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
+            // SAFETY: writes one event handle.
+            check(unsafe { sys::cuEventCreate(&mut event, flags) }, "creating an event")?;
+            let mut state = self.lock();
+            let id = state.take_id();
+            state.events.insert(id, (device, Raw(event)));
+            Ok(Event(id))
+        })
     }
 
     fn record(&self, stream: Stream, event: Event) -> Result<()> {
-        let (device, stream) = *self.lock().streams.get(&stream.0).ok_or_else(|| cuda_error("no such stream"))?;
-        let (_, event) = *self.lock().events.get(&event.0).ok_or_else(|| cuda_error("no such event"))?;
-        self.bind(device)?;
-        // SAFETY: both handles are live (in the provider's tables).
-        check(unsafe { sys::cuEventRecord(event.0, stream.0) }, "recording an event")
+        shielded("recording an event", || {
+            let (device, stream) = self.stream(stream)?;
+            let (_, event) = *self.lock().events.get(&event.0).ok_or_else(|| cuda_error("no such event"))?;
+            self.bind(device)?;
+            // SAFETY: both handles are live (in the provider's tables).
+            check(unsafe { sys::cuEventRecord(event.0, stream.0) }, "recording an event")
+        })
     }
 
     fn query(&self, event: Event) -> Result<bool> {
-        let (device, raw) = *self.lock().events.get(&event.0).ok_or_else(|| cuda_error("no such event"))?;
-        self.bind(device)?;
-        // SAFETY: a live event.
-        match unsafe { sys::cuEventQuery(raw.0) } {
-            sys::CUresult::CUDA_SUCCESS => Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            other => check(other, "a copy on the device").map(|()| false),
-        }
+        shielded("polling an event", || {
+            let (device, raw) = *self.lock().events.get(&event.0).ok_or_else(|| cuda_error("no such event"))?;
+            self.bind(device)?;
+            // SAFETY: a live event.
+            match unsafe { sys::cuEventQuery(raw.0) } {
+                sys::CUresult::CUDA_SUCCESS => Ok(true),
+                sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+                other => check(other, "a copy on the device").map(|()| false),
+            }
+        })
     }
 
     fn destroy_event(&self, event: Event) -> Result<()> {
-        let (device, raw) = self.lock().events.remove(&event.0).ok_or_else(|| cuda_error("no such event"))?;
-        self.bind(device)?;
-        // SAFETY: an event this provider created, now out of its table.
-        check(unsafe { sys::cuEventDestroy_v2(raw.0) }, "destroying an event")
+        shielded("destroying an event", || {
+            let (device, raw) = self.lock().events.remove(&event.0).ok_or_else(|| cuda_error("no such event"))?;
+            self.bind(device)?;
+            // SAFETY: an event this provider created, now out of its table.
+            check(unsafe { sys::cuEventDestroy_v2(raw.0) }, "destroying an event")
+        })
     }
 
     unsafe fn host_register(&self, addr: u64, len: u64) -> Result<()> {
-        self.bind(0)?;
-        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
-        // SAFETY: our caller keeps the range mapped until it unregisters.
-        check(unsafe { sys::cuMemHostRegister_v2(addr as *mut c_void, len as usize, flags) }, "pinning host memory")
+        shielded("pinning host memory", || {
+            self.bind(0)?;
+            let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+            // SAFETY: our caller keeps the range mapped until it unregisters.
+            let result = unsafe { sys::cuMemHostRegister_v2(addr as *mut c_void, len as usize, flags) };
+            check(result, "pinning host memory")?;
+            self.lock().pinned.insert(addr, len);
+            Ok(())
+        })
     }
 
     fn host_unregister(&self, addr: u64) -> Result<()> {
-        self.bind(0)?;
-        // SAFETY: the driver checks that the address was registered.
-        check(unsafe { sys::cuMemHostUnregister(addr as *mut c_void) }, "unpinning host memory")
+        shielded("unpinning host memory", || {
+            self.bind(0)?;
+            self.lock().pinned.remove(&addr);
+            // SAFETY: the driver checks that the address was registered.
+            check(unsafe { sys::cuMemHostUnregister(addr as *mut c_void) }, "unpinning host memory")
+        })
     }
+}
+
+/// Runs `call`, turning a panic inside it (cudarc's, for a driver function
+/// the loaded driver lacks) into an error naming what was being done: no
+/// panic from the driver bindings ever reaches a lane, C or Python.
+fn shielded<T>(doing: &str, call: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|panic| {
+        let detail = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("no message");
+        Err(cuda_error(format!("{doing}: the CUDA driver bindings failed ({detail}); is the driver too old?")))
+    })
+}
+
+/// `copies` as one `cuMemcpyBatchAsync` on `stream`.
+///
+/// # Safety
+///
+/// As [`Gpu::copy_batch`].
+unsafe fn batched(batch: BatchCopy, stream: sys::CUstream, copies: &[Copy]) -> Result<()> {
+    let mut dsts: Vec<u64> = copies.iter().map(|c| c.dst).collect();
+    let mut srcs: Vec<u64> = copies.iter().map(|c| c.src).collect();
+    let mut sizes: Vec<usize> = copies.iter().map(|c| c.len as usize).collect();
+    let nowhere = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID, id: 0 };
+    let mut attributes = [sys::CUmemcpyAttributes {
+        srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+        srcLocHint: nowhere,
+        dstLocHint: nowhere,
+        flags: 0,
+    }];
+    let mut first = [0usize];
+    let mut failed = usize::MAX;
+    // SAFETY: the arrays hold `copies.len()` entries each and one attribute
+    // set covering them all; the ranges are our caller's.
+    let result = unsafe {
+        batch(
+            dsts.as_mut_ptr(),
+            srcs.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            copies.len(),
+            attributes.as_mut_ptr(),
+            first.as_mut_ptr(),
+            1,
+            &mut failed,
+            stream,
+        )
+    };
+    check(result, &format!("a batched copy (copy {failed} refused)"))
+}
+
+/// `copies` as one `cuMemcpyAsync` each on `stream`.
+///
+/// # Safety
+///
+/// As [`Gpu::copy_batch`].
+unsafe fn per_copy(stream: sys::CUstream, copies: &[Copy]) -> Result<()> {
+    for copy in copies {
+        // SAFETY: the ranges are our caller's; UVA resolves directions.
+        check(unsafe { sys::cuMemcpyAsync(copy.dst, copy.src, copy.len as usize, stream) }, "a copy")?;
+    }
+    Ok(())
 }
 
 /// One device's name, memory and PCI address.
@@ -396,7 +581,13 @@ fn describe(ordinal: u32, device: sys::CUdevice) -> Result<GpuDevice> {
 
 /// The 12.8-ABI `cuMemcpyBatchAsync`, when the driver has it (asked for
 /// by ABI version: a 13.x driver also exports a `_v2` without `failIdx`).
-fn batch_copy_12080() -> Option<BatchCopy> {
+/// Looked up only on drivers that have the batch API, through
+/// `cuGetProcAddress_v2`, which older drivers lack.
+fn batch_copy_12080(driver_version: u32) -> Option<BatchCopy> {
+    const _: () = assert!(tier::BATCH_API_DRIVER >= tier::PROC_ADDRESS_DRIVER);
+    if driver_version < tier::BATCH_API_DRIVER {
+        return None;
+    }
     let mut pointer: *mut c_void = std::ptr::null_mut();
     let mut status = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     // SAFETY: a NUL-terminated name and two out-pointers.
@@ -444,5 +635,26 @@ mod tests {
         }
         let error = CudaGpu::load().unwrap_err().to_string();
         assert!(error.contains("no CUDA driver found") && error.contains("NVIDIA driver"), "{error}");
+    }
+
+    /// Symbols newer than the baseline are not even looked up on drivers
+    /// that lack them: here, with no driver at all, a lookup would panic.
+    #[test]
+    fn the_batch_api_is_looked_up_only_on_drivers_that_have_it() {
+        if driver_present() {
+            return; // a GPU host: the lookup would run for real
+        }
+        for version in [0, tier::BASELINE_DRIVER, tier::PROC_ADDRESS_DRIVER, tier::BATCH_API_DRIVER - 10] {
+            assert!(batch_copy_12080(version).is_none(), "CUDA {version}");
+        }
+    }
+
+    #[test]
+    fn a_panic_in_the_driver_bindings_becomes_an_error() {
+        let caught: Result<()> = shielded("a batch of copies", || panic!("Missing symbol cuMemcpyBatchAsync"));
+        let error = caught.unwrap_err().to_string();
+        assert!(error.contains("a batch of copies") && error.contains("cuMemcpyBatchAsync"), "{error}");
+        assert!(error.contains("driver too old"), "{error}");
+        assert_eq!(shielded("nothing", || Ok(7)).unwrap(), 7);
     }
 }

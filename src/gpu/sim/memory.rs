@@ -40,6 +40,9 @@ pub(super) struct Piece {
     pub opened: bool,
     /// Managed memory: the host may touch it; it cannot be exported.
     pub managed: bool,
+    /// Opened from a peer whose memory then vanished (a fault injected):
+    /// copies touching it fault.
+    pub vanished: bool,
 }
 
 /// The mapping at a piece's device address (no access rights, so touching
@@ -255,6 +258,7 @@ impl SimGpu {
             Ok(())
         });
         placed.map_err(|error| abandon(state, base, total, error))?;
+        self.opens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(DevicePtr(base + first.offset))
     }
 
@@ -264,6 +268,7 @@ impl SimGpu {
         let run = run.ok_or_else(|| gpu_error(0, format!("{:#x} was not opened from a peer", ptr.0)))?;
         let addrs: Vec<u64> = state.run_pieces(run).map(|(a, _)| a).collect();
         addrs.iter().for_each(|a| drop(state.pieces.remove(a)));
+        self.closes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 }
@@ -317,6 +322,7 @@ fn install(state: &mut State, placed: Placed) -> Result<u64> {
         vmm: placed.vmm,
         opened: placed.opened,
         managed: placed.managed,
+        vanished: false,
     };
     state.pieces.insert(addr, piece);
     Ok(addr)

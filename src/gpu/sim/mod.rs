@@ -11,13 +11,21 @@
 //! descriptors with `pidfd_getfd`. Copies run when their stream is polled,
 //! after a configurable delay, so "the copy finished" is only ever learnt
 //! from an event, as with a real GPU. Faults can be injected: an open that
-//! fails, a copy that errors (sticky afterwards, as CUDA's are), a device
-//! that is lost; and the copy method can be set, as an older driver would
-//! report it.
+//! fails, a copy that errors when it runs (sticky on its GPU afterwards, as
+//! CUDA's are), a copy call refused at once, a peer's opened memory that
+//! vanishes, a device that is lost; and the driver can be set older, so
+//! that chunks go through the copy kernel or one call per copy
+//! ([`super::tier`]). The kernel tier faults as a real one would when it is
+//! handed host memory nobody pinned, or another GPU's memory without peer
+//! access: a regression in the tier choice fails a test instead of a GPU.
 
 mod memory;
 
-use super::{check_handles, Copy, CopyMethod, DevicePtr, Event, Export, Gpu, GpuDevice, IpcHandle, Memory, Stream};
+use super::tier::{choose_method, TierInputs, BATCH_API_DRIVER};
+use super::{
+    check_handles, Copy, CopyMethod, CopySides, DevicePtr, Event, Export, Gpu, GpuDevice, IpcHandle, Memory, Place,
+    Stream,
+};
 use crate::error::{Error, Result};
 use memory::{past_allocation, Piece};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -27,17 +35,29 @@ use std::time::{Duration, Instant};
 
 /// Memory each simulated device reports.
 const SIM_MEMORY_BYTES: u64 = 16 << 30;
+/// Copy-kernel launches in flight per stream before a chunk must take one
+/// call per copy (the CUDA provider's descriptor slots).
+const KERNEL_SLOTS: usize = 16;
+/// Copies one kernel launch takes (a slot's size).
+const KERNEL_SLOT_COPIES: usize = 256;
 
 /// The simulated provider.
 #[derive(Debug)]
 pub struct SimGpu {
     devices: u32,
     copy_delay: Duration,
-    method: CopyMethod,
+    /// The CUDA version the simulated driver reports.
+    driver_version: u32,
+    /// Whether its copy kernel loads (on drivers without the batch API).
+    kernel_loads: bool,
+    /// Whether its GPUs have peer access to each other.
+    peer_access: bool,
     numa_node: Option<u32>,
     state: Mutex<State>,
     copy_calls: AtomicU64,
     copies: AtomicU64,
+    opens: AtomicU64,
+    closes: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -51,21 +71,28 @@ pub(super) struct State {
     next_id: u64,
     fail_next_open: bool,
     fail_next_copy: bool,
+    /// Copy calls still accepted before one is refused at once.
+    refuse_after: Option<u32>,
     lost: HashSet<u32>,
-    /// The first copy error: every later query reports it.
-    sticky: Option<String>,
+    /// Per GPU, its first copy error: every later query and copy call on
+    /// that GPU reports it (CUDA's errors are sticky per context).
+    sticky: HashMap<u32, String>,
 }
 
 #[derive(Debug)]
 struct StreamState {
     device: u32,
     pending: VecDeque<Work>,
+    /// Copy-kernel launches of this stream not yet completed.
+    kernels: usize,
 }
 
 #[derive(Debug)]
 enum Work {
-    /// Copies, resolved to host-reachable addresses, due at `ready`.
-    Copies { ready: Instant, copies: Vec<(u64, u64, u64)>, fail: bool },
+    /// Copies, resolved to host-reachable addresses, due at `ready`; with
+    /// `fail`, they fault instead (the reason); `kernel` when launched as
+    /// the copy kernel (which holds a descriptor slot until it ends).
+    Copies { ready: Instant, copies: Vec<(u64, u64, u64)>, fail: Option<String>, kernel: bool },
     /// An event's recording: completes it, unless it was recorded again
     /// since (`generation`).
     Event { id: u64, generation: u64 },
@@ -82,23 +109,48 @@ struct EventState {
 
 impl SimGpu {
     /// `devices` simulated GPUs whose copies complete `copy_delay` after
-    /// they were queued, issued as one batched call.
+    /// they were queued, on a driver with the batch API (CUDA 12.8) and
+    /// peer access between its GPUs.
     pub fn new(devices: u32, copy_delay: Duration) -> Self {
         Self {
             devices,
             copy_delay,
-            method: CopyMethod::Batched,
+            driver_version: BATCH_API_DRIVER,
+            kernel_loads: true,
+            peer_access: true,
             numa_node: None,
             state: Mutex::new(State { next_id: 1, ..State::default() }),
             copy_calls: AtomicU64::new(0),
             copies: AtomicU64::new(0),
+            opens: AtomicU64::new(0),
+            closes: AtomicU64::new(0),
         }
     }
 
-    /// Reports `method` for its copies, as a driver without batched copies
-    /// would (`PerCopy`); the bytes move the same.
-    pub fn with_copy_method(mut self, method: CopyMethod) -> Self {
-        self.method = method;
+    /// Simulates a driver whose best method is `method`: CUDA 12.8
+    /// (`Batched`), 12.0 with the copy kernel (`Kernel`), or 11.8 whose
+    /// kernel does not load (`PerCopy`). The bytes move the same; each
+    /// chunk's method is chosen as the CUDA provider chooses it.
+    pub fn with_copy_method(self, method: CopyMethod) -> Self {
+        match method {
+            CopyMethod::Batched => self.with_driver(BATCH_API_DRIVER, true),
+            CopyMethod::Kernel => self.with_driver(12000, true),
+            CopyMethod::PerCopy => self.with_driver(11080, false),
+        }
+    }
+
+    /// Simulates a driver of CUDA `version` (12080 for 12.8) whose copy
+    /// kernel loads or not.
+    pub fn with_driver(mut self, version: u32, kernel_loads: bool) -> Self {
+        self.driver_version = version;
+        self.kernel_loads = kernel_loads;
+        self
+    }
+
+    /// Its GPUs cannot reach each other's memory (no peer access), as on
+    /// hosts whose GPUs share no NVLink or PCIe switch.
+    pub fn without_peer_access(mut self) -> Self {
+        self.peer_access = false;
         self
     }
 
@@ -130,9 +182,27 @@ impl SimGpu {
     }
 
     /// The next [`Gpu::copy_batch`] fails when it runs (reported by the
-    /// event after it, and by every query from then on).
+    /// event after it, and by every query and copy on its GPU from then on).
     pub fn fail_next_copy(&self) {
         self.lock().fail_next_copy = true;
+    }
+
+    /// After `accepted` more calls, one [`Gpu::copy_batch`] call is refused
+    /// at once with an error (as the driver refuses bad arguments); nothing
+    /// is queued by it, and the GPU stays usable.
+    pub fn refuse_copy_call(&self, accepted: u32) {
+        self.lock().refuse_after = Some(accepted);
+    }
+
+    /// Every peer's memory this provider opened so far vanishes, as if its
+    /// owner had freed it: a copy touching it faults on the GPU.
+    pub fn vanish_opened(&self) {
+        self.lock().pieces.values_mut().filter(|p| p.opened).for_each(|p| p.vanished = true);
+    }
+
+    /// Successful [`Gpu::open`]s and [`Gpu::close`]s so far.
+    pub fn open_counts(&self) -> (u64, u64) {
+        (self.opens.load(Ordering::Relaxed), self.closes.load(Ordering::Relaxed))
     }
 
     /// `device` is lost: every operation on it fails from now on.
@@ -162,20 +232,29 @@ impl State {
     }
 
     /// Runs a stream's due work in order, up to the first that is not due.
+    /// A GPU with a sticky error runs nothing more (as a CUDA context).
     fn progress(&mut self, stream: u64) {
         let now = Instant::now();
+        let Some(device) = self.streams.get(&stream).map(|s| s.device) else { return };
         loop {
             let Some(work) = self.streams.get_mut(&stream).and_then(|s| s.pending.pop_front()) else { return };
             match work {
-                Work::Copies { ready, copies, fail } => {
+                Work::Copies { ready, copies, fail, kernel } => {
                     if ready > now {
                         if let Some(s) = self.streams.get_mut(&stream) {
-                            s.pending.push_front(Work::Copies { ready, copies, fail });
+                            s.pending.push_front(Work::Copies { ready, copies, fail, kernel });
                         }
                         return;
                     }
-                    if fail {
-                        self.sticky.get_or_insert_with(|| "a copy failed on the device (injected)".into());
+                    if kernel {
+                        if let Some(s) = self.streams.get_mut(&stream) {
+                            s.kernels -= 1;
+                        }
+                    }
+                    if let Some(reason) = fail {
+                        self.sticky.entry(device).or_insert(reason);
+                    }
+                    if self.sticky.contains_key(&device) {
                         continue;
                     }
                     for (src, dst, len) in copies {
@@ -193,6 +272,112 @@ impl State {
                 }
             }
         }
+    }
+
+    /// True when `addr..addr + len` lies in one host range pinned here.
+    fn pinned(&self, addr: u64, len: u64) -> bool {
+        self.registered.range(..=addr).next_back().is_some_and(|(&start, &n)| addr.saturating_add(len) <= start + n)
+    }
+
+    /// Why the copy kernel would fault on `copies` launched on `device`'s
+    /// stream: a host end nobody pinned, or another GPU's memory with no
+    /// peer access (judged from the memory itself, not from what the caller
+    /// said about it).
+    fn kernel_fault(&self, copies: &[Copy], device: u32, peer_access: bool) -> Option<String> {
+        for copy in copies {
+            for addr in [copy.src, copy.dst] {
+                match self.piece_at(addr) {
+                    None if !self.pinned(addr, copy.len) => {
+                        return Some(format!(
+                            "the copy kernel dereferenced host memory at {addr:#x} that is not pinned for the GPU \
+                             (an illegal address on a real one)"
+                        ))
+                    }
+                    Some((_, piece)) if piece.device != device && !peer_access => {
+                        return Some(format!(
+                            "the copy kernel on GPU {device} dereferenced GPU {}'s memory at {addr:#x} without peer \
+                             access (an illegal address on a real one)",
+                            piece.device
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        None
+    }
+}
+
+impl SimGpu {
+    /// The GPU of `stream`, which must be usable: not lost, no sticky error.
+    fn usable_stream(&self, state: &State, stream: Stream) -> Result<u32> {
+        let device = state.streams.get(&stream.0).ok_or_else(|| gpu_error(0, "no such stream"))?.device;
+        self.check_device(state, device)?;
+        match state.sticky.get(&device) {
+            Some(error) => Err(gpu_error(device, error.clone())),
+            None => Ok(device),
+        }
+    }
+
+    /// Resolves `copies` and queues them on `stream`, due after the copy
+    /// engine's delay, faulting when they run if a fault is injected, if
+    /// they touch memory that vanished, or if the copy kernel (`kernel`)
+    /// would dereference what it cannot.
+    ///
+    /// # Safety
+    ///
+    /// As [`Gpu::copy_batch`].
+    unsafe fn queue(&self, state: &mut State, stream: Stream, copies: &[Copy], kernel: bool) -> Result<()> {
+        let device = state.streams.get(&stream.0).ok_or_else(|| gpu_error(0, "no such stream"))?.device;
+        let mut resolved = Vec::with_capacity(copies.len());
+        for copy in copies {
+            state.split_at_pieces(copy.src, copy.dst, copy.len, &mut resolved)?;
+        }
+        let injected = std::mem::take(&mut state.fail_next_copy);
+        let mut fail = injected.then(|| "a copy failed on the device (injected)".to_string());
+        let vanished = copies
+            .iter()
+            .flat_map(|c| [c.src, c.dst])
+            .find(|&addr| state.piece_at(addr).is_some_and(|(_, piece)| piece.vanished));
+        if let (None, Some(addr)) = (&fail, vanished) {
+            fail = Some(format!(
+                "a copy touched a peer's memory at {addr:#x} that vanished after it was opened (its owner freed \
+                 it: an illegal address on a real GPU)"
+            ));
+        }
+        if kernel {
+            fail = fail.or_else(|| state.kernel_fault(copies, device, self.peer_access));
+        }
+        let ready = Instant::now() + self.copy_delay;
+        let entry = state.streams.get_mut(&stream.0).expect("checked above");
+        entry.kernels += usize::from(kernel);
+        entry.pending.push_back(Work::Copies { ready, copies: resolved, fail, kernel });
+        Ok(())
+    }
+
+    /// The tier for `copies` on `device`'s stream, from what the caller
+    /// says of their ends (as the CUDA provider chooses it).
+    fn tier(&self, state: &State, stream: u64, copies: &[Copy], sides: &[CopySides], device: u32) -> CopyMethod {
+        let known = sides.len() == copies.len();
+        let host_pinned = known
+            && copies.iter().zip(sides).all(|(copy, sides)| {
+                [(copy.src, sides.src), (copy.dst, sides.dst)]
+                    .iter()
+                    .all(|&(addr, place)| place != Place::Host || state.pinned(addr, copy.len))
+            });
+        let reachable = |place: Place| match place {
+            Place::Device(other) => other == device || self.peer_access,
+            Place::Host => true,
+        };
+        let peers_reachable = known && sides.iter().all(|s| reachable(s.src) && reachable(s.dst));
+        let slots_free = state.streams.get(&stream).is_some_and(|s| s.kernels < KERNEL_SLOTS);
+        choose_method(TierInputs {
+            driver_version: self.driver_version,
+            batch_api: true,
+            kernel_ready: self.kernel_loads && slots_free && copies.len() <= KERNEL_SLOT_COPIES,
+            host_pinned,
+            peers_reachable,
+        })
     }
 }
 
@@ -260,7 +445,7 @@ impl Gpu for SimGpu {
         let mut state = self.lock();
         self.check_device(&state, device)?;
         let id = state.take_id();
-        state.streams.insert(id, StreamState { device, pending: VecDeque::new() });
+        state.streams.insert(id, StreamState { device, pending: VecDeque::new(), kernels: 0 });
         Ok(Stream(id))
     }
 
@@ -269,24 +454,37 @@ impl Gpu for SimGpu {
     }
 
     fn copy_method(&self) -> CopyMethod {
-        self.method
+        choose_method(TierInputs {
+            driver_version: self.driver_version,
+            batch_api: true,
+            kernel_ready: self.kernel_loads,
+            host_pinned: true,
+            peers_reachable: true,
+        })
     }
 
-    unsafe fn copy_batch(&self, stream: Stream, copies: &[Copy]) -> Result<CopyMethod> {
+    unsafe fn copy_batch(&self, stream: Stream, copies: &[Copy], sides: &[CopySides]) -> Result<CopyMethod> {
         let mut state = self.lock();
-        let device = state.streams.get(&stream.0).ok_or_else(|| gpu_error(0, "no such stream"))?.device;
-        self.check_device(&state, device)?;
-        let mut resolved = Vec::with_capacity(copies.len());
-        for copy in copies {
-            state.split_at_pieces(copy.src, copy.dst, copy.len, &mut resolved)?;
+        let device = self.usable_stream(&state, stream)?;
+        if state.refuse_after == Some(0) {
+            state.refuse_after = None;
+            return Err(gpu_error(device, "the driver refused the copy call (injected)"));
         }
-        let fail = std::mem::take(&mut state.fail_next_copy);
-        let ready = Instant::now() + self.copy_delay;
-        let work = Work::Copies { ready, copies: resolved, fail };
-        state.streams.get_mut(&stream.0).expect("checked above").pending.push_back(work);
+        let method = self.tier(&state, stream.0, copies, sides, device);
+        let kernel = method == CopyMethod::Kernel;
+        // SAFETY: forwarded from our caller.
+        unsafe { self.queue(&mut state, stream, copies, kernel)? };
+        state.refuse_after = state.refuse_after.map(|n| n - 1);
         self.copy_calls.fetch_add(1, Ordering::Relaxed);
         self.copies.fetch_add(copies.len() as u64, Ordering::Relaxed);
-        Ok(self.method)
+        Ok(method)
+    }
+
+    unsafe fn copy_one(&self, stream: Stream, copy: Copy) -> Result<()> {
+        let mut state = self.lock();
+        self.usable_stream(&state, stream)?;
+        // SAFETY: forwarded from our caller.
+        unsafe { self.queue(&mut state, stream, &[copy], false) }
     }
 
     fn create_event(&self, device: u32) -> Result<Event> {
@@ -315,11 +513,13 @@ impl Gpu for SimGpu {
         let entry = state.events.get(&event.0).ok_or_else(|| gpu_error(0, "no such event"))?;
         let (device, stream) = (entry.device, entry.stream);
         self.check_device(&state, device)?;
+        let mut on = device;
         if let Some(stream) = stream {
             state.progress(stream);
+            on = state.streams.get(&stream).map_or(device, |s| s.device);
         }
-        if let Some(error) = &state.sticky {
-            return Err(gpu_error(device, error.clone()));
+        if let Some(error) = state.sticky.get(&on) {
+            return Err(gpu_error(on, error.clone()));
         }
         Ok(state.events.get(&event.0).is_some_and(|e| e.done))
     }

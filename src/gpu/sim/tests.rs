@@ -1,4 +1,5 @@
 //! Tests of the simulated GPU provider.
+use super::super::{CopySides, Place};
 use super::super::{HandleKind, IPC_HANDLE_BYTES};
 use super::*;
 use std::process::Command;
@@ -24,7 +25,7 @@ fn run(gpu: &SimGpu, copies: &[Copy]) -> Result<()> {
     let stream = gpu.create_stream(0)?;
     let event = gpu.create_event(0)?;
     // SAFETY: the tests' host buffers outlive the wait below.
-    unsafe { gpu.copy_batch(stream, copies)? };
+    unsafe { gpu.copy_batch(stream, copies, &[])? };
     gpu.record(stream, event)?;
     wait(gpu, event)?;
     gpu.destroy_event(event)?;
@@ -66,13 +67,13 @@ fn copies_land_only_when_their_event_completes_host_to_device_to_device_to_host(
     assert!(gpu.query(uploaded).unwrap(), "an event never recorded is complete, as CUDA's");
     let copies = [Copy { src: source.as_ptr() as u64, dst: a.0, len: 1 << 16 }];
     // SAFETY: `source` outlives the wait below.
-    unsafe { gpu.copy_batch(stream, &copies).unwrap() };
+    unsafe { gpu.copy_batch(stream, &copies, &[]).unwrap() };
     gpu.record(stream, uploaded).unwrap();
     assert!(!gpu.query(uploaded).unwrap(), "not before the copy engine's delay");
     assert!(wait(&gpu, uploaded).unwrap() + Duration::from_millis(2) >= DELAY / 2);
     // Recorded again: incomplete again until the new work is done.
     // SAFETY: as above.
-    unsafe { gpu.copy_batch(stream, &copies).unwrap() };
+    unsafe { gpu.copy_batch(stream, &copies, &[]).unwrap() };
     gpu.record(stream, uploaded).unwrap();
     assert!(!gpu.query(uploaded).unwrap(), "the latest recording counts");
     wait(&gpu, uploaded).unwrap();
@@ -117,7 +118,7 @@ fn bad_copies_and_faults_are_clear_errors() {
     let host = vec![0u8; 8192];
     let past = [Copy { src: host.as_ptr() as u64, dst: ptr.0 + 4000, len: 200 }];
     // SAFETY: refused before anything is queued.
-    let error = unsafe { gpu.copy_batch(gpu.create_stream(0).unwrap(), &past) }.unwrap_err().to_string();
+    let error = unsafe { gpu.copy_batch(gpu.create_stream(0).unwrap(), &past, &[]) }.unwrap_err().to_string();
     assert!(error.contains("runs past its allocation"), "{error}");
 
     // A copy that fails on the device: its event reports it, and so does
@@ -140,7 +141,7 @@ fn bad_copies_and_faults_are_clear_errors() {
     assert_eq!(other.devices().unwrap().len(), 1);
     let to_lost = [Copy { src: host.as_ptr() as u64, dst: on_one.0, len: 16 }];
     // SAFETY: refused before anything is queued.
-    let error = unsafe { other.copy_batch(other.create_stream(0).unwrap(), &to_lost) }.unwrap_err().to_string();
+    let error = unsafe { other.copy_batch(other.create_stream(0).unwrap(), &to_lost, &[]) }.unwrap_err().to_string();
     assert!(error.contains("the device was lost"), "{error}");
 
     // Host registration twice is refused, as CUDA refuses it.
@@ -236,4 +237,124 @@ fn exports_open_in_another_process_and_not_in_their_own() {
     let child = child_reads(&Export::new(handles, Vec::new()), 16);
     assert!(!child.status.success(), "a closed descriptor opens nothing");
     assert!(String::from_utf8_lossy(&child.stdout).contains("no longer exports"));
+}
+
+/// Queues `copies` (ends as `sides` say) on `stream`, records `event` after
+/// them and waits: the method taken, and how the event ended.
+fn launch(gpu: &SimGpu, stream: Stream, copies: &[Copy], sides: &[CopySides]) -> (CopyMethod, Result<Duration>) {
+    let device = gpu.lock().streams[&stream.0].device;
+    let event = gpu.create_event(device).unwrap();
+    // SAFETY: the tests' host buffers outlive the wait below.
+    let method = unsafe { gpu.copy_batch(stream, copies, sides) }.unwrap();
+    gpu.record(stream, event).unwrap();
+    (method, wait(gpu, event))
+}
+
+/// Reads `len` bytes of device memory at `src` with one plain copy.
+fn read_back(gpu: &SimGpu, device: u32, src: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    let stream = gpu.create_stream(device).unwrap();
+    let event = gpu.create_event(device).unwrap();
+    // SAFETY: `out` outlives the wait below.
+    unsafe { gpu.copy_one(stream, Copy { src, dst: out.as_mut_ptr() as u64, len: len as u64 }).unwrap() };
+    gpu.record(stream, event).unwrap();
+    wait(gpu, event).unwrap();
+    out
+}
+
+#[test]
+fn the_copy_kernel_runs_only_where_it_cannot_fault_and_faults_where_it_would() {
+    use Place::{Device, Host};
+    let gpu = SimGpu::new(2, Duration::from_micros(100)).with_copy_method(CopyMethod::Kernel);
+    assert_eq!(gpu.copy_method(), CopyMethod::Kernel, "a 12.0 driver whose kernel loads");
+    let (dev, other) = (gpu.alloc(0, 1 << 16).unwrap(), gpu.alloc(1, 1 << 16).unwrap());
+    let pinned = pattern(8192, 1);
+    // SAFETY: `pinned` outlives its registration (unregistered below).
+    unsafe { gpu.host_register(pinned.as_ptr() as u64, 8192).unwrap() };
+    let pageable = pattern(4096, 2);
+    let stream = gpu.create_stream(0).unwrap();
+    let up = |src: &[u8], at: u64| Copy { src: src.as_ptr() as u64, dst: dev.0 + at, len: src.len() as u64 };
+    let host_to_dev = [CopySides { src: Host, dst: Device(0) }];
+
+    // Pinned host memory: the kernel, and the bytes land.
+    let (method, ended) = launch(&gpu, stream, &[up(&pinned, 0)], &host_to_dev);
+    assert_eq!((method, ended.is_ok()), (CopyMethod::Kernel, true));
+    assert_eq!(read_back(&gpu, 0, dev.0, 8192), pinned);
+    // Pageable memory, or ends nobody described: one call per copy.
+    let (method, ended) = launch(&gpu, stream, &[up(&pageable, 8192)], &host_to_dev);
+    assert_eq!((method, ended.is_ok()), (CopyMethod::PerCopy, true));
+    let (method, _) = launch(&gpu, stream, &[up(&pinned, 0)], &[]);
+    assert_eq!(method, CopyMethod::PerCopy, "unknown ends never reach the kernel");
+    assert_eq!(read_back(&gpu, 0, dev.0 + 8192, 4096), pageable);
+    // Another GPU's memory: the kernel with peer access; without it, one
+    // call per copy.
+    let across = [Copy { src: other.0, dst: dev.0, len: 4096 }];
+    let (method, _) = launch(&gpu, stream, &across, &[CopySides { src: Device(1), dst: Device(0) }]);
+    assert_eq!(method, CopyMethod::Kernel);
+    let apart = SimGpu::new(2, Duration::from_micros(100)).with_copy_method(CopyMethod::Kernel).without_peer_access();
+    let (a, b) = (apart.alloc(0, 4096).unwrap(), apart.alloc(1, 4096).unwrap());
+    let apart_stream = apart.create_stream(0).unwrap();
+    let across = [Copy { src: b.0, dst: a.0, len: 4096 }];
+    let (method, ended) = launch(&apart, apart_stream, &across, &[CopySides { src: Device(1), dst: Device(0) }]);
+    assert_eq!((method, ended.is_ok()), (CopyMethod::PerCopy, true));
+
+    // Told wrong, the kernel is handed what it cannot touch: it faults, as
+    // on a GPU (sticky on that GPU), instead of moving the bytes.
+    let (method, ended) = launch(&apart, apart_stream, &across, &[CopySides { src: Device(0), dst: Device(0) }]);
+    assert_eq!(method, CopyMethod::Kernel);
+    let error = ended.unwrap_err().to_string();
+    assert!(error.contains("without peer access"), "{error}");
+    let lie = [CopySides { src: Device(0), dst: Device(0) }];
+    let (method, ended) = launch(&gpu, stream, &[up(&pageable, 0)], &lie);
+    assert_eq!(method, CopyMethod::Kernel);
+    let error = ended.unwrap_err().to_string();
+    assert!(error.contains("not pinned for the GPU") && error.contains("illegal address"), "{error}");
+    // SAFETY: refused (the GPU's error is sticky).
+    assert!(unsafe { gpu.copy_batch(stream, &[up(&pinned, 0)], &host_to_dev) }.is_err());
+    gpu.host_unregister(pinned.as_ptr() as u64).unwrap();
+}
+
+#[test]
+fn busy_kernel_slots_send_a_chunk_one_call_per_copy_and_free_again() {
+    let gpu = SimGpu::new(1, Duration::from_millis(50)).with_copy_method(CopyMethod::Kernel);
+    let dev = gpu.alloc(0, 1 << 20).unwrap();
+    let stream = gpu.create_stream(0).unwrap();
+    let sides = [CopySides { src: Place::Device(0), dst: Place::Device(0) }];
+    let copy = [Copy { src: dev.0, dst: dev.0 + 4096, len: 4096 }];
+    let methods: Vec<CopyMethod> = (0..KERNEL_SLOTS + 1)
+        // SAFETY: device memory only.
+        .map(|_| unsafe { gpu.copy_batch(stream, &copy, &sides) }.unwrap())
+        .collect();
+    assert!(methods[..KERNEL_SLOTS].iter().all(|&m| m == CopyMethod::Kernel), "{methods:?}");
+    assert_eq!(methods[KERNEL_SLOTS], CopyMethod::PerCopy, "every slot busy");
+    let (method, ended) = launch(&gpu, stream, &copy, &sides);
+    assert_eq!(method, CopyMethod::PerCopy);
+    ended.unwrap();
+    assert_eq!(launch(&gpu, stream, &copy, &sides).0, CopyMethod::Kernel, "slots free once their launches ended");
+    let too_many = vec![copy[0]; KERNEL_SLOT_COPIES + 1];
+    let sides = vec![sides[0]; too_many.len()];
+    assert_eq!(launch(&gpu, stream, &too_many, &sides).0, CopyMethod::PerCopy, "more than a slot holds");
+}
+
+#[test]
+fn a_refused_call_queues_nothing_and_a_failed_copy_is_sticky_on_its_gpu_only() {
+    let gpu = gpu();
+    let (zero, one) = (gpu.alloc(0, 8192).unwrap(), gpu.alloc(1, 8192).unwrap());
+    let (s0, s1) = (gpu.create_stream(0).unwrap(), gpu.create_stream(1).unwrap());
+    let on_zero = [Copy { src: zero.0, dst: zero.0 + 4096, len: 4096 }];
+    let on_one = [Copy { src: one.0, dst: one.0 + 4096, len: 4096 }];
+    gpu.refuse_copy_call(1);
+    // SAFETY: device memory only, here and below.
+    unsafe { gpu.copy_batch(s0, &on_zero, &[]).unwrap() };
+    // SAFETY: as above.
+    let error = unsafe { gpu.copy_batch(s0, &on_zero, &[]) }.unwrap_err().to_string();
+    assert!(error.contains("refused the copy call"), "{error}");
+    assert_eq!(gpu.copy_counts(), (1, 1), "the refused call queued nothing");
+    assert!(launch(&gpu, s0, &on_zero, &[]).1.is_ok(), "and the GPU is still usable");
+    gpu.fail_next_copy();
+    assert!(launch(&gpu, s0, &on_zero, &[]).1.is_err());
+    // SAFETY: as above.
+    let error = unsafe { gpu.copy_batch(s0, &on_zero, &[]) }.unwrap_err().to_string();
+    assert!(error.contains("sim-gpu-0") && error.contains("injected"), "sticky on GPU 0: {error}");
+    assert!(launch(&gpu, s1, &on_one, &[]).1.is_ok(), "GPU 1 is unharmed");
 }

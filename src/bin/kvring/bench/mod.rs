@@ -134,17 +134,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     if options.token_overhead {
         return overhead::token_overhead(&config, &options);
     }
-    // Without --peer, the bench starts its own target (`kvring serve`).
-    let planned = initiator_cores(&config, &options);
-    let target_cores = if options.peer.is_none() { target_cores(&planned) } else { Vec::new() };
-    let target = match options.peer {
-        Some(_) => None,
-        None => Some(spawn_target(&options, &target_cores)?),
-    };
-    // On a host too small to give the caller a core of its own, the caller
-    // shares one with the target's lane: its waits then yield from the
-    // start rather than spin, or the lane would wait for the caller's spin.
-    let caller_shares = caller_core(&planned).is_some_and(|core| target_cores.contains(&core));
+    let (target, caller_shares) = own_target(&config, &options)?;
     let peer = options.peer.clone().unwrap_or_else(|| target.as_ref().expect("spawned").addr.clone());
     if options.raw_peer.is_none() {
         options.raw_peer = target.as_ref().and_then(|t| t.raw_addr.clone());
@@ -199,7 +189,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let mut sub = engine.submitter().map_err(|e| e.to_string())?;
     print_header(&engine, &segment, &peer, region_bytes, &options, gpu.as_deref());
     if let Some(gpu) = gpu {
-        let result = gpu_cases(&mut sub, &segment, &local, remote.id, region_bytes, &options, gpu);
+        let result = gpu_cases((&engine, &mut sub), &segment, &local, remote.id, region_bytes, &options, gpu);
         drop(sub);
         engine.shutdown();
         drop(target);
@@ -229,10 +219,28 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     }
 }
 
+/// Without `--peer`, the target the bench starts (`kvring serve`), on cores
+/// its own lanes do not use; and whether the caller then shares a core
+/// with the target's lane (a host too small to give it one of its own): its
+/// waits should then yield from the start rather than spin, or the lane
+/// would wait for the caller's spin.
+fn own_target(
+    config: &kvring::config::Config,
+    options: &Options,
+) -> Result<(Option<crate::serve::Target>, bool), String> {
+    if options.peer.is_some() {
+        return Ok((None, false));
+    }
+    let planned = initiator_cores(config, options);
+    let cores = target_cores(&planned);
+    let target = spawn_target(options, &cores)?;
+    Ok((Some(target), caller_core(&planned).is_some_and(|core| cores.contains(&core))))
+}
+
 /// `--memory` with GPU memory: the cases over cuda_ipc, their report, and
 /// whether every case verified.
 fn gpu_cases(
-    sub: &mut Submitter,
+    (engine, sub): (&kvring::Engine, &mut Submitter),
     segment: &Segment,
     local: &Region,
     remote: kvring::RegionId,
@@ -249,6 +257,7 @@ fn gpu_cases(
         json: options.json,
         memory: options.memory.expect("GPU cases have --memory"),
         gpu,
+        engine,
     };
     let cases = crate::gpubench::run(sub, segment, local, remote, region_bytes, &plan)?;
     if let Some(dir) = &options.report {

@@ -2,6 +2,7 @@
 use super::super::frame::FLAG_LAST;
 use super::super::hello::SERVER_HELLO_BYTES;
 use super::*;
+use std::io::Write;
 use crate::auth::Token;
 use crate::mem::RegionInfo;
 use crate::notify::NotifyQuota;

@@ -1,215 +1,23 @@
-//! The Python extension module `kvring._native` (cargo feature `python`,
-//! built by maturin; `python/kvring/` is the package around it).
-//!
-//! It speaks addresses and region ids, the shape both of kvring's own
-//! Python API and of Mooncake's: buffer objects are turned into addresses
-//! by the Python layer, which also keeps them alive while registered.
-//! Every transfer and wait runs with the GIL released. Errors are raised as
-//! the exception class the Python package registered for their error code
-//! (`set_error_classes`), so each error kind is its own class.
-//!
-//! A process that forked after creating an engine has none of its lanes in
-//! the child: every call there raises `ForkError`, and the child's copy is
-//! leaked rather than joined (joining threads that do not exist would hang).
+//! The `Engine` class of `kvring._native`.
 
-use crate::kv::{check_pd_topo, Attention, CacheShape, KvLayout, Mode, Rank, TopoCheck};
-use crate::log::sink::{on_own_thread, set_sink};
-use crate::{
-    Batch, BlockDesc, Engine, Error, Outcome, Region, RegionId, RegionInfo, Segment, Submitter, TransportKind,
-};
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use super::gpu::{location_name, wanted, SimDeviceBuffer, Wanted};
+use super::open::{finish, Open};
+use super::u64s::U64s;
+use super::{op_is_write, raise, raise_code, seconds};
+use crate::gpu::SimGpu;
+use crate::kv::{CacheShape, KvLayout};
+use crate::{BlockDesc, Engine, Error, MemoryKind, RegionId, RegionInfo};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::sync::GILOnceCell;
-use pyo3::types::{PyBytes, PyDict, PyList, PyType};
+use pyo3::types::PyBytes;
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tracing::Level;
 
-/// Error code name (`"OUT_OF_BOUNDS"`, …) → exception class, set once by
-/// the Python package at import.
-static ERROR_CLASSES: GILOnceCell<Py<PyDict>> = GILOnceCell::new();
-
-/// Raises `error` as the class registered for its code (or RuntimeError
-/// before any are registered).
-fn raise(error: Error) -> PyErr {
-    raise_code(error.code().as_str_name(), error.to_string())
-}
-
-fn raise_code(code: &str, message: String) -> PyErr {
-    Python::with_gil(|py| {
-        let class = ERROR_CLASSES
-            .get(py)
-            .and_then(|classes| classes.bind(py).get_item(code).ok().flatten())
-            .and_then(|class| class.downcast_into::<PyType>().ok());
-        match class {
-            Some(class) => PyErr::from_type(class, message),
-            None => PyRuntimeError::new_err(format!("{code}: {message}")),
-        }
-    })
-}
-
-/// Registers the exception class for each error code (called once by
-/// `kvring/errors.py`).
-#[pyfunction]
-fn set_error_classes(py: Python<'_>, classes: Bound<'_, PyDict>) -> PyResult<()> {
-    let _ = ERROR_CLASSES.set(py, classes.unbind());
-    Ok(())
-}
-
-fn seconds(timeout: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(timeout)
-        .map_err(|_| PyValueError::new_err(format!("timeout must be a non-negative number of seconds, got {timeout}")))
-}
-
-fn transport(name: Option<&str>) -> PyResult<Option<TransportKind>> {
-    name.filter(|n| !n.is_empty()).map(TransportKind::parse).transpose().map_err(raise)
-}
-
-fn op_is_write(op: &str) -> PyResult<bool> {
-    match op {
-        "write" => Ok(true),
-        "read" => Ok(false),
-        other => Err(PyValueError::new_err(format!("op must be \"write\" or \"read\", got {other:?}"))),
-    }
-}
-
-/// A list of ints (addresses or lengths) taken from Python. Reading it is
-/// most of the Python overhead of a 64-block batch: pyo3's generic path
-/// costs ~35 ns an item under the stable ABI (a sequence protocol call and
-/// an `__index__` conversion each), so a `list` of exact ints is read
-/// through `PyList_GetItem` and `PyLong_AsUnsignedLong` directly;
-/// anything else takes the generic path.
-struct U64s(Vec<u64>);
-
-// The fast path reads ints as `unsigned long`: 64 bits on LP64 Linux.
-const _: () = assert!(std::mem::size_of::<std::os::raw::c_ulong>() == 8);
-
-impl<'py> FromPyObject<'py> for U64s {
-    fn extract_bound(obj: &Bound<'py, PyAny>) -> PyResult<Self> {
-        let Ok(list) = obj.downcast::<PyList>() else {
-            return obj.extract::<Vec<u64>>().map(U64s);
-        };
-        let len = list.len();
-        let mut out = Vec::with_capacity(len);
-        for index in 0..len {
-            // No Python code runs in this loop, so the list cannot shrink.
-            // SAFETY: the GIL is held (we have a `Bound`) and `index` is below
-            // the length read under it: PyList_GetItem gives a live, borrowed item.
-            let item = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), index as pyo3::ffi::Py_ssize_t) };
-            // SAFETY: `item` is a live object (above). The exact-int check
-            // makes the conversion a plain read, with no `__index__` call.
-            let value = unsafe {
-                if item.is_null() || pyo3::ffi::PyLong_CheckExact(item) == 0 {
-                    None
-                } else {
-                    // `unsigned long` is 64 bits on the LP64 targets kvring
-                    // builds for, and CPython converts it with a digit
-                    // loop (its `long long` path goes through a byte
-                    // array, about 3x slower for addresses).
-                    match pyo3::ffi::PyLong_AsUnsignedLong(item) {
-                        // Also the error value (negative, too large): drop
-                        // the error it may have set; the generic path below
-                        // tells an error from the number and raises its own.
-                        u64::MAX => {
-                            pyo3::ffi::PyErr_Clear();
-                            None
-                        }
-                        value => Some(value),
-                    }
-                }
-            };
-            match value {
-                Some(value) => out.push(value),
-                None => out.push(list.get_item(index)?.extract::<u64>()?),
-            }
-        }
-        Ok(U64s(out))
-    }
-}
-
-/// What an open engine holds.
-struct Open {
-    engine: Engine,
-    submitter: Submitter,
-    /// Regions this module allocated (`alloc`), by raw id.
-    allocated: HashMap<u32, Region>,
-    /// The transport each segment name is opened with (None: the engine's order).
-    transports: HashMap<String, Option<TransportKind>>,
-}
-
-impl Open {
-    /// The segment for `name`, opened (or found in the engine's cache) with
-    /// the transport asked for it.
-    fn segment(&mut self, name: &str, timeout: Duration) -> crate::Result<Segment> {
-        let kind = self.transports.get(name).copied().flatten();
-        self.engine.open_segment_with(name, kind, timeout)
-    }
-
-    /// Turns (local address, remote address, length) triples into
-    /// descriptors; a remote address the handle's region table lacks
-    /// reopens the segment once (the peer may have registered it since).
-    fn descs_from_addrs(
-        &mut self,
-        name: &str,
-        locals: &[u64],
-        remotes: &[u64],
-        lengths: &[u64],
-        timeout: Duration,
-    ) -> crate::Result<(Segment, Vec<BlockDesc>)> {
-        if locals.len() != remotes.len() || locals.len() != lengths.len() {
-            return Err(Error::invalid(
-                "batch",
-                format!("{} local addresses, {} remote, {} lengths", locals.len(), remotes.len(), lengths.len()),
-            ));
-        }
-        let mut segment = self.segment(name, timeout)?;
-        let mut descs = Vec::with_capacity(locals.len());
-        let mut reopened = false;
-        for ((&local, &remote), &len) in locals.iter().zip(remotes).zip(lengths) {
-            let (local_region, local_offset) = self.engine.locate(local, len)?;
-            let (remote_region, remote_offset) = match segment.locate(remote, len) {
-                Ok(found) => found,
-                Err(_) if !reopened => {
-                    reopened = true;
-                    self.engine.close_segment(&segment);
-                    segment = self.segment(name, timeout)?;
-                    segment.locate(remote, len)?
-                }
-                Err(error) => return Err(error),
-            };
-            descs.push(BlockDesc::new(local_region, local_offset, remote_region, remote_offset, len));
-        }
-        Ok((segment, descs))
-    }
-
-    /// Submits one batch with `timeout` as its deadline.
-    fn submit(
-        &mut self,
-        segment: &Segment,
-        write: bool,
-        descs: &[BlockDesc],
-        timeout: Duration,
-    ) -> crate::Result<crate::BatchId> {
-        let batch = if write { Batch::write(segment) } else { Batch::read(segment) };
-        self.submitter.submit(&batch.descs(descs).deadline(timeout))
-    }
-
-    /// Submits one batch and waits for it (a little past its deadline).
-    fn run(&mut self, segment: &Segment, write: bool, descs: &[BlockDesc], timeout: Duration) -> crate::Result<u64> {
-        let id = self.submit(segment, write, descs, timeout)?;
-        finish(self.submitter.wait(id, timeout + Duration::from_secs(1))?)
-    }
-}
-
-fn finish(outcome: Outcome) -> crate::Result<u64> {
-    match outcome {
-        Outcome::Done { bytes } => Ok(bytes),
-        Outcome::Failed(error) => Err(error),
-        Outcome::TimedOut { bytes } => Err(Error::DeadlinePassed { bytes }),
-        Outcome::Cancelled { bytes } => Err(Error::invalid("batch", format!("cancelled after {bytes} bytes"))),
-    }
-}
+/// GPUs of the simulated provider (`gpu="sim"`).
+const SIM_GPUS: u32 = 2;
+/// Its copy engine's delay: copies land only when their event says so.
+const SIM_COPY_DELAY: Duration = Duration::from_micros(10);
 
 /// A kvring engine, for Python. Its methods take addresses and region ids;
 /// `kvring.Engine` wraps it with buffer objects and defaults.
@@ -223,6 +31,8 @@ pub struct PyEngine {
     /// Kept apart from `open` so reading them never waits on a transfer.
     name: String,
     control_addr: String,
+    /// The simulated GPU, when the engine was made with `gpu="sim"`.
+    sim: Option<Arc<SimGpu>>,
 }
 
 impl std::fmt::Debug for PyEngine {
@@ -277,9 +87,12 @@ impl PyEngine {
     /// Starts an engine. `listen` is the control address (port 0: any);
     /// `metadata` an `etcd://host:port[/prefix/]` URL or None (peer
     /// handshake); `name` the name it publishes under; `token` the
-    /// cluster's pre-shared token (proven, never sent), or None.
+    /// cluster's pre-shared token (proven, never sent), or None; `gpu` the
+    /// GPU provider: None (the CUDA driver where installed, loaded at the
+    /// first registration), "cuda" (the driver, now, or an error), or
+    /// "sim" (kvring's simulated GPUs: 2 of them, for tests).
     #[new]
-    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None))]
+    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None, gpu=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -290,6 +103,7 @@ impl PyEngine {
         serve_tcp: bool,
         pin: bool,
         token: Option<Vec<u8>>,
+        gpu: Option<&str>,
     ) -> PyResult<Self> {
         let listen = listen
             .parse()
@@ -304,12 +118,27 @@ impl PyEngine {
         if let Some(token) = token {
             builder = builder.token(token);
         }
+        let sim = match gpu.map(str::trim).filter(|g| !g.is_empty()) {
+            None => None,
+            Some("sim") => Some(Arc::new(SimGpu::new(SIM_GPUS, SIM_COPY_DELAY))),
+            Some("cuda") => {
+                let cuda = py.allow_threads(crate::gpu::CudaGpu::load).map_err(raise)?;
+                builder = builder.gpu(Arc::new(cuda));
+                None
+            }
+            Some(other) => {
+                return Err(raise(Error::invalid("gpu", format!("{other:?} is not None, \"cuda\" or \"sim\""))))
+            }
+        };
+        if let Some(sim) = &sim {
+            builder = builder.gpu(sim.clone());
+        }
         let engine = py.allow_threads(|| builder.build()).map_err(raise)?;
         let submitter = engine.submitter().map_err(raise)?;
         let (name, control_addr) = (engine.name().to_string(), engine.control_addr().to_string());
         let open = Open { engine, submitter, allocated: HashMap::new(), transports: HashMap::new() };
         let closed = std::sync::atomic::AtomicBool::new(false);
-        Ok(Self { open: Mutex::new(Some(open)), pid: std::process::id(), closed, name, control_addr })
+        Ok(Self { open: Mutex::new(Some(open)), pid: std::process::id(), closed, name, control_addr, sim })
     }
 
     /// The engine's name.
@@ -331,18 +160,67 @@ impl PyEngine {
     }
 
     /// Registers `length` bytes at `addr` (no copy); returns the region id.
-    /// The memory must stay valid until `unregister`.
-    fn register(&self, py: Python<'_>, addr: u64, length: u64) -> PyResult<u32> {
+    /// The memory must stay valid until `unregister`. `location` says where
+    /// it lives: None, "auto" or "*" asks the GPU provider (host memory, or
+    /// the GPU holding it, as Mooncake classifies an address); "host" or
+    /// "cpu[:N]" for host memory, "gpu[:N]" or "cuda[:N]" for a GPU's
+    /// (checked: a wrong claim is refused).
+    #[pyo3(signature = (addr, length, location=None))]
+    fn register(&self, py: Python<'_>, addr: u64, length: u64, location: Option<&str>) -> PyResult<u32> {
         if addr == 0 {
             return Err(raise(Error::invalid("address", "null")));
         }
         let len = usize::try_from(length).map_err(|_| raise(Error::invalid("length", "past the address space")))?;
+        let wanted = wanted(location).map_err(raise)?;
         self.with_open(py, |open| {
+            let memory = match wanted {
+                Wanted::Memory(memory) => memory,
+                Wanted::Classify { device_only } => match open.engine.memory_of(addr, length)? {
+                    MemoryKind::Host if device_only => {
+                        return Err(Error::invalid("memory", format!("{addr:#x}+{length} is not GPU memory")))
+                    }
+                    found => found,
+                },
+            };
+            let info = match memory {
+                MemoryKind::Host => RegionInfo::raw(),
+                MemoryKind::Gpu(n) => RegionInfo::raw().on_gpu(n),
+            };
             // SAFETY: the caller promises the range stays valid until it
             // unregisters it (this method's documented contract; the Python
             // layer holds buffer objects for that long).
-            unsafe { open.engine.register(addr as *mut u8, len, RegionInfo::raw()) }.map(|id| id.raw())
+            unsafe { open.engine.register(addr as *mut u8, len, info) }.map(|id| id.raw())
         })
+    }
+
+    /// Where a region lives: "host" or "gpu:N"; with `segment`, a peer's
+    /// region (by id), else one of this engine's.
+    #[pyo3(signature = (region, segment=None, timeout=5.0))]
+    fn region_memory(&self, py: Python<'_>, region: u32, segment: Option<String>, timeout: f64) -> PyResult<String> {
+        let timeout = seconds(timeout)?;
+        let id = RegionId::from_raw(region);
+        self.with_open(py, |open| {
+            let memory = match &segment {
+                None => open.engine.region_info(id)?.2.memory,
+                Some(name) => {
+                    let segment = open.segment(name, timeout)?;
+                    let found = segment.regions().iter().find(|r| r.id == id).map(|r| r.memory);
+                    found.ok_or(Error::UnknownRegion { side: crate::Side::Remote, region: id })?
+                }
+            };
+            Ok(location_name(memory))
+        })
+    }
+
+    /// For tests: `length` bytes of the simulated GPU `device`, as an
+    /// object with `__cuda_array_interface__` and DLPack (engines made
+    /// with `gpu="sim"` only).
+    #[pyo3(signature = (length, device=0))]
+    fn sim_device_buffer(&self, py: Python<'_>, length: u64, device: u32) -> PyResult<SimDeviceBuffer> {
+        let sim = self.sim.clone().ok_or_else(|| {
+            raise(Error::invalid("gpu", "sim_device_buffer needs an engine made with gpu=\"sim\"".to_string()))
+        })?;
+        py.allow_threads(|| SimDeviceBuffer::allocate(sim, device, length)).map_err(raise)
     }
 
     /// Unregisters a region by id (refused while a batch uses it).
@@ -383,7 +261,7 @@ impl PyEngine {
     /// the transport chosen. Later calls naming the segment use it.
     #[pyo3(signature = (name, transport=None, timeout=5.0))]
     fn open_segment(&self, py: Python<'_>, name: String, transport: Option<&str>, timeout: f64) -> PyResult<String> {
-        let (kind, timeout) = (self::transport(transport)?, seconds(timeout)?);
+        let (kind, timeout) = (super::transport(transport)?, seconds(timeout)?);
         self.with_open(py, |open| {
             let segment = open.engine.open_segment_with(&name, kind, timeout)?;
             open.transports.insert(name, kind);
@@ -616,77 +494,4 @@ impl Drop for PyEngine {
             std::mem::forget(open);
         }
     }
-}
-
-/// Checks whether two ranks can exchange KV blocks: returns
-/// ("homogeneous" | "heterogeneous" | "invalid_local" | "invalid_remote",
-/// reason). Ranks are (dp_size, tp_size, dp_rank, tp_rank).
-#[pyfunction]
-#[pyo3(name = "check_pd_topo")]
-fn py_check_pd_topo(
-    local: (u32, u32, u32, u32),
-    remote: (u32, u32, u32, u32),
-    mode: &str,
-    attention: &str,
-) -> PyResult<(&'static str, String)> {
-    let rank = |(dp_size, tp_size, dp_rank, tp_rank)| Rank { dp_size, tp_size, dp_rank, tp_rank };
-    let mode = match mode {
-        "push" => Mode::Push,
-        "pull" => Mode::Pull,
-        other => return Err(PyValueError::new_err(format!("mode must be \"push\" or \"pull\", got {other:?}"))),
-    };
-    let attention = match attention {
-        "mha" => Attention::Mha,
-        "mla" => Attention::Mla,
-        other => return Err(PyValueError::new_err(format!("attention must be \"mha\" or \"mla\", got {other:?}"))),
-    };
-    Ok(match check_pd_topo(rank(local), rank(remote), mode, attention) {
-        TopoCheck::Homogeneous => ("homogeneous", String::new()),
-        TopoCheck::Heterogeneous => ("heterogeneous", String::new()),
-        TopoCheck::InvalidLocal(reason) => ("invalid_local", reason),
-        TopoCheck::InvalidRemote(reason) => ("invalid_remote", reason),
-    })
-}
-
-/// Which transports a Python engine can use. RDMA is not among them: the
-/// module does not hand the engine a verbs provider (see the README).
-#[pyfunction]
-fn transports() -> Vec<&'static str> {
-    vec!["shm", "tcp"]
-}
-
-/// Sends kvring's log events to `forward(level, target, message)` (None:
-/// nowhere), `level` a name (`"WARN"`). A thread of its own calls it: who
-/// logs (an engine's threads, a lane on a failure) never waits for the GIL.
-#[pyfunction]
-#[pyo3(signature = (forward=None))]
-fn set_log_callback(py: Python<'_>, forward: Option<PyObject>) -> PyResult<()> {
-    static FORWARDER: Mutex<Option<std::thread::JoinHandle<()>>> = Mutex::new(None);
-    let (sink, thread) = match forward {
-        Some(forward) => {
-            let (sink, thread) = on_own_thread(move |level: Level, target, text| {
-                Python::with_gil(|py| forward.call1(py, (level.as_str(), target, text)).map_err(|e| e.print(py))).ok();
-            })?;
-            (Some(sink), Some(thread))
-        }
-        None => (None, None),
-    };
-    set_sink(sink, "kvring=debug").map_err(PyRuntimeError::new_err)?;
-    // The last forwarder ends with its sink: wait for it, so that none is
-    // left to take the GIL while the interpreter finalizes (the package
-    // calls this with None at exit).
-    let last = std::mem::replace(&mut *FORWARDER.lock().unwrap_or_else(|p| p.into_inner()), thread);
-    let _ = py.allow_threads(|| last.map(std::thread::JoinHandle::join));
-    Ok(())
-}
-
-/// The extension module.
-#[pymodule]
-fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyEngine>()?;
-    m.add_function(wrap_pyfunction!(set_error_classes, m)?)?;
-    m.add_function(wrap_pyfunction!(py_check_pd_topo, m)?)?;
-    m.add_function(wrap_pyfunction!(transports, m)?)?;
-    m.add_function(wrap_pyfunction!(set_log_callback, m)?)?;
-    Ok(())
 }

@@ -1,0 +1,66 @@
+"""A second process for the GPU suites: a kvring engine on the simulated GPU
+holding one device buffer, answering commands on stdin, one per line, with
+one JSON line each.
+
+    python gpu_peer.py [--device N] [--size N] [--via dlpack|cai|address] [--lmdeploy]
+
+Prints {"addr", "buffer", "region", "size", "memory"} once ready (with
+--lmdeploy, an LMDeploy backend's endpoint info instead, its buffer filled
+with pattern 21). Commands: fill SEED | digest OFFSET LEN | exit.
+"""
+
+import argparse
+import hashlib
+import json
+import sys
+
+import kvring
+from conftest import CudaArray, DLPackTensor, pattern
+from kvring.lmdeploy import KvringMigrationBackend
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--size", type=int, default=1 << 20)
+    parser.add_argument("--via", choices=["dlpack", "cai", "address"], default="dlpack")
+    parser.add_argument("--lmdeploy", action="store_true")
+    args = parser.parse_args()
+
+    engine = kvring.Engine(gpu="sim")
+    buffer = engine.sim_device_buffer(args.size, args.device)
+    if args.lmdeploy:
+        backend = KvringMigrationBackend(protocol="nvlink", engine=engine)
+        buffer.write(0, pattern(args.size, 21).tobytes())
+        backend.register_memory_region({"mr_key": 0, "addr": buffer.ptr, "offset": 0, "length": args.size})
+        backend.p2p_initialize({"remote_engine_id": "decode-0", "protocol": "nvlink"})
+        print(json.dumps(backend.endpoint_info("decode-0", "nvlink")), flush=True)
+    else:
+        memory = {"dlpack": DLPackTensor(buffer), "cai": CudaArray(buffer), "address": buffer.ptr}[args.via]
+        region = engine.register(memory, args.size if args.via == "address" else None)
+        info = {
+            "addr": engine.control_addr,
+            "buffer": buffer.ptr,
+            "region": region,
+            "size": args.size,
+            "memory": engine.region_memory(region),
+        }
+        print(json.dumps(info), flush=True)
+    for line in sys.stdin:
+        command, *rest = line.split()
+        if command == "fill":
+            buffer.write(0, pattern(args.size, int(rest[0])).tobytes())
+            reply = "ok"
+        elif command == "digest":
+            offset, length = int(rest[0]), int(rest[1])
+            reply = hashlib.sha256(buffer.read(offset, length)).hexdigest()
+        elif command == "exit":
+            break
+        else:
+            reply = f"unknown command {command!r}"
+        print(json.dumps(reply), flush=True)
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

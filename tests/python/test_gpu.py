@@ -1,0 +1,163 @@
+"""GPU memory from Python on kvring's simulated GPU (no host thread can touch
+its memory; copies land only when their events say so): device arrays
+registered through ``__cuda_array_interface__``, DLPack and bare addresses,
+moved between two processes over cuda_ipc and verified; the Mooncake layer
+and the LMDeploy backend with GPU addresses; bad objects refused clearly."""
+
+import ctypes
+import json
+import logging
+
+import numpy as np
+import pytest
+
+import kvring
+from conftest import CudaArray, DLPackTensor, digest, pattern
+from kvring.lmdeploy import KvringMigrationBackend
+from kvring.mooncake import TransferEngine
+
+SIZE = 1 << 20
+
+
+def test_a_device_array_moves_between_two_processes_over_cuda_ipc(spawn):
+    peer = spawn("gpu_peer.py", "--device", "1", "--via", "dlpack")
+    assert peer.info["memory"] == "gpu:1", "a DLPack tensor registers as its device's memory"
+    engine = kvring.Engine(gpu="sim")
+    source = engine.sim_device_buffer(SIZE, device=0)
+    source.write(0, pattern(SIZE, 5).tobytes())
+    mine = engine.register(CudaArray(source))
+    assert engine.region_memory(mine) == "gpu:0", "the provider says which GPU an interface's pointer is on"
+    name, theirs = peer.info["addr"], peer.info["region"]
+    assert engine.open_segment(name) == "cuda_ipc"
+    assert engine.region_memory(theirs, name) == "gpu:1"
+
+    # Push, then the target reads its own device memory (its copy engine).
+    assert engine.write(name, [(mine, 0, theirs, 0, SIZE)]) == SIZE
+    assert peer.ask(f"digest 0 {SIZE}") == digest(pattern(SIZE, 5))
+
+    # Pull by addresses (Mooncake's convention) into a DLPack tensor on GPU 1.
+    assert peer.ask("fill 9") == "ok"
+    back = engine.sim_device_buffer(SIZE, device=1)
+    assert engine.region_memory(engine.register(DLPackTensor(back))) == "gpu:1"
+    assert engine.transfer_addrs(name, "read", [back.ptr + 4096], [peer.info["buffer"]], [65536]) == 65536
+    assert back.read(4096, 65536) == pattern(SIZE, 9)[:65536].tobytes()
+
+    # A bare device address registers as that GPU's memory, as Mooncake's does.
+    third = engine.sim_device_buffer(4096, device=0)
+    assert engine.region_memory(engine.register(third.ptr, 4096)) == "gpu:0"
+    engine.close()
+
+
+def test_non_contiguous_and_malformed_gpu_objects_are_refused_clearly():
+    engine = kvring.Engine(gpu="sim")
+    buffer = engine.sim_device_buffer(1 << 16)
+    # Column-major 64 x 64 bytes: every byte is there, but not in row order.
+    strided = buffer.view([64, 64], [1, 64])
+    for wrapped in (CudaArray(strided), DLPackTensor(strided)):
+        with pytest.raises(kvring.InvalidArgumentError, match="not contiguous"):
+            engine.register(wrapped)
+    # Row-major, the same bytes register (a size-1 dimension's stride is free).
+    region = engine.register(DLPackTensor(buffer.view([256, 1, 256], [256, 7, 1])))
+    assert engine.region_memory(region) == "gpu:0"
+    engine.unregister(region)
+
+    class Interface:
+        def __init__(self, interface):
+            self.__cuda_array_interface__ = interface
+
+    good = dict(buffer.__cuda_array_interface__)
+    for bad, why in [
+        ({**good, "data": (buffer.ptr, True)}, "read-only"),
+        ({**good, "mask": object()}, "masked"),
+        ({"shape": (16,), "typestr": "|u1"}, "malformed"),
+        ({**good, "typestr": "|V"}, "malformed"),
+        ({**good, "shape": (0,)}, "empty"),
+        ({**good, "data": (0, False)}, "null"),
+    ]:
+        with pytest.raises(kvring.InvalidArgumentError, match=why):
+            engine.register(Interface(bad))
+
+    # A DLPack capsule someone already consumed.
+    set_name = ctypes.pythonapi.PyCapsule_SetName
+    set_name.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+    class Consumed:
+        name = b"used_dltensor"  # outlives the capsule
+
+        def __dlpack__(self, stream=None):
+            capsule = buffer.__dlpack__()
+            set_name(capsule, self.name)
+            return capsule
+
+    with pytest.raises(kvring.InvalidArgumentError, match="already consumed"):
+        engine.register(Consumed())
+    # Neither a buffer nor a GPU array.
+    with pytest.raises(kvring.InvalidArgumentError, match="__cuda_array_interface__ or __dlpack__"):
+        engine.register(object())
+    # GPU memory said to be host memory: refused, not copied by a host thread.
+    with pytest.raises(kvring.InvalidArgumentError, match="is memory of GPU 0, registered as host memory"):
+        engine.register(CudaArray(buffer), location="host")
+    with pytest.raises(kvring.InvalidArgumentError, match="not auto, host"):
+        engine.register(buffer.ptr, 4096, location="npu:0")
+    # A CPU tensor through DLPack (numpy's own producer) is host memory.
+    host = np.zeros(4096, dtype=np.uint8)
+    assert engine.region_memory(engine.register(DLPackTensor(host))) == "host"
+    # The testing helper needs the simulator.
+    plain = kvring.Engine()
+    with pytest.raises(kvring.InvalidArgumentError, match='gpu="sim"'):
+        plain.sim_device_buffer(4096)
+    plain.close()
+    engine.close()
+
+
+def test_mooncake_classifies_a_gpu_address_as_device_memory_and_moves_it(spawn, monkeypatch, caplog):
+    monkeypatch.setenv("KVRING_GPU", "sim")  # this engine's and the peer's provider
+    peer = spawn("gpu_peer.py", "--device", "0", "--via", "address")
+    engine = TransferEngine()
+    assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "nvlink", "") == 0
+    tensor = engine._engine.sim_device_buffer(SIZE, 1)  # what tensor.data_ptr() would name
+    tensor.write(0, pattern(SIZE, 3).tobytes())
+    assert engine.register_memory(tensor.ptr, SIZE) == 0
+    assert engine._engine.region_memory(engine._registered[tensor.ptr]) == "gpu:1"
+    session = peer.info["addr"]
+    assert engine.transfer_sync_write(session, tensor.ptr, peer.info["buffer"], SIZE) == 0
+    assert peer.ask(f"digest 0 {SIZE}") == digest(pattern(SIZE, 3))
+    assert engine.transfer_sync_read(session, tensor.ptr + 8192, peer.info["buffer"], 4096) == 0
+    assert tensor.read(8192, 4096) == pattern(SIZE, 3)[:4096].tobytes()
+
+    # Mooncake's locations: "cuda:N" is checked; "cpu:0" for GPU memory is
+    # refused with the reason logged, never registered as host memory.
+    caplog.set_level(logging.ERROR, logger="kvring.mooncake")
+    other = engine._engine.sim_device_buffer(4096, 0)
+    assert engine.register_memory(other.ptr, 4096, "cpu:0") < 0
+    assert "is memory of GPU 0, registered as host memory" in caplog.text
+    assert engine.register_memory(other.ptr, 4096, "cuda:1") < 0
+    assert engine.register_memory(other.ptr, 4096, "cuda:0") == 0
+    engine.close()
+
+
+def test_the_lmdeploy_backend_migrates_gpu_caches_over_nvlink(spawn):
+    prefill = spawn("gpu_peer.py", "--device", "1", "--lmdeploy")
+    backend = KvringMigrationBackend(protocol="nvlink", engine=kvring.Engine(gpu="sim"))
+    cache = backend.engine.sim_device_buffer(SIZE, 0)
+    backend.register_memory_region({"mr_key": 0, "addr": cache.ptr, "offset": 0, "length": SIZE})
+    region = backend.engine.locate(cache.ptr, SIZE)[0]
+    assert backend.engine.region_memory(region) == "gpu:0", "a GPU cache registers as device memory"
+    backend.p2p_initialize({"remote_engine_id": "prefill-0", "protocol": "NVLINK"})
+    backend.p2p_connect("prefill-0", {"endpoint_info": json.dumps(prefill.info)})
+    block = 16 << 10
+    ranges = [(3, 0), (7, 1), (8, 2)]
+    moved = backend.p2p_migrate(
+        {
+            "remote_engine_id": "prefill-0",
+            "batch": [
+                {"mr_key": 0, "target_offset": dst * block, "source_offset": src * block, "length": block}
+                for src, dst in ranges
+            ],
+        }
+    )
+    assert moved == 3 * block
+    source = pattern(SIZE, 21)
+    for src, dst in ranges:
+        assert cache.read(dst * block, block) == source[src * block : (src + 1) * block].tobytes()
+    backend.engine.close()
