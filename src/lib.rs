@@ -28,6 +28,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod advertise;
+mod arrival;
 mod auth;
 pub mod config;
 mod control;

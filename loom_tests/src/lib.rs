@@ -17,3 +17,6 @@ pub mod doorbell;
 
 #[path = "../../src/runtime/watch.rs"]
 pub mod watch;
+
+#[path = "../../src/arrival.rs"]
+pub mod arrival;

@@ -265,3 +265,33 @@ fn a_notification_is_never_left_without_a_cqe() {
         assert!(queued.load(Ordering::Acquire) == 0 || cqes.load(Ordering::Acquire) > 0, "a message without a CQE");
     });
 }
+
+/// Two lanes land bytes under one new tag while the owner forgets another
+/// tag on the same probe path: every byte is counted, whatever slot each
+/// landing took, and a reader never sees a count fall.
+#[test]
+fn arrivals_count_every_byte_while_slots_are_freed() {
+    use kvring_loom::arrival::Arrivals;
+    loom::model(|| {
+        let arrivals = Arc::new(Arrivals::new());
+        assert!(arrivals.land(9, 5));
+        let lanes: Vec<_> = [1u64, 2]
+            .into_iter()
+            .map(|bytes| {
+                let arrivals = arrivals.clone();
+                thread::spawn(move || assert!(arrivals.land(7, bytes)))
+            })
+            .collect();
+        let owner = {
+            let arrivals = arrivals.clone();
+            thread::spawn(move || assert_eq!(arrivals.forget(9), 5))
+        };
+        let first = arrivals.landed(7);
+        let second = arrivals.landed(7);
+        assert!(first <= second && second <= 3);
+        lanes.into_iter().for_each(|lane| lane.join().unwrap());
+        owner.join().unwrap();
+        assert_eq!(arrivals.landed(7), 3);
+        assert_eq!(arrivals.landed(9), 0);
+    });
+}

@@ -30,6 +30,7 @@ pub struct Batch<'a> {
     pub(crate) descs: Cow<'a, [BlockDesc]>,
     pub(crate) user_data: u64,
     pub(crate) deadline: Option<Duration>,
+    pub(crate) arrival_tag: u32,
 }
 
 impl<'a> Batch<'a> {
@@ -45,7 +46,7 @@ impl<'a> Batch<'a> {
 
     /// A batch with an explicit opcode.
     pub fn new(opcode: Opcode, segment: &'a Segment) -> Self {
-        Self { opcode, segment, descs: Cow::Borrowed(&[]), user_data: 0, deadline: None }
+        Self { opcode, segment, descs: Cow::Borrowed(&[]), user_data: 0, deadline: None, arrival_tag: 0 }
     }
 
     /// Uses these descriptors (borrowed, no copy).
@@ -70,6 +71,18 @@ impl<'a> Batch<'a> {
     /// submission are dropped and the batch ends `TimedOut`.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
+        self
+    }
+
+    /// Counts this push's bytes on the target under `tag` as they land, so
+    /// the target can wait for them ([`Engine::wait_landed`](crate::Engine::wait_landed))
+    /// without a notification; 0 (the default) counts nothing. Carried on
+    /// the data path itself: a field of each tcp frame, the immediate data
+    /// of each RDMA WRITE. A WRITE only, over tcp or rdma: another transport
+    /// fails the batch saying so. [`kv::arrival_tag`](crate::kv::arrival_tag)
+    /// makes one tag per request and layer.
+    pub fn arrival_tag(mut self, tag: u32) -> Self {
+        self.arrival_tag = tag;
         self
     }
 

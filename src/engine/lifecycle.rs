@@ -32,6 +32,8 @@ pub(crate) struct EngineInner {
     pub(super) context: Arc<ControlContext>,
     pub(super) data: Mutex<Option<TcpDataServer>>,
     pub(super) notifications: Arc<NotificationQueue>,
+    /// Bytes of tagged pushes landed here, by tag.
+    pub(super) arrivals: Arc<crate::arrival::Arrivals>,
     pub(super) control_addr: SocketAddr,
     pub(super) metadata: Box<dyn MetadataStore>,
     pub(super) etcd: Option<Arc<crate::metadata::etcd::Etcd>>,
@@ -134,6 +136,7 @@ impl Engine {
         let fd_limit = crate::net::raise_fd_limit();
         let admission = config.admission.capped(crate::net::fd_budget(fd_limit));
         let notifications = Arc::new(NotificationQueue::new(config.notify_quota));
+        let arrivals = Arc::new(crate::arrival::Arrivals::new());
         let metrics_on = Arc::new(AtomicBool::new(config.metrics_enabled));
         let lanes = start_lanes(&config, &registry, clock, &notifications, &metrics_on)?;
         let advertised =
@@ -151,6 +154,7 @@ impl Engine {
             let target = super::serving::Target {
                 registry: registry.clone(),
                 notifications: notifications.clone(),
+                arrivals: arrivals.clone(),
                 epoch,
                 auth: authenticator.clone(),
             };
@@ -200,6 +204,7 @@ impl Engine {
                 context,
                 data: Mutex::new(data_server),
                 notifications,
+                arrivals,
                 control_addr,
                 metadata: store,
                 etcd,

@@ -11,6 +11,7 @@
 //! `batch.rs`, `region.rs`, `segment.rs` and `submitter.rs`. This file holds
 //! the `Engine` type and its short accessors.
 
+mod arrivals;
 mod batch;
 mod config;
 mod control;

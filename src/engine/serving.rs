@@ -47,6 +47,7 @@ impl Dispatch for LaneDispatch {
 pub(super) struct Target {
     pub registry: Arc<Registry>,
     pub notifications: Arc<NotificationQueue>,
+    pub arrivals: Arc<crate::arrival::Arrivals>,
     pub epoch: u64,
     pub auth: Option<Arc<Authenticator>>,
 }
@@ -59,8 +60,8 @@ pub(super) fn serve_tcp(
     target: Target,
     limits: AdmissionLimits,
 ) -> Result<TcpDataServer> {
-    let Target { registry, notifications, epoch, auth } = target;
-    let ctx = Arc::new(TargetContext { registry, notifications, epoch, auth });
+    let Target { registry, notifications, arrivals, epoch, auth } = target;
+    let ctx = Arc::new(TargetContext { registry, notifications, arrivals, epoch, auth });
     let admission = Arc::new(Mutex::new(Admission::new(limits)));
     let mut dispatch = LaneDispatch { lanes: Vec::with_capacity(lanes.len()) };
     for lane in lanes {

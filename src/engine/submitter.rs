@@ -208,6 +208,8 @@ impl Submitter {
                 opcode: batch.opcode as u8,
                 flags: 0,
                 _reserved: [0; 2],
+                arrival_tag: batch.arrival_tag,
+                _pad: 0,
             };
             lane.desc_position += count as u64;
             // Room checked above; this submitter is the ring's only producer.
@@ -328,6 +330,27 @@ impl Submitter {
     ) -> Result<BatchId> {
         let descs = crate::kv::plan_layer(local, remote, Opcode::Write, layer, src_ids, dst_ids)?;
         self.submit(&Batch::write(segment).descs(&descs))
+    }
+
+    /// As [`push_layer`](Self::push_layer), the push tagged for the request
+    /// in `request_slot` ([`kv::arrival_tag`](crate::kv::arrival_tag)), so
+    /// the target can wait for this layer's bytes with
+    /// [`Engine::wait_landed`](crate::Engine::wait_landed) and start it
+    /// while later layers are in flight (tcp and rdma).
+    #[allow(clippy::too_many_arguments)]
+    pub fn push_layer_tagged(
+        &mut self,
+        segment: &Segment,
+        local: &KvLayout,
+        remote: &KvLayout,
+        layer: u32,
+        request_slot: u32,
+        src_ids: &[u64],
+        dst_ids: &[u64],
+    ) -> Result<BatchId> {
+        let tag = crate::kv::arrival_tag(request_slot, layer)?;
+        let descs = crate::kv::plan_layer(local, remote, Opcode::Write, layer, src_ids, dst_ids)?;
+        self.submit(&Batch::write(segment).descs(&descs).arrival_tag(tag))
     }
 
     /// Waits up to `timeout` for a batch to end and consumes its result.

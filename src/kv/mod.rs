@@ -5,8 +5,10 @@
 
 pub mod layout;
 pub mod plan;
+mod tag;
 pub mod topo;
 
 pub use layout::{Attention, CacheShape, KvBuffer, KvLayout};
 pub use plan::{merge_plans, plan_blocks, plan_layer};
+pub use tag::{arrival_tag, MAX_REQUEST_SLOT};
 pub use topo::{check_pd_topo, push_targets, Mode, Rank, TopoCheck};

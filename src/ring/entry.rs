@@ -62,9 +62,13 @@ pub struct Sqe {
     pub flags: u8,
     /// Reserved, zero.
     pub _reserved: [u8; 2],
+    /// Arrival tag the target counts this part's bytes under (0: none).
+    pub arrival_tag: u32,
+    /// Reserved, zero.
+    pub _pad: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<Sqe>() == 48);
+const _: () = assert!(std::mem::size_of::<Sqe>() == 56);
 
 /// Kinds of completion a CQE can report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

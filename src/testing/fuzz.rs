@@ -208,6 +208,7 @@ fn served(token: Option<&str>) -> Served {
     let ctx = TargetContext {
         registry,
         notifications: Arc::new(NotificationQueue::new(quota)),
+        arrivals: Arc::new(crate::arrival::Arrivals::new()),
         epoch: 42,
         auth: token.map(|t| Arc::new(Authenticator::new(Token::new(t), 42))),
     };
@@ -282,6 +283,7 @@ pub fn initiator_replies(data: &[u8]) {
         memory: crate::mem::MemoryKind::Host,
         desc: BlockDesc::new(region, offset as u64, region, offset as u64, len),
         desc_index: 0,
+        tag: 0,
     };
     let writes = [block(0, 4096), block(4096, 4096)];
     let reads = [block(0, 16), block(SERVED_BYTES, 32 * 1024), block(2 * SERVED_BYTES, 100)];

@@ -73,6 +73,8 @@ pub(crate) struct Block {
     pub desc: BlockDesc,
     /// Its index in the caller's batch, for errors.
     pub desc_index: u32,
+    /// The batch's arrival tag (0: none), for links that carry it.
+    pub tag: u32,
 }
 
 /// A chunk's failure: the error, and the bytes moved before it.
@@ -195,6 +197,12 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
     /// it still had in flight; a healthy one keeps everything until
     /// dropped, so its chunks in flight still end.
     fn retire(&mut self, _ended: &mut Vec<ChunkEnd>) {}
+
+    /// Whether the target counts the arrival tags this link carries (tcp,
+    /// rdma); a tagged part on a link that does not is refused.
+    fn counts_arrivals(&self) -> bool {
+        false
+    }
 
     /// The socket whose readability means this link has something to poll
     /// (a reply), so that a parked lane waits on it instead of a timer.

@@ -87,7 +87,8 @@ impl Lane {
         let first_end = match (link, op) {
             (None, _) => Some(PartEnd::Failed(Error::UnknownSegment { segment: format!("key {:#x}", sqe.segment) })),
             (_, None) => Some(PartEnd::Failed(Error::UnknownOpcode { opcode: sqe.opcode })),
-            (Some(link), _) => stale_end(&self.links.get(link).peer),
+            (Some(link), Some(op)) => stale_end(&self.links.get(link).peer)
+                .or_else(|| untaggable(sqe.arrival_tag, op, &*self.links.get(link).link).map(PartEnd::Failed)),
         };
         let Lane { registry, rings, config, chunk, ended_runs, tickets, links, .. } = self;
         let Some(slot) = rings[ring_index].as_mut() else { unreachable!("checked above") };
@@ -107,7 +108,9 @@ impl Lane {
         ended_runs.clear();
         let max_chunk = link.map_or(1, |l| links.get(l).link.max_chunk().clamp(1, MAX_CHUNK_BLOCKS));
         let moves_device_memory = link.is_some_and(|l| links.get(l).link.moves_device_memory());
-        let mut post = Poster { ticket_index, id, max_chunk, moves_device_memory, registry, chunk, ended_runs, links };
+        let tag = sqe.arrival_tag;
+        let mut post =
+            Poster { ticket_index, id, max_chunk, moves_device_memory, tag, registry, chunk, ended_runs, links };
         // Every descriptor of the part is consumed from the arena, executed
         // or not, so the next batch never waits behind a failed one; leases
         // are released run by run exactly as the submitter took them, but
@@ -211,6 +214,8 @@ struct Poster<'a> {
     max_chunk: usize,
     /// Whether the link may be handed GPU memory.
     moves_device_memory: bool,
+    /// The part's arrival tag, stamped on each block.
+    tag: u32,
     registry: &'a Registry,
     chunk: &'a mut Vec<Block>,
     ended_runs: &'a mut Vec<RegionId>,
@@ -224,7 +229,7 @@ impl Poster<'_> {
     fn add(&mut self, ticket: &mut Ticket, link: u32, op: Opcode, desc: BlockDesc, desc_index: u32) {
         let peer = &self.links.get(link).peer;
         match validate(self.registry, peer, &desc, desc_index, op, self.moves_device_memory) {
-            Ok((local, memory)) => self.chunk.push(Block { local, memory, desc, desc_index }),
+            Ok((local, memory)) => self.chunk.push(Block { local, memory, desc, desc_index, tag: self.tag }),
             Err(error) => {
                 self.flush(ticket, link, op);
                 ticket.progress.executed += 1;
@@ -320,4 +325,18 @@ pub(crate) fn gpu_memory_unsupported(region: RegionId, side: Side) -> Error {
              provider) moves device memory so far"
         ),
     }
+}
+
+/// Why a part with arrival `tag` cannot run as `op` on `link` (a READ, or a
+/// link whose target does not count arrivals), if it cannot.
+fn untaggable(tag: u32, op: Opcode, link: &dyn crate::transport::LaneLink) -> Option<Error> {
+    let what = match (tag, op) {
+        (0, _) => return None,
+        (_, Opcode::Read) => "an arrival tag on a READ (tags count pushed bytes on the target)",
+        (_, Opcode::Write) if link.counts_arrivals() => return None,
+        (_, Opcode::Write) => {
+            "an arrival tag on this transport (the target counts them on tcp and rdma; on one host, push then notify)"
+        }
+    };
+    Some(Error::Unsupported { what: what.into() })
 }

@@ -9,7 +9,7 @@
 //! slow peer never holds up the lane's other peers, and any number of
 //! chunks (of any number of batches) are in flight at once.
 
-use super::frame::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES};
+use super::frame::{FrameHeader, FrameOp, FLAG_LAST, FLAG_TAGGED, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES};
 use crate::error::{Error, Result};
 use crate::proto::ErrorCode;
 use crate::ring::Opcode;
@@ -221,10 +221,16 @@ impl Connection {
         }
         let chunk = self.take_chunk_id();
         let count = spans.len();
+        // A part's blocks share its tag; READ never carries one.
+        let tag = blocks.first().map_or(0, |b| b.tag);
         for (index, span) in spans.iter().enumerate() {
             let mut header = FrameHeader::new(frame_op, peer.epoch, batch_id, span.region, span.offset, span.len);
             if index + 1 == count {
                 header.flags = FLAG_LAST;
+            }
+            if tag != 0 && op == Opcode::Write {
+                header.flags |= FLAG_TAGGED;
+                header.status = tag as i32;
             }
             let (payload, len) = match op {
                 Opcode::Write => (span.local as *const u8, span.len as usize),

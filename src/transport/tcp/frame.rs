@@ -48,6 +48,9 @@ impl FrameOp {
 
 /// Flag: the last WRITE frame of a chunk; the target acks after it.
 pub const FLAG_LAST: u8 = 1;
+/// Flag: a WRITE frame whose `status` field carries an arrival tag; the
+/// target counts the frame's bytes under it once they are in place.
+pub const FLAG_TAGGED: u8 = 2;
 
 /// The fixed frame header (little-endian on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
@@ -122,6 +125,11 @@ impl FrameHeader {
     /// True for the last frame of a chunk.
     pub fn is_last(&self) -> bool {
         self.flags & FLAG_LAST != 0
+    }
+
+    /// The arrival tag a WRITE frame carries, if any.
+    pub fn arrival_tag(&self) -> Option<u32> {
+        (self.flags & FLAG_TAGGED != 0 && self.status != 0).then_some(self.status as u32)
     }
 }
 

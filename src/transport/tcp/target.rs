@@ -73,6 +73,8 @@ pub(crate) struct TargetContext {
     pub epoch: u64,
     /// Set when the engine has a token.
     pub auth: Option<Arc<Authenticator>>,
+    /// Where tagged pushes are counted.
+    pub arrivals: Arc<crate::arrival::Arrivals>,
 }
 
 /// Why the driver must close the connection.
@@ -475,6 +477,10 @@ impl TargetConn {
         // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
         unsafe { ctx.registry.release_kept(region) };
         self.receiving = Receiving::Header;
+        // Its bytes are in the region now: count them under its tag.
+        if let Some(tag) = self.current.arrival_tag() {
+            ctx.arrivals.land(tag, self.current.len);
+        }
         self.write_frame_ended(ctx, now);
     }
 

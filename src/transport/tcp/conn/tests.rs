@@ -18,6 +18,7 @@ fn block(memory: &mut [u8], offset: u64) -> Block {
         memory: crate::mem::MemoryKind::Host,
         desc: BlockDesc::new(region, offset, region, offset, 4),
         desc_index: 0,
+        tag: 0,
     }
 }
 

@@ -2,12 +2,12 @@
 use super::super::frame::FLAG_LAST;
 use super::super::hello::SERVER_HELLO_BYTES;
 use super::*;
-use std::io::Write;
 use crate::auth::Token;
 use crate::mem::RegionInfo;
 use crate::notify::NotifyQuota;
 use crate::proto::ErrorCode;
 use crate::transport::tcp::hello::{ClientHello, ClientProof, ServerHello, FLAG_PROOF_REQUIRED};
+use std::io::Write;
 use zerocopy::FromBytes;
 
 /// A socket stand-in: bytes in, bytes out, `WouldBlock` when empty.
@@ -55,6 +55,7 @@ fn target(token: Option<&str>) -> Target {
     let ctx = TargetContext {
         registry,
         notifications: Arc::new(NotificationQueue::new(NotifyQuota::default())),
+        arrivals: Arc::new(crate::arrival::Arrivals::new()),
         epoch: 42,
         auth: token.map(|t| Arc::new(Authenticator::new(Token::new(t), 42))),
     };

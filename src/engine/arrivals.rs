@@ -1,0 +1,52 @@
+//! Arrivals on this engine as a target: how many bytes of pushes carrying
+//! an arrival tag have landed, so a decode instance can start a layer the
+//! moment its bytes are in place (see [`Batch::arrival_tag`](crate::Batch::arrival_tag)).
+
+use super::Engine;
+use crate::error::{Error, Result};
+use crate::runtime::backoff::{Backoff, Snooze};
+use std::time::{Duration, Instant};
+
+impl Engine {
+    /// Bytes landed here so far under `tag` (pushes that carried it, each
+    /// frame or write counted once its bytes are in place).
+    pub fn landed(&self, tag: u32) -> u64 {
+        self.inner.arrivals.landed(tag)
+    }
+
+    /// Waits until at least `bytes` have landed under `tag`, bounded by
+    /// `timeout` (`Error::Timeout`, naming what had landed, past it).
+    ///
+    /// ```no_run
+    /// # fn demo(engine: &kvring::Engine, layer_bytes: u64) -> kvring::Result<()> {
+    /// let tag = kvring::kv::arrival_tag(42, 3)?; // request slot 42, layer 3
+    /// engine.wait_landed(tag, layer_bytes, std::time::Duration::from_secs(1))?;
+    /// // layer 3 of request 42 is in place: start it
+    /// engine.forget_arrival(tag);
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_landed(&self, tag: u32, bytes: u64, timeout: Duration) -> Result<()> {
+        let started = Instant::now();
+        let mut backoff = Backoff::new(self.inner.config.wait_backoff, Some(started + timeout));
+        while self.landed(tag) < bytes {
+            if backoff.snooze() == Snooze::Expired {
+                tracing::debug!(tag, bytes, landed = self.landed(tag), "wait_landed timed out");
+                return Err(Error::Timeout { waited: started.elapsed() });
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets `tag` (its count starts again from 0, its slot is free for
+    /// another tag); returns the bytes it had counted. A target keeps a
+    /// bounded table of tags (16,384): forget each once it is consumed.
+    pub fn forget_arrival(&self, tag: u32) -> u64 {
+        self.inner.arrivals.forget(tag)
+    }
+
+    /// Landings that could not be counted (the tag table full, or a tag's
+    /// count past 4 GiB).
+    pub fn arrivals_dropped(&self) -> u64 {
+        self.inner.arrivals.dropped()
+    }
+}
