@@ -652,7 +652,7 @@ fn py_check_pd_topo(
 /// module does not hand the engine a verbs provider (see the README).
 #[pyfunction]
 fn transports() -> Vec<&'static str> {
-    vec!["shm", "tcp"]
+    vec!["shm", "cma", "tcp"]
 }
 
 /// Sends kvring's log events to `forward(level, target, message)` (None:

@@ -14,6 +14,8 @@ use crate::metadata::{MetadataStore, PeerHandshake};
 use crate::notify::NotificationQueue;
 use crate::runtime::clock::Clock;
 use crate::runtime::lane::{memlock_limit_bytes, memlock_needed_bytes, LaneConfig, LaneHandle};
+use crate::transport::cma::sys::{dumpable, opt_in_to_ptrace, Yama};
+use crate::transport::cma::CmaExport;
 use crate::transport::rdma::node::RdmaNode;
 use crate::transport::tcp::TcpDataServer;
 use std::net::SocketAddr;
@@ -69,6 +71,11 @@ impl EngineInner {
         // First: peers resolving this name stop finding it.
         if let Some(mut publication) = lock(&self.publication).take() {
             publication.stop();
+        }
+        // No same-host peer starts another cma call, and those in progress
+        // end before the caller may free what it registered.
+        if let Ok(cma) = &self.context.cma {
+            cma.close();
         }
         if let Some(mut server) = lock(&self.control).take() {
             server.stop();
@@ -169,6 +176,7 @@ impl Engine {
                 Some(verbs) => Some(Arc::new(RdmaNode::open(verbs.clone(), MAX_RDMA_NICS)?)),
                 None => None,
             },
+            cma: cma_export(&config, epoch),
         });
         let server = ControlServer::start(config.listen, context.clone(), admission)?;
         // Peers are told the advertised IP with the port actually bound.
@@ -279,6 +287,36 @@ fn check(config: &EngineConfig) -> Result<()> {
         Some(have) if have < need => Err(Error::LockedMemoryLimit { have_bytes: have, need_bytes: need }),
         _ => Ok(()),
     }
+}
+
+/// The engine's cma page, or why same-host peers may not reach its memory
+/// by cross-memory attach (said in its descriptor, so they take the next
+/// transport and can tell their user why).
+fn cma_export(config: &EngineConfig, epoch: u64) -> std::result::Result<Arc<CmaExport>, String> {
+    if !config.cma {
+        return Err("cross-memory attach is turned off on that engine (cma = off)".into());
+    }
+    let yama = Yama::current();
+    match yama {
+        Yama::Never => return Err(yama.explain().into()),
+        Yama::OptIn => match opt_in_to_ptrace(yama) {
+            Ok(_) => tracing::info!(
+                "cma: kernel.yama.ptrace_scope is 1; this process allowed processes of its user to attach \
+                 (PR_SET_PTRACER_ANY) so same-host peers reach its registered memory"
+            ),
+            Err(error) => return Err(format!("PR_SET_PTRACER failed ({error}); {}", yama.explain())),
+        },
+        Yama::CapOnly => tracing::info!("cma: {}; other peers take the next transport", yama.explain()),
+        Yama::Open => {}
+    }
+    if !dumpable() {
+        tracing::info!("cma: this process is not dumpable: only peers with CAP_SYS_PTRACE can reach it");
+    }
+    let capacity = config.max_regions.clamp(1, u16::MAX as usize);
+    CmaExport::create(epoch, capacity).map(Arc::new).map_err(|error| {
+        tracing::warn!(%error, "cma: could not create the shared page; same-host peers take the next transport");
+        format!("its cma page could not be created: {error}")
+    })
 }
 
 /// Starts the lanes, each pinned to its core; lane 0 posts notification

@@ -375,6 +375,7 @@ mod tests {
             control_addr: "127.0.0.1:1".into(),
             tcp_addr: None,
             rdma: None,
+            cma: None,
         };
         let bytes = other.to_proto().encode_to_vec();
         let error = EtcdStore::decode_descriptor("d", &bytes).unwrap_err().to_string();

@@ -336,6 +336,7 @@ impl ControlHandler for Handler {
             control_addr: String::new(),
             tcp_addr: None,
             rdma: None,
+            cma: None,
         }
     }
     fn name(&self) -> &str {

@@ -172,6 +172,10 @@ pub struct ServeArgs {
     /// Where the served region lives: `host` (shared memory) or `gpu[:N]`.
     #[arg(long, value_name = "MEMORY", value_parser = parse_memory, default_value = "host")]
     pub memory: MemoryKind,
+    /// Serve plain memory this process maps itself (as an engine's own tensors are), not kvring's shared memory:
+    /// same-host peers then reach it over cma, or tcp.
+    #[arg(long, conflicts_with = "memory")]
+    pub caller_memory: bool,
     /// The GPU provider, with --memory gpu.
     #[command(flatten)]
     pub gpu: GpuArgs,
@@ -313,13 +317,14 @@ fn value_name(name: &str, kind: Kind) -> String {
         Kind::SocketAddr => "IP:PORT".into(),
         Kind::Ip => "IP".into(),
         Kind::Metadata => "MODE".into(),
+        Kind::Switch => "on|off".into(),
     }
 }
 
 /// The transports this build can use, in the order every message lists
 /// them: rdma only when built with the `rdma` feature.
 pub fn transports() -> Vec<&'static str> {
-    let mut names = vec!["shm", "cuda_ipc", "tcp", "null"];
+    let mut names = vec!["shm", "cuda_ipc", "cma", "tcp", "null"];
     if cfg!(feature = "rdma") {
         names.push("rdma");
     }
