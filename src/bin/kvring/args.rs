@@ -69,7 +69,7 @@ pub struct BenchArgs {
     /// Lanes (poller threads) of this engine [default: the configuration's `lanes`].
     #[arg(long, value_name = "N")]
     pub lanes: Option<usize>,
-    /// Transport to move blocks over [default: shm; cuda_ipc with GPU memory] (rdma needs the `rdma` feature and a NIC).
+    /// Transport to move blocks over [default: shm; cuda_ipc with GPU memory; cma serves the target's own memory] (rdma needs the `rdma` feature and a NIC).
     #[arg(long, value_parser = transport_parser())]
     pub transport: Option<TransportKind>,
     /// Memory of each end, LOCAL[,REMOTE]: `host` or `gpu[:N]` (one value for both) [default: host].

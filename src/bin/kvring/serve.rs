@@ -136,9 +136,11 @@ struct CallerMemory {
 }
 
 impl CallerMemory {
+    /// Maps `len` bytes as numpy does for a large array (anonymous memory,
+    /// huge pages asked for: numpy madvises `MADV_HUGEPAGE` on Linux),
+    /// faults them in, and registers them.
     fn register(engine: &kvring::Engine, len: usize) -> Result<Self, String> {
-        let (prot, flags) =
-            (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE);
+        let (prot, flags) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
         // SAFETY: a new anonymous private mapping; no pointer of ours is involved.
         let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
         if addr == libc::MAP_FAILED {
@@ -148,6 +150,12 @@ impl CallerMemory {
                 std::io::Error::last_os_error()
             ));
         }
+        // SAFETY: advice on our own new mapping; a kernel without THP
+        // refuses it, which changes nothing.
+        unsafe { libc::madvise(addr, len, libc::MADV_HUGEPAGE) };
+        // Every page faulted in now, not on the first transfer.
+        // SAFETY: our own mapping, `len` bytes, written before anyone reads it.
+        unsafe { std::ptr::write_bytes(addr.cast::<u8>(), 0, len) };
         // SAFETY: the mapping stays until this value drops, which `run`
         // does only after the engine stopped.
         match unsafe { engine.register(addr.cast(), len, RegionInfo::raw()) } {
