@@ -92,7 +92,7 @@ pub const KEYS: &[Key] = &[
         name: "metadata",
         kind: Kind::Metadata,
         default: Some("P2PHANDSHAKE"),
-        help: "P2PHANDSHAKE or etcd://host:port[/prefix/]",
+        help: "P2PHANDSHAKE, etcd://host:port[/prefix/], redis://host:port[/db] or http://host:port/metadata",
     },
     Key { name: "metadata_ttl", kind: Kind::Duration, default: Some("10s"), help: "lease of the published descriptor" },
     Key { name: "metadata_poll", kind: Kind::Duration, default: Some("1s"), help: "re-read of open segments' entries" },

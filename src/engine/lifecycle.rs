@@ -36,8 +36,9 @@ pub(crate) struct EngineInner {
     pub(super) notifications: Arc<NotificationQueue>,
     pub(super) control_addr: SocketAddr,
     pub(super) metadata: Box<dyn MetadataStore>,
-    pub(super) etcd: Option<Arc<crate::metadata::etcd::Etcd>>,
-    pub(super) publication: Mutex<Option<crate::metadata::etcd::Publication>>,
+    /// The metadata server's client (etcd, redis, HTTP), if there is one.
+    pub(super) directory: Option<Arc<dyn crate::metadata::directory::Directory>>,
+    pub(super) publication: Mutex<Option<crate::metadata::directory::Publication>>,
     pub(super) metrics_on: Arc<AtomicBool>,
     pub(super) metrics_server: Mutex<Option<crate::net::Acceptor>>,
     pub(super) metrics_addr: OnceLock<SocketAddr>,
@@ -184,10 +185,10 @@ impl Engine {
         // Set before any peer can learn the address, so every handshake sees it.
         let _ = context.control_addr.set(control_addr.to_string());
         let handshake = PeerHandshake { token: config.token.clone() };
-        let (store, etcd) = metadata::open_store(&config.metadata, handshake);
-        let publication = match &etcd {
-            Some(etcd) => Some(metadata::publish(
-                etcd.clone(),
+        let (store, directory) = metadata::open_store(&config.metadata, handshake);
+        let publication = match &directory {
+            Some(directory) => Some(metadata::publish(
+                directory.clone(),
                 &context.describe(),
                 config.metadata_ttl,
                 Instant::now() + config.control_timeout,
@@ -208,7 +209,7 @@ impl Engine {
                 notifications,
                 control_addr,
                 metadata: store,
-                etcd,
+                directory,
                 publication: Mutex::new(publication),
                 metrics_on,
                 metrics_server: Mutex::new(None),
@@ -246,7 +247,7 @@ impl Engine {
     /// reaper, the `/metrics` server.
     fn start_threads(&self) -> Result<()> {
         let inner = &self.inner;
-        if inner.etcd.is_some() {
+        if inner.directory.is_some() {
             metadata::start_watcher(Arc::downgrade(inner), inner.config.metadata_poll)?;
         }
         if inner.context.rdma.is_some() {
