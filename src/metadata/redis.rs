@@ -78,7 +78,11 @@ pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>> {
 fn parse_at(buf: &[u8], depth: usize) -> Result<Option<(Reply, usize)>> {
     let bad = |why: String| Error::malformed("redis reply", why);
     let Some(&kind) = buf.first() else { return Ok(None) };
-    let Some(end) = buf.windows(2).take(MAX_LINE + 2).position(|w| w == b"\r\n") else {
+    if !b"+-:$*".contains(&kind) {
+        return Err(bad(format!("an unknown reply type {:?}", kind as char)));
+    }
+    // The line's end, searched after its type byte (which may be '\r').
+    let Some(end) = buf[1..].windows(2).take(MAX_LINE + 1).position(|w| w == b"\r\n").map(|at| at + 1) else {
         return match buf.len() > MAX_LINE + 2 {
             true => Err(bad(format!("a line longer than {MAX_LINE} bytes"))),
             false => Ok(None),
@@ -120,7 +124,7 @@ fn parse_at(buf: &[u8], depth: usize) -> Result<Option<(Reply, usize)>> {
                 Ok(Some((Reply::Array(Some(items)), at)))
             }
         },
-        other => Err(bad(format!("an unknown reply type {:?}", other as char))),
+        _ => unreachable!("checked above"),
     }
 }
 
@@ -333,6 +337,8 @@ mod tests {
             (b"*999999\r\n", "an array of"),
             (b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n", "nested deeper"),
             (b"+\xff\r\n", "not UTF-8"),
+            // Found by fuzz/redis_reply: a line that is only its end.
+            (b"\r\n", "unknown reply type"),
         ] {
             let error = parse_reply(bytes).unwrap_err().to_string();
             assert!(error.contains(why), "{bytes:?}: {error}");
