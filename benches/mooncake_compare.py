@@ -3,7 +3,9 @@ TransferEngine (its "tcp" protocol) and on kvring.mooncake, on this host, in
 the same run.
 
 Both ends register plain mmap'd buffers: memory neither engine allocated,
-as an inference engine's KV cache is. Mooncake moves it over loopback tcp;
+as an inference engine's KV cache is (private anonymous memory, what
+malloc, numpy and PyTorch's CPU allocator hand out for large buffers;
+`--shared` maps MAP_SHARED instead, Python's mmap default). Mooncake moves it over loopback tcp;
 kvring.mooncake, given the same "tcp", takes its same-host order and moves
 it by cross-memory attach. For each block size and op the client moves
 batches of 64 blocks with batch_transfer_sync_write / _read and reports
@@ -43,7 +45,8 @@ def mapped(size):
     """A plain anonymous mapping and its address (pages touched)."""
     import ctypes
 
-    buf = mmap.mmap(-1, size)
+    shared = os.environ.get("MOONCAKE_COMPARE_SHARED") == "1"
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_SHARED if shared else mmap.MAP_PRIVATE)
     buf.write(b"\0" * size)
     addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
     return buf, addr
@@ -130,7 +133,10 @@ def main():
     parser.add_argument("--total", type=int, default=512, help="MiB per case and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--python", default=sys.executable, help="an interpreter with both packages")
+    parser.add_argument("--shared", action="store_true", help="MAP_SHARED buffers instead of private ones")
     args = parser.parse_args()
+    # The children map their buffers as the parent was told to.
+    os.environ["MOONCAKE_COMPARE_SHARED"] = "1" if args.shared else "0"
     engines = ["kvring", "mooncake"]
     probe = subprocess.run([args.python, "-c", "import mooncake.engine"], capture_output=True, text=True)
     if probe.returncode != 0:
@@ -148,7 +154,8 @@ def main():
                     if not verified:
                         raise SystemExit(f"{which} {op} {block}: the server's buffer differs from what was sent")
                     results.setdefault((op, block, which), []).append(gbps)
-    print(f"Mooncake API, same host, mmap'd buffers, batches of {BATCH}, {args.total} MiB per case, "
+    kind = "MAP_SHARED" if args.shared else "MAP_PRIVATE"
+    print(f"Mooncake API, same host, {kind} mmap'd buffers, batches of {BATCH}, {args.total} MiB per case, "
           f"{args.rounds} rounds (median); protocol \"tcp\" on both")
     for op in ops:
         for block in blocks:
