@@ -6,5 +6,9 @@ fn main() {
         println!("cargo:rerun-if-changed={proto}");
     }
     let descriptors = protox::compile(protos, ["proto"]).expect("proto/ must compile");
-    prost_build::Config::new().compile_fds(descriptors).expect("prost code generation");
+    prost_build::Config::new()
+        // Keeps the descriptor (and every response holding it) small.
+        .boxed(".kvring.control.v1.SegmentDescriptor.cma")
+        .compile_fds(descriptors)
+        .expect("prost code generation");
 }

@@ -28,6 +28,10 @@
 // engines).
 #define KVRING_TRANSPORT_CUDA_IPC 3
 
+// Same host, any host memory of the peer (cross-memory attach:
+// `process_vm_writev` / `process_vm_readv`).
+#define KVRING_TRANSPORT_CMA 4
+
 // `kvring_register_memory` and the memory queries: host memory. A value
 // `n >= 0` is GPU `n`.
 #define KVRING_MEMORY_HOST -1

@@ -71,6 +71,9 @@ pub const KVRING_TRANSPORT_TCP: c_int = 2;
 /// Same host with GPU memory on either end (CUDA IPC, the GPU's copy
 /// engines).
 pub const KVRING_TRANSPORT_CUDA_IPC: c_int = 3;
+/// Same host, any host memory of the peer (cross-memory attach:
+/// `process_vm_writev` / `process_vm_readv`).
+pub const KVRING_TRANSPORT_CMA: c_int = 4;
 /// `kvring_register_memory` and the memory queries: host memory. A value
 /// `n >= 0` is GPU `n`.
 pub const KVRING_MEMORY_HOST: c_int = -1;
@@ -432,10 +435,11 @@ pub unsafe extern "C" fn kvring_open_segment(
             KVRING_TRANSPORT_SHM => Some(TransportKind::Shm),
             KVRING_TRANSPORT_TCP => Some(TransportKind::Tcp),
             KVRING_TRANSPORT_CUDA_IPC => Some(TransportKind::CudaIpc),
+            KVRING_TRANSPORT_CMA => Some(TransportKind::Cma),
             other => {
                 return Err(Error::invalid(
                     "transport",
-                    format!("{other} is not 0 (auto), 1 (shm), 2 (tcp) or 3 (cuda_ipc)"),
+                    format!("{other} is not 0 (auto), 1 (shm), 2 (tcp), 3 (cuda_ipc) or 4 (cma)"),
                 ))
             }
         };

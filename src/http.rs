@@ -1,5 +1,6 @@
-//! Just enough HTTP/1.1 for kvring's two uses: POSTing JSON to etcd's gRPC
-//! gateway (client), and answering `GET /metrics` (server). One request per
+//! Just enough HTTP/1.1 for kvring's uses: POSTing JSON to etcd's gRPC
+//! gateway and GET/PUT/DELETE on Mooncake's HTTP metadata server (client),
+//! and answering `GET /metrics` (server). One request per
 //! connection (`Connection: close`), bounded sizes, deadlines on every read
 //! and write. A full HTTP stack would be a heavy dependency for this.
 
@@ -24,8 +25,22 @@ pub struct Response {
 /// POSTs `body` (JSON) to `http://{addr}{path}` and reads the whole
 /// response before `deadline`.
 pub fn post_json(addr: &str, path: &str, body: &[u8], deadline: Instant) -> Result<Response> {
+    request(addr, "POST", path, Some("application/json"), body, deadline)
+}
+
+/// Sends one request (`method` on `target`, a path with its query, `body`
+/// with a Content-Length) to `addr` and reads the whole response before
+/// `deadline`.
+pub fn request(
+    addr: &str,
+    method: &str,
+    target: &str,
+    content_type: Option<&str>,
+    body: &[u8],
+    deadline: Instant,
+) -> Result<Response> {
     let left = || deadline.saturating_duration_since(Instant::now());
-    let target = addr
+    let resolved = addr
         .to_socket_addrs()
         .map_err(|e| Error::io(format!("resolving {addr}"), e))?
         .next()
@@ -34,12 +49,13 @@ pub fn post_json(addr: &str, path: &str, body: &[u8], deadline: Instant) -> Resu
         return Err(Error::Timeout { waited: std::time::Duration::ZERO });
     }
     let stream =
-        TcpStream::connect_timeout(&target, left()).map_err(|e| Error::io(format!("connecting to {addr}"), e))?;
+        TcpStream::connect_timeout(&resolved, left()).map_err(|e| Error::io(format!("connecting to {addr}"), e))?;
     // One deadline for the whole exchange: a server that trickles bytes
     // cannot hold the caller past it.
     let mut stream = DeadlineIo::new(&stream, deadline);
+    let content_type = content_type.map(|t| format!("Content-Type: {t}\r\n")).unwrap_or_default();
     let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {target} HTTP/1.1\r\nHost: {addr}\r\n{content_type}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream
@@ -55,6 +71,20 @@ pub fn post_json(addr: &str, path: &str, body: &[u8], deadline: Instant) -> Resu
         return Err(Error::MessageTooLarge { len: raw.len() as u64, max: MAX_MESSAGE_BYTES as u64 });
     }
     parse_response(&raw)
+}
+
+/// `text` escaped for a URL's query: every byte but the unreserved ones
+/// (letters, digits, `-._~`) as `%XX`.
+pub fn query_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            escaped.push(byte as char);
+        } else {
+            escaped.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    escaped
 }
 
 /// Parses a complete HTTP/1.1 response (bytes from outside: fuzzed).
@@ -199,6 +229,12 @@ mod tests {
             let error = parse_response(raw).unwrap_err().to_string();
             assert!(error.contains(why), "{error} should say {why}");
         }
+    }
+
+    #[test]
+    fn query_values_are_escaped() {
+        assert_eq!(query_escape("/kvring/segments/decode-0"), "%2Fkvring%2Fsegments%2Fdecode-0");
+        assert_eq!(query_escape("a b&c=d~é"), "a%20b%26c%3Dd~%C3%A9");
     }
 
     #[test]

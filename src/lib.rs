@@ -69,7 +69,7 @@ pub use engine::{
 };
 pub use error::{Error, Result, Side};
 pub use mem::{Access, MemoryKind, RegionInfo, RegionKind};
-pub use metadata::{EtcdUrl, MetadataMode};
+pub use metadata::{EtcdUrl, HttpMetadataUrl, MetadataMode, RedisUrl};
 pub use net::AdmissionLimits;
 pub use notify::{Notification, NotifyQuota};
 pub use proto::ErrorCode;

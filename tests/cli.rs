@@ -91,7 +91,8 @@ fn a_bad_transport_lists_the_transports_of_this_build() {
     let output = kvring(&["bench", "--transport", "carrier-pigeon"]);
     assert!(!output.status.success());
     let error = stderr(&output);
-    let expected = if cfg!(feature = "rdma") { "shm, cuda_ipc, tcp, null, rdma]" } else { "shm, cuda_ipc, tcp, null]" };
+    let expected =
+        if cfg!(feature = "rdma") { "shm, cuda_ipc, cma, tcp, null, rdma]" } else { "shm, cuda_ipc, cma, tcp, null]" };
     assert!(error.contains("--transport") && error.contains("carrier-pigeon") && error.contains(expected), "{error}");
     // `info` lists the same ones.
     let info = stdout(&kvring(&["info"]));

@@ -155,7 +155,7 @@ fn bad_bench_flags_are_named() {
     for (args, expected) in [
         (vec!["bench", "--op", "sideways"], "invalid value 'sideways' for '--op <OP>'"),
         (vec!["bench", "--block-size", "4XB"], "unknown size unit"),
-        (vec!["bench", "--transport", "carrier-pigeon"], "[possible values: shm, cuda_ipc, tcp, null"),
+        (vec!["bench", "--transport", "carrier-pigeon"], "[possible values: shm, cuda_ipc, cma, tcp, null"),
         (vec!["bench", "--frobnicate"], "unexpected argument '--frobnicate'"),
         (vec!["serve", "--listen", "nowhere"], "--listen: listen: \"nowhere\" is not an ip:port address"),
     ] {

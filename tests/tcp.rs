@@ -194,29 +194,33 @@ fn hostile_frames_get_clear_refusals_and_the_target_keeps_serving_others() {
 }
 
 #[test]
-fn the_default_transport_is_shm_on_this_host_and_tcp_for_caller_memory() {
+fn the_default_transport_is_shm_on_this_host_then_cma_for_caller_memory_then_tcp() {
     let target = engine("target");
     let _shm = target.alloc_region(4096, RegionInfo::raw()).unwrap();
     let initiator = engine("initiator");
     let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
     assert_eq!(segment.transport(), TransportKind::Shm);
 
-    // A target whose only region is its own memory, which no peer can map.
-    let other = engine("other");
-    let mut memory = vec![0u8; 8192];
-    // SAFETY: `memory` outlives the engine's use of it (the engines drop first).
-    let id = unsafe { other.register(memory.as_mut_ptr(), memory.len(), RegionInfo::raw()) }.unwrap();
-    let segment = initiator.open_segment(&other.control_addr().to_string()).unwrap();
-    assert_eq!(segment.transport(), TransportKind::Tcp);
-    let local = initiator.alloc_region(8192, RegionInfo::raw()).unwrap();
-    local.fill_pattern(4);
-    let mut sub = initiator.submitter().unwrap();
-    let id_batch = sub.submit(&Batch::write(&segment).descs(&[BlockDesc::new(local.id(), 0, id, 0, 8192)])).unwrap();
-    assert!(sub.wait(id_batch, WAIT).unwrap().is_done());
-    drop(sub);
-    drop(initiator);
-    drop(other);
-    assert_eq!(memory, pattern(8192, 4));
+    // Targets whose only region is their own memory, which no peer can map:
+    // cma where the target allows it, tcp where it does not.
+    for (cma, expected) in [(true, TransportKind::Cma), (false, TransportKind::Tcp)] {
+        let other = common::builder("other").cma(cma).build().unwrap();
+        let mut memory = vec![0u8; 8192];
+        // SAFETY: `memory` outlives the engine's use of it (the engines drop first).
+        let id = unsafe { other.register(memory.as_mut_ptr(), memory.len(), RegionInfo::raw()) }.unwrap();
+        let segment = initiator.open_segment(&other.control_addr().to_string()).unwrap();
+        assert_eq!(segment.transport(), expected);
+        let local = initiator.alloc_region(8192, RegionInfo::raw()).unwrap();
+        local.fill_pattern(4);
+        let mut sub = initiator.submitter().unwrap();
+        let id_batch =
+            sub.submit(&Batch::write(&segment).descs(&[BlockDesc::new(local.id(), 0, id, 0, 8192)])).unwrap();
+        assert!(sub.wait(id_batch, WAIT).unwrap().is_done());
+        drop(sub);
+        initiator.close_segment(&segment);
+        drop(other);
+        assert_eq!(memory, pattern(8192, 4));
+    }
 }
 
 #[test]

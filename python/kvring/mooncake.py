@@ -4,7 +4,8 @@ Method names, argument order and the int convention match Mooncake's
 (0 = success, negative = failure; async batch ids are positive, 0 = failure).
 Failures are logged on the ``kvring.mooncake`` logger with kvring's reason;
 nothing falls back silently. Segment names are ``host:port`` (the peer's
-``get_rpc_port()``), or the peer's ``local_hostname`` with etcd metadata.
+``get_rpc_port()``), or the peer's ``local_hostname`` with a metadata server
+(etcd, redis, Mooncake's HTTP metadata server).
 
     from kvring.mooncake import TransferEngine   # was: from mooncake.engine import TransferEngine
 """
@@ -24,6 +25,7 @@ _PROTOCOLS = ("tcp", "shm", "rdma", "nvlink")
 # Mooncake's protocol -> kvring's transport: "nvlink" (GPU memory between
 # processes of one host) is cuda_ipc.
 _TRANSPORTS = {"nvlink": "cuda_ipc"}
+_METADATA_SCHEMES = ("etcd://", "redis://", "http://")
 
 
 class TransferOpcode(enum.IntEnum):
@@ -71,11 +73,16 @@ class TransferEngine:
     # Set-up --------------------------------------------------------------
 
     def initialize(self, local_hostname, metadata_server, protocol, device_name):
-        """Starts the engine. ``metadata_server``: "P2PHANDSHAKE", or an
-        etcd address (``etcd://host:port`` or bare ``host:port``).
-        ``protocol``: "tcp", "shm", "nvlink" (GPU memory on one host:
-        kvring's cuda_ipc) or "rdma" (must be built in). The GPU provider is
-        the CUDA driver, or the simulator with ``KVRING_GPU=sim``."""
+        """Starts the engine. ``metadata_server``: "P2PHANDSHAKE", an etcd
+        address (``etcd://host:port`` or bare ``host:port``), redis
+        (``redis://host:port[/db]``) or Mooncake's HTTP metadata server
+        (``http://host:port/metadata``). ``protocol``: "tcp", "shm",
+        "nvlink" (GPU memory on one host: kvring's cuda_ipc) or "rdma" (must
+        be built in). With "tcp", a peer on this host is reached as kvring's
+        order has it (its shared memory, or its own memory by cross-memory
+        attach) and others over tcp; "shm", "nvlink" and "rdma" are taken as
+        asked. The GPU provider is the CUDA driver, or the simulator with
+        ``KVRING_GPU=sim``."""
         if self._engine is not None:
             log.error("initialize: this TransferEngine is already initialized")
             return -1
@@ -95,8 +102,11 @@ class TransferEngine:
         if metadata_server == P2PHANDSHAKE:
             metadata = None
         elif "://" in metadata_server:
-            if not metadata_server.startswith("etcd://"):
-                log.error("initialize: metadata server %r: kvring speaks P2PHANDSHAKE and etcd:// only", metadata_server)
+            if not metadata_server.startswith(_METADATA_SCHEMES):
+                log.error(
+                    "initialize: metadata server %r: kvring speaks P2PHANDSHAKE, etcd://, redis:// and http://",
+                    metadata_server,
+                )
                 return -1
             metadata = metadata_server
         else:
@@ -140,7 +150,10 @@ class TransferEngine:
         later transfers name it and the native side reopens it if it goes
         stale (a peer restart)."""
         if target not in self._opened:
-            self._engine.open_segment(target, self._protocol, self._timeout)
+            # "tcp" is the network: on one host kvring's order (shm, cma)
+            # moves the bytes without a socket.
+            transport = None if self._protocol == "tcp" else self._protocol
+            self._engine.open_segment(target, transport, self._timeout)
             self._opened.add(target)
         return target
 

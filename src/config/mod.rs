@@ -51,6 +51,17 @@ pub enum Kind {
     Metadata,
     /// A CPU list such as `2-5,8`.
     Cores,
+    /// `on` or `off` (`true`/`false` too).
+    Switch,
+}
+
+/// A switch's value: `on`/`true` or `off`/`false`.
+pub fn parse_switch(value: &str) -> Option<bool> {
+    match value {
+        "on" | "true" => Some(true),
+        "off" | "false" => Some(false),
+        _ => None,
+    }
 }
 
 /// One configurable key.
@@ -89,12 +100,18 @@ pub const KEYS: &[Key] = &[
         name: "metadata",
         kind: Kind::Metadata,
         default: Some("P2PHANDSHAKE"),
-        help: "P2PHANDSHAKE or etcd://host:port[/prefix/]",
+        help: "P2PHANDSHAKE, etcd://host:port[/prefix/], redis://host:port[/db] or http://host:port/metadata",
     },
     Key { name: "metadata_ttl", kind: Kind::Duration, default: Some("10s"), help: "lease of the published descriptor" },
     Key { name: "metadata_poll", kind: Kind::Duration, default: Some("1s"), help: "re-read of open segments' entries" },
     Key { name: "metrics", kind: Kind::SocketAddr, default: None, help: "where /metrics is served (off if unset)" },
     Key { name: "token", kind: Kind::Text, default: None, help: "pre-shared token for handshakes" },
+    Key {
+        name: "cma",
+        kind: Kind::Switch,
+        default: Some("on"),
+        help: "cross-memory attach with same-host peers (process_vm_*), both ways",
+    },
     Key { name: "io_timeout", kind: Kind::Duration, default: Some("5s"), help: "tcp silence before a peer is dead" },
     Key { name: "control_timeout", kind: Kind::Duration, default: Some("5s"), help: "deadline of control RPCs" },
     Key { name: "busy_poll", kind: Kind::Duration, default: Some("2ms"), help: "spin before an idle lane parks" },
@@ -160,6 +177,7 @@ fn check(key: &Key, value: &str) -> std::result::Result<(), String> {
         Kind::Ip => value.parse::<IpAddr>().is_ok(),
         Kind::Metadata => MetadataMode::parse(value).is_ok(),
         Kind::Cores => crate::runtime::placement::parse_cpu_list(value).is_some_and(|c| !c.is_empty()),
+        Kind::Switch => parse_switch(value).is_some(),
     };
     if ok {
         return Ok(());
@@ -171,8 +189,9 @@ fn check(key: &Key, value: &str) -> std::result::Result<(), String> {
         Kind::Size => "a size such as 4KiB or 256MiB",
         Kind::SocketAddr => "an ip:port address",
         Kind::Ip => "an IP address",
-        Kind::Metadata => "P2PHANDSHAKE or etcd://host:port[/prefix/]",
+        Kind::Metadata => "P2PHANDSHAKE, etcd://, redis:// or http://host:port/metadata",
         Kind::Cores => "a CPU list such as 1 or 2-5,8",
+        Kind::Switch => "on or off",
     };
     Err(format!("{value:?} is not {expected}"))
 }
@@ -220,7 +239,8 @@ impl Config {
             let text = match value {
                 toml::Value::String(text) => text.clone(),
                 toml::Value::Integer(number) => number.to_string(),
-                other => return Err(bad(format!("{name}: {other} is neither a string nor a number"))),
+                toml::Value::Boolean(on) => on.to_string(),
+                other => return Err(bad(format!("{name}: {other} is neither a string, a number nor a boolean"))),
             };
             self.set(name, text, Source::File(path.to_path_buf())).map_err(bad)?;
         }
@@ -326,6 +346,9 @@ impl Config {
         if let Some(token) = self.get("token") {
             builder = builder.token(token);
         }
+        if let Some(on) = self.get("cma").and_then(parse_switch) {
+            builder = builder.cma(on);
+        }
         if let Some(timeout) = self.duration("io_timeout") {
             builder = builder.io_timeout(timeout);
         }
@@ -384,7 +407,7 @@ mod tests {
             ("version = 1\nlanes = 0\n", "lanes: \"0\" is not a whole number above 0"),
             ("version = 1\nio_timeout = \"5 parsecs\"\n", "io_timeout: \"5 parsecs\" is not a duration"),
             ("version = 1\nlisten = \"nowhere\"\n", "listen: \"nowhere\" is not an ip:port address"),
-            ("version = 1\nlanes = [1]\n", "neither a string nor a number"),
+            ("version = 1\nlanes = [1]\n", "neither a string, a number nor a boolean"),
             ("version = 1\nname = \n", "kvring.toml"),
         ];
         for (text, why) in cases {

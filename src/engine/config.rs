@@ -83,6 +83,9 @@ pub struct EngineConfig {
     pub io_timeout: Duration,
     /// Serve the TCP data transport (on the control address's IP, any port).
     pub serve_tcp: bool,
+    /// Cross-memory attach with same-host peers: let them reach this
+    /// engine's host memory with `process_vm_*`, and reach theirs.
+    pub cma: bool,
     /// Notifications queued before senders are refused.
     pub notify_quota: NotifyQuota,
     /// Where names are resolved: the peer itself (the default), or etcd,
@@ -140,6 +143,7 @@ impl Default for EngineConfig {
             admission: AdmissionLimits::default(),
             io_timeout: DEFAULT_IO_TIMEOUT,
             serve_tcp: true,
+            cma: true,
             notify_quota: NotifyQuota::default(),
             metadata: MetadataMode::PeerHandshake,
             metadata_ttl: crate::metadata::etcd::DEFAULT_LEASE_TTL,
@@ -312,6 +316,17 @@ impl EngineBuilder {
     /// peers on other hosts cannot reach this engine's regions.
     pub fn serve_tcp(mut self, serve: bool) -> Self {
         self.config.serve_tcp = serve;
+        self
+    }
+
+    /// Cross-memory attach (default on): same-host peers of the same user
+    /// may reach this engine's host memory with `process_vm_writev` /
+    /// `process_vm_readv` (where the kernel's Yama policy asks for it, the
+    /// engine opts in with `PR_SET_PTRACER` and logs that it did), and this
+    /// engine reaches theirs. Off, peers are told why and take the next
+    /// transport (tcp).
+    pub fn cma(mut self, on: bool) -> Self {
+        self.config.cma = on;
         self
     }
 

@@ -12,7 +12,8 @@ use crate::mem::{Access, Registry};
 use crate::notify::{Notification, NotificationQueue};
 use crate::proto::ChecksumRequest;
 use crate::region_id::RegionId;
-use crate::segment::{local_host_id, RemoteRegion, SegmentDescriptor};
+use crate::segment::{local_host_id, CmaReach, RemoteRegion, SegmentDescriptor};
+use crate::transport::cma::CmaExport;
 use crate::transport::rdma::node::RdmaNode;
 use crate::transport::rdma::verbs::QpEndpoint;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -30,6 +31,9 @@ pub(super) struct ControlContext {
     pub notifications: Arc<NotificationQueue>,
     pub kv_layout: Mutex<Option<KvLayout>>,
     pub rdma: Option<Arc<RdmaNode>>,
+    /// The cma page same-host peers reach this engine's memory through, or
+    /// why they may not.
+    pub cma: std::result::Result<Arc<CmaExport>, String>,
 }
 
 impl ControlContext {
@@ -64,6 +68,10 @@ impl ControlContext {
             control_addr: self.control_addr.get().cloned().unwrap_or_default(),
             tcp_addr: self.tcp_addr.clone(),
             rdma: self.rdma.as_ref().map(|node| node.info()),
+            cma: Some(match &self.cma {
+                Ok(export) => export.reach(),
+                Err(why) => CmaReach::Refused(why.clone()),
+            }),
         }
     }
 }

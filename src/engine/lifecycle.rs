@@ -14,6 +14,8 @@ use crate::metadata::{MetadataStore, PeerHandshake};
 use crate::notify::NotificationQueue;
 use crate::runtime::clock::Clock;
 use crate::runtime::lane::{memlock_limit_bytes, memlock_needed_bytes, LaneConfig, LaneHandle};
+use crate::transport::cma::sys::{dumpable, opt_in_to_ptrace, Yama};
+use crate::transport::cma::CmaExport;
 use crate::transport::rdma::node::RdmaNode;
 use crate::transport::tcp::TcpDataServer;
 use std::net::SocketAddr;
@@ -36,8 +38,9 @@ pub(crate) struct EngineInner {
     pub(super) arrivals: Arc<crate::arrival::Arrivals>,
     pub(super) control_addr: SocketAddr,
     pub(super) metadata: Box<dyn MetadataStore>,
-    pub(super) etcd: Option<Arc<crate::metadata::etcd::Etcd>>,
-    pub(super) publication: Mutex<Option<crate::metadata::etcd::Publication>>,
+    /// The metadata server's client (etcd, redis, HTTP), if there is one.
+    pub(super) directory: Option<Arc<dyn crate::metadata::directory::Directory>>,
+    pub(super) publication: Mutex<Option<crate::metadata::directory::Publication>>,
     pub(super) metrics_on: Arc<AtomicBool>,
     pub(super) metrics_server: Mutex<Option<crate::net::Acceptor>>,
     pub(super) metrics_addr: OnceLock<SocketAddr>,
@@ -73,6 +76,11 @@ impl EngineInner {
         // First: peers resolving this name stop finding it.
         if let Some(mut publication) = lock(&self.publication).take() {
             publication.stop();
+        }
+        // No same-host peer starts another cma call, and those in progress
+        // end before the caller may free what it registered.
+        if let Ok(cma) = &self.context.cma {
+            cma.close();
         }
         if let Some(mut server) = lock(&self.control).take() {
             server.stop();
@@ -175,6 +183,7 @@ impl Engine {
                 Some(verbs) => Some(Arc::new(RdmaNode::open(verbs.clone(), MAX_RDMA_NICS)?)),
                 None => None,
             },
+            cma: cma_export(&config, epoch),
         });
         let server = ControlServer::start(config.listen, context.clone(), admission)?;
         // Peers are told the advertised IP with the port actually bound.
@@ -182,10 +191,10 @@ impl Engine {
         // Set before any peer can learn the address, so every handshake sees it.
         let _ = context.control_addr.set(control_addr.to_string());
         let handshake = PeerHandshake { token: config.token.clone() };
-        let (store, etcd) = metadata::open_store(&config.metadata, handshake);
-        let publication = match &etcd {
-            Some(etcd) => Some(metadata::publish(
-                etcd.clone(),
+        let (store, directory) = metadata::open_store(&config.metadata, handshake);
+        let publication = match &directory {
+            Some(directory) => Some(metadata::publish(
+                directory.clone(),
                 &context.describe(),
                 config.metadata_ttl,
                 Instant::now() + config.control_timeout,
@@ -207,7 +216,7 @@ impl Engine {
                 arrivals,
                 control_addr,
                 metadata: store,
-                etcd,
+                directory,
                 publication: Mutex::new(publication),
                 metrics_on,
                 metrics_server: Mutex::new(None),
@@ -246,7 +255,7 @@ impl Engine {
     /// reaper, the `/metrics` server.
     fn start_threads(&self) -> Result<()> {
         let inner = &self.inner;
-        if inner.etcd.is_some() {
+        if inner.directory.is_some() {
             metadata::start_watcher(Arc::downgrade(inner), inner.config.metadata_poll)?;
         }
         if inner.context.rdma.is_some() {
@@ -287,6 +296,36 @@ fn check(config: &EngineConfig) -> Result<()> {
         Some(have) if have < need => Err(Error::LockedMemoryLimit { have_bytes: have, need_bytes: need }),
         _ => Ok(()),
     }
+}
+
+/// The engine's cma page, or why same-host peers may not reach its memory
+/// by cross-memory attach (said in its descriptor, so they take the next
+/// transport and can tell their user why).
+fn cma_export(config: &EngineConfig, epoch: u64) -> std::result::Result<Arc<CmaExport>, String> {
+    if !config.cma {
+        return Err("cross-memory attach is turned off on that engine (cma = off)".into());
+    }
+    let yama = Yama::current();
+    match yama {
+        Yama::Never => return Err(yama.explain().into()),
+        Yama::OptIn => match opt_in_to_ptrace(yama) {
+            Ok(_) => tracing::info!(
+                "cma: kernel.yama.ptrace_scope is 1; this process allowed processes of its user to attach \
+                 (PR_SET_PTRACER_ANY) so same-host peers reach its registered memory"
+            ),
+            Err(error) => return Err(format!("PR_SET_PTRACER failed ({error}); {}", yama.explain())),
+        },
+        Yama::CapOnly => tracing::info!("cma: {}; other peers take the next transport", yama.explain()),
+        Yama::Open => {}
+    }
+    if !dumpable() {
+        tracing::info!("cma: this process is not dumpable: only peers with CAP_SYS_PTRACE can reach it");
+    }
+    let capacity = config.max_regions.clamp(1, u16::MAX as usize);
+    CmaExport::create(epoch, capacity).map(Arc::new).map_err(|error| {
+        tracing::warn!(%error, "cma: could not create the shared page; same-host peers take the next transport");
+        format!("its cma page could not be created: {error}")
+    })
 }
 
 /// Starts the lanes, each pinned to its core; lane 0 posts notification

@@ -1,16 +1,20 @@
 //! The engine's side of cluster metadata: choosing the store, publishing
 //! this engine's descriptor, and noticing peers that restarted.
 //!
-//! With etcd, a watcher thread re-reads the published entry of every open
-//! segment at a bounded interval (`metadata_poll`) and marks a handle stale
-//! when its entry is gone (lease expired) or carries another epoch, so the
-//! next `open_segment(name)` reconnects before a transfer fails on it.
-//! The lanes never touch metadata.
+//! With a metadata server (etcd, redis, Mooncake's HTTP server), a watcher
+//! thread re-reads the published entry of every open segment at a bounded
+//! interval (`metadata_poll`) and marks a handle stale when its entry is
+//! gone (lease or TTL expired) or carries another epoch, so the next
+//! `open_segment(name)` reconnects before a transfer fails on it. The lanes
+//! never touch metadata.
 
 use super::{lock, EngineInner};
 use crate::error::{Error, Result};
 use crate::log::ratelimit::{log_limited, RateLimit};
-use crate::metadata::etcd::{Etcd, EtcdStore, Publication};
+use crate::metadata::directory::{Directory, DirectoryStore, Publication};
+use crate::metadata::etcd::Etcd;
+use crate::metadata::mooncake_http::HttpMetadata;
+use crate::metadata::redis::Redis;
 use crate::metadata::{MetadataMode, MetadataStore, PeerHandshake};
 use crate::segment::SegmentDescriptor;
 use prost::Message as _;
@@ -18,25 +22,26 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-/// The store an engine resolves names with, and its etcd client if any.
-pub(crate) type OpenedStore = (Box<dyn MetadataStore>, Option<Arc<Etcd>>);
+/// The store an engine resolves names with, and its metadata server's
+/// client if any.
+pub(crate) type OpenedStore = (Box<dyn MetadataStore>, Option<Arc<dyn Directory>>);
 
-/// The store an engine resolves names with, and the etcd client if any.
+/// The store an engine resolves names with, and the server's client if any.
 pub(crate) fn open_store(mode: &MetadataMode, handshake: PeerHandshake) -> OpenedStore {
-    match mode {
-        MetadataMode::PeerHandshake => (Box::new(handshake), None),
-        MetadataMode::Etcd(url) => {
-            let etcd = Arc::new(Etcd::new(url.clone()));
-            (Box::new(EtcdStore::new(etcd.clone(), handshake)), Some(etcd))
-        }
-    }
+    let directory: Arc<dyn Directory> = match mode {
+        MetadataMode::PeerHandshake => return (Box::new(handshake), None),
+        MetadataMode::Etcd(url) => Arc::new(Etcd::new(url.clone())),
+        MetadataMode::Redis(url) => Arc::new(Redis::new(url.clone())),
+        MetadataMode::Http(url) => Arc::new(HttpMetadata::new(url.clone())),
+    };
+    (Box::new(DirectoryStore::new(directory.clone(), handshake)), Some(directory))
 }
 
-/// Publishes `descriptor` under its name with a lease kept alive until the
-/// publication is dropped. Refuses to publish a loopback address to an etcd
+/// Publishes `descriptor` under its name, kept there until the publication
+/// is dropped. Refuses to publish a loopback address to a metadata server
 /// that is not on this host: peers elsewhere could never reach it.
 pub(crate) fn publish(
-    etcd: Arc<Etcd>,
+    directory: Arc<dyn Directory>,
     descriptor: &SegmentDescriptor,
     ttl: Duration,
     deadline: Instant,
@@ -45,14 +50,14 @@ pub(crate) fn publish(
         .control_addr
         .parse()
         .map_err(|_| Error::invalid("control address", format!("{:?} is not ip:port", descriptor.control_addr)))?;
-    if advertised.ip().is_loopback() && !is_on_this_host(&etcd.url().addr) {
+    if advertised.ip().is_loopback() && !is_on_this_host(directory.addr()) {
         return Err(Error::invalid(
             "advertised address",
             format!(
-                "{} is a loopback address, but etcd at {} is not on this host: peers could not reach it; \
+                "{} is a loopback address, but {} is not on this host: peers could not reach it; \
                  listen on a routable address or set an advertised one",
                 advertised,
-                etcd.url().addr
+                directory.describe()
             ),
         ));
     }
@@ -62,10 +67,9 @@ pub(crate) fn publish(
             format!("{advertised} is unspecified; an engine must publish a concrete address"),
         ));
     }
-    let key = etcd.url().key(&descriptor.name);
-    // Its own client: lease refreshes are not counted as the opens' calls.
-    let own = Arc::new(Etcd::new(etcd.url().clone()));
-    Publication::start(own, key, descriptor.to_proto().encode_to_vec(), ttl, deadline)
+    let key = directory.key(&descriptor.name);
+    // Its own client: refreshes are not counted as the opens' calls.
+    Publication::start(directory.fresh(), key, descriptor.to_proto().encode_to_vec(), ttl, deadline)
 }
 
 /// True when `addr` (`host:port`) resolves to an address of this host.
@@ -79,7 +83,7 @@ pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
     ip.is_loopback() || UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
 }
 
-/// Starts the thread that notices restarted peers (etcd only).
+/// Starts the thread that notices restarted peers (with a metadata server).
 pub(crate) fn start_watcher(engine: Weak<EngineInner>, poll: Duration) -> Result<()> {
     std::thread::Builder::new()
         .name("kvring-metadata-watch".into())
@@ -104,7 +108,7 @@ pub(crate) fn start_watcher(engine: Weak<EngineInner>, poll: Duration) -> Result
         .map_err(|e| Error::io("spawning the metadata watcher", e))
 }
 
-/// Whether the watcher's last read reached etcd, so that losing it and
+/// Whether the watcher's last read reached the server, so that losing it and
 /// regaining it are each logged once, not every poll.
 #[derive(Debug, Default)]
 struct Reach {
@@ -114,10 +118,10 @@ struct Reach {
 
 impl Reach {
     fn note(&mut self, engine: &EngineInner, result: Result<()>) {
-        let etcd = engine.etcd.as_ref().map(|e| e.url().addr.clone()).unwrap_or_default();
+        let server = engine.directory.as_ref().map(|d| d.describe()).unwrap_or_default();
         match result {
             Ok(()) if self.failures > 0 => {
-                tracing::info!(%etcd, failures = self.failures, "metadata store reachable again");
+                tracing::info!(%server, failures = self.failures, "metadata store reachable again");
                 self.failures = 0;
             }
             Ok(()) => {}
@@ -126,7 +130,7 @@ impl Reach {
                 // Bounded even if it flaps at every poll.
                 static LIMIT: RateLimit = RateLimit::per_second();
                 if self.failures == 1 {
-                    log_limited!(warn, LIMIT, %etcd, %error, "metadata store unreachable; open segments keep transferring");
+                    log_limited!(warn, LIMIT, %server, %error, "metadata store unreachable; open segments keep transferring");
                 }
             }
         }
@@ -136,9 +140,9 @@ impl Reach {
 /// Marks stale every open handle whose published entry is gone or names
 /// another epoch. An unreachable etcd changes nothing: open segments keep
 /// transferring. `None` when no segment was open to check, else whether
-/// etcd answered.
+/// the server answered.
 fn check_open_segments(engine: &EngineInner) -> Option<Result<()>> {
-    let etcd = engine.etcd.as_ref()?;
+    let directory = engine.directory.as_ref()?;
     let open: Vec<_> = {
         let table = lock(&engine.segments);
         table
@@ -149,7 +153,7 @@ fn check_open_segments(engine: &EngineInner) -> Option<Result<()>> {
             .collect()
     };
     // Its own client: the watcher's reads are not counted as the opens' calls.
-    let store = EtcdStore::new(Arc::new(Etcd::new(etcd.url().clone())), PeerHandshake::default());
+    let store = DirectoryStore::new(directory.fresh(), PeerHandshake::default());
     let mut reached = None;
     for (name, segment) in open {
         let deadline = Instant::now() + engine.config.control_timeout;
@@ -158,7 +162,7 @@ fn check_open_segments(engine: &EngineInner) -> Option<Result<()>> {
             Ok(published) => Some(format!("its published epoch is now {:#x}", published.epoch)),
             Err(Error::UnknownSegment { .. }) => Some("its published entry is gone".to_string()),
             Err(error) => {
-                // One answer anywhere says etcd is reachable.
+                // One answer anywhere says the server is reachable.
                 reached.get_or_insert(Err(error));
                 continue;
             }

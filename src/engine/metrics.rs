@@ -22,7 +22,7 @@ pub(crate) fn text(engine: &EngineInner) -> String {
     let stats = lock(&engine.segments).cache.stats();
     let series = EngineSeries {
         cache: [stats.hits, stats.misses, stats.evictions, stats.stale_evictions],
-        metadata_calls: engine.etcd.as_ref().map_or(0, |etcd| etcd.calls()),
+        metadata_calls: engine.directory.as_ref().map_or(0, |directory| directory.calls()),
     };
     render(&lanes, &series)
 }

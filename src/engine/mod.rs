@@ -99,7 +99,7 @@ impl Engine {
     /// Requests made to the metadata server so far (0 without one): opens
     /// pay for them, batches never do.
     pub fn metadata_calls(&self) -> u64 {
-        self.inner.etcd.as_ref().map_or(0, |etcd| etcd.calls())
+        self.inner.directory.as_ref().map_or(0, |directory| directory.calls())
     }
 
     /// The segment name peers see.

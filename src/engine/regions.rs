@@ -50,6 +50,7 @@ impl Engine {
                 // unpins it.
                 unsafe { self.inner.pins.pin(gpu, id, ptr as u64, len as u64) };
             }
+            self.expose_to_cma(id, ptr as usize, len, info.access);
         }
         Ok(id)
     }
@@ -175,14 +176,34 @@ impl Engine {
             .ok_or_else(|| Error::invalid("local address", format!("{addr:#x}+{len} lies in no registered region")))
     }
 
-    /// Unregisters a region; refused with `RegionBusy` while batches use it.
+    /// Unregisters a region; refused with `RegionBusy` while batches use it
+    /// (this engine's, or a same-host peer's copy into it over cma).
     pub fn unregister(&self, id: RegionId) -> Result<()> {
-        self.inner.registry.unregister(id)?;
+        let entry = self.inner.registry.get(id)?;
+        let cma = self.inner.context.cma.as_ref().ok();
+        if let Some(cma) = cma {
+            // Off the page first, then wait out any peer's call inside it:
+            // once this returns, the caller may free the memory.
+            cma.revoke(id).map_err(|busy| Error::RegionBusy { region: id, in_flight: busy })?;
+        }
+        if let Err(error) = self.inner.registry.unregister(id) {
+            if let Some(cma) = cma.filter(|_| entry.info.memory == MemoryKind::Host) {
+                cma.publish(id, entry.addr, entry.len, entry.info.access);
+            }
+            return Err(error);
+        }
         self.inner.pins.unpin(id);
         if let Some(node) = &self.inner.context.rdma {
             node.unregister_region(id);
         }
         Ok(())
+    }
+
+    /// Lists a host region on the cma page, for same-host peers.
+    fn expose_to_cma(&self, id: RegionId, addr: usize, len: usize, access: Access) {
+        if let Ok(cma) = &self.inner.context.cma {
+            cma.publish(id, addr, len, access);
+        }
     }
 
     /// Allocates `len` bytes and registers them: host shared memory (page
@@ -209,6 +230,7 @@ impl Engine {
         let id = self.inner.registry.register(mapping.as_ptr() as usize, len, info, backing)?;
         // SAFETY: the registry keeps the mapping alive while it is registered.
         unsafe { self.register_with_nics(id, mapping.as_ptr() as u64, len as u64, info.access)? };
+        self.expose_to_cma(id, mapping.as_ptr() as usize, len, info.access);
         Region::new(id, mapping)
     }
 

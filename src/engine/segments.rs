@@ -9,9 +9,11 @@ use super::{Engine, Segment};
 use crate::auth::Initiator;
 use crate::control::{ControlClient, Handshake};
 use crate::error::{Error, Result};
+use crate::log::ratelimit::{log_limited, RateLimit};
 use crate::mem::MemoryKind;
 use crate::runtime::lane::LaneCommand;
 use crate::segment::{local_host_id, CacheStats, PeerSegment, SegmentCache, SegmentDescriptor};
+use crate::transport::cma::CmaLink;
 use crate::transport::null::NullLink;
 use crate::transport::rdma::link::RdmaLink;
 use crate::transport::select::LocalReach;
@@ -62,6 +64,12 @@ impl Detaching {
             }
         }
     }
+}
+
+/// True for an error that says the peer is gone (then no other transport
+/// would reach it either).
+fn is_gone(error: &Error) -> bool {
+    matches!(error, Error::PeerRestarted { .. })
 }
 
 /// Longest a retire waits for lanes to hand back a broken link's resources.
@@ -136,19 +144,47 @@ impl Engine {
         // lane, and without the table lock, so a dead peer stalls nobody else.
         let deadline = Instant::now() + timeout;
         let handshake = self.inner.metadata.resolve(name, &self.initiator(), deadline)?;
-        let transport = self.choose_transport(transport, &handshake.descriptor)?;
-        let link = self.open_link(transport, &handshake, deadline)?;
+        let (transport, link) = self.choose_and_open(transport, &handshake, deadline)?;
         self.install_segment(name, handshake.descriptor, transport, link, stale.map(|(epoch, _)| epoch))
+    }
+
+    /// Chooses the transport and opens it. A cma chosen by default that
+    /// does not open (the kernel refuses it, the target's initiator slots
+    /// are full) is reported with the reason, and the next transport in the
+    /// order is taken; asked for, its failure is the caller's error.
+    fn choose_and_open(
+        &self,
+        requested: Option<TransportKind>,
+        handshake: &Handshake,
+        deadline: Instant,
+    ) -> Result<(TransportKind, Link)> {
+        let peer = &handshake.descriptor;
+        let transport = self.choose_transport(requested, peer, self.inner.config.cma)?;
+        match self.open_link(transport, handshake, deadline) {
+            Err(error) if transport == TransportKind::Cma && requested.is_none() && !is_gone(&error) => {
+                let next = self.choose_transport(None, peer, false)?;
+                static LIMIT: RateLimit = RateLimit::per_second();
+                log_limited!(warn, LIMIT, segment = %peer.name, reason = %error, next = next.name(), "cma refused; taking the next transport");
+                Ok((next, self.open_link(next, handshake, deadline)?))
+            }
+            opened => Ok((transport, opened?)),
+        }
     }
 
     /// The transport to `peer`: the one documented order
     /// (`transport::select::choose`) given what this engine brings.
-    fn choose_transport(&self, requested: Option<TransportKind>, peer: &SegmentDescriptor) -> Result<TransportKind> {
+    fn choose_transport(
+        &self,
+        requested: Option<TransportKind>,
+        peer: &SegmentDescriptor,
+        cma: bool,
+    ) -> Result<TransportKind> {
         let local = LocalReach {
             host_id: local_host_id(),
             rdma: self.inner.context.rdma.is_some(),
             gpu: self.gpu().is_some(),
             device_regions: self.inner.registry.snapshot().iter().any(|(_, e)| e.info.memory != MemoryKind::Host),
+            cma,
         };
         crate::transport::select::choose(requested, peer, &local)
     }
@@ -175,6 +211,7 @@ impl Engine {
                 ShmLink::open(descriptor, &counters, transport, self.gpu().cloned())
             }
             TransportKind::Null => Ok(NullLink::open(lanes)),
+            TransportKind::Cma => CmaLink::open(descriptor, lanes),
             TransportKind::Tcp => {
                 let addr = descriptor.tcp_addr.as_deref().ok_or_else(|| Error::Unsupported {
                     what: format!("tcp to {}: it serves no tcp data listener", descriptor.name),

@@ -1,29 +1,19 @@
 //! Segment descriptors in etcd, through etcd's JSON gateway (`/v3/...`,
 //! served by every etcd ≥ 3.4 on its client port).
 //!
-//! An engine publishes its descriptor (protobuf, the same bytes the
-//! handshake carries) under `<prefix><name>`, attached to a lease it keeps
-//! alive from its own thread; a crashed engine's key goes when the lease's
-//! TTL runs out. `open_segment(name)` resolves the name here once per open:
-//! the data path never touches etcd. The gateway is plain HTTP/1.1 with JSON,
-//! so no gRPC stack (and no tokio) is needed.
+//! An engine publishes its descriptor under `<prefix><name>`, attached to a
+//! lease it keeps alive from its own thread (`directory::Publication`); a
+//! crashed engine's key goes when the lease's TTL runs out. The gateway is
+//! plain HTTP/1.1 with JSON, so no gRPC stack (and no tokio) is needed.
 
-use super::MetadataStore;
-use crate::auth::Initiator;
-use crate::control::Handshake;
+use super::directory::{check_prefix, host_port, Directory, DEFAULT_PREFIX};
 use crate::error::{Error, Result};
-use crate::log::ratelimit::{log_limited, RateLimit};
-use crate::segment::SegmentDescriptor;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
-use prost::Message;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Key prefix segments are published under when the URL names none.
-pub const DEFAULT_PREFIX: &str = "/kvring/segments/";
 /// Default lease TTL of a published descriptor.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 
@@ -46,11 +36,7 @@ impl EtcdUrl {
             Some(slash) => (&rest[..slash], &rest[slash..]),
             None => (rest, ""),
         };
-        let (host, port) = addr.rsplit_once(':').ok_or_else(|| bad("needs host:port".into()))?;
-        if host.is_empty() || host.contains(char::is_whitespace) {
-            return Err(bad("has no host".into()));
-        }
-        port.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(|| bad(format!("port {port:?} is not 1..=65535")))?;
+        host_port(addr).map_err(bad)?;
         let prefix = if path.is_empty() || path == "/" { DEFAULT_PREFIX.to_string() } else { path.to_string() };
         check_prefix(&prefix).map_err(|why| bad(why.to_string()))?;
         Ok(Self { addr: addr.to_string(), prefix })
@@ -60,22 +46,6 @@ impl EtcdUrl {
     pub fn key(&self, name: &str) -> String {
         format!("{}{name}", self.prefix)
     }
-}
-
-/// A prefix must be an absolute etcd path ending in `/`, printable, with no
-/// empty or relative component, so `<prefix><name>` can never reach a key
-/// outside it.
-fn check_prefix(prefix: &str) -> std::result::Result<(), &'static str> {
-    if !prefix.starts_with('/') || !prefix.ends_with('/') {
-        return Err("the key prefix must start and end with '/'");
-    }
-    if prefix.len() > 256 || prefix.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err("the key prefix must be printable, without spaces, at most 256 bytes");
-    }
-    if prefix[1..prefix.len() - 1].split('/').any(|part| part.is_empty() || part == "." || part == "..") {
-        return Err("the key prefix has an empty, '.' or '..' component");
-    }
-    Ok(())
 }
 
 /// A client of one etcd endpoint.
@@ -185,141 +155,46 @@ fn int_field(value: &Value, name: &str) -> Option<i64> {
     }
 }
 
-/// The etcd metadata store: resolves a name to the descriptor published
-/// there, then asks that peer's control plane for its live region table
-/// (regions registered after publishing are in it), once per open.
-#[derive(Debug)]
-pub struct EtcdStore {
-    etcd: Arc<Etcd>,
-    handshake: super::PeerHandshake,
-}
-
-impl EtcdStore {
-    /// A store on `etcd`; `handshake` carries the token for the peers.
-    pub fn new(etcd: Arc<Etcd>, handshake: super::PeerHandshake) -> Self {
-        Self { etcd, handshake }
+impl Directory for Etcd {
+    fn describe(&self) -> String {
+        format!("etcd at {}", self.url.addr)
     }
 
-    /// The descriptor published under `name`, as stored (no handshake).
-    pub fn published(&self, name: &str, deadline: Instant) -> Result<SegmentDescriptor> {
-        let key = self.etcd.url().key(name);
-        match self.etcd.get(&key, deadline)? {
-            Some(bytes) => Self::decode_descriptor(name, &bytes),
-            None => Err(Error::UnknownSegment {
-                segment: format!("{name} (no key {key} in etcd at {})", self.etcd.url().addr),
-            }),
+    fn addr(&self) -> &str {
+        &self.url.addr
+    }
+
+    fn key(&self, name: &str) -> String {
+        self.url.key(name)
+    }
+
+    fn get(&self, key: &str, deadline: Instant) -> Result<Option<Vec<u8>>> {
+        Etcd::get(self, key, deadline)
+    }
+
+    fn calls(&self) -> u64 {
+        Etcd::calls(self)
+    }
+
+    fn fresh(&self) -> Arc<dyn Directory> {
+        Arc::new(Etcd::new(self.url.clone()))
+    }
+
+    fn publish(&self, key: &str, value: &[u8], ttl: Duration, deadline: Instant) -> Result<i64> {
+        let lease = self.grant(ttl, deadline)?;
+        self.put(key, value, lease, deadline)?;
+        Ok(lease)
+    }
+
+    fn refresh(&self, key: &str, value: &[u8], lease: i64, ttl: Duration, deadline: Instant) -> Result<i64> {
+        if self.keep_alive(lease, deadline)? {
+            return Ok(lease);
         }
+        Directory::publish(self, key, value, ttl, deadline)
     }
 
-    /// Decodes a descriptor stored in etcd (bytes from outside: fuzzed).
-    pub fn decode_descriptor(name: &str, bytes: &[u8]) -> Result<SegmentDescriptor> {
-        let message = crate::proto::SegmentDescriptor::decode(bytes)
-            .map_err(|e| Error::malformed("descriptor in etcd", format!("{name}: {e}")))?;
-        let descriptor = SegmentDescriptor::from_proto(message)
-            .map_err(|e| Error::malformed("descriptor in etcd", format!("{name}: {e}")))?;
-        if descriptor.name != name {
-            return Err(Error::malformed(
-                "descriptor in etcd",
-                format!("the key for {name:?} holds the descriptor of {:?}", descriptor.name),
-            ));
-        }
-        Ok(descriptor)
-    }
-}
-
-impl MetadataStore for EtcdStore {
-    fn resolve(&self, name: &str, initiator: &Initiator, deadline: Instant) -> Result<Handshake> {
-        let published = self.published(name, deadline)?;
-        // Whoever can write the key chooses this address; with a token the
-        // handshake makes it prove the token before we prove ours.
-        let live = self.handshake.resolve(&published.control_addr, initiator, deadline)?;
-        if live.descriptor.name != name {
-            return Err(Error::PeerRestarted {
-                segment: name.to_string(),
-                detail: format!(
-                    "{} now serves {:?}; its etcd entry is stale",
-                    published.control_addr, live.descriptor.name
-                ),
-            });
-        }
-        Ok(live)
-    }
-}
-
-/// Keeps a descriptor published under a lease until stopped: grants, puts,
-/// refreshes every third of the TTL, and re-publishes if the lease was
-/// lost (etcd restarted, or this process was stalled past the TTL).
-#[derive(Debug)]
-pub struct Publication {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Publication {
-    /// Publishes `value` under `key` now (an error if etcd cannot be
-    /// reached before `deadline`), then keeps it alive from a thread.
-    pub fn start(etcd: Arc<Etcd>, key: String, value: Vec<u8>, ttl: Duration, deadline: Instant) -> Result<Self> {
-        let mut lease = etcd.grant(ttl, deadline)?;
-        etcd.put(&key, &value, lease, deadline)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread_stop = stop.clone();
-        let period = (ttl / 3).max(Duration::from_millis(100));
-        let thread = std::thread::Builder::new()
-            .name("kvring-etcd-lease".into())
-            .spawn(move || {
-                let mut next = Instant::now() + period;
-                let mut failures = 0u64;
-                while !thread_stop.load(Ordering::Acquire) {
-                    if Instant::now() < next {
-                        std::thread::sleep(Duration::from_millis(20));
-                        continue;
-                    }
-                    next = Instant::now() + period;
-                    let deadline = Instant::now() + period;
-                    let refreshed = etcd.keep_alive(lease, deadline).and_then(|alive| {
-                        if alive {
-                            return Ok(());
-                        }
-                        lease = etcd.grant(ttl, deadline)?;
-                        etcd.put(&key, &value, lease, deadline)
-                    });
-                    match refreshed {
-                        Ok(()) if failures > 0 => {
-                            tracing::info!(%key, failures, "metadata store reachable again; lease refreshed");
-                            failures = 0;
-                        }
-                        Ok(()) => {}
-                        Err(error) => {
-                            // Peers keep finding the entry until its lease
-                            // runs out; the next round tries again. Logged
-                            // when lost, not every round it stays lost.
-                            failures += 1;
-                            static LIMIT: RateLimit = RateLimit::per_second();
-                            if failures == 1 {
-                                log_limited!(warn, LIMIT, %key, %error, "metadata store lost: could not refresh the published descriptor's lease");
-                            }
-                        }
-                    }
-                }
-                // Going away cleanly: the key goes now, not after the TTL.
-                let _ = etcd.revoke(lease, Instant::now() + Duration::from_secs(1));
-            })
-            .map_err(|e| Error::io("spawning the etcd lease thread", e))?;
-        Ok(Self { stop, thread: Some(thread) })
-    }
-
-    /// Revokes the lease and stops refreshing it.
-    pub fn stop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for Publication {
-    fn drop(&mut self) {
-        self.stop();
+    fn withdraw(&self, _key: &str, _value: &[u8], lease: i64, deadline: Instant) -> Result<()> {
+        self.revoke(lease, deadline)
     }
 }
 
@@ -361,23 +236,5 @@ mod tests {
         assert!(decode_json(b"{nope").unwrap_err().to_string().contains("not JSON"));
         assert_eq!(int_field(&json!({"ID": "42"}), "ID"), Some(42));
         assert_eq!(int_field(&json!({"ID": 42}), "ID"), Some(42));
-    }
-
-    #[test]
-    fn a_corrupted_or_misfiled_descriptor_is_refused() {
-        assert!(EtcdStore::decode_descriptor("d", b"\xff\xff\xff").unwrap_err().to_string().contains("d:"));
-        let other = SegmentDescriptor {
-            name: "other".into(),
-            epoch: 1,
-            host_id: "h".into(),
-            pid: 1,
-            regions: vec![],
-            control_addr: "127.0.0.1:1".into(),
-            tcp_addr: None,
-            rdma: None,
-        };
-        let bytes = other.to_proto().encode_to_vec();
-        let error = EtcdStore::decode_descriptor("d", &bytes).unwrap_err().to_string();
-        assert!(error.contains("holds the descriptor of \"other\""), "{error}");
     }
 }

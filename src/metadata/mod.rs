@@ -1,10 +1,16 @@
 //! Where segment descriptors are found. The default needs no server: ask the
 //! peer itself over its control plane (the peer handshake). A cluster can
-//! use etcd instead ([`etcd`]).
+//! keep them in a key-value server instead ([`directory`]): etcd, redis, or
+//! Mooncake's HTTP metadata server.
 
+pub(crate) mod directory;
 pub(crate) mod etcd;
+pub(crate) mod mooncake_http;
+pub(crate) mod redis;
 
 pub use etcd::EtcdUrl;
+pub use mooncake_http::HttpMetadataUrl;
+pub use redis::RedisUrl;
 
 use crate::auth::{Initiator, Token};
 use crate::control::{ControlClient, Handshake};
@@ -24,25 +30,40 @@ pub enum MetadataMode {
     /// Names are looked up in etcd, where this engine also publishes its
     /// own descriptor: `etcd://host:port[/prefix/]`.
     Etcd(EtcdUrl),
+    /// Names are looked up in redis, where this engine publishes its
+    /// descriptor with a TTL it refreshes: `redis://host:port[/db]`.
+    Redis(RedisUrl),
+    /// Names are looked up on Mooncake's HTTP metadata server (its
+    /// protocol: GET, PUT, DELETE on `/metadata?key=...`):
+    /// `http://host:port/metadata`.
+    Http(HttpMetadataUrl),
 }
 
 impl MetadataMode {
-    /// Parses the `metadata` setting: `P2PHANDSHAKE` (or an empty string)
-    /// or `etcd://host:port[/prefix/]`.
+    /// Parses the `metadata` setting: `P2PHANDSHAKE` (or an empty string),
+    /// `etcd://host:port[/prefix/]`, `redis://host:port[/db]` or
+    /// `http://host:port/metadata`.
     ///
     /// ```
     /// use kvring::MetadataMode;
     /// assert_eq!(MetadataMode::parse("P2PHANDSHAKE").unwrap(), MetadataMode::PeerHandshake);
     /// assert!(matches!(MetadataMode::parse("etcd://10.0.0.1:2379").unwrap(), MetadataMode::Etcd(_)));
+    /// assert!(matches!(MetadataMode::parse("redis://10.0.0.1:6379/2").unwrap(), MetadataMode::Redis(_)));
+    /// assert!(matches!(MetadataMode::parse("http://10.0.0.1:8080/metadata").unwrap(), MetadataMode::Http(_)));
     /// assert!(MetadataMode::parse("zookeeper://x:1").is_err());
     /// ```
     pub fn parse(setting: &str) -> Result<Self> {
         match setting.trim() {
             "" | "P2PHANDSHAKE" => Ok(MetadataMode::PeerHandshake),
             url if url.starts_with("etcd://") => Ok(MetadataMode::Etcd(EtcdUrl::parse(url)?)),
+            url if url.starts_with("redis://") => Ok(MetadataMode::Redis(RedisUrl::parse(url)?)),
+            url if url.starts_with("http://") => Ok(MetadataMode::Http(HttpMetadataUrl::parse(url)?)),
             other => Err(Error::invalid(
                 "metadata",
-                format!("{other:?} is neither P2PHANDSHAKE nor etcd://host:port[/prefix/]"),
+                format!(
+                    "{other:?} is neither P2PHANDSHAKE nor etcd://host:port[/prefix/], redis://host:port[/db] or \
+                     http://host:port/metadata"
+                ),
             )),
         }
     }
@@ -53,6 +74,8 @@ impl MetadataMode {
         match self {
             MetadataMode::PeerHandshake => None,
             MetadataMode::Etcd(url) => Some(&url.addr),
+            MetadataMode::Redis(url) => Some(&url.addr),
+            MetadataMode::Http(url) => Some(&url.addr),
         }
     }
 }
@@ -62,6 +85,16 @@ impl std::fmt::Display for MetadataMode {
         match self {
             MetadataMode::PeerHandshake => f.write_str("peer handshake (no server; names are control addresses)"),
             MetadataMode::Etcd(url) => write!(f, "etcd at {}, keys under {}", url.addr, url.prefix),
+            MetadataMode::Redis(url) => {
+                write!(f, "redis at {} (db {}), keys under {}", url.addr, url.db, directory::DEFAULT_PREFIX)
+            }
+            MetadataMode::Http(url) => write!(
+                f,
+                "the HTTP metadata server at {}{}, keys under {}",
+                url.addr,
+                url.path,
+                directory::DEFAULT_PREFIX
+            ),
         }
     }
 }

@@ -118,7 +118,7 @@ fn py_check_pd_topo(
 /// the README).
 #[pyfunction]
 fn transports() -> Vec<&'static str> {
-    vec!["shm", "tcp", "cuda_ipc"]
+    vec!["shm", "cma", "tcp", "cuda_ipc"]
 }
 
 /// Sends kvring's log events to `forward(level, target, message)` (None:

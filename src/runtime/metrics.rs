@@ -18,7 +18,7 @@ use std::sync::Arc;
 /// Ops counted: write, read.
 pub const OPS: usize = 2;
 /// Transports counted: shm, tcp, null, rdma, cuda_ipc, and "none" (no segment resolved).
-pub const TRANSPORTS: usize = 6;
+pub const TRANSPORTS: usize = 7;
 /// Error codes counted (the wire codes 0..CODES).
 pub const CODES: usize = 32;
 /// Upper bounds of the batch-latency histogram's buckets, in microseconds.
@@ -94,12 +94,13 @@ fn transport_index(transport: Option<TransportKind>) -> usize {
         Some(TransportKind::Null) => 2,
         Some(TransportKind::Rdma) => 3,
         Some(TransportKind::CudaIpc) => 4,
-        None => 5,
+        Some(TransportKind::Cma) => 5,
+        None => 6,
     }
 }
 
 const OP_NAMES: [&str; OPS] = ["write", "read"];
-const TRANSPORT_NAMES: [&str; TRANSPORTS] = ["shm", "tcp", "null", "rdma", "cuda_ipc", "none"];
+const TRANSPORT_NAMES: [&str; TRANSPORTS] = ["shm", "tcp", "null", "rdma", "cuda_ipc", "cma", "none"];
 
 impl LaneMetrics {
     /// All zero.

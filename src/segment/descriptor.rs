@@ -66,18 +66,9 @@ impl RemoteRegion {
         let shm_path = if r.shm_path.is_empty() {
             None
         } else {
-            let path = PathBuf::from(&r.shm_path);
-            let file_name_ok = path
-                .strip_prefix(crate::mem::shm::SHM_DIR)
-                .ok()
-                .and_then(|rest| rest.to_str())
-                .is_some_and(|rest| !rest.is_empty() && !rest.contains('/') && rest != "..");
-            if !file_name_ok {
-                return Err(bad(format!(
-                    "region {id} shm path {:?} is not a file directly under /dev/shm",
-                    r.shm_path
-                )));
-            }
+            let path = shm_file(&r.shm_path).ok_or_else(|| {
+                bad(format!("region {id} shm path {:?} is not a file directly under /dev/shm", r.shm_path))
+            })?;
             Some(path)
         };
         if r.addr.checked_add(r.len).is_none() {
@@ -118,6 +109,89 @@ pub struct SegmentDescriptor {
     pub tcp_addr: Option<String>,
     /// How to reach its regions over RDMA, if it serves RDMA.
     pub rdma: Option<RdmaInfo>,
+    /// Whether a same-host engine may reach its memory by cross-memory
+    /// attach (`None`: it says nothing of it, as engines before it did).
+    pub cma: Option<CmaReach>,
+}
+
+/// What an engine says about cross-memory attach to its memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CmaReach {
+    /// Allowed: its shared page (a file directly under /dev/shm), where
+    /// that page is mapped in its own address space, and its length.
+    Offered {
+        /// The page's file.
+        page: PathBuf,
+        /// The page's address in the engine's process.
+        page_addr: u64,
+        /// The page's length in bytes (the region part of the file).
+        page_len: u64,
+    },
+    /// Not allowed, and why.
+    Refused(String),
+}
+
+/// Largest shared page a peer may announce (its region table for 65,535
+/// regions is about 1.6 MiB).
+pub const MAX_CMA_PAGE_BYTES: u64 = 4 << 20;
+/// Longest refusal reason kept from a peer.
+const MAX_CMA_REASON_BYTES: usize = 512;
+
+impl CmaReach {
+    fn to_proto(&self) -> proto::CmaInfo {
+        match self {
+            CmaReach::Offered { page, page_addr, page_len } => proto::CmaInfo {
+                page: page.display().to_string(),
+                page_addr: *page_addr,
+                page_len: *page_len,
+                refused: String::new(),
+            },
+            CmaReach::Refused(why) => proto::CmaInfo { refused: why.clone(), ..Default::default() },
+        }
+    }
+
+    /// Checks what a peer announced: a page directly under /dev/shm, of a
+    /// bounded length that does not wrap its address; a short reason.
+    fn from_proto(info: proto::CmaInfo) -> Result<Option<Self>> {
+        let bad = |reason: String| Error::malformed("segment descriptor", format!("cma: {reason}"));
+        if info.page.is_empty() {
+            if info.refused.is_empty() {
+                return Ok(None);
+            }
+            let mut why = info.refused;
+            if why.len() > MAX_CMA_REASON_BYTES {
+                let mut end = MAX_CMA_REASON_BYTES;
+                while !why.is_char_boundary(end) {
+                    end -= 1;
+                }
+                why.truncate(end);
+            }
+            return Ok(Some(CmaReach::Refused(why)));
+        }
+        let page = shm_file(&info.page)
+            .ok_or_else(|| bad(format!("page {:?} is not a file directly under /dev/shm", info.page)))?;
+        if info.page_len == 0 || info.page_len > MAX_CMA_PAGE_BYTES {
+            return Err(bad(format!("page length {} is outside 1..={MAX_CMA_PAGE_BYTES}", info.page_len)));
+        }
+        if info.page_addr == 0 || info.page_addr.checked_add(info.page_len).is_none() {
+            return Err(bad(format!(
+                "page at {:#x} with {} bytes is not a valid range",
+                info.page_addr, info.page_len
+            )));
+        }
+        Ok(Some(CmaReach::Offered { page, page_addr: info.page_addr, page_len: info.page_len }))
+    }
+}
+
+/// `text` as a path naming a file directly under /dev/shm, if it is one.
+fn shm_file(text: &str) -> Option<PathBuf> {
+    let path = PathBuf::from(text);
+    let file_name_ok = path
+        .strip_prefix(crate::mem::shm::SHM_DIR)
+        .ok()
+        .and_then(|rest| rest.to_str())
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains('/') && rest != "..");
+    file_name_ok.then_some(path)
 }
 
 /// A peer's RDMA reach: its NIC count and each region's address and keys.
@@ -174,6 +248,7 @@ impl SegmentDescriptor {
                     .map(|(id, addr, rkeys)| proto::RdmaRegion { id: id.raw(), addr: *addr, rkeys: rkeys.clone() })
                     .collect(),
             }),
+            cma: self.cma.as_ref().map(|cma| Box::new(cma.to_proto())),
         }
     }
 
@@ -228,6 +303,10 @@ impl SegmentDescriptor {
                 Some(RdmaInfo { nics: info.nics, regions: keyed })
             }
         };
+        let cma = match message.cma {
+            Some(info) => CmaReach::from_proto(*info)?,
+            None => None,
+        };
         let tcp_addr = message
             .endpoints
             .iter()
@@ -242,6 +321,7 @@ impl SegmentDescriptor {
             control_addr: message.control_addr,
             tcp_addr,
             rdma,
+            cma,
         })
     }
 }
@@ -282,6 +362,11 @@ mod tests {
             control_addr: "127.0.0.1:9".into(),
             tcp_addr: Some("127.0.0.1:10".into()),
             rdma: Some(RdmaInfo { nics: 2, regions: vec![(RegionId::new(3, 1), 0x7f00_0000_0000, vec![11, 12])] }),
+            cma: Some(CmaReach::Offered {
+                page: PathBuf::from("/dev/shm/kvring-1-2-4"),
+                page_addr: 0x7f10_0000_0000,
+                page_len: 8192,
+            }),
         }
     }
 
@@ -375,6 +460,33 @@ mod tests {
         let mut p = sample().to_proto();
         p.name.clear();
         assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("name must be"));
+    }
+
+    #[test]
+    fn cma_offers_are_checked_and_refusals_kept_short() {
+        let with = |f: &dyn Fn(&mut proto::CmaInfo)| {
+            let mut p = sample().to_proto();
+            f(p.cma.as_mut().unwrap());
+            SegmentDescriptor::from_proto(p)
+        };
+        let refused = |f: &dyn Fn(&mut proto::CmaInfo)| with(f).unwrap_err().to_string();
+        assert!(refused(&|c| c.page = "/etc/passwd".into()).contains("not a file directly under /dev/shm"));
+        assert!(refused(&|c| c.page_len = 0).contains("outside 1..="));
+        assert!(refused(&|c| c.page_len = MAX_CMA_PAGE_BYTES + 1).contains("outside 1..="));
+        assert!(refused(&|c| c.page_addr = u64::MAX - 10).contains("not a valid range"));
+        assert!(refused(&|c| c.page_addr = 0).contains("not a valid range"));
+        let long = with(&|c| {
+            c.page.clear();
+            c.refused = "é".repeat(1000);
+        })
+        .unwrap();
+        match long.cma {
+            Some(CmaReach::Refused(why)) => assert!(why.len() <= MAX_CMA_REASON_BYTES && why.starts_with('é')),
+            other => panic!("{other:?}"),
+        }
+        // Nothing said: an engine from before cma.
+        let silent = with(&|c| *c = proto::CmaInfo::default()).unwrap();
+        assert_eq!(silent.cma, None);
     }
 
     #[test]

@@ -96,6 +96,7 @@ mod tests {
             control_addr: String::new(),
             tcp_addr: None,
             rdma: None,
+            cma: None,
         });
         assert_eq!(peer.region(RegionId::new(5, 2)).unwrap().id, RegionId::new(5, 2));
         assert!(peer.region(RegionId::new(5, 1)).is_err(), "stale generation");

@@ -6,5 +6,5 @@ pub mod gpu;
 pub mod handle;
 
 pub use cache::{CacheStats, SegmentCache, DEFAULT_SEGMENT_CACHE_CAPACITY};
-pub use descriptor::{local_host_id, RdmaInfo, RemoteRegion, SegmentDescriptor};
+pub use descriptor::{local_host_id, CmaReach, RdmaInfo, RemoteRegion, SegmentDescriptor};
 pub use handle::PeerSegment;

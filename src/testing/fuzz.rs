@@ -62,18 +62,53 @@ pub fn control_message(data: &[u8]) {
 /// stored-descriptor decoder.
 pub fn etcd_answer(data: &[u8]) {
     use crate::http::{parse_response, MAX_MESSAGE_BYTES};
-    use crate::metadata::etcd::{decode_json, decode_range, EtcdStore};
+    use crate::metadata::directory::DirectoryStore;
+    use crate::metadata::etcd::{decode_json, decode_range};
     if let Ok(response) = parse_response(data) {
         assert!(response.body.len() <= data.len().max(MAX_MESSAGE_BYTES));
         if let Ok(json) = decode_json(&response.body) {
             if let Ok(Some(value)) = decode_range(&json) {
-                if let Ok(descriptor) = EtcdStore::decode_descriptor("decode-0", &value) {
+                if let Ok(descriptor) = DirectoryStore::decode_descriptor("etcd", "decode-0", &value) {
                     assert_eq!(descriptor.name, "decode-0");
                 }
             }
         }
     }
-    let _ = EtcdStore::decode_descriptor("decode-0", data);
+    let _ = DirectoryStore::decode_descriptor("etcd", "decode-0", data);
+}
+
+/// redis's replies: the RESP parser, fed whole and in two pieces (a reply
+/// split across reads), and the stored-descriptor decoder on what a GET
+/// would return.
+pub fn redis_reply(data: &[u8]) {
+    use crate::metadata::directory::DirectoryStore;
+    use crate::metadata::redis::{parse_reply, Reply};
+    let whole = parse_reply(data);
+    if let Ok(Some((reply, used))) = &whole {
+        assert!(*used <= data.len());
+        // A prefix of a complete reply is incomplete, never another reply.
+        if *used > 0 {
+            assert!(matches!(parse_reply(&data[..used - 1]), Ok(None) | Err(_)));
+        }
+        if let Reply::Bulk(Some(value)) = reply {
+            let _ = DirectoryStore::decode_descriptor("redis", "decode-0", value);
+        }
+    }
+}
+
+/// Mooncake's HTTP metadata server's answers: the HTTP parser, the GET
+/// decoder and the stored-descriptor decoder.
+pub fn http_metadata_answer(data: &[u8]) {
+    use crate::http::parse_response;
+    use crate::metadata::directory::DirectoryStore;
+    use crate::metadata::mooncake_http::decode_get;
+    if let Ok(response) = parse_response(data) {
+        if let Ok(Some(value)) = decode_get("127.0.0.1:8080", &response) {
+            if let Ok(descriptor) = DirectoryStore::decode_descriptor("http", "decode-0", &value) {
+                assert_eq!(descriptor.name, "decode-0");
+            }
+        }
+    }
 }
 
 /// A peer's memory-info answer: a checked layout plans without overflow.
@@ -338,6 +373,7 @@ impl ControlHandler for Handler {
             control_addr: String::new(),
             tcp_addr: None,
             rdma: None,
+            cma: None,
         }
     }
     fn name(&self) -> &str {

@@ -43,6 +43,14 @@ pub mod etcd {
     pub use crate::metadata::etcd::{Etcd, EtcdUrl};
 }
 
+/// The redis and HTTP metadata clients, for tests that check what an
+/// engine published; the key prefix.
+pub mod metadata {
+    pub use crate::metadata::directory::DEFAULT_PREFIX;
+    pub use crate::metadata::mooncake_http::{HttpMetadata, HttpMetadataUrl};
+    pub use crate::metadata::redis::{Redis, RedisUrl};
+}
+
 /// The HTTP response parser, for tests that scrape `/metrics`.
 pub mod http {
     pub use crate::http::{parse_response, Response};

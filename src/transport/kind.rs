@@ -18,6 +18,9 @@ pub enum TransportKind {
     /// by IPC handle, bytes moved by the GPU's copy engines (host memory of
     /// the peer over its shared-memory files, as shm).
     CudaIpc,
+    /// Same host, any host memory of the peer (cross-memory attach:
+    /// `process_vm_writev` / `process_vm_readv`, one kernel copy).
+    Cma,
 }
 
 impl TransportKind {
@@ -29,6 +32,7 @@ impl TransportKind {
             TransportKind::Null => "null",
             TransportKind::Rdma => "rdma",
             TransportKind::CudaIpc => "cuda_ipc",
+            TransportKind::Cma => "cma",
         }
     }
 
@@ -40,8 +44,9 @@ impl TransportKind {
             "null" => Ok(TransportKind::Null),
             "rdma" => Ok(TransportKind::Rdma),
             "cuda_ipc" => Ok(TransportKind::CudaIpc),
+            "cma" => Ok(TransportKind::Cma),
             other => Err(Error::Unsupported {
-                what: format!("transport {other:?} (this build has: shm, cuda_ipc, tcp, rdma, null)"),
+                what: format!("transport {other:?} (this build has: shm, cuda_ipc, cma, tcp, rdma, null)"),
             }),
         }
     }
@@ -53,12 +58,18 @@ mod tests {
 
     #[test]
     fn names_parse_back_and_an_unknown_one_lists_what_this_build_has() {
-        let all =
-            [TransportKind::Shm, TransportKind::Tcp, TransportKind::Null, TransportKind::Rdma, TransportKind::CudaIpc];
+        let all = [
+            TransportKind::Shm,
+            TransportKind::Tcp,
+            TransportKind::Null,
+            TransportKind::Rdma,
+            TransportKind::CudaIpc,
+            TransportKind::Cma,
+        ];
         for kind in all {
             assert_eq!(TransportKind::parse(kind.name()).unwrap(), kind);
         }
         let error = TransportKind::parse("ib").unwrap_err().to_string();
-        assert!(error.contains("this build has: shm, cuda_ipc, tcp, rdma, null"), "{error}");
+        assert!(error.contains("this build has: shm, cuda_ipc, cma, tcp, rdma, null"), "{error}");
     }
 }

@@ -10,6 +10,7 @@
 //! descriptor), in chunks of at most [`LaneLink::max_chunk`] blocks, and
 //! checks cancel and deadlines between chunks.
 
+pub(crate) mod cma;
 pub(crate) mod cuda_ipc;
 pub(crate) mod kind;
 pub(crate) mod null;

@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::mem::MemoryKind;
-use crate::segment::SegmentDescriptor;
+use crate::segment::{CmaReach, SegmentDescriptor};
 use crate::transport::TransportKind;
 
 /// What this engine brings to a peer.
@@ -17,6 +17,9 @@ pub struct LocalReach<'a> {
     pub gpu: bool,
     /// Has registered GPU memory.
     pub device_regions: bool,
+    /// May reach same-host peers by cross-memory attach (its `cma`
+    /// setting; false again after an attempt the kernel refused).
+    pub cma: bool,
 }
 
 /// Chooses the transport to a peer.
@@ -30,9 +33,18 @@ pub struct LocalReach<'a> {
 ///    GPU provider, and either end has GPU memory.
 /// 3. Otherwise rdma, when this engine serves RDMA and the peer lists
 ///    RDMA keys.
-/// 4. Otherwise shm, when the peer is on this host and exposes at least one
-///    shm-backed region.
-/// 5. Otherwise tcp, when the peer serves it.
+/// 4. Otherwise shm, when the peer is on this host and every host region it
+///    exposes is shm-backed (at least one).
+/// 5. Otherwise cma, when the peer is on this host and allows cross-memory
+///    attach (its descriptor offers its page), and this engine may use it:
+///    it reaches every host region, shm-backed or the caller's own.
+/// 6. Otherwise shm, when the peer is on this host and exposes at least one
+///    shm-backed region (its other regions are then out of reach).
+/// 7. Otherwise tcp, when the peer serves it.
+///
+/// A cma chosen by default that then fails to open (the kernel refuses the
+/// proof read) is reported by the caller, who asks again with
+/// `local.cma = false`: the next transport in this order.
 pub fn choose(requested: Option<TransportKind>, peer: &SegmentDescriptor, local: &LocalReach) -> Result<TransportKind> {
     let same_host = peer.host_id == local.host_id;
     let peer_device = peer.regions.iter().any(|r| r.memory != MemoryKind::Host);
@@ -74,6 +86,16 @@ pub fn choose(requested: Option<TransportKind>, peer: &SegmentDescriptor, local:
         }
         Ok(())
     };
+    let shm_only = peer.regions.iter().filter(|r| r.memory == MemoryKind::Host).all(|r| r.shm_path.is_some());
+    let cma_ok = || -> Result<()> {
+        match &peer.cma {
+            _ if !local.cma => unsupported("cma: this engine does not use it (cma = false)".into()),
+            _ if !same_host => unsupported(format!("cma to {}: it is on another host", peer.name)),
+            None => unsupported(format!("cma to {}: it offers no cross-memory attach (an older kvring)", peer.name)),
+            Some(CmaReach::Refused(why)) => unsupported(format!("cma to {}: it does not allow it: {why}", peer.name)),
+            Some(CmaReach::Offered { .. }) => Ok(()),
+        }
+    };
     let tcp_ok = || -> Result<()> {
         match peer.tcp_addr {
             Some(_) => Ok(()),
@@ -86,12 +108,15 @@ pub fn choose(requested: Option<TransportKind>, peer: &SegmentDescriptor, local:
         Some(TransportKind::Tcp) => tcp_ok().map(|()| TransportKind::Tcp),
         Some(TransportKind::Null) => Ok(TransportKind::Null),
         Some(TransportKind::Rdma) => rdma_ok().map(|()| TransportKind::Rdma),
+        Some(TransportKind::Cma) => cma_ok().map(|()| TransportKind::Cma),
         None if cuda_ipc_ok(false).is_ok() => Ok(TransportKind::CudaIpc),
         None if rdma_ok().is_ok() => Ok(TransportKind::Rdma),
+        None if shm_ok().is_ok() && shm_only => Ok(TransportKind::Shm),
+        None if cma_ok().is_ok() => Ok(TransportKind::Cma),
         None if shm_ok().is_ok() => Ok(TransportKind::Shm),
         None if tcp_ok().is_ok() => Ok(TransportKind::Tcp),
         None => unsupported(format!(
-            "no transport reaches {}: not on this host with shm regions or GPU memory, and no tcp listener",
+            "no transport reaches {}: not on this host with shm regions, cma or GPU memory, and no tcp listener",
             peer.name
         )),
     }
@@ -129,11 +154,12 @@ mod tests {
             control_addr: "127.0.0.1:1".into(),
             tcp_addr: tcp.then(|| "127.0.0.1:2".into()),
             rdma: None,
+            cma: None,
         }
     }
 
     fn reach(host: &str, rdma: bool) -> LocalReach<'_> {
-        LocalReach { host_id: host, rdma, gpu: false, device_regions: false }
+        LocalReach { host_id: host, rdma, gpu: false, device_regions: false, cma: true }
     }
 
     #[test]
@@ -182,7 +208,7 @@ mod tests {
 
     #[test]
     fn cuda_ipc_comes_first_on_one_host_when_gpu_memory_is_involved() {
-        let gpu = |device_regions| LocalReach { host_id: "h", rdma: true, gpu: true, device_regions };
+        let gpu = |device_regions| LocalReach { host_id: "h", rdma: true, gpu: true, device_regions, cma: true };
         let mut on_gpu = peer("h", false, true);
         on_gpu.regions[0].memory = MemoryKind::Gpu(0);
         on_gpu.rdma = Some(crate::segment::RdmaInfo { nics: 1, regions: vec![] });
@@ -210,5 +236,43 @@ mod tests {
             choose(Some(TransportKind::CudaIpc), &peer("h", true, true), &gpu(false)).unwrap(),
             TransportKind::CudaIpc
         );
+    }
+
+    fn offering(host: &str, shm: bool) -> SegmentDescriptor {
+        let mut p = peer(host, shm, true);
+        p.cma = Some(CmaReach::Offered { page: "/dev/shm/kvring-1-1-9".into(), page_addr: 4096, page_len: 4096 });
+        p
+    }
+
+    #[test]
+    fn cma_comes_after_shm_and_before_tcp_on_one_host() {
+        let here = reach("h", false);
+        // Caller memory on a same-host peer that allows it: cma, not tcp.
+        assert_eq!(choose(None, &offering("h", false), &here).unwrap(), TransportKind::Cma);
+        // Only shm-backed memory: shm still comes first.
+        assert_eq!(choose(None, &offering("h", true), &here).unwrap(), TransportKind::Shm);
+        // Mixed: cma reaches both kinds, shm only one.
+        let mut mixed = offering("h", true);
+        mixed.regions.push(RemoteRegion { id: RegionId::new(1, 1), shm_path: None, ..mixed.regions[0].clone() });
+        assert_eq!(choose(None, &mixed, &here).unwrap(), TransportKind::Cma);
+        // ...and without cma, shm for what it reaches.
+        mixed.cma = None;
+        assert_eq!(choose(None, &mixed, &here).unwrap(), TransportKind::Shm);
+        // Another host, or this engine does not use it, or the kernel
+        // refused it at open (asked again with cma off): tcp.
+        assert_eq!(choose(None, &offering("other", false), &here).unwrap(), TransportKind::Tcp);
+        let no_cma = LocalReach { cma: false, ..here };
+        assert_eq!(choose(None, &offering("h", false), &no_cma).unwrap(), TransportKind::Tcp);
+        // A peer that forbids it, or says nothing of it: tcp, and asked
+        // for, the reason.
+        let mut refusing = offering("h", false);
+        refusing.cma = Some(CmaReach::Refused("cma = false on that engine".into()));
+        assert_eq!(choose(None, &refusing, &here).unwrap(), TransportKind::Tcp);
+        let asked = |p: &SegmentDescriptor, l: &LocalReach| choose(Some(TransportKind::Cma), p, l);
+        assert!(asked(&refusing, &here).unwrap_err().to_string().contains("does not allow it: cma = false on that"));
+        assert!(asked(&peer("h", false, true), &here).unwrap_err().to_string().contains("offers no cross-memory"));
+        assert!(asked(&offering("other", false), &here).unwrap_err().to_string().contains("on another host"));
+        assert!(asked(&offering("h", false), &no_cma).unwrap_err().to_string().contains("does not use it"));
+        assert_eq!(asked(&offering("h", true), &here).unwrap(), TransportKind::Cma);
     }
 }

@@ -73,7 +73,7 @@ def test_bad_input_is_a_negative_code_and_a_logged_reason(pair, caplog):
         fresh = TransferEngine()
         assert fresh.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") < 0
         assert why in caplog.text
-    assert TransferEngine().initialize("127.0.0.1", "redis://x:1", "tcp", "") < 0
+    assert TransferEngine().initialize("127.0.0.1", "redis://127.0.0.1:1", "tcp", "") < 0
     # A length past a registered region, on either side.
     assert a.transfer_sync_write(session, local, remote, 65537) < 0
     assert a.transfer_sync_write(session, local + 65000, remote, 4096) < 0
@@ -151,17 +151,130 @@ def etcd(tmp_path):
     proc.wait()
 
 
-@pytest.mark.parametrize("scheme", ["etcd://", ""])
-def test_segments_are_found_by_name_through_etcd(etcd, scheme):
+def _found_by_name_through(metadata_server):
     names = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
     a, b = TransferEngine(), TransferEngine()
-    assert a.initialize(names[0], scheme + etcd, "tcp", "") == 0
-    assert b.initialize(names[1], scheme + etcd, "tcp", "") == 0
+    assert a.initialize(names[0], metadata_server, "tcp", "") == 0
+    assert b.initialize(names[1], metadata_server, "tcp", "") == 0
     remote = b.allocate_managed_buffer(65536)
     local = a.allocate_managed_buffer(65536)
-    assert a.write_bytes_to_buffer(local, b"through etcd", 12) == 0
+    assert a.write_bytes_to_buffer(local, b"through metadata", 16) == 0
     assert a.get_first_buffer_address(names[1]) == remote
-    assert a.transfer_sync_write(names[1], local, remote, 12) == 0
-    assert b.read_bytes_from_buffer(remote, 12) == b"through etcd"
+    assert a.transfer_sync_write(names[1], local, remote, 16) == 0
+    assert b.read_bytes_from_buffer(remote, 16) == b"through metadata"
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize("scheme", ["etcd://", ""])
+def test_segments_are_found_by_name_through_etcd(etcd, scheme):
+    _found_by_name_through(scheme + etcd)
+
+
+@pytest.fixture
+def redis():
+    """A real redis-server on a free loopback port (skipped where none is installed)."""
+    import shutil
+    import socket
+    import time
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server on PATH (apt-get install redis-server; .ci/run does)")
+    port = _free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.time() < deadline, "redis did not come up"
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}"
+    proc.kill()
+    proc.wait()
+
+
+def test_segments_are_found_by_name_through_redis(redis):
+    _found_by_name_through(redis)
+
+
+def _plain_metadata_server(port):
+    """Mooncake's HTTP metadata protocol, from the standard library."""
+    import http.server
+    import threading
+    import urllib.parse
+
+    store = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _key(self):
+            url = urllib.parse.urlparse(self.path)
+            return url.path == "/metadata" and urllib.parse.parse_qs(url.query).get("key", [None])[0]
+
+        def _answer(self, status, body):
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            key = self._key()
+            self._answer(200, store[key]) if key in store else self._answer(404, b"metadata not found")
+
+        def do_PUT(self):
+            store[self._key()] = self.rfile.read(int(self.headers["Content-Length"]))
+            self._answer(200, b"metadata updated")
+
+        def do_DELETE(self):
+            self._answer(200, b"metadata deleted") if store.pop(self._key(), None) else self._answer(404, b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server.shutdown
+
+
+def _mooncake_metadata_server(port):
+    """Mooncake's own server, from its PyPI package, in this process."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    try:
+        from mooncake.http_metadata_server import KVBootstrapServer
+    except ImportError as error:
+        pytest.skip(f"Mooncake's package is not installed ({error}): pip install mooncake-transfer-engine-non-cuda")
+    server = KVBootstrapServer(port, "127.0.0.1")
+    server.run()
+    deadline = time.time() + 20
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metadata?key=ready", timeout=1)
+        except urllib.error.HTTPError:
+            break  # 404: it answers
+        except OSError:
+            assert time.time() < deadline, "Mooncake's metadata server did not come up"
+            time.sleep(0.05)
+    return server.close
+
+
+@pytest.mark.parametrize("server", [_plain_metadata_server, _mooncake_metadata_server])
+def test_segments_are_found_by_name_through_the_http_metadata_server(server):
+    port = _free_port()
+    stop = server(port)
+    try:
+        _found_by_name_through(f"http://127.0.0.1:{port}/metadata")
+    finally:
+        stop()
+
+
+def test_an_unknown_metadata_scheme_is_refused_with_what_kvring_speaks(caplog):
+    with caplog.at_level(logging.ERROR, logger="kvring.mooncake"):
+        assert TransferEngine().initialize("127.0.0.1", "zk://x:1", "tcp", "") < 0
+    assert "P2PHANDSHAKE, etcd://, redis:// and http://" in caplog.text

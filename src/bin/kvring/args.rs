@@ -69,7 +69,7 @@ pub struct BenchArgs {
     /// Lanes (poller threads) of this engine [default: the configuration's `lanes`].
     #[arg(long, value_name = "N")]
     pub lanes: Option<usize>,
-    /// Transport to move blocks over [default: shm; cuda_ipc with GPU memory] (rdma needs the `rdma` feature and a NIC).
+    /// Transport to move blocks over [default: shm; cuda_ipc with GPU memory; cma serves the target's own memory] (rdma needs the `rdma` feature and a NIC).
     #[arg(long, value_parser = transport_parser())]
     pub transport: Option<TransportKind>,
     /// Memory of each end, LOCAL[,REMOTE]: `host` or `gpu[:N]` (one value for both) [default: host].
@@ -172,6 +172,10 @@ pub struct ServeArgs {
     /// Where the served region lives: `host` (shared memory) or `gpu[:N]`.
     #[arg(long, value_name = "MEMORY", value_parser = parse_memory, default_value = "host")]
     pub memory: MemoryKind,
+    /// Serve plain memory this process maps itself (as an engine's own tensors are), not kvring's shared memory:
+    /// same-host peers then reach it over cma, or tcp.
+    #[arg(long, conflicts_with = "memory")]
+    pub caller_memory: bool,
     /// The GPU provider, with --memory gpu.
     #[command(flatten)]
     pub gpu: GpuArgs,
@@ -314,13 +318,14 @@ fn value_name(name: &str, kind: Kind) -> String {
         Kind::Ip => "IP".into(),
         Kind::Metadata => "MODE".into(),
         Kind::Cores => "CPUS".into(),
+        Kind::Switch => "on|off".into(),
     }
 }
 
 /// The transports this build can use, in the order every message lists
 /// them: rdma only when built with the `rdma` feature.
 pub fn transports() -> Vec<&'static str> {
-    let mut names = vec!["shm", "cuda_ipc", "tcp", "null"];
+    let mut names = vec!["shm", "cuda_ipc", "cma", "tcp", "null"];
     if cfg!(feature = "rdma") {
         names.push("rdma");
     }

@@ -60,10 +60,13 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         kvring::MemoryKind::Gpu(n) => RegionInfo::raw().on_gpu(n),
         kvring::MemoryKind::Host => RegionInfo::raw(),
     };
-    let region = engine.alloc_region(region_bytes as usize, info).map_err(|e| match memory {
-        kvring::MemoryKind::Gpu(_) => format!("{e} (`--gpu sim` serves a simulated GPU's memory)"),
-        kvring::MemoryKind::Host => e.to_string(),
-    })?;
+    let region = match args.caller_memory {
+        true => Served::Caller(CallerMemory::register(&engine, region_bytes as usize)?),
+        false => Served::Engine(engine.alloc_region(region_bytes as usize, info).map_err(|e| match memory {
+            kvring::MemoryKind::Gpu(_) => format!("{e} (`--gpu sim` serves a simulated GPU's memory)"),
+            kvring::MemoryKind::Host => e.to_string(),
+        })?),
+    };
     if let Some(shape) = shape {
         let layout = kvring::kv::KvLayout::contiguous(shape, region.id(), 0).map_err(|e| e.to_string())?;
         engine.set_kv_layout(layout).map_err(|e| e.to_string())?;
@@ -86,7 +89,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         engine.epoch(),
         region.id(),
         format_size(region_bytes),
-        crate::args::format_memory(memory),
+        if args.caller_memory { "caller".to_string() } else { crate::args::format_memory(memory) },
         metadata
     );
     let _ = std::io::stdout().flush();
@@ -107,6 +110,71 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     drop(region);
     eprintln!("kvring serve: {name} stopped");
     Ok(())
+}
+
+/// The served region: kvring's own memory, or the process's own.
+enum Served {
+    Engine(kvring::Region),
+    Caller(CallerMemory),
+}
+
+impl Served {
+    fn id(&self) -> kvring::RegionId {
+        match self {
+            Served::Engine(region) => region.id(),
+            Served::Caller(memory) => memory.id,
+        }
+    }
+}
+
+/// Anonymous memory this process maps and registers, as an inference
+/// engine registers its own tensors; unmapped on drop, after the engine
+/// stopped.
+struct CallerMemory {
+    addr: *mut libc::c_void,
+    len: usize,
+    id: kvring::RegionId,
+}
+
+impl CallerMemory {
+    /// Maps `len` bytes as numpy does for a large array (anonymous memory,
+    /// huge pages asked for: numpy madvises `MADV_HUGEPAGE` on Linux),
+    /// faults them in, and registers them.
+    fn register(engine: &kvring::Engine, len: usize) -> Result<Self, String> {
+        let (prot, flags) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        // SAFETY: a new anonymous private mapping; no pointer of ours is involved.
+        let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
+        if addr == libc::MAP_FAILED {
+            return Err(format!(
+                "mapping {} of caller memory: {}",
+                format_size(len as u64),
+                std::io::Error::last_os_error()
+            ));
+        }
+        // SAFETY: advice on our own new mapping; a kernel without THP
+        // refuses it, which changes nothing.
+        unsafe { libc::madvise(addr, len, libc::MADV_HUGEPAGE) };
+        // Every page faulted in now, not on the first transfer.
+        // SAFETY: our own mapping, `len` bytes, written before anyone reads it.
+        unsafe { std::ptr::write_bytes(addr.cast::<u8>(), 0, len) };
+        // SAFETY: the mapping stays until this value drops, which `run`
+        // does only after the engine stopped.
+        match unsafe { engine.register(addr.cast(), len, RegionInfo::raw()) } {
+            Ok(id) => Ok(Self { addr, len, id }),
+            Err(error) => {
+                // SAFETY: our own mapping, registered nowhere.
+                unsafe { libc::munmap(addr, len) };
+                Err(error.to_string())
+            }
+        }
+    }
+}
+
+impl Drop for CallerMemory {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping; the engine that had it registered stopped.
+        unsafe { libc::munmap(self.addr, self.len) };
+    }
 }
 
 /// A `kvring serve` child, as `kvring bench` starts it when given no

@@ -323,6 +323,8 @@ fn spawn_target(options: &Options, cores: &[usize]) -> Result<crate::serve::Targ
         }
         None => match options.memory {
             Some((_, remote)) => crate::gpubench::target_flags(remote, &options.gpu),
+            // cma is for memory a peer cannot map: the target serves its own.
+            None if options.transport == TransportKind::Cma => vec!["--caller-memory".into()],
             None => Vec::new(),
         },
     };

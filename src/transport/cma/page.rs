@@ -1,0 +1,465 @@
+//! The shared page between a target and its cross-memory-attach
+//! initiators: what the target allows, and the handshake in memory that
+//! keeps an initiator from ever writing where the target no longer
+//! allows it.
+//!
+//! The target creates the page as a kvring shm file (`ShmMapping::create`,
+//! so it is named, owned and headed like a region file and proven the same
+//! way by whoever opens it). It holds:
+//!
+//! - a head: magic, version, the target's pid, a random nonce, the epoch
+//!   (set to 0 when the engine stops), where the page is mapped in the
+//!   target's own address space, the table sizes;
+//! - one *user slot* per initiator link (`pid << 32 | calls in progress`),
+//!   each on its own cache line: at most [`MAX_CMA_USERS`], a quota every
+//!   initiator fills one slot of, reclaimed from initiators that died;
+//! - one *region slot* per registry slot: the region's raw id, rights and a
+//!   live bit in one word, then its address and length.
+//!
+//! **Revocation.** Before every `process_vm_*` call an initiator adds one to
+//! its user slot, then checks the epoch and the state of every region the
+//! call touches, and subtracts one after the call. A target that
+//! unregisters a region (or stops) first clears the region's state (or the
+//! epoch), then waits until no live initiator has a call in progress. Both
+//! sides use sequentially consistent operations, so either the initiator's
+//! check sees the cleared word (and makes no call), or the target's wait
+//! sees the initiator's count (and waits for the call to end): memory the
+//! caller frees after `unregister` returns is never reached. The wait is
+//! bounded; a region whose initiators do not finish in time stays
+//! registered and `unregister` says `RegionBusy`.
+
+use super::sys::{pid_alive, Pidfd};
+use crate::desc::RegionId;
+use crate::error::{Error, Result};
+use crate::mem::shm::PeerRegion;
+use crate::mem::{Access, ShmMapping};
+use crate::segment::{CmaReach, SegmentDescriptor};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// "KVRINGCM".
+const MAGIC: [u8; 8] = *b"KVRINGCM";
+const VERSION: u32 = 1;
+/// Initiator links one target serves over cma at once (each holds a slot).
+pub const MAX_CMA_USERS: usize = 256;
+const LINE: usize = 64;
+const HEAD_BYTES: usize = 64;
+const USERS_OFFSET: usize = HEAD_BYTES;
+const REGIONS_OFFSET: usize = USERS_OFFSET + MAX_CMA_USERS * LINE;
+const REGION_SLOT_BYTES: usize = 24;
+/// The region state word's live bit (rights in bits 8..16, raw id above 32).
+const LIVE: u64 = 1;
+/// Longest a target waits for initiators' calls in progress to end.
+pub const CMA_REVOKE_WAIT: Duration = Duration::from_secs(2);
+
+/// The page's head, as the target writes it once before announcing it.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+struct Head {
+    magic: [u8; 8],
+    version: u32,
+    pid: u32,
+    nonce: [u8; 16],
+    /// Atomic in the page (`epoch()`); this copy is what was read.
+    epoch: u64,
+    self_addr: u64,
+    capacity: u32,
+    users: u32,
+    reserved: [u8; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<Head>() == HEAD_BYTES);
+/// Where the epoch word sits in the head.
+const EPOCH_OFFSET: usize = 32;
+/// The head's bytes that never change once written: what an initiator
+/// compares with the copy it reads through the target's own address space.
+const FIXED: [std::ops::Range<usize>; 2] = [0..32, 40..56];
+
+fn state_word(id: RegionId, access: Access) -> u64 {
+    (u64::from(id.raw()) << 32) | (u64::from(access.bits() & 0xff) << 8) | LIVE
+}
+
+/// The page bytes of `mapping`, with accessors for its words.
+#[derive(Debug)]
+struct Page {
+    mapping: ShmMapping,
+    capacity: usize,
+}
+
+impl Page {
+    fn len_for(capacity: usize) -> usize {
+        REGIONS_OFFSET + capacity * REGION_SLOT_BYTES
+    }
+
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(offset.is_multiple_of(8) && offset + 8 <= self.mapping.len());
+        // SAFETY: the mapping is page aligned and at least `offset + 8`
+        // bytes long (checked at open and create), so the word is in bounds
+        // and aligned; it is only ever accessed atomically, by every process
+        // that maps the page, and lives as long as `self`.
+        unsafe { &*self.mapping.as_ptr().add(offset).cast::<AtomicU64>() }
+    }
+
+    fn epoch(&self) -> &AtomicU64 {
+        self.word(EPOCH_OFFSET)
+    }
+
+    fn user(&self, index: usize) -> &AtomicU64 {
+        self.word(USERS_OFFSET + index * LINE)
+    }
+
+    /// (state, address, length) words of region slot `index`.
+    fn region(&self, index: usize) -> [&AtomicU64; 3] {
+        let at = REGIONS_OFFSET + index * REGION_SLOT_BYTES;
+        [self.word(at), self.word(at + 8), self.word(at + 16)]
+    }
+
+    fn read_head(&self) -> Head {
+        // SAFETY: the head lies at the mapping's start (at least HEAD_BYTES
+        // long, page aligned); any bytes are a valid Head. Volatile: another
+        // process may write the page.
+        let mut head = unsafe { self.mapping.as_ptr().cast::<Head>().read_volatile() };
+        head.epoch = self.epoch().load(Ordering::SeqCst);
+        head
+    }
+
+    fn head_bytes(&self) -> [u8; HEAD_BYTES] {
+        let mut bytes = [0u8; HEAD_BYTES];
+        // SAFETY: as in `read_head`.
+        unsafe { std::ptr::copy_nonoverlapping(self.mapping.as_ptr(), bytes.as_mut_ptr(), HEAD_BYTES) };
+        bytes
+    }
+
+    /// Waits until no live initiator has a call in progress, or `deadline`;
+    /// returns how many still have.
+    fn drain(&self, deadline: Instant) -> u32 {
+        let mut pause = Duration::from_micros(5);
+        loop {
+            let busy = (0..MAX_CMA_USERS)
+                .filter(|&i| {
+                    let word = self.user(i).load(Ordering::SeqCst);
+                    word as u32 != 0 && pid_alive((word >> 32) as u32)
+                })
+                .count() as u32;
+            if busy == 0 || Instant::now() >= deadline {
+                return busy;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+}
+
+/// A target's side: the page it created and keeps current as regions come
+/// and go.
+#[derive(Debug)]
+pub(crate) struct CmaExport {
+    page: Page,
+}
+
+impl CmaExport {
+    /// Creates the page for the engine at `epoch` with room for `capacity`
+    /// regions (the registry's).
+    pub fn create(epoch: u64, capacity: usize) -> Result<Self> {
+        let mapping = ShmMapping::create(Page::len_for(capacity), epoch)?;
+        let head = Head {
+            magic: MAGIC,
+            version: VERSION,
+            pid: std::process::id(),
+            nonce: crate::auth::random_bytes(),
+            epoch: 0,
+            self_addr: mapping.as_ptr() as u64,
+            capacity: capacity as u32,
+            users: MAX_CMA_USERS as u32,
+            reserved: [0; 8],
+        };
+        // SAFETY: the new mapping is ours alone (nobody knows its name yet),
+        // page aligned and longer than a Head.
+        unsafe { mapping.as_ptr().cast::<Head>().write_volatile(head) };
+        let page = Page { mapping, capacity };
+        page.epoch().store(epoch, Ordering::SeqCst);
+        Ok(Self { page })
+    }
+
+    /// What the engine's descriptor says of it.
+    pub fn reach(&self) -> CmaReach {
+        CmaReach::Offered {
+            page: self.page.mapping.path().to_path_buf(),
+            page_addr: self.page.mapping.as_ptr() as u64,
+            page_len: self.page.mapping.len() as u64,
+        }
+    }
+
+    /// Lists a registered host region: initiators may reach it from now on.
+    pub fn publish(&self, id: RegionId, addr: usize, len: usize, access: Access) {
+        let index = id.index() as usize;
+        if index >= self.page.capacity {
+            return;
+        }
+        let [state, at, length] = self.page.region(index);
+        at.store(addr as u64, Ordering::Relaxed);
+        length.store(len as u64, Ordering::Relaxed);
+        // Release: an initiator that reads this state (Acquire at open)
+        // reads the address and length written before it.
+        state.store(state_word(id, access), Ordering::Release);
+    }
+
+    /// Takes a region off the page and waits until no initiator can still
+    /// be inside a call that might touch it. On `Err(busy)` the region is
+    /// listed again (it stays registered): `busy` initiators did not finish
+    /// within [`CMA_REVOKE_WAIT`].
+    pub fn revoke(&self, id: RegionId) -> std::result::Result<(), u32> {
+        let index = id.index() as usize;
+        if index >= self.page.capacity {
+            return Ok(());
+        }
+        let [state, ..] = self.page.region(index);
+        // SeqCst, paired with the initiators' SeqCst enter and check.
+        let before = state.swap(0, Ordering::SeqCst);
+        match self.page.drain(Instant::now() + CMA_REVOKE_WAIT) {
+            0 => Ok(()),
+            busy => {
+                state.store(before, Ordering::SeqCst);
+                Err(busy)
+            }
+        }
+    }
+
+    /// The engine stops: the epoch goes to 0, so no initiator starts
+    /// another call, and those in progress are waited for (bounded).
+    pub fn close(&self) {
+        self.page.epoch().store(0, Ordering::SeqCst);
+        let busy = self.page.drain(Instant::now() + CMA_REVOKE_WAIT);
+        if busy > 0 {
+            tracing::warn!(busy, "stopping with same-host cma initiators still inside a copy");
+        }
+    }
+}
+
+/// Where one region of the target is, as its page listed it at open.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RegionAt {
+    /// The state word it must still have for a call to touch it.
+    pub state: u64,
+    /// Its first byte in the target's address space.
+    pub addr: u64,
+    /// Its length.
+    pub len: u64,
+    /// Its rights, from the target's own page.
+    pub access: Access,
+}
+
+/// An initiator's side: the target's page, proven; a pidfd of its process;
+/// one user slot held until dropped; its regions as listed at open.
+#[derive(Debug)]
+pub(crate) struct CmaPeer {
+    page: Page,
+    pidfd: Pidfd,
+    epoch: u64,
+    user: usize,
+    regions: Vec<Option<RegionAt>>,
+    /// The target's name, for errors.
+    pub name: String,
+}
+
+impl CmaPeer {
+    /// Proves the target and takes a user slot (see [`open`](super::open)).
+    pub fn open(descriptor: &SegmentDescriptor) -> Result<Self> {
+        let refuse = |why: String| Error::Unsupported { what: format!("cma to {}: {why}", descriptor.name) };
+        let (path, page_addr, page_len) = match &descriptor.cma {
+            Some(CmaReach::Offered { page, page_addr, page_len }) => (page, *page_addr, *page_len),
+            Some(CmaReach::Refused(why)) => return Err(refuse(format!("it does not allow it: {why}"))),
+            None => return Err(refuse("it offers no cross-memory attach (an older kvring)".into())),
+        };
+        let len = usize::try_from(page_len).map_err(|_| refuse("its page is too large".into()))?;
+        let claim = PeerRegion { pid: descriptor.pid, epoch: descriptor.epoch, region: RegionId::from_raw(0), len };
+        let mapping = ShmMapping::open_peer(path, claim).map_err(|e| refuse(e.to_string()))?;
+        let page = Page { mapping, capacity: 0 };
+        let capacity = page.check_head(descriptor, page_addr).map_err(refuse)?;
+        let page = Page { capacity, ..page };
+        let pidfd = Pidfd::open(descriptor.pid)
+            .map_err(|e| gone(descriptor, format!("its process {}: {e}", descriptor.pid)))?;
+        super::prove(&page.head_bytes(), &pidfd, page_addr).map_err(|e| match e {
+            super::Proof::Gone(why) => gone(descriptor, why),
+            super::Proof::Refused(why) => refuse(why),
+        })?;
+        let user = claim_user(&page)
+            .ok_or(Error::Busy { queue: "the target's cma initiator slots", capacity: MAX_CMA_USERS })?;
+        let mut peer =
+            Self { page, pidfd, epoch: descriptor.epoch, user, regions: Vec::new(), name: descriptor.name.clone() };
+        peer.regions = peer.read_regions(descriptor);
+        Ok(peer)
+    }
+
+    /// Every host region of the descriptor that the page lists the same
+    /// way (id, address, length), by region index.
+    fn read_regions(&self, descriptor: &SegmentDescriptor) -> Vec<Option<RegionAt>> {
+        let max_index = descriptor.regions.iter().map(|r| r.id.index() as usize + 1).max().unwrap_or(0);
+        let mut regions = vec![None; max_index.min(self.page.capacity)];
+        for region in &descriptor.regions {
+            let index = region.id.index() as usize;
+            if index >= regions.len() || region.memory != crate::mem::MemoryKind::Host {
+                continue;
+            }
+            let [state, at, length] = self.page.region(index);
+            // Acquire pairs with `publish`'s Release; read again after, so a
+            // slot rewritten meanwhile is not taken with a torn address.
+            let before = state.load(Ordering::Acquire);
+            let (addr, len) = (at.load(Ordering::Relaxed), length.load(Ordering::Relaxed));
+            let after = state.load(Ordering::Acquire);
+            let listed = before == after
+                && before & LIVE != 0
+                && (before >> 32) as u32 == region.id.raw()
+                && addr == region.addr
+                && len == region.len;
+            if listed {
+                let access = Access::from_bits(((before >> 8) & 0xff) as u32);
+                regions[index] = Some(RegionAt { state: before, addr, len, access });
+            }
+        }
+        regions
+    }
+
+    /// The region at `index` as listed at open, if the page listed it.
+    #[inline]
+    pub fn region(&self, index: usize) -> Option<&RegionAt> {
+        self.regions.get(index).and_then(Option::as_ref)
+    }
+
+    /// Starts a call: counted in this link's user slot until the guard
+    /// drops. Check [`live`](Self::live) and [`listed`](Self::listed) after.
+    #[inline]
+    pub fn enter(&self) -> Entered<'_> {
+        // SeqCst, paired with the target's SeqCst clear-then-drain.
+        self.page.user(self.user).fetch_add(1, Ordering::SeqCst);
+        Entered(self.page.user(self.user))
+    }
+
+    /// True while the target engine still runs at the epoch it was opened
+    /// at and its process has not exited: the check before every call.
+    #[inline]
+    pub fn live(&self, _entered: &Entered<'_>) -> bool {
+        self.page.epoch().load(Ordering::SeqCst) == self.epoch && !self.pidfd.exited()
+    }
+
+    /// True while the region at `index` is still listed as it was at open.
+    #[inline]
+    pub fn listed(&self, _entered: &Entered<'_>, index: usize) -> bool {
+        match self.region(index) {
+            Some(region) => self.page.region(index)[0].load(Ordering::SeqCst) == region.state,
+            None => false,
+        }
+    }
+
+    /// The target's pid.
+    pub fn pid(&self) -> u32 {
+        self.pidfd.pid()
+    }
+
+    /// Why a call may not start, for the error.
+    pub fn why_not_live(&self) -> String {
+        if self.pidfd.exited() {
+            format!("its process {} exited", self.pidfd.pid())
+        } else {
+            "its engine stopped (its cma page's epoch changed)".to_string()
+        }
+    }
+}
+
+impl Drop for CmaPeer {
+    fn drop(&mut self) {
+        // Give the slot back if it is still ours (no call is in progress:
+        // every lane link holding this peer has dropped).
+        let ours = u64::from(std::process::id()) << 32;
+        let _ = self.page.user(self.user).compare_exchange(ours, 0, Ordering::SeqCst, Ordering::Relaxed);
+    }
+}
+
+impl Page {
+    /// Checks the head, as an initiator's mapping shows it, against the
+    /// descriptor; returns the region table's capacity.
+    fn check_head(&self, descriptor: &SegmentDescriptor, page_addr: u64) -> std::result::Result<usize, String> {
+        let head = self.read_head();
+        let capacity = head.capacity as usize;
+        let checks = [
+            (head.magic == MAGIC && head.version == VERSION, "its page is not a kvring cma page of this version"),
+            (head.pid == descriptor.pid, "its page names another pid"),
+            (head.epoch == descriptor.epoch, "its page is of another start of the engine (epoch)"),
+            (head.self_addr == page_addr, "its page says it is mapped elsewhere"),
+            (head.users as usize == MAX_CMA_USERS, "its page has another number of initiator slots"),
+            (Page::len_for(capacity) <= self.mapping.len(), "its page is shorter than its region table"),
+        ];
+        match checks.iter().find(|(ok, _)| !ok) {
+            Some((_, why)) => Err(why.to_string()),
+            None => Ok(capacity),
+        }
+    }
+}
+
+/// Takes a free user slot, or one left by a process that is gone.
+fn claim_user(page: &Page) -> Option<usize> {
+    let ours = u64::from(std::process::id()) << 32;
+    (0..MAX_CMA_USERS).find(|&i| {
+        let slot = page.user(i);
+        let word = slot.load(Ordering::SeqCst);
+        let free = word == 0 || !pid_alive((word >> 32) as u32);
+        free && slot.compare_exchange(word, ours, Ordering::SeqCst, Ordering::Relaxed).is_ok()
+    })
+}
+
+/// The error for a target whose process or engine is gone.
+fn gone(descriptor: &SegmentDescriptor, detail: String) -> Error {
+    Error::PeerRestarted { segment: descriptor.name.clone(), detail }
+}
+
+/// One call in progress, counted in the initiator's user slot.
+#[derive(Debug)]
+pub(crate) struct Entered<'a>(&'a AtomicU64);
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        // Release: the call's accesses happen before the target sees the
+        // count drop (its SeqCst loads in `drain`).
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// The head bytes that an initiator compares through the target's own
+/// address space.
+pub(crate) fn same_fixed_head(ours: &[u8; HEAD_BYTES], theirs: &[u8; HEAD_BYTES]) -> bool {
+    FIXED.iter().all(|range| ours[range.clone()] == theirs[range.clone()])
+}
+
+/// Bytes of the head an initiator reads through the kernel.
+pub(crate) const PROOF_BYTES: usize = HEAD_BYTES;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_left_by_a_dead_initiator_is_taken_again() {
+        let page = Page { mapping: ShmMapping::create(Page::len_for(1), 1).unwrap(), capacity: 1 };
+        let dead = {
+            let mut child = std::process::Command::new("true").spawn().unwrap();
+            let pid = child.id();
+            child.wait().unwrap();
+            pid
+        };
+        let alive = u64::from(std::process::id()) << 32;
+        for i in 0..MAX_CMA_USERS {
+            page.user(i).store(alive | 1, Ordering::SeqCst);
+        }
+        assert_eq!(claim_user(&page), None, "every slot is held by a live process");
+        // A dead initiator, killed inside a call (its count still 1).
+        page.user(17).store(u64::from(dead) << 32 | 1, Ordering::SeqCst);
+        assert_eq!(claim_user(&page), Some(17));
+        assert_eq!(page.user(17).load(Ordering::SeqCst), alive);
+        // And a target's drain does not wait for the dead.
+        page.user(17).store(u64::from(dead) << 32 | 1, Ordering::SeqCst);
+        for i in (0..MAX_CMA_USERS).filter(|&i| i != 17) {
+            page.user(i).store(0, Ordering::SeqCst);
+        }
+        assert_eq!(page.drain(Instant::now() + Duration::from_secs(1)), 0);
+    }
+}
