@@ -4,8 +4,9 @@
 //! device memory from host memory; cuda_ipc moves every pairing of device
 //! and host memory, in one process and across processes (legacy handles
 //! and runs of pieces, as PyTorch's expandable segments); a batch is never
-//! `Done` before its bytes are in place; faults are clear errors; tcp never
-//! touches device memory.
+//! `Done` before its bytes are in place; faults are clear errors; tcp
+//! touches device memory only through the provider's copies (staging:
+//! tests/gpu_tcp.rs).
 //!
 //! With `TEST_GPU_PROVIDER=cuda` (what `benches/gpu_check.sh` sets on a GPU
 //! machine) the same tests run on the CUDA driver; those that need the
@@ -332,34 +333,15 @@ fn gpu_faults_are_clear_errors_and_the_lane_serves_others() {
 }
 
 #[test]
-fn tcp_never_touches_device_memory() {
+fn tcp_moves_device_memory_only_through_the_providers_copies() {
+    // Staged through pinned pages on both ends (tests/gpu_tcp.rs covers the
+    // pairings): here, a checksum of a peer's GPU region runs through the
+    // target's copy engine, never a host read of device memory.
     let gpu = provider();
     let target = engine_on("gpu-target", &gpu);
     let initiator = engine_on("gpu-initiator", &gpu);
-    let on_gpu = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
-    let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    let mut sub = initiator.submitter().unwrap();
-    let segment = open(&initiator, &target, Some(TransportKind::Tcp)).unwrap();
-    for batch in [Batch::write(&segment), Batch::read(&segment)] {
-        let desc = [BlockDesc::new(on_gpu.id(), 0, remote.id(), 0, 4096)];
-        match run(&mut sub, &batch.descs(&desc)) {
-            Outcome::Failed(error) => assert!(error.to_string().contains("only cuda_ipc"), "{error}"),
-            other => panic!("{other:?}"),
-        }
-    }
-    // The peer's GPU region over tcp: refused by this lane before any byte
-    // is sent, and by the target had it been sent (the raw-socket test
-    // `the_tcp_target_refuses_frames_aimed_at_a_gpu_region`).
     let theirs = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(other_gpu(&gpu))).unwrap();
-    let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
-    initiator.close_segment(&segment); // the cached handle predates `theirs`
     let segment = open(&initiator, &target, Some(TransportKind::Tcp)).unwrap();
-    let desc = [BlockDesc::new(local.id(), 0, theirs.id(), 0, 4096)];
-    match run(&mut sub, &Batch::write(&segment).descs(&desc)) {
-        Outcome::Failed(error) => assert!(error.to_string().contains("the peer's region"), "{error}"),
-        other => panic!("{other:?}"),
-    }
-    // Its checksum runs through the target's copy engine.
     theirs.write_at(0, &common::pattern(4096, 8)).unwrap();
     let sum = segment.remote_checksum(theirs.id(), 0, 4096, WAIT).unwrap();
     assert_eq!(sum, kvring::testing::checksum(&common::pattern(4096, 8)));
@@ -914,7 +896,7 @@ fn a_copy_refused_mid_batch_drops_the_later_chunks_and_the_lane_serves_on() {
 /// GPU region is refused (its thread would touch device memory), the
 /// connection stays framed, and the region's bytes are untouched.
 #[test]
-fn the_tcp_target_refuses_frames_aimed_at_a_gpu_region() {
+fn raw_frames_aimed_at_a_gpu_region_are_staged_and_checked_like_host_ones() {
     use kvring::testing::tcp::SERVER_HELLO_BYTES;
     use kvring::testing::tcp::{ClientHello, FrameHeader, FrameOp, ServerHello, FLAG_LAST, FRAME_HEADER_BYTES};
     use zerocopy::{FromBytes, IntoBytes};
@@ -940,21 +922,29 @@ fn the_tcp_target_refuses_frames_aimed_at_a_gpu_region() {
         header.flags = FLAG_LAST;
         header
     };
+    // A WRITE lands in the GPU region (staged: acked once copied in).
     s.write_all(frame(FrameOp::Write, &on_gpu).as_bytes()).unwrap();
     s.write_all(&[0xEE; 4096]).unwrap();
     let ack = reply();
-    assert_eq!(
-        (ack.opcode, kvring::ErrorCode::try_from(-ack.status)),
-        (FrameOp::Ack as u8, Ok(kvring::ErrorCode::Unsupported))
-    );
+    assert_eq!((ack.opcode, ack.status), (FrameOp::Ack as u8, 0));
+    assert_eq!(read(&on_gpu, 0, 4096), vec![0xEE; 4096]);
+    // A READ is answered from it.
     s.write_all(frame(FrameOp::Read, &on_gpu).as_bytes()).unwrap();
-    let refused = reply();
-    assert_eq!(refused.opcode, FrameOp::ReadData as u8);
-    assert_eq!(kvring::ErrorCode::try_from(-refused.status), Ok(kvring::ErrorCode::Unsupported));
-    // Still framed: a host region's write on the same connection lands.
+    let data = reply();
+    assert_eq!((data.opcode, data.status, data.len), (FrameOp::ReadData as u8, 0, 4096));
+    let mut bytes = vec![0u8; 4096];
+    s.read_exact(&mut bytes).unwrap();
+    assert_eq!(bytes, vec![0xEE; 4096]);
+    // Past its end: refused like a host region's, nothing written, framing
+    // kept.
+    let mut past = FrameHeader::new(FrameOp::Write, target.epoch(), 9, on_gpu.id().raw(), (1 << 16) - 100, 4096);
+    past.flags = FLAG_LAST;
+    s.write_all(past.as_bytes()).unwrap();
+    s.write_all(&[0x11; 4096]).unwrap();
+    assert_eq!(kvring::ErrorCode::try_from(-reply().status), Ok(kvring::ErrorCode::OutOfBounds));
     s.write_all(frame(FrameOp::Write, &host).as_bytes()).unwrap();
     s.write_all(&[0x5A; 4096]).unwrap();
     assert_eq!(reply().status, 0);
     assert_eq!(read(&host, 0, 4096), vec![0x5A; 4096]);
-    assert_eq!(read(&on_gpu, 0, 4096), common::pattern(4096, 53), "the GPU region is untouched");
+    assert_eq!(read(&on_gpu, (1 << 16) - 4096, 4096), vec![0u8; 4096], "nothing past the region's end");
 }

@@ -216,12 +216,23 @@ impl Engine {
                 let addr = descriptor.tcp_addr.as_deref().ok_or_else(|| Error::Unsupported {
                     what: format!("tcp to {}: it serves no tcp data listener", descriptor.name),
                 })?;
+                // Each lane's link stages its GPU blocks through pages of its
+                // own, made at its first staged chunk.
+                let stagers = self
+                    .inner
+                    .lanes
+                    .iter()
+                    .map(|lane| {
+                        let counters = lane.shared.metrics.gpu_copies();
+                        self.gpu().map(|gpu| crate::transport::tcp::staged::Stager::new(gpu.clone(), counters))
+                    })
+                    .collect();
                 TcpLink::connect(
                     &descriptor.name,
                     addr,
                     descriptor.epoch,
                     handshake.session.as_ref(),
-                    lanes,
+                    stagers,
                     deadline,
                     self.inner.config.io_timeout,
                 )

@@ -86,12 +86,14 @@ mod tests {
     #[test]
     fn many_threads_get_one_line_per_period() {
         static LIMIT: RateLimit = RateLimit::new(Duration::from_secs(60));
-        let passed: u64 = std::thread::scope(|s| {
+        let passes: Vec<u64> = std::thread::scope(|s| {
             let threads: Vec<_> =
-                (0..4).map(|_| s.spawn(|| (0..1000).filter(|_| LIMIT.admit().is_some()).count() as u64)).collect();
-            threads.into_iter().map(|t| t.join().unwrap()).sum()
+                (0..4).map(|_| s.spawn(|| (0..1000).filter_map(|_| LIMIT.admit()).collect::<Vec<u64>>())).collect();
+            threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
         });
-        assert_eq!(passed, 1);
-        assert_eq!(LIMIT.suppressed.load(Ordering::Relaxed), 3999);
+        assert_eq!(passes.len(), 1, "one line in the period");
+        // Events held back while the first one passed may be reported with
+        // it; none is lost.
+        assert_eq!(passes[0] + LIMIT.suppressed.load(Ordering::Relaxed), 3999);
     }
 }

@@ -257,13 +257,13 @@ fn drive(served: &Served, bytes: &[u8], piece: usize) -> TargetConn {
     let mut wire = Wire { input: bytes, piece: piece.max(1), written: 0 };
     let mut admit = || Ok(());
     for _ in 0..bytes.len() + 8 {
-        let read = conn.on_readable(&mut wire, &served.ctx, &mut admit, now);
-        let written = conn.on_writable(&mut wire, &served.ctx);
+        let read = conn.on_readable(&mut wire, &served.ctx, &mut admit, now, &mut Default::default());
+        let written = conn.on_writable(&mut wire, &served.ctx, &mut Default::default());
         if read.is_err() || written.is_err() || conn.finished() || (wire.input.is_empty() && !conn.wants_write()) {
             break;
         }
     }
-    conn.release(&served.ctx);
+    conn.release(&served.ctx, &mut Default::default());
     conn
 }
 

@@ -224,6 +224,11 @@ impl DeviceCopier {
         self.sides.push(sides);
     }
 
+    /// Chunks whose copies are running.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
     /// True when the chunk being built has copies.
     pub fn has_copies(&self) -> bool {
         !self.copies.is_empty()

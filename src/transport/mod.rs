@@ -17,6 +17,7 @@ pub(crate) mod null;
 pub(crate) mod rdma;
 pub(crate) mod select;
 pub(crate) mod shm;
+pub(crate) mod stage;
 pub(crate) mod tcp;
 
 pub use kind::TransportKind;
@@ -51,6 +52,9 @@ pub(crate) trait Service: Send + std::fmt::Debug {
     /// Drives again the connections that stopped at their read budget (so
     /// one busy peer never holds the lane); true when anything moved.
     fn drive_again(&mut self, registry: &mio::Registry, now: std::time::Instant) -> bool;
+    /// True while GPU copies of staged bytes are running: nothing wakes the
+    /// lane when they end, so it must look again soon.
+    fn waiting_on_copies(&self) -> bool;
     /// Closes what passed a deadline and frees idle buffers; returns when
     /// it next needs to look (`None`: it holds no connection).
     fn tick(&mut self, registry: &mio::Registry, now: std::time::Instant) -> Option<std::time::Instant>;
@@ -198,6 +202,13 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
     /// it still had in flight; a healthy one keeps everything until
     /// dropped, so its chunks in flight still end.
     fn retire(&mut self, _ended: &mut Vec<ChunkEnd>) {}
+
+    /// Most bytes of local GPU memory one chunk may carry (links that stage
+    /// them through bounce pages): the lane cuts chunks, and splits larger
+    /// blocks, at this.
+    fn max_staged_chunk_bytes(&self) -> u64 {
+        u64::MAX
+    }
 
     /// Whether the target counts the arrival tags this link carries (tcp,
     /// rdma); a tagged part on a link that does not is refused.

@@ -69,27 +69,13 @@ impl Lane {
             debug_assert!(false, "an SQE was taken with no ticket free");
             return;
         };
-        let link = match self.links.find(sqe.segment) {
-            Some(link) => Some(link),
-            None => {
-                // A segment's attach command is pushed before any SQE naming
-                // it, but the lane may have drained its commands just before
-                // both arrived: drain again before calling the key unknown.
-                self.take_commands();
-                self.links.find(sqe.segment)
-            }
-        };
+        let link = self.link_of(&sqe);
         self.count_in_flight();
         if sqe.deadline_ns != 0 {
             self.next_expiry_ns = self.next_expiry_ns.min(sqe.deadline_ns);
         }
         let op = Opcode::from_u8(sqe.opcode);
-        let first_end = match (link, op) {
-            (None, _) => Some(PartEnd::Failed(Error::UnknownSegment { segment: format!("key {:#x}", sqe.segment) })),
-            (_, None) => Some(PartEnd::Failed(Error::UnknownOpcode { opcode: sqe.opcode })),
-            (Some(link), Some(op)) => stale_end(&self.links.get(link).peer)
-                .or_else(|| untaggable(sqe.arrival_tag, op, &*self.links.get(link).link).map(PartEnd::Failed)),
-        };
+        let first_end = self.refusal(&sqe, link, op);
         let Lane { registry, rings, config, chunk, ended_runs, tickets, links, .. } = self;
         let Some(slot) = rings[ring_index].as_mut() else { unreachable!("checked above") };
         slot.tickets += 1;
@@ -109,8 +95,18 @@ impl Lane {
         let max_chunk = link.map_or(1, |l| links.get(l).link.max_chunk().clamp(1, MAX_CHUNK_BLOCKS));
         let moves_device_memory = link.is_some_and(|l| links.get(l).link.moves_device_memory());
         let tag = sqe.arrival_tag;
-        let mut post =
-            Poster { ticket_index, id, max_chunk, moves_device_memory, tag, registry, chunk, ended_runs, links };
+        let mut post = Poster {
+            ticket_index,
+            id,
+            max_chunk,
+            moves_device_memory,
+            tag,
+            split_extra: 0,
+            registry,
+            chunk,
+            ended_runs,
+            links,
+        };
         // Every descriptor of the part is consumed from the arena, executed
         // or not, so the next batch never waits behind a failed one; leases
         // are released run by run exactly as the submitter took them, but
@@ -141,6 +137,7 @@ impl Lane {
         if let (Some(link), Some(op), None) = (link, op, &ticket.end) {
             post.flush(ticket, link, op);
         }
+        ticket.progress.executed = ticket.progress.executed.saturating_sub(post.split_extra);
         post.chunk.clear();
         for region in post.ended_runs.drain(..).chain(run) {
             if ticket.outstanding > 0 {
@@ -153,6 +150,28 @@ impl Lane {
         }
         if ticket.outstanding == 0 {
             self.end_ticket(ticket_index as usize);
+        }
+    }
+
+    /// The arena index of the SQE's link, if the lane has it.
+    fn link_of(&mut self, sqe: &Sqe) -> Option<u32> {
+        self.links.find(sqe.segment).or_else(|| {
+            // A segment's attach command is pushed before any SQE naming it,
+            // but the lane may have drained its commands just before both
+            // arrived: drain again before calling the key unknown.
+            self.take_commands();
+            self.links.find(sqe.segment)
+        })
+    }
+
+    /// Why the part must end before a block moves, if it must: an unknown
+    /// segment or opcode, a stale peer, a tag its link cannot carry.
+    fn refusal(&self, sqe: &Sqe, link: Option<u32>, op: Option<Opcode>) -> Option<PartEnd<Error>> {
+        match (link, op) {
+            (None, _) => Some(PartEnd::Failed(Error::UnknownSegment { segment: format!("key {:#x}", sqe.segment) })),
+            (_, None) => Some(PartEnd::Failed(Error::UnknownOpcode { opcode: sqe.opcode })),
+            (Some(link), Some(op)) => stale_end(&self.links.get(link).peer)
+                .or_else(|| untaggable(sqe.arrival_tag, op, &*self.links.get(link).link).map(PartEnd::Failed)),
         }
     }
 
@@ -216,6 +235,9 @@ struct Poster<'a> {
     moves_device_memory: bool,
     /// The part's arrival tag, stamped on each block.
     tag: u32,
+    /// Pieces beyond the first of blocks cut by [`Poster::add_staged`]
+    /// (executed counts descriptors, not pieces).
+    split_extra: u64,
     registry: &'a Registry,
     chunk: &'a mut Vec<Block>,
     ended_runs: &'a mut Vec<RegionId>,
@@ -228,17 +250,50 @@ impl Poster<'_> {
     /// still move, as they would have one by one).
     fn add(&mut self, ticket: &mut Ticket, link: u32, op: Opcode, desc: BlockDesc, desc_index: u32) {
         let peer = &self.links.get(link).peer;
-        match validate(self.registry, peer, &desc, desc_index, op, self.moves_device_memory) {
-            Ok((local, memory)) => self.chunk.push(Block { local, memory, desc, desc_index, tag: self.tag }),
+        let (local, memory) = match validate(self.registry, peer, &desc, desc_index, op, self.moves_device_memory) {
+            Ok(found) => found,
             Err(error) => {
                 self.flush(ticket, link, op);
                 ticket.progress.executed += 1;
                 ticket.end.get_or_insert(PartEnd::Failed(error));
                 return;
             }
+        };
+        if memory == MemoryKind::Host {
+            self.chunk.push(Block { local, memory, desc, desc_index, tag: self.tag });
+        } else {
+            self.add_staged(ticket, link, op, Block { local, memory, desc, desc_index, tag: self.tag });
         }
         if self.chunk.len() >= self.max_chunk {
             self.flush(ticket, link, op);
+        }
+    }
+
+    /// Adds a block of local GPU memory, keeping each chunk's GPU bytes
+    /// within what the link stages at once: the chunk is cut there, and a
+    /// larger block is cut into pieces (each counted as the block when it
+    /// is executed).
+    fn add_staged(&mut self, ticket: &mut Ticket, link: u32, op: Opcode, block: Block) {
+        let cap = self.links.get(link).link.max_staged_chunk_bytes().max(1);
+        let mut done = 0;
+        while done < block.desc.len {
+            let staged: u64 = self.chunk.iter().filter(|b| b.memory != MemoryKind::Host).map(|b| b.desc.len).sum();
+            if staged >= cap {
+                self.flush(ticket, link, op);
+                if ticket.end.is_some() {
+                    return;
+                }
+                continue;
+            }
+            let len = (block.desc.len - done).min(cap - staged);
+            let mut piece = block;
+            piece.local = block.local.wrapping_add(done as usize);
+            piece.desc.local_offset += done;
+            piece.desc.remote_offset += done;
+            piece.desc.len = len;
+            self.chunk.push(piece);
+            self.split_extra += u64::from(done > 0);
+            done += len;
         }
     }
 

@@ -222,7 +222,7 @@ impl Lane {
     fn park_timeout(&self) -> Duration {
         let now = Instant::now();
         let mut timeout = self.config.park_timeout;
-        if self.links.any_active_without_wake() {
+        if self.links.any_active_without_wake() || self.service.as_ref().is_some_and(|s| s.waiting_on_copies()) {
             timeout = timeout.min(IN_FLIGHT_PARK);
         }
         if let Some(at) = self.next_tick {

@@ -14,6 +14,7 @@
 
 use super::conn::{Connection, Peer};
 use super::hello::{ClientHello, ClientProof, ServerHello, FLAG_PROOF_REQUIRED, SERVER_HELLO_BYTES};
+use super::staged::Stager;
 use crate::auth::Session;
 use crate::error::{Error, Result};
 use crate::net::DeadlineIo;
@@ -45,6 +46,10 @@ pub(crate) struct TcpLink {
     /// registration never outlives it (a closed connection is shut down,
     /// which the peer sees at once).
     wake: Option<std::os::fd::OwnedFd>,
+    /// Staging of GPU blocks, where this engine has a GPU provider.
+    stager: Option<Stager>,
+    /// Scratch: the connection's chunk ends, routed through the stager.
+    ends: Vec<ChunkEnd>,
 }
 
 impl std::fmt::Debug for TcpLink {
@@ -62,7 +67,7 @@ impl TcpLink {
         data_addr: &str,
         epoch: u64,
         session: Option<&Session>,
-        lanes: usize,
+        stagers: Vec<Option<Stager>>,
         deadline: Instant,
         io_timeout: Duration,
     ) -> Result<Link> {
@@ -72,8 +77,8 @@ impl TcpLink {
             .next()
             .ok_or_else(|| Error::invalid("data address", format!("{data_addr} resolves to nothing")))?;
         let state = LinkState::new(TransportKind::Tcp, true);
-        let mut links: Vec<Box<dyn LaneLink>> = Vec::with_capacity(lanes);
-        for _ in 0..lanes {
+        let mut links: Vec<Box<dyn LaneLink>> = Vec::with_capacity(stagers.len());
+        for stager in stagers {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(Error::Timeout { waited: Duration::ZERO });
@@ -87,6 +92,8 @@ impl TcpLink {
                 connection: Ok(Box::new(connection)),
                 state: state.clone(),
                 wake,
+                stager,
+                ends: Vec::new(),
             }));
         }
         Ok(Link { state, lanes: links })
@@ -96,12 +103,21 @@ impl TcpLink {
     fn close(&mut self, why: &Error, ended: &mut Vec<ChunkEnd>) {
         self.state.mark_broken();
         let reason = Peer::detail(why);
+        let mut from_connection = std::mem::take(&mut self.ends);
         if let Ok(connection) = &mut self.connection {
-            connection.fail_all(&self.peer, &reason, ended);
+            connection.fail_all(&self.peer, &reason, &mut from_connection);
             // The wake descriptor keeps the socket open: shut it down now.
             connection.shutdown();
         }
         self.connection = Err(reason);
+        match &mut self.stager {
+            Some(stager) => {
+                stager.abort(&self.peer.gone(Peer::detail(why)), ended);
+                stager.poll(None, &self.peer, &mut from_connection, ended);
+            }
+            None => ended.append(&mut from_connection),
+        }
+        self.ends = from_connection;
     }
 }
 
@@ -119,14 +135,33 @@ impl LaneLink for TcpLink {
     }
 
     unsafe fn transfer(&mut self, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
-        let TcpLink { peer, connection, .. } = self;
+        let TcpLink { peer, connection, stager, .. } = self;
         let connection = match open_connection(peer, connection) {
             Ok(connection) => connection,
             Err(error) => return Posted::Failed((error, 0)),
         };
-        // SAFETY: forwarded from our caller: the blocks stay leased until
-        // this chunk's ticket ends through `poll` or `abort`.
-        unsafe { connection.queue_chunk(peer, op, batch_id, ticket, blocks) };
+        let device = blocks.iter().any(|b| b.memory != crate::mem::MemoryKind::Host);
+        match stager {
+            Some(stager) if device => {
+                // SAFETY: forwarded from our caller: the blocks stay leased
+                // until this chunk's ticket ends through `poll` or `abort`.
+                let staged = unsafe { stager.transfer(connection, peer, (op, batch_id, ticket), blocks) };
+                if let Err(failed) = staged {
+                    return Posted::Failed(failed);
+                }
+            }
+            Some(stager) => {
+                // SAFETY: as above.
+                unsafe { connection.queue_chunk(peer, op, batch_id, ticket, blocks) };
+                stager.queued_plain(ticket);
+            }
+            None if device => {
+                let what = "GPU memory over tcp without a GPU provider in this engine".to_string();
+                return Posted::Failed((Error::Unsupported { what }, 0));
+            }
+            // SAFETY: as above.
+            None => unsafe { connection.queue_chunk(peer, op, batch_id, ticket, blocks) },
+        }
         // Start sending now: a lone small chunk often leaves in this call.
         if let Err(error) = connection.send(peer) {
             connection.mark_dead(error);
@@ -135,9 +170,23 @@ impl LaneLink for TcpLink {
     }
 
     fn poll(&mut self, ended: &mut Vec<ChunkEnd>) -> bool {
-        let Ok(connection) = &mut self.connection else { return false };
-        match connection.progress(&self.peer, self.io_timeout, ended) {
-            Ok(progressed) => progressed,
+        let TcpLink { peer, connection, stager, ends, io_timeout, .. } = self;
+        let Some(stager) = stager else {
+            let Ok(connection) = connection else { return false };
+            return match connection.progress(peer, *io_timeout, ended) {
+                Ok(progressed) => progressed,
+                Err(error) => {
+                    self.close(&error, ended);
+                    true
+                }
+            };
+        };
+        let progress = match connection {
+            Ok(connection) => connection.progress(peer, *io_timeout, ends),
+            Err(_) => Ok(false),
+        };
+        match progress {
+            Ok(progressed) => stager.poll(connection.as_deref_mut().ok(), peer, ends, ended) | progressed,
             Err(error) => {
                 self.close(&error, ended);
                 true
@@ -146,9 +195,20 @@ impl LaneLink for TcpLink {
     }
 
     fn abort(&mut self, reason: &str, ended: &mut Vec<ChunkEnd>) {
-        if matches!(&self.connection, Ok(c) if !c.is_idle()) {
+        let staging = self.stager.as_ref().is_some_and(Stager::busy);
+        if staging || matches!(&self.connection, Ok(c) if !c.is_idle()) {
             self.close(&self.peer.gone(reason), ended);
         }
+    }
+
+    fn moves_device_memory(&self) -> bool {
+        // Local GPU blocks are staged here; a peer's GPU regions are staged
+        // by the peer, which registered them with its own GPU provider.
+        true
+    }
+
+    fn max_staged_chunk_bytes(&self) -> u64 {
+        super::staged::MAX_STAGED_CHUNK_BYTES
     }
 
     fn counts_arrivals(&self) -> bool {

@@ -10,6 +10,7 @@ pub mod hello;
 pub mod link;
 pub(crate) mod served;
 pub mod server;
+pub(crate) mod staged;
 pub(crate) mod target;
 
 pub(crate) use link::{TcpLink, DEFAULT_IO_TIMEOUT};

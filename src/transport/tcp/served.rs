@@ -9,7 +9,7 @@
 //! booked pending when accepted, admitted here when its hello proves itself,
 //! and leaves the book when this lane closes it.
 
-use super::target::{TargetConn, TargetContext};
+use super::target::{StagingSlot, TargetConn, TargetContext};
 use crate::net::Admission;
 use crate::transport::Service;
 use mio::unix::SourceFd;
@@ -47,12 +47,25 @@ pub(crate) struct Served {
     again: Vec<usize>,
     /// `again` as it is being driven (kept to reuse its allocation).
     driving: Vec<usize>,
+    /// The lane's staging of GPU regions' bytes.
+    stage: StagingSlot,
+    /// Keys of connections' staging copies, to their slots.
+    by_key: HashMap<u32, usize>,
+    next_key: u32,
+    /// Connections waiting for staging pages.
+    stalled: Vec<usize>,
 }
 
 impl Served {
     /// An empty share of the target `ctx`, booking with `admission`; `load`
     /// counts its connections for the acceptor.
-    pub(crate) fn new(ctx: Arc<TargetContext>, admission: Arc<Mutex<Admission<u64>>>, load: Arc<AtomicUsize>) -> Self {
+    /// The lane's `copies` counters count its staging copies' methods.
+    pub(crate) fn new(
+        ctx: Arc<TargetContext>,
+        admission: Arc<Mutex<Admission<u64>>>,
+        load: Arc<AtomicUsize>,
+        copies: Arc<crate::gpu::CopyCounters>,
+    ) -> Self {
         let timeout = lock(&admission).limits().timeout;
         Self {
             ctx,
@@ -64,7 +77,34 @@ impl Served {
             load,
             again: Vec::new(),
             driving: Vec::new(),
+            stage: StagingSlot::new(copies),
+            by_key: HashMap::new(),
+            next_key: 0,
+            stalled: Vec::new(),
         }
+    }
+
+    /// Settles the staging copies that ended; their connections are driven
+    /// again (a gated reply may go), and so is every connection that waited
+    /// for pages.
+    fn settle_copies(&mut self) -> bool {
+        let Served { ctx, slots, stage, by_key, again, stalled, .. } = self;
+        let settled = stage.poll(ctx, |id, result, stage| {
+            let Some(&index) = by_key.get(&((id >> 32) as u32)) else { return };
+            if let Some(Some(slot)) = slots.get_mut(index) {
+                slot.conn.copy_ended(ctx, id, result, stage);
+                again.push(index);
+            }
+        });
+        if settled {
+            for index in stalled.drain(..) {
+                if let Some(Some(slot)) = slots.get_mut(index) {
+                    slot.conn.unstall();
+                    again.push(index);
+                }
+            }
+        }
+        settled
     }
 
     /// Closes the connection in `index`; `booked`: it still has its place
@@ -72,8 +112,9 @@ impl Served {
     fn close(&mut self, registry: &Registry, index: usize, booked: bool) {
         let Some(mut slot) = self.slots.get_mut(index).and_then(Option::take) else { return };
         // Whatever is queued (a refusal, the last replies) gets one try.
-        let _ = slot.conn.on_writable(&mut slot.stream, &self.ctx);
-        slot.conn.release(&self.ctx);
+        let _ = slot.conn.on_writable(&mut slot.stream, &self.ctx, &mut self.stage);
+        slot.conn.release(&self.ctx, &mut self.stage);
+        self.by_key.retain(|_, &mut at| at != index);
         let _ = registry.deregister(&mut SourceFd(&slot.stream.as_raw_fd()));
         let _ = slot.stream.shutdown(std::net::Shutdown::Both);
         self.by_id.remove(&slot.id);
@@ -101,7 +142,11 @@ impl Service for Served {
             lock(&self.admission).leave(id);
             return;
         }
-        let slot = Slot { stream, conn: TargetConn::new(now, self.timeout), id };
+        let mut conn = TargetConn::new(now, self.timeout);
+        self.next_key = self.next_key.wrapping_add(1);
+        conn.set_stage_key(self.next_key);
+        self.by_key.insert(self.next_key, index);
+        let slot = Slot { stream, conn, id };
         if index == self.slots.len() {
             self.slots.push(Some(slot));
         } else {
@@ -123,7 +168,7 @@ impl Service for Served {
     }
 
     fn ready(&mut self, registry: &Registry, index: usize, now: Instant) -> bool {
-        let Served { ctx, admission, slots, .. } = self;
+        let Served { ctx, admission, slots, stage, .. } = self;
         let Some(Some(slot)) = slots.get_mut(index) else { return false };
         let id = slot.id;
         let mut admit = || lock(admission).admit(id);
@@ -134,11 +179,11 @@ impl Service for Served {
         // edge wakes the lane) or nothing left to do.
         let mut moved = false;
         let outcome = loop {
-            let read = match slot.conn.on_readable(&mut slot.stream, ctx, &mut admit, now) {
+            let read = match slot.conn.on_readable(&mut slot.stream, ctx, &mut admit, now, stage) {
                 Ok(read) => read,
                 Err(close) => break Err(close),
             };
-            let wrote = match slot.conn.on_writable(&mut slot.stream, ctx) {
+            let wrote = match slot.conn.on_writable(&mut slot.stream, ctx, stage) {
                 Ok(wrote) => wrote,
                 Err(close) => break Err(close),
             };
@@ -151,6 +196,9 @@ impl Service for Served {
             if slot.conn.unread() {
                 self.again.push(index);
             }
+            if slot.conn.stalled() && !self.stalled.contains(&index) {
+                self.stalled.push(index);
+            }
             return moved;
         }
         self.close(registry, index, true);
@@ -158,8 +206,9 @@ impl Service for Served {
     }
 
     fn drive_again(&mut self, registry: &Registry, now: Instant) -> bool {
+        let settled = self.settle_copies();
         if self.again.is_empty() {
-            return false;
+            return settled;
         }
         std::mem::swap(&mut self.again, &mut self.driving);
         let mut moved = false;
@@ -170,7 +219,11 @@ impl Service for Served {
             moved |= self.ready(registry, index, now);
         }
         self.driving = driving;
-        moved
+        moved | settled
+    }
+
+    fn waiting_on_copies(&self) -> bool {
+        self.stage.running()
     }
 
     fn tick(&mut self, registry: &Registry, now: Instant) -> Option<Instant> {

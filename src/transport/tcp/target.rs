@@ -24,16 +24,13 @@
 use super::frame::{FrameHeader, FrameOp, FRAME_HEADER_BYTES};
 use crate::auth::{Authenticator, Nonce};
 use crate::desc::RegionId;
-use crate::error::{Error, Result, Side};
-use crate::mem::registry::{access_name, check_range};
-use crate::mem::{Access, Registry};
-use crate::notify::{Notification, NotificationQueue, MAX_NOTIFY_FRAME_BYTES};
-use prost::Message;
+use crate::error::Error;
+use crate::mem::Registry;
+use crate::notify::NotificationQueue;
 use std::collections::VecDeque;
 use std::io::Read;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zerocopy::IntoBytes;
 
 /// Longest a started frame may take to arrive in full.
 pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
@@ -106,11 +103,13 @@ enum Phase {
 #[derive(Debug, Clone, Copy)]
 enum Receiving {
     Header,
-    /// A WRITE payload landing at `dest` in `region` (leased).
+    /// A WRITE payload landing at `dest` in `region` (leased), or in its
+    /// staging pages (`staged`: a GPU region's bytes, copied later).
     Payload {
         dest: *mut u8,
         left: usize,
         region: RegionId,
+        staged: bool,
     },
     /// A payload nobody will use (its chunk already failed).
     Discard {
@@ -131,6 +130,11 @@ struct Reply {
     payload: *const u8,
     payload_len: usize,
     lease: Option<RegionId>,
+    /// Waits for staging group `gate`'s copy before it goes (an ack after
+    /// its bytes reached the GPU, READ data once copied out of it).
+    gate: Option<u32>,
+    /// Sent from staging group `group`'s pages, given back after it.
+    group: Option<u32>,
 }
 
 impl Reply {
@@ -162,6 +166,20 @@ pub(crate) struct TargetConn {
     last_active: Instant,
     /// The last read stopped at its budget (see [`TargetConn::unread`]).
     unread: bool,
+    /// The lane's staging, swapped in while the lane drives this connection.
+    stage: staging::StagingSlot,
+    /// This connection's key in its copies' ids.
+    stage_key: u32,
+    /// A frame waits for staging pages.
+    stalled: bool,
+    /// The WRITE frames' pages being filled, and the READ frames'.
+    write_group: staging::Group,
+    read_group: staging::Group,
+    /// Groups issued, until settled.
+    groups: Vec<staging::Group>,
+    next_group: u32,
+    /// A staging copy failed: the next ack gated on one reports it.
+    copy_failure: Option<Error>,
 }
 
 // SAFETY: the raw pointers are into registered regions under leases this
@@ -188,6 +206,14 @@ impl TargetConn {
             frame_started: None,
             last_active: now,
             unread: false,
+            stage: Default::default(),
+            stage_key: 0,
+            stalled: false,
+            write_group: Default::default(),
+            read_group: Default::default(),
+            groups: Vec::new(),
+            next_group: 0,
+            copy_failure: None,
         }
     }
 
@@ -207,7 +233,7 @@ impl TargetConn {
     /// True while it takes more requests (false while too many replies
     /// wait, or once it is closing).
     pub(crate) fn wants_read(&self) -> bool {
-        self.phase != Phase::Closing && self.replies.len() < MAX_QUEUED_REPLIES
+        self.phase != Phase::Closing && self.replies.len() < MAX_QUEUED_REPLIES && !self.stalled
     }
 
     /// True once closing and everything queued is sent.
@@ -278,6 +304,22 @@ impl TargetConn {
         ctx: &TargetContext,
         admit: Admit<'_>,
         now: Instant,
+        stage: &mut StagingSlot,
+    ) -> std::result::Result<bool, Close> {
+        self.swap_stage(stage);
+        let read = self.read_frames(io, ctx, admit, now);
+        // The READ frames of this pass share one copy out of the GPU.
+        self.issue(staging::Direction::Out);
+        self.swap_stage(stage);
+        read
+    }
+
+    fn read_frames<S: Read>(
+        &mut self,
+        io: &mut S,
+        ctx: &TargetContext,
+        admit: Admit<'_>,
+        now: Instant,
     ) -> std::result::Result<bool, Close> {
         let mut progressed = false;
         let mut drained = false;
@@ -299,7 +341,7 @@ impl TargetConn {
                 return Ok(progressed);
             }
             let (n, asked) = match self.receiving {
-                Receiving::Payload { dest, left, region }
+                Receiving::Payload { dest, left, region, staged }
                     if self.start == self.end && left >= DIRECT_READ_MIN_BYTES =>
                 {
                     // SAFETY: `dest..dest + left` is the unfilled tail of a
@@ -308,7 +350,7 @@ impl TargetConn {
                     let target = unsafe { std::slice::from_raw_parts_mut(dest, left) };
                     let n = read_some(io, target)?;
                     if n > 0 {
-                        self.payload_landed(ctx, dest, left, region, n, now);
+                        self.payload_landed(ctx, (dest, left, region, staged), n, now);
                     }
                     (n, left)
                 }
@@ -388,6 +430,8 @@ impl TargetConn {
             payload: std::ptr::null(),
             payload_len: 0,
             lease: None,
+            gate: None,
+            group: None,
         });
     }
 
@@ -404,7 +448,9 @@ impl TargetConn {
                 match FrameHeader::decode(bytes) {
                     Ok((header, op)) => {
                         self.current = header;
-                        self.on_frame(ctx, op, now);
+                        if !self.on_frame(ctx, op, now) {
+                            return false;
+                        }
                     }
                     Err(error) => {
                         // Framing is lost: answer once, close.
@@ -414,7 +460,7 @@ impl TargetConn {
                 }
                 true
             }
-            Receiving::Payload { dest, left, region } => {
+            Receiving::Payload { dest, left, region, staged } => {
                 let n = left.min(self.end - self.start);
                 if n == 0 {
                     return false;
@@ -424,7 +470,7 @@ impl TargetConn {
                 // is our own memory, so the two never overlap.
                 unsafe { std::ptr::copy_nonoverlapping(self.buffer.as_ptr().add(self.start), dest, n) };
                 self.start += n;
-                self.payload_landed(ctx, dest, left, region, n, now);
+                self.payload_landed(ctx, (dest, left, region, staged), n, now);
                 true
             }
             Receiving::Discard { left } => {
@@ -464,174 +510,29 @@ impl TargetConn {
     fn payload_landed(
         &mut self,
         ctx: &TargetContext,
-        dest: *mut u8,
-        left: usize,
-        region: RegionId,
+        (dest, left, region, staged): (*mut u8, usize, RegionId, bool),
         n: usize,
         now: Instant,
     ) {
         if n < left {
-            self.receiving = Receiving::Payload { dest: dest.wrapping_add(n), left: left - n, region };
+            self.receiving = Receiving::Payload { dest: dest.wrapping_add(n), left: left - n, region, staged };
+            return;
+        }
+        self.receiving = Receiving::Header;
+        if staged {
+            // In its pages: the region's lease and the tag wait for the copy.
+            self.staged_payload_landed(region);
+            self.write_frame_ended(ctx, now);
             return;
         }
         // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
         unsafe { ctx.registry.release_kept(region) };
-        self.receiving = Receiving::Header;
         // Its bytes are in the region now: count them under its tag.
         if let Some(tag) = self.current.arrival_tag() {
             ctx.arrivals.land(tag, self.current.len);
         }
         self.write_frame_ended(ctx, now);
     }
-
-    fn on_frame(&mut self, ctx: &TargetContext, op: FrameOp, now: Instant) {
-        let header = self.current;
-        let len = header.len as usize;
-        match op {
-            FrameOp::Write => {
-                let checked = if self.chunk_failure.is_none() {
-                    match check_block(ctx, &header, Access::REMOTE_WRITE) {
-                        Ok(addr) => Some(addr),
-                        Err(error) => {
-                            self.chunk_failure = Some((header, error));
-                            None
-                        }
-                    }
-                } else {
-                    None
-                };
-                self.receiving = match checked {
-                    Some(addr) => Receiving::Payload {
-                        dest: addr as *mut u8,
-                        left: len,
-                        region: RegionId::from_raw(header.region),
-                    },
-                    None => Receiving::Discard { left: len },
-                };
-                if len == 0 {
-                    if let Receiving::Payload { region, .. } = self.receiving {
-                        // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
-                        unsafe { ctx.registry.release_kept(region) };
-                    }
-                    self.receiving = Receiving::Header;
-                    self.write_frame_ended(ctx, now);
-                }
-            }
-            FrameOp::Read => {
-                match check_block(ctx, &header, Access::REMOTE_READ) {
-                    Ok(addr) => {
-                        let reply = FrameHeader::new(
-                            FrameOp::ReadData,
-                            ctx.epoch,
-                            header.batch_id,
-                            header.region,
-                            header.offset,
-                            header.len,
-                        );
-                        let mut head = [0u8; FRAME_HEADER_BYTES];
-                        head.copy_from_slice(reply.as_bytes());
-                        self.replies.push_back(Reply {
-                            head,
-                            head_len: FRAME_HEADER_BYTES,
-                            payload: addr as *const u8,
-                            payload_len: len,
-                            lease: Some(RegionId::from_raw(header.region)),
-                        });
-                    }
-                    Err(error) => self.queue_status(FrameOp::ReadData, &header, &error),
-                }
-                self.frame_done(now);
-            }
-            FrameOp::Notify => {
-                if len > MAX_NOTIFY_FRAME_BYTES {
-                    let error = Error::MessageTooLarge { len: len as u64, max: MAX_NOTIFY_FRAME_BYTES as u64 };
-                    self.queue_status(FrameOp::Ack, &header, &error);
-                    self.phase = Phase::Closing;
-                    return;
-                }
-                self.notify.clear();
-                self.receiving = Receiving::Notify { left: len };
-                if len == 0 {
-                    self.receiving = Receiving::Header;
-                    self.deliver_notification(ctx, now);
-                }
-            }
-            FrameOp::Ack | FrameOp::ReadData => {
-                let error = Error::malformed("frame", format!("{op:?} is a reply, not a request"));
-                self.queue_status(FrameOp::Ack, &header, &error);
-                self.phase = Phase::Closing;
-            }
-        }
-    }
-
-    /// A WRITE frame's payload is in place (or dropped): the chunk's last
-    /// frame gets the ack.
-    fn write_frame_ended(&mut self, ctx: &TargetContext, now: Instant) {
-        let header = self.current;
-        if header.is_last() {
-            match self.chunk_failure.take() {
-                None => self.queue(FrameHeader::new(FrameOp::Ack, ctx.epoch, header.batch_id, 0, 0, 0).as_bytes()),
-                Some((failed, error)) => self.queue_status(FrameOp::Ack, &failed, &error),
-            }
-        }
-        self.frame_done(now);
-    }
-
-    fn frame_done(&mut self, now: Instant) {
-        self.last_active = now;
-        self.frame_started = (self.start != self.end).then_some(now);
-    }
-
-    fn deliver_notification(&mut self, ctx: &TargetContext, now: Instant) {
-        let header = self.current;
-        let delivered = if header.epoch != ctx.epoch {
-            Err(Error::PeerRestarted { segment: "this target".into(), detail: "notification for another epoch".into() })
-        } else {
-            crate::proto::Notification::decode(self.notify.as_slice())
-                .map_err(|e| Error::malformed("notification", e.to_string()))
-                .and_then(|n| ctx.notifications.deliver(Notification { from: n.from, message: n.message }))
-        };
-        self.notify.clear();
-        match delivered {
-            Ok(()) => self.queue(FrameHeader::new(FrameOp::Ack, ctx.epoch, header.batch_id, 0, 0, 0).as_bytes()),
-            Err(error) => self.queue_status(FrameOp::Ack, &header, &error),
-        }
-        self.frame_done(now);
-    }
-
-    /// Queues a reply header that reports `error` for the frame `about`.
-    fn queue_status(&mut self, op: FrameOp, about: &FrameHeader, error: &Error) {
-        let mut reply = FrameHeader::new(op, about.epoch, about.batch_id, about.region, about.offset, 0);
-        reply.status = -(error.code() as i32);
-        self.queue(reply.as_bytes());
-    }
-}
-
-/// Checks one block against the registry; on success returns its address
-/// with its region's lease kept for the frame (whoever ends the frame gives
-/// it back with `release_kept`).
-fn check_block(ctx: &TargetContext, header: &FrameHeader, needs: Access) -> Result<usize> {
-    if header.epoch != ctx.epoch {
-        return Err(Error::PeerRestarted {
-            segment: "this target".into(),
-            detail: format!("frame for epoch {:#x}, but the current epoch is {:#x}", header.epoch, ctx.epoch),
-        });
-    }
-    let region = RegionId::from_raw(header.region);
-    let lease = ctx.registry.lease(region).map_err(|_| Error::UnknownRegion { side: Side::Remote, region })?;
-    let entry = lease.entry();
-    if entry.info.memory != crate::mem::MemoryKind::Host {
-        // The target's thread would copy into or out of it: never.
-        return Err(Error::Unsupported { what: format!("tcp to or from GPU memory (region {region})") });
-    }
-    if !entry.info.access.contains(needs) {
-        return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region, needs: access_name(needs) });
-    }
-    check_range(region, Side::Remote, 0, header.offset, header.len, entry.len as u64)?;
-    let addr = entry.addr + header.offset as usize;
-    // The frame's bytes move across polls: the lease goes with the frame.
-    lease.keep();
-    Ok(addr)
 }
 
 /// One non-blocking read: 0 when nothing has arrived.
@@ -647,7 +548,11 @@ fn read_some<S: Read>(io: &mut S, into: &mut [u8]) -> std::result::Result<usize,
     }
 }
 
+mod frames;
 mod opening;
 mod sending;
+mod staging;
+
+pub(crate) use staging::StagingSlot;
 #[cfg(test)]
 mod tests;

@@ -2,8 +2,12 @@
 //! writes as far as the socket takes them, READ payloads straight from
 //! region memory under the lease each holds until it is sent.
 
+use super::super::frame::{FrameHeader, FRAME_HEADER_BYTES};
+use super::staging::StagingSlot;
 use super::{Close, Phase, Receiving, TargetConn, TargetContext, MAX_IO_SLICES};
+use crate::error::Error;
 use std::io::{IoSlice, Write};
+use zerocopy::{FromBytes, IntoBytes};
 
 impl TargetConn {
     /// Writes queued replies as far as the socket takes them. `Ok(true)`
@@ -12,13 +16,25 @@ impl TargetConn {
         &mut self,
         io: &mut S,
         ctx: &TargetContext,
+        stage: &mut StagingSlot,
     ) -> std::result::Result<bool, Close> {
+        self.swap_stage(stage);
+        let written = self.write_replies(io, ctx);
+        self.swap_stage(stage);
+        written
+    }
+
+    fn write_replies<S: Write>(&mut self, io: &mut S, ctx: &TargetContext) -> std::result::Result<bool, Close> {
         let mut progressed = false;
-        while !self.replies.is_empty() {
+        loop {
+            let ready = self.open_gates();
+            if ready == 0 {
+                return Ok(progressed);
+            }
             let mut slices = [IoSlice::new(&[]); MAX_IO_SLICES];
             let mut count = 0;
             let mut skip = self.front_sent;
-            for reply in &self.replies {
+            for reply in self.replies.iter().take(ready) {
                 if count + 2 > MAX_IO_SLICES {
                     break;
                 }
@@ -62,14 +78,46 @@ impl TargetConn {
                         // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
                         unsafe { ctx.registry.release_kept(region) };
                     }
+                    if let Some(group) = done.group {
+                        self.reply_sent(ctx, group);
+                    }
                 }
             }
         }
-        Ok(progressed)
     }
 
-    /// Gives back every lease the connection holds (it is being closed).
-    pub(crate) fn release(&mut self, ctx: &TargetContext) {
+    /// Replies at the front that may go now: each waiting on a staging copy
+    /// goes once it ended (as a failure when it failed). Returns how many.
+    fn open_gates(&mut self) -> usize {
+        for index in 0..self.replies.len() {
+            let Some(number) = self.replies[index].gate else { continue };
+            let failure = match self.gate(number) {
+                None => return index,
+                Some(Ok(())) => self.copy_failure.take().filter(|_| self.replies[index].payload_len == 0),
+                Some(Err(reason)) => Some(Error::Gpu { device: "staging".into(), reason }),
+            };
+            let reply = &mut self.replies[index];
+            reply.gate = None;
+            if let Some(error) = failure {
+                // The bytes never reached (or left) the GPU: say so, send no
+                // payload (its pages and lease go back as it is popped).
+                if let Ok(mut head) = FrameHeader::read_from_bytes(&reply.head[..FRAME_HEADER_BYTES]) {
+                    head.status = -(error.code() as i32);
+                    head.len = 0;
+                    reply.head.copy_from_slice(head.as_bytes());
+                }
+                reply.payload_len = 0;
+            }
+        }
+        self.replies.len()
+    }
+
+    /// Gives back every lease the connection holds (it is being closed);
+    /// staging copies still running are left to the lane to settle.
+    pub(crate) fn release(&mut self, ctx: &TargetContext, stage: &mut StagingSlot) {
+        self.swap_stage(stage);
+        self.release_staging(ctx);
+        self.swap_stage(stage);
         if let Receiving::Payload { region, .. } = self.receiving {
             // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
             unsafe { ctx.registry.release_kept(region) };

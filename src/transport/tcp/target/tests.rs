@@ -7,7 +7,9 @@ use crate::mem::RegionInfo;
 use crate::notify::NotifyQuota;
 use crate::proto::ErrorCode;
 use crate::transport::tcp::hello::{ClientHello, ClientProof, ServerHello, FLAG_PROOF_REQUIRED};
+use crate::notify::MAX_NOTIFY_FRAME_BYTES;
 use std::io::Write;
+use zerocopy::IntoBytes;
 use zerocopy::FromBytes;
 
 /// A socket stand-in: bytes in, bytes out, `WouldBlock` when empty.
@@ -64,8 +66,8 @@ fn target(token: Option<&str>) -> Target {
 
 fn step(conn: &mut TargetConn, pipe: &mut Pipe, target: &Target, now: Instant) -> std::result::Result<(), Close> {
     let mut admit = || Ok(());
-    conn.on_readable(pipe, &target.ctx, &mut admit, now)?;
-    conn.on_writable(pipe, &target.ctx)?;
+    conn.on_readable(pipe, &target.ctx, &mut admit, now, &mut Default::default())?;
+    conn.on_writable(pipe, &target.ctx, &mut Default::default())?;
     Ok(())
 }
 
@@ -268,12 +270,12 @@ fn a_peer_that_keeps_its_socket_full_gets_a_budget_then_lets_the_lane_go() {
     frame.extend([0x5a; 4096]);
     let mut endless = Endless { frame, at: 0, given: 0 };
     let mut admit = || Ok(());
-    assert!(conn.on_readable(&mut endless, &target.ctx, &mut admit, now).unwrap());
+    assert!(conn.on_readable(&mut endless, &target.ctx, &mut admit, now, &mut Default::default()).unwrap());
     assert!(conn.unread(), "it stopped at its budget, not because the socket was empty");
     assert!(endless.given <= READ_BUDGET_BYTES + READ_BUFFER_BYTES, "read {} bytes in one go", endless.given);
     assert_eq!(&target.memory[..4096], &[0x5a; 4096][..], "what it read landed");
     // Driven again, it goes on from where it stopped.
     let before = endless.given;
-    assert!(conn.on_readable(&mut endless, &target.ctx, &mut admit, now).unwrap());
+    assert!(conn.on_readable(&mut endless, &target.ctx, &mut admit, now, &mut Default::default()).unwrap());
     assert!(endless.given > before && conn.unread());
 }

@@ -1,0 +1,322 @@
+//! GPU regions served over tcp: bytes staged through the lane's pinned
+//! pages, never touched by the lane in device memory.
+//!
+//! A WRITE frame aimed at a GPU region lands in pages of the lane's pool;
+//! the chunk's frames are packed into a group of pages, and one batched copy
+//! per group moves them to the device (a group is cut at
+//! [`MAX_GROUP_PAGES`], so a chunk of any size stages through a bounded
+//! pool). The chunk's ack waits for its last group's copy event: a peer is
+//! never told `Done` before its bytes are in device memory. A READ frame
+//! from a GPU region is copied into pages (the frames of one read pass
+//! share one copy) and answered from them once that copy completed. A frame
+//! that finds no page free waits, unread, until a copy ends and frees one.
+
+use super::{TargetConn, TargetContext};
+use crate::desc::RegionId;
+use crate::error::Error;
+use crate::gpu::{CopyCounters, CopySides, Gpu, Place};
+use crate::transport::cuda_ipc::{DeviceCopier, DeviceCopy};
+use crate::transport::stage::{StagePool, STAGE_PAGE_BYTES};
+use crate::transport::ChunkEnd;
+use std::sync::Arc;
+
+/// Pages of a lane's pool for the connections it serves (32 MiB).
+pub(crate) const LANE_STAGE_PAGES: usize = 32;
+/// Most pages one group (one batched copy) spans.
+pub(crate) const MAX_GROUP_PAGES: usize = 8;
+
+/// A lane's staging for its served connections: made at the first frame
+/// that needs it, with the provider of that frame's region.
+#[derive(Debug, Default)]
+pub(crate) struct StagingSlot {
+    counters: Arc<CopyCounters>,
+    staging: Option<Staging>,
+}
+
+#[derive(Debug)]
+struct Staging {
+    pool: StagePool,
+    copier: DeviceCopier,
+    /// Groups whose connection closed while their copy ran: their pages and
+    /// leases go back when it ends.
+    orphans: Vec<(u64, Group)>,
+    ends: Vec<ChunkEnd>,
+}
+
+impl StagingSlot {
+    /// A slot whose copies count their methods in `counters` (the lane's).
+    pub fn new(counters: Arc<CopyCounters>) -> Self {
+        Self { counters, staging: None }
+    }
+
+    fn get(&mut self, gpu: &Arc<dyn Gpu>) -> &mut Staging {
+        let counters = &self.counters;
+        self.staging.get_or_insert_with(|| Staging {
+            pool: StagePool::new(gpu.clone(), LANE_STAGE_PAGES),
+            copier: DeviceCopier::new(gpu.clone(), counters.clone()),
+            orphans: Vec::new(),
+            ends: Vec::new(),
+        })
+    }
+
+    /// True while staging copies are running.
+    pub fn running(&self) -> bool {
+        self.staging.as_ref().is_some_and(|s| s.copier.in_flight() > 0)
+    }
+
+    /// Polls the copies; calls `done(id, result)` for each that ended (ids
+    /// are `connection key << 32 | group`); orphans are settled here.
+    pub fn poll(&mut self, ctx: &TargetContext, mut done: impl FnMut(u64, Result<(), Error>, &mut Self)) -> bool {
+        let Some(staging) = self.staging.as_mut() else { return false };
+        let mut ends = std::mem::take(&mut staging.ends);
+        if !staging.copier.poll(&mut ends) {
+            staging.ends = ends;
+            return false;
+        }
+        for (id, result) in ends.drain(..) {
+            let staging = self.staging.as_mut().expect("made above");
+            if let Some(at) = staging.orphans.iter().position(|(orphan, _)| *orphan == id) {
+                let (_, mut group) = staging.orphans.swap_remove(at);
+                group.settle(ctx, &mut staging.pool, false);
+                continue;
+            }
+            done(id, result.map(drop).map_err(|(error, _)| error), self);
+        }
+        if let Some(staging) = self.staging.as_mut() {
+            staging.ends = ends;
+        }
+        true
+    }
+}
+
+/// Pages one batched copy stages through, and what to settle when it ends.
+#[derive(Debug, Default)]
+pub(super) struct Group {
+    /// The connection's number for it (its copy's id is `key << 32 | number`).
+    number: u32,
+    pages: Vec<u32>,
+    /// Bytes used of the last page.
+    used: usize,
+    copies: Vec<(DeviceCopy, u64)>,
+    /// WRITE: the regions its copy writes, leased until it ends.
+    leases: Vec<RegionId>,
+    /// WRITE: arrival tags to count once its bytes are in place.
+    tags: Vec<(u32, u64)>,
+    /// Set once its copy ended.
+    done: Option<Result<(), Error>>,
+    /// READ: replies still to be sent from its pages.
+    replies: u32,
+    issued: bool,
+}
+
+impl Group {
+    /// Gives back the pages and leases; lands the tags when `landed`.
+    fn settle(&mut self, ctx: &TargetContext, pool: &mut StagePool, landed: bool) {
+        pool.give(&mut self.pages);
+        for region in self.leases.drain(..) {
+            // SAFETY: `check_block` kept this lease for the frame whose bytes
+            // this group's copy wrote; the copy ended, and it is given back
+            // once, here.
+            unsafe { ctx.registry.release_kept(region) };
+        }
+        for (tag, bytes) in self.tags.drain(..) {
+            if landed {
+                ctx.arrivals.land(tag, bytes);
+            }
+        }
+    }
+}
+
+/// Which group a frame stages into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Direction {
+    /// Into the device (WRITE).
+    In,
+    /// Out of the device (READ).
+    Out,
+}
+
+impl TargetConn {
+    /// The connection's key for its copies' ids (its slot in the lane).
+    pub(crate) fn set_stage_key(&mut self, key: u32) {
+        self.stage_key = key;
+    }
+
+    /// True while a frame waits for staging pages.
+    pub(crate) fn stalled(&self) -> bool {
+        self.stalled
+    }
+
+    /// Pages may be free again: the waiting frame tries again.
+    pub(crate) fn unstall(&mut self) {
+        self.stalled = false;
+    }
+
+    /// Places `len` bytes of a frame for device `ordinal` at `device_at` in
+    /// the group of `direction`: the host address they stage at and the
+    /// group's number, or `None` when no page is free (the frame waits).
+    pub(super) fn stage(
+        &mut self,
+        gpu: &Arc<dyn Gpu>,
+        direction: Direction,
+        device_at: u64,
+        ordinal: u32,
+        len: usize,
+    ) -> Option<(*mut u8, u32)> {
+        let group = self.group(direction);
+        let fits = !group.pages.is_empty() && group.used + len <= STAGE_PAGE_BYTES;
+        if !fits && group.pages.len() == MAX_GROUP_PAGES {
+            // Full: copy what it holds, and start another.
+            self.issue(direction);
+        }
+        if self.group(direction).number == 0 {
+            self.next_group = self.next_group.wrapping_add(1).max(1);
+            let number = self.next_group;
+            self.group(direction).number = number;
+        }
+        let staging = self.stage.get(gpu);
+        let group = match direction {
+            Direction::In => &mut self.write_group,
+            Direction::Out => &mut self.read_group,
+        };
+        if !fits || group.pages.is_empty() {
+            if !matches!(staging.pool.take(1, &mut group.pages), Ok(true)) {
+                self.stalled = true;
+                return None;
+            }
+            group.used = 0;
+        }
+        let page = *group.pages.last().expect("a page was taken");
+        let at = staging.pool.page(page).wrapping_add(group.used);
+        group.used += len;
+        let (src, dst) = match direction {
+            Direction::In => ((at as u64, Place::Host), (device_at, Place::Device(ordinal))),
+            Direction::Out => ((device_at, Place::Device(ordinal)), (at as u64, Place::Host)),
+        };
+        let sides = CopySides { src: src.1, dst: dst.1 };
+        group.copies.push((DeviceCopy { src: src.0, dst: dst.0, sides, device: ordinal }, len as u64));
+        Some((at, group.number))
+    }
+
+    fn group(&mut self, direction: Direction) -> &mut Group {
+        match direction {
+            Direction::In => &mut self.write_group,
+            Direction::Out => &mut self.read_group,
+        }
+    }
+
+    /// Issues the group of `direction` as one batched copy (when it holds
+    /// any); returns its number, or `None` when there was nothing to copy.
+    pub(super) fn issue(&mut self, direction: Direction) -> Option<u32> {
+        if self.group(direction).copies.is_empty() {
+            return None;
+        }
+        let gpu = self.stage.staging.as_ref()?.pool.gpu().clone();
+        let mut group = std::mem::take(self.group(direction));
+        let id = (u64::from(self.stage_key) << 32) | u64::from(group.number);
+        let staging = self.stage.get(&gpu);
+        for &(copy, len) in &group.copies {
+            staging.copier.add(copy, len);
+        }
+        // SAFETY: the host ends are pages of the lane's pool held by this
+        // group until its copy ends; the device ends are checked ranges of
+        // regions leased for the frames (WRITE: in `group.leases`; READ: by
+        // their replies, sent only once the copy ended).
+        if let Err(error) = unsafe { staging.copier.issue(id, 0, None) } {
+            group.done = Some(Err(error));
+        }
+        group.issued = true;
+        let number = group.number;
+        self.groups.push(group);
+        Some(number)
+    }
+
+    /// A WRITE frame's payload is in its staged page: its region stays
+    /// leased and its tag waits until the group's copy ends.
+    pub(super) fn staged_payload_landed(&mut self, region: RegionId) {
+        self.write_group.leases.push(region);
+        if let Some(tag) = self.current.arrival_tag() {
+            self.write_group.tags.push((tag, self.current.len));
+        }
+    }
+
+    /// Copy `id` (of this connection) ended.
+    pub(crate) fn copy_ended(
+        &mut self,
+        ctx: &TargetContext,
+        id: u64,
+        result: Result<(), Error>,
+        slot: &mut StagingSlot,
+    ) {
+        let number = id as u32;
+        let Some(at) = self.groups.iter().position(|g| g.number == number) else { return };
+        let Some(staging) = slot.staging.as_mut() else { return };
+        let group = &mut self.groups[at];
+        let landed = result.is_ok();
+        if let Err(error) = &result {
+            // The chunk whose ack waits on this group fails with it.
+            self.copy_failure.get_or_insert_with(|| Error::Gpu { device: "staging".into(), reason: error.to_string() });
+        }
+        group.done = Some(result);
+        if group.replies == 0 {
+            let mut group = self.groups.swap_remove(at);
+            group.settle(ctx, &mut staging.pool, landed);
+        } else {
+            // READ replies still read its pages; leases are theirs.
+            group.tags.clear();
+        }
+        // Pages freed: a frame waiting for one may go on.
+        self.stalled = false;
+    }
+
+    /// Whether the reply gated on group `number` may go: `Some(Ok)` yes,
+    /// `Some(Err)` as a failure, `None` not yet.
+    pub(super) fn gate(&self, number: u32) -> Option<Result<(), String>> {
+        match self.groups.iter().find(|g| g.number == number) {
+            None => Some(Ok(())),
+            Some(group) => group.done.as_ref().map(|done| done.as_ref().map(drop).map_err(Error::to_string)),
+        }
+    }
+
+    /// A reply read from group `number`'s pages is sent: the last one gives
+    /// the pages back.
+    pub(super) fn reply_sent(&mut self, ctx: &TargetContext, number: u32) {
+        let Some(at) = self.groups.iter().position(|g| g.number == number) else { return };
+        let group = &mut self.groups[at];
+        group.replies = group.replies.saturating_sub(1);
+        if group.replies == 0 && group.done.is_some() {
+            let mut group = self.groups.swap_remove(at);
+            if let Some(staging) = self.stage.staging.as_mut() {
+                group.settle(ctx, &mut staging.pool, true);
+            }
+        }
+    }
+
+    /// Counts a READ reply that will be sent from the read group's pages.
+    pub(super) fn read_reply_staged(&mut self) {
+        self.read_group.replies += 1;
+    }
+
+    /// The connection closes: groups not yet issued give back at once; those
+    /// whose copy runs are handed to the lane, which settles them when it
+    /// ends.
+    pub(super) fn release_staging(&mut self, ctx: &TargetContext) {
+        let Some(staging) = self.stage.staging.as_mut() else { return };
+        for mut group in [std::mem::take(&mut self.write_group), std::mem::take(&mut self.read_group)] {
+            group.settle(ctx, &mut staging.pool, false);
+        }
+        for mut group in self.groups.drain(..) {
+            if group.issued && group.done.is_none() {
+                let id = (u64::from(self.stage_key) << 32) | u64::from(group.number);
+                staging.orphans.push((id, group));
+            } else {
+                group.settle(ctx, &mut staging.pool, false);
+            }
+        }
+    }
+
+    /// Swaps the lane's staging in (before driving) or out (after).
+    pub(crate) fn swap_stage(&mut self, slot: &mut StagingSlot) {
+        std::mem::swap(&mut self.stage, slot);
+    }
+}
