@@ -113,3 +113,22 @@ fn no_push_into_a_targets_gpu_is_done_before_its_bytes_are_there() {
         assert_eq!(target.landed(tag), 4096, "counted once in device memory");
     }
 }
+
+#[test]
+fn the_staged_tcp_bench_runs_beside_host_tcp_and_the_raw_socket_and_verifies() {
+    let output = std::process::Command::new(common::kvring_bin())
+        .args(["bench", "--memory", "gpu", "--gpu", "sim", "--transport", "tcp", "--json"])
+        .args(["--block-size", "4KiB,256KiB", "--total", "8MiB", "--region-size", "4MiB", "--latency-samples", "50"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let cases: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(cases.len(), 4, "write and read, two block sizes: {cases:?}");
+    for case in &cases {
+        assert_eq!((case["transport"].as_str(), case["verified"].as_bool()), (Some("tcp"), Some(true)), "{case}");
+        for field in ["gbps", "baseline_host_tcp_gbps", "ratio_host_tcp", "baseline_raw_tcp_gbps", "ratio_raw_tcp"] {
+            assert!(case[field].as_f64().is_some_and(|v| v > 0.0), "{field} in {case}");
+        }
+    }
+}

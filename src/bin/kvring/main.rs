@@ -5,6 +5,7 @@ mod bench;
 mod drive;
 mod flood;
 mod gpubench;
+mod gputcp;
 mod kvbench;
 mod logging;
 mod models;

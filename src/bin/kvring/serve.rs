@@ -67,6 +67,15 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             kvring::MemoryKind::Host => e.to_string(),
         })?),
     };
+    // Beside a GPU region, a host one of the same size: `kvring bench
+    // --memory gpu --transport tcp` measures host-memory tcp of the same
+    // blocks against it in the same run (what staging costs).
+    let _beside = match memory {
+        kvring::MemoryKind::Gpu(_) if !args.caller_memory => {
+            Some(engine.alloc_region(region_bytes as usize, RegionInfo::raw()).map_err(|e| e.to_string())?)
+        }
+        _ => None,
+    };
     if let Some(shape) = shape {
         let layout = kvring::kv::KvLayout::contiguous(shape, region.id(), 0).map_err(|e| e.to_string())?;
         engine.set_kv_layout(layout).map_err(|e| e.to_string())?;

@@ -248,6 +248,9 @@ fn gpu_cases(
     options: &Options,
     gpu: std::sync::Arc<dyn kvring::gpu::Gpu>,
 ) -> Result<(), String> {
+    if options.transport == TransportKind::Tcp {
+        return staged_tcp_cases((engine, sub), segment, local, remote, region_bytes, options);
+    }
     let plan = crate::gpubench::Plan {
         ops: &options.ops,
         block_sizes: &options.block_sizes,
@@ -265,6 +268,47 @@ fn gpu_cases(
             .map_err(|e| format!("--report {}: {e}", dir.display()))?;
         paths.iter().for_each(|path| eprintln!("kvring bench: report: {}", path.display()));
     }
+    match cases.iter().all(|c| c.verified) {
+        true => Ok(()),
+        false => Err("verification failed: the target's bytes differ from what was moved".into()),
+    }
+}
+
+/// `--memory gpu --transport tcp`: GPU memory staged over tcp, beside
+/// host-memory tcp of the same blocks (the target's host region beside its
+/// GPU one) and the raw socket, same run.
+fn staged_tcp_cases(
+    (engine, sub): (&kvring::Engine, &mut Submitter),
+    segment: &Segment,
+    local: &Region,
+    remote: kvring::RegionId,
+    region_bytes: u64,
+    options: &Options,
+) -> Result<(), String> {
+    let beside = segment.regions().iter().find(|r| r.memory == kvring::MemoryKind::Host && r.len >= region_bytes);
+    let remote_host = beside
+        .ok_or("the target serves no host region beside its GPU one (`kvring serve --memory gpu` serves one)")?
+        .id;
+    let local_host =
+        engine.alloc_region(region_bytes as usize, kvring::RegionInfo::raw()).map_err(|e| e.to_string())?;
+    let ends = crate::gputcp::Ends {
+        local_gpu: local,
+        remote_gpu: remote,
+        local_host: &local_host,
+        remote_host,
+        region_bytes,
+    };
+    let plan = crate::gputcp::Plan {
+        engine,
+        ops: &options.ops,
+        block_sizes: &options.block_sizes,
+        shape: options.shape(),
+        total: options.total,
+        latency_samples: options.latency_samples,
+        json: options.json,
+        raw: options.raw_peer.as_deref().map(|addr| (addr, options.token.as_deref())),
+    };
+    let cases = crate::gputcp::run(sub, segment, &ends, &plan)?;
     match cases.iter().all(|c| c.verified) {
         true => Ok(()),
         false => Err("verification failed: the target's bytes differ from what was moved".into()),

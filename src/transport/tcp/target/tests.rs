@@ -5,12 +5,12 @@ use super::*;
 use crate::auth::Token;
 use crate::mem::RegionInfo;
 use crate::notify::NotifyQuota;
+use crate::notify::MAX_NOTIFY_FRAME_BYTES;
 use crate::proto::ErrorCode;
 use crate::transport::tcp::hello::{ClientHello, ClientProof, ServerHello, FLAG_PROOF_REQUIRED};
-use crate::notify::MAX_NOTIFY_FRAME_BYTES;
 use std::io::Write;
-use zerocopy::IntoBytes;
 use zerocopy::FromBytes;
+use zerocopy::IntoBytes;
 
 /// A socket stand-in: bytes in, bytes out, `WouldBlock` when empty.
 #[derive(Default)]
