@@ -132,3 +132,93 @@ fn the_staged_tcp_bench_runs_beside_host_tcp_and_the_raw_socket_and_verifies() {
         }
     }
 }
+
+/// Many staged batches at once on one link: its 16 pages hold two 8 MiB
+/// chunks, the rest wait for pages and every one completes; one whose
+/// deadline passes while it waits ends `TimedOut` alone, and the others,
+/// on the same connection, still complete.
+#[test]
+fn exhausted_staging_pages_make_chunks_wait_never_fail_others() {
+    let gpu = Arc::new(SimGpu::new(1, Duration::from_millis(30)));
+    let target = engine("busy-target", &gpu);
+    let initiator = engine("busy-initiator", &gpu);
+    let local = initiator.alloc_region(64 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let remote = target.alloc_region(64 << 20, RegionInfo::raw()).unwrap();
+    local.write_at(0, &common::pattern(64 << 20, 77)).unwrap();
+    let segment = tcp(&initiator, &target);
+    let mut sub = initiator.submitter().unwrap();
+    let mut ids = Vec::new();
+    for i in 0..8u64 {
+        let desc = [BlockDesc::new(local.id(), i * (8 << 20), remote.id(), i * (8 << 20), 8 << 20)];
+        ids.push(sub.submit(&Batch::write(&segment).descs(&desc)).unwrap());
+    }
+    // Last in line, with a deadline it cannot meet behind the others.
+    let late = [BlockDesc::new(local.id(), 0, remote.id(), 0, 8 << 20)];
+    let doomed = sub.submit(&Batch::write(&segment).descs(&late).deadline(Duration::from_millis(5))).unwrap();
+    for id in ids {
+        assert!(sub.wait(id, WAIT).unwrap().is_done(), "a batch waiting for pages completes");
+    }
+    assert!(matches!(sub.wait(doomed, WAIT).unwrap(), Outcome::TimedOut { .. }));
+    assert!(contents(&remote, 8 << 20, 56 << 20) == common::pattern(64 << 20, 77)[8 << 20..]);
+    // The link made and pinned its pool once, however many chunks went, and
+    // holds no page once they ended.
+    let desc = [BlockDesc::new(local.id(), 0, remote.id(), 0, 4096)];
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done());
+    let stats = initiator.lane_stats();
+    assert_eq!(stats.iter().map(|s| s.staging_pools).sum::<u64>(), 1, "{stats:?}");
+    assert_eq!(stats.iter().map(|s| s.staging_pages_out).sum::<u64>(), 0, "{stats:?}");
+}
+
+/// A target that restarts while staged chunks are in flight: the batches
+/// fail `PeerRestarted` (or completed before it went), the reopened name is
+/// reached again, and no staging page stays out once the engines are gone.
+#[test]
+fn restarts_while_staged_chunks_are_in_flight_leak_no_page() {
+    let restarts: usize = std::env::var("KVRING_TEST_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let gpu = Arc::new(SimGpu::new(1, Duration::from_micros(500)));
+    let initiator = engine("restart-initiator", &gpu);
+    let local = initiator.alloc_region(4 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let (mut failed, mut done) = (0, 0);
+    for round in 0..restarts {
+        let target = engine("restart-target", &gpu);
+        let remote = target.alloc_region(4 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+        let segment = tcp(&initiator, &target);
+        let desc: Vec<_> =
+            (0..16u64).map(|i| BlockDesc::new(local.id(), i << 18, remote.id(), i << 18, 1 << 18)).collect();
+        let id = sub.submit(&Batch::write(&segment).descs(&desc)).unwrap();
+        if round % 2 == 0 {
+            std::thread::sleep(Duration::from_micros(300));
+        }
+        drop(remote);
+        drop(target);
+        match sub.wait(id, WAIT).unwrap() {
+            Outcome::Done { .. } => done += 1,
+            Outcome::Failed(kvring::Error::PeerRestarted { .. }) => failed += 1,
+            other => panic!("round {round}: {other:?}"),
+        }
+        initiator.close_segment(&segment);
+    }
+    assert_eq!(failed + done, restarts);
+    assert!(failed > 0, "no restart caught a chunk in flight ({done} completed first)");
+    eprintln!("{restarts} restarts: {failed} caught staged chunks in flight, {done} completed first");
+    // The links let go of their pools once their chunks ended (on their
+    // lanes, just after the close): no page out, every pool released.
+    let deadline = std::time::Instant::now() + WAIT;
+    let settled = || {
+        let stats = initiator.lane_stats();
+        let sum = |f: fn(&kvring::LaneStatsSnapshot) -> u64| stats.iter().map(f).sum::<u64>();
+        (sum(|s| s.staging_pages_out), sum(|s| s.staging_pools), sum(|s| s.staging_pools_released))
+    };
+    while settled().1 != settled().2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (out, pinned, released) = settled();
+    assert_eq!(out, 0, "staging pages still out after {restarts} restarts ({failed} failed mid-flight)");
+    assert_eq!(pinned, released, "every pool pinned was released");
+    drop(sub);
+    drop(local);
+    drop(initiator);
+    // And on both ends, every pool's memory was unpinned with the GPU.
+    assert_eq!(gpu.host_registered_ranges(), 0, "pinned host ranges left after every engine went");
+}

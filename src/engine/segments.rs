@@ -223,8 +223,8 @@ impl Engine {
                     .lanes
                     .iter()
                     .map(|lane| {
-                        let counters = lane.shared.metrics.gpu_copies();
-                        self.gpu().map(|gpu| crate::transport::tcp::staged::Stager::new(gpu.clone(), counters))
+                        let (copies, staging) = (lane.shared.metrics.gpu_copies(), lane.shared.metrics.staging());
+                        self.gpu().map(|gpu| crate::transport::tcp::staged::Stager::new(gpu.clone(), copies, staging))
                     })
                     .collect();
                 TcpLink::connect(

@@ -66,7 +66,8 @@ pub(super) fn serve_tcp(
     let mut dispatch = LaneDispatch { lanes: Vec::with_capacity(lanes.len()) };
     for lane in lanes {
         let load = Arc::new(AtomicUsize::new(0));
-        let served = Served::new(ctx.clone(), admission.clone(), load.clone(), lane.shared.metrics.gpu_copies());
+        let metrics = &lane.shared.metrics;
+        let served = Served::new(ctx.clone(), admission.clone(), load.clone(), metrics.gpu_copies(), metrics.staging());
         lane.shared.send(LaneCommand::Serve(Box::new(served)));
         dispatch.lanes.push((lane.shared.clone(), load));
     }

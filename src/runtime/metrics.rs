@@ -40,6 +40,13 @@ pub struct LaneStatsSnapshot {
     pub peak_in_flight: u64,
     /// Chunks of GPU copies it issued, by the method each really took.
     pub gpu_chunks: CopyMethodCounts,
+    /// Staging pools (tcp's pinned pages for GPU memory) it allocated and
+    /// pinned: once per link or lane, never per transfer.
+    pub staging_pools: u64,
+    /// Those pools released (their memory unpinned and unmapped).
+    pub staging_pools_released: u64,
+    /// Staging pages held by chunks now.
+    pub staging_pages_out: u64,
 }
 
 /// One lane's counters. Written by that lane only. The totals (parts,
@@ -66,6 +73,8 @@ pub(crate) struct LaneMetrics {
     /// GPU chunks by method, bumped by this lane's GPU copiers (always
     /// kept: one store per chunk of up to 256 copies).
     gpu_copies: Arc<CopyCounters>,
+    /// Its tcp links' and served connections' staging pools.
+    staging: Arc<crate::transport::stage::StageCounters>,
 }
 
 impl Default for LaneMetrics {
@@ -119,7 +128,13 @@ impl LaneMetrics {
             sqes_waiting: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             gpu_copies: Arc::default(),
+            staging: Arc::default(),
         }
+    }
+
+    /// The counters of this lane's staging pools.
+    pub fn staging(&self) -> Arc<crate::transport::stage::StageCounters> {
+        self.staging.clone()
     }
 
     /// The counters this lane's GPU copiers bump, one per chunk.
@@ -156,6 +171,9 @@ impl LaneMetrics {
             parks: load(&self.parks),
             peak_in_flight: load(&self.peak_in_flight),
             gpu_chunks: self.gpu_copies.snapshot(),
+            staging_pools: self.staging.pools_pinned.load(Ordering::Relaxed),
+            staging_pools_released: self.staging.pools_released.load(Ordering::Relaxed),
+            staging_pages_out: self.staging.pages_out.load(Ordering::Relaxed).max(0) as u64,
         }
     }
 

@@ -57,6 +57,7 @@ pub mod http {
 }
 
 pub use crate::engine::fill_pattern;
+
 pub use crate::mem::checksum::checksum;
 pub use crate::segment::{RdmaInfo, SegmentDescriptor};
 

@@ -203,6 +203,13 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
     /// dropped, so its chunks in flight still end.
     fn retire(&mut self, _ended: &mut Vec<ChunkEnd>) {}
 
+    /// Ends (into `ended`, as failed) the chunks of `ticket` that have not
+    /// left yet and may simply be dropped; returns how many. A part past its
+    /// deadline whose every chunk is withdrawn needs no [`LaneLink::abort`].
+    fn withdraw(&mut self, _ticket: u64, _ended: &mut Vec<ChunkEnd>) -> usize {
+        0
+    }
+
     /// Most bytes of local GPU memory one chunk may carry (links that stage
     /// them through bounce pages): the lane cuts chunks, and splits larger
     /// blocks, at this.

@@ -8,33 +8,30 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Bytes of one page: one frame's largest payload.
 pub(crate) const STAGE_PAGE_BYTES: usize = super::tcp::frame::MAX_FRAME_PAYLOAD_BYTES as usize;
 
-/// Pools made and pages pinned in this process (tests read them: bounce
-/// memory is allocated once per pool, never per transfer).
+/// A lane's staging counters: pools made (each allocated and pinned once,
+/// never per transfer) and released, and pages handed out and not yet given
+/// back.
 #[derive(Debug, Default)]
 pub(crate) struct StageCounters {
     /// Pools that allocated and pinned their memory.
     pub pools_pinned: AtomicU64,
     /// Pools dropped (their memory unpinned and unmapped).
     pub pools_released: AtomicU64,
-}
-
-/// This process's staging counters.
-pub(crate) fn counters() -> &'static StageCounters {
-    static COUNTERS: StageCounters =
-        StageCounters { pools_pinned: AtomicU64::new(0), pools_released: AtomicU64::new(0) };
-    &COUNTERS
+    /// Pages handed out and not yet given back.
+    pub pages_out: AtomicI64,
 }
 
 /// A pool of pinned pages, owned by one lane's link or one lane's served
 /// connections.
 pub(crate) struct StagePool {
     gpu: Arc<dyn Gpu>,
+    counters: Arc<StageCounters>,
     pages: usize,
     /// The pages, once allocated and pinned.
     memory: Option<memmap2::MmapMut>,
@@ -48,9 +45,10 @@ impl std::fmt::Debug for StagePool {
 }
 
 impl StagePool {
-    /// A pool of `pages` pages through `gpu`; nothing is allocated yet.
-    pub fn new(gpu: Arc<dyn Gpu>, pages: usize) -> Self {
-        Self { gpu, pages: pages.max(1), memory: None, free: Vec::new() }
+    /// A pool of `pages` pages through `gpu`, counted in `counters`;
+    /// nothing is allocated yet.
+    pub fn new(gpu: Arc<dyn Gpu>, pages: usize, counters: Arc<StageCounters>) -> Self {
+        Self { gpu, counters, pages: pages.max(1), memory: None, free: Vec::new() }
     }
 
     /// The GPU provider the pool pins with (and its copies use).
@@ -70,7 +68,7 @@ impl StagePool {
         // SAFETY: the mapping stays mapped until `drop`, which unregisters
         // it first.
         unsafe { self.gpu.host_register(memory.as_mut_ptr() as u64, len as u64)? };
-        counters().pools_pinned.fetch_add(1, Ordering::Relaxed);
+        self.counters.pools_pinned.fetch_add(1, Ordering::Relaxed);
         self.memory = Some(memory);
         self.free = (0..self.pages as u32).rev().collect();
         Ok(())
@@ -84,11 +82,13 @@ impl StagePool {
             return Ok(false);
         }
         into.extend(self.free.drain(self.free.len() - count..));
+        self.counters.pages_out.fetch_add(count as i64, Ordering::Relaxed);
         Ok(true)
     }
 
     /// Gives pages back.
     pub fn give(&mut self, pages: &mut Vec<u32>) {
+        self.counters.pages_out.fetch_sub(pages.len() as i64, Ordering::Relaxed);
         self.free.append(pages);
     }
 
@@ -113,8 +113,12 @@ impl StagePool {
 impl Drop for StagePool {
     fn drop(&mut self) {
         if let Some(memory) = self.memory.take() {
+            // Pages still out go with the pool (whoever held them is being
+            // dropped with it, its copies ended: see the owners' drops).
+            let out = self.pages - self.free.len();
+            self.counters.pages_out.fetch_sub(out as i64, Ordering::Relaxed);
             let _ = self.gpu.host_unregister(memory.as_ptr() as u64);
-            counters().pools_released.fetch_add(1, Ordering::Relaxed);
+            self.counters.pools_released.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -171,7 +175,7 @@ mod tests {
     fn a_pool_is_made_and_pinned_once_and_pages_go_round() {
         let sim = Arc::new(SimGpu::new(1, std::time::Duration::ZERO));
         let gpu: Arc<dyn Gpu> = sim.clone();
-        let mut pool = StagePool::new(gpu, 3);
+        let mut pool = StagePool::new(gpu, 3, Arc::default());
         assert_eq!(pool.free_pages(), 3);
         let (mut a, mut b) = (Vec::new(), Vec::new());
         assert!(pool.take(2, &mut a).unwrap());
@@ -193,7 +197,7 @@ mod tests {
     #[test]
     fn blocks_pack_back_to_back_and_a_large_one_splits_at_page_ends() {
         let gpu: Arc<dyn Gpu> = Arc::new(SimGpu::new(1, std::time::Duration::ZERO));
-        let mut pool = StagePool::new(gpu, 4);
+        let mut pool = StagePool::new(gpu, 4, Arc::default());
         let page = STAGE_PAGE_BYTES as u64;
         let lens = [4096, page - 4096 + 10, 2 * page];
         assert_eq!(pages_for(lens.iter().copied()), 4);

@@ -170,6 +170,11 @@ impl SimGpu {
         (self.copy_calls.load(Ordering::Relaxed), self.copies.load(Ordering::Relaxed))
     }
 
+    /// Host ranges pinned with [`Gpu::host_register`] now.
+    pub fn host_registered_ranges(&self) -> usize {
+        self.lock().registered.len()
+    }
+
     /// True when `addr` starts a host range pinned with
     /// [`Gpu::host_register`].
     pub fn is_host_registered(&self, addr: u64) -> bool {

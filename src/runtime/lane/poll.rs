@@ -434,11 +434,18 @@ impl Lane {
                     // of it still writing the caller's memory.
                     continue;
                 }
-                let reason = format!(
-                    "batch {:#x} passed its deadline with blocks in flight, so its connection was closed",
-                    ticket.sqe.batch_id
-                );
+                let outstanding = ticket.outstanding as usize;
+                let batch_id = ticket.sqe.batch_id;
                 let slot = self.links.get_mut(link);
+                // Chunks that have not left (waiting for staging pages) are
+                // simply dropped; only bytes already on their way force the
+                // connection closed.
+                if slot.link.withdraw(index as u64, &mut self.ended) == outstanding {
+                    continue;
+                }
+                let reason = format!(
+                    "batch {batch_id:#x} passed its deadline with blocks in flight, so its connection was closed"
+                );
                 slot.link.abort(&reason, &mut self.ended);
                 slot.peer.mark_stale();
             }

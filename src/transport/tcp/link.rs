@@ -207,6 +207,10 @@ impl LaneLink for TcpLink {
         true
     }
 
+    fn withdraw(&mut self, ticket: u64, ended: &mut Vec<ChunkEnd>) -> usize {
+        self.stager.as_mut().map_or(0, |stager| stager.withdraw(ticket, ended))
+    }
+
     fn max_staged_chunk_bytes(&self) -> u64 {
         super::staged::MAX_STAGED_CHUNK_BYTES
     }

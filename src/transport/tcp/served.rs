@@ -65,6 +65,7 @@ impl Served {
         admission: Arc<Mutex<Admission<u64>>>,
         load: Arc<AtomicUsize>,
         copies: Arc<crate::gpu::CopyCounters>,
+        staging: Arc<crate::transport::stage::StageCounters>,
     ) -> Self {
         let timeout = lock(&admission).limits().timeout;
         Self {
@@ -77,7 +78,7 @@ impl Served {
             load,
             again: Vec::new(),
             driving: Vec::new(),
-            stage: StagingSlot::new(copies),
+            stage: StagingSlot::new(copies, staging),
             by_key: HashMap::new(),
             next_key: 0,
             stalled: Vec::new(),

@@ -21,7 +21,7 @@ use crate::gpu::{CopyCounters, CopySides, Gpu, Place};
 use crate::mem::MemoryKind;
 use crate::ring::Opcode;
 use crate::transport::cuda_ipc::{DeviceCopier, DeviceCopy};
-use crate::transport::stage::{pages_for, Packer, StagePool, STAGE_PAGE_BYTES};
+use crate::transport::stage::{pages_for, Packer, StageCounters, StagePool, STAGE_PAGE_BYTES};
 use crate::transport::{Block, ChunkEnd, TransferError};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -96,10 +96,10 @@ unsafe impl Send for Stager {}
 
 impl Stager {
     /// Staging through `gpu`, counting its chunks' copy methods in the
-    /// lane's `counters`; nothing is allocated until a chunk needs pages.
-    pub fn new(gpu: Arc<dyn Gpu>, counters: Arc<CopyCounters>) -> Self {
+    /// lane's `counters` and its pool in the lane's `staging`; nothing is allocated until a chunk needs pages.
+    pub fn new(gpu: Arc<dyn Gpu>, counters: Arc<CopyCounters>, staging: Arc<StageCounters>) -> Self {
         Self {
-            pool: StagePool::new(gpu.clone(), LINK_STAGE_PAGES),
+            pool: StagePool::new(gpu.clone(), LINK_STAGE_PAGES, staging),
             copier: DeviceCopier::new(gpu, counters),
             next_id: 0,
             waiting: VecDeque::new(),
@@ -326,6 +326,21 @@ impl Stager {
         ended.push((copying.ticket, Err(failure)));
     }
 
+    /// Drops `ticket`'s chunks still waiting for pages (its deadline
+    /// passed): they end failed, the others go on. Returns how many.
+    pub fn withdraw(&mut self, ticket: u64, ended: &mut Vec<ChunkEnd>) -> usize {
+        let before = self.waiting.len();
+        self.waiting.retain(|waiting| {
+            if waiting.ticket != ticket {
+                return true;
+            }
+            let error = Error::DeadlinePassed { bytes: 0 };
+            ended.push((ticket, Err((error, 0))));
+            false
+        });
+        before - self.waiting.len()
+    }
+
     /// Ends what waits with `error`; chunks whose copies are running end
     /// when their copies do. The connection's own chunks are ended by its
     /// `fail_all`, whose ends come back through [`Stager::poll`].
@@ -338,6 +353,28 @@ impl Stager {
         }
     }
 }
+
+impl Drop for Stager {
+    fn drop(&mut self) {
+        // A copy still running would touch pages about to be unmapped (the
+        // lane stops with chunks in flight): wait for it, bounded; past
+        // that the pages are leaked rather than unmapped under it.
+        let deadline = std::time::Instant::now() + STOP_WAIT;
+        while self.copier.in_flight() > 0 && std::time::Instant::now() < deadline {
+            self.copier.poll(&mut self.ends);
+            self.ends.clear();
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        if self.copier.in_flight() > 0 {
+            tracing::warn!("a staging copy did not end within {STOP_WAIT:?}; its pages are leaked, not unmapped");
+            let gpu = self.pool.gpu().clone();
+            std::mem::forget(std::mem::replace(&mut self.pool, StagePool::new(gpu, 1, Arc::default())));
+        }
+    }
+}
+
+/// Longest a dropped link waits for its staging copies to end.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn clone_error(error: &Error) -> Error {
     match error {

@@ -16,7 +16,7 @@ use crate::desc::RegionId;
 use crate::error::Error;
 use crate::gpu::{CopyCounters, CopySides, Gpu, Place};
 use crate::transport::cuda_ipc::{DeviceCopier, DeviceCopy};
-use crate::transport::stage::{StagePool, STAGE_PAGE_BYTES};
+use crate::transport::stage::{StageCounters, StagePool, STAGE_PAGE_BYTES};
 use crate::transport::ChunkEnd;
 use std::sync::Arc;
 
@@ -30,6 +30,7 @@ pub(crate) const MAX_GROUP_PAGES: usize = 8;
 #[derive(Debug, Default)]
 pub(crate) struct StagingSlot {
     counters: Arc<CopyCounters>,
+    pool_counters: Arc<StageCounters>,
     staging: Option<Staging>,
 }
 
@@ -43,16 +44,39 @@ struct Staging {
     ends: Vec<ChunkEnd>,
 }
 
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // A copy still running writes (or reads) pages about to be unmapped:
+        // wait for it, bounded (the lane is stopping; a GPU that never
+        // answers must not hang the engine's drop, and its pages are then
+        // leaked rather than freed under it).
+        let deadline = std::time::Instant::now() + STOP_WAIT;
+        while self.copier.in_flight() > 0 && std::time::Instant::now() < deadline {
+            self.copier.poll(&mut self.ends);
+            self.ends.clear();
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        if self.copier.in_flight() > 0 {
+            tracing::warn!("a staging copy did not end within {STOP_WAIT:?}; its pages are leaked, not unmapped");
+            let gpu = self.pool.gpu().clone();
+            std::mem::forget(std::mem::replace(&mut self.pool, StagePool::new(gpu, 1, Arc::default())));
+        }
+    }
+}
+
+/// Longest a stopping lane waits for its staging copies to end.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl StagingSlot {
     /// A slot whose copies count their methods in `counters` (the lane's).
-    pub fn new(counters: Arc<CopyCounters>) -> Self {
-        Self { counters, staging: None }
+    pub fn new(counters: Arc<CopyCounters>, pool_counters: Arc<StageCounters>) -> Self {
+        Self { counters, pool_counters, staging: None }
     }
 
     fn get(&mut self, gpu: &Arc<dyn Gpu>) -> &mut Staging {
-        let counters = &self.counters;
+        let (counters, pool_counters) = (&self.counters, &self.pool_counters);
         self.staging.get_or_insert_with(|| Staging {
-            pool: StagePool::new(gpu.clone(), LANE_STAGE_PAGES),
+            pool: StagePool::new(gpu.clone(), LANE_STAGE_PAGES, pool_counters.clone()),
             copier: DeviceCopier::new(gpu.clone(), counters.clone()),
             orphans: Vec::new(),
             ends: Vec::new(),
