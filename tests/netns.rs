@@ -94,10 +94,16 @@ impl Net {
 
     /// Starts `kvring serve` in namespace `b` on `port` (0: any).
     fn serve(&self, port: u16) -> Served {
+        self.serve_with(port, &["--region-size", "4MiB"])
+    }
+
+    /// Starts `kvring serve` in namespace `b` on `port` with `extra` flags.
+    fn serve_with(&self, port: u16, extra: &[&str]) -> Served {
         let listen = format!("{}:{port}", self.b_ip);
         let mut child = Command::new("ip")
             .args(["netns", "exec", &self.b, kvring_bin(), "serve", "--name", "decode-b", "--listen", &listen])
-            .args(["--region-size", "4MiB", "--parent-watch"])
+            .args(extra)
+            .arg("--parent-watch")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -260,4 +266,66 @@ fn a_peer_that_never_answers_fails_within_the_deadline() {
     drop(target);
     finished.store(true, Ordering::Release);
     holder.join().unwrap();
+}
+
+/// KV caches in GPU memory on both hosts (the simulated GPU): a prefill
+/// engine pushes blocks, pulls them back and pushes layer by layer across
+/// the veth pair over tcp, staged through pinned pages on both ends; and
+/// MLA's heterogeneous tp routing (one prefill rank to two decode ranks)
+/// with device caches.
+#[test]
+fn kv_caches_in_gpu_memory_move_across_hosts_over_tcp() {
+    use kvring::kv::{check_pd_topo, push_targets, Attention, KvLayout, Mode, Rank, TopoCheck};
+    let Some(net) = Net::setup("kv_caches_in_gpu_memory_move_across_hosts_over_tcp") else { return };
+    let flags = ["--kv", "deepseek-v3", "--kv-blocks", "8", "--memory", "gpu", "--gpu", "sim"];
+    let decodes = [net.serve_with(0, &flags), net.serve_with(0, &flags)];
+    Net::run_in(&net.a, || {
+        let gpu: std::sync::Arc<dyn kvring::gpu::Gpu> =
+            std::sync::Arc::new(kvring::gpu::SimGpu::new(1, Duration::from_micros(50)));
+        let engine =
+            common::builder("prefill-a").listen(format!("{}:0", net.a_ip).parse().unwrap()).gpu(gpu).build().unwrap();
+        let first = engine.open_segment_with(&decodes[0].addr, Some(TransportKind::Tcp), WAIT).unwrap();
+        let remote = first.kv_layout(WAIT).unwrap();
+        let shape = *remote.shape();
+        let cache = engine.alloc_region(shape.bytes().unwrap() as usize, RegionInfo::raw().on_gpu(0)).unwrap();
+        cache.fill_pattern(31);
+        let local = KvLayout::contiguous(shape, cache.id(), 0).unwrap();
+        let mut sub = engine.submitter().unwrap();
+        // What block `id` of `layer` holds here, by checksum.
+        let here = |layer: u32, id: u64| {
+            let buffer = local.layer(layer).unwrap()[0];
+            cache.checksum(buffer.offset + id * buffer.block_bytes, buffer.block_bytes as usize).unwrap()
+        };
+        let there = |segment: &kvring::Segment, layout: &KvLayout, layer: u32, id: u64| {
+            let buffer = layout.layer(layer).unwrap()[0];
+            segment.remote_checksum(buffer.region, buffer.offset + id * buffer.block_bytes, buffer.block_bytes, WAIT)
+        };
+
+        // tp 1 -> tp 2 (MLA, push): every decode rank gets the blocks.
+        let me = Rank { dp_size: 1, tp_size: 1, dp_rank: 0, tp_rank: 0 };
+        let them = Rank { dp_size: 1, tp_size: 2, dp_rank: 0, tp_rank: 0 };
+        assert_eq!(check_pd_topo(me, them, Mode::Push, Attention::Mla), TopoCheck::Heterogeneous);
+        for target in push_targets(0, 1, 2) {
+            let segment =
+                engine.open_segment_with(&decodes[target as usize].addr, Some(TransportKind::Tcp), WAIT).unwrap();
+            let layout = segment.kv_layout(WAIT).unwrap();
+            let id = sub.push_blocks(&segment, &local, &layout, &[1, 2, 3], &[5, 6, 7]).unwrap();
+            assert!(sub.wait(id, WAIT).unwrap().is_done());
+            for layer in [0, 30, 60] {
+                for (s, d) in [(1, 5), (2, 6), (3, 7)] {
+                    assert_eq!(there(&segment, &layout, layer, d).unwrap(), here(layer, s), "decode {target}");
+                }
+            }
+        }
+        // Pulled back into other blocks of this GPU cache.
+        let id = sub.pull_blocks(&first, &local, &remote, &[5, 6], &[0, 4]).unwrap();
+        assert!(sub.wait(id, WAIT).unwrap().is_done());
+        assert_eq!((here(10, 0), here(10, 4)), (here(10, 1), here(10, 2)));
+        // Layer by layer, tagged for per-layer arrival.
+        for layer in 0..shape.layers {
+            let id = sub.push_layer_tagged(&first, &local, &remote, layer, 9, &[3], &[0]).unwrap();
+            assert!(sub.wait(id, WAIT).unwrap().is_done());
+        }
+        assert_eq!(there(&first, &remote, 60, 0).unwrap(), here(60, 3));
+    });
 }
