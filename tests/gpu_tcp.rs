@@ -43,7 +43,12 @@ fn round_trip(sub: &mut kvring::Submitter, segment: &Segment, local: &Region, re
     local.write_at(0, &source).unwrap();
     let out: Vec<_> = (0..blocks).map(|i| BlockDesc::new(local.id(), i * len, remote.id(), i * len, len)).collect();
     assert_eq!(run(sub, &Batch::write(segment).descs(&out)).into_result().unwrap(), bytes as u64);
-    assert!(contents(remote, 0, bytes) == source, "the target holds what was pushed");
+    let landed = contents(remote, 0, bytes);
+    let first_wrong = landed.iter().zip(&source).position(|(a, b)| a != b);
+    assert!(
+        first_wrong.is_none(),
+        "the target holds what was pushed ({blocks} x {len}: first wrong byte {first_wrong:?})"
+    );
     let back = bytes as u64;
     let into: Vec<_> =
         (0..blocks).map(|i| BlockDesc::new(local.id(), back + i * len, remote.id(), i * len, len)).collect();
@@ -221,4 +226,115 @@ fn restarts_while_staged_chunks_are_in_flight_leak_no_page() {
     drop(initiator);
     // And on both ends, every pool's memory was unpinned with the GPU.
     assert_eq!(gpu.host_registered_ranges(), 0, "pinned host ranges left after every engine went");
+}
+
+/// More than the target's pool (32 pages of 1 MiB) read out of its GPU in
+/// one batch, and by several connections at once: a frame that finds no
+/// page waits and goes on as the replies sent from pages give them back.
+#[test]
+fn pulling_more_than_the_targets_staging_pool_completes() {
+    let gpu = Arc::new(SimGpu::new(1, Duration::from_micros(200)));
+    let target = engine("deep-target", &gpu);
+    let remote = target.alloc_region(96 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    remote.write_at(0, &common::pattern(96 << 20, 41)).unwrap();
+    let initiator = common::builder("deep-initiator").gpu(gpu.clone() as Arc<dyn Gpu>).lanes(2).build().unwrap();
+    let local = initiator.alloc_region(96 << 20, RegionInfo::raw()).unwrap();
+    let segment = tcp(&initiator, &target);
+    let mut sub = initiator.submitter().unwrap();
+    // 96 blocks of 1 MiB: split across both lanes' connections.
+    let descs: Vec<_> =
+        (0..96u64).map(|i| BlockDesc::new(local.id(), i << 20, remote.id(), i << 20, 1 << 20)).collect();
+    assert_eq!(run(&mut sub, &Batch::read(&segment).descs(&descs)).into_result().unwrap(), 96 << 20);
+    assert!(contents(&local, 0, 96 << 20) == common::pattern(96 << 20, 41));
+    let stats = target.lane_stats();
+    assert_eq!(stats.iter().map(|s| s.staging_pages_out).sum::<u64>(), 0, "{stats:?}");
+}
+
+/// Peers that send part of a chunk to a GPU region and go quiet hold no
+/// pages for long: what a read pass staged is copied at its end, so a
+/// legitimate push beside them completes, and its bytes are in place.
+#[test]
+fn quiet_peers_holding_half_chunks_do_not_hold_the_staging_pool() {
+    use kvring::testing::tcp::{ClientHello, FrameHeader, FrameOp, SERVER_HELLO_BYTES};
+    use std::io::{Read, Write};
+    use zerocopy::IntoBytes;
+    let gpu = Arc::new(SimGpu::new(1, Duration::from_micros(100)));
+    let target = engine("held-target", &gpu);
+    let remote = target.alloc_region(64 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let mut quiet = Vec::new();
+    for peer in 0..6u64 {
+        let mut s = std::net::TcpStream::connect(target.tcp_addr().unwrap()).unwrap();
+        s.write_all(ClientHello::new(target.epoch(), [0; 16], [0; 16]).as_bytes()).unwrap();
+        let mut hello = [0u8; SERVER_HELLO_BYTES];
+        s.read_exact(&mut hello).unwrap();
+        // Eight frames just over half a page each, none the chunk's last.
+        for frame in 0..8u64 {
+            let offset = (peer * 8 + frame) * (1 << 20);
+            let header = FrameHeader::new(FrameOp::Write, target.epoch(), 1, remote.id().raw(), offset, (1 << 19) + 1);
+            s.write_all(header.as_bytes()).unwrap();
+            s.write_all(&vec![0xAB; (1 << 19) + 1]).unwrap();
+        }
+        quiet.push(s);
+    }
+    let initiator = engine("beside-initiator", &gpu);
+    let local = initiator.alloc_region(8 << 20, RegionInfo::raw()).unwrap();
+    local.write_at(0, &common::pattern(8 << 20, 3)).unwrap();
+    let segment = tcp(&initiator, &target);
+    let mut sub = initiator.submitter().unwrap();
+    let descs: Vec<_> =
+        (0..8u64).map(|i| BlockDesc::new(local.id(), i << 20, remote.id(), (56 << 20) + (i << 20), 1 << 20)).collect();
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&descs)).is_done());
+    assert!(contents(&remote, 56 << 20, 8 << 20) == common::pattern(8 << 20, 3));
+    drop(quiet);
+}
+
+/// A copy into the target's GPU that the driver refuses fails that chunk's
+/// ack (never `Done`), gives its pages back, and the next push goes on.
+#[test]
+fn a_refused_staging_copy_fails_its_chunk_only() {
+    let gpu = Arc::new(SimGpu::new(1, Duration::from_micros(100)));
+    let target = engine("refusing-target", &gpu);
+    let remote = target.alloc_region(4 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let initiator = engine("refused-initiator", &gpu);
+    let local = initiator.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
+    local.write_at(0, &common::pattern(4 << 20, 8)).unwrap();
+    let segment = tcp(&initiator, &target);
+    let mut sub = initiator.submitter().unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, remote.id(), 0, 1 << 20)];
+    gpu.refuse_copy_call(0);
+    match run(&mut sub, &Batch::write(&segment).descs(&descs)) {
+        Outcome::Failed(error) => {
+            assert!(error.to_string().contains("refused") || error.to_string().contains("gpu"), "{error}")
+        }
+        other => panic!("a chunk whose copy was refused ended {other:?}"),
+    }
+    assert!(run(&mut sub, &Batch::write(&segment).descs(&descs)).is_done());
+    assert!(contents(&remote, 0, 1 << 20) == common::pattern(1 << 20, 8));
+    let stats = target.lane_stats();
+    assert_eq!(stats.iter().map(|s| s.staging_pages_out).sum::<u64>(), 0, "{stats:?}");
+}
+
+/// One chunk into two GPUs of the target: its ack waits for both copies
+/// (on two streams), not only the last.
+#[test]
+fn a_chunk_into_two_gpus_is_done_only_once_both_copies_are() {
+    let gpu = Arc::new(SimGpu::new(2, Duration::from_millis(20)));
+    let target = engine("two-gpu-target", &gpu);
+    let first = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let second = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap();
+    let initiator = engine("two-gpu-initiator", &gpu);
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let segment = tcp(&initiator, &target);
+    let mut sub = initiator.submitter().unwrap();
+    for round in 0..10u64 {
+        let bytes = common::pattern(8192, round);
+        local.write_at(0, &bytes).unwrap();
+        let descs = [
+            BlockDesc::new(local.id(), 0, first.id(), round * 4096, 4096),
+            BlockDesc::new(local.id(), 4096, second.id(), round * 4096, 4096),
+        ];
+        assert!(run(&mut sub, &Batch::write(&segment).descs(&descs)).is_done());
+        assert!(contents(&first, round * 4096, 4096) == bytes[..4096], "round {round}: GPU 0");
+        assert!(contents(&second, round * 4096, 4096) == bytes[4096..], "round {round}: GPU 1");
+    }
 }

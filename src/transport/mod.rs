@@ -203,6 +203,12 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
     /// dropped, so its chunks in flight still end.
     fn retire(&mut self, _ended: &mut Vec<ChunkEnd>) {}
 
+    /// True while GPU copies of this link's staged chunks run: their ends
+    /// raise no edge on its socket, so a parked lane must look again soon.
+    fn waiting_on_copies(&self) -> bool {
+        false
+    }
+
     /// Ends (into `ended`, as failed) the chunks of `ticket` that have not
     /// left yet and may simply be dropped; returns how many. A part past its
     /// deadline whose every chunk is withdrawn needs no [`LaneLink::abort`].

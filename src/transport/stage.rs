@@ -36,6 +36,8 @@ pub(crate) struct StagePool {
     /// The pages, once allocated and pinned.
     memory: Option<memmap2::MmapMut>,
     free: Vec<u32>,
+    /// Pages went back since [`StagePool::take_returned`] last looked.
+    returned: bool,
 }
 
 impl std::fmt::Debug for StagePool {
@@ -48,7 +50,7 @@ impl StagePool {
     /// A pool of `pages` pages through `gpu`, counted in `counters`;
     /// nothing is allocated yet.
     pub fn new(gpu: Arc<dyn Gpu>, pages: usize, counters: Arc<StageCounters>) -> Self {
-        Self { gpu, counters, pages: pages.max(1), memory: None, free: Vec::new() }
+        Self { gpu, counters, pages: pages.max(1), memory: None, free: Vec::new(), returned: false }
     }
 
     /// The GPU provider the pool pins with (and its copies use).
@@ -89,7 +91,18 @@ impl StagePool {
     /// Gives pages back.
     pub fn give(&mut self, pages: &mut Vec<u32>) {
         self.counters.pages_out.fetch_sub(pages.len() as i64, Ordering::Relaxed);
+        self.returned |= !pages.is_empty();
         self.free.append(pages);
+    }
+
+    /// True (once) when pages went back since the last call.
+    pub fn take_returned(&mut self) -> bool {
+        std::mem::take(&mut self.returned)
+    }
+
+    /// True when a page is free (or the pool is not made yet).
+    pub fn has_free(&self) -> bool {
+        self.memory.is_none() || !self.free.is_empty()
     }
 
     /// Pages free now.

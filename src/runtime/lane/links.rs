@@ -170,9 +170,11 @@ impl Links {
     }
 
     /// True when some link with chunks in flight has no socket to wake the
-    /// lane when they progress.
+    /// lane when they progress, or waits on GPU copies (which wake nothing).
     pub fn any_active_without_wake(&self) -> bool {
-        self.active.iter().any(|&index| self.slots[index as usize].as_ref().is_some_and(|s| s.wake.is_none()))
+        self.active.iter().any(|&index| {
+            self.slots[index as usize].as_ref().is_some_and(|s| s.wake.is_none() || s.link.waiting_on_copies())
+        })
     }
 
     /// True when some link with chunks in flight waits on a peer's thread

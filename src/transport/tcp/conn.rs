@@ -89,7 +89,6 @@ struct OutFrame {
     /// Payload (WRITE, NOTIFY); null with `len` 0 for READ requests.
     payload: *const u8,
     len: usize,
-    ticket: u64,
     /// The chunk it belongs to (a part's chunks share its ticket).
     chunk: u64,
 }
@@ -155,6 +154,10 @@ pub struct Connection {
     dead: Option<Error>,
     /// Id of the next chunk queued.
     next_chunk: u64,
+    /// Whether ended chunks' ids are kept (a staging link reads them).
+    track_chunks: bool,
+    /// Ids of ended chunks, in the order of their ends.
+    ended_chunks: Vec<u64>,
 }
 
 // SAFETY: the raw pointers are into registered local regions that the
@@ -182,6 +185,8 @@ impl Connection {
             stalled_since: None,
             dead: None,
             next_chunk: 0,
+            track_chunks: false,
+            ended_chunks: Vec::new(),
         })
     }
 
@@ -192,13 +197,14 @@ impl Connection {
 
     /// Queues a chunk: WRITE frames carry payloads, READ frames ask for
     /// them. Blocks larger than [`MAX_FRAME_PAYLOAD_BYTES`] span frames.
+    /// Returns the chunk's id on this connection.
     ///
     /// # Safety
     ///
     /// As [`LaneLink::transfer`](crate::transport::LaneLink::transfer): the
     /// blocks' local ranges are read (WRITE) or written (READ) later, by
     /// `send` and `progress`, until the chunk's ticket ends.
-    pub unsafe fn queue_chunk(&mut self, peer: &Peer, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) {
+    pub unsafe fn queue_chunk(&mut self, peer: &Peer, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) -> u64 {
         let frame_op = match op {
             Opcode::Write => FrameOp::Write,
             Opcode::Read => FrameOp::Read,
@@ -236,7 +242,7 @@ impl Connection {
                 Opcode::Write => (span.local as *const u8, span.len as usize),
                 Opcode::Read => (std::ptr::null(), 0),
             };
-            self.out.push_back(OutFrame { header, payload, len, ticket, chunk });
+            self.out.push_back(OutFrame { header, payload, len, chunk });
         }
         self.await_reply(Awaited {
             ticket,
@@ -249,6 +255,7 @@ impl Connection {
             failure: None,
             _payload: Vec::new(),
         });
+        chunk
     }
 
     /// Queues a notification (an encoded `Notification`) after everything
@@ -257,7 +264,7 @@ impl Connection {
         let header = FrameHeader::new(FrameOp::Notify, peer.epoch, 0, 0, 0, payload.len() as u64);
         let chunk = self.take_chunk_id();
         // The Vec's heap buffer does not move when the Vec does.
-        self.out.push_back(OutFrame { header, payload: payload.as_ptr(), len: payload.len(), ticket, chunk });
+        self.out.push_back(OutFrame { header, payload: payload.as_ptr(), len: payload.len(), chunk });
         self.await_reply(Awaited {
             ticket,
             chunk,
@@ -579,7 +586,7 @@ impl Connection {
                 Some(Ok((error.code(), format!("not sent: an earlier chunk of its batch failed ({error})"))))
             }
         };
-        finished.push((ended.ticket, result));
+        self.ended(ended.ticket, ended.chunk, result, finished);
         ended.spans.clear();
         self.spare.push(std::mem::take(&mut ended.spans));
         match failure {
@@ -594,27 +601,51 @@ impl Connection {
 
     /// Drops the chunks of `batch_id` none of whose frames has started.
     fn drop_unsent(&mut self, batch_id: u64, cause: &(ErrorCode, String), finished: &mut Vec<ChunkEnd>) {
-        let started = (self.front_sent > 0).then(|| self.out.front().map(|f| f.ticket)).flatten();
+        // Chunk by chunk (a part's chunks share its ticket): a chunk with a
+        // frame started or sent stays, to end through its replies.
+        let started = (self.front_sent > 0).then(|| self.out.front().map(|f| f.chunk)).flatten();
         let mut index = 0;
         while index < self.awaiting.len() {
             let entry = &self.awaiting[index];
-            if entry.batch_id != batch_id || entry.op == FrameOp::Notify || Some(entry.ticket) == started {
+            if entry.batch_id != batch_id || entry.op == FrameOp::Notify || Some(entry.chunk) == started {
                 index += 1;
                 continue;
             }
-            let unsent = self.out.iter().filter(|f| f.ticket == entry.ticket).count();
+            let chunk = entry.chunk;
+            let unsent = self.out.iter().filter(|f| f.chunk == chunk).count();
             if unsent != entry.spans.len() {
                 index += 1;
                 continue;
             }
-            let ticket = entry.ticket;
-            self.out.retain(|f| f.ticket != ticket);
-            if let Some(mut dropped) = self.awaiting.remove(index) {
-                dropped.spans.clear();
-                self.spare.push(std::mem::take(&mut dropped.spans));
-            }
-            finished.push((ticket, Err((Error::Remote { code: cause.0, message: cause.1.clone() }, 0))));
+            self.out.retain(|f| f.chunk != chunk);
+            let Some(mut dropped) = self.awaiting.remove(index) else { break };
+            dropped.spans.clear();
+            self.spare.push(std::mem::take(&mut dropped.spans));
+            let error = Error::Remote { code: cause.0, message: cause.1.clone() };
+            self.ended(dropped.ticket, chunk, Err((error, 0)), finished);
         }
+    }
+
+    /// Reports chunk `chunk` of `ticket` ended; its id is kept, in the same
+    /// order, for whoever tracks chunks (see [`Connection::track_chunks`]).
+    fn ended(&mut self, ticket: u64, chunk: u64, result: Result<u64, (Error, u64)>, finished: &mut Vec<ChunkEnd>) {
+        finished.push((ticket, result));
+        if self.track_chunks {
+            self.ended_chunks.push(chunk);
+        }
+    }
+
+    /// Keeps the ids of ended chunks, in the order their ends are reported
+    /// (a part's chunks share its ticket, and do not always end in the
+    /// order they were queued: an unsent chunk of a failed batch ends
+    /// before one whose replies are still to come).
+    pub fn track_chunks(&mut self) {
+        self.track_chunks = true;
+    }
+
+    /// The ids of the chunks ended since the last call, in order.
+    pub fn ended_chunks(&mut self) -> std::vec::Drain<'_, u64> {
+        self.ended_chunks.drain(..)
     }
 
     /// Fails everything queued or awaited with `reason` (the connection is
@@ -622,8 +653,8 @@ impl Connection {
     pub fn fail_all(&mut self, peer: &Peer, reason: &str, finished: &mut Vec<ChunkEnd>) {
         self.out.clear();
         self.front_sent = 0;
-        for awaited in self.awaiting.drain(..) {
-            finished.push((awaited.ticket, Err((peer.gone(reason.to_string()), awaited.moved))));
+        while let Some(awaited) = self.awaiting.pop_front() {
+            self.ended(awaited.ticket, awaited.chunk, Err((peer.gone(reason.to_string()), awaited.moved)), finished);
         }
     }
 }

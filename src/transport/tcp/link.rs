@@ -85,7 +85,11 @@ impl TcpLink {
             }
             let stream = open(addr, peer, epoch, session, deadline)?;
             let wake = stream.try_clone().ok().map(std::os::fd::OwnedFd::from);
-            let connection = Connection::new(stream).map_err(|e| Error::io("configuring a data connection", e))?;
+            let mut connection = Connection::new(stream).map_err(|e| Error::io("configuring a data connection", e))?;
+            if stager.is_some() {
+                // The stager matches the connection's chunk ends by id.
+                connection.track_chunks();
+            }
             links.push(Box::new(TcpLink {
                 peer: Peer { name: peer.to_string(), addr, epoch },
                 io_timeout,
@@ -106,6 +110,9 @@ impl TcpLink {
         let mut from_connection = std::mem::take(&mut self.ends);
         if let Ok(connection) = &mut self.connection {
             connection.fail_all(&self.peer, &reason, &mut from_connection);
+            if let Some(stager) = &mut self.stager {
+                stager.note_chunks(connection.ended_chunks());
+            }
             // The wake descriptor keeps the socket open: shut it down now.
             connection.shutdown();
         }
@@ -152,15 +159,17 @@ impl LaneLink for TcpLink {
             }
             Some(stager) => {
                 // SAFETY: as above.
-                unsafe { connection.queue_chunk(peer, op, batch_id, ticket, blocks) };
-                stager.queued_plain(ticket);
+                let chunk = unsafe { connection.queue_chunk(peer, op, batch_id, ticket, blocks) };
+                stager.queued_plain(ticket, chunk);
             }
             None if device => {
                 let what = "GPU memory over tcp without a GPU provider in this engine".to_string();
                 return Posted::Failed((Error::Unsupported { what }, 0));
             }
-            // SAFETY: as above.
-            None => unsafe { connection.queue_chunk(peer, op, batch_id, ticket, blocks) },
+            None => {
+                // SAFETY: as above.
+                unsafe { connection.queue_chunk(peer, op, batch_id, ticket, blocks) };
+            }
         }
         // Start sending now: a lone small chunk often leaves in this call.
         if let Err(error) = connection.send(peer) {
@@ -182,7 +191,11 @@ impl LaneLink for TcpLink {
             };
         };
         let progress = match connection {
-            Ok(connection) => connection.progress(peer, *io_timeout, ends),
+            Ok(connection) => {
+                let progress = connection.progress(peer, *io_timeout, ends);
+                stager.note_chunks(connection.ended_chunks());
+                progress
+            }
             Err(_) => Ok(false),
         };
         match progress {
@@ -205,6 +218,10 @@ impl LaneLink for TcpLink {
         // Local GPU blocks are staged here; a peer's GPU regions are staged
         // by the peer, which registered them with its own GPU provider.
         true
+    }
+
+    fn waiting_on_copies(&self) -> bool {
+        self.stager.as_ref().is_some_and(Stager::copies_running)
     }
 
     fn withdraw(&mut self, ticket: u64, ended: &mut Vec<ChunkEnd>) -> usize {

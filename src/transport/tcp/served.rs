@@ -97,7 +97,9 @@ impl Served {
                 again.push(index);
             }
         });
-        if settled {
+        // Pages went back (a copy settled, a READ reply from pages sent):
+        // whoever waits for one tries again.
+        if settled | stage.take_returned() {
             for index in stalled.drain(..) {
                 if let Some(Some(slot)) = slots.get_mut(index) {
                     slot.conn.unstall();

@@ -58,6 +58,8 @@ struct Copying {
 /// A chunk queued on the connection.
 #[derive(Debug)]
 struct Sent {
+    /// Its id on the connection.
+    chunk: u64,
     ticket: u64,
     pages: Vec<u32>,
     /// READ: the copies into GPU memory to make once its replies are in.
@@ -86,6 +88,8 @@ pub(crate) struct Stager {
     landing: Vec<Landing>,
     /// Scratch for the connection's and the copier's ends.
     ends: Vec<ChunkEnd>,
+    /// The connection's ended chunk ids, in the order of its ends.
+    chunk_ids: VecDeque<u64>,
 }
 
 // SAFETY: the blocks' raw pointers are into registered regions their parts
@@ -107,7 +111,20 @@ impl Stager {
             sent: VecDeque::new(),
             landing: Vec::new(),
             ends: Vec::new(),
+            chunk_ids: VecDeque::new(),
         }
+    }
+
+    /// Notes the ids of chunks the connection ended, in order: each end it
+    /// reports is matched to its chunk by them.
+    pub fn note_chunks(&mut self, ids: impl Iterator<Item = u64>) {
+        self.chunk_ids.extend(ids);
+    }
+
+    /// True while copies of its chunks run (or chunks wait for pages that
+    /// their ends free).
+    pub fn copies_running(&self) -> bool {
+        !(self.copying.is_empty() && self.landing.is_empty() && self.waiting.is_empty())
     }
 
     /// True while anything is waiting, copying or in flight here.
@@ -192,9 +209,9 @@ impl Stager {
             _ => {
                 // SAFETY: host blocks as our caller guarantees; staged ones
                 // point into pages this chunk holds until it has ended.
-                unsafe { connection.queue_chunk(peer, op, batch_id, ticket, &staged) };
+                let chunk = unsafe { connection.queue_chunk(peer, op, batch_id, ticket, &staged) };
                 let landing = if op == Opcode::Read { copies } else { Vec::new() };
-                self.sent.push_back(Sent { ticket, pages, landing });
+                self.sent.push_back(Sent { chunk, ticket, pages, landing });
             }
         }
         Ok(true)
@@ -215,8 +232,8 @@ impl Stager {
 
     /// Books a chunk queued on the connection without staging (so the
     /// connection's ends stay matched to chunks in order).
-    pub fn queued_plain(&mut self, ticket: u64) {
-        self.sent.push_back(Sent { ticket, pages: Vec::new(), landing: Vec::new() });
+    pub fn queued_plain(&mut self, ticket: u64, chunk: u64) {
+        self.sent.push_back(Sent { chunk, ticket, pages: Vec::new(), landing: Vec::new() });
     }
 
     /// Routes the connection's ends (`from_connection`) and the copier's
@@ -231,7 +248,8 @@ impl Stager {
     ) -> bool {
         let mut moved = !from_connection.is_empty();
         for (ticket, result) in from_connection.drain(..) {
-            self.connection_ended(ticket, result, ended);
+            let chunk = self.chunk_ids.pop_front();
+            self.connection_ended(ticket, chunk, result, ended);
         }
         let mut copies = std::mem::take(&mut self.ends);
         moved |= self.copier.poll(&mut copies);
@@ -269,10 +287,13 @@ impl Stager {
     fn connection_ended(
         &mut self,
         ticket: u64,
+        chunk: Option<u64>,
         result: std::result::Result<u64, TransferError>,
         ended: &mut Vec<ChunkEnd>,
     ) {
-        let Some(at) = self.sent.iter().position(|s| s.ticket == ticket) else {
+        // Matched by the chunk's id (a part's chunks share its ticket and
+        // do not always end in queue order); a notification has no booking.
+        let Some(at) = self.sent.iter().position(|s| Some(s.chunk) == chunk && s.ticket == ticket) else {
             ended.push((ticket, result));
             return;
         };
@@ -315,10 +336,11 @@ impl Stager {
             (Ok(_), None, Some(connection)) => {
                 // SAFETY: the staged blocks point into this chunk's pages,
                 // now holding its bytes, held until the chunk ends.
-                unsafe {
+                let chunk = unsafe {
                     connection.queue_chunk(peer, Opcode::Write, copying.batch_id, copying.ticket, &copying.blocks)
                 };
-                self.sent.push_back(Sent { ticket: copying.ticket, pages: copying.pages, landing: Vec::new() });
+                let (ticket, pages) = (copying.ticket, copying.pages);
+                self.sent.push_back(Sent { chunk, ticket, pages, landing: Vec::new() });
                 return;
             }
         };

@@ -130,9 +130,10 @@ struct Reply {
     payload: *const u8,
     payload_len: usize,
     lease: Option<RegionId>,
-    /// Waits for staging group `gate`'s copy before it goes (an ack after
-    /// its bytes reached the GPU, READ data once copied out of it).
-    gate: Option<u32>,
+    /// Waits for the copies of staging groups `first..=last` before it goes
+    /// (an ack once its chunk's bytes reached the GPU, READ data once copied
+    /// out of it).
+    gate: Option<(u32, u32)>,
     /// Sent from staging group `group`'s pages, given back after it.
     group: Option<u32>,
 }
@@ -178,8 +179,8 @@ pub(crate) struct TargetConn {
     /// Groups issued, until settled.
     groups: Vec<staging::Group>,
     next_group: u32,
-    /// A staging copy failed: the next ack gated on one reports it.
-    copy_failure: Option<Error>,
+    /// The first group of the WRITE chunk being received, if it has one.
+    chunk_groups: Option<u32>,
 }
 
 // SAFETY: the raw pointers are into registered regions under leases this
@@ -213,7 +214,7 @@ impl TargetConn {
             read_group: Default::default(),
             groups: Vec::new(),
             next_group: 0,
-            copy_failure: None,
+            chunk_groups: None,
         }
     }
 
@@ -307,9 +308,19 @@ impl TargetConn {
         stage: &mut StagingSlot,
     ) -> std::result::Result<bool, Close> {
         self.swap_stage(stage);
+        if self.stalled && self.pages_free() {
+            self.stalled = false;
+        }
         let read = self.read_frames(io, ctx, admit, now);
-        // The READ frames of this pass share one copy out of the GPU.
-        self.issue(staging::Direction::Out);
+        // What this pass staged is copied now: the READ frames' copy out of
+        // the GPU (their replies wait for it), and the WRITE frames' copy in
+        // (a peer that goes quiet mid-chunk holds no page for long).
+        self.issue(ctx, staging::Direction::Out);
+        // Not while a staged payload is still arriving: its copy would
+        // carry what is not there yet.
+        if !matches!(self.receiving, Receiving::Payload { staged: true, .. }) {
+            self.issue(ctx, staging::Direction::In);
+        }
         self.swap_stage(stage);
         read
     }

@@ -181,7 +181,15 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let segment = engine
         .open_segment_with(&peer, Some(options.transport), Duration::from_secs(10))
         .map_err(|e| format!("opening {peer}: {e}"))?;
-    let remote = segment.regions().first().ok_or_else(|| format!("{peer} exposes no region"))?.clone();
+    // The target's region of the kind asked for (a `kvring serve --memory
+    // gpu` serves a host region beside its GPU one).
+    let wanted = options.memory.map(|(_, remote)| remote);
+    let remote = segment
+        .regions()
+        .iter()
+        .find(|r| wanted.is_none_or(|kind| r.memory == kind))
+        .ok_or_else(|| format!("{peer} exposes no region{}", wanted.map_or(String::new(), |k| format!(" in {k:?}"))))?
+        .clone();
     let region_bytes = options.region_bytes.min(remote.len);
     let info = crate::gpubench::local_info(options.memory);
     let local = engine.alloc_region(region_bytes as usize, info).map_err(|e| e.to_string())?;

@@ -56,9 +56,44 @@ fn a_refused_chunk_drops_its_batchs_unsent_chunks_but_not_the_next_batchs() {
         assert!(error.to_string().contains("not sent: an earlier chunk of its batch failed"), "{error}");
     }
     // Batch 8 is all that is left to send.
-    let queued: Vec<u64> = connection.out.iter().map(|f| f.ticket).collect();
-    assert_eq!(queued, [4]);
+    let queued: Vec<u64> = connection.out.iter().map(|f| f.chunk).collect();
+    assert_eq!(queued, [3], "batch 8's chunk, the fourth queued");
     assert_eq!(connection.awaiting.len(), 1);
+}
+
+/// A part's chunks share its ticket: after a refusal, only the chunks none
+/// of whose frames left are dropped, one by one, and the order their ends
+/// are reported in is told by their ids (a chunk whose replies are still to
+/// come ends after a later one that was dropped).
+#[test]
+fn unsent_chunks_of_a_refused_part_are_dropped_by_chunk_not_by_ticket() {
+    let (mut connection, mut server, peer) = pair();
+    connection.track_chunks();
+    let mut memory = vec![1u8; 64];
+    let ids: Vec<u64> = (0..3u64)
+        .map(|i| {
+            let blocks = [block(&mut memory, i * 8)];
+            // SAFETY: `memory` outlives the connection and nothing else touches it.
+            unsafe { connection.queue_chunk(&peer, Opcode::Read, 7, 1, &blocks) }
+        })
+        .collect();
+    // The first two chunks' requests leave; the third's does not.
+    let sent = connection.out.iter().take(2).map(OutFrame::total).sum();
+    connection.advance_sent(sent);
+    // The first is refused: the third (unsent) is dropped, the second
+    // (sent, its reply still to come) stays.
+    let mut refusal = FrameHeader::new(FrameOp::ReadData, 5, 7, 1 << 16, 0, 0);
+    refusal.status = -(ErrorCode::OutOfBounds as i32);
+    server.write_all(refusal.as_bytes()).unwrap();
+    let mut finished = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while finished.len() < 2 {
+        connection.receive(&peer, &mut finished).unwrap();
+        assert!(Instant::now() < deadline, "no reply read: {finished:?}");
+    }
+    assert_eq!(connection.ended_chunks().collect::<Vec<_>>(), [ids[0], ids[2]]);
+    assert!(connection.out.is_empty(), "nothing of the dropped chunk is left to send");
+    assert_eq!(connection.awaiting.iter().map(|a| a.chunk).collect::<Vec<_>>(), [ids[1]]);
 }
 
 #[test]

@@ -38,7 +38,7 @@ impl TargetConn {
                 };
                 self.receiving = match checked {
                     Some((addr, Some((gpu, ordinal)))) if len > 0 => {
-                        match self.stage(&gpu, staging::Direction::In, addr as u64, ordinal, len) {
+                        match self.stage(ctx, &gpu, (staging::Direction::In, addr as u64, ordinal, len)) {
                             Some((at, _)) => Receiving::Payload { dest: at, left: len, region, staged: true },
                             None => return self.wait_for_pages(ctx, region),
                         }
@@ -69,7 +69,7 @@ impl TargetConn {
                         reply.flags = 0;
                         let (payload, gate) = match device {
                             Some((gpu, ordinal)) if len > 0 => {
-                                match self.stage(&gpu, staging::Direction::Out, addr as u64, ordinal, len) {
+                                match self.stage(ctx, &gpu, (staging::Direction::Out, addr as u64, ordinal, len)) {
                                     Some((at, number)) => {
                                         self.read_reply_staged();
                                         (at as *const u8, Some(number))
@@ -87,7 +87,7 @@ impl TargetConn {
                             payload,
                             payload_len: len,
                             lease: Some(region),
-                            gate,
+                            gate: gate.map(|n| (n, n)),
                             group: gate,
                         });
                     }
@@ -129,8 +129,8 @@ impl TargetConn {
         self.start -= FRAME_HEADER_BYTES;
         self.receiving = Receiving::Header;
         self.stalled = true;
-        self.issue(staging::Direction::In);
-        self.issue(staging::Direction::Out);
+        self.issue(ctx, staging::Direction::In);
+        self.issue(ctx, staging::Direction::Out);
         false
     }
 
@@ -141,7 +141,8 @@ impl TargetConn {
         if header.is_last() {
             // Staged bytes of the chunk go to the GPU now; its ack waits for
             // that copy.
-            let gate = self.issue(staging::Direction::In);
+            let last = self.issue(ctx, staging::Direction::In);
+            let gate = self.take_chunk_groups(last);
             match self.chunk_failure.take() {
                 None => self.queue(FrameHeader::new(FrameOp::Ack, ctx.epoch, header.batch_id, 0, 0, 0).as_bytes()),
                 Some((failed, error)) => self.queue_status(FrameOp::Ack, &failed, &error),

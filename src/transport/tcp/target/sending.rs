@@ -90,10 +90,10 @@ impl TargetConn {
     /// goes once it ended (as a failure when it failed). Returns how many.
     fn open_gates(&mut self) -> usize {
         for index in 0..self.replies.len() {
-            let Some(number) = self.replies[index].gate else { continue };
-            let failure = match self.gate(number) {
+            let Some(groups) = self.replies[index].gate else { continue };
+            let failure = match self.gate(groups) {
                 None => return index,
-                Some(Ok(())) => self.copy_failure.take().filter(|_| self.replies[index].payload_len == 0),
+                Some(Ok(())) => None,
                 Some(Err(reason)) => Some(Error::Gpu { device: "staging".into(), reason }),
             };
             let reply = &mut self.replies[index];

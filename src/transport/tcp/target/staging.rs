@@ -24,6 +24,12 @@ use std::sync::Arc;
 pub(crate) const LANE_STAGE_PAGES: usize = 32;
 /// Most pages one group (one batched copy) spans.
 pub(crate) const MAX_GROUP_PAGES: usize = 8;
+/// Most copies one group carries (a peer's tiny scattered frames cost one
+/// batched copy per this many).
+pub(crate) const MAX_GROUP_COPIES: usize = 256;
+/// Most pages one connection holds at once: a quarter of its lane's pool,
+/// so no peer can hold the pages the lane's other connections need.
+pub(crate) const CONN_STAGE_PAGES: usize = LANE_STAGE_PAGES / 4;
 
 /// A lane's staging for its served connections: made at the first frame
 /// that needs it, with the provider of that frame's region.
@@ -86,6 +92,12 @@ impl StagingSlot {
     /// True while staging copies are running.
     pub fn running(&self) -> bool {
         self.staging.as_ref().is_some_and(|s| s.copier.in_flight() > 0)
+    }
+
+    /// True (once) when pages went back since the last call: connections
+    /// waiting for pages may go on.
+    pub fn take_returned(&mut self) -> bool {
+        self.staging.as_mut().is_some_and(|s| s.pool.take_returned())
     }
 
     /// Polls the copies; calls `done(id, result)` for each that ended (ids
@@ -161,7 +173,7 @@ pub(super) enum Direction {
 }
 
 impl TargetConn {
-    /// The connection's key for its copies' ids (its slot in the lane).
+    /// The connection's key for its copies' ids (unique in its lane).
     pub(crate) fn set_stage_key(&mut self, key: u32) {
         self.stage_key = key;
     }
@@ -176,34 +188,49 @@ impl TargetConn {
         self.stalled = false;
     }
 
+    /// Pages this connection holds now (its quota is [`CONN_STAGE_PAGES`]).
+    fn pages_held(&self) -> usize {
+        self.write_group.pages.len()
+            + self.read_group.pages.len()
+            + self.groups.iter().map(|g| g.pages.len()).sum::<usize>()
+    }
+
     /// Places `len` bytes of a frame for device `ordinal` at `device_at` in
     /// the group of `direction`: the host address they stage at and the
-    /// group's number, or `None` when no page is free (the frame waits).
+    /// group's number, or `None` when this connection may take no more pages
+    /// now (its quota, or the lane's pool, is spent: the frame waits).
     pub(super) fn stage(
         &mut self,
+        ctx: &TargetContext,
         gpu: &Arc<dyn Gpu>,
-        direction: Direction,
-        device_at: u64,
-        ordinal: u32,
-        len: usize,
+        (direction, device_at, ordinal, len): (Direction, u64, u32, usize),
     ) -> Option<(*mut u8, u32)> {
         let group = self.group(direction);
         let fits = !group.pages.is_empty() && group.used + len <= STAGE_PAGE_BYTES;
-        if !fits && group.pages.len() == MAX_GROUP_PAGES {
-            // Full: copy what it holds, and start another.
-            self.issue(direction);
+        let same_device = group.copies.last().is_none_or(|(copy, _)| copy.device == ordinal);
+        if (!fits && group.pages.len() == MAX_GROUP_PAGES) || group.copies.len() >= MAX_GROUP_COPIES || !same_device {
+            // Full, or on another GPU's stream: copy what it holds first.
+            self.issue(ctx, direction);
+        }
+        let fits = fits && !self.group(direction).pages.is_empty();
+        if !fits && self.pages_held() >= CONN_STAGE_PAGES {
+            self.stalled = true;
+            return None;
         }
         if self.group(direction).number == 0 {
             self.next_group = self.next_group.wrapping_add(1).max(1);
             let number = self.next_group;
             self.group(direction).number = number;
+            if direction == Direction::In {
+                self.chunk_groups.get_or_insert(number);
+            }
         }
         let staging = self.stage.get(gpu);
         let group = match direction {
             Direction::In => &mut self.write_group,
             Direction::Out => &mut self.read_group,
         };
-        if !fits || group.pages.is_empty() {
+        if !fits {
             if !matches!(staging.pool.take(1, &mut group.pages), Ok(true)) {
                 self.stalled = true;
                 return None;
@@ -231,7 +258,7 @@ impl TargetConn {
 
     /// Issues the group of `direction` as one batched copy (when it holds
     /// any); returns its number, or `None` when there was nothing to copy.
-    pub(super) fn issue(&mut self, direction: Direction) -> Option<u32> {
+    pub(super) fn issue(&mut self, ctx: &TargetContext, direction: Direction) -> Option<u32> {
         if self.group(direction).copies.is_empty() {
             return None;
         }
@@ -242,12 +269,19 @@ impl TargetConn {
         for &(copy, len) in &group.copies {
             staging.copier.add(copy, len);
         }
+        group.copies = Vec::new();
         // SAFETY: the host ends are pages of the lane's pool held by this
         // group until its copy ends; the device ends are checked ranges of
         // regions leased for the frames (WRITE: in `group.leases`; READ: by
         // their replies, sent only once the copy ended).
         if let Err(error) = unsafe { staging.copier.issue(id, 0, None) } {
+            // Never started: nothing reads its pages, so they go back now
+            // (READ replies still hold theirs until they are sent, as
+            // failures); the group stays as the failure its gate reports.
             group.done = Some(Err(error));
+            if group.replies == 0 {
+                group.settle(ctx, &mut staging.pool, false);
+            }
         }
         group.issued = true;
         let number = group.number;
@@ -264,6 +298,15 @@ impl TargetConn {
         }
     }
 
+    /// The groups of the WRITE chunk now ending, first to last (its ack's
+    /// gate); the next chunk starts its own.
+    pub(super) fn take_chunk_groups(&mut self, last: Option<u32>) -> Option<(u32, u32)> {
+        // Groups issued earlier in the chunk (a full group, the end of a
+        // read pass) count as much as the one issued at its last frame.
+        let first = self.chunk_groups.take()?;
+        Some((first, last.unwrap_or(self.next_group)))
+    }
+
     /// Copy `id` (of this connection) ended.
     pub(crate) fn copy_ended(
         &mut self,
@@ -277,29 +320,35 @@ impl TargetConn {
         let Some(staging) = slot.staging.as_mut() else { return };
         let group = &mut self.groups[at];
         let landed = result.is_ok();
-        if let Err(error) = &result {
-            // The chunk whose ack waits on this group fails with it.
-            self.copy_failure.get_or_insert_with(|| Error::Gpu { device: "staging".into(), reason: error.to_string() });
-        }
         group.done = Some(result);
         if group.replies == 0 {
-            let mut group = self.groups.swap_remove(at);
             group.settle(ctx, &mut staging.pool, landed);
+            if landed {
+                // Done: its absence is what an ack gate reads as success.
+                self.groups.swap_remove(at);
+            }
         } else {
             // READ replies still read its pages; leases are theirs.
             group.tags.clear();
         }
-        // Pages freed: a frame waiting for one may go on.
-        self.stalled = false;
     }
 
-    /// Whether the reply gated on group `number` may go: `Some(Ok)` yes,
-    /// `Some(Err)` as a failure, `None` not yet.
-    pub(super) fn gate(&self, number: u32) -> Option<Result<(), String>> {
-        match self.groups.iter().find(|g| g.number == number) {
-            None => Some(Ok(())),
-            Some(group) => group.done.as_ref().map(|done| done.as_ref().map(drop).map_err(Error::to_string)),
+    /// Whether a reply gated on groups `first..=last` may go: `Some(Ok)`
+    /// yes, `Some(Err)` as a failure, `None` not yet. Failed groups it
+    /// covered are forgotten once it goes.
+    pub(super) fn gate(&mut self, (first, last): (u32, u32)) -> Option<Result<(), String>> {
+        let covered = |g: &Group| (first..=last).contains(&g.number) && g.replies == 0;
+        let mut failure = None;
+        for group in self.groups.iter().filter(|g| covered(g) || g.number == last) {
+            match &group.done {
+                None => return None,
+                Some(Err(error)) => failure = failure.or_else(|| Some(error.to_string())),
+                Some(Ok(())) => {}
+            }
         }
+        // Failed WRITE groups are markers kept for this gate: drop them.
+        self.groups.retain(|g| !(covered(g) && g.done.is_some() && g.pages.is_empty() && g.leases.is_empty()));
+        Some(failure.map_or(Ok(()), Err))
     }
 
     /// A reply read from group `number`'s pages is sent: the last one gives
@@ -319,6 +368,11 @@ impl TargetConn {
     /// Counts a READ reply that will be sent from the read group's pages.
     pub(super) fn read_reply_staged(&mut self) {
         self.read_group.replies += 1;
+    }
+
+    /// Pages came back since the last look (this lane's, any connection's).
+    pub(super) fn pages_free(&self) -> bool {
+        self.stage.staging.as_ref().is_some_and(|s| s.pool.has_free())
     }
 
     /// The connection closes: groups not yet issued give back at once; those
