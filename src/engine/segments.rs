@@ -144,11 +144,13 @@ impl Engine {
     /// The transport to `peer`: the one documented order
     /// (`transport::select::choose`) given what this engine brings.
     fn choose_transport(&self, requested: Option<TransportKind>, peer: &SegmentDescriptor) -> Result<TransportKind> {
+        let unreachable = self.inner.context.rdma.as_ref().and_then(|node| node.any_unreachable());
         let local = LocalReach {
             host_id: local_host_id(),
             rdma: self.inner.context.rdma.is_some(),
             gpu: self.gpu().is_some(),
             device_regions: self.inner.registry.snapshot().iter().any(|(_, e)| e.info.memory != MemoryKind::Host),
+            rdma_unreachable: unreachable.as_deref(),
         };
         crate::transport::select::choose(requested, peer, &local)
     }

@@ -127,6 +127,8 @@ pub struct RdmaInfo {
     pub nics: u32,
     /// Per region: id, virtual address, one rkey per NIC.
     pub regions: Vec<(RegionId, u64, Vec<u32>)>,
+    /// Regions in GPU memory its NICs could not register, with why.
+    pub unreachable: Vec<(RegionId, String)>,
 }
 
 /// Most NICs a descriptor may list.
@@ -172,6 +174,11 @@ impl SegmentDescriptor {
                     .regions
                     .iter()
                     .map(|(id, addr, rkeys)| proto::RdmaRegion { id: id.raw(), addr: *addr, rkeys: rkeys.clone() })
+                    .collect(),
+                unreachable: info
+                    .unreachable
+                    .iter()
+                    .map(|(id, reason)| proto::RdmaUnreachable { id: id.raw(), reason: reason.clone() })
                     .collect(),
             }),
         }
@@ -225,7 +232,8 @@ impl SegmentDescriptor {
                     }
                     keyed.push((id, r.addr, r.rkeys));
                 }
-                Some(RdmaInfo { nics: info.nics, regions: keyed })
+                let unreachable = check_unreachable(info.unreachable, &mut listed).map_err(bad)?;
+                Some(RdmaInfo { nics: info.nics, regions: keyed, unreachable })
             }
         };
         let tcp_addr = message
@@ -244,6 +252,26 @@ impl SegmentDescriptor {
             rdma,
         })
     }
+}
+
+/// Checks a peer's unreachable regions: each listed, not keyed (taken out
+/// of `listed`), its reason short.
+fn check_unreachable(
+    unreachable: Vec<proto::RdmaUnreachable>,
+    listed: &mut std::collections::HashSet<RegionId>,
+) -> std::result::Result<Vec<(RegionId, String)>, String> {
+    let mut out = Vec::with_capacity(unreachable.len().min(listed.len()));
+    for entry in unreachable {
+        let id = RegionId::from_raw(entry.id);
+        if !listed.remove(&id) {
+            return Err(format!("rdma refusal for region {id}, which is not listed, keyed, or listed twice"));
+        }
+        if entry.reason.len() > super::gpu::MAX_EXPORT_ERROR_BYTES {
+            return Err(format!("rdma refusal for region {id} of {} bytes", entry.reason.len()));
+        }
+        out.push((id, entry.reason));
+    }
+    Ok(out)
 }
 
 /// Identifies this host for the same-host check: boot id plus hostname,
@@ -281,7 +309,11 @@ mod tests {
             }],
             control_addr: "127.0.0.1:9".into(),
             tcp_addr: Some("127.0.0.1:10".into()),
-            rdma: Some(RdmaInfo { nics: 2, regions: vec![(RegionId::new(3, 1), 0x7f00_0000_0000, vec![11, 12])] }),
+            rdma: Some(RdmaInfo {
+                nics: 2,
+                regions: vec![(RegionId::new(3, 1), 0x7f00_0000_0000, vec![11, 12])],
+                unreachable: Vec::new(),
+            }),
         }
     }
 
@@ -313,7 +345,7 @@ mod tests {
             })
             .collect();
         let plain = d.to_proto().encoded_len();
-        d.rdma = Some(RdmaInfo { nics: nics as u32, regions: keyed });
+        d.rdma = Some(RdmaInfo { nics: nics as u32, regions: keyed, unreachable: Vec::new() });
         let with_rdma = d.to_proto().encoded_len();
         let per_region = (with_rdma - plain) / regions;
         assert!(per_region <= 12 + 5 * nics, "{per_region} bytes per region for {nics} NICs");
@@ -363,6 +395,19 @@ mod tests {
         let mut p = sample().to_proto();
         p.rdma.as_mut().unwrap().regions[0].id = RegionId::new(9, 1).raw();
         assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("which is not listed"));
+        let refusal = |id: RegionId, reason: String| proto::RdmaUnreachable { id: id.raw(), reason };
+        let mut p = sample().to_proto();
+        p.rdma.as_mut().unwrap().unreachable.push(refusal(RegionId::new(3, 1), "no NIC took it".into()));
+        assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("rdma refusal for region"));
+        let mut p = sample().to_proto();
+        p.rdma.as_mut().unwrap().regions.clear();
+        p.rdma.as_mut().unwrap().unreachable.push(refusal(RegionId::new(3, 1), "x".repeat(5000)));
+        assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("of 5000 bytes"));
+        let mut p = sample().to_proto();
+        p.rdma.as_mut().unwrap().regions.clear();
+        p.rdma.as_mut().unwrap().unreachable.push(refusal(RegionId::new(3, 1), "no NIC took it".into()));
+        let d = SegmentDescriptor::from_proto(p).unwrap();
+        assert_eq!(d.rdma.unwrap().unreachable, [(RegionId::new(3, 1), "no NIC took it".to_string())]);
         let mut p = sample().to_proto();
         p.rdma.as_mut().unwrap().nics = 0;
         assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("rdma nics must be"));

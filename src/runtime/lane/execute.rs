@@ -322,7 +322,7 @@ pub(crate) fn gpu_memory_unsupported(region: RegionId, side: Side) -> Error {
     Error::Unsupported {
         what: format!(
             "moving GPU memory ({whose} region {region}) over this transport: only cuda_ipc (same host, with a GPU \
-             provider) moves device memory so far"
+             provider) and rdma (GPUDirect) move device memory so far"
         ),
     }
 }
