@@ -89,6 +89,12 @@ pub fn nearest(gpu: Option<&Path>, gpu_numa: Option<u32>, nics: &[(Option<&Path>
     (mask, best)
 }
 
+/// Where the GPU at PCI address `bus` (`0000:3b:00.0`) sits in the PCI
+/// tree: the real path of its sysfs entry, if this host shows it.
+pub fn gpu_pci_path(bus: &str) -> Option<std::path::PathBuf> {
+    std::fs::canonicalize(format!("/sys/bus/pci/devices/{bus}")).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

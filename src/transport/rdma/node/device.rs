@@ -11,10 +11,9 @@ use super::{rights, Nic, RdmaNode, RegionKeys};
 use crate::desc::RegionId;
 use crate::gpu::{DmaBuf, Gpu};
 use crate::mem::Access;
-use crate::transport::rdma::topology::{nearest, Nearness};
+use crate::transport::rdma::topology::{gpu_pci_path, nearest, Nearness};
 use crate::transport::rdma::verbs::{Mr, MrAccess};
 use std::os::fd::AsFd;
-use std::path::PathBuf;
 
 /// What registering device memory with an engine's NICs did, counted over
 /// the engine's life: each region is registered once per NIC, so these do
@@ -149,12 +148,6 @@ impl RdmaNode {
         let nics: Vec<_> = self.nics.iter().map(|n| (n.pci_path.as_deref(), n.numa_node)).collect();
         nearest(path.as_deref(), numa, &nics)
     }
-}
-
-/// Where GPU `bus` (`0000:3b:00.0`) sits in the PCI tree: the real path of
-/// its sysfs entry.
-pub fn gpu_pci_path(bus: &str) -> Option<PathBuf> {
-    std::fs::canonicalize(format!("/sys/bus/pci/devices/{bus}")).ok()
 }
 
 /// Registers a device range with `nic`: through the dma-buf if there is
