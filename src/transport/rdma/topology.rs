@@ -92,7 +92,17 @@ pub fn nearest(gpu: Option<&Path>, gpu_numa: Option<u32>, nics: &[(Option<&Path>
 /// Where the GPU at PCI address `bus` (`0000:3b:00.0`) sits in the PCI
 /// tree: the real path of its sysfs entry, if this host shows it.
 pub fn gpu_pci_path(bus: &str) -> Option<std::path::PathBuf> {
-    std::fs::canonicalize(format!("/sys/bus/pci/devices/{bus}")).ok()
+    std::fs::canonicalize(format!("/sys/bus/pci/devices/{}", sysfs_bus_id(bus))).ok()
+}
+
+/// A PCI address as sysfs names it: lower case, a 4-digit domain (drivers
+/// also print `00000000:3B:00.0`).
+fn sysfs_bus_id(bus: &str) -> String {
+    let bus = bus.trim().to_ascii_lowercase();
+    match bus.split_once(':') {
+        Some((domain, rest)) if domain.len() > 4 => format!("{}:{rest}", &domain[domain.len() - 4..]),
+        _ => bus,
+    }
 }
 
 #[cfg(test)]
@@ -149,5 +159,7 @@ mod tests {
         let other_port = at("/sys/devices/pci0000:00/0000:00:02.0/0000:02:00.0");
         assert_eq!(nearness(Some(&gpu), None, Some(&other_port), None), Nearness::HostBridge);
         assert_eq!(Nearness::Switch.describe(), "same PCIe switch");
+        assert_eq!(sysfs_bus_id("00000000:3B:00.0"), "0000:3b:00.0");
+        assert_eq!(sysfs_bus_id("0000:3b:00.0"), "0000:3b:00.0");
     }
 }

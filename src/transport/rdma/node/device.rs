@@ -58,8 +58,12 @@ impl RdmaNode {
         gpu: &dyn Gpu,
         ordinal: u32,
     ) -> Result<(), String> {
+        // Registered again with the same info (same id): once per region.
         if self.regions.read().unwrap_or_else(|p| p.into_inner()).contains_key(&id.raw()) {
-            return Ok(()); // registered again with the same info: once per region
+            return Ok(());
+        }
+        if let Some(reason) = self.unreachable(id.raw()) {
+            return Err(reason);
         }
         let base = rights(access);
         let nics = self.nearest_mask(gpu, ordinal);
