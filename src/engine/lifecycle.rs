@@ -256,7 +256,9 @@ impl Engine {
             // wait on their CQ.
             if let Some(lane) = inner.lanes.first() {
                 let receiver = node.receiver(inner.arrivals.clone());
-                lane.shared.send(crate::runtime::lane::LaneCommand::Receive(Box::new(receiver)));
+                if std::env::var_os("KVRING_NO_RECV").is_none() {
+                    lane.shared.send(crate::runtime::lane::LaneCommand::Receive(Box::new(receiver)));
+                }
             }
         }
         if let Some(listen) = inner.config.metrics_listen {

@@ -49,8 +49,7 @@ impl RdmaNode {
                 ),
             ));
         }
-        let released = {
-            let mut accepted = self.accepted.lock().unwrap_or_else(|p| p.into_inner());
+        let released = self.with_accepted(|accepted| {
             let mut released = Vec::new();
             // Its own earlier QPs (it reconnects). Another identity's are
             // never touched here, even under the same name: whether that one
@@ -66,7 +65,7 @@ impl RdmaNode {
                 }
             }
             released
-        };
+        });
         for (nic, spare) in released {
             self.keep_or_destroy(nic, spare, true);
         }
@@ -87,7 +86,7 @@ impl RdmaNode {
             return Err(error);
         }
         let ours = qps.iter().map(|(_, spare)| spare.endpoint).collect();
-        let replaced = self.accepted.lock().unwrap_or_else(|p| p.into_inner()).insert(initiator, qps);
+        let replaced = self.with_accepted(|accepted| accepted.insert(initiator, qps));
         for (nic, spare) in replaced.into_iter().flat_map(|set| set.qps) {
             self.keep_or_destroy(nic, spare, true);
         }

@@ -23,6 +23,7 @@ use crate::segment::RdmaInfo;
 use accept::Accepted;
 use std::collections::HashMap;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Send-queue depth of every QP kvring creates.
@@ -119,6 +120,9 @@ pub struct RdmaNode {
     nearest: Mutex<HashMap<u32, u32>>,
     /// The QPs accepted for each initiator.
     accepted: Mutex<Accepted>,
+    /// How many there are, read without the lock: with none, no receive
+    /// can complete, and the receiving lane does not look.
+    accepting: AtomicUsize,
 }
 
 /// Local keys, read under the region table's lock (once per chunk).
@@ -179,6 +183,7 @@ impl RdmaNode {
             device_stats: Mutex::new(DeviceMrStats::default()),
             nearest: Mutex::new(HashMap::new()),
             accepted: Mutex::new(Accepted::default()),
+            accepting: AtomicUsize::new(0),
         })
     }
 
@@ -229,7 +234,7 @@ impl RdmaNode {
     /// deregistered, so no peer's request touches this engine's memory
     /// again (links still held by segment handles fail their posts).
     pub fn shutdown(&self) {
-        let accepted = std::mem::take(&mut *self.accepted.lock().unwrap_or_else(|p| p.into_inner()));
+        let accepted = self.with_accepted(std::mem::take);
         for (_, set) in accepted.by_initiator {
             for (_, spare) in set.qps {
                 let _ = self.verbs.destroy_qp(spare.qp);
@@ -263,6 +268,22 @@ impl RdmaNode {
         }
     }
 
+    /// Runs `f` on the accepted QPs under their lock, then publishes how
+    /// many there are.
+    fn with_accepted<R>(&self, f: impl FnOnce(&mut Accepted) -> R) -> R {
+        let mut accepted = self.accepted.lock().unwrap_or_else(|p| p.into_inner());
+        let result = f(&mut accepted);
+        self.accepting.store(accepted.total, Ordering::Release);
+        result
+    }
+
+    /// True when QPs are accepted for initiators (receives may complete).
+    pub(crate) fn accepting(&self) -> bool {
+        // Acquire pairs with the Release in `with_accepted`: a QP counted
+        // here was connected, and its receives' CQ set up, before.
+        self.accepting.load(Ordering::Acquire) > 0
+    }
+
     /// QPs accepted for initiators now.
     pub fn accepted_qps(&self) -> usize {
         self.accepted.lock().unwrap_or_else(|p| p.into_inner()).total
@@ -281,8 +302,7 @@ impl RdmaNode {
     /// Releases the QPs held for an initiator that went away; returns how
     /// many there were.
     pub fn release_initiator(&self, initiator: &Initiator) -> usize {
-        let set =
-            self.accepted.lock().unwrap_or_else(|p| p.into_inner()).remove(&(initiator.name.clone(), initiator.epoch));
+        let set = self.with_accepted(|accepted| accepted.remove(&(initiator.name.clone(), initiator.epoch)));
         let qps = set.map(|set| set.qps).unwrap_or_default();
         let count = qps.len();
         for (nic, spare) in qps {

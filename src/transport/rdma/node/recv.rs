@@ -41,6 +41,11 @@ impl RdmaNode {
 
 impl Receiver for ArrivalReceiver {
     fn poll(&mut self) -> usize {
+        // An engine that accepted no QP (one that only initiates) has
+        // nothing that could complete: one atomic load, no verbs call.
+        if !self.node.accepting() {
+            return 0;
+        }
         let verbs = self.node.verbs();
         let mut taken = 0;
         for nic in &self.node.nics {
