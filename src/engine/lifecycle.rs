@@ -256,9 +256,7 @@ impl Engine {
             // wait on their CQ.
             if let Some(lane) = inner.lanes.first() {
                 let receiver = node.receiver(inner.arrivals.clone());
-                if std::env::var_os("KVRING_NO_RECV").is_none() {
-                    lane.shared.send(crate::runtime::lane::LaneCommand::Receive(Box::new(receiver)));
-                }
+                lane.shared.send(crate::runtime::lane::LaneCommand::Receive(Box::new(receiver)));
             }
         }
         if let Some(listen) = inner.config.metrics_listen {
