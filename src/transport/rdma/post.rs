@@ -60,6 +60,10 @@ pub trait Keys {
 /// The first NIC from `from` on (round robin over `nics`) that `mask`
 /// allows; any NIC when it allows none of them.
 fn pick(from: usize, nics: usize, mask: u32) -> usize {
+    if mask == 0 {
+        // Any NIC (host memory): the round robin as it stands, no search.
+        return from % nics;
+    }
     let usable = if nics >= 32 { mask } else { mask & ((1u32 << nics) - 1) };
     (0..nics).map(|i| (from + i) % nics).find(|&n| usable & (1 << n) != 0).unwrap_or(from % nics)
 }
@@ -85,7 +89,10 @@ pub fn build(
     let mut seq = 0u64;
     let mut nic = 0usize;
     let mut emit = |local_addr: u64, remote_addr: u64, len: u64, local_region: u32, remote_region: u32| {
-        nic = pick(nic, nics, keys.nics(local_region));
+        let mask = keys.nics(local_region);
+        if mask != 0 {
+            nic = pick(nic, nics, mask);
+        }
         let list = &mut out[nic];
         let count = list.len() as u32 + 1;
         list.push(SendWr {

@@ -66,14 +66,12 @@ impl State {
         if wr.op == WrOp::Read && !local.access.local_write {
             return Step::Done(WcStatus::LocalProtection);
         }
-        let remote_qp = entry.remote_qp.filter(|q| {
-            self.qps
-                .get(q)
-                .is_some_and(|r| Some(r.qpn) == entry.remote_qpn && matches!(r.state, QpState::Rtr | QpState::Rts))
+        let remote = entry.remote_qp.and_then(|q| self.qps.get(&q).map(|peer| (q, peer)));
+        let remote = remote.filter(|(_, peer)| {
+            Some(peer.qpn) == entry.remote_qpn && matches!(peer.state, QpState::Rtr | QpState::Rts)
         });
         // Nobody answers at the other end: the transport retries, then gives up.
-        let Some(remote_qp) = remote_qp else { return Step::Done(WcStatus::RetryExceeded) };
-        let peer = &self.qps[&remote_qp];
+        let Some((remote_qp, peer)) = remote else { return Step::Done(WcStatus::RetryExceeded) };
         let Some(remote) = self.covering(peer.pd, wr.rkey, wr.remote_addr, len, true) else {
             return Step::Done(WcStatus::RemoteAccess);
         };
@@ -177,17 +175,18 @@ pub(super) fn poll(state: &mut State, cq: Cq, out: &mut [Wc]) -> Result<usize> {
         return Ok(0);
     }
     state.drain_parked();
+    let State { cqs, qps, .. } = state;
+    let Some(entry) = cqs.get_mut(&cq) else { return Ok(0) };
     let mut taken = 0;
-    while taken < out.len() {
-        let Some(entry) = state.cqs.get_mut(&cq) else { break };
-        if entry.queue.front().is_none_or(|p| p.ready_at > polls) {
-            break;
-        }
+    while taken < out.len() && entry.queue.front().is_some_and(|p| p.ready_at <= polls) {
         let pending = entry.queue.pop_front().expect("checked");
         out[taken] = pending.wc;
         taken += 1;
-        if let Some(qp) = state.qps.get_mut(&pending.qp) {
-            qp.outstanding = qp.outstanding.saturating_sub(pending.frees);
+        // Receive completions free no send-queue slot.
+        if pending.frees > 0 {
+            if let Some(qp) = qps.get_mut(&pending.qp) {
+                qp.outstanding = qp.outstanding.saturating_sub(pending.frees);
+            }
         }
     }
     Ok(taken)
