@@ -366,6 +366,31 @@ fn a_tagged_push_over_rdma_is_counted_on_the_target_as_it_lands_in_host_and_gpu_
 }
 
 #[test]
+fn a_target_whose_nics_have_no_receive_queue_serves_rdma_and_refuses_tags_clearly() {
+    let (sim, gpu) = one_nic();
+    sim.shared_receive_queues(false);
+    let target = engine("no-srq-target", &sim, &gpu);
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    sim.shared_receive_queues(true);
+    let initiator = engine("no-srq-initiator", &sim, &gpu);
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let segment = open(&initiator, &target).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = [BlockDesc::new(local.id(), 0, remote.id(), 0, 4096)];
+    done(run(&mut sub, &Batch::write(&segment).descs(&desc)));
+    // Its descriptor says it counts no arrivals: a tag is refused before a
+    // write is posted (it would wait for a receive that never comes).
+    let refused = failure(run(&mut sub, &Batch::write(&segment).descs(&desc).arrival_tag(5)));
+    assert!(refused.to_string().contains("shared receive queues"), "{refused}");
+    // The other way round, this side's receive queues count.
+    let back = open(&target, &initiator).unwrap();
+    let mut tsub = target.submitter().unwrap();
+    let desc = [BlockDesc::new(remote.id(), 0, local.id(), 0, 4096)];
+    done(run(&mut tsub, &Batch::write(&back).descs(&desc).arrival_tag(5)));
+    initiator.wait_landed(5, 4096, WAIT).unwrap();
+}
+
+#[test]
 fn a_flood_of_tagged_writes_waits_at_its_senders_and_grows_nothing_on_the_target() {
     let (sim, gpu) = one_nic();
     let target = engine("flood-target", &sim, &gpu);

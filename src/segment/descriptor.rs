@@ -129,6 +129,8 @@ pub struct RdmaInfo {
     pub regions: Vec<(RegionId, u64, Vec<u32>)>,
     /// Regions in GPU memory its NICs could not register, with why.
     pub unreachable: Vec<(RegionId, String)>,
+    /// Its NICs count WRITE_WITH_IMM arrivals (they have receive queues).
+    pub arrivals: bool,
 }
 
 /// Most NICs a descriptor may list.
@@ -180,6 +182,7 @@ impl SegmentDescriptor {
                     .iter()
                     .map(|(id, reason)| proto::RdmaUnreachable { id: id.raw(), reason: reason.clone() })
                     .collect(),
+                arrivals: info.arrivals,
             }),
         }
     }
@@ -233,7 +236,7 @@ impl SegmentDescriptor {
                     keyed.push((id, r.addr, r.rkeys));
                 }
                 let unreachable = check_unreachable(info.unreachable, &mut listed).map_err(bad)?;
-                Some(RdmaInfo { nics: info.nics, regions: keyed, unreachable })
+                Some(RdmaInfo { nics: info.nics, regions: keyed, unreachable, arrivals: info.arrivals })
             }
         };
         let tcp_addr = message
@@ -313,6 +316,7 @@ mod tests {
                 nics: 2,
                 regions: vec![(RegionId::new(3, 1), 0x7f00_0000_0000, vec![11, 12])],
                 unreachable: Vec::new(),
+                arrivals: true,
             }),
         }
     }
@@ -345,7 +349,7 @@ mod tests {
             })
             .collect();
         let plain = d.to_proto().encoded_len();
-        d.rdma = Some(RdmaInfo { nics: nics as u32, regions: keyed, unreachable: Vec::new() });
+        d.rdma = Some(RdmaInfo { nics: nics as u32, regions: keyed, unreachable: Vec::new(), arrivals: true });
         let with_rdma = d.to_proto().encoded_len();
         let per_region = (with_rdma - plain) / regions;
         assert!(per_region <= 12 + 5 * nics, "{per_region} bytes per region for {nics} NICs");

@@ -204,7 +204,7 @@ mod tests {
     #[test]
     fn rdma_comes_first_when_both_sides_serve_it() {
         let mut both = peer("h", true, true);
-        both.rdma = Some(crate::segment::RdmaInfo { nics: 1, regions: vec![], unreachable: vec![] });
+        both.rdma = Some(crate::segment::RdmaInfo { nics: 1, regions: vec![], unreachable: vec![], arrivals: true });
         assert_eq!(choose(None, &both, &reach("h", true)).unwrap(), TransportKind::Rdma);
         // This engine has no device: shm, as before.
         assert_eq!(choose(None, &both, &reach("h", false)).unwrap(), TransportKind::Shm);
@@ -223,7 +223,7 @@ mod tests {
         let mut on_gpu = peer("h", false, true);
         on_gpu.regions[0].memory = MemoryKind::Gpu(0);
         let keys = vec![(on_gpu.regions[0].id, 0x7f00_0000_0000, vec![7])];
-        on_gpu.rdma = Some(crate::segment::RdmaInfo { nics: 1, regions: keys, unreachable: vec![] });
+        on_gpu.rdma = Some(crate::segment::RdmaInfo { nics: 1, regions: keys, unreachable: vec![], arrivals: true });
         // The peer's memory is on a GPU: cuda_ipc, before rdma and tcp.
         assert_eq!(choose(None, &on_gpu, &gpu(false)).unwrap(), TransportKind::CudaIpc);
         // Only ours is: still cuda_ipc (a host-memory peer reached by the GPU).
@@ -261,11 +261,13 @@ mod tests {
                 nics: 1,
                 regions: vec![(id, 0x7f00_0000_0000, vec![7])],
                 unreachable: vec![],
+                arrivals: true,
             },
             false => crate::segment::RdmaInfo {
                 nics: 1,
                 regions: vec![],
                 unreachable: vec![(id, "GPU 0's memory could not be registered with NIC mlx5_0 (no dma-buf)".into())],
+                arrivals: true,
             },
         });
         far

@@ -54,6 +54,8 @@ pub(crate) struct RdmaLink {
     remote: Arc<HashMap<u32, (u64, Vec<u32>)>>,
     /// Peer device regions its NICs could not register, with why.
     unreachable: Arc<HashMap<u32, String>>,
+    /// The peer counts WRITE_WITH_IMM arrivals (its NICs have receive queues).
+    arrivals: bool,
     config: PostConfig,
     state: Arc<LinkState>,
     /// Per NIC: QP, its CQ, and the endpoint it was created with.
@@ -160,6 +162,7 @@ impl RdmaLink {
                     node: node.clone(),
                     remote: remote.clone(),
                     unreachable: unreachable.clone(),
+                    arrivals: info.arrivals,
                     config: PostConfig::default(),
                     state: state.clone(),
                     qps: qps.to_vec(),
@@ -253,9 +256,10 @@ impl LaneLink for RdmaLink {
         true
     }
 
-    /// The target counts each WRITE_WITH_IMM's bytes under its immediate.
+    /// The target counts each WRITE_WITH_IMM's bytes under its immediate,
+    /// where its NICs have receive queues (its descriptor says so).
     fn counts_arrivals(&self) -> bool {
-        true
+        self.arrivals
     }
 
     unsafe fn transfer(&mut self, op: Opcode, _batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {

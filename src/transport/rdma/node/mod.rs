@@ -82,9 +82,10 @@ pub struct Nic {
     /// complete on the initiator's side, so only the receives that
     /// WRITE_WITH_IMMs consume complete here (wakeable: `wake_fd`).
     passive_cq: Cq,
-    wake_fd: RawFd,
-    /// Where the accepted QPs' receives come from.
-    srq: Srq,
+    /// Where the accepted QPs' receives come from, and the descriptor that
+    /// wakes the receiving lane; `None` on a device without shared receive
+    /// queues (it then counts no arrivals, and says so to peers).
+    receives: Option<(Srq, RawFd)>,
     /// QPs released by links and replaced accepts, reset for reuse: a
     /// reconnect (a peer restart, a failed QP) re-handshakes them instead
     /// of paying for a QP creation, which costs milliseconds on real NICs.
@@ -152,11 +153,13 @@ impl RdmaNode {
             let gid_index = pick_gid(port).unwrap_or(0);
             let context = verbs.open(&device.name)?;
             let pd = verbs.alloc_pd(context)?;
-            let (passive_cq, wake_fd) = verbs.create_wakeable_cq(context, SRQ_DEPTH)?;
-            let srq = verbs.create_srq(pd, SRQ_DEPTH)?;
-            // Every receive is posted once here and re-posted as it completes.
-            let receives: Vec<u64> = (0..u64::from(SRQ_DEPTH)).collect();
-            verbs.post_srq_recv(srq, &receives)?;
+            let (passive_cq, receives) = match receive_queue(&*verbs, context, pd) {
+                Ok((cq, srq, wake_fd)) => (cq, Some((srq, wake_fd))),
+                Err(error) => {
+                    tracing::warn!(device = %device.name, %error, "no shared receive queue: this NIC counts no arrivals");
+                    (verbs.create_cq(context, 16)?, None)
+                }
+            };
             nics.push(Nic {
                 name: device.name.clone(),
                 numa_node: device.numa_node,
@@ -167,8 +170,7 @@ impl RdmaNode {
                 gid_index,
                 mrs: Mutex::new(MrCache::new(verbs.clone(), pd)),
                 passive_cq,
-                wake_fd,
-                srq,
+                receives,
                 spares: Mutex::new(Spares::default()),
             });
         }
@@ -265,6 +267,7 @@ impl RdmaNode {
                 .map(|(&id, k)| (RegionId::from_raw(id), k.addr, k.rkeys.clone()))
                 .collect(),
             unreachable: unreachable.iter().map(|(&id, why)| (RegionId::from_raw(id), why.clone())).collect(),
+            arrivals: self.counts_arrivals(),
         }
     }
 
@@ -282,6 +285,12 @@ impl RdmaNode {
         // Acquire pairs with the Release in `with_accepted`: a QP counted
         // here was connected, and its receives' CQ set up, before.
         self.accepting.load(Ordering::Acquire) > 0
+    }
+
+    /// True when every NIC has its receive queue, so WRITE_WITH_IMMs into
+    /// this engine complete and are counted.
+    pub fn counts_arrivals(&self) -> bool {
+        self.nics.iter().all(|nic| nic.receives.is_some())
     }
 
     /// QPs accepted for initiators now.
@@ -385,7 +394,7 @@ impl RdmaNode {
     /// (`passive`) takes its receives from the NIC's shared receive queue.
     fn create_qp(&self, nic: usize, cq: Cq, passive: bool) -> Result<(Qp, QpEndpoint)> {
         let nic = self.nic(nic)?;
-        let srq = passive.then_some(nic.srq);
+        let srq = nic.receives.filter(|_| passive).map(|(srq, _)| srq);
         let caps =
             QpCaps { max_send_wr: QP_DEPTH, max_inline: MAX_INLINE, port: nic.port, gid_index: nic.gid_index, srq };
         let (qp, endpoint) = self.verbs.create_qp(nic.pd, cq, caps)?;
@@ -418,7 +427,9 @@ impl Drop for RdmaNode {
             // MRs first (the cache deregisters on drop), then the SRQ (its
             // QPs are gone), CQ, PD, context.
             drop(nic.mrs);
-            let _ = self.verbs.destroy_srq(nic.srq);
+            if let Some((srq, _)) = nic.receives {
+                let _ = self.verbs.destroy_srq(srq);
+            }
             let _ = self.verbs.destroy_cq(nic.passive_cq);
             let _ = self.verbs.dealloc_pd(nic.pd);
             let _ = self.verbs.close(nic.context);
@@ -438,4 +449,25 @@ fn rights(access: Access) -> MrAccess {
         remote_read: access.contains(Access::REMOTE_READ),
         relaxed_ordering: false,
     }
+}
+
+/// A NIC's receive queue for arrivals: a wakeable CQ, a shared receive
+/// queue of [`SRQ_DEPTH`] receives, each posted once here (re-posted as it
+/// completes); what was made is undone on failure.
+fn receive_queue(verbs: &dyn Verbs, context: Context, pd: Pd) -> Result<(Cq, Srq, RawFd)> {
+    let (cq, wake_fd) = verbs.create_wakeable_cq(context, SRQ_DEPTH)?;
+    let srq = match verbs.create_srq(pd, SRQ_DEPTH) {
+        Ok(srq) => srq,
+        Err(error) => {
+            let _ = verbs.destroy_cq(cq);
+            return Err(error);
+        }
+    };
+    let receives: Vec<u64> = (0..u64::from(SRQ_DEPTH)).collect();
+    if let Err(error) = verbs.post_srq_recv(srq, &receives) {
+        let _ = verbs.destroy_srq(srq);
+        let _ = verbs.destroy_cq(cq);
+        return Err(error);
+    }
+    Ok((cq, srq, wake_fd))
 }

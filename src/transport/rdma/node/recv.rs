@@ -49,6 +49,7 @@ impl Receiver for ArrivalReceiver {
         let verbs = self.node.verbs();
         let mut taken = 0;
         for nic in &self.node.nics {
+            let Some((srq, _)) = nic.receives else { continue };
             for _ in 0..RECV_POLLS_PER_ROUND {
                 // A CQ that cannot be polled (its device vanished) counts
                 // nothing more; the links to that device fail on their own.
@@ -68,7 +69,7 @@ impl Receiver for ArrivalReceiver {
                         self.repost.push(wc.wr_id);
                     }
                 }
-                let _ = verbs.post_srq_recv(nic.srq, &self.repost);
+                let _ = verbs.post_srq_recv(srq, &self.repost);
                 taken += polled;
             }
         }
@@ -76,12 +77,12 @@ impl Receiver for ArrivalReceiver {
     }
 
     fn wake_fds(&self) -> Vec<RawFd> {
-        self.node.nics.iter().map(|nic| nic.wake_fd).collect()
+        self.node.nics.iter().filter_map(|nic| nic.receives.map(|(_, fd)| fd)).collect()
     }
 
     fn arm(&mut self) -> bool {
         let verbs = self.node.verbs();
-        for nic in &self.node.nics {
+        for nic in self.node.nics.iter().filter(|nic| nic.receives.is_some()) {
             let _ = verbs.take_cq_events(nic.passive_cq);
             let _ = verbs.arm_cq(nic.passive_cq);
         }

@@ -196,6 +196,8 @@ struct State {
     no_dmabuf: bool,
     /// The devices refuse relaxed ordering.
     no_relaxed_ordering: bool,
+    /// The devices have no shared receive queues.
+    no_srq: bool,
 }
 
 fn gone(device: &str) -> Error {
@@ -365,6 +367,11 @@ impl SimVerbs {
         self.lock().no_relaxed_ordering = !allowed;
     }
 
+    /// Whether the devices create shared receive queues; on at first.
+    pub fn shared_receive_queues(&self, supported: bool) {
+        self.lock().no_srq = !supported;
+    }
+
     /// Bytes moved by requests posted through `device`'s QPs (the
     /// initiating side's NIC), over the fabric's life.
     pub fn bytes_moved(&self, device: &str) -> u64 {
@@ -523,6 +530,12 @@ impl Verbs for SimVerbs {
         state.pd_device(pd)?;
         if depth == 0 {
             return Err(misuse("a shared receive queue of depth 0"));
+        }
+        if state.no_srq {
+            return Err(Error::Device {
+                device: state.pd_device(pd)?.to_string(),
+                reason: "creating a shared receive queue: operation not supported".into(),
+            });
         }
         let srq = Srq(state.id());
         state.srqs.insert(srq, SrqEntry { receives: VecDeque::new(), depth });
