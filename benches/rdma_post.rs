@@ -37,7 +37,7 @@ fn rdma_post(c: &mut Criterion) {
         let cq = sim.create_cq(context, DEPTH).unwrap();
         // SAFETY: both buffers outlive the bench.
         let mr = unsafe { sim.reg_mr(pd, buffer.as_ptr() as u64, len as u64, MrAccess::ALL) }.unwrap();
-        let caps = QpCaps { max_send_wr: DEPTH, max_inline: 64, port: 1, gid_index: 1 };
+        let caps = QpCaps { max_send_wr: DEPTH, max_inline: 64, port: 1, gid_index: 1, srq: None };
         let (qp, endpoint) = sim.create_qp(pd, cq, caps).unwrap();
         sides.push((cq, mr, qp, endpoint));
     }
@@ -63,7 +63,7 @@ fn rdma_post(c: &mut Criterion) {
             })
             .collect();
         let mut out = vec![Vec::with_capacity(batch as usize)];
-        let mut wcs = vec![Wc { wr_id: 0, status: WcStatus::Success }; DEPTH as usize];
+        let mut wcs = vec![Wc::new(0, WcStatus::Success); DEPTH as usize];
         group.throughput(Throughput::Elements(batch));
         group.bench_function(BenchmarkId::new("build_post_poll", batch), |b| {
             b.iter(|| {

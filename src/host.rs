@@ -1,7 +1,7 @@
 //! What this host offers an engine, read before one starts: its identity
 //! (same-host peers are recognised by it), its locked-memory limit against
-//! what the lanes need, its shared-memory directory, its RDMA devices and
-//! its GPUs.
+//! what the lanes need, its shared-memory directory, its RDMA devices, its
+//! GPUs, and which NICs each GPU's memory would go over.
 //! `kvring info` prints these; an embedding engine can check them the same
 //! way.
 
@@ -66,6 +66,36 @@ pub fn gpus() -> Result<Vec<String>, String> {
             let numa = d.numa_node.map_or("numa ?".to_string(), |n| format!("numa {n}"));
             let bus = d.pci_bus.as_deref().unwrap_or("pci ?");
             format!("{}: {} ({} MiB; {bus}; {numa})", d.ordinal, d.name, d.memory_bytes >> 20)
+        })
+        .collect())
+}
+
+/// For each GPU the CUDA driver lists, the RDMA NICs its memory would go
+/// over and why (the same choice an engine makes: same PCIe switch, else
+/// the same host bridge, else the same NUMA node, else every NIC), one line
+/// each, or why there is nothing to choose.
+pub fn gpu_nics() -> Result<Vec<String>, String> {
+    use crate::gpu::Gpu;
+    use crate::transport::rdma::devices::{read_sysfs, SYSFS_ROOT};
+    use crate::transport::rdma::topology::{gpu_pci_path, nearest};
+    let nics: Vec<_> =
+        read_sysfs(std::path::Path::new(SYSFS_ROOT)).into_iter().filter(|d| d.ports.iter().any(|p| p.active)).collect();
+    if nics.is_empty() {
+        return Err(format!("no RDMA device with an active port under {SYSFS_ROOT}"));
+    }
+    let gpu = crate::gpu::cuda::CudaGpu::load().map_err(|e| e.to_string())?;
+    let places: Vec<_> = nics.iter().map(|n| (n.pci_path.as_deref(), n.numa_node)).collect();
+    Ok(gpu
+        .devices()
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|d| {
+            let path = d.pci_bus.as_deref().and_then(gpu_pci_path);
+            let (mask, nearness) = nearest(path.as_deref(), d.numa_node, &places);
+            let names: Vec<&str> =
+                nics.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, n)| n.name.as_str()).collect();
+            let bus = d.pci_bus.as_deref().unwrap_or("pci ?");
+            format!("GPU {} ({bus}) -> {} ({})", d.ordinal, names.join(", "), nearness.describe())
         })
         .collect())
 }

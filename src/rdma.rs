@@ -3,13 +3,17 @@
 //! [`SimVerbs`], an in-process simulator that checks keys and bounds and can
 //! inject faults, and (cargo feature `rdma`) `IbVerbs`, the real provider
 //! over rdma-sys. A provider of one's own implements [`Verbs`].
+//! [`nearest`] is how an engine picks the NICs nearest a GPU, and
+//! [`DeviceMrStats`] what registering GPU memory with the NICs did.
 //!
 //! [`EngineBuilder::rdma`]: crate::EngineBuilder::rdma
 
-pub use crate::transport::rdma::sim::SimVerbs;
+pub use crate::transport::rdma::node::DeviceMrStats;
+pub use crate::transport::rdma::sim::{MrPath, SimVerbs};
+pub use crate::transport::rdma::topology::{nearest, nearness, Nearness};
 pub use crate::transport::rdma::verbs::{
     Context, Cq, DeviceInfo, Mr, MrAccess, MrHandle, ObjectCounts, Pd, PortInfo, PostError, PostFailure, Qp, QpCaps,
-    QpEndpoint, QpTransition, SendWr, Verbs, Wc, WcStatus, WrOp,
+    QpEndpoint, QpTransition, SendWr, Srq, Verbs, Wc, WcStatus, WrOp,
 };
 
 #[cfg(feature = "rdma")]

@@ -125,7 +125,8 @@ fn a_gigabyte_is_ten_to_the_ninth_bytes() {
 }
 
 /// `kvring info` has one line for GPUs: each one the driver lists, or why
-/// there are none; the JSON form carries the same.
+/// there are none; one for the NICs each GPU's memory would go over; the
+/// JSON form carries the same.
 #[test]
 fn info_lists_the_gpus_or_says_why_there_are_none() {
     let output = kvring(&["info"]);
@@ -146,6 +147,19 @@ fn info_lists_the_gpus_or_says_why_there_are_none() {
             assert!(line.contains("none: ") && line.contains("no CUDA driver found"), "{line}");
             assert!(line.contains(&reason), "{line} vs {reason}");
             assert!(gpus["devices"].is_null() && gpus["reason"].as_str() == Some(reason.as_str()), "{gpus}");
+        }
+    }
+    // Which NICs each GPU's memory would go over, and why; or why none.
+    let line = text.lines().find(|l| l.starts_with("gpu nics:")).unwrap_or_else(|| panic!("no gpu nics line:\n{text}"));
+    let choices = &json["gpu_nics"];
+    match kvring::host::gpu_nics() {
+        Ok(lines) => {
+            assert!(lines.iter().all(|l| line.contains(l.as_str()) && l.contains(" -> ")), "{line}");
+            assert_eq!(choices["choices"].as_array().map(Vec::len), Some(lines.len()), "{choices}");
+        }
+        Err(reason) => {
+            assert!(line.contains("none: ") && line.contains(&reason), "{line} vs {reason}");
+            assert_eq!(choices["reason"].as_str(), Some(reason.as_str()), "{choices}");
         }
     }
 }

@@ -252,14 +252,21 @@ impl Engine {
     }
 
     /// The engine's own threads: the metadata watcher (etcd), the RDMA
-    /// reaper, the `/metrics` server.
+    /// reaper (and lane 0's RDMA receiver), the `/metrics` server.
     fn start_threads(&self) -> Result<()> {
         let inner = &self.inner;
         if inner.directory.is_some() {
             metadata::start_watcher(Arc::downgrade(inner), inner.config.metadata_poll)?;
         }
-        if inner.context.rdma.is_some() {
+        if let Some(node) = &inner.context.rdma {
             reaper::start(Arc::downgrade(inner), inner.config.rdma_probe_interval)?;
+            // Lane 0 counts what WRITE_WITH_IMMs land here (per-layer
+            // arrival); receives that complete before it adopts the receiver
+            // wait on their CQ.
+            if let Some(lane) = inner.lanes.first() {
+                let receiver = node.receiver(inner.arrivals.clone());
+                lane.shared.send(crate::runtime::lane::LaneCommand::Receive(Box::new(receiver)));
+            }
         }
         if let Some(listen) = inner.config.metrics_listen {
             let server = metrics::serve(listen, Arc::downgrade(inner))?;

@@ -139,6 +139,29 @@ impl Engine {
         self.inner.context.rdma.as_ref().map_or(0, |node| node.accepted_qps())
     }
 
+    /// What registering GPU memory with this engine's NICs did (GPUDirect
+    /// RDMA): registrations through dma-buf and through peer memory, with
+    /// relaxed ordering, and regions no NIC took. Each region is registered
+    /// once per NIC when it is registered with the engine, never per
+    /// transfer, so these stay put while batches run. Zeros without RDMA.
+    pub fn rdma_device_mrs(&self) -> crate::rdma::DeviceMrStats {
+        self.inner.context.rdma.as_ref().map(|node| node.device_stats()).unwrap_or_default()
+    }
+
+    /// The NICs that blocks of GPU `ordinal`'s memory go over (those nearest
+    /// it: under the same PCIe switch, else the same host bridge, else the
+    /// same NUMA node, else all), and how that was decided. Empty without
+    /// RDMA or a GPU provider.
+    pub fn rdma_gpu_nics(&self, ordinal: u32) -> (Vec<String>, &'static str) {
+        match (&self.inner.context.rdma, self.gpu()) {
+            (Some(node), Some(gpu)) => {
+                let (names, nearness) = node.nics_for_gpu(gpu.as_ref(), ordinal);
+                (names, nearness.describe())
+            }
+            _ => (Vec::new(), "no RDMA device or no GPU provider"),
+        }
+    }
+
     /// Each lane's counters, read without a lock.
     ///
     /// ```no_run

@@ -39,8 +39,13 @@ impl Engine {
     /// [`unregister`](Self::unregister).
     pub unsafe fn register(&self, ptr: *mut u8, len: usize, info: RegionInfo) -> Result<RegionId> {
         let device = self.check_memory(ptr as u64, len as u64, &info)?;
-        let backing = Backing { shm: None, device };
+        let backing = Backing { shm: None, device: device.clone() };
         let id = self.inner.registry.register(ptr as usize, len, info, backing)?;
+        if let Some(device) = &device {
+            // SAFETY: as below: the caller keeps the memory allocated until
+            // it unregisters, which deregisters it from the NICs too.
+            unsafe { self.register_device_with_nics(id, ptr as u64, len as u64, info.access, device) };
+        }
         if info.memory == MemoryKind::Host {
             // SAFETY: the caller keeps the range valid until it unregisters
             // (our contract), which deregisters it from the NICs too.
@@ -159,6 +164,32 @@ impl Engine {
         Ok(())
     }
 
+    /// Registers a region of GPU memory with every NIC, when the engine
+    /// serves RDMA (GPUDirect: through a dma-buf the GPU provider exports,
+    /// else by device pointer through a peer-memory module). It never fails
+    /// the registration: a region no NIC takes still moves over cuda_ipc and
+    /// tcp, and rdma refuses it with the reason, said here once.
+    ///
+    /// # Safety
+    ///
+    /// The memory stays allocated until the region is unregistered.
+    unsafe fn register_device_with_nics(
+        &self,
+        id: RegionId,
+        addr: u64,
+        len: u64,
+        access: Access,
+        device: &DeviceBacking,
+    ) {
+        let Some(node) = &self.inner.context.rdma else { return };
+        // SAFETY: forwarded from our caller.
+        let registered =
+            unsafe { node.register_device_region(id, addr, len, access, device.gpu.as_ref(), device.ordinal) };
+        if let Err(reason) = registered {
+            tracing::warn!(region = %id, %reason, "GPU memory not registered with the NICs: rdma cannot move it");
+        }
+    }
+
     /// The registered local region holding `addr..addr + len`, and the
     /// offset of `addr` in it: for callers that name memory by address.
     ///
@@ -243,6 +274,9 @@ impl Engine {
         let backing = Arc::new(backing);
         let entry = Backing { shm: None, device: Some(backing.clone()) };
         let id = self.inner.registry.register(ptr.0 as usize, len, info, entry)?;
+        // SAFETY: the registry entry keeps the allocation alive while the
+        // region is registered, and unregistering deregisters it from the NICs.
+        unsafe { self.register_device_with_nics(id, ptr.0, len as u64, info.access, &backing) };
         Ok(Region::on_device(id, backing, ptr.0, len))
     }
 

@@ -179,12 +179,14 @@ impl Engine {
         peer: &SegmentDescriptor,
         cma: bool,
     ) -> Result<TransportKind> {
+        let unreachable = self.inner.context.rdma.as_ref().and_then(|node| node.any_unreachable());
         let local = LocalReach {
             host_id: local_host_id(),
             rdma: self.inner.context.rdma.is_some(),
             gpu: self.gpu().is_some(),
             device_regions: self.inner.registry.snapshot().iter().any(|(_, e)| e.info.memory != MemoryKind::Host),
             cma,
+            rdma_unreachable: unreachable.as_deref(),
         };
         crate::transport::select::choose(requested, peer, &local)
     }

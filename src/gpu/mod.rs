@@ -134,6 +134,21 @@ pub struct IpcHandle {
     pub len: u64,
 }
 
+/// A device range as a dma-buf: what a NIC registers device memory by for
+/// GPUDirect RDMA (`ibv_reg_dmabuf_mr`) where no peer-memory module lets it
+/// register the device pointer itself.
+#[derive(Debug)]
+pub struct DmaBuf {
+    /// The dma-buf. Closed when dropped: a registration made from it holds
+    /// its own reference, so it is kept only while registering.
+    pub fd: OwnedFd,
+    /// Where the range's first byte lies in the dma-buf (the dma-buf covers
+    /// whole pages around it).
+    pub offset: u64,
+    /// Bytes of the range.
+    pub len: u64,
+}
+
 /// Most physical allocations one exported range may span (a 64 GiB
 /// expandable segment of PyTorch's 20 MiB pages is about 3,300).
 pub const MAX_EXPORT_PIECES: usize = 1 << 14;
@@ -354,6 +369,11 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     /// this process. Opening an export of this very process is refused
     /// (CUDA does the same: its pointers are valid here already).
     fn open(&self, handles: &[IpcHandle]) -> Result<DevicePtr>;
+    /// Exports `addr..addr + len` of this process's device memory as a
+    /// dma-buf for a NIC to register; an error where the driver, the GPU or
+    /// the memory cannot (the NIC may then register the device pointer
+    /// through a peer-memory module instead).
+    fn export_dmabuf(&self, addr: u64, len: u64) -> Result<DmaBuf>;
     /// Closes what [`Gpu::open`] opened.
     ///
     /// # Safety

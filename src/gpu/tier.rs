@@ -19,6 +19,9 @@ pub const BASELINE_DRIVER: u32 = 11000;
 /// The first driver with `cuGetProcAddress_v2`, through which the batch
 /// API is looked up (CUDA 12.0).
 pub const PROC_ADDRESS_DRIVER: u32 = 12000;
+/// The first driver with `cuMemGetHandleForAddressRange`, which exports
+/// device memory as a dma-buf for a NIC (CUDA 11.7).
+pub const DMABUF_DRIVER: u32 = 11070;
 /// The first driver with `cuMemcpyBatchAsync` (CUDA 12.8).
 pub const BATCH_API_DRIVER: u32 = 12080;
 

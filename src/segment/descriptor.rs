@@ -201,6 +201,10 @@ pub struct RdmaInfo {
     pub nics: u32,
     /// Per region: id, virtual address, one rkey per NIC.
     pub regions: Vec<(RegionId, u64, Vec<u32>)>,
+    /// Regions in GPU memory its NICs could not register, with why.
+    pub unreachable: Vec<(RegionId, String)>,
+    /// Its NICs count WRITE_WITH_IMM arrivals (they have receive queues).
+    pub arrivals: bool,
 }
 
 /// Most NICs a descriptor may list.
@@ -247,6 +251,12 @@ impl SegmentDescriptor {
                     .iter()
                     .map(|(id, addr, rkeys)| proto::RdmaRegion { id: id.raw(), addr: *addr, rkeys: rkeys.clone() })
                     .collect(),
+                unreachable: info
+                    .unreachable
+                    .iter()
+                    .map(|(id, reason)| proto::RdmaUnreachable { id: id.raw(), reason: reason.clone() })
+                    .collect(),
+                arrivals: info.arrivals,
             }),
             cma: self.cma.as_ref().map(|cma| Box::new(cma.to_proto())),
         }
@@ -300,7 +310,8 @@ impl SegmentDescriptor {
                     }
                     keyed.push((id, r.addr, r.rkeys));
                 }
-                Some(RdmaInfo { nics: info.nics, regions: keyed })
+                let unreachable = check_unreachable(info.unreachable, &mut listed).map_err(bad)?;
+                Some(RdmaInfo { nics: info.nics, regions: keyed, unreachable, arrivals: info.arrivals })
             }
         };
         let cma = match message.cma {
@@ -324,6 +335,26 @@ impl SegmentDescriptor {
             cma,
         })
     }
+}
+
+/// Checks a peer's unreachable regions: each listed, not keyed (taken out
+/// of `listed`), its reason short.
+fn check_unreachable(
+    unreachable: Vec<proto::RdmaUnreachable>,
+    listed: &mut std::collections::HashSet<RegionId>,
+) -> std::result::Result<Vec<(RegionId, String)>, String> {
+    let mut out = Vec::with_capacity(unreachable.len().min(listed.len()));
+    for entry in unreachable {
+        let id = RegionId::from_raw(entry.id);
+        if !listed.remove(&id) {
+            return Err(format!("rdma refusal for region {id}, which is not listed, keyed, or listed twice"));
+        }
+        if entry.reason.len() > super::gpu::MAX_EXPORT_ERROR_BYTES {
+            return Err(format!("rdma refusal for region {id} of {} bytes", entry.reason.len()));
+        }
+        out.push((id, entry.reason));
+    }
+    Ok(out)
 }
 
 /// Identifies this host for the same-host check: boot id plus hostname,
@@ -361,7 +392,12 @@ mod tests {
             }],
             control_addr: "127.0.0.1:9".into(),
             tcp_addr: Some("127.0.0.1:10".into()),
-            rdma: Some(RdmaInfo { nics: 2, regions: vec![(RegionId::new(3, 1), 0x7f00_0000_0000, vec![11, 12])] }),
+            rdma: Some(RdmaInfo {
+                nics: 2,
+                regions: vec![(RegionId::new(3, 1), 0x7f00_0000_0000, vec![11, 12])],
+                unreachable: Vec::new(),
+                arrivals: true,
+            }),
             cma: Some(CmaReach::Offered {
                 page: PathBuf::from("/dev/shm/kvring-1-2-4"),
                 page_addr: 0x7f10_0000_0000,
@@ -398,7 +434,7 @@ mod tests {
             })
             .collect();
         let plain = d.to_proto().encoded_len();
-        d.rdma = Some(RdmaInfo { nics: nics as u32, regions: keyed });
+        d.rdma = Some(RdmaInfo { nics: nics as u32, regions: keyed, unreachable: Vec::new(), arrivals: true });
         let with_rdma = d.to_proto().encoded_len();
         let per_region = (with_rdma - plain) / regions;
         assert!(per_region <= 12 + 5 * nics, "{per_region} bytes per region for {nics} NICs");
@@ -448,6 +484,19 @@ mod tests {
         let mut p = sample().to_proto();
         p.rdma.as_mut().unwrap().regions[0].id = RegionId::new(9, 1).raw();
         assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("which is not listed"));
+        let refusal = |id: RegionId, reason: String| proto::RdmaUnreachable { id: id.raw(), reason };
+        let mut p = sample().to_proto();
+        p.rdma.as_mut().unwrap().unreachable.push(refusal(RegionId::new(3, 1), "no NIC took it".into()));
+        assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("rdma refusal for region"));
+        let mut p = sample().to_proto();
+        p.rdma.as_mut().unwrap().regions.clear();
+        p.rdma.as_mut().unwrap().unreachable.push(refusal(RegionId::new(3, 1), "x".repeat(5000)));
+        assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("of 5000 bytes"));
+        let mut p = sample().to_proto();
+        p.rdma.as_mut().unwrap().regions.clear();
+        p.rdma.as_mut().unwrap().unreachable.push(refusal(RegionId::new(3, 1), "no NIC took it".into()));
+        let d = SegmentDescriptor::from_proto(p).unwrap();
+        assert_eq!(d.rdma.unwrap().unreachable, [(RegionId::new(3, 1), "no NIC took it".to_string())]);
         let mut p = sample().to_proto();
         p.rdma.as_mut().unwrap().nics = 0;
         assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("rdma nics must be"));

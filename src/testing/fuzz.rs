@@ -175,7 +175,12 @@ fn maximal_descriptor() -> Vec<u8> {
         name: "maximal".into(),
         epoch: 1,
         regions,
-        rdma: Some(crate::proto::RdmaInfo { nics: MAX_RDMA_NICS, regions: keys }),
+        rdma: Some(crate::proto::RdmaInfo {
+            nics: MAX_RDMA_NICS,
+            regions: keys,
+            unreachable: Vec::new(),
+            arrivals: true,
+        }),
         ..Default::default()
     }
     .encode_to_vec()

@@ -62,6 +62,23 @@ pub(crate) trait Service: Send + std::fmt::Debug {
     fn close_all(&mut self, registry: &mio::Registry);
 }
 
+/// A target's receive completions (RDMA's WRITE_WITH_IMM, which count
+/// arrivals), polled from one lane's loop. Only that lane calls it.
+pub(crate) trait Receiver: Send + std::fmt::Debug {
+    /// Takes what arrived (bounded per call); returns how many completions.
+    fn poll(&mut self) -> usize;
+    /// Descriptors that turn readable when something arrives after
+    /// [`Receiver::arm`]: the lane waits on them when it parks.
+    fn wake_fds(&self) -> Vec<std::os::fd::RawFd>;
+    /// Asks to be woken at the next arrival, then looks once more; true
+    /// when something arrived meanwhile (the lane then polls, not parks).
+    fn arm(&mut self) -> bool;
+}
+
+/// The key of a lane's receiver's descriptors in its poller: above every
+/// service key, so a wake-up from them is never taken for a connection.
+pub(crate) const RECEIVER_KEY: mio::Token = mio::Token(usize::MAX - 1);
+
 /// Most blocks any link takes per chunk; a lane's chunk buffer is
 /// allocated once with this capacity.
 pub(crate) const MAX_CHUNK_BLOCKS: usize = 256;

@@ -1,7 +1,7 @@
 //! Which transport reaches a peer: the one documented order, in one place.
 
 use crate::error::{Error, Result};
-use crate::mem::MemoryKind;
+use crate::mem::{Access, MemoryKind};
 use crate::segment::{CmaReach, SegmentDescriptor};
 use crate::transport::TransportKind;
 
@@ -20,6 +20,9 @@ pub struct LocalReach<'a> {
     /// May reach same-host peers by cross-memory attach (its `cma`
     /// setting; false again after an attempt the kernel refused).
     pub cma: bool,
+    /// Why a region of this engine's GPU memory is registered with none of
+    /// its NICs, if one is not (rdma cannot move it).
+    pub rdma_unreachable: Option<&'a str>,
 }
 
 /// Chooses the transport to a peer.
@@ -31,8 +34,12 @@ pub struct LocalReach<'a> {
 ///    ends).
 /// 2. Otherwise cuda_ipc, when the peer is on this host, this engine has a
 ///    GPU provider, and either end has GPU memory.
-/// 3. Otherwise rdma, when this engine serves RDMA and the peer lists
-///    RDMA keys.
+/// 3. Otherwise rdma, when this engine serves RDMA, the peer lists RDMA
+///    keys, and every region in GPU memory is registered with the NICs on
+///    both ends (this engine's, and those of the peer's that peers may
+///    use): GPUDirect RDMA. A device region a NIC could not register
+///    refuses rdma with the reason (a caller asking for rdma gets it as
+///    the error; by default the order goes on).
 /// 4. Otherwise shm, when the peer is on this host and every host region it
 ///    exposes is shm-backed (at least one).
 /// 5. Otherwise cma, when the peer is on this host and allows cross-memory
@@ -68,10 +75,14 @@ pub fn choose(requested: Option<TransportKind>, peer: &SegmentDescriptor, local:
                 "rdma: this engine has no RDMA device (build with the `rdma` feature, or give a provider)".into(),
             );
         }
-        match peer.rdma {
-            Some(_) => Ok(()),
-            None => unsupported(format!("rdma to {}: it serves no RDMA", peer.name)),
+        let Some(info) = &peer.rdma else { return unsupported(format!("rdma to {}: it serves no RDMA", peer.name)) };
+        if let Some(why) = local.rdma_unreachable {
+            return unsupported(format!(
+                "rdma to {}: this engine's GPU memory is not registered with its NICs: {why}",
+                peer.name
+            ));
         }
+        device_regions_keyed(peer, info)
     };
     let has_shm = peer.regions.iter().any(|r| r.shm_path.is_some());
     let shm_ok = || -> Result<()> {
@@ -122,6 +133,31 @@ pub fn choose(requested: Option<TransportKind>, peer: &SegmentDescriptor, local:
     }
 }
 
+/// Checks that every region of the peer's GPU memory that peers may use
+/// has RDMA keys (is registered with its NICs), naming the first that has
+/// not and the peer's reason.
+fn device_regions_keyed(peer: &SegmentDescriptor, info: &crate::segment::RdmaInfo) -> Result<()> {
+    let usable = |r: &&crate::segment::RemoteRegion| {
+        r.memory != MemoryKind::Host && r.access.intersects(Access::REMOTE_READ | Access::REMOTE_WRITE)
+    };
+    if !peer.regions.iter().any(|r| usable(&r)) {
+        return Ok(());
+    }
+    // A set, not a scan per region: a descriptor may list many thousands.
+    let keyed: std::collections::HashSet<_> = info.regions.iter().map(|(id, _, _)| *id).collect();
+    match peer.regions.iter().filter(usable).find(|r| !keyed.contains(&r.id)) {
+        None => Ok(()),
+        Some(region) => {
+            let why = info.unreachable.iter().find(|(id, _)| *id == region.id).map(|(_, why)| why.as_str());
+            let why = why.unwrap_or("it lists no RDMA keys for it");
+            unsupported(format!(
+                "rdma to {}: its GPU region {} is not registered with its NICs: {why}",
+                peer.name, region.id
+            ))
+        }
+    }
+}
+
 fn unsupported<T>(what: String) -> Result<T> {
     Err(Error::Unsupported { what })
 }
@@ -129,7 +165,7 @@ fn unsupported<T>(what: String) -> Result<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mem::{Access, RegionKind};
+    use crate::mem::RegionKind;
     use crate::segment::RemoteRegion;
     use crate::RegionId;
 
@@ -159,7 +195,7 @@ mod tests {
     }
 
     fn reach(host: &str, rdma: bool) -> LocalReach<'_> {
-        LocalReach { host_id: host, rdma, gpu: false, device_regions: false, cma: true }
+        LocalReach { host_id: host, rdma, gpu: false, device_regions: false, cma: true, rdma_unreachable: None }
     }
 
     #[test]
@@ -194,7 +230,7 @@ mod tests {
     #[test]
     fn rdma_comes_first_when_both_sides_serve_it() {
         let mut both = peer("h", true, true);
-        both.rdma = Some(crate::segment::RdmaInfo { nics: 1, regions: vec![] });
+        both.rdma = Some(crate::segment::RdmaInfo { nics: 1, regions: vec![], unreachable: vec![], arrivals: true });
         assert_eq!(choose(None, &both, &reach("h", true)).unwrap(), TransportKind::Rdma);
         // This engine has no device: shm, as before.
         assert_eq!(choose(None, &both, &reach("h", false)).unwrap(), TransportKind::Shm);
@@ -208,10 +244,18 @@ mod tests {
 
     #[test]
     fn cuda_ipc_comes_first_on_one_host_when_gpu_memory_is_involved() {
-        let gpu = |device_regions| LocalReach { host_id: "h", rdma: true, gpu: true, device_regions, cma: true };
+        let gpu = |device_regions| LocalReach {
+            host_id: "h",
+            rdma: true,
+            gpu: true,
+            device_regions,
+            cma: true,
+            rdma_unreachable: None,
+        };
         let mut on_gpu = peer("h", false, true);
         on_gpu.regions[0].memory = MemoryKind::Gpu(0);
-        on_gpu.rdma = Some(crate::segment::RdmaInfo { nics: 1, regions: vec![] });
+        let keys = vec![(on_gpu.regions[0].id, 0x7f00_0000_0000, vec![7])];
+        on_gpu.rdma = Some(crate::segment::RdmaInfo { nics: 1, regions: keys, unreachable: vec![], arrivals: true });
         // The peer's memory is on a GPU: cuda_ipc, before rdma and tcp.
         assert_eq!(choose(None, &on_gpu, &gpu(false)).unwrap(), TransportKind::CudaIpc);
         // Only ours is: still cuda_ipc (a host-memory peer reached by the GPU).
@@ -274,5 +318,72 @@ mod tests {
         assert!(asked(&offering("other", false), &here).unwrap_err().to_string().contains("on another host"));
         assert!(asked(&offering("h", false), &no_cma).unwrap_err().to_string().contains("does not use it"));
         assert_eq!(asked(&offering("h", true), &here).unwrap(), TransportKind::Cma);
+    }
+
+    /// A peer on another host with one region in GPU memory, registered with
+    /// its NICs (`keyed`) or refused by them with a reason.
+    fn far_gpu_peer(keyed: bool) -> SegmentDescriptor {
+        let mut far = peer("other", false, true);
+        far.regions[0].memory = MemoryKind::Gpu(0);
+        let id = far.regions[0].id;
+        far.rdma = Some(match keyed {
+            true => crate::segment::RdmaInfo {
+                nics: 1,
+                regions: vec![(id, 0x7f00_0000_0000, vec![7])],
+                unreachable: vec![],
+                arrivals: true,
+            },
+            false => crate::segment::RdmaInfo {
+                nics: 1,
+                regions: vec![],
+                unreachable: vec![(id, "GPU 0's memory could not be registered with NIC mlx5_0 (no dma-buf)".into())],
+                arrivals: true,
+            },
+        });
+        far
+    }
+
+    #[test]
+    fn device_memory_across_hosts_takes_rdma_only_when_both_ends_registered_it_else_tcp() {
+        let local = |rdma, unreachable| LocalReach {
+            host_id: "h",
+            rdma,
+            gpu: true,
+            device_regions: true,
+            cma: true,
+            rdma_unreachable: unreachable,
+        };
+        // Registered on both ends: rdma (GPUDirect), after cuda_ipc, which
+        // needs one host.
+        assert_eq!(choose(None, &far_gpu_peer(true), &local(true, None)).unwrap(), TransportKind::Rdma);
+        // The peer's NIC could not register its GPU region: by default the
+        // order goes on to tcp (which stages device memory)...
+        assert_eq!(choose(None, &far_gpu_peer(false), &local(true, None)).unwrap(), TransportKind::Tcp);
+        // ...and asked for, rdma is refused with the peer's reason.
+        let refused = choose(Some(TransportKind::Rdma), &far_gpu_peer(false), &local(true, None)).unwrap_err();
+        assert!(
+            refused.to_string().contains("its GPU region") && refused.to_string().contains("no dma-buf"),
+            "{refused}"
+        );
+        // This engine's NIC could not register its own GPU memory: the same.
+        let ours = Some("GPU 1's memory could not be registered with NIC sim0 (peer memory: bad address)");
+        assert_eq!(choose(None, &far_gpu_peer(true), &local(true, ours)).unwrap(), TransportKind::Tcp);
+        let refused = choose(Some(TransportKind::Rdma), &far_gpu_peer(true), &local(true, ours)).unwrap_err();
+        assert!(refused.to_string().contains("this engine's GPU memory") && refused.to_string().contains("GPU 1's"));
+        // No RDMA here: tcp.
+        assert_eq!(choose(None, &far_gpu_peer(true), &local(false, None)).unwrap(), TransportKind::Tcp);
+        // A GPU region peers may not use needs no keys.
+        let mut private = far_gpu_peer(false);
+        private.regions[0].access = Access::LOCAL_READ | Access::LOCAL_WRITE;
+        assert_eq!(choose(None, &private, &local(true, None)).unwrap(), TransportKind::Rdma);
+        // A peer listing no keys and no reason: refused all the same.
+        let mut silent = far_gpu_peer(false);
+        silent.rdma.as_mut().unwrap().unreachable.clear();
+        let refused = choose(Some(TransportKind::Rdma), &silent, &local(true, None)).unwrap_err();
+        assert!(refused.to_string().contains("lists no RDMA keys"), "{refused}");
+        // One host: cuda_ipc first, whatever the NICs did.
+        let mut near = far_gpu_peer(false);
+        near.host_id = "h".into();
+        assert_eq!(choose(None, &near, &local(true, None)).unwrap(), TransportKind::CudaIpc);
     }
 }

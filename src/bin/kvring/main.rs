@@ -58,6 +58,7 @@ fn info(args: InfoArgs) -> Result<(), String> {
     let memlock = kvring::host::locked_memory_limit();
     let rdma = kvring::host::rdma_devices();
     let gpus = kvring::host::gpus();
+    let gpu_nics = kvring::host::gpu_nics();
     let settings: Vec<_> = config
         .settings()
         .iter()
@@ -85,6 +86,7 @@ fn info(args: InfoArgs) -> Result<(), String> {
             "metadata": metadata,
             "rdma": { "built": cfg!(feature = "rdma"), "devices": rdma.as_ref().ok(), "reason": rdma.as_ref().err() },
             "gpus": { "devices": gpus.as_ref().ok(), "reason": gpus.as_ref().err() },
+            "gpu_nics": { "choices": gpu_nics.as_ref().ok(), "reason": gpu_nics.as_ref().err() },
             "host": {
                 "cores": core_affinity::get_core_ids().unwrap_or_default().len(),
                 "memlock_bytes": memlock,
@@ -120,6 +122,10 @@ fn info(args: InfoArgs) -> Result<(), String> {
     match &gpus {
         Ok(devices) => println!("gpus:             {}", devices.join("; ")),
         Err(reason) => println!("gpus:             none: {reason}"),
+    }
+    match &gpu_nics {
+        Ok(choices) => println!("gpu nics:         {}", choices.join("; ")),
+        Err(reason) => println!("gpu nics:         none: {reason}"),
     }
     println!("transports:       {}", args::transports().join(", "));
     println!("cores:            {}", core_affinity::get_core_ids().unwrap_or_default().len());

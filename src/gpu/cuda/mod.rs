@@ -13,17 +13,19 @@
 //! all is an error, not a crash. How each chunk's copies go (batch API,
 //! copy kernel, one call each) is [`tier::choose_method`]'s choice, from
 //! what is pinned here and which GPUs this process has peer access between
-//! (`reach.rs`). Each operation makes its device's primary context current
+//! (`reach.rs`). Device memory is exported as a dma-buf for NICs
+//! (`dmabuf.rs`, from CUDA 11.7 drivers). Each operation makes its device's primary context current
 //! on the calling thread first: the context the CUDA runtime (and PyTorch)
 //! uses, so their pointers and ours are the same. Classifying, exporting
 //! and opening memory is `ipc.rs`.
 
+mod dmabuf;
 mod ipc;
 mod kernel;
 mod reach;
 
 use super::tier::{self, choose_method, TierInputs};
-use super::{Copy, CopyMethod, CopySides, DevicePtr, Event, Export, Gpu, GpuDevice, IpcHandle, Memory, Stream};
+use super::{Copy, CopyMethod, CopySides, DevicePtr, DmaBuf, Event, Export, Gpu, GpuDevice, IpcHandle, Memory, Stream};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::collections::{BTreeMap, HashMap};
@@ -357,6 +359,10 @@ impl Gpu for CudaGpu {
 
     fn export(&self, addr: u64, len: u64) -> Result<Export> {
         shielded("exporting device memory", || self.export_range(addr, len))
+    }
+
+    fn export_dmabuf(&self, addr: u64, len: u64) -> Result<DmaBuf> {
+        shielded("exporting device memory as dma-buf", || self.dmabuf_range(addr, len))
     }
 
     fn open(&self, handles: &[IpcHandle]) -> Result<DevicePtr> {

@@ -10,7 +10,7 @@
 //! `pidfd_getfd`, the path real device memory of the virtual memory API
 //! takes.
 
-use super::super::{fd, DevicePtr, Export, HandleKind, IpcHandle, IPC_HANDLE_BYTES};
+use super::super::{fd, DevicePtr, DmaBuf, Export, HandleKind, IpcHandle, IPC_HANDLE_BYTES};
 use super::{gpu_error, SimGpu, State};
 use crate::error::{Error, Result};
 use memmap2::MmapRaw;
@@ -184,13 +184,8 @@ impl SimGpu {
     /// Exports `addr..addr + len`: one legacy handle, or one descriptor per
     /// piece of a run.
     pub(super) fn export_range(&self, state: &State, addr: u64, len: u64) -> Result<Export> {
-        let (device, run, run_len) = state
-            .run_at(addr)
-            .filter(|(_, run, _)| !state.pieces[run].opened && !state.pieces[run].managed)
-            .ok_or_else(|| gpu_error(0, format!("{addr:#x} is not device memory this process allocated")))?;
-        self.check_device(state, device)?;
-        let end = addr.checked_add(len).filter(|&end| len > 0 && end <= run + run_len);
-        let end = end.ok_or_else(|| past_allocation(device, addr, len, run, run_len))?;
+        let (device, run, _) = self.own_run(state, addr, len)?;
+        let end = addr + len;
         let pid = std::process::id();
         let (first, piece) = state.piece_at(addr).expect("inside the run");
         if !piece.vmm {
@@ -214,6 +209,56 @@ impl SimGpu {
             held.push(OwnedFd::from(shared));
         }
         Ok(Export::new(handles, held))
+    }
+
+    /// The memory of this process's own allocation that holds
+    /// `addr..addr + len`, or an error naming why it is not one.
+    fn own_run(&self, state: &State, addr: u64, len: u64) -> Result<(u32, u64, u64)> {
+        let (device, run, run_len) = state
+            .run_at(addr)
+            .filter(|(_, run, _)| !state.pieces[run].opened && !state.pieces[run].managed)
+            .ok_or_else(|| gpu_error(0, format!("{addr:#x} is not device memory this process allocated")))?;
+        self.check_device(state, device)?;
+        if len == 0 || addr.checked_add(len).is_none_or(|end| end > run + run_len) {
+            return Err(past_allocation(device, addr, len, run, run_len));
+        }
+        Ok((device, run, run_len))
+    }
+
+    /// `addr..addr + len` as a dma-buf: the descriptor of the piece holding
+    /// it (a memfd, as a real dma-buf is a descriptor of device pages) and
+    /// the range's offset in it. One dma-buf covers one physical
+    /// allocation: a range across pieces of a run is refused.
+    pub(super) fn dmabuf_range(&self, state: &State, addr: u64, len: u64) -> Result<DmaBuf> {
+        let (device, _, _) = self.own_run(state, addr, len)?;
+        let (base, piece) = state.piece_at(addr).expect("inside a run");
+        if addr + len > base + piece.len {
+            return Err(gpu_error(
+                device,
+                format!("{addr:#x}+{len} spans more than one physical allocation: one dma-buf covers one"),
+            ));
+        }
+        let fd = piece.file.try_clone().map_err(|e| Error::io("exporting simulated device memory as dma-buf", e))?;
+        Ok(DmaBuf { fd: OwnedFd::from(fd), offset: addr - base, len })
+    }
+
+    /// What a peer-memory module hands a NIC registering device pointer
+    /// `addr..addr + len`: every piece under the range, in address order,
+    /// with the part of it the range covers (descriptor, offset, length).
+    /// The simulated NIC maps them back to back, as a real one maps the
+    /// pages it pinned.
+    pub fn nic_pages(&self, addr: u64, len: u64) -> Result<Vec<(std::fs::File, u64, u64)>> {
+        let state = self.lock();
+        let (_, run, _) = self.own_run(&state, addr, len)?;
+        let end = addr + len;
+        let mut pages = Vec::new();
+        for (at, piece) in state.run_pieces(run).filter(|(at, p)| at + p.len > addr && *at < end) {
+            let from = addr.max(at);
+            let to = end.min(at + piece.len);
+            let file = piece.file.try_clone().map_err(|e| Error::io("pinning simulated device memory", e))?;
+            pages.push((file, from - at, to - from));
+        }
+        Ok(pages)
     }
 
     /// Opens a peer's export (handles already checked); returns the first

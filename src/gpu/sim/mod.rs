@@ -23,8 +23,8 @@ mod memory;
 
 use super::tier::{choose_method, TierInputs, BATCH_API_DRIVER};
 use super::{
-    check_handles, Copy, CopyMethod, CopySides, DevicePtr, Event, Export, Gpu, GpuDevice, IpcHandle, Memory, Place,
-    Stream,
+    check_handles, Copy, CopyMethod, CopySides, DevicePtr, DmaBuf, Event, Export, Gpu, GpuDevice, IpcHandle, Memory,
+    Place, Stream,
 };
 use crate::error::{Error, Result};
 use memory::{past_allocation, Piece};
@@ -52,6 +52,8 @@ pub struct SimGpu {
     kernel_loads: bool,
     /// Whether its GPUs have peer access to each other.
     peer_access: bool,
+    /// Whether its driver exports device memory as dma-buf.
+    dmabuf: bool,
     numa_node: Option<u32>,
     state: Mutex<State>,
     copy_calls: AtomicU64,
@@ -118,6 +120,7 @@ impl SimGpu {
             driver_version: BATCH_API_DRIVER,
             kernel_loads: true,
             peer_access: true,
+            dmabuf: true,
             numa_node: None,
             state: Mutex::new(State { next_id: 1, ..State::default() }),
             copy_calls: AtomicU64::new(0),
@@ -151,6 +154,14 @@ impl SimGpu {
     /// hosts whose GPUs share no NVLink or PCIe switch.
     pub fn without_peer_access(mut self) -> Self {
         self.peer_access = false;
+        self
+    }
+
+    /// Its driver exports no dma-buf (older than CUDA 11.7, or a GPU or
+    /// kernel without support): a NIC registers its memory through a
+    /// peer-memory module, or not at all.
+    pub fn without_dmabuf(mut self) -> Self {
+        self.dmabuf = false;
         self
     }
 
@@ -435,6 +446,13 @@ impl Gpu for SimGpu {
 
     fn export(&self, addr: u64, len: u64) -> Result<Export> {
         self.export_range(&self.lock(), addr, len)
+    }
+
+    fn export_dmabuf(&self, addr: u64, len: u64) -> Result<DmaBuf> {
+        if !self.dmabuf {
+            return Err(gpu_error(0, "this driver exports no dma-buf (CUDA 11.7 and a supporting GPU needed)"));
+        }
+        self.dmabuf_range(&self.lock(), addr, len)
     }
 
     fn open(&self, handles: &[IpcHandle]) -> Result<DevicePtr> {

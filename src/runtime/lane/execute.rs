@@ -377,7 +377,7 @@ pub(crate) fn gpu_memory_unsupported(region: RegionId, side: Side) -> Error {
     Error::Unsupported {
         what: format!(
             "moving GPU memory ({whose} region {region}) over this transport: only cuda_ipc (same host, with a GPU \
-             provider) moves device memory so far"
+             provider) and rdma (GPUDirect) move device memory so far"
         ),
     }
 }
@@ -390,7 +390,8 @@ fn untaggable(tag: u32, op: Opcode, link: &dyn crate::transport::LaneLink) -> Op
         (_, Opcode::Read) => "an arrival tag on a READ (tags count pushed bytes on the target)",
         (_, Opcode::Write) if link.counts_arrivals() => return None,
         (_, Opcode::Write) => {
-            "an arrival tag on this transport (the target counts them on tcp and rdma; on one host, push then notify)"
+            "an arrival tag on a link whose target cannot count it (the target counts them on tcp and rdma, rdma where \
+             its NICs have shared receive queues; on one host, push then notify)"
         }
     };
     Some(Error::Unsupported { what: what.into() })

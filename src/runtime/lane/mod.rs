@@ -5,7 +5,8 @@
 //! closed segments with this lane's own link to each), drain each
 //! submitter's submission ring in chunks, validate and execute every
 //! descriptor (`execute.rs`), publish status and completions
-//! (`complete.rs`). With no work for `busy_poll` it parks on its doorbell;
+//! (`complete.rs`); on a target, one lane also polls the RDMA receives that
+//! count arrivals (`receive.rs`). With no work for `busy_poll` it parks on its doorbell;
 //! a submitter's next push wakes it. Nothing in the loop allocates, locks
 //! or formats a string on the success path: links arrive connected, and
 //! per-lane tables are preallocated when the lane starts (`start.rs`).
@@ -14,6 +15,7 @@ mod complete;
 mod execute;
 mod links;
 mod poll;
+mod receive;
 mod shared;
 mod start;
 

@@ -75,6 +75,8 @@ pub(super) struct Lane {
     events: Events,
     /// The target connections this lane serves, if it serves any.
     pub service: Option<Box<dyn Service>>,
+    /// The target's receive completions this lane polls, if any.
+    pub receiver: Option<Box<dyn crate::transport::Receiver>>,
     /// When the service next needs its deadlines looked at.
     next_tick: Option<Instant>,
 }
@@ -97,6 +99,7 @@ impl Lane {
             poller,
             events: Events::with_capacity(EVENTS_PER_POLL),
             service: None,
+            receiver: None,
             next_tick: None,
             shared,
             registry,
@@ -121,7 +124,12 @@ impl Lane {
         loop {
             let commands = self.take_commands();
             let served = if self.serving() { self.poll_io(Some(Duration::ZERO)) } else { 0 };
-            let worked = self.poll_links() + self.poll_rings() + self.announce_notifications() + commands + served;
+            let worked = self.poll_links()
+                + self.poll_rings()
+                + self.announce_notifications()
+                + self.poll_receiver()
+                + commands
+                + served;
             if self.free_tickets.len() < self.tickets.len()
                 && (worked == 0 || rounds.is_multiple_of(DEADLINE_CHECK_ROUNDS))
             {
@@ -154,7 +162,7 @@ impl Lane {
                         // timeout or a stray wake parks again at once rather
                         // than spinning a whole window (an idle lane costs
                         // nothing).
-                        if self.park() > 0 {
+                        if self.arm_receiver() || self.park() > 0 {
                             idle_since = None;
                         }
                     }
@@ -300,6 +308,7 @@ impl Lane {
                 }
                 LaneCommand::Notify { key, payload, reply } => self.post_notification(key, payload, reply),
                 LaneCommand::Serve(service) => self.service = Some(service),
+                LaneCommand::Receive(receiver) => self.adopt_receiver(receiver),
                 LaneCommand::Adopt { stream, id } => {
                     // Without a service the stream is dropped: closed.
                     if let Some(service) = self.service.as_mut() {

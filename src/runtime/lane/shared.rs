@@ -64,6 +64,9 @@ pub(crate) enum LaneCommand {
     },
     /// Serve a target's data connections from this lane's loop.
     Serve(Box<dyn crate::transport::Service>),
+    /// Poll a target's receive completions (RDMA arrivals) from this
+    /// lane's loop.
+    Receive(Box<dyn crate::transport::Receiver>),
     /// A data connection accepted for this lane's service, booked under
     /// admission id `id`.
     Adopt {

@@ -30,7 +30,8 @@ pub fn read_sysfs(root: &Path) -> Vec<DeviceInfo> {
                 .map(|(port, path)| read_port(port, &path))
                 .collect();
             ports.sort_by_key(|p| p.port);
-            DeviceInfo { name, numa_node, ports }
+            let pci_path = std::fs::canonicalize(dir.join("device")).ok();
+            DeviceInfo { name, numa_node, pci_path, ports }
         })
         .collect();
     devices.sort_by(|a, b| a.name.cmp(&b.name));

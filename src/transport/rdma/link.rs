@@ -5,6 +5,12 @@
 //! the next poll); the lane's `poll` polls the CQs, and a chunk ends when
 //! the signalled completions it expects have arrived.
 //!
+//! Device memory moves like host memory (GPUDirect RDMA: the NIC reads and
+//! writes it), once its region is registered with the NICs on both ends; a
+//! block of a device region that is not is refused with the reason, before
+//! anything is posted. A tagged push's writes go as WRITE_WITH_IMM, the tag
+//! as the immediate, which the target counts as they land.
+//!
 //! Any error completion leaves the QP in the error state, so the link is
 //! broken: the failing chunk gets the mapped error, everything else in
 //! flight on that lane `PeerRestarted`, and the segment goes stale; the next
@@ -12,9 +18,10 @@
 //! are reset when it is dropped and handed to that next connection, which
 //! re-handshakes them through the control plane: a reconnect creates no QP.
 
-use super::node::RdmaNode;
+use super::node::{LocalKeys, RdmaNode};
 use super::post::{build, KeyedBlock, Keys, PostConfig};
 use super::verbs::*;
+use crate::desc::RegionId;
 use crate::error::{Error, Result};
 use crate::proto::ErrorCode;
 use crate::ring::Opcode;
@@ -45,6 +52,10 @@ pub(crate) struct RdmaLink {
     node: Arc<RdmaNode>,
     /// Peer region (raw id) → (address, rkey per NIC), shared by the lanes.
     remote: Arc<HashMap<u32, (u64, Vec<u32>)>>,
+    /// Peer device regions its NICs could not register, with why.
+    unreachable: Arc<HashMap<u32, String>>,
+    /// The peer counts WRITE_WITH_IMM arrivals (its NICs have receive queues).
+    arrivals: bool,
     config: PostConfig,
     state: Arc<LinkState>,
     /// Per NIC: QP, its CQ, and the endpoint it was created with.
@@ -63,16 +74,19 @@ pub(crate) struct RdmaLink {
 }
 
 struct LinkKeys<'a> {
-    local: &'a dyn Fn(u32, usize) -> Option<u32>,
+    local: &'a LocalKeys<'a>,
     remote: &'a HashMap<u32, (u64, Vec<u32>)>,
 }
 
 impl Keys for LinkKeys<'_> {
     fn lkey(&self, nic: usize, region: u32) -> u32 {
-        (self.local)(region, nic).unwrap_or(0)
+        self.local.lkey(region, nic).unwrap_or(0)
     }
     fn rkey(&self, nic: usize, region: u32) -> u32 {
         self.remote.get(&region).and_then(|(_, keys)| keys.get(nic)).copied().unwrap_or(0)
+    }
+    fn nics(&self, region: u32) -> u32 {
+        self.local.nics(region)
     }
 }
 
@@ -137,6 +151,8 @@ impl RdmaLink {
         }
         let remote: Arc<HashMap<_, _>> =
             Arc::new(info.regions.iter().map(|(id, addr, rkeys)| (id.raw(), (*addr, rkeys.clone()))).collect());
+        let unreachable: Arc<HashMap<_, _>> =
+            Arc::new(info.unreachable.iter().map(|(id, why)| (id.raw(), why.clone())).collect());
         let state = LinkState::new(TransportKind::Rdma, false);
         let lanes = made
             .chunks(nics)
@@ -145,6 +161,8 @@ impl RdmaLink {
                     peer: descriptor.name.clone(),
                     node: node.clone(),
                     remote: remote.clone(),
+                    unreachable: unreachable.clone(),
+                    arrivals: info.arrivals,
                     config: PostConfig::default(),
                     state: state.clone(),
                     qps: qps.to_vec(),
@@ -153,7 +171,7 @@ impl RdmaLink {
                     next_chunk: 0,
                     out: vec![Vec::with_capacity(RDMA_CHUNK_BLOCKS); nics],
                     keyed: Vec::with_capacity(RDMA_CHUNK_BLOCKS),
-                    wcs: vec![Wc { wr_id: 0, status: WcStatus::Success }; POLL_BATCH],
+                    wcs: vec![Wc::new(0, WcStatus::Success); POLL_BATCH],
                     broken: false,
                 }) as Box<dyn LaneLink>
             })
@@ -202,6 +220,22 @@ impl RdmaLink {
         Ok(())
     }
 
+    /// Why the peer's region `region` has no keys: its NICs could not
+    /// register it (device memory, with the peer's reason), or it is unknown.
+    fn no_remote_keys(&self, region: RegionId) -> Error {
+        match self.unreachable.get(&region.raw()) {
+            Some(why) => Error::Unsupported { what: format!("rdma to {}: its region {region}: {why}", self.peer) },
+            None => Error::UnknownRegion { side: crate::Side::Remote, region },
+        }
+    }
+
+    /// Why this engine's region `region` (raw id) has no local key.
+    fn no_local_keys(&self, region: u32) -> Error {
+        let id = RegionId::from_raw(region);
+        let why = self.node.unreachable(region).unwrap_or_else(|| "it is not registered with them".into());
+        Error::Unsupported { what: format!("rdma to {}: this engine's region {id}: {why}", self.peer) }
+    }
+
     /// Hands this lane's QPs back to the node, reset, for the next
     /// connection (to this peer again, once it reopens, or to another).
     fn release_qps(&mut self) {
@@ -216,6 +250,18 @@ impl LaneLink for RdmaLink {
         RDMA_CHUNK_BLOCKS
     }
 
+    /// The NIC reads and writes device memory (GPUDirect RDMA); a block of a
+    /// device region without keys on either end is refused in `transfer`.
+    fn moves_device_memory(&self) -> bool {
+        true
+    }
+
+    /// The target counts each WRITE_WITH_IMM's bytes under its immediate,
+    /// where its NICs have receive queues (its descriptor says so).
+    fn counts_arrivals(&self) -> bool {
+        self.arrivals
+    }
+
     unsafe fn transfer(&mut self, op: Opcode, _batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
         if self.broken {
             let error = Error::PeerRestarted { segment: self.peer.clone(), detail: "its queue pair failed".into() };
@@ -225,8 +271,7 @@ impl LaneLink for RdmaLink {
         let mut bytes = 0;
         for block in blocks {
             let Some((base, _)) = self.remote.get(&block.desc.remote_region.raw()) else {
-                let error = Error::UnknownRegion { side: crate::Side::Remote, region: block.desc.remote_region };
-                return Posted::Failed((error, 0));
+                return Posted::Failed((self.no_remote_keys(block.desc.remote_region), 0));
             };
             // The base is the peer's word: an address near the top of the
             // space is refused, not wrapped (nor a panic in debug builds).
@@ -243,17 +288,35 @@ impl LaneLink for RdmaLink {
                 remote_region: block.desc.remote_region.raw(),
             });
         }
-        let verb = match op {
-            Opcode::Write => WrOp::Write,
-            Opcode::Read => WrOp::Read,
+        // A part's blocks share its tag (the lane refused one on a READ).
+        let verb = match (op, blocks.first().map_or(0, |b| b.tag)) {
+            (Opcode::Write, 0) => WrOp::Write,
+            (Opcode::Write, tag) => WrOp::WriteImm(tag),
+            (Opcode::Read, _) => WrOp::Read,
         };
         let chunk = u64::from(self.next_chunk);
-        self.next_chunk = self.next_chunk.wrapping_add(1);
-        let RdmaLink { keyed, out, pending, in_flight, node, remote, config, .. } = self;
-        node.with_lkeys(|local| {
+        let RdmaLink { keyed, out, node, remote, config, .. } = self;
+        let unkeyed = node.with_lkeys(|local| {
+            // A local device region may be registered with no NIC: checked
+            // once per run of blocks of one region, before anything is built.
+            let mut checked = None;
+            for block in keyed.iter() {
+                if checked != Some(block.local_region) {
+                    if local.lkey(block.local_region, 0).is_none() {
+                        return Some(block.local_region);
+                    }
+                    checked = Some(block.local_region);
+                }
+            }
             let keys = LinkKeys { local, remote };
             build(verb, keyed, config, &keys, |seq| chunk << 32 | seq, out);
+            None
         });
+        if let Some(region) = unkeyed {
+            return Posted::Failed((self.no_local_keys(region), 0));
+        }
+        self.next_chunk = self.next_chunk.wrapping_add(1);
+        let RdmaLink { out, pending, in_flight, .. } = self;
         // One completion comes back per signalled request (each NIC's last
         // one is always signalled).
         let signals = out.iter().flatten().filter(|w| w.signaled).count() as u32;

@@ -1,8 +1,9 @@
 //! The RDMA transport's building blocks: the verbs interface kvring uses
 //! ([`verbs`]), a simulated provider that runs in-process ([`sim`]), device
 //! discovery and lane placement ([`devices`]), turning blocks into work
-//! requests ([`post`]), and per-PD memory registration ([`mr_cache`]). The
-//! real provider over rdma-sys is behind the cargo feature `rdma`.
+//! requests ([`post`]), per-PD memory registration ([`mr_cache`]), and the
+//! NICs nearest a GPU ([`topology`]). The real provider over rdma-sys is
+//! behind the cargo feature `rdma`.
 //!
 //! [`node`] is an engine's RDMA side (NICs, PDs, per-region MRs, QPs it
 //! accepted), and [`link`] the `Link` the lanes drive.
@@ -13,6 +14,7 @@ pub mod mr_cache;
 pub mod node;
 pub mod post;
 pub mod sim;
+pub mod topology;
 pub mod verbs;
 
 #[cfg(feature = "rdma")]

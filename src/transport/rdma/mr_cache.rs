@@ -43,6 +43,20 @@ impl MrCache {
         Ok(mr)
     }
 
+    /// Keeps a registration made outside the cache (device memory, through
+    /// a dma-buf or peer memory), to be deregistered with the others; one
+    /// already held for the range goes first.
+    pub fn keep(&mut self, mr: Mr, access: MrAccess) {
+        if let Some((old, _)) = self.by_range.insert((mr.addr, mr.len), (mr, access)) {
+            let _ = self.verbs.dereg_mr(old.handle);
+        }
+    }
+
+    /// The provider and PD this cache registers with.
+    pub fn target(&self) -> (&Arc<dyn Verbs>, Pd) {
+        (&self.verbs, self.pd)
+    }
+
     /// Deregisters a range; unknown ranges are ignored.
     pub fn unregister(&mut self, addr: u64, len: u64) -> Result<()> {
         match self.by_range.remove(&(addr, len)) {

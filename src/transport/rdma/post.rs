@@ -2,7 +2,8 @@
 //!
 //! Adjacent blocks (contiguous on both sides, same regions) are coalesced
 //! into one request; requests larger than `slice_bytes` are cut into slices,
-//! and slices and requests are striped round-robin over the lane's NICs.
+//! and slices and requests are striped round-robin over the lane's NICs
+//! (over those nearest its GPU, for a block of device memory).
 //! Writes of at most `max_inline` bytes go inline. Signalling is selective:
 //! every `signal_every`-th request of a NIC asks for a completion, and so
 //! does each NIC's last one, so the chunk's end is always seen. Nothing here
@@ -48,6 +49,23 @@ pub trait Keys {
     fn lkey(&self, nic: usize, region: u32) -> u32;
     /// The peer's key of `region` on NIC `nic`.
     fn rkey(&self, nic: usize, region: u32) -> u32;
+    /// The NICs that blocks of local region `region` go over (bit n: NIC
+    /// n; the NICs nearest a GPU for its memory); 0, or no NIC of the
+    /// lane's, means any.
+    fn nics(&self, _region: u32) -> u32 {
+        0
+    }
+}
+
+/// The first NIC from `from` on (round robin over `nics`) that `mask`
+/// allows; any NIC when it allows none of them.
+fn pick(from: usize, nics: usize, mask: u32) -> usize {
+    if mask == 0 {
+        // Any NIC (host memory): the round robin as it stands, no search.
+        return from % nics;
+    }
+    let usable = if nics >= 32 { mask } else { mask & ((1u32 << nics) - 1) };
+    (0..nics).map(|i| (from + i) % nics).find(|&n| usable & (1 << n) != 0).unwrap_or(from % nics)
 }
 
 /// Builds the requests of `blocks` into `out[nic]` (cleared first);
@@ -71,6 +89,10 @@ pub fn build(
     let mut seq = 0u64;
     let mut nic = 0usize;
     let mut emit = |local_addr: u64, remote_addr: u64, len: u64, local_region: u32, remote_region: u32| {
+        let mask = keys.nics(local_region);
+        if mask != 0 {
+            nic = pick(nic, nics, mask);
+        }
         let list = &mut out[nic];
         let count = list.len() as u32 + 1;
         list.push(SendWr {
@@ -82,7 +104,7 @@ pub fn build(
             remote_addr,
             rkey: keys.rkey(nic, remote_region),
             signaled: count.is_multiple_of(config.signal_every.max(1)),
-            inline: op == WrOp::Write && len <= u64::from(config.max_inline),
+            inline: op.writes() && len <= u64::from(config.max_inline),
         });
         seq += 1;
         nic = (nic + 1) % nics;
@@ -177,6 +199,42 @@ mod tests {
         assert!(out[1].iter().all(|w| w.lkey == 0x201 && w.rkey == 0x2001));
         assert_eq!(out[1][0].wr_id, 7 << 32 | 1);
         assert!(out.iter().flatten().all(|w| !w.inline), "reads are never inline");
+    }
+
+    struct NearKeys;
+
+    impl Keys for NearKeys {
+        fn lkey(&self, nic: usize, region: u32) -> u32 {
+            TestKeys.lkey(nic, region)
+        }
+        fn rkey(&self, nic: usize, region: u32) -> u32 {
+            TestKeys.rkey(nic, region)
+        }
+        fn nics(&self, region: u32) -> u32 {
+            match region {
+                1 => 0b100, // GPU memory nearest NIC 2
+                2 => 0b011, // nearest NICs 0 and 1
+                _ => 0,
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_of_device_memory_go_over_the_nics_nearest_their_gpu() {
+        let config = PostConfig { slice_bytes: 1 << 20, ..PostConfig::default() };
+        let mut out = vec![Vec::new(), Vec::new(), Vec::new()];
+        let blocks = [block(0, 0, 3 << 20, (1, 1)), block(8 << 20, 8 << 20, 4 << 20, (2, 1))];
+        build(WrOp::WriteImm(7), &blocks, &config, &NearKeys, |s| s, &mut out);
+        assert_eq!(out[2].len(), 3, "every slice of region 1 over NIC 2");
+        assert!(out[2].iter().all(|w| w.lkey == 0x301 && w.op == WrOp::WriteImm(7)));
+        assert_eq!((out[0].len(), out[1].len()), (2, 2), "region 2 striped over NICs 0 and 1 only");
+        // A mask naming no NIC of the lane's: any NIC.
+        let mut two = vec![Vec::new(), Vec::new()];
+        build(WrOp::Write, &blocks[..1], &config, &NearKeys, |s| s, &mut two);
+        assert_eq!((two[0].len(), two[1].len()), (2, 1));
+        assert_eq!(pick(1, 3, 0), 1);
+        assert_eq!(pick(0, 3, 0b110), 1);
+        assert_eq!(pick(2, 3, 0b001), 0);
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! The narrow verbs interface kvring uses: open a device, allocate a
-//! protection domain, register memory, create a CQ and an RC QP, move the QP
-//! through its states, post send lists, poll the CQ.
+//! protection domain, register memory (host memory by address, device
+//! memory by dma-buf or, through a peer-memory module, by address), create
+//! a CQ and an RC QP, move the QP through its states, post send lists, poll
+//! the CQ; and for the target's arrival counters a shared receive queue,
+//! receives to post, and a CQ that wakes a sleeping lane.
 //!
 //! Two providers implement it: [`super::sim::SimVerbs`], in-process, which
 //! checks keys and bounds, executes WRITE and READ between registered memory
@@ -9,6 +12,7 @@
 //! safe and the lane's code is the same over both.
 
 use crate::error::Result;
+use std::os::fd::{BorrowedFd, RawFd};
 
 macro_rules! handle {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {$(
@@ -29,6 +33,8 @@ handle!(
     Qp,
     /// A memory registration (see [`Mr`] for its keys).
     MrHandle,
+    /// A shared receive queue (receives consumed by WRITE_WITH_IMM).
+    Srq,
 );
 
 /// A memory registration: its handle, range and keys.
@@ -55,11 +61,16 @@ pub struct MrAccess {
     pub remote_write: bool,
     /// Peers may RDMA-READ from it.
     pub remote_read: bool,
+    /// The NIC may write it with PCIe relaxed ordering (what lets a NIC
+    /// reach full rate into GPU memory); refused by some devices and
+    /// kernels, so asked for and dropped on refusal.
+    pub relaxed_ordering: bool,
 }
 
 impl MrAccess {
     /// Everything kvring's regions need.
-    pub const ALL: MrAccess = MrAccess { local_write: true, remote_write: true, remote_read: true };
+    pub const ALL: MrAccess =
+        MrAccess { local_write: true, remote_write: true, remote_read: true, relaxed_ordering: false };
 }
 
 /// A device port as listed.
@@ -84,6 +95,10 @@ pub struct DeviceInfo {
     pub name: String,
     /// NUMA node of its PCI device, if known.
     pub numa_node: Option<u32>,
+    /// Where its PCI device sits in the PCI tree (the real path of its
+    /// sysfs `device` link: `/sys/devices/pci0000:17/0000:17:00.0/...`), for
+    /// choosing the NIC nearest a GPU; `None` when unknown.
+    pub pci_path: Option<std::path::PathBuf>,
     /// Its ports.
     pub ports: Vec<PortInfo>,
 }
@@ -145,6 +160,9 @@ pub struct QpCaps {
     pub port: u8,
     /// GID index to use.
     pub gid_index: u8,
+    /// The shared receive queue its receives come from (QPs that take
+    /// WRITE_WITH_IMM); `None` for QPs that only send.
+    pub srq: Option<Srq>,
 }
 
 /// State transitions kvring makes.
@@ -167,6 +185,17 @@ pub enum WrOp {
     Write,
     /// Remote → local.
     Read,
+    /// Local → remote, then the immediate value reported to the peer by a
+    /// receive completion (with the bytes written), which consumes one
+    /// receive of its shared receive queue.
+    WriteImm(u32),
+}
+
+impl WrOp {
+    /// True for the operations that write the peer's memory.
+    pub fn writes(self) -> bool {
+        matches!(self, WrOp::Write | WrOp::WriteImm(_))
+    }
 }
 
 /// One work request with one scatter-gather entry.
@@ -212,10 +241,21 @@ pub enum WcStatus {
 /// One completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Wc {
-    /// The request's `wr_id`.
+    /// The request's `wr_id` (a receive's, for a receive completion).
     pub wr_id: u64,
     /// How it ended.
     pub status: WcStatus,
+    /// Bytes a WRITE_WITH_IMM placed (receive completions; 0 otherwise).
+    pub byte_len: u32,
+    /// The immediate value of a WRITE_WITH_IMM (receive completions).
+    pub imm: Option<u32>,
+}
+
+impl Wc {
+    /// A send completion: `wr_id` ended with `status`.
+    pub const fn new(wr_id: u64, status: WcStatus) -> Self {
+        Self { wr_id, status, byte_len: 0, imm: None }
+    }
 }
 
 /// Why a post stopped, and how many requests were posted before it.
@@ -247,12 +287,14 @@ pub struct ObjectCounts {
     pub cqs: (u64, u64),
     /// PDs allocated / deallocated.
     pub pds: (u64, u64),
+    /// Shared receive queues created / destroyed.
+    pub srqs: (u64, u64),
 }
 
 impl ObjectCounts {
     /// True when every object created was destroyed.
     pub fn balanced(&self) -> bool {
-        self.qps.0 == self.qps.1 && self.mrs.0 == self.mrs.1 && self.cqs.0 == self.cqs.1 && self.pds.0 == self.pds.1
+        [self.qps, self.mrs, self.cqs, self.pds, self.srqs].iter().all(|(made, gone)| made == gone)
     }
 }
 
@@ -275,10 +317,44 @@ pub trait Verbs: Send + Sync + std::fmt::Debug {
     /// The range must stay valid until [`Verbs::dereg_mr`]: the NIC (or the
     /// simulator) reads and writes it without the caller's involvement.
     unsafe fn reg_mr(&self, pd: Pd, addr: u64, len: u64, access: MrAccess) -> Result<Mr>;
+    /// Registers `len` bytes of a dma-buf (device memory a GPU provider
+    /// exported) from `offset` in it, addressed by work requests as
+    /// `iova..iova + len` (`ibv_reg_dmabuf_mr`). An error when the device,
+    /// kernel or library has no dma-buf registration.
+    ///
+    /// # Safety
+    ///
+    /// The memory behind the dma-buf stays allocated to its owner until
+    /// [`Verbs::dereg_mr`]: the NIC reads and writes it on its own.
+    unsafe fn reg_dmabuf_mr(
+        &self,
+        pd: Pd,
+        dmabuf: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        iova: u64,
+        access: MrAccess,
+    ) -> Result<Mr>;
     /// Deregisters memory.
     fn dereg_mr(&self, mr: MrHandle) -> Result<()>;
     /// Creates a completion queue.
     fn create_cq(&self, context: Context, depth: u32) -> Result<Cq>;
+    /// Creates a completion queue with a completion channel: its
+    /// descriptor turns readable when a completion arrives after
+    /// [`Verbs::arm_cq`], so a sleeping thread can wait on it in a poller.
+    fn create_wakeable_cq(&self, context: Context, depth: u32) -> Result<(Cq, RawFd)>;
+    /// Asks for one wake-up at the next completion of a wakeable CQ (poll
+    /// it once more afterwards: a completion may have come just before).
+    fn arm_cq(&self, cq: Cq) -> Result<()>;
+    /// Takes the wake-ups a wakeable CQ's descriptor has (non-blocking).
+    fn take_cq_events(&self, cq: Cq) -> Result<()>;
+    /// Creates a shared receive queue of `depth` receives on `pd`.
+    fn create_srq(&self, pd: Pd, depth: u32) -> Result<Srq>;
+    /// Destroys a shared receive queue (its QPs must be gone).
+    fn destroy_srq(&self, srq: Srq) -> Result<()>;
+    /// Posts one receive without buffers per `wr_ids` entry (a
+    /// WRITE_WITH_IMM places its bytes by address and consumes one).
+    fn post_srq_recv(&self, srq: Srq, wr_ids: &[u64]) -> Result<()>;
     /// Destroys a completion queue (its QPs must be gone).
     fn destroy_cq(&self, cq: Cq) -> Result<()>;
     /// Creates an RC QP; returns it and its endpoint (for the peer).

@@ -7,6 +7,15 @@
 //! This code compiles in CI with the feature on; it has not yet run on a
 //! real NIC (none exists on these machines). The README gives the commands
 //! to run its test on one.
+//!
+//! Functions newer than the oldest libibverbs kvring links against
+//! (`ibv_reg_dmabuf_mr`, rdma-core 34; `ibv_reg_mr_iova2`, rdma-core 22)
+//! are looked up at run time, not linked, so the binary loads with an
+//! older library and says what it lacks when asked for them (`reg.rs`).
+//! Shared receive queues, receives and completion channels are `recv.rs`.
+
+mod recv;
+mod reg;
 
 use super::devices::{read_sysfs, SYSFS_ROOT};
 use super::verbs::*;
@@ -16,6 +25,9 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::path::Path;
 use std::sync::Mutex;
+
+/// Most completions one `poll_cq` call takes.
+const POLL_MAX: usize = 64;
 
 /// Raw pointers of live objects, by handle.
 #[derive(Debug, Default)]
@@ -27,6 +39,9 @@ struct Tables {
     cqs: HashMap<u64, *mut ibv_cq>,
     /// QP, its context, port, GID index and local PSN.
     qps: HashMap<u64, (*mut ibv_qp, u8, u8, u32)>,
+    srqs: HashMap<u64, *mut ibv_srq>,
+    /// The completion channel of each wakeable CQ.
+    channels: HashMap<u64, *mut ibv_comp_channel>,
     counts: ObjectCounts,
 }
 
@@ -42,6 +57,25 @@ pub struct IbVerbs {
 unsafe impl Send for IbVerbs {}
 // SAFETY: as above; all access to the tables goes through the mutex.
 unsafe impl Sync for IbVerbs {}
+
+impl Tables {
+    /// Books a registration just made; returns its keys.
+    fn keep_mr(&mut self, mr: *mut ibv_mr, addr: u64, len: u64) -> Mr {
+        self.next += 1;
+        let handle = self.next;
+        self.mrs.insert(handle, mr);
+        self.counts.mrs.0 += 1;
+        // SAFETY: `mr` is the live registration just made.
+        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        Mr { handle: MrHandle(handle), addr, len, lkey, rkey }
+    }
+
+    /// A new handle number.
+    fn take_handle(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+}
 
 fn failed(device: &str, what: &str) -> Error {
     Error::Device { device: device.into(), reason: format!("{what}: {}", std::io::Error::last_os_error()) }
@@ -177,28 +211,63 @@ impl Verbs for IbVerbs {
     unsafe fn reg_mr(&self, pd: Pd, addr: u64, len: u64, access: MrAccess) -> Result<Mr> {
         let mut tables = self.lock();
         let raw_pd = *tables.pds.get(&pd.0).ok_or_else(|| unknown("pd"))?;
-        let mut flags = 0;
-        if access.local_write {
-            flags |= ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        // SAFETY: forwarded from our caller: the range stays valid until dereg.
+        let mr = unsafe { reg::host(raw_pd, addr, len, access)? };
+        Ok(tables.keep_mr(mr, addr, len))
+    }
+
+    unsafe fn reg_dmabuf_mr(
+        &self,
+        pd: Pd,
+        dmabuf: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        iova: u64,
+        access: MrAccess,
+    ) -> Result<Mr> {
+        let mut tables = self.lock();
+        let raw_pd = *tables.pds.get(&pd.0).ok_or_else(|| unknown("pd"))?;
+        // SAFETY: forwarded from our caller: the memory stays allocated until dereg.
+        let mr = unsafe { reg::dmabuf(raw_pd, dmabuf, offset, len, iova, access)? };
+        Ok(tables.keep_mr(mr, iova, len))
+    }
+
+    fn create_wakeable_cq(&self, context: Context, depth: u32) -> Result<(Cq, std::os::fd::RawFd)> {
+        recv::create_wakeable_cq(&mut self.lock(), context, depth)
+    }
+
+    fn arm_cq(&self, cq: Cq) -> Result<()> {
+        let raw = *self.lock().cqs.get(&cq.0).ok_or_else(|| unknown("cq"))?;
+        // SAFETY: a live CQ (in the table); asks for one event at the next completion.
+        if unsafe { ibv_req_notify_cq(raw, 0) } != 0 {
+            return Err(failed("verbs", "arming a completion queue"));
         }
-        if access.remote_write {
-            flags |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        Ok(())
+    }
+
+    fn take_cq_events(&self, cq: Cq) -> Result<()> {
+        recv::take_events(&self.lock(), cq)
+    }
+
+    fn create_srq(&self, pd: Pd, depth: u32) -> Result<Srq> {
+        recv::create_srq(&mut self.lock(), pd, depth)
+    }
+
+    fn destroy_srq(&self, srq: Srq) -> Result<()> {
+        let mut tables = self.lock();
+        let raw = tables.srqs.remove(&srq.0).ok_or_else(|| unknown("srq"))?;
+        // SAFETY: `raw` came from ibv_create_srq and is destroyed once.
+        if unsafe { ibv_destroy_srq(raw) } != 0 {
+            return Err(failed("verbs", "destroying a shared receive queue"));
         }
-        if access.remote_read {
-            flags |= ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
-        }
-        // SAFETY: the caller keeps the range valid until dereg (our contract).
-        let mr = unsafe { ibv_reg_mr(raw_pd, addr as *mut _, len as usize, flags as i32) };
-        if mr.is_null() {
-            return Err(failed("verbs", &format!("registering {len} bytes at {addr:#x}")));
-        }
-        tables.next += 1;
-        let handle = tables.next;
-        tables.mrs.insert(handle, mr);
-        tables.counts.mrs.0 += 1;
-        // SAFETY: `mr` is the live registration just made.
-        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
-        Ok(Mr { handle: MrHandle(handle), addr, len, lkey, rkey })
+        tables.counts.srqs.1 += 1;
+        Ok(())
+    }
+
+    fn post_srq_recv(&self, srq: Srq, wr_ids: &[u64]) -> Result<()> {
+        let raw = *self.lock().srqs.get(&srq.0).ok_or_else(|| unknown("srq"))?;
+        // SAFETY: a live SRQ (in the table).
+        unsafe { recv::post_receives(raw, wr_ids) }
     }
 
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
@@ -235,6 +304,11 @@ impl Verbs for IbVerbs {
             return Err(failed("verbs", "destroying a completion queue"));
         }
         tables.counts.cqs.1 += 1;
+        if let Some(channel) = tables.channels.remove(&cq.0) {
+            // SAFETY: the channel's only CQ is destroyed (its events were
+            // acknowledged as they were taken); destroyed once.
+            unsafe { ibv_destroy_comp_channel(channel) };
+        }
         Ok(())
     }
 
@@ -242,10 +316,17 @@ impl Verbs for IbVerbs {
         let mut tables = self.lock();
         let raw_pd = *tables.pds.get(&pd.0).ok_or_else(|| unknown("pd"))?;
         let raw_cq = *tables.cqs.get(&cq.0).ok_or_else(|| unknown("cq"))?;
+        let raw_srq = match caps.srq {
+            Some(srq) => *tables.srqs.get(&srq.0).ok_or_else(|| unknown("srq"))?,
+            None => std::ptr::null_mut(),
+        };
         // SAFETY: a zeroed init-attr is a valid starting point (plain C data).
         let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = raw_cq;
         init.recv_cq = raw_cq;
+        // Receives come from the shared queue, if any; the QP's own receive
+        // queue is then ignored by the NIC.
+        init.srq = raw_srq;
         init.cap = ibv_qp_cap {
             max_send_wr: caps.max_send_wr,
             max_recv_wr: 1,
@@ -377,6 +458,12 @@ impl Verbs for IbVerbs {
             raw_wr.opcode = match wr.op {
                 WrOp::Write => ibv_wr_opcode::IBV_WR_RDMA_WRITE,
                 WrOp::Read => ibv_wr_opcode::IBV_WR_RDMA_READ,
+                WrOp::WriteImm(imm) => {
+                    // Network byte order on the wire, as the receiver reads it.
+                    raw_wr.imm_data_invalidated_rkey_union =
+                        imm_data_invalidated_rkey_union_t { imm_data: imm.to_be() };
+                    ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
+                }
             };
             let mut flags = 0;
             if wr.signaled {
@@ -408,10 +495,13 @@ impl Verbs for IbVerbs {
 
     fn poll_cq(&self, cq: Cq, out: &mut [Wc]) -> Result<usize> {
         let raw = *self.lock().cqs.get(&cq.0).ok_or_else(|| unknown("cq"))?;
+        // On the stack: a lane polls every round, and an empty poll must
+        // cost no allocation.
         // SAFETY: zeroed work completions are valid out-parameters.
-        let mut wcs: Vec<ibv_wc> = (0..out.len()).map(|_| unsafe { std::mem::zeroed() }).collect();
-        // SAFETY: `raw` is a live CQ; `wcs` holds `out.len()` entries.
-        let n = unsafe { ibv_poll_cq(raw, out.len() as i32, wcs.as_mut_ptr()) };
+        let mut wcs: [ibv_wc; POLL_MAX] = unsafe { std::mem::zeroed() };
+        let want = out.len().min(POLL_MAX);
+        // SAFETY: `raw` is a live CQ; `wcs` holds at least `want` entries.
+        let n = unsafe { ibv_poll_cq(raw, want as i32, wcs.as_mut_ptr()) };
         if n < 0 {
             return Err(failed("verbs", "polling a completion queue"));
         }
@@ -424,7 +514,10 @@ impl Verbs for IbVerbs {
                 ibv_wc_status::IBV_WC_WR_FLUSH_ERR => WcStatus::Flushed,
                 other => WcStatus::Other(other),
             };
-            *slot = Wc { wr_id: wc.wr_id, status };
+            let with_imm = wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+            // SAFETY: the union holds the immediate when the flag says so.
+            let imm = with_imm.then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data }));
+            *slot = Wc { wr_id: wc.wr_id, status, byte_len: wc.byte_len, imm };
         }
         Ok(n as usize)
     }
@@ -456,7 +549,7 @@ mod tests {
         let memory = vec![7u8; 8192];
         // SAFETY: `memory` outlives the registration.
         let mr = unsafe { verbs.reg_mr(pd, memory.as_ptr() as u64, 8192, MrAccess::ALL) }.unwrap();
-        let caps = QpCaps { max_send_wr: 64, max_inline: 64, port: port.port, gid_index };
+        let caps = QpCaps { max_send_wr: 64, max_inline: 64, port: port.port, gid_index, srq: None };
         let (qp, endpoint) = verbs.create_qp(pd, cq, caps).unwrap();
         verbs.modify_qp(qp, QpTransition::Init).unwrap();
         verbs.modify_qp(qp, QpTransition::ReadyToReceive(endpoint)).unwrap();
@@ -473,12 +566,12 @@ mod tests {
             inline: false,
         };
         verbs.post_send(qp, &[wr]).unwrap();
-        let mut wcs = [Wc { wr_id: 0, status: WcStatus::Success }; 4];
+        let mut wcs = [Wc::new(0, WcStatus::Success); 4];
         let started = std::time::Instant::now();
         while verbs.poll_cq(cq, &mut wcs).unwrap() == 0 {
             assert!(started.elapsed() < std::time::Duration::from_secs(5), "no completion");
         }
-        assert_eq!(wcs[0], Wc { wr_id: 1, status: WcStatus::Success });
+        assert_eq!(wcs[0], Wc::new(1, WcStatus::Success));
         verbs.destroy_qp(qp).unwrap();
         verbs.dereg_mr(mr.handle).unwrap();
         verbs.destroy_cq(cq).unwrap();

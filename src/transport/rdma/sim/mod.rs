@@ -7,15 +7,39 @@
 //! range lies in an MR of the peer's PD under that rkey with the right
 //! access. It then executes the WRITE or READ as a copy between the two
 //! registered ranges (never outside them) and completes through the CQ,
-//! signalling only what was asked, as hardware does. It can inject faults:
-//! delayed completions, an error completion, a peer that resets its QPs, a
-//! full send queue, and a device that disappears.
+//! signalling only what was asked, as hardware does (`exec.rs`). It can
+//! inject faults: delayed completions, an error completion, a peer that
+//! resets its QPs, a full send queue, and a device that disappears.
+//!
+//! Device memory (`device.rs`): it learns the simulated GPUs' memory from
+//! [`SimGpu`] ([`SimVerbs::attach_gpu`]). Such memory registers through a
+//! dma-buf, or by its device pointer only when a peer-memory module is
+//! "loaded" ([`SimVerbs::peer_memory`]); a plain registration of memory no
+//! host thread may touch is refused, as a real NIC's pinning of it fails.
+//! A registered device range is reached through a mapping of the GPU's own
+//! memory that the simulator makes, never through the device address.
+//!
+//! Receives (`recv.rs`): a WRITE_WITH_IMM consumes one receive of the
+//! peer QP's shared receive queue and completes it on the peer's CQ with
+//! the immediate and the bytes placed, after the bytes are in place. With
+//! no receive posted the write waits (a real NIC's receiver-not-ready
+//! retries, which kvring asks to be unbounded), holding back what was
+//! posted after it on that QP, until a receive is posted or the peer is
+//! gone. A receive completion that finds its CQ full is dropped and
+//! counted ([`SimVerbs::cq_overruns`]: a real CQ overrun is fatal).
+
+mod device;
+mod exec;
+mod recv;
 
 use super::verbs::*;
 use crate::error::{Error, Result};
+use crate::gpu::SimGpu;
+use device::Alias;
 use std::collections::{HashMap as StdHashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::Mutex;
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
 
 /// The simulator's tables are keyed by ids it hands out itself, so hashing
 /// them through SipHash (DoS-resistant, ~20 ns) buys nothing: the id is
@@ -48,11 +72,36 @@ pub struct SimVerbs {
     state: Mutex<State>,
 }
 
+/// How a simulated registration reaches its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MrPath {
+    /// Host memory, by address.
+    Host,
+    /// Device memory, through a dma-buf (`ibv_reg_dmabuf_mr`).
+    DmaBuf,
+    /// Device memory, by its device pointer through a peer-memory module.
+    PeerMemory,
+}
+
 #[derive(Debug)]
 struct MrEntry {
     pd: Pd,
     mr: Mr,
     access: MrAccess,
+    path: MrPath,
+    /// Device memory: where the simulated NIC reaches it.
+    alias: Option<Alias>,
+}
+
+impl MrEntry {
+    /// Where the simulated NIC reaches `addr` (inside this MR): the address
+    /// itself for host memory, its place in the alias for device memory.
+    fn reach(&self, addr: u64) -> u64 {
+        match &self.alias {
+            None => addr,
+            Some(alias) => alias.start() + (addr - self.mr.addr),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -71,6 +120,9 @@ struct QpEntry {
     unsignaled_run: u32,
     /// Bytes its successful requests moved.
     moved: u64,
+    /// Requests waiting for the peer's receive (the first one a
+    /// WRITE_WITH_IMM), in posting order.
+    parked: VecDeque<SendWr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +144,22 @@ struct Pending {
     ready_at: u64,
 }
 
+#[derive(Debug)]
+struct CqEntry {
+    context: Context,
+    queue: VecDeque<Pending>,
+    depth: u32,
+    /// A wakeable CQ's eventfd, and whether it is armed.
+    wake: Option<(OwnedFd, bool)>,
+}
+
+#[derive(Debug)]
+struct SrqEntry {
+    /// Receives posted and not yet consumed, by `wr_id`.
+    receives: VecDeque<u64>,
+    depth: u32,
+}
+
 #[derive(Debug, Default)]
 struct State {
     next_id: u64,
@@ -101,11 +169,18 @@ struct State {
     mrs: HashMap<MrHandle, MrEntry>,
     by_lkey: HashMap<u32, MrHandle>,
     by_rkey: HashMap<u32, MrHandle>,
-    cqs: HashMap<Cq, (Context, VecDeque<Pending>)>,
+    cqs: HashMap<Cq, CqEntry>,
     qps: HashMap<Qp, QpEntry>,
     by_qpn: HashMap<u32, Qp>,
+    srqs: HashMap<Srq, SrqEntry>,
+    /// Requests parked on every QP together.
+    parked: usize,
+    /// Receive completions dropped on a full CQ.
+    overruns: u64,
     polls: u64,
     delay_polls: u64,
+    /// No completion becomes visible (a stalled fabric).
+    held: bool,
     fail_next: VecDeque<WcStatus>,
     /// Check everything but skip the copy (benchmarks of posting alone).
     skip_copy: bool,
@@ -113,6 +188,16 @@ struct State {
     /// their own, so posting pays no extra lookup).
     moved_by_destroyed: HashMap<Pd, u64>,
     counts: ObjectCounts,
+    /// The simulated GPUs whose memory the NICs may be handed.
+    gpus: Vec<Arc<SimGpu>>,
+    /// A peer-memory module is loaded: device pointers register as they are.
+    peer_memory: bool,
+    /// The devices register no dma-buf.
+    no_dmabuf: bool,
+    /// The devices refuse relaxed ordering.
+    no_relaxed_ordering: bool,
+    /// The devices have no shared receive queues.
+    no_srq: bool,
 }
 
 fn gone(device: &str) -> Error {
@@ -143,82 +228,41 @@ impl State {
         self.device_of(context)
     }
 
-    /// The MR of `pd` under `key` covering `addr..addr+len`, if any.
-    fn covering(&self, pd: Pd, key: u32, addr: u64, len: u64, remote: bool) -> Option<&MrEntry> {
-        let handle = if remote { self.by_rkey.get(&key) } else { self.by_lkey.get(&key) }?;
-        let entry = self.mrs.get(handle)?;
-        let mr = &entry.mr;
-        (entry.pd == pd && addr >= mr.addr && addr.checked_add(len).is_some_and(|end| end <= mr.addr + mr.len))
-            .then_some(entry)
+    /// Checks what every registration checks: a live PD, a range that does
+    /// not wrap, and relaxed ordering only where the device allows it.
+    fn check_registration(&self, pd: Pd, addr: u64, len: u64, access: MrAccess) -> Result<()> {
+        let device = self.pd_device(pd)?;
+        if len == 0 || addr.checked_add(len).is_none() {
+            return Err(misuse(format!("registering {len} bytes at {addr:#x}")));
+        }
+        if access.relaxed_ordering && self.no_relaxed_ordering {
+            return Err(Error::Device {
+                device: device.to_string(),
+                reason: "registering with relaxed ordering: invalid argument (the device refuses it)".into(),
+            });
+        }
+        Ok(())
     }
 
-    fn complete(&mut self, qp: Qp, wr: &SendWr, status: WcStatus) {
-        let Some(entry) = self.qps.get_mut(&qp) else { return };
-        let failed = status != WcStatus::Success;
-        if !failed {
-            entry.moved += u64::from(wr.len);
-        }
-        if failed && entry.state != QpState::Error {
-            entry.state = QpState::Error;
-        }
-        // Hardware reports successes only when asked, failures always.
-        if wr.signaled || failed {
-            let frees = entry.unsignaled_run + 1;
-            entry.unsignaled_run = 0;
-            let cq = entry.cq;
-            let ready_at = self.polls + self.delay_polls;
-            if let Some((_, queue)) = self.cqs.get_mut(&cq) {
-                queue.push_back(Pending { wc: Wc { wr_id: wr.wr_id, status }, qp, frees, ready_at });
-            }
-        } else {
-            entry.unsignaled_run += 1;
-        }
+    /// Records a registration; its keys are distinct per registration, like
+    /// a NIC's.
+    fn insert_mr(&mut self, pd: Pd, addr: u64, len: u64, access: MrAccess, path: MrPath, alias: Option<Alias>) -> Mr {
+        let id = self.id();
+        let key = (id as u32).wrapping_mul(0x9e37_79b9) | 1;
+        let mr = Mr { handle: MrHandle(id), addr, len, lkey: key, rkey: key ^ 0x5a5a_0000 };
+        self.mrs.insert(mr.handle, MrEntry { pd, mr, access, path, alias });
+        self.by_lkey.insert(mr.lkey, mr.handle);
+        self.by_rkey.insert(mr.rkey, mr.handle);
+        self.counts.mrs.0 += 1;
+        mr
     }
 
-    /// Executes one request; returns its completion status.
-    fn execute(&mut self, qp: Qp, wr: &SendWr) -> WcStatus {
-        let Some(entry) = self.qps.get(&qp) else { return WcStatus::Other(0) };
-        if entry.state == QpState::Error {
-            return WcStatus::Flushed;
+    /// Drops what `qp` had parked (it is reset or destroyed).
+    fn unpark(&mut self, qp: Qp) {
+        if let Some(entry) = self.qps.get_mut(&qp) {
+            self.parked -= entry.parked.len();
+            entry.parked.clear();
         }
-        if let Some(status) = self.fail_next.pop_front() {
-            return status;
-        }
-        let len = u64::from(wr.len);
-        let local_pd = entry.pd;
-        let Some(local) = self.covering(local_pd, wr.lkey, wr.local_addr, len, false) else {
-            return WcStatus::LocalProtection;
-        };
-        if wr.op == WrOp::Read && !local.access.local_write {
-            return WcStatus::LocalProtection;
-        }
-        let remote_qp = entry.remote_qp.and_then(|q| self.qps.get(&q)).filter(|q| Some(q.qpn) == entry.remote_qpn);
-        let Some(remote_qp) = remote_qp.filter(|q| matches!(q.state, QpState::Rtr | QpState::Rts)) else {
-            // Nobody answers at the other end: the transport retries, then gives up.
-            return WcStatus::RetryExceeded;
-        };
-        let Some(remote) = self.covering(remote_qp.pd, wr.rkey, wr.remote_addr, len, true) else {
-            return WcStatus::RemoteAccess;
-        };
-        let allowed = match wr.op {
-            WrOp::Write => remote.access.remote_write,
-            WrOp::Read => remote.access.remote_read,
-        };
-        if !allowed {
-            return WcStatus::RemoteAccess;
-        }
-        let (source, target) = match wr.op {
-            WrOp::Write => (wr.local_addr, wr.remote_addr),
-            WrOp::Read => (wr.remote_addr, wr.local_addr),
-        };
-        if self.skip_copy {
-            return WcStatus::Success;
-        }
-        // SAFETY: both ranges were just checked to lie inside MRs, whose
-        // registrants promised them valid until deregistration (`reg_mr`'s
-        // contract); `copy` allows them to overlap (one engine's loopback).
-        unsafe { std::ptr::copy(source as *const u8, target as *mut u8, wr.len as usize) };
-        WcStatus::Success
     }
 }
 
@@ -244,6 +288,7 @@ impl SimVerbs {
         DeviceInfo {
             name: name.into(),
             numa_node,
+            pci_path: None,
             ports: vec![PortInfo {
                 port: 1,
                 active: true,
@@ -263,6 +308,13 @@ impl SimVerbs {
         self.lock().delay_polls = polls;
     }
 
+    /// While `held`, no completion becomes visible to a poll (a stalled
+    /// fabric: work stays in flight, and requests the send queue had no
+    /// room for wait); released, everything due shows again.
+    pub fn hold_completions(&self, held: bool) {
+        self.lock().held = held;
+    }
+
     /// The next request executed fails with `status`.
     pub fn fail_next(&self, status: WcStatus) {
         self.lock().fail_next.push_back(status);
@@ -271,7 +323,9 @@ impl SimVerbs {
     /// The peer resets `qp` (as a restarted process would lose it): requests
     /// towards it end `RetryExceeded`.
     pub fn reset_qp(&self, qp: Qp) {
-        if let Some(entry) = self.lock().qps.get_mut(&qp) {
+        let mut state = self.lock();
+        state.unpark(qp);
+        if let Some(entry) = state.qps.get_mut(&qp) {
             entry.state = QpState::Reset;
             entry.remote_qpn = None;
             entry.remote_qp = None;
@@ -287,6 +341,35 @@ impl SimVerbs {
     /// ("the copy itself excluded").
     pub fn skip_copy(&self, skip: bool) {
         self.lock().skip_copy = skip;
+    }
+
+    /// The NICs may be handed `gpu`'s memory: they tell it from host memory
+    /// and reach it through the GPU's own memory, never its device address.
+    pub fn attach_gpu(&self, gpu: Arc<SimGpu>) {
+        self.lock().gpus.push(gpu);
+    }
+
+    /// Whether a peer-memory module (nvidia-peermem) is loaded, so that a
+    /// device pointer registers as it is (`ibv_reg_mr`); off at first.
+    pub fn peer_memory(&self, loaded: bool) {
+        self.lock().peer_memory = loaded;
+    }
+
+    /// Whether the devices register dma-bufs (`ibv_reg_dmabuf_mr`: rdma-core
+    /// 34 and Linux 5.12); on at first.
+    pub fn dmabuf(&self, supported: bool) {
+        self.lock().no_dmabuf = !supported;
+    }
+
+    /// Whether the devices accept relaxed ordering on a registration; on at
+    /// first (refused, a registration asking for it fails).
+    pub fn relaxed_ordering(&self, allowed: bool) {
+        self.lock().no_relaxed_ordering = !allowed;
+    }
+
+    /// Whether the devices create shared receive queues; on at first.
+    pub fn shared_receive_queues(&self, supported: bool) {
+        self.lock().no_srq = !supported;
     }
 
     /// Bytes moved by requests posted through `device`'s QPs (the
@@ -309,9 +392,31 @@ impl SimVerbs {
         self.lock().mrs.values().find(|entry| entry.mr.addr == addr).map(|entry| entry.access)
     }
 
+    /// How each live registration at `addr` reaches its memory (one per
+    /// NIC that registered it).
+    pub fn mr_paths(&self, addr: u64) -> Vec<MrPath> {
+        self.lock().mrs.values().filter(|entry| entry.mr.addr == addr).map(|entry| entry.path).collect()
+    }
+
     /// Requests posted on `qp` and not yet freed by a polled completion.
     pub fn outstanding(&self, qp: Qp) -> Option<u32> {
         self.lock().qps.get(&qp).map(|q| q.outstanding)
+    }
+
+    /// Requests waiting for a receive on their peer's shared receive queue.
+    pub fn parked(&self) -> usize {
+        self.lock().parked
+    }
+
+    /// Receives posted on `srq` and not yet consumed.
+    pub fn srq_receives(&self, srq: Srq) -> Option<usize> {
+        self.lock().srqs.get(&srq).map(|s| s.receives.len())
+    }
+
+    /// Receive completions dropped because their CQ was full (a real CQ
+    /// overrun, fatal to the CQ): zero when receives are bounded by the CQ.
+    pub fn cq_overruns(&self) -> u64 {
+        self.lock().overruns
     }
 }
 
@@ -332,7 +437,7 @@ impl Verbs for SimVerbs {
 
     fn close(&self, context: Context) -> Result<()> {
         let mut state = self.lock();
-        if state.pds.values().any(|&c| c == context) || state.cqs.values().any(|(c, _)| *c == context) {
+        if state.pds.values().any(|&c| c == context) || state.cqs.values().any(|c| c.context == context) {
             return Err(misuse("closing a context with live PDs or CQs"));
         }
         state.contexts.remove(&context).map(drop).ok_or_else(|| misuse("unknown context"))
@@ -359,19 +464,31 @@ impl Verbs for SimVerbs {
 
     unsafe fn reg_mr(&self, pd: Pd, addr: u64, len: u64, access: MrAccess) -> Result<Mr> {
         let mut state = self.lock();
-        state.pd_device(pd)?;
-        if len == 0 || addr.checked_add(len).is_none() {
-            return Err(misuse(format!("registering {len} bytes at {addr:#x}")));
+        state.check_registration(pd, addr, len, access)?;
+        let (path, alias) = device::pin(&state.gpus, state.peer_memory, addr, len, access)?;
+        Ok(state.insert_mr(pd, addr, len, access, path, alias))
+    }
+
+    unsafe fn reg_dmabuf_mr(
+        &self,
+        pd: Pd,
+        dmabuf: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        iova: u64,
+        access: MrAccess,
+    ) -> Result<Mr> {
+        let mut state = self.lock();
+        state.check_registration(pd, iova, len, access)?;
+        if state.no_dmabuf {
+            let device = state.pd_device(pd)?.to_string();
+            return Err(Error::Device {
+                device,
+                reason: "registering a dma-buf: operation not supported (rdma-core 34 and Linux 5.12 needed)".into(),
+            });
         }
-        let id = state.id();
-        // Keys are distinct per registration, like a NIC's.
-        let key = (id as u32).wrapping_mul(0x9e37_79b9) | 1;
-        let mr = Mr { handle: MrHandle(id), addr, len, lkey: key, rkey: key ^ 0x5a5a_0000 };
-        state.mrs.insert(mr.handle, MrEntry { pd, mr, access });
-        state.by_lkey.insert(mr.lkey, mr.handle);
-        state.by_rkey.insert(mr.rkey, mr.handle);
-        state.counts.mrs.0 += 1;
-        Ok(mr)
+        let alias = device::map_parts(&[(dmabuf, offset, len)])?;
+        Ok(state.insert_mr(pd, iova, len, access, MrPath::DmaBuf, Some(alias)))
     }
 
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
@@ -383,13 +500,61 @@ impl Verbs for SimVerbs {
         Ok(())
     }
 
-    fn create_cq(&self, context: Context, _depth: u32) -> Result<Cq> {
+    fn create_cq(&self, context: Context, depth: u32) -> Result<Cq> {
+        self.new_cq(context, depth, None)
+    }
+
+    fn create_wakeable_cq(&self, context: Context, depth: u32) -> Result<(Cq, RawFd)> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: eventfd takes no pointer; the descriptor is owned below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::io("creating a completion channel", std::io::Error::last_os_error()));
+        }
+        // SAFETY: a fresh descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let raw = fd.as_raw_fd();
+        Ok((self.new_cq(context, depth, Some(fd))?, raw))
+    }
+
+    fn arm_cq(&self, cq: Cq) -> Result<()> {
+        recv::arm(&mut self.lock(), cq)
+    }
+
+    fn take_cq_events(&self, cq: Cq) -> Result<()> {
+        recv::take_events(&self.lock(), cq)
+    }
+
+    fn create_srq(&self, pd: Pd, depth: u32) -> Result<Srq> {
         let mut state = self.lock();
-        state.device_of(context)?;
-        let cq = Cq(state.id());
-        state.cqs.insert(cq, (context, VecDeque::new()));
-        state.counts.cqs.0 += 1;
-        Ok(cq)
+        state.pd_device(pd)?;
+        if depth == 0 {
+            return Err(misuse("a shared receive queue of depth 0"));
+        }
+        if state.no_srq {
+            return Err(Error::Device {
+                device: state.pd_device(pd)?.to_string(),
+                reason: "creating a shared receive queue: operation not supported".into(),
+            });
+        }
+        let srq = Srq(state.id());
+        state.srqs.insert(srq, SrqEntry { receives: VecDeque::new(), depth });
+        state.counts.srqs.0 += 1;
+        Ok(srq)
+    }
+
+    fn destroy_srq(&self, srq: Srq) -> Result<()> {
+        let mut state = self.lock();
+        if state.qps.values().any(|q| q.caps.srq == Some(srq)) {
+            return Err(misuse("destroying a shared receive queue with live QPs"));
+        }
+        state.srqs.remove(&srq).ok_or_else(|| misuse("unknown srq"))?;
+        state.counts.srqs.1 += 1;
+        Ok(())
+    }
+
+    fn post_srq_recv(&self, srq: Srq, wr_ids: &[u64]) -> Result<()> {
+        recv::post(&mut self.lock(), srq, wr_ids)
     }
 
     fn destroy_cq(&self, cq: Cq) -> Result<()> {
@@ -407,6 +572,9 @@ impl Verbs for SimVerbs {
         let device = state.pd_device(pd)?.to_string();
         if !state.cqs.contains_key(&cq) {
             return Err(misuse("unknown cq"));
+        }
+        if caps.srq.is_some_and(|srq| !state.srqs.contains_key(&srq)) {
+            return Err(misuse("unknown srq"));
         }
         let id = state.id();
         let qp = Qp(id);
@@ -427,6 +595,7 @@ impl Verbs for SimVerbs {
                 outstanding: 0,
                 unsignaled_run: 0,
                 moved: 0,
+                parked: VecDeque::new(),
             },
         );
         state.by_qpn.insert(qpn, qp);
@@ -442,6 +611,9 @@ impl Verbs for SimVerbs {
             QpTransition::ReadyToReceive(remote) => state.by_qpn.get(&remote.qpn).copied(),
             _ => None,
         };
+        if transition == QpTransition::Reset {
+            state.unpark(qp);
+        }
         let entry = state.qps.get_mut(&qp).expect("checked above");
         entry.state = match (entry.state, transition) {
             (QpState::Reset, QpTransition::Init) => QpState::Init,
@@ -464,69 +636,44 @@ impl Verbs for SimVerbs {
             // A move to RESET also removes the QP's completions from its CQ
             // (mlx5 cleans the CQ there), so a reused QP sees none of its
             // earlier life.
-            let cq = entry.cq;
-            if let Some((_, queue)) = state.cqs.get_mut(&cq) {
-                queue.retain(|p| p.qp != qp);
-            }
+            let (cq, srq) = (entry.cq, entry.caps.srq);
+            state.clean_cq(cq, qp, srq);
         }
         Ok(())
     }
 
     fn destroy_qp(&self, qp: Qp) -> Result<()> {
         let mut state = self.lock();
+        state.unpark(qp);
         let entry = state.qps.remove(&qp).ok_or_else(|| misuse("unknown qp"))?;
         *state.moved_by_destroyed.entry(entry.pd).or_default() += entry.moved;
         state.by_qpn.remove(&entry.qpn);
-        for (_, queue) in state.cqs.values_mut() {
-            queue.retain(|p| p.qp != qp);
-        }
+        state.clean_cq(entry.cq, qp, entry.caps.srq);
         state.counts.qps.1 += 1;
         Ok(())
     }
 
     fn post_send(&self, qp: Qp, wrs: &[SendWr]) -> std::result::Result<(), PostError> {
-        let mut state = self.lock();
-        for (posted, wr) in wrs.iter().enumerate() {
-            let invalid = |why: String| PostError { posted, error: PostFailure::Invalid(why) };
-            let Some(entry) = state.qps.get_mut(&qp) else { return Err(invalid("unknown qp".into())) };
-            if !matches!(entry.state, QpState::Rts | QpState::Error) {
-                return Err(invalid(format!("qp is {:?}, not ready to send", entry.state)));
-            }
-            if entry.outstanding >= entry.caps.max_send_wr {
-                return Err(PostError { posted, error: PostFailure::QueueFull });
-            }
-            if wr.inline && wr.len > entry.caps.max_inline {
-                return Err(invalid(format!("{} bytes inline, at most {}", wr.len, entry.caps.max_inline)));
-            }
-            entry.outstanding += 1;
-            let status = state.execute(qp, wr);
-            state.complete(qp, wr, status);
-        }
-        Ok(())
+        exec::post(&mut self.lock(), qp, wrs)
     }
 
     fn poll_cq(&self, cq: Cq, out: &mut [Wc]) -> Result<usize> {
-        let mut state = self.lock();
-        state.polls += 1;
-        let polls = state.polls;
-        let context = state.cqs.get(&cq).map(|(c, _)| *c).ok_or_else(|| misuse("unknown cq"))?;
-        state.device_of(context)?;
-        let mut taken = Vec::new();
-        if let Some((_, queue)) = state.cqs.get_mut(&cq) {
-            while taken.len() < out.len() && queue.front().is_some_and(|p| p.ready_at <= polls) {
-                taken.push(queue.pop_front().expect("checked"));
-            }
-        }
-        for (slot, pending) in out.iter_mut().zip(&taken) {
-            *slot = pending.wc;
-            if let Some(entry) = state.qps.get_mut(&pending.qp) {
-                entry.outstanding = entry.outstanding.saturating_sub(pending.frees);
-            }
-        }
-        Ok(taken.len())
+        exec::poll(&mut self.lock(), cq, out)
     }
 
     fn counts(&self) -> ObjectCounts {
         self.lock().counts
+    }
+}
+
+impl SimVerbs {
+    fn new_cq(&self, context: Context, depth: u32, wake: Option<OwnedFd>) -> Result<Cq> {
+        let mut state = self.lock();
+        state.device_of(context)?;
+        let cq = Cq(state.id());
+        let entry = CqEntry { context, queue: VecDeque::new(), depth: depth.max(1), wake: wake.map(|fd| (fd, false)) };
+        state.cqs.insert(cq, entry);
+        state.counts.cqs.0 += 1;
+        Ok(cq)
     }
 }

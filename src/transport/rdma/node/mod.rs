@@ -1,6 +1,16 @@
-//! An engine's RDMA side: its NICs (a context, a PD and a port each), every
-//! registered region's MR on each NIC, and the QPs it accepted for
-//! initiators. Owned by the engine; links borrow it for local keys.
+//! An engine's RDMA side: its NICs (a context, a PD, a port, a shared
+//! receive queue and the CQ of its accepted QPs each), every registered
+//! region's MR on each NIC, and the QPs it accepted for initiators
+//! (`accept.rs`). Owned by the engine; links borrow it for local keys.
+//! Device memory is registered through dma-buf or peer memory
+//! (`device.rs`); the receives that count arrivals are polled by one lane
+//! (`recv.rs`).
+
+mod accept;
+mod device;
+mod recv;
+
+pub use device::DeviceMrStats;
 
 use super::devices::pick_gid;
 use super::mr_cache::MrCache;
@@ -10,7 +20,10 @@ use crate::desc::RegionId;
 use crate::error::{Error, Result};
 use crate::mem::Access;
 use crate::segment::RdmaInfo;
+use accept::Accepted;
 use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Send-queue depth of every QP kvring creates.
@@ -24,6 +37,12 @@ pub const MAX_CONNECT_ENDPOINTS: usize = 1024;
 /// that connected least recently loses its QPs (it reconnects when it
 /// next uses them), and a request larger than the bound is refused.
 pub const MAX_ACCEPTED_QPS: usize = 16 * 1024;
+/// Receives each NIC's shared receive queue holds: the WRITE_WITH_IMMs
+/// that may land before the receiving lane polls. Past it a sender's NIC is
+/// told "not ready" and retries (unbounded, as kvring's QPs ask), so a flood
+/// of immediates waits at its senders and grows nothing here; the CQ they
+/// complete on holds as many, so it never overruns.
+pub const SRQ_DEPTH: u32 = 4096;
 /// Reset QPs kept per NIC and kind for the next connection; beyond this a
 /// released QP is destroyed.
 const MAX_SPARE_QPS: usize = 256;
@@ -49,14 +68,24 @@ struct Spares {
 /// One NIC as the engine uses it.
 #[derive(Debug)]
 pub struct Nic {
+    /// Its kernel name.
+    name: String,
+    /// Its NUMA node and place in the PCI tree (for the NIC nearest a GPU).
+    numa_node: Option<u32>,
+    pci_path: Option<std::path::PathBuf>,
     context: Context,
     pd: Pd,
     port: u8,
     gid_index: u8,
     mrs: Mutex<MrCache>,
-    /// The CQ of the QPs accepted for initiators (one-sided operations
-    /// complete on the initiator's side; nothing is polled here).
+    /// The CQ of the QPs accepted for initiators: one-sided operations
+    /// complete on the initiator's side, so only the receives that
+    /// WRITE_WITH_IMMs consume complete here (wakeable: `wake_fd`).
     passive_cq: Cq,
+    /// Where the accepted QPs' receives come from, and the descriptor that
+    /// wakes the receiving lane; `None` on a device without shared receive
+    /// queues (it then counts no arrivals, and says so to peers).
+    receives: Option<(Srq, RawFd)>,
     /// QPs released by links and replaced accepts, reset for reuse: a
     /// reconnect (a peer restart, a failed QP) re-handshakes them instead
     /// of paying for a QP creation, which costs milliseconds on real NICs.
@@ -73,6 +102,9 @@ struct RegionKeys {
     /// Whether peers may use the region at all (else its keys are not
     /// listed for them).
     remote: bool,
+    /// The NICs its blocks go over (bit n: NIC n; 0: any): those nearest
+    /// its GPU, for device memory.
+    nics: u32,
 }
 
 /// An engine's RDMA state.
@@ -81,29 +113,32 @@ pub struct RdmaNode {
     verbs: Arc<dyn Verbs>,
     nics: Vec<Nic>,
     regions: RwLock<HashMap<u32, RegionKeys>>,
+    /// Device regions no NIC could register, with why (told to peers).
+    unreachable: RwLock<HashMap<u32, String>>,
+    /// What registering device memory did.
+    device_stats: Mutex<DeviceMrStats>,
+    /// Per GPU ordinal, the mask of the NICs nearest it (found once).
+    nearest: Mutex<HashMap<u32, u32>>,
     /// The QPs accepted for each initiator.
     accepted: Mutex<Accepted>,
+    /// How many there are, read without the lock: with none, no receive
+    /// can complete, and the receiving lane does not look.
+    accepting: AtomicUsize,
 }
 
-/// An initiator's identity: its name and epoch.
-type Identity = (String, u64);
+/// Local keys, read under the region table's lock (once per chunk).
+pub struct LocalKeys<'a>(&'a HashMap<u32, RegionKeys>);
 
-/// QPs accepted for initiators, by identity (name and epoch: a restarted
-/// initiator is another identity).
-#[derive(Debug, Default)]
-struct Accepted {
-    by_initiator: HashMap<Identity, AcceptedSet>,
-    total: usize,
-    /// Connects so far: orders initiators by how recently they connected.
-    clock: u64,
-}
+impl LocalKeys<'_> {
+    /// The key of region `region` on NIC `nic`, if registered there.
+    pub fn lkey(&self, region: u32, nic: usize) -> Option<u32> {
+        self.0.get(&region).and_then(|k| k.lkeys.get(nic)).copied()
+    }
 
-#[derive(Debug)]
-struct AcceptedSet {
-    qps: Vec<(usize, Spare)>,
-    connected: u64,
-    /// Where the initiator's control plane listens (for probes).
-    addr: String,
+    /// The NICs blocks of `region` go over (0: any).
+    pub fn nics(&self, region: u32) -> u32 {
+        self.0.get(&region).map_or(0, |k| k.nics)
+    }
 }
 
 impl RdmaNode {
@@ -118,21 +153,40 @@ impl RdmaNode {
             let gid_index = pick_gid(port).unwrap_or(0);
             let context = verbs.open(&device.name)?;
             let pd = verbs.alloc_pd(context)?;
-            let passive_cq = verbs.create_cq(context, 16)?;
+            let (passive_cq, receives) = match receive_queue(&*verbs, context, pd) {
+                Ok((cq, srq, wake_fd)) => (cq, Some((srq, wake_fd))),
+                Err(error) => {
+                    tracing::warn!(device = %device.name, %error, "no shared receive queue: this NIC counts no arrivals");
+                    (verbs.create_cq(context, 16)?, None)
+                }
+            };
             nics.push(Nic {
+                name: device.name.clone(),
+                numa_node: device.numa_node,
+                pci_path: device.pci_path.clone(),
                 context,
                 pd,
                 port: port.port,
                 gid_index,
                 mrs: Mutex::new(MrCache::new(verbs.clone(), pd)),
                 passive_cq,
+                receives,
                 spares: Mutex::new(Spares::default()),
             });
         }
         if nics.is_empty() {
             return Err(Error::Device { device: "any".into(), reason: "no RDMA device with an active port".into() });
         }
-        Ok(Self { verbs, nics, regions: RwLock::new(HashMap::new()), accepted: Mutex::new(Accepted::default()) })
+        Ok(Self {
+            verbs,
+            nics,
+            regions: RwLock::new(HashMap::new()),
+            unreachable: RwLock::new(HashMap::new()),
+            device_stats: Mutex::new(DeviceMrStats::default()),
+            nearest: Mutex::new(HashMap::new()),
+            accepted: Mutex::new(Accepted::default()),
+            accepting: AtomicUsize::new(0),
+        })
     }
 
     /// The provider.
@@ -153,15 +207,9 @@ impl RdmaNode {
     ///
     /// `addr..addr + len` stays valid until [`RdmaNode::unregister_region`].
     pub unsafe fn register_region(&self, id: RegionId, addr: u64, len: u64, access: Access) -> Result<()> {
-        let rights = MrAccess {
-            // Verbs requires local write wherever remote write is granted,
-            // and a READ lands in local memory.
-            local_write: access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE),
-            remote_write: access.contains(Access::REMOTE_WRITE),
-            remote_read: access.contains(Access::REMOTE_READ),
-        };
+        let rights = rights(access);
         let remote = rights.remote_write || rights.remote_read;
-        let mut keys = RegionKeys { addr, len, lkeys: Vec::new(), rkeys: Vec::new(), remote };
+        let mut keys = RegionKeys { addr, len, lkeys: Vec::new(), rkeys: Vec::new(), remote, nics: 0 };
         for nic in &self.nics {
             let mut mrs = nic.mrs.lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: forwarded from our caller.
@@ -175,6 +223,7 @@ impl RdmaNode {
 
     /// Deregisters a region from every NIC.
     pub fn unregister_region(&self, id: RegionId) {
+        self.unreachable.write().unwrap_or_else(|p| p.into_inner()).remove(&id.raw());
         let removed = self.regions.write().unwrap_or_else(|p| p.into_inner()).remove(&id.raw());
         if let Some(keys) = removed {
             for nic in &self.nics {
@@ -187,7 +236,7 @@ impl RdmaNode {
     /// deregistered, so no peer's request touches this engine's memory
     /// again (links still held by segment handles fail their posts).
     pub fn shutdown(&self) {
-        let accepted = std::mem::take(&mut *self.accepted.lock().unwrap_or_else(|p| p.into_inner()));
+        let accepted = self.with_accepted(std::mem::take);
         for (_, set) in accepted.by_initiator {
             for (_, spare) in set.qps {
                 let _ = self.verbs.destroy_qp(spare.qp);
@@ -199,16 +248,17 @@ impl RdmaNode {
         }
     }
 
-    /// Runs `f` with a key lookup that holds the table's read lock once.
-    pub fn with_lkeys<R>(&self, f: impl FnOnce(&dyn Fn(u32, usize) -> Option<u32>) -> R) -> R {
+    /// Runs `f` with the local keys, holding the table's read lock once.
+    pub fn with_lkeys<R>(&self, f: impl FnOnce(&LocalKeys<'_>) -> R) -> R {
         let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
-        f(&|region, nic| regions.get(&region).and_then(|k| k.lkeys.get(nic)).copied())
+        f(&LocalKeys(&regions))
     }
 
-    /// What peers need: NIC count, and each region's address and rkeys
-    /// (only regions that grant peers a right).
+    /// What peers need: NIC count, each region's address and rkeys (only
+    /// regions that grant peers a right), and why a device region has none.
     pub fn info(&self) -> RdmaInfo {
         let regions = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        let unreachable = self.unreachable.read().unwrap_or_else(|p| p.into_inner());
         RdmaInfo {
             nics: self.nics.len() as u32,
             regions: regions
@@ -216,7 +266,31 @@ impl RdmaNode {
                 .filter(|(_, k)| k.remote)
                 .map(|(&id, k)| (RegionId::from_raw(id), k.addr, k.rkeys.clone()))
                 .collect(),
+            unreachable: unreachable.iter().map(|(&id, why)| (RegionId::from_raw(id), why.clone())).collect(),
+            arrivals: self.counts_arrivals(),
         }
+    }
+
+    /// Runs `f` on the accepted QPs under their lock, then publishes how
+    /// many there are.
+    fn with_accepted<R>(&self, f: impl FnOnce(&mut Accepted) -> R) -> R {
+        let mut accepted = self.accepted.lock().unwrap_or_else(|p| p.into_inner());
+        let result = f(&mut accepted);
+        self.accepting.store(accepted.total, Ordering::Release);
+        result
+    }
+
+    /// True when QPs are accepted for initiators (receives may complete).
+    pub(crate) fn accepting(&self) -> bool {
+        // Acquire pairs with the Release in `with_accepted`: a QP counted
+        // here was connected, and its receives' CQ set up, before.
+        self.accepting.load(Ordering::Acquire) > 0
+    }
+
+    /// True when every NIC has its receive queue, so WRITE_WITH_IMMs into
+    /// this engine complete and are counted.
+    pub fn counts_arrivals(&self) -> bool {
+        self.nics.iter().all(|nic| nic.receives.is_some())
     }
 
     /// QPs accepted for initiators now.
@@ -237,8 +311,7 @@ impl RdmaNode {
     /// Releases the QPs held for an initiator that went away; returns how
     /// many there were.
     pub fn release_initiator(&self, initiator: &Initiator) -> usize {
-        let set =
-            self.accepted.lock().unwrap_or_else(|p| p.into_inner()).remove(&(initiator.name.clone(), initiator.epoch));
+        let set = self.with_accepted(|accepted| accepted.remove(&(initiator.name.clone(), initiator.epoch)));
         let qps = set.map(|set| set.qps).unwrap_or_default();
         let count = qps.len();
         for (nic, spare) in qps {
@@ -281,7 +354,7 @@ impl RdmaNode {
             return Ok(spare);
         }
         let cq = if passive { n.passive_cq } else { self.verbs.create_cq(n.context, depth)? };
-        match self.create_qp(nic, cq) {
+        match self.create_qp(nic, cq, passive) {
             Ok((qp, endpoint)) => Ok(Spare { qp, cq, endpoint }),
             Err(error) => {
                 if !passive {
@@ -317,10 +390,13 @@ impl RdmaNode {
         self.nics.get(nic).ok_or_else(|| Error::invalid("nic", format!("{nic} is not a NIC")))
     }
 
-    /// Creates a QP on NIC `nic`, moved to INIT, with `cq`.
-    fn create_qp(&self, nic: usize, cq: Cq) -> Result<(Qp, QpEndpoint)> {
+    /// Creates a QP on NIC `nic`, moved to INIT, with `cq`; an accepted one
+    /// (`passive`) takes its receives from the NIC's shared receive queue.
+    fn create_qp(&self, nic: usize, cq: Cq, passive: bool) -> Result<(Qp, QpEndpoint)> {
         let nic = self.nic(nic)?;
-        let caps = QpCaps { max_send_wr: QP_DEPTH, max_inline: MAX_INLINE, port: nic.port, gid_index: nic.gid_index };
+        let srq = nic.receives.filter(|_| passive).map(|(srq, _)| srq);
+        let caps =
+            QpCaps { max_send_wr: QP_DEPTH, max_inline: MAX_INLINE, port: nic.port, gid_index: nic.gid_index, srq };
         let (qp, endpoint) = self.verbs.create_qp(nic.pd, cq, caps)?;
         if let Err(error) = self.verbs.modify_qp(qp, QpTransition::Init) {
             let _ = self.verbs.destroy_qp(qp);
@@ -333,93 +409,6 @@ impl RdmaNode {
     pub fn connect_qp(&self, qp: Qp, remote: QpEndpoint) -> Result<()> {
         self.verbs.modify_qp(qp, QpTransition::ReadyToReceive(remote))?;
         self.verbs.modify_qp(qp, QpTransition::ReadyToSend)
-    }
-
-    /// Accepts an initiator's QPs (lane-major over `nics` NICs): one QP of
-    /// ours connected to each, returned in the same order. The QPs belong
-    /// to `initiator` (name and epoch, from its handshake): connecting
-    /// again (it reopened us) gives back its earlier QPs, reset for reuse;
-    /// those of an initiator that went away are released by the engine's
-    /// reaper, which probes it. At most
-    /// [`MAX_CONNECT_ENDPOINTS`] per initiator and [`MAX_ACCEPTED_QPS`] in
-    /// all, the least recently connected initiator giving way.
-    pub fn accept(&self, initiator: &Initiator, nics: usize, endpoints: &[QpEndpoint]) -> Result<Vec<QpEndpoint>> {
-        if nics == 0 || nics > self.nics.len() || endpoints.len() > MAX_CONNECT_ENDPOINTS {
-            return Err(Error::invalid(
-                "rdma connect",
-                format!(
-                    "{} endpoints over {nics} nics (this engine has {} nics and takes at most {MAX_CONNECT_ENDPOINTS})",
-                    endpoints.len(),
-                    self.nics.len()
-                ),
-            ));
-        }
-        let released = {
-            let mut accepted = self.accepted.lock().unwrap_or_else(|p| p.into_inner());
-            let mut released = Vec::new();
-            // Its own earlier QPs (it reconnects). Another identity's are
-            // never touched here, even under the same name: whether that one
-            // went away is for the reaper's probe to find out.
-            let identity = (initiator.name.clone(), initiator.epoch);
-            if let Some(set) = accepted.remove(&identity) {
-                released.extend(set.qps);
-            }
-            while accepted.total + endpoints.len() > MAX_ACCEPTED_QPS {
-                let Some(oldest) = accepted.least_recent() else { break };
-                if let Some(set) = accepted.remove(&oldest) {
-                    released.extend(set.qps);
-                }
-            }
-            released
-        };
-        for (nic, spare) in released {
-            self.keep_or_destroy(nic, spare, true);
-        }
-        let mut qps = Vec::with_capacity(endpoints.len());
-        let made = (|| {
-            for (index, remote) in endpoints.iter().enumerate() {
-                let nic = index % nics;
-                let spare = self.take(nic, true, 0)?;
-                qps.push((nic, spare));
-                self.connect_qp(spare.qp, *remote)?;
-            }
-            Ok(())
-        })();
-        if let Err(error) = made {
-            for (nic, spare) in qps {
-                self.keep_or_destroy(nic, spare, true);
-            }
-            return Err(error);
-        }
-        let ours = qps.iter().map(|(_, spare)| spare.endpoint).collect();
-        let replaced = self.accepted.lock().unwrap_or_else(|p| p.into_inner()).insert(initiator, qps);
-        for (nic, spare) in replaced.into_iter().flat_map(|set| set.qps) {
-            self.keep_or_destroy(nic, spare, true);
-        }
-        Ok(ours)
-    }
-}
-
-impl Accepted {
-    fn remove(&mut self, identity: &Identity) -> Option<AcceptedSet> {
-        let set = self.by_initiator.remove(identity)?;
-        self.total -= set.qps.len();
-        Some(set)
-    }
-
-    /// Books `initiator`'s QPs; hands back a set it replaces (two connects
-    /// of one initiator raced: the later one holds).
-    fn insert(&mut self, initiator: &Initiator, qps: Vec<(usize, Spare)>) -> Option<AcceptedSet> {
-        self.clock += 1;
-        self.total += qps.len();
-        let set = AcceptedSet { qps, connected: self.clock, addr: initiator.addr.clone() };
-        let old = self.by_initiator.insert((initiator.name.clone(), initiator.epoch), set)?;
-        self.total -= old.qps.len();
-        Some(old)
-    }
-
-    fn least_recent(&self) -> Option<Identity> {
-        self.by_initiator.iter().min_by_key(|(_, set)| set.connected).map(|(identity, _)| identity.clone())
     }
 }
 
@@ -435,11 +424,50 @@ impl Drop for RdmaNode {
             for spare in spares.active {
                 self.destroy(spare, false);
             }
-            // MRs first (the cache deregisters on drop), then CQ, PD, context.
+            // MRs first (the cache deregisters on drop), then the SRQ (its
+            // QPs are gone), CQ, PD, context.
             drop(nic.mrs);
+            if let Some((srq, _)) = nic.receives {
+                let _ = self.verbs.destroy_srq(srq);
+            }
             let _ = self.verbs.destroy_cq(nic.passive_cq);
             let _ = self.verbs.dealloc_pd(nic.pd);
             let _ = self.verbs.close(nic.context);
         }
     }
+}
+
+/// The rights a region's registration grants: exactly those the region
+/// grants peers (a region peers may only read is registered without remote
+/// write, so the NIC itself refuses a write).
+fn rights(access: Access) -> MrAccess {
+    MrAccess {
+        // Verbs requires local write wherever remote write is granted, and a
+        // READ lands in local memory.
+        local_write: access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+        remote_write: access.contains(Access::REMOTE_WRITE),
+        remote_read: access.contains(Access::REMOTE_READ),
+        relaxed_ordering: false,
+    }
+}
+
+/// A NIC's receive queue for arrivals: a wakeable CQ, a shared receive
+/// queue of [`SRQ_DEPTH`] receives, each posted once here (re-posted as it
+/// completes); what was made is undone on failure.
+fn receive_queue(verbs: &dyn Verbs, context: Context, pd: Pd) -> Result<(Cq, Srq, RawFd)> {
+    let (cq, wake_fd) = verbs.create_wakeable_cq(context, SRQ_DEPTH)?;
+    let srq = match verbs.create_srq(pd, SRQ_DEPTH) {
+        Ok(srq) => srq,
+        Err(error) => {
+            let _ = verbs.destroy_cq(cq);
+            return Err(error);
+        }
+    };
+    let receives: Vec<u64> = (0..u64::from(SRQ_DEPTH)).collect();
+    if let Err(error) = verbs.post_srq_recv(srq, &receives) {
+        let _ = verbs.destroy_srq(srq);
+        let _ = verbs.destroy_cq(cq);
+        return Err(error);
+    }
+    Ok((cq, srq, wake_fd))
 }

@@ -1,0 +1,118 @@
+//! Accepting initiators' QPs: one QP of this engine's connected to each,
+//! owned by the initiator's identity (name and epoch), bounded per
+//! initiator and in total, reused across reconnects.
+
+use super::{RdmaNode, Spare, MAX_ACCEPTED_QPS, MAX_CONNECT_ENDPOINTS};
+use crate::auth::Initiator;
+use crate::error::{Error, Result};
+use crate::transport::rdma::verbs::QpEndpoint;
+use std::collections::HashMap;
+
+/// An initiator's identity: its name and epoch.
+pub(super) type Identity = (String, u64);
+
+/// QPs accepted for initiators, by identity (name and epoch: a restarted
+/// initiator is another identity).
+#[derive(Debug, Default)]
+pub(super) struct Accepted {
+    pub by_initiator: HashMap<Identity, AcceptedSet>,
+    pub total: usize,
+    /// Connects so far: orders initiators by how recently they connected.
+    clock: u64,
+}
+
+#[derive(Debug)]
+pub(super) struct AcceptedSet {
+    pub qps: Vec<(usize, Spare)>,
+    connected: u64,
+    /// Where the initiator's control plane listens (for probes).
+    pub addr: String,
+}
+
+impl RdmaNode {
+    /// Accepts an initiator's QPs (lane-major over `nics` NICs): one QP of
+    /// ours connected to each, returned in the same order. The QPs belong
+    /// to `initiator` (name and epoch, from its handshake): connecting
+    /// again (it reopened us) gives back its earlier QPs, reset for reuse;
+    /// those of an initiator that went away are released by the engine's
+    /// reaper, which probes it. At most
+    /// [`MAX_CONNECT_ENDPOINTS`] per initiator and [`MAX_ACCEPTED_QPS`] in
+    /// all, the least recently connected initiator giving way.
+    pub fn accept(&self, initiator: &Initiator, nics: usize, endpoints: &[QpEndpoint]) -> Result<Vec<QpEndpoint>> {
+        if nics == 0 || nics > self.nics.len() || endpoints.len() > MAX_CONNECT_ENDPOINTS {
+            return Err(Error::invalid(
+                "rdma connect",
+                format!(
+                    "{} endpoints over {nics} nics (this engine has {} nics and takes at most {MAX_CONNECT_ENDPOINTS})",
+                    endpoints.len(),
+                    self.nics.len()
+                ),
+            ));
+        }
+        let released = self.with_accepted(|accepted| {
+            let mut released = Vec::new();
+            // Its own earlier QPs (it reconnects). Another identity's are
+            // never touched here, even under the same name: whether that one
+            // went away is for the reaper's probe to find out.
+            let identity = (initiator.name.clone(), initiator.epoch);
+            if let Some(set) = accepted.remove(&identity) {
+                released.extend(set.qps);
+            }
+            while accepted.total + endpoints.len() > MAX_ACCEPTED_QPS {
+                let Some(oldest) = accepted.least_recent() else { break };
+                if let Some(set) = accepted.remove(&oldest) {
+                    released.extend(set.qps);
+                }
+            }
+            released
+        });
+        for (nic, spare) in released {
+            self.keep_or_destroy(nic, spare, true);
+        }
+        let mut qps = Vec::with_capacity(endpoints.len());
+        let made = (|| {
+            for (index, remote) in endpoints.iter().enumerate() {
+                let nic = index % nics;
+                let spare = self.take(nic, true, 0)?;
+                qps.push((nic, spare));
+                self.connect_qp(spare.qp, *remote)?;
+            }
+            Ok(())
+        })();
+        if let Err(error) = made {
+            for (nic, spare) in qps {
+                self.keep_or_destroy(nic, spare, true);
+            }
+            return Err(error);
+        }
+        let ours = qps.iter().map(|(_, spare)| spare.endpoint).collect();
+        let replaced = self.with_accepted(|accepted| accepted.insert(initiator, qps));
+        for (nic, spare) in replaced.into_iter().flat_map(|set| set.qps) {
+            self.keep_or_destroy(nic, spare, true);
+        }
+        Ok(ours)
+    }
+}
+
+impl Accepted {
+    pub(super) fn remove(&mut self, identity: &Identity) -> Option<AcceptedSet> {
+        let set = self.by_initiator.remove(identity)?;
+        self.total -= set.qps.len();
+        Some(set)
+    }
+
+    /// Books `initiator`'s QPs; hands back a set it replaces (two connects
+    /// of one initiator raced: the later one holds).
+    fn insert(&mut self, initiator: &Initiator, qps: Vec<(usize, Spare)>) -> Option<AcceptedSet> {
+        self.clock += 1;
+        self.total += qps.len();
+        let set = AcceptedSet { qps, connected: self.clock, addr: initiator.addr.clone() };
+        let old = self.by_initiator.insert((initiator.name.clone(), initiator.epoch), set)?;
+        self.total -= old.qps.len();
+        Some(old)
+    }
+
+    fn least_recent(&self) -> Option<Identity> {
+        self.by_initiator.iter().min_by_key(|(_, set)| set.connected).map(|(identity, _)| identity.clone())
+    }
+}

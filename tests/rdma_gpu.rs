@@ -1,0 +1,546 @@
+//! GPU memory across hosts over RDMA (GPUDirect), end to end on the
+//! simulated verbs provider and the simulated GPU: device regions
+//! registered with every NIC once, through a dma-buf or peer memory; RDMA
+//! WRITE and READ straight between device memory on both ends (the
+//! simulated NIC reaches it through the GPU's own pages, never the device
+//! address, which faults); the NIC nearest the GPU; per-layer arrival
+//! counted on the target from WRITE_WITH_IMM; the KV layer between
+//! device-resident layouts; and bad input: a region no NIC takes, a peer
+//! that restarts mid-transfer, nothing reported done before it landed.
+//!
+//! Every engine here shares one process, so the transport is asked for by
+//! name (on one host the default would be cuda_ipc).
+
+mod common;
+
+use common::{pattern, WAIT};
+use kvring::gpu::{Gpu, SimGpu};
+use kvring::kv::{arrival_tag, check_pd_topo, push_targets, Attention, CacheShape, KvBuffer, KvLayout, Mode, Rank};
+use kvring::rdma::{MrPath, SimVerbs, Verbs};
+use kvring::{Batch, BlockDesc, Engine, Error, Outcome, Region, RegionInfo, Segment, TransportKind};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn fabric(nics: &[(&str, Option<u32>)], gpu: SimGpu) -> (Arc<SimVerbs>, Arc<SimGpu>) {
+    let sim = Arc::new(SimVerbs::with_devices(nics.iter().map(|(n, numa)| SimVerbs::device(n, *numa)).collect()));
+    let gpu = Arc::new(gpu);
+    sim.attach_gpu(gpu.clone());
+    (sim, gpu)
+}
+
+fn one_nic() -> (Arc<SimVerbs>, Arc<SimGpu>) {
+    fabric(&[("sim0", Some(0))], SimGpu::new(2, Duration::ZERO))
+}
+
+fn engine(name: &str, sim: &Arc<SimVerbs>, gpu: &Arc<SimGpu>) -> Engine {
+    common::builder(name).rdma(sim.clone()).gpu(gpu.clone()).build().unwrap()
+}
+
+fn open(initiator: &Engine, target: &Engine) -> kvring::Result<Segment> {
+    initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Rdma), WAIT)
+}
+
+fn run(sub: &mut kvring::Submitter, batch: &Batch) -> Outcome {
+    let id = sub.submit(batch).unwrap();
+    sub.wait(id, WAIT).unwrap()
+}
+
+fn read(region: &Region, offset: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    region.read_at(offset, &mut out).unwrap();
+    out
+}
+
+fn done(outcome: Outcome) -> u64 {
+    match outcome {
+        Outcome::Done { bytes } => bytes,
+        other => panic!("expected Done, got {other:?}"),
+    }
+}
+
+fn failure(outcome: Outcome) -> Error {
+    match outcome {
+        Outcome::Failed(error) => error,
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+const GPU: fn(u32) -> RegionInfo = |n| RegionInfo::raw().on_gpu(n);
+
+#[test]
+fn gpu_memory_moves_both_ways_over_rdma_registered_once_per_region_and_nic() {
+    let (sim, gpu) = fabric(&[("mlx5_0", None), ("mlx5_1", None)], SimGpu::new(2, Duration::ZERO));
+    let target = engine("decode-0", &sim, &gpu);
+    let remote = target.alloc_region(4 << 20, GPU(0)).unwrap();
+    let remote_host = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let initiator = engine("prefill-0", &sim, &gpu);
+    let local = initiator.alloc_region(8 << 20, GPU(1)).unwrap();
+    let local_host = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    local.fill_pattern(5);
+    local_host.fill_pattern(6);
+    for engine in [&target, &initiator] {
+        let stats = engine.rdma_device_mrs();
+        assert_eq!((stats.regions, stats.dmabuf, stats.peer_memory, stats.failed), (1, 2, 0, 0), "{stats:?}");
+        assert_eq!(stats.relaxed_ordering, 2, "relaxed ordering asked for and taken");
+    }
+    assert_eq!(sim.mr_paths(remote.as_ptr() as u64), [MrPath::DmaBuf, MrPath::DmaBuf]);
+    let segment = open(&initiator, &target).unwrap();
+    assert_eq!(segment.transport(), TransportKind::Rdma);
+    let mut sub = initiator.submitter().unwrap();
+
+    // GPU to GPU: 64 scattered blocks and one 3 MiB block (sliced, striped).
+    let mut descs: Vec<BlockDesc> =
+        (0..64).map(|i| BlockDesc::new(local.id(), i * 8192, remote.id(), i * 8192, 4096)).collect();
+    descs.push(BlockDesc::new(local.id(), 1 << 20, remote.id(), 1 << 20, 3 << 20));
+    assert_eq!(done(run(&mut sub, &Batch::write(&segment).descs(&descs))), 64 * 4096 + (3 << 20));
+    let source = pattern(8 << 20, 5);
+    for i in 0..64usize {
+        assert_eq!(read(&remote, i as u64 * 8192, 4096), source[i * 8192..i * 8192 + 4096], "block {i}");
+    }
+    assert_eq!(read(&remote, 1 << 20, 3 << 20), source[1 << 20..4 << 20]);
+    // READ back, GPU to GPU, into another part of the local region.
+    let back = [BlockDesc::new(local.id(), 4 << 20, remote.id(), 1 << 20, 2 << 20)];
+    done(run(&mut sub, &Batch::read(&segment).descs(&back)));
+    assert_eq!(read(&local, 4 << 20, 2 << 20), source[1 << 20..3 << 20]);
+    // Host to GPU and GPU to host.
+    let host_in = [BlockDesc::new(local_host.id(), 0, remote.id(), 0, 65536)];
+    done(run(&mut sub, &Batch::write(&segment).descs(&host_in)));
+    assert_eq!(read(&remote, 0, 65536), pattern(1 << 20, 6)[..65536]);
+    let gpu_out = [BlockDesc::new(local.id(), 0, remote_host.id(), 0, 65536)];
+    done(run(&mut sub, &Batch::write(&segment).descs(&gpu_out)));
+    assert_eq!(read(&remote_host, 0, 65536), source[..65536]);
+
+    // A thousand more transfers register nothing more: once per region
+    // and NIC, never per transfer.
+    let before = (initiator.rdma_device_mrs(), target.rdma_device_mrs(), Verbs::counts(&*sim).mrs);
+    for i in 0..1000u64 {
+        let desc = [BlockDesc::new(local.id(), (i % 512) * 4096, remote.id(), (i % 1024) * 4096, 4096)];
+        let batch = if i % 2 == 0 { Batch::write(&segment) } else { Batch::read(&segment) };
+        done(run(&mut sub, &batch.descs(&desc)));
+    }
+    assert_eq!((initiator.rdma_device_mrs(), target.rdma_device_mrs(), Verbs::counts(&*sim).mrs), before);
+    // Unregistered, a device region's registrations go with it.
+    drop(sub);
+    drop((segment, local, local_host, remote, remote_host, initiator, target));
+    let counts = Verbs::counts(&*sim);
+    assert!(counts.balanced(), "{counts:?}");
+}
+
+/// Reads simulated device memory through the GPU's copy engine.
+fn device_bytes(gpu: &SimGpu, device: u32, addr: u64, len: usize) -> Vec<u8> {
+    let out = vec![0u8; len];
+    let stream = gpu.create_stream(device).unwrap();
+    let event = gpu.create_event(device).unwrap();
+    let copy = kvring::gpu::Copy { src: addr, dst: out.as_ptr() as u64, len: len as u64 };
+    // SAFETY: `out` outlives the copy, which is waited for below.
+    unsafe { gpu.copy_one(stream, copy) }.unwrap();
+    gpu.record(stream, event).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while !gpu.query(event).unwrap() {
+        assert!(Instant::now() < deadline, "the copy never completed");
+        std::thread::yield_now();
+    }
+    gpu.destroy_event(event).unwrap();
+    gpu.destroy_stream(stream).unwrap();
+    out
+}
+
+#[test]
+fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_is_dropped_where_refused() {
+    // The NIC stack has no dma-buf registration; nvidia-peermem is loaded;
+    // the NIC refuses relaxed ordering.
+    let (sim, gpu) = one_nic();
+    sim.dmabuf(false);
+    sim.peer_memory(true);
+    sim.relaxed_ordering(false);
+    let target = engine("decode-0", &sim, &gpu);
+    let remote = target.alloc_region(1 << 20, GPU(0)).unwrap();
+    // A run of pieces (PyTorch's expandable segments), registered by the
+    // caller: one dma-buf cannot cover it, peer memory can.
+    let pieces = gpu.alloc_pieces(0, 2 << 20, 2).unwrap().0;
+    // SAFETY: the allocation outlives the engine (freed at the end).
+    let run_id = unsafe { target.register(pieces as *mut u8, 4 << 20, GPU(0)) }.unwrap();
+    let stats = target.rdma_device_mrs();
+    assert_eq!((stats.regions, stats.dmabuf, stats.peer_memory, stats.relaxed_ordering), (2, 0, 2, 0), "{stats:?}");
+    assert_eq!(sim.mr_paths(pieces), [MrPath::PeerMemory]);
+
+    let initiator = engine("prefill-0", &sim, &gpu);
+    let local = initiator.alloc_region(1 << 20, GPU(1)).unwrap();
+    local.fill_pattern(11);
+    let segment = open(&initiator, &target).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let descs = [
+        BlockDesc::new(local.id(), 0, remote.id(), 0, 1 << 20),
+        // Across the boundary of the run's two pieces.
+        BlockDesc::new(local.id(), 0, run_id, (2 << 20) - 4096, 8192),
+    ];
+    done(run(&mut sub, &Batch::write(&segment).descs(&descs)));
+    assert_eq!(read(&remote, 0, 1 << 20), pattern(1 << 20, 11));
+    assert_eq!(device_bytes(&gpu, 0, pieces + (2 << 20) - 4096, 8192), pattern(1 << 20, 11)[..8192]);
+
+    // With dma-buf back, a GPU whose driver exports none still registers
+    // through peer memory.
+    let (sim, _) = one_nic();
+    let old_driver = Arc::new(SimGpu::new(1, Duration::ZERO).without_dmabuf());
+    sim.attach_gpu(old_driver.clone());
+    sim.peer_memory(true);
+    let engine = common::builder("old-driver").rdma(sim.clone()).gpu(old_driver).build().unwrap();
+    let _region = engine.alloc_region(65536, GPU(0)).unwrap();
+    assert_eq!(engine.rdma_device_mrs().peer_memory, 1);
+    drop((sub, segment, local, initiator, remote));
+    target.unregister(run_id).unwrap();
+    drop(target);
+    // SAFETY: no engine uses it any more.
+    unsafe { gpu.free(kvring::gpu::DevicePtr(pieces)) }.unwrap();
+}
+
+#[test]
+fn a_gpu_region_no_nic_can_register_refuses_rdma_with_the_reason_and_the_default_goes_on_to_tcp() {
+    let (sim, gpu) = one_nic();
+    sim.dmabuf(false); // and no peer-memory module
+    let target = engine("decode-0", &sim, &gpu);
+    let remote = target.alloc_region(1 << 20, GPU(0)).unwrap();
+    assert_eq!(target.rdma_device_mrs().failed, 1, "registered with the engine, not with the NIC");
+    let initiator = engine("prefill-0", &sim, &gpu);
+    // Asked for by name: refused, with the target's reason.
+    let refused = open(&initiator, &target).unwrap_err().to_string();
+    assert!(
+        refused.contains("its GPU region") && refused.contains("could not be registered with NIC sim0"),
+        "{refused}"
+    );
+    assert!(refused.contains("peer memory") && refused.contains("no peer-memory module"), "{refused}");
+    // By default, an engine that cannot use cuda_ipc (no GPU provider)
+    // goes on to tcp, which stages device memory.
+    let plain = common::builder("prefill-host").rdma(sim.clone()).build().unwrap();
+    let name = target.control_addr().to_string();
+    assert_eq!(plain.open_segment(&name).unwrap().transport(), TransportKind::Tcp);
+
+    // This engine's own GPU region that no NIC takes: refused the same way.
+    sim.dmabuf(true);
+    let host_target = engine("decode-host", &sim, &gpu);
+    let host_remote = host_target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let segment = open(&initiator, &host_target).unwrap();
+    sim.dmabuf(false);
+    let unregistrable = initiator.alloc_region(1 << 20, GPU(1)).unwrap();
+    assert_eq!(initiator.rdma_device_mrs().failed, 1);
+    let refused = open(&initiator, &target).unwrap_err().to_string();
+    assert!(refused.contains("this engine's GPU memory"), "{refused}");
+    // Over a segment opened before it was registered, the lane refuses its
+    // blocks with the reason before anything is posted; nothing lands, the
+    // link stays healthy.
+    let mut sub = initiator.submitter().unwrap();
+    let desc = [BlockDesc::new(unregistrable.id(), 0, host_remote.id(), 0, 4096)];
+    let error = failure(run(&mut sub, &Batch::write(&segment).descs(&desc)));
+    assert!(matches!(error, Error::Unsupported { .. }) && error.to_string().contains("could not be registered"));
+    assert!(read(&host_remote, 0, 4096).iter().all(|&b| b == 0));
+    assert!(!segment.is_stale());
+    let host_local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let fine = [BlockDesc::new(host_local.id(), 0, host_remote.id(), 0, 4096)];
+    done(run(&mut sub, &Batch::write(&segment).descs(&fine)));
+    drop(remote);
+}
+
+#[test]
+fn a_peer_that_restarts_while_gpu_memory_is_in_flight_fails_peer_restarted_and_nothing_leaks() {
+    let (sim, gpu) = one_nic();
+    let initiator = engine("prefill-0", &sim, &gpu);
+    let local = initiator.alloc_region(16 << 20, GPU(1)).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    // Scattered 4 KiB blocks: more requests than a send queue holds, so
+    // some wait for completions while the target goes away.
+    let descs: Vec<BlockDesc> =
+        (0..1500).map(|i| BlockDesc::new(local.id(), i * 8192, kvring::RegionId::from_raw(0), 0, 4096)).collect();
+    for round in 0..20 {
+        let target = engine("decode-0", &sim, &gpu);
+        let remote = target.alloc_region(16 << 20, GPU(0)).unwrap();
+        let segment = open(&initiator, &target).unwrap();
+        let descs: Vec<BlockDesc> = descs
+            .iter()
+            .map(|d| BlockDesc::new(d.local_region, d.local_offset, remote.id(), d.local_offset, d.len))
+            .collect();
+        let moved = sim.bytes_moved("sim0");
+        sim.hold_completions(true);
+        let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+        let deadline = Instant::now() + WAIT;
+        while sim.bytes_moved("sim0") == moved {
+            assert!(Instant::now() < deadline, "round {round}: nothing was posted");
+            std::thread::yield_now();
+        }
+        // The target goes away with the batch in flight.
+        drop(remote);
+        drop(target);
+        sim.hold_completions(false);
+        let error = failure(sub.wait(id, WAIT).unwrap());
+        assert!(matches!(error, Error::PeerRestarted { .. }), "round {round}: {error}");
+        assert!(segment.is_stale());
+        initiator.close_segment(&segment);
+    }
+    drop(sub);
+    drop((local, initiator));
+    let counts = Verbs::counts(&*sim);
+    assert!(counts.balanced(), "every QP, MR, CQ, PD and SRQ went: {counts:?}");
+}
+
+#[test]
+fn no_batch_is_done_before_its_bytes_are_in_the_targets_gpu_memory() {
+    let (sim, gpu) = one_nic();
+    // Completions seen late, as on a real fabric: the bytes must already be
+    // in place when they are.
+    sim.delay_completions(2);
+    let target = engine("decode-0", &sim, &gpu);
+    let remote = target.alloc_region(1 << 20, GPU(0)).unwrap();
+    let initiator = engine("prefill-0", &sim, &gpu);
+    let local = initiator.alloc_region(2 << 20, GPU(1)).unwrap();
+    let segment = open(&initiator, &target).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    for i in 0..500u64 {
+        let block = (i % 256) * 4096;
+        let bytes = (i as u32 + 1).to_le_bytes().repeat(1024);
+        local.write_at(block, &bytes).unwrap();
+        let desc = [BlockDesc::new(local.id(), block, remote.id(), block, 4096)];
+        done(run(&mut sub, &Batch::write(&segment).descs(&desc)));
+        assert_eq!(read(&remote, block, 4096), bytes, "write {i} was done before it was in the target's GPU memory");
+        let back = [BlockDesc::new(local.id(), (1 << 20) + block, remote.id(), block, 4096)];
+        done(run(&mut sub, &Batch::read(&segment).descs(&back)));
+        assert_eq!(read(&local, (1 << 20) + block, 4096), bytes, "read {i} was done before it was in place");
+    }
+}
+
+#[test]
+fn the_nic_nearest_the_gpu_carries_its_blocks() {
+    let (sim, gpu) =
+        fabric(&[("mlx5_0", Some(0)), ("mlx5_1", Some(1))], SimGpu::new(1, Duration::ZERO).with_numa_node(1));
+    let target = engine("decode-0", &sim, &gpu);
+    let remote = target.alloc_region(8 << 20, RegionInfo::raw()).unwrap();
+    let initiator = engine("prefill-0", &sim, &gpu);
+    let on_gpu = initiator.alloc_region(4 << 20, GPU(0)).unwrap();
+    let on_host = initiator.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
+    assert_eq!(initiator.rdma_gpu_nics(0), (vec!["mlx5_1".to_string()], "same NUMA node"));
+    let segment = open(&initiator, &target).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let moved = |nic| sim.bytes_moved(nic);
+    let before = (moved("mlx5_0"), moved("mlx5_1"));
+    done(run(&mut sub, &Batch::write(&segment).block(BlockDesc::new(on_gpu.id(), 0, remote.id(), 0, 4 << 20))));
+    assert_eq!((moved("mlx5_0"), moved("mlx5_1")), (before.0, before.1 + (4 << 20)), "all over the GPU's NIC");
+    // Host memory is striped over both, as before.
+    let host = BlockDesc::new(on_host.id(), 0, remote.id(), 4 << 20, 4 << 20);
+    done(run(&mut sub, &Batch::write(&segment).block(host)));
+    assert!(moved("mlx5_0") > before.0 && moved("mlx5_1") > before.1 + (4 << 20));
+}
+
+#[test]
+fn a_tagged_push_over_rdma_is_counted_on_the_target_as_it_lands_in_host_and_gpu_memory() {
+    let (sim, gpu) = one_nic();
+    for memory in [RegionInfo::raw(), GPU(0)] {
+        let target = engine("arrival-target", &sim, &gpu);
+        let remote = target.alloc_region(4 << 20, memory).unwrap();
+        let initiator = engine("arrival-initiator", &sim, &gpu);
+        let local = initiator.alloc_region(4 << 20, memory).unwrap();
+        local.fill_pattern(3);
+        let segment = open(&initiator, &target).unwrap();
+        let mut sub = initiator.submitter().unwrap();
+        let tag = arrival_tag(7, 3).unwrap();
+        let small: Vec<_> =
+            (0..64u64).map(|i| BlockDesc::new(local.id(), i * 8192, remote.id(), i * 8192, 4096)).collect();
+        let big = [BlockDesc::new(local.id(), 1 << 20, remote.id(), 1 << 20, 3 << 20)];
+        let mut expected = 0;
+        for descs in [&small[..], &big[..]] {
+            let id = sub.submit(&Batch::write(&segment).descs(descs).arrival_tag(tag)).unwrap();
+            expected += descs.iter().map(|d| d.len).sum::<u64>();
+            // The target's count reaches the bytes on its own.
+            target.wait_landed(tag, expected, WAIT).unwrap();
+            done(sub.wait(id, WAIT).unwrap());
+            assert_eq!(target.landed(tag), expected, "{memory:?}");
+        }
+        // What was counted is in place.
+        assert_eq!(read(&remote, 1 << 20, 3 << 20), pattern(4 << 20, 3)[1 << 20..]);
+        // Untagged pushes leave the count alone; a tag on a READ is refused.
+        done(run(&mut sub, &Batch::write(&segment).descs(&small)));
+        assert_eq!(target.landed(tag), expected);
+        let refused = failure(run(&mut sub, &Batch::read(&segment).descs(&small).arrival_tag(tag)));
+        assert!(refused.to_string().contains("arrival tag on a READ"), "{refused}");
+        assert_eq!(target.forget_arrival(tag), expected);
+        assert_eq!(target.arrivals_dropped(), 0);
+    }
+    assert_eq!(sim.cq_overruns(), 0);
+}
+
+#[test]
+fn a_target_whose_nics_have_no_receive_queue_serves_rdma_and_refuses_tags_clearly() {
+    let (sim, gpu) = one_nic();
+    sim.shared_receive_queues(false);
+    let target = engine("no-srq-target", &sim, &gpu);
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    sim.shared_receive_queues(true);
+    let initiator = engine("no-srq-initiator", &sim, &gpu);
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let segment = open(&initiator, &target).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = [BlockDesc::new(local.id(), 0, remote.id(), 0, 4096)];
+    done(run(&mut sub, &Batch::write(&segment).descs(&desc)));
+    // Its descriptor says it counts no arrivals: a tag is refused before a
+    // write is posted (it would wait for a receive that never comes).
+    let refused = failure(run(&mut sub, &Batch::write(&segment).descs(&desc).arrival_tag(5)));
+    assert!(refused.to_string().contains("shared receive queues"), "{refused}");
+    // The other way round, this side's receive queues count.
+    let back = open(&target, &initiator).unwrap();
+    let mut tsub = target.submitter().unwrap();
+    let desc = [BlockDesc::new(remote.id(), 0, local.id(), 0, 4096)];
+    done(run(&mut tsub, &Batch::write(&back).descs(&desc).arrival_tag(5)));
+    initiator.wait_landed(5, 4096, WAIT).unwrap();
+}
+
+#[test]
+fn a_flood_of_tagged_writes_waits_at_its_senders_and_grows_nothing_on_the_target() {
+    let (sim, gpu) = one_nic();
+    let target = engine("flood-target", &sim, &gpu);
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let tag = arrival_tag(1, 0).unwrap();
+    // Five initiators, one QP each, each with 4,000 scattered 64-byte
+    // WRITE_WITH_IMMs: more than the target's receive queue holds while its
+    // lane cannot poll (the fabric's completions held).
+    let initiators: Vec<_> = (0..5).map(|i| engine(&format!("flood-{i}"), &sim, &gpu)).collect();
+    let locals: Vec<_> = initiators.iter().map(|e| e.alloc_region(1 << 20, RegionInfo::raw()).unwrap()).collect();
+    let segments: Vec<_> = initiators.iter().map(|e| open(e, &target).unwrap()).collect();
+    let mut subs: Vec<_> = initiators.iter().map(|e| e.submitter().unwrap()).collect();
+    sim.hold_completions(true);
+    let ids: Vec<_> = subs
+        .iter_mut()
+        .zip(&locals)
+        .zip(&segments)
+        .map(|((sub, local), segment)| {
+            let descs: Vec<_> = (0..4000u64)
+                .map(|i| BlockDesc::new(local.id(), i * 128, remote.id(), (i * 128) % (1 << 20), 64))
+                .collect();
+            sub.submit(&Batch::write(segment).descs(&descs).arrival_tag(tag)).unwrap()
+        })
+        .collect();
+    // The receives run out: the rest waits at its senders' NICs, and
+    // nothing on the target grows (its CQ holds what its queue holds).
+    let deadline = Instant::now() + WAIT;
+    while sim.parked() == 0 {
+        assert!(Instant::now() < deadline, "no sender ever waited for a receive");
+        std::thread::yield_now();
+    }
+    assert_eq!(target.landed(tag), 0, "the target's lane has not polled yet");
+    sim.hold_completions(false);
+    target.wait_landed(tag, 5 * 4000 * 64, WAIT).unwrap();
+    for (sub, id) in subs.iter_mut().zip(ids) {
+        done(sub.wait(id, WAIT).unwrap());
+    }
+    assert_eq!(target.landed(tag), 5 * 4000 * 64);
+    assert_eq!((sim.cq_overruns(), sim.parked(), target.arrivals_dropped()), (0, 0, 0));
+}
+
+/// A KV cache in GPU memory, one region per layer and kind (vLLM's shape),
+/// filled from `seed` and published as the layout.
+fn gpu_kv_cache(engine: &Engine, shape: CacheShape, seed: u64) -> (Vec<Region>, KvLayout) {
+    let mut regions = Vec::new();
+    let mut layers = Vec::new();
+    for layer in 0..shape.layers {
+        let mut buffers = Vec::new();
+        for (kind, block_bytes) in shape.kinds() {
+            let info = GPU(0).with_kind(kind).with_layer(layer);
+            let region = engine.alloc_region((block_bytes * shape.blocks) as usize, info).unwrap();
+            region.fill_pattern(seed + regions.len() as u64);
+            buffers.push(KvBuffer { kind, region: region.id(), offset: 0, block_bytes });
+            regions.push(region);
+        }
+        layers.push(buffers);
+    }
+    let layout = KvLayout::from_buffers(shape, layers).unwrap();
+    engine.set_kv_layout(layout.clone()).unwrap();
+    (regions, layout)
+}
+
+/// Every (src → dst) block of every layer and kind holds the source bytes.
+fn assert_moved(src: (&[Region], &KvLayout), dst: (&[Region], &KvLayout), src_ids: &[u64], dst_ids: &[u64]) {
+    for layer in 0..src.1.layers() {
+        let (ours, theirs) = (src.1.layer(layer).unwrap(), dst.1.layer(layer).unwrap());
+        for (kind, (s_buf, d_buf)) in ours.iter().zip(theirs).enumerate() {
+            let s_region = &src.0[layer as usize * ours.len() + kind];
+            let d_region = &dst.0[layer as usize * theirs.len() + kind];
+            for (&s, &d) in src_ids.iter().zip(dst_ids) {
+                let want = read(s_region, s_buf.offset + s * s_buf.block_bytes, s_buf.block_bytes as usize);
+                let got = read(d_region, d_buf.offset + d * d_buf.block_bytes, d_buf.block_bytes as usize);
+                assert_eq!(want, got, "layer {layer} kind {kind} block {s}->{d}");
+            }
+        }
+    }
+}
+
+#[test]
+fn kv_push_pull_and_tagged_push_layer_between_gpu_layouts_over_rdma() {
+    let (sim, gpu) = one_nic();
+    let shape = CacheShape::mha(3, 32, 2, 64, 2, 1, 1).unwrap();
+    let prefill = engine("kv-prefill", &sim, &gpu);
+    let decode = engine("kv-decode", &sim, &gpu);
+    let (p_regions, p_layout) = gpu_kv_cache(&prefill, shape, 7);
+    let (d_regions, d_layout) = gpu_kv_cache(&decode, shape, 100);
+    let segment = open(&prefill, &decode).unwrap();
+    let remote = segment.kv_layout(WAIT).unwrap();
+    p_layout.check_compatible(&remote).unwrap();
+    let mut sub = prefill.submitter().unwrap();
+    let id = sub.push_blocks(&segment, &p_layout, &remote, &[3, 4, 5, 9], &[0, 1, 2, 7]).unwrap();
+    done(sub.wait(id, WAIT).unwrap());
+    assert_moved((&p_regions, &p_layout), (&d_regions, &d_layout), &[3, 4, 5, 9], &[0, 1, 2, 7]);
+    // Layer by layer, each counted on the decode side as it lands.
+    for layer in 0..shape.layers {
+        let id = sub.push_layer_tagged(&segment, &p_layout, &remote, layer, 11, &[20, 21], &[30, 31]).unwrap();
+        let layer_bytes = 2 * (shape.key_block_bytes + shape.value_block_bytes);
+        decode.wait_landed(arrival_tag(11, layer).unwrap(), layer_bytes, WAIT).unwrap();
+        done(sub.wait(id, WAIT).unwrap());
+        assert_eq!(decode.landed(arrival_tag(11, layer + 1).unwrap()), 0, "the next layer is not counted yet");
+    }
+    assert_moved((&p_regions, &p_layout), (&d_regions, &d_layout), &[20, 21], &[30, 31]);
+    let id = sub.push_layer(&segment, &p_layout, &remote, 1, &[22], &[23]).unwrap();
+    done(sub.wait(id, WAIT).unwrap());
+    // Pull: the decode side reads prefill's blocks 10, 11 into its 12, 13.
+    let back = open(&decode, &prefill).unwrap();
+    let p_remote = back.kv_layout(WAIT).unwrap();
+    let mut dsub = decode.submitter().unwrap();
+    let id = dsub.pull_blocks(&back, &d_layout, &p_remote, &[10, 11], &[12, 13]).unwrap();
+    done(dsub.wait(id, WAIT).unwrap());
+    assert_moved((&p_regions, &p_layout), (&d_regions, &d_layout), &[10, 11], &[12, 13]);
+    assert_eq!(prefill.rdma_device_mrs().dmabuf, p_regions.len() as u64, "one registration per region");
+}
+
+#[test]
+fn mla_push_with_gpu_caches_from_prefill_tp2_to_decode_tp1_and_from_tp1_to_tp4_over_rdma() {
+    let (sim, gpu) = one_nic();
+    let shape = CacheShape::mla(3, 16, 576, 2, 8, 128).unwrap();
+    // tp 2 -> tp 1: each decode rank's blocks from exactly one prefill rank.
+    let prefills: Vec<_> = (0..2).map(|r| engine(&format!("prefill-{r}"), &sim, &gpu)).collect();
+    let caches: Vec<_> = prefills.iter().map(|p| gpu_kv_cache(p, shape, 7)).collect();
+    let decode = engine("decode-0", &sim, &gpu);
+    let (d_regions, d_layout) = gpu_kv_cache(&decode, shape, 50);
+    for (rank, prefill) in prefills.iter().enumerate() {
+        let local = Rank { dp_size: 1, tp_size: 2, dp_rank: 0, tp_rank: rank as u32 };
+        let remote = Rank { dp_size: 1, tp_size: 1, dp_rank: 0, tp_rank: 0 };
+        assert_eq!(check_pd_topo(local, remote, Mode::Push, Attention::Mla), kvring::kv::TopoCheck::Heterogeneous);
+        for target in push_targets(rank as u32, 2, 1) {
+            assert_eq!(target, 0);
+            let segment = open(prefill, &decode).unwrap();
+            let mut sub = prefill.submitter().unwrap();
+            let id = sub.push_blocks(&segment, &caches[rank].1, &d_layout, &[1, 2, 3], &[4, 5, 6]).unwrap();
+            done(sub.wait(id, WAIT).unwrap());
+        }
+    }
+    assert_moved((&caches[0].0, &caches[0].1), (&d_regions, &d_layout), &[1, 2, 3], &[4, 5, 6]);
+    // tp 1 -> tp 4: the one prefill rank pushes to all four.
+    let prefill = engine("prefill-solo", &sim, &gpu);
+    let (p_regions, p_layout) = gpu_kv_cache(&prefill, shape, 9);
+    let decodes: Vec<_> = (0..4).map(|r| engine(&format!("decode-{r}"), &sim, &gpu)).collect();
+    let d_caches: Vec<_> = decodes.iter().map(|d| gpu_kv_cache(d, shape, 60)).collect();
+    let targets: Vec<u32> = push_targets(0, 1, 4).collect();
+    assert_eq!(targets, [0, 1, 2, 3]);
+    let mut sub = prefill.submitter().unwrap();
+    for &t in &targets {
+        let segment = open(&prefill, &decodes[t as usize]).unwrap();
+        let id = sub.push_blocks(&segment, &p_layout, &d_caches[t as usize].1, &[0, 5], &[15, 14]).unwrap();
+        done(sub.wait(id, WAIT).unwrap());
+    }
+    for (regions, layout) in &d_caches {
+        assert_moved((&p_regions, &p_layout), (regions, layout), &[0, 5], &[15, 14]);
+    }
+}
