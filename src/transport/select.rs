@@ -49,6 +49,9 @@ pub struct LocalReach<'a> {
 ///    shm-backed region (its other regions are then out of reach).
 /// 7. Otherwise tcp, when the peer serves it.
 ///
+/// Steps 4 to 6 are skipped for a peer with GPU memory (reached here only
+/// when neither cuda_ipc nor rdma can move it): tcp moves it, staged.
+///
 /// A cma chosen by default that then fails to open (the kernel refuses the
 /// proof read) is reported by the caller, who asks again with
 /// `local.cma = false`: the next transport in this order.
@@ -122,9 +125,12 @@ pub fn choose(requested: Option<TransportKind>, peer: &SegmentDescriptor, local:
         Some(TransportKind::Cma) => cma_ok().map(|()| TransportKind::Cma),
         None if cuda_ipc_ok(false).is_ok() => Ok(TransportKind::CudaIpc),
         None if rdma_ok().is_ok() => Ok(TransportKind::Rdma),
-        None if shm_ok().is_ok() && shm_only => Ok(TransportKind::Shm),
-        None if cma_ok().is_ok() => Ok(TransportKind::Cma),
-        None if shm_ok().is_ok() => Ok(TransportKind::Shm),
+        // A peer's GPU memory this engine cannot reach by cuda_ipc or rdma
+        // moves over tcp (the peer stages it): shm and cma would leave it
+        // out of reach.
+        None if !peer_device && shm_ok().is_ok() && shm_only => Ok(TransportKind::Shm),
+        None if !peer_device && cma_ok().is_ok() => Ok(TransportKind::Cma),
+        None if !peer_device && shm_ok().is_ok() => Ok(TransportKind::Shm),
         None if tcp_ok().is_ok() => Ok(TransportKind::Tcp),
         None => unsupported(format!(
             "no transport reaches {}: not on this host with shm regions, cma or GPU memory, and no tcp listener",
@@ -318,6 +324,15 @@ mod tests {
         assert!(asked(&offering("other", false), &here).unwrap_err().to_string().contains("on another host"));
         assert!(asked(&offering("h", false), &no_cma).unwrap_err().to_string().contains("does not use it"));
         assert_eq!(asked(&offering("h", true), &here).unwrap(), TransportKind::Cma);
+        // A same-host peer with GPU memory, and no GPU provider here (no
+        // cuda_ipc): tcp, whose target stages it, not cma or shm.
+        let mut with_gpu = offering("h", true);
+        with_gpu.regions.push(RemoteRegion {
+            id: RegionId::new(2, 1),
+            memory: MemoryKind::Gpu(0),
+            ..with_gpu.regions[0].clone()
+        });
+        assert_eq!(choose(None, &with_gpu, &here).unwrap(), TransportKind::Tcp);
     }
 
     /// A peer on another host with one region in GPU memory, registered with
