@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: the GPU tests on the CUDA driver, then
-# the GPU bench's figures against issue 15's targets, as one table.
+# the GPU bench's figures against issue 15's targets (one host, cuda_ipc)
+# and issue 18's (staged tcp, device to device against host-memory tcp of
+# the same blocks), as one table.
 #
 #   bash benches/gpu_check.sh            # builds with cargo, then runs
 #   KVRING_BIN=path/kvring KVRING_GPU_TEST_BIN=path/gpu-<hash> bash benches/gpu_check.sh
@@ -54,14 +56,16 @@ run() { "$kvring" bench --json --gpu "$provider" --latency-samples 5000 "$@" | t
 run --memory gpu --block-size 4KiB --batch 4096 --total "$small" || failed=1
 run --memory gpu --block-size 64KiB,1MiB --batch 64 --total "$large" || failed=1
 run --memory gpu,host --block-size 64KiB,1MiB --batch 64 --total "$large" || failed=1
+run --memory gpu --transport tcp --block-size 4KiB,64KiB,1MiB --batch 64 --total "$small" || failed=1
 
 echo
 python3 - "$out" <<'EOF' || failed=1
 import json, sys
 cases = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
-def find(memory, op, block, batch=None):
+def find(memory, op, block, batch=None, transport="cuda_ipc"):
     for c in cases:
-        if c["memory"] == memory and c["op"] == op and c["block_bytes"] == block and batch in (None, c["batch"]):
+        if (c["memory"] == memory and c["op"] == op and c["block_bytes"] == block and batch in (None, c["batch"])
+                and c["transport"] == transport):
             return c
     return None
 rows, ok = [], True
@@ -82,11 +86,15 @@ for op in ["write", "read"]:
         target(f"{op} {block >> 10}KiB D2D: share of one large copy", c and c["ratio_one_copy"], 0.80, "min")
         c = find(["gpu:0", "host"], op, block)
         target(f"{op} {block >> 10}KiB GPU<->host shm: share of the pinned copy", c and c["ratio_one_copy"], 0.80, "min")
+    for block in [4096, 65536, 1 << 20]:
+        c = find(d2d, op, block, 64, "tcp")
+        target(f"{op} {block >> 10}KiB x64 D2D staged tcp: share of host-memory tcp", c and c["ratio_host_tcp"], 0.80, "min")
 bad = [c for c in cases if not c["verified"]]
-print("== targets (issue 15)")
+print("== targets (issues 15 and 18)")
 print("\n".join(rows))
 taken = {m: sum(c.get("chunks", {}).get(m, 0) for c in cases) for m in ["batched", "kernel", "per_copy"]}
-print(f"{len(cases)} cases, {len(bad)} not verified; driver's best method: {sorted({c['copy_method'] for c in cases})}; "
+methods = sorted({c["copy_method"] for c in cases if "copy_method" in c})
+print(f"{len(cases)} cases, {len(bad)} not verified; driver's best method: {methods}; "
       f"chunks taken: {taken}")
 sys.exit(0 if ok and not bad else 1)
 EOF

@@ -33,6 +33,8 @@ pub struct Plan<'a> {
     pub json: bool,
     /// The target's raw sink and the token it asks for.
     pub raw: Option<(&'a str, Option<&'a str>)>,
+    /// Memory of (this side, the target), as `--memory` names them.
+    pub memory: [String; 2],
 }
 
 /// One case's figures.
@@ -122,7 +124,7 @@ fn print(case: &Case, plan: &Plan) {
         let line = serde_json::json!({
             "op": case.op.name(),
             "transport": "tcp",
-            "memory": ["gpu", "gpu"],
+            "memory": plan.memory,
             "block_bytes": case.block,
             "batch": plan.shape.batch,
             "gbps": case.gbps,

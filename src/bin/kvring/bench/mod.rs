@@ -315,6 +315,10 @@ fn staged_tcp_cases(
         latency_samples: options.latency_samples,
         json: options.json,
         raw: options.raw_peer.as_deref().map(|addr| (addr, options.token.as_deref())),
+        memory: {
+            let (local, remote) = options.memory.expect("GPU cases have --memory");
+            [crate::args::format_memory(local), crate::args::format_memory(remote)]
+        },
     };
     let cases = crate::gputcp::run(sub, segment, &ends, &plan)?;
     match cases.iter().all(|c| c.verified) {
