@@ -63,7 +63,11 @@ impl PyEngine {
     }
 
     /// Runs `f` on the open engine with the GIL released.
-    fn with_open<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Open) -> crate::Result<T> + Send) -> PyResult<T> {
+    pub(super) fn with_open<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Open) -> crate::Result<T> + Send,
+    ) -> PyResult<T> {
         // Checked with the GIL held (raising needs it); the lock is taken
         // without it, so a long transfer on another thread never blocks
         // the interpreter.
@@ -266,6 +270,72 @@ impl PyEngine {
             let segment = open.engine.open_segment_with(&name, kind, timeout)?;
             open.transports.insert(name, kind);
             Ok(segment.transport().name().to_string())
+        })
+    }
+
+    /// This engine's segment descriptor as bytes (protobuf), for peers that
+    /// exchange metadata out of band (NIXL's agent metadata).
+    fn descriptor<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let bytes = self.with_open(py, |open| Ok(open.engine.descriptor_bytes()))?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// Opens the peer another engine's `descriptor()` bytes describe (a
+    /// handshake with its control address; refused if it restarted since);
+    /// returns (its name, the address later calls name it by, the
+    /// transport chosen).
+    #[pyo3(signature = (descriptor, transport=None, timeout=5.0))]
+    fn open_described(
+        &self,
+        py: Python<'_>,
+        descriptor: Vec<u8>,
+        transport: Option<&str>,
+        timeout: f64,
+    ) -> PyResult<(String, String, String)> {
+        let (kind, timeout) = (super::transport(transport)?, seconds(timeout)?);
+        self.with_open(py, |open| {
+            let segment = open.engine.open_described(&descriptor, kind, timeout)?;
+            let addr = segment.opened_as().to_string();
+            open.transports.insert(addr.clone(), kind);
+            Ok((segment.name().to_string(), addr, segment.transport().name().to_string()))
+        })
+    }
+
+    /// Opens a peer (or finds it open) and says who answered: (its name,
+    /// its epoch, the transport).
+    #[pyo3(signature = (name, timeout=5.0))]
+    fn segment_info(&self, py: Python<'_>, name: String, timeout: f64) -> PyResult<(String, u64, String)> {
+        let timeout = seconds(timeout)?;
+        self.with_open(py, |open| {
+            let segment = open.segment(&name, timeout)?;
+            Ok((segment.name().to_string(), segment.epoch(), segment.transport().name().to_string()))
+        })
+    }
+
+    /// Waits (at most `timeout` seconds) for the work queued so far on a
+    /// caller's GPU stream (an int handle; 0: `device`'s default stream).
+    #[pyo3(signature = (device, stream, timeout=30.0))]
+    fn wait_gpu_stream(&self, py: Python<'_>, device: u32, stream: u64, timeout: f64) -> PyResult<()> {
+        let timeout = seconds(timeout)?;
+        self.with_open(py, |open| open.engine.wait_gpu_stream(device, stream, timeout))
+    }
+
+    /// A fresh handshake with a peer: raises unless it answers now, as the
+    /// engine the handle was opened to.
+    #[pyo3(signature = (name, timeout=5.0))]
+    fn probe(&self, py: Python<'_>, name: String, timeout: f64) -> PyResult<()> {
+        let timeout = seconds(timeout)?;
+        self.with_open(py, |open| open.segment(&name, timeout)?.probe(timeout))
+    }
+
+    /// Closes this engine's handle to a peer: the next use opens it anew.
+    fn close_segment(&self, py: Python<'_>, name: String) -> PyResult<()> {
+        self.with_open(py, |open| {
+            if let Ok(segment) = open.engine.open_segment_with(&name, None, Duration::ZERO) {
+                open.engine.close_segment(&segment);
+            }
+            open.transports.remove(&name);
+            Ok(())
         })
     }
 
