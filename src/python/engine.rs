@@ -422,13 +422,22 @@ impl PyEngine {
     }
 
     /// A batch's bytes if it has ended well, None while it runs; raises
-    /// its error if it failed.
+    /// its error if it failed. A batch still running yields the CPU once
+    /// (after the lock is released): a caller polling in a tight loop
+    /// (NIXL's `check_xfer_state`) then cedes its core to a lane that shares
+    /// it instead of holding it for a whole time slice (milliseconds on a
+    /// busy 2-core host).
     fn poll(&self, py: Python<'_>, batch: u64) -> PyResult<Option<u64>> {
-        self.with_open(py, |open| match open.submitter.wait(crate::BatchId::from_raw(batch), Duration::ZERO) {
-            Err(Error::Timeout { .. }) => Ok(None),
-            Err(error) => Err(error),
-            Ok(outcome) => finish(outcome).map(Some),
-        })
+        let found =
+            self.with_open(py, |open| match open.submitter.wait(crate::BatchId::from_raw(batch), Duration::ZERO) {
+                Err(Error::Timeout { .. }) => Ok(None),
+                Err(error) => Err(error),
+                Ok(outcome) => finish(outcome).map(Some),
+            })?;
+        if found.is_none() {
+            py.allow_threads(std::thread::yield_now);
+        }
+        Ok(found)
     }
 
     /// Sends a notification to a peer (after the batches it announces).
