@@ -151,7 +151,7 @@ def test_the_lmdeploy_backend_migrates_gpu_caches_over_nvlink(spawn):
         {
             "remote_engine_id": "prefill-0",
             "batch": [
-                {"mr_key": 0, "target_offset": dst * block, "source_offset": src * block, "length": block}
+                {"mr_key": 0, "target_offset": src * block, "source_offset": dst * block, "length": block}
                 for src, dst in ranges
             ],
         }
