@@ -229,6 +229,18 @@ def test_bad_input_gets_a_clear_error(pair):
     with pytest.raises(kvring.InvalidArgumentError, match="cut short"):
         initiator.deserialize_descs(cut)
 
+    # A peer that went away: the posting ends "ERR", with the reason kept.
+    lp2, rp2 = initiator.prep_xfer_dlist("", lx), initiator.prep_xfer_dlist("target", rx)
+    handle = initiator.make_prepped_xfer("WRITE", lp2, [0], rp2, [0], b"never sent")
+    target._close()
+    deadline = time.monotonic() + 10
+    state = initiator.transfer(handle)
+    while state == "PROC":
+        assert time.monotonic() < deadline
+        state = initiator.check_xfer_state(handle)
+    assert state == "ERR" and isinstance(handle.error, kvring.KvringError), handle.error
+    assert initiator.check_xfer_state(handle) == "ERR"
+
 
 def test_reposting_a_transfer_in_progress_is_refused():
     target, initiator = nixl_agent("big-target"), nixl_agent("big-initiator")

@@ -405,9 +405,10 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         )
 
     def transfer(self, handle, notif_msg=b""):
-        """Posts a transfer: "DONE" if it ended already, "PROC" while it
-        runs, "ERR" if it could not start (the reason logged, and kept as
-        ``handle.error``). A handle still in progress raises ``BusyError``."""
+        """Posts a transfer: "PROC" once the lanes have it (poll it with
+        ``check_xfer_state``), "ERR" if it could not start (the reason
+        logged, and kept as ``handle.error``). A handle still in progress
+        raises ``BusyError``."""
         xfer = handle.xfer()
         if handle.batch is not None:
             raise BusyError(f"{handle!r} is still in progress: wait for DONE before posting it again")
@@ -420,13 +421,20 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
             log.error("transfer to %s: %s", handle.agent, error)
             return "ERR"
         handle.done, handle.error = False, None
-        return self._state(handle)
+        if handle.notif:
+            self._pending.add(handle)
+        return "PROC"
 
     def check_xfer_state(self, handle):
         """"DONE", "PROC" or "ERR" (the reason as ``handle.error``)."""
+        batch = handle.batch
+        if batch is not None and not handle._released:  # the polling loop's path: one native call
+            try:
+                moved = self._native.poll(batch)
+            except KvringError as error:
+                return self._failed(handle, error)
+            return "PROC" if moved is None else self._ended(handle)
         handle.xfer()
-        if handle.batch is not None:
-            return self._state(handle)
         if handle.done:
             return "DONE"
         if handle.error is not None:
@@ -437,13 +445,18 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         try:
             moved = self._native.poll(handle.batch)
         except KvringError as error:
-            handle.batch, handle.error = None, error
-            log.error("transfer to %s: %s", handle.agent, error)
-            return "ERR"
-        if moved is None:
-            if handle.notif:
-                self._pending.add(handle)
-            return "PROC"
+            return self._failed(handle, error)
+        return "PROC" if moved is None else self._ended(handle)
+
+    def _failed(self, handle, error):
+        """A posting that failed: "ERR", the reason kept and logged."""
+        handle.batch, handle.error = None, error
+        self._pending.discard(handle)
+        log.error("transfer to %s: %s", handle.agent, error)
+        return "ERR"
+
+    def _ended(self, handle):
+        """A posting that ended well: its notification goes now."""
         handle.batch, handle.done = None, True
         self._pending.discard(handle)
         if handle.notif:
