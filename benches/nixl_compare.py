@@ -22,7 +22,7 @@ alternate round by round; each figure is the median round.
     python benches/nixl_compare.py                       # both, 3 rounds
     python benches/nixl_compare.py --rounds 1 --total 64 # quicker
 
-Needs `pip install --no-deps nixl-cu12 nixl` beside kvring (NIXL's `_api`
+Needs `pip install --no-deps nixl-cu13 nixl` beside kvring (NIXL's `_api`
 needs numpy, not torch); without NIXL it says so and measures kvring alone.
 NIXL 1.5.1's processes crash at exit after finishing; their results are
 taken from what they printed before.
@@ -193,7 +193,7 @@ def main():
     engines = ["kvring", "nixl"]
     probe = subprocess.run([args.python, "-c", "import nixl._api"], capture_output=True, text=True)
     if probe.returncode != 0:
-        print("NIXL is not installed (pip install --no-deps nixl-cu12 nixl): kvring only")
+        print("NIXL is not installed (pip install --no-deps nixl-cu13 nixl): kvring only")
         engines = ["kvring"]
     runs = {engine: [] for engine in engines}
     for round_ in range(args.rounds):

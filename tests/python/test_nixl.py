@@ -56,7 +56,7 @@ def test_the_same_script_runs_on_nixl_itself(tmp_path):
     changed back it passes its own checks on NIXL (where NIXL installs)."""
     probe = subprocess.run([sys.executable, "-c", "import nixl._api"], capture_output=True, text=True)
     if probe.returncode != 0:
-        pytest.skip("NIXL is not installed (pip install --no-deps nixl-cu12 nixl): the cross-check needs it")
+        pytest.skip("NIXL is not installed (pip install --no-deps nixl-cu13 nixl): the cross-check needs it")
     with open(os.path.join(HERE, "nixl_script.py")) as f:
         source = f.read()
     ours = "from kvring.nixl import nixl_agent, nixl_agent_config"
