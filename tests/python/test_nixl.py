@@ -110,6 +110,9 @@ def test_tuples_numpy_arrays_tensors_and_row_lists_all_describe_memory(pair):
     assert _wait(initiator, handle) == "DONE"
     assert np.array_equal(ours, theirs)
     assert initiator.query_xfer_backend(handle) == "UCX"
+    telemetry = initiator.get_xfer_telemetry(handle)  # what vLLM records after DONE
+    assert telemetry.totalBytes == 16 * BLOCK and telemetry.descCount == 16
+    assert 0 <= telemetry.postDuration <= telemetry.xferDuration and telemetry.startTime > 1.6e15
     deadline = time.monotonic() + 5
     while not target.check_remote_xfer_done("initiator", b"read-"):
         assert time.monotonic() < deadline, "the notification never came"
@@ -210,6 +213,8 @@ def test_bad_input_gets_a_clear_error(pair):
     handle = initiator.make_prepped_xfer("WRITE", lp, [0], rp, [0])
     with pytest.raises(kvring.InvalidArgumentError, match="never posted"):
         initiator.check_xfer_state(handle)
+    with pytest.raises(kvring.InvalidArgumentError, match="no finished posting"):
+        initiator.get_xfer_telemetry(handle)
     initiator.release_xfer_handle(handle)
     for call in (initiator.transfer, initiator.check_xfer_state, initiator.release_xfer_handle):
         with pytest.raises(kvring.InvalidArgumentError, match="was released"):

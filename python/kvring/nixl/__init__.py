@@ -13,7 +13,7 @@ from ..errors import BusyError, InvalidArgumentError, UnknownSegmentError, Unsup
 from ._agent import DEFAULT_COMM_PORT, NIXL_INIT_AGENT, nixl_agent, nixl_agent_config
 from ._backends import STANDS_IN_FOR
 from ._descs import nixlRegDList, nixlXferDList
-from ._handles import nixl_prepped_dlist_handle, nixl_xfer_handle
+from ._handles import nixl_prepped_dlist_handle, nixl_xfer_handle, nixlXferTelemetry
 
 # NIXL's exception names, as kvring's classes.
 nixlInvalidParamError = InvalidArgumentError
@@ -31,6 +31,7 @@ __all__ = [
     "nixlXferDList",
     "nixl_prepped_dlist_handle",
     "nixl_xfer_handle",
+    "nixlXferTelemetry",
     "nixlInvalidParamError",
     "nixlNotFoundError",
     "nixlNotSupportedError",

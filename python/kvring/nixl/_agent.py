@@ -23,12 +23,13 @@ notifications the receiving agent acts on (they never reach its user).
 import atexit
 import logging
 import os
+import time
 import weakref
 
 from .. import Engine, _native
 from ..errors import BusyError, InvalidArgumentError, KvringError, UnknownSegmentError, UnsupportedError
 from . import _backends, _descs
-from ._handles import nixl_prepped_dlist_handle, nixl_xfer_handle
+from ._handles import nixl_prepped_dlist_handle, nixl_xfer_handle, nixlXferTelemetry
 
 log = logging.getLogger("kvring.nixl")
 
@@ -414,8 +415,10 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
             raise BusyError(f"{handle!r} is still in progress: wait for DONE before posting it again")
         if notif_msg:
             handle.notif = _message(notif_msg)
+        started = time.perf_counter_ns()
         try:
             handle.batch = _native.post(self._native, xfer, self._timeout)
+            handle.posted_ns, handle.post_ns = started, time.perf_counter_ns() - started
         except KvringError as error:
             handle.done, handle.error = False, error
             log.error("transfer to %s: %s", handle.agent, error)
@@ -457,7 +460,7 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
 
     def _ended(self, handle):
         """A posting that ended well: its notification goes now."""
-        handle.batch, handle.done = None, True
+        handle.batch, handle.done, handle.ended_ns = None, True, time.perf_counter_ns()
         self._pending.discard(handle)
         if handle.notif:
             try:
@@ -467,6 +470,17 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
                 log.error("transfer to %s: its bytes are in place, its notification failed: %s", handle.agent, error)
                 return "ERR"
         return "DONE"
+
+    def get_xfer_telemetry(self, handle):
+        """The last posting's telemetry (``nixlXferTelemetry``; vLLM's
+        connector records it after DONE). Raises until a posting is done."""
+        xfer = handle.xfer()
+        if not handle.done:
+            raise InvalidArgumentError(f"{handle!r} has no finished posting to report")
+        wall_us = (time.time_ns() - (time.perf_counter_ns() - handle.posted_ns)) // 1000
+        return nixlXferTelemetry(
+            wall_us, handle.post_ns // 1000, (handle.ended_ns - handle.posted_ns) // 1000, xfer.bytes, len(xfer)
+        )
 
     def query_xfer_backend(self, handle):
         """The backend name the transfer was made with."""

@@ -42,7 +42,10 @@ class nixl_xfer_handle:  # noqa: N801  (NIXL's name)
     """A transfer request: fixed descriptors to one remote agent, posted
     with ``transfer`` as often as wanted (one posting at a time)."""
 
-    __slots__ = ("_xfer", "agent", "op", "backend", "notif", "batch", "done", "error", "_released", "__weakref__")
+    __slots__ = (
+        "_xfer", "agent", "op", "backend", "notif", "batch", "done", "error", "_released", "posted_ns", "post_ns",
+        "ended_ns", "__weakref__",
+    )
 
     def __init__(self, xfer, agent, op, backend, notif):
         self._xfer = xfer
@@ -54,6 +57,9 @@ class nixl_xfer_handle:  # noqa: N801  (NIXL's name)
         self.done = False  # the last posting ended well
         self.error = None  # why the last posting failed
         self._released = False
+        # The last posting's clock (perf_counter_ns): when it was posted,
+        # how long the post took, when it was seen done.
+        self.posted_ns = self.post_ns = self.ended_ns = 0
 
     def __repr__(self):
         state = "released" if self._released else "PROC" if self.batch else "DONE" if self.done else "idle"
@@ -68,3 +74,25 @@ class nixl_xfer_handle:  # noqa: N801  (NIXL's name)
     def release(self):
         """Marks it released (the agent waits for a posting in progress)."""
         self._released = True
+
+
+class nixlXferTelemetry:  # noqa: N801  (NIXL's name)
+    """A transfer's last posting, as NIXL reports it (times in
+    microseconds): ``startTime`` (since the epoch), ``postDuration`` (the
+    post call), ``xferDuration`` (post to DONE as the agent saw it),
+    ``totalBytes``, ``descCount``."""
+
+    __slots__ = ("startTime", "postDuration", "xferDuration", "totalBytes", "descCount")
+
+    def __init__(self, start_us, post_us, xfer_us, total_bytes, desc_count):
+        self.startTime = start_us
+        self.postDuration = post_us
+        self.xferDuration = xfer_us
+        self.totalBytes = total_bytes
+        self.descCount = desc_count
+
+    def __repr__(self):
+        return (
+            f"nixlXferTelemetry(startTime={self.startTime}, postDuration={self.postDuration}, "
+            f"xferDuration={self.xferDuration}, totalBytes={self.totalBytes}, descCount={self.descCount})"
+        )
