@@ -48,6 +48,7 @@ _RETRY_S = 0.5
 _TIMEOUT_S = 30.0
 
 _live = weakref.WeakSet()
+_post = _native.post
 
 
 @atexit.register
@@ -410,15 +411,16 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         ``check_xfer_state``), "ERR" if it could not start (the reason
         logged, and kept as ``handle.error``). A handle still in progress
         raises ``BusyError``."""
-        xfer = handle.xfer()
+        xfer = handle._xfer if not handle._released else handle.xfer()  # xfer() raises for a released one
         if handle.batch is not None:
             raise BusyError(f"{handle!r} is still in progress: wait for DONE before posting it again")
         if notif_msg:
             handle.notif = _message(notif_msg)
-        started = time.perf_counter_ns()
+        clock = time.perf_counter_ns
+        started = clock()
         try:
-            handle.batch = _native.post(self._native, xfer, self._timeout)
-            handle.posted_ns, handle.post_ns = started, time.perf_counter_ns() - started
+            handle.batch = _post(self._native, xfer, self._timeout)
+            handle.posted_ns, handle.post_ns = started, clock() - started
         except KvringError as error:
             handle.done, handle.error = False, error
             log.error("transfer to %s: %s", handle.agent, error)
