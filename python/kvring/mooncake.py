@@ -26,6 +26,13 @@ _PROTOCOLS = ("tcp", "shm", "rdma", "nvlink")
 # processes of one host) is cuda_ipc.
 _TRANSPORTS = {"nvlink": "cuda_ipc"}
 _METADATA_SCHEMES = ("etcd://", "redis://", "http://")
+# Protocols of Mooncake's that kvring has no transport for, and why.
+_UNSUPPORTED_PROTOCOLS = {
+    "efa": "AWS EFA (libfabric) is not a kvring transport; use \"tcp\" (or \"rdma\" where built in)",
+    "hip": "AMD GPUs are not a kvring GPU provider",
+    "nvlink_intra": "use \"nvlink\" (kvring's cuda_ipc between processes of one host)",
+    "xgmi": "AMD GPUs are not a kvring GPU provider",
+}
 
 
 class TransferOpcode(enum.IntEnum):
@@ -46,6 +53,27 @@ class TransferNotify:
 
     def __repr__(self):
         return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
+
+
+# What a bad call raises underneath (kvring's errors; a wrong type or value
+# given to the native module): turned into Mooncake's failure value.
+_FAILURES = (KvringError, TypeError, ValueError, OverflowError)
+
+
+def _reason(error):
+    """kvring's message, or the type error's with its class named."""
+    return str(error) if isinstance(error, KvringError) else f"{type(error).__name__}: {error}"
+
+
+def _opcode_op(opcode):
+    """Mooncake's opcode (TransferOpcode, or its int) -> "write" / "read"."""
+    try:
+        value = int(opcode)
+    except (TypeError, ValueError):
+        raise TypeError(f"opcode must be a TransferOpcode (Read or Write), got {opcode!r}") from None
+    if value not in (int(TransferOpcode.Read), int(TransferOpcode.Write)):
+        raise ValueError(f"opcode {opcode!r} is neither TransferOpcode.Read (0) nor TransferOpcode.Write (1)")
+    return "write" if value == int(TransferOpcode.Write) else "read"
 
 
 def _timeout():
@@ -85,6 +113,14 @@ class TransferEngine:
         ``KVRING_GPU=sim``."""
         if self._engine is not None:
             log.error("initialize: this TransferEngine is already initialized")
+            return -1
+        for what, value in (("local_hostname", local_hostname), ("metadata_server", metadata_server),
+                            ("protocol", protocol)):
+            if not isinstance(value, str):
+                log.error("initialize: %s must be a str, got %r", what, value)
+                return -1
+        if protocol in _UNSUPPORTED_PROTOCOLS:
+            log.error("initialize: protocol %r: %s", protocol, _UNSUPPORTED_PROTOCOLS[protocol])
             return -1
         if protocol not in _PROTOCOLS:
             log.error("initialize: unknown protocol %r (kvring knows %s)", protocol, ", ".join(_PROTOCOLS))
@@ -126,6 +162,22 @@ class TransferEngine:
         self._native = self._engine._native
         return 0
 
+    def initialize_ext(self, local_hostname, metadata_server, protocol, device_name, metadata_type):
+        """``initialize`` with the metadata server's type apart, as
+        Mooncake's: ``metadata_type`` ("etcd", "redis", "http") is put in
+        front of a ``metadata_server`` that has no ``scheme://``;
+        "P2PHANDSHAKE" is the peer handshake whatever the type."""
+        if not isinstance(metadata_server, str) or not isinstance(metadata_type, str):
+            log.error("initialize_ext: metadata_server and metadata_type must be str, got %r and %r",
+                      metadata_server, metadata_type)
+            return -1
+        if metadata_server != P2PHANDSHAKE and "://" not in metadata_server:
+            if metadata_type not in ("etcd", "redis", "http"):
+                log.error("initialize_ext: metadata type %r: kvring speaks etcd, redis and http", metadata_type)
+                return -1
+            metadata_server = f"{metadata_type}://{metadata_server}"
+        return self.initialize(local_hostname, metadata_server, protocol, device_name)
+
     def get_rpc_port(self):
         """The port peers name this engine by (``host:port``)."""
         return self._engine.port if self._engine else -1
@@ -141,8 +193,8 @@ class TransferEngine:
             return failure
         try:
             return fn(*args)
-        except KvringError as error:
-            log.error("%s: %s", what, error)
+        except _FAILURES as error:
+            log.error("%s: %s", what, _reason(error))
             return failure
 
     def _segment(self, target):
@@ -186,6 +238,10 @@ class TransferEngine:
 
     def batch_register_memory(self, buffer_addresses, capacities, location="*"):
         """Registers each (address, capacity); 0 only if every one took."""
+        if not isinstance(buffer_addresses, (list, tuple)) or not isinstance(capacities, (list, tuple)):
+            log.error("batch_register_memory: addresses and capacities must be lists, got %r and %r",
+                      type(buffer_addresses).__name__, type(capacities).__name__)
+            return -1
         if len(buffer_addresses) != len(capacities):
             log.error("batch_register_memory: %d addresses, %d capacities", len(buffer_addresses), len(capacities))
             return -1
@@ -194,6 +250,9 @@ class TransferEngine:
 
     def batch_unregister_memory(self, buffer_addresses):
         """Unregisters each address; 0 only if every one went."""
+        if not isinstance(buffer_addresses, (list, tuple)):
+            log.error("batch_unregister_memory: addresses must be a list, got %r", type(buffer_addresses).__name__)
+            return -1
         codes = [self.unregister_memory(a) for a in buffer_addresses]
         return 0 if all(code == 0 for code in codes) else -1
 
@@ -248,8 +307,8 @@ class TransferEngine:
         try:
             self._native.transfer_addrs(self._segment(target), op, buffers, peers, lengths, self._timeout)
             return 0
-        except KvringError as error:
-            log.error("%s: %s", what, error)
+        except _FAILURES as error:
+            log.error("%s: %s", what, _reason(error))
             return -1
 
     def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
@@ -263,14 +322,32 @@ class TransferEngine:
     def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode, notify=None, transport_hint=""):
         """Either direction by ``opcode``; with ``notify`` (a TransferNotify)
         the peer gets it after the bytes are in place."""
-        op = "write" if int(opcode) == int(TransferOpcode.Write) else "read"
-        code = self._sync("transfer_sync", op, target_hostname, [buffer], [peer_buffer_address], [length])
+        return self.batch_transfer_sync(
+            target_hostname, [buffer], [peer_buffer_address], [length], opcode, notify, transport_hint, _what="transfer_sync"
+        )
+
+    def batch_transfer_sync(
+        self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify=None, transport_hint="", _what=None
+    ):
+        """One batch in either direction by ``opcode``; waits. With
+        ``notify`` (a TransferNotify) the peer gets it after every byte of
+        the batch is in place."""
+        what = _what or "batch_transfer_sync"
+        try:
+            op = _opcode_op(opcode)
+        except (TypeError, ValueError) as error:
+            log.error("%s: %s", what, error)
+            return -1
+        code = self._sync(what, op, target_hostname, buffers, peer_buffer_addresses, lengths)
         if code == 0 and notify is not None:
-            code = self._call("transfer_sync", self._notify, target_hostname, notify)
+            code = self._call(what, self._notify, target_hostname, notify)
         return code
 
     def _notify(self, target, notify):
-        self._engine.notify(self._segment(target), f"{notify.name}\0{notify.msg}".encode(), self._timeout)
+        name, msg = getattr(notify, "name", None), getattr(notify, "msg", None)
+        if not isinstance(name, str) or not isinstance(msg, str):
+            raise TypeError(f"notify must be a TransferNotify(name: str, msg: str), got {notify!r}")
+        self._engine.notify(self._segment(target), f"{name}\0{msg}".encode(), self._timeout)
         return 0
 
     def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""):
@@ -299,11 +376,24 @@ class TransferEngine:
         """Submits a read batch; returns its id (0 on failure)."""
         return self._async("batch_transfer_async_read", "read", target_hostname, buffers, peer_buffer_addresses, lengths, 0)
 
+    def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint=""):
+        """Submits a batch in either direction by ``opcode``; returns its id
+        (0 on failure)."""
+        try:
+            op = _opcode_op(opcode)
+        except (TypeError, ValueError) as error:
+            log.error("batch_transfer_async: %s", error)
+            return 0
+        return self._async("batch_transfer_async", op, target_hostname, buffers, peer_buffer_addresses, lengths, 0)
+
     def get_batch_transfer_status(self, batch_ids):
         """Waits for every batch: 0 if all succeeded, -1 if any failed or timed out."""
+        if isinstance(batch_ids, (str, bytes)) or not hasattr(batch_ids, "__iter__"):
+            log.error("get_batch_transfer_status: batch_ids must be a list of ids, got %r", batch_ids)
+            return -1
         failed = False
         for ours in batch_ids:
-            batch = self._batches.pop(ours, None)
+            batch = self._batches.pop(ours, None) if isinstance(ours, int) else None
             if batch is None:
                 log.error("get_batch_transfer_status: unknown batch id %r", ours)
                 failed = True
@@ -313,12 +403,14 @@ class TransferEngine:
         return -1 if failed else 0
 
     def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
-        """Submits one write; returns its batch id (negative on failure)."""
-        return self._async("transfer_submit_write", "write", target_hostname, [buffer], [peer_buffer_address], [length], -1)
+        """Submits one write; returns its batch id, or Mooncake's failure
+        sentinel 0 (a batch id is unsigned: a -1 read as an id passed
+        engines' ``batch_id != 0`` checks)."""
+        return self._async("transfer_submit_write", "write", target_hostname, [buffer], [peer_buffer_address], [length], 0)
 
     def transfer_check_status(self, batch_id):
         """1 done, 0 still running, -1 failed (or unknown), -2 timed out."""
-        batch = self._batches.get(batch_id)
+        batch = self._batches.get(batch_id) if isinstance(batch_id, int) else None
         if batch is None:
             log.error("transfer_check_status: unknown batch id %r", batch_id)
             return -1
@@ -344,3 +436,93 @@ class TransferEngine:
             return out
 
         return self._call("get_notifies", take, failure=[])
+
+    # Peers, topology, the engine underneath ---------------------------------
+
+    def send_probe(self, peer_server_name):
+        """0 if the peer answers a fresh handshake now (as the engine this
+        one knows by that name), else -1 with the reason logged: what
+        SGLang asks before it retries a peer it gave up on."""
+
+        def probe():
+            self._engine._native.probe(self._segment(peer_server_name), self._timeout)
+            return 0
+
+        return self._call("send_probe", probe)
+
+    def warmup_efa_segment(self, segment_name):
+        """Connects to the peer now rather than at the first transfer (what
+        Mooncake's EFA warm-up is for; kvring has no EFA: it opens the
+        segment on its own transport). 0, or -1 with the reason logged."""
+
+        def warm():
+            self._engine.segment_regions(self._segment(segment_name), self._timeout)
+            return 0
+
+        return self._call("warmup_efa_segment", warm)
+
+    def get_local_topology(self, device_name=None):
+        """This host's topology as Mooncake prints it: a JSON object of
+        locations ("cpu:N" per NUMA node) to [preferred NICs, other NICs].
+        kvring uses no RDMA NIC from Python, so both lists are empty."""
+        return _topology_json()
+
+    def get_engine(self):
+        """The engine underneath: a ``kvring.Engine`` (Mooncake hands back
+        its C++ engine), or None before ``initialize``."""
+        return self._engine
+
+    def get_engine_ptr(self):
+        """Mooncake's C++ engine address, for C++ code that takes it: kvring
+        has no such object, so 0 (Mooncake's null), with the reason logged
+        rather than an address C++ would misread."""
+        log.error("get_engine_ptr: kvring has no Mooncake C++ TransferEngine to point at; use get_engine()")
+        return 0
+
+    # Transfers ordered after a CUDA stream ------------------------------------
+
+    def _on_cuda(self, what, op, target, buffers, peers, lengths, stream_ptr):
+        """Waits for the work queued on ``stream_ptr`` (0: the buffer's
+        GPU's default stream), then moves the batch and waits for it. Later
+        work the caller queues on the stream is ordered after it, since the
+        call returns only then. Raises RuntimeError on failure, as
+        Mooncake's does (its host callback ends the process instead)."""
+        if self._engine is None:
+            raise RuntimeError(f"{what}: call initialize() first")
+        try:
+            stream = int(stream_ptr)
+            native = self._engine._native
+            region, _ = native.locate(buffers[0], lengths[0]) if len(buffers) and len(lengths) else (None, 0)
+            memory = native.region_memory(region) if region is not None else "host"
+            device = int(memory.split(":")[1]) if memory.startswith("gpu:") else 0
+            native.wait_gpu_stream(device, stream, self._timeout)
+            native.transfer_addrs(self._segment(target), op, buffers, peers, lengths, self._timeout)
+        except _FAILURES as error:
+            log.error("%s: %s", what, _reason(error))
+            raise RuntimeError(f"{what}: {_reason(error)}") from None
+
+    def transfer_write_on_cuda(self, target_hostname, buffer, peer_buffer_address, length, stream_ptr=0, transport_hint=""):
+        """Writes after the work queued on ``stream_ptr``; see ``_on_cuda``."""
+        self._on_cuda("transfer_write_on_cuda", "write", target_hostname, [buffer], [peer_buffer_address], [length], stream_ptr)
+
+    def transfer_read_on_cuda(self, target_hostname, buffer, peer_buffer_address, length, stream_ptr=0, transport_hint=""):
+        """Reads after the work queued on ``stream_ptr``; see ``_on_cuda``."""
+        self._on_cuda("transfer_read_on_cuda", "read", target_hostname, [buffer], [peer_buffer_address], [length], stream_ptr)
+
+    def batch_transfer_write_on_cuda(self, target_hostname, buffers, peer_buffer_addresses, lengths, stream_ptr=0, transport_hint=""):
+        """A write batch after the work queued on ``stream_ptr``."""
+        self._on_cuda("batch_transfer_write_on_cuda", "write", target_hostname, buffers, peer_buffer_addresses, lengths, stream_ptr)
+
+    def batch_transfer_read_on_cuda(self, target_hostname, buffers, peer_buffer_addresses, lengths, stream_ptr=0, transport_hint=""):
+        """A read batch after the work queued on ``stream_ptr``."""
+        self._on_cuda("batch_transfer_read_on_cuda", "read", target_hostname, buffers, peer_buffer_addresses, lengths, stream_ptr)
+
+
+def _topology_json():
+    """{"cpu:N": [[], []]} for each NUMA node of this host (one when the
+    kernel lists none)."""
+    import glob
+    import json
+
+    nodes = sorted(int(path.rsplit("node", 1)[1]) for path in glob.glob("/sys/devices/system/node/node[0-9]*"))
+    return json.dumps({f"cpu:{node}": [[], []] for node in nodes or [0]})

@@ -15,6 +15,7 @@ mod arrivals;
 mod batch;
 mod config;
 mod control;
+mod described;
 mod lifecycle;
 mod metadata;
 mod metrics;

@@ -153,6 +153,23 @@ impl Segment {
         self.control_client(deadline)?.checksum(region.raw(), offset, len, deadline)
     }
 
+    /// Checks the peer is there now: a fresh control connection and
+    /// handshake (the token's proof, where there is one); a peer answering
+    /// with another epoch (it restarted) is `PeerRestarted`. Mooncake's
+    /// `send_probe`.
+    pub fn probe(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut client = ControlClient::connect(&self.inner.peer.descriptor().control_addr, deadline)?;
+        let answer = client.handshake(&self.inner.initiator, self.inner.token.as_ref(), deadline)?;
+        if answer.descriptor.epoch != self.epoch() {
+            return Err(Error::PeerRestarted {
+                segment: self.name().to_string(),
+                detail: format!("it answers with epoch {:#x}, not {:#x}", answer.descriptor.epoch, self.epoch()),
+            });
+        }
+        Ok(())
+    }
+
     /// A control connection to the peer, through the token's mutual proof
     /// when this engine has a token (a tokened peer answers nothing before).
     pub(crate) fn control_client(&self, deadline: Instant) -> Result<ControlClient> {

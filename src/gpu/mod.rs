@@ -384,6 +384,11 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     fn create_stream(&self, device: u32) -> Result<Stream>;
     /// Destroys a stream (its work is finished or abandoned).
     fn destroy_stream(&self, stream: Stream) -> Result<()>;
+    /// Waits, at most `timeout`, until the work queued so far on a stream
+    /// the *caller* made (a `CUstream` / `cudaStream_t` as an integer; 0:
+    /// `device`'s default stream) has finished: what Mooncake's
+    /// `*_on_cuda` transfers start after. Polls, never blocks unbounded.
+    fn wait_caller_stream(&self, device: u32, stream: u64, timeout: std::time::Duration) -> Result<()>;
     /// The best method [`Gpu::copy_batch`] has here (what the driver
     /// offers); a chunk whose host memory is not pinned, or that touches a
     /// GPU without peer access, may take a lesser one, which `copy_batch`

@@ -63,7 +63,11 @@ impl PyEngine {
     }
 
     /// Runs `f` on the open engine with the GIL released.
-    fn with_open<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Open) -> crate::Result<T> + Send) -> PyResult<T> {
+    pub(super) fn with_open<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Open) -> crate::Result<T> + Send,
+    ) -> PyResult<T> {
         // Checked with the GIL held (raising needs it); the lock is taken
         // without it, so a long transfer on another thread never blocks
         // the interpreter.
@@ -269,6 +273,72 @@ impl PyEngine {
         })
     }
 
+    /// This engine's segment descriptor as bytes (protobuf), for peers that
+    /// exchange metadata out of band (NIXL's agent metadata).
+    fn descriptor<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let bytes = self.with_open(py, |open| Ok(open.engine.descriptor_bytes()))?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// Opens the peer another engine's `descriptor()` bytes describe (a
+    /// handshake with its control address; refused if it restarted since);
+    /// returns (its name, the address later calls name it by, the
+    /// transport chosen).
+    #[pyo3(signature = (descriptor, transport=None, timeout=5.0))]
+    fn open_described(
+        &self,
+        py: Python<'_>,
+        descriptor: Vec<u8>,
+        transport: Option<&str>,
+        timeout: f64,
+    ) -> PyResult<(String, String, String)> {
+        let (kind, timeout) = (super::transport(transport)?, seconds(timeout)?);
+        self.with_open(py, |open| {
+            let segment = open.engine.open_described(&descriptor, kind, timeout)?;
+            let addr = segment.opened_as().to_string();
+            open.transports.insert(addr.clone(), kind);
+            Ok((segment.name().to_string(), addr, segment.transport().name().to_string()))
+        })
+    }
+
+    /// Opens a peer (or finds it open) and says who answered: (its name,
+    /// its epoch, the transport).
+    #[pyo3(signature = (name, timeout=5.0))]
+    fn segment_info(&self, py: Python<'_>, name: String, timeout: f64) -> PyResult<(String, u64, String)> {
+        let timeout = seconds(timeout)?;
+        self.with_open(py, |open| {
+            let segment = open.segment(&name, timeout)?;
+            Ok((segment.name().to_string(), segment.epoch(), segment.transport().name().to_string()))
+        })
+    }
+
+    /// Waits (at most `timeout` seconds) for the work queued so far on a
+    /// caller's GPU stream (an int handle; 0: `device`'s default stream).
+    #[pyo3(signature = (device, stream, timeout=30.0))]
+    fn wait_gpu_stream(&self, py: Python<'_>, device: u32, stream: u64, timeout: f64) -> PyResult<()> {
+        let timeout = seconds(timeout)?;
+        self.with_open(py, |open| open.engine.wait_gpu_stream(device, stream, timeout))
+    }
+
+    /// A fresh handshake with a peer: raises unless it answers now, as the
+    /// engine the handle was opened to.
+    #[pyo3(signature = (name, timeout=5.0))]
+    fn probe(&self, py: Python<'_>, name: String, timeout: f64) -> PyResult<()> {
+        let timeout = seconds(timeout)?;
+        self.with_open(py, |open| open.segment(&name, timeout)?.probe(timeout))
+    }
+
+    /// Closes this engine's handle to a peer: the next use opens it anew.
+    fn close_segment(&self, py: Python<'_>, name: String) -> PyResult<()> {
+        self.with_open(py, |open| {
+            if let Ok(segment) = open.engine.open_segment_with(&name, None, Duration::ZERO) {
+                open.engine.close_segment(&segment);
+            }
+            open.transports.remove(&name);
+            Ok(())
+        })
+    }
+
     /// The peer's regions as (region id, address, length), in its order.
     #[pyo3(signature = (name, timeout=5.0))]
     fn segment_regions(&self, py: Python<'_>, name: String, timeout: f64) -> PyResult<Vec<(u32, u64, u64)>> {
@@ -352,13 +422,22 @@ impl PyEngine {
     }
 
     /// A batch's bytes if it has ended well, None while it runs; raises
-    /// its error if it failed.
+    /// its error if it failed. A batch still running yields the CPU once
+    /// (after the lock is released): a caller polling in a tight loop
+    /// (NIXL's `check_xfer_state`) then cedes its core to a lane that shares
+    /// it instead of holding it for a whole time slice (milliseconds on a
+    /// busy 2-core host).
     fn poll(&self, py: Python<'_>, batch: u64) -> PyResult<Option<u64>> {
-        self.with_open(py, |open| match open.submitter.wait(crate::BatchId::from_raw(batch), Duration::ZERO) {
-            Err(Error::Timeout { .. }) => Ok(None),
-            Err(error) => Err(error),
-            Ok(outcome) => finish(outcome).map(Some),
-        })
+        let found =
+            self.with_open(py, |open| match open.submitter.wait(crate::BatchId::from_raw(batch), Duration::ZERO) {
+                Err(Error::Timeout { .. }) => Ok(None),
+                Err(error) => Err(error),
+                Ok(outcome) => finish(outcome).map(Some),
+            })?;
+        if found.is_none() {
+            py.allow_threads(std::thread::yield_now);
+        }
+        Ok(found)
     }
 
     /// Sends a notification to a peer (after the batches it announces).

@@ -15,11 +15,13 @@
 //!
 //! `engine.rs` is the `Engine` class, `open.rs` what an open engine holds,
 //! `gpu.rs` GPU memory from Python (DLPack, locations, the simulated
-//! device buffer for tests), `u64s.rs` the fast reading of int lists.
+//! device buffer for tests), `prepared.rs` descriptor lists located once and
+//! transfers built from them (NIXL's), `u64s.rs` the fast reading of int lists.
 
 mod engine;
 mod gpu;
 mod open;
+mod prepared;
 mod u64s;
 
 use crate::kv::{check_pd_topo, Attention, Mode, Rank, TopoCheck};
@@ -151,6 +153,12 @@ fn set_log_callback(py: Python<'_>, forward: Option<PyObject>) -> PyResult<()> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngine>()?;
     m.add_class::<gpu::SimDeviceBuffer>()?;
+    m.add_class::<prepared::Prepared>()?;
+    m.add_class::<prepared::Xfer>()?;
+    m.add_function(wrap_pyfunction!(prepared::prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(prepared::make_xfer, m)?)?;
+    m.add_function(wrap_pyfunction!(prepared::post, m)?)?;
+    m.add_function(wrap_pyfunction!(prepared::rust_loop_xfer, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::dlpack_info, m)?)?;
     m.add_function(wrap_pyfunction!(set_error_classes, m)?)?;
     m.add_function(wrap_pyfunction!(py_check_pd_topo, m)?)?;

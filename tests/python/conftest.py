@@ -45,6 +45,58 @@ class DLPackTensor:
         return self._memory.__dlpack_device__()
 
 
+class TorchLike:
+    """What kvring.nixl reads of a torch.Tensor (``data_ptr()``, ``numel()``,
+    ``element_size()``, ``device``, ``get_device()``, ``is_contiguous()``),
+    over a numpy array (a CPU tensor) or a simulated device buffer (a CUDA
+    tensor on GPU ``device``): the suites have no torch."""
+
+    class _Device:
+        def __init__(self, name):
+            self.name = name
+
+        def __str__(self):
+            return self.name
+
+        def __eq__(self, other):
+            return str(other) == self.name
+
+        def __hash__(self):
+            return hash(self.name)
+
+    def __init__(self, memory, device=None, offset=0, nbytes=None, contiguous=True):
+        self._memory = memory
+        self._cuda = device is not None
+        self._ptr = (memory.ptr if self._cuda else memory.ctypes.data) + offset
+        self._nbytes = nbytes if nbytes is not None else memory.nbytes - offset
+        self.device = self._Device(f"cuda:{device}" if self._cuda else "cpu")
+        self._index = device if self._cuda else -1
+        self._contiguous = contiguous
+
+    def data_ptr(self):
+        return self._ptr
+
+    def numel(self):
+        return self._nbytes // 2  # as a float16 tensor
+
+    def element_size(self):
+        return 2
+
+    def get_device(self):
+        return self._index
+
+    def is_contiguous(self):
+        return self._contiguous
+
+    def rows(self, count):
+        """The tensor as ``count`` row tensors (``tensor[i]``)."""
+        step = self._nbytes // count
+        base = self._ptr - (self._memory.ptr if self._cuda else self._memory.ctypes.data)
+        return [
+            TorchLike(self._memory, self._index if self._cuda else None, base + i * step, step) for i in range(count)
+        ]
+
+
 class Process:
     """A helper script in its own interpreter, talked to by JSON lines."""
 

@@ -2,20 +2,23 @@
 holding one device buffer, answering commands on stdin, one per line, with
 one JSON line each.
 
-    python gpu_peer.py [--device N] [--size N] [--via dlpack|cai|address] [--lmdeploy]
+    python gpu_peer.py [--device N] [--size N] [--via dlpack|cai|address] [--lmdeploy | --nixl]
 
 Prints {"addr", "buffer", "region", "size", "memory"} once ready (with
 --lmdeploy, an LMDeploy backend's endpoint info instead, its buffer filled
-with pattern 21). Commands: fill SEED | digest OFFSET LEN | exit.
+with pattern 21; with --nixl, a kvring.nixl agent "gpu-peer"'s metadata and
+serialized VRAM descriptors, hex). Commands: fill SEED | digest OFFSET LEN |
+notifs (a nixl agent's new notifications) | exit.
 """
 
 import argparse
 import hashlib
 import json
+import os
 import sys
 
 import kvring
-from conftest import CudaArray, DLPackTensor, pattern
+from conftest import CudaArray, DLPackTensor, TorchLike, pattern
 from kvring.lmdeploy import KvringMigrationBackend
 
 
@@ -25,11 +28,28 @@ def main():
     parser.add_argument("--size", type=int, default=1 << 20)
     parser.add_argument("--via", choices=["dlpack", "cai", "address"], default="dlpack")
     parser.add_argument("--lmdeploy", action="store_true")
+    parser.add_argument("--nixl", action="store_true")
     args = parser.parse_args()
 
-    engine = kvring.Engine(gpu="sim")
+    agent = None
+    if args.nixl:
+        from kvring.nixl import nixl_agent
+
+        os.environ["KVRING_GPU"] = "sim"
+        agent = nixl_agent("gpu-peer")
+        engine = agent._engine
+    else:
+        engine = kvring.Engine(gpu="sim")
     buffer = engine.sim_device_buffer(args.size, args.device)
-    if args.lmdeploy:
+    if agent is not None:
+        descs = agent.register_memory([TorchLike(buffer, args.device)])
+        info = {
+            "metadata": agent.get_agent_metadata().hex(),
+            "descs": agent.get_serialized_descs(descs.trim()).hex(),
+            "buffer": buffer.ptr,
+        }
+        print(json.dumps(info), flush=True)
+    elif args.lmdeploy:
         backend = KvringMigrationBackend(protocol="nvlink", engine=engine)
         buffer.write(0, pattern(args.size, 21).tobytes())
         backend.register_memory_region({"mr_key": 0, "addr": buffer.ptr, "offset": 0, "length": args.size})
@@ -54,6 +74,8 @@ def main():
         elif command == "digest":
             offset, length = int(rest[0]), int(rest[1])
             reply = hashlib.sha256(buffer.read(offset, length)).hexdigest()
+        elif command == "notifs":
+            reply = {k: [m.decode() for m in v] for k, v in agent.get_new_notifs().items()}
         elif command == "exit":
             break
         else:

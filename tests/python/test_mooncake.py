@@ -278,3 +278,120 @@ def test_an_unknown_metadata_scheme_is_refused_with_what_kvring_speaks(caplog):
     with caplog.at_level(logging.ERROR, logger="kvring.mooncake"):
         assert TransferEngine().initialize("127.0.0.1", "zk://x:1", "tcp", "") < 0
     assert "P2PHANDSHAKE, etcd://, redis:// and http://" in caplog.text
+
+
+# Every method of Mooncake's current binding (mooncake-integration/
+# transfer_engine/transfer_engine_py.cpp): 34.
+MOONCAKE_METHODS = """
+initialize initialize_ext get_rpc_port allocate_managed_buffer free_managed_buffer transfer_sync_write
+transfer_sync_read batch_transfer_sync_write batch_transfer_sync_read batch_transfer_async_write
+batch_transfer_async_read transfer_sync batch_transfer_sync batch_transfer_async transfer_write_on_cuda
+transfer_read_on_cuda batch_transfer_write_on_cuda batch_transfer_read_on_cuda get_batch_transfer_status
+transfer_submit_write transfer_check_status write_bytes_to_buffer read_bytes_from_buffer register_memory
+unregister_memory batch_register_memory batch_unregister_memory get_local_topology get_first_buffer_address
+warmup_efa_segment get_notifies send_probe get_engine get_engine_ptr
+""".split()
+
+
+def test_every_method_of_mooncakes_binding_is_there():
+    assert len(MOONCAKE_METHODS) == 34
+    missing = [m for m in MOONCAKE_METHODS if not callable(getattr(TransferEngine, m, None))]
+    assert missing == []
+
+
+def test_opcode_batches_probes_and_the_rest_of_the_api(pair, caplog):
+    import json
+
+    a, b = pair
+    session = f"127.0.0.1:{b.get_rpc_port()}"
+    remote = b.allocate_managed_buffer(1 << 16)
+    local = a.allocate_managed_buffer(1 << 16)
+    assert a.write_bytes_to_buffer(local, b"A" * 4096 + b"B" * 4096, 8192) == 0
+
+    # One batch each way, the opcode as an argument; a notification after it.
+    notify = TransferNotify("req-9", "in place")
+    assert a.batch_transfer_sync(session, [local, local + 4096], [remote, remote + 8192], [4096, 4096], TransferOpcode.Write, notify) == 0
+    assert b.read_bytes_from_buffer(remote, 4096) == b"A" * 4096
+    assert b.read_bytes_from_buffer(remote + 8192, 4096) == b"B" * 4096
+    got = []
+    for _ in range(1000):
+        got += b.get_notifies()
+        if got:
+            break
+    assert [(n.name, n.msg) for n in got] == [("req-9", "in place")]
+    batch = a.batch_transfer_async(session, [local + 16384], [remote + 8192], [4096], TransferOpcode.Read)
+    assert batch > 0 and a.get_batch_transfer_status([batch]) == 0
+    assert a.read_bytes_from_buffer(local + 16384, 4096) == b"B" * 4096
+    assert a.batch_transfer_sync(session, [local], [remote], [16], 1) == 0  # a plain int opcode too
+
+    # A probe answers for a live peer and fails for a dead one.
+    assert a.send_probe(session) == 0
+    caplog.set_level(logging.ERROR, logger="kvring.mooncake")
+    assert a.send_probe("127.0.0.1:1") == -1
+    assert a.warmup_efa_segment(session) == 0
+    assert a.warmup_efa_segment("127.0.0.1:1") == -1
+
+    topology = json.loads(a.get_local_topology())
+    assert "cpu:0" in topology and all(v == [[], []] for v in topology.values())
+    import kvring
+
+    assert isinstance(a.get_engine(), kvring.Engine)
+    assert a.get_engine_ptr() == 0 and "no Mooncake C++ TransferEngine" in caplog.text
+
+    # initialize_ext: the metadata type apart.
+    c = TransferEngine()
+    assert c.initialize_ext("127.0.0.1", "P2PHANDSHAKE", "tcp", "", "etcd") == 0
+    assert c.transfer_sync_write(session, c.allocate_managed_buffer(4096), remote, 16) == 0
+    c.close()
+    assert TransferEngine().initialize_ext("127.0.0.1", "127.0.0.1:1", "tcp", "", "zookeeper") == -1
+    assert "kvring speaks etcd, redis and http" in caplog.text
+
+
+def test_failed_async_submits_return_mooncakes_sentinel_zero(pair):
+    a, b = pair
+    local = a.allocate_managed_buffer(4096)
+    remote = b.allocate_managed_buffer(4096)
+    session = f"127.0.0.1:{b.get_rpc_port()}"
+    # A batch id is unsigned: -1 read as one passes `batch_id != 0` checks.
+    assert a.transfer_submit_write("127.0.0.1:1", local, remote, 16) == 0
+    assert a.transfer_submit_write(session, local, remote, 1 << 20) == 0  # past the region
+    assert a.batch_transfer_async("127.0.0.1:1", [local], [remote], [16], TransferOpcode.Write) == 0
+    assert a.batch_transfer_async(session, [local], [remote], [16], 7) == 0  # no such opcode
+    assert a.transfer_check_status(0) == -1
+    ok = a.transfer_submit_write(session, local, remote, 16)
+    assert ok > 0
+    for _ in range(100000):
+        status = a.transfer_check_status(ok)
+        if status != 0:
+            break
+    assert status == 1
+
+
+def test_wrong_types_return_mooncakes_error_values_and_never_raise(pair, caplog):
+    a, b = pair
+    session = f"127.0.0.1:{b.get_rpc_port()}"
+    local = a.allocate_managed_buffer(4096)
+    remote = b.allocate_managed_buffer(4096)
+    caplog.set_level(logging.ERROR, logger="kvring.mooncake")
+    assert a.transfer_sync_write(12345, local, remote, 16) == -1
+    assert a.transfer_sync_write(session, "not an address", remote, 16) == -1
+    assert a.transfer_sync_read(session, local, remote, -5) == -1
+    assert a.batch_transfer_sync_write(session, "abc", [remote], [16]) == -1
+    assert a.batch_transfer_sync(session, [local], [remote], [16], "write") == -1
+    assert a.transfer_sync(session, local, remote, 16, TransferOpcode.Write, notify="not a notify") == -1
+    assert a.batch_transfer_async_write(session, [local], None, [16]) == 0
+    assert a.transfer_submit_write(session, local, remote, "16") == 0
+    assert a.register_memory("x", 5) == -1
+    assert a.unregister_memory(None) == -1
+    assert a.batch_register_memory(None, None) == -1
+    assert a.get_batch_transfer_status(None) == -1
+    assert a.transfer_check_status("batch") == -1
+    assert a.get_first_buffer_address(42) == 0
+    assert a.send_probe(None) == -1
+    assert a.read_bytes_from_buffer("x", 4) == b""
+    assert TransferEngine().initialize(None, "P2PHANDSHAKE", "tcp", "") == -1
+    assert TransferEngine().initialize("127.0.0.1", "P2PHANDSHAKE", "efa", "") == -1
+    assert "not a kvring transport" in caplog.text
+    assert "TypeError" in caplog.text  # the reason is logged
+    # The engine still works after all of it.
+    assert a.transfer_sync_write(session, local, remote, 16) == 0

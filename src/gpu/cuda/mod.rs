@@ -400,6 +400,25 @@ impl Gpu for CudaGpu {
         })
     }
 
+    fn wait_caller_stream(&self, device: u32, stream: u64, timeout: std::time::Duration) -> Result<()> {
+        shielded("waiting for the caller's stream", || {
+            self.bind(device)?;
+            let deadline = std::time::Instant::now() + timeout;
+            loop {
+                // SAFETY: cuStreamQuery only reads the handle; the driver
+                // checks it (a stale or forged one is an error code).
+                match unsafe { sys::cuStreamQuery(stream as sys::CUstream) } {
+                    sys::CUresult::CUDA_SUCCESS => return Ok(()),
+                    sys::CUresult::CUDA_ERROR_NOT_READY if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_micros(20))
+                    }
+                    sys::CUresult::CUDA_ERROR_NOT_READY => return Err(Error::Timeout { waited: timeout }),
+                    other => return check(other, "the caller's stream"),
+                }
+            }
+        })
+    }
+
     fn copy_method(&self) -> CopyMethod {
         let kernel = shielded("loading the copy kernel", || Ok(self.kernel(0).is_some())).unwrap_or(false);
         choose_method(TierInputs {

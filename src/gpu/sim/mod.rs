@@ -476,6 +476,35 @@ impl Gpu for SimGpu {
         self.lock().streams.remove(&stream.0).map(drop).ok_or_else(|| gpu_error(0, "no such stream"))
     }
 
+    fn wait_caller_stream(&self, device: u32, stream: u64, timeout: Duration) -> Result<()> {
+        // The simulator's streams are its own: a caller's default stream
+        // (0) has nothing of kvring's queued; one of its streams is waited
+        // for as a caller's would be; anything else is no stream.
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut state = self.lock();
+            self.check_device(&state, device)?;
+            if stream == 0 {
+                return Ok(());
+            }
+            state.progress(stream);
+            let Some(entry) = state.streams.get(&stream) else {
+                return Err(gpu_error(device, format!("{stream:#x} is not a stream of this process")));
+            };
+            if let Some(error) = state.sticky.get(&entry.device) {
+                return Err(gpu_error(entry.device, error.clone()));
+            }
+            if entry.pending.is_empty() {
+                return Ok(());
+            }
+            drop(state);
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout { waited: timeout });
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
     fn copy_method(&self) -> CopyMethod {
         choose_method(TierInputs {
             driver_version: self.driver_version,

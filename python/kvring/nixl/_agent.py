@@ -1,0 +1,585 @@
+"""``nixl_agent``: NIXL's Python agent on a kvring engine.
+
+One agent is one kvring engine named after the agent. Memory is registered
+in place; descriptor lists are located once (``prep_xfer_dlist``) and
+transfers built from them hold their descriptors, so ``transfer`` is one
+submission and ``check_xfer_state`` one poll of the batch's status word.
+
+Notifications are keyed by the sending agent's name (the engine's name).
+A transfer's notification is sent once its batch has ended ``DONE``, seen
+by ``transfer`` or ``check_xfer_state`` (or any later call of the agent):
+its bytes are in place before the peer reads it, and the peer has it
+queued by the time ``DONE`` is returned.
+
+Metadata (``get_agent_metadata``) is kvring's own segment descriptor
+(name, epoch, control address, regions) as bytes; ``add_remote_agent``
+opens the peer it describes. The listener-based exchange of NIXL's
+examples runs over kvring's control plane: the agent's engine listens on
+``listen_port``; ``fetch_remote_metadata`` is a handshake with the peer,
+``send_local_metadata`` and ``invalidate_local_metadata`` travel as
+notifications the receiving agent acts on (they never reach its user).
+"""
+
+import atexit
+import logging
+import os
+import time
+import weakref
+
+from .. import Engine, _native
+from ..errors import BusyError, InvalidArgumentError, KvringError, UnknownSegmentError, UnsupportedError
+from . import _backends, _descs
+from ._handles import nixl_prepped_dlist_handle, nixl_xfer_handle, nixlXferTelemetry
+
+log = logging.getLogger("kvring.nixl")
+
+DEFAULT_COMM_PORT = 8888
+NIXL_INIT_AGENT = "NIXL_INIT_AGENT"
+_OPS = {"WRITE": "write", "READ": "read"}
+_MD_MAGIC = b"KVRNIXL1"
+# The agent's own notifications (metadata sent and withdrawn); never handed
+# to its user.
+_CONTROL = b"\x00kvring.nixl\x00"
+_LOAD = _CONTROL + b"load\x00"
+_DROP = _CONTROL + b"drop\x00"
+# How long a metadata fetch or send tries each time before it is left
+# pending (retried by the next call that looks).
+_RETRY_S = 0.5
+_TIMEOUT_S = 30.0
+
+_live = weakref.WeakSet()
+_post = _native.post
+
+
+@atexit.register
+def _close_all():
+    """Closes every agent left open before the interpreter goes away (their
+    engines' threads are joined while Python still runs)."""
+    for agent in list(_live):
+        agent._close()
+
+
+class nixl_agent_config:  # noqa: N801  (NIXL's name)
+    """NIXL's agent configuration. kvring's lanes progress every transfer,
+    so ``enable_prog_thread`` changes nothing; ``enable_listen_thread``
+    makes the engine listen on ``listen_port`` (loopback unless
+    ``KVRING_LISTEN`` names a host) for the
+    metadata exchange of NIXL's examples; ``capture_telemetry`` and
+    ``num_threads`` are accepted and unused."""
+
+    def __init__(
+        self,
+        enable_prog_thread=True,
+        enable_listen_thread=False,
+        listen_port=0,
+        capture_telemetry=False,
+        num_threads=0,
+        backends=("UCX",),
+    ):
+        self.backends = list(backends)
+        self.enable_pthread = enable_prog_thread
+        self.enable_listen = enable_listen_thread
+        self.port = listen_port
+        self.capture_telemetry = capture_telemetry
+        self.num_threads = num_threads
+
+
+def _listen_addr(conf):
+    """Where the engine listens: loopback, on ``listen_port`` with the
+    listener on. ``KVRING_LISTEN`` (kvring's ``listen`` setting, e.g.
+    ``0.0.0.0:0``) gives the host for peers on other hosts, and the port
+    without a listener. Loopback by default, as every kvring engine: one
+    reachable from other hosts without a token lets anyone who reaches it
+    read and write its registered memory."""
+    configured = os.environ.get("KVRING_LISTEN")
+    host, port = "127.0.0.1", 0
+    if configured:
+        host, _, configured_port = configured.rpartition(":")
+        port = int(configured_port or 0)
+    if conf.enable_listen:
+        if not isinstance(conf.port, int) or isinstance(conf.port, bool) or not 0 <= conf.port < 65536:
+            raise InvalidArgumentError(f"listen_port must be a port number, got {conf.port!r}")
+        port = conf.port
+    return f"{host}:{port}"
+
+
+def _message(msg):
+    """A notification as bytes (NIXL takes str too)."""
+    if isinstance(msg, str):
+        return msg.encode()
+    if isinstance(msg, (bytes, bytearray, memoryview)):
+        return bytes(msg)
+    raise InvalidArgumentError(f"a notification is bytes or str, got {type(msg).__name__}")
+
+
+def _indices(indices):
+    """Block indices as a list of ints (numpy arrays included)."""
+    if hasattr(indices, "tolist"):
+        indices = indices.tolist()
+    if not isinstance(indices, list):
+        indices = list(indices)
+    return indices
+
+
+class nixl_agent:  # noqa: N801  (NIXL's name)
+    """NIXL's agent: registration, descriptor lists, transfers,
+    notifications and metadata, on one kvring engine named ``agent_name``."""
+
+    def __init__(self, agent_name, nixl_conf=None, instantiate_all=False):
+        if not isinstance(agent_name, str) or not agent_name:
+            raise InvalidArgumentError(f"an agent's name is a non-empty str, got {agent_name!r}")
+        conf = nixl_conf or nixl_agent_config()
+        names = list(_backends.STANDS_IN_FOR) if instantiate_all and nixl_conf is None else list(conf.backends)
+        for name in names:
+            _backends.check(name)  # at construction, never at the first transfer
+        self._closed = True  # until the engine exists
+        self._engine = Engine(name=agent_name, listen=_listen_addr(conf))
+        self._native = self._engine._native
+        self._closed = False
+        self.name = agent_name
+        self.plugin_list = list(_backends.STANDS_IN_FOR)
+        self.backends = {}
+        self.backend_mems = {}
+        self.backend_options = {}
+        for name in names:
+            self.create_backend(name)
+        self.notifs = {}
+        self._unread = {}  # notifications taken from the engine, not yet handed out
+        self._remotes = {}  # agent name -> the address its segment is opened by
+        self._regions = {}  # (addr, len) -> region id
+        self._pending = weakref.WeakSet()  # posted handles whose notification waits for DONE
+        self._fetches = {}  # agent name -> "ip:port" still to fetch from
+        self._sends = set()  # "ip:port" still to send our metadata to
+        self._timeout = _TIMEOUT_S
+        _live.add(self)
+        log.info("kvring.nixl agent %s: engine at %s, backends %s", agent_name, self._engine.control_addr, names)
+
+    # Backends ----------------------------------------------------------
+
+    def get_plugin_list(self):
+        """NIXL backends kvring stands in for."""
+        return list(self.plugin_list)
+
+    def get_plugin_mem_types(self, backend):
+        """Memory types a backend moves ("DRAM", "VRAM"); [] for others."""
+        return list(_backends.MEM_TYPES) if backend in self.plugin_list else []
+
+    def get_plugin_params(self, backend):
+        """A backend's parameters: kvring's take none."""
+        return {}
+
+    def get_backend_mem_types(self, backend):
+        """Memory types of a created backend; [] for others."""
+        return list(self.backend_mems.get(backend, []))
+
+    def get_backend_params(self, backend):
+        """A created backend's parameters: none."""
+        return dict(self.backend_options.get(backend, {}))
+
+    def create_backend(self, backend, initParams=None):  # noqa: N803  (NIXL's name)
+        """Adds a backend kvring stands in for; raises for any other."""
+        _backends.check(backend)
+        self.backends[backend] = len(self.backends)
+        self.backend_mems[backend] = list(_backends.MEM_TYPES)
+        self.backend_options[backend] = dict(initParams or {})
+
+    def _backend(self, backends):
+        """The backend a transfer is said to use: the first asked for, else
+        the first created."""
+        for name in backends or ():
+            if name not in self.backends:
+                raise InvalidArgumentError(f"backend {name!r} was not created on agent {self.name!r} (it has {list(self.backends)})")
+        chosen = list(backends or ()) or list(self.backends)
+        if not chosen:
+            raise UnsupportedError(f"agent {self.name!r} has no backend: create_backend(\"UCX\") first")
+        return chosen[0]
+
+    # Memory ------------------------------------------------------------
+
+    def get_reg_descs(self, descs, mem_type=None, is_sorted=False):
+        """A registration list (``nixlRegDList``) from tuples, an N x 3
+        numpy array, tensors or a list already made."""
+        return _descs.build(_descs.nixlRegDList, descs, mem_type)
+
+    def get_xfer_descs(self, descs, mem_type=None, is_sorted=False):
+        """A transfer list (``nixlXferDList``), as ``get_reg_descs``."""
+        return _descs.build(_descs.nixlXferDList, descs, mem_type)
+
+    def register_memory(self, reg_list, mem_type=None, is_sorted=False, backends=()):
+        """Registers every descriptor's memory in place; returns the list.
+        "VRAM" descriptors register as GPU ``dev_id``'s memory (checked);
+        on any failure what this call registered is unregistered again."""
+        descs = self.get_reg_descs(reg_list, mem_type)
+        self._backend(backends)
+        done = []
+        try:
+            for addr, length, dev, _meta in descs:
+                location = "host" if descs.getType() == "DRAM" else f"gpu:{dev}"
+                region = self._native.register(addr, length, location)
+                if (addr, length) not in self._regions:
+                    done.append((addr, length))
+                self._regions[(addr, length)] = region
+        except KvringError:
+            for key in done:
+                self._native.unregister(self._regions.pop(key))
+            raise
+        return descs
+
+    def deregister_memory(self, dereg_list, backends=()):
+        """Unregisters what ``register_memory`` registered."""
+        descs = self.get_reg_descs(dereg_list) if not isinstance(dereg_list, _descs.nixlRegDList) else dereg_list
+        for addr, length, _dev, _meta in descs:
+            region = self._regions.pop((addr, length), None)
+            if region is None:
+                raise InvalidArgumentError(f"({addr:#x}, {length}) is not registered with agent {self.name!r}")
+            self._native.unregister(region)
+
+    # Peers and metadata ------------------------------------------------
+
+    def get_agent_metadata(self):
+        """This agent's metadata: kvring's segment descriptor, as bytes."""
+        return _MD_MAGIC + bytes(self._native.descriptor())
+
+    def get_partial_agent_metadata(self, descs=None, inc_conn_info=False, backends=()):
+        """The whole metadata: kvring's descriptor describes address ranges,
+        so a part is no smaller."""
+        return self.get_agent_metadata()
+
+    def add_remote_agent(self, metadata):
+        """Opens the agent ``metadata`` describes; returns its name."""
+        if not isinstance(metadata, (bytes, bytearray)) or not bytes(metadata[: len(_MD_MAGIC)]) == _MD_MAGIC:
+            raise InvalidArgumentError(
+                "not a kvring.nixl agent's metadata: both agents must run kvring.nixl (get_agent_metadata's bytes)"
+            )
+        name, addr, _transport = self._native.open_described(bytes(metadata[len(_MD_MAGIC) :]), None, self._timeout)
+        self._remotes[name] = addr
+        self._fetches.pop(name, None)
+        return name
+
+    def remove_remote_agent(self, agent):
+        """Forgets a remote agent and closes its connection."""
+        addr = self._remotes.pop(agent, None)
+        if addr is None:
+            raise UnknownSegmentError(f"unknown agent {agent!r} (agents known: {sorted(self._remotes)})")
+        self._native.close_segment(addr)
+
+    def make_connection(self, remote_agent, backends=()):
+        """Connects to a known agent now rather than at the first transfer."""
+        self._native.segment_info(self._addr(remote_agent), self._timeout)
+
+    def _addr(self, agent):
+        """The address a known agent's segment is opened by."""
+        if agent == self.name:
+            return self._engine.control_addr  # loopback
+        addr = self._remotes.get(agent)
+        if addr is None:
+            self._progress()
+            addr = self._remotes.get(agent)
+        if addr is None:
+            raise UnknownSegmentError(
+                f"unknown agent {agent!r}: add_remote_agent(its metadata) or fetch_remote_metadata first "
+                f"(agents known: {sorted(self._remotes)})"
+            )
+        return addr
+
+    def fetch_remote_metadata(self, remote_agent, ip_addr="", port=DEFAULT_COMM_PORT, label=""):
+        """Asks the agent listening at ``ip_addr:port`` for its metadata (a
+        handshake); ``check_remote_metadata`` says when it is loaded (tried
+        again there while the peer is not up yet)."""
+        if not ip_addr:
+            raise UnsupportedError("kvring.nixl has no central metadata server: pass the peer's ip_addr and port")
+        self._fetches[remote_agent] = f"{ip_addr}:{int(port)}"
+        self._try_fetch(remote_agent)
+
+    def send_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
+        """Sends this agent's metadata to the agent listening at
+        ``ip_addr:port`` (tried again by later calls while it is not up)."""
+        if not ip_addr:
+            raise UnsupportedError("kvring.nixl has no central metadata server: pass the peer's ip_addr and port")
+        addr = f"{ip_addr}:{int(port)}"
+        self._sends.add(addr)
+        self._try_send(addr)
+
+    def send_partial_agent_metadata(self, descs=None, inc_conn_info=False, backends=(), ip_addr="", port=DEFAULT_COMM_PORT, label=""):
+        """``send_local_metadata`` (the whole metadata is no larger)."""
+        self.send_local_metadata(ip_addr, port)
+
+    def invalidate_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
+        """Tells the agent at ``ip_addr:port`` (default: every agent this one
+        knows) to forget this agent."""
+        targets = [f"{ip_addr}:{int(port)}"] if ip_addr else sorted(set(self._remotes.values()))
+        for addr in targets:
+            self._sends.discard(addr)
+            try:
+                self._native.notify(addr, _DROP, self._timeout)
+            except KvringError as error:
+                log.info("invalidate_local_metadata: %s (gone already?): %s", addr, error)
+
+    def check_remote_metadata(self, agent, descs=None):
+        """True once ``agent``'s metadata is loaded here."""
+        self._progress()
+        return agent in self._remotes
+
+    def _try_fetch(self, agent):
+        addr = self._fetches.get(agent)
+        if addr is None:
+            return
+        try:
+            name, _epoch, _transport = self._native.segment_info(addr, _RETRY_S)
+        except KvringError as error:
+            log.debug("fetch_remote_metadata: %s at %s not there yet: %s", agent, addr, error)
+            return
+        del self._fetches[agent]
+        if name != agent:
+            log.warning("fetch_remote_metadata: %s answers as agent %r, not %r", addr, name, agent)
+        self._remotes[name] = addr
+
+    def _try_send(self, addr):
+        try:
+            self._native.notify(addr, _LOAD + self.get_agent_metadata(), _RETRY_S)
+        except KvringError as error:
+            log.debug("send_local_metadata: %s not there yet: %s", addr, error)
+            return
+        self._sends.discard(addr)
+
+    # Descriptor lists and transfers --------------------------------------
+
+    def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None, is_sorted=False, backends=()):
+        """Locates a descriptor list once: this agent's memory
+        (``"NIXL_INIT_AGENT"`` or ``""``) or a remote agent's (its name; this
+        agent's own name for loopback)."""
+        descs = self.get_xfer_descs(xfer_list, mem_type)
+        self._backend(backends)
+        addrs = [d[0] for d in descs]
+        lengths = [d[1] for d in descs]
+        gpu = descs.getType() == "VRAM"
+        if agent_name in (NIXL_INIT_AGENT, "", None):
+            prepared = _native.prepare(self._native, None, addrs, lengths, gpu, self._timeout)
+            return nixl_prepped_dlist_handle(prepared, None, descs.getType())
+        prepared = _native.prepare(self._native, self._addr(agent_name), addrs, lengths, gpu, self._timeout)
+        return nixl_prepped_dlist_handle(prepared, agent_name, descs.getType())
+
+    def make_prepped_xfer(
+        self,
+        operation,
+        local_xfer_side,
+        local_indices,
+        remote_xfer_side,
+        remote_indices,
+        notif_msg=b"",
+        backends=(),
+        skip_desc_merge=False,
+    ):
+        """A transfer of ``local_indices`` of a local prepped list to
+        ``remote_indices`` of a remote one (vLLM's path)."""
+        op = _OPS.get(operation)
+        if op is None:
+            raise InvalidArgumentError(f"operation must be \"WRITE\" or \"READ\", got {operation!r}")
+        for side, handle in (("local", local_xfer_side), ("remote", remote_xfer_side)):
+            if not isinstance(handle, nixl_prepped_dlist_handle):
+                raise InvalidArgumentError(f"the {side} side must be a handle from prep_xfer_dlist, got {type(handle).__name__}")
+        if local_xfer_side.agent is not None:
+            raise InvalidArgumentError(f"the local side was prepared for agent {local_xfer_side.agent!r}, not NIXL_INIT_AGENT")
+        if remote_xfer_side.agent is None:
+            raise InvalidArgumentError("the remote side was prepared as NIXL_INIT_AGENT: prepare it for the remote agent's name")
+        xfer = _native.make_xfer(
+            op, local_xfer_side.prepared(), _indices(local_indices), remote_xfer_side.prepared(), _indices(remote_indices)
+        )
+        return nixl_xfer_handle(xfer, remote_xfer_side.agent, operation, self._backend(backends), _message(notif_msg))
+
+    def initialize_xfer(self, operation, local_descs, remote_descs, remote_agent, notif_msg=b"", backends=()):
+        """A transfer between two transfer lists, paired one to one."""
+        local = self.get_xfer_descs(local_descs)
+        remote = self.get_xfer_descs(remote_descs)
+        if len(local) != len(remote):
+            raise InvalidArgumentError(
+                f"{len(local)} local descriptors and {len(remote)} remote ones: a transfer pairs them one to one"
+            )
+        every = list(range(len(local)))
+        return self.make_prepped_xfer(
+            operation,
+            self.prep_xfer_dlist(NIXL_INIT_AGENT, local, backends=backends),
+            every,
+            self.prep_xfer_dlist(remote_agent, remote, backends=backends),
+            every,
+            notif_msg,
+            backends,
+        )
+
+    def transfer(self, handle, notif_msg=b""):
+        """Posts a transfer: "PROC" once the lanes have it (poll it with
+        ``check_xfer_state``), "ERR" if it could not start (the reason
+        logged, and kept as ``handle.error``). A handle still in progress
+        raises ``BusyError``."""
+        xfer = handle._xfer if not handle._released else handle.xfer()  # xfer() raises for a released one
+        if handle.batch is not None:
+            raise BusyError(f"{handle!r} is still in progress: wait for DONE before posting it again")
+        if notif_msg:
+            handle.notif = _message(notif_msg)
+        clock = time.perf_counter_ns
+        started = clock()
+        try:
+            handle.batch = _post(self._native, xfer, self._timeout)
+            handle.posted_ns, handle.post_ns = started, clock() - started
+        except KvringError as error:
+            handle.done, handle.error = False, error
+            log.error("transfer to %s: %s", handle.agent, error)
+            return "ERR"
+        handle.done, handle.error = False, None
+        if handle.notif:
+            self._pending.add(handle)
+        return "PROC"
+
+    def check_xfer_state(self, handle):
+        """"DONE", "PROC" or "ERR" (the reason as ``handle.error``)."""
+        batch = handle.batch
+        if batch is not None and not handle._released:  # the polling loop's path: one native call
+            try:
+                moved = self._native.poll(batch)
+            except KvringError as error:
+                return self._failed(handle, error)
+            return "PROC" if moved is None else self._ended(handle)
+        handle.xfer()
+        if handle.done:
+            return "DONE"
+        if handle.error is not None:
+            return "ERR"
+        raise InvalidArgumentError(f"{handle!r} was never posted: transfer(handle) first")
+
+    def _state(self, handle):
+        try:
+            moved = self._native.poll(handle.batch)
+        except KvringError as error:
+            return self._failed(handle, error)
+        return "PROC" if moved is None else self._ended(handle)
+
+    def _failed(self, handle, error):
+        """A posting that failed: "ERR", the reason kept and logged."""
+        handle.batch, handle.error = None, error
+        self._pending.discard(handle)
+        log.error("transfer to %s: %s", handle.agent, error)
+        return "ERR"
+
+    def _ended(self, handle):
+        """A posting that ended well: its notification goes now."""
+        handle.batch, handle.done, handle.ended_ns = None, True, time.perf_counter_ns()
+        self._pending.discard(handle)
+        if handle.notif:
+            try:
+                self._native.notify(self._addr(handle.agent), handle.notif, self._timeout)
+            except KvringError as error:
+                handle.done, handle.error = False, error
+                log.error("transfer to %s: its bytes are in place, its notification failed: %s", handle.agent, error)
+                return "ERR"
+        return "DONE"
+
+    def get_xfer_telemetry(self, handle):
+        """The last posting's telemetry (``nixlXferTelemetry``; vLLM's
+        connector records it after DONE). Raises until a posting is done."""
+        xfer = handle.xfer()
+        if not handle.done:
+            raise InvalidArgumentError(f"{handle!r} has no finished posting to report")
+        wall_us = (time.time_ns() - (time.perf_counter_ns() - handle.posted_ns)) // 1000
+        return nixlXferTelemetry(
+            wall_us, handle.post_ns // 1000, (handle.ended_ns - handle.posted_ns) // 1000, xfer.bytes, len(xfer)
+        )
+
+    def query_xfer_backend(self, handle):
+        """The backend name the transfer was made with."""
+        handle.xfer()
+        return handle.backend
+
+    def release_xfer_handle(self, handle):
+        """Releases a transfer handle; one in progress is waited for first
+        (bounded), since a posted batch is never abandoned mid-copy."""
+        handle.xfer()
+        if handle.batch is not None:
+            try:
+                self._native.wait(handle.batch, self._timeout)
+            except KvringError as error:
+                log.warning("release_xfer_handle: its last posting ended: %s", error)
+            handle.batch = None
+        self._pending.discard(handle)
+        handle.release()
+
+    def release_dlist_handle(self, handle):
+        """Releases a prepped descriptor list handle."""
+        handle.prepared()
+        handle.release()
+
+    # Notifications ---------------------------------------------------------
+
+    def _progress(self):
+        """Takes the engine's notifications (acting on the agents' own),
+        finishes postings whose notification waits, retries pending
+        metadata fetches and sends."""
+        for sender, message in self._native.notifications():
+            if not message.startswith(_CONTROL):
+                self._unread.setdefault(sender, []).append(message)
+            elif message.startswith(_LOAD):
+                try:
+                    self.add_remote_agent(message[len(_LOAD) :])
+                except KvringError as error:
+                    log.error("metadata from %s could not be loaded: %s", sender, error)
+            elif message.startswith(_DROP):
+                addr = self._remotes.pop(sender, None)
+                if addr is not None:
+                    self._native.close_segment(addr)
+        for handle in list(self._pending):
+            if handle.batch is not None and not handle._released:
+                self._state(handle)
+        for agent in list(self._fetches):
+            self._try_fetch(agent)
+        for addr in list(self._sends):
+            self._try_send(addr)
+
+    def get_new_notifs(self, backends=()):
+        """Notifications since the last call: {agent name: [bytes, ...]}."""
+        self._progress()
+        new, self._unread = self._unread, {}
+        return new
+
+    def update_notifs(self, backends=()):
+        """Adds new notifications to ``self.notifs`` and returns it."""
+        for sender, messages in self.get_new_notifs().items():
+            self.notifs.setdefault(sender, []).extend(messages)
+        return self.notifs
+
+    def check_remote_xfer_done(self, remote_agent_name, lookup_tag, backends=(), tag_is_prefix=True):
+        """True (and that notification removed) once one from
+        ``remote_agent_name`` starts with ``lookup_tag`` (or contains it)."""
+        tag = _message(lookup_tag)
+        messages = self.update_notifs().get(remote_agent_name, [])
+        for message in messages:
+            if message.startswith(tag) if tag_is_prefix else tag in message:
+                messages.remove(message)
+                return True
+        return False
+
+    def send_notif(self, remote_agent_name, notif_msg, backend=None):
+        """Sends a notification not tied to a transfer."""
+        self._native.notify(self._addr(remote_agent_name), _message(notif_msg), self._timeout)
+
+    # Serialized lists and teardown -------------------------------------------
+
+    def get_serialized_descs(self, descs):
+        """A descriptor list as bytes (kvring's fixed form, no pickle)."""
+        return _descs.serialize(descs)
+
+    def deserialize_descs(self, serialized_descs):
+        """A descriptor list from ``get_serialized_descs``'s bytes."""
+        return _descs.deserialize(serialized_descs)
+
+    def _close(self):
+        if self._closed:
+            return
+        self._closed = True
+        _live.discard(self)
+        try:
+            self._engine.close()
+        except KvringError as error:
+            log.debug("closing agent %s: %s", self.name, error)
+
+    def __del__(self):
+        if not getattr(self, "_closed", True):
+            self._close()

@@ -1,0 +1,39 @@
+"""NIXL backend names kvring stands in for, and what it does with each.
+
+A NIXL agent names its backends (``nixl_agent_config(backends=[...])``,
+``create_backend``). kvring has one engine per agent and its own
+transport order, so each name it stands in for maps to that order; a name
+it does not stand in for is refused when the agent is made (or the backend
+created), never at the first transfer.
+
+| NIXL backend | kvring |
+| --- | --- |
+| UCX, UCX_MO | the engine's order: cuda_ipc (GPU memory, same host), shm (kvring's shared memory), cma (the peer's own memory, same host), tcp |
+| Mooncake | the same order (NIXL's Mooncake backend is Mooncake's engine; kvring stands in for it) |
+| GDS, GDS_MT, POSIX, OBJ, HF3FS, GUSLI, AZURE_BLOB (storage) | refused: kvring moves memory between engines, not to files or objects |
+| LIBFABRIC, UCCL, GPUNETIO, anything else | refused: no kvring transport takes their place in the Python build (no RDMA there yet) |
+"""
+
+from ..errors import UnsupportedError
+
+# Backends kvring stands in for -> what it uses (the engine's transport order).
+STANDS_IN_FOR = {
+    "UCX": "kvring (cuda_ipc, shm, cma, tcp)",
+    "UCX_MO": "kvring (cuda_ipc, shm, cma, tcp)",
+    "Mooncake": "kvring (cuda_ipc, shm, cma, tcp)",
+}
+STORAGE = ("GDS", "GDS_MT", "POSIX", "OBJ", "HF3FS", "GUSLI", "AZURE_BLOB")
+MEM_TYPES = ["DRAM", "VRAM"]
+
+
+def check(name):
+    """Returns ``name`` if kvring stands in for it, else raises saying why."""
+    if name in STANDS_IN_FOR:
+        return name
+    if not isinstance(name, str):
+        raise UnsupportedError(f"a backend is named by a str, got {name!r}")
+    if name in STORAGE:
+        why = "a storage backend: kvring moves memory between engines, not to files or objects"
+    else:
+        why = "no kvring transport stands in for it in this build"
+    raise UnsupportedError(f"NIXL backend {name!r}: {why}; kvring stands in for {', '.join(STANDS_IN_FOR)}")
