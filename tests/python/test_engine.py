@@ -177,6 +177,15 @@ def test_a_forked_child_gets_fork_error_not_a_hang():
     engine.close()
 
 
+def _task_state(pid, task):
+    """One thread's state letter from /proc (`T`: stopped by a signal)."""
+    try:
+        with open(f"/proc/{pid}/task/{task}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:  # a thread that ended meanwhile
+        return "T"
+
+
 def test_a_wait_releases_the_gil_so_other_threads_run(engine, spawn):
     import signal
     import threading
@@ -188,6 +197,13 @@ def test_a_wait_releases_the_gil_so_other_threads_run(engine, spawn):
     local = np.zeros(1 << 20, dtype=np.uint8)
     engine.register(local)
     os.kill(peer.proc.pid, signal.SIGSTOP)  # a frozen peer: the batch stays in flight
+    # SIGSTOP lands on each of the peer's threads on its way back to user
+    # space: wait until all of them are stopped, or a lane still running
+    # could take the batch in before it froze.
+    frozen_by = time.monotonic() + 5.0
+    while not all(_task_state(peer.proc.pid, task) == "T" for task in os.listdir(f"/proc/{peer.proc.pid}/task")):
+        assert time.monotonic() < frozen_by, "the peer did not stop within 5 s of SIGSTOP"
+        time.sleep(0.001)
     try:
         batch = engine.submit(name, "write", [local.ctypes.data], [base], [1 << 20], timeout=5.0)
         outcome = []
@@ -195,8 +211,10 @@ def test_a_wait_releases_the_gil_so_other_threads_run(engine, spawn):
         def waiter():
             try:
                 engine.wait(batch, 0.5)
-            except kvring.TransferTimeoutError as error:
+            except Exception as error:  # the assertion below names anything but a timeout
                 outcome.append(error)
+            else:
+                outcome.append("wait() returned: the batch completed with its peer stopped")
 
         thread = threading.Thread(target=waiter)
         thread.start()
