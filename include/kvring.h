@@ -277,6 +277,16 @@ int kvring_wait(kvring_submitter *submitter,
                 uint32_t timeout_ms,
                 uint64_t *bytes_out);
 
+// Cancels a batch: blocks not yet posted are dropped; the batch ends
+// (`kvring_wait` returns `-CANCELLED`) only once every posted block has
+// drained, so its memory may be reused when that is seen. 0, or a negative
+// code (an unknown or already consumed batch).
+//
+// # Safety
+//
+// `submitter` is live.
+int kvring_cancel(kvring_submitter *submitter, uint64_t batch);
+
 // Reaps one completion into `out`: 1 if there was one, 0 if none.
 //
 // # Safety

@@ -139,6 +139,14 @@ pub enum Error {
         /// Bytes moved before it.
         bytes: u64,
     },
+    /// A batch was cancelled (`Outcome::Cancelled` as an error, for APIs
+    /// that report one): what was posted drained before it ended, the
+    /// blocks not yet posted were dropped, and its memory may be reused.
+    #[error("the batch was cancelled after {bytes} bytes; blocks not yet posted were dropped")]
+    Cancelled {
+        /// Bytes moved before it.
+        bytes: u64,
+    },
     /// A wait reached its deadline; the batch is still running.
     #[error("deadline reached after {waited:?}; the batch may still complete")]
     Timeout {
@@ -338,6 +346,7 @@ impl Error {
             Error::AccessDenied { .. } => ErrorCode::AccessDenied,
             Error::Busy { .. } => ErrorCode::Busy,
             Error::Timeout { .. } | Error::DeadlinePassed { .. } => ErrorCode::Timeout,
+            Error::Cancelled { .. } => ErrorCode::Cancelled,
             Error::UnknownBatch { .. } => ErrorCode::UnknownBatch,
             Error::StaleBatch { .. } => ErrorCode::StaleBatch,
             Error::UnknownSegment { .. } => ErrorCode::UnknownSegment,
@@ -471,6 +480,7 @@ mod tests {
             (Error::malformed("frame", "truncated"), "malformed frame: truncated", ErrorCode::MalformedMessage),
             (Error::MessageTooLarge { len: 10, max: 4 }, "message of 10 bytes exceeds the 4-byte limit", ErrorCode::MessageTooLarge),
             (Error::DeadlinePassed { bytes: 8 }, "deadline passed after 8 bytes", ErrorCode::Timeout),
+            (Error::Cancelled { bytes: 8 }, "cancelled after 8 bytes", ErrorCode::Cancelled),
             (Error::UnknownOpcode { opcode: 9 }, "unknown opcode 9", ErrorCode::UnknownOpcode),
             (
                 Error::Remote { code: ErrorCode::OutOfBounds, message: "x".into() },

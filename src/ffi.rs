@@ -602,7 +602,7 @@ fn outcome_code(outcome: Outcome, bytes_out: *mut u64) -> Result<c_int, Error> {
         Outcome::Done { bytes } => (bytes, Ok(0)),
         Outcome::Failed(error) => (0, Err(error)),
         Outcome::TimedOut { bytes } => (bytes, Err(Error::DeadlinePassed { bytes })),
-        Outcome::Cancelled { bytes } => (bytes, Err(Error::invalid("batch", "was cancelled"))),
+        Outcome::Cancelled { bytes } => (bytes, Err(Error::Cancelled { bytes })),
     };
     if !bytes_out.is_null() {
         // SAFETY: non-null; the caller passes a valid pointer or null.
@@ -631,6 +631,24 @@ pub unsafe extern "C" fn kvring_wait(
         let outcome =
             submitter.0.wait(crate::BatchId::from_raw(batch), Duration::from_millis(u64::from(timeout_ms)))?;
         outcome_code(outcome, bytes_out)
+    })
+}
+
+/// Cancels a batch: blocks not yet posted are dropped; the batch ends
+/// (`kvring_wait` returns `-CANCELLED`) only once every posted block has
+/// drained, so its memory may be reused when that is seen. 0, or a negative
+/// code (an unknown or already consumed batch).
+///
+/// # Safety
+///
+/// `submitter` is live.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_cancel(submitter: *mut KvringSubmitter, batch: u64) -> c_int {
+    guarded(|| {
+        // SAFETY: per our contract.
+        let submitter = unsafe { submitter.as_mut() }.ok_or_else(|| null("submitter"))?;
+        submitter.0.cancel(crate::BatchId::from_raw(batch))?;
+        Ok(0)
     })
 }
 

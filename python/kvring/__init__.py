@@ -208,6 +208,13 @@ class Engine:
         """A batch's bytes once done, None while running; raises its error."""
         return self._native.poll(batch)
 
+    def cancel(self, batch):
+        """Cancels a batch: blocks not yet posted are dropped, and the batch
+        ends (``CancelledError`` from ``wait`` or ``poll``) only once every
+        posted block has drained, so its memory may be reused when that is
+        seen. A batch that already ended keeps its result."""
+        self._native.cancel(batch)
+
     def reap(self, batches):
         """Of ``batches``, those that ended: {batch: bytes or exception}."""
         ended = {}

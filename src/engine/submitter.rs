@@ -514,7 +514,13 @@ impl Submitter {
     /// # Ok(()) }
     /// ```
     pub fn cancel(&mut self, id: BatchId) -> Result<()> {
-        self.status.request_cancel(id).map_err(|e| id_error(e, id))
+        self.status.request_cancel(id).map_err(|e| id_error(e, id))?;
+        // A parked lane holding the batch's chunks must see it now, not at
+        // its next wake-up.
+        for lane in &self.lanes {
+            lane.lane.doorbell.ring();
+        }
+        Ok(())
     }
 
     /// The state of a batch without consuming it.

@@ -421,6 +421,14 @@ impl PyEngine {
         self.with_open(py, |open| finish(open.submitter.wait(crate::BatchId::from_raw(batch), timeout)?))
     }
 
+    /// Cancels a batch: blocks not yet posted are dropped; the batch ends
+    /// (`CancelledError` from `wait`/`poll`) once every posted block has
+    /// drained, so its memory is safe to reuse when that is seen. A batch
+    /// that already ended is left as it ended.
+    fn cancel(&self, py: Python<'_>, batch: u64) -> PyResult<()> {
+        self.with_open(py, |open| open.submitter.cancel(crate::BatchId::from_raw(batch)))
+    }
+
     /// A batch's bytes if it has ended well, None while it runs; raises
     /// its error if it failed. A batch still running yields the CPU once
     /// (after the lock is released): a caller polling in a tight loop

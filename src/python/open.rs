@@ -89,6 +89,6 @@ pub(super) fn finish(outcome: Outcome) -> crate::Result<u64> {
         Outcome::Done { bytes } => Ok(bytes),
         Outcome::Failed(error) => Err(error),
         Outcome::TimedOut { bytes } => Err(Error::DeadlinePassed { bytes }),
-        Outcome::Cancelled { bytes } => Err(Error::invalid("batch", format!("cancelled after {bytes} bytes"))),
+        Outcome::Cancelled { bytes } => Err(Error::Cancelled { bytes }),
     }
 }

@@ -182,6 +182,9 @@ fn pack(generation: u32, state: BatchState) -> u64 {
 pub struct StatusTable<F> {
     tag: u16,
     slots: Box<[Slot<F>]>,
+    /// Cancels requested so far: a lane compares it with the count it last
+    /// saw (one load a round) and walks its parts in flight only when it moved.
+    cancels: AtomicU64,
 }
 
 // SAFETY: the only non-atomic content is the boxed failure behind an
@@ -200,7 +203,7 @@ impl<F> StatusTable<F> {
     /// A table of `capacity` slots (at most 65536) whose ids carry `tag`.
     pub fn new(capacity: usize, tag: u16) -> Self {
         let capacity = capacity.clamp(1, 1 << 16);
-        Self { tag, slots: (0..capacity).map(|_| Slot::new()).collect() }
+        Self { tag, slots: (0..capacity).map(|_| Slot::new()).collect(), cancels: AtomicU64::new(0) }
     }
 
     /// Number of slots.
@@ -319,7 +322,17 @@ impl<F> StatusTable<F> {
         let slot = self.slot(id)?;
         self.state(id)?;
         slot.cancel.store(1, Ordering::Relaxed);
+        // Release: pairs with the Acquire in `cancels_requested`, so a lane
+        // that sees the count move also sees the batch's cancel flag.
+        self.cancels.fetch_add(1, Ordering::Release);
         Ok(())
+    }
+
+    /// How many cancels were ever requested on this table (lanes compare it
+    /// with the count they last saw before walking their parts in flight).
+    #[inline]
+    pub fn cancels_requested(&self) -> u64 {
+        self.cancels.load(Ordering::Acquire)
     }
 
     /// True when cancel was requested (lanes poll this between descriptors).

@@ -228,7 +228,8 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
 
     /// Ends (into `ended`, as failed) the chunks of `ticket` that have not
     /// left yet and may simply be dropped; returns how many. A part past its
-    /// deadline whose every chunk is withdrawn needs no [`LaneLink::abort`].
+    /// deadline whose every chunk is withdrawn needs no [`LaneLink::abort`];
+    /// a cancelled part's withdrawn chunks are what its cancel saved.
     fn withdraw(&mut self, _ticket: u64, _ended: &mut Vec<ChunkEnd>) -> usize {
         0
     }

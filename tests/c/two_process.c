@@ -148,6 +148,7 @@ static int initiator(const char *addr) {
         fprintf(stderr, "wrote %llu bytes\n", (unsigned long long)bytes);
         return 1;
     }
+    uint64_t written = batch;
     for (int i = 0; i < BLOCKS; i++) blocks[i].local_region = local_back;
     check(kvring_submit(sub, segment, KVRING_READ, blocks, BLOCKS, 43, 0, &batch), "submit read");
     kvring_completion done = {0};
@@ -163,6 +164,31 @@ static int initiator(const char *addr) {
     }
     if (memcmp(source, back, (size_t)BLOCKS * BLOCK) != 0) {
         fprintf(stderr, "read back differs\n");
+        return 1;
+    }
+
+    /* Cancelling: a batch whose result was consumed is stale, an id never
+       issued is unknown, and a batch cancelled at once ends cancelled (with
+       at most its bytes moved) or done, nothing else. */
+    int stale = kvring_cancel(sub, written);
+    if (stale >= 0 || strcmp(kvring_error_name(stale), "STALE_BATCH") != 0) {
+        fprintf(stderr, "cancel of a consumed batch: %d %s\n", stale, kvring_error_name(stale));
+        return 1;
+    }
+    int unknown = kvring_cancel(sub, 0xdead0000beefULL);
+    if (unknown >= 0 || strcmp(kvring_error_name(unknown), "UNKNOWN_BATCH") != 0) {
+        fprintf(stderr, "cancel of a batch never issued: %d %s\n", unknown, kvring_error_name(unknown));
+        return 1;
+    }
+    for (int i = 0; i < BLOCKS; i++) blocks[i].local_region = local;
+    check(kvring_submit(sub, segment, KVRING_WRITE, blocks, BLOCKS, 44, 0, &batch), "submit to cancel");
+    check(kvring_cancel(sub, batch), "cancel");
+    bytes = 0;
+    int cancelled = kvring_wait(sub, batch, 10000, &bytes);
+    if (!(cancelled == 0 || strcmp(kvring_error_name(cancelled), "CANCELLED") == 0) ||
+        bytes > (uint64_t)BLOCKS * BLOCK) {
+        fprintf(stderr, "a cancelled batch ended %d %s after %llu bytes\n", cancelled, kvring_error_name(cancelled),
+                (unsigned long long)bytes);
         return 1;
     }
 

@@ -86,6 +86,8 @@ pub(super) struct RingSlot {
     pub rings: SubmitterRings,
     /// Tickets of this ring not yet ended.
     pub tickets: u32,
+    /// The submitter's cancel count when this lane last looked.
+    pub cancels_seen: u64,
 }
 
 impl Lane {
@@ -130,10 +132,11 @@ impl Lane {
                 + self.poll_receiver()
                 + commands
                 + served;
-            if self.free_tickets.len() < self.tickets.len()
-                && (worked == 0 || rounds.is_multiple_of(DEADLINE_CHECK_ROUNDS))
-            {
-                self.expire_in_flight();
+            if self.free_tickets.len() < self.tickets.len() {
+                self.cancel_in_flight();
+                if worked == 0 || rounds.is_multiple_of(DEADLINE_CHECK_ROUNDS) {
+                    self.expire_in_flight();
+                }
             }
             if self.next_tick.is_some() && (worked == 0 || rounds.is_multiple_of(DEADLINE_CHECK_ROUNDS)) {
                 self.tick_service();
@@ -293,7 +296,7 @@ impl Lane {
             taken += 1;
             match command {
                 LaneCommand::AttachSubmitter(rings) => {
-                    let slot = RingSlot { rings: *rings, tickets: 0 };
+                    let slot = RingSlot { rings: *rings, tickets: 0, cancels_seen: 0 };
                     match self.rings.iter_mut().find(|r| r.is_none()) {
                         Some(free) => *free = Some(slot),
                         None => self.rings.push(Some(slot)),
@@ -457,6 +460,43 @@ impl Lane {
                 );
                 slot.link.abort(&reason, &mut self.ended);
                 slot.peer.mark_stale();
+            }
+        }
+        self.end_reported();
+    }
+
+    /// Ends the parts in flight whose batch was cancelled: the chunks that
+    /// have not left are withdrawn at once; those already on their way end
+    /// through their replies (or their copies), so the part ends
+    /// `Cancelled` only when nothing of it can still touch the caller's
+    /// memory. One atomic load per ring while nobody cancels.
+    fn cancel_in_flight(&mut self) {
+        for ring_index in 0..self.rings.len() {
+            let Some(slot) = self.rings[ring_index].as_mut() else { continue };
+            let requested = slot.rings.status.cancels_requested();
+            if requested == slot.cancels_seen || slot.tickets == 0 {
+                slot.cancels_seen = requested;
+                continue;
+            }
+            slot.cancels_seen = requested;
+            let status = std::sync::Arc::clone(&slot.rings.status);
+            for index in 0..self.tickets.len() {
+                let ticket = &mut self.tickets[index];
+                if ticket.ring != ring_index
+                    || ticket.outstanding == 0
+                    || ticket.notify_reply.is_some()
+                    || ticket.end.is_some()
+                    || !status.cancel_requested(super::super::status::BatchId::from_raw(ticket.sqe.batch_id))
+                {
+                    continue;
+                }
+                // Only a part that lost chunks to the cancel ends Cancelled:
+                // one whose every chunk had left ends as its chunks do (the
+                // cancel came too late to save anything).
+                let Some(link) = ticket.link else { continue };
+                if self.links.get_mut(link).link.withdraw(index as u64, &mut self.ended) > 0 {
+                    self.tickets[index].end = Some(super::super::status::PartEnd::Cancelled);
+                }
             }
         }
         self.end_reported();

@@ -601,13 +601,33 @@ impl Connection {
 
     /// Drops the chunks of `batch_id` none of whose frames has started.
     fn drop_unsent(&mut self, batch_id: u64, cause: &(ErrorCode, String), finished: &mut Vec<ChunkEnd>) {
+        let error = || Error::Remote { code: cause.0, message: cause.1.clone() };
+        self.drop_unsent_where(|entry| entry.batch_id == batch_id, error, finished);
+    }
+
+    /// Drops `ticket`'s chunks none of whose frames has started (its batch
+    /// was cancelled): they end `Cancelled` with nothing moved. Returns how
+    /// many; a chunk with a frame on its way stays, to end through its
+    /// replies.
+    pub fn withdraw_unsent(&mut self, ticket: u64, finished: &mut Vec<ChunkEnd>) -> usize {
+        self.drop_unsent_where(|entry| entry.ticket == ticket, || Error::Cancelled { bytes: 0 }, finished)
+    }
+
+    /// Drops the chunks `matches` picks none of whose frames has started,
+    /// each ended with `error()`; returns how many.
+    fn drop_unsent_where(
+        &mut self,
+        matches: impl Fn(&Awaited) -> bool,
+        error: impl Fn() -> Error,
+        finished: &mut Vec<ChunkEnd>,
+    ) -> usize {
         // Chunk by chunk (a part's chunks share its ticket): a chunk with a
         // frame started or sent stays, to end through its replies.
         let started = (self.front_sent > 0).then(|| self.out.front().map(|f| f.chunk)).flatten();
-        let mut index = 0;
+        let (mut index, mut dropped_count) = (0, 0);
         while index < self.awaiting.len() {
             let entry = &self.awaiting[index];
-            if entry.batch_id != batch_id || entry.op == FrameOp::Notify || Some(entry.chunk) == started {
+            if !matches(entry) || entry.op == FrameOp::Notify || Some(entry.chunk) == started {
                 index += 1;
                 continue;
             }
@@ -621,9 +641,10 @@ impl Connection {
             let Some(mut dropped) = self.awaiting.remove(index) else { break };
             dropped.spans.clear();
             self.spare.push(std::mem::take(&mut dropped.spans));
-            let error = Error::Remote { code: cause.0, message: cause.1.clone() };
-            self.ended(dropped.ticket, chunk, Err((error, 0)), finished);
+            self.ended(dropped.ticket, chunk, Err((error(), 0)), finished);
+            dropped_count += 1;
         }
+        dropped_count
     }
 
     /// Reports chunk `chunk` of `ticket` ended; its id is kept, in the same

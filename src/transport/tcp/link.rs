@@ -225,7 +225,13 @@ impl LaneLink for TcpLink {
     }
 
     fn withdraw(&mut self, ticket: u64, ended: &mut Vec<ChunkEnd>) -> usize {
-        self.stager.as_mut().map_or(0, |stager| stager.withdraw(ticket, ended))
+        match (&mut self.stager, &mut self.connection) {
+            // Staged chunks end through the stager, which gives their pages
+            // back: only those still waiting for pages are dropped.
+            (Some(stager), _) => stager.withdraw(ticket, ended),
+            (None, Ok(connection)) => connection.withdraw_unsent(ticket, ended),
+            (None, Err(_)) => 0,
+        }
     }
 
     fn max_staged_chunk_bytes(&self) -> u64 {
