@@ -56,14 +56,15 @@ def run_side(side, out_dir, extra):
     env["PYTHONPATH"] = os.pathsep.join(paths)
     junit = os.path.join(out_dir, f"{side}.xml")
     cmd = [
-        sys.executable, "-m", "pytest", UPSTREAM, "-q", "-rfEs", "-p", "no:cacheprovider",
+        sys.executable, "-m", "pytest", UPSTREAM, f"--rootdir={UPSTREAM}", "-q", "-rfEs", "-p", "no:cacheprovider",
         f"--junitxml={junit}", "-o", f"timeout={TEST_LIMIT_S}", "-o", "junit_family=xunit2",
     ]
-    cmd += [f"--deselect={os.path.join(UPSTREAM, test)}" for test in EXCLUDED]
+    cmd += [f"--deselect={test}" for test in EXCLUDED]
     cmd += extra
     print(f"== {side}: {' '.join(cmd)}" + (f"  (PYTHONPATH={env['PYTHONPATH']})" if side == "kvring" else ""), flush=True)
     try:
-        done = subprocess.run(cmd, env=env, cwd=UPSTREAM, timeout=RUN_LIMIT_S)
+        # Run in the output folder: the tests write files where they run.
+        done = subprocess.run(cmd, env=env, cwd=out_dir, timeout=RUN_LIMIT_S)
         code = done.returncode
     except subprocess.TimeoutExpired:
         print(f"== {side}: did not end within {RUN_LIMIT_S} s", flush=True)
@@ -119,7 +120,7 @@ def main():
     parser.add_argument("--out", help="where the JUnit XML of both runs goes (default: a temporary folder)")
     parser.add_argument("extra", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args()
-    out_dir = args.out or tempfile.mkdtemp(prefix="kvring-nixl-peers-")
+    out_dir = os.path.abspath(args.out or tempfile.mkdtemp(prefix="kvring-nixl-peers-"))
     os.makedirs(out_dir, exist_ok=True)
     nixl, nixl_code = run_side("nixl", out_dir, args.extra)
     kvring, kvring_code = run_side("kvring", out_dir, args.extra)
