@@ -67,8 +67,7 @@ def test_a_listener_message_without_the_right_token_is_refused(victim_and_prefil
             assert not victim.check_remote_metadata("mallory")
             refused = _refusals(caplog)
             assert len(refused) == 3, refused
-            assert "does not verify" in refused[0] and "does not verify" in refused[1]
-            assert "without the token's proof" in refused[2]
+            assert all("does not verify" in r for r in refused), refused
 
             good = _load_message(_listener.key(TOKEN), "mallory", "decode", mallory)
             peer.notify(victim._engine.control_addr, good)
