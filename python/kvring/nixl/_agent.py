@@ -160,6 +160,14 @@ def _telemetry(conf):
     raise InvalidArgumentError(f"NIXL_TELEMETRY_ENABLE={setting!r}: use one of {_YES} or {_NO}")
 
 
+class _ConfFromCore:
+    """The telemetry setting of a ``_bindings.nixlAgentConfig``, as
+    ``_telemetry`` reads a ``nixl_agent_config``."""
+
+    def __init__(self, config):
+        self.capture_telemetry = config.captureTelemetry
+
+
 def _agent_name(name):
     """An agent's name as str: NIXL's agent takes bytes too (its
     ``add_remote_agent`` returns them)."""
@@ -204,7 +212,6 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         ``KVRING_TOKEN``): the engine proves it to every peer, and the
         listener messages carry its proof. Without one, the agent warns
         (once per process) that anyone reaching its port can re-point it."""
-        global _warned_no_token
         if not isinstance(agent_name, str) or not agent_name:
             raise InvalidArgumentError(f"an agent's name is a non-empty str, got {agent_name!r}")
         conf = nixl_conf or nixl_agent_config()
@@ -222,10 +229,27 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         config.syncMode = sync.value
         config.captureTelemetry = conf.capture_telemetry
         config.token = token
-        self._telemetry = _telemetry(conf)
         self._closed = True  # until the engine exists
-        self.agent = _bindings.nixlAgent(agent_name, config)  # looked up now: callers may wrap it
-        self._engine = self.agent.engine
+        core = _bindings.nixlAgent(agent_name, config)  # looked up now: callers may wrap it
+        core._api_ref = weakref.ref(self)
+        self._attach(core, _telemetry(conf), names)
+
+    @classmethod
+    def _over(cls, core):
+        """An agent over ``core`` (a ``_bindings.nixlAgent`` made by its
+        caller), for NIXL's C++-style calls on that class."""
+        self = cls.__new__(cls)
+        self._closed = True
+        self._attach(core, _telemetry(_ConfFromCore(core.config)), [])
+        return self
+
+    def _attach(self, core, telemetry, names):
+        """The agent's state, around ``core``'s engine."""
+        global _warned_no_token
+        agent_name, token = core.name, core.config.token
+        self.agent = core
+        self._telemetry = telemetry
+        self._engine = core.engine
         self._native = self._engine._native
         self._closed = False
         self.name = agent_name

@@ -28,11 +28,6 @@ TEST_LIMIT_S = 120
 # Tests left out of both runs, each with why. Only tests that reach into
 # NIXL's C++ internals or need hardware this machine lacks belong here.
 EXCLUDED = {
-    "test_nixl_bindings.py::test_agent": (
-        "drives NIXL's C++ agent class through its pybind layer (nixlAgent.createBackend, registerMem, "
-        "createXferReq, postXferReq with NIXL's status codes): NIXL's internals, not the Python API "
-        "(nixl._api) kvring.nixl stands in for"
-    ),
     "test_nixl_bindings.py::test_query_mem": (
         "NIXL's C++ agent's queryMem on a POSIX storage backend with files (FILE_SEG): a storage plugin "
         "through NIXL's internals; kvring moves memory between engines, not to files"
