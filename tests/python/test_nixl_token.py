@@ -174,3 +174,27 @@ def test_the_token_comes_from_kvring_token_and_without_one_the_agent_warns_once(
     finally:
         for agent in (from_env, with_arg, wrong):
             agent._close()
+
+
+def test_any_bytes_as_a_listener_message_are_refused_with_a_clear_error():
+    # The decoder of outside bytes: random messages, and every cut and
+    # single-byte change of a good one, are refused as UnauthorizedError
+    # and nothing else (a good one opens).
+    import random
+
+    key = _listener.key(TOKEN)
+    verifier = _listener.Verifier(key, "decode")
+    good = _listener.encode(key, _listener.DROP, "prefill", "decode", (7).to_bytes(8, "big"))
+    rng = random.Random(26)
+    candidates = [_listener.CONTROL + bytes(rng.randrange(256) for _ in range(rng.randrange(80))) for _ in range(500)]
+    candidates += [good[:cut] for cut in range(len(_listener.CONTROL), len(good))]
+    for at in range(len(_listener.CONTROL), len(good)):
+        changed = bytearray(good)
+        changed[at] ^= 0x01
+        candidates.append(bytes(changed))
+    for message in candidates:
+        with pytest.raises(kvring.UnauthorizedError):
+            verifier.open("prefill", message)
+    assert verifier.open("prefill", good) == (_listener.DROP, (7).to_bytes(8, "big"))
+    with pytest.raises(kvring.UnauthorizedError, match="replay"):
+        verifier.open("prefill", good)
