@@ -20,10 +20,10 @@ if [ ! -x "$venv/bin/python" ]; then
         fi
     fi
 fi
-if ! "$venv/bin/python" -c "import kvring._native" 2>/dev/null || [ -n "${KVRING_REBUILD:-}" ]; then
-    echo "+ $venv/bin/pip install -q .[test]"
-    "$venv/bin/pip" install -q ".[test]"
-fi
+# Always from this tree: the Python layer under test is what pip copies
+# (maturin's cargo build in target/ is incremental after .ci/test's).
+echo "+ $venv/bin/pip install -q .[test]"
+"$venv/bin/pip" install -q ".[test]"
 
 # NIXL itself (its _api needs numpy; --no-deps keeps its pins out, as
 # .ci/test does), pytest-timeout (NIXL's tests mark per-test limits), and
