@@ -15,6 +15,8 @@ DRAM_SEG``. ``nixlAgent`` here is the agent's engine, made by
 may wrap it, as NIXL's ``test_sync_mode_agent`` does).
 """
 
+import os
+
 from .. import Engine
 from ..errors import InvalidArgumentError
 from . import _backends
@@ -56,7 +58,8 @@ HAVE_UCX_GPU_DEVICE_API = False
 
 class nixlAgentConfig:  # noqa: N801  (NIXL's name)
     """NIXL's agent configuration record, as ``nixl_agent`` fills it.
-    ``token`` is kvring's: the cluster's pre-shared token (or None)."""
+    ``token`` is kvring's: the cluster's pre-shared token (default
+    ``KVRING_TOKEN``), or None."""
 
     def __init__(self):
         self.useProgThread = True
@@ -67,7 +70,7 @@ class nixlAgentConfig:  # noqa: N801  (NIXL's name)
         self.lthrDelay = 100000
         self.captureTelemetry = False
         self.listenHost = "127.0.0.1"
-        self.token = None
+        self.token = os.environ.get("KVRING_TOKEN", "").encode() or None  # as kvring.Engine reads it
 
     def __repr__(self):
         shown = dict(vars(self), token="<set>" if self.token else None)  # never print the token
