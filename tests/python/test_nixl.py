@@ -351,3 +351,36 @@ print("exiting", flush=True)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr  # a segfault at exit is -11
     assert done.stdout.strip() == "exiting"
+
+
+def test_the_nixl_shim_gives_kvring_under_nixls_module_names():
+    # The switch a user makes (tests/peers/nixl/shim first on the path), in
+    # a process of its own: nixl._api, _bindings, _utils and logging are
+    # kvring's, with the names vLLM's and SGLang's NIXL connectors import.
+    shim = os.path.join(HERE, "..", "peers", "nixl", "shim")
+    code = """
+import nixl, nixl._api, nixl._bindings as b, nixl._utils as u
+from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
+from nixl._bindings import nixlXferTelemetry, nixlBackendError, nixlCancelledError, nixlRemoteDisconnectError
+from nixl.logging import get_logger
+import kvring, kvring.nixl
+assert nixl._api is kvring.nixl and b is kvring.nixl._bindings and nixl.nixl_agent is kvring.nixl.nixl_agent
+assert b.nixlRemoteDisconnectError is kvring.PeerRestartedError and b.DRAM_SEG == "DRAM"
+addr = u.malloc_passthru(4096)
+assert addr % 4096 == 0
+u.ba_buf(addr, 4096)
+core = b.nixlAgent("core", b.nixlAgentConfig())
+h = core.createBackend("UCX", {})
+descs = b.nixlRegDList(b.DRAM_SEG, [(addr, 4096, 0, "")])
+assert core.registerMem(descs, [h]) == b.NIXL_SUCCESS and core.deregisterMem(descs, [h]) == b.NIXL_SUCCESS
+try:
+    core.createBackend("GDS", {})
+except b.nixlNotFoundError as e:
+    print("refused:", e)
+u.free_passthru(addr)
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([shim] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "refused: NIXL backend 'GDS': a storage backend" in done.stdout and done.stdout.strip().endswith("ok")

@@ -24,12 +24,20 @@ from ._descs import nixlRegDList, nixlXferDList
 from ._errors import (
     NoSuchBackendError,
     UnknownKeyError,
+    nixlBackendError,
+    nixlCancelledError,
     nixlInvalidParamError,
+    nixlMismatchError,
     nixlNoTelemetryError,
+    nixlNotAllowedError,
     nixlNotFoundError,
+    nixlNotPostedError,
     nixlNotSupportedError,
+    nixlRemoteDisconnectError,
     nixlRepostActiveError,
+    nixlUnknownError,
 )
+from ._handles import nixlXferTelemetry
 
 # NIXL's memory types (nixl_mem_t), by the names kvring's lists carry.
 DRAM_SEG = "DRAM"
@@ -221,5 +229,6 @@ __all__ = [
     "NIXL_THREAD_SYNC_NONE", "NIXL_THREAD_SYNC_STRICT", "NIXL_THREAD_SYNC_RW", "NIXL_THREAD_SYNC_DEFAULT",
     "DEFAULT_COMM_PORT", "HAVE_UCX_GPU_DEVICE_API", "NIXL_SUCCESS", "NIXL_IN_PROG", "nixlRegDList", "nixlXferDList", "nixlAgent", "nixlAgentConfig",
     "nixlInvalidParamError", "nixlNotFoundError", "nixlNotSupportedError", "nixlRepostActiveError",
-    "nixlNoTelemetryError", "NoSuchBackendError", "UnknownKeyError",
+    "nixlNoTelemetryError", "nixlRemoteDisconnectError", "nixlCancelledError", "nixlBackendError",
+    "nixlNotAllowedError", "nixlNotPostedError", "nixlMismatchError", "nixlUnknownError", "nixlXferTelemetry", "NoSuchBackendError", "UnknownKeyError",
 ]

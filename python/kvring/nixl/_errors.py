@@ -5,12 +5,30 @@ where a NIXL caller catches a class kvring has no kind for, a subclass of
 the nearest kvring kind that is also NIXL's (or Python's) class.
 """
 
-from ..errors import BusyError, InvalidArgumentError, UnknownSegmentError, UnsupportedError
+from ..errors import (
+    AccessDeniedError,
+    BusyError,
+    CancelledError,
+    InternalError,
+    InvalidArgumentError,
+    KvringIOError,
+    PeerRestartedError,
+    UnknownSegmentError,
+    UnsupportedError,
+)
 
 nixlInvalidParamError = InvalidArgumentError
 nixlNotFoundError = UnknownSegmentError
 nixlNotSupportedError = UnsupportedError
 nixlRepostActiveError = BusyError
+# What engines catch around transfers (SGLang's NIXL connector: these three).
+nixlRemoteDisconnectError = PeerRestartedError
+nixlCancelledError = CancelledError
+nixlBackendError = KvringIOError
+nixlNotAllowedError = AccessDeniedError
+nixlNotPostedError = InvalidArgumentError  # kvring: "was never posted"
+nixlMismatchError = InvalidArgumentError  # kvring: mismatched descriptor lengths or counts
+nixlUnknownError = InternalError
 
 
 class nixlNoTelemetryError(UnsupportedError):  # noqa: N801  (NIXL's name)
