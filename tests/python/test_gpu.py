@@ -203,7 +203,7 @@ def test_a_nixl_agent_moves_vram_tensors_between_two_processes(spawn, monkeypatc
     tensor = TorchLike(memory, 0)
     reg = agent.register_memory([tensor])  # a CUDA tensor: VRAM, GPU 0
     assert reg.getType() == "VRAM" and reg[0][:3] == (memory.ptr, SIZE, 0)
-    assert agent.add_remote_agent(bytes.fromhex(peer.info["metadata"])) == "gpu-peer"
+    assert agent.add_remote_agent(bytes.fromhex(peer.info["metadata"])) == b"gpu-peer"
     remote = agent.deserialize_descs(bytes.fromhex(peer.info["descs"]))
     assert remote.getType() == "VRAM" and remote[0][2] == 1
     # Row tensors of ours against the same rows of theirs.

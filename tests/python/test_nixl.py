@@ -3,6 +3,7 @@ the shapes NIXL takes (tuples, N x 3 numpy arrays, torch-like tensors and
 row lists), prepped lists, notifications, metadata, teardown, and clear
 errors for bad input."""
 
+import logging
 import os
 import socket
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 import kvring
 from conftest import TorchLike
-from kvring.nixl import nixl_agent, nixl_agent_config
+from kvring.nixl import nixl_agent, nixl_agent_config, nixlNoTelemetryError, nixlNotFoundError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BLOCK = 4096
@@ -82,7 +83,8 @@ def test_the_same_script_runs_on_nixl_itself(tmp_path):
 
 @pytest.fixture
 def pair():
-    target, initiator = nixl_agent("target", nixl_agent_config(backends=["UCX"])), nixl_agent("initiator", None)
+    target = nixl_agent("target", None)
+    initiator = nixl_agent("initiator", nixl_agent_config(backends=["UCX"], capture_telemetry=True))
     yield target, initiator
     initiator._close()
     target._close()
@@ -100,7 +102,8 @@ def test_tuples_numpy_arrays_tensors_and_row_lists_all_describe_memory(pair):
     assert initiator.get_reg_descs(rows, "cpu") == reg
     assert reg.trim() == initiator.get_xfer_descs(rows, "DRAM")
     name = initiator.add_remote_agent(target.get_agent_metadata())
-    assert name == "target" and initiator.check_remote_metadata("target")
+    # NIXL's agent returns the name as bytes; every call takes bytes or str.
+    assert name == b"target" and initiator.check_remote_metadata(name) and initiator.check_remote_metadata("target")
 
     # Row tensors of theirs (a list of tensors), ours as tuples.
     remote_rows = target.get_xfer_descs(TorchLike(theirs).rows(16))
@@ -152,7 +155,7 @@ def test_tuples_numpy_arrays_tensors_and_row_lists_all_describe_memory(pair):
     initiator.deregister_memory(reg)
 
 
-def test_bad_input_gets_a_clear_error(pair):
+def test_bad_input_gets_a_clear_error(pair, caplog):
     target, initiator = pair
     theirs = np.zeros(4 * BLOCK, dtype=np.uint8)
     ours = np.zeros(4 * BLOCK, dtype=np.uint8)
@@ -184,24 +187,39 @@ def test_bad_input_gets_a_clear_error(pair):
         initiator.make_prepped_xfer("WRITE", lp, [0], rp, [9])
     with pytest.raises(kvring.InvalidArgumentError, match="the remote side was prepared as NIXL_INIT_AGENT"):
         initiator.make_prepped_xfer("WRITE", lp, [0], lp, [0])
-    with pytest.raises(kvring.InvalidArgumentError, match='"WRITE" or "READ"'):
-        initiator.make_prepped_xfer("COPY", lp, [0], rp, [0])
+    for make in (lambda: initiator.make_prepped_xfer("COPY", lp, [0], rp, [0]), lambda: initiator.initialize_xfer("RD", lx, rx, "target")):
+        with pytest.raises(kvring.InvalidArgumentError, match='"WRITE" or "READ"') as op:
+            make()
+        assert isinstance(op.value, KeyError)  # NIXL's dict lookup raises KeyError
 
-    # Unknown memory types; storage ones; shapes NIXL does not take.
-    with pytest.raises(kvring.InvalidArgumentError, match="unknown memory type 'HBM'"):
+    # Unknown memory types (a KeyError too, as NIXL's dict lookup); storage ones.
+    with pytest.raises(kvring.InvalidArgumentError, match="unknown memory type 'HBM'") as unknown:
         initiator.get_xfer_descs(local, "HBM")
+    assert isinstance(unknown.value, KeyError)
     with pytest.raises(kvring.UnsupportedError, match="not storage"):
         initiator.register_memory([(ours.ctypes.data, 16, 0, "")], "FILE")
-    with pytest.raises(kvring.InvalidArgumentError, match="needs a memory type"):
-        initiator.get_xfer_descs(local)
-    with pytest.raises(kvring.InvalidArgumentError, match="N x 3"):
-        initiator.get_xfer_descs(np.zeros((4, 2), dtype=np.uint64), "DRAM")
-    with pytest.raises(kvring.InvalidArgumentError, match="4 fields, 3 needed"):
-        initiator.get_xfer_descs([(1, 2, 0, "meta")], "DRAM")
-    with pytest.raises(kvring.InvalidArgumentError, match="trim"):
-        initiator.get_reg_descs(lx)
-    with pytest.raises(kvring.InvalidArgumentError, match="not contiguous"):
-        initiator.get_xfer_descs(TorchLike(ours, contiguous=False))
+    # Shapes NIXL does not take: get_*_descs give None with the reason
+    # logged, as NIXL's; the calls that use descriptors raise the reason.
+    caplog.set_level(logging.ERROR, logger="kvring.nixl")
+    unusable = [
+        ("get_xfer_descs", (local,), "needs a memory type"),
+        ("get_xfer_descs", (np.zeros((4, 2), dtype=np.uint64), "DRAM"), "N x 3"),
+        ("get_xfer_descs", ([(1, 2, 0, "meta")], "DRAM"), "4 fields, 3 needed"),
+        ("get_reg_descs", (lx,), "trim"),
+        ("get_xfer_descs", (TorchLike(ours, contiguous=False),), "not contiguous"),
+    ]
+    for method, args, why in unusable:
+        caplog.clear()
+        assert getattr(initiator, method)(*args) is None, (method, why)
+        assert any(why in r.getMessage() for r in caplog.records), (why, caplog.records)
+    for call, args, why in (
+        (initiator.register_memory, (lx,), "trim"),
+        (initiator.register_memory, ([(ours.ctypes.data, BLOCK, 0)], "DRAM"), "3 fields, 4 needed"),
+        (initiator.prep_xfer_dlist, ("", local), "needs a memory type"),
+        (initiator.initialize_xfer, ("WRITE", TorchLike(ours, contiguous=False), rx, "target"), "not contiguous"),
+    ):
+        with pytest.raises(kvring.InvalidArgumentError, match=why):
+            call(*args)
     # Memory nobody registered; a registration list never registered.
     stray = np.zeros(BLOCK, dtype=np.uint8)
     with pytest.raises(kvring.InvalidArgumentError, match="lies in no registered region"):
@@ -215,6 +233,8 @@ def test_bad_input_gets_a_clear_error(pair):
         initiator.check_xfer_state(handle)
     with pytest.raises(kvring.InvalidArgumentError, match="no finished posting"):
         initiator.get_xfer_telemetry(handle)
+    with pytest.raises(nixlNoTelemetryError, match="collects no telemetry"):
+        target.get_xfer_telemetry(handle)  # target asked for none
     initiator.release_xfer_handle(handle)
     for call in (initiator.transfer, initiator.check_xfer_state, initiator.release_xfer_handle):
         with pytest.raises(kvring.InvalidArgumentError, match="was released"):
@@ -283,8 +303,9 @@ def test_backends_kvring_does_not_stand_in_for_are_refused_at_construction():
     agent = nixl_agent("c", nixl_agent_config(backends=["UCX_MO"]))
     assert agent.get_plugin_list() == ["UCX", "UCX_MO", "Mooncake"]
     assert agent.get_backend_mem_types("UCX_MO") == ["DRAM", "VRAM"]
-    with pytest.raises(kvring.UnsupportedError):
+    with pytest.raises(kvring.UnsupportedError) as refused:
         agent.create_backend("POSIX")
+    assert isinstance(refused.value, nixlNotFoundError)  # what NIXL raises for a plugin it lacks
     agent._close()
 
 
@@ -297,7 +318,7 @@ def test_a_restarted_peer_is_refused_until_its_new_metadata_is_loaded():
     me = nixl_agent("me")
     with pytest.raises(kvring.PeerRestartedError, match="fetch its metadata again"):
         me.add_remote_agent(stale)
-    assert me.add_remote_agent(new.get_agent_metadata()) == "peer"
+    assert me.add_remote_agent(new.get_agent_metadata()) == b"peer"
     # The listener exchange finds it too.
     other = nixl_agent("other")
     other.fetch_remote_metadata("peer", "127.0.0.1", port)
@@ -330,3 +351,36 @@ print("exiting", flush=True)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr  # a segfault at exit is -11
     assert done.stdout.strip() == "exiting"
+
+
+def test_the_nixl_shim_gives_kvring_under_nixls_module_names():
+    # The switch a user makes (tests/peers/nixl/shim first on the path), in
+    # a process of its own: nixl._api, _bindings, _utils and logging are
+    # kvring's, with the names vLLM's and SGLang's NIXL connectors import.
+    shim = os.path.join(HERE, "..", "peers", "nixl", "shim")
+    code = """
+import nixl, nixl._api, nixl._bindings as b, nixl._utils as u
+from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
+from nixl._bindings import nixlXferTelemetry, nixlBackendError, nixlCancelledError, nixlRemoteDisconnectError
+from nixl.logging import get_logger
+import kvring, kvring.nixl
+assert nixl._api is kvring.nixl and b is kvring.nixl._bindings and nixl.nixl_agent is kvring.nixl.nixl_agent
+assert b.nixlRemoteDisconnectError is kvring.PeerRestartedError and b.DRAM_SEG == "DRAM"
+addr = u.malloc_passthru(4096)
+assert addr % 4096 == 0
+u.ba_buf(addr, 4096)
+core = b.nixlAgent("core", b.nixlAgentConfig())
+h = core.createBackend("UCX", {})
+descs = b.nixlRegDList(b.DRAM_SEG, [(addr, 4096, 0, "")])
+assert core.registerMem(descs, [h]) == b.NIXL_SUCCESS and core.deregisterMem(descs, [h]) == b.NIXL_SUCCESS
+try:
+    core.createBackend("GDS", {})
+except b.nixlNotFoundError as e:
+    print("refused:", e)
+u.free_passthru(addr)
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([shim] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "refused: NIXL backend 'GDS': a storage backend" in done.stdout and done.stdout.strip().endswith("ok")

@@ -17,31 +17,42 @@ opens the peer it describes. The listener-based exchange of NIXL's
 examples runs over kvring's control plane: the agent's engine listens on
 ``listen_port``; ``fetch_remote_metadata`` is a handshake with the peer,
 ``send_local_metadata`` and ``invalidate_local_metadata`` travel as
-notifications the receiving agent acts on (they never reach its user).
+notifications the receiving agent acts on (they never reach its user),
+authenticated by the cluster's token (``_listener``).
+
+The constructor builds its engine through ``_bindings.nixlAgent`` and
+``_bindings.nixlAgentConfig``, as NIXL's agent builds its C++ agent, so
+that code (and NIXL's own tests) that wraps that class sees what NIXL's
+would.
 """
 
 import atexit
+import enum
 import logging
+import math
 import os
 import time
 import weakref
 
-from .. import Engine, _native
-from ..errors import BusyError, InvalidArgumentError, KvringError, UnknownSegmentError, UnsupportedError
-from . import _backends, _descs
+from .. import _native
+from ..errors import BusyError, InvalidArgumentError, KvringError, UnauthorizedError, UnknownSegmentError, UnsupportedError
+from . import _backends, _bindings, _descs, _listener
+from ._errors import UnknownKeyError, nixlNoTelemetryError
 from ._handles import nixl_prepped_dlist_handle, nixl_xfer_handle, nixlXferTelemetry
 
 log = logging.getLogger("kvring.nixl")
 
-DEFAULT_COMM_PORT = 8888
+DEFAULT_COMM_PORT = _bindings.DEFAULT_COMM_PORT
 NIXL_INIT_AGENT = "NIXL_INIT_AGENT"
 _OPS = {"WRITE": "write", "READ": "read"}
 _MD_MAGIC = b"KVRNIXL1"
 # The agent's own notifications (metadata sent and withdrawn); never handed
 # to its user.
-_CONTROL = b"\x00kvring.nixl\x00"
-_LOAD = _CONTROL + b"load\x00"
-_DROP = _CONTROL + b"drop\x00"
+_CONTROL = _listener.CONTROL
+# NIXL's reading of a boolean setting (NIXL_TELEMETRY_ENABLE), case aside.
+_YES = ("y", "yes", "on", "1", "true", "enable")
+_NO = ("n", "no", "off", "0", "false", "disable")
+_warned_no_token = False
 # How long a metadata fetch or send tries each time before it is left
 # pending (retried by the next call that looks).
 _RETRY_S = 0.5
@@ -59,13 +70,27 @@ def _close_all():
         agent._close()
 
 
+class nixl_thread_sync_t(enum.Enum):  # noqa: N801  (NIXL's name)
+    """NIXL's thread-synchronization modes. kvring's engine may be called
+    from any thread in every mode; the mode is kept, as NIXL's agent
+    passes it on."""
+
+    NIXL_THREAD_SYNC_NONE = _bindings.NIXL_THREAD_SYNC_NONE
+    NIXL_THREAD_SYNC_STRICT = _bindings.NIXL_THREAD_SYNC_STRICT
+    NIXL_THREAD_SYNC_RW = _bindings.NIXL_THREAD_SYNC_RW
+    NIXL_THREAD_SYNC_DEFAULT = _bindings.NIXL_THREAD_SYNC_DEFAULT
+
+
 class nixl_agent_config:  # noqa: N801  (NIXL's name)
     """NIXL's agent configuration. kvring's lanes progress every transfer,
     so ``enable_prog_thread`` changes nothing; ``enable_listen_thread``
     makes the engine listen on ``listen_port`` (loopback unless
     ``KVRING_LISTEN`` names a host) for the
-    metadata exchange of NIXL's examples; ``capture_telemetry`` and
-    ``num_threads`` are accepted and unused."""
+    metadata exchange of NIXL's examples; ``capture_telemetry`` asks for
+    telemetry (``NIXL_TELEMETRY_ENABLE``, when set, decides, as in NIXL);
+    ``num_threads`` is accepted and unused; ``sync_mode`` must be a
+    ``nixl_thread_sync_t`` or None (NIXL's default: STRICT with the
+    listener, NONE without)."""
 
     def __init__(
         self,
@@ -75,22 +100,26 @@ class nixl_agent_config:  # noqa: N801  (NIXL's name)
         capture_telemetry=False,
         num_threads=0,
         backends=("UCX",),
+        sync_mode=None,
     ):
+        if sync_mode is not None and not isinstance(sync_mode, nixl_thread_sync_t):
+            raise TypeError(f"sync_mode must be a nixl_thread_sync_t (got {type(sync_mode).__name__!r})")
         self.backends = list(backends)
         self.enable_pthread = enable_prog_thread
         self.enable_listen = enable_listen_thread
         self.port = listen_port
         self.capture_telemetry = capture_telemetry
         self.num_threads = num_threads
+        self.sync_mode = sync_mode
 
 
 def _listen_addr(conf):
-    """Where the engine listens: loopback, on ``listen_port`` with the
-    listener on. ``KVRING_LISTEN`` (kvring's ``listen`` setting, e.g.
-    ``0.0.0.0:0``) gives the host for peers on other hosts, and the port
-    without a listener. Loopback by default, as every kvring engine: one
-    reachable from other hosts without a token lets anyone who reaches it
-    read and write its registered memory."""
+    """Where the engine listens, as (host, port): loopback, on
+    ``listen_port`` with the listener on. ``KVRING_LISTEN`` (kvring's
+    ``listen`` setting, e.g. ``0.0.0.0:0``) gives the host for peers on
+    other hosts, and the port without a listener. Loopback by default, as
+    every kvring engine: one reachable from other hosts without a token
+    lets anyone who reaches it read and write its registered memory."""
     configured = os.environ.get("KVRING_LISTEN")
     host, port = "127.0.0.1", 0
     if configured:
@@ -100,7 +129,51 @@ def _listen_addr(conf):
         if not isinstance(conf.port, int) or isinstance(conf.port, bool) or not 0 <= conf.port < 65536:
             raise InvalidArgumentError(f"listen_port must be a port number, got {conf.port!r}")
         port = conf.port
-    return f"{host}:{port}"
+    return host, port
+
+
+def _token(token):
+    """The agent's token: the argument, else ``KVRING_TOKEN``, else None;
+    as bytes."""
+    if token is None:
+        token = os.environ.get("KVRING_TOKEN") or None
+    if isinstance(token, str):
+        token = token.encode()
+    if token is not None and (not isinstance(token, (bytes, bytearray)) or not token):
+        raise InvalidArgumentError("a token is a non-empty str or bytes")
+    return None if token is None else bytes(token)
+
+
+def _telemetry(conf):
+    """Whether the agent collects telemetry, by NIXL's rule:
+    ``NIXL_TELEMETRY_ENABLE`` when set (its yes or no), else the config's
+    ``capture_telemetry``."""
+    setting = os.environ.get("NIXL_TELEMETRY_ENABLE")
+    if setting is None:
+        return bool(conf.capture_telemetry)
+    if setting.lower() in _YES:
+        return True
+    if setting.lower() in _NO:
+        if conf.capture_telemetry:
+            log.warning("NIXL_TELEMETRY_ENABLE=%s: telemetry asked for in the agent's config is off", setting)
+        return False
+    raise InvalidArgumentError(f"NIXL_TELEMETRY_ENABLE={setting!r}: use one of {_YES} or {_NO}")
+
+
+class _ConfFromCore:
+    """The telemetry setting of a ``_bindings.nixlAgentConfig``, as
+    ``_telemetry`` reads a ``nixl_agent_config``."""
+
+    def __init__(self, config):
+        self.capture_telemetry = config.captureTelemetry
+
+
+def _agent_name(name):
+    """An agent's name as str: NIXL's agent takes bytes too (its
+    ``add_remote_agent`` returns them)."""
+    if isinstance(name, (bytes, bytearray)):
+        return bytes(name).decode()
+    return name
 
 
 def _message(msg):
@@ -110,6 +183,15 @@ def _message(msg):
     if isinstance(msg, (bytes, bytearray, memoryview)):
         return bytes(msg)
     raise InvalidArgumentError(f"a notification is bytes or str, got {type(msg).__name__}")
+
+
+def _op(operation):
+    """kvring's opcode for NIXL's operation name; an unknown one raises
+    ``UnknownKeyError`` (a ``KeyError``, as NIXL's dict lookup)."""
+    op = _OPS.get(operation) if isinstance(operation, str) else None
+    if op is None:
+        raise UnknownKeyError(f"operation must be \"WRITE\" or \"READ\", got {operation!r}")
+    return op
 
 
 def _indices(indices):
@@ -125,18 +207,64 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
     """NIXL's agent: registration, descriptor lists, transfers,
     notifications and metadata, on one kvring engine named ``agent_name``."""
 
-    def __init__(self, agent_name, nixl_conf=None, instantiate_all=False):
+    def __init__(self, agent_name, nixl_conf=None, instantiate_all=False, token=None):
+        """``token``: the cluster's pre-shared token (str or bytes; default
+        ``KVRING_TOKEN``): the engine proves it to every peer, and the
+        listener messages carry its proof. Without one, the agent warns
+        (once per process) that anyone reaching its port can re-point it."""
         if not isinstance(agent_name, str) or not agent_name:
             raise InvalidArgumentError(f"an agent's name is a non-empty str, got {agent_name!r}")
         conf = nixl_conf or nixl_agent_config()
         names = list(_backends.STANDS_IN_FOR) if instantiate_all and nixl_conf is None else list(conf.backends)
         for name in names:
             _backends.check(name)  # at construction, never at the first transfer
+        token = _token(token)
+        sync = conf.sync_mode or (
+            nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT if conf.enable_listen else nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE
+        )
+        config = _bindings.nixlAgentConfig()
+        config.useProgThread = conf.enable_pthread
+        config.useListenThread = conf.enable_listen
+        config.listenHost, config.listenPort = _listen_addr(conf)
+        config.syncMode = sync.value
+        config.captureTelemetry = conf.capture_telemetry
+        config.token = token
         self._closed = True  # until the engine exists
-        self._engine = Engine(name=agent_name, listen=_listen_addr(conf))
+        core = _bindings.nixlAgent(agent_name, config)  # looked up now: callers may wrap it
+        core._api_ref = weakref.ref(self)
+        self._attach(core, _telemetry(conf), names)
+
+    @classmethod
+    def _over(cls, core):
+        """An agent over ``core`` (a ``_bindings.nixlAgent`` made by its
+        caller), for NIXL's C++-style calls on that class."""
+        self = cls.__new__(cls)
+        self._closed = True
+        self._attach(core, _telemetry(_ConfFromCore(core.config)), [])
+        return self
+
+    def _attach(self, core, telemetry, names):
+        """The agent's state, around ``core``'s engine."""
+        global _warned_no_token
+        agent_name, token = core.name, core.config.token
+        self.agent = core
+        self._telemetry = telemetry
+        self._engine = core.engine
         self._native = self._engine._native
         self._closed = False
         self.name = agent_name
+        self._verifier = _listener.Verifier(_listener.key(token), agent_name)
+        self._listen_key = _listener.key(token)
+        self._epoch = None  # this engine's, found when first needed
+        self._epochs = {}  # agent name -> the epoch its metadata was loaded at
+        if token is None and not _warned_no_token:
+            _warned_no_token = True
+            log.warning(
+                "kvring.nixl agent %s has no token (pass token= or set KVRING_TOKEN): anyone who reaches its port "
+                "(%s) can send it metadata, re-point agents it knows and read or write what it registered",
+                agent_name,
+                self._engine.control_addr,
+            )
         self.plugin_list = list(_backends.STANDS_IN_FOR)
         self.backends = {}
         self.backend_mems = {}
@@ -198,18 +326,32 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
 
     def get_reg_descs(self, descs, mem_type=None, is_sorted=False):
         """A registration list (``nixlRegDList``) from tuples, an N x 3
-        numpy array, tensors or a list already made."""
-        return _descs.build(_descs.nixlRegDList, descs, mem_type)
+        numpy array, tensors or a list already made. As NIXL's: input it
+        cannot describe gives None (the reason logged as an error), an
+        unknown memory type raises (``KeyError`` and
+        ``InvalidArgumentError``). The agent's own calls that take
+        descriptors (``register_memory``, ``prep_xfer_dlist``, ...) raise
+        the reason instead."""
+        return self._descs_or_none(_descs.nixlRegDList, descs, mem_type)
 
     def get_xfer_descs(self, descs, mem_type=None, is_sorted=False):
         """A transfer list (``nixlXferDList``), as ``get_reg_descs``."""
-        return _descs.build(_descs.nixlXferDList, descs, mem_type)
+        return self._descs_or_none(_descs.nixlXferDList, descs, mem_type)
+
+    def _descs_or_none(self, cls, descs, mem_type):
+        try:
+            return _descs.build(cls, descs, mem_type)
+        except UnknownKeyError:
+            raise
+        except InvalidArgumentError as error:
+            log.error("agent %s: no %s: %s", self.name, cls.__name__, error)
+            return None
 
     def register_memory(self, reg_list, mem_type=None, is_sorted=False, backends=()):
         """Registers every descriptor's memory in place; returns the list.
         "VRAM" descriptors register as GPU ``dev_id``'s memory (checked);
         on any failure what this call registered is unregistered again."""
-        descs = self.get_reg_descs(reg_list, mem_type)
+        descs = _descs.build(_descs.nixlRegDList, reg_list, mem_type)
         self._backend(backends)
         done = []
         try:
@@ -227,7 +369,7 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
 
     def deregister_memory(self, dereg_list, backends=()):
         """Unregisters what ``register_memory`` registered."""
-        descs = self.get_reg_descs(dereg_list) if not isinstance(dereg_list, _descs.nixlRegDList) else dereg_list
+        descs = _descs.build(_descs.nixlRegDList, dereg_list)
         for addr, length, _dev, _meta in descs:
             region = self._regions.pop((addr, length), None)
             if region is None:
@@ -246,19 +388,29 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         return self.get_agent_metadata()
 
     def add_remote_agent(self, metadata):
-        """Opens the agent ``metadata`` describes; returns its name."""
+        """Opens the agent ``metadata`` describes; returns its name, as
+        bytes (NIXL's agent does; every call taking an agent's name takes
+        bytes or str)."""
+        name, addr = self._open_metadata(metadata)
+        self._remotes[name] = addr
+        self._fetches.pop(name, None)
+        return name.encode()
+
+    def _open_metadata(self, metadata):
+        """(name, address) of the agent ``metadata`` describes, opened: its
+        name is the one a live handshake there answered with."""
         if not isinstance(metadata, (bytes, bytearray)) or not bytes(metadata[: len(_MD_MAGIC)]) == _MD_MAGIC:
             raise InvalidArgumentError(
                 "not a kvring.nixl agent's metadata: both agents must run kvring.nixl (get_agent_metadata's bytes)"
             )
         name, addr, _transport = self._native.open_described(bytes(metadata[len(_MD_MAGIC) :]), None, self._timeout)
-        self._remotes[name] = addr
-        self._fetches.pop(name, None)
-        return name
+        return name, addr
 
     def remove_remote_agent(self, agent):
         """Forgets a remote agent and closes its connection."""
+        agent = _agent_name(agent)
         addr = self._remotes.pop(agent, None)
+        self._epochs.pop(agent, None)
         if addr is None:
             raise UnknownSegmentError(f"unknown agent {agent!r} (agents known: {sorted(self._remotes)})")
         self._native.close_segment(addr)
@@ -269,6 +421,7 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
 
     def _addr(self, agent):
         """The address a known agent's segment is opened by."""
+        agent = _agent_name(agent)
         if agent == self.name:
             return self._engine.control_addr  # loopback
         addr = self._remotes.get(agent)
@@ -288,7 +441,7 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         again there while the peer is not up yet)."""
         if not ip_addr:
             raise UnsupportedError("kvring.nixl has no central metadata server: pass the peer's ip_addr and port")
-        self._fetches[remote_agent] = f"{ip_addr}:{int(port)}"
+        self._fetches[_agent_name(remote_agent)] = f"{ip_addr}:{int(port)}"
         self._try_fetch(remote_agent)
 
     def send_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
@@ -311,14 +464,27 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         for addr in targets:
             self._sends.discard(addr)
             try:
-                self._native.notify(addr, _DROP, self._timeout)
+                self._send_control(addr, _listener.DROP, self._own_epoch().to_bytes(8, "big"), self._timeout)
             except KvringError as error:
                 log.info("invalidate_local_metadata: %s (gone already?): %s", addr, error)
 
     def check_remote_metadata(self, agent, descs=None):
         """True once ``agent``'s metadata is loaded here."""
         self._progress()
-        return agent in self._remotes
+        return _agent_name(agent) in self._remotes
+
+    def _own_epoch(self):
+        """This engine's epoch (what a ``_DROP`` names)."""
+        if self._epoch is None:
+            _name, self._epoch, _transport = self._native.segment_info(self._engine.control_addr, self._timeout)
+        return self._epoch
+
+    def _send_control(self, addr, kind, payload, timeout):
+        """A listener message to the agent at ``addr``, with the token's
+        proof bound to that agent's name (from the handshake)."""
+        receiver, _epoch, _transport = self._native.segment_info(addr, timeout)
+        message = _listener.encode(self._listen_key, kind, self.name, receiver, payload)
+        self._native.notify(addr, message, timeout)
 
     def _try_fetch(self, agent):
         addr = self._fetches.get(agent)
@@ -336,7 +502,7 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
 
     def _try_send(self, addr):
         try:
-            self._native.notify(addr, _LOAD + self.get_agent_metadata(), _RETRY_S)
+            self._send_control(addr, _listener.LOAD, self.get_agent_metadata(), _RETRY_S)
         except KvringError as error:
             log.debug("send_local_metadata: %s not there yet: %s", addr, error)
             return
@@ -348,8 +514,9 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         """Locates a descriptor list once: this agent's memory
         (``"NIXL_INIT_AGENT"`` or ``""``) or a remote agent's (its name; this
         agent's own name for loopback)."""
-        descs = self.get_xfer_descs(xfer_list, mem_type)
+        descs = _descs.build(_descs.nixlXferDList, xfer_list, mem_type)
         self._backend(backends)
+        agent_name = _agent_name(agent_name)
         addrs = [d[0] for d in descs]
         lengths = [d[1] for d in descs]
         gpu = descs.getType() == "VRAM"
@@ -372,9 +539,7 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
     ):
         """A transfer of ``local_indices`` of a local prepped list to
         ``remote_indices`` of a remote one (vLLM's path)."""
-        op = _OPS.get(operation)
-        if op is None:
-            raise InvalidArgumentError(f"operation must be \"WRITE\" or \"READ\", got {operation!r}")
+        op = _op(operation)
         for side, handle in (("local", local_xfer_side), ("remote", remote_xfer_side)):
             if not isinstance(handle, nixl_prepped_dlist_handle):
                 raise InvalidArgumentError(f"the {side} side must be a handle from prep_xfer_dlist, got {type(handle).__name__}")
@@ -389,8 +554,9 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
 
     def initialize_xfer(self, operation, local_descs, remote_descs, remote_agent, notif_msg=b"", backends=()):
         """A transfer between two transfer lists, paired one to one."""
-        local = self.get_xfer_descs(local_descs)
-        remote = self.get_xfer_descs(remote_descs)
+        _op(operation)
+        local = _descs.build(_descs.nixlXferDList, local_descs)
+        remote = _descs.build(_descs.nixlXferDList, remote_descs)
         if len(local) != len(remote):
             raise InvalidArgumentError(
                 f"{len(local)} local descriptors and {len(remote)} remote ones: a transfer pairs them one to one"
@@ -475,14 +641,24 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
 
     def get_xfer_telemetry(self, handle):
         """The last posting's telemetry (``nixlXferTelemetry``; vLLM's
-        connector records it after DONE). Raises until a posting is done."""
+        connector asks for it, with ``capture_telemetry=True``, after
+        DONE). Raises ``nixlNoTelemetryError`` where the agent collects
+        none (NIXL's rule: ``NIXL_TELEMETRY_ENABLE`` when set, else the
+        config's ``capture_telemetry``), ``InvalidArgumentError`` until a
+        posting is done. Durations are whole microseconds, rounded up: a
+        post or transfer that took any time reports at least 1."""
         xfer = handle.xfer()
+        if not self._telemetry:
+            raise nixlNoTelemetryError(
+                f"agent {self.name!r} collects no telemetry: nixl_agent_config(capture_telemetry=True), "
+                "or NIXL_TELEMETRY_ENABLE=y"
+            )
         if not handle.done:
             raise InvalidArgumentError(f"{handle!r} has no finished posting to report")
         wall_us = (time.time_ns() - (time.perf_counter_ns() - handle.posted_ns)) // 1000
-        return nixlXferTelemetry(
-            wall_us, handle.post_ns // 1000, (handle.ended_ns - handle.posted_ns) // 1000, xfer.bytes, len(xfer)
-        )
+        post_us = math.ceil(handle.post_ns / 1000)
+        xfer_us = math.ceil((handle.ended_ns - handle.posted_ns) / 1000)
+        return nixlXferTelemetry(wall_us, post_us, xfer_us, xfer.bytes, len(xfer))
 
     def query_xfer_backend(self, handle):
         """The backend name the transfer was made with."""
@@ -516,15 +692,15 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         for sender, message in self._native.notifications():
             if not message.startswith(_CONTROL):
                 self._unread.setdefault(sender, []).append(message)
-            elif message.startswith(_LOAD):
-                try:
-                    self.add_remote_agent(message[len(_LOAD) :])
-                except KvringError as error:
-                    log.error("metadata from %s could not be loaded: %s", sender, error)
-            elif message.startswith(_DROP):
-                addr = self._remotes.pop(sender, None)
-                if addr is not None:
-                    self._native.close_segment(addr)
+                continue
+            try:
+                kind, payload = self._verifier.open(sender, message)
+                if kind == _listener.LOAD:
+                    self._load_from(sender, payload)
+                else:
+                    self._drop_from(sender, payload)
+            except KvringError as error:
+                log.error("agent %s: listener message from %r refused: %s", self.name, sender, error)
         for handle in list(self._pending):
             if handle.batch is not None and not handle._released:
                 self._state(handle)
@@ -532,6 +708,54 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
             self._try_fetch(agent)
         for addr in list(self._sends):
             self._try_send(addr)
+
+    def _load_from(self, sender, metadata):
+        """A ``_LOAD``: loads the sender's own metadata, never another
+        agent's, and never re-points a name at another engine while the
+        engine it names now still answers as that name (a restarted one
+        does not: its epoch changed)."""
+        if not metadata.startswith(_MD_MAGIC):
+            raise UnauthorizedError("metadata that is not a kvring.nixl agent's")
+        name, addr = self._open_metadata(metadata)
+        known = self._remotes.get(name)
+        refusal = None
+        if name != sender:
+            refusal = f"metadata of agent {name!r} sent by {sender!r}: an agent sends only its own"
+        elif known is not None and known != addr and self._answers_as(known, name):
+            refusal = f"metadata re-pointing agent {name!r} from {known} to {addr} while {known} still answers as it"
+        if refusal is not None:
+            if addr not in self._remotes.values() and addr != self._engine.control_addr:
+                self._native.close_segment(addr)  # opened only to read its name
+            raise UnauthorizedError(refusal)
+        _name, epoch, _transport = self._native.segment_info(addr, self._timeout)
+        self._remotes[name], self._epochs[name] = addr, epoch
+        self._fetches.pop(name, None)
+
+    def _answers_as(self, addr, name):
+        """True if the engine at ``addr`` answers a fresh handshake as ``name``."""
+        try:
+            self._native.probe(addr, _RETRY_S)
+            return self._native.segment_info(addr, _RETRY_S)[0] == name
+        except KvringError:
+            return False
+
+    def _drop_from(self, sender, payload):
+        """A ``_DROP``: forgets the sender, and only the incarnation (epoch)
+        of it that it names."""
+        if len(payload) != 8:
+            raise UnauthorizedError(f"a withdrawal of {len(payload)} bytes, not an epoch's 8")
+        addr = self._remotes.get(sender)
+        if addr is None:
+            return  # nothing of it here
+        epoch = int.from_bytes(payload, "big")
+        loaded = self._epochs.get(sender)
+        if loaded is None:
+            loaded = self._native.segment_info(addr, self._timeout)[1]
+        if epoch != loaded:
+            raise UnauthorizedError(f"a withdrawal of agent {sender!r} at epoch {epoch:#x}, loaded at {loaded:#x}")
+        del self._remotes[sender]
+        self._epochs.pop(sender, None)
+        self._native.close_segment(addr)
 
     def get_new_notifs(self, backends=()):
         """Notifications since the last call: {agent name: [bytes, ...]}."""
@@ -549,7 +773,7 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         """True (and that notification removed) once one from
         ``remote_agent_name`` starts with ``lookup_tag`` (or contains it)."""
         tag = _message(lookup_tag)
-        messages = self.update_notifs().get(remote_agent_name, [])
+        messages = self.update_notifs().get(_agent_name(remote_agent_name), [])
         for message in messages:
             if message.startswith(tag) if tag_is_prefix else tag in message:
                 messages.remove(message)

@@ -14,7 +14,7 @@ created), never at the first transfer.
 | LIBFABRIC, UCCL, GPUNETIO, anything else | refused: no kvring transport takes their place in the Python build (no RDMA there yet) |
 """
 
-from ..errors import UnsupportedError
+from ._errors import NoSuchBackendError
 
 # Backends kvring stands in for -> what it uses (the engine's transport order).
 STANDS_IN_FOR = {
@@ -27,13 +27,15 @@ MEM_TYPES = ["DRAM", "VRAM"]
 
 
 def check(name):
-    """Returns ``name`` if kvring stands in for it, else raises saying why."""
+    """Returns ``name`` if kvring stands in for it, else raises saying why
+    (``NoSuchBackendError``: kvring's ``UnsupportedError``, NIXL's
+    ``nixlNotFoundError``)."""
     if name in STANDS_IN_FOR:
         return name
     if not isinstance(name, str):
-        raise UnsupportedError(f"a backend is named by a str, got {name!r}")
+        raise NoSuchBackendError(f"a backend is named by a str, got {name!r}")
     if name in STORAGE:
         why = "a storage backend: kvring moves memory between engines, not to files or objects"
     else:
         why = "no kvring transport stands in for it in this build"
-    raise UnsupportedError(f"NIXL backend {name!r}: {why}; kvring stands in for {', '.join(STANDS_IN_FOR)}")
+    raise NoSuchBackendError(f"NIXL backend {name!r}: {why}; kvring stands in for {', '.join(STANDS_IN_FOR)}")

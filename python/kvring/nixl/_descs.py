@@ -24,6 +24,7 @@ from a peer never run code here).
 import struct
 
 from ..errors import InvalidArgumentError, UnsupportedError
+from ._errors import UnknownKeyError
 
 # NIXL's names for memory kinds -> kvring's: "DRAM" host, "VRAM" GPU.
 _MEM_TYPES = {"DRAM": "DRAM", "cpu": "DRAM", "VRAM": "VRAM", "cuda": "VRAM"}
@@ -42,7 +43,7 @@ def mem_type(name):
         return _MEM_TYPES[name]
     if name in _STORAGE:
         raise UnsupportedError(f"memory type {name!r}: kvring moves host (DRAM) and GPU (VRAM) memory, not storage")
-    raise InvalidArgumentError(f"unknown memory type {name!r}: use \"DRAM\" (or \"cpu\") or \"VRAM\" (or \"cuda\")")
+    raise UnknownKeyError(f"unknown memory type {name!r}: use \"DRAM\" (or \"cpu\") or \"VRAM\" (or \"cuda\")")
 
 
 class _DList:
@@ -81,8 +82,25 @@ class _DList:
     def __eq__(self, other):
         return type(other) is type(self) and other._mem == self._mem and other._descs == self._descs
 
-    def __hash__(self):
-        return hash((type(self).__name__, self._mem, self._descs))
+    __hash__ = None  # mutable (addDesc, remDesc, clear), as NIXL's
+
+    def addDesc(self, desc):  # noqa: N802  (NIXL's name)
+        """Appends one descriptor (checked as the constructor checks)."""
+        self._descs += (_checked(tuple(desc), self._width, len(self._descs)),)
+
+    def remDesc(self, index):  # noqa: N802  (NIXL's name)
+        """Removes descriptor ``index``."""
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self._descs):
+            raise InvalidArgumentError(f"descriptor index {index!r} is past a list of {len(self._descs)}")
+        self._descs = self._descs[:index] + self._descs[index + 1 :]
+
+    def clear(self):
+        """Removes every descriptor."""
+        self._descs = ()
+
+    def print(self):
+        """Prints the list (NIXL's debugging aid)."""
+        print(repr(self))
 
     def __repr__(self):
         return f"{type(self).__name__}({self._mem}, {list(self._descs)!r})"

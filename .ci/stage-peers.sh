@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Peers' own tests as referees of kvring's drop-ins: NIXL's Python tests
+# (tests/peers/nixl/upstream, unchanged) run on NIXL 1.5.1 itself and on
+# kvring.nixl in the same Python; the stage fails if kvring.nixl fails any
+# test NIXL passes here, or passes fewer (tests/peers/nixl/run.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step() { printf '\n=== %s\n' "$*"; }
+
+venv=${KVRING_PYENV:-target/pyenv}
+step "python venv $venv with kvring built (pip install .[test])"
+if [ ! -x "$venv/bin/python" ]; then
+    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv python3-pip
+            python3 -m venv "$venv"
+        else
+            echo "python3 -m venv failed and no root apt-get (install python3-venv)" >&2
+            exit 1
+        fi
+    fi
+fi
+# Always from this tree: the Python layer under test is what pip copies
+# (maturin's cargo build in target/ is incremental after .ci/test's).
+echo "+ $venv/bin/pip install -q .[test]"
+"$venv/bin/pip" install -q ".[test]"
+
+# NIXL itself (its _api needs numpy; --no-deps keeps its pins out, as
+# .ci/test does), pytest-timeout (NIXL's tests mark per-test limits), and
+# torch (NIXL's test_nixl_api imports it; the registry's build runs on CPU).
+step "NIXL 1.5.1, torch and pytest-timeout"
+echo "+ $venv/bin/pip install -q --no-deps nixl-cu13==1.5.1 nixl==1.5.1"
+"$venv/bin/pip" install -q --no-deps nixl-cu13==1.5.1 nixl==1.5.1
+echo "+ $venv/bin/pip install -q torch pytest-timeout"
+"$venv/bin/pip" install -q torch pytest-timeout
+
+step "NIXL's own Python tests on NIXL 1.5.1 and on kvring.nixl"
+echo "+ $venv/bin/python tests/peers/nixl/run.py"
+"$venv/bin/python" tests/peers/nixl/run.py
