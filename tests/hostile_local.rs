@@ -256,7 +256,14 @@ fn data_connection(target: &Engine) -> std::net::TcpStream {
 }
 
 /// One tagged WRITE frame (a chunk of its own) and its ack's status.
-fn tagged_write(s: &mut std::net::TcpStream, epoch: u64, region: RegionId, offset: u64, payload: &[u8], tag: u32) -> i32 {
+fn tagged_write(
+    s: &mut std::net::TcpStream,
+    epoch: u64,
+    region: RegionId,
+    offset: u64,
+    payload: &[u8],
+    tag: u32,
+) -> i32 {
     let mut header = FrameHeader::new(FrameOp::Write, epoch, 1, region.raw(), offset, payload.len() as u64);
     // FLAG_TAGGED (0x2) with the tag in the status field, as the wire spec says.
     header.flags = FLAG_LAST | 0x2;
@@ -299,7 +306,8 @@ fn a_forged_arrival_tag_from_another_sender_counts_nothing() {
     let initiator = common::engine("tag-initiator");
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     local.fill_pattern(42);
-    let segment = initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
+    let segment =
+        initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
     let descs: Vec<_> = (4..8u64).map(|i| BlockDesc::new(local.id(), i * BLOCK, kv.id(), i * BLOCK, BLOCK)).collect();
     let mut sub = initiator.submitter().unwrap();
     let id = sub.submit(&Batch::write(&segment).descs(&descs).arrival_tag(tag)).unwrap();
@@ -363,7 +371,8 @@ fn staged_push_against_a_pool_holder(token: Option<&str>) -> (Duration, Duration
     let initiator = tokened("staging-initiator");
     let local = initiator.alloc_region(8 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
     local.fill_pattern(77);
-    let segment = initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
+    let segment =
+        initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
     // Warm (connections, staging pools), then the push alone: the median of three.
     let mut alone: Vec<_> = (0..4)
         .map(|_| {
@@ -480,9 +489,11 @@ fn another_engines_region_files_handed_out_with_every_right_keep_their_owners_ri
     for r in &mut lie.regions {
         r.access = Access::ALL;
     }
-    let answer = kvring::testing::control::response(response::Body::Handshake(
-        kvring::testing::control::HandshakeResponse { segment: Some(lie.to_proto()), challenge: None },
-    ));
+    let answer =
+        kvring::testing::control::response(response::Body::Handshake(kvring::testing::control::HandshakeResponse {
+            segment: Some(lie.to_proto()),
+            challenge: None,
+        }));
     let server = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
         let mut theirs = [0u8; 8];

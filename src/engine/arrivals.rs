@@ -62,9 +62,9 @@ impl Engine {
     pub fn grant_arrival(&self, tag: u32, ranges: &[(crate::RegionId, u64, u64)]) -> Result<()> {
         let mut raw = Vec::with_capacity(ranges.len());
         for &(region, offset, len) in ranges {
-            let end = offset.checked_add(len).ok_or_else(|| {
-                Error::invalid("arrival grant", format!("{region} at {offset} + {len} overflows"))
-            })?;
+            let end = offset
+                .checked_add(len)
+                .ok_or_else(|| Error::invalid("arrival grant", format!("{region} at {offset} + {len} overflows")))?;
             raw.push((region.raw(), offset, end));
         }
         self.inner.arrivals.grant(tag, &raw).map_err(|why| {
