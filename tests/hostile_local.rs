@@ -501,6 +501,8 @@ fn another_engines_region_files_handed_out_with_every_right_keep_their_owners_ri
         s.write_all(&preface()).unwrap();
         let _ = read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES);
         write_frame(&mut s, &answer).unwrap();
+        // Open until the initiator is done with it, as a real server.
+        let _ = s.read_to_end(&mut Vec::new());
     });
     let initiator = common::engine("initiator");
     let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
@@ -521,4 +523,68 @@ fn write_all_small(engine: &Engine, segment: &Segment, local: RegionId, remote: 
     let mut sub = engine.submitter().unwrap();
     let id = sub.submit(&Batch::write(segment).descs(&[BlockDesc::new(local, 0, remote, 0, 4096)])).unwrap();
     sub.wait(id, WAIT).unwrap()
+}
+
+/// A `kvring serve` (its region files, or with `--caller-memory` its cma
+/// page) and its descriptor as any peer that opens it gets it.
+fn third_engine(extra: &[&str]) -> (std::process::Child, kvring::testing::SegmentDescriptor) {
+    let mut child = Command::new(common::kvring_bin())
+        .args(["serve", "--name", "third", "--listen", "127.0.0.1:0", "--region-size", "1MiB", "--parent-watch"])
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.split_whitespace().find_map(|f| f.strip_prefix("listen=")).unwrap().to_string();
+    let initiator = kvring::testing::control::Initiator { name: "curious".into(), epoch: 1, addr: String::new() };
+    let deadline = Instant::now() + WAIT;
+    let handshake = kvring::testing::control::ControlClient::connect(&addr, deadline)
+        .unwrap()
+        .handshake(&initiator, None, deadline)
+        .unwrap();
+    (child, handshake.descriptor)
+}
+
+#[test]
+fn another_engines_files_and_cma_page_handed_out_as_ones_own_are_refused() {
+    for (extra, transport) in [(&[][..], TransportKind::Shm), (&["--caller-memory"][..], TransportKind::Cma)] {
+        let (mut third, descriptor) = third_engine(extra);
+        assert_eq!(descriptor.pid, third.id());
+        assert_eq!(descriptor.host_id, kvring::testing::descriptor(&common::engine("here")).host_id, "it answered itself");
+        // The liar answers with the third engine's descriptor as its own:
+        // its pid, epoch, files and page, every right.
+        let mut lie = descriptor.clone();
+        lie.name = "liar".into();
+        lie.tcp_addr = None;
+        for r in &mut lie.regions {
+            r.access = Access::ALL;
+        }
+        let answer = kvring::testing::control::response(response::Body::Handshake(
+            kvring::testing::control::HandshakeResponse { segment: Some(lie.to_proto()), challenge: None },
+        ));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut theirs = [0u8; 8];
+            s.read_exact(&mut theirs).unwrap();
+            s.write_all(&preface()).unwrap();
+            let _ = read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES);
+            write_frame(&mut s, &answer).unwrap();
+            // Open until the initiator is done with it, as a real server.
+            let _ = s.read_to_end(&mut Vec::new());
+        });
+        let initiator = common::engine("initiator");
+        let error = initiator.open_segment_with(&addr, Some(transport), WAIT).unwrap_err();
+        server.join().unwrap();
+        assert!(
+            error.to_string().contains("another host"),
+            "{transport:?}: the pid its descriptor names did not answer: {error}"
+        );
+        let _ = third.kill();
+        let _ = third.wait();
+    }
 }

@@ -54,6 +54,7 @@
 //! that moved part of an entry continues with the rest of it, and a fault
 //! that persists fails the chunk with the bytes moved before it.
 
+pub(crate) mod owner;
 mod page;
 pub(crate) mod sys;
 #[cfg(test)]
