@@ -553,7 +553,11 @@ fn another_engines_files_and_cma_page_handed_out_as_ones_own_are_refused() {
     for (extra, transport) in [(&[][..], TransportKind::Shm), (&["--caller-memory"][..], TransportKind::Cma)] {
         let (mut third, descriptor) = third_engine(extra);
         assert_eq!(descriptor.pid, third.id());
-        assert_eq!(descriptor.host_id, kvring::testing::descriptor(&common::engine("here")).host_id, "it answered itself");
+        assert_eq!(
+            descriptor.host_id,
+            kvring::testing::descriptor(&common::engine("here")).host_id,
+            "it answered itself"
+        );
         // The liar answers with the third engine's descriptor as its own:
         // its pid, epoch, files and page, every right.
         let mut lie = descriptor.clone();

@@ -43,8 +43,10 @@ pub(crate) fn bind_to_answering_process(
     for region in &mut descriptor.regions {
         region.shm_path = None;
     }
-    descriptor.cma =
-        Some(CmaReach::Refused(format!("pid {} is not the process that answered the handshake at {at}", descriptor.pid)));
+    descriptor.cma = Some(CmaReach::Refused(format!(
+        "pid {} is not the process that answered the handshake at {at}",
+        descriptor.pid
+    )));
 }
 
 /// True when process `pid` holds the TCP socket at the other end of our
