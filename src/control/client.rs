@@ -137,7 +137,8 @@ impl ControlClient {
                 });
             }
             let segment = reply.segment.ok_or_else(|| Error::malformed("handshake", "no segment descriptor"))?;
-            return Ok(Handshake { descriptor: SegmentDescriptor::from_proto(segment)?, session: None });
+            let descriptor = self.answered_by(SegmentDescriptor::from_proto(segment)?);
+            return Ok(Handshake { descriptor, session: None });
         };
         let Some(token) = token else {
             return Err(Error::Unauthorized {
@@ -175,7 +176,16 @@ impl ControlClient {
                 ),
             ));
         }
+        let descriptor = self.answered_by(descriptor);
         Ok(Handshake { session: Some(token.session(cn, sn, descriptor.epoch)), descriptor })
+    }
+
+    /// A same-host descriptor is trusted for shm and cma only when its pid
+    /// holds the other end of this connection (`transport::cma::owner`).
+    fn answered_by(&self, mut descriptor: SegmentDescriptor) -> SegmentDescriptor {
+        let (ours, theirs) = (self.stream.local_addr().ok(), self.stream.peer_addr().ok());
+        crate::transport::cma::owner::bind_to_answering_process(&mut descriptor, ours, theirs);
+        descriptor
     }
 
     fn handshake_step(

@@ -44,6 +44,50 @@ impl Engine {
         self.inner.arrivals.forget(tag)
     }
 
+    /// Binds `tag` to the ranges of this engine's regions its request was
+    /// given (each `(region, offset, len)`), before the push: from now until
+    /// [`forget_arrival`](Self::forget_arrival), only bytes landed wholly
+    /// inside them count under `tag`. Another peer (or another request)
+    /// tagging its writes with it counts nothing; a landing whose place the
+    /// target cannot see (an RDMA WRITE_WITH_IMM) does not count under a
+    /// granted tag. Refused (`InvalidArgument`) for a tag already granted
+    /// or already counting: two requests chose the same tag.
+    ///
+    /// ```no_run
+    /// # fn demo(engine: &kvring::Engine, kv: kvring::RegionId) -> kvring::Result<()> {
+    /// let tag = kvring::kv::arrival_tag(42, 3)?;
+    /// engine.grant_arrival(tag, &[(kv, 0, 65536)])?; // request 42's blocks of layer 3
+    /// # Ok(()) }
+    /// ```
+    pub fn grant_arrival(&self, tag: u32, ranges: &[(crate::RegionId, u64, u64)]) -> Result<()> {
+        let mut raw = Vec::with_capacity(ranges.len());
+        for &(region, offset, len) in ranges {
+            let end = offset
+                .checked_add(len)
+                .ok_or_else(|| Error::invalid("arrival grant", format!("{region} at {offset} + {len} overflows")))?;
+            raw.push((region.raw(), offset, end));
+        }
+        self.inner.arrivals.grant(tag, &raw).map_err(|why| {
+            let reason = match why {
+                crate::arrival::GrantRefused::Zero => "tag 0 means untagged".to_string(),
+                crate::arrival::GrantRefused::InUse => {
+                    format!("tag {tag:#x} is granted already or already counting: two requests chose the same tag")
+                }
+                crate::arrival::GrantRefused::Full => format!(
+                    "no room for tag {tag:#x}, or its ranges are empty or more than {}",
+                    crate::arrival::MAX_GRANT_RANGES
+                ),
+            };
+            Error::invalid("arrival grant", reason)
+        })
+    }
+
+    /// Landings refused under granted tags (outside their ranges, or with
+    /// no place the target could check).
+    pub fn arrivals_refused(&self) -> u64 {
+        self.inner.arrivals.refused()
+    }
+
     /// Landings that could not be counted (the tag table full, or a tag's
     /// count past 4 GiB).
     pub fn arrivals_dropped(&self) -> u64 {

@@ -210,18 +210,29 @@ impl Engine {
     /// Unregisters a region; refused with `RegionBusy` while batches use it
     /// (this engine's, or a same-host peer's copy into it over cma).
     pub fn unregister(&self, id: RegionId) -> Result<()> {
-        let entry = self.inner.registry.get(id)?;
         let cma = self.inner.context.cma.as_ref().ok();
+        // Two unregisters of one region (two threads, or a caller's retry)
+        // run one after the other: the second finds it gone below, before
+        // it touches the page.
+        let _serial = cma.map(|cma| cma.serialize());
+        let entry = self.inner.registry.get(id)?;
         if let Some(cma) = cma {
             // Off the page first, then wait out any peer's call inside it:
             // once this returns, the caller may free the memory.
             cma.revoke(id).map_err(|busy| Error::RegionBusy { region: id, in_flight: busy })?;
         }
-        if let Err(error) = self.inner.registry.unregister(id) {
-            if let Some(cma) = cma.filter(|_| entry.info.memory == MemoryKind::Host) {
-                cma.publish(id, entry.addr, entry.len, entry.info.access);
+        match self.inner.registry.unregister(id) {
+            Ok(_) => {}
+            // Still registered (this engine's batches hold it): list it
+            // again. Any other failure means it is not registered under
+            // `id` any more, and nothing of it is listed again.
+            Err(error @ Error::RegionBusy { .. }) => {
+                if let Some(cma) = cma.filter(|_| entry.info.memory == MemoryKind::Host) {
+                    cma.publish(id, entry.addr, entry.len, entry.info.access);
+                }
+                return Err(error);
             }
-            return Err(error);
+            Err(error) => return Err(error),
         }
         self.inner.pins.unpin(id);
         if let Some(node) = &self.inner.context.rdma {

@@ -117,6 +117,8 @@ struct Control {
     by_addr: BTreeMap<usize, RegionId>,
     /// Slots never used or freed, reused last-in first-out.
     free: Vec<u16>,
+    /// Slots whose generation was spent (never reused).
+    retired: usize,
 }
 
 /// The registry. Shared by the engine, its submitters and its lanes.
@@ -147,7 +149,7 @@ impl Registry {
             .map(|_| Slot { state: AtomicU64::new(1 << GENERATION_SHIFT), entry: UnsafeCell::new(None) })
             .collect();
         let free = (0..capacity as u16).rev().collect();
-        Self { slots, control: Mutex::new(Control { by_addr: BTreeMap::new(), free }) }
+        Self { slots, control: Mutex::new(Control { by_addr: BTreeMap::new(), free, retired: 0 }) }
     }
 
     fn control(&self) -> MutexGuard<'_, Control> {
@@ -199,7 +201,7 @@ impl Registry {
             // Peers check that the file's header names this id: written
             // before the region is listed (under the lock `snapshot` takes),
             // so no handshake announces it before its file proves it.
-            mapping.set_region(RegionId::new(index, generation));
+            mapping.set_region(RegionId::new(index, generation), info.access);
         }
         // SAFETY: the slot is free (from the free list): not live, no leases,
         // so no reader exists; we hold the control mutex, so no writer either.
@@ -216,10 +218,12 @@ impl Registry {
         let mut control = self.control();
         let slot = self.slot(id, Side::Local)?;
         let live_idle = ((id.generation() as u64) << GENERATION_SHIFT) | LIVE;
-        let next_generation = match id.generation().wrapping_add(1) {
-            0 => 1, // generation 0 is never issued, so zeroed ids never alias
-            g => g,
-        };
+        // A slot whose generation would wrap is retired, never reused: an
+        // id handed out once is never handed out again in this process's
+        // life, so a peer's stale id can never come to name a new buffer.
+        // (Generation 0 is never issued, so zeroed ids never alias.)
+        let retire = id.generation() == u16::MAX;
+        let next_generation = if retire { u16::MAX } else { id.generation() + 1 };
         let freed = (next_generation as u64) << GENERATION_SHIFT;
         // AcqRel: Acquire pairs with the lease holders' Release decrements,
         // so their reads of the entry are done; Release orders our later
@@ -235,7 +239,12 @@ impl Registry {
         // control mutex.
         let entry = unsafe { (*slot.entry.get()).take() }.expect("a live slot has an entry");
         control.by_addr.remove(&entry.addr);
-        control.free.push(id.index());
+        if retire {
+            control.retired += 1;
+            tracing::warn!(region = %id, "region slot retired: its generation is spent (never reused)");
+        } else {
+            control.free.push(id.index());
+        }
         Ok(entry)
     }
 
@@ -449,6 +458,32 @@ mod tests {
         assert!(registry.lease(id).is_err());
         assert!(registry.lease(RegionId::new(999, 1)).is_err(), "index past the table");
         assert!(registry.get(RegionId::new(again.index(), 0)).is_err(), "generation 0 is never issued");
+    }
+
+    #[test]
+    fn a_slot_churned_through_every_generation_is_retired_never_reused() {
+        let registry = Registry::new(1);
+        let (_buf, addr) = buffer(64);
+        let first = registry.register(addr, 64, RegionInfo::raw(), Backing::default()).unwrap();
+        let mut seen = std::collections::HashSet::from([first.raw()]);
+        let mut id = first;
+        loop {
+            registry.unregister(id).unwrap();
+            match registry.register(addr, 64, RegionInfo::raw(), Backing::default()) {
+                Ok(next) => {
+                    assert!(seen.insert(next.raw()), "id {next} handed out twice");
+                    id = next;
+                }
+                Err(Error::RegionTableFull { capacity: 1 }) => break,
+                Err(other) => panic!("{other}"),
+            }
+        }
+        // Every generation 1..=65535 was used once; the spent slot stays dead.
+        assert_eq!(seen.len(), u16::MAX as usize);
+        assert_eq!(id.generation(), u16::MAX);
+        assert!(matches!(registry.lease(id), Err(Error::UnknownRegion { .. })));
+        assert!(matches!(registry.lease(first), Err(Error::UnknownRegion { .. })), "the first id never comes back");
+        assert_eq!(registry.control().retired, 1);
     }
 
     #[test]

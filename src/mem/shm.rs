@@ -5,7 +5,9 @@
 //! `fallocate` and maps it with `MAP_POPULATE`, so neither the owner nor the
 //! lane pays a page fault (~15 µs each here) on the data path. The file's
 //! first page is a header the owner writes: magic, the owner's pid and
-//! epoch, the region's id and length. The region's bytes follow.
+//! epoch, the region's id, rights and length. The region's bytes follow.
+//! The rights a peer's link uses are the header's, never more than what a
+//! descriptor claims: a descriptor cannot widen them.
 //!
 //! A same-host peer maps a file only when it proves to be the region the
 //! descriptor announced ([`ShmMapping::open_peer`]): the name is the one
@@ -21,6 +23,7 @@
 
 use crate::desc::RegionId;
 use crate::error::{Error, Result};
+use crate::mem::Access;
 use memmap2::{MmapOptions, MmapRaw};
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -39,7 +42,8 @@ pub const SHM_HEADER_BYTES: usize = 4096;
 pub const SHM_MODE: u32 = 0o600;
 /// "KVRINGSH".
 const HEADER_MAGIC: [u8; 8] = *b"KVRINGSH";
-const HEADER_VERSION: u32 = 1;
+/// 2: the header carries the owner's rights (`access`, 0 in version 1).
+const HEADER_VERSION: u32 = 2;
 
 static NEXT_SHM_SEQ: AtomicU64 = AtomicU64::new(0);
 
@@ -53,7 +57,10 @@ struct ShmHeader {
     epoch: u64,
     /// Raw region id; 0 until the owner registered the region.
     region: u32,
-    reserved: u32,
+    /// The rights the owner registered the region with ([`Access`] bits):
+    /// what a peer may do with it, whatever a descriptor says. 0 until the
+    /// owner registered the region.
+    access: u32,
     len: u64,
 }
 
@@ -117,7 +124,7 @@ impl ShmMapping {
                 pid,
                 epoch,
                 region: 0,
-                reserved: 0,
+                access: 0,
                 len: len as u64,
             };
             mapping.write_header(&header);
@@ -165,12 +172,21 @@ impl ShmMapping {
         unsafe { self.header_ptr().read_volatile() }
     }
 
-    /// Records the region id the owner registered this mapping under, in
-    /// the header peers check. Call before the id is published.
-    pub fn set_region(&self, region: RegionId) {
+    /// Records the region id the owner registered this mapping under, and
+    /// the rights it registered it with, in the header peers check. Call
+    /// before the id is published.
+    pub fn set_region(&self, region: RegionId, access: Access) {
         let mut header = self.read_header();
         header.region = region.raw();
+        header.access = access.bits();
         self.write_header(&header);
+    }
+
+    /// The rights the owner wrote in the file's header: for a peer's
+    /// mapping, the most a link may do with it (a descriptor that claims
+    /// more, from a confused or hostile peer, does not count).
+    pub fn owner_access(&self) -> Access {
+        Access::from_bits(self.read_header().access)
     }
 
     /// Maps a peer's region file, only if it proves to be the region
@@ -330,11 +346,12 @@ mod tests {
     #[test]
     fn owner_and_peer_see_the_same_bytes_and_the_file_goes_with_the_owner() {
         let owner = ShmMapping::create(8192, 0xabc).unwrap();
-        owner.set_region(RegionId::new(3, 1));
+        owner.set_region(RegionId::new(3, 1), Access::REMOTE_READ);
         assert_eq!(owner.as_ptr() as usize % 4096, 0, "page aligned");
         let mode = std::fs::metadata(owner.path()).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o600, "only the owner's user reads or writes it");
         let peer = ShmMapping::open_peer(owner.path(), claim(&owner, 0xabc, RegionId::new(3, 1))).unwrap();
+        assert_eq!(peer.owner_access(), Access::REMOTE_READ, "the owner's rights, from its header");
         // SAFETY: both mappings are 8192 bytes long and alive.
         unsafe {
             owner.as_ptr().add(100).write(42);
@@ -350,7 +367,7 @@ mod tests {
     fn a_file_that_is_not_the_announced_region_is_never_mapped() {
         let owner = ShmMapping::create(4096, 0x11).unwrap();
         let region = RegionId::new(1, 1);
-        owner.set_region(region);
+        owner.set_region(region, Access::ALL);
         let good = claim(&owner, 0x11, region);
         let expect_refusal = |path: &Path, claim: PeerRegion, why: &str| {
             let error = ShmMapping::open_peer(path, claim).unwrap_err().to_string();

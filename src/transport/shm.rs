@@ -131,7 +131,7 @@ impl LaneLink for ShmLink {
         let mut moved = 0;
         let mut failure = None;
         for block in blocks {
-            let remote = match self.remote(&block.desc, block.desc_index) {
+            let remote = match self.remote(op, &block.desc, block.desc_index) {
                 Ok(remote) => remote,
                 Err(error) => {
                     failure = Some(error);
@@ -185,9 +185,19 @@ impl ShmLink {
     /// Where a block's remote range is here: in a mapping, or in device
     /// memory opened here.
     #[inline]
-    fn remote(&self, desc: &BlockDesc, desc_index: u32) -> Result<RemoteAt> {
+    fn remote(&self, op: Opcode, desc: &BlockDesc, desc_index: u32) -> Result<RemoteAt> {
         let index = desc.remote_region.index() as usize;
         if let Some(mapping) = self.mappings.get(index).and_then(Option::as_ref) {
+            // The rights are the owner's, from its file's header: a
+            // descriptor (a hostile peer's) cannot widen them.
+            let needs = match op {
+                Opcode::Write => crate::mem::Access::REMOTE_WRITE,
+                Opcode::Read => crate::mem::Access::REMOTE_READ,
+            };
+            if !mapping.owner_access().contains(needs) {
+                let needs = crate::mem::registry::access_name(needs);
+                return Err(Error::AccessDenied { desc_index, side: Side::Remote, region: desc.remote_region, needs });
+            }
             // The lane checked the range against the descriptor; the mapping
             // was made with the descriptor's length, so re-checking here is a
             // cheap second fence against ever touching memory outside it.

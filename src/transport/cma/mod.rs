@@ -18,27 +18,43 @@
 //! (another user, Yama, a process that is not dumpable) is reported with
 //! the reason, and the engine takes the next transport in the order.
 //!
-//! **Before every call** (`CmaLink::move_all`). The link counts itself
-//! into its user slot in the page, then checks, in this order and before
-//! any syscall: the page's epoch (0 once the target engine stopped), the
-//! pidfd (readable once the process exited), and the state word of every
-//! region the call touches. Every block was checked before that against
-//! the region as the target's page lists it (rights, bounds with checked
-//! arithmetic), on top of the lane's check against the descriptor. A
-//! pidfd never names another process, so a target that exited fails its
-//! next call with `PeerRestarted` without one byte written, and the next
-//! open picks up the restarted target's new pid from its new descriptor.
-//! The one window left is between the pidfd check and the syscall itself
-//! (no `process_vm_*` takes a pidfd): in that time the target would have
-//! to exit, be reaped by its parent, and the kernel, which hands pids out
-//! cyclically, would have to come round `pid_max` to give the pid to a
-//! new process of the same user.
+//! **Before every call** (`CmaLink::move_all`), a retry after `EINTR` or
+//! after a short count included. The link counts itself into its user slot
+//! in the page, then checks, in this order and before any syscall: the
+//! page's head *read through the target's own address space*
+//! (`process_vm_readv` at the address the target announced: same fixed
+//! head, same epoch, 0 once the target engine stopped), the pidfd
+//! (readable once the process exited), and the state word, address and
+//! length of every region the call touches, read again from the page. A
+//! process that exec'd keeps its pid, and its pidfd does not fire, but its
+//! new image does not map the page at that address (the read fails or
+//! shows other bytes), so it gets no call; the page file it left behind,
+//! whose epoch nobody zeroed, is not what is asked. Every block was checked
+//! before that against the region as the target's page lists it (rights,
+//! bounds with checked arithmetic), on top of the lane's check against the
+//! descriptor. A pidfd never names another process, so a target that
+//! exited fails its next call with `PeerRestarted` without one byte
+//! written, and the next open picks up the restarted target's new pid from
+//! its new descriptor.
+//!
+//! **The window left.** Between the last check and the syscall itself (no
+//! `process_vm_*` takes a pidfd) the target may still, in that time:
+//! exec (the call then writes into the new image, if it maps the
+//! addresses); or exit, be reaped by its parent, and have its pid handed to
+//! a new process, which the kernel does cyclically, after `pid_max` others,
+//! or at once where pids are set on purpose (`ns_last_pid`, CRIU). The new
+//! process must be one the kernel lets this process reach: one of the same
+//! user that is dumpable, or, where this process runs as root or holds
+//! `CAP_SYS_PTRACE` (most containers, this project's CI), *any* process.
+//! The window is one check-to-syscall gap per call (microseconds), and the
+//! writes stay inside the ranges the target's page listed.
 //!
 //! **Short counts.** The kernel may move fewer bytes than asked (it stops
 //! at the first fault); the link resumes from the exact byte, so a call
 //! that moved part of an entry continues with the rest of it, and a fault
 //! that persists fails the chunk with the bytes moved before it.
 
+pub(crate) mod owner;
 mod page;
 pub(crate) mod sys;
 #[cfg(test)]
@@ -203,20 +219,21 @@ impl CmaLink {
         let peer = self.peer.clone();
         let entered = peer.enter();
         let gone = |peer: &CmaPeer| Error::PeerRestarted { segment: peer.name.clone(), detail: peer.why_not_live() };
-        if !peer.live(&entered) {
-            return Err((gone(&peer), 0));
-        }
-        if let Some(&index) = self.touched.iter().find(|&&index| !peer.listed(&entered, index)) {
-            let at = peer.region(index).map_or(0, |r| (r.state >> 32) as u32);
-            let region = crate::desc::RegionId::from_raw(at);
-            return Err((Error::UnknownRegion { side: Side::Remote, region }, 0));
-        }
         let (mut start, mut moved, mut interrupted) = (0usize, 0u64, 0u32);
         while start < self.local.len() {
-            let end = (start + IOV_MAX).min(self.local.len());
-            if start > 0 && !peer.live(&entered) {
+            // Before *every* call, a retry after EINTR or a short count
+            // included: the target checked again, through its own address
+            // space, and every region the chunk touches still listed as it
+            // was (state, address and length).
+            if !peer.live(&entered) {
                 return Err((gone(&peer), moved));
             }
+            if let Some(&index) = self.touched.iter().find(|&&index| !peer.listed(&entered, index)) {
+                let at = peer.region(index).map_or(0, |r| (r.state >> 32) as u32);
+                let region = crate::desc::RegionId::from_raw(at);
+                return Err((Error::UnknownRegion { side: Side::Remote, region }, moved));
+            }
+            let end = (start + IOV_MAX).min(self.local.len());
             let want: usize = self.local[start..end].iter().map(|v| v.len).sum();
             self.calls += 1;
             // SAFETY: every local entry lies in a block the lane validated

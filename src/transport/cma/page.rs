@@ -10,9 +10,11 @@
 //! - a head: magic, version, the target's pid, a random nonce, the epoch
 //!   (set to 0 when the engine stops), where the page is mapped in the
 //!   target's own address space, the table sizes;
-//! - one *user slot* per initiator link (`pid << 32 | calls in progress`),
-//!   each on its own cache line: at most [`MAX_CMA_USERS`], a quota every
-//!   initiator fills one slot of, reclaimed from initiators that died;
+//! - one *user slot* per initiator link (`pid << 32 | calls in progress`,
+//!   then the initiator process's start time, so that a pid handed to
+//!   another process is not taken for it), each on its own cache line: at
+//!   most [`MAX_CMA_USERS`], a quota every initiator fills one slot of,
+//!   reclaimed from initiators that died;
 //! - one *region slot* per registry slot: the region's raw id, rights and a
 //!   live bit in one word, then its address and length.
 //!
@@ -28,7 +30,7 @@
 //! bounded; a region whose initiators do not finish in time stays
 //! registered and `unregister` says `RegionBusy`.
 
-use super::sys::{pid_alive, Pidfd};
+use super::sys::{process_start, same_process, Pidfd};
 use crate::desc::RegionId;
 use crate::error::{Error, Result};
 use crate::mem::shm::PeerRegion;
@@ -108,6 +110,11 @@ impl Page {
         self.word(USERS_OFFSET + index * LINE)
     }
 
+    /// When the process holding user slot `index` started (0: not known).
+    fn user_start(&self, index: usize) -> &AtomicU64 {
+        self.word(USERS_OFFSET + index * LINE + 8)
+    }
+
     /// (state, address, length) words of region slot `index`.
     fn region(&self, index: usize) -> [&AtomicU64; 3] {
         let at = REGIONS_OFFSET + index * REGION_SLOT_BYTES;
@@ -138,7 +145,7 @@ impl Page {
             let busy = (0..MAX_CMA_USERS)
                 .filter(|&i| {
                     let word = self.user(i).load(Ordering::SeqCst);
-                    word as u32 != 0 && pid_alive((word >> 32) as u32)
+                    word as u32 != 0 && same_process((word >> 32) as u32, self.user_start(i).load(Ordering::SeqCst))
                 })
                 .count() as u32;
             if busy == 0 || Instant::now() >= deadline {
@@ -155,6 +162,10 @@ impl Page {
 #[derive(Debug)]
 pub(crate) struct CmaExport {
     page: Page,
+    /// Held by an `unregister` from before it looks the region up until it
+    /// has re-listed it (or not): two unregisters of one region never
+    /// interleave, so the loser finds it gone and never lists it again.
+    unregistering: std::sync::Mutex<()>,
 }
 
 impl CmaExport {
@@ -178,7 +189,7 @@ impl CmaExport {
         unsafe { mapping.as_ptr().cast::<Head>().write_volatile(head) };
         let page = Page { mapping, capacity };
         page.epoch().store(epoch, Ordering::SeqCst);
-        Ok(Self { page })
+        Ok(Self { page, unregistering: std::sync::Mutex::new(()) })
     }
 
     /// What the engine's descriptor says of it.
@@ -204,16 +215,30 @@ impl CmaExport {
         state.store(state_word(id, access), Ordering::Release);
     }
 
+    /// Serialises unregisters: hold the guard across looking the region
+    /// up, [`revoke`](Self::revoke), the registry's unregister and any
+    /// re-listing after it failed.
+    pub fn serialize(&self) -> std::sync::MutexGuard<'_, ()> {
+        // A panic while holding it poisons nothing we rely on (the page's
+        // words are atomics): go on.
+        self.unregistering.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Takes a region off the page and waits until no initiator can still
     /// be inside a call that might touch it. On `Err(busy)` the region is
     /// listed again (it stays registered): `busy` initiators did not finish
-    /// within [`CMA_REVOKE_WAIT`].
+    /// within [`CMA_REVOKE_WAIT`]. A slot that lists another id (or none) is
+    /// left as it is: only `id` is taken off.
     pub fn revoke(&self, id: RegionId) -> std::result::Result<(), u32> {
         let index = id.index() as usize;
         if index >= self.page.capacity {
             return Ok(());
         }
         let [state, ..] = self.page.region(index);
+        let listed = state.load(Ordering::SeqCst);
+        if listed & LIVE == 0 || (listed >> 32) as u32 != id.raw() {
+            return Ok(());
+        }
         // SeqCst, paired with the initiators' SeqCst enter and check.
         let before = state.swap(0, Ordering::SeqCst);
         match self.page.drain(Instant::now() + CMA_REVOKE_WAIT) {
@@ -256,6 +281,10 @@ pub(crate) struct CmaPeer {
     page: Page,
     pidfd: Pidfd,
     epoch: u64,
+    /// Where the target maps the page in its own address space.
+    page_addr: u64,
+    /// The head as proven at open (its epoch word included).
+    head: [u8; HEAD_BYTES],
     user: usize,
     regions: Vec<Option<RegionAt>>,
     /// The target's name, for errors.
@@ -285,8 +314,17 @@ impl CmaPeer {
         })?;
         let user = claim_user(&page)
             .ok_or(Error::Busy { queue: "the target's cma initiator slots", capacity: MAX_CMA_USERS })?;
-        let mut peer =
-            Self { page, pidfd, epoch: descriptor.epoch, user, regions: Vec::new(), name: descriptor.name.clone() };
+        let head = page.head_bytes();
+        let mut peer = Self {
+            page,
+            pidfd,
+            epoch: descriptor.epoch,
+            page_addr,
+            head,
+            user,
+            regions: Vec::new(),
+            name: descriptor.name.clone(),
+        };
         peer.regions = peer.read_regions(descriptor);
         Ok(peer)
     }
@@ -336,19 +374,68 @@ impl CmaPeer {
     }
 
     /// True while the target engine still runs at the epoch it was opened
-    /// at and its process has not exited: the check before every call.
+    /// at, its process has not exited and still maps the page it proved at
+    /// open: the check before every call.
+    ///
+    /// The epoch is read *through the target's own address space*
+    /// (`process_vm_readv` of the page's head at the address the target
+    /// announced), not from our mapping of the page file: a process that
+    /// exec'd keeps its pid and its pidfd stays quiet, but its new image
+    /// does not map the page there (the read fails or shows other bytes),
+    /// and nobody zeroes the epoch in the file it left behind.
     #[inline]
     pub fn live(&self, _entered: &Entered<'_>) -> bool {
-        self.page.epoch().load(Ordering::SeqCst) == self.epoch && !self.pidfd.exited()
+        if self.page.epoch().load(Ordering::SeqCst) != self.epoch {
+            return false;
+        }
+        let mut theirs = [0u8; HEAD_BYTES];
+        let local = [super::sys::IoVec { base: theirs.as_mut_ptr() as usize, len: HEAD_BYTES }];
+        let remote = [super::sys::IoVec { base: self.page_addr as usize, len: HEAD_BYTES }];
+        // SAFETY: `theirs` is ours, valid for writes and unused during the
+        // call; one entry on each side.
+        let read = unsafe { super::sys::vm_copy(crate::ring::Opcode::Read, self.pidfd.pid(), &local, &remote) };
+        let epoch = u64::from_le_bytes(theirs[EPOCH_OFFSET..EPOCH_OFFSET + 8].try_into().expect("8 bytes"));
+        matches!(read, Ok(HEAD_BYTES))
+            && same_fixed_head(&self.head, &theirs)
+            && epoch == self.epoch
+            && !self.pidfd.exited()
     }
 
-    /// True while the region at `index` is still listed as it was at open.
+    /// True while the region at `index` is still listed as it was at open:
+    /// its state word (id, rights, live bit), address and length, all read
+    /// again from the page after the call was counted in (an id that came
+    /// back for another buffer at another address is not the region).
     #[inline]
     pub fn listed(&self, _entered: &Entered<'_>, index: usize) -> bool {
         match self.region(index) {
-            Some(region) => self.page.region(index)[0].load(Ordering::SeqCst) == region.state,
+            Some(region) => {
+                let [state, at, length] = self.page.region(index);
+                state.load(Ordering::SeqCst) == region.state
+                    && at.load(Ordering::SeqCst) == region.addr
+                    && length.load(Ordering::SeqCst) == region.len
+            }
             None => false,
         }
+    }
+
+    /// This peer as if its target were the process behind `pidfd` (the
+    /// same page and regions): what an initiator sees of a target that
+    /// exec'd, for tests.
+    #[cfg(test)]
+    pub fn with_pid_for_test(&self, pidfd: Pidfd) -> Self {
+        let mapping = ShmMapping::open_peer(
+            self.page.mapping.path(),
+            PeerRegion {
+                pid: std::process::id(),
+                epoch: self.epoch,
+                region: RegionId::from_raw(0),
+                len: self.page.mapping.len(),
+            },
+        )
+        .expect("the page opens again");
+        let page = Page { mapping, capacity: self.page.capacity };
+        let user = claim_user(&page).expect("a free slot");
+        Self { page, pidfd, user, regions: self.regions.clone(), name: self.name.clone(), ..*self }
     }
 
     /// The target's pid.
@@ -360,8 +447,15 @@ impl CmaPeer {
     pub fn why_not_live(&self) -> String {
         if self.pidfd.exited() {
             format!("its process {} exited", self.pidfd.pid())
-        } else {
+        } else if self.page.epoch().load(Ordering::SeqCst) != self.epoch {
             "its engine stopped (its cma page's epoch changed)".to_string()
+        } else {
+            format!(
+                "its process {} no longer maps its cma page at {:#x} (it exec'd another program, or its engine \
+                 stopped)",
+                self.pidfd.pid(),
+                self.page_addr
+            )
         }
     }
 }
@@ -396,15 +490,20 @@ impl Page {
     }
 }
 
-/// Takes a free user slot, or one left by a process that is gone.
+/// Takes a free user slot, or one left by a process that is gone (its pid
+/// free, or naming a process that started at another time).
 fn claim_user(page: &Page) -> Option<usize> {
-    let ours = u64::from(std::process::id()) << 32;
-    (0..MAX_CMA_USERS).find(|&i| {
+    let me = std::process::id();
+    let ours = u64::from(me) << 32;
+    let claimed = (0..MAX_CMA_USERS).find(|&i| {
         let slot = page.user(i);
         let word = slot.load(Ordering::SeqCst);
-        let free = word == 0 || !pid_alive((word >> 32) as u32);
+        let free = word == 0 || !same_process((word >> 32) as u32, page.user_start(i).load(Ordering::SeqCst));
         free && slot.compare_exchange(word, ours, Ordering::SeqCst, Ordering::Relaxed).is_ok()
-    })
+    })?;
+    // Before any call is counted in the slot (no target counts a slot at 0).
+    page.user_start(claimed).store(process_start(me).unwrap_or(0), Ordering::SeqCst);
+    Some(claimed)
 }
 
 /// The error for a target whose process or engine is gone.
@@ -461,5 +560,13 @@ mod tests {
             page.user(i).store(0, Ordering::SeqCst);
         }
         assert_eq!(page.drain(Instant::now() + Duration::from_secs(1)), 0);
+        // A live pid whose process started at another time: the initiator
+        // died inside a call and its pid went to another process.
+        page.user(17).store(alive | 1, Ordering::SeqCst);
+        let start = process_start(std::process::id()).unwrap();
+        page.user_start(17).store(start + 1, Ordering::SeqCst);
+        assert_eq!(page.drain(Instant::now() + Duration::from_secs(1)), 0, "a reused pid is not waited for");
+        page.user_start(17).store(start, Ordering::SeqCst);
+        assert_eq!(page.drain(Instant::now()), 1, "the same process inside a call is waited for");
     }
 }

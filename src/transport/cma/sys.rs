@@ -187,9 +187,41 @@ pub fn pid_alive(pid: u32) -> bool {
     rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
+/// When process `pid` started (clock ticks after boot, `/proc/<pid>/stat`
+/// field 22): with the pid, it names one process for good, so a pid the
+/// kernel handed to another process is not taken for the first.
+pub fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold anything.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(22 - 3).and_then(|field| field.parse().ok())
+}
+
+/// True while process `pid` that started at `start` (0: not known) is
+/// alive: its pid names a process, and that process started then.
+pub fn same_process(pid: u32, start: u64) -> bool {
+    if !pid_alive(pid) {
+        return false;
+    }
+    match process_start(pid) {
+        Some(now) => start == 0 || now == start,
+        // /proc unreadable: only the pid can tell; take it as alive.
+        None => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_is_named_by_its_pid_and_its_start() {
+        let me = std::process::id();
+        let start = process_start(me).expect("this process's start");
+        assert!(same_process(me, start));
+        assert!(same_process(me, 0), "an unknown start is taken as alive");
+        assert!(!same_process(me, start + 1), "another process at this pid is not this one");
+    }
 
     #[test]
     fn yama_scopes_map_to_policies_and_unknown_ones_to_the_strictest() {

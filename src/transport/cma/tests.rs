@@ -340,3 +340,72 @@ fn initiator_slots_are_a_quota_and_closed_links_give_theirs_back() {
     let again: Vec<CmaPeer> = (0..4).map(|_| CmaPeer::open(&target.descriptor()).unwrap()).collect();
     assert_eq!(again.len(), 4);
 }
+
+#[test]
+fn an_id_listed_again_at_another_address_gets_no_call() {
+    // The slot is revoked and listed again under the very same state word
+    // (what a wrapped generation would give) for another buffer: the link
+    // opened before must not write at the address it captured, nor at the
+    // new one.
+    let target = Target::new(Access::ALL);
+    let mut link = target.link(counting);
+    let mut other = vec![0u8; LEN];
+    target.export.revoke(target.id).unwrap();
+    target.export.publish(target.id, other.as_mut_ptr() as usize, LEN, Access::ALL);
+    let mut source = pattern(LEN, 4);
+    let chunk = blocks(&mut source, target.id, 1, 4096);
+    match transfer(&mut link, Opcode::Write, &chunk) {
+        Posted::Failed((Error::UnknownRegion { side: Side::Remote, .. }, 0)) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(link.calls, 0);
+    assert!(other.iter().all(|&b| b == 0));
+    assert!(target.memory.iter().all(|&b| b == 0));
+}
+
+/// The page's epoch word of the target the `interrupted` copy stops.
+static EPOCH_WORD: AtomicUsize = AtomicUsize::new(0);
+
+/// Stops the target's engine (its epoch to 0) and fails with `EINTR`, as a
+/// signal landing in the call would.
+///
+/// # Safety
+///
+/// `EPOCH_WORD` holds the address of a live page's epoch word.
+unsafe fn interrupted(_: Opcode, _: u32, _: &[IoVec], _: &[IoVec]) -> std::io::Result<usize> {
+    let word = EPOCH_WORD.load(Ordering::SeqCst) as *const AtomicU64;
+    // SAFETY: per this function's contract.
+    unsafe { (*word).store(0, Ordering::SeqCst) };
+    Err(std::io::Error::from_raw_os_error(libc::EINTR))
+}
+
+#[test]
+fn a_retry_after_eintr_checks_the_target_again() {
+    let target = Target::new(Access::ALL);
+    let Some(CmaReach::Offered { page_addr, .. }) = target.descriptor().cma else { unreachable!() };
+    EPOCH_WORD.store(page_addr as usize + 32, Ordering::SeqCst);
+    let mut link = target.link(interrupted);
+    let mut source = pattern(LEN, 6);
+    let chunk = blocks(&mut source, target.id, 1, 4096);
+    match transfer(&mut link, Opcode::Write, &chunk) {
+        Posted::Failed((Error::PeerRestarted { detail, .. }, 0)) => assert!(detail.contains("stopped"), "{detail}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(link.calls, 1, "no retry once the target stopped");
+}
+
+#[test]
+fn liveness_is_read_through_the_targets_address_space() {
+    // The initiator's own mapping of the page still says "running" (nobody
+    // zeroes it when a target execs), but the process at the pid does not
+    // map the page at the announced address: not live.
+    let target = Target::new(Access::ALL);
+    let mut child = std::process::Command::new("sleep").arg("10").spawn().unwrap();
+    let peer = CmaPeer::open(&target.descriptor()).unwrap();
+    assert!(peer.live(&peer.enter()));
+    let elsewhere = peer.with_pid_for_test(Pidfd::open(child.id()).unwrap());
+    assert!(!elsewhere.live(&elsewhere.enter()), "another image at the pid is not the target");
+    assert!(elsewhere.why_not_live().contains("no longer maps its cma page"), "{}", elsewhere.why_not_live());
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -173,6 +173,14 @@ pub(crate) struct TargetConn {
     stage_key: u32,
     /// A frame waits for staging pages.
     stalled: bool,
+    /// Since when the frame waiting for pages has waited.
+    stalled_since: Option<Instant>,
+    /// The proven session its staging pages count against (none: the
+    /// connection alone).
+    stage_identity: Option<u64>,
+    /// Since when the front reply, sent from staging pages, has been ready
+    /// to go (its peer has [`staging::STAGED_SEND_TIMEOUT`] to take it).
+    staged_front_since: Option<Instant>,
     /// The WRITE frames' pages being filled, and the READ frames'.
     write_group: staging::Group,
     read_group: staging::Group,
@@ -210,6 +218,9 @@ impl TargetConn {
             stage: Default::default(),
             stage_key: 0,
             stalled: false,
+            stalled_since: None,
+            stage_identity: None,
+            staged_front_since: None,
             write_group: Default::default(),
             read_group: Default::default(),
             groups: Vec::new(),
@@ -252,6 +263,9 @@ impl TargetConn {
                 Some(Close::Ended("a frame took too long to arrive"))
             }
             _ if self.frame_started.is_none() && now >= self.last_active + IDLE_TIMEOUT => Some(Close::Ended("idle")),
+            _ if self.staged_front_since.is_some_and(|t| now >= t + staging::STAGED_SEND_TIMEOUT) => {
+                Some(Close::Ended("its staged READ answers were not taken in time"))
+            }
             _ => None,
         }
     }
@@ -259,11 +273,15 @@ impl TargetConn {
     /// When [`expired`](Self::expired) or
     /// [`shrink_if_idle`](Self::shrink_if_idle) next has something to do.
     pub(crate) fn next_deadline(&self) -> Instant {
-        match (self.phase, self.frame_started) {
+        let next = match (self.phase, self.frame_started) {
             (Phase::Hello | Phase::Proof { .. }, _) => self.opened + self.admission_timeout,
             (_, Some(started)) => started + FRAME_TIMEOUT,
             (_, None) if self.buffer.capacity() > 0 => self.last_active + BUFFER_IDLE_FREE,
             (_, None) => self.last_active + IDLE_TIMEOUT,
+        };
+        match self.staged_front_since {
+            Some(since) => next.min(since + staging::STAGED_SEND_TIMEOUT),
+            None => next,
         }
     }
 
@@ -540,7 +558,7 @@ impl TargetConn {
         unsafe { ctx.registry.release_kept(region) };
         // Its bytes are in the region now: count them under its tag.
         if let Some(tag) = self.current.arrival_tag() {
-            ctx.arrivals.land(tag, self.current.len);
+            ctx.arrivals.land_at(tag, self.current.region, self.current.offset, self.current.len);
         }
         self.write_frame_ended(ctx, now);
     }

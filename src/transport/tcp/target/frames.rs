@@ -40,7 +40,7 @@ impl TargetConn {
                     Some((addr, Some((gpu, ordinal)))) if len > 0 => {
                         match self.stage(ctx, &gpu, (staging::Direction::In, addr as u64, ordinal, len)) {
                             Some((at, _)) => Receiving::Payload { dest: at, left: len, region, staged: true },
-                            None => return self.wait_for_pages(ctx, region),
+                            None => return self.wait_for_pages(ctx, &header, true, now),
                         }
                     }
                     Some((addr, _)) => Receiving::Payload { dest: addr as *mut u8, left: len, region, staged: false },
@@ -74,7 +74,7 @@ impl TargetConn {
                                         self.read_reply_staged();
                                         (at as *const u8, Some(number))
                                     }
-                                    None => return self.wait_for_pages(ctx, region),
+                                    None => return self.wait_for_pages(ctx, &header, false, now),
                                 }
                             }
                             _ => (addr as *const u8, None),
@@ -121,11 +121,28 @@ impl TargetConn {
     /// No staging page is free for the frame whose header was just taken:
     /// gives its lease back, leaves the header unread, and copies what this
     /// connection has staged so far (its pages come back when that ends,
-    /// so waiting connections always move on).
-    fn wait_for_pages(&mut self, ctx: &TargetContext, region: RegionId) -> bool {
+    /// so waiting connections always move on). A frame that has waited
+    /// [`STAGE_STALL_LIMIT`](staging::STAGE_STALL_LIMIT) is refused `Busy`
+    /// instead (its payload read and dropped).
+    fn wait_for_pages(&mut self, ctx: &TargetContext, header: &FrameHeader, write: bool, now: Instant) -> bool {
+        let region = RegionId::from_raw(header.region);
         // SAFETY: `check_block` kept this lease for this frame; the frame is
-        // put back unread, and the lease is given back once, here.
+        // put back unread (or refused), and the lease is given back once, here.
         unsafe { ctx.registry.release_kept(region) };
+        let since = *self.stalled_since.get_or_insert(now);
+        if now >= since + staging::STAGE_STALL_LIMIT {
+            self.stalled_since = None;
+            let error = Error::Busy { queue: "GPU staging pages", capacity: staging::IDENTITY_STAGE_PAGES };
+            if write {
+                self.chunk_failure.get_or_insert((*header, error));
+                self.receiving = Receiving::Discard { left: header.len as usize };
+            } else {
+                self.queue_status(FrameOp::ReadData, header, &error);
+                self.receiving = Receiving::Header;
+                self.frame_done(now);
+            }
+            return true;
+        }
         self.start -= FRAME_HEADER_BYTES;
         self.receiving = Receiving::Header;
         self.stalled = true;

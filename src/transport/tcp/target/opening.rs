@@ -58,6 +58,9 @@ impl TargetConn {
             .zip(ctx.auth.as_ref())
             .is_some_and(|(proof, auth)| auth.check_data(&cn, &sn, &nonce, &proof.mac));
         if proven {
+            // Its staging pages count against its proven session (one
+            // initiator's handshake), whatever number of connections it opens.
+            self.set_stage_identity(session_identity(&cn, &sn));
             self.admitted(ctx, admit);
         } else {
             let error = Error::Unauthorized { reason: "no valid session proof".into() };
@@ -76,4 +79,11 @@ impl TargetConn {
             Err(bound) => self.refuse(&Error::Busy { queue: bound, capacity: 0 }, ctx.epoch),
         }
     }
+}
+
+/// A proven session's identity for staging quotas: its nonces folded to 62
+/// bits (the top bits mark connection-only identities and are left clear).
+fn session_identity(cn: &Nonce, sn: &Nonce) -> u64 {
+    let fold = |n: &Nonce| u64::from_le_bytes(n[..8].try_into().expect("8 bytes"));
+    (fold(cn) ^ fold(sn).rotate_left(17)) >> 2
 }

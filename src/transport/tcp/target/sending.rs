@@ -28,6 +28,14 @@ impl TargetConn {
         let mut progressed = false;
         loop {
             let ready = self.open_gates();
+            // The send deadline of a staged READ answer runs from when it
+            // is ready at the front until it is sent.
+            match self.replies.front() {
+                Some(front) if ready > 0 && front.group.is_some() => {
+                    self.staged_front_since.get_or_insert_with(std::time::Instant::now);
+                }
+                _ => self.staged_front_since = None,
+            }
             if ready == 0 {
                 return Ok(progressed);
             }
@@ -73,6 +81,7 @@ impl TargetConn {
                 }
                 written -= left;
                 self.front_sent = 0;
+                self.staged_front_since = None;
                 if let Some(done) = self.replies.pop_front() {
                     if let Some(region) = done.lease {
                         // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.

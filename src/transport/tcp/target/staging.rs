@@ -10,6 +10,18 @@
 //! from a GPU region is copied into pages (the frames of one read pass
 //! share one copy) and answered from them once that copy completed. A frame
 //! that finds no page free waits, unread, until a copy ends and frees one.
+//!
+//! **Quotas.** Pages are counted per peer *identity*, not per connection:
+//! with a token, the proven session the connection belongs to (one
+//! initiator's handshake, however many connections it opens), without one
+//! the connection itself. One identity holds at most
+//! [`IDENTITY_STAGE_PAGES`] of its lane's pool. A staged READ answer must
+//! be taken by its peer within [`STAGED_SEND_TIMEOUT`] of being ready, or
+//! the connection is closed and its pages go back: a peer that asks for
+//! staged READs and never reads the answers holds its pages for that long
+//! at most. A frame that waited [`STAGE_STALL_LIMIT`] for a page and still
+//! finds none is refused `Busy` (the initiator may retry), never left to
+//! the initiator's timeout.
 
 use super::{TargetConn, TargetContext};
 use crate::desc::RegionId;
@@ -27,9 +39,15 @@ pub(crate) const MAX_GROUP_PAGES: usize = 8;
 /// Most copies one group carries (a peer's tiny scattered frames cost one
 /// batched copy per this many).
 pub(crate) const MAX_GROUP_COPIES: usize = 256;
-/// Most pages one connection holds at once: a quarter of its lane's pool,
-/// so no peer can hold the pages the lane's other connections need.
-pub(crate) const CONN_STAGE_PAGES: usize = LANE_STAGE_PAGES / 4;
+/// Most pages one peer identity (a proven session, or a connection without
+/// a token) holds at once, over all its connections on the lane: a quarter
+/// of the lane's pool, so no peer can hold the pages the others need.
+pub(crate) const IDENTITY_STAGE_PAGES: usize = LANE_STAGE_PAGES / 4;
+/// Longest a staged READ answer, ready to go, waits for its peer to take
+/// it before the connection is closed and its pages go back.
+pub(crate) const STAGED_SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Longest a frame waits for a staging page before it is refused `Busy`.
+pub(crate) const STAGE_STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A lane's staging for its served connections: made at the first frame
 /// that needs it, with the provider of that frame's region.
@@ -48,6 +66,26 @@ struct Staging {
     /// leases go back when it ends.
     orphans: Vec<(u64, Group)>,
     ends: Vec<ChunkEnd>,
+    /// Pages held now per peer identity (entries at 0 are removed).
+    held: std::collections::HashMap<u64, usize>,
+}
+
+impl Staging {
+    /// Pages `identity` holds on this lane now.
+    fn held(&self, identity: u64) -> usize {
+        self.held.get(&identity).copied().unwrap_or(0)
+    }
+
+    /// Gives `group`'s pages back to the pool, off its owner's count.
+    fn give(&mut self, group: &mut Group) {
+        if let Some(held) = self.held.get_mut(&group.owner) {
+            *held = held.saturating_sub(group.pages.len());
+            if *held == 0 {
+                self.held.remove(&group.owner);
+            }
+        }
+        self.pool.give(&mut group.pages);
+    }
 }
 
 impl Drop for Staging {
@@ -86,6 +124,7 @@ impl StagingSlot {
             copier: DeviceCopier::new(gpu.clone(), counters.clone()),
             orphans: Vec::new(),
             ends: Vec::new(),
+            held: Default::default(),
         })
     }
 
@@ -113,7 +152,7 @@ impl StagingSlot {
             let staging = self.staging.as_mut().expect("made above");
             if let Some(at) = staging.orphans.iter().position(|(orphan, _)| *orphan == id) {
                 let (_, mut group) = staging.orphans.swap_remove(at);
-                group.settle(ctx, &mut staging.pool, false);
+                group.settle(ctx, staging, false);
                 continue;
             }
             done(id, result.map(drop).map_err(|(error, _)| error), self);
@@ -131,13 +170,16 @@ pub(super) struct Group {
     /// The connection's number for it (its copy's id is `key << 32 | number`).
     number: u32,
     pages: Vec<u32>,
+    /// The peer identity its pages are counted against.
+    owner: u64,
     /// Bytes used of the last page.
     used: usize,
     copies: Vec<(DeviceCopy, u64)>,
     /// WRITE: the regions its copy writes, leased until it ends.
     leases: Vec<RegionId>,
-    /// WRITE: arrival tags to count once its bytes are in place.
-    tags: Vec<(u32, u64)>,
+    /// WRITE: arrival tags to count once its bytes are in place, with
+    /// where the bytes went (region, offset, length).
+    tags: Vec<(u32, u32, u64, u64)>,
     /// Set once its copy ended.
     done: Option<Result<(), Error>>,
     /// READ: replies still to be sent from its pages.
@@ -147,17 +189,17 @@ pub(super) struct Group {
 
 impl Group {
     /// Gives back the pages and leases; lands the tags when `landed`.
-    fn settle(&mut self, ctx: &TargetContext, pool: &mut StagePool, landed: bool) {
-        pool.give(&mut self.pages);
+    fn settle(&mut self, ctx: &TargetContext, staging: &mut Staging, landed: bool) {
+        staging.give(self);
         for region in self.leases.drain(..) {
             // SAFETY: `check_block` kept this lease for the frame whose bytes
             // this group's copy wrote; the copy ended, and it is given back
             // once, here.
             unsafe { ctx.registry.release_kept(region) };
         }
-        for (tag, bytes) in self.tags.drain(..) {
+        for (tag, region, offset, len) in self.tags.drain(..) {
             if landed {
-                ctx.arrivals.land(tag, bytes);
+                ctx.arrivals.land_at(tag, region, offset, len);
             }
         }
     }
@@ -188,11 +230,17 @@ impl TargetConn {
         self.stalled = false;
     }
 
-    /// Pages this connection holds now (its quota is [`CONN_STAGE_PAGES`]).
-    fn pages_held(&self) -> usize {
-        self.write_group.pages.len()
-            + self.read_group.pages.len()
-            + self.groups.iter().map(|g| g.pages.len()).sum::<usize>()
+    /// Counts this connection's pages against `identity` (its proven
+    /// session) from now on, instead of against the connection alone.
+    pub(crate) fn set_stage_identity(&mut self, identity: u64) {
+        self.stage_identity = Some(identity);
+    }
+
+    /// The identity this connection's pages count against.
+    fn identity(&self) -> u64 {
+        // Without a proven session: the connection alone (its key is unique
+        // in its lane; the top bit keeps it apart from session identities).
+        self.stage_identity.unwrap_or(1 << 63 | u64::from(self.stage_key))
     }
 
     /// Places `len` bytes of a frame for device `ordinal` at `device_at` in
@@ -213,7 +261,8 @@ impl TargetConn {
             self.issue(ctx, direction);
         }
         let fits = fits && !self.group(direction).pages.is_empty();
-        if !fits && self.pages_held() >= CONN_STAGE_PAGES {
+        let identity = self.identity();
+        if !fits && self.stage.get(gpu).held(identity) >= IDENTITY_STAGE_PAGES {
             self.stalled = true;
             return None;
         }
@@ -235,8 +284,11 @@ impl TargetConn {
                 self.stalled = true;
                 return None;
             }
+            *staging.held.entry(identity).or_default() += 1;
+            group.owner = identity;
             group.used = 0;
         }
+        self.stalled_since = None;
         let page = *group.pages.last().expect("a page was taken");
         let at = staging.pool.page(page).wrapping_add(group.used);
         group.used += len;
@@ -280,7 +332,7 @@ impl TargetConn {
             // failures); the group stays as the failure its gate reports.
             group.done = Some(Err(error));
             if group.replies == 0 {
-                group.settle(ctx, &mut staging.pool, false);
+                group.settle(ctx, staging, false);
             }
         }
         group.issued = true;
@@ -294,7 +346,8 @@ impl TargetConn {
     pub(super) fn staged_payload_landed(&mut self, region: RegionId) {
         self.write_group.leases.push(region);
         if let Some(tag) = self.current.arrival_tag() {
-            self.write_group.tags.push((tag, self.current.len));
+            let current = &self.current;
+            self.write_group.tags.push((tag, current.region, current.offset, current.len));
         }
     }
 
@@ -322,7 +375,7 @@ impl TargetConn {
         let landed = result.is_ok();
         group.done = Some(result);
         if group.replies == 0 {
-            group.settle(ctx, &mut staging.pool, landed);
+            group.settle(ctx, staging, landed);
             if landed {
                 // Done: its absence is what an ack gate reads as success.
                 self.groups.swap_remove(at);
@@ -360,7 +413,7 @@ impl TargetConn {
         if group.replies == 0 && group.done.is_some() {
             let mut group = self.groups.swap_remove(at);
             if let Some(staging) = self.stage.staging.as_mut() {
-                group.settle(ctx, &mut staging.pool, true);
+                group.settle(ctx, staging, true);
             }
         }
     }
@@ -381,14 +434,14 @@ impl TargetConn {
     pub(super) fn release_staging(&mut self, ctx: &TargetContext) {
         let Some(staging) = self.stage.staging.as_mut() else { return };
         for mut group in [std::mem::take(&mut self.write_group), std::mem::take(&mut self.read_group)] {
-            group.settle(ctx, &mut staging.pool, false);
+            group.settle(ctx, staging, false);
         }
         for mut group in self.groups.drain(..) {
             if group.issued && group.done.is_none() {
                 let id = (u64::from(self.stage_key) << 32) | u64::from(group.number);
                 staging.orphans.push((id, group));
             } else {
-                group.settle(ctx, &mut staging.pool, false);
+                group.settle(ctx, staging, false);
             }
         }
     }
