@@ -14,10 +14,15 @@
 //! copy kernel, one call each) is [`tier::choose_method`]'s choice, from
 //! what is pinned here and which GPUs this process has peer access between
 //! (`reach.rs`). Device memory is exported as a dma-buf for NICs
-//! (`dmabuf.rs`, from CUDA 11.7 drivers). Each operation makes its device's primary context current
-//! on the calling thread first: the context the CUDA runtime (and PyTorch)
-//! uses, so their pointers and ours are the same. Classifying, exporting
-//! and opening memory is `ipc.rs`.
+//! (`dmabuf.rs`, from CUDA 11.7 drivers). Each operation makes its device's
+//! primary context current on the calling thread (the context the CUDA
+//! runtime and PyTorch use, so their pointers and ours are the same) and
+//! puts back whatever context the thread had when it returns: a worker on
+//! `cuda:3` finds its current device unchanged after any kvring call
+//! ([`Bound`]). A device's primary context is retained only at its first
+//! use (memory of it registered, or it was named), never at load: each one
+//! costs hundreds of MiB of device memory in every process. Classifying,
+//! exporting and opening memory is `ipc.rs`.
 
 mod dmabuf;
 mod ipc;
@@ -56,11 +61,20 @@ unsafe impl<T> Send for Raw<T> {}
 // SAFETY: as above: shared use is a handle passed to the thread-safe driver.
 unsafe impl<T> Sync for Raw<T> {}
 
+/// One device: its handle and, once used, its retained primary context.
+#[derive(Debug)]
+struct Slot {
+    device: sys::CUdevice,
+    context: OnceLock<Raw<sys::CUcontext>>,
+}
+
 /// The provider over the CUDA driver.
 #[derive(Debug)]
 pub struct CudaGpu {
-    /// Per device: its handle and retained primary context.
-    contexts: Vec<(sys::CUdevice, Raw<sys::CUcontext>)>,
+    /// Per device: its handle and primary context (retained lazily).
+    contexts: Vec<Slot>,
+    /// Held while a primary context is retained (one retain per device).
+    retaining: Mutex<()>,
     /// The driver's CUDA version (12080 for 12.8).
     driver_version: u32,
     batch_copy: Option<BatchCopy>,
@@ -76,14 +90,17 @@ struct State {
     events: HashMap<u64, (u32, Raw<sys::CUevent>)>,
     /// Peers' exports opened here, by the pointer `open` returned.
     opened: HashMap<u64, Vec<ipc::Opened>>,
-    /// Legacy handles opened here: their base and how many opens hold them.
-    legacy: HashMap<[u8; 64], (u64, u32)>,
+    /// Legacy handles opened here, per opening device's context: their
+    /// base and how many opens hold them.
+    legacy: HashMap<([u8; 64], u32), (u64, u32)>,
     /// Runs of pieces this provider allocated, by their address.
     runs: HashMap<u64, ipc::Opened>,
     /// The copy kernel per device, once loaded (`None`: it did not load).
     kernels: HashMap<u32, Option<kernel::Loaded>>,
     /// The copy kernel's descriptor ring of each stream that launched it.
     rings: HashMap<u64, kernel::Ring>,
+    /// Allocations this provider made with `cuMemAlloc`: address → device.
+    allocations: HashMap<u64, u32>,
     /// Host ranges this provider pinned (device-mapped): start → length.
     pinned: BTreeMap<u64, u64>,
     /// Whether a kernel on the first GPU may touch the second's memory
@@ -137,20 +154,15 @@ impl CudaGpu {
             let mut device: sys::CUdevice = 0;
             // SAFETY: writes one device handle; `ordinal` is below the count.
             check(unsafe { sys::cuDeviceGet(&mut device, ordinal) }, "opening a GPU")?;
-            let mut context: sys::CUcontext = std::ptr::null_mut();
-            // SAFETY: writes one context handle for a valid device.
-            check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut context, device) }, "retaining a GPU's context")?;
-            contexts.push((device, Raw(context)));
+            contexts.push(Slot { device, context: OnceLock::new() });
         }
         if contexts.is_empty() {
             return Err(cuda_error("the CUDA driver loaded but lists no GPU"));
         }
-        // SAFETY: the first device's context, retained just above.
-        check(unsafe { sys::cuCtxSetCurrent(contexts[0].1 .0) }, "making a GPU's context current")?;
-        let host_pointers = contexts.iter().map(|&(device, _)| reach::host_pointers_usable(device)).collect();
+        let host_pointers = contexts.iter().map(|slot| reach::host_pointers_usable(slot.device)).collect();
         let batch_copy = batch_copy_12080(driver_version);
         let state = Mutex::new(State::default());
-        Ok(Self { contexts, driver_version, batch_copy, host_pointers, state })
+        Ok(Self { contexts, retaining: Mutex::new(()), driver_version, batch_copy, host_pointers, state })
     }
 
     /// The driver's CUDA version (12080 for 12.8).
@@ -158,14 +170,44 @@ impl CudaGpu {
         self.driver_version
     }
 
-    /// Makes `device`'s primary context current on this thread.
-    fn bind(&self, device: u32) -> Result<()> {
-        let (_, context) = self
+    /// `device`'s primary context, retained at its first use.
+    fn context(&self, device: u32) -> Result<sys::CUcontext> {
+        let slot = self
             .contexts
             .get(device as usize)
             .ok_or_else(|| cuda_error(format!("no GPU {device} (this host has {})", self.contexts.len())))?;
+        if let Some(context) = slot.context.get() {
+            return Ok(context.0);
+        }
+        let _one = self.retaining.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(context) = slot.context.get() {
+            return Ok(context.0);
+        }
+        let mut context: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one context handle for a valid device.
+        check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut context, slot.device) }, "retaining a GPU's context")?;
+        let _ = slot.context.set(Raw(context));
+        Ok(context)
+    }
+
+    /// Makes `device`'s primary context current on this thread until the
+    /// guard drops, which puts back the context the thread had.
+    fn bind(&self, device: u32) -> Result<Bound> {
+        let context = self.context(device)?;
+        let mut previous: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one context handle (null when none is current).
+        check(unsafe { sys::cuCtxGetCurrent(&mut previous) }, "reading the thread's current context")?;
+        if previous == context {
+            return Ok(Bound { previous: None });
+        }
         // SAFETY: a context this provider retained.
-        check(unsafe { sys::cuCtxSetCurrent(context.0) }, "making a GPU's context current")
+        check(unsafe { sys::cuCtxSetCurrent(context) }, "making a GPU's context current")?;
+        Ok(Bound { previous: Some(previous) })
+    }
+
+    /// The devices whose primary context this provider retained.
+    fn retained(&self) -> impl Iterator<Item = (u32, Raw<sys::CUcontext>)> + '_ {
+        self.contexts.iter().enumerate().filter_map(|(i, slot)| slot.context.get().map(|c| (i as u32, *c)))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -182,13 +224,31 @@ impl CudaGpu {
         if let Some(&known) = self.lock().kernels.get(&device) {
             return known;
         }
-        let loaded = self.bind(device).and_then(|()| kernel::load());
+        let loaded = self.bind(device).and_then(|_bound| kernel::load());
         if let Err(error) = &loaded {
             tracing::warn!(%error, gpu = device, "the copy kernel did not load: one copy call per run instead");
         }
         let loaded = loaded.ok();
         self.lock().kernels.insert(device, loaded);
         loaded
+    }
+}
+
+/// A context made current by [`CudaGpu::bind`]; dropping it puts back
+/// the one the thread had (none included), so the caller's CUDA runtime
+/// state (PyTorch's current device) is what it was.
+#[must_use]
+struct Bound {
+    previous: Option<sys::CUcontext>,
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous {
+            // SAFETY: the context the thread had a moment ago, or null
+            // (which unbinds); a failure leaves nothing to clean up.
+            unsafe { sys::cuCtxSetCurrent(previous) };
+        }
     }
 }
 
@@ -216,8 +276,8 @@ impl CudaGpu {
     /// Closes, frees and destroys everything in `state`, then releases the
     /// contexts (the provider's drop).
     fn release(&self, mut state: State) {
-        let _ = self.bind(0);
         for (opened, base) in state.take_opened() {
+            let _bound = self.bind(opened.device());
             let _ = ipc::close(opened, base);
         }
         for (_, run) in state.runs.drain() {
@@ -225,30 +285,52 @@ impl CudaGpu {
         }
         for (id, ring) in state.rings.drain() {
             if let Some((device, stream)) = state.streams.get(&id) {
-                let _ = self.bind(*device);
+                let _bound = self.bind(*device);
                 ring.free(stream.0);
             }
         }
         for (_, (device, event)) in state.events {
-            let _ = self.bind(device);
+            let _bound = self.bind(device);
             // SAFETY: an event this provider created and nothing uses now.
             unsafe { sys::cuEventDestroy_v2(event.0) };
         }
         for (_, (device, stream)) in state.streams {
-            let _ = self.bind(device);
+            let _bound = self.bind(device);
             // SAFETY: a stream this provider created and nothing uses now.
             unsafe { sys::cuStreamDestroy_v2(stream.0) };
         }
+        for (addr, device) in state.allocations {
+            let _bound = self.bind(device);
+            // SAFETY: an allocation this provider made whose owner never
+            // freed it (owners hold the provider, so they are gone).
+            unsafe { sys::cuMemFree_v2(addr) };
+        }
         for (addr, _) in state.pinned {
+            let _bound = self.bind(self.home());
             // SAFETY: a range this provider pinned whose owner never
             // unpinned it (owners hold the provider, so they are gone); the
             // driver checks the address and touches no memory of it.
             unsafe { sys::cuMemHostUnregister(addr as *mut c_void) };
         }
-        for (device, _) in &self.contexts {
-            // SAFETY: one release per retain in `load`.
-            unsafe { sys::cuDevicePrimaryCtxRelease_v2(*device) };
+        let retained: Vec<u32> = self.retained().map(|(device, _)| device).collect();
+        for ordinal in retained {
+            // SAFETY: one release per retain in `context`.
+            unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.contexts[ordinal as usize].device) };
         }
+    }
+
+    /// The device a call that names none runs under: the one whose context
+    /// is current on this thread (the caller's device), else the first one
+    /// this provider already uses, else the first.
+    fn home(&self) -> u32 {
+        let mut current: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one context handle.
+        if unsafe { sys::cuCtxGetCurrent(&mut current) } == sys::CUresult::CUDA_SUCCESS && !current.is_null() {
+            if let Some((device, _)) = self.retained().find(|(_, c)| c.0 == current) {
+                return device;
+            }
+        }
+        self.retained().next().map_or(0, |(device, _)| device)
     }
 
     /// A stream's device and handle.
@@ -324,7 +406,7 @@ impl Gpu for CudaGpu {
 
     fn devices(&self) -> Result<Vec<GpuDevice>> {
         shielded("listing GPUs", || {
-            self.contexts.iter().enumerate().map(|(ordinal, (device, _))| describe(ordinal as u32, *device)).collect()
+            self.contexts.iter().enumerate().map(|(ordinal, slot)| describe(ordinal as u32, slot.device)).collect()
         })
     }
 
@@ -334,10 +416,11 @@ impl Gpu for CudaGpu {
 
     fn alloc(&self, device: u32, len: u64) -> Result<DevicePtr> {
         shielded("allocating device memory", || {
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             let mut ptr: sys::CUdeviceptr = 0;
             // SAFETY: writes one device pointer.
             check(unsafe { sys::cuMemAlloc_v2(&mut ptr, len as usize) }, "allocating device memory")?;
+            self.lock().allocations.insert(ptr, device);
             Ok(DevicePtr(ptr))
         })
     }
@@ -349,11 +432,17 @@ impl Gpu for CudaGpu {
     unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
         shielded("freeing device memory", || {
             if let Some(run) = self.lock().runs.remove(&ptr.0) {
-                self.bind(0)?;
                 return ipc::close(run, 0);
             }
+            // cuMemFree needs a current context: the allocation's, bound
+            // here, so a finalizer thread with none frees it too.
+            let device = self.lock().allocations.get(&ptr.0).copied();
+            let device = device.ok_or_else(|| cuda_error(format!("{:#x} was not allocated here", ptr.0)))?;
+            let _bound = self.bind(device)?;
             // SAFETY: our caller's contract: nothing uses the allocation.
-            check(unsafe { sys::cuMemFree_v2(ptr.0) }, "freeing device memory")
+            check(unsafe { sys::cuMemFree_v2(ptr.0) }, "freeing device memory")?;
+            self.lock().allocations.remove(&ptr.0);
+            Ok(())
         })
     }
 
@@ -376,7 +465,7 @@ impl Gpu for CudaGpu {
 
     fn create_stream(&self, device: u32) -> Result<Stream> {
         shielded("creating a stream", || {
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             let mut stream: sys::CUstream = std::ptr::null_mut();
             let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
             // SAFETY: writes one stream handle.
@@ -391,7 +480,7 @@ impl Gpu for CudaGpu {
     fn destroy_stream(&self, stream: Stream) -> Result<()> {
         shielded("destroying a stream", || {
             let (device, raw) = self.lock().streams.remove(&stream.0).ok_or_else(|| cuda_error("no such stream"))?;
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             if let Some(ring) = self.lock().rings.remove(&stream.0) {
                 ring.free(raw.0);
             }
@@ -402,7 +491,7 @@ impl Gpu for CudaGpu {
 
     fn wait_caller_stream(&self, device: u32, stream: u64, timeout: std::time::Duration) -> Result<()> {
         shielded("waiting for the caller's stream", || {
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             let deadline = std::time::Instant::now() + timeout;
             loop {
                 // SAFETY: cuStreamQuery only reads the handle; the driver
@@ -433,7 +522,7 @@ impl Gpu for CudaGpu {
     unsafe fn copy_batch(&self, stream: Stream, copies: &[Copy], sides: &[CopySides]) -> Result<CopyMethod> {
         shielded("a batch of copies", || {
             let (device, raw) = self.stream(stream)?;
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             if copies.is_empty() {
                 return Ok(self.copy_method());
             }
@@ -445,7 +534,7 @@ impl Gpu for CudaGpu {
     unsafe fn copy_one(&self, stream: Stream, copy: Copy) -> Result<()> {
         shielded("a copy", || {
             let (device, raw) = self.stream(stream)?;
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             // SAFETY: the range is our caller's; UVA resolves the direction.
             check(unsafe { sys::cuMemcpyAsync(copy.dst, copy.src, copy.len as usize, raw.0) }, "a copy")
         })
@@ -453,7 +542,7 @@ impl Gpu for CudaGpu {
 
     fn create_event(&self, device: u32) -> Result<Event> {
         shielded("creating an event", || {
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             let mut event: sys::CUevent = std::ptr::null_mut();
             let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
             // SAFETY: writes one event handle.
@@ -469,7 +558,7 @@ impl Gpu for CudaGpu {
         shielded("recording an event", || {
             let (device, stream) = self.stream(stream)?;
             let (_, event) = *self.lock().events.get(&event.0).ok_or_else(|| cuda_error("no such event"))?;
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             // SAFETY: both handles are live (in the provider's tables).
             check(unsafe { sys::cuEventRecord(event.0, stream.0) }, "recording an event")
         })
@@ -478,7 +567,7 @@ impl Gpu for CudaGpu {
     fn query(&self, event: Event) -> Result<bool> {
         shielded("polling an event", || {
             let (device, raw) = *self.lock().events.get(&event.0).ok_or_else(|| cuda_error("no such event"))?;
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             // SAFETY: a live event.
             match unsafe { sys::cuEventQuery(raw.0) } {
                 sys::CUresult::CUDA_SUCCESS => Ok(true),
@@ -491,7 +580,7 @@ impl Gpu for CudaGpu {
     fn destroy_event(&self, event: Event) -> Result<()> {
         shielded("destroying an event", || {
             let (device, raw) = self.lock().events.remove(&event.0).ok_or_else(|| cuda_error("no such event"))?;
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             // SAFETY: an event this provider created, now out of its table.
             check(unsafe { sys::cuEventDestroy_v2(raw.0) }, "destroying an event")
         })
@@ -499,7 +588,7 @@ impl Gpu for CudaGpu {
 
     unsafe fn host_register(&self, addr: u64, len: u64) -> Result<()> {
         shielded("pinning host memory", || {
-            self.bind(0)?;
+            let _bound = self.bind(self.home())?;
             let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
             // SAFETY: our caller keeps the range mapped until it unregisters.
             let result = unsafe { sys::cuMemHostRegister_v2(addr as *mut c_void, len as usize, flags) };
@@ -511,7 +600,7 @@ impl Gpu for CudaGpu {
 
     fn host_unregister(&self, addr: u64) -> Result<()> {
         shielded("unpinning host memory", || {
-            self.bind(0)?;
+            let _bound = self.bind(self.home())?;
             self.lock().pinned.remove(&addr);
             // SAFETY: the driver checks that the address was registered.
             check(unsafe { sys::cuMemHostUnregister(addr as *mut c_void) }, "unpinning host memory")
