@@ -117,6 +117,53 @@ pub(crate) fn driver_present() -> bool {
     *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
 }
 
+/// The last reason [`CudaGpu::load`] failed, kept for every later refusal.
+static LOAD_ERROR: Mutex<Option<String>> = Mutex::new(None);
+
+/// Why this process has no CUDA provider, for refusals: the load's own
+/// error (a present driver whose `cuInit` failed, quoted), else that no
+/// driver was found.
+pub(crate) fn unavailable() -> String {
+    match LOAD_ERROR.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        Some(error) => format!("the CUDA driver did not load: {error}"),
+        None => "no CUDA driver found".into(),
+    }
+}
+
+/// cudarc opens `libcuda.so` before `libcuda.so.1`: where the first is
+/// another library than the driver's (the toolkit's stub, an older copy on
+/// `LD_LIBRARY_PATH`), this process would run a second driver instance
+/// beside the one PyTorch uses. Says so, rather than load it.
+fn library_mismatch() -> Option<String> {
+    let entry = |name: &CStr| {
+        // SAFETY: dlopen of a library name; the handle is closed below.
+        let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if handle.is_null() {
+            return None;
+        }
+        // SAFETY: a symbol lookup in a live handle.
+        let symbol = unsafe { libc::dlsym(handle, c"cuInit".as_ptr()) } as usize;
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: dladdr fills `info` with static strings of the loader.
+        let path = match unsafe { libc::dladdr(symbol as *const c_void, &mut info) } != 0 && !info.dli_fname.is_null() {
+            // SAFETY: a NUL-terminated string of the loader.
+            true => unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned(),
+            false => name.to_string_lossy().into_owned(),
+        };
+        // SAFETY: the handle opened above.
+        unsafe { libc::dlclose(handle) };
+        Some((symbol, path))
+    };
+    match (entry(c"libcuda.so.1"), entry(c"libcuda.so")) {
+        (Some((driver, driver_path)), Some((first, first_path))) if driver != first => Some(format!(
+            "libcuda.so on the library path ({first_path}) is not the driver's libcuda.so.1 ({driver_path}); the CUDA \
+             bindings load libcuda.so first, which would run a second driver beside the application's: take that \
+             directory (often the CUDA toolkit's stubs) off LD_LIBRARY_PATH"
+        )),
+        _ => None,
+    }
+}
+
 impl CudaGpu {
     /// Loads the driver, initialises it and retains every device's primary
     /// context; a clear error when there is no driver, no device, or a
@@ -128,7 +175,15 @@ impl CudaGpu {
                  (kvring's tests run the GPU paths on a simulated provider without one)",
             ));
         }
-        shielded("loading the CUDA driver", Self::load_present)
+        let loaded = match library_mismatch() {
+            Some(reason) => Err(cuda_error(reason)),
+            None => shielded("loading the CUDA driver", Self::load_present),
+        };
+        if let Err(error) = &loaded {
+            let mut kept = LOAD_ERROR.lock().unwrap_or_else(|p| p.into_inner());
+            *kept = Some(error.to_string());
+        }
+        loaded
     }
 
     /// [`CudaGpu::load`] once the library is known to be there.
@@ -252,6 +307,37 @@ impl Drop for Bound {
     }
 }
 
+impl CudaGpu {
+    /// An event recorded on the caller's `stream` (0: `device`'s legacy
+    /// stream), made in the stream's own context as the driver requires.
+    fn mark_caller_stream(&self, device: u32, stream: u64) -> Result<Raw<sys::CUevent>> {
+        let raw = stream as sys::CUstream;
+        let _bound = self.bind(device)?;
+        let mut context: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: the driver checks the handle (a stale one is an error
+        // code) and writes one context.
+        check(unsafe { sys::cuStreamGetCtx(raw, &mut context) }, "finding the caller stream's context")?;
+        // SAFETY: a context the driver just named.
+        check(unsafe { sys::cuCtxPushCurrent_v2(context) }, "making the caller stream's context current")?;
+        let mut event: sys::CUevent = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
+        // SAFETY: writes one event handle.
+        let mut result = unsafe { sys::cuEventCreate(&mut event, flags) };
+        if result == sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: both handles live, of one context.
+            result = unsafe { sys::cuEventRecord(event, raw) };
+            if result != sys::CUresult::CUDA_SUCCESS {
+                // SAFETY: made just above, never recorded.
+                unsafe { sys::cuEventDestroy_v2(event) };
+            }
+        }
+        // SAFETY: pops what was pushed above.
+        unsafe { sys::cuCtxPopCurrent_v2(std::ptr::null_mut()) };
+        check(result, "marking the caller's stream")?;
+        Ok(Raw(event))
+    }
+}
+
 impl State {
     fn take_id(&mut self) -> u64 {
         self.next_id += 1;
@@ -355,10 +441,11 @@ impl CudaGpu {
         let batch = self.batch_copy.filter(|_| self.driver_version >= tier::BATCH_API_DRIVER);
         let kernel = if batch.is_some() { None } else { self.kernel(device) };
         let kernel_ready = kernel.is_some() && copies.len() <= kernel::SLOT_COPIES && self.slot_free(stream)?;
-        let (host_pinned, peers_reachable) = match kernel_ready {
-            true => (self.host_pinned(device, copies, sides), self.peers_reachable(device, sides)),
-            false => (false, false),
-        };
+        // Peer access is enabled for every pair of GPUs a chunk touches,
+        // whatever the method: a batched or plain copy between GPUs without
+        // it is staged through the host.
+        let peers_reachable = self.peers_reachable(device, sides);
+        let host_pinned = kernel_ready && self.host_pinned(device, copies, sides);
         let inputs = TierInputs {
             driver_version: self.driver_version,
             batch_api: batch.is_some(),
@@ -368,8 +455,9 @@ impl CudaGpu {
         };
         match (choose_method(inputs), batch, kernel) {
             (CopyMethod::Batched, Some(batch), _) => {
+                let pageable = self.pageable_source(copies, sides);
                 // SAFETY: forwarded from our caller.
-                unsafe { batched(batch, raw, copies) }.map(|()| CopyMethod::Batched)
+                unsafe { batched(batch, raw, copies, pageable) }.map(|()| CopyMethod::Batched)
             }
             (CopyMethod::Kernel, _, Some(kernel)) => {
                 let mut state = self.lock();
@@ -491,20 +579,25 @@ impl Gpu for CudaGpu {
 
     fn wait_caller_stream(&self, device: u32, stream: u64, timeout: std::time::Duration) -> Result<()> {
         shielded("waiting for the caller's stream", || {
-            let _bound = self.bind(device)?;
+            // An event recorded now marks the work queued so far; polling
+            // the stream itself would also wait for work queued after this
+            // call (a decode loop's stream is rarely idle).
+            let event = self.mark_caller_stream(device, stream)?;
             let deadline = std::time::Instant::now() + timeout;
-            loop {
-                // SAFETY: cuStreamQuery only reads the handle; the driver
-                // checks it (a stale or forged one is an error code).
-                match unsafe { sys::cuStreamQuery(stream as sys::CUstream) } {
-                    sys::CUresult::CUDA_SUCCESS => return Ok(()),
+            let waited = loop {
+                // SAFETY: a live event made just above.
+                match unsafe { sys::cuEventQuery(event.0) } {
+                    sys::CUresult::CUDA_SUCCESS => break Ok(()),
                     sys::CUresult::CUDA_ERROR_NOT_READY if std::time::Instant::now() < deadline => {
                         std::thread::sleep(std::time::Duration::from_micros(20))
                     }
-                    sys::CUresult::CUDA_ERROR_NOT_READY => return Err(Error::Timeout { waited: timeout }),
-                    other => return check(other, "the caller's stream"),
+                    sys::CUresult::CUDA_ERROR_NOT_READY => break Err(Error::Timeout { waited: timeout }),
+                    other => break check(other, "the caller's stream"),
                 }
-            }
+            };
+            // SAFETY: an event made above, no longer polled.
+            unsafe { sys::cuEventDestroy_v2(event.0) };
+            waited
         })
     }
 
@@ -627,13 +720,20 @@ fn shielded<T>(doing: &str, call: impl FnOnce() -> Result<T>) -> Result<T> {
 /// # Safety
 ///
 /// As [`Gpu::copy_batch`].
-unsafe fn batched(batch: BatchCopy, stream: sys::CUstream, copies: &[Copy]) -> Result<()> {
+unsafe fn batched(batch: BatchCopy, stream: sys::CUstream, copies: &[Copy], pageable: bool) -> Result<()> {
     let mut dsts: Vec<u64> = copies.iter().map(|c| c.dst).collect();
     let mut srcs: Vec<u64> = copies.iter().map(|c| c.src).collect();
     let mut sizes: Vec<usize> = copies.iter().map(|c| c.len as usize).collect();
     let nowhere = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID, id: 0 };
     let mut attributes = [sys::CUmemcpyAttributes {
-        srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+        // A pageable source in stream order makes the driver wait for the
+        // stream inside the call (the lane would block); ANY lets it stage
+        // the source at once, as vLLM's offload does. Sources are never
+        // written by earlier work on a lane's stream.
+        srcAccessOrder: match pageable {
+            true => sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_ANY,
+            false => sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+        },
         srcLocHint: nowhere,
         dstLocHint: nowhere,
         flags: 0,
@@ -732,7 +832,15 @@ fn check(result: sys::CUresult, doing: &str) -> Result<()> {
     let named = unsafe { sys::cuGetErrorName(result, &mut name) } == sys::CUresult::CUDA_SUCCESS && !name.is_null();
     // SAFETY: the driver's static NUL-terminated string.
     let name = if named { unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned() } else { String::new() };
-    Err(cuda_error(format!("{doing}: {name} ({})", result as u32)))
+    let hint = match result as u32 {
+        34 => {
+            "; this libcuda is the CUDA toolkit's stub library (for linking only), found before the NVIDIA \
+             driver's: take its directory off LD_LIBRARY_PATH"
+        }
+        100 => "; no GPU is visible to this process (check CUDA_VISIBLE_DEVICES and the container's devices)",
+        _ => "",
+    };
+    Err(cuda_error(format!("{doing}: {name} ({}){hint}", result as u32)))
 }
 
 #[cfg(test)]

@@ -37,6 +37,21 @@ impl CudaGpu {
         })
     }
 
+    /// True when some source of `copies` is host memory this provider did
+    /// not pin (`sides` tells which ends are host memory).
+    pub(super) fn pageable_source(&self, copies: &[Copy], sides: &[CopySides]) -> bool {
+        if sides.len() != copies.len() {
+            return false;
+        }
+        let state = self.lock();
+        copies.iter().zip(sides).any(|(copy, sides)| {
+            sides.src == Place::Host && {
+                let below = state.pinned.range(..=copy.src).next_back();
+                !below.is_some_and(|(&start, &n)| copy.src.checked_add(copy.len).is_some_and(|end| end <= start + n))
+            }
+        })
+    }
+
     /// True when a kernel on `device` may touch every GPU's memory that
     /// `sides` names: its own, or a peer's it has (or now gets) access to.
     pub(super) fn peers_reachable(&self, device: u32, sides: &[CopySides]) -> bool {
