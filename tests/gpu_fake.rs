@@ -322,6 +322,10 @@ fn versions_child() {
     let sides = [CopySides { src: Place::Host, dst: Place::Device(0) }];
     // SAFETY: the vector outlives the copies.
     unsafe { gpu.copy_batch(stream, &there, &sides) }.unwrap();
+    gpu.record(stream, event).unwrap();
+    while !gpu.query(event).unwrap() {
+        std::thread::yield_now();
+    }
     host.fill(0);
     let back = [Copy { src: device.0, dst: host.as_mut_ptr() as u64, len: 1 << 20 }];
     let back_sides = [CopySides { src: Place::Device(0), dst: Place::Host }];
