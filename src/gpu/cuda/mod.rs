@@ -24,8 +24,15 @@
 //! costs hundreds of MiB of device memory in every process. Classifying,
 //! exporting and opening memory is `ipc.rs`.
 
+mod batch;
+mod context;
 mod dmabuf;
 mod ipc;
+mod load;
+
+use batch::{batch_copy_12080, batched, per_copy, BatchCopy};
+pub(crate) use load::unavailable;
+use load::{library_mismatch, LOAD_ERROR};
 mod kernel;
 mod reach;
 
@@ -36,19 +43,6 @@ use cudarc::driver::sys;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::{Mutex, MutexGuard, OnceLock};
-
-/// `cuMemcpyBatchAsync` as the 12.8 ABI has it (with `failIdx`).
-type BatchCopy = unsafe extern "C" fn(
-    *mut sys::CUdeviceptr,
-    *mut sys::CUdeviceptr,
-    *mut usize,
-    usize,
-    *mut sys::CUmemcpyAttributes,
-    *mut usize,
-    usize,
-    *mut usize,
-    sys::CUstream,
-) -> sys::CUresult;
 
 /// A driver object the provider keeps in a table (raw pointers, usable from
 /// any thread once the context is current there).
@@ -117,53 +111,6 @@ pub(crate) fn driver_present() -> bool {
     *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
 }
 
-/// The last reason [`CudaGpu::load`] failed, kept for every later refusal.
-static LOAD_ERROR: Mutex<Option<String>> = Mutex::new(None);
-
-/// Why this process has no CUDA provider, for refusals: the load's own
-/// error (a present driver whose `cuInit` failed, quoted), else that no
-/// driver was found.
-pub(crate) fn unavailable() -> String {
-    match LOAD_ERROR.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-        Some(error) => format!("the CUDA driver did not load: {error}"),
-        None => "no CUDA driver found".into(),
-    }
-}
-
-/// cudarc opens `libcuda.so` before `libcuda.so.1`: where the first is
-/// another library than the driver's (the toolkit's stub, an older copy on
-/// `LD_LIBRARY_PATH`), this process would run a second driver instance
-/// beside the one PyTorch uses. Says so, rather than load it.
-fn library_mismatch() -> Option<String> {
-    let entry = |name: &CStr| {
-        // SAFETY: dlopen of a library name; the handle is closed below.
-        let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if handle.is_null() {
-            return None;
-        }
-        // SAFETY: a symbol lookup in a live handle.
-        let symbol = unsafe { libc::dlsym(handle, c"cuInit".as_ptr()) } as usize;
-        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-        // SAFETY: dladdr fills `info` with static strings of the loader.
-        let path = match unsafe { libc::dladdr(symbol as *const c_void, &mut info) } != 0 && !info.dli_fname.is_null() {
-            // SAFETY: a NUL-terminated string of the loader.
-            true => unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned(),
-            false => name.to_string_lossy().into_owned(),
-        };
-        // SAFETY: the handle opened above.
-        unsafe { libc::dlclose(handle) };
-        Some((symbol, path))
-    };
-    match (entry(c"libcuda.so.1"), entry(c"libcuda.so")) {
-        (Some((driver, driver_path)), Some((first, first_path))) if driver != first => Some(format!(
-            "libcuda.so on the library path ({first_path}) is not the driver's libcuda.so.1 ({driver_path}); the CUDA \
-             bindings load libcuda.so first, which would run a second driver beside the application's: take that \
-             directory (often the CUDA toolkit's stubs) off LD_LIBRARY_PATH"
-        )),
-        _ => None,
-    }
-}
-
 impl CudaGpu {
     /// Loads the driver, initialises it and retains every device's primary
     /// context; a clear error when there is no driver, no device, or a
@@ -225,46 +172,6 @@ impl CudaGpu {
         self.driver_version
     }
 
-    /// `device`'s primary context, retained at its first use.
-    fn context(&self, device: u32) -> Result<sys::CUcontext> {
-        let slot = self
-            .contexts
-            .get(device as usize)
-            .ok_or_else(|| cuda_error(format!("no GPU {device} (this host has {})", self.contexts.len())))?;
-        if let Some(context) = slot.context.get() {
-            return Ok(context.0);
-        }
-        let _one = self.retaining.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(context) = slot.context.get() {
-            return Ok(context.0);
-        }
-        let mut context: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: writes one context handle for a valid device.
-        check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut context, slot.device) }, "retaining a GPU's context")?;
-        let _ = slot.context.set(Raw(context));
-        Ok(context)
-    }
-
-    /// Makes `device`'s primary context current on this thread until the
-    /// guard drops, which puts back the context the thread had.
-    fn bind(&self, device: u32) -> Result<Bound> {
-        let context = self.context(device)?;
-        let mut previous: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: writes one context handle (null when none is current).
-        check(unsafe { sys::cuCtxGetCurrent(&mut previous) }, "reading the thread's current context")?;
-        if previous == context {
-            return Ok(Bound { previous: None });
-        }
-        // SAFETY: a context this provider retained.
-        check(unsafe { sys::cuCtxSetCurrent(context) }, "making a GPU's context current")?;
-        Ok(Bound { previous: Some(previous) })
-    }
-
-    /// The devices whose primary context this provider retained.
-    fn retained(&self) -> impl Iterator<Item = (u32, Raw<sys::CUcontext>)> + '_ {
-        self.contexts.iter().enumerate().filter_map(|(i, slot)| slot.context.get().map(|c| (i as u32, *c)))
-    }
-
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -286,55 +193,6 @@ impl CudaGpu {
         let loaded = loaded.ok();
         self.lock().kernels.insert(device, loaded);
         loaded
-    }
-}
-
-/// A context made current by [`CudaGpu::bind`]; dropping it puts back
-/// the one the thread had (none included), so the caller's CUDA runtime
-/// state (PyTorch's current device) is what it was.
-#[must_use]
-struct Bound {
-    previous: Option<sys::CUcontext>,
-}
-
-impl Drop for Bound {
-    fn drop(&mut self) {
-        if let Some(previous) = self.previous {
-            // SAFETY: the context the thread had a moment ago, or null
-            // (which unbinds); a failure leaves nothing to clean up.
-            unsafe { sys::cuCtxSetCurrent(previous) };
-        }
-    }
-}
-
-impl CudaGpu {
-    /// An event recorded on the caller's `stream` (0: `device`'s legacy
-    /// stream), made in the stream's own context as the driver requires.
-    fn mark_caller_stream(&self, device: u32, stream: u64) -> Result<Raw<sys::CUevent>> {
-        let raw = stream as sys::CUstream;
-        let _bound = self.bind(device)?;
-        let mut context: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: the driver checks the handle (a stale one is an error
-        // code) and writes one context.
-        check(unsafe { sys::cuStreamGetCtx(raw, &mut context) }, "finding the caller stream's context")?;
-        // SAFETY: a context the driver just named.
-        check(unsafe { sys::cuCtxPushCurrent_v2(context) }, "making the caller stream's context current")?;
-        let mut event: sys::CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
-        // SAFETY: writes one event handle.
-        let mut result = unsafe { sys::cuEventCreate(&mut event, flags) };
-        if result == sys::CUresult::CUDA_SUCCESS {
-            // SAFETY: both handles live, of one context.
-            result = unsafe { sys::cuEventRecord(event, raw) };
-            if result != sys::CUresult::CUDA_SUCCESS {
-                // SAFETY: made just above, never recorded.
-                unsafe { sys::cuEventDestroy_v2(event) };
-            }
-        }
-        // SAFETY: pops what was pushed above.
-        unsafe { sys::cuCtxPopCurrent_v2(std::ptr::null_mut()) };
-        check(result, "marking the caller's stream")?;
-        Ok(Raw(event))
     }
 }
 
@@ -403,20 +261,6 @@ impl CudaGpu {
             // SAFETY: one release per retain in `context`.
             unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.contexts[ordinal as usize].device) };
         }
-    }
-
-    /// The device a call that names none runs under: the one whose context
-    /// is current on this thread (the caller's device), else the first one
-    /// this provider already uses, else the first.
-    fn home(&self) -> u32 {
-        let mut current: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: writes one context handle.
-        if unsafe { sys::cuCtxGetCurrent(&mut current) } == sys::CUresult::CUDA_SUCCESS && !current.is_null() {
-            if let Some((device, _)) = self.retained().find(|(_, c)| c.0 == current) {
-                return device;
-            }
-        }
-        self.retained().next().map_or(0, |(device, _)| device)
     }
 
     /// A stream's device and handle.
@@ -715,62 +559,6 @@ fn shielded<T>(doing: &str, call: impl FnOnce() -> Result<T>) -> Result<T> {
     })
 }
 
-/// `copies` as one `cuMemcpyBatchAsync` on `stream`.
-///
-/// # Safety
-///
-/// As [`Gpu::copy_batch`].
-unsafe fn batched(batch: BatchCopy, stream: sys::CUstream, copies: &[Copy], pageable: bool) -> Result<()> {
-    let mut dsts: Vec<u64> = copies.iter().map(|c| c.dst).collect();
-    let mut srcs: Vec<u64> = copies.iter().map(|c| c.src).collect();
-    let mut sizes: Vec<usize> = copies.iter().map(|c| c.len as usize).collect();
-    let nowhere = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID, id: 0 };
-    let mut attributes = [sys::CUmemcpyAttributes {
-        // A pageable source in stream order makes the driver wait for the
-        // stream inside the call (the lane would block); ANY lets it stage
-        // the source at once, as vLLM's offload does. Sources are never
-        // written by earlier work on a lane's stream.
-        srcAccessOrder: match pageable {
-            true => sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_ANY,
-            false => sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-        },
-        srcLocHint: nowhere,
-        dstLocHint: nowhere,
-        flags: 0,
-    }];
-    let mut first = [0usize];
-    let mut failed = usize::MAX;
-    // SAFETY: the arrays hold `copies.len()` entries each and one attribute
-    // set covering them all; the ranges are our caller's.
-    let result = unsafe {
-        batch(
-            dsts.as_mut_ptr(),
-            srcs.as_mut_ptr(),
-            sizes.as_mut_ptr(),
-            copies.len(),
-            attributes.as_mut_ptr(),
-            first.as_mut_ptr(),
-            1,
-            &mut failed,
-            stream,
-        )
-    };
-    check(result, &format!("a batched copy (copy {failed} refused)"))
-}
-
-/// `copies` as one `cuMemcpyAsync` each on `stream`.
-///
-/// # Safety
-///
-/// As [`Gpu::copy_batch`].
-unsafe fn per_copy(stream: sys::CUstream, copies: &[Copy]) -> Result<()> {
-    for copy in copies {
-        // SAFETY: the ranges are our caller's; UVA resolves directions.
-        check(unsafe { sys::cuMemcpyAsync(copy.dst, copy.src, copy.len as usize, stream) }, "a copy")?;
-    }
-    Ok(())
-}
-
 /// One device's name, memory and PCI address.
 fn describe(ordinal: u32, device: sys::CUdevice) -> Result<GpuDevice> {
     let mut name = [0 as c_char; 256];
@@ -791,31 +579,6 @@ fn describe(ordinal: u32, device: sys::CUdevice) -> Result<GpuDevice> {
         std::fs::read_to_string(path).ok()?.trim().parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
     });
     Ok(GpuDevice { ordinal, name: text(&name), memory_bytes: memory as u64, pci_bus, numa_node })
-}
-
-/// The 12.8-ABI `cuMemcpyBatchAsync`, when the driver has it (asked for
-/// by ABI version: a 13.x driver also exports a `_v2` without `failIdx`).
-/// Looked up only on drivers that have the batch API, through
-/// `cuGetProcAddress_v2`, which older drivers lack.
-fn batch_copy_12080(driver_version: u32) -> Option<BatchCopy> {
-    const _: () = assert!(tier::BATCH_API_DRIVER >= tier::PROC_ADDRESS_DRIVER);
-    if driver_version < tier::BATCH_API_DRIVER {
-        return None;
-    }
-    let mut pointer: *mut c_void = std::ptr::null_mut();
-    let mut status = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    // SAFETY: a NUL-terminated name and two out-pointers.
-    let result =
-        unsafe { sys::cuGetProcAddress_v2(c"cuMemcpyBatchAsync".as_ptr(), &mut pointer, 12080, 0, &mut status) };
-    if result != sys::CUresult::CUDA_SUCCESS
-        || pointer.is_null()
-        || status != sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS
-    {
-        return None;
-    }
-    // SAFETY: the driver returned this entry point for the 12.8 ABI, whose
-    // signature `BatchCopy` is.
-    Some(unsafe { std::mem::transmute::<*mut c_void, BatchCopy>(pointer) })
 }
 
 fn cuda_error(reason: impl Into<String>) -> Error {

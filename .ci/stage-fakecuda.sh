@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The CUDA provider on the fake CUDA driver (tests/fakes/cuda): builds the
+# fake as libcuda.so (and libcuda.so.1) in target/fakecuda, then runs the
+# GPU suites with TEST_GPU_PROVIDER=cuda and that directory first on
+# LD_LIBRARY_PATH, so kvring loads it through cudarc's production path, and
+# the GPU check script on it. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+run() {
+    echo "+ $*"
+    "$@"
+}
+
+lib=target/fakecuda
+run cargo build --release --manifest-path tests/fakes/cuda/Cargo.toml --target-dir target/fakecuda-build
+mkdir -p "$lib"
+cp target/fakecuda-build/release/libcuda.so "$lib/libcuda.so"
+ln -sf libcuda.so "$lib/libcuda.so.1"
+export LD_LIBRARY_PATH="$PWD/$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export FAKECUDA_REQUIRED=1
+
+# tests/gpu.rs on both providers; the fake's own findings; the lib's GPU tests.
+run cargo test --test gpu
+run env TEST_GPU_PROVIDER=cuda cargo test --test gpu
+run cargo test --test gpu_fake
+run env TEST_GPU_PROVIDER=cuda cargo test --lib gpu
+
+# The whole GPU check on the fake: exits 0 with the batched method taken.
+run bash benches/gpu_check.sh --fake
