@@ -30,6 +30,7 @@ pub(super) fn library_mismatch() -> Option<String> {
         }
         // SAFETY: a symbol lookup in a live handle.
         let symbol = unsafe { libc::dlsym(handle, c"cuInit".as_ptr()) } as usize;
+        // SAFETY: Dl_info is plain pointers, for which zero is valid.
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
         // SAFETY: dladdr fills `info` with static strings of the loader.
         let path = match unsafe { libc::dladdr(symbol as *const c_void, &mut info) } != 0 && !info.dli_fname.is_null() {

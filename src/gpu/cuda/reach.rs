@@ -47,7 +47,7 @@ impl CudaGpu {
         copies.iter().zip(sides).any(|(copy, sides)| {
             sides.src == Place::Host && {
                 let below = state.pinned.range(..=copy.src).next_back();
-                !below.is_some_and(|(&start, &n)| copy.src.checked_add(copy.len).is_some_and(|end| end <= start + n))
+                below.is_none_or(|(&start, &n)| copy.src.checked_add(copy.len).is_none_or(|end| end > start + n))
             }
         })
     }

@@ -37,9 +37,12 @@ enum Job {
     },
 }
 
+type Queue = (VecDeque<(u64, Job)>, u64, bool);
+
 pub struct StreamObj {
     device: i32,
-    queue: Mutex<(VecDeque<(u64, Job)>, u64, bool)>,
+    /// Queued jobs, the last sequence number given, and whether the stream is destroyed.
+    queue: Mutex<Queue>,
     ready: Condvar,
     done: AtomicU64,
     finished: Condvar,
@@ -251,7 +254,7 @@ impl Exec {
 /// them) the legacy ones, 0 and `CU_STREAM_LEGACY` (1).
 fn stream_of(d: &Driver, h: Handle) -> Result<Option<Arc<StreamObj>>, CUresult> {
     match h as usize {
-        0 | 1 | 2 => Ok(None),
+        0..=2 => Ok(None),
         id => d.exec.streams.get(&id).cloned().map(Some).ok_or(err::INVALID_HANDLE),
     }
 }

@@ -172,7 +172,7 @@ fn context_handle(device: i32) -> CUcontext {
 
 fn context_device(ctx: CUcontext) -> Option<i32> {
     let value = ctx as usize;
-    (value >= 0xC7C7_0000 && value < 0xC7C7_0000 + 64 * 0x10 && value % 0x10 == 0)
+    ((0xC7C7_0000..0xC7C7_0000 + 64 * 0x10).contains(&value) && value.is_multiple_of(0x10))
         .then(|| ((value - 0xC7C7_0000) / 0x10) as i32)
 }
 

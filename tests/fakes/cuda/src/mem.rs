@@ -150,7 +150,7 @@ impl Memory {
                 0,
             )
         } as u64;
-        let arena = (arena + GRANULARITY - 1) / GRANULARITY * GRANULARITY;
+        let arena = arena.div_ceil(GRANULARITY) * GRANULARITY;
         let mut instance = [0u8; 8];
         // SAFETY: writes 8 bytes into the buffer.
         unsafe { libc::getrandom(instance.as_mut_ptr().cast(), 8, 0) };
@@ -682,7 +682,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
     // flags must be 0; `addr` is only a hint.]
     code(with(|d| {
         let _ = addr;
-        if size == 0 || size as u64 % GRANULARITY != 0 || flags != 0 {
+        if size == 0 || !(size as u64).is_multiple_of(GRANULARITY) || flags != 0 {
             return Err(err::INVALID_VALUE);
         }
         let at = d.mem.take_addresses(size as u64, align as u64)?;
@@ -718,7 +718,7 @@ pub unsafe extern "C" fn cuMemCreate(
     // [ref: 6.14, cuMemCreate: size a multiple of the granularity; flags 0.]
     code(with(|d| {
         let (device, types, gdr) = unsafe { device_of_prop(d, prop)? };
-        if size == 0 || size as u64 % GRANULARITY != 0 || flags != 0 {
+        if size == 0 || !(size as u64).is_multiple_of(GRANULARITY) || flags != 0 {
             return Err(err::INVALID_VALUE);
         }
         let phys = d.mem.new_phys(device, size as u64, types, gdr)?;
@@ -750,7 +750,7 @@ pub unsafe extern "C" fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, 
     code(with(|d| {
         let phys = d.mem.handles.get(&handle).ok_or(err::INVALID_HANDLE)?.0.clone();
         let (size, end) = (size as u64, ptr.checked_add(size as u64).ok_or(err::INVALID_VALUE)?);
-        if offset != 0 || flags != 0 || size == 0 || ptr % GRANULARITY != 0 || size != phys.size {
+        if offset != 0 || flags != 0 || size == 0 || !ptr.is_multiple_of(GRANULARITY) || size != phys.size {
             return Err(err::INVALID_VALUE);
         }
         let (start, len) = d.mem.reservation_at(ptr).ok_or(err::INVALID_VALUE)?;
@@ -930,7 +930,7 @@ pub unsafe extern "C" fn cuMemGetHandleForAddressRange(
     // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD (1); dptr and size aligned to the
     // host page size; the range inside one allocation.]
     code(with(|d| {
-        if kind != 1 || flags != 0 || dptr % PAGE != 0 || size as u64 % PAGE != 0 || size == 0 {
+        if kind != 1 || flags != 0 || !dptr.is_multiple_of(PAGE) || !(size as u64).is_multiple_of(PAGE) || size == 0 {
             return Err(err::INVALID_VALUE);
         }
         let (start, map) = d.mem.map_at(dptr).ok_or(err::INVALID_VALUE)?;
