@@ -384,3 +384,52 @@ fn fault_child() {
     }
     assert_eq!(fake.stat("faults"), 1);
 }
+
+/// The fake built without `cuGetProcAddress_v2` (`--features
+/// no-proc-address`), where the CI stage put it: `FAKECUDA_NOPROC_DIR`.
+fn noproc_dir() -> Option<String> {
+    let dir = std::env::var("FAKECUDA_NOPROC_DIR").ok();
+    let required = std::env::var("FAKECUDA_REQUIRED").is_ok_and(|v| v == "1");
+    assert!(dir.is_some() || !required, "FAKECUDA_REQUIRED=1 needs FAKECUDA_NOPROC_DIR");
+    if dir.is_none() {
+        eprintln!("skipped: FAKECUDA_NOPROC_DIR is not set (bash .ci/stage-fakecuda.sh sets it)");
+    }
+    dir
+}
+
+#[test]
+fn a_driver_lacking_a_symbol_is_an_error_and_never_a_crash() {
+    let Some(dir) = noproc_dir() else { return };
+    scenario("missing_symbol_child", &[("LD_LIBRARY_PATH", &dir)]);
+}
+
+/// cudarc panics on a symbol the library lacks; loading says so instead.
+#[test]
+#[ignore = "a child of a_driver_lacking_a_symbol_…"]
+fn missing_symbol_child() {
+    let error = CudaGpu::load().unwrap_err().to_string();
+    assert!(error.contains("cuGetProcAddress_v2") && error.contains("driver too old"), "{error}");
+}
+
+#[test]
+fn a_libcuda_so_other_than_the_drivers_libcuda_so_1_is_refused() {
+    let Some(noproc) = noproc_dir() else { return };
+    let dir = std::env::temp_dir().join(format!("kvring-two-libcuda-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    let driver = lib.split(':').map(|d| std::path::Path::new(d).join("libcuda.so.1")).find(|p| p.exists());
+    let driver = driver.expect("the fake's libcuda.so.1 on LD_LIBRARY_PATH");
+    // libcuda.so.1: the driver; libcuda.so: another library (a stub).
+    std::fs::copy(&driver, dir.join("libcuda.so.1")).unwrap();
+    std::fs::copy(std::path::Path::new(&noproc).join("libcuda.so"), dir.join("libcuda.so")).unwrap();
+    scenario("two_libraries_child", &[("LD_LIBRARY_PATH", dir.to_str().unwrap())]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Review #19: cudarc would open libcuda.so first, a second driver.
+#[test]
+#[ignore = "a child of a_libcuda_so_other_…"]
+fn two_libraries_child() {
+    let error = CudaGpu::load().unwrap_err().to_string();
+    assert!(error.contains("is not the driver's libcuda.so.1"), "{error}");
+}
