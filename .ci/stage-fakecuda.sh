@@ -29,8 +29,8 @@ export FAKECUDA_NOPROC_DIR="$PWD/target/fakecuda-noproc"
 export LD_LIBRARY_PATH="$PWD/$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FAKECUDA_REQUIRED=1
 
-# tests/gpu.rs on both providers; the fake's own findings; the lib's GPU tests.
-run cargo test --test gpu
+# tests/gpu.rs on the CUDA provider (the main run covers the simulated one);
+# the fake's own findings; the lib's GPU tests.
 run env TEST_GPU_PROVIDER=cuda cargo test --test gpu
 run cargo test --test gpu_fake
 run env TEST_GPU_PROVIDER=cuda cargo test --lib gpu
