@@ -486,7 +486,8 @@ fn across_processes_legacy_handles_and_runs_of_pieces_open_and_move() {
         let at = PIECE_BYTES - 131072;
         let descs: Vec<BlockDesc> =
             (0..3).map(|i| BlockDesc::new(local.id(), i * 262144, remote.id, at + i * 262144, 262144)).collect();
-        assert!(run(&mut sub, &Batch::write(&segment).descs(&descs)).is_done(), "{mode}");
+        let outcome = run(&mut sub, &Batch::write(&segment).descs(&descs));
+        assert!(outcome.is_done(), "{mode}: {outcome:?}");
         let expected = read(&local, 0, 3 * 262144);
         let sum = segment.remote_checksum(remote.id, at, expected.len() as u64, WAIT).unwrap();
         assert_eq!(sum, kvring::testing::checksum(&expected), "{mode}: the target's bytes, read by the target");

@@ -104,7 +104,8 @@ impl Engine {
                 wrong(format!("is memory of GPU {ordinal}, registered as GPU {want}'s"))
             }
             (MemoryKind::Gpu(want), Memory::Host) if gpu.is_none() => wrong(format!(
-                "is registered as GPU {want}'s, but this engine has no GPU provider (no CUDA driver found)"
+                "is registered as GPU {want}'s, but this engine has no GPU provider ({})",
+                crate::gpu::cuda::unavailable()
             )),
             (MemoryKind::Gpu(want), Memory::Host) => wrong(format!("is host memory, registered as GPU {want}'s")),
         }
@@ -279,7 +280,10 @@ impl Engine {
     /// Allocates `len` bytes of GPU `ordinal`'s memory and registers them.
     fn alloc_device_region(&self, ordinal: u32, len: usize, info: RegionInfo) -> Result<Region> {
         let gpu = self.gpu().ok_or_else(|| {
-            Error::invalid("memory", format!("GPU {ordinal}: this engine has no GPU provider (no CUDA driver found)"))
+            Error::invalid(
+                "memory",
+                format!("GPU {ordinal}: this engine has no GPU provider ({})", crate::gpu::cuda::unavailable()),
+            )
         })?;
         let (backing, ptr) = DeviceBacking::allocate(gpu.clone(), ordinal, len as u64)?;
         let backing = Arc::new(backing);

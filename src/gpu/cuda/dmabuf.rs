@@ -27,8 +27,8 @@ impl CudaGpu {
         let Memory::Device { ordinal, base, len: run_len } = self.classify_range(addr, len)? else {
             return Err(cuda_error(format!("{addr:#x}+{len} is not device memory: no dma-buf to export")));
         };
-        self.bind(ordinal)?;
-        let device = self.contexts[ordinal as usize].0;
+        let _bound = self.bind(ordinal)?;
+        let device = self.contexts[ordinal as usize].device;
         let mut supported: c_int = 0;
         let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED;
         // SAFETY: writes one int for a device this provider opened.

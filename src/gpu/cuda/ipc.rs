@@ -24,9 +24,19 @@ pub(super) enum Opened {
     /// By `cuIpcOpenMemHandle` (once per handle, counted in `State::legacy`:
     /// regions of one peer often share an allocation, and the driver maps a
     /// handle once per context).
-    Legacy { handle: [u8; 64] },
+    Legacy { handle: [u8; 64], device: u32 },
     /// Pieces imported and mapped into an address range reserved here.
     Mapped { range: u64, total: u64, pieces: Vec<(u64, u64)> },
+}
+
+impl Opened {
+    /// The device whose context opened it (mapped ranges need none: 0).
+    pub(super) fn device(&self) -> u32 {
+        match self {
+            Opened::Legacy { device, .. } => *device,
+            Opened::Mapped { .. } => 0,
+        }
+    }
 }
 
 /// One pointer's attributes.
@@ -67,6 +77,18 @@ impl CudaGpu {
             sys::cuPointerGetAttributes(attributes.len() as c_uint, attributes.as_mut_ptr(), data.as_mut_ptr(), addr)
         };
         check(result, "classifying a pointer")?;
+        if kind == 2 && managed == 0 {
+            // RANGE_START_ADDR/RANGE_SIZE are "not necessarily the mapped
+            // region, but the mappable address range" (for the virtual
+            // memory API, the whole reservation: about 90 GB for one of
+            // PyTorch's expandable segments). A piece is the mapping, which
+            // cuMemGetAddressRange gives.
+            let (mut base, mut mapped) = (0u64, 0usize);
+            // SAFETY: writes one address and one size.
+            let result = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut mapped, addr) };
+            check(result, "finding the mapping holding a pointer")?;
+            (start, size) = (base, mapped);
+        }
         Ok(Attributes { kind, ordinal, start, size, managed: managed != 0, legacy_ipc: legacy_ipc != 0 })
     }
 
@@ -76,7 +98,8 @@ impl CudaGpu {
     /// another kind that merely sit side by side (exported one by one, a
     /// peer would not reach the second).
     pub(super) fn classify_range(&self, addr: u64, len: u64) -> Result<Memory> {
-        self.bind(0)?;
+        // Pointer attributes need no context: classifying binds none, so
+        // host memory never makes this process retain a GPU's context.
         let first = self.attributes(addr)?;
         if first.managed {
             return Ok(Memory::Managed { ordinal: first.ordinal.max(0) as u32 });
@@ -111,7 +134,7 @@ impl CudaGpu {
         let Memory::Device { ordinal, .. } = self.classify_range(addr, len)? else {
             return Err(cuda_error(format!("{addr:#x} is not device memory")));
         };
-        self.bind(ordinal)?;
+        let _bound = self.bind(ordinal)?;
         let first = self.attributes(addr)?;
         if first.legacy_ipc && addr + len <= first.start + first.size as u64 {
             let mut handle = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
@@ -141,10 +164,13 @@ impl CudaGpu {
     /// more by reference (the driver would refuse a second open).
     pub(super) fn open_export(&self, handles: &[IpcHandle]) -> Result<DevicePtr> {
         crate::gpu::check_handles(handles, 1).map_err(|reason| cuda_error(format!("a peer's export: {reason}")))?;
-        self.bind(0)?;
+        let device = self.home();
+        let _bound = self.bind(device)?;
         let first = handles[0];
         let (opened, base) = match first.kind {
-            HandleKind::Legacy => (Opened::Legacy { handle: first.bytes }, self.open_legacy(&first.bytes)?),
+            HandleKind::Legacy => {
+                (Opened::Legacy { handle: first.bytes, device }, self.open_legacy(&first.bytes, device)?)
+            }
             HandleKind::FileDescriptor => {
                 let mapped = self.map_pieces(handles)?;
                 let Opened::Mapped { range, .. } = mapped else { unreachable!("map_pieces maps") };
@@ -158,8 +184,8 @@ impl CudaGpu {
 
     /// The base of a legacy handle's allocation here: opened now, or
     /// counted once more.
-    fn open_legacy(&self, handle: &[u8; 64]) -> Result<u64> {
-        if let Some((base, opens)) = self.lock().legacy.get_mut(handle) {
+    fn open_legacy(&self, handle: &[u8; 64], device: u32) -> Result<u64> {
+        if let Some((base, opens)) = self.lock().legacy.get_mut(&(*handle, device)) {
             *opens += 1;
             return Ok(*base);
         }
@@ -169,7 +195,7 @@ impl CudaGpu {
         // SAFETY: writes one device pointer; the handle is passed by value.
         let result = unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, raw, flags) };
         check(result, "opening a peer's device memory (has it exited or freed it?)")?;
-        self.lock().legacy.insert(*handle, (base, 1));
+        self.lock().legacy.insert((*handle, device), (base, 1));
         Ok(base)
     }
 
@@ -200,7 +226,7 @@ impl CudaGpu {
     /// descriptor handles, mapped back to back (what PyTorch's expandable
     /// segments do), readable and writable by every device that can.
     pub(super) fn alloc_run(&self, device: u32, piece_len: u64, pieces: u32) -> Result<DevicePtr> {
-        self.bind(device)?;
+        let _bound = self.bind(device)?;
         // SAFETY: every field of the properties is plain data; zero is a
         // valid value for each (the ones that matter are set below).
         let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
@@ -277,20 +303,22 @@ impl CudaGpu {
         let opened = state.opened.get_mut(&ptr.0).and_then(Vec::pop);
         let opened = opened.ok_or_else(|| cuda_error(format!("{:#x} was not opened from a peer", ptr.0)))?;
         state.opened.retain(|_, opens| !opens.is_empty());
+        let device = opened.device();
         let closing = match opened {
-            Opened::Legacy { handle } => {
-                let Some((base, opens)) = state.legacy.get_mut(&handle) else { return Ok(()) };
+            Opened::Legacy { handle, device } => {
+                let Some((base, opens)) = state.legacy.get_mut(&(handle, device)) else { return Ok(()) };
                 *opens -= 1;
                 let base = *base;
                 (*opens == 0)
-                    .then(|| state.legacy.remove(&handle))
-                    .map(|_| Opened::Legacy { handle })
+                    .then(|| state.legacy.remove(&(handle, device)))
+                    .map(|_| Opened::Legacy { handle, device })
                     .map(|o| (o, base))
             }
             mapped => Some((mapped, 0)),
         };
         drop(state);
-        self.bind(0)?;
+        // A legacy handle is closed from the context that opened it.
+        let _bound = self.bind(device)?;
         match closing {
             Some((opened, base)) => close(opened, base),
             None => Ok(()),
@@ -360,7 +388,7 @@ impl State {
     pub(super) fn take_opened(&mut self) -> Vec<(Opened, u64)> {
         let mapped = self.opened.drain().flat_map(|(_, opens)| opens).filter(|o| matches!(o, Opened::Mapped { .. }));
         let mut all: Vec<(Opened, u64)> = mapped.map(|o| (o, 0)).collect();
-        all.extend(self.legacy.drain().map(|(handle, (base, _))| (Opened::Legacy { handle }, base)));
+        all.extend(self.legacy.drain().map(|((handle, device), (base, _))| (Opened::Legacy { handle, device }, base)));
         all
     }
 }

@@ -14,13 +14,25 @@
 //! copy kernel, one call each) is [`tier::choose_method`]'s choice, from
 //! what is pinned here and which GPUs this process has peer access between
 //! (`reach.rs`). Device memory is exported as a dma-buf for NICs
-//! (`dmabuf.rs`, from CUDA 11.7 drivers). Each operation makes its device's primary context current
-//! on the calling thread first: the context the CUDA runtime (and PyTorch)
-//! uses, so their pointers and ours are the same. Classifying, exporting
-//! and opening memory is `ipc.rs`.
+//! (`dmabuf.rs`, from CUDA 11.7 drivers). Each operation makes its device's
+//! primary context current on the calling thread (the context the CUDA
+//! runtime and PyTorch use, so their pointers and ours are the same) and
+//! puts back whatever context the thread had when it returns: a worker on
+//! `cuda:3` finds its current device unchanged after any kvring call
+//! ([`Bound`]). A device's primary context is retained only at its first
+//! use (memory of it registered, or it was named), never at load: each one
+//! costs hundreds of MiB of device memory in every process. Classifying,
+//! exporting and opening memory is `ipc.rs`.
 
+mod batch;
+mod context;
 mod dmabuf;
 mod ipc;
+mod load;
+
+use batch::{batch_copy_12080, batched, per_copy, BatchCopy};
+pub(crate) use load::unavailable;
+use load::{library_mismatch, LOAD_ERROR};
 mod kernel;
 mod reach;
 
@@ -31,19 +43,6 @@ use cudarc::driver::sys;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::{Mutex, MutexGuard, OnceLock};
-
-/// `cuMemcpyBatchAsync` as the 12.8 ABI has it (with `failIdx`).
-type BatchCopy = unsafe extern "C" fn(
-    *mut sys::CUdeviceptr,
-    *mut sys::CUdeviceptr,
-    *mut usize,
-    usize,
-    *mut sys::CUmemcpyAttributes,
-    *mut usize,
-    usize,
-    *mut usize,
-    sys::CUstream,
-) -> sys::CUresult;
 
 /// A driver object the provider keeps in a table (raw pointers, usable from
 /// any thread once the context is current there).
@@ -56,11 +55,20 @@ unsafe impl<T> Send for Raw<T> {}
 // SAFETY: as above: shared use is a handle passed to the thread-safe driver.
 unsafe impl<T> Sync for Raw<T> {}
 
+/// One device: its handle and, once used, its retained primary context.
+#[derive(Debug)]
+struct Slot {
+    device: sys::CUdevice,
+    context: OnceLock<Raw<sys::CUcontext>>,
+}
+
 /// The provider over the CUDA driver.
 #[derive(Debug)]
 pub struct CudaGpu {
-    /// Per device: its handle and retained primary context.
-    contexts: Vec<(sys::CUdevice, Raw<sys::CUcontext>)>,
+    /// Per device: its handle and primary context (retained lazily).
+    contexts: Vec<Slot>,
+    /// Held while a primary context is retained (one retain per device).
+    retaining: Mutex<()>,
     /// The driver's CUDA version (12080 for 12.8).
     driver_version: u32,
     batch_copy: Option<BatchCopy>,
@@ -76,14 +84,17 @@ struct State {
     events: HashMap<u64, (u32, Raw<sys::CUevent>)>,
     /// Peers' exports opened here, by the pointer `open` returned.
     opened: HashMap<u64, Vec<ipc::Opened>>,
-    /// Legacy handles opened here: their base and how many opens hold them.
-    legacy: HashMap<[u8; 64], (u64, u32)>,
+    /// Legacy handles opened here, per opening device's context: their
+    /// base and how many opens hold them.
+    legacy: HashMap<([u8; 64], u32), (u64, u32)>,
     /// Runs of pieces this provider allocated, by their address.
     runs: HashMap<u64, ipc::Opened>,
     /// The copy kernel per device, once loaded (`None`: it did not load).
     kernels: HashMap<u32, Option<kernel::Loaded>>,
     /// The copy kernel's descriptor ring of each stream that launched it.
     rings: HashMap<u64, kernel::Ring>,
+    /// Allocations this provider made with `cuMemAlloc`: address → device.
+    allocations: HashMap<u64, u32>,
     /// Host ranges this provider pinned (device-mapped): start → length.
     pinned: BTreeMap<u64, u64>,
     /// Whether a kernel on the first GPU may touch the second's memory
@@ -111,7 +122,15 @@ impl CudaGpu {
                  (kvring's tests run the GPU paths on a simulated provider without one)",
             ));
         }
-        shielded("loading the CUDA driver", Self::load_present)
+        let loaded = match library_mismatch() {
+            Some(reason) => Err(cuda_error(reason)),
+            None => shielded("loading the CUDA driver", Self::load_present),
+        };
+        if let Err(error) = &loaded {
+            let mut kept = LOAD_ERROR.lock().unwrap_or_else(|p| p.into_inner());
+            *kept = Some(error.to_string());
+        }
+        loaded
     }
 
     /// [`CudaGpu::load`] once the library is known to be there.
@@ -137,35 +156,20 @@ impl CudaGpu {
             let mut device: sys::CUdevice = 0;
             // SAFETY: writes one device handle; `ordinal` is below the count.
             check(unsafe { sys::cuDeviceGet(&mut device, ordinal) }, "opening a GPU")?;
-            let mut context: sys::CUcontext = std::ptr::null_mut();
-            // SAFETY: writes one context handle for a valid device.
-            check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut context, device) }, "retaining a GPU's context")?;
-            contexts.push((device, Raw(context)));
+            contexts.push(Slot { device, context: OnceLock::new() });
         }
         if contexts.is_empty() {
             return Err(cuda_error("the CUDA driver loaded but lists no GPU"));
         }
-        // SAFETY: the first device's context, retained just above.
-        check(unsafe { sys::cuCtxSetCurrent(contexts[0].1 .0) }, "making a GPU's context current")?;
-        let host_pointers = contexts.iter().map(|&(device, _)| reach::host_pointers_usable(device)).collect();
+        let host_pointers = contexts.iter().map(|slot| reach::host_pointers_usable(slot.device)).collect();
         let batch_copy = batch_copy_12080(driver_version);
         let state = Mutex::new(State::default());
-        Ok(Self { contexts, driver_version, batch_copy, host_pointers, state })
+        Ok(Self { contexts, retaining: Mutex::new(()), driver_version, batch_copy, host_pointers, state })
     }
 
     /// The driver's CUDA version (12080 for 12.8).
     pub fn driver_version(&self) -> u32 {
         self.driver_version
-    }
-
-    /// Makes `device`'s primary context current on this thread.
-    fn bind(&self, device: u32) -> Result<()> {
-        let (_, context) = self
-            .contexts
-            .get(device as usize)
-            .ok_or_else(|| cuda_error(format!("no GPU {device} (this host has {})", self.contexts.len())))?;
-        // SAFETY: a context this provider retained.
-        check(unsafe { sys::cuCtxSetCurrent(context.0) }, "making a GPU's context current")
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -182,7 +186,7 @@ impl CudaGpu {
         if let Some(&known) = self.lock().kernels.get(&device) {
             return known;
         }
-        let loaded = self.bind(device).and_then(|()| kernel::load());
+        let loaded = self.bind(device).and_then(|_bound| kernel::load());
         if let Err(error) = &loaded {
             tracing::warn!(%error, gpu = device, "the copy kernel did not load: one copy call per run instead");
         }
@@ -216,8 +220,8 @@ impl CudaGpu {
     /// Closes, frees and destroys everything in `state`, then releases the
     /// contexts (the provider's drop).
     fn release(&self, mut state: State) {
-        let _ = self.bind(0);
         for (opened, base) in state.take_opened() {
+            let _bound = self.bind(opened.device());
             let _ = ipc::close(opened, base);
         }
         for (_, run) in state.runs.drain() {
@@ -225,29 +229,37 @@ impl CudaGpu {
         }
         for (id, ring) in state.rings.drain() {
             if let Some((device, stream)) = state.streams.get(&id) {
-                let _ = self.bind(*device);
+                let _bound = self.bind(*device);
                 ring.free(stream.0);
             }
         }
         for (_, (device, event)) in state.events {
-            let _ = self.bind(device);
+            let _bound = self.bind(device);
             // SAFETY: an event this provider created and nothing uses now.
             unsafe { sys::cuEventDestroy_v2(event.0) };
         }
         for (_, (device, stream)) in state.streams {
-            let _ = self.bind(device);
+            let _bound = self.bind(device);
             // SAFETY: a stream this provider created and nothing uses now.
             unsafe { sys::cuStreamDestroy_v2(stream.0) };
         }
+        for (addr, device) in state.allocations {
+            let _bound = self.bind(device);
+            // SAFETY: an allocation this provider made whose owner never
+            // freed it (owners hold the provider, so they are gone).
+            unsafe { sys::cuMemFree_v2(addr) };
+        }
         for (addr, _) in state.pinned {
+            let _bound = self.bind(self.home());
             // SAFETY: a range this provider pinned whose owner never
             // unpinned it (owners hold the provider, so they are gone); the
             // driver checks the address and touches no memory of it.
             unsafe { sys::cuMemHostUnregister(addr as *mut c_void) };
         }
-        for (device, _) in &self.contexts {
-            // SAFETY: one release per retain in `load`.
-            unsafe { sys::cuDevicePrimaryCtxRelease_v2(*device) };
+        let retained: Vec<u32> = self.retained().map(|(device, _)| device).collect();
+        for ordinal in retained {
+            // SAFETY: one release per retain in `context`.
+            unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.contexts[ordinal as usize].device) };
         }
     }
 
@@ -273,10 +285,11 @@ impl CudaGpu {
         let batch = self.batch_copy.filter(|_| self.driver_version >= tier::BATCH_API_DRIVER);
         let kernel = if batch.is_some() { None } else { self.kernel(device) };
         let kernel_ready = kernel.is_some() && copies.len() <= kernel::SLOT_COPIES && self.slot_free(stream)?;
-        let (host_pinned, peers_reachable) = match kernel_ready {
-            true => (self.host_pinned(device, copies, sides), self.peers_reachable(device, sides)),
-            false => (false, false),
-        };
+        // Peer access is enabled for every pair of GPUs a chunk touches,
+        // whatever the method: a batched or plain copy between GPUs without
+        // it is staged through the host.
+        let peers_reachable = self.peers_reachable(device, sides);
+        let host_pinned = kernel_ready && self.host_pinned(device, copies, sides);
         let inputs = TierInputs {
             driver_version: self.driver_version,
             batch_api: batch.is_some(),
@@ -286,8 +299,9 @@ impl CudaGpu {
         };
         match (choose_method(inputs), batch, kernel) {
             (CopyMethod::Batched, Some(batch), _) => {
+                let pageable = self.pageable_source(copies, sides);
                 // SAFETY: forwarded from our caller.
-                unsafe { batched(batch, raw, copies) }.map(|()| CopyMethod::Batched)
+                unsafe { batched(batch, raw, copies, pageable) }.map(|()| CopyMethod::Batched)
             }
             (CopyMethod::Kernel, _, Some(kernel)) => {
                 let mut state = self.lock();
@@ -324,7 +338,7 @@ impl Gpu for CudaGpu {
 
     fn devices(&self) -> Result<Vec<GpuDevice>> {
         shielded("listing GPUs", || {
-            self.contexts.iter().enumerate().map(|(ordinal, (device, _))| describe(ordinal as u32, *device)).collect()
+            self.contexts.iter().enumerate().map(|(ordinal, slot)| describe(ordinal as u32, slot.device)).collect()
         })
     }
 
@@ -334,10 +348,11 @@ impl Gpu for CudaGpu {
 
     fn alloc(&self, device: u32, len: u64) -> Result<DevicePtr> {
         shielded("allocating device memory", || {
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             let mut ptr: sys::CUdeviceptr = 0;
             // SAFETY: writes one device pointer.
             check(unsafe { sys::cuMemAlloc_v2(&mut ptr, len as usize) }, "allocating device memory")?;
+            self.lock().allocations.insert(ptr, device);
             Ok(DevicePtr(ptr))
         })
     }
@@ -349,11 +364,17 @@ impl Gpu for CudaGpu {
     unsafe fn free(&self, ptr: DevicePtr) -> Result<()> {
         shielded("freeing device memory", || {
             if let Some(run) = self.lock().runs.remove(&ptr.0) {
-                self.bind(0)?;
                 return ipc::close(run, 0);
             }
+            // cuMemFree needs a current context: the allocation's, bound
+            // here, so a finalizer thread with none frees it too.
+            let device = self.lock().allocations.get(&ptr.0).copied();
+            let device = device.ok_or_else(|| cuda_error(format!("{:#x} was not allocated here", ptr.0)))?;
+            let _bound = self.bind(device)?;
             // SAFETY: our caller's contract: nothing uses the allocation.
-            check(unsafe { sys::cuMemFree_v2(ptr.0) }, "freeing device memory")
+            check(unsafe { sys::cuMemFree_v2(ptr.0) }, "freeing device memory")?;
+            self.lock().allocations.remove(&ptr.0);
+            Ok(())
         })
     }
 
@@ -376,7 +397,7 @@ impl Gpu for CudaGpu {
 
     fn create_stream(&self, device: u32) -> Result<Stream> {
         shielded("creating a stream", || {
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             let mut stream: sys::CUstream = std::ptr::null_mut();
             let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
             // SAFETY: writes one stream handle.
@@ -391,7 +412,7 @@ impl Gpu for CudaGpu {
     fn destroy_stream(&self, stream: Stream) -> Result<()> {
         shielded("destroying a stream", || {
             let (device, raw) = self.lock().streams.remove(&stream.0).ok_or_else(|| cuda_error("no such stream"))?;
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             if let Some(ring) = self.lock().rings.remove(&stream.0) {
                 ring.free(raw.0);
             }
@@ -402,20 +423,25 @@ impl Gpu for CudaGpu {
 
     fn wait_caller_stream(&self, device: u32, stream: u64, timeout: std::time::Duration) -> Result<()> {
         shielded("waiting for the caller's stream", || {
-            self.bind(device)?;
+            // An event recorded now marks the work queued so far; polling
+            // the stream itself would also wait for work queued after this
+            // call (a decode loop's stream is rarely idle).
+            let event = self.mark_caller_stream(device, stream)?;
             let deadline = std::time::Instant::now() + timeout;
-            loop {
-                // SAFETY: cuStreamQuery only reads the handle; the driver
-                // checks it (a stale or forged one is an error code).
-                match unsafe { sys::cuStreamQuery(stream as sys::CUstream) } {
-                    sys::CUresult::CUDA_SUCCESS => return Ok(()),
+            let waited = loop {
+                // SAFETY: a live event made just above.
+                match unsafe { sys::cuEventQuery(event.0) } {
+                    sys::CUresult::CUDA_SUCCESS => break Ok(()),
                     sys::CUresult::CUDA_ERROR_NOT_READY if std::time::Instant::now() < deadline => {
                         std::thread::sleep(std::time::Duration::from_micros(20))
                     }
-                    sys::CUresult::CUDA_ERROR_NOT_READY => return Err(Error::Timeout { waited: timeout }),
-                    other => return check(other, "the caller's stream"),
+                    sys::CUresult::CUDA_ERROR_NOT_READY => break Err(Error::Timeout { waited: timeout }),
+                    other => break check(other, "the caller's stream"),
                 }
-            }
+            };
+            // SAFETY: an event made above, no longer polled.
+            unsafe { sys::cuEventDestroy_v2(event.0) };
+            waited
         })
     }
 
@@ -433,7 +459,7 @@ impl Gpu for CudaGpu {
     unsafe fn copy_batch(&self, stream: Stream, copies: &[Copy], sides: &[CopySides]) -> Result<CopyMethod> {
         shielded("a batch of copies", || {
             let (device, raw) = self.stream(stream)?;
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             if copies.is_empty() {
                 return Ok(self.copy_method());
             }
@@ -445,7 +471,7 @@ impl Gpu for CudaGpu {
     unsafe fn copy_one(&self, stream: Stream, copy: Copy) -> Result<()> {
         shielded("a copy", || {
             let (device, raw) = self.stream(stream)?;
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             // SAFETY: the range is our caller's; UVA resolves the direction.
             check(unsafe { sys::cuMemcpyAsync(copy.dst, copy.src, copy.len as usize, raw.0) }, "a copy")
         })
@@ -453,7 +479,7 @@ impl Gpu for CudaGpu {
 
     fn create_event(&self, device: u32) -> Result<Event> {
         shielded("creating an event", || {
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             let mut event: sys::CUevent = std::ptr::null_mut();
             let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
             // SAFETY: writes one event handle.
@@ -469,7 +495,7 @@ impl Gpu for CudaGpu {
         shielded("recording an event", || {
             let (device, stream) = self.stream(stream)?;
             let (_, event) = *self.lock().events.get(&event.0).ok_or_else(|| cuda_error("no such event"))?;
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             // SAFETY: both handles are live (in the provider's tables).
             check(unsafe { sys::cuEventRecord(event.0, stream.0) }, "recording an event")
         })
@@ -478,7 +504,7 @@ impl Gpu for CudaGpu {
     fn query(&self, event: Event) -> Result<bool> {
         shielded("polling an event", || {
             let (device, raw) = *self.lock().events.get(&event.0).ok_or_else(|| cuda_error("no such event"))?;
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             // SAFETY: a live event.
             match unsafe { sys::cuEventQuery(raw.0) } {
                 sys::CUresult::CUDA_SUCCESS => Ok(true),
@@ -491,7 +517,7 @@ impl Gpu for CudaGpu {
     fn destroy_event(&self, event: Event) -> Result<()> {
         shielded("destroying an event", || {
             let (device, raw) = self.lock().events.remove(&event.0).ok_or_else(|| cuda_error("no such event"))?;
-            self.bind(device)?;
+            let _bound = self.bind(device)?;
             // SAFETY: an event this provider created, now out of its table.
             check(unsafe { sys::cuEventDestroy_v2(raw.0) }, "destroying an event")
         })
@@ -499,7 +525,7 @@ impl Gpu for CudaGpu {
 
     unsafe fn host_register(&self, addr: u64, len: u64) -> Result<()> {
         shielded("pinning host memory", || {
-            self.bind(0)?;
+            let _bound = self.bind(self.home())?;
             let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
             // SAFETY: our caller keeps the range mapped until it unregisters.
             let result = unsafe { sys::cuMemHostRegister_v2(addr as *mut c_void, len as usize, flags) };
@@ -511,7 +537,7 @@ impl Gpu for CudaGpu {
 
     fn host_unregister(&self, addr: u64) -> Result<()> {
         shielded("unpinning host memory", || {
-            self.bind(0)?;
+            let _bound = self.bind(self.home())?;
             self.lock().pinned.remove(&addr);
             // SAFETY: the driver checks that the address was registered.
             check(unsafe { sys::cuMemHostUnregister(addr as *mut c_void) }, "unpinning host memory")
@@ -531,55 +557,6 @@ fn shielded<T>(doing: &str, call: impl FnOnce() -> Result<T>) -> Result<T> {
             .unwrap_or("no message");
         Err(cuda_error(format!("{doing}: the CUDA driver bindings failed ({detail}); is the driver too old?")))
     })
-}
-
-/// `copies` as one `cuMemcpyBatchAsync` on `stream`.
-///
-/// # Safety
-///
-/// As [`Gpu::copy_batch`].
-unsafe fn batched(batch: BatchCopy, stream: sys::CUstream, copies: &[Copy]) -> Result<()> {
-    let mut dsts: Vec<u64> = copies.iter().map(|c| c.dst).collect();
-    let mut srcs: Vec<u64> = copies.iter().map(|c| c.src).collect();
-    let mut sizes: Vec<usize> = copies.iter().map(|c| c.len as usize).collect();
-    let nowhere = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID, id: 0 };
-    let mut attributes = [sys::CUmemcpyAttributes {
-        srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-        srcLocHint: nowhere,
-        dstLocHint: nowhere,
-        flags: 0,
-    }];
-    let mut first = [0usize];
-    let mut failed = usize::MAX;
-    // SAFETY: the arrays hold `copies.len()` entries each and one attribute
-    // set covering them all; the ranges are our caller's.
-    let result = unsafe {
-        batch(
-            dsts.as_mut_ptr(),
-            srcs.as_mut_ptr(),
-            sizes.as_mut_ptr(),
-            copies.len(),
-            attributes.as_mut_ptr(),
-            first.as_mut_ptr(),
-            1,
-            &mut failed,
-            stream,
-        )
-    };
-    check(result, &format!("a batched copy (copy {failed} refused)"))
-}
-
-/// `copies` as one `cuMemcpyAsync` each on `stream`.
-///
-/// # Safety
-///
-/// As [`Gpu::copy_batch`].
-unsafe fn per_copy(stream: sys::CUstream, copies: &[Copy]) -> Result<()> {
-    for copy in copies {
-        // SAFETY: the ranges are our caller's; UVA resolves directions.
-        check(unsafe { sys::cuMemcpyAsync(copy.dst, copy.src, copy.len as usize, stream) }, "a copy")?;
-    }
-    Ok(())
 }
 
 /// One device's name, memory and PCI address.
@@ -604,31 +581,6 @@ fn describe(ordinal: u32, device: sys::CUdevice) -> Result<GpuDevice> {
     Ok(GpuDevice { ordinal, name: text(&name), memory_bytes: memory as u64, pci_bus, numa_node })
 }
 
-/// The 12.8-ABI `cuMemcpyBatchAsync`, when the driver has it (asked for
-/// by ABI version: a 13.x driver also exports a `_v2` without `failIdx`).
-/// Looked up only on drivers that have the batch API, through
-/// `cuGetProcAddress_v2`, which older drivers lack.
-fn batch_copy_12080(driver_version: u32) -> Option<BatchCopy> {
-    const _: () = assert!(tier::BATCH_API_DRIVER >= tier::PROC_ADDRESS_DRIVER);
-    if driver_version < tier::BATCH_API_DRIVER {
-        return None;
-    }
-    let mut pointer: *mut c_void = std::ptr::null_mut();
-    let mut status = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    // SAFETY: a NUL-terminated name and two out-pointers.
-    let result =
-        unsafe { sys::cuGetProcAddress_v2(c"cuMemcpyBatchAsync".as_ptr(), &mut pointer, 12080, 0, &mut status) };
-    if result != sys::CUresult::CUDA_SUCCESS
-        || pointer.is_null()
-        || status != sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS
-    {
-        return None;
-    }
-    // SAFETY: the driver returned this entry point for the 12.8 ABI, whose
-    // signature `BatchCopy` is.
-    Some(unsafe { std::mem::transmute::<*mut c_void, BatchCopy>(pointer) })
-}
-
 fn cuda_error(reason: impl Into<String>) -> Error {
     Error::Gpu { device: "cuda".into(), reason: reason.into() }
 }
@@ -643,7 +595,15 @@ fn check(result: sys::CUresult, doing: &str) -> Result<()> {
     let named = unsafe { sys::cuGetErrorName(result, &mut name) } == sys::CUresult::CUDA_SUCCESS && !name.is_null();
     // SAFETY: the driver's static NUL-terminated string.
     let name = if named { unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned() } else { String::new() };
-    Err(cuda_error(format!("{doing}: {name} ({})", result as u32)))
+    let hint = match result as u32 {
+        34 => {
+            "; this libcuda is the CUDA toolkit's stub library (for linking only), found before the NVIDIA \
+             driver's: take its directory off LD_LIBRARY_PATH"
+        }
+        100 => "; no GPU is visible to this process (check CUDA_VISIBLE_DEVICES and the container's devices)",
+        _ => "",
+    };
+    Err(cuda_error(format!("{doing}: {name} ({}){hint}", result as u32)))
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! once peer access to them is enabled (`cuCtxEnablePeerAccess`, asked once
 //! per pair of GPUs and remembered).
 
-use super::{CudaGpu, Raw};
+use super::CudaGpu;
 use crate::gpu::{Copy, CopySides, Place};
 use cudarc::driver::sys;
 use std::ffi::c_int;
@@ -37,6 +37,21 @@ impl CudaGpu {
         })
     }
 
+    /// True when some source of `copies` is host memory this provider did
+    /// not pin (`sides` tells which ends are host memory).
+    pub(super) fn pageable_source(&self, copies: &[Copy], sides: &[CopySides]) -> bool {
+        if sides.len() != copies.len() {
+            return false;
+        }
+        let state = self.lock();
+        copies.iter().zip(sides).any(|(copy, sides)| {
+            sides.src == Place::Host && {
+                let below = state.pinned.range(..=copy.src).next_back();
+                below.is_none_or(|(&start, &n)| copy.src.checked_add(copy.len).is_none_or(|end| end > start + n))
+            }
+        })
+    }
+
     /// True when a kernel on `device` may touch every GPU's memory that
     /// `sides` names: its own, or a peer's it has (or now gets) access to.
     pub(super) fn peers_reachable(&self, device: u32, sides: &[CopySides]) -> bool {
@@ -61,17 +76,18 @@ impl CudaGpu {
     }
 
     fn enable_peer(&self, from: u32, to: u32) -> bool {
-        let (Some(&(from_device, _)), Some(&(to_device, Raw(to_context)))) =
-            (self.contexts.get(from as usize), self.contexts.get(to as usize))
+        let (Some(from_slot), Some(to_slot)) = (self.contexts.get(from as usize), self.contexts.get(to as usize))
         else {
             return false;
         };
         let mut can: c_int = 0;
         // SAFETY: writes one int for two valid devices.
-        let asked = unsafe { sys::cuDeviceCanAccessPeer(&mut can, from_device, to_device) };
-        if asked != sys::CUresult::CUDA_SUCCESS || can != 1 || self.bind(from).is_err() {
+        let asked = unsafe { sys::cuDeviceCanAccessPeer(&mut can, from_slot.device, to_slot.device) };
+        if asked != sys::CUresult::CUDA_SUCCESS || can != 1 {
             return false;
         }
+        let Ok(to_context) = self.context(to) else { return false };
+        let Ok(_bound) = self.bind(from) else { return false };
         // SAFETY: `from`'s context is current; `to_context` is retained.
         let enabled = unsafe { sys::cuCtxEnablePeerAccess(to_context, 0) };
         matches!(enabled, sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The CUDA provider on the fake CUDA driver (tests/fakes/cuda): builds the
+# fake as libcuda.so (and libcuda.so.1) in target/fakecuda, then runs the
+# GPU suites with TEST_GPU_PROVIDER=cuda and that directory first on
+# LD_LIBRARY_PATH, so kvring loads it through cudarc's production path, and
+# the GPU check script on it. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+run() {
+    echo "+ $*"
+    "$@"
+}
+
+lib=target/fakecuda
+run cargo build --release --manifest-path tests/fakes/cuda/Cargo.toml --target-dir target/fakecuda-build
+mkdir -p "$lib"
+cp target/fakecuda-build/release/libcuda.so "$lib/libcuda.so"
+ln -sf libcuda.so "$lib/libcuda.so.1"
+# A second build lacking cuGetProcAddress_v2 (a symbol kvring resolves):
+# missing symbols must be errors, and a libcuda.so that is not libcuda.so.1
+# refused.
+run cargo build --release --manifest-path tests/fakes/cuda/Cargo.toml --target-dir target/fakecuda-build-noproc \
+    --features no-proc-address
+mkdir -p target/fakecuda-noproc
+cp target/fakecuda-build-noproc/release/libcuda.so target/fakecuda-noproc/libcuda.so
+ln -sf libcuda.so target/fakecuda-noproc/libcuda.so.1
+export FAKECUDA_NOPROC_DIR="$PWD/target/fakecuda-noproc"
+export LD_LIBRARY_PATH="$PWD/$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export FAKECUDA_REQUIRED=1
+
+# tests/gpu.rs on the CUDA provider (the main run covers the simulated one);
+# the fake's own findings; the lib's GPU tests.
+run env TEST_GPU_PROVIDER=cuda cargo test --test gpu
+run cargo test --test gpu_fake
+run env TEST_GPU_PROVIDER=cuda cargo test --lib gpu
+
+# The whole GPU check on the fake: exits 0 with the batched method taken.
+run bash benches/gpu_check.sh --fake

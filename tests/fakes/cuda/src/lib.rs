@@ -1,0 +1,642 @@
+//! A fake CUDA driver (`libcuda.so`) for kvring's tests: the entry points
+//! kvring resolves, on host memory no host thread can touch, holding the
+//! caller to the driver's *documented* rules. Every rule cites the section
+//! of NVIDIA's "CUDA Driver API" reference (docs.nvidia.com/cuda/
+//! cuda-driver-api) it follows, written `[ref: SECTION, FUNCTION]`.
+//!
+//! Device memory is a memfd mapped `PROT_NONE` at the address handed out
+//! (a host dereference faults, as on a real GPU) with a private read-write
+//! alias that only the stream workers (the "copy engines") use. Each stream
+//! is a worker thread running its queue in order; events mark positions in
+//! a queue.
+//!
+//! Configuration (read at `cuInit`): `FAKECUDA_VERSION` (11040, 12060,
+//! 12080, 13000; default 12080), `FAKECUDA_GPUS` (default 2),
+//! `FAKECUDA_INIT_ERROR` (a `CUresult` `cuInit` returns), `FAKECUDA_PEER`
+//! (0: no GPU pair can access each other), `FAKECUDA_DELAY_US` (each queued
+//! job runs that late). Introspection and faults go through two symbols
+//! kvring never calls: `fakecuda_stat(name)` and `fakecuda_set(name, value)`
+//! (see `stat` and `set`), which tests find with `dlsym`.
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+mod exec;
+mod mem;
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
+
+pub type CUresult = c_uint;
+pub type CUdevice = c_int;
+pub type CUcontext = *mut c_void;
+pub type CUdeviceptr = u64;
+
+/// `CUresult` values used here [ref: 6.1 Data types, enum cudaError_enum].
+pub mod err {
+    use super::CUresult;
+    pub const SUCCESS: CUresult = 0;
+    pub const INVALID_VALUE: CUresult = 1;
+    pub const OUT_OF_MEMORY: CUresult = 2;
+    pub const NOT_INITIALIZED: CUresult = 3;
+    pub const STUB_LIBRARY: CUresult = 34;
+    pub const NO_DEVICE: CUresult = 100;
+    pub const INVALID_DEVICE: CUresult = 101;
+    pub const INVALID_IMAGE: CUresult = 200;
+    pub const INVALID_CONTEXT: CUresult = 201;
+    pub const MAP_FAILED: CUresult = 205;
+    pub const ALREADY_MAPPED: CUresult = 208;
+    pub const PEER_ACCESS_UNSUPPORTED: CUresult = 217;
+    pub const INVALID_PTX: CUresult = 218;
+    pub const OPERATING_SYSTEM: CUresult = 304;
+    pub const INVALID_HANDLE: CUresult = 400;
+    pub const NOT_FOUND: CUresult = 500;
+    pub const NOT_READY: CUresult = 600;
+    pub const ILLEGAL_ADDRESS: CUresult = 700;
+    pub const PEER_ACCESS_ALREADY_ENABLED: CUresult = 704;
+    pub const HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
+    pub const HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
+    pub const NOT_SUPPORTED: CUresult = 801;
+}
+
+/// What the environment asked for at `cuInit`.
+#[derive(Debug, Clone)]
+struct Config {
+    version: c_int,
+    gpus: usize,
+    init_error: CUresult,
+    peer: bool,
+}
+
+fn env_num(name: &str, default: i64) -> i64 {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(default)
+}
+
+fn config() -> Config {
+    Config {
+        version: env_num("FAKECUDA_VERSION", 12080) as c_int,
+        gpus: env_num("FAKECUDA_GPUS", 2).clamp(0, 64) as usize,
+        init_error: env_num("FAKECUDA_INIT_ERROR", 0) as CUresult,
+        peer: env_num("FAKECUDA_PEER", 1) != 0,
+    }
+}
+
+/// One device's primary context.
+#[derive(Debug, Default)]
+struct Primary {
+    /// `cuDevicePrimaryCtxRetain` calls not yet released.
+    retains: u32,
+    /// Times the context was created (retain count going 0 → 1).
+    created: u32,
+    /// A sticky error: once a kernel or copy faulted in this context,
+    /// every call in it returns this.
+    sticky: CUresult,
+    /// Devices this context has peer access to.
+    peers: HashSet<i32>,
+}
+
+/// The driver's state in this process.
+pub(crate) struct Driver {
+    config: Config,
+    primaries: Vec<Primary>,
+    pub(crate) mem: mem::Memory,
+    pub(crate) exec: exec::Exec,
+}
+
+static DRIVER: Mutex<Option<Driver>> = Mutex::new(None);
+
+/// Counters tests read with `fakecuda_stat`.
+pub(crate) struct Counters {
+    pub staged: AtomicI64,
+    pub stalls: AtomicI64,
+    pub sync_copies: AtomicI64,
+    pub batches: AtomicI64,
+    pub copies: AtomicI64,
+    pub kernels: AtomicI64,
+    pub missing_calls: AtomicI64,
+    pub faults: AtomicI64,
+    /// Copies still to run before the next injected fault (-1: none).
+    pub fault_after: AtomicI64,
+    /// Microseconds each queued job waits before running.
+    pub delay_us: AtomicI64,
+}
+
+pub(crate) static COUNTERS: Counters = Counters {
+    staged: AtomicI64::new(0),
+    stalls: AtomicI64::new(0),
+    sync_copies: AtomicI64::new(0),
+    batches: AtomicI64::new(0),
+    copies: AtomicI64::new(0),
+    kernels: AtomicI64::new(0),
+    missing_calls: AtomicI64::new(0),
+    faults: AtomicI64::new(0),
+    fault_after: AtomicI64::new(-1),
+    delay_us: AtomicI64::new(-1),
+};
+
+/// Locks the driver; `None` before a successful `cuInit`.
+pub(crate) fn driver() -> MutexGuard<'static, Option<Driver>> {
+    DRIVER.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `f` on the initialised driver. [ref: 6.3 Initialization: "If
+/// cuInit() has not been called, any function from the driver API will
+/// return CUDA_ERROR_NOT_INITIALIZED."]
+pub(crate) fn with<R>(f: impl FnOnce(&mut Driver) -> Result<R, CUresult>) -> Result<R, CUresult> {
+    let mut guard = driver();
+    match guard.as_mut() {
+        Some(driver) => f(driver),
+        None => Err(err::NOT_INITIALIZED),
+    }
+}
+
+pub(crate) fn code(result: Result<(), CUresult>) -> CUresult {
+    result.err().unwrap_or(err::SUCCESS)
+}
+
+// ---------------------------------------------------------------------------
+// Contexts: a per-thread stack, whose top is the current context
+// [ref: 6.8 Context Management, cuCtxSetCurrent / cuCtxPushCurrent].
+// ---------------------------------------------------------------------------
+
+thread_local! {
+    static STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The handle of device `d`'s primary context (never dereferenced).
+fn context_handle(device: i32) -> CUcontext {
+    (0xC7C7_0000usize + device as usize * 0x10) as CUcontext
+}
+
+fn context_device(ctx: CUcontext) -> Option<i32> {
+    let value = ctx as usize;
+    ((0xC7C7_0000..0xC7C7_0000 + 64 * 0x10).contains(&value) && value.is_multiple_of(0x10))
+        .then(|| ((value - 0xC7C7_0000) / 0x10) as i32)
+}
+
+/// The calling thread's current context's device, if any.
+pub(crate) fn current_raw() -> Option<i32> {
+    STACK.with(|s| s.borrow().last().copied()).and_then(|c| context_device(c as CUcontext))
+}
+
+impl Driver {
+    /// The device of the calling thread's current context, which must be
+    /// live and not poisoned. [ref: 6.8 Context Management: calls that use
+    /// the current context return CUDA_ERROR_INVALID_CONTEXT when "there is
+    /// no context bound to the current thread"; 6.2 Error Handling: after
+    /// an error such as CUDA_ERROR_ILLEGAL_ADDRESS "the context cannot be
+    /// used, so it must be destroyed".]
+    pub(crate) fn current(&self) -> Result<i32, CUresult> {
+        let device = current_raw().ok_or(err::INVALID_CONTEXT)?;
+        self.context_usable(device)?;
+        Ok(device)
+    }
+
+    /// `device`'s context exists and carries no sticky error.
+    pub(crate) fn context_usable(&self, device: i32) -> Result<(), CUresult> {
+        let primary = self.primaries.get(device as usize).ok_or(err::INVALID_CONTEXT)?;
+        if primary.retains == 0 {
+            return Err(err::INVALID_CONTEXT);
+        }
+        if primary.sticky != err::SUCCESS {
+            return Err(primary.sticky);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn device_count(&self) -> usize {
+        self.config.gpus
+    }
+
+    pub(crate) fn check_device(&self, device: CUdevice) -> Result<i32, CUresult> {
+        if device < 0 || device as usize >= self.config.gpus {
+            return Err(err::INVALID_DEVICE);
+        }
+        Ok(device)
+    }
+
+    /// Poisons `device`'s context (a fault in it).
+    pub(crate) fn poison(&mut self, device: i32, error: CUresult) {
+        if let Some(primary) = self.primaries.get_mut(device as usize) {
+            primary.sticky = error;
+        }
+    }
+
+    pub(crate) fn sticky(&self, device: i32) -> CUresult {
+        self.primaries.get(device as usize).map_or(err::SUCCESS, |p| p.sticky)
+    }
+
+    /// Whether `from`'s context has peer access to `to`'s memory.
+    pub(crate) fn peer_enabled(&self, from: i32, to: i32) -> bool {
+        from == to || self.primaries.get(from as usize).is_some_and(|p| p.peers.contains(&to))
+    }
+
+    pub(crate) fn version(&self) -> c_int {
+        self.config.version
+    }
+}
+
+/// Writes `value` through `out` when `out` is not null.
+pub(crate) unsafe fn put<T>(out: *mut T, value: T) -> Result<(), CUresult> {
+    if out.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    unsafe { out.write_unaligned(value) };
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
+    // [ref: 6.4 Version Management: callable before cuInit.]
+    let wanted = config().version;
+    code(unsafe { put(version, wanted) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    // [ref: 6.3 Initialization, cuInit: "Currently, the Flags parameter
+    // must be 0."]
+    if flags != 0 {
+        return err::INVALID_VALUE;
+    }
+    let config = config();
+    if config.init_error != err::SUCCESS {
+        return config.init_error;
+    }
+    let mut guard = driver();
+    if guard.is_none() {
+        if config.gpus == 0 {
+            return err::NO_DEVICE;
+        }
+        let primaries = (0..config.gpus).map(|_| Primary::default()).collect();
+        *guard = Some(Driver { primaries, mem: mem::Memory::new(), exec: exec::Exec::default(), config });
+    }
+    err::SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    code(with(|d| unsafe { put(count, d.device_count() as c_int) }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
+    code(with(|d| unsafe { put(device, d.check_device(ordinal)?) }))
+}
+
+/// Copies `text` into a caller's buffer of `len` bytes, NUL-terminated.
+unsafe fn put_text(out: *mut c_char, len: c_int, text: &str) -> Result<(), CUresult> {
+    if out.is_null() || len <= 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    let n = text.len().min(len as usize - 1);
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr().cast(), out, n);
+        *out.add(n) = 0;
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, device: CUdevice) -> CUresult {
+    code(with(|d| {
+        let device = d.check_device(device)?;
+        unsafe { put_text(name, len, &format!("Fake GPU {device} (fakecuda)")) }
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus: *mut c_char, len: c_int, device: CUdevice) -> CUresult {
+    code(with(|d| {
+        let device = d.check_device(device)?;
+        unsafe { put_text(bus, len, &format!("0000:{:02X}:00.0", 0xC0 + device)) }
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CUdevice) -> CUresult {
+    code(with(|d| {
+        d.check_device(device)?;
+        unsafe { put(bytes, 16usize << 30) }
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_int, device: CUdevice) -> CUresult {
+    code(with(|d| {
+        d.check_device(device)?;
+        let answer = match attribute {
+            41 => 1,  // UNIFIED_ADDRESSING: 64-bit Linux hosts have UVA
+            91 => 1,  // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
+            102 => 1, // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+            103 => 1, // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+            110 => 1, // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+            124 => 1, // DMA_BUF_SUPPORTED
+            75 => 9,  // COMPUTE_CAPABILITY_MAJOR
+            76 => 0,  // COMPUTE_CAPABILITY_MINOR
+            _ => 0,
+        };
+        unsafe { put(value, answer) }
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceCanAccessPeer(can: *mut c_int, device: CUdevice, peer: CUdevice) -> CUresult {
+    code(with(|d| {
+        let (a, b) = (d.check_device(device)?, d.check_device(peer)?);
+        unsafe { put(can, c_int::from(a != b && d.config.peer)) }
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, device: CUdevice) -> CUresult {
+    // [ref: 6.7 Primary Context Management, cuDevicePrimaryCtxRetain:
+    // "Retains the primary context on the device, creating it if
+    // necessary".]
+    code(with(|d| {
+        let device = d.check_device(device)?;
+        let primary = &mut d.primaries[device as usize];
+        if primary.retains == 0 {
+            primary.created += 1;
+            primary.sticky = err::SUCCESS;
+            primary.peers.clear();
+        }
+        primary.retains += 1;
+        unsafe { put(ctx, context_handle(device)) }
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(device: CUdevice) -> CUresult {
+    // [ref: 6.7, cuDevicePrimaryCtxRelease: the context is destroyed once
+    // its usage count reaches 0; releasing one not retained is an error.]
+    code(with(|d| {
+        let device = d.check_device(device)?;
+        let primary = &mut d.primaries[device as usize];
+        if primary.retains == 0 {
+            return Err(err::INVALID_CONTEXT);
+        }
+        primary.retains -= 1;
+        Ok(())
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    // [ref: 6.8, cuCtxSetCurrent: replaces the top of the thread's context
+    // stack; NULL pops it (a no-op on an empty stack).]
+    code(with(|d| {
+        if ctx.is_null() {
+            STACK.with(|s| s.borrow_mut().pop());
+            return Ok(());
+        }
+        let device = context_device(ctx).ok_or(err::INVALID_CONTEXT)?;
+        if d.primaries.get(device as usize).is_none_or(|p| p.retains == 0) {
+            return Err(err::INVALID_CONTEXT);
+        }
+        STACK.with(|s| {
+            let mut stack = s.borrow_mut();
+            stack.pop();
+            stack.push(ctx as usize);
+        });
+        Ok(())
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult {
+    // [ref: 6.8, cuCtxGetCurrent: NULL when no context is bound.]
+    code(with(|_| {
+        let top = STACK.with(|s| s.borrow().last().copied()).unwrap_or(0);
+        unsafe { put(ctx, top as CUcontext) }
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
+    code(with(|d| {
+        let device = context_device(ctx).ok_or(err::INVALID_CONTEXT)?;
+        if d.primaries.get(device as usize).is_none_or(|p| p.retains == 0) {
+            return Err(err::INVALID_CONTEXT);
+        }
+        STACK.with(|s| s.borrow_mut().push(ctx as usize));
+        Ok(())
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult {
+    // [ref: 6.8, cuCtxPopCurrent: INVALID_CONTEXT with an empty stack.]
+    code(with(|_| {
+        let top = STACK.with(|s| s.borrow_mut().pop()).ok_or(err::INVALID_CONTEXT)?;
+        if !ctx.is_null() {
+            unsafe { put(ctx, top as CUcontext)? };
+        }
+        Ok(())
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUresult {
+    // [ref: 6.29 Peer Context Memory Access, cuCtxEnablePeerAccess: from
+    // the current context; flags must be 0; PEER_ACCESS_UNSUPPORTED where
+    // cuDeviceCanAccessPeer says no; PEER_ACCESS_ALREADY_ENABLED when
+    // enabled before; INVALID_DEVICE for the context itself.]
+    code(with(|d| {
+        let from = d.current()?;
+        if flags != 0 {
+            return Err(err::INVALID_VALUE);
+        }
+        let to = context_device(peer).ok_or(err::INVALID_CONTEXT)?;
+        d.context_usable(to)?;
+        if to == from {
+            return Err(err::INVALID_DEVICE);
+        }
+        if !d.config.peer {
+            return Err(err::PEER_ACCESS_UNSUPPORTED);
+        }
+        match d.primaries[from as usize].peers.insert(to) {
+            true => Ok(()),
+            false => Err(err::PEER_ACCESS_ALREADY_ENABLED),
+        }
+    }))
+}
+
+static ERROR_NAMES: &[(CUresult, &CStr)] = &[
+    (err::SUCCESS, c"CUDA_SUCCESS"),
+    (err::INVALID_VALUE, c"CUDA_ERROR_INVALID_VALUE"),
+    (err::OUT_OF_MEMORY, c"CUDA_ERROR_OUT_OF_MEMORY"),
+    (err::NOT_INITIALIZED, c"CUDA_ERROR_NOT_INITIALIZED"),
+    (err::STUB_LIBRARY, c"CUDA_ERROR_STUB_LIBRARY"),
+    (err::NO_DEVICE, c"CUDA_ERROR_NO_DEVICE"),
+    (err::INVALID_DEVICE, c"CUDA_ERROR_INVALID_DEVICE"),
+    (err::INVALID_IMAGE, c"CUDA_ERROR_INVALID_IMAGE"),
+    (err::INVALID_CONTEXT, c"CUDA_ERROR_INVALID_CONTEXT"),
+    (err::MAP_FAILED, c"CUDA_ERROR_MAP_FAILED"),
+    (err::ALREADY_MAPPED, c"CUDA_ERROR_ALREADY_MAPPED"),
+    (err::PEER_ACCESS_UNSUPPORTED, c"CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"),
+    (err::INVALID_PTX, c"CUDA_ERROR_INVALID_PTX"),
+    (err::OPERATING_SYSTEM, c"CUDA_ERROR_OPERATING_SYSTEM"),
+    (err::INVALID_HANDLE, c"CUDA_ERROR_INVALID_HANDLE"),
+    (err::NOT_FOUND, c"CUDA_ERROR_NOT_FOUND"),
+    (err::NOT_READY, c"CUDA_ERROR_NOT_READY"),
+    (err::ILLEGAL_ADDRESS, c"CUDA_ERROR_ILLEGAL_ADDRESS"),
+    (err::PEER_ACCESS_ALREADY_ENABLED, c"CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED"),
+    (err::HOST_MEMORY_ALREADY_REGISTERED, c"CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"),
+    (err::HOST_MEMORY_NOT_REGISTERED, c"CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"),
+    (err::NOT_SUPPORTED, c"CUDA_ERROR_NOT_SUPPORTED"),
+];
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetErrorName(error: CUresult, name: *mut *const c_char) -> CUresult {
+    // [ref: 6.2 Error Handling, cuGetErrorName: INVALID_VALUE for an
+    // unknown code, and callable before cuInit.]
+    match ERROR_NAMES.iter().find(|(c, _)| *c == error) {
+        Some((_, text)) => code(unsafe { put(name, text.as_ptr()) }),
+        None => err::INVALID_VALUE,
+    }
+}
+
+/// `cuGetProcAddress_v2` [ref: 6.31 Driver Entry Point Access]: from CUDA
+/// 12.0. The 12.8 and 13.0 `cuMemcpyBatchAsync` differ (13.0 dropped
+/// `failIdx`), so the version asked for picks which one is returned, and a
+/// caller asking 13000 but calling the 12.8 form fails loudly.
+#[cfg(not(feature = "no-proc-address"))]
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    _flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    const SUCCESS: c_int = 0;
+    const SYMBOL_NOT_FOUND: c_int = 1;
+    const VERSION_NOT_SUFFICIENT: c_int = 2;
+    let result = with(|d| {
+        if d.version() < 12000 {
+            // A pre-12.0 driver has no such symbol: calling it is a bug in
+            // the caller's version gate, counted for the tests.
+            COUNTERS.missing_calls.fetch_add(1, Relaxed);
+            return Err(err::NOT_SUPPORTED);
+        }
+        if symbol.is_null() || pfn.is_null() {
+            return Err(err::INVALID_VALUE);
+        }
+        let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+        let (found, state): (*mut c_void, c_int) = match name {
+            b"cuMemcpyBatchAsync" if cuda_version > d.version() => (std::ptr::null_mut(), VERSION_NOT_SUFFICIENT),
+            b"cuMemcpyBatchAsync" if d.version() < 12080 || cuda_version < 12080 => {
+                (std::ptr::null_mut(), SYMBOL_NOT_FOUND)
+            }
+            b"cuMemcpyBatchAsync" if cuda_version >= 13000 => (exec::batch_13000 as *mut c_void, SUCCESS),
+            b"cuMemcpyBatchAsync" => (exec::batch_12080 as *mut c_void, SUCCESS),
+            _ => (std::ptr::null_mut(), SYMBOL_NOT_FOUND),
+        };
+        unsafe { pfn.write(found) };
+        if !status.is_null() {
+            unsafe { status.write(state) };
+        }
+        match state {
+            SUCCESS => Ok(()),
+            _ => Err(err::NOT_FOUND),
+        }
+    });
+    code(result)
+}
+
+// ---------------------------------------------------------------------------
+// Introspection for tests (not part of CUDA).
+// ---------------------------------------------------------------------------
+
+/// A figure the fake keeps, by name: `contexts_created:D` and
+/// `contexts_active:D` (device D's primary context), `contexts_active`
+/// (over all devices), `current` (device + 1 of the calling thread's
+/// current context, 0 for none), `fds` (descriptors of fake device memory
+/// open in this process that the driver itself does not hold: exported or
+/// passed ones), `staged` (cross-GPU copies without peer access), `stalls`
+/// (batches that waited for their stream: pageable sources in stream order),
+/// `sync_copies`, `batches`, `copies`, `kernels`, `faults`, `missing_calls`
+/// (calls a driver of the configured version would not have),
+/// `ipc_opened:D` (legacy handles open in device D's context), `peer:A:B`,
+/// `allocations` (physical allocations alive), `pinned` (host ranges
+/// registered). -1 for an unknown name.
+#[no_mangle]
+pub unsafe extern "C" fn fakecuda_stat(name: *const c_char) -> i64 {
+    if name.is_null() {
+        return -1;
+    }
+    let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
+    stat(&name).unwrap_or(-1)
+}
+
+fn stat(name: &str) -> Option<i64> {
+    let counter = |c: &AtomicI64| Some(c.load(Relaxed));
+    match name {
+        "staged" => return counter(&COUNTERS.staged),
+        "stalls" => return counter(&COUNTERS.stalls),
+        "sync_copies" => return counter(&COUNTERS.sync_copies),
+        "batches" => return counter(&COUNTERS.batches),
+        "copies" => return counter(&COUNTERS.copies),
+        "kernels" => return counter(&COUNTERS.kernels),
+        "faults" => return counter(&COUNTERS.faults),
+        "missing_calls" => return counter(&COUNTERS.missing_calls),
+        "current" => return Some(current_raw().map_or(0, |d| d as i64 + 1)),
+        _ => {}
+    }
+    let guard = driver();
+    let d = guard.as_ref()?;
+    let mut parts = name.split(':');
+    let head = parts.next()?;
+    let arg = |p: Option<&str>| p.and_then(|v| v.parse::<usize>().ok());
+    match head {
+        "contexts_active" => match arg(parts.next()) {
+            Some(dev) => d.primaries.get(dev).map(|p| i64::from(p.retains > 0)),
+            None => Some(d.primaries.iter().filter(|p| p.retains > 0).count() as i64),
+        },
+        "contexts_created" => d.primaries.get(arg(parts.next())?).map(|p| p.created as i64),
+        "peer" => {
+            let (a, b) = (arg(parts.next())? as i32, arg(parts.next())? as i32);
+            Some(i64::from(a != b && d.peer_enabled(a, b)))
+        }
+        "fds" => Some(mem::foreign_fds(d)),
+        "ipc_opened" => Some(d.mem.ipc_opened_in(arg(parts.next())? as i32)),
+        "allocations" => Some(d.mem.allocations()),
+        "pinned" => Some(d.mem.pinned_ranges()),
+        _ => None,
+    }
+}
+
+/// Sets a knob: `fault_after` (N: the copy after the next N faults, with a
+/// sticky `ILLEGAL_ADDRESS` in its stream's context; -1: none),
+/// `delay_us` (each queued job runs that late; -1: `FAKECUDA_DELAY_US`),
+/// `reset_counters` (zeroes the counters). Returns 0, or -1 for an unknown
+/// name.
+#[no_mangle]
+pub unsafe extern "C" fn fakecuda_set(name: *const c_char, value: i64) -> c_int {
+    if name.is_null() {
+        return -1;
+    }
+    match unsafe { CStr::from_ptr(name) }.to_bytes() {
+        b"fault_after" => COUNTERS.fault_after.store(value, Relaxed),
+        b"delay_us" => COUNTERS.delay_us.store(value, Relaxed),
+        b"reset_counters" => {
+            for c in [
+                &COUNTERS.staged,
+                &COUNTERS.stalls,
+                &COUNTERS.sync_copies,
+                &COUNTERS.batches,
+                &COUNTERS.copies,
+                &COUNTERS.kernels,
+                &COUNTERS.faults,
+                &COUNTERS.missing_calls,
+            ] {
+                c.store(0, Relaxed);
+            }
+        }
+        _ => return -1,
+    }
+    0
+}

@@ -1,0 +1,435 @@
+//! The CUDA provider over the fake driver (`tests/fakes/cuda`, built and
+//! put on `LD_LIBRARY_PATH` by `.ci/stage-fakecuda.sh`), which holds it to
+//! the driver's documented rules and counts what a real driver would do
+//! (contexts created per GPU, staged copies, stalls, descriptors held):
+//! one test per finding of GPU-REVIEW.md that the fake can see.
+//!
+//! Each scenario runs in a child process of this binary, so that the fake
+//! is configured (GPU count, version, `cuInit` error) before its `cuInit`
+//! and its counters belong to that scenario alone. Without the fake on the
+//! library path the tests say so and pass, unless `FAKECUDA_REQUIRED=1`
+//! (what the CI stage sets), where they fail.
+
+mod common;
+
+use kvring::gpu::{Copy, CopyMethod, CopySides, CudaGpu, Gpu, Place};
+use kvring::{Batch, BlockDesc, RegionInfo};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The fake's entry points the tests call themselves (as PyTorch would).
+struct Fake {
+    stat: unsafe extern "C" fn(*const c_char) -> i64,
+    set: unsafe extern "C" fn(*const c_char, i64) -> c_int,
+    lib: *mut c_void,
+}
+
+impl Fake {
+    /// The fake driver this process loaded, or `None` (saying why) where
+    /// the library is not the fake.
+    fn find() -> Option<Fake> {
+        // SAFETY: dlopen/dlsym of a library name and symbol names.
+        unsafe {
+            let lib = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW);
+            let stat = (!lib.is_null()).then(|| libc::dlsym(lib, c"fakecuda_stat".as_ptr())).filter(|p| !p.is_null());
+            let set = (!lib.is_null()).then(|| libc::dlsym(lib, c"fakecuda_set".as_ptr())).filter(|p| !p.is_null());
+            match (stat, set) {
+                (Some(stat), Some(set)) => Some(Fake {
+                    stat: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char) -> i64>(stat),
+                    set: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char, i64) -> c_int>(set),
+                    lib,
+                }),
+                _ => None,
+            }
+        }
+    }
+
+    fn stat(&self, name: &str) -> i64 {
+        let name = std::ffi::CString::new(name).unwrap();
+        // SAFETY: a NUL-terminated name.
+        unsafe { (self.stat)(name.as_ptr()) }
+    }
+
+    fn set(&self, name: &str, value: i64) {
+        let name = std::ffi::CString::new(name).unwrap();
+        // SAFETY: a NUL-terminated name.
+        assert_eq!(unsafe { (self.set)(name.as_ptr(), value) }, 0, "fakecuda_set {name:?}");
+    }
+
+    /// A driver function of the fake, by name.
+    fn function<F: std::marker::Copy>(&self, name: &CStr) -> F {
+        // SAFETY: a symbol of the fake, whose C signature the caller names.
+        unsafe {
+            let symbol = libc::dlsym(self.lib, name.as_ptr());
+            assert!(!symbol.is_null(), "{name:?}");
+            std::mem::transmute_copy::<*mut c_void, F>(&symbol)
+        }
+    }
+
+    /// What an application on `cuda:device` has done before calling
+    /// kvring: its device's primary context current on this thread.
+    fn become_application_on(&self, device: c_int) {
+        type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> u32;
+        type SetCurrent = unsafe extern "C" fn(*mut c_void) -> u32;
+        let retain: Retain = self.function(c"cuDevicePrimaryCtxRetain");
+        let set_current: SetCurrent = self.function(c"cuCtxSetCurrent");
+        let mut context = std::ptr::null_mut();
+        // SAFETY: the fake's entry points, with valid out-pointers.
+        unsafe {
+            assert_eq!(retain(&mut context, device), 0);
+            assert_eq!(set_current(context), 0);
+        }
+    }
+
+    /// `cuMemAlloc` under the calling thread's context, as `cudaMalloc`.
+    fn application_alloc(&self, len: usize) -> u64 {
+        type Alloc = unsafe extern "C" fn(*mut u64, usize) -> u32;
+        let alloc: Alloc = self.function(c"cuMemAlloc_v2");
+        let mut ptr = 0u64;
+        // SAFETY: writes one pointer.
+        assert_eq!(unsafe { alloc(&mut ptr, len) }, 0);
+        ptr
+    }
+}
+
+/// Runs scenario `name` (an ignored test of this binary) in a child with
+/// `env`, and passes when it does.
+fn scenario(name: &str, env: &[(&str, &str)]) {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.args([name, "--exact", "--ignored", "--nocapture", "--test-threads=1"]).env("KVRING_FAKE_CHILD", "1");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{name} failed:\n{text}");
+    assert!(text.contains("1 passed"), "{name} did not run:\n{text}");
+}
+
+/// The fake in a scenario's child; `None` (the scenario passes, saying
+/// why) where the library is not the fake and nobody required it.
+fn fake() -> Option<Fake> {
+    assert!(std::env::var("KVRING_FAKE_CHILD").is_ok(), "run through `scenario`");
+    let gpu = CudaGpu::load();
+    match (gpu, Fake::find()) {
+        (Ok(_), Some(fake)) => Some(fake),
+        (loaded, _) => {
+            let required = std::env::var("FAKECUDA_REQUIRED").is_ok_and(|v| v == "1");
+            assert!(!required, "FAKECUDA_REQUIRED=1 but the fake driver is not loaded: {:?}", loaded.err());
+            eprintln!("skipped: the fake CUDA driver is not on LD_LIBRARY_PATH (bash .ci/stage-fakecuda.sh runs this)");
+            None
+        }
+    }
+}
+
+#[test]
+fn on_eight_gpus_memory_of_gpu_3_creates_one_context_and_every_call_keeps_the_callers() {
+    scenario("eight_gpus_child", &[("FAKECUDA_GPUS", "8")]);
+}
+
+/// A worker on `cuda:3` of 8 (all visible), as vLLM's: registering its KV
+/// memory creates no context but GPU 3's (review #3), and its current
+/// context is the same before and after every public call (review #2).
+#[test]
+#[ignore = "a child of on_eight_gpus_…"]
+fn eight_gpus_child() {
+    let Some(fake) = fake() else { return };
+    fake.become_application_on(3);
+    let kv = fake.application_alloc(4 << 20);
+    assert_eq!(fake.stat("current"), 4, "the application's context (GPU 3)");
+    let unchanged = |what: &str| assert_eq!(fake.stat("current"), 4, "after {what}: the caller's context");
+
+    let engine = common::engine("fake-eight");
+    // SAFETY: device memory that outlives the engine.
+    let region = unsafe { engine.register(kv as *mut u8, 4 << 20, RegionInfo::raw().on_gpu(3)) }.unwrap();
+    unchanged("register");
+    for device in 0..8 {
+        let created = fake.stat(&format!("contexts_created:{device}"));
+        assert_eq!(created, i64::from(device == 3), "contexts created on GPU {device}");
+    }
+    assert_eq!(engine.memory_of(kv, 4096).unwrap(), kvring::MemoryKind::Gpu(3));
+    unchanged("memory_of");
+
+    let host = vec![7u8; 1 << 20];
+    // SAFETY: the vector outlives the engine.
+    let host_id = unsafe { engine.register(host.as_ptr() as *mut u8, host.len(), RegionInfo::raw()) }.unwrap();
+    unchanged("register host memory");
+    let peer = common::engine("fake-eight-peer");
+    let segment = peer.open_segment_with(&engine.control_addr().to_string(), None, common::WAIT).unwrap();
+    unchanged("open_segment");
+    let local = peer.alloc_region(1 << 20, RegionInfo::raw().on_gpu(3)).unwrap();
+    unchanged("alloc_region");
+    let mut sub = peer.submitter().unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, region, 0, 1 << 20)];
+    let batch = Batch::write(&segment).descs(&descs);
+    let id = sub.submit(&batch).unwrap();
+    assert!(sub.wait(id, common::WAIT).unwrap().is_done());
+    unchanged("a transfer");
+    engine.wait_gpu_stream(3, 0, Duration::from_secs(5)).unwrap();
+    unchanged("wait_gpu_stream");
+    engine.unregister(region).unwrap();
+    engine.unregister(host_id).unwrap();
+    unchanged("unregister");
+    peer.close_segment(&segment);
+    drop(local);
+    unchanged("free");
+    for device in 0..8 {
+        let created = fake.stat(&format!("contexts_created:{device}"));
+        assert_eq!(created, i64::from(device == 3), "contexts created on GPU {device} by the end");
+    }
+}
+
+#[test]
+fn pieces_of_an_expandable_segment_are_sized_by_their_mapping_not_the_reservation() {
+    scenario("pieces_child", &[]);
+}
+
+/// Review #1: RANGE_* give the reservation; each exported piece must be
+/// one mapping, so a peer can map it.
+#[test]
+#[ignore = "a child of pieces_of_…"]
+fn pieces_child() {
+    let Some(_fake) = fake() else { return };
+    let gpu = CudaGpu::load().unwrap();
+    const PIECE: u64 = 2 << 20;
+    let run = gpu.alloc_pieces(0, PIECE, 8).unwrap();
+    let export = gpu.export(run.0 + PIECE / 2, 2 * PIECE).unwrap();
+    let lens: Vec<u64> = export.handles().iter().map(|h| h.len).collect();
+    assert_eq!(lens, vec![PIECE; 3], "one handle per 2 MiB mapping the range touches");
+    assert_eq!(export.handles()[0].offset, PIECE / 2);
+    match gpu.classify(run.0 + PIECE, 3 * PIECE).unwrap() {
+        kvring::gpu::Memory::Device { ordinal: 0, base, len } => {
+            assert_eq!(base.0, run.0 + PIECE, "the range's first mapping");
+            assert!(len >= 3 * PIECE, "{len}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // SAFETY: nothing uses the run.
+    unsafe { gpu.free(run) }.unwrap();
+}
+
+#[test]
+fn memory_freed_on_a_thread_without_a_context_is_freed() {
+    scenario("free_child", &[]);
+}
+
+/// Review #13: `cuMemFree` needs a context; a finalizer thread has none.
+#[test]
+#[ignore = "a child of memory_freed_…"]
+fn free_child() {
+    let Some(fake) = fake() else { return };
+    let gpu = Arc::new(CudaGpu::load().unwrap());
+    let ptr = gpu.alloc(1, 1 << 20).unwrap();
+    let before = fake.stat("allocations");
+    let freeing = gpu.clone();
+    // SAFETY: nothing uses the allocation.
+    std::thread::spawn(move || unsafe { freeing.free(ptr) }).join().unwrap().unwrap();
+    assert_eq!(fake.stat("allocations"), before - 1, "freed, not leaked");
+}
+
+#[test]
+fn a_present_driver_that_fails_cuinit_is_quoted_with_a_hint_for_the_stub() {
+    scenario("init_error_child", &[("FAKECUDA_INIT_ERROR", "34")]);
+}
+
+/// Review #12: the real `cuInit` error, kept and quoted in every refusal.
+#[test]
+#[ignore = "a child of a_present_driver_…"]
+fn init_error_child() {
+    if Fake::find().is_none() {
+        assert!(std::env::var("FAKECUDA_REQUIRED").map_or(true, |v| v != "1"), "the fake is required");
+        return;
+    }
+    let error = CudaGpu::load().unwrap_err().to_string();
+    assert!(error.contains("CUDA_ERROR_STUB_LIBRARY") && error.contains("stub library"), "{error}");
+    let engine = common::engine("fake-stub");
+    let host = vec![0u8; 4096];
+    // SAFETY: the vector outlives the engine.
+    let refused = unsafe { engine.register(host.as_ptr() as *mut u8, 4096, RegionInfo::raw().on_gpu(0)) };
+    let refused = refused.unwrap_err().to_string();
+    assert!(refused.contains("CUDA_ERROR_STUB_LIBRARY (34)"), "{refused}");
+}
+
+#[test]
+fn batched_copies_take_peer_access_and_never_stall_on_pageable_sources() {
+    scenario("batched_child", &[]);
+}
+
+/// Review #5 (peer access whatever the method) and #11 (pageable sources
+/// in stream order block the lane inside the call).
+#[test]
+#[ignore = "a child of batched_copies_…"]
+fn batched_child() {
+    let Some(fake) = fake() else { return };
+    let gpu = CudaGpu::load().unwrap();
+    assert_eq!(gpu.copy_method(), CopyMethod::Batched);
+    let (a, b) = (gpu.alloc(0, 1 << 20).unwrap(), gpu.alloc(1, 1 << 20).unwrap());
+    let stream = gpu.create_stream(0).unwrap();
+    let event = gpu.create_event(0).unwrap();
+    let host = vec![9u8; 1 << 20];
+    let mut back = vec![0u8; 1 << 20];
+    let copies = [
+        Copy { src: host.as_ptr() as u64, dst: a.0, len: 1 << 20 },
+        Copy { src: a.0, dst: b.0, len: 1 << 20 },
+        Copy { src: b.0, dst: back.as_mut_ptr() as u64, len: 1 << 20 },
+    ];
+    let sides = [
+        CopySides { src: Place::Host, dst: Place::Device(0) },
+        CopySides { src: Place::Device(0), dst: Place::Device(1) },
+        CopySides { src: Place::Device(1), dst: Place::Host },
+    ];
+    for (copy, side) in copies.iter().zip(&sides) {
+        // SAFETY: the vectors outlive the copies (waited for below).
+        let method = unsafe { gpu.copy_batch(stream, std::slice::from_ref(copy), std::slice::from_ref(side)) };
+        assert_eq!(method.unwrap(), CopyMethod::Batched);
+        gpu.record(stream, event).unwrap();
+        while !gpu.query(event).unwrap() {
+            std::thread::yield_now();
+        }
+    }
+    assert_eq!(back, host, "host → GPU 0 → GPU 1 → host");
+    assert_eq!(fake.stat("staged"), 0, "GPU 0 to GPU 1 went peer to peer");
+    assert_eq!(fake.stat("peer:0:1"), 1);
+    assert_eq!(fake.stat("stalls"), 0, "no batch waited for its stream");
+}
+
+#[test]
+fn every_driver_version_gets_its_method_and_no_symbol_it_lacks() {
+    for (version, method) in [("11040", "kernel"), ("12060", "kernel"), ("12080", "batched"), ("13000", "batched")] {
+        scenario("versions_child", &[("FAKECUDA_VERSION", version), ("EXPECT_METHOD", method)]);
+    }
+}
+
+/// Each version's copy method moves bytes, and a driver is never asked for
+/// an entry point it lacks (`missing_calls`); 13.0 serves its own batch
+/// ABI to a 13000 lookup, so kvring's 12080 lookup is what works there.
+#[test]
+#[ignore = "a child of every_driver_version_…"]
+fn versions_child() {
+    let Some(fake) = fake() else { return };
+    let gpu = CudaGpu::load().unwrap();
+    let want = std::env::var("EXPECT_METHOD").unwrap();
+    assert_eq!(gpu.copy_method().name(), want);
+    let device = gpu.alloc(0, 1 << 20).unwrap();
+    let mut host = vec![3u8; 1 << 20];
+    // SAFETY: the vector stays mapped until unregistered below.
+    unsafe { gpu.host_register(host.as_ptr() as u64, host.len() as u64) }.unwrap();
+    let stream = gpu.create_stream(0).unwrap();
+    let event = gpu.create_event(0).unwrap();
+    let there = [Copy { src: host.as_ptr() as u64, dst: device.0, len: 1 << 20 }];
+    let sides = [CopySides { src: Place::Host, dst: Place::Device(0) }];
+    // SAFETY: the vector outlives the copies.
+    unsafe { gpu.copy_batch(stream, &there, &sides) }.unwrap();
+    gpu.record(stream, event).unwrap();
+    while !gpu.query(event).unwrap() {
+        std::thread::yield_now();
+    }
+    host.fill(0);
+    let back = [Copy { src: device.0, dst: host.as_mut_ptr() as u64, len: 1 << 20 }];
+    let back_sides = [CopySides { src: Place::Device(0), dst: Place::Host }];
+    // SAFETY: as above.
+    unsafe { gpu.copy_batch(stream, &back, &back_sides) }.unwrap();
+    gpu.record(stream, event).unwrap();
+    while !gpu.query(event).unwrap() {
+        std::thread::yield_now();
+    }
+    assert!(host.iter().all(|&b| b == 3), "{want}: the bytes came back");
+    assert_eq!(fake.stat("missing_calls"), 0);
+    gpu.host_unregister(host.as_ptr() as u64).unwrap();
+}
+
+#[test]
+fn a_copy_that_faults_poisons_its_context_and_says_so() {
+    scenario("fault_child", &[]);
+}
+
+/// A copy faulting on GPU 0 is a sticky error there (reported, never a
+/// panic), while GPU 1's work goes on.
+#[test]
+#[ignore = "a child of a_copy_that_faults_…"]
+fn fault_child() {
+    let Some(fake) = fake() else { return };
+    let gpu = CudaGpu::load().unwrap();
+    let (a, b) = (gpu.alloc(0, 1 << 20).unwrap(), gpu.alloc(1, 1 << 20).unwrap());
+    let (s0, s1) = (gpu.create_stream(0).unwrap(), gpu.create_stream(1).unwrap());
+    let (e0, e1) = (gpu.create_event(0).unwrap(), gpu.create_event(1).unwrap());
+    let host = vec![1u8; 1 << 20];
+    fake.set("fault_after", 0);
+    let to = |d: u64, device| {
+        (
+            Copy { src: host.as_ptr() as u64, dst: d, len: 1 << 20 },
+            CopySides { src: Place::Host, dst: Place::Device(device) },
+        )
+    };
+    let (copy, side) = to(a.0, 0);
+    // SAFETY: the vector outlives the copies.
+    unsafe { gpu.copy_batch(s0, &[copy], &[side]) }.unwrap();
+    gpu.record(s0, e0).unwrap();
+    let failed = loop {
+        match gpu.query(e0) {
+            Ok(true) => panic!("the faulting copy completed"),
+            Ok(false) => std::thread::yield_now(),
+            Err(error) => break error.to_string(),
+        }
+    };
+    assert!(failed.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{failed}");
+    let (copy, side) = to(b.0, 1);
+    // SAFETY: as above.
+    unsafe { gpu.copy_batch(s1, &[copy], &[side]) }.unwrap();
+    gpu.record(s1, e1).unwrap();
+    while !gpu.query(e1).unwrap() {
+        std::thread::yield_now();
+    }
+    assert_eq!(fake.stat("faults"), 1);
+}
+
+/// The fake built without `cuGetProcAddress_v2` (`--features
+/// no-proc-address`), where the CI stage put it: `FAKECUDA_NOPROC_DIR`.
+fn noproc_dir() -> Option<String> {
+    let dir = std::env::var("FAKECUDA_NOPROC_DIR").ok();
+    let required = std::env::var("FAKECUDA_REQUIRED").is_ok_and(|v| v == "1");
+    assert!(dir.is_some() || !required, "FAKECUDA_REQUIRED=1 needs FAKECUDA_NOPROC_DIR");
+    if dir.is_none() {
+        eprintln!("skipped: FAKECUDA_NOPROC_DIR is not set (bash .ci/stage-fakecuda.sh sets it)");
+    }
+    dir
+}
+
+#[test]
+fn a_driver_lacking_a_symbol_is_an_error_and_never_a_crash() {
+    let Some(dir) = noproc_dir() else { return };
+    scenario("missing_symbol_child", &[("LD_LIBRARY_PATH", &dir)]);
+}
+
+/// cudarc panics on a symbol the library lacks; loading says so instead.
+#[test]
+#[ignore = "a child of a_driver_lacking_a_symbol_…"]
+fn missing_symbol_child() {
+    let error = CudaGpu::load().unwrap_err().to_string();
+    assert!(error.contains("cuGetProcAddress_v2") && error.contains("driver too old"), "{error}");
+}
+
+#[test]
+fn a_libcuda_so_other_than_the_drivers_libcuda_so_1_is_refused() {
+    let Some(noproc) = noproc_dir() else { return };
+    let dir = std::env::temp_dir().join(format!("kvring-two-libcuda-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    let driver = lib.split(':').map(|d| std::path::Path::new(d).join("libcuda.so.1")).find(|p| p.exists());
+    let driver = driver.expect("the fake's libcuda.so.1 on LD_LIBRARY_PATH");
+    // libcuda.so.1: the driver; libcuda.so: another library (a stub).
+    std::fs::copy(&driver, dir.join("libcuda.so.1")).unwrap();
+    std::fs::copy(std::path::Path::new(&noproc).join("libcuda.so"), dir.join("libcuda.so")).unwrap();
+    scenario("two_libraries_child", &[("LD_LIBRARY_PATH", dir.to_str().unwrap())]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Review #19: cudarc would open libcuda.so first, a second driver.
+#[test]
+#[ignore = "a child of a_libcuda_so_other_…"]
+fn two_libraries_child() {
+    let error = CudaGpu::load().unwrap_err().to_string();
+    assert!(error.contains("is not the driver's libcuda.so.1"), "{error}");
+}
