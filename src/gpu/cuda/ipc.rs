@@ -84,6 +84,12 @@ impl CudaGpu {
             // PyTorch's expandable segments). A piece is the mapping, which
             // cuMemGetAddressRange gives.
             let (mut base, mut mapped) = (0u64, 0usize);
+            // Unlike the pointer attributes, cuMemGetAddressRange needs a
+            // current context (a real H100 answered INVALID_CONTEXT from a
+            // thread with none): the pointer's own GPU's, whose memory is
+            // being named, so no other GPU gains a context; the caller's
+            // is restored when the guard drops.
+            let _bound = self.bind(ordinal.max(0) as u32)?;
             // SAFETY: writes one address and one size.
             let result = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut mapped, addr) };
             check(result, "finding the mapping holding a pointer")?;

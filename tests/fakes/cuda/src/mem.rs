@@ -403,8 +403,12 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
     // [ref: 6.13, cuMemGetAddressRange: the base and size of the
     // allocation holding dptr; for the virtual memory API that is the
     // mapping made by one cuMemMap, not the reservation. NOT_FOUND
-    // otherwise.]
+    // otherwise. Like the other memory-management calls it runs in the
+    // current context and returns CUDA_ERROR_INVALID_CONTEXT without one
+    // (6.8): seen on a real H100 with driver 580 (2026-11-26), where a call
+    // from a thread with no current context returned 201.]
     code(with(|d| {
+        d.current()?;
         let (start, map) = d.mem.map_at(dptr).ok_or(err::NOT_FOUND)?;
         let len = map.size as usize;
         if !base.is_null() {
