@@ -246,7 +246,7 @@ mod tests {
 
         let answer = ServerHello::new(0, FLAG_PROOF_REQUIRED, 7, [3; 16]);
         assert_eq!(ServerHello::decode(answer.as_bytes(), "p").unwrap(), answer);
-        let http = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\nxxxxxxxxxxxxx";
+        let http = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\nxxxxxxxxxxxxxxx";
         let error = ServerHello::decode(&http[..SERVER_HELLO_BYTES], "10.0.0.2:7001").unwrap_err().to_string();
         assert!(error.contains("10.0.0.2:7001 is not a kvring peer") && error.contains("HTTP/1.1 400"), "{error}");
 
