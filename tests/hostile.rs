@@ -407,7 +407,7 @@ fn a_peer_whose_descriptor_points_at_another_engines_shm_file_is_refused() {
     lie.tcp_addr = None;
     let answer =
         kvring::testing::control::response(response::Body::Handshake(kvring::testing::control::HandshakeResponse {
-            segment: Some(lie.to_proto()),
+            segment: Some(Box::new(lie.to_proto())),
             ..Default::default()
         }));
     let server = std::thread::spawn(move || {

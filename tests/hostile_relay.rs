@@ -150,16 +150,22 @@ fn carry_control(mut client: TcpStream, mut server: TcpStream, tamper: Tamper) {
             (Some(message), Tamper::Dialed) => message.encode_to_vec(),
             _ => body,
         };
-        if server.write_all(&(forwarded.len() as u32).to_le_bytes()).and_then(|()| server.write_all(&forwarded)).is_err()
+        if server
+            .write_all(&(forwarded.len() as u32).to_le_bytes())
+            .and_then(|()| server.write_all(&forwarded))
+            .is_err()
         {
             return;
         }
         let Ok(Some(answer)) = read_frame(&mut server, MAX_CONTROL_MESSAGE_BYTES) else { return };
         let mut reply = Response::decode(answer.as_slice()).ok();
         let rewritten = match reply.as_mut().and_then(|r| r.body.as_mut()) {
-            Some(response::Body::Handshake(step)) if tamper == Tamper::Descriptor && !step.sealed_segment.is_empty() => {
-                let mut descriptor = kvring::testing::control::SegmentDescriptor::decode(step.sealed_segment.as_slice())
-                    .expect("the target's own descriptor decodes");
+            Some(response::Body::Handshake(step))
+                if tamper == Tamper::Descriptor && !step.sealed_segment.is_empty() =>
+            {
+                let mut descriptor =
+                    kvring::testing::control::SegmentDescriptor::decode(step.sealed_segment.as_slice())
+                        .expect("the target's own descriptor decodes");
                 for endpoint in &mut descriptor.endpoints {
                     endpoint.address = "127.0.0.9:9".into();
                 }
@@ -226,7 +232,8 @@ fn carry_data(mut client: TcpStream, mut server: TcpStream, tamper: Tamper) {
     let back = (server.try_clone().unwrap(), client.try_clone().unwrap());
     std::thread::spawn(move || pipe(back.0, back.1));
     let mut proof = [0u8; 40];
-    if server.write_all(&hello).is_err() || client.read_exact(&mut proof).is_err() || server.write_all(&proof).is_err() {
+    if server.write_all(&hello).is_err() || client.read_exact(&mut proof).is_err() || server.write_all(&proof).is_err()
+    {
         return;
     }
     let Some(first) = next_frame(&mut client) else { return };

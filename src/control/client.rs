@@ -146,7 +146,7 @@ impl ControlClient {
                 });
             }
             let segment = reply.segment.ok_or_else(|| Error::malformed("handshake", "no segment descriptor"))?;
-            return Ok(Handshake { descriptor: SegmentDescriptor::from_proto(segment)?, session: None });
+            return Ok(Handshake { descriptor: SegmentDescriptor::from_proto(*segment)?, session: None });
         };
         let Some(token) = token else {
             return Err(Error::Unauthorized {

@@ -302,7 +302,7 @@ fn handshake(
     let Some(authenticator) = handler.authenticator() else {
         auth.identity = Some(initiator);
         auth.admitted = true;
-        let segment = Some(handler.describe().to_proto());
+        let segment = Some(Box::new(handler.describe().to_proto()));
         return Ok(response::Body::Handshake(HandshakeResponse { segment, ..Default::default() }));
     };
     let cn = nonce(&request.client_nonce, "client nonce")?;

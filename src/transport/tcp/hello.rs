@@ -234,7 +234,10 @@ mod tests {
         old.version = 1;
         assert!(matches!(ClientHello::decode(old.as_bytes()), Err(Error::VersionMismatch { got: 1, .. })));
         // A version-2 peer's shorter hello or answer is named by its version.
-        assert!(matches!(ClientHello::early_refusal(&old.as_bytes()[..5]), Some(Error::VersionMismatch { got: 1, .. })));
+        assert!(matches!(
+            ClientHello::early_refusal(&old.as_bytes()[..5]),
+            Some(Error::VersionMismatch { got: 1, .. })
+        ));
         assert!(ClientHello::early_refusal(&hello.as_bytes()[..5]).is_none());
         assert!(matches!(ClientHello::early_refusal(b"GET "), Some(Error::Malformed { .. })));
         assert!(ClientHello::early_refusal(b"KV").is_none());

@@ -442,10 +442,16 @@ impl TargetConn {
     /// Queues a reply header, numbered and signed on a sealed connection
     /// (replies leave in the order queued, and every one leaves).
     fn queue_frame(&mut self, mut header: FrameHeader) {
+        self.sign(&mut header);
+        self.queue(zerocopy::IntoBytes::as_bytes(&header));
+    }
+
+    /// Numbers and signs a reply header on a sealed connection; replies
+    /// leave in the order signed.
+    fn sign(&mut self, header: &mut FrameHeader) {
         if let Some(seal) = &mut self.seal {
             header.seal(seal);
         }
-        self.queue(zerocopy::IntoBytes::as_bytes(&header));
     }
 
     fn queue(&mut self, bytes: &[u8]) {

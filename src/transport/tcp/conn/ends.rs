@@ -65,7 +65,13 @@ impl Connection {
 
     /// Reports chunk `chunk` of `ticket` ended; its id is kept, in the same
     /// order, for whoever tracks chunks (see [`Connection::track_chunks`]).
-    pub(super) fn ended(&mut self, ticket: u64, chunk: u64, result: Result<u64, (Error, u64)>, finished: &mut Vec<ChunkEnd>) {
+    pub(super) fn ended(
+        &mut self,
+        ticket: u64,
+        chunk: u64,
+        result: Result<u64, (Error, u64)>,
+        finished: &mut Vec<ChunkEnd>,
+    ) {
         finished.push((ticket, result));
         if self.track_chunks {
             self.ended_chunks.push(chunk);
@@ -97,7 +103,9 @@ impl Connection {
     /// peer is gone.
     pub fn fail_all_for(&mut self, peer: &Peer, why: &Error, finished: &mut Vec<ChunkEnd>) {
         match why {
-            Error::Unauthorized { reason } => self.fail_each(finished, || Error::Unauthorized { reason: reason.clone() }),
+            Error::Unauthorized { reason } => {
+                self.fail_each(finished, || Error::Unauthorized { reason: reason.clone() })
+            }
             other => self.fail_all(peer, &Peer::detail(other), finished),
         }
     }

@@ -67,9 +67,7 @@ impl TargetConn {
                             header.len,
                         );
                         reply.flags = 0;
-                        if let Some(seal) = &mut self.seal {
-                            reply.seal(seal);
-                        }
+                        self.sign(&mut reply);
                         let (payload, gate) = match device {
                             Some((gpu, ordinal)) if len > 0 => {
                                 match self.stage(ctx, &gpu, (staging::Direction::Out, addr as u64, ordinal, len)) {
