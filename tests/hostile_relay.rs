@@ -28,6 +28,11 @@ const BLOCK: u64 = 64 * 1024;
 /// The address the on-path relay holds (and the target advertises).
 const ON_PATH_IP: &str = "127.0.0.3";
 
+/// Set once the relay injected its own control request, and whether the
+/// target answered it.
+static INJECTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static INJECTED_ANSWERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// A `kvring serve --token` in its own process: where it really listens,
 /// and what it advertises.
 struct Target {
@@ -86,6 +91,10 @@ enum Tamper {
     Dialed,
     /// Points the step-2 descriptor's tcp endpoint at another address.
     Descriptor,
+    /// Rewrites a byte of every control answer after the handshake.
+    ControlAnswer,
+    /// Sends a control request of its own after the handshake.
+    ControlInject,
     /// Answers data hellos itself, asking no proof (its tap).
     TapAsksNoProof,
     /// Answers data hellos itself with a proof it made up.
@@ -139,7 +148,20 @@ fn carry_control(mut client: TcpStream, mut server: TcpStream, tamper: Tamper) {
     if server.read_exact(&mut preface).is_err() || client.write_all(&preface).is_err() {
         return;
     }
+    let mut answers = 0;
     while let Ok(Some(body)) = read_frame(&mut client, MAX_CONTROL_MESSAGE_BYTES) {
+        if tamper == Tamper::ControlInject && answers >= 2 {
+            // Its own request (a probe: harmless, were it served) on the
+            // proven connection, ahead of the initiator's.
+            let own = Request {
+                version: kvring::testing::control::CONTROL_VERSION,
+                body: Some(request::Body::Probe(Default::default())),
+            };
+            let _ = write_frame(&mut server, &own);
+            let answered = matches!(read_frame(&mut server, MAX_CONTROL_MESSAGE_BYTES), Ok(Some(_)));
+            INJECTED_ANSWERED.store(answered, std::sync::atomic::Ordering::SeqCst);
+            INJECTED.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         let mut message = Request::decode(body.as_slice()).ok();
         if let Some(request::Body::Handshake(step)) = message.as_mut().and_then(|m| m.body.as_mut()) {
             if tamper == Tamper::Dialed && !step.dialed.is_empty() {
@@ -157,7 +179,11 @@ fn carry_control(mut client: TcpStream, mut server: TcpStream, tamper: Tamper) {
         {
             return;
         }
-        let Ok(Some(answer)) = read_frame(&mut server, MAX_CONTROL_MESSAGE_BYTES) else { return };
+        let Ok(Some(mut answer)) = read_frame(&mut server, MAX_CONTROL_MESSAGE_BYTES) else { return };
+        answers += 1;
+        if tamper == Tamper::ControlAnswer && answers > 2 {
+            answer[0] ^= 0x01;
+        }
         let mut reply = Response::decode(answer.as_slice()).ok();
         let rewritten = match reply.as_mut().and_then(|r| r.body.as_mut()) {
             Some(response::Body::Handshake(step))
@@ -376,4 +402,20 @@ fn frames_an_on_path_relay_injects_replays_reorders_or_rewrites_are_refused_and_
             assert_eq!(remote_sum(&target, 0, 4 * BLOCK), zeros_sum(4 * BLOCK), "{tamper:?}");
         }
     }
+}
+
+#[test]
+fn control_messages_an_on_path_relay_rewrites_or_injects_after_the_handshake_are_refused() {
+    // A rewritten answer (a checksum here; an RDMA connect's QPs alike).
+    let checked = |segment: kvring::Segment| segment.remote_checksum(segment.region(0)?, 0, 4096, WAIT);
+    let (target, _engine, opened) = on_path(Tamper::ControlAnswer);
+    let error = opened.and_then(checked).unwrap_err();
+    assert!(matches!(error, kvring::Error::Unauthorized { .. }), "{error}");
+    drop(target);
+    // A request of the relay's own, on a connection the initiator proved:
+    // never answered, and the connection ends.
+    let (_target, _engine, opened) = on_path(Tamper::ControlInject);
+    assert!(opened.and_then(checked).is_err());
+    assert!(INJECTED.load(std::sync::atomic::Ordering::SeqCst), "the relay injected nothing");
+    assert!(!INJECTED_ANSWERED.load(std::sync::atomic::Ordering::SeqCst), "the target answered the relay");
 }

@@ -157,6 +157,16 @@ fn nothing_is_served_before_the_hello_and_a_wrong_epoch_is_a_restart() {
     step(&mut conn, &mut pipe, &target, now).unwrap();
     assert_eq!(ErrorCode::try_from(-answer(&mut pipe).status).unwrap(), ErrorCode::PeerRestarted);
     assert!(conn.finished());
+    // A version-2 peer's hello (48 bytes): told the versions differ at
+    // once, not left to time out waiting for the 64 bytes of a version 3.
+    let mut conn = TargetConn::new(now, Duration::from_secs(2));
+    let mut pipe = Pipe::default();
+    let mut old = ClientHello::new(42, [0; 16], [0; 16], [0; 16]).as_bytes()[..48].to_vec();
+    old[4] = 2;
+    pipe.input.extend(old);
+    step(&mut conn, &mut pipe, &target, now).unwrap();
+    assert_eq!(ErrorCode::try_from(-answer(&mut pipe).status).unwrap(), ErrorCode::VersionMismatch);
+    assert!(conn.finished());
 }
 
 #[test]
