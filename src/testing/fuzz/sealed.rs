@@ -156,7 +156,7 @@ fn served_again() -> Served {
     served(Some(TOKEN))
 }
 
-/// The input as frames: each header's 56 covered bytes from the input (its
+/// The input as frames: each header's fields from the input (its
 /// number replaced by the next), signed; then the payload its opcode and
 /// length call for, as far as the input goes.
 fn seal_input(mut body: &[u8], seal: &mut FrameSeal) -> (Vec<u8>, usize) {

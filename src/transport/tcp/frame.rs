@@ -95,8 +95,10 @@ pub struct FrameHeader {
 }
 
 const _: () = assert!(std::mem::size_of::<FrameHeader>() == 72);
-/// Bytes of a header its MAC covers: all before the MAC.
-pub const FRAME_COVERED_BYTES: usize = FRAME_HEADER_BYTES - FRAME_MAC_BYTES;
+/// The bytes of a header its MAC covers: everything after the magic (a
+/// constant `decode` checks) and before the MAC, its number included; 52
+/// bytes, so that with the direction byte one SHA-256 block holds them.
+pub const FRAME_COVERED: std::ops::Range<usize> = 4..FRAME_HEADER_BYTES - FRAME_MAC_BYTES;
 
 impl FrameHeader {
     /// A header with magic and version filled in.
@@ -127,13 +129,13 @@ impl FrameHeader {
     /// Signs again, under the number it has, a header rewritten before it
     /// was sent.
     pub fn reseal(&mut self, seal: &FrameSeal) {
-        self.mac = seal.sign(&self.as_bytes()[..FRAME_COVERED_BYTES]);
+        self.mac = seal.sign(&self.as_bytes()[FRAME_COVERED]);
     }
 
     /// Checks a header from the other end of a sealed connection: the next
     /// number and a MAC that holds, else `Unauthorized`.
     pub fn check_seal(&self, seal: &mut FrameSeal) -> Result<()> {
-        seal.check(self.seq, &self.as_bytes()[..FRAME_COVERED_BYTES], &self.mac)
+        seal.check(self.seq, &self.as_bytes()[FRAME_COVERED], &self.mac)
     }
 
     /// Decodes and checks a header from outside: magic, version, opcode,
