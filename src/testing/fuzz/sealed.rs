@@ -192,13 +192,21 @@ fn check_replies(mut out: &[u8], seal: &mut FrameSeal) {
 
 #[cfg(test)]
 mod tests {
-    /// The committed seeds, and each cut and flipped, hold every property
-    /// (what CI's bounded fuzz run starts from).
+    /// The committed seeds of every target of the wire this session
+    /// changed, and each cut and flipped, hold every property (what CI's
+    /// bounded fuzz run starts from).
     #[test]
     fn seeds_and_their_mutants_hold() {
+        use crate::testing::fuzz;
         for (target, entry) in [
             ("sealed_control", super::sealed_control as fn(&[u8])),
             ("sealed_frames", super::sealed_frames as fn(&[u8])),
+            ("data_hello", fuzz::data_hello as fn(&[u8])),
+            ("target_connection", fuzz::target_connection as fn(&[u8])),
+            ("frame_header", fuzz::frame_header as fn(&[u8])),
+            ("control_requests", fuzz::control_requests as fn(&[u8])),
+            ("control_message", fuzz::control_message as fn(&[u8])),
+            ("initiator_replies", fuzz::initiator_replies as fn(&[u8])),
         ] {
             let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds").join(target);
             let mut seen = 0;
