@@ -9,6 +9,8 @@ fn main() {
     prost_build::Config::new()
         // Keeps the descriptor (and every response holding it) small.
         .boxed(".kvring.control.v1.SegmentDescriptor.cma")
+        // Keeps every response small beside the handshake's answer.
+        .boxed(".kvring.control.v1.HandshakeResponse.segment")
         .compile_fds(descriptors)
         .expect("prost code generation");
 }

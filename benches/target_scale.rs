@@ -82,7 +82,7 @@ fn idle_connections(target: &Target, count: usize) -> Vec<TcpStream> {
             socket.connect_timeout(&target.tcp.into(), WAIT).expect("connect");
             let mut stream: TcpStream = socket.into();
             stream.set_read_timeout(Some(WAIT)).expect("timeout");
-            stream.write_all(ClientHello::new(target.epoch, [0; 16], [0; 16]).as_bytes()).expect("hello");
+            stream.write_all(ClientHello::new(target.epoch, [0; 16], [0; 16], [0; 16]).as_bytes()).expect("hello");
             let mut answer = [0u8; SERVER_HELLO_BYTES];
             stream.read_exact(&mut answer).expect("the target's hello");
             assert_eq!(ServerHello::read_from_bytes(&answer).expect("hello").status, 0, "admitted");

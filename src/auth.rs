@@ -3,12 +3,15 @@
 //! A cluster may configure a token. Two engines then prove to each other
 //! that they hold it, in the control handshake, with HMAC-SHA256 over fresh
 //! nonces from both sides (mutual: the initiator checks the target's proof
-//! before it sends its own, so an address that merely claims to be a peer,
-//! such as a forged etcd entry, learns nothing it could replay). Both sides
-//! then derive a *session key* from the token, both nonces and the
-//! target's epoch; every data connection opens with a MAC under that key
-//! over a nonce the target sent on that connection. The token itself never
-//! crosses the network, and the epoch is never treated as a secret.
+//! before it sends its own, so an address that cannot prove the token gets
+//! no proof to forward). The initiator's proof also covers the connection
+//! as it saw it (`Seen`: the address it dialed), so a relay that forwards
+//! both proofs to the real engine is refused there. Both sides then derive
+//! a *session key* from the token, both nonces and the target's epoch,
+//! which seals the descriptor, later control messages and every data frame
+//! header (`seal.rs`); every data connection opens with MACs under that key
+//! each way. The token itself never crosses the network, and the epoch is
+//! never treated as a secret.
 //!
 //! The target keeps no table of sessions: the nonce it hands out in a
 //! challenge carries a MAC under a secret drawn at each start, so a data
@@ -163,23 +166,27 @@ impl Token {
         verify(&self.0, Purpose::ServerProof, &[cn, sn, &epoch.to_le_bytes()], proof)
     }
 
-    /// The initiator's proof: the token, its identity (name and epoch) and
-    /// both nonces, so a proof is good for one handshake of one initiator.
-    pub(crate) fn client_proof(&self, cn: &Nonce, sn: &Nonce, epoch: u64, initiator: &Initiator) -> Tag {
-        tag(
-            &self.0,
-            Purpose::ClientProof,
-            &[cn, sn, &epoch.to_le_bytes(), initiator.name.as_bytes(), &initiator.epoch.to_le_bytes()],
-        )
+    /// The initiator's proof: the token, its identity (name, epoch and
+    /// control address), both nonces, and the control connection as the
+    /// initiator saw it (`seen`: the address it dialed and its own end), so
+    /// a proof is good for one handshake of one initiator on one connection,
+    /// and a relay cannot rewrite what the initiator dialed.
+    pub(crate) fn client_proof(&self, cn: &Nonce, sn: &Nonce, epoch: u64, initiator: &Initiator, seen: &Seen) -> Tag {
+        let epochs = (epoch.to_le_bytes(), initiator.epoch.to_le_bytes());
+        tag(&self.0, Purpose::ClientProof, &client_parts(cn, sn, &epochs, initiator, seen))
     }
 
-    fn check_client_proof(&self, cn: &Nonce, sn: &Nonce, epoch: u64, initiator: &Initiator, proof: &[u8]) -> bool {
-        verify(
-            &self.0,
-            Purpose::ClientProof,
-            &[cn, sn, &epoch.to_le_bytes(), initiator.name.as_bytes(), &initiator.epoch.to_le_bytes()],
-            proof,
-        )
+    fn check_client_proof(
+        &self,
+        cn: &Nonce,
+        sn: &Nonce,
+        epoch: u64,
+        initiator: &Initiator,
+        seen: &Seen,
+        proof: &[u8],
+    ) -> bool {
+        let epochs = (epoch.to_le_bytes(), initiator.epoch.to_le_bytes());
+        verify(&self.0, Purpose::ClientProof, &client_parts(cn, sn, &epochs, initiator, seen), proof)
     }
 
     /// The session key of handshake (cn, sn) with the target at `epoch`.
@@ -187,6 +194,38 @@ impl Token {
         let key = tag(&self.0, Purpose::Session, &[&cn, &sn, &epoch.to_le_bytes()]);
         Session { client_nonce: cn, server_nonce: sn, key }
     }
+}
+
+/// What a client proof covers, in order.
+fn client_parts<'a>(
+    cn: &'a Nonce,
+    sn: &'a Nonce,
+    (epoch, initiator_epoch): &'a ([u8; 8], [u8; 8]),
+    initiator: &'a Initiator,
+    seen: &'a Seen,
+) -> [&'a [u8]; 8] {
+    [
+        cn,
+        sn,
+        epoch,
+        initiator.name.as_bytes(),
+        initiator_epoch,
+        initiator.addr.as_bytes(),
+        seen.dialed.as_bytes(),
+        seen.local.as_bytes(),
+    ]
+}
+
+/// A tokened control connection as its initiator saw it: the address it
+/// connected to (resolved, `ip:port`) and its own end of the connection.
+/// Both are covered by its proof; the target checks `dialed` against the
+/// address it answered on (or advertises), so a relay is caught.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// The target's address as the initiator dialed it.
+    pub dialed: String,
+    /// The initiator's own end of the connection.
+    pub local: String,
 }
 
 impl fmt::Debug for Token {
@@ -226,6 +265,11 @@ impl fmt::Debug for Session {
 }
 
 impl Session {
+    /// The session key, for what the session seals (`seal.rs`).
+    pub(crate) fn key(&self) -> &Tag {
+        &self.key
+    }
+
     /// A data connection's proof: the session key over the nonce the target
     /// sent on that connection.
     pub fn data_proof(&self, data_nonce: &Nonce, epoch: u64) -> Tag {
@@ -279,8 +323,21 @@ impl Authenticator {
     }
 
     /// Checks an initiator's proof for a challenge this start issued.
-    pub(crate) fn check_client(&self, cn: &Nonce, sn: &Nonce, initiator: &Initiator, proof: &[u8]) -> bool {
-        self.issued(cn, sn) && self.token.check_client_proof(cn, sn, self.epoch, initiator, proof)
+    pub(crate) fn check_client(
+        &self,
+        cn: &Nonce,
+        sn: &Nonce,
+        initiator: &Initiator,
+        seen: &Seen,
+        proof: &[u8],
+    ) -> bool {
+        self.issued(cn, sn) && self.token.check_client_proof(cn, sn, self.epoch, initiator, seen, proof)
+    }
+
+    /// The session of handshake (cn, sn), when this start issued it: what
+    /// a data listener proves itself with, and derives its frame keys from.
+    pub(crate) fn session_for(&self, cn: &Nonce, sn: &Nonce) -> Option<Session> {
+        self.issued(cn, sn).then(|| self.token.session(*cn, *sn, self.epoch))
     }
 
     /// Checks a data connection's proof: it names a handshake this start
@@ -302,6 +359,10 @@ mod tests {
         Initiator { name: "prefill-0".into(), epoch: 7, addr: String::new() }
     }
 
+    fn seen() -> Seen {
+        Seen { dialed: "10.0.0.2:7000".into(), local: "10.0.0.1:40000".into() }
+    }
+
     #[test]
     fn a_full_handshake_and_a_data_hello_check_out() {
         let token = Token::new("s3cret");
@@ -309,8 +370,8 @@ mod tests {
         let cn: Nonce = random_bytes();
         let (sn, server_proof) = target.challenge(&cn);
         assert!(token.check_server_proof(&cn, &sn, 42, &server_proof));
-        let proof = token.client_proof(&cn, &sn, 42, &initiator());
-        assert!(target.check_client(&cn, &sn, &initiator(), &proof));
+        let proof = token.client_proof(&cn, &sn, 42, &initiator(), &seen());
+        assert!(target.check_client(&cn, &sn, &initiator(), &seen(), &proof));
         let session = token.session(cn, sn, 42);
         let data_nonce: Nonce = random_bytes();
         assert!(target.check_data(&cn, &sn, &data_nonce, &session.data_proof(&data_nonce, 42)));
@@ -325,24 +386,27 @@ mod tests {
         // Another token cannot prove itself either way.
         let guess = Token::new("guess");
         assert!(!guess.check_server_proof(&cn, &sn, 42, &server_proof));
-        assert!(!target.check_client(&cn, &sn, &initiator(), &guess.client_proof(&cn, &sn, 42, &initiator())));
-        // A proof is bound to the identity it was made for.
-        let proof = token.client_proof(&cn, &sn, 42, &initiator());
+        let guessed = guess.client_proof(&cn, &sn, 42, &initiator(), &seen());
+        assert!(!target.check_client(&cn, &sn, &initiator(), &seen(), &guessed));
+        // A proof is bound to the identity it was made for, and to the
+        // connection as its initiator saw it.
+        let proof = token.client_proof(&cn, &sn, 42, &initiator(), &seen());
         let other = Initiator { name: "prefill-1".into(), ..initiator() };
-        assert!(!target.check_client(&cn, &sn, &other, &proof));
+        assert!(!target.check_client(&cn, &sn, &other, &seen(), &proof));
         let restarted = Initiator { epoch: 8, ..initiator() };
-        assert!(!target.check_client(&cn, &sn, &restarted, &proof));
+        assert!(!target.check_client(&cn, &sn, &restarted, &seen(), &proof));
+        let moved = Initiator { addr: "10.0.0.9:7000".into(), ..initiator() };
+        assert!(!target.check_client(&cn, &sn, &moved, &seen(), &proof));
+        let relayed = Seen { dialed: "10.6.6.6:7000".into(), ..seen() };
+        assert!(!target.check_client(&cn, &sn, &initiator(), &relayed, &proof));
         // A nonce the target never issued (even with a right proof for it).
         let mut made_up = sn;
         made_up[0] ^= 1;
-        assert!(!target.check_client(
-            &cn,
-            &made_up,
-            &initiator(),
-            &token.client_proof(&cn, &made_up, 42, &initiator())
-        ));
+        let forged = token.client_proof(&cn, &made_up, 42, &initiator(), &seen());
+        assert!(!target.check_client(&cn, &made_up, &initiator(), &seen(), &forged));
+        assert!(target.session_for(&cn, &made_up).is_none());
         // Purposes do not mix: a server proof is no client proof.
-        assert!(!target.check_client(&cn, &sn, &initiator(), &server_proof));
+        assert!(!target.check_client(&cn, &sn, &initiator(), &seen(), &server_proof));
         // A session of another start (another secret and epoch) is refused.
         let restarted_target = Authenticator::new(token.clone(), 43);
         let session = token.session(cn, sn, 42);

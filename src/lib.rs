@@ -49,6 +49,7 @@ mod python;
 mod region_id;
 mod ring;
 mod runtime;
+mod seal;
 mod segment;
 mod sync;
 #[cfg(feature = "testing")]

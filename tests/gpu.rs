@@ -908,7 +908,7 @@ fn raw_frames_aimed_at_a_gpu_region_are_staged_and_checked_like_host_ones() {
     let host = target.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
     let mut s = std::net::TcpStream::connect(target.tcp_addr().unwrap()).unwrap();
     s.set_read_timeout(Some(WAIT)).unwrap();
-    s.write_all(ClientHello::new(target.epoch(), [0; 16], [0; 16]).as_bytes()).unwrap();
+    s.write_all(ClientHello::new(target.epoch(), [0; 16], [0; 16], [0; 16]).as_bytes()).unwrap();
     let mut hello = [0u8; SERVER_HELLO_BYTES];
     s.read_exact(&mut hello).unwrap();
     assert_eq!(ServerHello::read_from_bytes(&hello).unwrap().status, 0);

@@ -264,7 +264,7 @@ fn quiet_peers_holding_half_chunks_do_not_hold_the_staging_pool() {
     let mut quiet = Vec::new();
     for peer in 0..6u64 {
         let mut s = std::net::TcpStream::connect(target.tcp_addr().unwrap()).unwrap();
-        s.write_all(ClientHello::new(target.epoch(), [0; 16], [0; 16]).as_bytes()).unwrap();
+        s.write_all(ClientHello::new(target.epoch(), [0; 16], [0; 16], [0; 16]).as_bytes()).unwrap();
         let mut hello = [0u8; SERVER_HELLO_BYTES];
         s.read_exact(&mut hello).unwrap();
         // Eight frames just over half a page each, none the chunk's last.

@@ -8,7 +8,7 @@ use common::{kvring_bin, WAIT};
 use kvring::testing::control::{preface, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES};
 use kvring::testing::control::{request, response, ErrorCode, Request};
 use kvring::testing::tcp::{ClientHello, ServerHello, FLAG_PROOF_REQUIRED, SERVER_HELLO_BYTES};
-use kvring::testing::tcp::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES};
+use kvring::testing::tcp::{End, FrameHeader, FrameOp, FrameSeal, FLAG_LAST, FRAME_HEADER_BYTES};
 use kvring::{Batch, BlockDesc, Engine, Error, RegionInfo, Segment, TransportKind};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -117,8 +117,17 @@ fn closed(stream: &mut TcpStream) -> bool {
 }
 
 fn write_frame_bytes(target: &Target, offset: u64, payload: &[u8]) -> Vec<u8> {
+    sealed_write(target, offset, payload, None)
+}
+
+/// A WRITE frame, numbered and signed when `seal` is given (a connection
+/// that proved a session).
+fn sealed_write(target: &Target, offset: u64, payload: &[u8], seal: Option<&mut FrameSeal>) -> Vec<u8> {
     let mut header = FrameHeader::new(FrameOp::Write, target.epoch, 1, target.region, offset, payload.len() as u64);
     header.flags = FLAG_LAST;
+    if let Some(seal) = seal {
+        header.seal(seal);
+    }
     let mut bytes = header.as_bytes().to_vec();
     bytes.extend_from_slice(payload);
     bytes
@@ -136,20 +145,18 @@ fn data_frames_without_a_session_proof_are_refused_and_change_nothing() {
     assert_eq!(status(&answer(&mut s)), ErrorCode::MalformedMessage);
     assert!(closed(&mut s));
 
-    // A hello naming the right epoch (no secret) and no session: the target
-    // asks for a proof; a frame in its place is refused.
+    // A hello naming the right epoch (no secret) and no session the target
+    // issued: refused at once, with no proof of anything.
     let mut s = connect(&target.tcp);
-    s.write_all(ClientHello::new(target.epoch, [0; 16], [0; 16]).as_bytes()).unwrap();
-    let challenge = answer(&mut s);
-    assert_eq!((challenge.status, challenge.flags), (0, FLAG_PROOF_REQUIRED));
-    let frame = write_frame_bytes(&target, 0, &[0xee; 16]);
-    s.write_all(&frame).unwrap();
-    assert_eq!(status(&answer(&mut s)), ErrorCode::Unauthorized);
+    s.write_all(ClientHello::new(target.epoch, [0; 16], [0; 16], [0; 16]).as_bytes()).unwrap();
+    let refusal = answer(&mut s);
+    assert_eq!(status(&refusal), ErrorCode::Unauthorized);
+    assert_eq!((refusal.flags, refusal.proof), (0, [0; 32]));
     assert!(closed(&mut s));
 
     // A hello for another epoch is told the target restarted.
     let mut s = connect(&target.tcp);
-    s.write_all(ClientHello::new(target.epoch ^ 1, [0; 16], [0; 16]).as_bytes()).unwrap();
+    s.write_all(ClientHello::new(target.epoch ^ 1, [0; 16], [0; 16], [0; 16]).as_bytes()).unwrap();
     assert_eq!(status(&answer(&mut s)), ErrorCode::PeerRestarted);
     assert!(closed(&mut s));
 
@@ -158,7 +165,7 @@ fn data_frames_without_a_session_proof_are_refused_and_change_nothing() {
     s.write_all(b"GET / HTTP/1.1\r\nHost: kvring.example\r\nAccept: */*\r\n\r\n").unwrap();
     assert_eq!(status(&answer(&mut s)), ErrorCode::MalformedMessage);
     let mut s = connect(&target.tcp);
-    s.write_all(&ClientHello::new(target.epoch, [0; 16], [0; 16]).as_bytes()[..20]).unwrap();
+    s.write_all(&ClientHello::new(target.epoch, [0; 16], [0; 16], [0; 16]).as_bytes()[..20]).unwrap();
     assert_eq!(status(&answer(&mut s)), ErrorCode::Timeout);
     assert!(closed(&mut s));
 
@@ -167,9 +174,8 @@ fn data_frames_without_a_session_proof_are_refused_and_change_nothing() {
     legit.write_and_verify(2);
 }
 
-/// A data connection of a peer holding the token (broken, not hostile):
-/// its session comes from a real handshake.
-fn tokened_data_connection(target: &Target) -> TcpStream {
+/// A session of a peer holding the token, from a real handshake.
+fn tokened_session(target: &Target) -> kvring::testing::control::Session {
     let token = kvring::Token::new(TOKEN);
     let initiator = kvring::testing::control::Initiator { name: "tester".into(), epoch: 1, addr: String::new() };
     let deadline = Instant::now() + WAIT;
@@ -177,14 +183,27 @@ fn tokened_data_connection(target: &Target) -> TcpStream {
         .unwrap()
         .handshake(&initiator, Some(&token), deadline)
         .unwrap();
-    let session = handshake.session.unwrap();
+    handshake.session.unwrap()
+}
+
+/// A data connection of a peer holding the token (broken, not hostile),
+/// and its frame seal.
+fn sealed_data_connection(target: &Target) -> (TcpStream, FrameSeal) {
+    let session = tokened_session(target);
     let mut s = connect(&target.tcp);
-    s.write_all(ClientHello::new(target.epoch, session.client_nonce, session.server_nonce).as_bytes()).unwrap();
+    let nonce = [0x5a; 16];
+    s.write_all(ClientHello::new(target.epoch, session.client_nonce, session.server_nonce, nonce).as_bytes()).unwrap();
     let challenge = answer(&mut s);
+    assert_eq!((challenge.status, challenge.flags), (0, FLAG_PROOF_REQUIRED));
     let proof = kvring::testing::tcp::ClientProof::new(session.data_proof(&challenge.nonce, target.epoch));
     s.write_all(proof.as_bytes()).unwrap();
     assert_eq!(answer(&mut s).status, 0);
-    s
+    let seal = FrameSeal::new(&session, &nonce, &challenge.nonce, target.epoch, End::Initiator);
+    (s, seal)
+}
+
+fn tokened_data_connection(target: &Target) -> TcpStream {
+    sealed_data_connection(target).0
 }
 
 #[test]
@@ -214,8 +233,8 @@ fn oversized_truncated_and_cut_frames_end_their_connection_only() {
     drop(s);
 
     // A block outside the region: refused, the connection stays framed.
-    let mut s = tokened_data_connection(&target);
-    s.write_all(&write_frame_bytes(&target, REGION as u64 - 4, &[0x66; 16])).unwrap();
+    let (mut s, mut seal) = sealed_data_connection(&target);
+    s.write_all(&sealed_write(&target, REGION as u64 - 4, &[0x66; 16], Some(&mut seal))).unwrap();
     let mut reply = [0u8; FRAME_HEADER_BYTES];
     s.read_exact(&mut reply).unwrap();
     let reply = FrameHeader::read_from_bytes(&reply).unwrap();
@@ -388,8 +407,8 @@ fn a_peer_whose_descriptor_points_at_another_engines_shm_file_is_refused() {
     lie.tcp_addr = None;
     let answer =
         kvring::testing::control::response(response::Body::Handshake(kvring::testing::control::HandshakeResponse {
-            segment: Some(lie.to_proto()),
-            challenge: None,
+            segment: Some(Box::new(lie.to_proto())),
+            ..Default::default()
         }));
     let server = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();

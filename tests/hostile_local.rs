@@ -10,7 +10,9 @@ mod common;
 use common::WAIT;
 use kvring::gpu::{Gpu, SimGpu};
 use kvring::testing::control::{preface, read_frame, response, write_frame, MAX_CONTROL_MESSAGE_BYTES};
-use kvring::testing::tcp::{ClientHello, FrameHeader, FrameOp, ServerHello, FLAG_LAST, SERVER_HELLO_BYTES};
+use kvring::testing::tcp::{
+    ClientHello, End, FrameHeader, FrameOp, FrameSeal, ServerHello, FLAG_LAST, SERVER_HELLO_BYTES,
+};
 use kvring::{Access, Batch, BlockDesc, Engine, Error, Outcome, RegionId, RegionInfo, Segment, TransportKind};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
@@ -248,7 +250,7 @@ fn data_connection(target: &Engine) -> std::net::TcpStream {
     let descriptor = kvring::testing::descriptor(target);
     let mut s = std::net::TcpStream::connect(descriptor.tcp_addr.as_deref().unwrap()).unwrap();
     s.set_read_timeout(Some(WAIT)).unwrap();
-    s.write_all(ClientHello::new(descriptor.epoch, [0; 16], [0; 16]).as_bytes()).unwrap();
+    s.write_all(ClientHello::new(descriptor.epoch, [0; 16], [0; 16], [0x3c; 16]).as_bytes()).unwrap();
     let mut hello = [0u8; SERVER_HELLO_BYTES];
     s.read_exact(&mut hello).unwrap();
     assert_eq!(ServerHello::read_from_bytes(&hello).unwrap().status, 0);
@@ -331,23 +333,27 @@ fn gpu_push(engine: &Engine, segment: &Segment, local: RegionId, remote: RegionI
 
 const TOKEN: &str = "hostile-local-token";
 
-/// A session's nonces and its data proof, as a proven peer holds them.
-type Proven = ([u8; 16], [u8; 16], Box<dyn Fn(&[u8; 16], u64) -> [u8; 32]>);
+/// A proven peer's session (its handshake's), as a proven peer holds it.
+type Proven = kvring::testing::control::Session;
 
-/// A data connection of a peer that proved the token in `session`'s handshake.
-fn tokened_data_connection(target: &Engine, (cn, sn, prove): &Proven) -> std::net::TcpStream {
+/// A data connection of a peer that proved the token in `session`'s
+/// handshake, and the seal its frame headers must carry.
+fn tokened_data_connection(target: &Engine, session: &Proven) -> (std::net::TcpStream, FrameSeal) {
     let descriptor = kvring::testing::descriptor(target);
     let mut s = std::net::TcpStream::connect(descriptor.tcp_addr.as_deref().unwrap()).unwrap();
     s.set_read_timeout(Some(WAIT)).unwrap();
-    s.write_all(ClientHello::new(descriptor.epoch, *cn, *sn).as_bytes()).unwrap();
-    let mut hello = [0u8; SERVER_HELLO_BYTES];
-    s.read_exact(&mut hello).unwrap();
-    let challenge = ServerHello::read_from_bytes(&hello).unwrap();
-    let proof = kvring::testing::tcp::ClientProof::new(prove(&challenge.nonce, descriptor.epoch));
+    let nonce = [0x4b; 16];
+    let hello = ClientHello::new(descriptor.epoch, session.client_nonce, session.server_nonce, nonce);
+    s.write_all(hello.as_bytes()).unwrap();
+    let mut answer = [0u8; SERVER_HELLO_BYTES];
+    s.read_exact(&mut answer).unwrap();
+    let challenge = ServerHello::read_from_bytes(&answer).unwrap();
+    let proof = kvring::testing::tcp::ClientProof::new(session.data_proof(&challenge.nonce, descriptor.epoch));
     s.write_all(proof.as_bytes()).unwrap();
-    s.read_exact(&mut hello).unwrap();
-    assert_eq!(ServerHello::read_from_bytes(&hello).unwrap().status, 0);
-    s
+    s.read_exact(&mut answer).unwrap();
+    assert_eq!(ServerHello::read_from_bytes(&answer).unwrap().status, 0);
+    let seal = FrameSeal::new(session, &nonce, &challenge.nonce, descriptor.epoch, End::Initiator);
+    (s, seal)
 }
 
 /// A target serving a GPU region (simulated GPU), an initiator pushing 8
@@ -397,19 +403,24 @@ fn staged_push_against_a_pool_holder(token: Option<&str>) -> (Duration, Duration
             .unwrap()
             .session
             .unwrap();
-        let (cn, sn) = (session.client_nonce, session.server_nonce);
-        (cn, sn, Box::new(move |nonce: &[u8; 16], epoch: u64| session.data_proof(nonce, epoch)) as Box<_>)
+        session
     });
     let hostile: Vec<_> = (0..4)
         .map(|_| {
-            let mut s = match &session {
-                Some(session) => tokened_data_connection(&target, session),
-                None => data_connection(&target),
+            let (mut s, mut seal) = match &session {
+                Some(session) => {
+                    let (s, seal) = tokened_data_connection(&target, session);
+                    (s, Some(seal))
+                }
+                None => (data_connection(&target), None),
             };
             shrink_receive_buffer(&s);
             for i in 0..16u64 {
                 let mut read = FrameHeader::new(FrameOp::Read, epoch, i, device.id().raw(), i << 20, 1 << 20);
                 read.flags = FLAG_LAST;
+                if let Some(seal) = seal.as_mut() {
+                    read.seal(seal);
+                }
                 s.write_all(read.as_bytes()).unwrap();
             }
             s
@@ -491,8 +502,9 @@ fn another_engines_region_files_handed_out_with_every_right_keep_their_owners_ri
     }
     let answer =
         kvring::testing::control::response(response::Body::Handshake(kvring::testing::control::HandshakeResponse {
-            segment: Some(lie.to_proto()),
+            segment: Some(Box::new(lie.to_proto())),
             challenge: None,
+            ..Default::default()
         }));
     let server = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
@@ -567,7 +579,11 @@ fn another_engines_files_and_cma_page_handed_out_as_ones_own_are_refused() {
             r.access = Access::ALL;
         }
         let answer = kvring::testing::control::response(response::Body::Handshake(
-            kvring::testing::control::HandshakeResponse { segment: Some(lie.to_proto()), challenge: None },
+            kvring::testing::control::HandshakeResponse {
+                segment: Some(Box::new(lie.to_proto())),
+                challenge: None,
+                ..Default::default()
+            },
         ));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();

@@ -358,3 +358,34 @@ fn bad_urls_get_clear_errors() {
         assert!(error.contains(&format!("127.0.0.1:{port}")) && error.contains("connecting"), "{url}: {error}");
     }
 }
+
+#[test]
+fn a_tokened_engine_publishes_only_its_name_control_address_and_epoch() {
+    const TOKEN: &str = "publication-token";
+    for server in servers() {
+        let tokened = |name: &str| {
+            common::builder(name).token(TOKEN).metadata(MetadataMode::parse(&server.url()).unwrap()).build().unwrap()
+        };
+        let engine = tokened("decode-sealed");
+        let stored = server.get(&format!("{DEFAULT_PREFIX}decode-sealed")).unwrap().expect("published");
+        // What any reader of the store sees: no pid, host, cma page or its
+        // address, data endpoint, regions or RDMA keys.
+        let published = <kvring::testing::control::SegmentDescriptor as prost::Message>::decode(stored.as_slice())
+            .expect("a descriptor");
+        let outsider_may_know = kvring::testing::control::SegmentDescriptor {
+            name: "decode-sealed".into(),
+            epoch: engine.epoch(),
+            control_addr: engine.control_addr().to_string(),
+            ..Default::default()
+        };
+        assert_eq!(published, outsider_may_know, "{}", server.url());
+        // A tokened peer still finds it by name, and gets the rest from the
+        // proven handshake.
+        let _region = engine.alloc_region(4096, RegionInfo::raw()).unwrap();
+        let peer = tokened("prefill-sealed");
+        let segment = peer.open_segment_with("decode-sealed", Some(TransportKind::Tcp), WAIT).unwrap();
+        assert_eq!((segment.epoch(), segment.regions().len()), (engine.epoch(), 1));
+        let local = peer.alloc_region(4096, RegionInfo::raw()).unwrap();
+        assert!(push(&peer, &segment, &local).is_done(), "{}", server.url());
+    }
+}

@@ -83,7 +83,7 @@ fn data_connection(target: &Target, source: Ipv4Addr) -> TcpStream {
     let mut stream: TcpStream = socket.into();
     stream.set_read_timeout(Some(WAIT)).unwrap();
     stream.set_nodelay(true).unwrap();
-    stream.write_all(ClientHello::new(target.epoch, [0; 16], [0; 16]).as_bytes()).unwrap();
+    stream.write_all(ClientHello::new(target.epoch, [0; 16], [0; 16], [0; 16]).as_bytes()).unwrap();
     let mut answer = [0u8; SERVER_HELLO_BYTES];
     stream.read_exact(&mut answer).unwrap();
     let answer = ServerHello::read_from_bytes(&answer).unwrap();

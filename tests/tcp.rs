@@ -97,7 +97,7 @@ fn the_target_refuses_bad_blocks_and_the_connection_keeps_working() {
 fn raw(target: &Engine) -> TcpStream {
     let mut stream = TcpStream::connect(target.tcp_addr().unwrap()).unwrap();
     stream.set_read_timeout(Some(WAIT)).unwrap();
-    stream.write_all(ClientHello::new(target.epoch(), [0; 16], [0; 16]).as_bytes()).unwrap();
+    stream.write_all(ClientHello::new(target.epoch(), [0; 16], [0; 16], [0; 16]).as_bytes()).unwrap();
     let mut answer = [0u8; SERVER_HELLO_BYTES];
     stream.read_exact(&mut answer).unwrap();
     assert_eq!(ServerHello::read_from_bytes(&answer).unwrap().status, 0);

@@ -1,14 +1,16 @@
 //! The control-plane client: one request, one response, within a deadline.
 
 use super::frame::{
-    check_preface, decode_response, preface, read_frame, request, write_frame, MAX_CONTROL_MESSAGE_BYTES,
+    check_preface, decode_response, preface, read_frame, request, write_sealed, MAX_CONTROL_MESSAGE_BYTES,
     PREFACE_BYTES, PREFACE_MAGIC,
 };
-use crate::auth::{random_bytes, Initiator, Nonce, Session, Token, NONCE_BYTES};
+use crate::auth::{random_bytes, Initiator, Nonce, Seen, Session, Token, NONCE_BYTES};
 use crate::error::{Error, Result};
 use crate::net::DeadlineIo;
 use crate::proto::{request, response, ChecksumRequest, HandshakeRequest, Notification};
+use crate::seal::{check_descriptor_seal, ControlSeal, End};
 use crate::segment::SegmentDescriptor;
+use prost::Message as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -23,6 +25,9 @@ pub struct ControlClient {
     peer: SocketAddr,
     /// Whether the peer's preface has been read and checked.
     greeted: bool,
+    /// Set once a tokened handshake completed: every later message each
+    /// way carries the session's MAC.
+    seal: Option<ControlSeal>,
 }
 
 /// What a completed handshake gives: the peer's descriptor, and the
@@ -53,7 +58,7 @@ impl ControlClient {
                     DeadlineIo::new(&stream, deadline)
                         .write_all(&preface())
                         .map_err(|e| timeout_or(e, left, format!("greeting control server {peer}")))?;
-                    return Ok(Self { stream, peer, greeted: false });
+                    return Ok(Self { stream, peer, greeted: false, seal: None });
                 }
                 Err(e) => last_error = Some(Error::io(format!("connecting to control server {peer}"), e)),
             }
@@ -69,7 +74,8 @@ impl ControlClient {
             return Err(Error::Timeout { waited: Duration::ZERO });
         }
         let peer = self.peer;
-        write_frame(&mut DeadlineIo::new(&self.stream, deadline), &request(body)).map_err(|e| timeout_in(e, left))?;
+        write_sealed(&mut DeadlineIo::new(&self.stream, deadline), &request(body), self.seal.as_mut())
+            .map_err(|e| timeout_in(e, left))?;
         if !self.greeted {
             self.read_preface(deadline, left)?;
             self.greeted = true;
@@ -79,7 +85,10 @@ impl ControlClient {
         let frame = frame.ok_or_else(|| {
             Error::malformed("control response", format!("{peer} closed the connection without answering"))
         })?;
-        decode_response(&frame)
+        match &mut self.seal {
+            Some(seal) => decode_response(seal.open(&frame)?),
+            None => decode_response(&frame),
+        }
     }
 
     /// Reads and checks the peer's preface. It peeks first, so that what a
@@ -137,7 +146,7 @@ impl ControlClient {
                 });
             }
             let segment = reply.segment.ok_or_else(|| Error::malformed("handshake", "no segment descriptor"))?;
-            let descriptor = self.answered_by(SegmentDescriptor::from_proto(segment)?);
+            let descriptor = self.answered_by(SegmentDescriptor::from_proto(*segment)?);
             return Ok(Handshake { descriptor, session: None });
         };
         let Some(token) = token else {
@@ -156,28 +165,29 @@ impl ControlClient {
                 reason: format!("{peer} does not prove the token; nothing was sent to it"),
             });
         }
+        // What this side saw of the connection goes under its proof: a relay
+        // is an address the target never answered on.
+        let seen = Seen {
+            dialed: peer.to_string(),
+            local: self.stream.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        };
+        let proof = token.client_proof(&cn, &sn, challenge.epoch, initiator, &seen);
         let second = HandshakeRequest {
             initiator: initiator.name.clone(),
             initiator_epoch: initiator.epoch,
             client_nonce: cn.to_vec(),
             server_nonce: sn.to_vec(),
-            proof: token.client_proof(&cn, &sn, challenge.epoch, initiator).to_vec(),
+            proof: proof.to_vec(),
             initiator_addr: initiator.addr.clone(),
+            dialed: seen.dialed,
+            local: seen.local,
         };
         let reply = self.handshake_step(second, deadline)?;
-        let segment = reply.segment.ok_or_else(|| Error::malformed("handshake", "no segment descriptor"))?;
-        let descriptor = SegmentDescriptor::from_proto(segment)?;
-        if descriptor.epoch != challenge.epoch {
-            return Err(Error::malformed(
-                "handshake",
-                format!(
-                    "the challenge was for epoch {:#x} but the descriptor says {:#x}",
-                    challenge.epoch, descriptor.epoch
-                ),
-            ));
-        }
+        let session = token.session(cn, sn, challenge.epoch);
+        let descriptor = open_step_two(&session, &proof, &reply, challenge.epoch, &peer.to_string())?;
         let descriptor = self.answered_by(descriptor);
-        Ok(Handshake { session: Some(token.session(cn, sn, descriptor.epoch)), descriptor })
+        self.seal = Some(ControlSeal::new(&session, End::Initiator));
+        Ok(Handshake { session: Some(session), descriptor })
     }
 
     /// A same-host descriptor is trusted for shm and cma only when its pid
@@ -256,6 +266,37 @@ impl ControlClient {
             other => Err(Error::malformed("checksum", format!("unexpected answer {other:?}"))),
         }
     }
+}
+
+/// A tokened handshake's second answer, opened: the descriptor counts only
+/// as the bytes the session sealed with this handshake's transcript (the
+/// initiator's `proof`), so nothing on the path can rewrite it; its epoch
+/// must be the challenge's. Bytes from outside: fuzzed.
+pub(crate) fn open_step_two(
+    session: &Session,
+    proof: &[u8],
+    reply: &crate::proto::HandshakeResponse,
+    epoch: u64,
+    peer: &str,
+) -> Result<SegmentDescriptor> {
+    if reply.segment.is_some() || !check_descriptor_seal(session, proof, &reply.sealed_segment, &reply.seal) {
+        return Err(Error::Unauthorized {
+            reason: format!(
+                "{peer}'s descriptor is not sealed by this handshake's session: it was rewritten on the way (a \
+                 relay?) or the peer speaks another version; refusing it"
+            ),
+        });
+    }
+    let segment = crate::proto::SegmentDescriptor::decode(reply.sealed_segment.as_slice())
+        .map_err(|e| Error::malformed("handshake", format!("sealed descriptor: {e}")))?;
+    let descriptor = SegmentDescriptor::from_proto(segment)?;
+    if descriptor.epoch != epoch {
+        return Err(Error::malformed(
+            "handshake",
+            format!("the challenge was for epoch {epoch:#x} but the descriptor says {:#x}", descriptor.epoch),
+        ));
+    }
+    Ok(descriptor)
 }
 
 /// A deadline-bounded I/O error as kvring reports it: `Timeout` when the

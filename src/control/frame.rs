@@ -7,7 +7,10 @@ use prost::Message;
 use std::io::{Read, Write};
 
 /// The control-plane version this engine speaks.
-pub const CONTROL_VERSION: u32 = 2;
+///
+/// Version 3 binds the tokened handshake to the connection and the
+/// descriptor, and seals every later message (`seal.rs`).
+pub const CONTROL_VERSION: u32 = 3;
 /// Largest control message accepted, bytes.
 pub const MAX_CONTROL_MESSAGE_BYTES: u32 = 4 << 20;
 /// What a control connection opens with, each way: `KVRC` and the version.
@@ -38,7 +41,20 @@ pub fn check_preface(bytes: &[u8], what: &str) -> Result<()> {
 
 /// Writes one length-prefixed message.
 pub fn write_frame(writer: &mut impl Write, message: &impl Message) -> Result<()> {
-    let body = message.encode_to_vec();
+    write_sealed(writer, message, None)
+}
+
+/// Writes one length-prefixed message, followed by its session MAC when
+/// the connection is sealed.
+pub(crate) fn write_sealed(
+    writer: &mut impl Write,
+    message: &impl Message,
+    seal: Option<&mut crate::seal::ControlSeal>,
+) -> Result<()> {
+    let mut body = message.encode_to_vec();
+    if let Some(seal) = seal {
+        seal.seal(&mut body);
+    }
     let len = u32::try_from(body.len())
         .map_err(|_| Error::MessageTooLarge { len: body.len() as u64, max: MAX_CONTROL_MESSAGE_BYTES.into() })?;
     let mut frame = Vec::with_capacity(4 + body.len());
@@ -143,15 +159,15 @@ mod tests {
         assert!(error.contains("it sent nothing"), "{error}");
         let mut old = preface();
         old[4] = 1;
-        assert!(matches!(check_preface(&old, "x"), Err(Error::VersionMismatch { got: 1, supported: 2 })));
+        assert!(matches!(check_preface(&old, "x"), Err(Error::VersionMismatch { got: 1, supported: CONTROL_VERSION })));
     }
 
     #[test]
     fn wrong_version_and_garbage_get_clear_errors() {
         let mut message = request(request::Body::Checksum(ChecksumRequest { region: 1, offset: 0, len: 1 }));
-        message.version = 3;
+        message.version = 2;
         let err = decode_request(&message.encode_to_vec()).unwrap_err();
-        assert!(matches!(err, Error::VersionMismatch { got: 3, supported: 2 }));
+        assert!(matches!(err, Error::VersionMismatch { got: 2, supported: CONTROL_VERSION }));
         assert!(matches!(decode_request(&[0xff, 0xff, 0xff]), Err(Error::Malformed { .. })));
         let empty = Request { version: CONTROL_VERSION, body: None };
         assert!(decode_request(&empty.encode_to_vec()).unwrap_err().to_string().contains("no body"));

@@ -14,14 +14,16 @@
 use super::frame::{
     self, decode_request, error_response, preface, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES, PREFACE_BYTES,
 };
-use crate::auth::{Authenticator, Initiator, Nonce, NONCE_BYTES};
+use crate::auth::{Authenticator, Initiator, Nonce, Seen, NONCE_BYTES};
 use crate::error::{Error, Result};
 use crate::net::{Acceptor, AdmissionLimits, Admitted, DeadlineIo};
 use crate::proto::{
     request, response, ChecksumRequest, ChecksumResponse, HandshakeChallenge, HandshakeRequest, HandshakeResponse,
     NotifyResponse,
 };
+use crate::seal::{descriptor_seal, ControlSeal, End};
 use crate::segment::SegmentDescriptor;
+use prost::Message as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -111,9 +113,44 @@ pub(crate) struct ConnectionAuth {
     /// Proven itself: completed the tokened handshake, or with no token,
     /// made one valid request.
     admitted: bool,
+    /// The address this connection was accepted on (what an initiator
+    /// must have dialed, unless it dialed the advertised one).
+    local: Option<SocketAddr>,
+    /// Set once a tokened handshake completed: every later message each
+    /// way carries the session's MAC.
+    seal: Option<ControlSeal>,
+    /// The seal of a handshake just completed, in force once its answer
+    /// (sealed under the one before, if any) is sent.
+    pending: Option<ControlSeal>,
 }
 
 impl ConnectionAuth {
+    /// A connection accepted on `local`.
+    pub(crate) fn accepted_on(local: Option<SocketAddr>) -> Self {
+        Self { local, ..Self::default() }
+    }
+
+    /// Opens a request: checks and strips its session MAC once the
+    /// connection is sealed.
+    pub(crate) fn open<'a>(&mut self, message: &'a [u8]) -> Result<&'a [u8]> {
+        match &mut self.seal {
+            Some(seal) => seal.open(message),
+            None => Ok(message),
+        }
+    }
+
+    /// The seal the next answer goes under; a handshake's new seal is in
+    /// force after it.
+    fn answer_seal(&mut self) -> Option<&mut ControlSeal> {
+        self.seal.as_mut()
+    }
+
+    fn answered(&mut self) {
+        if let Some(seal) = self.pending.take() {
+            self.seal = Some(seal);
+        }
+    }
+
     /// True once the peer has an identity (proven, with a token).
     #[cfg(feature = "testing")]
     pub(crate) fn is_proven(&self) -> bool {
@@ -131,7 +168,7 @@ fn serve_connection(stream: TcpStream, handler: &dyn ControlHandler, conn: &Admi
     if greeted.is_err() || frame::check_preface(&greeting, "a client").is_err() {
         return;
     }
-    let mut auth = ConnectionAuth::default();
+    let mut auth = ConnectionAuth::accepted_on(stream.local_addr().ok());
     let mut last_served = Instant::now();
     loop {
         // Wait for the next message's first byte, honouring the stop flag,
@@ -154,7 +191,9 @@ fn serve_connection(stream: TcpStream, handler: &dyn ControlHandler, conn: &Admi
             Ok(None) => return,
             Ok(Some(body)) => {
                 let was_admitted = auth.admitted;
-                match decode_request(&body).and_then(|body| handle(handler, body, &mut auth)) {
+                let opened = auth.open(&body).map(<[u8]>::to_vec);
+                let sealed = auth.seal.is_some();
+                match opened.and_then(|body| decode_request(&body)).and_then(|body| handle(handler, body, &mut auth)) {
                     Ok(reply) if auth.admitted && !was_admitted => match conn.admit() {
                         Ok(()) => (frame::response(reply), true),
                         Err(bound) => {
@@ -162,9 +201,17 @@ fn serve_connection(stream: TcpStream, handler: &dyn ControlHandler, conn: &Admi
                         }
                     },
                     Ok(reply) => (frame::response(reply), true),
-                    // A failed proof ends the connection: a guesser must
-                    // pay for a new one (and its admission) per guess.
-                    Err(error @ Error::Unauthorized { .. }) => (error_response(&error), false),
+                    // A failed proof (or session MAC) ends the connection: a
+                    // guesser must pay for a new one (and its admission) per
+                    // guess.
+                    Err(error @ Error::Unauthorized { .. }) => {
+                        if sealed {
+                            // The peer's numbering is lost: it gets no answer
+                            // it could check.
+                            return;
+                        }
+                        (error_response(&error), false)
+                    }
                     // The frame boundary is intact, so the connection
                     // survives any other bad message.
                     Err(error) => (error_response(&error), true),
@@ -175,9 +222,10 @@ fn serve_connection(stream: TcpStream, handler: &dyn ControlHandler, conn: &Admi
         };
         last_served = Instant::now();
         let mut io = DeadlineIo::new(&stream, Instant::now() + MESSAGE_TIMEOUT);
-        if write_frame(&mut io, &reply).is_err() || !keep_open {
+        if frame::write_sealed(&mut io, &reply, auth.answer_seal()).is_err() || !keep_open {
             return;
         }
+        auth.answered();
     }
 }
 
@@ -251,13 +299,11 @@ fn handshake(
         epoch: request.initiator_epoch,
         addr: request.initiator_addr.clone(),
     };
-    let descriptor = |auth: &mut ConnectionAuth, initiator: Initiator| {
+    let Some(authenticator) = handler.authenticator() else {
         auth.identity = Some(initiator);
         auth.admitted = true;
-        response::Body::Handshake(HandshakeResponse { segment: Some(handler.describe().to_proto()), challenge: None })
-    };
-    let Some(authenticator) = handler.authenticator() else {
-        return Ok(descriptor(auth, initiator));
+        let segment = Some(Box::new(handler.describe().to_proto()));
+        return Ok(response::Body::Handshake(HandshakeResponse { segment, ..Default::default() }));
     };
     let cn = nonce(&request.client_nonce, "client nonce")?;
     if request.server_nonce.is_empty() {
@@ -271,15 +317,72 @@ fn handshake(
                 epoch: handler.epoch(),
                 proof: proof.to_vec(),
             }),
+            ..Default::default()
         }));
     }
     // Second step: the proof must answer this connection's own challenge.
     let sn = nonce(&request.server_nonce, "server nonce")?;
     let challenged = auth.challenge.take();
-    if challenged != Some((cn, sn)) || !authenticator.check_client(&cn, &sn, &initiator, &request.proof) {
+    let seen = Seen { dialed: request.dialed.clone(), local: request.local.clone() };
+    if challenged != Some((cn, sn)) || !authenticator.check_client(&cn, &sn, &initiator, &seen, &request.proof) {
         return Err(Error::Unauthorized {
             reason: format!("{:?} did not prove the token in its handshake", request.initiator),
         });
     }
-    Ok(descriptor(auth, initiator))
+    let described = handler.describe();
+    check_dialed(&seen.dialed, auth.local, &described.control_addr)?;
+    let session = authenticator
+        .session_for(&cn, &sn)
+        .ok_or_else(|| Error::Unauthorized { reason: "a handshake this start did not issue".into() })?;
+    // The descriptor goes as bytes, sealed with the transcript: the
+    // initiator takes it only if nothing on the path changed a byte.
+    let sealed_segment = described.to_proto().encode_to_vec();
+    let seal = descriptor_seal(&session, &request.proof, &sealed_segment).to_vec();
+    auth.identity = Some(initiator);
+    auth.admitted = true;
+    auth.pending = Some(ControlSeal::new(&session, End::Target));
+    Ok(response::Body::Handshake(HandshakeResponse { sealed_segment, seal, ..Default::default() }))
+}
+
+/// A proven initiator must have dialed this engine: the address its
+/// connection was accepted on, or the control address it advertises (a
+/// NAT'd or proxied deployment advertises the address its peers dial).
+/// Anything else is a relay between them.
+fn check_dialed(dialed: &str, local: Option<SocketAddr>, advertised: &str) -> Result<()> {
+    // A dual-stack listener sees an IPv4 peer's connection on an
+    // IPv4-mapped address: compare canonical forms.
+    let canonical = |a: SocketAddr| (a.ip().to_canonical(), a.port());
+    let dialed_addr = dialed.parse::<SocketAddr>().ok().map(canonical);
+    let advertised_addr = advertised.parse::<SocketAddr>().ok().map(canonical);
+    let matches = dialed_addr.is_some_and(|d| Some(d) == local.map(canonical) || Some(d) == advertised_addr);
+    if matches {
+        return Ok(());
+    }
+    let on = local.map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
+    Err(Error::Unauthorized {
+        reason: format!(
+            "the initiator dialed {dialed:?} but reached this engine on {on} (advertised {advertised:?}): a relay \
+             sits between them; refusing the handshake"
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_dialed;
+    use crate::error::Error;
+
+    #[test]
+    fn only_the_address_accepted_on_or_advertised_passes_as_dialed() {
+        let local = Some("127.0.0.1:7000".parse().unwrap());
+        assert!(check_dialed("127.0.0.1:7000", local, "10.0.0.2:7000").is_ok());
+        assert!(check_dialed("10.0.0.2:7000", local, "10.0.0.2:7000").is_ok(), "the advertised address");
+        let mapped = Some("[::ffff:127.0.0.1]:7000".parse().unwrap());
+        assert!(check_dialed("127.0.0.1:7000", mapped, "").is_ok(), "a dual-stack listener");
+        for relayed in ["127.0.0.1:7001", "127.0.0.3:7000", "", "relay.example:7000"] {
+            let error = check_dialed(relayed, local, "10.0.0.2:7000").unwrap_err();
+            assert!(matches!(&error, Error::Unauthorized { reason } if reason.contains("relay")), "{error}");
+        }
+        assert!(check_dialed("127.0.0.1:7000", None, "").is_err());
+    }
 }

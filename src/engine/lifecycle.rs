@@ -195,7 +195,7 @@ impl Engine {
         let publication = match &directory {
             Some(directory) => Some(metadata::publish(
                 directory.clone(),
-                &context.describe(),
+                &metadata::publishable(context.describe(), config.token.is_some()),
                 config.metadata_ttl,
                 Instant::now() + config.control_timeout,
             )?),

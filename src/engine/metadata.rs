@@ -37,6 +37,28 @@ pub(crate) fn open_store(mode: &MetadataMode, handshake: PeerHandshake) -> Opene
     (Box::new(DirectoryStore::new(directory.clone(), handshake)), Some(directory))
 }
 
+/// What an engine publishes in a metadata store. With a token, only what
+/// an outsider may know: its name, control address and epoch (a peer gets
+/// the rest, its regions, data endpoints, pid, host, cma page and RDMA keys,
+/// from the handshake, after both proofs and sealed by the session). Without
+/// one, the whole descriptor: any reader could ask the engine for it anyway.
+pub(crate) fn publishable(descriptor: SegmentDescriptor, tokened: bool) -> SegmentDescriptor {
+    if !tokened {
+        return descriptor;
+    }
+    SegmentDescriptor {
+        name: descriptor.name,
+        epoch: descriptor.epoch,
+        host_id: String::new(),
+        pid: 0,
+        regions: Vec::new(),
+        control_addr: descriptor.control_addr,
+        tcp_addr: None,
+        rdma: None,
+        cma: None,
+    }
+}
+
 /// Publishes `descriptor` under its name, kept there until the publication
 /// is dropped. Refuses to publish a loopback address to a metadata server
 /// that is not on this host: peers elsewhere could never reach it.

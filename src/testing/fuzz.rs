@@ -25,6 +25,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use zerocopy::IntoBytes;
 
+mod sealed;
+pub use sealed::{sealed_control, sealed_frames};
+
 /// A TCP data frame header.
 pub fn frame_header(data: &[u8]) {
     use crate::transport::tcp::frame::{FrameHeader, MAX_FRAME_PAYLOAD_BYTES};
@@ -295,7 +298,7 @@ pub fn data_hello(data: &[u8]) {
 pub fn target_connection(data: &[u8]) {
     let served = served(None);
     let piece = data.first().map_or(1, |b| usize::from(*b % 61) + 1);
-    let mut bytes = ClientHello::new(42, [0; 16], [0; 16]).as_bytes().to_vec();
+    let mut bytes = ClientHello::new(42, [0; 16], [0; 16], [0; 16]).as_bytes().to_vec();
     // Frame headers in the input name region 1 (the index the registry
     // gives the served region) and epoch 42 often enough to reach memory.
     bytes.extend_from_slice(data.get(1..).unwrap_or_default());
@@ -416,6 +419,7 @@ pub fn control_requests(data: &[u8]) {
         match handle(handler, request, &mut auth) {
             Ok(response::Body::Handshake(reply)) => {
                 assert!(reply.segment.is_none(), "a descriptor without the token's proof");
+                assert!(reply.sealed_segment.is_empty(), "a sealed descriptor without the token's proof");
             }
             Ok(_) => assert!(probe, "a request served before the handshake"),
             Err(_) => {}

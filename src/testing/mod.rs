@@ -9,7 +9,7 @@ pub mod fuzz;
 
 /// The control protocol: preface, frames, the client, the version.
 pub mod control {
-    pub use crate::auth::Initiator;
+    pub use crate::auth::{Initiator, Session};
     pub use crate::control::frame::CONTROL_VERSION;
     pub use crate::control::frame::{
         decode_response, preface, read_frame, response, write_frame, MAX_CONTROL_MESSAGE_BYTES,
@@ -18,8 +18,10 @@ pub mod control {
     pub use crate::proto::*;
 }
 
-/// The tcp data protocol: frame headers and the hello.
+/// The tcp data protocol: frame headers, the hello, and a tokened
+/// connection's frame seal.
 pub mod tcp {
+    pub use crate::seal::{End, FrameSeal};
     pub use crate::transport::tcp::frame::{
         FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES,
     };

@@ -13,6 +13,7 @@ use super::frame::{FrameHeader, FrameOp, FLAG_LAST, FLAG_TAGGED, FRAME_HEADER_BY
 use crate::error::{Error, Result};
 use crate::proto::ErrorCode;
 use crate::ring::Opcode;
+use crate::seal::FrameSeal;
 use crate::transport::{Block, ChunkEnd};
 use std::collections::VecDeque;
 use std::io::{IoSlice, Read, Write};
@@ -91,6 +92,9 @@ struct OutFrame {
     len: usize,
     /// The chunk it belongs to (a part's chunks share its ticket).
     chunk: u64,
+    /// Numbered and signed (on a sealed connection, just before it is
+    /// first offered to the socket): it must go, or the numbering breaks.
+    sealed: bool,
 }
 
 impl OutFrame {
@@ -158,6 +162,8 @@ pub struct Connection {
     track_chunks: bool,
     /// Ids of ended chunks, in the order of their ends.
     ended_chunks: Vec<u64>,
+    /// The frame seal of a tokened session's connection.
+    seal: Option<FrameSeal>,
 }
 
 // SAFETY: the raw pointers are into registered local regions that the
@@ -187,7 +193,26 @@ impl Connection {
             next_chunk: 0,
             track_chunks: false,
             ended_chunks: Vec::new(),
+            seal: None,
         })
+    }
+
+    /// Seals every frame header from now on, each way (the connection
+    /// proved a tokened session).
+    pub fn seal_with(&mut self, seal: FrameSeal) {
+        self.seal = Some(seal);
+    }
+
+    /// Numbers and signs the frames the next write may take, in order
+    /// (never earlier: a frame dropped unsent must not leave a gap).
+    fn seal_next(&mut self) {
+        let Some(seal) = &mut self.seal else { return };
+        for frame in self.out.iter_mut().take(MAX_IO_SLICES / 2) {
+            if !frame.sealed {
+                frame.header.seal(seal);
+                frame.sealed = true;
+            }
+        }
     }
 
     /// True when nothing is queued or awaited.
@@ -242,7 +267,7 @@ impl Connection {
                 Opcode::Write => (span.local as *const u8, span.len as usize),
                 Opcode::Read => (std::ptr::null(), 0),
             };
-            self.out.push_back(OutFrame { header, payload, len, chunk });
+            self.out.push_back(OutFrame { header, payload, len, chunk, sealed: false });
         }
         self.await_reply(Awaited {
             ticket,
@@ -264,7 +289,7 @@ impl Connection {
         let header = FrameHeader::new(FrameOp::Notify, peer.epoch, 0, 0, 0, payload.len() as u64);
         let chunk = self.take_chunk_id();
         // The Vec's heap buffer does not move when the Vec does.
-        self.out.push_back(OutFrame { header, payload: payload.as_ptr(), len: payload.len(), chunk });
+        self.out.push_back(OutFrame { header, payload: payload.as_ptr(), len: payload.len(), chunk, sealed: false });
         self.await_reply(Awaited {
             ticket,
             chunk,
@@ -296,6 +321,7 @@ impl Connection {
     pub fn send(&mut self, peer: &Peer) -> Result<bool> {
         let mut progressed = false;
         while !self.out.is_empty() {
+            self.seal_next();
             let mut slices = [IoSlice::new(&[]); MAX_IO_SLICES];
             let mut count = 0;
             let mut skip = self.front_sent;
@@ -407,6 +433,22 @@ impl Connection {
                     let bytes = &self.buffer[self.start..self.start + FRAME_HEADER_BYTES];
                     let (header, _) = FrameHeader::decode(bytes)
                         .map_err(|e| peer.gone(format!("{} sent a malformed reply: {e}", peer.addr)))?;
+                    if let Some(seal) = &mut self.seal {
+                        // Before anything of it is believed: a forged reply
+                        // could otherwise end a chunk or aim a READ payload.
+                        header.check_seal(seal)?;
+                    }
+                    if header.status == -(ErrorCode::Unauthorized as i32) {
+                        // Only a connection-level refusal says this: one of
+                        // our frames failed the session's MAC on arrival.
+                        return Err(Error::Unauthorized {
+                            reason: format!(
+                                "{} refused a frame of this connection: it failed the session's MAC (tampered on \
+                                 the path); the connection is closed",
+                                peer.addr
+                            ),
+                        });
+                    }
                     self.start += FRAME_HEADER_BYTES;
                     self.on_header(peer, &header, finished)?;
                 }
@@ -570,114 +612,6 @@ impl Connection {
         };
         self.end_front(result, finished)
     }
-
-    /// Ends the oldest awaited chunk. A failed chunk's batch sends nothing
-    /// more: its chunks not yet started are dropped from the queue at once,
-    /// so the next batch does not wait behind them. An epoch mismatch kills
-    /// the connection.
-    fn end_front(&mut self, result: Result<u64, (Error, u64)>, finished: &mut Vec<ChunkEnd>) -> Result<()> {
-        let Some(mut ended) = self.awaiting.pop_front() else { return Ok(()) };
-        let failure = match &result {
-            Ok(_) => None,
-            Err((Error::PeerRestarted { segment, detail }, _)) => {
-                Some(Err(Error::PeerRestarted { segment: segment.clone(), detail: detail.clone() }))
-            }
-            Err((error, _)) => {
-                Some(Ok((error.code(), format!("not sent: an earlier chunk of its batch failed ({error})"))))
-            }
-        };
-        self.ended(ended.ticket, ended.chunk, result, finished);
-        ended.spans.clear();
-        self.spare.push(std::mem::take(&mut ended.spans));
-        match failure {
-            None => Ok(()),
-            Some(Err(gone)) => Err(gone),
-            Some(Ok(cause)) => {
-                self.drop_unsent(ended.batch_id, &cause, finished);
-                Ok(())
-            }
-        }
-    }
-
-    /// Drops the chunks of `batch_id` none of whose frames has started.
-    fn drop_unsent(&mut self, batch_id: u64, cause: &(ErrorCode, String), finished: &mut Vec<ChunkEnd>) {
-        let error = || Error::Remote { code: cause.0, message: cause.1.clone() };
-        self.drop_unsent_where(|entry| entry.batch_id == batch_id, error, finished);
-    }
-
-    /// Drops `ticket`'s chunks none of whose frames has started (its batch
-    /// was cancelled): they end `Cancelled` with nothing moved. Returns how
-    /// many; a chunk with a frame on its way stays, to end through its
-    /// replies.
-    pub fn withdraw_unsent(&mut self, ticket: u64, finished: &mut Vec<ChunkEnd>) -> usize {
-        self.drop_unsent_where(|entry| entry.ticket == ticket, || Error::Cancelled { bytes: 0 }, finished)
-    }
-
-    /// Drops the chunks `matches` picks none of whose frames has started,
-    /// each ended with `error()`; returns how many.
-    fn drop_unsent_where(
-        &mut self,
-        matches: impl Fn(&Awaited) -> bool,
-        error: impl Fn() -> Error,
-        finished: &mut Vec<ChunkEnd>,
-    ) -> usize {
-        // Chunk by chunk (a part's chunks share its ticket): a chunk with a
-        // frame started or sent stays, to end through its replies.
-        let started = (self.front_sent > 0).then(|| self.out.front().map(|f| f.chunk)).flatten();
-        let (mut index, mut dropped_count) = (0, 0);
-        while index < self.awaiting.len() {
-            let entry = &self.awaiting[index];
-            if !matches(entry) || entry.op == FrameOp::Notify || Some(entry.chunk) == started {
-                index += 1;
-                continue;
-            }
-            let chunk = entry.chunk;
-            let unsent = self.out.iter().filter(|f| f.chunk == chunk).count();
-            if unsent != entry.spans.len() {
-                index += 1;
-                continue;
-            }
-            self.out.retain(|f| f.chunk != chunk);
-            let Some(mut dropped) = self.awaiting.remove(index) else { break };
-            dropped.spans.clear();
-            self.spare.push(std::mem::take(&mut dropped.spans));
-            self.ended(dropped.ticket, chunk, Err((error(), 0)), finished);
-            dropped_count += 1;
-        }
-        dropped_count
-    }
-
-    /// Reports chunk `chunk` of `ticket` ended; its id is kept, in the same
-    /// order, for whoever tracks chunks (see [`Connection::track_chunks`]).
-    fn ended(&mut self, ticket: u64, chunk: u64, result: Result<u64, (Error, u64)>, finished: &mut Vec<ChunkEnd>) {
-        finished.push((ticket, result));
-        if self.track_chunks {
-            self.ended_chunks.push(chunk);
-        }
-    }
-
-    /// Keeps the ids of ended chunks, in the order their ends are reported
-    /// (a part's chunks share its ticket, and do not always end in the
-    /// order they were queued: an unsent chunk of a failed batch ends
-    /// before one whose replies are still to come).
-    pub fn track_chunks(&mut self) {
-        self.track_chunks = true;
-    }
-
-    /// The ids of the chunks ended since the last call, in order.
-    pub fn ended_chunks(&mut self) -> std::vec::Drain<'_, u64> {
-        self.ended_chunks.drain(..)
-    }
-
-    /// Fails everything queued or awaited with `reason` (the connection is
-    /// being dropped; nothing of theirs is touched afterwards).
-    pub fn fail_all(&mut self, peer: &Peer, reason: &str, finished: &mut Vec<ChunkEnd>) {
-        self.out.clear();
-        self.front_sent = 0;
-        while let Some(awaited) = self.awaiting.pop_front() {
-            self.ended(awaited.ticket, awaited.chunk, Err((peer.gone(reason.to_string()), awaited.moved)), finished);
-        }
-    }
 }
 
 /// One non-blocking read: 0 when nothing has arrived; an error when the
@@ -694,5 +628,6 @@ fn read_some(stream: &mut TcpStream, into: &mut [u8], peer: &Peer) -> Result<usi
     }
 }
 
+mod ends;
 #[cfg(test)]
 mod tests;

@@ -15,11 +15,12 @@
 use super::conn::{Connection, Peer};
 use super::hello::{ClientHello, ClientProof, ServerHello, FLAG_PROOF_REQUIRED, SERVER_HELLO_BYTES};
 use super::staged::Stager;
-use crate::auth::Session;
+use crate::auth::{random_bytes, Nonce, Session};
 use crate::error::{Error, Result};
 use crate::net::DeadlineIo;
 use crate::notify::MAX_NOTIFY_FRAME_BYTES;
 use crate::ring::Opcode;
+use crate::seal::{check_listener_proof, End, FrameSeal};
 use crate::transport::{Block, ChunkEnd, LaneLink, Link, LinkState, Posted, TransportKind};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -83,9 +84,12 @@ impl TcpLink {
             if left.is_zero() {
                 return Err(Error::Timeout { waited: Duration::ZERO });
             }
-            let stream = open(addr, peer, epoch, session, deadline)?;
+            let (stream, seal) = open(addr, peer, epoch, session, deadline)?;
             let wake = stream.try_clone().ok().map(std::os::fd::OwnedFd::from);
             let mut connection = Connection::new(stream).map_err(|e| Error::io("configuring a data connection", e))?;
+            if let Some(seal) = seal {
+                connection.seal_with(seal);
+            }
             if stager.is_some() {
                 // The stager matches the connection's chunk ends by id.
                 connection.track_chunks();
@@ -109,7 +113,7 @@ impl TcpLink {
         let reason = Peer::detail(why);
         let mut from_connection = std::mem::take(&mut self.ends);
         if let Ok(connection) = &mut self.connection {
-            connection.fail_all(&self.peer, &reason, &mut from_connection);
+            connection.fail_all_for(&self.peer, why, &mut from_connection);
             if let Some(stager) = &mut self.stager {
                 stager.note_chunks(connection.ended_chunks());
             }
@@ -261,11 +265,19 @@ impl LaneLink for TcpLink {
     }
 }
 
-/// Connects one data connection and runs its opening: the hello, and the
-/// session proof when the target asks for one. A refusal comes back as the
-/// target's reason (`Busy` from its admission policy, `PeerRestarted` for
-/// another epoch, `Unauthorized`).
-fn open(addr: SocketAddr, peer: &str, epoch: u64, session: Option<&Session>, deadline: Instant) -> Result<TcpStream> {
+/// Connects one data connection and runs its opening: the hello, and with
+/// a session the listener's proof of it (a listener that asks no proof or
+/// proves nothing is refused: it is not the engine the handshake proved)
+/// and then ours. A refusal comes back as the target's reason (`Busy` from
+/// its admission policy, `PeerRestarted` for another epoch,
+/// `Unauthorized`). With a session, the connection's frame seal comes too.
+fn open(
+    addr: SocketAddr,
+    peer: &str,
+    epoch: u64,
+    session: Option<&Session>,
+    deadline: Instant,
+) -> Result<(TcpStream, Option<FrameSeal>)> {
     let left = deadline.saturating_duration_since(Instant::now());
     let stream = TcpStream::connect_timeout(&addr, left)
         .map_err(|e| Error::io(format!("connecting to {peer}'s data listener {addr}"), e))?;
@@ -279,7 +291,8 @@ fn open(addr: SocketAddr, peer: &str, epoch: u64, session: Option<&Session>, dea
         }
     };
     let (cn, sn) = session.map_or(([0; 16], [0; 16]), |s| (s.client_nonce, s.server_nonce));
-    io.write_all(ClientHello::new(epoch, cn, sn).as_bytes()).map_err(|e| timed(e, "greeting"))?;
+    let nonce: Nonce = if session.is_some() { random_bytes() } else { [0; 16] };
+    io.write_all(ClientHello::new(epoch, cn, sn, nonce).as_bytes()).map_err(|e| timed(e, "greeting"))?;
     let answer = read_answer(&mut io, &addr.to_string()).map_err(|e| match e {
         Error::Io { source, .. } => timed(source, "reading the answer of"),
         other => other,
@@ -287,10 +300,27 @@ fn open(addr: SocketAddr, peer: &str, epoch: u64, session: Option<&Session>, dea
     if let Some(refusal) = answer.refused(peer) {
         return Err(refusal);
     }
-    if answer.flags & FLAG_PROOF_REQUIRED != 0 {
+    let required = answer.flags & FLAG_PROOF_REQUIRED != 0;
+    if let (Some(_), false) = (session, required) {
+        return Err(Error::Unauthorized {
+            reason: format!(
+                "{peer}'s data listener {addr} asks no proof of this engine's tokened session: it is not the engine \
+                 the handshake proved (a relay?); refusing it"
+            ),
+        });
+    }
+    if required {
         let session = session.ok_or_else(|| Error::Unauthorized {
             reason: format!("{peer}'s data listener requires a token's session; this engine has no token"),
         })?;
+        if !check_listener_proof(session, &nonce, &answer.nonce, epoch, &answer.proof) {
+            return Err(Error::Unauthorized {
+                reason: format!(
+                    "{peer}'s data listener {addr} does not prove this engine's session: it is not the engine the \
+                     handshake proved (a relay?); nothing was sent to it"
+                ),
+            });
+        }
         let proof = ClientProof::new(session.data_proof(&answer.nonce, epoch));
         io.write_all(proof.as_bytes()).map_err(|e| timed(e, "proving the session to"))?;
         let verdict = read_answer(&mut io, &addr.to_string()).map_err(|e| match e {
@@ -300,8 +330,10 @@ fn open(addr: SocketAddr, peer: &str, epoch: u64, session: Option<&Session>, dea
         if let Some(refusal) = verdict.refused(peer) {
             return Err(refusal);
         }
+        let seal = FrameSeal::new(session, &nonce, &answer.nonce, epoch, End::Initiator);
+        return Ok((stream, Some(seal)));
     }
-    Ok(stream)
+    Ok((stream, None))
 }
 
 /// Reads one [`ServerHello`]; what is cut short or not a hello is named as

@@ -45,6 +45,8 @@ const HELLO_BUFFER_BYTES: usize = 256;
 const _: () = assert!(
     HELLO_BUFFER_BYTES >= super::hello::CLIENT_HELLO_BYTES && HELLO_BUFFER_BYTES >= super::hello::CLIENT_PROOF_BYTES
 );
+// A reply's fixed part holds a frame header or a server hello.
+const _: () = assert!(FRAME_HEADER_BYTES >= super::hello::SERVER_HELLO_BYTES);
 /// Bytes one [`TargetConn::on_readable`] reads at most before it lets the
 /// lane serve others (a whole largest frame).
 const READ_BUDGET_BYTES: usize = 1 << 20;
@@ -92,8 +94,9 @@ pub(crate) type Admit<'a> = &'a mut dyn FnMut() -> std::result::Result<(), &'sta
 enum Phase {
     /// Awaiting the [`ClientHello`].
     Hello,
-    /// Awaiting the [`ClientProof`] over `nonce`, for session (cn, sn).
-    Proof { nonce: Nonce, cn: Nonce, sn: Nonce },
+    /// Awaiting the [`ClientProof`] over `nonce`, for session (cn, sn), on
+    /// the connection the initiator opened with `client`.
+    Proof { nonce: Nonce, client: Nonce, cn: Nonce, sn: Nonce },
     /// Serving frames.
     Serving,
     /// Sending its last replies; reading nothing more.
@@ -189,6 +192,9 @@ pub(crate) struct TargetConn {
     next_group: u32,
     /// The first group of the WRITE chunk being received, if it has one.
     chunk_groups: Option<u32>,
+    /// With a token: the connection's frame seal, once it proved its
+    /// session (every header each way is numbered and MAC'd).
+    seal: Option<crate::seal::FrameSeal>,
 }
 
 // SAFETY: the raw pointers are into registered regions under leases this
@@ -226,6 +232,7 @@ impl TargetConn {
             groups: Vec::new(),
             next_group: 0,
             chunk_groups: None,
+            seal: None,
         }
     }
 
@@ -431,7 +438,7 @@ impl TargetConn {
         while self.wants_read() {
             let progressed = match self.phase {
                 Phase::Hello => self.on_hello(ctx, admit),
-                Phase::Proof { nonce, cn, sn } => self.on_proof(ctx, admit, nonce, cn, sn),
+                Phase::Proof { nonce, client, cn, sn } => self.on_proof(ctx, admit, nonce, client, (cn, sn)),
                 Phase::Serving => self.serve_buffered(ctx, now),
                 Phase::Closing => false,
             };
@@ -448,6 +455,21 @@ impl TargetConn {
         let taken = &self.buffer[self.start..self.start + len];
         self.start += len;
         Some(taken)
+    }
+
+    /// Queues a reply header, numbered and signed on a sealed connection
+    /// (replies leave in the order queued, and every one leaves).
+    fn queue_frame(&mut self, mut header: FrameHeader) {
+        self.sign(&mut header);
+        self.queue(zerocopy::IntoBytes::as_bytes(&header));
+    }
+
+    /// Numbers and signs a reply header on a sealed connection; replies
+    /// leave in the order signed.
+    fn sign(&mut self, header: &mut FrameHeader) {
+        if let Some(seal) = &mut self.seal {
+            header.seal(seal);
+        }
     }
 
     fn queue(&mut self, bytes: &[u8]) {
@@ -474,7 +496,12 @@ impl TargetConn {
                     }
                     return false;
                 };
-                match FrameHeader::decode(bytes) {
+                let decoded = FrameHeader::decode(bytes).and_then(|(header, op)| match &mut self.seal {
+                    // Checked before anything of it is believed.
+                    Some(seal) => header.check_seal(seal).map(|()| (header, op)),
+                    None => Ok((header, op)),
+                });
+                match decoded {
                     Ok((header, op)) => {
                         self.current = header;
                         if !self.on_frame(ctx, op, now) {
@@ -482,7 +509,8 @@ impl TargetConn {
                         }
                     }
                     Err(error) => {
-                        // Framing is lost: answer once, close.
+                        // Framing (or the session's numbering) is lost:
+                        // answer once, close.
                         self.queue_status(FrameOp::Ack, &FrameHeader::new(FrameOp::Ack, 0, 0, 0, 0, 0), &error);
                         self.phase = Phase::Closing;
                     }

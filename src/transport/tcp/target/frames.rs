@@ -67,6 +67,7 @@ impl TargetConn {
                             header.len,
                         );
                         reply.flags = 0;
+                        self.sign(&mut reply);
                         let (payload, gate) = match device {
                             Some((gpu, ordinal)) if len > 0 => {
                                 match self.stage(ctx, &gpu, (staging::Direction::Out, addr as u64, ordinal, len)) {
@@ -161,7 +162,7 @@ impl TargetConn {
             let last = self.issue(ctx, staging::Direction::In);
             let gate = self.take_chunk_groups(last);
             match self.chunk_failure.take() {
-                None => self.queue(FrameHeader::new(FrameOp::Ack, ctx.epoch, header.batch_id, 0, 0, 0).as_bytes()),
+                None => self.queue_frame(FrameHeader::new(FrameOp::Ack, ctx.epoch, header.batch_id, 0, 0, 0)),
                 Some((failed, error)) => self.queue_status(FrameOp::Ack, &failed, &error),
             }
             if let Some(reply) = self.replies.back_mut() {
@@ -187,7 +188,7 @@ impl TargetConn {
         };
         self.notify.clear();
         match delivered {
-            Ok(()) => self.queue(FrameHeader::new(FrameOp::Ack, ctx.epoch, header.batch_id, 0, 0, 0).as_bytes()),
+            Ok(()) => self.queue_frame(FrameHeader::new(FrameOp::Ack, ctx.epoch, header.batch_id, 0, 0, 0)),
             Err(error) => self.queue_status(FrameOp::Ack, &header, &error),
         }
         self.frame_done(now);
@@ -197,7 +198,7 @@ impl TargetConn {
     pub(super) fn queue_status(&mut self, op: FrameOp, about: &FrameHeader, error: &Error) {
         let mut reply = FrameHeader::new(op, about.epoch, about.batch_id, about.region, about.offset, 0);
         reply.status = -(error.code() as i32);
-        self.queue(reply.as_bytes());
+        self.queue_frame(reply);
     }
 }
 

@@ -8,6 +8,7 @@ use super::super::hello::{
 use super::{Admit, Phase, TargetConn, TargetContext};
 use crate::auth::{random_bytes, Nonce};
 use crate::error::Error;
+use crate::seal::{listener_proof, End, FrameSeal};
 use zerocopy::IntoBytes;
 
 impl TargetConn {
@@ -17,6 +18,13 @@ impl TargetConn {
     }
 
     pub(super) fn on_hello(&mut self, ctx: &TargetContext, admit: Admit<'_>) -> bool {
+        // A stranger, or a peer of another version (whose hello may be
+        // shorter), is told so now rather than waited on.
+        if let Some(error) = ClientHello::early_refusal(&self.buffer[self.start..self.end]) {
+            self.start = self.end;
+            self.refuse(&error, ctx.epoch);
+            return true;
+        }
         let Some(bytes) = self.take(CLIENT_HELLO_BYTES) else { return false };
         let hello = match ClientHello::decode(bytes) {
             Ok(hello) => hello,
@@ -34,10 +42,20 @@ impl TargetConn {
             return true;
         }
         match &ctx.auth {
-            Some(_) => {
+            Some(auth) => {
+                // The listener proves the session first, so a tokened
+                // initiator can tell this engine from a relay's tap.
+                let (cn, sn) = (hello.client_nonce, hello.server_nonce);
+                let Some(session) = auth.session_for(&cn, &sn) else {
+                    let error = Error::Unauthorized { reason: "no session this start issued".into() };
+                    self.refuse(&error, ctx.epoch);
+                    return true;
+                };
                 let nonce: Nonce = random_bytes();
-                self.queue(ServerHello::new(0, FLAG_PROOF_REQUIRED, ctx.epoch, nonce).as_bytes());
-                self.phase = Phase::Proof { nonce, cn: hello.client_nonce, sn: hello.server_nonce };
+                let mut answer = ServerHello::new(0, FLAG_PROOF_REQUIRED, ctx.epoch, nonce);
+                answer.proof = listener_proof(&session, &hello.nonce, &nonce, ctx.epoch);
+                self.queue(answer.as_bytes());
+                self.phase = Phase::Proof { nonce, client: hello.nonce, cn, sn };
             }
             None => self.admitted(ctx, admit),
         }
@@ -49,15 +67,17 @@ impl TargetConn {
         ctx: &TargetContext,
         admit: Admit<'_>,
         nonce: Nonce,
-        cn: Nonce,
-        sn: Nonce,
+        client: Nonce,
+        (cn, sn): (Nonce, Nonce),
     ) -> bool {
         let Some(bytes) = self.take(CLIENT_PROOF_BYTES) else { return false };
         let proven = ClientProof::decode(bytes)
             .ok()
             .zip(ctx.auth.as_ref())
             .is_some_and(|(proof, auth)| auth.check_data(&cn, &sn, &nonce, &proof.mac));
-        if proven {
+        let session = ctx.auth.as_ref().and_then(|auth| auth.session_for(&cn, &sn));
+        if let (true, Some(session)) = (proven, session) {
+            self.seal = Some(FrameSeal::new(&session, &client, &nonce, ctx.epoch, End::Target));
             // Its staging pages count against its proven session (one
             // initiator's handshake), whatever number of connections it opens.
             self.set_stage_identity(session_identity(&cn, &sn));

@@ -113,6 +113,10 @@ impl TargetConn {
                 if let Ok(mut head) = FrameHeader::read_from_bytes(&reply.head[..FRAME_HEADER_BYTES]) {
                     head.status = -(error.code() as i32);
                     head.len = 0;
+                    // Unsent yet: signed again under the number it has.
+                    if let Some(seal) = &self.seal {
+                        head.reseal(seal);
+                    }
                     reply.head.copy_from_slice(head.as_bytes());
                 }
                 reply.payload_len = 0;

@@ -87,7 +87,7 @@ fn open(target: &Target) -> (TargetConn, Pipe, Instant) {
     let now = Instant::now();
     let mut conn = TargetConn::new(now, Duration::from_secs(2));
     let mut pipe = Pipe::default();
-    pipe.input.extend(ClientHello::new(42, [0; 16], [0; 16]).as_bytes());
+    pipe.input.extend(ClientHello::new(42, [0; 16], [0; 16], [0; 16]).as_bytes());
     step(&mut conn, &mut pipe, target, now).unwrap();
     assert_eq!(answer(&mut pipe).status, 0);
     (conn, pipe, now)
@@ -153,9 +153,19 @@ fn nothing_is_served_before_the_hello_and_a_wrong_epoch_is_a_restart() {
     // A hello for another epoch.
     let mut conn = TargetConn::new(now, Duration::from_secs(2));
     let mut pipe = Pipe::default();
-    pipe.input.extend(ClientHello::new(41, [0; 16], [0; 16]).as_bytes());
+    pipe.input.extend(ClientHello::new(41, [0; 16], [0; 16], [0; 16]).as_bytes());
     step(&mut conn, &mut pipe, &target, now).unwrap();
     assert_eq!(ErrorCode::try_from(-answer(&mut pipe).status).unwrap(), ErrorCode::PeerRestarted);
+    assert!(conn.finished());
+    // A version-2 peer's hello (48 bytes): told the versions differ at
+    // once, not left to time out waiting for the 64 bytes of a version 3.
+    let mut conn = TargetConn::new(now, Duration::from_secs(2));
+    let mut pipe = Pipe::default();
+    let mut old = ClientHello::new(42, [0; 16], [0; 16], [0; 16]).as_bytes()[..48].to_vec();
+    old[4] = 2;
+    pipe.input.extend(old);
+    step(&mut conn, &mut pipe, &target, now).unwrap();
+    assert_eq!(ErrorCode::try_from(-answer(&mut pipe).status).unwrap(), ErrorCode::VersionMismatch);
     assert!(conn.finished());
 }
 
@@ -171,10 +181,13 @@ fn with_a_token_only_a_session_proof_opens_the_connection() {
         let now = Instant::now();
         let mut conn = TargetConn::new(now, Duration::from_secs(2));
         let mut pipe = Pipe::default();
-        pipe.input.extend(ClientHello::new(42, cn, sn).as_bytes());
+        pipe.input.extend(ClientHello::new(42, cn, sn, [9; 16]).as_bytes());
         step(&mut conn, &mut pipe, &target, now).unwrap();
         let challenge = answer(&mut pipe);
         assert_eq!((challenge.status, challenge.flags), (0, FLAG_PROOF_REQUIRED));
+        // The listener proves the session first, over both nonces.
+        assert!(crate::seal::check_listener_proof(&session, &[9; 16], &challenge.nonce, 42, &challenge.proof));
+        assert!(!crate::seal::check_listener_proof(&session, &[8; 16], &challenge.nonce, 42, &challenge.proof));
         // Frames sent before the proof are not served: they are read
         // as the proof, which fails.
         let mac = match proof_of {
@@ -192,6 +205,19 @@ fn with_a_token_only_a_session_proof_opens_the_connection() {
             assert!(conn.finished());
         }
     }
+    // A session this start never issued is refused at the hello: the
+    // listener proves nothing for it.
+    let now = Instant::now();
+    let mut conn = TargetConn::new(now, Duration::from_secs(2));
+    let mut pipe = Pipe::default();
+    let mut forged = sn;
+    forged[15] ^= 1;
+    pipe.input.extend(ClientHello::new(42, cn, forged, [9; 16]).as_bytes());
+    step(&mut conn, &mut pipe, &target, now).unwrap();
+    let refusal = answer(&mut pipe);
+    assert_eq!(ErrorCode::try_from(-refusal.status).unwrap(), ErrorCode::Unauthorized);
+    assert_eq!(refusal.proof, [0; 32]);
+    assert!(conn.finished());
 }
 
 #[test]
