@@ -12,7 +12,7 @@ mod recv;
 
 pub use device::DeviceMrStats;
 
-use super::devices::pick_gid;
+use super::devices::{choose, pick_gid};
 use super::mr_cache::MrCache;
 use super::verbs::*;
 use crate::auth::Initiator;
@@ -142,14 +142,12 @@ impl LocalKeys<'_> {
 }
 
 impl RdmaNode {
-    /// Opens every device with an active port (at most `max_nics`).
-    pub fn open(verbs: Arc<dyn Verbs>, max_nics: usize) -> Result<Self> {
+    /// Opens the devices `wanted` (empty: every device with an active
+    /// port of one link layer; at most `max_nics`: see [`choose`]).
+    pub fn open(verbs: Arc<dyn Verbs>, wanted: &[String], max_nics: usize) -> Result<Self> {
         let mut nics = Vec::new();
-        for device in verbs.devices()? {
-            if nics.len() >= max_nics {
-                break;
-            }
-            let Some(port) = device.ports.iter().find(|p| p.active) else { continue };
+        for (device, port) in choose(&verbs.devices()?, wanted, max_nics)? {
+            let port = &port;
             let gid_index = pick_gid(port).unwrap_or(0);
             let context = verbs.open(&device.name)?;
             let pd = verbs.alloc_pd(context)?;
