@@ -399,37 +399,52 @@ impl Config {
         self.rdma(builder, false)
     }
 
-    /// `builder` with the RDMA keys applied: the real provider when `rdma`
-    /// is `on`, when devices are named, or when `required`; with `auto`, only
-    /// when libibverbs lists a device with an active port (so a host without
-    /// RDMA builds engines as before).
+    /// `builder` with the RDMA keys applied (see [`with_rdma`]); `required`
+    /// makes `auto` mean `on` (`kvring bench --transport rdma`).
     pub fn rdma(&self, builder: EngineBuilder, required: bool) -> EngineBuilder {
-        use crate::transport::rdma::ibverbs::{IbOptions, IbVerbs};
-        use crate::transport::rdma::verbs::Verbs;
-        let mode = self.get("rdma").unwrap_or("auto");
-        let devices: Vec<String> = self
-            .get("rdma_devices")
-            .unwrap_or("")
-            .split(',')
-            .map(|d| d.trim().to_string())
-            .filter(|d| !d.is_empty())
-            .collect();
-        if mode == "off" && !required {
-            return builder;
-        }
+        let mode = match (self.get("rdma").unwrap_or("auto"), required) {
+            (_, true) => "on",
+            (mode, false) => mode,
+        };
+        let devices: Vec<String> = self.get("rdma_devices").unwrap_or("").split(',').map(str::to_string).collect();
         let byte = |name| self.get(name).and_then(|v| v.parse::<u8>().ok()).unwrap_or(0);
-        let options =
-            IbOptions { traffic_class: byte("rdma_traffic_class"), service_level: byte("rdma_service_level") };
-        let verbs = IbVerbs::with_options(options);
-        let wanted = required || mode == "on" || !devices.is_empty();
-        if !wanted {
-            let usable = verbs.devices().is_ok_and(|d| d.iter().any(|d| d.ports.iter().any(|p| p.active)));
-            if !usable {
-                return builder;
-            }
-        }
-        builder.rdma(std::sync::Arc::new(verbs)).rdma_devices(devices)
+        let options = crate::rdma::IbOptions {
+            traffic_class: byte("rdma_traffic_class"),
+            service_level: byte("rdma_service_level"),
+        };
+        // The value was checked when set, so the mode parses.
+        with_rdma(builder.clone(), mode, devices, options).unwrap_or(builder)
     }
+}
+
+/// The RDMA choice every entry point shares (the config file and
+/// `KVRING_RDMA*`, Python's `Engine(rdma=...)`, the C ABI): `off` leaves
+/// `builder` alone; `on` gives it the real provider (the build then fails
+/// with the reason where there is no libibverbs or device); `auto` does so
+/// only where libibverbs lists a device with an active port. Named
+/// `devices` (empty names ignored) imply `on`: they are used or refused,
+/// never replaced by another NIC.
+pub fn with_rdma(
+    builder: EngineBuilder,
+    mode: &str,
+    devices: Vec<String>,
+    options: crate::rdma::IbOptions,
+) -> crate::error::Result<EngineBuilder> {
+    use crate::transport::rdma::ibverbs::IbVerbs;
+    use crate::transport::rdma::verbs::Verbs;
+    let devices: Vec<String> = devices.into_iter().map(|d| d.trim().to_string()).filter(|d| !d.is_empty()).collect();
+    let wanted = match mode {
+        "off" if devices.is_empty() => return Ok(builder),
+        "off" => return Err(crate::error::Error::invalid("rdma", "devices were named but rdma is off")),
+        "on" => true,
+        "auto" => !devices.is_empty(),
+        other => return Err(crate::error::Error::invalid("rdma", format!("{other:?} is not auto, on or off"))),
+    };
+    let verbs = IbVerbs::with_options(options);
+    if !wanted && !verbs.devices().is_ok_and(|d| d.iter().any(|d| d.ports.iter().any(|p| p.active))) {
+        return Ok(builder);
+    }
+    Ok(builder.rdma(std::sync::Arc::new(verbs)).rdma_devices(devices))
 }
 
 #[cfg(test)]

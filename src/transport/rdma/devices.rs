@@ -142,9 +142,9 @@ pub fn choose(
         return Err(Error::Device {
             device: "any".into(),
             reason: if listed.is_empty() {
-                "no RDMA device".into()
+                "no RDMA device with an active port (none listed)".into()
             } else {
-                format!("no active port on {}", names(listed))
+                format!("no RDMA device with an active port (listed: {})", names(listed))
             },
         });
     }
@@ -205,8 +205,8 @@ mod tests {
         assert!(missing.contains("mlx5_9") && missing.contains("no such RDMA device"), "{missing}");
         let down = choose(&listed, &["mlx5_1".to_string()], 8).unwrap_err().to_string();
         assert!(down.contains("mlx5_1") && down.contains("no active port"), "{down}");
-        assert!(choose(&[], &[], 8).unwrap_err().to_string().contains("no RDMA device"));
-        assert!(choose(&listed[2..3], &[], 8).unwrap_err().to_string().contains("no active port on mlx5_1"));
+        assert!(choose(&[], &[], 8).unwrap_err().to_string().contains("none listed"));
+        assert!(choose(&listed[2..3], &[], 8).unwrap_err().to_string().contains("active port (listed: mlx5_1)"));
     }
 
     #[test]
