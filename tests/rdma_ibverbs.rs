@@ -1,7 +1,7 @@
 //! The real verbs provider, `IbVerbs`, over the fake libibverbs of
 //! `tests/fakes/ibverbs` (loaded by the same `dlopen("libibverbs.so.1")`
 //! production uses). `.ci/stage-fakeverbs.sh` builds the fake and runs this
-//! file with `LD_LIBRARY_PATH` pointing at it, `KVRING_REQUIRE_FAKE_VERBS=1`
+//! file with `LD_LIBRARY_PATH` pointing at it, `FAKE_IBVERBS_REQUIRED=1`
 //! and the devices below; run without the fake, each test says so and
 //! returns (and fails when the stage asked for the fake).
 //!
@@ -27,7 +27,7 @@ fn fake() -> Option<IbVerbs> {
         return Some(verbs);
     }
     let why = "the fake libibverbs is not on LD_LIBRARY_PATH (run .ci/stage-fakeverbs.sh)";
-    assert!(std::env::var_os("KVRING_REQUIRE_FAKE_VERBS").is_none(), "{why}");
+    assert!(std::env::var_os("FAKE_IBVERBS_REQUIRED").is_none(), "{why}");
     eprintln!("skipped: {why}");
     None
 }

@@ -105,6 +105,8 @@ struct RegionKeys {
     /// The NICs its blocks go over (bit n: NIC n; 0: any): those nearest
     /// its GPU, for device memory.
     nics: u32,
+    /// Host memory the CPU may read (small writes from it go inline).
+    host: bool,
 }
 
 /// An engine's RDMA state.
@@ -138,6 +140,11 @@ impl LocalKeys<'_> {
     /// The NICs blocks of `region` go over (0: any).
     pub fn nics(&self, region: u32) -> u32 {
         self.0.get(&region).map_or(0, |k| k.nics)
+    }
+
+    /// Whether `region` is host memory (unknown: no).
+    pub fn host_memory(&self, region: u32) -> bool {
+        self.0.get(&region).is_some_and(|k| k.host)
     }
 }
 
@@ -207,7 +214,7 @@ impl RdmaNode {
     pub unsafe fn register_region(&self, id: RegionId, addr: u64, len: u64, access: Access) -> Result<()> {
         let rights = rights(access);
         let remote = rights.remote_write || rights.remote_read;
-        let mut keys = RegionKeys { addr, len, lkeys: Vec::new(), rkeys: Vec::new(), remote, nics: 0 };
+        let mut keys = RegionKeys { addr, len, lkeys: Vec::new(), rkeys: Vec::new(), remote, nics: 0, host: true };
         for nic in &self.nics {
             let mut mrs = nic.mrs.lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: forwarded from our caller.

@@ -6,7 +6,9 @@
 //!
 //! Devices: `FAKE_IBVERBS_DEVICES` = `name:ib|eth:mtu:active|down,...`
 //! (default `fakeroce0:eth:4096:active`). One port each. Faults:
-//! `FAKE_IBVERBS_QP_ERROR_AFTER=N` moves a QP to ERR at its Nth WR.
+//! `FAKE_IBVERBS_QP_ERROR_AFTER=N` moves a QP to ERR at its Nth WR;
+//! `FAKE_IBVERBS_QP_ERROR_FILE` / `FAKE_IBVERBS_PORT_DOWN_FILE`: while the
+//! named file exists, WRs fail (RETRY_EXC_ERR) / ports read as down.
 //!
 //! Error returns follow each page: functions "returning the value of
 //! errno" return it and leave errno set to an unrelated sentinel (EDOM),

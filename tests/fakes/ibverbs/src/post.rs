@@ -178,6 +178,13 @@ fn fail_after() -> Option<u64> {
     *N.get_or_init(|| std::env::var("FAKE_IBVERBS_QP_ERROR_AFTER").ok().and_then(|v| v.parse().ok()))
 }
 
+/// `FAKE_IBVERBS_QP_ERROR_FILE`: while that file exists, every WR posted
+/// fails as a link that stopped answering would (read at each post, so a
+/// test turns the fault on and off).
+fn fault_now() -> bool {
+    std::env::var_os("FAKE_IBVERBS_QP_ERROR_FILE").is_some_and(|p| std::path::Path::new(&p).exists())
+}
+
 unsafe fn to_error(qp: *mut ibv_qp) {
     let fake = &*(qp as *const FakeQp);
     (*qp).state = IBV_QPS_ERR;
@@ -235,7 +242,7 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, ba
         let nth = fake.wrs.fetch_add(1, Ordering::Relaxed) + 1;
         let status = if state == IBV_QPS_ERR {
             IBV_WC_WR_FLUSH_ERR
-        } else if fail_after().is_some_and(|n| nth >= n) {
+        } else if fail_after().is_some_and(|n| nth >= n) || fault_now() {
             IBV_WC_RETRY_EXC_ERR
         } else {
             execute(fake, w, inline_bytes.as_deref())
