@@ -236,27 +236,8 @@ pub unsafe extern "C" fn kvring_engine_create_with_token(
     token: *const c_char,
     out: *mut *mut KvringEngine,
 ) -> c_int {
-    guarded(|| {
-        if out.is_null() {
-            return Err(null("out"));
-        }
-        // SAFETY: per our contract.
-        let (name, listen) = unsafe { (text(name, "name")?, text(listen, "listen")?) };
-        // SAFETY: per our contract (checked for NULL first).
-        let token = if token.is_null() { None } else { Some(unsafe { text(token, "token")? }) };
-        let listen = listen.parse().map_err(|_| Error::invalid("listen", format!("{listen:?} is not ip:port")))?;
-        let mut builder = Engine::builder().name(name).listen(listen);
-        if lanes > 0 {
-            builder = builder.lanes(lanes as usize);
-        }
-        if let Some(token) = token {
-            builder = builder.token(token);
-        }
-        let engine = builder.build()?;
-        // SAFETY: `out` is valid (checked non-null, per our contract).
-        unsafe { *out = Box::into_raw(Box::new(KvringEngine(engine))) };
-        Ok(0)
-    })
+    // SAFETY: forwarded from our caller; NULL rdma settings mean "auto".
+    unsafe { kvring_engine_create_with_rdma(name, listen, lanes, token, std::ptr::null(), std::ptr::null(), out) }
 }
 
 /// As `kvring_engine_create_with_token`, choosing RDMA: `rdma` is "auto"

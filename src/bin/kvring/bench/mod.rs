@@ -109,6 +109,10 @@ fn parse(args: BenchArgs, config: &kvring::config::Config) -> Result<Options, St
         memory: args.memory,
         gpu: args.gpu,
     };
+    if options.transport == TransportKind::Rdma {
+        // Said in one line before anything starts: no library, or no device.
+        kvring::host::rdma_devices().map_err(|why| format!("--transport rdma: {why}"))?;
+    }
     if options.batch == 0 || options.inflight == 0 || options.total == 0 {
         return Err("--batch, --inflight and --total must be greater than zero".into());
     }
@@ -133,10 +137,6 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let mut options = parse(args, &config)?;
     if options.token_overhead {
         return overhead::token_overhead(&config, &options);
-    }
-    if options.transport == TransportKind::Rdma {
-        // Said in one line before anything starts: no library, or no device.
-        kvring::host::rdma_devices().map_err(|why| format!("--transport rdma: {why}"))?;
     }
     let (target, caller_shares) = own_target(&config, &options)?;
     let peer = options.peer.clone().unwrap_or_else(|| target.as_ref().expect("spawned").addr.clone());

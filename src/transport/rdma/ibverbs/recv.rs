@@ -138,9 +138,9 @@ pub(super) unsafe fn post_receives(srq: *mut ibv_srq, wr_ids: &[u64]) -> Result<
         .map(|&wr_id| ibv_recv_wr { wr_id, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 })
         .collect();
     let base = list.as_mut_ptr();
-    for i in 0..wr_ids.len().saturating_sub(1) {
+    for (i, wr) in list.iter_mut().enumerate().take(wr_ids.len().saturating_sub(1)) {
         // SAFETY: `i + 1 < len`.
-        list[i].next = unsafe { base.add(i + 1) };
+        wr.next = unsafe { base.add(i + 1) };
     }
     let mut bad = std::ptr::null_mut();
     // SAFETY: `srq` is live (our caller's contract); verbs.h's inline
