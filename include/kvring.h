@@ -144,6 +144,24 @@ int kvring_engine_create_with_token(const char *name,
                                     const char *token,
                                     kvring_engine **out);
 
+// As `kvring_engine_create_with_token`, choosing RDMA: `rdma` is "auto"
+// (RDMA where libibverbs lists a device with an active port; also what
+// NULL means), "on" (or the call fails, saying why) or "off";
+// `rdma_devices` names the NICs to use, comma-separated (NULL or "" for
+// every active one): each is used or the call fails naming it.
+//
+// # Safety
+//
+// `name` and `listen` are NUL-terminated strings; `token`, `rdma` and
+// `rdma_devices` are each one or NULL; `out` is a valid pointer.
+int kvring_engine_create_with_rdma(const char *name,
+                                   const char *listen,
+                                   uint32_t lanes,
+                                   const char *token,
+                                   const char *rdma,
+                                   const char *rdma_devices,
+                                   kvring_engine **out);
+
 // Shuts an engine down and frees it (null is ignored). Segments and
 // submitters made from it must be freed first.
 //

@@ -236,14 +236,41 @@ pub unsafe extern "C" fn kvring_engine_create_with_token(
     token: *const c_char,
     out: *mut *mut KvringEngine,
 ) -> c_int {
+    // SAFETY: forwarded from our caller; NULL rdma settings mean "auto".
+    unsafe { kvring_engine_create_with_rdma(name, listen, lanes, token, std::ptr::null(), std::ptr::null(), out) }
+}
+
+/// As `kvring_engine_create_with_token`, choosing RDMA: `rdma` is "auto"
+/// (RDMA where libibverbs lists a device with an active port; also what
+/// NULL means), "on" (or the call fails, saying why) or "off";
+/// `rdma_devices` names the NICs to use, comma-separated (NULL or "" for
+/// every active one): each is used or the call fails naming it.
+///
+/// # Safety
+///
+/// `name` and `listen` are NUL-terminated strings; `token`, `rdma` and
+/// `rdma_devices` are each one or NULL; `out` is a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn kvring_engine_create_with_rdma(
+    name: *const c_char,
+    listen: *const c_char,
+    lanes: u32,
+    token: *const c_char,
+    rdma: *const c_char,
+    rdma_devices: *const c_char,
+    out: *mut *mut KvringEngine,
+) -> c_int {
     guarded(|| {
         if out.is_null() {
             return Err(null("out"));
         }
         // SAFETY: per our contract.
         let (name, listen) = unsafe { (text(name, "name")?, text(listen, "listen")?) };
-        // SAFETY: per our contract (checked for NULL first).
-        let token = if token.is_null() { None } else { Some(unsafe { text(token, "token")? }) };
+        // SAFETY: per our contract (each checked for NULL first).
+        let optional = |p: *const c_char, what| if p.is_null() { Ok(None) } else { unsafe { text(p, what) }.map(Some) };
+        let token = optional(token, "token")?;
+        let mode = optional(rdma, "rdma")?.unwrap_or("auto");
+        let devices = optional(rdma_devices, "rdma_devices")?.unwrap_or("");
         let listen = listen.parse().map_err(|_| Error::invalid("listen", format!("{listen:?} is not ip:port")))?;
         let mut builder = Engine::builder().name(name).listen(listen);
         if lanes > 0 {
@@ -252,7 +279,8 @@ pub unsafe extern "C" fn kvring_engine_create_with_token(
         if let Some(token) = token {
             builder = builder.token(token);
         }
-        let engine = builder.build()?;
+        let devices = devices.split(',').map(str::to_string).collect();
+        let engine = crate::config::with_rdma(builder, mode, devices, crate::rdma::IbOptions::default())?.build()?;
         // SAFETY: `out` is valid (checked non-null, per our contract).
         unsafe { *out = Box::into_raw(Box::new(KvringEngine(engine))) };
         Ok(0)

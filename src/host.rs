@@ -26,32 +26,49 @@ pub fn locked_memory_needed(lanes: usize) -> u64 {
 /// Where shared-memory regions live.
 pub const SHM_DIR: &str = crate::mem::shm::SHM_DIR;
 
-/// RDMA devices the kernel lists (name, NUMA node, active ports and the GID
-/// index kvring would use), one line each, or why there are none.
+/// RDMA devices libibverbs lists (name, NUMA node, each port's state,
+/// link layer, MTU, GIDs and the GID index kvring would use), one line
+/// each, or in one line why there are none: no libibverbs, or no device.
 pub fn rdma_devices() -> Result<Vec<String>, String> {
-    use crate::transport::rdma::devices::{pick_gid, read_sysfs, SYSFS_ROOT};
-    let root = std::path::Path::new(SYSFS_ROOT);
-    if !root.is_dir() {
-        return Err(format!("no devices: {SYSFS_ROOT} does not exist"));
+    use crate::transport::rdma::ibverbs::IbVerbs;
+    use crate::transport::rdma::verbs::Verbs;
+    if let Some(why) = IbVerbs::unavailable() {
+        return Err(format!("libibverbs not found: {why}"));
     }
-    let devices = read_sysfs(root);
+    let devices = IbVerbs::new().devices().map_err(|e| e.to_string())?;
     if devices.is_empty() {
-        return Err(format!("no devices under {SYSFS_ROOT}"));
+        return Err("no RDMA device (libibverbs lists none)".into());
     }
-    Ok(devices
+    Ok(devices.iter().map(describe_device).collect())
+}
+
+/// One device as `kvring info` shows it.
+pub fn describe_device(d: &crate::transport::rdma::verbs::DeviceInfo) -> String {
+    use crate::transport::rdma::devices::pick_gid;
+    let ports: Vec<String> = d
+        .ports
         .iter()
-        .map(|d| {
-            let ports: Vec<String> = d
-                .ports
+        .map(|p| {
+            let gids: Vec<String> = p
+                .gids
                 .iter()
-                .filter(|p| p.active)
-                .map(|p| format!("port {} gid {:?} mtu {}", p.port, pick_gid(p), p.mtu))
+                .map(|(i, g, v2)| format!("{i}={}{}", std::net::Ipv6Addr::from(*g), if *v2 { " v2" } else { "" }))
                 .collect();
-            let numa = d.numa_node.map_or("numa ?".to_string(), |n| format!("numa {n}"));
-            let ports = if ports.is_empty() { "no active port".into() } else { ports.join(", ") };
-            format!("{} ({numa}; {ports})", d.name)
+            let state = if p.active { "active" } else { "down" };
+            let gid = pick_gid(p).map_or("none".to_string(), |g| g.to_string());
+            format!(
+                "port {} {state} {} mtu {} lid {} gid {gid} [{}]",
+                p.port,
+                p.link_layer,
+                p.mtu,
+                p.lid,
+                gids.join(" ")
+            )
         })
-        .collect())
+        .collect();
+    let numa = d.numa_node.map_or("numa ?".to_string(), |n| format!("numa {n}"));
+    let ports = if ports.is_empty() { "no port".into() } else { ports.join(", ") };
+    format!("{} ({numa}; {ports})", d.name)
 }
 
 /// GPUs the CUDA driver lists (ordinal, name, memory, PCI bus, NUMA node),

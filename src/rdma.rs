@@ -1,8 +1,8 @@
 //! The verbs interface an engine's RDMA transport runs on, for embedders and
 //! tests that give an engine a provider ([`EngineBuilder::rdma`]):
 //! [`SimVerbs`], an in-process simulator that checks keys and bounds and can
-//! inject faults, and (cargo feature `rdma`) `IbVerbs`, the real provider
-//! over rdma-sys. A provider of one's own implements [`Verbs`].
+//! inject faults, and [`IbVerbs`], the real provider over libibverbs
+//! (loaded at run time: a host without it gets an error saying so). A provider of one's own implements [`Verbs`].
 //! [`nearest`] is how an engine picks the NICs nearest a GPU, and
 //! [`DeviceMrStats`] what registering GPU memory with the NICs did.
 //!
@@ -12,9 +12,8 @@ pub use crate::transport::rdma::node::DeviceMrStats;
 pub use crate::transport::rdma::sim::{MrPath, SimVerbs};
 pub use crate::transport::rdma::topology::{nearest, nearness, Nearness};
 pub use crate::transport::rdma::verbs::{
-    Context, Cq, DeviceInfo, Mr, MrAccess, MrHandle, ObjectCounts, Pd, PortInfo, PostError, PostFailure, Qp, QpCaps,
-    QpEndpoint, QpTransition, SendWr, Srq, Verbs, Wc, WcStatus, WrOp,
+    Context, Cq, DeviceInfo, LinkLayer, Mr, MrAccess, MrHandle, ObjectCounts, Pd, PortInfo, PostError, PostFailure, Qp,
+    QpCaps, QpEndpoint, QpTransition, SendWr, Srq, Verbs, Wc, WcStatus, WrOp,
 };
 
-#[cfg(feature = "rdma")]
-pub use crate::transport::rdma::ibverbs::IbVerbs;
+pub use crate::transport::rdma::ibverbs::{IbOptions, IbVerbs};

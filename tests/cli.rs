@@ -55,10 +55,8 @@ fn version_names_the_features_built() {
     let output = kvring(&["--version"]);
     assert!(output.status.success());
     let line = stdout(&output);
-    let features: Vec<&str> = [("rdma", cfg!(feature = "rdma")), ("python", cfg!(feature = "python"))]
-        .into_iter()
-        .filter_map(|(name, on)| on.then_some(name))
-        .collect();
+    let features: Vec<&str> =
+        [("python", cfg!(feature = "python"))].into_iter().filter_map(|(name, on)| on.then_some(name)).collect();
     let features = if features.is_empty() { "none".to_string() } else { features.join(", ") };
     assert_eq!(line.trim(), format!("kvring {} (features: {features})", env!("CARGO_PKG_VERSION")));
 }
@@ -91,8 +89,7 @@ fn a_bad_transport_lists_the_transports_of_this_build() {
     let output = kvring(&["bench", "--transport", "carrier-pigeon"]);
     assert!(!output.status.success());
     let error = stderr(&output);
-    let expected =
-        if cfg!(feature = "rdma") { "shm, cuda_ipc, cma, tcp, null, rdma]" } else { "shm, cuda_ipc, cma, tcp, null]" };
+    let expected = "shm, cuda_ipc, cma, tcp, null, rdma]";
     assert!(error.contains("--transport") && error.contains("carrier-pigeon") && error.contains(expected), "{error}");
     // `info` lists the same ones.
     let info = stdout(&kvring(&["info"]));

@@ -53,6 +53,10 @@ pub enum Kind {
     Cores,
     /// `on` or `off` (`true`/`false` too).
     Switch,
+    /// `auto`, `on` or `off`.
+    Mode,
+    /// A whole number from 0 to 255.
+    Byte,
 }
 
 /// A switch's value: `on`/`true` or `off`/`false`.
@@ -118,6 +122,30 @@ pub const KEYS: &[Key] = &[
     Key { name: "segment_cache", kind: Kind::Count, default: Some("256"), help: "open segments kept (LRU)" },
     Key { name: "notify_queue", kind: Kind::Count, default: Some("4096"), help: "notifications queued" },
     Key { name: "region_size", kind: Kind::Size, default: Some("256MiB"), help: "region `kvring serve` exposes" },
+    Key {
+        name: "rdma",
+        kind: Kind::Mode,
+        default: Some("auto"),
+        help: "RDMA over libibverbs: auto (when a device has an active port), on (or fail), off",
+    },
+    Key {
+        name: "rdma_devices",
+        kind: Kind::Text,
+        default: None,
+        help: "RDMA devices to use, comma-separated (all if unset)",
+    },
+    Key {
+        name: "rdma_traffic_class",
+        kind: Kind::Byte,
+        default: Some("0"),
+        help: "RoCE GRH traffic class (DSCP << 2)",
+    },
+    Key {
+        name: "rdma_service_level",
+        kind: Kind::Byte,
+        default: Some("0"),
+        help: "InfiniBand service level / RoCE priority",
+    },
 ];
 
 /// Where a value came from.
@@ -178,6 +206,8 @@ fn check(key: &Key, value: &str) -> std::result::Result<(), String> {
         Kind::Metadata => MetadataMode::parse(value).is_ok(),
         Kind::Cores => crate::runtime::placement::parse_cpu_list(value).is_some_and(|c| !c.is_empty()),
         Kind::Switch => parse_switch(value).is_some(),
+        Kind::Mode => matches!(value, "auto" | "on" | "off"),
+        Kind::Byte => value.parse::<u8>().is_ok(),
     };
     if ok {
         return Ok(());
@@ -192,6 +222,8 @@ fn check(key: &Key, value: &str) -> std::result::Result<(), String> {
         Kind::Metadata => "P2PHANDSHAKE, etcd://, redis:// or http://host:port/metadata",
         Kind::Cores => "a CPU list such as 1 or 2-5,8",
         Kind::Switch => "on or off",
+        Kind::Mode => "auto, on or off",
+        Kind::Byte => "a whole number from 0 to 255",
     };
     Err(format!("{value:?} is not {expected}"))
 }
@@ -364,8 +396,55 @@ impl Config {
         if let Some(capacity) = self.count("notify_queue") {
             builder = builder.notify_queue(capacity);
         }
-        builder
+        self.rdma(builder, false)
     }
+
+    /// `builder` with the RDMA keys applied (see [`with_rdma`]); `required`
+    /// makes `auto` mean `on` (`kvring bench --transport rdma`).
+    pub fn rdma(&self, builder: EngineBuilder, required: bool) -> EngineBuilder {
+        let mode = match (self.get("rdma").unwrap_or("auto"), required) {
+            (_, true) => "on",
+            (mode, false) => mode,
+        };
+        let devices: Vec<String> = self.get("rdma_devices").unwrap_or("").split(',').map(str::to_string).collect();
+        let byte = |name| self.get(name).and_then(|v| v.parse::<u8>().ok()).unwrap_or(0);
+        let options = crate::rdma::IbOptions {
+            traffic_class: byte("rdma_traffic_class"),
+            service_level: byte("rdma_service_level"),
+        };
+        // The value was checked when set, so the mode parses.
+        with_rdma(builder.clone(), mode, devices, options).unwrap_or(builder)
+    }
+}
+
+/// The RDMA choice every entry point shares (the config file and
+/// `KVRING_RDMA*`, Python's `Engine(rdma=...)`, the C ABI): `off` leaves
+/// `builder` alone; `on` gives it the real provider (the build then fails
+/// with the reason where there is no libibverbs or device); `auto` does so
+/// only where libibverbs lists a device with an active port. Named
+/// `devices` (empty names ignored) imply `on`: they are used or refused,
+/// never replaced by another NIC.
+pub fn with_rdma(
+    builder: EngineBuilder,
+    mode: &str,
+    devices: Vec<String>,
+    options: crate::rdma::IbOptions,
+) -> crate::error::Result<EngineBuilder> {
+    use crate::transport::rdma::ibverbs::IbVerbs;
+    use crate::transport::rdma::verbs::Verbs;
+    let devices: Vec<String> = devices.into_iter().map(|d| d.trim().to_string()).filter(|d| !d.is_empty()).collect();
+    let wanted = match mode {
+        "off" if devices.is_empty() => return Ok(builder),
+        "off" => return Err(crate::error::Error::invalid("rdma", "devices were named but rdma is off")),
+        "on" => true,
+        "auto" => !devices.is_empty(),
+        other => return Err(crate::error::Error::invalid("rdma", format!("{other:?} is not auto, on or off"))),
+    };
+    let verbs = IbVerbs::with_options(options);
+    if !wanted && !verbs.devices().is_ok_and(|d| d.iter().any(|d| d.ports.iter().any(|p| p.active))) {
+        return Ok(builder);
+    }
+    Ok(builder.rdma(std::sync::Arc::new(verbs)).rdma_devices(devices))
 }
 
 #[cfg(test)]

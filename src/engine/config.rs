@@ -106,6 +106,10 @@ pub struct EngineConfig {
     /// A verbs provider: the engine then serves and uses RDMA on every
     /// device with an active port (see [`EngineBuilder::rdma`]).
     pub rdma: Option<Arc<dyn Verbs>>,
+    /// The RDMA devices to use, by name (empty: every device with an active
+    /// port); a named device that is missing or has no active port fails
+    /// the build with the reason (see [`EngineBuilder::rdma_devices`]).
+    pub rdma_devices: Vec<String>,
     /// A GPU provider, to tell device memory from host memory when a range
     /// is registered; `None` loads the CUDA driver at the first
     /// registration where one is installed (see [`EngineBuilder::gpu`]).
@@ -152,6 +156,7 @@ impl Default for EngineConfig {
             metrics_enabled: true,
             advertise: None,
             rdma: None,
+            rdma_devices: Vec::new(),
             gpu: None,
             gpu_device: None,
             rdma_probe_interval: DEFAULT_RDMA_PROBE_INTERVAL,
@@ -364,12 +369,20 @@ impl EngineBuilder {
         self
     }
 
-    /// Serves and uses RDMA through `verbs` (the real provider with the
-    /// `rdma` feature, or the simulated one): every region is registered
+    /// Serves and uses RDMA through `verbs` (the real provider,
+    /// `kvring::rdma::IbVerbs`, or the simulated one): every region is registered
     /// with each NIC, peers learn the keys in the handshake, and RDMA comes
     /// first in the transport order.
     pub fn rdma(mut self, verbs: Arc<dyn Verbs>) -> Self {
         self.config.rdma = Some(verbs);
+        self
+    }
+
+    /// Uses only these RDMA devices (Mooncake's `device_name` list, NCCL's
+    /// `NCCL_IB_HCA`): each must exist and have an active port, or the
+    /// engine is not built and the error names it. No other NIC is used.
+    pub fn rdma_devices<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.config.rdma_devices = names.into_iter().map(Into::into).filter(|n: &String| !n.is_empty()).collect();
         self
     }
 

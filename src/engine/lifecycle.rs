@@ -180,7 +180,7 @@ impl Engine {
             notifications: notifications.clone(),
             kv_layout: Mutex::new(None),
             rdma: match &config.rdma {
-                Some(verbs) => Some(Arc::new(RdmaNode::open(verbs.clone(), MAX_RDMA_NICS)?)),
+                Some(verbs) => Some(Arc::new(RdmaNode::open(verbs.clone(), &config.rdma_devices, MAX_RDMA_NICS)?)),
                 None => None,
             },
             cma: cma_export(&config, epoch),

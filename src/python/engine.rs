@@ -94,9 +94,12 @@ impl PyEngine {
     /// cluster's pre-shared token (proven, never sent), or None; `gpu` the
     /// GPU provider: None (the CUDA driver where installed, loaded at the
     /// first registration), "cuda" (the driver, now, or an error), or
-    /// "sim" (kvring's simulated GPUs: 2 of them, for tests).
+    /// "sim" (kvring's simulated GPUs: 2 of them, for tests). `rdma`:
+    /// "auto" (default: RDMA where libibverbs lists a device with an active
+    /// port), "on" (or an error saying why not) or "off"; `rdma_devices`
+    /// the NICs to use by name (used, or refused by name).
     #[new]
-    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None, gpu=None))]
+    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None, gpu=None, rdma=None, rdma_devices=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -108,6 +111,8 @@ impl PyEngine {
         pin: bool,
         token: Option<Vec<u8>>,
         gpu: Option<&str>,
+        rdma: Option<&str>,
+        rdma_devices: Option<Vec<String>>,
     ) -> PyResult<Self> {
         let listen = listen
             .parse()
@@ -137,6 +142,10 @@ impl PyEngine {
         if let Some(sim) = &sim {
             builder = builder.gpu(sim.clone());
         }
+        let (mode, devices) = (rdma.unwrap_or("auto"), rdma_devices.unwrap_or_default());
+        builder = py
+            .allow_threads(|| crate::config::with_rdma(builder, mode, devices, crate::rdma::IbOptions::default()))
+            .map_err(raise)?;
         let engine = py.allow_threads(|| builder.build()).map_err(raise)?;
         let submitter = engine.submitter().map_err(raise)?;
         let (name, control_addr) = (engine.name().to_string(), engine.control_addr().to_string());

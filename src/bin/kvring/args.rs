@@ -69,7 +69,7 @@ pub struct BenchArgs {
     /// Lanes (poller threads) of this engine [default: the configuration's `lanes`].
     #[arg(long, value_name = "N")]
     pub lanes: Option<usize>,
-    /// Transport to move blocks over [default: shm; cuda_ipc with GPU memory; cma serves the target's own memory] (rdma needs the `rdma` feature and a NIC).
+    /// Transport to move blocks over [default: shm; cuda_ipc with GPU memory; cma serves the target's own memory] (rdma needs libibverbs and a device with an active port).
     #[arg(long, value_parser = transport_parser())]
     pub transport: Option<TransportKind>,
     /// Memory of each end, LOCAL[,REMOTE]: `host` or `gpu[:N]` (one value for both) [default: host].
@@ -319,17 +319,16 @@ fn value_name(name: &str, kind: Kind) -> String {
         Kind::Metadata => "MODE".into(),
         Kind::Cores => "CPUS".into(),
         Kind::Switch => "on|off".into(),
+        Kind::Mode => "auto|on|off".into(),
+        Kind::Byte => "0-255".into(),
     }
 }
 
 /// The transports this build can use, in the order every message lists
-/// them: rdma only when built with the `rdma` feature.
+/// them (rdma is in every build: whether this host can use it is said
+/// when it is asked for).
 pub fn transports() -> Vec<&'static str> {
-    let mut names = vec!["shm", "cuda_ipc", "cma", "tcp", "null"];
-    if cfg!(feature = "rdma") {
-        names.push("rdma");
-    }
-    names
+    vec!["shm", "cuda_ipc", "cma", "tcp", "null", "rdma"]
 }
 
 /// `--transport`: one of [`transports`]; an error lists them.
@@ -346,10 +345,7 @@ fn model_parser() -> impl TypedValueParser<Value = crate::models::Model> {
 
 /// The cargo features this binary was built with.
 fn features() -> Vec<&'static str> {
-    [("rdma", cfg!(feature = "rdma")), ("python", cfg!(feature = "python"))]
-        .into_iter()
-        .filter_map(|(name, on)| on.then_some(name))
-        .collect()
+    [("python", cfg!(feature = "python"))].into_iter().filter_map(|(name, on)| on.then_some(name)).collect()
 }
 
 /// `kvring --version`: `0.1.0 (features: rdma)`, or `(features: none)`.

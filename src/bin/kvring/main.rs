@@ -84,7 +84,7 @@ fn info(args: InfoArgs) -> Result<(), String> {
             "lanes": cores.iter().enumerate().map(|(lane, core)| serde_json::json!({ "lane": lane, "core": core }))
                 .collect::<Vec<_>>(),
             "metadata": metadata,
-            "rdma": { "built": cfg!(feature = "rdma"), "devices": rdma.as_ref().ok(), "reason": rdma.as_ref().err() },
+            "rdma": { "devices": rdma.as_ref().ok(), "reason": rdma.as_ref().err() },
             "gpus": { "devices": gpus.as_ref().ok(), "reason": gpus.as_ref().err() },
             "gpu_nics": { "choices": gpu_nics.as_ref().ok(), "reason": gpu_nics.as_ref().err() },
             "host": {
@@ -113,11 +113,9 @@ fn info(args: InfoArgs) -> Result<(), String> {
         .collect();
     println!("lanes:            {}", lanes.join(", "));
     println!("metadata:         {metadata}");
-    let built =
-        if cfg!(feature = "rdma") { "verbs provider built" } else { "not in this build (cargo feature `rdma`)" };
     match &rdma {
-        Ok(devices) => println!("rdma:             {built}; devices: {}", devices.join("; ")),
-        Err(reason) => println!("rdma:             {built}; {reason}"),
+        Ok(devices) => println!("rdma:             {}", devices.join("; ")),
+        Err(reason) => println!("rdma:             {reason}"),
     }
     match &gpus {
         Ok(devices) => println!("gpus:             {}", devices.join("; ")),

@@ -3,7 +3,7 @@
 //! NUMA node, one poller per NIC queue pair. Pure functions over data, so
 //! they are tested on synthetic topologies and synthetic sysfs trees.
 
-use super::verbs::{DeviceInfo, PortInfo};
+use super::verbs::{DeviceInfo, LinkLayer, PortInfo};
 use std::net::Ipv6Addr;
 use std::path::Path;
 
@@ -64,7 +64,12 @@ fn read_port(port: u8, dir: &Path) -> PortInfo {
                 .and_then(|mtu| mtu.parse::<u32>().ok());
         }
     }
-    PortInfo { port, active, mtu: path_mtu(netdev_mtu), lid, gids }
+    let link_layer = match read_trimmed(&dir.join("link_layer")).as_deref() {
+        Some("Ethernet") => LinkLayer::Ethernet,
+        Some("InfiniBand") => LinkLayer::InfiniBand,
+        _ => LinkLayer::Unspecified,
+    };
+    PortInfo { port, active, mtu: path_mtu(netdev_mtu), lid, gids, link_layer }
 }
 
 /// The largest InfiniBand path MTU (256..=4096) that fits the Ethernet MTU
@@ -87,6 +92,77 @@ pub fn pick_gid(port: &PortInfo) -> Option<u8> {
         .map(|(index, _, _)| *index)
 }
 
+/// The devices an engine opens, with the port each uses: those `wanted`
+/// (by name, each with an active port, or the error says which and why),
+/// else every device with an active port in natural name order, all of the
+/// first one's link layer (an InfiniBand NIC cannot reach a RoCE one, so a
+/// host with both uses one kind and logs the others). At most `max`.
+pub fn choose(
+    listed: &[DeviceInfo],
+    wanted: &[String],
+    max: usize,
+) -> crate::error::Result<Vec<(DeviceInfo, PortInfo)>> {
+    use crate::error::Error;
+    let mut chosen = Vec::new();
+    if !wanted.is_empty() {
+        for name in wanted {
+            let device = listed.iter().find(|d| &d.name == name).ok_or_else(|| Error::Device {
+                device: name.clone(),
+                reason: format!(
+                    "no such RDMA device (listed: {})",
+                    if listed.is_empty() { "none".into() } else { names(listed) }
+                ),
+            })?;
+            let port = device
+                .ports
+                .iter()
+                .find(|p| p.active)
+                .ok_or_else(|| Error::Device { device: name.clone(), reason: "no active port".into() })?;
+            chosen.push((device.clone(), port.clone()));
+        }
+        if chosen.len() > max {
+            return Err(Error::Device { device: wanted.join(","), reason: format!("at most {max} RDMA devices") });
+        }
+        return Ok(chosen);
+    }
+    let mut sorted: Vec<&DeviceInfo> = listed.iter().collect();
+    sorted.sort_by(|a, b| natural(&a.name).cmp(&natural(&b.name)));
+    let mut layer = None;
+    for device in sorted {
+        let Some(port) = device.ports.iter().find(|p| p.active) else { continue };
+        if *layer.get_or_insert(port.link_layer) != port.link_layer {
+            tracing::info!(device = %device.name, link_layer = %port.link_layer, "skipped: another link layer than the first NIC's");
+            continue;
+        }
+        if chosen.len() < max {
+            chosen.push((device.clone(), port.clone()));
+        }
+    }
+    if chosen.is_empty() {
+        return Err(Error::Device {
+            device: "any".into(),
+            reason: if listed.is_empty() {
+                "no RDMA device with an active port (none listed)".into()
+            } else {
+                format!("no RDMA device with an active port (listed: {})", names(listed))
+            },
+        });
+    }
+    Ok(chosen)
+}
+
+fn names(listed: &[DeviceInfo]) -> String {
+    listed.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ")
+}
+
+/// A name's sort key with its trailing number as a number, so `mlx5_2`
+/// sorts before `mlx5_10`.
+pub fn natural(name: &str) -> (&str, u64) {
+    let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let (stem, number) = name.split_at(name.len() - digits);
+    (stem, number.parse().unwrap_or(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,6 +180,33 @@ mod tests {
         assert_eq!(path_mtu(Some(1500)), 1024);
         assert_eq!(path_mtu(Some(100)), 256);
         assert_eq!(path_mtu(None), 4096);
+    }
+
+    #[test]
+    fn devices_are_chosen_by_name_active_port_and_link_layer_in_natural_order() {
+        let dev = |name: &str, active: bool, layer: LinkLayer| {
+            let mut d = SimVerbs::device(name, None);
+            d.ports[0].active = active;
+            d.ports[0].link_layer = layer;
+            d
+        };
+        let listed = vec![
+            dev("mlx5_10", true, LinkLayer::Ethernet),
+            dev("mlx5_2", true, LinkLayer::Ethernet),
+            dev("mlx5_1", false, LinkLayer::Ethernet),
+            dev("mlx5_3", true, LinkLayer::InfiniBand),
+        ];
+        let all: Vec<String> = choose(&listed, &[], 8).unwrap().into_iter().map(|(d, _)| d.name).collect();
+        assert_eq!(all, ["mlx5_2", "mlx5_10"], "natural order, active ports, one link layer");
+        assert_eq!(choose(&listed, &[], 1).unwrap().len(), 1);
+        let named = choose(&listed, &["mlx5_3".to_string()], 8).unwrap();
+        assert_eq!((named[0].0.name.as_str(), named[0].1.link_layer), ("mlx5_3", LinkLayer::InfiniBand));
+        let missing = choose(&listed, &["mlx5_9".to_string()], 8).unwrap_err().to_string();
+        assert!(missing.contains("mlx5_9") && missing.contains("no such RDMA device"), "{missing}");
+        let down = choose(&listed, &["mlx5_1".to_string()], 8).unwrap_err().to_string();
+        assert!(down.contains("mlx5_1") && down.contains("no active port"), "{down}");
+        assert!(choose(&[], &[], 8).unwrap_err().to_string().contains("none listed"));
+        assert!(choose(&listed[2..3], &[], 8).unwrap_err().to_string().contains("active port (listed: mlx5_1)"));
     }
 
     #[test]

@@ -88,6 +88,9 @@ impl Keys for LinkKeys<'_> {
     fn nics(&self, region: u32) -> u32 {
         self.local.nics(region)
     }
+    fn host_memory(&self, region: u32) -> bool {
+        self.local.host_memory(region)
+    }
 }
 
 fn wc_error(peer: &str, status: WcStatus) -> Error {

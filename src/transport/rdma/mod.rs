@@ -2,8 +2,8 @@
 //! ([`verbs`]), a simulated provider that runs in-process ([`sim`]), device
 //! discovery and lane placement ([`devices`]), turning blocks into work
 //! requests ([`post`]), per-PD memory registration ([`mr_cache`]), and the
-//! NICs nearest a GPU ([`topology`]). The real provider over rdma-sys is
-//! behind the cargo feature `rdma`.
+//! NICs nearest a GPU ([`topology`]). The real provider, [`ibverbs`],
+//! loads libibverbs at run time and is in every build.
 //!
 //! [`node`] is an engine's RDMA side (NICs, PDs, per-region MRs, QPs it
 //! accepted), and [`link`] the `Link` the lanes drive.
@@ -17,5 +17,4 @@ pub mod sim;
 pub mod topology;
 pub mod verbs;
 
-#[cfg(feature = "rdma")]
 pub mod ibverbs;

@@ -55,6 +55,14 @@ pub trait Keys {
     fn nics(&self, _region: u32) -> u32 {
         0
     }
+    /// Whether local region `region` is host memory the CPU may read: only
+    /// then may a small write go inline, since inline data is copied by the
+    /// CPU inside `ibv_post_send` (ibv_post_send(3) IBV_SEND_INLINE; mlx5
+    /// `set_data_inl_seg`), and a device address there faults or reads
+    /// garbage (review finding 2). Unknown: not host.
+    fn host_memory(&self, _region: u32) -> bool {
+        false
+    }
 }
 
 /// The first NIC from `from` on (round robin over `nics`) that `mask`
@@ -104,7 +112,7 @@ pub fn build(
             remote_addr,
             rkey: keys.rkey(nic, remote_region),
             signaled: count.is_multiple_of(config.signal_every.max(1)),
-            inline: op.writes() && len <= u64::from(config.max_inline),
+            inline: op.writes() && len <= u64::from(config.max_inline) && keys.host_memory(local_region),
         });
         seq += 1;
         nic = (nic + 1) % nics;
@@ -162,7 +170,13 @@ mod tests {
         fn rkey(&self, nic: usize, region: u32) -> u32 {
             0x1000 * (nic as u32 + 1) + region
         }
+        fn host_memory(&self, region: u32) -> bool {
+            region != DEVICE_REGION
+        }
     }
+
+    /// The local region the tests treat as device memory.
+    const DEVICE_REGION: u32 = 9;
 
     fn block(local: u64, remote: u64, len: u64, regions: (u32, u32)) -> KeyedBlock {
         KeyedBlock { local_addr: local, remote_addr: remote, len, local_region: regions.0, remote_region: regions.1 }
@@ -249,5 +263,8 @@ mod tests {
         let mut out = vec![Vec::new()];
         build(WrOp::Write, &[block(0, 0, 65, (1, 1))], &config, &TestKeys, |s| s, &mut out);
         assert!(!out[0][0].inline, "65 bytes is past the inline limit");
+        let device = [block(0, 0, 64, (DEVICE_REGION, 0))];
+        build(WrOp::Write, &device, &config, &TestKeys, |s| s, &mut out);
+        assert!(!out[0][0].inline, "device memory is never posted inline, however small");
     }
 }

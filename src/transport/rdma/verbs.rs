@@ -86,6 +86,31 @@ pub struct PortInfo {
     pub lid: u16,
     /// GID table: index, GID, and whether it is RoCE v2.
     pub gids: Vec<(u8, [u8; 16], bool)>,
+    /// What the port runs over (ibv_query_port(3) `link_layer`).
+    pub link_layer: LinkLayer,
+}
+
+/// A port's link layer: devices are chosen by it, and two NICs are paired
+/// only when theirs agree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LinkLayer {
+    /// InfiniBand (routed by LID).
+    InfiniBand,
+    /// Ethernet: RoCE (routed by GID).
+    Ethernet,
+    /// Not reported (older kernels and providers report InfiniBand so).
+    #[default]
+    Unspecified,
+}
+
+impl std::fmt::Display for LinkLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LinkLayer::InfiniBand => "InfiniBand",
+            LinkLayer::Ethernet => "Ethernet",
+            LinkLayer::Unspecified => "unspecified",
+        })
+    }
 }
 
 /// A device as listed.

@@ -109,6 +109,10 @@ fn parse(args: BenchArgs, config: &kvring::config::Config) -> Result<Options, St
         memory: args.memory,
         gpu: args.gpu,
     };
+    if options.transport == TransportKind::Rdma {
+        // Said in one line before anything starts: no library, or no device.
+        kvring::host::rdma_devices().map_err(|why| format!("--transport rdma: {why}"))?;
+    }
     if options.batch == 0 || options.inflight == 0 || options.total == 0 {
         return Err("--batch, --inflight and --total must be greater than zero".into());
     }
@@ -384,6 +388,9 @@ fn spawn_target(options: &Options, cores: &[usize]) -> Result<crate::serve::Targ
             None => Vec::new(),
         },
     };
+    if options.transport == TransportKind::Rdma {
+        extra.extend(["--rdma".to_string(), "on".to_string()]);
+    }
     if !cores.is_empty() {
         extra.extend(["--cores".to_string(), cores.iter().map(usize::to_string).collect::<Vec<_>>().join(",")]);
     }
@@ -436,6 +443,9 @@ fn initiator(
     caller_shares: bool,
 ) -> Result<Engine, String> {
     let mut builder = config.builder().name("bench-initiator").lanes(options.lanes);
+    if options.transport == TransportKind::Rdma {
+        builder = config.rdma(builder, true);
+    }
     if caller_shares {
         builder = builder.wait_backoff(kvring::BackoffPolicy { spin: Duration::ZERO, ..Default::default() });
     }

@@ -68,7 +68,7 @@ impl RdmaNode {
         let base = rights(access);
         let nics = self.nearest_mask(gpu, ordinal);
         let remote = base.remote_write || base.remote_read;
-        let mut keys = RegionKeys { addr, len, lkeys: Vec::new(), rkeys: Vec::new(), remote, nics };
+        let mut keys = RegionKeys { addr, len, lkeys: Vec::new(), rkeys: Vec::new(), remote, nics, host: false };
         // One dma-buf for every NIC: each registration takes its own reference.
         let dmabuf = gpu.export_dmabuf(addr, len).map_err(|e| e.to_string());
         let mut made = Vec::with_capacity(self.nics.len());

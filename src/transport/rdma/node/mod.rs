@@ -12,7 +12,7 @@ mod recv;
 
 pub use device::DeviceMrStats;
 
-use super::devices::pick_gid;
+use super::devices::{choose, pick_gid};
 use super::mr_cache::MrCache;
 use super::verbs::*;
 use crate::auth::Initiator;
@@ -105,6 +105,8 @@ struct RegionKeys {
     /// The NICs its blocks go over (bit n: NIC n; 0: any): those nearest
     /// its GPU, for device memory.
     nics: u32,
+    /// Host memory the CPU may read (small writes from it go inline).
+    host: bool,
 }
 
 /// An engine's RDMA state.
@@ -139,17 +141,20 @@ impl LocalKeys<'_> {
     pub fn nics(&self, region: u32) -> u32 {
         self.0.get(&region).map_or(0, |k| k.nics)
     }
+
+    /// Whether `region` is host memory (unknown: no).
+    pub fn host_memory(&self, region: u32) -> bool {
+        self.0.get(&region).is_some_and(|k| k.host)
+    }
 }
 
 impl RdmaNode {
-    /// Opens every device with an active port (at most `max_nics`).
-    pub fn open(verbs: Arc<dyn Verbs>, max_nics: usize) -> Result<Self> {
+    /// Opens the devices `wanted` (empty: every device with an active
+    /// port of one link layer; at most `max_nics`: see [`choose`]).
+    pub fn open(verbs: Arc<dyn Verbs>, wanted: &[String], max_nics: usize) -> Result<Self> {
         let mut nics = Vec::new();
-        for device in verbs.devices()? {
-            if nics.len() >= max_nics {
-                break;
-            }
-            let Some(port) = device.ports.iter().find(|p| p.active) else { continue };
+        for (device, port) in choose(&verbs.devices()?, wanted, max_nics)? {
+            let port = &port;
             let gid_index = pick_gid(port).unwrap_or(0);
             let context = verbs.open(&device.name)?;
             let pd = verbs.alloc_pd(context)?;
@@ -209,7 +214,7 @@ impl RdmaNode {
     pub unsafe fn register_region(&self, id: RegionId, addr: u64, len: u64, access: Access) -> Result<()> {
         let rights = rights(access);
         let remote = rights.remote_write || rights.remote_read;
-        let mut keys = RegionKeys { addr, len, lkeys: Vec::new(), rkeys: Vec::new(), remote, nics: 0 };
+        let mut keys = RegionKeys { addr, len, lkeys: Vec::new(), rkeys: Vec::new(), remote, nics: 0, host: true };
         for nic in &self.nics {
             let mut mrs = nic.mrs.lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: forwarded from our caller.

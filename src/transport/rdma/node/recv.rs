@@ -59,8 +59,10 @@ impl Receiver for ArrivalReceiver {
                 }
                 self.repost.clear();
                 for wc in &self.wcs[..polled] {
-                    // A flushed receive (its QP failed) placed nothing.
-                    if let (WcStatus::Success, Some(tag)) = (wc.status, wc.imm) {
+                    // A flushed receive (its QP failed) placed nothing, and a
+                    // zero-length WRITE_WITH_IMM placed no bytes: neither
+                    // counts as an arrival.
+                    if let (WcStatus::Success, Some(tag), 1..) = (wc.status, wc.imm, wc.byte_len) {
                         self.arrivals.land(tag, u64::from(wc.byte_len));
                     }
                     // Only receives of this node complete here, and each
@@ -69,7 +71,11 @@ impl Receiver for ArrivalReceiver {
                         self.repost.push(wc.wr_id);
                     }
                 }
-                let _ = verbs.post_srq_recv(srq, &self.repost);
+                // A receive not re-posted is gone from the SRQ for good (RNR
+                // stalls later): say so rather than drop it (finding 17).
+                if let Err(error) = verbs.post_srq_recv(srq, &self.repost) {
+                    tracing::warn!(device = %nic.name, %error, lost = self.repost.len(), "re-posting receives failed");
+                }
                 taken += polled;
             }
         }

@@ -295,6 +295,7 @@ impl SimVerbs {
                 mtu: 4096,
                 lid: 0,
                 gids: vec![(0, [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], false), (1, v2, true)],
+                link_layer: LinkLayer::Ethernet,
             }],
         }
     }

@@ -1,0 +1,60 @@
+//! Faults on the real provider over the fake libibverbs (see
+//! tests/rdma_ibverbs.rs for how it is loaded): a QP that goes to error
+//! mid-batch fails that batch with the reason, and the link is rebuilt when
+//! the segment is opened again. One test in its own binary, because the fault is
+//! process-wide (a file the fake checks at every post).
+
+mod common;
+
+use common::{pattern, WAIT};
+use kvring::rdma::{IbVerbs, Verbs};
+use kvring::{Batch, BlockDesc, Outcome, RegionInfo};
+use std::sync::Arc;
+
+#[test]
+fn a_qp_error_mid_batch_fails_the_batch_with_the_reason_and_the_next_batch_reconnects() {
+    let fault = std::env::temp_dir().join(format!("kvring-fake-qp-error-{}", std::process::id()));
+    // Read by the fake at each post; set before any verb runs.
+    std::env::set_var("FAKE_IBVERBS_QP_ERROR_FILE", &fault);
+    let listed = IbVerbs::new().devices().map(|d| d.iter().any(|d| d.name == "fakeroce0")).unwrap_or(false);
+    if !listed {
+        let why = "the fake libibverbs is not on LD_LIBRARY_PATH (run .ci/stage-fakeverbs.sh)";
+        assert!(std::env::var_os("FAKE_IBVERBS_REQUIRED").is_none(), "{why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let engine = |name| common::builder(name).rdma(Arc::new(IbVerbs::new())).rdma_devices(["fakeroce0"]).build();
+    let target = engine("fault-decode").unwrap();
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let initiator = engine("fault-prefill").unwrap();
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    local.fill_pattern(2);
+    let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
+    let descs: Vec<BlockDesc> =
+        (0..64).map(|i| BlockDesc::new(local.id(), i * 16384, remote.id(), i * 16384, 8192)).collect();
+    let mut sub = initiator.submitter().unwrap();
+    let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+    assert!(sub.wait(id, WAIT).unwrap().is_done());
+
+    std::fs::write(&fault, b"on").unwrap();
+    let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+    let outcome = sub.wait(id, WAIT).unwrap();
+    std::fs::remove_file(&fault).unwrap();
+    let Outcome::Failed(error) = outcome else { panic!("a QP in error fails its batch: {outcome:?}") };
+    assert!(error.to_string().contains("RetryExceeded"), "the reason is named: {error}");
+
+    // The segment says the peer must be opened again (kvring's contract
+    // after a failed link); reopened, the link is rebuilt and lands whole.
+    let stale = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap_err();
+    assert!(stale.to_string().contains("open it again"), "{stale}");
+    let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
+    let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+    let outcome = sub.wait(id, WAIT).unwrap();
+    assert!(outcome.is_done(), "{outcome:?}");
+    let source = pattern(1 << 20, 2);
+    let mut got = vec![0u8; 1 << 20];
+    remote.read_at(0, &mut got).unwrap();
+    for i in 0..64usize {
+        assert_eq!(got[i * 16384..i * 16384 + 8192], source[i * 16384..i * 16384 + 8192]);
+    }
+}
