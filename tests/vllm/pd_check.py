@@ -150,11 +150,15 @@ def nixl_bad_input(pa, dec, models, prompts, ref, tally):
     try:
         params = disagg_nixl(pa, dec, prompt, MAX_TOKENS, only_prefill=True)
         params = dict(params, remote_port=hole.getsockname()[1], remote_engine_id=str(uuid.uuid4()))
+        mark = dec.log_mark()
         start = time.monotonic()
         got = complete(dec.url, prompt, MAX_TOKENS, kv_transfer_params=params, timeout=120)
         waited = time.monotonic() - start
         tally.check("nixl: a side channel that does not answer gives an error, not a hang",
                     "error" in got, f"after {waited:.1f} s: {got!r}")
+        logged = [l for l in dec.log_since(mark).splitlines() if "due to KV load failure" in l]
+        tally.check("nixl: vLLM's kv_load_failure_policy saw the failed handshake", bool(logged),
+                    logged[0].split("] ", 1)[-1] if logged else "no 'KV load failure' line in decode's log")
     finally:
         hole.close()
     healthy_after(dec, pa, models, prompt, want, tally, "an unanswered handshake")
@@ -177,11 +181,16 @@ def nixl_bad_input(pa, dec, models, prompts, ref, tally):
     # A prefill that restarted: its blocks and its engine id are gone.
     params = disagg_nixl(pa, dec, prompt, MAX_TOKENS, only_prefill=True)
     pa.restart()
+    mark = dec.log_mark()
     start = time.monotonic()
     got = complete(dec.url, prompt, MAX_TOKENS, kv_transfer_params=params, timeout=120)
     waited = time.monotonic() - start
     tally.check("nixl: decode asking a restarted prefill for its blocks gets an error, not a hang",
                 "error" in got, f"after {waited:.1f} s: {got!r}")
+    # vLLM's scheduler logs each request its kv_load_failure_policy fails.
+    logged = [l for l in dec.log_since(mark).splitlines() if "due to KV load failure" in l]
+    tally.check("nixl: vLLM's kv_load_failure_policy saw the failed load", bool(logged),
+                logged[0].split("] ", 1)[-1] if logged else "no 'KV load failure' line in decode's log")
     healthy_after(dec, pa, models, prompt, want, tally, "a prefill restart")
 
 

@@ -15,6 +15,7 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHIMS = {"kvring-nixl": os.path.join(HERE, "shims", "nixl"), "kvring-mooncake": os.path.join(HERE, "shims", "mooncake")}
+CPU_ACCELERATOR_SHIM = os.path.join(HERE, "shims", "cpu_accelerator")
 SERVED_NAME = "tiny"
 READY_DEADLINE_S = 300  # a server takes 20-50 s here; more with four starting on two cores
 NUM_WORDS = 508
@@ -81,6 +82,9 @@ class Server:
             env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.side_port))
         if self.connector == "mooncake":
             env.update(VLLM_MOONCAKE_BOOTSTRAP_PORT=str(self.side_port))
+            # vLLM's MooncakeConnector asks torch for an accelerator it does
+            # not use on CPU (see shims/cpu_accelerator/sitecustomize.py).
+            paths.append(CPU_ACCELERATOR_SHIM)
         if self.connector and self.impl == "kvring":
             paths.insert(0, SHIMS["kvring-mooncake" if self.connector == "mooncake" else "kvring-nixl"])
         inherited = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -147,6 +151,18 @@ class Server:
         self.engine_id = f"{self.name}-{uuid.uuid4().hex[:8]}"
         self.start()
         self.wait_ready()
+
+    def log_mark(self):
+        """Where the log ends now, for ``log_since``."""
+        try:
+            return os.path.getsize(self.log_path)
+        except OSError:
+            return 0
+
+    def log_since(self, mark):
+        with open(self.log_path, "rb") as f:
+            f.seek(mark)
+            return f.read().decode(errors="replace")
 
     def metrics(self):
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as resp:
