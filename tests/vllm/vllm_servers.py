@@ -200,7 +200,7 @@ def stop_all(servers):
         s.stop()
 
 
-def complete(url, prompt, max_tokens, kv_transfer_params=None, timeout=120):
+def complete(url, prompt, max_tokens, kv_transfer_params=None, timeout=120, request_id=None):
     """One /v1/completions request, greedy. Returns the text and
     kv_transfer_params, or {"error": ...} (an HTTP error's body, or "client
     timeout" when the client gave up first)."""
@@ -208,8 +208,12 @@ def complete(url, prompt, max_tokens, kv_transfer_params=None, timeout=120):
             "ignore_eos": True, "stream": False}
     if kv_transfer_params is not None:
         body["kv_transfer_params"] = kv_transfer_params
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if request_id is not None:
+        # As vLLM's toy proxy: one id for both steps (the push connector
+        # matches prefill's blocks to decode's registration by it).
+        headers["X-Request-Id"] = request_id
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(), headers=headers)
     start = time.perf_counter()
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -229,8 +233,10 @@ def complete(url, prompt, max_tokens, kv_transfer_params=None, timeout=120):
 
 def disagg_nixl(prefill, decode, prompt, max_tokens, only_prefill=False):
     """vLLM's toy proxy for NixlConnector: prefill (max_tokens=1,
-    do_remote_decode), then decode with the kv_transfer_params it returned."""
-    first = complete(prefill.url, prompt, 1, kv_transfer_params={
+    do_remote_decode), then decode with the kv_transfer_params it returned,
+    both under one X-Request-Id."""
+    request_id = uuid.uuid4().hex
+    first = complete(prefill.url, prompt, 1, request_id=request_id, kv_transfer_params={
         "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
         "remote_block_ids": None, "remote_host": None, "remote_port": None})
     if "error" in first:
@@ -240,7 +246,7 @@ def disagg_nixl(prefill, decode, prompt, max_tokens, only_prefill=False):
         return params
     if not params:
         return {"error": f"prefill returned no kv_transfer_params: {first!r}"}
-    return complete(decode.url, prompt, max_tokens, kv_transfer_params=params)
+    return complete(decode.url, prompt, max_tokens, kv_transfer_params=params, request_id=request_id)
 
 
 def disagg_mooncake(prefill, decode, prompt, max_tokens, only_prefill=False):
