@@ -58,13 +58,11 @@ run "$venv/bin/pip" install -q --no-deps --force-reinstall .
 
 failed=0
 passed=0
-count() {  # count LOG: adds a closing "N passed, N failed" (pytest or ours) to the totals
-    local line p f
+count() {  # count LOG: adds its closing "N passed, N failed" (pytest's or ours) to the totals
+    local line
     line=$(grep -E '[0-9]+ (passed|failed)' "$1" | tail -1 || true)
-    p=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+' || echo 0)
-    f=$(grep -oE '[0-9]+ (failed|errors?)' <<<"$line" | awk '{s += $1} END {print s + 0}')
-    passed=$((passed + ${p:-0}))
-    failed=$((failed + ${f:-0}))
+    passed=$((passed + $(awk '{for (i = 1; i < NF; i++) if ($(i + 1) ~ /^passed/) s += $i} END {print s + 0}' <<<"$line")))
+    failed=$((failed + $(awk '{for (i = 1; i < NF; i++) if ($(i + 1) ~ /^(failed|errors?)/) s += $i} END {print s + 0}' <<<"$line")))
 }
 
 step "Mooncake's own transfer-engine tests on kvring.mooncake (mooncake.engine switched by PYTHONPATH)"
