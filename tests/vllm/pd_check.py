@@ -121,6 +121,13 @@ def run_connector(kind, models, workdir, ports, prompts, ref, tally, bad_input, 
         for s in servers:
             s.wait_ready()
         disagg = disagg_mooncake if kind == "mooncake" else disagg_nixl
+        # One request per prefill first, counted by no check: the first
+        # request to a prefill makes decode's handshake with it, and vLLM
+        # gives that handshake a fixed 5 s receive timeout, which a 2-core
+        # host under load can miss (then the next request handshakes again).
+        for prefill in (pa, pb):
+            warm = disagg(prefill, dec, prompts[0], 1)
+            print(f"warm-up {prefill.name} -> {dec.name}: {warm.get('error') or 'ok'}", flush=True)
         for i, (prompt, want) in enumerate(zip(prompts, ref)):
             got = disagg(pa, dec, prompt, MAX_TOKENS)
             tally.check(f"{kind}: prompt {i} ({PROMPT_LENGTHS[i]} tokens) equals a single instance",
