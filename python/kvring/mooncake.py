@@ -35,6 +35,50 @@ _UNSUPPORTED_PROTOCOLS = {
 }
 
 
+# Mooncake's module flags: what this build can do. kvring has no EFA, AMD,
+# Moore Threads or intra-node-NVLink transport; Mooncake's "nvlink" is
+# kvring's cuda_ipc, so it (and CUDA) are there when that transport is.
+SUPPORT_EFA = False
+SUPPORT_HIP = False
+SUPPORT_MUSA = False
+SUPPORT_INTRA_NVLINK = False
+SUPPORT_MNNVL = "cuda_ipc" in transports()
+SUPPORT_CUDA = SUPPORT_MNNVL
+
+_HOST_BUFFER_ALIGN = 4096
+_host_buffers = {}  # address -> ctypes buffer keeping it alive
+
+
+def allocate_host_buffer(size):
+    """``size`` bytes of zeroed, page-aligned host memory for
+    ``register_memory``; its address, or 0 (Mooncake's null) when ``size``
+    is not a positive int. Freed by ``free_host_buffer``."""
+    import ctypes
+
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        if size != 0:
+            log.error("allocate_host_buffer: size must be a positive int, got %r", size)
+        return 0
+    try:
+        raw = (ctypes.c_char * (size + _HOST_BUFFER_ALIGN))()
+    except (MemoryError, OverflowError) as error:
+        log.error("allocate_host_buffer(%d): %s", size, error)
+        return 0
+    base = ctypes.addressof(raw)
+    addr = (base + _HOST_BUFFER_ALIGN - 1) // _HOST_BUFFER_ALIGN * _HOST_BUFFER_ALIGN
+    _host_buffers[addr] = raw
+    return addr
+
+
+def free_host_buffer(ptr):
+    """Frees memory from ``allocate_host_buffer``; 0 is a no-op, as
+    Mooncake's; an address it did not hand out is logged and left alone."""
+    if ptr == 0:
+        return
+    if _host_buffers.pop(ptr, None) is None:
+        log.error("free_host_buffer: %r was not allocated by allocate_host_buffer (or was freed)", ptr)
+
+
 class TransferOpcode(enum.IntEnum):
     """Mooncake's opcode enum (``TransferOpcode.Read`` / ``.Write``)."""
 
