@@ -259,6 +259,28 @@ def fault_reuse(tally, referee, kind):
         cluster.stop()
 
 
+def negative_control(tally, referee, kind):
+    """The check can fail: a layer that prefill reports landed but never
+    moved leaves decode reading stale blocks, and the tokens differ."""
+    cluster = Cluster(kind, "push")
+    try:
+        requests = make_requests(kind, 2, lengths=[40, 63], first_id=400, seed=5)
+        cluster.run(requests)  # fills the blocks with these requests' KV
+        stale = make_requests(kind, 2, lengths=[40, 63], first_id=410, seed=6)
+        for request in stale:
+            request["skip_layer"] = 1
+        got = cluster.run(stale)[0]
+        for request in stale:
+            r = got.get(request["req"])
+            want = referee.expected(kind, request["prompt"], request["new"])
+            tally.check(f"{kind} negative control: layer 1 not moved for request {request['req']} is caught",
+                        r is not None and not r["error"] and r["tokens"] != want, repr(r))
+    except WorkerDied as error:
+        tally.check(f"{kind} negative control", False, str(error))
+    finally:
+        cluster.stop()
+
+
 def check(args):
     import kvring
 
@@ -275,6 +297,7 @@ def check(args):
         tally.check("llama tp 2->1: kvring's KV layer refuses a head-split cache across tp sizes",
                     verdict == "invalid_remote", f"{verdict}: {reason}")
     if not args.skip_faults:
+        negative_control(tally, referee, kinds[0])
         fault_kill(tally, referee, kinds[0])
         fault_reuse(tally, referee, kinds[0])
     print(f"{tally.passed} passed, {tally.failed} failed")

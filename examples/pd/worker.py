@@ -257,6 +257,8 @@ class Prefill:
                     if what == "whole":
                         self.engine.push_blocks(peer, ours, table["blocks"][: len(ours)], timeout=WAIT_S)
                         layers = list(range(self.spec.layers))
+                    elif self.mode == "push" and request.get("skip_layer") == layer:
+                        layers = [layer]  # the negative control: say it landed, move nothing
                     elif self.mode == "push":
                         self.engine.push_layer(peer, layer, ours, table["blocks"][: len(ours)], timeout=WAIT_S)
                         layers = [layer]
