@@ -266,7 +266,7 @@ class Prefill:
                         self.mooncake_layer(peer, layer, ours, table)
                         continue  # its TransferNotify says it landed
                     self.channel.send(peer, {"landed": rid, "layers": layers, "t": time.monotonic()})
-                    if request.get("die_after_layer") == layer:
+                    if layer is not None and request.get("die_after_layer") == layer:
                         os.kill(os.getpid(), signal.SIGKILL)  # the fault case: killed mid-push
                 except Exception as error:  # the request fails; the message names why
                     self.channel.send(peer, {"failed": rid, "error": f"{type(error).__name__}: {error}"})
@@ -366,7 +366,9 @@ class Decode:
             try:
                 self.admit(request)
             except Exception as error:  # prefill unreachable: kvring's error names it
-                self.state.pop(request["req"], None)
+                st = self.state.pop(request["req"], None)
+                if st is not None:
+                    self.allocator.give_back(st["blocks"])
                 results[request["req"]] = {"tokens": [], "error": f"{type(error).__name__}: {error}", "timing": {}}
         while len(results) < len(requests):
             self.pump()
