@@ -48,7 +48,8 @@ class Cluster:
     """Prefill at ``src_tp`` ranks and decode at ``dst_tp`` ranks, one
     process each, wired through kvring."""
 
-    def __init__(self, kind, mode, src_tp=1, dst_tp=1, blocks=BLOCKS, prefill_listen=None):
+    def __init__(self, kind, mode, src_tp=1, dst_tp=1, blocks=BLOCKS, prefill_listen=None, transport=None):
+        self.transport = transport
         self.kind, self.mode, self.src_tp, self.dst_tp, self.blocks = kind, mode, src_tp, dst_tp, blocks
         self.ctx = multiprocessing.get_context("spawn")
         self.prefill_listen = prefill_listen
@@ -63,9 +64,10 @@ class Cluster:
             conn.send({"source": self.peer_name("prefill", source, self.prefill_addrs)})
             if mode == "pull":
                 conn.send({"metadata": self.prefill_addrs[source]})
+        self.transports = set()
         for what, group in (("prefill", self.prefills), ("decode", self.decodes)):
             for rank, (_, conn) in enumerate(group):
-                receive(conn, f"{what} {rank} wiring")
+                self.transports.update(receive(conn, f"{what} {rank} wiring").get("transports", {}).values())
 
     def spawn(self, main, rank, tp):
         here, there = self.ctx.Pipe()
@@ -73,7 +75,9 @@ class Cluster:
         args = (there, self.kind, self.mode, rank, tp if main is worker.prefill_main else other_tp,
                 other_tp if main is worker.prefill_main else tp, self.blocks)
         if main is worker.prefill_main:
-            args = args + (self.prefill_listen,)
+            args = args + (self.prefill_listen, self.transport)
+        else:
+            args = args + (self.transport,)
         process = self.ctx.Process(target=main, args=args, daemon=True)
         process.start()
         return process, here
@@ -184,12 +188,14 @@ def make_requests(kind, count, lengths=PROMPT_LENGTHS, new=NEW_TOKENS, first_id=
     return [{"req": first_id + i, "prompt": p, "new": new} for i, p in enumerate(prompts)]
 
 
-def run_mode(tally, referee, kind, mode, src_tp=1, dst_tp=1):
+def run_mode(tally, referee, kind, mode, src_tp=1, dst_tp=1, transport=None):
     label = f"{mode} tp {src_tp}->{dst_tp}"
     requests = make_requests(kind, len(PROMPT_LENGTHS))
     cluster = None
     try:
-        cluster = Cluster(kind, mode, src_tp, dst_tp)
+        cluster = Cluster(kind, mode, src_tp, dst_tp, transport=transport)
+        if cluster.transports:
+            label += " over " + ",".join(sorted(cluster.transports))
         results = cluster.run(requests)
         compare(tally, referee, kind, label, requests, results)
         # A second round reuses the blocks the first one freed.
@@ -289,6 +295,9 @@ def check(args):
     for kind in kinds:
         for mode in args.modes.split(","):
             run_mode(tally, referee, kind, mode)
+    if "push" in args.modes.split(","):
+        for transport in ("tcp", "shm"):  # the default above is kvring's order: cma for the model's own memory
+            run_mode(tally, referee, kinds[0], "push", transport=transport)
     if "mla" in kinds and not args.skip_tp:
         run_mode(tally, referee, "mla", "push", 2, 1)
         run_mode(tally, referee, "mla", "push", 1, 2)

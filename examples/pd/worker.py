@@ -98,17 +98,24 @@ class Channel:
         return out
 
 
-def make_endpoint(mode, name, pools, listen=None):
-    """The mode's engine object, with the pools registered once; returns
-    (endpoint, address for peers)."""
+def make_endpoint(mode, name, spec, listen=None, transport=None):
+    """The mode's engine object and the pools, registered once; returns
+    (endpoint, address for peers, pools). The pools are memory this process
+    allocated itself (``torch.zeros``: kvring reaches it by cma on one host,
+    or tcp), or with ``transport="shm"`` kvring's shared memory
+    (``Engine.alloc``) seen as a tensor."""
+    import ctypes
+
     import kvring
+
+    pools = spec.allocate() if transport != "shm" else None
 
     if mode == "pull":
         from kvring.nixl import nixl_agent, nixl_agent_config
 
         agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
         agent.register_memory([(pools.data_ptr(), pools.nbytes, 0, "")], "DRAM")
-        return agent, agent.get_agent_metadata()
+        return agent, agent.get_agent_metadata(), pools
     if mode == "mooncake":
         from kvring.mooncake import TransferEngine
 
@@ -117,10 +124,16 @@ def make_endpoint(mode, name, pools, listen=None):
             raise RuntimeError("mooncake initialize failed")
         if engine.register_memory(pools.data_ptr(), pools.nbytes) != 0:
             raise RuntimeError("mooncake register_memory failed")
-        return engine, f"127.0.0.1:{engine.get_rpc_port()}"
+        return engine, f"127.0.0.1:{engine.get_rpc_port()}", pools
     engine = kvring.Engine(name=name, listen=listen or "127.0.0.1:0")
-    region = engine.register(pools)
-    return (engine, region), engine.control_addr
+    if transport == "shm":
+        nbytes = 4 * int(torch.Size(spec.shape).numel())
+        region, addr = engine.alloc(nbytes)
+        memory = (ctypes.c_char * nbytes).from_address(addr)
+        pools = torch.frombuffer(memory, dtype=torch.float32).view(spec.shape)
+    else:
+        region = engine.register(pools)
+    return (engine, region), engine.control_addr, pools
 
 
 def block_descs(spec, base, blocks, layers=None):
@@ -136,23 +149,22 @@ def block_descs(spec, base, blocks, layers=None):
 # Prefill ---------------------------------------------------------------------
 
 
-def prefill_main(conn, kind, mode, rank, src_tp, dst_tp, blocks, listen=None):
+def prefill_main(conn, kind, mode, rank, src_tp, dst_tp, blocks, listen=None, transport=None):
     try:
-        Prefill(conn, kind, mode, rank, src_tp, dst_tp, blocks, listen).run()
+        Prefill(conn, kind, mode, rank, src_tp, dst_tp, blocks, listen, transport).run()
     except BaseException:
         conn.send({"crash": traceback.format_exc()})
         raise
 
 
 class Prefill:
-    def __init__(self, conn, kind, mode, rank, src_tp, dst_tp, blocks, listen=None):
+    def __init__(self, conn, kind, mode, rank, src_tp, dst_tp, blocks, listen=None, transport=None):
         self.conn, self.mode, self.rank = conn, mode, rank
         self.model = pdmodel.build(kind)
         self.spec = PoolSpec(self.model, blocks)
-        self.pools = self.spec.allocate()
         self.allocator = BlockAllocator(blocks)
         self.name = f"prefill-{rank}"
-        endpoint, address = make_endpoint(mode, self.name, self.pools, listen)
+        endpoint, address, self.pools = make_endpoint(mode, self.name, self.spec, listen, transport)
         if mode in ("push", "whole"):
             self.engine, region = endpoint
             attention, dims = self.spec.layout()
@@ -164,10 +176,14 @@ class Prefill:
         self.targets = push_targets(rank, src_tp, dst_tp)
         conn.send({"address": address})
         self.decoders = conn.recv()["decoders"]  # rank -> address (or nixl name)
+        used = {}
         if mode == "pull":
             for metadata in conn.recv()["metadata"]:
                 self.engine.add_remote_agent(metadata)
-        conn.send({"ready": True})
+        elif mode in ("push", "whole"):
+            for rank_, peer in self.decoders.items():
+                used[rank_] = self.engine.open_segment(peer, transport)  # None: kvring's order
+        conn.send({"ready": True, "transports": used})
         self.work = queue.Queue()
         self.pusher = threading.Thread(target=self.push_loop, daemon=True)
         self.pusher.start()
@@ -288,9 +304,9 @@ class Prefill:
 # Decode ----------------------------------------------------------------------
 
 
-def decode_main(conn, kind, mode, rank, src_tp, dst_tp, blocks):
+def decode_main(conn, kind, mode, rank, src_tp, dst_tp, blocks, transport=None):
     try:
-        Decode(conn, kind, mode, rank, src_tp, dst_tp, blocks).run()
+        Decode(conn, kind, mode, rank, src_tp, dst_tp, blocks, transport).run()
     except BaseException:
         conn.send({"crash": traceback.format_exc()})
         raise
@@ -301,14 +317,13 @@ class RequestFailed(Exception):
 
 
 class Decode:
-    def __init__(self, conn, kind, mode, rank, src_tp, dst_tp, blocks):
+    def __init__(self, conn, kind, mode, rank, src_tp, dst_tp, blocks, transport=None):
         self.conn, self.mode, self.rank = conn, mode, rank
         self.model = pdmodel.build(kind)
         self.spec = PoolSpec(self.model, blocks)
-        self.pools = self.spec.allocate()
         self.allocator = BlockAllocator(blocks)
         self.name = f"decode-{rank}"
-        endpoint, address = make_endpoint(mode, self.name, self.pools)
+        endpoint, address, self.pools = make_endpoint(mode, self.name, self.spec, transport=transport)
         if mode in ("push", "whole"):
             self.engine, region = endpoint
             attention, dims = self.spec.layout()
