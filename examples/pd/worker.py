@@ -235,7 +235,9 @@ class Prefill:
         cache = PagedCache(self.spec, self.pools, ours, after_write=after_write)
         start = time.monotonic()
         with torch.no_grad():
-            logits = self.model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True).logits
+            # logits_to_keep=1: the LM head on the last position only, as
+            # generate and serving engines do.
+            logits = self.model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1).logits
         first = int(logits[0, -1].argmax())
         end = time.monotonic()
         timing = {"compute_start": start, "compute_end": end}
