@@ -12,10 +12,8 @@ returns. The KV cache moves between the workers through kvring only.
 import argparse
 import multiprocessing
 import os
-import signal
 import socket
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
