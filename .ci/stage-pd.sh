@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Disaggregated inference end to end (issue 31): a real model's paged KV
+# cache moved between prefill and decode processes through kvring, every
+# token compared with transformers' own generate. CPU tensors only.
+#
+# Uses target/pyenv when present (.ci/test builds it), else makes it; adds
+# torch and transformers from the package registry (torch is several GB the
+# first time; pip caches it), reinstalls kvring from this checkout, then
+# runs the check, which ends with "N passed, N failed".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s\n' "$*"; }
+
+venv=target/pyenv
+if [ ! -x "$venv/bin/python" ]; then
+    step "python3 -m venv $venv"
+    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv python3-pip
+            python3 -m venv "$venv"
+        else
+            echo "python3 -m venv failed and no root apt-get (install python3-venv)" >&2
+            exit 1
+        fi
+    fi
+fi
+step "pip install torch transformers (the example's dependencies)"
+"$venv/bin/pip" install -q --upgrade pip
+"$venv/bin/pip" install -q torch transformers
+step "pip install . (kvring, maturin release build)"
+"$venv/bin/pip" install -q .
+step "python examples/pd/run.py --check"
+start=$(date +%s)
+HF_HUB_OFFLINE=1 "$venv/bin/python" examples/pd/run.py --check
+echo "examples/pd/run.py --check took $(( $(date +%s) - start )) s"

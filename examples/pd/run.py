@@ -1,0 +1,340 @@
+"""A small disaggregated engine on kvring, checked against transformers.
+
+    python examples/pd/run.py --check      # every mode, both models; exit 0 only if every token matches
+    python examples/pd/run.py --figures    # TTFT split, layer-wise push beside whole-cache push
+
+This process is the router: it computes the expected tokens with
+transformers' own ``generate`` (the referee), starts prefill and decode
+processes (``worker.py``), hands them requests and compares what decode
+returns. The KV cache moves between the workers through kvring only.
+"""
+
+import argparse
+import multiprocessing
+import os
+import socket
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import model as pdmodel  # noqa: E402
+import worker  # noqa: E402
+
+NEW_TOKENS = 8
+PROMPT_LENGTHS = [5, 16, 17, 40, 63, 100]
+BLOCKS = 96
+START_S = 300.0  # a worker must answer within this (startup imports torch: slow on a loaded machine)
+
+
+class WorkerDied(Exception):
+    pass
+
+
+def receive(conn, what, timeout=START_S):
+    if not conn.poll(timeout):
+        raise WorkerDied(f"{what}: no answer within {timeout} s")
+    try:
+        message = conn.recv()
+    except EOFError:
+        raise WorkerDied(f"{what}: the process ended") from None
+    if "crash" in message:
+        raise WorkerDied(f"{what} crashed:\n{message['crash']}")
+    return message
+
+
+class Cluster:
+    """Prefill at ``src_tp`` ranks and decode at ``dst_tp`` ranks, one
+    process each, wired through kvring."""
+
+    def __init__(self, kind, mode, src_tp=1, dst_tp=1, blocks=BLOCKS, prefill_listen=None, transport=None):
+        self.transport = transport
+        self.kind, self.mode, self.src_tp, self.dst_tp, self.blocks = kind, mode, src_tp, dst_tp, blocks
+        self.ctx = multiprocessing.get_context("spawn")
+        self.prefill_listen = prefill_listen
+        self.decodes = [self.spawn(worker.decode_main, rank, dst_tp) for rank in range(dst_tp)]
+        self.prefills = [self.spawn(worker.prefill_main, rank, src_tp) for rank in range(src_tp)]
+        self.decode_addrs = [receive(c, f"decode {r}")["address"] for r, (_, c) in enumerate(self.decodes)]
+        self.prefill_addrs = [receive(c, f"prefill {r}")["address"] for r, (_, c) in enumerate(self.prefills)]
+        for rank in range(src_tp):
+            self.wire_prefill(rank)
+        for rank, (_, conn) in enumerate(self.decodes):
+            source = rank % src_tp
+            conn.send({"source": self.peer_name("prefill", source, self.prefill_addrs)})
+            if mode == "pull":
+                conn.send({"metadata": self.prefill_addrs[source]})
+        self.transports = set()
+        for what, group in (("prefill", self.prefills), ("decode", self.decodes)):
+            for rank, (_, conn) in enumerate(group):
+                self.transports.update(receive(conn, f"{what} {rank} wiring").get("transports", {}).values())
+
+    def spawn(self, main, rank, tp):
+        here, there = self.ctx.Pipe()
+        other_tp = self.dst_tp if main is worker.prefill_main else self.src_tp
+        args = (there, self.kind, self.mode, rank, tp if main is worker.prefill_main else other_tp,
+                other_tp if main is worker.prefill_main else tp, self.blocks)
+        if main is worker.prefill_main:
+            args = args + (self.prefill_listen, self.transport)
+        else:
+            args = args + (self.transport,)
+        process = self.ctx.Process(target=main, args=args, daemon=True)
+        process.start()
+        return process, here
+
+    def peer_name(self, role, rank, addrs):
+        return f"{role}-{rank}" if self.mode == "pull" else addrs[rank]
+
+    def wire_prefill(self, rank):
+        conn = self.prefills[rank][1]
+        targets = worker.push_targets(rank, self.src_tp, self.dst_tp)
+        conn.send({"decoders": {d: self.peer_name("decode", d, self.decode_addrs) for d in targets}})
+        if self.mode == "pull":
+            conn.send({"metadata": [self.decode_addrs[d] for d in targets]})
+
+    def restart_prefill(self, rank):
+        """A fresh prefill process in place of a dead one (same listen
+        address when one was given: decode sees a restarted peer)."""
+        process, conn = self.prefills[rank]
+        process.join(5)
+        self.prefills[rank] = self.spawn(worker.prefill_main, rank, self.src_tp)
+        self.prefill_addrs[rank] = receive(self.prefills[rank][1], f"prefill {rank}")["address"]
+        self.wire_prefill(rank)
+        receive(self.prefills[rank][1], f"prefill {rank} wiring")
+        for d, (_, dconn) in enumerate(self.decodes):
+            if d % self.src_tp == rank:
+                dconn.send({"source": self.peer_name("prefill", rank, self.prefill_addrs)})
+
+    def run(self, requests, timeout=START_S):
+        """Sends ``requests`` to every rank; returns each decode rank's
+        results {req: {"tokens", "error", "timing"}}."""
+        for process, conn in self.prefills:
+            if process.is_alive():
+                conn.send({"requests": requests})
+        for _, conn in self.decodes:
+            conn.send({"requests": requests})
+        return [receive(conn, f"decode {r}", timeout)["results"] for r, (_, conn) in enumerate(self.decodes)]
+
+    def run_reuse(self, a, b, a2, timeout=START_S):
+        """The block-reuse fault case (decode's ``reuse``)."""
+        self.prefills[0][1].send({"requests": [a, b, a2]})
+        self.decodes[0][1].send({"reuse": {"a": a, "b": b, "a2": a2}})
+        return receive(self.decodes[0][1], "decode 0", timeout)["results"]
+
+    def stop(self):
+        for process, conn in self.prefills + self.decodes:
+            if process.is_alive():
+                try:
+                    conn.send({"stop": True})
+                except (BrokenPipeError, OSError):
+                    pass
+        for process, _ in self.prefills + self.decodes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+class Referee:
+    """Expected tokens per (model, prompt), from transformers' generate."""
+
+    def __init__(self):
+        self.models, self.cache = {}, {}
+
+    def expected(self, kind, prompt, new):
+        key = (kind, tuple(prompt), new)
+        if key not in self.cache:
+            if kind not in self.models:
+                self.models[kind] = pdmodel.build(kind)
+            self.cache[key] = pdmodel.reference(self.models[kind], prompt, new)
+        return self.cache[key]
+
+
+class Tally:
+    def __init__(self):
+        self.passed, self.failed = 0, 0
+
+    def check(self, label, ok, detail=""):
+        if ok:
+            self.passed += 1
+            print(f"ok    {label}")
+        else:
+            self.failed += 1
+            print(f"FAIL  {label}: {detail}")
+        sys.stdout.flush()
+
+
+def compare(tally, referee, kind, label, requests, results):
+    """Each decode rank's tokens of each request against the referee."""
+    for rank, per_rank in enumerate(results):
+        for request in requests:
+            rid = request["req"]
+            name = f"{kind} {label} decode rank {rank} request {rid} ({len(request['prompt'])}-token prompt)"
+            got = per_rank.get(rid) or per_rank.get(str(rid))
+            want = referee.expected(kind, request["prompt"], request["new"])
+            if got is None:
+                tally.check(name, False, "no result")
+            elif got["error"]:
+                tally.check(name, False, f"failed: {got['error']}")
+            elif got["tokens"] != want:
+                at = next((i for i, (a, b) in enumerate(zip(got["tokens"], want)) if a != b), min(len(got["tokens"]), len(want)))
+                tally.check(name, False, f"first differing position {at}: got {got['tokens']}, expected {want}")
+            else:
+                tally.check(name, True)
+
+
+def make_requests(kind, count, lengths=PROMPT_LENGTHS, new=NEW_TOKENS, first_id=0, seed=7):
+    prompts = pdmodel.prompts(count, lengths, seed=seed)
+    return [{"req": first_id + i, "prompt": p, "new": new} for i, p in enumerate(prompts)]
+
+
+def run_mode(tally, referee, kind, mode, src_tp=1, dst_tp=1, transport=None):
+    label = f"{mode} tp {src_tp}->{dst_tp}"
+    requests = make_requests(kind, len(PROMPT_LENGTHS))
+    cluster = None
+    try:
+        cluster = Cluster(kind, mode, src_tp, dst_tp, transport=transport)
+        if cluster.transports:
+            label += " over " + ",".join(sorted(cluster.transports))
+        results = cluster.run(requests)
+        compare(tally, referee, kind, label, requests, results)
+        # A second round reuses the blocks the first one freed.
+        again = make_requests(kind, 3, lengths=[33, 7, 64], first_id=100, seed=11)
+        compare(tally, referee, kind, label + " (blocks reused)", again, cluster.run(again))
+    except WorkerDied as error:
+        tally.check(f"{kind} {label}", False, str(error))
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fault_kill(tally, referee, kind):
+    """Prefill killed (SIGKILL) after pushing layer 1 of a request: decode's
+    request fails with kvring's error naming the peer, never wrong tokens;
+    a new prefill on the same address serves the next requests."""
+    addr = f"127.0.0.1:{free_port()}"
+    cluster = None
+    try:
+        cluster = Cluster(kind, "push", prefill_listen=addr)
+        request = make_requests(kind, 1, lengths=[60], first_id=200)[0]
+        request.update(die_after_layer=1, push_delay_s=0.05)
+        got = cluster.run([request])[0]
+        got = got.get(200) or got.get("200")
+        error = (got or {}).get("error") or ""
+        tally.check(f"{kind} fault: prefill killed mid-push fails the request with kvring's error naming {addr}",
+                    addr in error and "Error" in error and not got["tokens"][1:], repr(got))
+        print(f"      decode said: {error}")
+        cluster.restart_prefill(0)
+        after = make_requests(kind, 2, lengths=[30, 50], first_id=210, seed=13)
+        compare(tally, referee, kind, "push after prefill restarted", after, cluster.run(after))
+    except WorkerDied as error:
+        tally.check(f"{kind} fault: prefill killed mid-push", False, str(error))
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+def fault_reuse(tally, referee, kind):
+    """Decode gives up request A while its push is in flight and reuses A's
+    blocks for B: no write of A may land in B's blocks. B's tokens and a
+    fresh run of A's prompt are checked."""
+    cluster = None
+    try:
+        cluster = Cluster(kind, "push")
+        prompts = pdmodel.prompts(2, [90, 70], seed=21)
+        a = {"req": 300, "prompt": prompts[0], "new": NEW_TOKENS, "push_delay_s": 0.05}
+        b = {"req": 301, "prompt": prompts[1], "new": NEW_TOKENS}
+        a2 = {"req": 302, "prompt": prompts[0], "new": NEW_TOKENS}
+        got = cluster.run_reuse(a, b, a2)
+        if "error" in got:
+            tally.check(f"{kind} fault: block reuse", False, got["error"])
+            return
+        ga, gb = got[300], got[301]
+        layers = pdmodel.build(kind).config.num_hidden_layers
+        in_flight = 0 < len(ga["landed_before_abort"]) < layers
+        shared = sorted(set(ga["blocks"]) & set(gb["blocks"]))
+        tally.check(f"{kind} fault: request A given up mid-push ({len(ga['landed_before_abort'])} of {layers} layers landed), "
+                    f"B reuses its blocks {shared}", ga["aborted"] and in_flight and bool(shared), repr(ga))
+        compare(tally, referee, kind, "push, blocks reused mid-push", [b, a2], [got])
+    except WorkerDied as error:
+        tally.check(f"{kind} fault: block reuse", False, str(error))
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+def negative_control(tally, referee, kind):
+    """The check can fail: a layer that prefill reports landed but never
+    moved leaves decode reading stale blocks, and the tokens differ."""
+    cluster = None
+    try:
+        cluster = Cluster(kind, "push")
+        requests = make_requests(kind, 2, lengths=[40, 63], first_id=400, seed=5)
+        cluster.run(requests)  # fills the blocks with these requests' KV
+        stale = make_requests(kind, 2, lengths=[40, 63], first_id=410, seed=6)
+        for request in stale:
+            request["skip_layer"] = 1
+        got = cluster.run(stale)[0]
+        for request in stale:
+            r = got.get(request["req"])
+            want = referee.expected(kind, request["prompt"], request["new"])
+            tally.check(f"{kind} negative control: layer 1 not moved for request {request['req']} is caught",
+                        r is not None and not r["error"] and r["tokens"] != want, repr(r))
+    except WorkerDied as error:
+        tally.check(f"{kind} negative control", False, str(error))
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+def check(args):
+    import kvring
+
+    tally, referee = Tally(), Referee()
+    kinds = args.models.split(",")
+    for kind in kinds:
+        for mode in args.modes.split(","):
+            run_mode(tally, referee, kind, mode)
+    if "push" in args.modes.split(","):
+        for transport in ("tcp", "shm"):  # the default above is kvring's order: cma for the model's own memory
+            run_mode(tally, referee, kinds[0], "push", transport=transport)
+    if "mla" in kinds and not args.skip_tp:
+        run_mode(tally, referee, "mla", "push", 2, 1)
+        run_mode(tally, referee, "mla", "push", 1, 2)
+    if "llama" in kinds and not args.skip_tp:
+        verdict, reason = kvring.check_pd_topo((1, 2, 0, 0), (1, 1, 0, 0), "push", "mha")
+        tally.check("llama tp 2->1: kvring's KV layer refuses a head-split cache across tp sizes",
+                    verdict == "invalid_remote", f"{verdict}: {reason}")
+    if not args.skip_faults:
+        negative_control(tally, referee, kinds[0])
+        fault_kill(tally, referee, kinds[0])
+        fault_reuse(tally, referee, kinds[0])
+    print(f"{tally.passed} passed, {tally.failed} failed")
+    return 1 if tally.failed else 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="run every mode and compare every token")
+    parser.add_argument("--figures", action="store_true", help="TTFT split, layer-wise vs whole-cache push")
+    parser.add_argument("--models", default="llama,mla")
+    parser.add_argument("--modes", default="push,pull,mooncake")
+    parser.add_argument("--skip-tp", action="store_true")
+    parser.add_argument("--skip-faults", action="store_true")
+    parser.add_argument("--rounds", type=int, default=11, help="--figures: rounds per mode (the first warms up)")
+    parser.add_argument("--prompt", type=int, default=512, help="--figures: prompt tokens")
+    args = parser.parse_args()
+    pdmodel.deterministic()
+    if args.figures:
+        import figures
+
+        return figures.main(args)
+    return check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,539 @@
+"""The prefill and decode processes.
+
+Each runs the transformers model over its own paged pools (``model.py``),
+registered with kvring once, and talks to its peers through kvring: block
+tables and "layer landed" messages are kvring notifications, KV moves as
+kvring batches. The orchestrator (``run.py``) only hands out requests and
+collects tokens, over a pipe, as a router does.
+
+Modes (how the KV of a request gets from prefill to decode):
+
+- ``push``: prefill pushes each layer's blocks (``Engine.push_layer``:
+  kvring's KV layer turns block ids into coalesced descriptors) as soon as
+  the model wrote that layer, from a pusher thread, while the main thread
+  computes the next layer; a notification says the layer landed. Decode
+  waits per layer inside its first forward.
+- ``whole``: the baseline for the figures: every layer pushed once, after
+  the last layer (``Engine.push_blocks``).
+- ``pull``: vLLM's NIXL connector: prefill tells decode its block ids,
+  decode READs them through ``kvring.nixl`` with a notification back, and
+  prefill frees its blocks when that notification arrives.
+- ``mooncake``: LMDeploy's / SGLang's Mooncake backends: decode sends its
+  pool addresses and block table; prefill writes each layer with
+  ``kvring.mooncake.TransferEngine.batch_transfer_sync`` and a
+  ``TransferNotify`` (sent after the bytes are in place).
+"""
+
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import model as pdmodel  # noqa: E402
+from model import BlockAllocator, PagedCache, PoolSpec  # noqa: E402
+
+WAIT_S = 20.0  # every wait on a peer has this deadline
+PROBE_S = 0.5  # how often a waiting decode checks that its prefill is there
+
+
+def push_targets(src_rank, src_tp, dst_tp):
+    """The decode ranks a prefill rank pushes to (MLA, heterogeneous TP).
+
+    The same rule as kvring's ``kv::push_targets`` (not exposed to Python
+    yet): destination ``d`` is served by source ``d % src_tp``."""
+    return [d for d in range(dst_tp) if d % src_tp == src_rank]
+
+
+class Channel:
+    """Messages (JSON) between the two sides, over kvring's notifications
+    in the mode's own API."""
+
+    def __init__(self, mode, endpoint, name):
+        self.mode, self.endpoint, self.name = mode, endpoint, name
+
+    def send(self, peer, message):
+        """Sends ``message``; a peer that restarted since we opened it is
+        reopened once (kvring evicts a stale handle and the next call to
+        that name opens it afresh)."""
+        from kvring import PeerRestartedError
+
+        try:
+            self._send(peer, json.dumps(message))
+        except PeerRestartedError:
+            self._send(peer, json.dumps(message))
+
+    def probe(self, peer):
+        """Raises kvring's error if ``peer`` cannot be reached."""
+        self._send(peer, "probe")
+
+    def _send(self, peer, data):
+        if self.mode == "pull":
+            self.endpoint.send_notif(peer, data)
+        elif self.mode == "mooncake":
+            # Mooncake's notifications are "sender\0message" on the wire.
+            self.endpoint.get_engine().notify(peer, f"{self.name}\0{data}".encode())
+        else:
+            self.endpoint.notify(peer, data)
+
+    def recv(self):
+        if self.mode == "pull":
+            raw = [m for messages in self.endpoint.get_new_notifs().values() for m in messages]
+        elif self.mode == "mooncake":
+            raw = [n.msg for n in self.endpoint.get_notifies()]
+        else:
+            raw = [m for _, m in self.endpoint.notifications()]
+        out = []
+        for message in raw:
+            text = message.decode() if isinstance(message, bytes) else message
+            if text.startswith("{"):
+                out.append(json.loads(text))
+        return out
+
+
+def make_endpoint(mode, name, spec, listen=None, transport=None):
+    """The mode's engine object and the pools, registered once; returns
+    (endpoint, address for peers, pools). The pools are memory this process
+    allocated itself (``torch.zeros``: kvring reaches it by cma on one host,
+    or tcp), or with ``transport="shm"`` kvring's shared memory
+    (``Engine.alloc``) seen as a tensor."""
+    import ctypes
+
+    import kvring
+
+    pools = spec.allocate() if transport != "shm" else None
+
+    if mode == "pull":
+        from kvring.nixl import nixl_agent, nixl_agent_config
+
+        agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+        agent.register_memory([(pools.data_ptr(), pools.nbytes, 0, "")], "DRAM")
+        return agent, agent.get_agent_metadata(), pools
+    if mode == "mooncake":
+        from kvring.mooncake import TransferEngine
+
+        engine = TransferEngine()
+        if engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+            raise RuntimeError("mooncake initialize failed")
+        if engine.register_memory(pools.data_ptr(), pools.nbytes) != 0:
+            raise RuntimeError("mooncake register_memory failed")
+        return engine, f"127.0.0.1:{engine.get_rpc_port()}", pools
+    engine = kvring.Engine(name=name, listen=listen or "127.0.0.1:0")
+    if transport == "shm":
+        nbytes = 4 * int(torch.Size(spec.shape).numel())
+        region, addr = engine.alloc(nbytes)
+        memory = (ctypes.c_char * nbytes).from_address(addr)
+        pools = torch.frombuffer(memory, dtype=torch.float32).view(spec.shape)
+    else:
+        region = engine.register(pools)
+    return (engine, region), engine.control_addr, pools
+
+
+def block_descs(spec, base, blocks, layers=None):
+    """(address, length) of every (layer, kind, block), layer-major."""
+    out = []
+    for layer in range(spec.layers) if layers is None else layers:
+        for kind in range(spec.kinds):
+            for block in blocks:
+                out.append((base + spec.block_offset(layer, kind, block), spec.block_bytes))
+    return out
+
+
+# Prefill ---------------------------------------------------------------------
+
+
+def prefill_main(conn, kind, mode, rank, src_tp, dst_tp, blocks, listen=None, transport=None):
+    try:
+        Prefill(conn, kind, mode, rank, src_tp, dst_tp, blocks, listen, transport).run()
+    except BaseException:
+        conn.send({"crash": traceback.format_exc()})
+        raise
+
+
+class Prefill:
+    def __init__(self, conn, kind, mode, rank, src_tp, dst_tp, blocks, listen=None, transport=None):
+        self.conn, self.mode, self.rank = conn, mode, rank
+        self.model = pdmodel.build(kind)
+        self.spec = PoolSpec(self.model, blocks)
+        self.allocator = BlockAllocator(blocks)
+        self.name = f"prefill-{rank}"
+        endpoint, address, self.pools = make_endpoint(mode, self.name, self.spec, listen, transport)
+        if mode in ("push", "whole"):
+            self.engine, region = endpoint
+            attention, dims = self.spec.layout()
+            self.engine.set_kv_layout(attention, dims, region)
+            self.channel = Channel(mode, self.engine, self.name)
+        else:
+            self.engine = endpoint
+            self.channel = Channel(mode, endpoint, self.name)
+        self.targets = push_targets(rank, src_tp, dst_tp)
+        conn.send({"address": address})
+        self.decoders = conn.recv()["decoders"]  # rank -> address (or nixl name)
+        used = {}
+        if mode == "pull":
+            for metadata in conn.recv()["metadata"]:
+                self.engine.add_remote_agent(metadata)
+        elif mode in ("push", "whole"):
+            for rank_, peer in self.decoders.items():
+                used[rank_] = self.engine.open_segment(peer, transport)  # None: kvring's order
+        conn.send({"ready": True, "transports": used})
+        self.work = queue.Queue()
+        self.pusher = threading.Thread(target=self.push_loop, daemon=True)
+        self.pusher.start()
+        self.tables = {}  # request -> {decode rank: message}
+        self.aborted = set()
+        self.requests = {}
+        self.held = {}  # request -> our blocks, freed once the push (or pull) ended
+
+    def run(self):
+        pending = []
+        while True:
+            if self.conn.poll():
+                message = self.conn.recv()
+                if "stop" in message:
+                    self.work.put(None)
+                    self.pusher.join(WAIT_S)
+                    return
+                pending.extend(message["requests"])
+            for message in self.channel.recv():
+                if "table" in message:
+                    self.tables.setdefault(message["req"], {})[message["rank"]] = message
+                elif "pulled" in message:
+                    self.allocator.give_back(self.held.pop(message["pulled"]))
+                elif "abort" in message:
+                    # Decode gave up the request: no push of it may start
+                    # from now on, and decode hears back once none is in
+                    # flight (the pusher handles items in order).
+                    self.aborted.add(message["abort"])
+                    pending = [r for r in pending if r["req"] != message["abort"]]
+                    self.work.put(("abort", message["abort"], None, None, {message["rank"]: None}))
+            for request in list(pending):
+                tables = self.tables.get(request["req"], {})
+                if all(t in tables for t in self.targets):
+                    pending.remove(request)
+                    self.prefill(request, self.tables.pop(request["req"], {}))
+            time.sleep(0.0002)
+
+    def prefill(self, request, tables):
+        rid, prompt = request["req"], request["prompt"]
+        self.requests[rid] = request
+        ours = self.allocator.take(len(prompt))
+        self.held[rid] = ours
+        layered = self.mode in ("push", "mooncake")
+
+        def after_write(layer):
+            if layered:
+                self.work.put(("layer", rid, layer, ours, tables))
+
+        cache = PagedCache(self.spec, self.pools, ours, after_write=after_write)
+        start = time.monotonic()
+        with torch.no_grad():
+            # logits_to_keep=1: the LM head on the last position only, as
+            # generate and serving engines do.
+            logits = self.model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1).logits
+        first = int(logits[0, -1].argmax())
+        end = time.monotonic()
+        timing = {"compute_start": start, "compute_end": end}
+        for rank in self.targets:
+            self.channel.send(self.decoders[rank], {"first": rid, "token": first, **timing})
+        if self.mode == "whole":
+            self.work.put(("whole", rid, None, ours, tables))
+        elif self.mode == "pull":
+            for rank in self.targets:
+                self.channel.send(self.decoders[rank], {"ready": rid, "blocks": ours, "base": self.pools.data_ptr()})
+        if self.mode != "pull":
+            self.work.put(("free", rid, None, ours, tables))
+
+    def push_loop(self):
+        """The pusher thread: moves each item as it comes, in order."""
+        while True:
+            item = self.work.get()
+            if item is None:
+                return
+            what, rid, layer, ours, tables = item
+            if what == "free":
+                self.allocator.give_back(self.held.pop(rid))
+                continue
+            if what == "abort":
+                for rank in tables:
+                    self.channel.send(self.decoders[rank], {"aborted": rid})
+                continue
+            if rid in self.aborted:
+                continue
+            request = self.requests[rid]
+            time.sleep(request.get("push_delay_s", 0.0))  # a slow link, for the fault cases
+            for rank, table in tables.items():
+                peer = self.decoders[rank]
+                try:
+                    if what == "whole":
+                        self.engine.push_blocks(peer, ours, table["blocks"][: len(ours)], timeout=WAIT_S)
+                        layers = list(range(self.spec.layers))
+                    elif self.mode == "push" and request.get("skip_layer") == layer:
+                        layers = [layer]  # the negative control: say it landed, move nothing
+                    elif self.mode == "push":
+                        self.engine.push_layer(peer, layer, ours, table["blocks"][: len(ours)], timeout=WAIT_S)
+                        layers = [layer]
+                    else:
+                        self.mooncake_layer(peer, layer, ours, table)
+                        continue  # its TransferNotify says it landed
+                    self.channel.send(peer, {"landed": rid, "layers": layers, "t": time.monotonic()})
+                    if layer is not None and request.get("die_after_layer") == layer:
+                        os.kill(os.getpid(), signal.SIGKILL)  # the fault case: killed mid-push
+                except Exception as error:  # the request fails; the message names why
+                    self.channel.send(peer, {"failed": rid, "error": f"{type(error).__name__}: {error}"})
+
+    def mooncake_layer(self, peer, layer, ours, table):
+        from kvring.mooncake import TransferNotify, TransferOpcode
+
+        local = block_descs(self.spec, self.pools.data_ptr(), ours, [layer])
+        remote = block_descs(self.spec, table["base"], table["blocks"][: len(ours)], [layer])
+        message = json.dumps({"landed": table["req"], "layers": [layer], "t": time.monotonic()})
+        code = self.engine.batch_transfer_sync(
+            peer, [a for a, _ in local], [a for a, _ in remote], [n for _, n in local],
+            TransferOpcode.Write, TransferNotify(self.name, message),
+        )
+        if code != 0:
+            raise RuntimeError(f"batch_transfer_sync to {peer} returned {code} (the reason is on the kvring.mooncake logger)")
+
+
+# Decode ----------------------------------------------------------------------
+
+
+def decode_main(conn, kind, mode, rank, src_tp, dst_tp, blocks, transport=None):
+    try:
+        Decode(conn, kind, mode, rank, src_tp, dst_tp, blocks, transport).run()
+    except BaseException:
+        conn.send({"crash": traceback.format_exc()})
+        raise
+
+
+class RequestFailed(Exception):
+    pass
+
+
+class Decode:
+    def __init__(self, conn, kind, mode, rank, src_tp, dst_tp, blocks, transport=None):
+        self.conn, self.mode, self.rank = conn, mode, rank
+        self.model = pdmodel.build(kind)
+        self.spec = PoolSpec(self.model, blocks)
+        self.allocator = BlockAllocator(blocks)
+        self.name = f"decode-{rank}"
+        endpoint, address, self.pools = make_endpoint(mode, self.name, self.spec, transport=transport)
+        if mode in ("push", "whole"):
+            self.engine, region = endpoint
+            attention, dims = self.spec.layout()
+            self.engine.set_kv_layout(attention, dims, region)
+        else:
+            self.engine = endpoint
+        self.channel = Channel(mode, self.engine, self.name)
+        conn.send({"address": address})
+        self.source = conn.recv()["source"]  # our prefill rank's address (or nixl name)
+        if mode == "pull":
+            self.engine.add_remote_agent(conn.recv()["metadata"])
+            spec = self.spec
+            self.local_list = self.engine.prep_xfer_dlist(
+                "NIXL_INIT_AGENT", [(a, n, 0) for a, n in block_descs(spec, self.pools.data_ptr(), range(spec.blocks))], "DRAM"
+            )
+            self.remote_list = None  # prepared once prefill's base address is known
+        conn.send({"ready": True})
+        self.state = {}
+        self.acks = set()
+
+    def run(self):
+        while True:
+            message = self.conn.recv()
+            if "stop" in message:
+                return
+            if "source" in message:  # prefill restarted
+                self.source = message["source"]
+                continue
+            if "reuse" in message:
+                try:
+                    self.conn.send({"results": self.reuse(message["reuse"])})
+                except RequestFailed as error:
+                    self.conn.send({"results": {"error": str(error)}})
+                continue
+            self.conn.send({"results": self.serve(message["requests"])})
+
+    def admit(self, request):
+        """Blocks for the prompt and the new tokens; the table to prefill."""
+        rid = request["req"]
+        ours = self.allocator.take(len(request["prompt"]) + request["new"])
+        self.state[rid] = {
+            "request": request, "blocks": ours, "landed": set(), "tokens": [], "failed": None,
+            "first": None, "pos": len(request["prompt"]), "cache": None, "timing": {},
+        }
+        self.channel.send(self.source, {
+            "table": True, "req": rid, "rank": self.rank, "blocks": ours, "base": self.pools.data_ptr(),
+        })
+        return self.state[rid]
+
+    def serve(self, requests):
+        """Runs ``requests`` together: blocks for each, tables to prefill,
+        then round-robin decode steps as each one's first token arrives."""
+        results = {}
+        for request in requests:
+            try:
+                self.admit(request)
+            except Exception as error:  # prefill unreachable: kvring's error names it
+                st = self.state.pop(request["req"], None)
+                if st is not None:
+                    self.allocator.give_back(st["blocks"])
+                results[request["req"]] = {"tokens": [], "error": f"{type(error).__name__}: {error}", "timing": {}}
+        while len(results) < len(requests):
+            self.pump()
+            progressed = False
+            for rid, st in list(self.state.items()):
+                if st["failed"] is not None:
+                    results[rid] = self.finish(rid, error=st["failed"])
+                elif st["first"] is not None:
+                    try:
+                        self.step(rid, st)
+                    except RequestFailed as error:
+                        results[rid] = self.finish(rid, error=str(error))
+                        continue
+                    progressed = True
+                    if len(st["tokens"]) == st["request"]["new"]:
+                        results[rid] = self.finish(rid)
+            if not progressed:
+                for rid, st in list(self.state.items()):
+                    try:
+                        self.check_alive(st)
+                    except RequestFailed as error:
+                        results[rid] = self.finish(rid, error=str(error))
+                time.sleep(0.0002)
+        return results
+
+    def check_alive(self, st):
+        """While waiting on prefill: its error if the request failed there,
+        a probe of prefill every ``PROBE_S`` (kvring's error, naming the
+        peer, if it is gone), and the deadline."""
+        now = time.monotonic()
+        st.setdefault("since", now)
+        if st["failed"] is not None:
+            raise RequestFailed(st["failed"])
+        if now - st.setdefault("probed", now) > PROBE_S:
+            st["probed"] = now
+            try:
+                self.channel.probe(self.source)
+            except Exception as error:
+                raise RequestFailed(f"prefill {self.source} is gone: {type(error).__name__}: {error}") from None
+        if now - st["since"] > WAIT_S:
+            raise RequestFailed(f"nothing from prefill {self.source} within {WAIT_S} s")
+
+    def reuse(self, spec):
+        """The block-reuse fault case: request ``a``'s push is in flight
+        when decode gives it up; its blocks go to ``b`` only once prefill
+        says no push of ``a`` is in flight. ``a2`` is ``a`` again, fresh."""
+        a, b, a2 = spec["a"], spec["b"], spec["a2"]
+        st = self.admit(a)
+        while not st["landed"]:  # a layer landed: the push is under way
+            self.pump()
+            self.check_alive(st)
+            time.sleep(0.0002)
+        landed_before = sorted(st["landed"])
+        self.channel.send(self.source, {"abort": a["req"], "rank": self.rank})
+        fenced = self.state.pop(a["req"])["blocks"]
+        since = time.monotonic()
+        while a["req"] not in self.acks:
+            self.pump()
+            if time.monotonic() - since > WAIT_S:
+                raise RequestFailed(f"prefill {self.source} never confirmed the abort of request {a['req']}")
+            time.sleep(0.0002)
+        self.allocator.give_back(fenced)
+        results = self.serve([b, a2])
+        results[a["req"]] = {"tokens": [], "error": None, "aborted": True, "blocks": fenced,
+                             "landed_before_abort": landed_before, "timing": {}}
+        return results
+
+    def finish(self, rid, error=None):
+        st = self.state.pop(rid)
+        self.allocator.give_back(st["blocks"])
+        return {"tokens": st["tokens"], "error": error, "timing": st["timing"], "blocks": st["blocks"]}
+
+    def pump(self):
+        """Takes every message that arrived and applies it."""
+        for message in self.channel.recv():
+            if "aborted" in message:
+                self.acks.add(message["aborted"])
+                continue
+            rid = next(message[k] for k in ("landed", "first", "failed", "ready", "req") if k in message)
+            st = self.state.get(rid)
+            if st is None:
+                continue  # a request already ended (failed) here
+            if "landed" in message:
+                st["landed"].update(message["layers"])
+                if len(st["landed"]) == self.spec.layers:
+                    st["timing"]["landed"] = time.monotonic()
+            elif "first" in message:
+                st["first"] = message["token"]
+                st["tokens"].append(message["token"])
+                st["timing"].update(
+                    compute_start=message["compute_start"], compute_end=message["compute_end"]
+                )
+            elif "failed" in message:
+                st["failed"] = f"prefill {self.source}: {message['error']}"
+            elif "ready" in message:
+                self.pull(rid, st, message["blocks"], message["base"])
+
+    def pull(self, rid, st, theirs, base):
+        """vLLM's NIXL connector: READ prefill's blocks of every layer into
+        ours, then tell prefill (the transfer's notification)."""
+        spec = self.spec
+        if self.remote_list is None:  # prepared once, as vLLM's connector does
+            self.remote_list = self.engine.prep_xfer_dlist(
+                self.source, [(a, n, 0) for a, n in block_descs(spec, base, range(spec.blocks))], "DRAM"
+            )
+
+        def indices(blocks):
+            return [(layer * spec.kinds + k) * spec.blocks + b for layer in range(spec.layers)
+                    for k in range(spec.kinds) for b in blocks]
+
+        handle = self.engine.make_prepped_xfer(
+            "READ", self.local_list, indices(st["blocks"][: len(theirs)]), self.remote_list, indices(theirs),
+            json.dumps({"pulled": rid}).encode(),
+        )
+        state = self.engine.transfer(handle)
+        deadline = time.monotonic() + WAIT_S
+        while state == "PROC" and time.monotonic() < deadline:
+            state = self.engine.check_xfer_state(handle)
+        if state != "DONE":
+            st["failed"] = f"nixl READ from {self.source} ended {state}: {getattr(handle, 'error', None)}"
+        else:
+            st["landed"].update(range(spec.layers))
+            st["timing"]["landed"] = time.monotonic()
+        self.engine.release_xfer_handle(handle)
+
+    def wait_layer(self, rid, st, layer):
+        """Inside the first decode step: returns once ``layer`` landed."""
+        st.pop("since", None)
+        while layer not in st["landed"]:
+            self.check_alive(st)
+            self.pump()
+            time.sleep(0.0001)
+
+    def step(self, rid, st):
+        """One decode step of one request, its cache read from our pools."""
+        if st["cache"] is None:
+            st["cache"] = PagedCache(
+                self.spec, self.pools, st["blocks"], length=st["pos"],
+                before_read=lambda layer: self.wait_layer(rid, st, layer) if layer not in st["landed"] else None,
+            )
+        first_step = len(st["tokens"]) == 1
+        start = time.monotonic()
+        with torch.no_grad():
+            logits = self.model(
+                input_ids=torch.tensor([[st["tokens"][-1]]]), position_ids=torch.tensor([[st["pos"]]]),
+                cache=st["cache"], use_cache=True,
+            ).logits
+        st["tokens"].append(int(logits[0, -1].argmax()))
+        st["pos"] += 1
+        if first_step:
+            st["timing"].update(decode_start=start, decode_end=time.monotonic())
