@@ -542,3 +542,34 @@ fn a_half_started_peer_is_asked_again_rather_than_cached_empty() {
     let ready = initiator.open_segment(&addr).unwrap();
     assert_eq!(ready.region(0).unwrap(), region.id());
 }
+
+#[test]
+fn a_lane_that_panics_ends_the_batch_it_held_with_its_error_and_refuses_new_work() {
+    let p = pair(MIB);
+    let mut sub = p.initiator.submitter().unwrap();
+    let descs: Vec<_> =
+        (0..16u64).map(|i| BlockDesc::new(p.local.id(), i * 65536, p.remote.id(), i * 65536, 65536)).collect();
+    // The batch's own deadline is far past the wait's: an answer within
+    // the wait can only be the lane's error, not the batch timing out.
+    let deadline = Duration::from_secs(3600);
+    assert!(deadline > WAIT);
+    assert!(kvring::testing::panic_lane_on_next_part(&p.initiator, 0));
+    let id = sub.submit(&Batch::write(&p.segment).descs(&descs).deadline(deadline)).unwrap();
+    match sub.wait(id, WAIT) {
+        Ok(Outcome::Failed(Error::LaneDied { lane: 0, reason })) => {
+            assert!(reason.contains("injected by a test"), "{reason}")
+        }
+        other => panic!("expected LaneDied from lane 0, got {other:?}"),
+    }
+    assert_eq!(p.initiator.lane_stats()[0].panics, 1);
+    assert!(p.initiator.metrics_text().contains("kvring_lane_panics_total{lane=\"0\"} 1"));
+    // New work is refused at once with the same error, nothing queued.
+    match sub.submit(&Batch::write(&p.segment).descs(&descs)) {
+        Err(Error::LaneDied { lane: 0, .. }) => {}
+        other => panic!("expected LaneDied at submit, got {other:?}"),
+    }
+    assert_eq!(sub.in_flight(), 0);
+    // The regions the dead part named were handed back: they unregister.
+    drop(sub);
+    p.initiator.unregister(p.local.id()).unwrap();
+}

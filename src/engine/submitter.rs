@@ -172,6 +172,9 @@ impl Submitter {
         let part_count = self.plan_parts(descs, &mut parts)?;
         let parts = &parts[..part_count];
 
+        if let Some(dead) = parts.iter().find_map(|&(lane, _, _)| self.lanes[lane].lane.died()) {
+            return Err(dead);
+        }
         if self.free_slots.is_empty() {
             return Err(Error::Busy { queue: "batch status table", capacity: self.status.capacity() });
         }
