@@ -236,7 +236,9 @@ pub enum Error {
     },
     /// A lane panicked: the batches it held ended with this error, and it
     /// refuses new work until the engine is rebuilt.
-    #[error("lane {lane} died: it panicked ({reason}); its batches ended and it takes no new work; rebuild the engine")]
+    #[error(
+        "lane {lane} died: it panicked ({reason}); its batches ended and it takes no new work; rebuild the engine"
+    )]
     LaneDied {
         /// The lane.
         lane: usize,

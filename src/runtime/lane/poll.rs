@@ -172,7 +172,8 @@ impl Lane {
             + commands
             + served;
         let rounds = state.rounds;
-        if self.free_tickets.len() < self.tickets.len() && (worked == 0 || rounds.is_multiple_of(DEADLINE_CHECK_ROUNDS)) {
+        if self.free_tickets.len() < self.tickets.len() && (worked == 0 || rounds.is_multiple_of(DEADLINE_CHECK_ROUNDS))
+        {
             self.expire_in_flight();
         }
         if self.next_tick.is_some() && (worked == 0 || rounds.is_multiple_of(DEADLINE_CHECK_ROUNDS)) {
