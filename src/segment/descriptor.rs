@@ -447,6 +447,10 @@ mod tests {
     /// peer sends; a scan per key once made this take minutes. Time is not
     /// asserted here: a debug build on a loaded host proves nothing by it.)
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "4,095 regions take many minutes under Miri; the small descriptors' tests run the same code"
+    )]
     fn a_maximal_descriptor_keyed_for_every_region_decodes_whole() {
         let mut p = sample().to_proto();
         let base = p.regions[0].clone();
