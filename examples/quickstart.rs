@@ -6,8 +6,10 @@ use std::time::Duration;
 fn main() -> kvring::Result<()> {
     let peer = std::env::args().nth(1).expect("usage: quickstart PEER (kvring serve prints listen=ADDR)");
     let engine = Engine::builder().name("quickstart").build()?;
-    let kv = engine.alloc_region(1 << 20, RegionInfo::raw())?; // shared memory, pre-faulted
-    kv.write_at(0, &[42u8; 4096])?;
+    // Shared memory, pre-faulted: DMA memory that batches and peers write.
+    let kv = engine.alloc_region(1 << 20, RegionInfo::raw())?;
+    // SAFETY: no batch moves these bytes yet.
+    unsafe { kv.write_at(0, &[42u8; 4096])? };
     let decode = engine.open_segment(&peer)?; // handshake, then cached
     let mut sub = engine.submitter()?; // one per thread
     let push = [BlockDesc::new(kv.id(), 0, decode.region(0)?, 0, 4096)];
@@ -20,7 +22,8 @@ fn main() -> kvring::Result<()> {
         }
     }
     let mut back = [0u8; 4096];
-    kv.read_at(8192, &mut back)?;
+    // SAFETY: both batches have ended; nothing else moves these bytes.
+    unsafe { kv.read_at(8192, &mut back)? };
     assert_eq!(back, [42u8; 4096], "what came back is what went out");
     Ok(())
 }

@@ -1,12 +1,12 @@
 //! Block descriptors.
 //!
 //! A [`BlockDesc`] says "copy `len` bytes between local region + offset and
-//! remote region + offset". It is a fixed 32-byte `#[repr(C)]` struct that is
-//! `bytemuck::Pod`, so the submitter's descriptor arena holds it as it is.
+//! remote region + offset". It is a fixed 32-byte `#[repr(C)]` struct with
+//! no padding (zerocopy's derives check it), so the submitter's descriptor
+//! arena holds it as it is and the tcp frames carry it as its bytes.
 
 use crate::error::{Error, Result, Side};
 pub use crate::region_id::RegionId;
-use bytemuck::{Pod, Zeroable};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 // The wire form is the in-memory form; refuse to build where they differ.
@@ -21,7 +21,7 @@ compile_error!("kvring's wire structs assume a little-endian host");
 /// assert_eq!(d.len, 4096);
 /// assert_eq!(std::mem::size_of::<BlockDesc>(), 32);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C)]
 pub struct BlockDesc {
     /// The initiator's region.

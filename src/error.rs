@@ -242,6 +242,17 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A lane panicked: the batches it held ended with this error, and it
+    /// refuses new work until the engine is rebuilt.
+    #[error(
+        "lane {lane} died: it panicked ({reason}); its batches ended and it takes no new work; rebuild the engine"
+    )]
+    LaneDied {
+        /// The lane.
+        lane: usize,
+        /// The panic's message.
+        reason: String,
+    },
     /// The operation is not supported by this build or transport.
     #[error("unsupported: {what}")]
     Unsupported {
@@ -358,7 +369,7 @@ impl Error {
             Error::Remote { code, .. } => *code,
             Error::Io { .. } => ErrorCode::Io,
             Error::LockedMemoryLimit { .. } => ErrorCode::ResourceLimit,
-            Error::LaneStart { .. } => ErrorCode::Internal,
+            Error::LaneStart { .. } | Error::LaneDied { .. } => ErrorCode::Internal,
             Error::Unsupported { .. } => ErrorCode::Unsupported,
             Error::Device { .. } | Error::Gpu { .. } => ErrorCode::Io,
             Error::Shutdown => ErrorCode::Shutdown,
@@ -498,6 +509,11 @@ mod tests {
                 ErrorCode::ResourceLimit,
             ),
             (Error::LaneStart { lane: 1, reason: "no cpu".into() }, "lane 1 failed to start: no cpu", ErrorCode::Internal),
+            (
+                Error::LaneDied { lane: 2, reason: "index out of bounds".into() },
+                "lane 2 died: it panicked (index out of bounds); its batches ended",
+                ErrorCode::Internal,
+            ),
             (Error::Unsupported { what: "rdma".into() }, "unsupported: rdma", ErrorCode::Unsupported),
             (Error::Shutdown, "the engine is shut down", ErrorCode::Shutdown),
             (

@@ -59,3 +59,70 @@ pub(crate) mod thread {
         loom::thread::park();
     }
 }
+
+/// The waker of a lane's poller: mio's (an eventfd on Linux) normally; under
+/// `cfg(loom)` a model of it, so the doorbell's loom model runs the
+/// production `Wake::Poller` form.
+#[cfg(not(loom))]
+pub(crate) use mio::Waker;
+
+#[cfg(loom)]
+pub(crate) use poller::Waker;
+
+/// A model of a lane's poller and its waker, for loom. What it keeps of
+/// mio's `Waker` (an eventfd registered with epoll: eventfd(2), epoll(7))
+/// is what the doorbell relies on: `wake` adds to a counter that stays set
+/// until a wait consumes it, so a wake made before the wait began is not
+/// lost, and a wait returns once the counter is set. A timed wait is
+/// modelled as an untimed one (a timeout only hides a lost wake-up, which
+/// the model must see as a deadlock).
+#[cfg(loom)]
+pub mod poller {
+    use loom::sync::{Arc, Condvar, Mutex};
+
+    #[derive(Debug, Default)]
+    struct Counter {
+        value: Mutex<u64>,
+        changed: Condvar,
+    }
+
+    /// The lane's side: where it sleeps.
+    #[derive(Debug)]
+    pub struct Poller(Arc<Counter>);
+
+    /// The doorbell's side: what wakes the poller.
+    #[derive(Debug)]
+    pub struct Waker(Arc<Counter>);
+
+    /// A poller and its waker.
+    pub fn pair() -> (Poller, Waker) {
+        let counter = Arc::new(Counter::default());
+        (Poller(counter.clone()), Waker(counter))
+    }
+
+    impl Waker {
+        /// eventfd write(2) of 1: the counter goes up and a waiter wakes.
+        pub fn wake(&self) -> std::io::Result<()> {
+            *self.0.value.lock().unwrap() += 1;
+            self.0.changed.notify_all();
+            Ok(())
+        }
+    }
+
+    impl Poller {
+        /// epoll_wait(2) until the eventfd is readable, then its read(2):
+        /// the counter back to zero. Returns what was read.
+        pub fn wait(&self, _timeout: std::time::Duration) -> u64 {
+            let mut value = self.0.value.lock().unwrap();
+            while *value == 0 {
+                value = self.0.changed.wait(value).unwrap();
+            }
+            std::mem::take(&mut *value)
+        }
+
+        /// Wakes not yet consumed by a wait.
+        pub fn pending(&self) -> u64 {
+            *self.0.value.lock().unwrap()
+        }
+    }
+}

@@ -74,17 +74,21 @@ fn caller_memory_on_this_host_moves_over_cma_verified_on_the_target() {
     let target = Serve::start("127.0.0.1:0", &[], None);
     let engine = common::engine("prefill-cma");
     let local = engine.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
-    local.fill_pattern(11);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(11) };
     let segment = engine.open_segment(&target.addr).unwrap();
     assert_eq!(segment.transport(), TransportKind::Cma, "caller memory of a same-host peer");
     assert_eq!(move_blocks(&engine, &segment, &local, true).unwrap().into_result().unwrap(), 4 << 20);
     let remote = segment.region(0).unwrap();
     let on_target = segment.remote_checksum(remote, 0, 4 << 20, WAIT).unwrap();
-    assert_eq!(on_target, local.checksum(0, 4 << 20).unwrap(), "the target holds exactly what was pushed");
-    local.write_at(0, &vec![0u8; 4 << 20]).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    assert_eq!(on_target, unsafe { local.checksum(0, 4 << 20).unwrap() }, "the target holds exactly what was pushed");
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.write_at(0, &vec![0u8; 4 << 20]).unwrap() };
     move_blocks(&engine, &segment, &local, false).unwrap().into_result().unwrap();
     let mut pulled = vec![0u8; 4 << 20];
-    local.read_at(0, &mut pulled).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.read_at(0, &mut pulled).unwrap() };
     assert_eq!(pulled, pattern(4 << 20, 11));
 }
 
@@ -119,10 +123,14 @@ fn a_target_that_exited_is_peer_restarted_and_its_restart_is_reached_again() {
     };
     assert_ne!(segment.epoch(), old_epoch);
     assert_eq!(segment.transport(), TransportKind::Cma);
-    local.fill_pattern(12);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(12) };
     move_blocks(&engine, &segment, &local, true).unwrap().into_result().unwrap();
     let remote = segment.region(0).unwrap();
-    assert_eq!(segment.remote_checksum(remote, 0, 4 << 20, WAIT).unwrap(), local.checksum(0, 4 << 20).unwrap());
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    assert_eq!(segment.remote_checksum(remote, 0, 4 << 20, WAIT).unwrap(), unsafe {
+        local.checksum(0, 4 << 20).unwrap()
+    });
     drop(restarted);
 }
 

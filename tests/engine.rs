@@ -34,7 +34,8 @@ fn pair(len: usize) -> Pair {
 
 fn read_back(region: &kvring::Region, offset: u64, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
-    region.read_at(offset, &mut out).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { region.read_at(offset, &mut out).unwrap() };
     out
 }
 
@@ -44,7 +45,8 @@ fn write_then_read_moves_exact_bytes() {
     assert_eq!(p.segment.name(), "target");
     assert_eq!(p.segment.epoch(), p.target.epoch());
     assert_eq!(p.segment.transport(), TransportKind::Shm);
-    p.local.write_at(0, &pattern(MIB, 1)).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { p.local.write_at(0, &pattern(MIB, 1)).unwrap() };
     let mut sub = p.initiator.submitter().unwrap();
     let remote = p.segment.region(0).unwrap();
     assert_eq!(remote, p.remote.id());
@@ -64,7 +66,8 @@ fn write_then_read_moves_exact_bytes() {
     assert_eq!(read_back(&p.remote, 0, 65536), vec![0u8; 65536], "bytes before the blocks untouched");
 
     // Pull them back into a cleared local region.
-    p.local.write_at(0, &vec![0u8; MIB]).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { p.local.write_at(0, &vec![0u8; MIB]).unwrap() };
     let id = sub.submit(&Batch::read(&p.segment).descs(&descs)).unwrap();
     assert_eq!(sub.wait(id, WAIT).unwrap().into_result().unwrap(), 16 * 4096);
     assert_eq!(read_back(&p.local, 0, 16 * 4096), source[..16 * 4096]);
@@ -76,14 +79,17 @@ fn a_large_batch_is_split_across_lanes_and_still_lands_whole() {
     let remote = target.alloc_region(8 * MIB, RegionInfo::raw()).unwrap();
     let initiator = common::builder("initiator").lanes(2).split_threshold(MIB as u64).build().unwrap();
     let local = initiator.alloc_region(8 * MIB, RegionInfo::raw()).unwrap();
-    local.fill_pattern(7);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(7) };
     let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
     let mut sub = initiator.submitter().unwrap();
     let descs: Vec<_> =
         (0..128u64).map(|i| BlockDesc::new(local.id(), i * 65536, remote.id(), i * 65536, 65536)).collect();
     let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
     assert_eq!(sub.wait(id, WAIT).unwrap().into_result().unwrap(), 8 * MIB as u64);
-    assert_eq!(remote.checksum(0, 8 * MIB).unwrap(), local.checksum(0, 8 * MIB).unwrap());
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    assert_eq!(unsafe { remote.checksum(0, 8 * MIB).unwrap() }, unsafe { local.checksum(0, 8 * MIB).unwrap() });
     let stats = initiator.lane_stats();
     assert!(stats.iter().all(|s| s.parts >= 1 && s.descs >= 1), "both lanes worked: {stats:?}");
     assert_eq!(stats.iter().map(|s| s.bytes).sum::<u64>(), 8 * MIB as u64);
@@ -92,7 +98,8 @@ fn a_large_batch_is_split_across_lanes_and_still_lands_whole() {
 #[test]
 fn out_of_bounds_overflow_and_unknown_regions_fail_without_touching_memory() {
     let p = pair(64 * 1024);
-    p.local.fill_pattern(3);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { p.local.fill_pattern(3) };
     let mut sub = p.initiator.submitter().unwrap();
     let remote = p.remote.id();
     let local = p.local.id();
@@ -125,7 +132,8 @@ fn out_of_bounds_overflow_and_unknown_regions_fail_without_touching_memory() {
     for (bad, expected) in cases {
         // A good descriptor after the bad one must be dropped, not moved.
         let descs = [BlockDesc::new(local, 0, remote, 0, 4096), bad, BlockDesc::new(local, 4096, remote, 4096, 4096)];
-        p.remote.write_at(0, &vec![0u8; 64 * 1024]).unwrap();
+        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+        unsafe { p.remote.write_at(0, &vec![0u8; 64 * 1024]).unwrap() };
         let id = sub.submit(&Batch::write(&p.segment).descs(&descs)).unwrap();
         match sub.wait(id, WAIT).unwrap() {
             Outcome::Failed(error) => {
@@ -377,7 +385,8 @@ fn idle_lanes_park_and_never_miss_a_wake_up() {
 #[test]
 fn many_submitter_threads_conserve_every_batch() {
     let p = pair(4 * MIB);
-    p.local.fill_pattern(11);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { p.local.fill_pattern(11) };
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             let engine = p.initiator.clone();
@@ -400,7 +409,9 @@ fn many_submitter_threads_conserve_every_batch() {
     assert_eq!(total, 4 * 200 * 4096);
     // 4 threads x 200 blocks = the first 800 blocks of the region.
     let written = 800 * 4096;
-    assert_eq!(p.remote.checksum(0, written).unwrap(), p.local.checksum(0, written).unwrap());
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    assert_eq!(unsafe { p.remote.checksum(0, written).unwrap() }, unsafe { p.local.checksum(0, written).unwrap() });
 }
 
 #[test]
@@ -409,7 +420,8 @@ fn the_null_transport_moves_nothing_but_validates_everything() {
     let remote = target.alloc_region(MIB, RegionInfo::raw()).unwrap();
     let initiator = engine("initiator");
     let local = initiator.alloc_region(MIB, RegionInfo::raw()).unwrap();
-    local.fill_pattern(5);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(5) };
     let segment =
         initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Null), WAIT).unwrap();
     assert_eq!(segment.transport(), TransportKind::Null);
@@ -488,14 +500,18 @@ fn a_pre_shared_token_is_required_when_the_target_has_one() {
     }
     let initiator = common::builder("good-token").token("s3cret").build().unwrap();
     let local = initiator.alloc_region(8192, RegionInfo::raw()).unwrap();
-    local.fill_pattern(9);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(9) };
     let segment = initiator.open_segment(&addr).unwrap();
     let mut sub = initiator.submitter().unwrap();
     let descs = [BlockDesc::new(local.id(), 0, remote.id(), 0, 8192)];
     let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
     assert!(sub.wait(id, WAIT).unwrap().is_done());
     // Control RPCs after the handshake work with the token...
-    assert_eq!(segment.remote_checksum(remote.id(), 0, 8192, WAIT).unwrap(), local.checksum(0, 8192).unwrap());
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    assert_eq!(segment.remote_checksum(remote.id(), 0, 8192, WAIT).unwrap(), unsafe {
+        local.checksum(0, 8192).unwrap()
+    });
     // ...and a connection that skips the handshake gets nothing.
     let mut client = kvring::testing::control::ControlClient::connect(&addr, std::time::Instant::now() + WAIT).unwrap();
     match client.checksum(remote.id().raw(), 0, 8192, std::time::Instant::now() + WAIT) {
@@ -541,4 +557,35 @@ fn a_half_started_peer_is_asked_again_rather_than_cached_empty() {
     // The next open asks the peer again instead of returning the empty handle.
     let ready = initiator.open_segment(&addr).unwrap();
     assert_eq!(ready.region(0).unwrap(), region.id());
+}
+
+#[test]
+fn a_lane_that_panics_ends_the_batch_it_held_with_its_error_and_refuses_new_work() {
+    let p = pair(MIB);
+    let mut sub = p.initiator.submitter().unwrap();
+    let descs: Vec<_> =
+        (0..16u64).map(|i| BlockDesc::new(p.local.id(), i * 65536, p.remote.id(), i * 65536, 65536)).collect();
+    // The batch's own deadline is far past the wait's: an answer within
+    // the wait can only be the lane's error, not the batch timing out.
+    let deadline = Duration::from_secs(3600);
+    assert!(deadline > WAIT);
+    assert!(kvring::testing::panic_lane_on_next_part(&p.initiator, 0));
+    let id = sub.submit(&Batch::write(&p.segment).descs(&descs).deadline(deadline)).unwrap();
+    match sub.wait(id, WAIT) {
+        Ok(Outcome::Failed(Error::LaneDied { lane: 0, reason })) => {
+            assert!(reason.contains("injected by a test"), "{reason}")
+        }
+        other => panic!("expected LaneDied from lane 0, got {other:?}"),
+    }
+    assert_eq!(p.initiator.lane_stats()[0].panics, 1);
+    assert!(p.initiator.metrics_text().contains("kvring_lane_panics_total{lane=\"0\"} 1"));
+    // New work is refused at once with the same error, nothing queued.
+    match sub.submit(&Batch::write(&p.segment).descs(&descs)) {
+        Err(Error::LaneDied { lane: 0, .. }) => {}
+        other => panic!("expected LaneDied at submit, got {other:?}"),
+    }
+    assert_eq!(sub.in_flight(), 0);
+    // The regions the dead part named were handed back: they unregister.
+    drop(sub);
+    p.initiator.unregister(p.local.id()).unwrap();
 }

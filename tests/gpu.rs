@@ -79,7 +79,8 @@ fn run(sub: &mut kvring::Submitter, batch: &Batch) -> Outcome {
 
 fn read(region: &Region, offset: u64, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
-    region.read_at(offset, &mut out).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { region.read_at(offset, &mut out).unwrap() };
     out
 }
 
@@ -120,10 +121,13 @@ fn registration_tells_device_memory_from_host_memory() {
     assert_eq!(owned.memory(), kvring::MemoryKind::Gpu(other));
     assert!(owned.shm_path().is_none());
     let bytes = common::pattern(5000, 4);
-    owned.write_at(100, &bytes).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { owned.write_at(100, &bytes).unwrap() };
     assert_eq!(read(&owned, 100, 5000), bytes);
-    assert_eq!(owned.checksum(100, 5000).unwrap(), kvring::testing::checksum(&bytes));
-    assert!(owned.write_at((1 << 16) - 10, &bytes).is_err(), "bounds are checked before the GPU is asked");
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    assert_eq!(unsafe { owned.checksum(100, 5000).unwrap() }, kvring::testing::checksum(&bytes));
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    assert!(unsafe { owned.write_at((1 << 16) - 10, &bytes).is_err() }, "bounds are checked before the GPU is asked");
     let pinned = engine.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
     drop(engine);
     // SAFETY: the engine that registered it is gone.
@@ -217,7 +221,8 @@ fn cuda_ipc_moves_every_pairing_of_device_and_host_memory_in_one_process() {
             let what = format!("{local_name} -> {remote_name}");
             let source = common::pattern(3 * 4096, seed as u64 + 10);
             match local_region {
-                Some(region) => region.write_at(0, &source).unwrap(),
+                // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+                Some(region) => unsafe { region.write_at(0, &source).unwrap() },
                 None => caller[..source.len()].copy_from_slice(&source),
             }
             // Three adjacent blocks: one copy (coalesced) on the GPU's side.
@@ -247,7 +252,8 @@ fn adjacent_blocks_cost_one_copy_and_a_chunk_one_batched_call() {
     let initiator = engine("coalesce-initiator", &gpu);
     let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
-    local.fill_pattern(3);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(3) };
     let segment = open(&initiator, &target, None).unwrap();
     let mut sub = initiator.submitter().unwrap();
     let before = gpu.copy_counts();
@@ -274,7 +280,8 @@ fn a_batch_past_its_deadline_ends_only_once_its_copies_have() {
     let initiator = engine("slow-initiator", &gpu);
     let remote = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
     let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
-    local.fill_pattern(21);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(21) };
     let segment = open(&initiator, &target, None).unwrap();
     let mut sub = initiator.submitter().unwrap();
     let desc = [BlockDesc::new(local.id(), 0, remote.id(), 0, 4096)];
@@ -342,7 +349,8 @@ fn tcp_moves_device_memory_only_through_the_providers_copies() {
     let initiator = engine_on("gpu-initiator", &gpu);
     let theirs = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(other_gpu(&gpu))).unwrap();
     let segment = open(&initiator, &target, Some(TransportKind::Tcp)).unwrap();
-    theirs.write_at(0, &common::pattern(4096, 8)).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { theirs.write_at(0, &common::pattern(4096, 8)).unwrap() };
     let sum = segment.remote_checksum(theirs.id(), 0, 4096, WAIT).unwrap();
     assert_eq!(sum, kvring::testing::checksum(&common::pattern(4096, 8)));
 }
@@ -424,7 +432,8 @@ fn gpu_kv_cache(engine: &Engine, shape: kvring::kv::CacheShape, seed: u64) -> (V
             let bytes = (block_bytes * shape.blocks) as usize;
             let region =
                 engine.alloc_region(bytes, RegionInfo::raw().on_gpu(0).with_kind(kind).with_layer(layer)).unwrap();
-            region.fill_pattern(seed + regions.len() as u64);
+            // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+            unsafe { region.fill_pattern(seed + regions.len() as u64) };
             buffers.push(KvBuffer { kind, region: region.id(), offset: 0, block_bytes });
             regions.push(region);
         }
@@ -474,7 +483,8 @@ fn across_processes_legacy_handles_and_runs_of_pieces_open_and_move() {
     let gpu = provider();
     let initiator = engine_on("xproc-initiator", &gpu);
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
-    local.fill_pattern(31);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(31) };
     let mut sub = initiator.submitter().unwrap();
     for mode in ["legacy", "pieces"] {
         let target = ChildTarget::start(mode, 200);
@@ -543,7 +553,8 @@ fn each_in_place_when_reported_done(local_memory: RegionInfo, rounds: u64) {
     for i in 0..rounds {
         let block = (i % 256) * 4096;
         let bytes = (i as u32).to_le_bytes().repeat(1024);
-        local.write_at(block, &bytes).unwrap();
+        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+        unsafe { local.write_at(block, &bytes).unwrap() };
         let desc = [BlockDesc::new(local.id(), block, remote, block, 4096)];
         assert!(run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done(), "batch {i}");
         let sum = segment.remote_checksum(remote, block, 4096, WAIT).unwrap();
@@ -631,7 +642,8 @@ fn an_older_driver_falls_back_and_the_copies_still_land() {
     assert_eq!(initiator.gpu_copy_method(), Some(CopyMethod::PerCopy), "the engine says which path it takes");
     let remote = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
     let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
-    local.fill_pattern(5);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(5) };
     let segment = open(&initiator, &target, None).unwrap();
     let mut sub = initiator.submitter().unwrap();
     let desc = [BlockDesc::new(local.id(), 0, remote.id(), 0, 1 << 16)];
@@ -656,7 +668,8 @@ fn the_copy_kernel_takes_only_pinned_chunks_and_every_chunks_method_is_counted()
     let initiator = engine("kernel-initiator", &gpu);
     let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
     let pinned = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    pinned.fill_pattern(11);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { pinned.fill_pattern(11) };
     let mut pageable = common::pattern(1 << 16, 12);
     let addr = pageable.as_mut_ptr() as u64;
     // SAFETY: `pageable` outlives the engine's use of it (the engine drops first).
@@ -781,7 +794,8 @@ fn a_killed_cuda_ipc_target_is_seen_gone_its_memory_closed_and_its_successor_ope
     let Some(sim) = sim_only("restarted target (open and close counters)", sim()) else { return };
     let initiator = engine("restart-initiator", &sim);
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
-    local.fill_pattern(41);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(41) };
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let listen = format!("127.0.0.1:{port}");
     let mut target = ChildTarget::start_on("legacy", 0, &listen);
@@ -824,7 +838,8 @@ fn a_lost_gpu_under_a_peers_memory_fails_its_batches_and_the_lane_serves_the_oth
     let host_segment = open(&initiator, &host_peer, None).unwrap();
     let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
     let on_zero = initiator.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
-    on_zero.fill_pattern(43);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { on_zero.fill_pattern(43) };
     let mut sub = initiator.submitter().unwrap();
     sim.lose_device(1);
     let desc = [BlockDesc::new(local.id(), 0, remote.id, 0, 4096)];
@@ -867,7 +882,8 @@ fn a_copy_refused_mid_batch_drops_the_later_chunks_and_the_lane_serves_on() {
     let initiator = common::builder("midbatch-initiator").gpu(gpu.clone()).lanes(1).build().unwrap();
     let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    local.fill_pattern(47);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(47) };
     let segment = open(&initiator, &target, None).unwrap();
     let mut sub = initiator.submitter().unwrap();
     // 1000 blocks of 1 KiB, reversed on the remote side so no two merge:
@@ -904,7 +920,8 @@ fn raw_frames_aimed_at_a_gpu_region_are_staged_and_checked_like_host_ones() {
     let gpu = provider();
     let target = engine_on("raw-gpu-target", &gpu);
     let on_gpu = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
-    on_gpu.write_at(0, &common::pattern(4096, 53)).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { on_gpu.write_at(0, &common::pattern(4096, 53)).unwrap() };
     let host = target.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
     let mut s = std::net::TcpStream::connect(target.tcp_addr().unwrap()).unwrap();
     s.set_read_timeout(Some(WAIT)).unwrap();

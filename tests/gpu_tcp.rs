@@ -31,7 +31,8 @@ fn run(sub: &mut kvring::Submitter, batch: &Batch) -> Outcome {
 
 fn contents(region: &Region, offset: u64, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
-    region.read_at(offset, &mut out).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { region.read_at(offset, &mut out).unwrap() };
     out
 }
 
@@ -40,7 +41,8 @@ fn contents(region: &Region, offset: u64, len: usize) -> Vec<u8> {
 fn round_trip(sub: &mut kvring::Submitter, segment: &Segment, local: &Region, remote: &Region, blocks: u64, len: u64) {
     let bytes = (blocks * len) as usize;
     let source = common::pattern(bytes, blocks ^ len);
-    local.write_at(0, &source).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.write_at(0, &source).unwrap() };
     let out: Vec<_> = (0..blocks).map(|i| BlockDesc::new(local.id(), i * len, remote.id(), i * len, len)).collect();
     assert_eq!(run(sub, &Batch::write(segment).descs(&out)).into_result().unwrap(), bytes as u64);
     let landed = contents(remote, 0, bytes);
@@ -110,7 +112,8 @@ fn no_push_into_a_targets_gpu_is_done_before_its_bytes_are_there() {
     let mut sub = initiator.submitter().unwrap();
     for round in 0..20u64 {
         let block = common::pattern(4096, round);
-        local.write_at(0, &block).unwrap();
+        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+        unsafe { local.write_at(0, &block).unwrap() };
         let tag = kvring::kv::arrival_tag(1 + round as u32, 0).unwrap();
         let desc = [BlockDesc::new(local.id(), 0, remote.id(), round * 4096, 4096)];
         assert!(run(&mut sub, &Batch::write(&segment).descs(&desc).arrival_tag(tag)).is_done());
@@ -149,7 +152,8 @@ fn exhausted_staging_pages_make_chunks_wait_never_fail_others() {
     let initiator = engine("busy-initiator", &gpu);
     let local = initiator.alloc_region(64 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
     let remote = target.alloc_region(64 << 20, RegionInfo::raw()).unwrap();
-    local.write_at(0, &common::pattern(64 << 20, 77)).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.write_at(0, &common::pattern(64 << 20, 77)).unwrap() };
     let segment = tcp(&initiator, &target);
     let mut sub = initiator.submitter().unwrap();
     let mut ids = Vec::new();
@@ -236,7 +240,8 @@ fn pulling_more_than_the_targets_staging_pool_completes() {
     let gpu = Arc::new(SimGpu::new(1, Duration::from_micros(200)));
     let target = engine("deep-target", &gpu);
     let remote = target.alloc_region(96 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
-    remote.write_at(0, &common::pattern(96 << 20, 41)).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { remote.write_at(0, &common::pattern(96 << 20, 41)).unwrap() };
     let initiator = common::builder("deep-initiator").gpu(gpu.clone() as Arc<dyn Gpu>).lanes(2).build().unwrap();
     let local = initiator.alloc_region(96 << 20, RegionInfo::raw()).unwrap();
     let segment = tcp(&initiator, &target);
@@ -278,7 +283,8 @@ fn quiet_peers_holding_half_chunks_do_not_hold_the_staging_pool() {
     }
     let initiator = engine("beside-initiator", &gpu);
     let local = initiator.alloc_region(8 << 20, RegionInfo::raw()).unwrap();
-    local.write_at(0, &common::pattern(8 << 20, 3)).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.write_at(0, &common::pattern(8 << 20, 3)).unwrap() };
     let segment = tcp(&initiator, &target);
     let mut sub = initiator.submitter().unwrap();
     let descs: Vec<_> =
@@ -297,7 +303,8 @@ fn a_refused_staging_copy_fails_its_chunk_only() {
     let remote = target.alloc_region(4 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
     let initiator = engine("refused-initiator", &gpu);
     let local = initiator.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
-    local.write_at(0, &common::pattern(4 << 20, 8)).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.write_at(0, &common::pattern(4 << 20, 8)).unwrap() };
     let segment = tcp(&initiator, &target);
     let mut sub = initiator.submitter().unwrap();
     let descs = [BlockDesc::new(local.id(), 0, remote.id(), 0, 1 << 20)];
@@ -328,7 +335,8 @@ fn a_chunk_into_two_gpus_is_done_only_once_both_copies_are() {
     let mut sub = initiator.submitter().unwrap();
     for round in 0..10u64 {
         let bytes = common::pattern(8192, round);
-        local.write_at(0, &bytes).unwrap();
+        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+        unsafe { local.write_at(0, &bytes).unwrap() };
         let descs = [
             BlockDesc::new(local.id(), 0, first.id(), round * 4096, 4096),
             BlockDesc::new(local.id(), 4096, second.id(), round * 4096, 4096),

@@ -131,7 +131,8 @@ fn a_cma_target_that_execs_gets_nothing_in_its_new_image() {
     let addr = ready.split_whitespace().next().unwrap().to_string();
     let engine = common::engine("exec-initiator");
     let local = engine.alloc_region(LEN, RegionInfo::raw()).unwrap();
-    local.fill_pattern(3);
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { local.fill_pattern(3) };
     let segment = engine.open_segment(&addr).unwrap();
     assert_eq!(segment.transport(), TransportKind::Cma, "caller memory of a same-host peer");
     let remote = segment.region(0).unwrap();
@@ -164,7 +165,8 @@ fn a_slot_churned_past_its_generation_never_names_the_old_region_again() {
     let first = unsafe { target.register(old.as_mut_ptr(), old.len(), RegionInfo::raw()) }.unwrap();
     let initiator = common::engine("churn-initiator");
     let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
-    local.fill_pattern(8);
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { local.fill_pattern(8) };
     let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
     assert_eq!(segment.transport(), TransportKind::Cma);
     target.unregister(first).unwrap();
@@ -198,7 +200,8 @@ fn a_slot_churned_past_its_generation_never_names_the_old_region_again() {
 fn two_racing_unregisters_never_list_the_region_again() {
     let initiator = common::engine("race-initiator");
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    local.fill_pattern(5);
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { local.fill_pattern(5) };
     for round in 0..10 {
         let target = Arc::new(common::engine("race-target"));
         let mut memory = vec![0u8; 1 << 20];
@@ -307,7 +310,8 @@ fn a_forged_arrival_tag_from_another_sender_counts_nothing() {
     // The real push of request 42's blocks counts, and only it.
     let initiator = common::engine("tag-initiator");
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    local.fill_pattern(42);
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { local.fill_pattern(42) };
     let segment =
         initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
     let descs: Vec<_> = (4..8u64).map(|i| BlockDesc::new(local.id(), i * BLOCK, kv.id(), i * BLOCK, BLOCK)).collect();
@@ -317,8 +321,10 @@ fn a_forged_arrival_tag_from_another_sender_counts_nothing() {
     assert!(sub.wait(id, WAIT).unwrap().is_done());
     assert_eq!(target.landed(tag), 4 * BLOCK);
     let (mut here, mut there) = (vec![0u8; 4 * BLOCK as usize], vec![0u8; 4 * BLOCK as usize]);
-    local.read_at(4 * BLOCK, &mut here).unwrap();
-    kv.read_at(4 * BLOCK, &mut there).unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { local.read_at(4 * BLOCK, &mut here).unwrap() };
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { kv.read_at(4 * BLOCK, &mut there).unwrap() };
     assert!(here == there, "what was counted is request 42's bytes");
     assert_eq!(target.forget_arrival(tag), 4 * BLOCK);
 }
@@ -376,7 +382,8 @@ fn staged_push_against_a_pool_holder(token: Option<&str>) -> (Duration, Duration
     let epoch = kvring::testing::descriptor(&target).epoch;
     let initiator = tokened("staging-initiator");
     let local = initiator.alloc_region(8 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
-    local.fill_pattern(77);
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { local.fill_pattern(77) };
     let segment =
         initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
     // Warm (connections, staging pools), then the push alone: the median of three.
@@ -397,13 +404,12 @@ fn staged_push_against_a_pool_holder(token: Option<&str>) -> (Duration, Duration
     let session: Option<Proven> = token.map(|token| {
         let initiator = kvring::testing::control::Initiator { name: "hog".into(), epoch: 1, addr: String::new() };
         let deadline = Instant::now() + WAIT;
-        let session = kvring::testing::control::ControlClient::connect(&target.control_addr().to_string(), deadline)
+        kvring::testing::control::ControlClient::connect(&target.control_addr().to_string(), deadline)
             .unwrap()
             .handshake(&initiator, Some(&kvring::Token::new(token)), deadline)
             .unwrap()
             .session
-            .unwrap();
-        session
+            .unwrap()
     });
     let hostile: Vec<_> = (0..4)
         .map(|_| {
@@ -433,7 +439,8 @@ fn staged_push_against_a_pool_holder(token: Option<&str>) -> (Duration, Duration
         other => panic!("the second peer's push must complete: {other:?}"),
     }
     let mut landed = vec![0u8; 8 << 20];
-    device.read_at(0, &mut landed).unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { device.read_at(0, &mut landed).unwrap() };
     assert!(landed == common::pattern(8 << 20, 77), "the push landed");
     drop(hostile);
     (alone_took, took)
@@ -488,7 +495,8 @@ fn another_engines_region_files_handed_out_with_every_right_keep_their_owners_ri
     let victim = common::engine("victim");
     let local_only = RegionInfo::raw().with_access(Access::LOCAL_READ | Access::LOCAL_WRITE);
     let region = victim.alloc_region(4096, local_only).unwrap();
-    region.write_at(0, b"untouched").unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { region.write_at(0, b"untouched").unwrap() };
     // The hostile peer answers the handshake with the victim's descriptor
     // (its pid, epoch, files), claiming every right.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -518,7 +526,8 @@ fn another_engines_region_files_handed_out_with_every_right_keep_their_owners_ri
     });
     let initiator = common::engine("initiator");
     let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
-    local.write_at(0, b"OVERWRITE").unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { local.write_at(0, b"OVERWRITE").unwrap() };
     let segment = initiator.open_segment_with(&addr, Some(TransportKind::Shm), WAIT).unwrap();
     server.join().unwrap();
     let outcome = write_all_small(&initiator, &segment, local.id(), region.id());
@@ -527,7 +536,8 @@ fn another_engines_region_files_handed_out_with_every_right_keep_their_owners_ri
         other => panic!("the owner's rights decide, not the descriptor's: {other:?}"),
     }
     let mut bytes = [0u8; 9];
-    region.read_at(0, &mut bytes).unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { region.read_at(0, &mut bytes).unwrap() };
     assert_eq!(&bytes, b"untouched");
 }
 

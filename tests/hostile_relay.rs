@@ -359,12 +359,14 @@ fn an_on_path_relay_that_forwards_every_byte_changes_nothing() {
     let (target, engine, opened) = on_path(Tamper::Nothing);
     let segment = opened.unwrap();
     let local = engine.alloc_region(REGION, RegionInfo::raw()).unwrap();
-    local.fill_pattern(5);
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { local.fill_pattern(5) };
     let mut sub = engine.submitter().unwrap();
     let remote = segment.region(0).unwrap();
     let id = sub.submit(&Batch::write(&segment).block(BlockDesc::new(local.id(), 0, remote, 0, 4 * BLOCK))).unwrap();
     assert!(sub.wait(id, WAIT).unwrap().is_done());
-    assert_eq!(remote_sum(&target, 0, 4 * BLOCK), local.checksum(0, 4 * BLOCK as usize).unwrap());
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { assert_eq!(remote_sum(&target, 0, 4 * BLOCK), local.checksum(0, 4 * BLOCK as usize).unwrap()) };
 }
 
 #[test]
@@ -384,7 +386,8 @@ fn frames_an_on_path_relay_injects_replays_reorders_or_rewrites_are_refused_and_
         let (target, engine, opened) = on_path(tamper);
         let segment = opened.unwrap();
         let local = engine.alloc_region(REGION, RegionInfo::raw()).unwrap();
-        local.fill_pattern(9);
+        // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+        unsafe { local.fill_pattern(9) };
         let mut sub = engine.submitter().unwrap();
         let remote = segment.region(0).unwrap();
         let descs: Vec<_> = (0..4).map(|i| BlockDesc::new(local.id(), i * BLOCK, remote, i * BLOCK, BLOCK)).collect();

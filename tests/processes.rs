@@ -73,7 +73,8 @@ fn push_and_pull_across_two_processes_verified_on_the_target() {
     let target = serve("4MiB");
     let engine = common::engine("prefill-0");
     let local = engine.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
-    local.fill_pattern(21);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(21) };
     let segment = engine.open_segment(&target.addr).unwrap();
     assert_eq!(segment.name(), "decode-0");
     let remote = segment.region(0).unwrap();
@@ -82,14 +83,17 @@ fn push_and_pull_across_two_processes_verified_on_the_target() {
     let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
     assert_eq!(sub.wait(id, WAIT).unwrap().into_result().unwrap(), 4 << 20);
     let on_target = segment.remote_checksum(remote, 0, 4 << 20, WAIT).unwrap();
-    assert_eq!(on_target, local.checksum(0, 4 << 20).unwrap(), "the target holds exactly what was pushed");
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    assert_eq!(on_target, unsafe { local.checksum(0, 4 << 20).unwrap() }, "the target holds exactly what was pushed");
 
     // Pull back into a cleared region.
-    local.write_at(0, &vec![0u8; 4 << 20]).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.write_at(0, &vec![0u8; 4 << 20]).unwrap() };
     let id = sub.submit(&Batch::read(&segment).descs(&descs)).unwrap();
     sub.wait(id, WAIT).unwrap().into_result().unwrap();
     let mut pulled = vec![0u8; 4 << 20];
-    local.read_at(0, &mut pulled).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.read_at(0, &mut pulled).unwrap() };
     assert_eq!(pulled, pattern(4 << 20, 21));
 
     // A checksum past the region's end is refused by the target.
@@ -399,7 +403,8 @@ fn a_frozen_peer_does_not_hold_up_a_healthy_one_on_the_same_lane() {
     // deadline ends the frozen peer's batch.
     let engine = common::builder("prefill-0").lanes(1).io_timeout(Duration::from_secs(60)).build().unwrap();
     let local = engine.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
-    local.fill_pattern(7);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(7) };
     let to_frozen = engine.open_segment_with(&frozen.addr, Some(kvring::TransportKind::Tcp), WAIT).unwrap();
     let to_healthy = engine.open_segment_with(&healthy.addr, Some(kvring::TransportKind::Tcp), WAIT).unwrap();
     let mut sub = engine.submitter().unwrap();
@@ -409,8 +414,9 @@ fn a_frozen_peer_does_not_hold_up_a_healthy_one_on_the_same_lane() {
     common::wait_until_stopped(frozen.child.id());
     // 4 MiB to a peer that reads nothing: more than the socket buffers
     // hold, so the lane has frames it cannot send.
-    let deadline = Duration::from_secs(3);
-    let started = Instant::now();
+    // Long enough that the healthy peer's 21 MiB end first even on a
+    // loaded debug run; short of the io timeout and of WAIT.
+    let deadline = Duration::from_secs(8);
     let stuck = push_64k(&mut sub, &to_frozen, &local, 64, Some(deadline));
 
     // Meanwhile the healthy peer gets batch after batch, and several at once.
@@ -429,10 +435,10 @@ fn a_frozen_peer_does_not_hold_up_a_healthy_one_on_the_same_lane() {
     );
     assert!(engine.lane_stats()[0].peak_in_flight >= 2, "{:?}", engine.lane_stats());
 
-    // The frozen peer's batch ends at its deadline, not at the io timeout.
-    let outcome = sub.wait(stuck, WAIT).unwrap();
+    // The frozen peer's batch ends at its deadline (TimedOut), not at the
+    // 60 s io timeout, which would end it with the link's error instead.
+    let outcome = sub.wait(stuck, WAIT + deadline).unwrap();
     assert!(matches!(outcome, kvring::Outcome::TimedOut { .. }), "{outcome:?}");
-    assert!(started.elapsed() < deadline + Duration::from_secs(2), "{:?}", started.elapsed());
 
     // Its connection was closed (bytes of the timed-out batch could still
     // be on the wire), so the handle is stale; reopening by name works.
@@ -452,7 +458,8 @@ fn a_frozen_peer_does_not_hold_up_a_healthy_one_on_the_same_lane() {
     let id = sub.submit(&Batch::read(&to_healthy).descs(&descs)).unwrap();
     assert!(sub.wait(id, WAIT).unwrap().is_done());
     let mut got = vec![0u8; 1 << 20];
-    back.read_at(0, &mut got).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { back.read_at(0, &mut got).unwrap() };
     assert!(got == pattern(4 << 20, 7)[..1 << 20], "the healthy peer holds the pushed bytes");
 }
 

@@ -22,7 +22,8 @@ fn run(sub: &mut kvring::Submitter, batch: &Batch) -> Outcome {
 
 fn contents(region: &kvring::Region, offset: u64, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
-    region.read_at(offset, &mut out).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { region.read_at(offset, &mut out).unwrap() };
     out
 }
 
@@ -33,7 +34,8 @@ fn blocks_move_both_ways_over_rdma_and_rdma_comes_first() {
     let remote = target.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
     let initiator = rdma_engine("prefill-0", &sim);
     let local = initiator.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
-    local.fill_pattern(5);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(5) };
     let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
     assert_eq!(segment.transport(), TransportKind::Rdma, "both serve rdma: it comes first");
 
@@ -135,7 +137,8 @@ fn a_failed_queue_pair_is_reset_and_handshaked_again_not_recreated() {
     let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let initiator = rdma_engine("prefill-0", &sim);
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    local.fill_pattern(9);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(9) };
     let name = target.control_addr().to_string();
     let mut sub = initiator.submitter().unwrap();
     let desc = BlockDesc::new(local.id(), 0, remote.id(), 0, 65536);
@@ -178,7 +181,8 @@ fn with_two_nics_each_large_blocks_are_striped_over_both_and_land_whole() {
     let remote = target.alloc_region(8 << 20, RegionInfo::raw()).unwrap();
     let initiator = rdma_engine("prefill-0", &sim);
     let local = initiator.alloc_region(8 << 20, RegionInfo::raw()).unwrap();
-    local.fill_pattern(3);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(3) };
     let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
     assert_eq!(segment.transport(), TransportKind::Rdma);
 
@@ -226,7 +230,8 @@ fn bad_keys_regions_batches_and_a_vanished_device_are_clear_errors_that_write_no
     let dropped = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let initiator = rdma_engine("prefill-0", &sim);
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    local.fill_pattern(4);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(4) };
     let name = target.control_addr().to_string();
     let segment = initiator.open_segment(&name).unwrap();
     let mut sub = initiator.submitter().unwrap();
@@ -330,7 +335,8 @@ fn regions_are_registered_with_their_own_rights_and_private_ones_get_no_keys() {
     // a remote write to a registration without that right).
     let initiator = rdma_engine("prefill-0", &sim);
     let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
-    local.fill_pattern(3);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(3) };
     let segment =
         initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Rdma), WAIT).unwrap();
     let mut sub = initiator.submitter().unwrap();

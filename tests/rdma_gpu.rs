@@ -47,7 +47,8 @@ fn run(sub: &mut kvring::Submitter, batch: &Batch) -> Outcome {
 
 fn read(region: &Region, offset: u64, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
-    region.read_at(offset, &mut out).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { region.read_at(offset, &mut out).unwrap() };
     out
 }
 
@@ -76,8 +77,10 @@ fn gpu_memory_moves_both_ways_over_rdma_registered_once_per_region_and_nic() {
     let initiator = engine("prefill-0", &sim, &gpu);
     let local = initiator.alloc_region(8 << 20, GPU(1)).unwrap();
     let local_host = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    local.fill_pattern(5);
-    local_host.fill_pattern(6);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(5) };
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local_host.fill_pattern(6) };
     for engine in [&target, &initiator] {
         let stats = engine.rdma_device_mrs();
         assert_eq!((stats.regions, stats.dmabuf, stats.peer_memory, stats.failed), (1, 2, 0, 0), "{stats:?}");
@@ -166,7 +169,8 @@ fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_
 
     let initiator = engine("prefill-0", &sim, &gpu);
     let local = initiator.alloc_region(1 << 20, GPU(1)).unwrap();
-    local.fill_pattern(11);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(11) };
     let segment = open(&initiator, &target).unwrap();
     let mut sub = initiator.submitter().unwrap();
     let descs = [
@@ -296,7 +300,8 @@ fn no_batch_is_done_before_its_bytes_are_in_the_targets_gpu_memory() {
     for i in 0..500u64 {
         let block = (i % 256) * 4096;
         let bytes = (i as u32 + 1).to_le_bytes().repeat(1024);
-        local.write_at(block, &bytes).unwrap();
+        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+        unsafe { local.write_at(block, &bytes).unwrap() };
         let desc = [BlockDesc::new(local.id(), block, remote.id(), block, 4096)];
         done(run(&mut sub, &Batch::write(&segment).descs(&desc)));
         assert_eq!(read(&remote, block, 4096), bytes, "write {i} was done before it was in the target's GPU memory");
@@ -336,7 +341,8 @@ fn a_tagged_push_over_rdma_is_counted_on_the_target_as_it_lands_in_host_and_gpu_
         let remote = target.alloc_region(4 << 20, memory).unwrap();
         let initiator = engine("arrival-initiator", &sim, &gpu);
         let local = initiator.alloc_region(4 << 20, memory).unwrap();
-        local.fill_pattern(3);
+        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+        unsafe { local.fill_pattern(3) };
         let segment = open(&initiator, &target).unwrap();
         let mut sub = initiator.submitter().unwrap();
         let tag = arrival_tag(7, 3).unwrap();
@@ -442,7 +448,8 @@ fn gpu_kv_cache(engine: &Engine, shape: CacheShape, seed: u64) -> (Vec<Region>, 
         for (kind, block_bytes) in shape.kinds() {
             let info = GPU(0).with_kind(kind).with_layer(layer);
             let region = engine.alloc_region((block_bytes * shape.blocks) as usize, info).unwrap();
-            region.fill_pattern(seed + regions.len() as u64);
+            // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+            unsafe { region.fill_pattern(seed + regions.len() as u64) };
             buffers.push(KvBuffer { kind, region: region.id(), offset: 0, block_bytes });
             regions.push(region);
         }

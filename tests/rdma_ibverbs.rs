@@ -60,7 +60,8 @@ fn blocks_move_both_ways_through_engines_on_the_real_provider() {
     let remote = target.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
     let initiator = engine("ib-prefill", &["fakeroce0"]);
     let local = initiator.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
-    local.fill_pattern(9);
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { local.fill_pattern(9) };
     let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
     assert_eq!(segment.transport(), TransportKind::Rdma);
     let mut descs: Vec<BlockDesc> =
@@ -73,7 +74,8 @@ fn blocks_move_both_ways_through_engines_on_the_real_provider() {
     assert!(sub.wait(id, WAIT).unwrap().is_done());
     let source = pattern(4 << 20, 9);
     let mut got = vec![0u8; 4 << 20];
-    remote.read_at(0, &mut got).unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { remote.read_at(0, &mut got).unwrap() };
     for i in 0..64usize {
         assert_eq!(got[i * 8192..i * 8192 + 4096], source[i * 8192..i * 8192 + 4096]);
     }
@@ -89,7 +91,8 @@ fn blocks_move_both_ways_through_engines_on_the_real_provider() {
     let id = sub.submit(&Batch::read(&segment).descs(&reads)).unwrap();
     assert!(sub.wait(id, WAIT).unwrap().is_done());
     let mut read = vec![0u8; 65536];
-    back.read_at(0, &mut read).unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { back.read_at(0, &mut read).unwrap() };
     assert_eq!(read, source[1 << 20..(1 << 20) + 65536]);
     // More WRs than a send queue holds.
     let many: Vec<BlockDesc> =

@@ -28,7 +28,8 @@ fn a_qp_error_mid_batch_fails_the_batch_with_the_reason_and_the_next_batch_recon
     let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let initiator = engine("fault-prefill").unwrap();
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    local.fill_pattern(2);
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { local.fill_pattern(2) };
     let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
     let descs: Vec<BlockDesc> =
         (0..64).map(|i| BlockDesc::new(local.id(), i * 16384, remote.id(), i * 16384, 8192)).collect();
@@ -53,7 +54,8 @@ fn a_qp_error_mid_batch_fails_the_batch_with_the_reason_and_the_next_batch_recon
     assert!(outcome.is_done(), "{outcome:?}");
     let source = pattern(1 << 20, 2);
     let mut got = vec![0u8; 1 << 20];
-    remote.read_at(0, &mut got).unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { remote.read_at(0, &mut got).unwrap() };
     for i in 0..64usize {
         assert_eq!(got[i * 16384..i * 16384 + 8192], source[i * 16384..i * 16384 + 8192]);
     }

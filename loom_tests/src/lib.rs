@@ -6,6 +6,10 @@
 #[path = "../../src/sync.rs"]
 pub(crate) mod sync;
 
+/// The model of a lane's poller and its waker (an eventfd), for the
+/// doorbell's production form.
+pub use sync::poller;
+
 #[path = "../../src/ring/spsc.rs"]
 pub mod spsc;
 

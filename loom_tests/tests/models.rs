@@ -185,13 +185,16 @@ fn the_doorbell_never_loses_a_wake_up() {
         let lane_bell = bell_slot.clone();
         let lane_work = work.clone();
         // The lane parks until it sees work; a lost wake-up is a deadlock,
-        // which loom reports.
+        // which loom reports. It counts its parks: one ring ends at most
+        // one sleep.
         let lane = thread::spawn(move || {
             let bell = Arc::new(Doorbell::for_current_thread());
             *lane_bell.lock().unwrap() = Some(bell.clone());
+            let mut parks = 0;
             while !lane_work.load(Ordering::Acquire) {
-                bell.park(Duration::from_secs(1), || lane_work.load(Ordering::Acquire));
+                parks += u32::from(bell.park(Duration::from_secs(1), || lane_work.load(Ordering::Acquire)));
             }
+            parks
         });
         // Submitter: wait for the doorbell to exist, publish, ring.
         let bell = loop {
@@ -202,7 +205,44 @@ fn the_doorbell_never_loses_a_wake_up() {
         };
         work.store(true, Ordering::Release);
         bell.ring();
-        lane.join().unwrap();
+        let parks = lane.join().unwrap();
+        assert!(parks <= 1, "the lane slept {parks} times on one ring");
+    });
+}
+
+/// The production form: the lane sleeps in its poller (here the model of
+/// its eventfd waker), exactly as `Lane::park` calls `park_with`.
+#[test]
+fn the_doorbell_wakes_a_lane_asleep_in_its_poller_and_never_loses_the_wake() {
+    use kvring_loom::poller;
+    loom::model(|| {
+        let (poller, waker) = poller::pair();
+        let bell = Arc::new(Doorbell::for_poller(waker));
+        let work = Arc::new(AtomicBool::new(false));
+        let lane = {
+            let (bell, work) = (bell.clone(), work.clone());
+            thread::spawn(move || {
+                let (mut parks, mut wakes) = (0u32, 0u64);
+                while !work.load(Ordering::Acquire) {
+                    let parked = bell.park_with(
+                        Duration::from_secs(1),
+                        || work.load(Ordering::Acquire),
+                        |timeout| wakes += poller.wait(timeout),
+                    );
+                    parks += u32::from(parked);
+                }
+                (parks, wakes, poller)
+            })
+        };
+        work.store(true, Ordering::Release);
+        bell.ring();
+        let (parks, wakes, poller) = lane.join().unwrap();
+        // A sleep ends only on a wake (a lost one deadlocks the model), and
+        // there is one ring: at most one sleep, one wake consumed by it, and
+        // every wake either consumed or still pending for the next wait.
+        assert!(parks <= 1, "the lane slept {parks} times on one ring");
+        assert_eq!(u64::from(parks), wakes, "each sleep consumed the ring's wake");
+        assert!(wakes + poller.pending() <= 1, "one ring, at most one wake");
     });
 }
 

@@ -175,6 +175,12 @@ impl Engine {
         self.inner.lanes.iter().map(|l| l.shared.metrics.snapshot()).collect()
     }
 
+    /// Lane `lane`'s shared part, for the testing hooks.
+    #[cfg(feature = "testing")]
+    pub(crate) fn lane_shared(&self, lane: usize) -> Option<&crate::runtime::lane::LaneShared> {
+        self.inner.lanes.get(lane).map(|l| &*l.shared)
+    }
+
     /// This engine's own segment descriptor (what peers get in a handshake).
     pub(crate) fn descriptor(&self) -> SegmentDescriptor {
         self.inner.context.describe()

@@ -85,13 +85,28 @@ impl Region {
 
     /// Copies `bytes` into the region at `offset` (bounds checked; GPU
     /// memory through the provider's copy engine, waiting for it).
-    pub fn write_at(&self, offset: u64, bytes: &[u8]) -> Result<()> {
+    ///
+    /// A region is memory that this engine's lanes, its peers (over shm,
+    /// cma, tcp, a NIC) and other handles write while it is registered,
+    /// with no lock that this call could take: the caller keeps the copy
+    /// apart from them, as with any DMA buffer.
+    ///
+    /// # Safety
+    ///
+    /// For the whole call nothing else reads or writes
+    /// `offset..offset + bytes.len()` of this region: no batch naming those
+    /// bytes is in flight on this engine (submitted and not yet ended), no
+    /// peer's batch moves them (a target does not see those coming), and no
+    /// other thread copies into or out of them. A race is undefined
+    /// behaviour under Rust's memory model, not merely torn bytes.
+    pub unsafe fn write_at(&self, offset: u64, bytes: &[u8]) -> Result<()> {
         let dst = self.range(offset, bytes.len())?;
         match &self.memory {
             RegionMemory::Device { backing, .. } => backing.write(dst as u64, bytes),
             RegionMemory::Shm(_) => {
                 // SAFETY: `dst..dst+len` is inside the mapping (checked
-                // above), which cannot overlap a Rust slice the caller owns.
+                // above), which cannot overlap a Rust slice the caller owns;
+                // nothing else touches it during the copy (the contract).
                 unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
                 Ok(())
             }
@@ -100,12 +115,20 @@ impl Region {
 
     /// Copies from the region at `offset` into `out` (bounds checked; GPU
     /// memory through the provider's copy engine, waiting for it).
-    pub fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+    ///
+    /// # Safety
+    ///
+    /// For the whole call nothing writes `offset..offset + out.len()` of
+    /// this region: no batch that writes those bytes is in flight on this
+    /// engine or a peer, and no other thread copies into them (see
+    /// [`write_at`](Self::write_at)). Concurrent readers are fine.
+    pub unsafe fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let src = self.range(offset, out.len())?;
         match &self.memory {
             RegionMemory::Device { backing, .. } => backing.read(src as u64, out),
             RegionMemory::Shm(_) => {
-                // SAFETY: as in `write_at`.
+                // SAFETY: as in `write_at`; nothing writes the source during
+                // the copy (the contract).
                 unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
                 Ok(())
             }
@@ -114,21 +137,30 @@ impl Region {
 
     /// Checksum of `len` bytes at `offset`: equal to what the owning engine
     /// computes for a peer (`Segment::remote_checksum`).
-    pub fn checksum(&self, offset: u64, len: usize) -> Result<u64> {
+    ///
+    /// # Safety
+    ///
+    /// As [`read_at`](Self::read_at): nothing writes those bytes during the
+    /// call.
+    pub unsafe fn checksum(&self, offset: u64, len: usize) -> Result<u64> {
         let src = self.range(offset, len)?;
         match &self.memory {
             RegionMemory::Device { backing, .. } => crate::mem::checksum::checksum_device(backing, src as u64, len),
             // SAFETY: in bounds (checked) of a mapping this handle keeps
-            // alive; a concurrent transfer only makes the sum meaningless.
+            // alive; nothing writes it during the call (the contract).
             RegionMemory::Shm(_) => Ok(unsafe { crate::mem::checksum_shared(src, len) }),
         }
     }
 
     /// Fills the whole region with a deterministic pattern from `seed`
     /// (tests and the bench use it to make every block's bytes distinct).
-    pub fn fill_pattern(&self, seed: u64) {
-        // Written through a bounce buffer: the mapping may be written by
-        // lanes and peers at the same time, so no `&mut` to it is made.
+    ///
+    /// # Safety
+    ///
+    /// As [`write_at`](Self::write_at), for the whole region.
+    pub unsafe fn fill_pattern(&self, seed: u64) {
+        // Written through a bounce buffer, so no `&mut` to the mapping is
+        // ever made.
         const BOUNCE: usize = 1 << 20;
         let mut bounce = vec![0u8; BOUNCE.min(self.len())];
         let whole = self.len() - self.len() % 8;
@@ -136,11 +168,13 @@ impl Region {
         while offset < whole {
             let n = (whole - offset).min(BOUNCE);
             fill_words(&mut bounce[..n], seed, (offset / 8) as u64);
-            let _ = self.write_at(offset as u64, &bounce[..n]);
+            // SAFETY: the caller's contract covers the whole region.
+            let _ = unsafe { self.write_at(offset as u64, &bounce[..n]) };
             offset += n;
         }
         let tail: Vec<u8> = (0..self.len() - whole).map(|j| (seed as u8).wrapping_add(j as u8)).collect();
-        let _ = self.write_at(whole as u64, &tail);
+        // SAFETY: as above.
+        let _ = unsafe { self.write_at(whole as u64, &tail) };
     }
 }
 

@@ -149,15 +149,6 @@ impl Submitter {
         if segment.owner_epoch != self.engine.epoch {
             return Err(Error::invalid("segment", "handle was opened by another engine"));
         }
-        if segment.peer.is_stale() {
-            return Err(Error::PeerRestarted {
-                segment: segment.opened_as.clone(),
-                detail: "an earlier batch found it gone; open it again to reconnect".into(),
-            });
-        }
-        if segment.peer.is_closed() {
-            return Err(Error::UnknownSegment { segment: segment.opened_as.clone() });
-        }
         if descs.is_empty() {
             return Err(Error::invalid("batch", "no descriptors"));
         }
@@ -172,6 +163,20 @@ impl Submitter {
         let part_count = self.plan_parts(descs, &mut parts)?;
         let parts = &parts[..part_count];
 
+        // First: a dead lane's abort also leaves its peers' handles stale,
+        // and the lane, not the peer, is what the caller must hear about.
+        if let Some(dead) = parts.iter().find_map(|&(lane, _, _)| self.lanes[lane].lane.died()) {
+            return Err(dead);
+        }
+        if segment.peer.is_stale() {
+            return Err(Error::PeerRestarted {
+                segment: segment.opened_as.clone(),
+                detail: "an earlier batch found it gone; open it again to reconnect".into(),
+            });
+        }
+        if segment.peer.is_closed() {
+            return Err(Error::UnknownSegment { segment: segment.opened_as.clone() });
+        }
         if self.free_slots.is_empty() {
             return Err(Error::Busy { queue: "batch status table", capacity: self.status.capacity() });
         }

@@ -325,6 +325,12 @@ impl<T> Consumer<T> {
         available
     }
 
+    /// Entries consumed since the ring was made (wrapping): the position
+    /// of the next entry to read, in the producer's count.
+    pub fn position(&self) -> usize {
+        self.head
+    }
+
     /// Entries ready to read (reloads the producer's position).
     pub fn slots(&mut self) -> usize {
         self.available(usize::MAX)

@@ -47,6 +47,8 @@ pub struct LaneStatsSnapshot {
     pub staging_pools_released: u64,
     /// Staging pages held by chunks now.
     pub staging_pages_out: u64,
+    /// Times the lane panicked (0 or 1: a lane that panicked is dead).
+    pub panics: u64,
 }
 
 /// One lane's counters. Written by that lane only. The totals (parts,
@@ -59,6 +61,7 @@ pub(crate) struct LaneMetrics {
     total_bytes: AtomicU64,
     parks: AtomicU64,
     peak_in_flight: AtomicU64,
+    panics: AtomicU64,
     bytes: [[AtomicU64; TRANSPORTS]; OPS],
     batches: [[AtomicU64; TRANSPORTS]; OPS],
     errors: [AtomicU64; CODES],
@@ -120,6 +123,7 @@ impl LaneMetrics {
             total_bytes: AtomicU64::new(0),
             parks: AtomicU64::new(0),
             peak_in_flight: AtomicU64::new(0),
+            panics: AtomicU64::new(0),
             bytes: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             batches: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             errors: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -162,6 +166,11 @@ impl LaneMetrics {
         self.peak_in_flight.store(in_flight, Ordering::Relaxed);
     }
 
+    /// The lane panicked (and is dead).
+    pub fn panicked(&self) {
+        bump(&self.panics, 1);
+    }
+
     /// The totals now.
     pub fn snapshot(&self) -> LaneStatsSnapshot {
         LaneStatsSnapshot {
@@ -174,6 +183,7 @@ impl LaneMetrics {
             staging_pools: self.staging.pools_pinned.load(Ordering::Relaxed),
             staging_pools_released: self.staging.pools_released.load(Ordering::Relaxed),
             staging_pages_out: self.staging.pages_out.load(Ordering::Relaxed).max(0) as u64,
+            panics: load(&self.panics),
         }
     }
 
@@ -276,6 +286,10 @@ pub fn render(lanes: &[&LaneMetrics], engine: &EngineSeries) -> String {
     for (lane, metrics) in lanes.iter().enumerate() {
         let _ = writeln!(out, "kvring_lane_in_flight{{lane=\"{lane}\"}} {}", load(&metrics.in_flight));
     }
+    header(&mut out, "kvring_lane_panics_total", "counter", "Times a lane panicked (it is then dead).");
+    for (lane, metrics) in lanes.iter().enumerate() {
+        let _ = writeln!(out, "kvring_lane_panics_total{{lane=\"{lane}\"}} {}", load(&metrics.panics));
+    }
     for (index, (name, help)) in [
         ("kvring_segment_cache_hits_total", "Opens answered from the segment cache."),
         ("kvring_segment_cache_misses_total", "Opens that resolved the name."),
@@ -317,6 +331,7 @@ mod tests {
         a.batch(Opcode::Write, Some(TransportKind::Tcp), 0, 30_000);
         b.batch(Opcode::Read, Some(TransportKind::Shm), -(ErrorCode::OutOfBounds as i32), 2_000_000_000);
         a.occupancy(3, 1);
+        b.panicked();
         a.gpu_copies().count(CopyMethod::Kernel);
         b.gpu_copies().count(CopyMethod::Kernel);
         b.gpu_copies().count(CopyMethod::PerCopy);
@@ -332,6 +347,9 @@ mod tests {
         assert!(text.contains("kvring_ring_sqes_waiting{lane=\"0\"} 3"));
         assert!(text.contains("kvring_segment_cache_stale_evictions_total 1"));
         assert!(text.contains("kvring_metadata_calls_total 7"));
+        assert!(text.contains("kvring_lane_panics_total{lane=\"0\"} 0"), "{text}");
+        assert!(text.contains("kvring_lane_panics_total{lane=\"1\"} 1"), "{text}");
+        assert_eq!(b.snapshot().panics, 1);
         assert!(text.contains("kvring_gpu_chunks_total{method=\"kernel\"} 2"), "{text}");
         assert!(text.contains("kvring_gpu_chunks_total{method=\"per-copy\"} 1"), "{text}");
         assert!(text.contains("kvring_gpu_chunks_total{method=\"batched\"} 0"), "{text}");

@@ -68,3 +68,10 @@ pub use crate::segment::{RdmaInfo, SegmentDescriptor};
 pub fn descriptor(engine: &crate::Engine) -> SegmentDescriptor {
     engine.descriptor()
 }
+
+/// Makes `engine`'s lane `lane` panic while it executes the next batch part
+/// it takes, for tests of what a panicking lane does to the batches it
+/// holds. Returns false when the engine has no such lane.
+pub fn panic_lane_on_next_part(engine: &crate::Engine, lane: usize) -> bool {
+    engine.lane_shared(lane).map(|shared| shared.panic_on_next_part()).is_some()
+}

@@ -117,13 +117,15 @@ fn run_case(
 ) -> Result<GpuCase, String> {
     let seed = (block << 8) ^ op as u64;
     let label = format!("{} {}", op.name(), format_size(block));
-    local.fill_pattern(seed);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(seed) };
     if op == Opcode::Read {
         // The target holds the pattern; this side something else.
         let whole = (region_bytes / block) * block;
         let mut seeding = Progress::new(format!("{label}: seeding"), whole, plan.json);
         move_bytes(sub, segment, local, remote, Opcode::Write, region_bytes, block, whole, plan.shape, &mut seeding)?;
-        local.fill_pattern(!seed);
+        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+        unsafe { local.fill_pattern(!seed) };
     }
     let per_round = plan.total.div_ceil(ROUNDS as u64).div_ceil(block) * block;
     let covered = ((region_bytes / block) * block).min(per_round);
@@ -141,7 +143,8 @@ fn run_case(
     }
     drop(progress);
     let (p50_us, p99_us) = latency(sub, segment, local, remote, op, block, plan.latency_samples)?;
-    let expected = local.checksum(0, covered as usize).map_err(|e| e.to_string())?;
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    let expected = unsafe { local.checksum(0, covered as usize) }.map_err(|e| e.to_string())?;
     let actual = segment.remote_checksum(remote, 0, covered, Duration::from_secs(30)).map_err(|e| e.to_string())?;
     Ok(GpuCase {
         op,

@@ -47,8 +47,9 @@ pub struct RawSink {
 impl RawSink {
     /// Binds `ip:0` and serves in the background; with `token`, only
     /// clients that answer its challenge. Each connection runs on `core`
-    /// when given (where the engine's first lane runs, so the baseline takes
-    /// the path kvring takes).
+    /// when given: `kvring serve` gives a core none of its lanes runs on
+    /// (see [`sink_core`]), so the sink never shares a core with a busy
+    /// lane and the baseline is an upper bound of the socket path.
     pub fn start(ip: std::net::IpAddr, token: Option<Token>, core: Option<usize>) -> std::io::Result<Self> {
         let listener = TcpListener::bind(SocketAddr::new(ip, 0))?;
         let addr = listener.local_addr()?;
@@ -81,6 +82,18 @@ impl RawSink {
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
+}
+
+/// The core for the sink's connections: the first core this process may
+/// use that none of the engine's lanes (`lane_cores`) runs on; `None`
+/// (unpinned, the scheduler's choice) when every core has a lane.
+pub fn sink_core(lane_cores: &[Option<usize>]) -> Option<usize> {
+    let usable: Vec<usize> = core_affinity::get_core_ids().unwrap_or_default().into_iter().map(|c| c.id).collect();
+    free_core(&usable, lane_cores)
+}
+
+fn free_core(usable: &[usize], lane_cores: &[Option<usize>]) -> Option<usize> {
+    usable.iter().copied().find(|core| !lane_cores.contains(&Some(*core)))
 }
 
 fn serve(mut stream: TcpStream, token: Option<&Token>) -> std::io::Result<()> {
@@ -174,7 +187,10 @@ impl Polled {
         Ok(Self { stream, poll: Some((poll, mio::Events::with_capacity(4))) })
     }
 
-    /// Spins on the poller until the socket raises an edge.
+    /// Polls until the socket raises an edge, yielding the core between
+    /// looks as a lane waiting on its peer does (`Lane::round`): a sink or
+    /// client that shares its core with the other end, or with a lane,
+    /// lets it run instead of spinning out its time slice.
     fn wait(&mut self, since: Instant) -> std::io::Result<()> {
         loop {
             let ready = match &mut self.poll {
@@ -190,7 +206,7 @@ impl Polled {
             if ready {
                 return Ok(());
             }
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
     }
 
@@ -332,4 +348,17 @@ pub fn on_core<T: Send>(core: Option<usize>, work: impl FnOnce() -> T + Send) ->
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::free_core;
+
+    #[test]
+    fn the_sink_takes_a_core_no_lane_runs_on_or_none() {
+        assert_eq!(free_core(&[0, 1], &[Some(0)]), Some(1));
+        assert_eq!(free_core(&[0, 1, 2], &[Some(1), Some(0)]), Some(2));
+        assert_eq!(free_core(&[0, 1], &[Some(0), Some(1)]), None);
+        assert_eq!(free_core(&[0, 1], &[None]), Some(0));
+    }
 }

@@ -48,6 +48,7 @@ impl Lane {
     pub(super) fn end_ticket(&mut self, index: usize) {
         let Lane { shared, registry, rings, tickets, free_tickets, cq_backlog, config, links, .. } = self;
         let ticket = &mut tickets[index];
+        ticket.live = false;
         for region in ticket.leases.drain(..) {
             // SAFETY: the submitter kept these leases for this part, whose
             // chunks have all ended; each is given back once, here.

@@ -31,6 +31,9 @@ pub(super) struct Ticket {
     pub notify_reply: Option<mpsc::SyncSender<Result<()>>>,
     /// When the lane took the part (engine clock), for the latency histogram.
     pub started_ns: u64,
+    /// Set from the moment it names a part (or notification) until it is
+    /// ended: what a lane that panicked must still end.
+    pub live: bool,
 }
 
 impl Ticket {
@@ -45,6 +48,7 @@ impl Ticket {
             leases: Vec::new(),
             notify_reply: None,
             started_ns: 0,
+            live: false,
         }
     }
 }
@@ -89,6 +93,8 @@ impl Lane {
         ticket.progress = PartProgress::default();
         ticket.leases.clear();
         ticket.end = first_end;
+        ticket.notify_reply = None;
+        ticket.live = true;
         let id = BatchId::from_raw(sqe.batch_id);
         chunk.clear();
         ended_runs.clear();
@@ -148,7 +154,11 @@ impl Lane {
                 unsafe { post.registry.release_kept(region) };
             }
         }
-        if ticket.outstanding == 0 {
+        #[cfg(feature = "testing")]
+        if self.shared.panic_next_part.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            panic!("injected by a test: lane {} panics while it holds batch {:#x}", self.config.index, sqe.batch_id);
+        }
+        if self.tickets[ticket_index as usize].outstanding == 0 {
             self.end_ticket(ticket_index as usize);
         }
     }
@@ -201,6 +211,7 @@ impl Lane {
                 let ticket = &mut self.tickets[index as usize];
                 ticket.outstanding = 1;
                 ticket.notify_reply = Some(reply);
+                ticket.live = true;
                 ticket.link = Some(link);
                 self.links.chunk_started(link);
             }

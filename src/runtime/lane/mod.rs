@@ -12,6 +12,7 @@
 //! per-lane tables are preallocated when the lane starts (`start.rs`).
 
 mod complete;
+mod death;
 mod execute;
 mod links;
 mod poll;

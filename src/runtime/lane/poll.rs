@@ -14,6 +14,7 @@ use crate::ring::{Cqe, CqeKind};
 use crate::transport::{Block, ChunkEnd, Service, LINK_KEY_BASE};
 use mio::{Events, Poll};
 use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -78,7 +79,17 @@ pub(super) struct Lane {
     /// The target's receive completions this lane polls, if any.
     pub receiver: Option<Box<dyn crate::transport::Receiver>>,
     /// When the service next needs its deadlines looked at.
-    next_tick: Option<Instant>,
+    pub next_tick: Option<Instant>,
+}
+
+/// What the loop carries from one round to the next.
+#[derive(Default)]
+pub(super) struct RoundState {
+    /// Since when nothing was done (busy-poll window).
+    idle_since: Option<Instant>,
+    /// Since when the lane was asked to stop with work left.
+    stopping_since: Option<Instant>,
+    rounds: u32,
 }
 
 /// One submitter's rings and the lane's count of its tickets.
@@ -119,78 +130,99 @@ impl Lane {
         }
     }
 
+    /// The lane's loop. A panic anywhere in a round is caught here: the
+    /// lane then ends what it holds with [`Error::LaneDied`] and only
+    /// refuses work from then on (`death.rs`).
+    ///
+    /// [`Error::LaneDied`]: crate::Error::LaneDied
     pub async fn run(mut self) {
-        let mut idle_since: Option<Instant> = None;
-        let mut stopping_since: Option<Instant> = None;
-        let mut rounds: u32 = 0;
+        let mut state = RoundState::default();
         loop {
-            let commands = self.take_commands();
-            let served = if self.serving() { self.poll_io(Some(Duration::ZERO)) } else { 0 };
-            let worked = self.poll_links()
-                + self.poll_rings()
-                + self.announce_notifications()
-                + self.poll_receiver()
-                + commands
-                + served;
-            if self.free_tickets.len() < self.tickets.len() {
-                self.cancel_in_flight();
-                if worked == 0 || rounds.is_multiple_of(DEADLINE_CHECK_ROUNDS) {
-                    self.expire_in_flight();
-                }
+            // The lane's state after a panic is whatever the round left:
+            // `die` trusts none of it beyond what each ticket says it holds.
+            match catch_unwind(AssertUnwindSafe(|| self.round(&mut state))) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(payload) => return self.die_and_refuse(payload),
             }
-            if self.next_tick.is_some() && (worked == 0 || rounds.is_multiple_of(DEADLINE_CHECK_ROUNDS)) {
-                self.tick_service();
-            }
-            if worked > 0 {
-                idle_since = None;
-            } else if self.shared.stopping() {
-                let since = *stopping_since.get_or_insert_with(Instant::now);
-                if self.drained() {
-                    break;
-                }
-                if since.elapsed() > STOP_GRACE {
-                    // A peer that trickles replies (or none) must not hold
-                    // the engine's drop: end what is still in flight.
-                    self.abort_all("the engine stopped");
-                    if since.elapsed() > 2 * STOP_GRACE {
-                        break;
-                    }
-                }
-            } else {
-                let now = Instant::now();
-                match idle_since {
-                    None => idle_since = Some(now),
-                    Some(since) if now - since >= self.config.busy_poll => {
-                        // Still idle unless what woke it brought work: a
-                        // timeout or a stray wake parks again at once rather
-                        // than spinning a whole window (an idle lane costs
-                        // nothing).
-                        if self.arm_receiver() || self.park() > 0 {
-                            idle_since = None;
-                        }
-                    }
-                    // Waiting only on a GPU's copies, which need no thread:
-                    // keep polling their events.
-                    Some(_) if self.links.any_active() && !self.links.any_waiting_on_peers() => std::hint::spin_loop(),
-                    // Waiting on peers' replies, or on nothing in the busy
-                    // window: let a thread that shares this core run (often
-                    // the very peer on loopback, or the caller waiting on
-                    // this lane's completion); with none, yielding returns
-                    // at once and the lane keeps polling.
-                    Some(_) => std::thread::yield_now(),
-                }
-            }
-            rounds = rounds.wrapping_add(1);
-            if rounds.is_multiple_of(64) {
+            state.rounds = state.rounds.wrapping_add(1);
+            if state.rounds.is_multiple_of(64) {
                 // Let other tasks on this executor (future transports) run.
                 glommio::yield_if_needed().await;
             }
         }
-        self.abort_all("the lane stopped");
-        if let Some(service) = self.service.as_mut() {
-            // Peers see the engine gone at once.
-            service.close_all(self.poller.registry());
+        let finished = catch_unwind(AssertUnwindSafe(|| {
+            self.abort_all("the lane stopped");
+            if let Some(service) = self.service.as_mut() {
+                // Peers see the engine gone at once.
+                service.close_all(self.poller.registry());
+            }
+        }));
+        if let Err(payload) = finished {
+            self.die_and_refuse(payload);
         }
+    }
+
+    /// One round of the loop; false once the lane should exit.
+    fn round(&mut self, state: &mut RoundState) -> bool {
+        let commands = self.take_commands();
+        let served = if self.serving() { self.poll_io(Some(Duration::ZERO)) } else { 0 };
+        let worked = self.poll_links()
+            + self.poll_rings()
+            + self.announce_notifications()
+            + self.poll_receiver()
+            + commands
+            + served;
+        let rounds = state.rounds;
+        if self.free_tickets.len() < self.tickets.len() {
+            self.cancel_in_flight();
+            if worked == 0 || rounds.is_multiple_of(DEADLINE_CHECK_ROUNDS) {
+                self.expire_in_flight();
+            }
+        }
+        if self.next_tick.is_some() && (worked == 0 || rounds.is_multiple_of(DEADLINE_CHECK_ROUNDS)) {
+            self.tick_service();
+        }
+        if worked > 0 {
+            state.idle_since = None;
+        } else if self.shared.stopping() {
+            let since = *state.stopping_since.get_or_insert_with(Instant::now);
+            if self.drained() {
+                return false;
+            }
+            if since.elapsed() > STOP_GRACE {
+                // A peer that trickles replies (or none) must not hold
+                // the engine's drop: end what is still in flight.
+                self.abort_all("the engine stopped");
+                if since.elapsed() > 2 * STOP_GRACE {
+                    return false;
+                }
+            }
+        } else {
+            let now = Instant::now();
+            match state.idle_since {
+                None => state.idle_since = Some(now),
+                Some(since) if now - since >= self.config.busy_poll => {
+                    // Still idle unless what woke it brought work: a
+                    // timeout or a stray wake parks again at once rather
+                    // than spinning a whole window (an idle lane costs
+                    // nothing).
+                    if self.arm_receiver() || self.park() > 0 {
+                        state.idle_since = None;
+                    }
+                }
+                // Waiting only on a GPU's copies, which need no thread:
+                // keep polling their events.
+                Some(_) if self.links.any_active() && !self.links.any_waiting_on_peers() => std::hint::spin_loop(),
+                // Waiting on peers' replies, or on nothing in the busy
+                // window: let a thread that shares this core run (often
+                // the very peer on loopback, or the caller waiting on
+                // this lane's completion); with none, yielding returns
+                // at once and the lane keeps polling.
+                Some(_) => std::thread::yield_now(),
+            }
+        }
+        true
     }
 
     fn drained(&mut self) -> bool {
@@ -203,7 +235,7 @@ impl Lane {
     /// or a link's socket is ready, or the next deadline (a tick of the
     /// served connections, a part in flight); returns the work done on what
     /// woke it.
-    fn park(&mut self) -> usize {
+    pub(super) fn park(&mut self) -> usize {
         let timeout = self.park_timeout();
         let Lane { shared, poller, events, rings, config, seen_notifications, .. } = self;
         let notifications = config.notifications.as_deref();
@@ -294,14 +326,12 @@ impl Lane {
         let mut taken = 0;
         while let Some(command) = self.shared.commands.pop() {
             taken += 1;
+            if self.shared.death.get().is_some() {
+                self.dead_command(command);
+                continue;
+            }
             match command {
-                LaneCommand::AttachSubmitter(rings) => {
-                    let slot = RingSlot { rings: *rings, tickets: 0, cancels_seen: 0 };
-                    match self.rings.iter_mut().find(|r| r.is_none()) {
-                        Some(free) => *free = Some(slot),
-                        None => self.rings.push(Some(slot)),
-                    }
-                }
+                LaneCommand::AttachSubmitter(rings) => self.attach_submitter(*rings),
                 LaneCommand::AttachSegment { key, peer, state, link } => {
                     self.links.attach(key, peer, state, link, &mut self.ended)
                 }
@@ -334,9 +364,18 @@ impl Lane {
         taken
     }
 
+    /// Takes a new submitter's rings into a free slot.
+    pub(super) fn attach_submitter(&mut self, rings: SubmitterRings) {
+        let slot = RingSlot { rings, tickets: 0, cancels_seen: 0 };
+        match self.rings.iter_mut().find(|r| r.is_none()) {
+            Some(free) => *free = Some(slot),
+            None => self.rings.push(Some(slot)),
+        }
+    }
+
     /// Posts one notification CQE to each watching submitter that has none
     /// pending, when deliveries happened since the last look.
-    fn announce_notifications(&mut self) -> usize {
+    pub(super) fn announce_notifications(&mut self) -> usize {
         let Some(queue) = &self.config.notifications else { return 0 };
         let delivered = queue.delivered();
         if delivered == self.seen_notifications {
@@ -393,7 +432,7 @@ impl Lane {
         executed
     }
 
-    fn flush_cq_backlog(&mut self) {
+    pub(super) fn flush_cq_backlog(&mut self) {
         while let Some(&(ring, cqe)) = self.cq_backlog.front() {
             match self.rings.get_mut(ring).and_then(Option::as_mut).map(|r| r.rings.cq.push(cqe)) {
                 Some(Err(_)) => return,
@@ -503,7 +542,7 @@ impl Lane {
     }
 
     /// Ends everything in flight (the lane is exiting).
-    fn abort_all(&mut self, reason: &str) {
+    pub(super) fn abort_all(&mut self, reason: &str) {
         self.links.abort_all(reason, &mut self.ended);
         self.end_reported();
     }

@@ -16,7 +16,7 @@ use crate::transport::{LaneLink, LinkState};
 use crossbeam_queue::SegQueue;
 use crossbeam_utils::CachePadded;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
 /// One submitter's rings as a lane sees them.
@@ -98,6 +98,8 @@ pub(crate) enum LaneCommand {
 /// What submitters and the engine share with a lane.
 #[derive(Debug)]
 pub(crate) struct LaneShared {
+    /// Lane number.
+    pub index: usize,
     /// Core it is pinned to, if pinning succeeded.
     pub core: Option<usize>,
     /// Wakes the lane when it parks.
@@ -107,6 +109,11 @@ pub(crate) struct LaneShared {
     /// Counters (written by this lane only).
     pub metrics: CachePadded<LaneMetrics>,
     pub(super) stop: AtomicBool,
+    /// Set once, when the lane panicked: the panic's message.
+    pub(super) death: OnceLock<String>,
+    /// Armed by a test: the lane panics while it executes its next part.
+    #[cfg(feature = "testing")]
+    pub(super) panic_next_part: AtomicBool,
 }
 
 impl LaneShared {
@@ -120,6 +127,18 @@ impl LaneShared {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.doorbell.ring();
+    }
+
+    /// The error a dead lane answers with: `Some` once it panicked.
+    pub fn died(&self) -> Option<Error> {
+        self.death.get().map(|reason| Error::LaneDied { lane: self.index, reason: reason.clone() })
+    }
+
+    /// Arms a panic in the lane's next part, for tests of what a panicking
+    /// lane does to its batches.
+    #[cfg(feature = "testing")]
+    pub fn panic_on_next_part(&self) {
+        self.panic_next_part.store(true, Ordering::Release);
     }
 
     /// True once asked to stop.

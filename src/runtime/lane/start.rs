@@ -10,7 +10,7 @@ use crate::mem::Registry;
 use crossbeam_queue::SegQueue;
 use crossbeam_utils::CachePadded;
 use std::sync::atomic::AtomicBool;
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 
 /// Default io_uring buffer memory per lane executor: kvring does no storage
 /// I/O through glommio, so the minimum glommio accepts.
@@ -55,7 +55,13 @@ impl LaneHandle {
     pub fn stop_and_join(&mut self) {
         self.shared.stop();
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            if let Err(payload) = thread.join() {
+                tracing::error!(
+                    lane = self.shared.index,
+                    panic = %super::death::panic_message(&*payload),
+                    "lane thread ended in a panic"
+                );
+            }
         }
     }
 }
@@ -93,17 +99,30 @@ fn lane_thread(config: LaneConfig, registry: Arc<Registry>, ready: mpsc::Sender<
         }
     };
     let shared = Arc::new(LaneShared {
+        index,
         core,
         doorbell: Doorbell::for_poller(waker),
         commands: SegQueue::new(),
         metrics: CachePadded::new(LaneMetrics::new()),
         stop: AtomicBool::new(false),
+        death: OnceLock::new(),
+        #[cfg(feature = "testing")]
+        panic_next_part: AtomicBool::new(false),
     });
     let lane = Lane::new(config, shared.clone(), registry, poller);
-    if ready.send(Ok(shared)).is_err() {
+    if ready.send(Ok(shared.clone())).is_err() {
         return;
     }
-    executor.run(lane.run());
+    // The loop catches its own panics (`death.rs`); this catches one in the
+    // executor around it, so the lane is at least marked dead and refuses
+    // new work (what it held then waits for its deadlines).
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| executor.run(lane.run()))) {
+        let reason = super::death::panic_message(&*payload);
+        tracing::error!(lane = index, panic = %reason, "lane executor panicked; the lane is dead");
+        if shared.death.set(reason).is_ok() {
+            shared.metrics.panicked();
+        }
+    }
 }
 
 /// Names why glommio would not build a lane's executor, by its kind: a

@@ -19,11 +19,35 @@ pub(super) struct CaseResult {
     /// Median GB/s of the baseline rounds; `None` when there was none to
     /// measure (tcp to a target whose raw sink is not known).
     pub baseline_gbps: Option<f64>,
+    /// kvring's GB/s over the baseline's, per pair of rounds run back to
+    /// back: the median, and the lowest and highest (the spread).
+    pub ratio: Option<RatioSpread>,
     pub verified: bool,
     pub bytes: u64,
     pub seconds: f64,
     /// Requests to the metadata server while the case ran (opens only; 0).
     pub metadata_calls: u64,
+}
+
+/// A ratio measured over several paired rounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct RatioSpread {
+    pub median: f64,
+    pub low: f64,
+    pub high: f64,
+}
+
+impl RatioSpread {
+    /// Of the ratios `kvring[i] / baseline[i]` of rounds that ran back to
+    /// back; `None` when no pair had a baseline above zero.
+    pub fn of(pairs: &[(f64, f64)]) -> Option<Self> {
+        let mut ratios: Vec<f64> = pairs.iter().filter(|&&(_, b)| b > 0.0).map(|&(k, b)| k / b).collect();
+        if ratios.is_empty() {
+            return None;
+        }
+        let median = median(&mut ratios);
+        Some(Self { median, low: ratios[0], high: ratios[ratios.len() - 1] })
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -57,6 +81,9 @@ pub(super) fn run_case(
     let mut progress = Progress::new(label, per_round * ROUNDS as u64 * passes, options.json);
     let mut baseline_rounds = Vec::with_capacity(ROUNDS);
     let mut kvring_rounds = Vec::with_capacity(ROUNDS);
+    // Each kvring round beside the baseline round just before it: one noisy
+    // moment moves one pair, not the figure.
+    let mut pairs = Vec::with_capacity(ROUNDS);
     let (mut bytes, mut seconds) = (0u64, 0f64);
     for _ in 0..ROUNDS {
         let what = (op, block, per_round);
@@ -87,12 +114,16 @@ pub(super) fn run_case(
             }
         }
         kvring_rounds.push(moved as f64 / elapsed / 1e9);
+        if let Some(baseline) = baseline {
+            pairs.push((moved as f64 / elapsed / 1e9, baseline));
+        }
         bytes += moved;
         seconds += elapsed;
     }
     drop(progress);
     let baseline_gbps = (!baseline_rounds.is_empty()).then(|| median(&mut baseline_rounds));
     let gbps = median(&mut kvring_rounds);
+    let ratio = RatioSpread::of(&pairs);
 
     let lane_core = engine.lane_cores().first().copied().flatten();
     let (p50_us, p99_us, floor_p50_us) = round_trips(lane_core, sub, segment, local, remote, op, block, options)?;
@@ -107,6 +138,7 @@ pub(super) fn run_case(
         p99_us,
         floor_p50_us,
         baseline_gbps,
+        ratio,
         verified,
         bytes,
         seconds,
@@ -219,7 +251,8 @@ fn prepare(
     label: &str,
 ) -> Result<(), String> {
     let (op, block, seed) = what;
-    local.fill_pattern(seed);
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(seed) };
     if op == Opcode::Read {
         let whole = (region_bytes / block) * block;
         let mut seeding = Progress::new(format!("{label}: seeding"), whole, options.json);
@@ -235,7 +268,8 @@ fn prepare(
             options.shape(),
             &mut seeding,
         )?;
-        local.fill_pattern(!seed);
+        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+        unsafe { local.fill_pattern(!seed) };
     }
     Ok(())
 }
@@ -243,7 +277,24 @@ fn prepare(
 /// True when the first `covered` bytes of the target's region are the
 /// local region's (by checksum on both sides).
 fn verify(segment: &Segment, local: &Region, remote: kvring::RegionId, covered: u64) -> Result<bool, String> {
-    let expected = local.checksum(0, covered as usize).map_err(|e| e.to_string())?;
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    let expected = unsafe { local.checksum(0, covered as usize) }.map_err(|e| e.to_string())?;
     let actual = segment.remote_checksum(remote, 0, covered, Duration::from_secs(30)).map_err(|e| e.to_string())?;
     Ok(expected == actual)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ratio_is_the_median_of_paired_rounds_with_its_spread() {
+        // A noisy baseline round (the third) moves one pair, not the median.
+        let pairs = [(2.0, 2.0), (2.2, 2.0), (2.0, 0.5), (1.8, 2.0), (2.0, 2.0)];
+        let spread = RatioSpread::of(&pairs).unwrap();
+        assert_eq!(spread.median, 1.0);
+        assert_eq!((spread.low, spread.high), (0.9, 4.0));
+        assert_eq!(RatioSpread::of(&[(1.0, 0.0)]), None);
+        assert_eq!(RatioSpread::of(&[]), None);
+    }
 }

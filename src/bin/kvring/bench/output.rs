@@ -22,7 +22,7 @@ pub(super) fn baseline_name(options: &Options) -> Option<&'static str> {
 }
 
 pub(super) fn print_result(r: &CaseResult, options: &Options) {
-    let ratio = r.baseline_gbps.filter(|&b| b > 0.0).map(|b| r.gbps / b);
+    let ratio = r.ratio.map(|spread| spread.median);
     let batches = r.bytes.div_ceil(r.block * options.batch as u64).max(1);
     if options.json {
         let line = serde_json::json!({
@@ -41,15 +41,19 @@ pub(super) fn print_result(r: &CaseResult, options: &Options) {
             "baseline": baseline_name(options).unwrap_or("none"),
             "baseline_gbps": r.baseline_gbps,
             "ratio": ratio,
+            "ratio_low": r.ratio.map(|spread| spread.low),
+            "ratio_high": r.ratio.map(|spread| spread.high),
             "verified": r.verified,
             "metadata_calls": r.metadata_calls,
             "metadata_calls_per_batch": r.metadata_calls as f64 / batches as f64,
         });
         println!("{line}");
     } else {
-        let against = match (baseline_name(options), r.baseline_gbps) {
-            (Some(name), Some(gbps)) => {
-                format!("{name} {gbps:7.2} GB/s  ({:5.1}% of it)", ratio.unwrap_or(0.0) * 100.0)
+        // The median of the paired rounds' ratios; `--json` adds their
+        // spread (`ratio_low`, `ratio_high`).
+        let against = match (baseline_name(options), r.baseline_gbps, ratio) {
+            (Some(name), Some(gbps), Some(ratio)) => {
+                format!("{name} {gbps:7.2} GB/s  ({:5.1}% of it)", ratio * 100.0)
             }
             _ => format!("{:34}", "no baseline"),
         };

@@ -39,7 +39,8 @@ pub(super) fn token_overhead(config: &kvring::config::Config, options: &Options)
             let remote = segment.region(0).map_err(|e| e.to_string())?;
             let region_bytes = options.region_bytes.min(segment.regions()[0].len);
             let local = engine.alloc_region(region_bytes as usize, RegionInfo::raw()).map_err(|e| e.to_string())?;
-            local.fill_pattern(7);
+            // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+            unsafe { local.fill_pattern(7) };
             let mut sub = engine.submitter().map_err(|e| e.to_string())?;
             pin_caller(&engine);
             let started = Instant::now();
