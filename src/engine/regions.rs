@@ -257,7 +257,8 @@ impl Engine {
     /// ```no_run
     /// # let engine = kvring::Engine::builder().build().unwrap();
     /// let region = engine.alloc_region(1 << 20, kvring::RegionInfo::raw())?;
-    /// region.write_at(0, b"hello")?;
+    /// // SAFETY: no batch names the new region yet.
+    /// unsafe { region.write_at(0, b"hello")? };
     /// # Ok::<(), kvring::Error>(())
     /// ```
     pub fn alloc_region(&self, len: usize, info: RegionInfo) -> Result<Region> {
