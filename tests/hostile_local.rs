@@ -11,7 +11,7 @@ use common::WAIT;
 use kvring::gpu::{Gpu, SimGpu};
 use kvring::testing::control::{preface, read_frame, response, write_frame, MAX_CONTROL_MESSAGE_BYTES};
 use kvring::testing::tcp::{
-    ClientHello, End, FrameHeader, FrameOp, FrameSeal, ServerHello, FLAG_LAST, SERVER_HELLO_BYTES,
+    ClientHello, End, FrameHeader, FrameOp, FrameSeal, ServerHello, FLAG_LAST, FRAME_HEADER_BYTES, SERVER_HELLO_BYTES,
 };
 use kvring::{Access, Batch, BlockDesc, Engine, Error, Outcome, RegionId, RegionInfo, Segment, TransportKind};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -275,7 +275,7 @@ fn tagged_write(
     header.status = tag as i32;
     s.write_all(header.as_bytes()).unwrap();
     s.write_all(payload).unwrap();
-    let mut ack = [0u8; 48];
+    let mut ack = [0u8; FRAME_HEADER_BYTES];
     s.read_exact(&mut ack).unwrap();
     FrameHeader::read_from_bytes(&ack).unwrap().status
 }

@@ -50,8 +50,10 @@ impl Engine {
     /// inside them count under `tag`. Another peer (or another request)
     /// tagging its writes with it counts nothing; a landing whose place the
     /// target cannot see (an RDMA WRITE_WITH_IMM) does not count under a
-    /// granted tag. Refused (`InvalidArgument`) for a tag already granted
-    /// or already counting: two requests chose the same tag.
+    /// granted tag, and a granted byte counts once however often it lands.
+    /// What the tag counted before its grant is dropped. Refused
+    /// (`InvalidArgument`) for a tag already granted: two requests chose
+    /// the same tag.
     ///
     /// ```no_run
     /// # fn demo(engine: &kvring::Engine, kv: kvring::RegionId) -> kvring::Result<()> {
@@ -71,7 +73,7 @@ impl Engine {
             let reason = match why {
                 crate::arrival::GrantRefused::Zero => "tag 0 means untagged".to_string(),
                 crate::arrival::GrantRefused::InUse => {
-                    format!("tag {tag:#x} is granted already or already counting: two requests chose the same tag")
+                    format!("tag {tag:#x} is granted already: two requests chose the same tag")
                 }
                 crate::arrival::GrantRefused::Full => format!(
                     "no room for tag {tag:#x}, or its ranges are empty or more than {}",

@@ -30,7 +30,7 @@
 //! bounded; a region whose initiators do not finish in time stays
 //! registered and `unregister` says `RegionBusy`.
 
-use super::sys::{process_start, same_process, Pidfd};
+use super::sys::{pid_alive, process_start, same_process, Pidfd};
 use crate::desc::RegionId;
 use crate::error::{Error, Result};
 use crate::mem::shm::PeerRegion;
@@ -145,7 +145,9 @@ impl Page {
             let busy = (0..MAX_CMA_USERS)
                 .filter(|&i| {
                     let word = self.user(i).load(Ordering::SeqCst);
-                    word as u32 != 0 && same_process((word >> 32) as u32, self.user_start(i).load(Ordering::SeqCst))
+                    // A slot still being claimed counts no call.
+                    let calls = word & (CLAIMING - 1);
+                    calls != 0 && same_process((word >> 32) as u32, self.user_start(i).load(Ordering::SeqCst))
                 })
                 .count() as u32;
             if busy == 0 || Instant::now() >= deadline {
@@ -490,19 +492,38 @@ impl Page {
     }
 }
 
+/// The low half of a user slot's word while its claimer writes its start
+/// time. No call is counted before the slot is published (the count is 0
+/// under the mark), `drain` counts such a slot as idle, and other claimers
+/// skip it unless its claimer's pid is gone. Counts never reach 2^31.
+const CLAIMING: u64 = 1 << 31;
+
 /// Takes a free user slot, or one left by a process that is gone (its pid
-/// free, or naming a process that started at another time).
+/// free, or naming a process that started at another time). In two steps:
+/// the slot is marked as being claimed by this pid, its start time is
+/// written, and only then is it published; a claimer never pairs its pid
+/// with another process's start time, where a racing claimer would take
+/// the slot as a dead process's and the target would stop draining it.
 fn claim_user(page: &Page) -> Option<usize> {
     let me = std::process::id();
     let ours = u64::from(me) << 32;
+    let start = process_start(me).unwrap_or(0);
     let claimed = (0..MAX_CMA_USERS).find(|&i| {
         let slot = page.user(i);
         let word = slot.load(Ordering::SeqCst);
-        let free = word == 0 || !same_process((word >> 32) as u32, page.user_start(i).load(Ordering::SeqCst));
-        free && slot.compare_exchange(word, ours, Ordering::SeqCst, Ordering::Relaxed).is_ok()
+        let pid = (word >> 32) as u32;
+        let free = word == 0
+            || if word & CLAIMING != 0 {
+                !pid_alive(pid)
+            } else {
+                !same_process(pid, page.user_start(i).load(Ordering::SeqCst))
+            };
+        free && slot.compare_exchange(word, ours | CLAIMING, Ordering::SeqCst, Ordering::Relaxed).is_ok()
     })?;
-    // Before any call is counted in the slot (no target counts a slot at 0).
-    page.user_start(claimed).store(process_start(me).unwrap_or(0), Ordering::SeqCst);
+    page.user_start(claimed).store(start, Ordering::SeqCst);
+    // Published: (pid, start) now agree. Nobody else writes a slot marked by
+    // a live claimer, and calls are counted only after this returns.
+    page.user(claimed).store(ours, Ordering::SeqCst);
     Some(claimed)
 }
 
@@ -568,5 +589,34 @@ mod tests {
         assert_eq!(page.drain(Instant::now() + Duration::from_secs(1)), 0, "a reused pid is not waited for");
         page.user_start(17).store(start, Ordering::SeqCst);
         assert_eq!(page.drain(Instant::now()), 1, "the same process inside a call is waited for");
+    }
+
+    /// The claim race a hostile review found: a slot whose new pid sat
+    /// beside its old owner's start time looked dead to a second claimer,
+    /// and the target stopped draining it. A slot being claimed by a live
+    /// process is now skipped by other claimers and counts no call; one
+    /// whose claimer died is taken again.
+    #[test]
+    fn a_slot_being_claimed_is_skipped_by_other_claimers_and_counts_no_call() {
+        let page = Page { mapping: ShmMapping::create(Page::len_for(1), 1).unwrap(), capacity: 1 };
+        let me = u64::from(std::process::id()) << 32;
+        let stale_start = process_start(std::process::id()).unwrap() + 1;
+        for i in 0..MAX_CMA_USERS {
+            // A live claimer halfway: its pid, the previous owner's start.
+            page.user(i).store(me | CLAIMING, Ordering::SeqCst);
+            page.user_start(i).store(stale_start, Ordering::SeqCst);
+        }
+        assert_eq!(claim_user(&page), None, "a live claimer's slot is not taken");
+        assert_eq!(page.drain(Instant::now()), 0, "a slot being claimed counts no call");
+        let dead = {
+            let mut child = std::process::Command::new("true").spawn().unwrap();
+            let pid = child.id();
+            child.wait().unwrap();
+            pid
+        };
+        page.user(5).store(u64::from(dead) << 32 | CLAIMING, Ordering::SeqCst);
+        assert_eq!(claim_user(&page), Some(5), "a dead claimer's slot is taken again");
+        assert_eq!(page.user(5).load(Ordering::SeqCst), me, "published with no mark and no call");
+        assert_eq!(page.user_start(5).load(Ordering::SeqCst), stale_start - 1, "beside its own start");
     }
 }

@@ -239,6 +239,13 @@ impl Service for Served {
                 self.close(registry, index, true);
                 continue;
             }
+            if slot.conn.stall_expired(now) {
+                // No page came back in time: driven again, its frame is
+                // refused `Busy` rather than left waiting for ever.
+                slot.conn.unstall();
+                self.stalled.retain(|&at| at != index);
+                self.again.push(index);
+            }
             slot.conn.shrink_if_idle(now);
             let deadline = slot.conn.next_deadline();
             next = Some(next.map_or(deadline, |n| n.min(deadline)));

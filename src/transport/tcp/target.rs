@@ -286,10 +286,22 @@ impl TargetConn {
             (_, None) if self.buffer.capacity() > 0 => self.last_active + BUFFER_IDLE_FREE,
             (_, None) => self.last_active + IDLE_TIMEOUT,
         };
-        match self.staged_front_since {
+        let next = match self.staged_front_since {
             Some(since) => next.min(since + staging::STAGED_SEND_TIMEOUT),
             None => next,
+        };
+        // A frame waiting for staging pages is refused `Busy` at its stall
+        // limit even if no page ever comes back to wake it.
+        match self.stalled_since.filter(|_| self.stalled) {
+            Some(since) => next.min(since + staging::STAGE_STALL_LIMIT),
+            None => next,
         }
+    }
+
+    /// True when a frame has waited for staging pages past the limit: it
+    /// must be driven again (and refused) without waiting for a page.
+    pub(crate) fn stall_expired(&self, now: Instant) -> bool {
+        self.stalled && self.stalled_since.is_some_and(|since| now >= since + staging::STAGE_STALL_LIMIT)
     }
 
     /// The connection ran out of time to prove itself: queues a refusal

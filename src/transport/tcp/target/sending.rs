@@ -28,13 +28,14 @@ impl TargetConn {
         let mut progressed = false;
         loop {
             let ready = self.open_gates();
-            // The send deadline of a staged READ answer runs from when it
-            // is ready at the front until it is sent.
-            match self.replies.front() {
-                Some(front) if ready > 0 && front.group.is_some() => {
-                    self.staged_front_since.get_or_insert_with(std::time::Instant::now);
-                }
-                _ => self.staged_front_since = None,
+            // The send deadline runs while a staged READ answer is ready to
+            // go, wherever it is in the queue (plain answers in front of it
+            // must not shield its pages), and the peer takes nothing: every
+            // write restarts it.
+            if self.replies.iter().take(ready).any(|reply| reply.group.is_some()) {
+                self.staged_front_since.get_or_insert_with(std::time::Instant::now);
+            } else {
+                self.staged_front_since = None;
             }
             if ready == 0 {
                 return Ok(progressed);
@@ -72,6 +73,8 @@ impl TargetConn {
                 Err(_) => return Err(Close::PeerGone),
             };
             progressed = true;
+            // The peer takes its answers: the send deadline starts again.
+            self.staged_front_since = None;
             while written > 0 {
                 let Some(front) = self.replies.front() else { break };
                 let left = front.total() - self.front_sent;
