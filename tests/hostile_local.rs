@@ -7,11 +7,12 @@
 
 mod common;
 
+use common::raw::{data_connection, tagged_write};
 use common::WAIT;
 use kvring::gpu::{Gpu, SimGpu};
 use kvring::testing::control::{preface, read_frame, response, write_frame, MAX_CONTROL_MESSAGE_BYTES};
 use kvring::testing::tcp::{
-    ClientHello, End, FrameHeader, FrameOp, FrameSeal, ServerHello, FLAG_LAST, FRAME_HEADER_BYTES, SERVER_HELLO_BYTES,
+    ClientHello, End, FrameHeader, FrameOp, FrameSeal, ServerHello, FLAG_LAST, SERVER_HELLO_BYTES,
 };
 use kvring::{Access, Batch, BlockDesc, Engine, Error, Outcome, RegionId, RegionInfo, Segment, TransportKind};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -247,38 +248,6 @@ fn two_racing_unregisters_never_list_the_region_again() {
 }
 
 // ---- Row 6: a forged arrival tag, and a zero-length one ------------------
-
-/// A raw, tokenless data connection to `target`'s tcp listener.
-fn data_connection(target: &Engine) -> std::net::TcpStream {
-    let descriptor = kvring::testing::descriptor(target);
-    let mut s = std::net::TcpStream::connect(descriptor.tcp_addr.as_deref().unwrap()).unwrap();
-    s.set_read_timeout(Some(WAIT)).unwrap();
-    s.write_all(ClientHello::new(descriptor.epoch, [0; 16], [0; 16], [0x3c; 16]).as_bytes()).unwrap();
-    let mut hello = [0u8; SERVER_HELLO_BYTES];
-    s.read_exact(&mut hello).unwrap();
-    assert_eq!(ServerHello::read_from_bytes(&hello).unwrap().status, 0);
-    s
-}
-
-/// One tagged WRITE frame (a chunk of its own) and its ack's status.
-fn tagged_write(
-    s: &mut std::net::TcpStream,
-    epoch: u64,
-    region: RegionId,
-    offset: u64,
-    payload: &[u8],
-    tag: u32,
-) -> i32 {
-    let mut header = FrameHeader::new(FrameOp::Write, epoch, 1, region.raw(), offset, payload.len() as u64);
-    // FLAG_TAGGED (0x2) with the tag in the status field, as the wire spec says.
-    header.flags = FLAG_LAST | 0x2;
-    header.status = tag as i32;
-    s.write_all(header.as_bytes()).unwrap();
-    s.write_all(payload).unwrap();
-    let mut ack = [0u8; FRAME_HEADER_BYTES];
-    s.read_exact(&mut ack).unwrap();
-    FrameHeader::read_from_bytes(&ack).unwrap().status
-}
 
 #[test]
 fn a_forged_arrival_tag_from_another_sender_counts_nothing() {

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use kvring::{Engine, EngineBuilder};
 use std::time::{Duration, Instant};
 
