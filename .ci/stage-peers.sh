@@ -23,7 +23,11 @@ fi
 # Always from this tree: the Python layer under test is what pip copies
 # (maturin's cargo build in target/ is incremental after .ci/test's).
 echo "+ $venv/bin/pip install -q .[test]"
-"$venv/bin/pip" install -q ".[test]"
+if [ -n "${KVRING_WHEEL:-}" ]; then
+    "$venv/bin/pip" install -q --no-deps --force-reinstall "$KVRING_WHEEL"
+else
+    "$venv/bin/pip" install -q ".[test]"
+fi
 
 # NIXL itself (its _api needs numpy; --no-deps keeps its pins out, as
 # .ci/test does), pytest-timeout (NIXL's tests mark per-test limits), and
