@@ -416,6 +416,7 @@ mod tests {
     /// nothing more: an engine at the region limit with the most NICs
     /// still fits a control message many times over.
     #[test]
+    #[cfg_attr(miri, ignore = "every region of the limit: minutes under Miri; the small descriptors run the same code")]
     fn rdma_keys_for_many_regions_keep_the_handshake_small() {
         use prost::Message;
         let regions = crate::engine::EngineConfig::default().max_regions;
