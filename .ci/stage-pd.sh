@@ -29,7 +29,7 @@ step "pip install torch transformers (the example's dependencies)"
 "$venv/bin/pip" install -q --upgrade pip
 "$venv/bin/pip" install -q torch transformers
 step "pip install . (kvring, maturin release build)"
-"$venv/bin/pip" install -q --no-deps --force-reinstall "${KVRING_WHEEL:-.}"
+"$venv/bin/pip" install -q --no-deps --force-reinstall "${CI_WHEEL_KVRING:-.}"
 step "python examples/pd/run.py --check"
 start=$(date +%s)
 HF_HUB_OFFLINE=1 "$venv/bin/python" examples/pd/run.py --check

@@ -23,8 +23,8 @@ fi
 # Always from this tree: the Python layer under test is what pip copies
 # (maturin's cargo build in target/ is incremental after .ci/test's).
 echo "+ $venv/bin/pip install -q .[test]"
-if [ -n "${KVRING_WHEEL:-}" ]; then
-    "$venv/bin/pip" install -q --no-deps --force-reinstall "$KVRING_WHEEL"
+if [ -n "${CI_WHEEL_KVRING:-}" ]; then
+    "$venv/bin/pip" install -q --no-deps --force-reinstall "$CI_WHEEL_KVRING"
 else
     "$venv/bin/pip" install -q ".[test]"
 fi

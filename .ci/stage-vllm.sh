@@ -54,7 +54,7 @@ else
 fi
 
 step "kvring into the venv (pip install . : maturin, release)"
-run "$venv/bin/pip" install -q --no-deps --force-reinstall "${KVRING_WHEEL:-.}"
+run "$venv/bin/pip" install -q --no-deps --force-reinstall "${CI_WHEEL_KVRING:-.}"
 
 failed=0
 passed=0
