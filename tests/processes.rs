@@ -4,7 +4,7 @@
 mod common;
 
 use common::{kvring_bin, pattern, WAIT};
-use kvring::testing::control::{decode_response, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES};
+use kvring::testing::control::{decode_response, read_frame, write_frame, CONTROL_VERSION, MAX_CONTROL_MESSAGE_BYTES};
 use kvring::testing::control::{request, response, HandshakeRequest, Request};
 use kvring::{Batch, BlockDesc, Error, ErrorCode, RegionInfo};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -238,7 +238,7 @@ fn malformed_and_wrong_version_control_messages_get_clear_errors_and_the_server_
         other => panic!("{other:?}"),
     }
     // An empty request.
-    write_frame(&mut stream, &Request { version: 2, body: None }).unwrap();
+    write_frame(&mut stream, &Request { version: CONTROL_VERSION, body: None }).unwrap();
     assert!(matches!(reply_of(&mut stream), Err(Error::Remote { code: ErrorCode::MalformedMessage, .. })));
 
     // An oversized length: an error reply, then the connection is closed.
