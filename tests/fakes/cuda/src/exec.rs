@@ -279,6 +279,8 @@ pub unsafe extern "C" fn cuStreamCreate(out: *mut Handle, _flags: c_uint) -> CUr
             .map_err(|_| err::OUT_OF_MEMORY)?;
         let id = d.exec.take();
         d.exec.streams.insert(id, stream);
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(out, id as Handle) }
     }))
 }
@@ -334,6 +336,8 @@ pub unsafe extern "C" fn cuStreamGetCtx(h: Handle, ctx: *mut CUcontext) -> CUres
             Some(s) => s.device,
             None => d.current()?,
         };
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(ctx, super::context_handle(device)) }
     }))
 }
@@ -362,6 +366,8 @@ pub unsafe extern "C" fn cuEventCreate(out: *mut Handle, _flags: c_uint) -> CUre
         let device = d.current()?;
         let id = d.exec.take();
         d.exec.events.insert(id, EventObj { device, recorded: None });
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(out, id as Handle) }
     }))
 }
@@ -643,6 +649,8 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_v
         }
         let id = d.exec.take();
         d.exec.modules.insert(id, Module { device, image: text });
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(module, id as Handle) }
     }))
 }
@@ -658,6 +666,8 @@ pub unsafe extern "C" fn cuModuleGetFunction(f: *mut Handle, module: Handle, nam
         let device = m.device;
         let id = d.exec.take();
         d.exec.functions.insert(id, (device, name));
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(f, id as Handle) }
     }))
 }

@@ -243,6 +243,7 @@ pub(crate) unsafe fn put<T>(out: *mut T, value: T) -> Result<(), CUresult> {
     if out.is_null() {
         return Err(err::INVALID_VALUE);
     }
+    // SAFETY: not null (checked above); the caller vouches it is valid.
     unsafe { out.write_unaligned(value) };
     Ok(())
 }
@@ -251,6 +252,8 @@ pub(crate) unsafe fn put<T>(out: *mut T, value: T) -> Result<(), CUresult> {
 pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
     // [ref: 6.4 Version Management: callable before cuInit.]
     let wanted = config().version;
+    // SAFETY: an out-pointer the caller passes under the Driver API's contract
+    // (valid for this write or null); `put` refuses null.
     code(unsafe { put(version, wanted) })
 }
 
@@ -278,11 +281,15 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    // SAFETY: an out-pointer the caller passes under the Driver API's contract
+    // (valid for this write or null); `put` refuses null.
     code(with(|d| unsafe { put(count, d.device_count() as c_int) }))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
+    // SAFETY: an out-pointer the caller passes under the Driver API's contract
+    // (valid for this write or null); `put` refuses null.
     code(with(|d| unsafe { put(device, d.check_device(ordinal)?) }))
 }
 
@@ -303,6 +310,8 @@ unsafe fn put_text(out: *mut c_char, len: c_int, text: &str) -> Result<(), CUres
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, device: CUdevice) -> CUresult {
     code(with(|d| {
         let device = d.check_device(device)?;
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put_text(name, len, &format!("Fake GPU {device} (fakecuda)")) }
     }))
 }
@@ -311,6 +320,8 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, device: 
 pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus: *mut c_char, len: c_int, device: CUdevice) -> CUresult {
     code(with(|d| {
         let device = d.check_device(device)?;
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put_text(bus, len, &format!("0000:{:02X}:00.0", 0xC0 + device)) }
     }))
 }
@@ -319,6 +330,8 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus: *mut c_char, len: c_int, devic
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CUdevice) -> CUresult {
     code(with(|d| {
         d.check_device(device)?;
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(bytes, 16usize << 30) }
     }))
 }
@@ -338,6 +351,8 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_in
             76 => 0,  // COMPUTE_CAPABILITY_MINOR
             _ => 0,
         };
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(value, answer) }
     }))
 }
@@ -346,6 +361,8 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_in
 pub unsafe extern "C" fn cuDeviceCanAccessPeer(can: *mut c_int, device: CUdevice, peer: CUdevice) -> CUresult {
     code(with(|d| {
         let (a, b) = (d.check_device(device)?, d.check_device(peer)?);
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(can, c_int::from(a != b && d.config.peer)) }
     }))
 }
@@ -364,6 +381,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, device: C
             primary.peers.clear();
         }
         primary.retains += 1;
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(ctx, context_handle(device)) }
     }))
 }
@@ -410,6 +429,8 @@ pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult {
     // [ref: 6.8, cuCtxGetCurrent: NULL when no context is bound.]
     code(with(|_| {
         let top = STACK.with(|s| s.borrow().last().copied()).unwrap_or(0);
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(ctx, top as CUcontext) }
     }))
 }
@@ -432,6 +453,8 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult {
     code(with(|_| {
         let top = STACK.with(|s| s.borrow_mut().pop()).ok_or(err::INVALID_CONTEXT)?;
         if !ctx.is_null() {
+            // SAFETY: an out-pointer the caller passes under the Driver API's contract
+            // (valid for this write or null); `put` refuses null.
             unsafe { put(ctx, top as CUcontext)? };
         }
         Ok(())
@@ -494,6 +517,8 @@ pub unsafe extern "C" fn cuGetErrorName(error: CUresult, name: *mut *const c_cha
     // [ref: 6.2 Error Handling, cuGetErrorName: INVALID_VALUE for an
     // unknown code, and callable before cuInit.]
     match ERROR_NAMES.iter().find(|(c, _)| *c == error) {
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         Some((_, text)) => code(unsafe { put(name, text.as_ptr()) }),
         None => err::INVALID_VALUE,
     }

@@ -373,6 +373,8 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
         let phys = d.mem.new_phys(device, size as u64, 0, false)?;
         let at = d.mem.take_addresses(size as u64, GRANULARITY)?;
         d.mem.place(at, phys, Kind::Alloc)?;
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(dptr, at) }
     }))
 }
@@ -412,9 +414,13 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
         let (start, map) = d.mem.map_at(dptr).ok_or(err::NOT_FOUND)?;
         let len = map.size as usize;
         if !base.is_null() {
+            // SAFETY: an out-pointer the caller passes under the Driver API's contract
+            // (valid for this write or null); `put` refuses null.
             unsafe { put(base, start)? };
         }
         if !size.is_null() {
+            // SAFETY: an out-pointer the caller passes under the Driver API's contract
+            // (valid for this write or null); `put` refuses null.
             unsafe { put(size, len)? };
         }
         Ok(())
@@ -445,6 +451,8 @@ pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags
             return Err(err::OUT_OF_MEMORY);
         }
         d.mem.host.insert(p as u64, Host { len: size as u64, devicemap: flags & 0x02 != 0, allocated: true });
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(pp, p) }
     }))
 }
@@ -481,6 +489,8 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
             return Err(err::INVALID_VALUE);
         }
         match d.mem.host_at(p as u64) {
+            // SAFETY: an out-pointer the caller passes under the Driver API's contract
+            // (valid for this write or null); `put` refuses null.
             Some((_, h)) if h.devicemap => unsafe { put(dptr, p as u64) },
             _ => Err(err::INVALID_VALUE),
         }
@@ -670,6 +680,8 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
 ) -> CUresult {
     code(with(|d| {
         unsafe { device_of_prop(d, prop)? };
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(g, GRANULARITY as usize) }
     }))
 }
@@ -691,6 +703,8 @@ pub unsafe extern "C" fn cuMemAddressReserve(
         }
         let at = d.mem.take_addresses(size as u64, align as u64)?;
         d.mem.reservations.insert(at, size as u64);
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(ptr, at) }
     }))
 }
@@ -728,6 +742,8 @@ pub unsafe extern "C" fn cuMemCreate(
         let phys = d.mem.new_phys(device, size as u64, types, gdr)?;
         let id = phys.id;
         d.mem.handles.insert(id, (phys, 1));
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(handle, id) }
     }))
 }
@@ -851,6 +867,8 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mu
         let phys = map.phys.clone();
         let id = phys.id;
         d.mem.handles.entry(id).or_insert((phys, 0)).1 += 1;
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(handle, id) }
     }))
 }
@@ -871,6 +889,8 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
             return Err(err::INVALID_VALUE);
         }
         let fd = reopen(phys.fd).map_err(|_| err::OPERATING_SYSTEM)?;
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(out.cast::<c_int>(), fd) }
     }))
 }
@@ -918,6 +938,8 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(handle: *mut u64, os: *m
         d.mem.next_id += 1;
         let phys = Phys::from_fd(id, device, size, own, types, gdr)?;
         d.mem.handles.insert(id, (phys, 1));
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(handle, id) }
     }))
 }
@@ -942,6 +964,8 @@ pub unsafe extern "C" fn cuMemGetHandleForAddressRange(
             return Err(err::INVALID_VALUE);
         }
         let fd = reopen(map.phys.fd).map_err(|_| err::OPERATING_SYSTEM)?;
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(out.cast::<c_int>(), fd) }
     }))
 }
@@ -975,6 +999,8 @@ pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut [u8; 64], dptr: CUdevice
         bytes[20..28].copy_from_slice(&map.size.to_le_bytes());
         bytes[28..32].copy_from_slice(&map.phys.device.to_le_bytes());
         bytes[32..40].copy_from_slice(&d.mem.instance.to_le_bytes());
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(handle, bytes) }
     }))
 }
@@ -1010,6 +1036,8 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
             if let (Kind::Ipc { context }, Some(k)) = (map.kind, map.exporter) {
                 if k == key && context == device {
                     map.opens += 1;
+                    // SAFETY: an out-pointer the caller passes under the Driver API's contract
+                    // (valid for this write or null); `put` refuses null.
                     return unsafe { put(dptr, at) };
                 }
             }
@@ -1032,6 +1060,8 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
         let at = d.mem.take_addresses(size, GRANULARITY)?;
         d.mem.place(at, phys, Kind::Ipc { context: device })?;
         d.mem.maps.get_mut(&at).expect("placed").exporter = Some(key);
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
         unsafe { put(dptr, at) }
     }))
 }
