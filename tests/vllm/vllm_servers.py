@@ -195,6 +195,60 @@ class Server:
         return False
 
 
+def threads_of(pid):
+    """Each thread's name, state and the kernel function it sleeps in: the
+    native side of a stall (kvring's threads are named), no debugger needed."""
+    rows = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+        fields = []
+        for name in ("comm", "wchan", "syscall"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/{name}") as f:
+                    fields.append(f.read().strip().split(" ")[0])
+            except OSError:
+                fields.append("?")
+        rows.append(f"  tid {tid} {fields[0]:<16} wchan={fields[1]} syscall={fields[2]}")
+    return "\n".join(rows)
+
+
+def dump_stacks(servers, why):
+    """Prints every process of each server, its Python stacks (py-spy, from
+    the venv) and the last warnings of its log: what a stall was waiting on,
+    in the CI log, since a stall cannot be attached to after the run."""
+    import shutil
+
+    spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
+    print(f"--- stacks ({why})", flush=True)
+    for server in servers:
+        if server.proc is None or server.proc.poll() is not None:
+            continue
+        pids = subprocess.run(["pgrep", "-g", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    comm = f.read().strip()
+            except OSError:
+                continue
+            if "resource_track" in comm or not spy:
+                continue
+            print(f"[{server.name} pid {pid} {comm}]\n{threads_of(pid)}", flush=True)
+            try:
+                # --nonblocking: a process stopped by a tracer can hang a
+                # blocking dump (seen on a stalled worker).
+                out = subprocess.run([spy, "dump", "--nonblocking", "--pid", pid], capture_output=True, text=True,
+                                     timeout=30)
+                lines = [l for l in (out.stdout + out.stderr).splitlines() if "_bootstrap" not in l]
+            except subprocess.TimeoutExpired:
+                lines = ["(py-spy did not answer in 30 s)"]
+            print("\n".join(lines[:80]), flush=True)
+        noted = [l for l in server.tail(400).splitlines()
+                 if re.search(r"WARN|ERROR|kvring|Mooncake|mooncake", l) and "/health" not in l]
+        print(f"[{server.name} log]\n" + "\n".join(noted[-25:]), flush=True)
+    if not spy:
+        print("(py-spy not installed: no stacks)", flush=True)
+    print("--- end of stacks", flush=True)
+
+
 def stop_all(servers):
     for s in servers:
         s.stop()
