@@ -2,7 +2,9 @@
 # On a machine with an NVIDIA GPU: the GPU tests on the CUDA driver, then
 # the GPU bench's figures against issue 15's targets (one host, cuda_ipc)
 # and issue 18's (staged tcp, device to device against host-memory tcp of
-# the same blocks), as one table.
+# the same blocks), as one table, then the GPU review's nine-step
+# first-run checklist (benches/gpu_checklist.py: torch tensors, two
+# processes, failure paths), where torch with CUDA is installed.
 #
 #   bash benches/gpu_check.sh            # builds with cargo, then runs
 #   KVRING_BIN=path/kvring KVRING_GPU_TEST_BIN=path/gpu-<hash> bash benches/gpu_check.sh
@@ -133,4 +135,14 @@ if os.environ.get("FAKE") == "1":
 sys.exit(0 if ok and not bad else 1)
 EOF
 rm -f "$out"
+
+if [ "$fake" = 0 ] && [ "${GPU_CHECK_SIM:-0}" != 1 ]; then
+    echo
+    echo "== the GPU review's first-run checklist (benches/gpu_checklist.py)"
+    if python3 -c 'import torch, kvring; assert torch.cuda.is_available()' 2>/dev/null; then
+        GPU_CHECK_KVRING="$kvring" python3 benches/gpu_checklist.py || failed=1
+    else
+        echo "NOT RUN: it needs torch with CUDA and kvring's module (pip install .)"
+    fi
+fi
 exit "$failed"
