@@ -148,35 +148,57 @@ fn registration_tells_device_memory_from_host_memory() {
     drop(pinned);
 }
 
-/// Caller-registered host memory is pinned with the GPU provider (best
-/// effort, counted, visible per region) and unpinned when unregistered.
+/// Caller-registered host memory is pinned with the GPU provider only when
+/// the engine is asked to (GPU-REVIEW #14: off by default), best effort,
+/// counted, visible per region, and unpinned when unregistered; memory its
+/// owner pinned is used as it is, on or off.
 #[test]
-fn caller_host_memory_is_pinned_for_the_gpu_best_effort_and_counted() {
+fn caller_host_memory_is_pinned_only_when_asked_and_never_twice() {
     let Some(sim) = sim_only("host pinning (the simulator's registrations)", sim()) else { return };
-    let engine = engine("pin-engine", &sim);
+    let stats = |regions, bytes, owner_pinned, left_pageable| kvring::HostPinStats {
+        regions,
+        bytes,
+        failed: 0,
+        owner_pinned,
+        left_pageable,
+    };
+    // Off by default: registered, moved, left pageable.
+    let quiet = engine("pin-off-engine", &sim);
     let mut kv = vec![0u8; 1 << 16];
     let addr = kv.as_mut_ptr() as u64;
     // SAFETY: `kv` outlives its registration (unregistered below).
+    let id = unsafe { quiet.register(kv.as_mut_ptr(), kv.len(), RegionInfo::raw()) }.unwrap();
+    assert!(!sim.is_host_registered(addr) && !quiet.region_pinned(id));
+    assert_eq!(quiet.host_pins(), stats(0, 0, 0, 1));
+    quiet.unregister(id).unwrap();
+
+    // Asked for: pinned once, unpinned at unregister.
+    let engine = common::builder("pin-engine").gpu(sim.clone()).pin_host_memory(true).build().unwrap();
+    // SAFETY: as above.
     let id = unsafe { engine.register(kv.as_mut_ptr(), kv.len(), RegionInfo::raw()) }.unwrap();
     assert!(sim.is_host_registered(addr) && engine.region_pinned(id));
-    assert_eq!(engine.host_pins(), kvring::HostPinStats { regions: 1, bytes: 1 << 16, failed: 0 });
+    assert_eq!(engine.host_pins(), stats(1, 1 << 16, 0, 0));
     // SAFETY: as above; the same registration again is the same region.
     assert_eq!(unsafe { engine.register(kv.as_mut_ptr(), kv.len(), RegionInfo::raw()) }.unwrap(), id);
-    assert_eq!(engine.host_pins().failed, 0, "pinned once");
+    assert_eq!(engine.host_pins(), stats(1, 1 << 16, 0, 0), "pinned once");
     engine.unregister(id).unwrap();
     assert!(!sim.is_host_registered(addr) && !engine.region_pinned(id));
     assert_eq!(engine.host_pins().regions, 0);
-    // Memory someone else pinned: registered all the same, not pinned by
-    // the engine, counted as a failure.
+
+    // Memory its owner pinned: used as it is by both engines, never pinned
+    // again nor unpinned by them.
     let mut theirs = vec![0u8; 1 << 16];
     // SAFETY: unpinned below, before `theirs` is freed.
     unsafe { sim.host_register(theirs.as_mut_ptr() as u64, 1 << 16).unwrap() };
-    // SAFETY: `theirs` outlives the engine's use of it.
-    let other = unsafe { engine.register(theirs.as_mut_ptr(), theirs.len(), RegionInfo::raw()) }.unwrap();
-    assert!(!engine.region_pinned(other));
-    assert_eq!(engine.host_pins(), kvring::HostPinStats { regions: 0, bytes: 0, failed: 1 });
-    engine.unregister(other).unwrap();
-    assert!(sim.is_host_registered(theirs.as_ptr() as u64), "the engine unpins only what it pinned");
+    for (which, e) in [("asked", &engine), ("default", &quiet)] {
+        // SAFETY: `theirs` outlives the engine's use of it.
+        let other = unsafe { e.register(theirs.as_mut_ptr(), theirs.len(), RegionInfo::raw()) }.unwrap();
+        assert!(!e.region_pinned(other), "{which}");
+        assert_eq!(e.host_pins().owner_pinned, 1, "{which}");
+        assert_eq!(e.host_pins().failed, 0, "{which}");
+        e.unregister(other).unwrap();
+        assert!(sim.is_host_registered(theirs.as_ptr() as u64), "{which}: the engine unpins only what it pinned");
+    }
     sim.host_unregister(theirs.as_ptr() as u64).unwrap();
 }
 

@@ -116,6 +116,12 @@ pub const KEYS: &[Key] = &[
         default: Some("on"),
         help: "cross-memory attach with same-host peers (process_vm_*), both ways",
     },
+    Key {
+        name: "pin_host_memory",
+        kind: Kind::Switch,
+        default: Some("off"),
+        help: "pin registered host memory for GPU copies (memory its owner pinned is used as it is)",
+    },
     Key { name: "io_timeout", kind: Kind::Duration, default: Some("5s"), help: "tcp silence before a peer is dead" },
     Key { name: "control_timeout", kind: Kind::Duration, default: Some("5s"), help: "deadline of control RPCs" },
     Key { name: "busy_poll", kind: Kind::Duration, default: Some("2ms"), help: "spin before an idle lane parks" },
@@ -380,6 +386,9 @@ impl Config {
         }
         if let Some(on) = self.get("cma").and_then(parse_switch) {
             builder = builder.cma(on);
+        }
+        if let Some(on) = self.get("pin_host_memory").and_then(parse_switch) {
+            builder = builder.pin_host_memory(on);
         }
         if let Some(timeout) = self.duration("io_timeout") {
             builder = builder.io_timeout(timeout);

@@ -86,6 +86,9 @@ pub struct EngineConfig {
     /// Cross-memory attach with same-host peers: let them reach this
     /// engine's host memory with `process_vm_*`, and reach theirs.
     pub cma: bool,
+    /// Pin caller-registered host memory with the GPU provider (off by
+    /// default, see [`EngineBuilder::pin_host_memory`]).
+    pub pin_host_memory: bool,
     /// Notifications queued before senders are refused.
     pub notify_quota: NotifyQuota,
     /// Where names are resolved: the peer itself (the default), or etcd,
@@ -148,6 +151,7 @@ impl Default for EngineConfig {
             io_timeout: DEFAULT_IO_TIMEOUT,
             serve_tcp: true,
             cma: true,
+            pin_host_memory: false,
             notify_quota: NotifyQuota::default(),
             metadata: MetadataMode::PeerHandshake,
             metadata_ttl: crate::metadata::etcd::DEFAULT_LEASE_TTL,
@@ -332,6 +336,19 @@ impl EngineBuilder {
     /// transport (tcp).
     pub fn cma(mut self, on: bool) -> Self {
         self.config.cma = on;
+        self
+    }
+
+    /// Pin caller-registered host memory with the GPU provider
+    /// (`cuMemHostRegister`), so copies between it and a GPU run at full
+    /// rate. Off by default: pinning behind the caller's back makes its own
+    /// later `cudaHostRegister` of that buffer fail, refuses read-only
+    /// mappings and takes seconds for hundreds of GB inside `register`.
+    /// Memory its owner pinned already (`cudaHostAlloc`, PyTorch's
+    /// `pin_memory`) is used as it is, on or off; unpinned memory is moved
+    /// through the driver's staged copies when this is off.
+    pub fn pin_host_memory(mut self, on: bool) -> Self {
+        self.config.pin_host_memory = on;
         self
     }
 

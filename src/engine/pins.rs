@@ -1,8 +1,11 @@
 //! Caller-registered host memory pinned with the GPU provider, so that the
 //! GPU's copy engines reach it at full rate and its chunks may take the
-//! copy kernel. Best effort: memory that cannot be pinned (already pinned
-//! by someone else, past the locked-memory limit) is still registered and
-//! moved, through the driver's staged copies; every attempt is counted.
+//! copy kernel: only when the engine is asked to (`pin_host_memory`, off
+//! by default: GPU-REVIEW #14, pinning behind an application's back breaks
+//! its own later `cudaHostRegister`), and never memory its owner pinned
+//! already. Best effort: memory that cannot be pinned (past the
+//! locked-memory limit) is still registered and moved, through the
+//! driver's staged copies; every case is counted.
 
 use crate::gpu::Gpu;
 use crate::region_id::RegionId;
@@ -20,6 +23,10 @@ pub struct HostPinStats {
     /// Attempts that failed since the engine started (those regions work,
     /// unpinned).
     pub failed: u64,
+    /// Registrations of memory its owner had pinned already (used as it is).
+    pub owner_pinned: u64,
+    /// Registrations left pageable because pinning is off.
+    pub left_pageable: u64,
 }
 
 /// One pinned range, unpinned when dropped.
@@ -42,6 +49,8 @@ impl Drop for Pin {
 pub(crate) struct HostPins {
     pinned: Mutex<HashMap<RegionId, Pin>>,
     failed: AtomicU64,
+    owner_pinned: AtomicU64,
+    left_pageable: AtomicU64,
 }
 
 impl std::fmt::Debug for HostPins {
@@ -51,16 +60,25 @@ impl std::fmt::Debug for HostPins {
 }
 
 impl HostPins {
-    /// Pins region `id` at `addr..addr + len` with `gpu`, unless it is
-    /// pinned already (a registration repeated returns the same id).
+    /// Pins region `id` at `addr..addr + len` with `gpu` when `opted_in`,
+    /// unless this engine pinned it already (a registration repeated
+    /// returns the same id) or its owner did.
     ///
     /// # Safety
     ///
     /// The range stays mapped until [`HostPins::unpin`] for `id` (or this
     /// value's drop).
-    pub unsafe fn pin(&self, gpu: &Arc<dyn Gpu>, id: RegionId, addr: u64, len: u64) {
+    pub unsafe fn pin(&self, gpu: &Arc<dyn Gpu>, id: RegionId, addr: u64, len: u64, opted_in: bool) {
         let mut pinned = self.pinned.lock().unwrap_or_else(|p| p.into_inner());
         if pinned.contains_key(&id) {
+            return;
+        }
+        if gpu.host_is_pinned(addr) {
+            self.owner_pinned.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if !opted_in {
+            self.left_pageable.fetch_add(1, Ordering::Relaxed);
             return;
         }
         // SAFETY: forwarded from our caller; unpinned by `Pin`'s drop.
@@ -91,6 +109,8 @@ impl HostPins {
             regions: pinned.len() as u64,
             bytes: pinned.values().map(|p| p.len).sum(),
             failed: self.failed.load(Ordering::Relaxed),
+            owner_pinned: self.owner_pinned.load(Ordering::Relaxed),
+            left_pageable: self.left_pageable.load(Ordering::Relaxed),
         }
     }
 }

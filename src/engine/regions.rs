@@ -28,11 +28,12 @@ impl Engine {
     /// # Ok::<(), kvring::Error>(())
     /// ```
     ///
-    /// Host memory is pinned with the GPU provider where there is one (best
-    /// effort: [`host_pins`](Self::host_pins) counts what was and was not,
-    /// [`region_pinned`](Self::region_pinned) says it per region), so copies
-    /// between it and a GPU run at full rate; it is unpinned when
-    /// unregistered. GPU memory (`RegionInfo::on_gpu(n)`) is exported for
+    /// Host memory is pinned with the GPU provider where there is one and
+    /// [`EngineBuilder::pin_host_memory`](crate::EngineBuilder::pin_host_memory)
+    /// asks for it (best effort: [`host_pins`](Self::host_pins) counts what
+    /// was and was not, [`region_pinned`](Self::region_pinned) says it per
+    /// region), so copies between it and a GPU run at full rate; it is
+    /// unpinned when unregistered. Memory its owner pinned is used as it is. GPU memory (`RegionInfo::on_gpu(n)`) is exported for
     /// same-host peers when it is registered. CUDA cannot revoke a peer's mapping: keep the
     /// memory allocated until the peers that opened this engine's segment
     /// have closed it (or this engine has stopped), not only until
@@ -53,7 +54,7 @@ impl Engine {
             if let Some(gpu) = self.gpu() {
                 // SAFETY: as above; `unregister` (or the engine's drop)
                 // unpins it.
-                unsafe { self.inner.pins.pin(gpu, id, ptr as u64, len as u64) };
+                unsafe { self.inner.pins.pin(gpu, id, ptr as u64, len as u64, self.inner.config.pin_host_memory) };
             }
             self.expose_to_cma(id, ptr as usize, len, info.access);
         }

@@ -435,6 +435,10 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     unsafe fn host_register(&self, addr: u64, len: u64) -> Result<()>;
     /// Unpins what [`Gpu::host_register`] pinned.
     fn host_unregister(&self, addr: u64) -> Result<()>;
+    /// True when host memory at `addr` is page-locked for the GPUs already
+    /// (by its owner: `cudaHostAlloc`, `cudaHostRegister`, PyTorch's
+    /// `pin_memory`): kvring neither pins it again nor unpins it.
+    fn host_is_pinned(&self, addr: u64) -> bool;
 }
 
 #[cfg(test)]

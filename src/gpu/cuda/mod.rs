@@ -535,6 +535,23 @@ impl Gpu for CudaGpu {
         })
     }
 
+    fn host_is_pinned(&self, addr: u64) -> bool {
+        shielded("asking whether host memory is pinned", || {
+            let mut kind = 0u32;
+            let mut attributes = [sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE];
+            let mut data: [*mut c_void; 1] = [(&mut kind as *mut u32).cast()];
+            // SAFETY: the one data pointer points at a u32, what MEMORY_TYPE
+            // writes; cuPointerGetAttributes gives a pointer CUDA does not
+            // know default values (0) instead of an error, and needs no
+            // context.
+            let result = unsafe { sys::cuPointerGetAttributes(1, attributes.as_mut_ptr(), data.as_mut_ptr(), addr) };
+            check(result, "asking whether host memory is pinned")?;
+            // 1 is CU_MEMORYTYPE_HOST: allocated or registered with CUDA.
+            Ok(kind == 1)
+        })
+        .unwrap_or(false)
+    }
+
     fn host_unregister(&self, addr: u64) -> Result<()> {
         shielded("unpinning host memory", || {
             let _bound = self.bind(self.home())?;

@@ -591,6 +591,10 @@ impl Gpu for SimGpu {
         Ok(())
     }
 
+    fn host_is_pinned(&self, addr: u64) -> bool {
+        self.is_host_registered(addr)
+    }
+
     fn host_unregister(&self, addr: u64) -> Result<()> {
         self.lock()
             .registered
