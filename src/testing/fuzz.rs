@@ -377,6 +377,8 @@ impl ControlHandler for Handler {
             epoch: 42,
             host_id: String::new(),
             pid: 1,
+            instance: 0,
+            gpu_fds: None,
             regions: Vec::new(),
             control_addr: String::new(),
             tcp_addr: None,

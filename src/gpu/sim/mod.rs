@@ -455,9 +455,13 @@ impl Gpu for SimGpu {
         self.dmabuf_range(&self.lock(), addr, len)
     }
 
-    fn open(&self, handles: &[IpcHandle]) -> Result<DevicePtr> {
+    fn share(&self, handle: &IpcHandle) -> Result<Option<std::os::fd::OwnedFd>> {
+        self.share_handle(&self.lock(), handle).map(Some)
+    }
+
+    fn open(&self, handles: &[IpcHandle], fds: super::FdSource<'_>) -> Result<DevicePtr> {
         check_handles(handles, 1).map_err(|reason| gpu_error(0, format!("a peer's export: {reason}")))?;
-        self.open_export(&mut self.lock(), handles)
+        self.open_export(handles, fds)
     }
 
     unsafe fn close(&self, ptr: DevicePtr) -> Result<()> {
