@@ -107,7 +107,13 @@ pub(crate) fn check_listener_proof(
 /// One end's proof on the GPU descriptor socket that it holds the session:
 /// over its end, both connection nonces and the exporter's epoch (the
 /// server's proof is no client's, and neither serves another connection).
-pub(crate) fn gpu_fds_proof(session: &Session, end: End, client_nonce: &Nonce, server_nonce: &Nonce, epoch: u64) -> Tag {
+pub(crate) fn gpu_fds_proof(
+    session: &Session,
+    end: End,
+    client_nonce: &Nonce,
+    server_nonce: &Nonce,
+    epoch: u64,
+) -> Tag {
     tag(session.key(), Label::GpuFds, &[&[end.byte()], client_nonce, server_nonce, &epoch.to_le_bytes()])
 }
 

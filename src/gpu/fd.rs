@@ -180,8 +180,8 @@ pub(crate) fn recv_with_fds(stream: &UnixStream, buf: &mut [u8], max_fds: usize)
             while !header.is_null() {
                 if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
                     let data = libc::CMSG_DATA(header).cast::<libc::c_int>();
-                    let count = ((*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
-                        / std::mem::size_of::<libc::c_int>();
+                    let count =
+                        ((*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<libc::c_int>();
                     for i in 0..count {
                         fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
                     }

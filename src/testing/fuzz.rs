@@ -25,7 +25,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use zerocopy::IntoBytes;
 
+mod gpu_fds;
 mod sealed;
+pub use gpu_fds::gpu_fds_connection;
 pub use sealed::{sealed_control, sealed_frames};
 
 /// A TCP data frame header.

@@ -9,11 +9,11 @@
 //! after them reports complete, so a batch is never reported done before
 //! its bytes are in place (Mooncake PR #1918 is the bug this rules out).
 
+use crate::auth::Session;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::gpu::{Copy, CopyCounters, CopySides, Event, Gpu, Memory, Place, Stream};
 use crate::mem::MemoryKind;
-use crate::auth::Session;
 use crate::segment::SegmentDescriptor;
 use crate::transport::gpu_fds::{self, client::GpuFdClient};
 use crate::transport::{ChunkEnd, TransferError};
@@ -84,7 +84,10 @@ impl PeerDevice {
                     let mut fds = |index: usize| -> Result<OwnedFd> {
                         if client.is_none() {
                             let name = descriptor.gpu_fds.as_deref().ok_or_else(|| Error::Unsupported {
-                                what: format!("{}: its GPU memory needs descriptors it serves no socket for", descriptor.name),
+                                what: format!(
+                                    "{}: its GPU memory needs descriptors it serves no socket for",
+                                    descriptor.name
+                                ),
                             })?;
                             let connected = GpuFdClient::connect(
                                 &descriptor.name,

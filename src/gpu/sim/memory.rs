@@ -217,7 +217,8 @@ impl SimGpu {
             HandleKind::FileDescriptor => PIECE_MAGIC,
         };
         let (addr, device) = fd::decode(magic, &handle.bytes).ok_or_else(|| gpu_error(0, "not a simulated handle"))?;
-        let piece = state.pieces.get(&addr).filter(|p| !p.managed && p.vmm == (handle.kind == HandleKind::FileDescriptor));
+        let piece =
+            state.pieces.get(&addr).filter(|p| !p.managed && p.vmm == (handle.kind == HandleKind::FileDescriptor));
         let file = piece.and_then(|p| p.file.as_ref()).filter(|_| piece.is_some_and(|p| p.len == handle.len));
         let file = file.ok_or_else(|| {
             gpu_error(device, format!("{addr:#x} is no longer memory this process exported (freed?)"))
@@ -334,12 +335,7 @@ impl SimGpu {
 
 /// The (device, inode) of every memfd this process's own memory is made of.
 fn own_files(state: &State) -> std::collections::HashSet<(u64, u64)> {
-    state
-        .pieces
-        .values()
-        .filter_map(|p| p.file.as_ref()?.metadata().ok())
-        .map(|m| (m.dev(), m.ino()))
-        .collect()
+    state.pieces.values().filter_map(|p| p.file.as_ref()?.metadata().ok()).map(|m| (m.dev(), m.ino())).collect()
 }
 
 /// Where and how a piece is installed.

@@ -269,7 +269,11 @@ fn exports_open_in_another_process_and_not_in_their_own() {
     let error = other.open(&[longer], &mut |_| Ok(once.take().unwrap())).unwrap_err().to_string();
     assert!(error.contains("the handle says"), "{error}");
     other.fail_next_open();
-    assert!(other.open(&[longer], &mut |_| unreachable!("refused first")).unwrap_err().to_string().contains("injected"));
+    assert!(other
+        .open(&[longer], &mut |_| unreachable!("refused first"))
+        .unwrap_err()
+        .to_string()
+        .contains("injected"));
 }
 
 /// Queues `copies` (ends as `sides` say) on `stream`, records `event` after

@@ -183,9 +183,8 @@ fn words(magic: [u8; 4], values: [u32; 3]) -> [u8; MESSAGE_BYTES] {
 }
 
 fn unwords(magic: [u8; 4], bytes: &[u8; MESSAGE_BYTES]) -> Option<[u32; 3]> {
-    (bytes[..4] == magic).then(|| {
-        std::array::from_fn(|i| u32::from_le_bytes(bytes[4 + 4 * i..8 + 4 * i].try_into().expect("4 bytes")))
-    })
+    (bytes[..4] == magic)
+        .then(|| std::array::from_fn(|i| u32::from_le_bytes(bytes[4 + 4 * i..8 + 4 * i].try_into().expect("4 bytes"))))
 }
 
 #[cfg(test)]

@@ -50,7 +50,11 @@ pub(crate) struct GpuFdServer {
 impl GpuFdServer {
     /// Serves the GPU regions of `registry` on the abstract socket of
     /// engine `epoch`, with proofs under `auth` when the engine has a token.
-    pub(crate) fn start(registry: Arc<Registry>, auth: Option<Arc<Authenticator>>, epoch: u64) -> std::io::Result<Self> {
+    pub(crate) fn start(
+        registry: Arc<Registry>,
+        auth: Option<Arc<Authenticator>>,
+        epoch: u64,
+    ) -> std::io::Result<Self> {
         let name = super::name(crate::gpu::fd::instance(), epoch);
         let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?;
         let shared =
@@ -87,6 +91,18 @@ impl Drop for GpuFdServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Serves one connection already accepted (the fuzz target's way in).
+#[cfg(feature = "testing")]
+pub(crate) fn serve_connection(
+    stream: &UnixStream,
+    registry: Arc<Registry>,
+    auth: Option<Arc<Authenticator>>,
+    epoch: u64,
+) -> Result<(), String> {
+    let shared = Shared { registry, auth, epoch, connections: AtomicUsize::new(1), stop: AtomicBool::new(false) };
+    serve(stream, &shared)
 }
 
 /// Region `id` of the engine of this process serving socket `name`, as its
@@ -145,9 +161,9 @@ fn serve(stream: &UnixStream, shared: &Shared) -> Result<(), String> {
         // anything, and its connection is closed.
         Some(auth) => Some(auth.session_for(&hello.cn, &hello.sn).ok_or("a session this engine never issued")?),
     };
-    let proof = session.as_ref().map_or([0u8; MAC_BYTES], |s| {
-        gpu_fds_proof(s, End::Target, &hello.nonce, &nonce, shared.epoch)
-    });
+    let proof = session
+        .as_ref()
+        .map_or([0u8; MAC_BYTES], |s| gpu_fds_proof(s, End::Target, &hello.nonce, &nonce, shared.epoch));
     let challenge = Challenge { proof_required: session.is_some(), nonce, proof };
     (&*stream).write_all(&challenge.encode()).map_err(io)?;
     if let Some(session) = &session {
