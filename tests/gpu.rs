@@ -356,8 +356,8 @@ fn tcp_moves_device_memory_only_through_the_providers_copies() {
 }
 
 /// A target in another process (this test binary, run as a child): its GPU
-/// memory is exported and opened for real (through /proc, or pidfd_getfd
-/// for runs of pieces), not shared by pointer.
+/// memory is exported and opened for real (descriptors the child passes
+/// over its socket, or the driver's legacy handles), not shared by pointer.
 struct ChildTarget {
     child: Child,
     addr: String,

@@ -256,14 +256,20 @@ fn a_descriptor_claiming_this_process_reaches_only_what_its_engines_grant_peers(
     let secret = initiator.alloc_region(LEN as usize, local_only).unwrap();
     // SAFETY: no batch touches these bytes yet.
     unsafe { secret.fill_pattern(77) };
+    let read_only = Access::LOCAL_READ | Access::LOCAL_WRITE | Access::REMOTE_READ;
+    let readable = initiator.alloc_region(LEN as usize, RegionInfo::raw().on_gpu(0).with_access(read_only)).unwrap();
+    // SAFETY: no batch touches these bytes yet.
+    unsafe { readable.fill_pattern(78) };
     let ours = kvring::testing::descriptor(&initiator);
-    let secret_addr = ours.regions.iter().find(|r| r.id == secret.id()).unwrap().addr;
-    // Our own instance id, pid and socket, and regions at the secret's
-    // address: under its own id (no right for peers) and under one this
-    // process never registered.
-    for id in [secret.id(), RegionId::new(60, 1)] {
+    let addr_of = |id: RegionId| ours.regions.iter().find(|r| r.id == id).unwrap().addr;
+    // Our own instance id, pid and socket, every right claimed: the
+    // secret under its own id (no right for peers), the read-only region
+    // (peers may read it, not write), and the secret's address under an id
+    // this process never registered.
+    let cases = [(secret.id(), addr_of(secret.id())), (readable.id(), addr_of(readable.id()))];
+    for (id, at) in cases.into_iter().chain([(RegionId::new(60, 1), addr_of(secret.id()))]) {
         let handle = GpuHandle { kind: 1, handle: vec![0; 64], offset: 0, len: LEN };
-        let mut descriptor = hostile_descriptor(&initiator, id, secret_addr, handle);
+        let mut descriptor = hostile_descriptor(&initiator, id, at, handle);
         descriptor.instance = ours.instance;
         descriptor.gpu_fds = ours.gpu_fds.clone().unwrap();
         let addr = fake_peer(descriptor);
@@ -276,6 +282,9 @@ fn a_descriptor_claiming_this_process_reaches_only_what_its_engines_grant_peers(
     // SAFETY: no batch names the secret region.
     unsafe { secret.read_at(0, &mut now).unwrap() };
     assert!(now == common::pattern(LEN as usize, 77), "the local-only region kept its bytes");
+    // SAFETY: no batch names the read-only region.
+    unsafe { readable.read_at(0, &mut now).unwrap() };
+    assert!(now == common::pattern(LEN as usize, 78), "the read-only region kept its bytes");
 }
 
 /// Reads until EOF or `limit` bytes; what came.

@@ -13,8 +13,9 @@ use crate::auth::Session;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::gpu::{Copy, CopyCounters, CopySides, Event, Gpu, Memory, Place, Stream};
+use crate::mem::Access;
 use crate::mem::MemoryKind;
-use crate::segment::SegmentDescriptor;
+use crate::segment::{RemoteRegion, SegmentDescriptor};
 use crate::transport::gpu_fds::{self, client::GpuFdClient};
 use crate::transport::{ChunkEnd, TransferError};
 use std::collections::VecDeque;
@@ -78,7 +79,7 @@ impl PeerDevice {
         for region in descriptor.regions.iter().filter(|r| r.memory != MemoryKind::Host) {
             let reached = match &region.gpu_export {
                 Err(reason) => Err(format!("its owner could not export it ({reason})")),
-                Ok(_) if same_process => peer.own(descriptor, region.id, region.len),
+                Ok(_) if same_process => peer.own(descriptor, region),
                 Ok(handles) => {
                     let at = region.id.index() as usize;
                     let mut fds = |index: usize| -> Result<OwnedFd> {
@@ -118,13 +119,19 @@ impl PeerDevice {
     }
 
     /// A region of an engine of this very process, where its own registry
-    /// has it (the region must be at least `len` bytes, as described).
-    fn own(&self, descriptor: &SegmentDescriptor, id: RegionId, len: u64) -> std::result::Result<OpenedRegion, String> {
+    /// has it: at least as long, and granting peers every right the
+    /// descriptor claims.
+    fn own(&self, descriptor: &SegmentDescriptor, region: &RemoteRegion) -> std::result::Result<OpenedRegion, String> {
+        let (id, len) = (region.id, region.len);
         let name = descriptor.gpu_fds.as_deref().ok_or("an engine of this process that serves no GPU socket")?;
-        let (addr, registered) = gpu_fds::server::local_region(name, id)
+        let (addr, registered, access) = gpu_fds::server::local_region(name, id)
             .ok_or_else(|| format!("no engine of this process serves {name}"))??;
         if registered < len {
             return Err(format!("region {id} is {registered} bytes here, not {len}"));
+        }
+        let claimed = Access::from_bits(region.access.bits() & (Access::REMOTE_READ | Access::REMOTE_WRITE).bits());
+        if !access.contains(claimed) {
+            return Err(format!("region {id} grants peers less here than its descriptor claims"));
         }
         self.local(addr, len)
     }

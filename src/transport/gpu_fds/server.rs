@@ -106,15 +106,15 @@ pub(crate) fn serve_connection(
 }
 
 /// Region `id` of the engine of this process serving socket `name`, as its
-/// own registry has it (address and length, never a descriptor's): `None`
-/// when no engine of this process serves that socket.
-pub(crate) fn local_region(name: &str, id: RegionId) -> Option<Result<(u64, u64), String>> {
+/// own registry has it (address, length and rights, never a descriptor's):
+/// `None` when no engine of this process serves that socket.
+pub(crate) fn local_region(name: &str, id: RegionId) -> Option<Result<(u64, u64, Access), String>> {
     let shared = local().iter().find(|(n, _)| n == name).and_then(|(_, weak)| weak.upgrade())?;
     Some(shared.registry.get(id).map_err(|e| e.to_string()).and_then(|entry| {
         if entry.device.is_none() || !grants_peers(entry.info.access) {
             return Err(format!("region {id} is not GPU memory open to peers"));
         }
-        Ok((entry.addr as u64, entry.len as u64))
+        Ok((entry.addr as u64, entry.len as u64, entry.info.access))
     }))
 }
 
