@@ -23,6 +23,27 @@ use std::sync::OnceLock;
 /// fewer keep an opener under a low descriptor limit.
 pub const MAX_FDS_PER_MESSAGE: usize = 64;
 
+/// Each GPU descriptor socket's name starts with this.
+const SOCKET_PREFIX: &str = "kvring-gpu-fds-";
+
+/// The abstract socket name of the engine of epoch `epoch` in process
+/// `instance`, on which it passes its GPU regions' descriptors.
+pub(crate) fn socket_name(instance: u64, epoch: u64) -> String {
+    format!("{SOCKET_PREFIX}{instance:016x}-{epoch:016x}")
+}
+
+/// A peer's advertised socket name, if it is one kvring makes (nothing
+/// else on this host is dialed because a descriptor said so).
+pub(crate) fn check_socket_name(text: &str) -> Result<String, String> {
+    let bad = || format!("{text:.64?} is not a kvring socket name");
+    let rest = text.strip_prefix(SOCKET_PREFIX).ok_or_else(bad)?;
+    let hex = |s: &str| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    match rest.split_once('-') {
+        Some((a, b)) if hex(a) && hex(b) => Ok(text.to_string()),
+        _ => Err(bad()),
+    }
+}
+
 /// This process's instance id: random, drawn once, never 0.
 pub fn instance() -> u64 {
     static ID: OnceLock<u64> = OnceLock::new();

@@ -340,7 +340,7 @@ impl SegmentDescriptor {
             gpu_fds: match message.gpu_fds.as_str() {
                 "" => None,
                 name => Some(
-                    crate::transport::gpu_fds::check_name(name)
+                    crate::gpu::fd::check_socket_name(name)
                         .map_err(|reason| bad(format!("gpu_fds socket: {reason}")))?,
                 ),
             },

@@ -26,28 +26,10 @@ pub(crate) mod client;
 pub(crate) mod server;
 
 use crate::auth::{Nonce, Tag, MAC_BYTES, NONCE_BYTES};
-pub(crate) use crate::gpu::fd::MAX_FDS_PER_MESSAGE;
+pub(crate) use crate::gpu::fd::{socket_name as name, MAX_FDS_PER_MESSAGE};
 
-/// Each socket's name starts with this.
-const NAME_PREFIX: &str = "kvring-gpu-fds-";
 /// Longest refusal a server sends.
 pub(crate) const MAX_REFUSAL_BYTES: usize = 512;
-
-/// The socket name of the engine of epoch `epoch` in process `instance`.
-pub(crate) fn name(instance: u64, epoch: u64) -> String {
-    format!("{NAME_PREFIX}{instance:016x}-{epoch:016x}")
-}
-
-/// A peer's advertised socket name, if it is one kvring makes (nothing
-/// else on this host is dialed because a descriptor said so).
-pub(crate) fn check_name(text: &str) -> Result<String, String> {
-    let rest = text.strip_prefix(NAME_PREFIX).ok_or_else(|| format!("{text:.64?} is not a kvring socket name"))?;
-    let hex = |s: &str| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
-    match rest.split_once('-') {
-        Some((a, b)) if hex(a) && hex(b) => Ok(text.to_string()),
-        _ => Err(format!("{text:.64?} is not a kvring socket name")),
-    }
-}
 
 /// The opener's first message: the session it belongs to (both handshake
 /// nonces; zeros without a token) and its nonce for this connection.
@@ -190,6 +172,7 @@ fn unwords(magic: [u8; 4], bytes: &[u8; MESSAGE_BYTES]) -> Option<[u32; 3]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::fd::check_socket_name as check_name;
 
     #[test]
     fn every_message_round_trips_and_strangers_bytes_are_refused() {
