@@ -377,8 +377,8 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     /// [`check_handles`]); returns the first exported byte's address in
     /// this process. `fds` hands over the descriptor of handle `i`, as the
     /// exporter passed it: asked in increasing order, each closed as soon
-    /// as it is imported. Opening an export of this very process is refused
-    /// (CUDA does the same: its pointers are valid here already).
+    /// as it is imported. kvring never opens an export of its own process
+    /// (its pointers are valid here already); the simulator refuses it.
     fn open(&self, handles: &[IpcHandle], fds: FdSource<'_>) -> Result<DevicePtr>;
     /// Exports `addr..addr + len` of this process's device memory as a
     /// dma-buf for a NIC to register; an error where the driver, the GPU or
