@@ -18,8 +18,12 @@ use std::time::Duration;
 
 /// Most connections served at once; more are closed at accept.
 pub(crate) const MAX_CONNECTIONS: usize = 16;
-/// Longest a connection may keep the server waiting for its next bytes.
+/// Longest a proven connection may keep the server waiting for its next
+/// bytes.
 pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a connection may take to send its hello and proof: one that
+/// proves nothing holds one of [`MAX_CONNECTIONS`] only this long.
+pub(crate) const PROOF_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What every connection of one server reads.
 #[derive(Debug)]
@@ -149,7 +153,7 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
 /// One connection: the proofs, then requests until the opener hangs up.
 fn serve(stream: &UnixStream, shared: &Shared) -> Result<(), String> {
     let io = |e: std::io::Error| e.to_string();
-    stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    stream.set_read_timeout(Some(PROOF_TIMEOUT)).map_err(io)?;
     stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
     let mut hello = [0u8; HELLO_BYTES];
     (&*stream).read_exact(&mut hello).map_err(io)?;
@@ -173,6 +177,7 @@ fn serve(stream: &UnixStream, shared: &Shared) -> Result<(), String> {
             return Err("the opener did not prove the session".into());
         }
     }
+    stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
     loop {
         let mut request = [0u8; MESSAGE_BYTES];
         match (&*stream).read_exact(&mut request) {
@@ -181,6 +186,10 @@ fn serve(stream: &UnixStream, shared: &Shared) -> Result<(), String> {
             Err(e) => return Err(e.to_string()),
         }
         let request = Request::decode(&request)?;
+        // A stopped engine's server passes nothing more.
+        if shared.stop.load(Ordering::Acquire) {
+            return Ok(());
+        }
         match descriptors(shared, request) {
             Ok((fds, handles)) => {
                 let answer = Answer::Descriptors { count: fds.len() as u32, handles };
