@@ -139,6 +139,10 @@ pub fn segment_descriptor(data: &[u8]) {
     };
     let Ok(wire) = crate::proto::SegmentDescriptor::decode(data) else { return };
     let Ok(descriptor) = SegmentDescriptor::from_proto(wire) else { return };
+    if let Some(name) = &descriptor.gpu_fds {
+        // Only a socket name kvring makes is ever dialed.
+        assert!(name.starts_with("kvring-gpu-fds-") && name.len() == 48, "{name:?}");
+    }
     for region in &descriptor.regions {
         assert!(region.len > 0);
         if let Some(path) = &region.shm_path {

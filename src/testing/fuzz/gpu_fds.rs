@@ -64,6 +64,23 @@ pub fn gpu_fds_connection(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn descriptor_seeds_naming_a_socket_decode_only_with_a_name_kvring_makes() {
+        use prost::Message as _;
+        let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/segment_descriptor");
+        let decode = |name: &str| {
+            let bytes = std::fs::read(seeds.join(name)).unwrap();
+            crate::segment::SegmentDescriptor::from_proto(crate::proto::SegmentDescriptor::decode(&bytes[..]).unwrap())
+        };
+        let ours = decode("gpu_fds_socket").unwrap();
+        assert_eq!(ours.gpu_fds.as_deref(), Some("kvring-gpu-fds-0000000000000007-0000000000000063"));
+        assert_eq!(ours.instance, 7);
+        assert!(decode("gpu_fds_not_ours").unwrap_err().to_string().contains("not a kvring socket name"));
+        for name in ["gpu_fds_socket", "gpu_fds_not_ours"] {
+            crate::testing::fuzz::segment_descriptor(&std::fs::read(seeds.join(name)).unwrap());
+        }
+    }
+
+    #[test]
     fn the_committed_seeds_and_some_noise_pass_no_descriptor() {
         let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/gpu_fds_connection");
         for seed in std::fs::read_dir(seeds).unwrap() {
