@@ -82,12 +82,16 @@ impl GpuFdServer {
     pub(crate) fn stop(&mut self) {
         let Some(thread) = self.thread.take() else { return };
         self.shared.stop.store(true, Ordering::Release);
-        // Wakes the accept (it sees `stop` and returns).
-        if let Ok(addr) = SocketAddr::from_abstract_name(self.name.as_bytes()) {
-            drop(UnixStream::connect_addr(&addr));
-        }
-        let _ = thread.join();
         local().retain(|(name, _)| name != &self.name);
+        // Wakes the accept (it sees `stop` and returns). Where no connection
+        // can be made (descriptors run out), the thread is left to end at
+        // the next one rather than waited for without a bound.
+        let woken = SocketAddr::from_abstract_name(self.name.as_bytes())
+            .and_then(|addr| UnixStream::connect_addr(&addr))
+            .is_ok();
+        if woken {
+            let _ = thread.join();
+        }
     }
 }
 
