@@ -12,7 +12,10 @@
 //!   proves anything;
 //! - every tcp data frame *header*, numbered per direction, with a MAC under
 //!   a key of that connection alone: [`FrameSeal`]. Payload bytes are not
-//!   covered (that is TLS's or IPsec's job, or an end-to-end checksum's).
+//!   covered (that is TLS's or IPsec's job, or an end-to-end checksum's);
+//! - the GPU descriptor socket (`transport/gpu_fds`): each end proves the
+//!   session over both connection nonces ([`gpu_fds_proof`]), the server
+//!   first, before any descriptor is passed.
 //!
 //! Every tag is HMAC-SHA256 under the session key (or a key derived from it)
 //! with a label per purpose, so no tag made for one use passes for another.
@@ -35,6 +38,7 @@ enum Label {
     Control,
     Listener,
     FrameKey,
+    GpuFds,
 }
 
 impl Label {
@@ -44,6 +48,7 @@ impl Label {
             Label::Control => b"kvring/3/control",
             Label::Listener => b"kvring/3/data-listener",
             Label::FrameKey => b"kvring/3/frame-key",
+            Label::GpuFds => b"kvring/3/gpu-fds",
         }
     }
 }
@@ -95,6 +100,33 @@ pub(crate) fn check_listener_proof(
     proof: &[u8],
 ) -> bool {
     over(session.key(), Label::Listener, &[client_nonce, server_nonce, &epoch.to_le_bytes()])
+        .verify_slice(proof)
+        .is_ok()
+}
+
+/// One end's proof on the GPU descriptor socket that it holds the session:
+/// over its end, both connection nonces and the exporter's epoch (the
+/// server's proof is no client's, and neither serves another connection).
+pub(crate) fn gpu_fds_proof(
+    session: &Session,
+    end: End,
+    client_nonce: &Nonce,
+    server_nonce: &Nonce,
+    epoch: u64,
+) -> Tag {
+    tag(session.key(), Label::GpuFds, &[&[end.byte()], client_nonce, server_nonce, &epoch.to_le_bytes()])
+}
+
+/// Checks a [`gpu_fds_proof`] (constant time).
+pub(crate) fn check_gpu_fds_proof(
+    session: &Session,
+    end: End,
+    client_nonce: &Nonce,
+    server_nonce: &Nonce,
+    epoch: u64,
+    proof: &[u8],
+) -> bool {
+    over(session.key(), Label::GpuFds, &[&[end.byte()], client_nonce, server_nonce, &epoch.to_le_bytes()])
         .verify_slice(proof)
         .is_ok()
 }

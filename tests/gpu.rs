@@ -378,8 +378,8 @@ fn tcp_moves_device_memory_only_through_the_providers_copies() {
 }
 
 /// A target in another process (this test binary, run as a child): its GPU
-/// memory is exported and opened for real (through /proc, or pidfd_getfd
-/// for runs of pieces), not shared by pointer.
+/// memory is exported and opened for real (descriptors the child passes
+/// over its socket, or the driver's legacy handles), not shared by pointer.
 struct ChildTarget {
     child: Child,
     addr: String,
@@ -471,6 +471,25 @@ const PIECE_BYTES: u64 = 2 << 20;
 /// The `legacy` and `pieces` children's region.
 const PIECES_BYTES: u64 = 4 * PIECE_BYTES;
 
+/// Pieces of the `expandable` child: 2,048 of them in 160 regions, as an
+/// H100's 40 GiB expandable KV cache has 20 MiB pages (16 KiB here).
+const EXPANDABLE_PIECES: u32 = 2048;
+const EXPANDABLE_PIECE: u64 = 16 << 10;
+const EXPANDABLE_REGIONS: u64 = 160;
+/// Each region: 12.75 pieces, so regions start and end inside pieces.
+const EXPANDABLE_REGION: u64 = EXPANDABLE_PIECE * 51 / 4;
+
+/// Copies `bytes` to device address `dst` and waits for the copy.
+fn upload(gpu: &Arc<dyn Gpu>, dst: u64, bytes: &[u8]) {
+    let stream = gpu.create_stream(0).unwrap();
+    let event = gpu.create_event(0).unwrap();
+    let copy = kvring::gpu::Copy { src: bytes.as_ptr() as u64, dst, len: bytes.len() as u64 };
+    // SAFETY: `bytes` outlives the wait below.
+    unsafe { gpu.copy_one(stream, copy).unwrap() };
+    gpu.record(stream, event).unwrap();
+    eventually("the upload", || gpu.query(event).unwrap());
+}
+
 /// The child side of [`ChildTarget`]: run only as such.
 #[test]
 #[ignore = "the child of the cross-process GPU tests"]
@@ -492,6 +511,18 @@ fn gpu_child_target() {
             unsafe { engine.register(run.0 as *mut u8, PIECES_BYTES as usize, RegionInfo::raw().on_gpu(0)) }.unwrap();
         }
         "kv" | "mla" => _keep = gpu_kv_cache(&engine, kv_shape(&mode), 100).0,
+        "expandable" => {
+            // An expandable segment's KV cache: many small pieces, many
+            // regions over them, each region's ends inside pieces.
+            let run = gpu.alloc_pieces(0, EXPANDABLE_PIECE, EXPANDABLE_PIECES).unwrap();
+            upload(&gpu, run.0, &common::pattern(EXPANDABLE_PIECE as usize * EXPANDABLE_PIECES as usize, 77));
+            for i in 0..EXPANDABLE_REGIONS {
+                let at = run.0 + i * EXPANDABLE_REGION;
+                // SAFETY: the run lives as long as this process.
+                unsafe { engine.register(at as *mut u8, EXPANDABLE_REGION as usize, RegionInfo::raw().on_gpu(0)) }
+                    .unwrap();
+            }
+        }
         other => panic!("unknown mode {other}"),
     }
     println!("ready {}", engine.control_addr());
@@ -541,6 +572,94 @@ fn across_processes_legacy_handles_and_runs_of_pieces_open_and_move() {
     sim.fail_next_open();
     let error = initiator.open_segment_with(&target.addr, None, WAIT).unwrap_err().to_string();
     assert!(error.contains("has it exited, restarted or freed it?") && error.contains("injected"), "{error}");
+}
+
+/// The opener of [`an_expandable_kv_cache_opens_under_a_low_descriptor_limit`],
+/// in a process of its own whose descriptor limit (soft and hard, so the
+/// engine cannot raise it) is `KVRING_GPU_FD_LIMIT` and where `pidfd_getfd`
+/// is refused (`refuse_pidfd_getfd`): opens the target at
+/// `KVRING_GPU_OPENER` over cuda_ipc and reads every region back.
+#[test]
+#[ignore = "the child of the descriptor-limit test"]
+fn gpu_child_opener() {
+    let addr = std::env::var("KVRING_GPU_OPENER").expect("run by the descriptor-limit test");
+    let limit: u64 = std::env::var("KVRING_GPU_FD_LIMIT").unwrap().parse().unwrap();
+    let lowered = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+    // SAFETY: setrlimit reads one rlimit; lowering a limit needs no privilege.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lowered) }, 0);
+    refuse_pidfd_getfd();
+    let gpu = provider();
+    let initiator = common::builder("fd-limit-opener").lanes(1).gpu(gpu.clone()).build().unwrap();
+    let segment = initiator.open_segment_with(&addr, Some(TransportKind::CudaIpc), WAIT).unwrap();
+    let held = std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let total = (EXPANDABLE_REGION * EXPANDABLE_REGIONS) as usize;
+    let local = initiator.alloc_region(total, RegionInfo::raw()).unwrap();
+    let remote: Vec<_> = segment.regions().iter().map(|r| r.id).collect();
+    assert_eq!(remote.len(), EXPANDABLE_REGIONS as usize);
+    let descs: Vec<BlockDesc> = remote
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| BlockDesc::new(local.id(), i as u64 * EXPANDABLE_REGION, id, 0, EXPANDABLE_REGION))
+        .collect();
+    let mut sub = initiator.submitter().unwrap();
+    assert!(run(&mut sub, &Batch::read(&segment).descs(&descs)).is_done());
+    let expected = common::pattern(EXPANDABLE_PIECE as usize * EXPANDABLE_PIECES as usize, 77);
+    assert!(read(&local, 0, total) == expected[..total], "every region's bytes, read through its opened pieces");
+    println!("opened every region holding {held} descriptors under a limit of {limit}");
+}
+
+/// Makes `pidfd_getfd` fail with EPERM in this process from now on, as
+/// Docker's default seccomp profile does without CAP_SYS_PTRACE: a seccomp
+/// filter (seccomp(2), `SECCOMP_MODE_FILTER`) that answers syscall 438
+/// (`pidfd_getfd` in the generic table, x86_64's and aarch64's) so and
+/// allows every other.
+fn refuse_pidfd_getfd() {
+    const PIDFD_GETFD: u32 = 438;
+    let program = [
+        libc::sock_filter { code: 0x20, jt: 0, jf: 0, k: 0 }, // ld [nr]
+        libc::sock_filter { code: 0x15, jt: 0, jf: 1, k: PIDFD_GETFD }, // jeq 438
+        libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x0005_0000 | libc::EPERM as u32 }, // ret ERRNO
+        libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 }, // ret ALLOW
+    ];
+    let filter = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: prctl with plain integers, then with a filter program that
+    // outlives the call (the kernel copies it).
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &filter as *const libc::sock_fprog), 0);
+    }
+    // SAFETY: a syscall with integer arguments only.
+    let taken = unsafe { libc::syscall(PIDFD_GETFD as libc::c_long, -1, 0, 0) };
+    let error = std::io::Error::last_os_error().raw_os_error();
+    assert_eq!((taken, error), (-1, Some(libc::EPERM)), "pidfd_getfd is refused here, as in a container");
+}
+
+/// An expandable-segment KV cache of 2,048 pieces in 160 regions opens in
+/// a peer whose descriptor limit is 256 and which may not call
+/// `pidfd_getfd`: no piece's descriptor is held by the exporter, and the
+/// opener closes each as soon as it is imported.
+#[test]
+fn an_expandable_kv_cache_opens_under_a_low_descriptor_limit() {
+    if on_cuda() {
+        // The fake libcuda keeps one descriptor of its own per imported
+        // allocation (its model of device memory), which a real driver does
+        // not: under it, this bound is not kvring's to keep.
+        eprintln!("an_expandable_kv_cache_opens_under_a_low_descriptor_limit: the simulator's bound only");
+        return;
+    }
+    let target = ChildTarget::start("expandable", 0);
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "gpu_child_opener", "--nocapture", "--test-threads=1"])
+        .env("KVRING_GPU_OPENER", &target.addr)
+        .env("KVRING_GPU_FD_LIMIT", "256")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && out.contains("opened every region"),
+        "{out}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// No batch is `Done` before its bytes are in place: 10,000 single-block

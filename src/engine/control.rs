@@ -8,12 +8,14 @@ use crate::control::ControlHandler;
 use crate::error::{Error, Result, Side};
 use crate::kv::KvLayout;
 use crate::mem::registry::check_range;
+use crate::mem::MemoryKind;
 use crate::mem::{Access, Registry};
 use crate::notify::{Notification, NotificationQueue};
 use crate::proto::ChecksumRequest;
 use crate::region_id::RegionId;
 use crate::segment::{local_host_id, CmaReach, RemoteRegion, SegmentDescriptor};
 use crate::transport::cma::CmaExport;
+use crate::transport::gpu_fds::server::GpuFdServer;
 use crate::transport::rdma::node::RdmaNode;
 use crate::transport::rdma::verbs::QpEndpoint;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -34,12 +36,16 @@ pub(super) struct ControlContext {
     /// The cma page same-host peers reach this engine's memory through, or
     /// why they may not.
     pub cma: std::result::Result<Arc<CmaExport>, String>,
+    /// The socket this engine passes its GPU regions' descriptors on,
+    /// started with the first GPU region a peer is told of (`None`: not
+    /// yet; an error: it could not start, and is not tried again).
+    pub gpu_fds: Mutex<Option<std::result::Result<GpuFdServer, String>>>,
 }
 
 impl ControlContext {
     /// The engine's segment descriptor as it stands now.
     pub fn describe(&self) -> SegmentDescriptor {
-        let regions = self
+        let regions: Vec<RemoteRegion> = self
             .registry
             .snapshot()
             .into_iter()
@@ -59,11 +65,14 @@ impl ControlContext {
                 },
             })
             .collect();
+        let gpu_fds = regions.iter().any(|r| r.memory != MemoryKind::Host).then(|| self.gpu_fds_name()).flatten();
         SegmentDescriptor {
             name: self.name.clone(),
             epoch: self.epoch,
             host_id: local_host_id().to_string(),
             pid: std::process::id(),
+            instance: crate::gpu::fd::instance(),
+            gpu_fds,
             regions,
             control_addr: self.control_addr.get().cloned().unwrap_or_default(),
             tcp_addr: self.tcp_addr.clone(),
@@ -72,6 +81,28 @@ impl ControlContext {
                 Ok(export) => export.reach(),
                 Err(why) => CmaReach::Refused(why.clone()),
             }),
+        }
+    }
+}
+
+impl ControlContext {
+    /// The GPU descriptor socket's name, the server started at the first
+    /// ask; `None` when it could not start (said once, at warn).
+    fn gpu_fds_name(&self) -> Option<String> {
+        let mut server = lock(&self.gpu_fds);
+        let started = server.get_or_insert_with(|| {
+            GpuFdServer::start(self.registry.clone(), self.auth.clone(), self.epoch).map_err(|error| {
+                tracing::warn!(%error, "no GPU descriptor socket: same-host peers cannot open this engine's GPU memory");
+                error.to_string()
+            })
+        });
+        started.as_ref().ok().map(|s| s.name().to_string())
+    }
+
+    /// Stops the GPU descriptor socket, if it runs.
+    pub fn stop_gpu_fds(&self) {
+        if let Some(Ok(mut server)) = lock(&self.gpu_fds).take() {
+            server.stop();
         }
     }
 }

@@ -85,6 +85,7 @@ impl EngineInner {
         if let Some(mut server) = lock(&self.control).take() {
             server.stop();
         }
+        self.context.stop_gpu_fds();
         if let Some(mut server) = lock(&self.metrics_server).take() {
             server.stop();
         }
@@ -184,6 +185,7 @@ impl Engine {
                 None => None,
             },
             cma: cma_export(&config, epoch),
+            gpu_fds: Mutex::new(None),
         });
         let server = ControlServer::start(config.listen, context.clone(), admission)?;
         // Peers are told the advertised IP with the port actually bound.

@@ -51,6 +51,8 @@ pub(crate) fn publishable(descriptor: SegmentDescriptor, tokened: bool) -> Segme
         epoch: descriptor.epoch,
         host_id: String::new(),
         pid: 0,
+        instance: 0,
+        gpu_fds: None,
         regions: Vec::new(),
         control_addr: descriptor.control_addr,
         tcp_addr: None,

@@ -210,7 +210,8 @@ impl Engine {
             // opens the peer's device regions and moves GPU memory.
             TransportKind::Shm | TransportKind::CudaIpc => {
                 let counters: Vec<_> = self.inner.lanes.iter().map(|l| l.shared.metrics.gpu_copies()).collect();
-                ShmLink::open(descriptor, &counters, transport, self.gpu().cloned())
+                let session = handshake.session.as_ref();
+                ShmLink::open(descriptor, &counters, transport, self.gpu().cloned(), session, deadline)
             }
             TransportKind::Null => Ok(NullLink::open(lanes)),
             TransportKind::Cma => CmaLink::open(descriptor, lanes),

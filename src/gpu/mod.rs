@@ -17,8 +17,9 @@
 //! legacy IPC handle, and memory from the virtual memory management API
 //! (PyTorch's expandable segments: one address range over many physical
 //! allocations) by one shareable file descriptor per physical allocation,
-//! which the opener duplicates out of the exporter with `pidfd_getfd`, as
-//! PyTorch does ([`fd`]).
+//! which the exporter itself passes to the opener over a Unix-domain socket
+//! (`SCM_RIGHTS`, [`fd`]): [`Gpu::share`] on the exporting side, the `fds`
+//! of [`Gpu::open`] on the opening side.
 
 pub mod cuda;
 pub(crate) mod fd;
@@ -91,8 +92,9 @@ pub enum HandleKind {
     /// (`cuIpcGetMemHandle`).
     Legacy,
     /// A shareable file descriptor of one physical allocation of the
-    /// virtual memory API: the handle holds the exporter's pid and the
-    /// descriptor's number there ([`fd`]); the opener duplicates it.
+    /// virtual memory API: the handle names the allocation in the
+    /// exporter's address space, for the exporter alone; the descriptor
+    /// itself comes from the exporter ([`Gpu::share`]) over a socket.
     FileDescriptor,
 }
 
@@ -154,20 +156,19 @@ pub struct DmaBuf {
 pub const MAX_EXPORT_PIECES: usize = 1 << 14;
 
 /// A device range exported for other processes: one handle per physical
-/// allocation it spans, in address order and back to back. Whatever the
-/// export must keep open while peers may open it (the shareable file
-/// descriptors of the virtual memory API) it holds, and closes when
-/// dropped.
+/// allocation it spans, in address order and back to back. It holds no
+/// descriptor: those a peer needs are made when the peer asks
+/// ([`Gpu::share`]), passed, and closed at once, so an export of thousands
+/// of pieces never holds thousands of descriptors open.
 #[derive(Debug)]
 pub struct Export {
     handles: Vec<IpcHandle>,
-    _held: Vec<OwnedFd>,
 }
 
 impl Export {
-    /// An export of `handles`, keeping `held` open as long as it lives.
-    pub fn new(handles: Vec<IpcHandle>, held: Vec<OwnedFd>) -> Self {
-        Self { handles, _held: held }
+    /// An export of `handles`.
+    pub fn new(handles: Vec<IpcHandle>) -> Self {
+        Self { handles }
     }
 
     /// The handles, in address order.
@@ -201,6 +202,9 @@ pub fn check_handles(handles: &[IpcHandle], need: u64) -> std::result::Result<u6
     }
     Ok(total)
 }
+
+/// Where [`Gpu::open`] gets the descriptor of a handle, by its index.
+pub type FdSource<'a> = &'a mut dyn FnMut(usize) -> Result<OwnedFd>;
 
 /// One copy of a batch: addresses are host pointers or device pointers, as
 /// [`Gpu::classify`] tells them apart. Laid out as the copy kernel reads it.
@@ -364,11 +368,18 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     unsafe fn free(&self, ptr: DevicePtr) -> Result<()>;
     /// Exports `addr..addr + len` for other processes.
     fn export(&self, addr: u64, len: u64) -> Result<Export>;
+    /// The descriptor a peer needs to open `handle`, one of this process's
+    /// own exports (never bytes a peer sent): a new one, which the caller
+    /// passes on and closes; `None` when the handle needs none (a CUDA
+    /// legacy handle is the driver's own capability).
+    fn share(&self, handle: &IpcHandle) -> Result<Option<OwnedFd>>;
     /// Opens a peer's export (its handles, checked with
     /// [`check_handles`]); returns the first exported byte's address in
-    /// this process. Opening an export of this very process is refused
-    /// (CUDA does the same: its pointers are valid here already).
-    fn open(&self, handles: &[IpcHandle]) -> Result<DevicePtr>;
+    /// this process. `fds` hands over the descriptor of handle `i`, as the
+    /// exporter passed it: asked in increasing order, each closed as soon
+    /// as it is imported. kvring never opens an export of its own process
+    /// (its pointers are valid here already); the simulator refuses it.
+    fn open(&self, handles: &[IpcHandle], fds: FdSource<'_>) -> Result<DevicePtr>;
     /// Exports `addr..addr + len` of this process's device memory as a
     /// dma-buf for a NIC to register; an error where the driver, the GPU or
     /// the memory cannot (the NIC may then register the device pointer

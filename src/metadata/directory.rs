@@ -227,6 +227,8 @@ mod tests {
             epoch: 1,
             host_id: "h".into(),
             pid: 1,
+            instance: 0,
+            gpu_fds: None,
             regions: vec![],
             control_addr: "127.0.0.1:1".into(),
             tcp_addr: None,

@@ -101,6 +101,12 @@ pub struct SegmentDescriptor {
     pub host_id: String,
     /// The engine's process id.
     pub pid: u32,
+    /// Its process's random instance id (`gpu::fd::instance`): what says
+    /// "this very process", where a pid cannot (two containers' PID 1).
+    pub instance: u64,
+    /// The abstract Unix socket on which it passes its GPU regions'
+    /// descriptors (`transport::gpu_fds`), if it serves one.
+    pub gpu_fds: Option<String>,
     /// Its regions.
     pub regions: Vec<RemoteRegion>,
     /// Where its control plane listens.
@@ -218,6 +224,8 @@ impl SegmentDescriptor {
             epoch: self.epoch,
             host_id: self.host_id.clone(),
             pid: self.pid,
+            instance: self.instance,
+            gpu_fds: self.gpu_fds.clone().unwrap_or_default(),
             regions: self
                 .regions
                 .iter()
@@ -328,6 +336,14 @@ impl SegmentDescriptor {
             epoch: message.epoch,
             host_id: message.host_id,
             pid: message.pid,
+            instance: message.instance,
+            gpu_fds: match message.gpu_fds.as_str() {
+                "" => None,
+                name => Some(
+                    crate::gpu::fd::check_socket_name(name)
+                        .map_err(|reason| bad(format!("gpu_fds socket: {reason}")))?,
+                ),
+            },
             regions,
             control_addr: message.control_addr,
             tcp_addr,
@@ -378,6 +394,8 @@ mod tests {
             epoch: 99,
             host_id: local_host_id().to_string(),
             pid: 1,
+            instance: 7,
+            gpu_fds: Some("kvring-gpu-fds-0000000000000007-0000000000000001".into()),
             regions: vec![RemoteRegion {
                 id: RegionId::new(3, 1),
                 kind: RegionKind::Key,

@@ -92,6 +92,8 @@ mod tests {
             epoch: 1,
             host_id: String::new(),
             pid: 0,
+            instance: 0,
+            gpu_fds: None,
             regions: vec![region(0, 1), region(5, 2)],
             control_addr: String::new(),
             tcp_addr: None,

@@ -25,7 +25,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use zerocopy::IntoBytes;
 
+mod gpu_fds;
 mod sealed;
+pub use gpu_fds::gpu_fds_connection;
 pub use sealed::{sealed_control, sealed_frames};
 
 /// A TCP data frame header.
@@ -137,6 +139,10 @@ pub fn segment_descriptor(data: &[u8]) {
     };
     let Ok(wire) = crate::proto::SegmentDescriptor::decode(data) else { return };
     let Ok(descriptor) = SegmentDescriptor::from_proto(wire) else { return };
+    if let Some(name) = &descriptor.gpu_fds {
+        // Only a socket name kvring makes is ever dialed.
+        assert!(name.starts_with("kvring-gpu-fds-") && name.len() == 48, "{name:?}");
+    }
     for region in &descriptor.regions {
         assert!(region.len > 0);
         if let Some(path) = &region.shm_path {
@@ -377,6 +383,8 @@ impl ControlHandler for Handler {
             epoch: 42,
             host_id: String::new(),
             pid: 1,
+            instance: 0,
+            gpu_fds: None,
             regions: Vec::new(),
             control_addr: String::new(),
             tcp_addr: None,

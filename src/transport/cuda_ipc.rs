@@ -9,14 +9,19 @@
 //! after them reports complete, so a batch is never reported done before
 //! its bytes are in place (Mooncake PR #1918 is the bug this rules out).
 
+use crate::auth::Session;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::gpu::{Copy, CopyCounters, CopySides, Event, Gpu, Memory, Place, Stream};
+use crate::mem::Access;
 use crate::mem::MemoryKind;
-use crate::segment::SegmentDescriptor;
+use crate::segment::{RemoteRegion, SegmentDescriptor};
+use crate::transport::gpu_fds::{self, client::GpuFdClient};
 use crate::transport::{ChunkEnd, TransferError};
 use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// A peer region in device memory, as this process reaches it.
 #[derive(Debug, Clone, Copy)]
@@ -50,10 +55,19 @@ impl PeerDevice {
     /// Opens every device region of the peer. A handle that does not open
     /// (the peer exited, restarted or freed the memory) fails the whole
     /// open; a region its owner could not export is recorded with the
-    /// reason, and only batches naming it fail.
-    pub fn open(gpu: Arc<dyn Gpu>, descriptor: &SegmentDescriptor) -> Result<Self> {
+    /// reason, and only batches naming it fail. Descriptors come only from
+    /// the peer's own socket, proven under `session` (`gpu_fds`); a peer
+    /// in this very process (its instance id, and the pid the handshake
+    /// bound to the process that answered, are ours) is reached through
+    /// its engine's own registry, never at an address its descriptor names.
+    pub fn open(
+        gpu: Arc<dyn Gpu>,
+        descriptor: &SegmentDescriptor,
+        session: Option<&Session>,
+        deadline: Instant,
+    ) -> Result<Self> {
         let slots = descriptor.regions.iter().map(|r| r.id.index() as usize + 1).max().unwrap_or(0);
-        let same_process = descriptor.pid == std::process::id();
+        let same_process = descriptor.instance == crate::gpu::fd::instance() && descriptor.pid == std::process::id();
         // Opened before its memory: a process that exits after this is
         // seen exited, whatever reuses its pid.
         let process = match same_process {
@@ -61,15 +75,34 @@ impl PeerDevice {
             false => crate::gpu::fd::pidfd_open(descriptor.pid).ok().map(|fd| (descriptor.pid, fd)),
         };
         let mut peer = PeerDevice { gpu, name: descriptor.name.clone(), regions: vec![None; slots], process };
+        let mut client: Option<GpuFdClient> = None;
         for region in descriptor.regions.iter().filter(|r| r.memory != MemoryKind::Host) {
             let reached = match &region.gpu_export {
                 Err(reason) => Err(format!("its owner could not export it ({reason})")),
-                // This process's own memory: valid here as it is, if this
-                // engine's provider sees it as device memory too.
-                Ok(_) if same_process => peer.local(region.addr, region.len),
+                Ok(_) if same_process => peer.own(descriptor, region),
                 Ok(handles) => {
                     let at = region.id.index() as usize;
-                    let ptr = peer.gpu.open(handles).map_err(|e| opening(&descriptor.name, region.id, e))?;
+                    let mut fds = |index: usize| -> Result<OwnedFd> {
+                        if client.is_none() {
+                            let name = descriptor.gpu_fds.as_deref().ok_or_else(|| Error::Unsupported {
+                                what: format!(
+                                    "{}: its GPU memory needs descriptors it serves no socket for",
+                                    descriptor.name
+                                ),
+                            })?;
+                            let connected = GpuFdClient::connect(
+                                &descriptor.name,
+                                name,
+                                descriptor.pid,
+                                session,
+                                descriptor.epoch,
+                                deadline,
+                            )?;
+                            client = Some(connected);
+                        }
+                        client.as_mut().expect("connected above").fd(region.id, handles.len(), index)
+                    };
+                    let ptr = peer.gpu.open(handles, &mut fds).map_err(|e| opening(&descriptor.name, region.id, e))?;
                     // Recorded at once, so that dropping `peer` closes it
                     // whatever happens next.
                     let opened = OpenedRegion { ptr: ptr.0, len: region.len, ordinal: 0, opened: true };
@@ -83,6 +116,24 @@ impl PeerDevice {
             peer.regions[region.id.index() as usize] = Some(reached);
         }
         Ok(peer)
+    }
+
+    /// A region of an engine of this very process, where its own registry
+    /// has it: at least as long, and granting peers every right the
+    /// descriptor claims.
+    fn own(&self, descriptor: &SegmentDescriptor, region: &RemoteRegion) -> std::result::Result<OpenedRegion, String> {
+        let (id, len) = (region.id, region.len);
+        let name = descriptor.gpu_fds.as_deref().ok_or("an engine of this process that serves no GPU socket")?;
+        let (addr, registered, access) = gpu_fds::server::local_region(name, id)
+            .ok_or_else(|| format!("no engine of this process serves {name}"))??;
+        if registered < len {
+            return Err(format!("region {id} is {registered} bytes here, not {len}"));
+        }
+        let claimed = Access::from_bits(region.access.bits() & (Access::REMOTE_READ | Access::REMOTE_WRITE).bits());
+        if !access.contains(claimed) {
+            return Err(format!("region {id} grants peers less here than its descriptor claims"));
+        }
+        self.local(addr, len)
     }
 
     /// A device range of this process, as this engine's provider sees it.

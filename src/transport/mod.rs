@@ -12,6 +12,7 @@
 
 pub(crate) mod cma;
 pub(crate) mod cuda_ipc;
+pub(crate) mod gpu_fds;
 pub(crate) mod kind;
 pub(crate) mod null;
 pub(crate) mod rdma;

@@ -181,6 +181,8 @@ mod tests {
             epoch: 1,
             host_id: host.into(),
             pid: 1,
+            instance: 0,
+            gpu_fds: None,
             regions: vec![RemoteRegion {
                 id: RegionId::new(0, 1),
                 kind: RegionKind::Raw,

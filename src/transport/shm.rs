@@ -32,12 +32,15 @@ impl ShmLink {
     /// with `gpu`, opens its device regions and pins the mappings. Fails
     /// when the peer is on another host, or exposes nothing this link can
     /// reach. Every lane gets a link over the same mappings, counting its
-    /// GPU chunks in that lane's `counters`.
+    /// GPU chunks in that lane's `counters`. Device memory's descriptors
+    /// are fetched from the peer under `session` before `deadline`.
     pub fn open(
         descriptor: &SegmentDescriptor,
         lanes: &[Arc<CopyCounters>],
         kind: TransportKind,
         gpu: Option<Arc<dyn Gpu>>,
+        session: Option<&crate::auth::Session>,
+        deadline: std::time::Instant,
     ) -> Result<Link> {
         if descriptor.host_id != crate::segment::local_host_id() {
             return Err(Error::Unsupported {
@@ -46,7 +49,7 @@ impl ShmLink {
         }
         let mappings: Arc<[Option<ShmMapping>]> = map_peer(descriptor)?.into();
         let device = match &gpu {
-            Some(gpu) => Some(Arc::new(PeerDevice::open(gpu.clone(), descriptor)?)),
+            Some(gpu) => Some(Arc::new(PeerDevice::open(gpu.clone(), descriptor, session, deadline)?)),
             None => None,
         };
         let mapped = mappings.iter().flatten().count();

@@ -6,17 +6,22 @@
 //! `cuMemAlloc` memory travels by legacy IPC handle (`cuIpcGetMemHandle`,
 //! opened with `cuIpcOpenMemHandle`). Virtual-memory-API memory cannot: each
 //! physical allocation is exported as a shareable POSIX descriptor
-//! (`cuMemExportToShareableHandle`), which the export keeps open; the opener
-//! takes each with `pidfd_getfd` (`gpu/fd.rs`), imports it, reserves one
-//! address range and maps the pieces back to back, granting its devices
-//! access, which is how PyTorch shares expandable segments.
+//! (`cuMemExportToShareableHandle`) when a peer asks for it, and passed by
+//! the exporter over its socket (`gpu/fd.rs`); the opener imports each and
+//! closes it at once, reserves one address range and maps the pieces back
+//! to back, granting its devices access, which is how PyTorch shares
+//! expandable segments.
 
 use super::{check, cuda_error, CudaGpu, State};
 use crate::error::Result;
-use crate::gpu::{fd, DevicePtr, Export, HandleKind, IpcHandle, Memory};
+use crate::gpu::{fd, DevicePtr, Export, FdSource, HandleKind, IpcHandle, Memory};
 use cudarc::driver::sys;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// Marks a handle naming a physical allocation of the virtual memory API
+/// by its address in the exporter.
+const PIECE_MAGIC: [u8; 4] = *b"KVCP";
 
 /// A peer's export opened here.
 #[derive(Debug)]
@@ -150,25 +155,44 @@ impl CudaGpu {
             let bytes = unsafe { handle.assume_init() }.reserved.map(|b| b as u8);
             let handle =
                 IpcHandle { kind: HandleKind::Legacy, bytes, offset: addr - first.start, len: first.size as u64 };
-            return Ok(Export::new(vec![handle], Vec::new()));
+            return Ok(Export::new(vec![handle]));
         }
-        let (mut handles, mut held) = (Vec::new(), Vec::new());
+        let mut handles = Vec::new();
         let mut at = first.start;
         while at < addr + len {
             let piece = self.attributes(at)?;
-            let fd = export_piece(at)?;
-            let bytes = fd::encode(std::process::id(), fd.as_raw_fd());
+            // Exportable now (made with POSIX descriptor handles), or
+            // refused now: the descriptor itself is made when a peer asks.
+            drop(export_piece(at)?);
+            let bytes = fd::encode(PIECE_MAGIC, at, ordinal);
             let offset = addr.saturating_sub(at);
             handles.push(IpcHandle { kind: HandleKind::FileDescriptor, bytes, offset, len: piece.size as u64 });
-            held.push(fd);
             at += piece.size as u64;
         }
-        Ok(Export::new(handles, held))
+        Ok(Export::new(handles))
+    }
+
+    /// A new descriptor of the allocation one of this process's own
+    /// handles names; `None` for a legacy handle (the driver's own).
+    pub(super) fn share_handle(&self, handle: &IpcHandle) -> Result<Option<OwnedFd>> {
+        if handle.kind == HandleKind::Legacy {
+            return Ok(None);
+        }
+        let (at, ordinal) =
+            fd::decode(PIECE_MAGIC, &handle.bytes).ok_or_else(|| cuda_error("not a handle this provider made"))?;
+        let _bound = self.bind(ordinal)?;
+        let piece = self.attributes(at)?;
+        // Still the allocation exported: mapped there, as long, of the
+        // virtual memory API (the owner may have unmapped it since).
+        if piece.kind != 2 || piece.start != at || piece.size as u64 != handle.len || !is_vmm(at) {
+            return Err(cuda_error(format!("{at:#x} is no longer the device memory this process exported")));
+        }
+        export_piece(at).map(Some)
     }
 
     /// Opens a peer's export; a handle already open here is opened once
     /// more by reference (the driver would refuse a second open).
-    pub(super) fn open_export(&self, handles: &[IpcHandle]) -> Result<DevicePtr> {
+    pub(super) fn open_export(&self, handles: &[IpcHandle], fds: FdSource<'_>) -> Result<DevicePtr> {
         crate::gpu::check_handles(handles, 1).map_err(|reason| cuda_error(format!("a peer's export: {reason}")))?;
         let device = self.home();
         let _bound = self.bind(device)?;
@@ -178,7 +202,7 @@ impl CudaGpu {
                 (Opened::Legacy { handle: first.bytes, device }, self.open_legacy(&first.bytes, device)?)
             }
             HandleKind::FileDescriptor => {
-                let mapped = self.map_pieces(handles)?;
+                let mapped = self.map_pieces(handles, fds)?;
                 let Opened::Mapped { range, .. } = mapped else { unreachable!("map_pieces maps") };
                 (mapped, range)
             }
@@ -205,18 +229,19 @@ impl CudaGpu {
         Ok(base)
     }
 
-    /// Imports every piece and maps them back to back in a new range, with
-    /// read and write access for every device of this process; on any
-    /// failure, undoes what was done.
-    fn map_pieces(&self, handles: &[IpcHandle]) -> Result<Opened> {
+    /// Imports every piece (its descriptor from `fds`, closed once
+    /// imported) and maps them back to back in a new range, with read and
+    /// write access for every device of this process; on any failure,
+    /// undoes what was done.
+    fn map_pieces(&self, handles: &[IpcHandle], fds: FdSource<'_>) -> Result<Opened> {
         let total: u64 = handles.iter().map(|h| h.len).sum();
         let mut range: sys::CUdeviceptr = 0;
         // SAFETY: writes one address; alignment 0 is the default granularity.
         check(unsafe { sys::cuMemAddressReserve(&mut range, total as usize, 0, 0, 0) }, "reserving addresses")?;
         let mut pieces = Vec::with_capacity(handles.len());
-        let mapped = handles.iter().try_for_each(|handle| {
+        let mapped = handles.iter().enumerate().try_for_each(|(i, handle)| {
             let at = range + pieces.iter().map(|&(_, len)| len).sum::<u64>();
-            map_piece(handle, at)?;
+            map_piece(handle, at, fds(i)?)?;
             pieces.push((at, handle.len));
             Ok(())
         });
@@ -439,13 +464,8 @@ fn export_piece(at: u64) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
-/// Takes a peer's descriptor, imports it and maps it at `at`.
-fn map_piece(handle: &IpcHandle, at: u64) -> Result<()> {
-    let (pid, number) = fd::decode(&handle.bytes).map_err(|e| cuda_error(format!("a peer's export: {e}")))?;
-    if pid == std::process::id() {
-        return Err(cuda_error("a process cannot open its own export"));
-    }
-    let taken = fd::take(pid, number).map_err(cuda_error)?;
+/// Imports a peer's descriptor, closes it, and maps the allocation at `at`.
+fn map_piece(handle: &IpcHandle, at: u64, taken: OwnedFd) -> Result<()> {
     let mut imported: sys::CUmemGenericAllocationHandle = 0;
     let kind = sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     // SAFETY: the driver reads the descriptor number passed as the pointer

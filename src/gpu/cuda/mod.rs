@@ -386,8 +386,12 @@ impl Gpu for CudaGpu {
         shielded("exporting device memory as dma-buf", || self.dmabuf_range(addr, len))
     }
 
-    fn open(&self, handles: &[IpcHandle]) -> Result<DevicePtr> {
-        shielded("opening a peer's device memory", || self.open_export(handles))
+    fn share(&self, handle: &IpcHandle) -> Result<Option<std::os::fd::OwnedFd>> {
+        shielded("sharing device memory", || self.share_handle(handle))
+    }
+
+    fn open(&self, handles: &[IpcHandle], fds: crate::gpu::FdSource<'_>) -> Result<DevicePtr> {
+        shielded("opening a peer's device memory", || self.open_export(handles, fds))
     }
 
     unsafe fn close(&self, ptr: DevicePtr) -> Result<()> {

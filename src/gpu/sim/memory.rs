@@ -3,22 +3,24 @@
 //!
 //! Every piece is a `memfd` mapped twice: at its device address with no
 //! access at all (a host dereference faults), and once more, readable and
-//! writable, where only the stand-in copy engine reaches it. A legacy
-//! export names the allocation's memfd by `/proc/<pid>/fd/<n>` (an opaque
-//! handle that only a same-host process can use, as CUDA's); a piece of a
-//! run is exported as a duplicated descriptor that the opener takes with
-//! `pidfd_getfd`, the path real device memory of the virtual memory API
-//! takes.
-
-use super::super::{fd, DevicePtr, DmaBuf, Export, HandleKind, IpcHandle, IPC_HANDLE_BYTES};
+//! writable, where only the stand-in copy engine reaches it. A handle names
+//! the allocation (or piece) by its address in the exporter; the memfd
+//! itself reaches a peer only as the exporter shares it (`share`, passed
+//! over the exporter's socket), the path real device memory of the virtual
+//! memory API takes. An opened piece keeps its mappings, not its
+//! descriptor.
+use super::super::{fd, DevicePtr, DmaBuf, Export, FdSource, HandleKind, IpcHandle};
 use super::{gpu_error, SimGpu, State};
 use crate::error::{Error, Result};
 use memmap2::MmapRaw;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 
 /// Marks a simulated legacy IPC handle.
 const HANDLE_MAGIC: [u8; 4] = *b"KVSG";
+/// Marks a simulated piece's handle (a shareable descriptor's).
+const PIECE_MAGIC: [u8; 4] = *b"KVSP";
 
 /// One piece of device memory (an allocation, or one physical allocation
 /// of a run): two views of one memfd.
@@ -26,7 +28,9 @@ const HANDLE_MAGIC: [u8; 4] = *b"KVSG";
 pub(super) struct Piece {
     pub device: u32,
     pub len: u64,
-    file: File,
+    /// The memfd, kept for this process's own memory (exported, shared);
+    /// an opened piece needs only its mappings.
+    file: Option<File>,
     /// The view at the device address: no access at all, or for managed
     /// memory read and write (held for its mapping).
     _view: View,
@@ -181,34 +185,46 @@ impl SimGpu {
         }
     }
 
-    /// Exports `addr..addr + len`: one legacy handle, or one descriptor per
-    /// piece of a run.
+    /// Exports `addr..addr + len`: one legacy handle, or one handle per
+    /// piece of a run; each names the allocation by its address here.
     pub(super) fn export_range(&self, state: &State, addr: u64, len: u64) -> Result<Export> {
         let (device, run, _) = self.own_run(state, addr, len)?;
         let end = addr + len;
-        let pid = std::process::id();
         let (first, piece) = state.piece_at(addr).expect("inside the run");
         if !piece.vmm {
-            let mut bytes = [0u8; IPC_HANDLE_BYTES];
-            bytes[..4].copy_from_slice(&HANDLE_MAGIC);
-            bytes[4..8].copy_from_slice(&pid.to_le_bytes());
-            bytes[8..12].copy_from_slice(&piece.file.as_raw_fd().to_le_bytes());
-            bytes[12..16].copy_from_slice(&device.to_le_bytes());
+            let bytes = fd::encode(HANDLE_MAGIC, first, device);
             let handle = IpcHandle { kind: HandleKind::Legacy, bytes, offset: addr - first, len: piece.len };
-            return Ok(Export::new(vec![handle], Vec::new()));
+            return Ok(Export::new(vec![handle]));
         }
-        let (mut handles, mut held) = (Vec::new(), Vec::new());
-        for (at, piece) in state.run_pieces(run).filter(|(at, p)| at + p.len > addr && *at < end) {
-            // The shareable descriptor the exporter keeps open for peers to
-            // take (CUDA's cuMemExportToShareableHandle gives a new one).
-            let shared = piece.file.try_clone().map_err(|e| Error::io("exporting simulated device memory", e))?;
-            let mut bytes = fd::encode(pid, shared.as_raw_fd());
-            bytes[12..16].copy_from_slice(&device.to_le_bytes());
-            let offset = addr.saturating_sub(at);
-            handles.push(IpcHandle { kind: HandleKind::FileDescriptor, bytes, offset, len: piece.len });
-            held.push(OwnedFd::from(shared));
-        }
-        Ok(Export::new(handles, held))
+        let handles = state
+            .run_pieces(run)
+            .filter(|(at, p)| at + p.len > addr && *at < end)
+            .map(|(at, piece)| IpcHandle {
+                kind: HandleKind::FileDescriptor,
+                bytes: fd::encode(PIECE_MAGIC, at, device),
+                offset: addr.saturating_sub(at),
+                len: piece.len,
+            })
+            .collect();
+        Ok(Export::new(handles))
+    }
+
+    /// A new descriptor of the memory one of this process's own handles
+    /// names (the exporter's side of passing it), or why there is none.
+    pub(super) fn share_handle(&self, state: &State, handle: &IpcHandle) -> Result<OwnedFd> {
+        let magic = match handle.kind {
+            HandleKind::Legacy => HANDLE_MAGIC,
+            HandleKind::FileDescriptor => PIECE_MAGIC,
+        };
+        let (addr, device) = fd::decode(magic, &handle.bytes).ok_or_else(|| gpu_error(0, "not a simulated handle"))?;
+        let piece =
+            state.pieces.get(&addr).filter(|p| !p.managed && p.vmm == (handle.kind == HandleKind::FileDescriptor));
+        let file = piece.and_then(|p| p.file.as_ref()).filter(|_| piece.is_some_and(|p| p.len == handle.len));
+        let file = file.ok_or_else(|| {
+            gpu_error(device, format!("{addr:#x} is no longer memory this process exported (freed?)"))
+        })?;
+        let shared = file.try_clone().map_err(|e| Error::io("sharing simulated device memory", e))?;
+        Ok(OwnedFd::from(shared))
     }
 
     /// The memory of this process's own allocation that holds
@@ -232,13 +248,14 @@ impl SimGpu {
     pub(super) fn dmabuf_range(&self, state: &State, addr: u64, len: u64) -> Result<DmaBuf> {
         let (device, _, _) = self.own_run(state, addr, len)?;
         let (base, piece) = state.piece_at(addr).expect("inside a run");
+        let file = piece.file.as_ref().ok_or_else(|| gpu_error(device, "not this process's own memory"))?;
         if addr + len > base + piece.len {
             return Err(gpu_error(
                 device,
                 format!("{addr:#x}+{len} spans more than one physical allocation: one dma-buf covers one"),
             ));
         }
-        let fd = piece.file.try_clone().map_err(|e| Error::io("exporting simulated device memory as dma-buf", e))?;
+        let fd = file.try_clone().map_err(|e| Error::io("exporting simulated device memory as dma-buf", e))?;
         Ok(DmaBuf { fd: OwnedFd::from(fd), offset: addr - base, len })
     }
 
@@ -255,54 +272,52 @@ impl SimGpu {
         for (at, piece) in state.run_pieces(run).filter(|(at, p)| at + p.len > addr && *at < end) {
             let from = addr.max(at);
             let to = end.min(at + piece.len);
-            let file = piece.file.try_clone().map_err(|e| Error::io("pinning simulated device memory", e))?;
+            let file = piece.file.as_ref().ok_or_else(|| gpu_error(piece.device, "not this process's own memory"))?;
+            let file = file.try_clone().map_err(|e| Error::io("pinning simulated device memory", e))?;
             pages.push((file, from - at, to - from));
         }
         Ok(pages)
     }
 
-    /// Opens a peer's export (handles already checked); returns the first
-    /// exported byte's address.
-    pub(super) fn open_export(&self, state: &mut State, handles: &[IpcHandle]) -> Result<DevicePtr> {
+    /// Opens a peer's export (handles already checked), each handle's
+    /// memory from the descriptor `fds` hands over; returns the first
+    /// exported byte's address. The provider's lock is not held while a
+    /// descriptor is fetched (the exporter may be this process's own
+    /// server, sharing through this very provider).
+    pub(super) fn open_export(&self, handles: &[IpcHandle], fds: FdSource<'_>) -> Result<DevicePtr> {
         let first = handles[0];
         let device = u32::from_le_bytes(first.bytes[12..16].try_into().expect("4 bytes"));
-        self.check_device(state, device)?;
-        if std::mem::take(&mut state.fail_next_open) {
-            return Err(gpu_error(device, "opening the peer's memory failed (injected)"));
-        }
-        let files = match first.kind {
-            HandleKind::Legacy => vec![open_legacy(device, &first)?],
-            HandleKind::FileDescriptor => handles
-                .iter()
-                .map(|h| {
-                    let (pid, number) = fd::decode(&h.bytes).map_err(|e| gpu_error(device, e))?;
-                    if pid == std::process::id() {
-                        return Err(gpu_error(device, "a process cannot open its own export"));
-                    }
-                    let taken = fd::take(pid, number).map_err(|e| gpu_error(device, e))?;
-                    Ok(File::from(taken))
-                })
-                .collect::<Result<Vec<_>>>()?,
-        };
-        for (file, handle) in files.iter().zip(handles) {
-            let size = file.metadata().map_err(|e| Error::io("sizing a peer's export", e))?.len();
-            if size != handle.len {
-                return Err(gpu_error(
-                    device,
-                    format!("the exported memory is {size} bytes, the handle says {}", handle.len),
-                ));
+        let own = {
+            let mut state = self.lock();
+            self.check_device(&state, device)?;
+            if std::mem::take(&mut state.fail_next_open) {
+                return Err(gpu_error(device, "opening the peer's memory failed (injected)"));
             }
-        }
+            own_files(&state)
+        };
         let total = handles.iter().map(|h| h.len).sum();
         let base = reserve(total)?;
         let vmm = first.kind == HandleKind::FileDescriptor;
         let mut at = base;
-        let placed = files.into_iter().zip(handles).try_for_each(|(file, handle)| {
-            install(state, Placed { device, file, at: Some(at), run: base, vmm, opened: true, managed: false })?;
+        // One descriptor at a time: taken, checked, mapped and closed.
+        let placed = handles.iter().enumerate().try_for_each(|(i, handle)| {
+            let file = File::from(fds(i)?);
+            let meta = file.metadata().map_err(|e| Error::io("sizing a peer's export", e))?;
+            if own.contains(&(meta.dev(), meta.ino())) {
+                return Err(gpu_error(device, "a process cannot open its own export"));
+            }
+            if meta.len() != handle.len {
+                return Err(gpu_error(
+                    device,
+                    format!("the exported memory is {} bytes, the handle says {}", meta.len(), handle.len),
+                ));
+            }
+            let placed = Placed { device, file, at: Some(at), run: base, vmm, opened: true, managed: false };
+            install(&mut self.lock(), placed)?;
             at += handle.len;
             Ok(())
         });
-        placed.map_err(|error| abandon(state, base, total, error))?;
+        placed.map_err(|error| abandon(&mut self.lock(), base, total, error))?;
         self.opens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(DevicePtr(base + first.offset))
     }
@@ -318,22 +333,9 @@ impl SimGpu {
     }
 }
 
-/// Opens a simulated legacy handle: the exporter's memfd through /proc.
-fn open_legacy(device: u32, handle: &IpcHandle) -> Result<File> {
-    if handle.bytes[..4] != HANDLE_MAGIC {
-        return Err(gpu_error(device, "not a simulated GPU's IPC handle"));
-    }
-    let word = |at: usize| u32::from_le_bytes(handle.bytes[at..at + 4].try_into().expect("4 bytes"));
-    let (pid, fd) = (word(4), word(8) as i32);
-    if pid == std::process::id() {
-        return Err(gpu_error(device, "a process cannot open its own IPC handle"));
-    }
-    let path = format!("/proc/{pid}/fd/{fd}");
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| gpu_error(device, format!("the exporting process {pid} is gone or its memory is freed ({e})")))
+/// The (device, inode) of every memfd this process's own memory is made of.
+fn own_files(state: &State) -> std::collections::HashSet<(u64, u64)> {
+    state.pieces.values().filter_map(|p| p.file.as_ref()?.metadata().ok()).map(|m| (m.dev(), m.ino())).collect()
 }
 
 /// Where and how a piece is installed.
@@ -357,10 +359,13 @@ fn install(state: &mut State, placed: Placed) -> Result<u64> {
     let alias = MmapRaw::map_raw(&placed.file).map_err(|e| Error::io("mapping simulated device memory", e))?;
     let addr = view.addr as u64;
     let run = if placed.at.is_some() { placed.run } else { addr };
+    // An opened piece's memory lives on in its mappings; its descriptor is
+    // closed now, so thousands of opened pieces hold no descriptor each.
+    let file = (!placed.opened).then_some(placed.file);
     let piece = Piece {
         device: placed.device,
         len,
-        file: placed.file,
+        file,
         _view: view,
         alias,
         run,

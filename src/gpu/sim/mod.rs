@@ -6,9 +6,9 @@
 //! device pointer faults (the rule that no lane ever touches device memory
 //! is enforced, not hoped for), and once more where only the stand-in copy
 //! engine reaches it (`memory.rs`). Another process opens an export as it
-//! would a real one: a legacy handle through `/proc/<pid>/fd`, a run of
-//! pieces (the virtual memory API's shape) by taking the exporter's
-//! descriptors with `pidfd_getfd`. Copies run when their stream is polled,
+//! would a real one of the virtual memory API: from descriptors the
+//! exporter shares (`Gpu::share`, passed over its socket), one per piece
+//! (a legacy allocation is one piece). Copies run when their stream is polled,
 //! after a configurable delay, so "the copy finished" is only ever learnt
 //! from an event, as with a real GPU. Faults can be injected: an open that
 //! fails, a copy that errors when it runs (sticky on its GPU afterwards, as
@@ -455,9 +455,13 @@ impl Gpu for SimGpu {
         self.dmabuf_range(&self.lock(), addr, len)
     }
 
-    fn open(&self, handles: &[IpcHandle]) -> Result<DevicePtr> {
+    fn share(&self, handle: &IpcHandle) -> Result<Option<std::os::fd::OwnedFd>> {
+        self.share_handle(&self.lock(), handle).map(Some)
+    }
+
+    fn open(&self, handles: &[IpcHandle], fds: super::FdSource<'_>) -> Result<DevicePtr> {
         check_handles(handles, 1).map_err(|reason| gpu_error(0, format!("a peer's export: {reason}")))?;
-        self.open_export(&mut self.lock(), handles)
+        self.open_export(handles, fds)
     }
 
     unsafe fn close(&self, ptr: DevicePtr) -> Result<()> {

@@ -173,17 +173,34 @@ fn parse_handle(text: &str) -> IpcHandle {
 }
 
 /// The child half of the cross-process test: opens the parent's export
-/// named in `KVRING_SIM_GPU_HANDLES` (handles separated by `;`) and checks
-/// that its first `KVRING_SIM_GPU_LEN` bytes are the pattern. Run only by
+/// named in `KVRING_SIM_GPU_HANDLES` (handles separated by `;`), each
+/// handle's memory the descriptor the parent shared and left open across
+/// exec (`KVRING_SIM_GPU_FDS`, numbers separated by `,`), and checks that
+/// its first `KVRING_SIM_GPU_LEN` bytes are the pattern. Run only by
 /// `exports_open_in_another_process_and_not_in_their_own`.
 #[test]
 #[ignore = "the child of a cross-process test"]
 fn child_opens_an_export() {
+    use std::os::fd::{FromRawFd, OwnedFd};
     let text = std::env::var("KVRING_SIM_GPU_HANDLES").expect("run by the cross-process test");
+    let numbers: Vec<i32> =
+        std::env::var("KVRING_SIM_GPU_FDS").unwrap().split(',').map(|n| n.parse().unwrap()).collect();
     let len: usize = std::env::var("KVRING_SIM_GPU_LEN").unwrap().parse().unwrap();
     let handles: Vec<IpcHandle> = text.split(';').map(parse_handle).collect();
     let gpu = gpu();
-    let ptr = gpu.open(&handles).unwrap();
+    let mut asked = Vec::new();
+    let ptr = gpu
+        .open(&handles, &mut |i| {
+            asked.push(i);
+            // SAFETY: inherited from the parent for this child alone, taken once.
+            Ok(unsafe { OwnedFd::from_raw_fd(numbers[i]) })
+        })
+        .unwrap();
+    assert_eq!(asked, (0..handles.len()).collect::<Vec<_>>(), "each handle's descriptor, once, in order");
+    for fd in &numbers {
+        // SAFETY: fcntl on a number; no memory passed.
+        assert_eq!(unsafe { libc::fcntl(*fd, libc::F_GETFD) }, -1, "descriptor {fd} is closed once imported");
+    }
     let mut back = vec![0u8; len];
     run(&gpu, &[Copy { src: ptr.0, dst: back.as_mut_ptr() as u64, len: len as u64 }]).unwrap();
     assert_eq!(back, pattern(len, 3), "the peer's bytes, at the exported pointer");
@@ -191,12 +208,21 @@ fn child_opens_an_export() {
     unsafe { gpu.close(ptr).unwrap() };
 }
 
-/// Runs the child on `export`; true when it found the bytes.
-fn child_reads(export: &Export, len: usize) -> std::process::Output {
+/// Runs the child on `export`, each handle's descriptor shared by `gpu`
+/// and left open across exec for it.
+fn child_reads(gpu: &SimGpu, export: &Export, len: usize) -> std::process::Output {
+    use std::os::fd::AsRawFd;
     let text: Vec<String> = export.handles().iter().map(handle_words).collect();
+    let shared: Vec<_> = export.handles().iter().map(|h| gpu.share(h).unwrap().unwrap()).collect();
+    for fd in &shared {
+        // SAFETY: fcntl on a descriptor this test owns: clears close-on-exec.
+        assert_eq!(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) }, 0);
+    }
+    let numbers: Vec<String> = shared.iter().map(|fd| fd.as_raw_fd().to_string()).collect();
     Command::new(std::env::current_exe().unwrap())
         .args(["--ignored", "--exact", "gpu::sim::tests::child_opens_an_export", "--test-threads=1"])
         .env("KVRING_SIM_GPU_HANDLES", text.join(";"))
+        .env("KVRING_SIM_GPU_FDS", numbers.join(","))
         .env("KVRING_SIM_GPU_LEN", len.to_string())
         .output()
         .unwrap()
@@ -211,9 +237,10 @@ fn exports_open_in_another_process_and_not_in_their_own() {
     for at in [legacy.0 + 8192, pieces.0 + 4000] {
         run(&gpu, &[Copy { src: source.as_ptr() as u64, dst: at, len: source.len() as u64 }]).unwrap();
         let export = gpu.export(at, source.len() as u64).unwrap();
-        let error = gpu.open(export.handles()).unwrap_err().to_string();
+        let own = |i: usize| gpu.share(&export.handles()[i]).map(Option::unwrap);
+        let error = gpu.open(export.handles(), &mut { own }).unwrap_err().to_string();
         assert!(error.contains("its own"), "{error}");
-        let child = child_reads(&export, source.len());
+        let child = child_reads(&gpu, &export, source.len());
         let out = String::from_utf8_lossy(&child.stdout);
         assert!(child.status.success() && out.contains("1 passed"), "{out}{}", String::from_utf8_lossy(&child.stderr));
     }
@@ -221,22 +248,32 @@ fn exports_open_in_another_process_and_not_in_their_own() {
     assert_eq!(export.handles()[0].kind, HandleKind::Legacy);
     assert_eq!((export.handles()[0].offset, export.handles()[0].len), (8192, 1 << 16));
 
-    // A handle whose process is gone (a pid that cannot exist) is refused.
-    let mut gone = export.handles()[0];
-    gone.bytes[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-    let error = gpu.open(&[gone]).unwrap_err().to_string();
-    assert!(error.contains("is gone or its memory is freed"), "{error}");
-    let mut other = export.handles()[0];
-    other.bytes[4..8].copy_from_slice(&1u32.to_le_bytes());
-    gpu.fail_next_open();
-    assert!(gpu.open(&[other]).unwrap_err().to_string().contains("injected"));
-    // A run's export whose exporter let it go: its descriptors are closed.
+    // Only handles of this process's own live memory are shared: one naming
+    // another address, or memory freed since, shares nothing.
+    let mut elsewhere = export.handles()[0];
+    elsewhere.bytes[4..12].copy_from_slice(&(legacy.0 + 4096).to_le_bytes());
+    assert!(gpu.share(&elsewhere).unwrap_err().to_string().contains("no longer memory this process exported"));
+    let mut forged = export.handles()[0];
+    forged.bytes[..4].copy_from_slice(b"KVFD");
+    assert!(gpu.share(&forged).unwrap_err().to_string().contains("not a simulated handle"));
     let dropped = gpu.export(pieces.0, 8192).unwrap();
-    let handles = dropped.handles().to_vec();
-    drop(dropped);
-    let child = child_reads(&Export::new(handles, Vec::new()), 16);
-    assert!(!child.status.success(), "a closed descriptor opens nothing");
-    assert!(String::from_utf8_lossy(&child.stdout).contains("no longer exports"));
+    // SAFETY: nothing uses the run.
+    unsafe { gpu.free(pieces).unwrap() };
+    assert!(gpu.share(&dropped.handles()[0]).is_err(), "a freed piece is shared no more");
+    // A descriptor of another size than its handle says is refused.
+    let wrong = gpu.share(&export.handles()[0]).unwrap().unwrap();
+    let mut longer = export.handles()[0];
+    longer.len *= 2;
+    let other = SimGpu::new(1, DELAY);
+    let mut once = Some(wrong);
+    let error = other.open(&[longer], &mut |_| Ok(once.take().unwrap())).unwrap_err().to_string();
+    assert!(error.contains("the handle says"), "{error}");
+    other.fail_next_open();
+    assert!(other
+        .open(&[longer], &mut |_| unreachable!("refused first"))
+        .unwrap_err()
+        .to_string()
+        .contains("injected"));
 }
 
 /// Queues `copies` (ends as `sides` say) on `stream`, records `event` after

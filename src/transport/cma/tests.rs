@@ -37,6 +37,8 @@ impl Target {
             epoch: self.epoch,
             host_id: local_host_id().to_string(),
             pid: std::process::id(),
+            instance: 0,
+            gpu_fds: None,
             regions: vec![RemoteRegion {
                 id: self.id,
                 kind: RegionKind::Raw,

@@ -1,0 +1,153 @@
+//! The opener's side of the GPU descriptor socket (see the module above):
+//! it connects to the socket a peer's descriptor advertises, takes it only
+//! from the process that answered the handshake, proves the session, and
+//! fetches descriptors a run at a time as the provider asks for them.
+
+use super::{Answer, Challenge, Hello, Request, CHALLENGE_BYTES, MESSAGE_BYTES};
+use crate::auth::{random_bytes, Session};
+use crate::error::{Error, Result};
+use crate::gpu::fd::{peer_pid, recv_with_fds, MAX_FDS_PER_MESSAGE};
+use crate::region_id::RegionId;
+use crate::seal::{check_gpu_fds_proof, gpu_fds_proof, End};
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixStream};
+use std::time::Instant;
+
+/// A proven connection to a peer's GPU descriptor server, and the run of
+/// descriptors fetched but not yet handed over (at most one answer's).
+#[derive(Debug)]
+pub(crate) struct GpuFdClient {
+    stream: UnixStream,
+    peer: String,
+    deadline: Instant,
+    /// The region and handle index the next fetched descriptor belongs to.
+    region: Option<RegionId>,
+    next: usize,
+    fetched: VecDeque<OwnedFd>,
+}
+
+fn refused(peer: &str, reason: impl std::fmt::Display) -> Error {
+    Error::Unauthorized { reason: format!("{peer}'s GPU descriptor socket: {reason}") }
+}
+
+impl GpuFdClient {
+    /// Connects to socket `name`, which must be held by process `pid` (the
+    /// one that answered the handshake), and proves `session` (a tokened
+    /// opener refuses a server that asks no proof, or cannot make one).
+    pub(crate) fn connect(
+        peer: &str,
+        name: &str,
+        pid: u32,
+        session: Option<&Session>,
+        epoch: u64,
+        deadline: Instant,
+    ) -> Result<Self> {
+        let addr = SocketAddr::from_abstract_name(name.as_bytes())
+            .map_err(|e| Error::io(format!("{peer}'s GPU descriptor socket"), e))?;
+        let stream =
+            UnixStream::connect_addr(&addr).map_err(|e| Error::io(format!("connecting to {peer}'s GPU socket"), e))?;
+        let holder = peer_pid(&stream).map_err(|e| Error::io("reading a socket's peer credentials", e))?;
+        if holder != pid || pid == 0 {
+            return Err(refused(
+                peer,
+                format!("it is served by pid {holder}, not by pid {pid}, the process that answered the handshake"),
+            ));
+        }
+        let mut client =
+            GpuFdClient { stream, peer: peer.to_string(), deadline, region: None, next: 0, fetched: VecDeque::new() };
+        client.prove(session, epoch)?;
+        Ok(client)
+    }
+
+    /// The hello, the server's challenge and proof, and ours.
+    fn prove(&mut self, session: Option<&Session>, epoch: u64) -> Result<()> {
+        let nonce = random_bytes();
+        let (cn, sn) = session.map_or(([0; 16], [0; 16]), |s| (s.client_nonce, s.server_nonce));
+        self.write(&Hello { cn, sn, nonce }.encode())?;
+        let mut challenge = [0u8; CHALLENGE_BYTES];
+        self.read(&mut challenge)?;
+        let challenge = Challenge::decode(&challenge).map_err(|reason| refused(&self.peer, reason))?;
+        match (session, challenge.proof_required) {
+            (None, false) => Ok(()),
+            (None, true) => Err(refused(&self.peer, "it requires a token; configure the cluster's token here too")),
+            (Some(_), false) => Err(refused(&self.peer, "it asks no proof while this engine has a token; refusing it")),
+            (Some(session), true) => {
+                if !check_gpu_fds_proof(session, End::Target, &nonce, &challenge.nonce, epoch, &challenge.proof) {
+                    return Err(refused(&self.peer, "it does not prove the session; nothing was taken from it"));
+                }
+                self.write(&gpu_fds_proof(session, End::Initiator, &nonce, &challenge.nonce, epoch))
+            }
+        }
+    }
+
+    /// The descriptor of handle `index` of region `region` (of `handles`),
+    /// fetched with the next ones of the region unless already here.
+    pub(crate) fn fd(&mut self, region: RegionId, handles: usize, index: usize) -> Result<OwnedFd> {
+        if self.region != Some(region) || self.next != index || self.fetched.is_empty() {
+            self.fetched.clear(); // closes any left over
+            self.fetch(region, handles, index)?;
+        }
+        self.next += 1;
+        Ok(self.fetched.pop_front().expect("fetched at least one"))
+    }
+
+    /// Asks for handles `index..` of `region` and takes the answer's run.
+    fn fetch(&mut self, region: RegionId, handles: usize, index: usize) -> Result<()> {
+        let want = handles.saturating_sub(index).min(MAX_FDS_PER_MESSAGE);
+        let request = Request { region: region.raw(), first: index as u32, count: want as u32 };
+        self.write(&request.encode())?;
+        let mut answer = [0u8; MESSAGE_BYTES];
+        self.set_timeouts()?;
+        let fds = recv_with_fds(&self.stream, &mut answer, MAX_FDS_PER_MESSAGE).map_err(|e| self.io_error(e))?;
+        let bad = |reason: String| Error::malformed("GPU descriptor answer", reason);
+        match Answer::decode(&answer).map_err(bad)? {
+            Answer::Refused { len } => {
+                let mut reason = vec![0u8; len as usize];
+                self.read(&mut reason)?;
+                Err(Error::Gpu {
+                    device: "cuda_ipc".into(),
+                    reason: format!("{} refused region {region}: {}", self.peer, String::from_utf8_lossy(&reason)),
+                })
+            }
+            Answer::Descriptors { count, handles: theirs } => {
+                if theirs as usize != handles || count as usize != fds.len() || fds.is_empty() || fds.len() > want {
+                    return Err(bad(format!(
+                        "{} descriptors (said {count}) of {theirs} handles, for {want} of {handles}",
+                        fds.len()
+                    )));
+                }
+                (self.region, self.next, self.fetched) = (Some(region), index, fds.into());
+                Ok(())
+            }
+        }
+    }
+
+    fn set_timeouts(&self) -> Result<()> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Timeout { waited: std::time::Duration::ZERO });
+        }
+        let set = self.stream.set_read_timeout(Some(left)).and_then(|()| self.stream.set_write_timeout(Some(left)));
+        set.map_err(|e| Error::io("setting a socket timeout", e))
+    }
+
+    fn io_error(&self, error: std::io::Error) -> Error {
+        if crate::net::is_timeout(&error) {
+            return Error::Timeout { waited: std::time::Duration::ZERO };
+        }
+        Error::io(format!("{}'s GPU descriptor socket (did it close us?)", self.peer), error)
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        self.set_timeouts()?;
+        (&self.stream).write_all(bytes).map_err(|e| self.io_error(e))
+    }
+
+    fn read(&mut self, bytes: &mut [u8]) -> Result<()> {
+        self.set_timeouts()?;
+        (&self.stream).read_exact(bytes).map_err(|e| self.io_error(e))
+    }
+}

@@ -1,0 +1,206 @@
+//! The socket on which an engine passes the descriptors of its GPU regions
+//! to a same-host peer (`cuda_ipc`): only the exporting process hands out
+//! its device memory, and only to a peer that proved the session.
+//!
+//! The exporter serves an abstract Unix socket (unix(7); named after its
+//! process's instance id and its epoch, advertised in its descriptor, which
+//! a tokened session seals). An opener connects and checks the server's
+//! `SO_PEERCRED` pid against the descriptor's pid, which the handshake bound
+//! to the process that answered it (`transport::cma::owner`). With a token,
+//! the server proves the session first, over both connection nonces, and
+//! the opener then proves it too (`seal::gpu_fds_proof`); a server that asks
+//! no proof is refused by a tokened opener. Then the opener asks, region by
+//! region, for a run of its handles' descriptors, and each answer carries at
+//! most [`MAX_FDS_PER_MESSAGE`] of them (`SCM_RIGHTS`). The server makes
+//! each descriptor when asked ([`Gpu::share`](crate::gpu::Gpu::share)) for a
+//! region registered with a remote right, and closes its copy once sent; the
+//! opener imports each and closes it at once. Nobody holds thousands of
+//! descriptors, and no opener takes a descriptor out of another process.
+//!
+//! A Unix socket cannot be spliced into by a third party, so the proofs at
+//! its start cover the whole connection. Without a token, any process that
+//! reaches the socket (this host's network namespace) may ask for the
+//! descriptors, as it may read and write the engine's memory over tcp.
+
+pub(crate) mod client;
+pub(crate) mod server;
+
+use crate::auth::{Nonce, Tag, MAC_BYTES, NONCE_BYTES};
+pub(crate) use crate::gpu::fd::{socket_name as name, MAX_FDS_PER_MESSAGE};
+
+/// Longest refusal a server sends.
+pub(crate) const MAX_REFUSAL_BYTES: usize = 512;
+
+/// The opener's first message: the session it belongs to (both handshake
+/// nonces; zeros without a token) and its nonce for this connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hello {
+    pub cn: Nonce,
+    pub sn: Nonce,
+    pub nonce: Nonce,
+}
+
+const HELLO_MAGIC: [u8; 4] = *b"KVF1";
+/// Bytes of a [`Hello`].
+pub(crate) const HELLO_BYTES: usize = 4 + 3 * NONCE_BYTES;
+
+impl Hello {
+    pub(crate) fn encode(&self) -> [u8; HELLO_BYTES] {
+        let mut out = [0u8; HELLO_BYTES];
+        out[..4].copy_from_slice(&HELLO_MAGIC);
+        out[4..20].copy_from_slice(&self.cn);
+        out[20..36].copy_from_slice(&self.sn);
+        out[36..52].copy_from_slice(&self.nonce);
+        out
+    }
+
+    pub(crate) fn decode(bytes: &[u8; HELLO_BYTES]) -> Result<Self, String> {
+        if bytes[..4] != HELLO_MAGIC {
+            return Err("not a kvring GPU descriptor hello".into());
+        }
+        let nonce = |at: usize| -> Nonce { bytes[at..at + NONCE_BYTES].try_into().expect("16 bytes") };
+        Ok(Hello { cn: nonce(4), sn: nonce(20), nonce: nonce(36) })
+    }
+}
+
+/// The server's answer to a [`Hello`]: whether it requires a proof, its
+/// nonce for this connection, and its own proof of the session (zeros
+/// without a token).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Challenge {
+    pub proof_required: bool,
+    pub nonce: Nonce,
+    pub proof: Tag,
+}
+
+const CHALLENGE_MAGIC: [u8; 4] = *b"KVF2";
+/// Bytes of a [`Challenge`].
+pub(crate) const CHALLENGE_BYTES: usize = 8 + NONCE_BYTES + MAC_BYTES;
+
+impl Challenge {
+    pub(crate) fn encode(&self) -> [u8; CHALLENGE_BYTES] {
+        let mut out = [0u8; CHALLENGE_BYTES];
+        out[..4].copy_from_slice(&CHALLENGE_MAGIC);
+        out[4..8].copy_from_slice(&u32::from(self.proof_required).to_le_bytes());
+        out[8..24].copy_from_slice(&self.nonce);
+        out[24..].copy_from_slice(&self.proof);
+        out
+    }
+
+    pub(crate) fn decode(bytes: &[u8; CHALLENGE_BYTES]) -> Result<Self, String> {
+        if bytes[..4] != CHALLENGE_MAGIC {
+            return Err("not a kvring GPU descriptor server".into());
+        }
+        let proof_required = match u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")) {
+            0 => false,
+            1 => true,
+            other => return Err(format!("unknown challenge flags {other:#x}")),
+        };
+        Ok(Challenge {
+            proof_required,
+            nonce: bytes[8..24].try_into().expect("16 bytes"),
+            proof: bytes[24..].try_into().expect("32 bytes"),
+        })
+    }
+}
+
+/// A request for the descriptors of handles `first..first + count` of
+/// region `region` (its raw id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub region: u32,
+    pub first: u32,
+    pub count: u32,
+}
+
+const REQUEST_MAGIC: [u8; 4] = *b"KVF3";
+/// Bytes of a [`Request`] and of an [`Answer`].
+pub(crate) const MESSAGE_BYTES: usize = 16;
+
+impl Request {
+    pub(crate) fn encode(&self) -> [u8; MESSAGE_BYTES] {
+        words(REQUEST_MAGIC, [self.region, self.first, self.count])
+    }
+
+    pub(crate) fn decode(bytes: &[u8; MESSAGE_BYTES]) -> Result<Self, String> {
+        let [region, first, count] = unwords(REQUEST_MAGIC, bytes).ok_or("not a kvring GPU descriptor request")?;
+        Ok(Request { region, first, count })
+    }
+}
+
+/// The server's answer to a [`Request`]: `count` descriptors attached, of
+/// the region's `handles`, or a refusal whose `len`-byte reason follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    Descriptors { count: u32, handles: u32 },
+    Refused { len: u32 },
+}
+
+const ANSWER_MAGIC: [u8; 4] = *b"KVF4";
+
+impl Answer {
+    pub(crate) fn encode(&self) -> [u8; MESSAGE_BYTES] {
+        match *self {
+            Answer::Descriptors { count, handles } => words(ANSWER_MAGIC, [0, count, handles]),
+            Answer::Refused { len } => words(ANSWER_MAGIC, [1, len, 0]),
+        }
+    }
+
+    pub(crate) fn decode(bytes: &[u8; MESSAGE_BYTES]) -> Result<Self, String> {
+        match unwords(ANSWER_MAGIC, bytes).ok_or("not a kvring GPU descriptor answer")? {
+            [0, count, handles] if count as usize <= MAX_FDS_PER_MESSAGE => Ok(Answer::Descriptors { count, handles }),
+            [1, len, 0] if len as usize <= MAX_REFUSAL_BYTES => Ok(Answer::Refused { len }),
+            other => Err(format!("a malformed answer {other:?}")),
+        }
+    }
+}
+
+fn words(magic: [u8; 4], values: [u32; 3]) -> [u8; MESSAGE_BYTES] {
+    let mut out = [0u8; MESSAGE_BYTES];
+    out[..4].copy_from_slice(&magic);
+    for (i, v) in values.iter().enumerate() {
+        out[4 + 4 * i..8 + 4 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+fn unwords(magic: [u8; 4], bytes: &[u8; MESSAGE_BYTES]) -> Option<[u32; 3]> {
+    (bytes[..4] == magic)
+        .then(|| std::array::from_fn(|i| u32::from_le_bytes(bytes[4 + 4 * i..8 + 4 * i].try_into().expect("4 bytes"))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::fd::check_socket_name as check_name;
+
+    #[test]
+    fn every_message_round_trips_and_strangers_bytes_are_refused() {
+        let hello = Hello { cn: [1; 16], sn: [2; 16], nonce: [3; 16] };
+        assert_eq!(Hello::decode(&hello.encode()), Ok(hello));
+        assert!(Hello::decode(&[0; HELLO_BYTES]).is_err());
+        let challenge = Challenge { proof_required: true, nonce: [4; 16], proof: [5; 32] };
+        assert_eq!(Challenge::decode(&challenge.encode()), Ok(challenge));
+        let mut odd = challenge.encode();
+        odd[4] = 2;
+        assert!(Challenge::decode(&odd).unwrap_err().contains("flags"));
+        let request = Request { region: 1 << 16, first: 64, count: 64 };
+        assert_eq!(Request::decode(&request.encode()), Ok(request));
+        assert!(Request::decode(&Answer::Refused { len: 1 }.encode()).is_err(), "an answer is no request");
+        for answer in [Answer::Descriptors { count: 64, handles: 2048 }, Answer::Refused { len: 12 }] {
+            assert_eq!(Answer::decode(&answer.encode()), Ok(answer));
+        }
+        let too_many = Answer::Descriptors { count: MAX_FDS_PER_MESSAGE as u32 + 1, handles: 1 };
+        assert!(Answer::decode(&too_many.encode()).is_err());
+        assert!(Answer::decode(&Answer::Refused { len: MAX_REFUSAL_BYTES as u32 + 1 }.encode()).is_err());
+    }
+
+    #[test]
+    fn only_names_kvring_makes_are_dialed() {
+        let made = name(0xabc, 7);
+        assert_eq!(check_name(&made), Ok(made.clone()));
+        for bad in ["", "kvring-gpu-fds-", "other", "kvring-gpu-fds-0000000000000abc-xyz", "/tmp/sock"] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The exporter's side of the GPU descriptor socket (see the module above):
+//! one accepting thread, a bounded number of connection threads, each
+//! connection proven before anything is passed.
+
+use super::{Answer, Challenge, Hello, Request, HELLO_BYTES, MAX_REFUSAL_BYTES, MESSAGE_BYTES};
+use crate::auth::{random_bytes, Authenticator, MAC_BYTES};
+use crate::gpu::fd::{send_with_fds, MAX_FDS_PER_MESSAGE};
+use crate::mem::{Access, Registry};
+use crate::region_id::RegionId;
+use crate::seal::{check_gpu_fds_proof, gpu_fds_proof, End};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// Most connections served at once; more are closed at accept.
+pub(crate) const MAX_CONNECTIONS: usize = 16;
+/// Longest a proven connection may keep the server waiting for its next
+/// bytes.
+pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a connection may take to send its hello and proof: one that
+/// proves nothing holds one of [`MAX_CONNECTIONS`] only this long.
+pub(crate) const PROOF_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What every connection of one server reads.
+#[derive(Debug)]
+struct Shared {
+    registry: Arc<Registry>,
+    auth: Option<Arc<Authenticator>>,
+    epoch: u64,
+    connections: AtomicUsize,
+    stop: AtomicBool,
+}
+
+/// The servers of this process's engines, by socket name: a peer in this
+/// very process is served from its registry directly.
+static LOCAL: Mutex<Vec<(String, Weak<Shared>)>> = Mutex::new(Vec::new());
+
+fn local() -> std::sync::MutexGuard<'static, Vec<(String, Weak<Shared>)>> {
+    LOCAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An engine's GPU descriptor server; stopped when dropped.
+#[derive(Debug)]
+pub(crate) struct GpuFdServer {
+    name: String,
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl GpuFdServer {
+    /// Serves the GPU regions of `registry` on the abstract socket of
+    /// engine `epoch`, with proofs under `auth` when the engine has a token.
+    pub(crate) fn start(
+        registry: Arc<Registry>,
+        auth: Option<Arc<Authenticator>>,
+        epoch: u64,
+    ) -> std::io::Result<Self> {
+        let name = super::name(crate::gpu::fd::instance(), epoch);
+        let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?;
+        let shared =
+            Arc::new(Shared { registry, auth, epoch, connections: AtomicUsize::new(0), stop: AtomicBool::new(false) });
+        let accepting = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("kvring-gpu-fds".into())
+            .spawn(move || accept_loop(listener, accepting))?;
+        let mut servers = local();
+        servers.retain(|(_, weak)| weak.strong_count() > 0);
+        servers.push((name.clone(), Arc::downgrade(&shared)));
+        Ok(Self { name, shared, thread: Some(thread) })
+    }
+
+    /// The socket's abstract name (what the descriptor advertises).
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Stops accepting; connections in progress end at their next read.
+    pub(crate) fn stop(&mut self) {
+        let Some(thread) = self.thread.take() else { return };
+        self.shared.stop.store(true, Ordering::Release);
+        local().retain(|(name, _)| name != &self.name);
+        // Wakes the accept (it sees `stop` and returns). Where no connection
+        // can be made (descriptors run out), the thread is left to end at
+        // the next one rather than waited for without a bound.
+        let woken = SocketAddr::from_abstract_name(self.name.as_bytes())
+            .and_then(|addr| UnixStream::connect_addr(&addr))
+            .is_ok();
+        if woken {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for GpuFdServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Serves one connection already accepted (the fuzz target's way in).
+#[cfg(feature = "testing")]
+pub(crate) fn serve_connection(
+    stream: &UnixStream,
+    registry: Arc<Registry>,
+    auth: Option<Arc<Authenticator>>,
+    epoch: u64,
+) -> Result<(), String> {
+    let shared = Shared { registry, auth, epoch, connections: AtomicUsize::new(1), stop: AtomicBool::new(false) };
+    serve(stream, &shared)
+}
+
+/// Region `id` of the engine of this process serving socket `name`, as its
+/// own registry has it (address, length and rights, never a descriptor's):
+/// `None` when no engine of this process serves that socket.
+pub(crate) fn local_region(name: &str, id: RegionId) -> Option<Result<(u64, u64, Access), String>> {
+    let shared = local().iter().find(|(n, _)| n == name).and_then(|(_, weak)| weak.upgrade())?;
+    Some(shared.registry.get(id).map_err(|e| e.to_string()).and_then(|entry| {
+        if entry.device.is_none() || !grants_peers(entry.info.access) {
+            return Err(format!("region {id} is not GPU memory open to peers"));
+        }
+        Ok((entry.addr as u64, entry.len as u64, entry.info.access))
+    }))
+}
+
+/// True when peers hold some right to a region.
+fn grants_peers(access: Access) -> bool {
+    access.contains(Access::REMOTE_READ) || access.contains(Access::REMOTE_WRITE)
+}
+
+fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
+    for stream in listener.incoming() {
+        if shared.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(stream) = stream else { continue };
+        if shared.connections.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+            shared.connections.fetch_sub(1, Ordering::AcqRel);
+            continue; // closed: the opener sees its hello go unanswered
+        }
+        let serving = shared.clone();
+        let spawned = std::thread::Builder::new().name("kvring-gpu-fds-conn".into()).spawn(move || {
+            if let Err(reason) = serve(&stream, &serving) {
+                tracing::debug!(%reason, "GPU descriptor connection ended");
+            }
+            serving.connections.fetch_sub(1, Ordering::AcqRel);
+        });
+        if spawned.is_err() {
+            shared.connections.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// One connection: the proofs, then requests until the opener hangs up.
+fn serve(stream: &UnixStream, shared: &Shared) -> Result<(), String> {
+    let io = |e: std::io::Error| e.to_string();
+    stream.set_read_timeout(Some(PROOF_TIMEOUT)).map_err(io)?;
+    stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    let mut hello = [0u8; HELLO_BYTES];
+    (&*stream).read_exact(&mut hello).map_err(io)?;
+    let hello = Hello::decode(&hello)?;
+    let nonce = random_bytes();
+    let session = match &shared.auth {
+        None => None,
+        // A session this engine's start never issued gets no proof of
+        // anything, and its connection is closed.
+        Some(auth) => Some(auth.session_for(&hello.cn, &hello.sn).ok_or("a session this engine never issued")?),
+    };
+    let proof = session
+        .as_ref()
+        .map_or([0u8; MAC_BYTES], |s| gpu_fds_proof(s, End::Target, &hello.nonce, &nonce, shared.epoch));
+    let challenge = Challenge { proof_required: session.is_some(), nonce, proof };
+    (&*stream).write_all(&challenge.encode()).map_err(io)?;
+    if let Some(session) = &session {
+        let mut theirs = [0u8; MAC_BYTES];
+        (&*stream).read_exact(&mut theirs).map_err(io)?;
+        if !check_gpu_fds_proof(session, End::Initiator, &hello.nonce, &nonce, shared.epoch, &theirs) {
+            return Err("the opener did not prove the session".into());
+        }
+    }
+    stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    loop {
+        let mut request = [0u8; MESSAGE_BYTES];
+        match (&*stream).read_exact(&mut request) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        }
+        let request = Request::decode(&request)?;
+        // A stopped engine's server passes nothing more.
+        if shared.stop.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match descriptors(shared, request) {
+            Ok((fds, handles)) => {
+                let answer = Answer::Descriptors { count: fds.len() as u32, handles };
+                let borrowed: Vec<_> = fds.iter().map(|fd| fd.as_fd()).collect();
+                send_with_fds(stream, &answer.encode(), &borrowed).map_err(io)?;
+                // Our copies close here: the opener holds its own.
+            }
+            Err(mut reason) => {
+                let mut end = reason.len().min(MAX_REFUSAL_BYTES);
+                while !reason.is_char_boundary(end) {
+                    end -= 1;
+                }
+                reason.truncate(end);
+                let answer = Answer::Refused { len: reason.len() as u32 };
+                let mut bytes = answer.encode().to_vec();
+                bytes.extend_from_slice(reason.as_bytes());
+                (&*stream).write_all(&bytes).map_err(io)?;
+            }
+        }
+    }
+}
+
+/// The descriptors a request asks for, made now from this engine's own
+/// export of the region (never from anything the opener sent but the
+/// region's id and a range of its handles), and the region's handle count.
+fn descriptors(shared: &Shared, request: Request) -> Result<(Vec<OwnedFd>, u32), String> {
+    let id = RegionId::from_raw(request.region);
+    // The lease keeps the region registered while its memory is shared.
+    let lease = shared.registry.lease(id).map_err(|_| format!("region {id} is not registered here"))?;
+    let entry = lease.entry();
+    if !grants_peers(entry.info.access) {
+        return Err(format!("region {id} grants peers no right"));
+    }
+    let device = entry.device.as_ref().ok_or_else(|| format!("region {id} is not GPU memory"))?;
+    let export = device.export.as_ref().map_err(|why| format!("region {id} was not exported: {why}"))?;
+    let handles = export.handles();
+    let first = request.first as usize;
+    let count = (request.count as usize).min(MAX_FDS_PER_MESSAGE).min(handles.len().saturating_sub(first));
+    if count == 0 {
+        return Err(format!("region {id} has {} handles; asked for {} from {first}", handles.len(), request.count));
+    }
+    let mut fds = Vec::with_capacity(count);
+    for (i, handle) in handles[first..first + count].iter().enumerate() {
+        let shared = device.gpu.share(handle).map_err(|e| format!("handle {} of region {id}: {e}", first + i))?;
+        fds.push(shared.ok_or_else(|| format!("handle {} of region {id} needs no descriptor", first + i))?);
+    }
+    Ok((fds, handles.len() as u32))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stopped_server_leaves_no_name_behind() {
+        let registry = Arc::new(Registry::new(4));
+        let mut server = GpuFdServer::start(registry, None, 0x5eed).unwrap();
+        let name = server.name().to_string();
+        assert!(local_region(&name, RegionId::new(0, 1)).is_some_and(|r| r.is_err()), "nothing registered");
+        server.stop();
+        assert!(local_region(&name, RegionId::new(0, 1)).is_none());
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        assert!(UnixStream::connect_addr(&addr).is_err(), "nobody listens any more");
+    }
+}
