@@ -24,3 +24,11 @@ pub mod watch;
 
 #[path = "../../src/arrival.rs"]
 pub mod arrival;
+
+/// The registry's slot: leases, exclusive reads and unregister.
+#[path = "../../src/mem/lease.rs"]
+pub mod lease;
+
+/// The cma page's revocation handshake.
+#[path = "../../src/transport/cma/revoke.rs"]
+pub mod revoke;

@@ -124,7 +124,12 @@ impl ControlHandler for ControlContext {
         // not race with our transfers).
         let summed = self.registry.read_alone(id, |entry| {
             if !entry.info.access.contains(Access::REMOTE_READ) {
-                return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region: id, needs: "remote read" });
+                return Err(Error::AccessDenied {
+                    desc_index: 0,
+                    side: Side::Remote,
+                    region: id,
+                    needs: "remote read",
+                });
             }
             check_range(id, Side::Remote, 0, request.offset, request.len, entry.len as u64)?;
             if let Some(device) = &entry.device {

@@ -27,7 +27,7 @@ use crate::sync::{AtomicU64, Ordering, UnsafeCell};
 const LIVE: u64 = 1 << 47;
 const READING: u64 = 1 << 46;
 /// The lease count's bits: at most this many leases at once.
-pub(crate) const LEASE_MASK: u64 = READING - 1;
+pub const LEASE_MASK: u64 = READING - 1;
 const GENERATION_SHIFT: u32 = 48;
 
 fn generation_of(state: u64) -> u16 {
@@ -36,7 +36,7 @@ fn generation_of(state: u64) -> u16 {
 
 /// Why a slot refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refused {
+pub enum Refused {
     /// Not live under this generation (never published, unpublished, or
     /// published again under a later generation).
     Gone,
@@ -53,7 +53,7 @@ pub(crate) enum Refused {
 
 /// What [`Slot::unpublish`] hands back to its one winner.
 #[derive(Debug)]
-pub(crate) struct Unpublished<T> {
+pub struct Unpublished<T> {
     /// The entry, taken out of the slot.
     pub entry: T,
     /// The slot's generations are spent: it must never be published again.
@@ -62,7 +62,7 @@ pub(crate) struct Unpublished<T> {
 
 /// One slot: its state word and the entry it guards.
 #[derive(Debug)]
-pub(crate) struct Slot<T> {
+pub struct Slot<T> {
     state: AtomicU64,
     /// Written only while the slot is neither live nor leased (by
     /// `publish`'s caller, or `unpublish`'s winner); read by lease holders.

@@ -10,11 +10,11 @@
 //! loom).
 
 use super::device::DeviceBacking;
+use super::lease::{Refused, Slot, LEASE_MASK};
 use super::region::{Access, RegionInfo};
 use super::shm::ShmMapping;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
-use super::lease::{Refused, Slot, LEASE_MASK};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
