@@ -4,11 +4,11 @@
 
 mod common;
 
-use common::{kvring_bin, pattern, WAIT};
+use common::child::{serve, Reaped};
+use common::{pattern, WAIT};
 use kvring::testing::etcd::{Etcd, EtcdUrl};
 use kvring::MetadataMode;
 use kvring::{Batch, BlockDesc, Engine, Error, RegionInfo, TransportKind};
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -151,28 +151,24 @@ fn an_engine_published_in_etcd_is_opened_by_name_and_moves_blocks() {
 }
 
 /// A `kvring serve` child, killed and reaped when dropped.
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+type Serve = Reaped;
 
 fn serve_published(etcd: &EtcdServer, name: &str, ttl: &str) -> Serve {
-    let mut child = Command::new(kvring_bin())
-        .args(["serve", "--name", name, "--listen", "127.0.0.1:0", "--region-size", "1MiB", "--parent-watch"])
-        .args(["--metadata", &etcd.url, "--metadata-ttl", ttl])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (child, line) = serve(&[
+        "--name",
+        name,
+        "--listen",
+        "127.0.0.1:0",
+        "--region-size",
+        "1MiB",
+        "--parent-watch",
+        "--metadata",
+        &etcd.url,
+        "--metadata-ttl",
+        ttl,
+    ]);
     assert!(line.contains(&format!("name={name}")) && line.contains("metadata=etcd://"), "{line}");
-    Serve(child)
+    child
 }
 
 #[test]

@@ -4,15 +4,15 @@
 
 mod common;
 
-use common::{kvring_bin, WAIT};
+use common::child::{epoch, field, region, serve, Reaped};
+use common::WAIT;
 use kvring::testing::control::{preface, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES};
 use kvring::testing::control::{request, response, ErrorCode, Request};
 use kvring::testing::tcp::{ClientHello, ServerHello, FLAG_PROOF_REQUIRED, SERVER_HELLO_BYTES};
 use kvring::testing::tcp::{End, FrameHeader, FrameOp, FrameSeal, FLAG_LAST, FRAME_HEADER_BYTES};
 use kvring::{Batch, BlockDesc, Engine, Error, RegionInfo, Segment, TransportKind};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -21,41 +21,33 @@ const REGION: usize = 4 << 20;
 
 /// A `kvring serve --token` in its own process.
 struct Target {
-    child: Child,
+    /// Killed when the target drops.
+    _child: Reaped,
     control: String,
     tcp: String,
     epoch: u64,
     region: u32,
 }
 
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split_whitespace().find_map(|f| f.strip_prefix(name)).unwrap_or_else(|| panic!("no {name} in {line:?}"))
-}
-
 fn start_target() -> Target {
-    let mut child = Command::new(kvring_bin())
-        .args(["serve", "--name", "decode-0", "--listen", "127.0.0.1:0", "--region-size", "4MiB", "--parent-watch"])
-        .args(["--token", TOKEN])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("kvring serve starts");
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let epoch = u64::from_str_radix(field(&line, "epoch=").trim_start_matches("0x"), 16).unwrap();
-    let region = field(&line, "region=");
-    let (index, generation) = region.split_once(':').unwrap();
-    let region = kvring::RegionId::new(index.parse().unwrap(), generation.parse().unwrap()).raw();
-    Target { control: field(&line, "listen=").into(), tcp: field(&line, "tcp=").into(), epoch, region, child }
+    let (child, line) = serve(&[
+        "--name",
+        "decode-0",
+        "--listen",
+        "127.0.0.1:0",
+        "--region-size",
+        "4MiB",
+        "--parent-watch",
+        "--token",
+        TOKEN,
+    ]);
+    Target {
+        control: field(&line, "listen=").into(),
+        tcp: field(&line, "tcp=").into(),
+        epoch: epoch(&line),
+        region: region(&line),
+        _child: child,
+    }
 }
 
 /// The legitimate client: a tokened engine and its open segment.
@@ -401,26 +393,12 @@ fn a_peer_whose_descriptor_points_at_another_engines_shm_file_is_refused() {
     unsafe { region.write_at(0, b"untouched").unwrap() };
     // The hostile peer: a fake control server that claims this host and a
     // region whose file is the victim's.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
     let mut lie = kvring::testing::descriptor(&victim);
     lie.name = "liar".into();
     lie.epoch ^= 0xdead; // its own epoch, not the victim's
     lie.pid = std::process::id() + 1;
     lie.tcp_addr = None;
-    let answer =
-        kvring::testing::control::response(response::Body::Handshake(kvring::testing::control::HandshakeResponse {
-            segment: Some(Box::new(lie.to_proto())),
-            ..Default::default()
-        }));
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let mut theirs = [0u8; 8];
-        s.read_exact(&mut theirs).unwrap();
-        s.write_all(&preface()).unwrap();
-        let _ = read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES);
-        write_frame(&mut s, &answer).unwrap();
-    });
+    let (addr, server) = common::raw::lying_control_server(&lie, false);
     let initiator = common::engine("initiator");
     let error = initiator.open_segment_with(&addr, Some(TransportKind::Shm), WAIT).unwrap_err();
     // Refused before any file is opened: the pid it names did not answer.
