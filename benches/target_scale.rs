@@ -18,7 +18,7 @@
 #[path = "../tests/common/child.rs"]
 mod child;
 
-use child::{epoch, field, serve, Reaped};
+use child::Target;
 use kvring::testing::tcp::{ClientHello, ServerHello, SERVER_HELLO_BYTES};
 use kvring::{Batch, BlockDesc, Engine, RegionInfo, TransportKind};
 use socket2::{Domain, Socket, Type};
@@ -37,16 +37,9 @@ struct Plan {
     rounds: usize,
 }
 
-struct Target {
-    child: Reaped,
-    control: String,
-    tcp: SocketAddr,
-    epoch: u64,
-}
-
 fn start_target() -> Target {
     let lanes = LANES.to_string();
-    let (child, line) = serve(&[
+    child::start_target(&[
         "--name",
         "scale-bench",
         "--listen",
@@ -56,13 +49,7 @@ fn start_target() -> Target {
         &lanes,
         "--region-size",
         "16MiB",
-    ]);
-    Target {
-        control: field(&line, "listen=").into(),
-        tcp: field(&line, "tcp=").parse().expect("tcp address"),
-        epoch: epoch(&line),
-        child,
-    }
+    ])
 }
 
 /// `count` proven, idle data connections (tokenless hellos), spread over 64

@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::WAIT;
+use common::{read, run, WAIT};
 use kvring::gpu::{CopyMethod, CopyMethodCounts, Gpu, SimGpu};
 use kvring::{Batch, BlockDesc, Engine, Error, Opcode, Outcome, Region, RegionInfo, Segment, TransportKind};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -69,19 +69,6 @@ fn engine_on(name: &str, gpu: &Arc<dyn Gpu>) -> Engine {
 
 fn open(initiator: &Engine, target: &Engine, transport: Option<TransportKind>) -> kvring::Result<Segment> {
     initiator.open_segment_with(&target.control_addr().to_string(), transport, WAIT)
-}
-
-/// Submits one batch and waits for its outcome.
-fn run(sub: &mut kvring::Submitter, batch: &Batch) -> Outcome {
-    let id = sub.submit(batch).unwrap();
-    sub.wait(id, WAIT).unwrap()
-}
-
-fn read(region: &Region, offset: u64, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-    unsafe { region.read_at(offset, &mut out).unwrap() };
-    out
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::child::{epoch, field, region, serve, Reaped};
+use common::child::{self, Target};
 use common::WAIT;
 use kvring::testing::control::{preface, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES};
 use kvring::testing::control::{request, response, ErrorCode, Request};
@@ -20,17 +20,8 @@ const TOKEN: &str = "hostile-suite-token";
 const REGION: usize = 4 << 20;
 
 /// A `kvring serve --token` in its own process.
-struct Target {
-    /// Killed when the target drops.
-    _child: Reaped,
-    control: String,
-    tcp: String,
-    epoch: u64,
-    region: u32,
-}
-
 fn start_target() -> Target {
-    let (child, line) = serve(&[
+    child::start_target(&[
         "--name",
         "decode-0",
         "--listen",
@@ -40,14 +31,7 @@ fn start_target() -> Target {
         "--parent-watch",
         "--token",
         TOKEN,
-    ]);
-    Target {
-        control: field(&line, "listen=").into(),
-        tcp: field(&line, "tcp=").into(),
-        epoch: epoch(&line),
-        region: region(&line),
-        _child: child,
-    }
+    ])
 }
 
 /// The legitimate client: a tokened engine and its open segment.
@@ -88,7 +72,7 @@ impl Client {
     }
 }
 
-fn connect(addr: &str) -> TcpStream {
+fn connect(addr: impl std::net::ToSocketAddrs) -> TcpStream {
     let stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(WAIT)).unwrap();
     stream
@@ -322,8 +306,8 @@ fn control_plane_garbage_and_requests_without_a_handshake_are_refused() {
 fn trickling_clients_are_cut_at_their_deadline_on_both_ports() {
     let target = start_target();
     let legit = client(&target);
-    for addr in [&target.tcp, &target.control] {
-        let mut s = connect(addr);
+    for addr in [target.tcp.to_string(), target.control.clone()] {
+        let mut s = connect(addr.as_str());
         let started = Instant::now();
         // One byte every 200 ms: each read on the target succeeds, the
         // whole never arrives.

@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{pattern, WAIT};
+use common::{pattern, read, run, WAIT};
 use kvring::gpu::{Gpu, SimGpu};
 use kvring::kv::{arrival_tag, check_pd_topo, push_targets, Attention, CacheShape, KvBuffer, KvLayout, Mode, Rank};
 use kvring::rdma::{MrPath, SimVerbs, Verbs};
@@ -38,18 +38,6 @@ fn engine(name: &str, sim: &Arc<SimVerbs>, gpu: &Arc<SimGpu>) -> Engine {
 
 fn open(initiator: &Engine, target: &Engine) -> kvring::Result<Segment> {
     initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Rdma), WAIT)
-}
-
-fn run(sub: &mut kvring::Submitter, batch: &Batch) -> Outcome {
-    let id = sub.submit(batch).unwrap();
-    sub.wait(id, WAIT).unwrap()
-}
-
-fn read(region: &Region, offset: u64, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-    unsafe { region.read_at(offset, &mut out).unwrap() };
-    out
 }
 
 fn done(outcome: Outcome) -> u64 {
@@ -349,14 +337,10 @@ fn a_tagged_push_over_rdma_is_counted_on_the_target_as_it_lands_in_host_and_gpu_
         let small: Vec<_> =
             (0..64u64).map(|i| BlockDesc::new(local.id(), i * 8192, remote.id(), i * 8192, 4096)).collect();
         let big = [BlockDesc::new(local.id(), 1 << 20, remote.id(), 1 << 20, 3 << 20)];
-        let mut expected = 0;
-        for descs in [&small[..], &big[..]] {
-            let id = sub.submit(&Batch::write(&segment).descs(descs).arrival_tag(tag)).unwrap();
-            expected += descs.iter().map(|d| d.len).sum::<u64>();
-            // The target's count reaches the bytes on its own.
-            target.wait_landed(tag, expected, WAIT).unwrap();
-            done(sub.wait(id, WAIT).unwrap());
-            assert_eq!(target.landed(tag), expected, "{memory:?}");
+        let expected: u64 = small.iter().chain(&big).map(|d| d.len).sum();
+        // The target's count reaches the bytes on its own.
+        for outcome in common::land_in_turn(&mut sub, &segment, &target, tag, &[&small[..], &big[..]]) {
+            done(outcome);
         }
         // What was counted is in place.
         assert_eq!(read(&remote, 1 << 20, 3 << 20), pattern(4 << 20, 3)[1 << 20..]);

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::child::{epoch, field, region, serve, Reaped};
+use common::child::{self, Target};
 use common::WAIT;
 use kvring::testing::tcp::{ClientHello, ServerHello, SERVER_HELLO_BYTES};
 use kvring::testing::tcp::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES};
@@ -26,17 +26,9 @@ const LANES: usize = 2;
 /// Every connection's round of requests must be answered within this.
 const ROUND_BOUND: Duration = Duration::from_secs(60);
 
-struct Target {
-    child: Reaped,
-    tcp: SocketAddr,
-    control: String,
-    epoch: u64,
-    region: u32,
-}
-
 fn start_target(region_bytes: usize) -> Target {
     let (lanes, size) = (LANES.to_string(), region_bytes.to_string());
-    let (child, line) = serve(&[
+    child::start_target(&[
         "--name",
         "scale-target",
         "--listen",
@@ -46,9 +38,7 @@ fn start_target(region_bytes: usize) -> Target {
         &lanes,
         "--region-size",
         &size,
-    ]);
-    let (epoch, region) = (epoch(&line), region(&line));
-    Target { tcp: field(&line, "tcp=").parse().unwrap(), control: field(&line, "listen=").into(), epoch, region, child }
+    ])
 }
 
 /// The names of the engine's threads in process `pid` (not `kvring

@@ -66,3 +66,31 @@ pub fn region(line: &str) -> u32 {
     let (index, generation) = field(line, "region=").split_once(':').expect("index:generation");
     kvring::RegionId::new(index.parse().expect("an index"), generation.parse().expect("a generation")).raw()
 }
+
+/// A `kvring serve` child and what its status line names.
+#[derive(Debug)]
+pub struct Target {
+    /// The process (killed when the target drops).
+    pub child: Reaped,
+    /// Its control address.
+    pub control: String,
+    /// Its tcp data listener.
+    pub tcp: std::net::SocketAddr,
+    /// Its engine's epoch.
+    pub epoch: u64,
+    /// The raw id of the region it serves.
+    pub region: u32,
+}
+
+/// Starts `kvring serve` with `args` (a `--region-size` among them) and
+/// reads where it serves.
+pub fn start_target(args: &[&str]) -> Target {
+    let (child, line) = serve(args);
+    Target {
+        control: field(&line, "listen=").into(),
+        tcp: field(&line, "tcp=").parse().expect("a tcp address"),
+        epoch: epoch(&line),
+        region: region(&line),
+        child,
+    }
+}
