@@ -38,18 +38,7 @@ struct Plan {
 }
 
 fn start_target() -> Target {
-    let lanes = LANES.to_string();
-    child::start_target(&[
-        "--name",
-        "scale-bench",
-        "--listen",
-        "127.0.0.1:0",
-        "--parent-watch",
-        "--lanes",
-        &lanes,
-        "--region-size",
-        "16MiB",
-    ])
+    child::start_lanes_target("scale-bench", LANES, "16MiB")
 }
 
 /// `count` proven, idle data connections (tokenless hellos), spread over 64

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::child::{serve, Reaped};
+use common::child::Reaped;
 use common::{pattern, WAIT};
 use kvring::testing::etcd::{Etcd, EtcdUrl};
 use kvring::MetadataMode;
@@ -154,19 +154,7 @@ fn an_engine_published_in_etcd_is_opened_by_name_and_moves_blocks() {
 type Serve = Reaped;
 
 fn serve_published(etcd: &EtcdServer, name: &str, ttl: &str) -> Serve {
-    let (child, line) = serve(&[
-        "--name",
-        name,
-        "--listen",
-        "127.0.0.1:0",
-        "--region-size",
-        "1MiB",
-        "--parent-watch",
-        "--metadata",
-        &etcd.url,
-        "--metadata-ttl",
-        ttl,
-    ]);
+    let (child, line) = common::child::serve_published(name, &etcd.url, ttl);
     assert!(line.contains(&format!("name={name}")) && line.contains("metadata=etcd://"), "{line}");
     child
 }

@@ -324,19 +324,7 @@ fn a_server_down_at_start_is_named_and_one_lost_later_stops_no_transfer() {
 fn a_killed_engine_s_redis_entry_goes_with_its_ttl() {
     let Some(server) = Server::redis() else { return };
     let url = server.url();
-    let (mut child, line) = common::child::serve(&[
-        "--name",
-        "decode-k",
-        "--listen",
-        "127.0.0.1:0",
-        "--region-size",
-        "1MiB",
-        "--parent-watch",
-        "--metadata",
-        &url,
-        "--metadata-ttl",
-        "1s",
-    ]);
+    let (mut child, line) = common::child::serve_published("decode-k", &url, "1s");
     assert!(line.contains("metadata=redis://"), "{line}");
     assert!(server.published("decode-k"));
     child.kill().unwrap();

@@ -27,18 +27,7 @@ const LANES: usize = 2;
 const ROUND_BOUND: Duration = Duration::from_secs(60);
 
 fn start_target(region_bytes: usize) -> Target {
-    let (lanes, size) = (LANES.to_string(), region_bytes.to_string());
-    child::start_target(&[
-        "--name",
-        "scale-target",
-        "--listen",
-        "127.0.0.1:0",
-        "--parent-watch",
-        "--lanes",
-        &lanes,
-        "--region-size",
-        &size,
-    ])
+    child::start_lanes_target("scale-target", LANES, &region_bytes.to_string())
 }
 
 /// The names of the engine's threads in process `pid` (not `kvring

@@ -94,3 +94,37 @@ pub fn start_target(args: &[&str]) -> Target {
         child,
     }
 }
+
+/// `kvring serve` named `name`, publishing itself at metadata store `url`
+/// with a `ttl` (1 MiB region).
+pub fn serve_published(name: &str, url: &str, ttl: &str) -> (Reaped, String) {
+    serve(&[
+        "--name",
+        name,
+        "--listen",
+        "127.0.0.1:0",
+        "--region-size",
+        "1MiB",
+        "--parent-watch",
+        "--metadata",
+        url,
+        "--metadata-ttl",
+        ttl,
+    ])
+}
+
+/// `kvring serve` named `name` with `lanes` lanes and a region of `size`.
+pub fn start_lanes_target(name: &str, lanes: usize, size: &str) -> Target {
+    let lanes = lanes.to_string();
+    start_target(&[
+        "--name",
+        name,
+        "--listen",
+        "127.0.0.1:0",
+        "--parent-watch",
+        "--lanes",
+        &lanes,
+        "--region-size",
+        size,
+    ])
+}

@@ -120,3 +120,31 @@ pub fn bench_json(args: &[&str], cases: usize, fields: &[&str]) -> Vec<String> {
     }
     lines
 }
+
+/// A vLLM-style KV cache in GPU 0's memory: one region per layer and kind
+/// (K and V, or MLA's one latent), each filled with a pattern from `seed`,
+/// published as `engine`'s layout.
+pub fn gpu_kv_cache(
+    engine: &Engine,
+    shape: kvring::kv::CacheShape,
+    seed: u64,
+) -> (Vec<kvring::Region>, kvring::kv::KvLayout) {
+    use kvring::kv::{KvBuffer, KvLayout};
+    let mut regions = Vec::new();
+    let mut layers = Vec::new();
+    for layer in 0..shape.layers {
+        let mut buffers = Vec::new();
+        for (kind, block_bytes) in shape.kinds() {
+            let info = kvring::RegionInfo::raw().on_gpu(0).with_kind(kind).with_layer(layer);
+            let region = engine.alloc_region((block_bytes * shape.blocks) as usize, info).unwrap();
+            // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+            unsafe { region.fill_pattern(seed + regions.len() as u64) };
+            buffers.push(KvBuffer { kind, region: region.id(), offset: 0, block_bytes });
+            regions.push(region);
+        }
+        layers.push(buffers);
+    }
+    let layout = KvLayout::from_buffers(shape, layers).unwrap();
+    engine.set_kv_layout(layout.clone()).unwrap();
+    (regions, layout)
+}
