@@ -7,9 +7,9 @@
 //! target's memory or crowd out the others. A refused message is `Busy`
 //! back to its sender, which then knows it was not delivered.
 
+use crate::delivered::Deliveries;
 use crate::error::{Error, Result};
 use crate::log::ratelimit::{log_limited, RateLimit};
-use crate::runtime::watch::Deliveries;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, OnceLock};
 

@@ -118,14 +118,14 @@ fn data_frames_without_a_session_proof_are_refused_and_change_nothing() {
     legit.write_and_verify(1);
 
     // Frames straight away, no hello: refused as a malformed hello.
-    let mut s = connect(&target.tcp);
+    let mut s = connect(target.tcp);
     s.write_all(&write_frame_bytes(&target, 0, &[0xee; 16])).unwrap();
     assert_eq!(status(&answer(&mut s)), ErrorCode::MalformedMessage);
     assert!(closed(&mut s));
 
     // A hello naming the right epoch (no secret) and no session the target
     // issued: refused at once, with no proof of anything.
-    let mut s = connect(&target.tcp);
+    let mut s = connect(target.tcp);
     s.write_all(ClientHello::new(target.epoch, [0; 16], [0; 16], [0; 16]).as_bytes()).unwrap();
     let refusal = answer(&mut s);
     assert_eq!(status(&refusal), ErrorCode::Unauthorized);
@@ -133,16 +133,16 @@ fn data_frames_without_a_session_proof_are_refused_and_change_nothing() {
     assert!(closed(&mut s));
 
     // A hello for another epoch is told the target restarted.
-    let mut s = connect(&target.tcp);
+    let mut s = connect(target.tcp);
     s.write_all(ClientHello::new(target.epoch ^ 1, [0; 16], [0; 16], [0; 16]).as_bytes()).unwrap();
     assert_eq!(status(&answer(&mut s)), ErrorCode::PeerRestarted);
     assert!(closed(&mut s));
 
     // Garbage, and a hello cut short (told it ran out of time).
-    let mut s = connect(&target.tcp);
+    let mut s = connect(target.tcp);
     s.write_all(b"GET / HTTP/1.1\r\nHost: kvring.example\r\nAccept: */*\r\n\r\n").unwrap();
     assert_eq!(status(&answer(&mut s)), ErrorCode::MalformedMessage);
-    let mut s = connect(&target.tcp);
+    let mut s = connect(target.tcp);
     s.write_all(&ClientHello::new(target.epoch, [0; 16], [0; 16], [0; 16]).as_bytes()[..20]).unwrap();
     assert_eq!(status(&answer(&mut s)), ErrorCode::Timeout);
     assert!(closed(&mut s));
@@ -168,7 +168,7 @@ fn tokened_session(target: &Target) -> kvring::testing::control::Session {
 /// and its frame seal.
 fn sealed_data_connection(target: &Target) -> (TcpStream, FrameSeal) {
     let session = tokened_session(target);
-    let mut s = connect(&target.tcp);
+    let mut s = connect(target.tcp);
     let nonce = [0x5a; 16];
     s.write_all(ClientHello::new(target.epoch, session.client_nonce, session.server_nonce, nonce).as_bytes()).unwrap();
     let challenge = answer(&mut s);
@@ -333,7 +333,7 @@ fn a_flood_of_idle_connections_does_not_keep_a_legitimate_client_out() {
     // never say a word, held open.
     let mut idle: Vec<TcpStream> = Vec::new();
     for _ in 0..1000 {
-        idle.push(TcpStream::connect(&target.tcp).unwrap());
+        idle.push(TcpStream::connect(target.tcp).unwrap());
     }
     for _ in 0..100 {
         idle.push(TcpStream::connect(&target.control).unwrap());

@@ -22,6 +22,10 @@ pub mod doorbell;
 #[path = "../../src/runtime/watch.rs"]
 pub mod watch;
 
+/// The notification delivery count lane 0 reads.
+#[path = "../../src/delivered.rs"]
+pub mod delivered;
+
 #[path = "../../src/arrival.rs"]
 pub mod arrival;
 

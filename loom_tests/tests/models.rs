@@ -254,7 +254,8 @@ fn the_doorbell_wakes_a_lane_asleep_in_its_poller_and_never_loses_the_wake() {
 /// (`Submitter::reap`). The queue itself (a mutex) is a counter here.
 #[test]
 fn a_notification_is_never_left_without_a_cqe() {
-    use kvring_loom::watch::{Deliveries, NotificationWatch};
+    use kvring_loom::delivered::Deliveries;
+    use kvring_loom::watch::NotificationWatch;
     use loom::sync::atomic::AtomicU32;
     loom::model(|| {
         let watch = Arc::new(NotificationWatch::new());

@@ -7,45 +7,10 @@
 //! reaping that CQE, [`releases`](NotificationWatch::reaped) the claim
 //! *before* it polls the queue, so a message counted after its last poll
 //! finds the claim free and gets a CQE of its own. The count is
-//! [`Deliveries`]; the lane's look at it is [`Deliveries::changed_since`].
-//! Both modelled in `loom_tests/`, from this file.
+//! `crate::delivered::Deliveries`; the lane's look at it is its
+//! `changed_since`. Both modelled in `loom_tests/`, from their files.
 
-use crate::sync::{AtomicBool, AtomicU64, Ordering};
-
-/// How many notifications were delivered so far: counted by a deliverer
-/// after its message is in the queue, read by lane 0.
-#[derive(Debug, Default)]
-pub struct Deliveries(AtomicU64);
-
-impl Deliveries {
-    /// None so far.
-    pub fn new() -> Self {
-        Self(AtomicU64::new(0))
-    }
-
-    /// Deliverer side, after the message is queued.
-    pub fn count(&self) {
-        // Release: whoever sees the new count (Acquire below) finds the
-        // message in the queue.
-        self.0.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Deliveries so far.
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Acquire)
-    }
-
-    /// Lane side: true when deliveries happened since `seen` (which it
-    /// updates); the lane then [claims](NotificationWatch::claim_post) a
-    /// CQE for each watching submitter. The count is read before the
-    /// claim is taken.
-    pub fn changed_since(&self, seen: &mut u64) -> bool {
-        let now = self.get();
-        let changed = now != *seen;
-        *seen = now;
-        changed
-    }
-}
+use crate::sync::{AtomicBool, Ordering};
 
 /// A submitter's wish for notification CQEs, shared with lane 0.
 #[derive(Debug)]
