@@ -9,11 +9,11 @@
 //! around it; the targets are for a real GPU.
 
 use crate::args::{format_memory, format_size, GpuArgs, GpuChoice};
-use crate::drive::{latency, median, move_bytes, Progress, Shape};
+use crate::drive::{latency, median, move_bytes, seed_case, verify, Progress, Route, Shape};
 use kvring::gpu::{Copy, CopyMethod, CopyMethodCounts, CudaGpu, DevicePtr, Gpu, SimGpu};
 use kvring::{MemoryKind, Opcode, Region, RegionId, Segment, Submitter};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Rounds each case alternates with its baselines.
 const ROUNDS: usize = 5;
@@ -117,16 +117,8 @@ fn run_case(
 ) -> Result<GpuCase, String> {
     let seed = (block << 8) ^ op as u64;
     let label = format!("{} {}", op.name(), format_size(block));
-    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-    unsafe { local.fill_pattern(seed) };
-    if op == Opcode::Read {
-        // The target holds the pattern; this side something else.
-        let whole = (region_bytes / block) * block;
-        let mut seeding = Progress::new(format!("{label}: seeding"), whole, plan.json);
-        move_bytes(sub, segment, local, remote, Opcode::Write, region_bytes, block, whole, plan.shape, &mut seeding)?;
-        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-        unsafe { local.fill_pattern(!seed) };
-    }
+    let route = Route { segment, local, remote };
+    seed_case(sub, route, region_bytes, (op, block, seed), (plan.shape, plan.json), &label)?;
     let per_round = plan.total.div_ceil(ROUNDS as u64).div_ceil(block) * block;
     let covered = ((region_bytes / block) * block).min(per_round);
     let mut progress = Progress::new(label, per_round * ROUNDS as u64, plan.json);
@@ -136,16 +128,13 @@ fn run_case(
         per_call.push(baseline.per_call(op, block, per_round)?);
         one_copy.push(baseline.one_copy(op, per_round)?);
         let (started, before) = (Instant::now(), plan.chunks());
-        let moved =
-            move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, plan.shape, &mut progress)?;
+        let moved = move_bytes(sub, route, op, region_bytes, block, per_round, plan.shape, &mut progress)?;
         ours.push(moved as f64 / started.elapsed().as_secs_f64() / 1e9);
         chunks = CopyMethodCounts::sum([chunks, plan.chunks().since(&before)]);
     }
     drop(progress);
-    let (p50_us, p99_us) = latency(sub, segment, local, remote, op, block, plan.latency_samples)?;
-    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-    let expected = unsafe { local.checksum(0, covered as usize) }.map_err(|e| e.to_string())?;
-    let actual = segment.remote_checksum(remote, 0, covered, Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    let (p50_us, p99_us) = latency(sub, route, op, block, plan.latency_samples)?;
+    let verified = verify(route, covered)?;
     Ok(GpuCase {
         op,
         block,
@@ -155,7 +144,7 @@ fn run_case(
         per_call_gbps: median(&mut per_call),
         one_copy_gbps: median(&mut one_copy),
         chunks,
-        verified: expected == actual,
+        verified,
     })
 }
 

@@ -5,9 +5,9 @@
 //! a raw socket streaming the same bytes (the wire's roof).
 
 use crate::args::format_size;
-use crate::drive::{latency, median, move_bytes, Progress, Shape};
+use crate::drive::{latency, median, move_bytes, seed_case, verify, Progress, Route, Shape};
 use kvring::{Engine, Opcode, Region, RegionId, Segment, Submitter};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Rounds each case alternates with its baselines.
 const ROUNDS: usize = 5;
@@ -75,14 +75,7 @@ fn run_case(
     let bytes = ends.region_bytes;
     let whole = (bytes / block) * block;
     for (local, remote) in [(ends.local_gpu, ends.remote_gpu), (ends.local_host, ends.remote_host)] {
-        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-        unsafe { local.fill_pattern(seed) };
-        if op == Opcode::Read {
-            let mut seeding = Progress::new(format!("{label}: seeding"), whole, plan.json);
-            move_bytes(sub, segment, local, remote, Opcode::Write, bytes, block, whole, plan.shape, &mut seeding)?;
-            // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-            unsafe { local.fill_pattern(!seed) };
-        }
+        seed_case(sub, Route { segment, local, remote }, bytes, (op, block, seed), (plan.shape, plan.json), &label)?;
     }
     let per_round = plan.total.div_ceil(ROUNDS as u64).div_ceil(block) * block;
     let covered = whole.min(per_round);
@@ -91,7 +84,8 @@ fn run_case(
     let (mut ours, mut host, mut raw) = (Vec::new(), Vec::new(), Vec::new());
     let mut round = |local: &Region, remote: RegionId, progress: &mut Progress| -> Result<f64, String> {
         let started = Instant::now();
-        let moved = move_bytes(sub, segment, local, remote, op, bytes, block, per_round, plan.shape, progress)?;
+        let moved =
+            move_bytes(sub, Route { segment, local, remote }, op, bytes, block, per_round, plan.shape, progress)?;
         Ok(moved as f64 / started.elapsed().as_secs_f64() / 1e9)
     };
     for _ in 0..ROUNDS {
@@ -103,11 +97,14 @@ fn run_case(
         ours.push(round(ends.local_gpu, ends.remote_gpu, &mut progress)?);
     }
     drop(progress);
-    let (p50_us, p99_us) = latency(sub, segment, ends.local_gpu, ends.remote_gpu, op, block, plan.latency_samples)?;
-    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-    let expected = unsafe { ends.local_gpu.checksum(0, covered as usize) }.map_err(|e| e.to_string())?;
-    let actual =
-        segment.remote_checksum(ends.remote_gpu, 0, covered, Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    let (p50_us, p99_us) = latency(
+        sub,
+        Route { segment, local: ends.local_gpu, remote: ends.remote_gpu },
+        op,
+        block,
+        plan.latency_samples,
+    )?;
+    let verified = verify(Route { segment, local: ends.local_gpu, remote: ends.remote_gpu }, covered)?;
     Ok(Case {
         op,
         block,
@@ -116,7 +113,7 @@ fn run_case(
         p99_us,
         host_gbps: median(&mut host),
         raw_gbps: (!raw.is_empty()).then(|| median(&mut raw)),
-        verified: expected == actual,
+        verified,
     })
 }
 
