@@ -58,6 +58,19 @@ impl Drop for Progress {
     }
 }
 
+/// What a sweep of cases runs: each op at each block size, `total` bytes a
+/// case in batches of `shape`, `latency_samples` round trips, printed as
+/// JSON or text.
+#[derive(Clone, Copy)]
+pub struct Sweep<'a> {
+    pub ops: &'a [Opcode],
+    pub block_sizes: &'a [u64],
+    pub shape: Shape,
+    pub total: u64,
+    pub latency_samples: usize,
+    pub json: bool,
+}
+
 /// Where a bench's batches go: the target's segment, this side's region
 /// and the target's region.
 #[derive(Debug, Clone, Copy)]

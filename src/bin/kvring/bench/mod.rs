@@ -12,7 +12,7 @@ mod output;
 mod overhead;
 
 use crate::args::{format_lanes, format_size, BenchArgs};
-use crate::drive::{Route, Shape};
+use crate::drive::{Route, Shape, Sweep};
 use case::run_case;
 use kvring::{Engine, Opcode, Segment, Submitter, TransportKind};
 use output::{baseline_name, print_result, write_report};
@@ -68,6 +68,18 @@ impl Options {
     /// How every case moves its bytes.
     fn shape(&self) -> Shape {
         Shape { batch: self.batch, inflight: self.inflight }
+    }
+
+    /// The sweep of cases the flags ask for.
+    fn sweep(&self) -> Sweep<'_> {
+        Sweep {
+            ops: &self.ops,
+            block_sizes: &self.block_sizes,
+            shape: self.shape(),
+            total: self.total,
+            latency_samples: self.latency_samples,
+            json: self.json,
+        }
     }
 }
 
@@ -263,12 +275,7 @@ fn gpu_cases(
         return staged_tcp_cases((engine, sub), route, region_bytes, options);
     }
     let plan = crate::gpubench::Plan {
-        ops: &options.ops,
-        block_sizes: &options.block_sizes,
-        shape: options.shape(),
-        total: options.total,
-        latency_samples: options.latency_samples,
-        json: options.json,
+        sweep: options.sweep(),
         memory: options.memory.expect("GPU cases have --memory"),
         gpu,
         engine,
@@ -310,12 +317,7 @@ fn staged_tcp_cases(
     };
     let plan = crate::gputcp::Plan {
         engine,
-        ops: &options.ops,
-        block_sizes: &options.block_sizes,
-        shape: options.shape(),
-        total: options.total,
-        latency_samples: options.latency_samples,
-        json: options.json,
+        sweep: options.sweep(),
         raw: options.raw_peer.as_deref().map(|addr| (addr, options.token.as_deref())),
         memory: {
             let (local, remote) = options.memory.expect("GPU cases have --memory");
