@@ -161,6 +161,10 @@ mod tests {
     /// wrote it (a data race reached from a peer). It is refused while a
     /// batch holds the region, and no batch takes the region while it reads.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "starts an engine (lanes, sockets, getrlimit); the registry's read_alone runs under Miri"
+    )]
     fn a_peer_checksum_waits_for_no_batch_and_shuts_batches_out_while_it_reads() {
         let engine = crate::Engine::builder().name("checksum-race").lanes(1).build().unwrap();
         let region = engine.alloc_region(4096, RegionInfo::raw()).unwrap();

@@ -467,6 +467,26 @@ mod tests {
     }
 
     #[test]
+    fn a_read_alone_waits_for_no_lease_and_holds_leases_and_unregister_off() {
+        let registry = Registry::new(2);
+        let (_buf, addr) = buffer(64);
+        let id = registry.register(addr, 64, RegionInfo::raw(), Backing::default()).unwrap();
+        let lease = registry.lease(id).unwrap();
+        assert!(matches!(registry.read_alone(id, |e| e.len), Err(Error::RegionBusy { in_flight: 1, .. })));
+        drop(lease);
+        let (len, leased, unregistered) = registry
+            .read_alone(id, |e| (e.len, registry.lease(id).map(|_| ()), registry.unregister(id).map(|_| ())))
+            .unwrap();
+        assert_eq!(len, 64);
+        assert!(matches!(leased, Err(Error::RegionBusy { .. })), "{leased:?}");
+        assert!(matches!(unregistered, Err(Error::RegionBusy { .. })), "{unregistered:?}");
+        // Once the read ended, both are granted again; a stale id is unknown.
+        drop(registry.lease(id).unwrap());
+        registry.unregister(id).unwrap();
+        assert!(matches!(registry.read_alone(id, |e| e.len), Err(Error::UnknownRegion { .. })));
+    }
+
+    #[test]
     fn full_table_is_a_clear_error() {
         let registry = Registry::new(1);
         let (_a, a) = buffer(8);
