@@ -9,21 +9,15 @@
 # runs the check, which ends with "N passed, N failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=.ci/venv.sh
+source .ci/venv.sh
 
 step() { printf '\n== %s\n' "$*"; }
 
 venv=target/pyenv
 if [ ! -x "$venv/bin/python" ]; then
     step "python3 -m venv $venv"
-    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
-        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv python3-pip
-            python3 -m venv "$venv"
-        else
-            echo "python3 -m venv failed and no root apt-get (install python3-venv)" >&2
-            exit 1
-        fi
-    fi
+    make_venv "$venv"
 fi
 step "pip install torch transformers (the example's dependencies)"
 "$venv/bin/pip" install -q --upgrade pip

@@ -5,21 +5,13 @@
 # test NIXL passes here, or passes fewer (tests/peers/nixl/run.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=.ci/venv.sh
+source .ci/venv.sh
 step() { printf '\n=== %s\n' "$*"; }
 
 venv=${KVRING_PYENV:-target/pyenv}
 step "python venv $venv with kvring built (pip install .[test])"
-if [ ! -x "$venv/bin/python" ]; then
-    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
-        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv python3-pip
-            python3 -m venv "$venv"
-        else
-            echo "python3 -m venv failed and no root apt-get (install python3-venv)" >&2
-            exit 1
-        fi
-    fi
-fi
+make_venv "$venv"
 # Always from this tree: the Python layer under test is what pip copies
 # (maturin's cargo build in target/ is incremental after .ci/test's).
 echo "+ $venv/bin/pip install -q .[test]"

@@ -39,28 +39,49 @@ fn two_threads(
     started.elapsed()
 }
 
+/// The one-at-a-time producer: pushes `0..n` in order, spinning while the
+/// queue is full (`push` hands a refused value back).
+fn push_each(n: u64, mut push: impl FnMut(u64) -> Result<(), u64>) {
+    for i in 0..n {
+        let mut v = i;
+        while let Err(back) = push(v) {
+            v = back;
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// The batched producer: offers `0..n` in order, `CHUNK` values at a time,
+/// spinning while `push` refuses a chunk (the ring has no room for it).
+fn push_chunks(n: u64, mut push: impl FnMut(std::ops::Range<u64>) -> bool) {
+    let mut next = 0;
+    while next < n {
+        let want = (CHUNK as u64).min(n - next);
+        if push(next..next + want) {
+            next += want;
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// The one-at-a-time consumer: pops until `n` values came, in order.
+fn pop_each(n: u64, mut pop: impl FnMut() -> Option<u64>) {
+    let mut got = 0;
+    while got < n {
+        if let Some(v) = pop() {
+            debug_assert_eq!(v, got);
+            got += 1;
+        }
+    }
+}
+
 fn kvring_single(items: u64) -> Duration {
     let (mut tx, mut rx) = kvring::testing::ring::channel::<u64>(CAPACITY);
     two_threads(
         items,
-        move |n| {
-            for i in 0..n {
-                let mut v = i;
-                while let Err(kvring::testing::ring::Full(back)) = tx.push(v) {
-                    v = back;
-                    std::hint::spin_loop();
-                }
-            }
-        },
-        move |n| {
-            let mut got = 0;
-            while got < n {
-                if let Some(v) = rx.pop() {
-                    debug_assert_eq!(v, got);
-                    got += 1;
-                }
-            }
-        },
+        move |n| push_each(n, |v| tx.push(v).map_err(|kvring::testing::ring::Full(back)| back)),
+        move |n| pop_each(n, || rx.pop()),
     )
 }
 
@@ -69,19 +90,16 @@ fn kvring_batched(items: u64) -> Duration {
     two_threads(
         items,
         move |n| {
-            let mut next = 0;
-            while next < n {
-                let want = (CHUNK as u64).min(n - next) as usize;
-                if let Ok(mut chunk) = tx.write_chunk(want) {
-                    for value in next..next + want as u64 {
+            push_chunks(n, |values| match tx.write_chunk((values.end - values.start) as usize) {
+                Ok(mut chunk) => {
+                    for value in values {
                         let _ = chunk.push(value);
                     }
-                    next += want as u64;
                     chunk.commit();
-                } else {
-                    std::hint::spin_loop();
+                    true
                 }
-            }
+                Err(_) => false,
+            })
         },
         move |n| {
             let mut got = 0;
@@ -103,23 +121,8 @@ fn rtrb_single(items: u64) -> Duration {
     let (mut tx, mut rx) = rtrb::RingBuffer::<u64>::new(CAPACITY);
     two_threads(
         items,
-        move |n| {
-            for i in 0..n {
-                let mut v = i;
-                while let Err(rtrb::PushError::Full(back)) = tx.push(v) {
-                    v = back;
-                    std::hint::spin_loop();
-                }
-            }
-        },
-        move |n| {
-            let mut got = 0;
-            while got < n {
-                if rx.pop().is_ok() {
-                    got += 1;
-                }
-            }
-        },
+        move |n| push_each(n, |v| tx.push(v).map_err(|rtrb::PushError::Full(back)| back)),
+        move |n| pop_each(n, || rx.pop().ok()),
     )
 }
 
@@ -128,17 +131,13 @@ fn rtrb_batched(items: u64) -> Duration {
     two_threads(
         items,
         move |n| {
-            let mut next = 0;
-            while next < n {
-                let want = (CHUNK as u64).min(n - next) as usize;
-                if let Ok(chunk) = tx.write_chunk_uninit(want) {
-                    let start = next;
-                    chunk.fill_from_iter(start..start + want as u64);
-                    next += want as u64;
-                } else {
-                    std::hint::spin_loop();
+            push_chunks(n, |values| match tx.write_chunk_uninit((values.end - values.start) as usize) {
+                Ok(chunk) => {
+                    chunk.fill_from_iter(values);
+                    true
                 }
-            }
+                Err(_) => false,
+            })
         },
         move |n| {
             let mut got = 0;
@@ -161,26 +160,7 @@ fn rtrb_batched(items: u64) -> Duration {
 fn array_queue(items: u64) -> Duration {
     let queue = std::sync::Arc::new(crossbeam_queue::ArrayQueue::<u64>::new(CAPACITY));
     let producer_queue = queue.clone();
-    two_threads(
-        items,
-        move |n| {
-            for i in 0..n {
-                let mut v = i;
-                while let Err(back) = producer_queue.push(v) {
-                    v = back;
-                    std::hint::spin_loop();
-                }
-            }
-        },
-        move |n| {
-            let mut got = 0;
-            while got < n {
-                if queue.pop().is_some() {
-                    got += 1;
-                }
-            }
-        },
-    )
+    two_threads(items, move |n| push_each(n, |v| producer_queue.push(v)), move |n| pop_each(n, || queue.pop()))
 }
 
 /// A variant's name and the function that moves `n` items through it.

@@ -15,12 +15,15 @@
 //! `cargo bench --bench target_scale` runs it in full (4,096 connections);
 //! `-- --test` (CI) runs a short pass with 256.
 
+#[path = "../tests/common/child.rs"]
+mod child;
+
+use child::Target;
 use kvring::testing::tcp::{ClientHello, ServerHello, SERVER_HELLO_BYTES};
 use kvring::{Batch, BlockDesc, Engine, RegionInfo, TransportKind};
 use socket2::{Domain, Socket, Type};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -34,41 +37,8 @@ struct Plan {
     rounds: usize,
 }
 
-struct Target {
-    child: Child,
-    control: String,
-    tcp: SocketAddr,
-    epoch: u64,
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split_whitespace().find_map(|f| f.strip_prefix(name)).unwrap_or_else(|| panic!("no {name} in {line:?}"))
-}
-
 fn start_target() -> Target {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvring"))
-        .args(["serve", "--name", "scale-bench", "--listen", "127.0.0.1:0", "--parent-watch"])
-        .args(["--lanes", &LANES.to_string(), "--region-size", "16MiB"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("kvring serve starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("its status line");
-    Target {
-        control: field(&line, "listen=").into(),
-        tcp: field(&line, "tcp=").parse().expect("tcp address"),
-        epoch: u64::from_str_radix(field(&line, "epoch=").trim_start_matches("0x"), 16).expect("epoch"),
-        child,
-    }
+    child::start_lanes_target("scale-bench", LANES, "16MiB")
 }
 
 /// `count` proven, idle data connections (tokenless hellos), spread over 64

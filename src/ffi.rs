@@ -284,8 +284,7 @@ pub unsafe extern "C" fn kvring_engine_create_with_rdma(
         let devices = devices.split(',').map(str::to_string).collect();
         let engine = crate::config::with_rdma(builder, mode, devices, crate::rdma::IbOptions::default())?.build()?;
         // SAFETY: `out` is valid (checked non-null, per our contract).
-        unsafe { *out = Box::into_raw(Box::new(KvringEngine(engine))) };
-        Ok(0)
+        unsafe { give(out, KvringEngine(engine)) }
     })
 }
 
@@ -475,8 +474,7 @@ pub unsafe extern "C" fn kvring_open_segment(
         };
         let segment = engine.0.open_segment_with(name, transport, Duration::from_millis(u64::from(timeout_ms)))?;
         // SAFETY: checked non-null; valid per our contract.
-        unsafe { *out = Box::into_raw(Box::new(KvringSegment(segment))) };
-        Ok(0)
+        unsafe { give(out, KvringSegment(segment)) }
     })
 }
 
@@ -487,10 +485,8 @@ pub unsafe extern "C" fn kvring_open_segment(
 /// `segment` came from `kvring_open_segment` and is not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn kvring_segment_free(segment: *mut KvringSegment) {
-    if !segment.is_null() {
-        // SAFETY: per our contract, we own it now.
-        drop(unsafe { Box::from_raw(segment) });
-    }
+    // SAFETY: per our contract, we own it now.
+    unsafe { take_back(segment) }
 }
 
 /// The id of the peer's `position`-th region (in the order it lists them).
@@ -551,8 +547,7 @@ pub unsafe extern "C" fn kvring_submitter_create(engine: *mut KvringEngine, out:
         }
         let submitter = engine.0.submitter()?;
         // SAFETY: checked non-null; valid per our contract.
-        unsafe { *out = Box::into_raw(Box::new(KvringSubmitter(submitter))) };
-        Ok(0)
+        unsafe { give(out, KvringSubmitter(submitter)) }
     })
 }
 
@@ -563,10 +558,8 @@ pub unsafe extern "C" fn kvring_submitter_create(engine: *mut KvringEngine, out:
 /// `submitter` came from `kvring_submitter_create` and is not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn kvring_submitter_free(submitter: *mut KvringSubmitter) {
-    if !submitter.is_null() {
-        // SAFETY: per our contract, we own it now.
-        drop(unsafe { Box::from_raw(submitter) });
-    }
+    // SAFETY: per our contract, we own it now.
+    unsafe { take_back(submitter) }
 }
 
 /// Submits `count` blocks to `segment` as one batch (`KVRING_WRITE` or
@@ -625,4 +618,28 @@ pub unsafe extern "C" fn kvring_submit(
         unsafe { *batch_out = id.raw() };
         Ok(0)
     })
+}
+
+/// Hands `value` to C through `out`, as a handle it frees with the
+/// matching `*_free` (which calls [`take_back`]).
+///
+/// # Safety
+///
+/// `out` is valid for a write.
+unsafe fn give<T>(out: *mut *mut T, value: T) -> Result<c_int, Error> {
+    // SAFETY: valid for a write (our contract).
+    unsafe { *out = Box::into_raw(Box::new(value)) };
+    Ok(0)
+}
+
+/// Drops a handle that [`give`] handed out; null is ignored.
+///
+/// # Safety
+///
+/// `handle` is null or came from [`give`], and is not used afterwards.
+unsafe fn take_back<T>(handle: *mut T) {
+    if !handle.is_null() {
+        // SAFETY: per our contract, we own it now.
+        drop(unsafe { Box::from_raw(handle) });
+    }
 }

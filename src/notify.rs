@@ -7,10 +7,10 @@
 //! target's memory or crowd out the others. A refused message is `Busy`
 //! back to its sender, which then knows it was not delivered.
 
+use crate::delivered::Deliveries;
 use crate::error::{Error, Result};
 use crate::log::ratelimit::{log_limited, RateLimit};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Largest notification message accepted.
@@ -87,7 +87,7 @@ pub struct NotificationQueue {
     quota: NotifyQuota,
     queued: Mutex<Queued>,
     /// Deliveries so far: a lane compares it with what it last saw.
-    delivered: AtomicU64,
+    delivered: Deliveries,
     on_delivery: OnceLock<DeliveryHook>,
 }
 
@@ -104,7 +104,7 @@ impl NotificationQueue {
         Self {
             quota,
             queued: Mutex::new(Queued::default()),
-            delivered: AtomicU64::new(0),
+            delivered: Deliveries::new(),
             on_delivery: OnceLock::new(),
         }
     }
@@ -121,7 +121,12 @@ impl NotificationQueue {
 
     /// Notifications delivered so far.
     pub fn delivered(&self) -> u64 {
-        self.delivered.load(Ordering::Acquire)
+        self.delivered.get()
+    }
+
+    /// The delivery count itself, for lane 0's look (`Deliveries`).
+    pub fn deliveries(&self) -> &Deliveries {
+        &self.delivered
     }
 
     /// Queues a notification; refused with `Busy` past a quota, with
@@ -161,7 +166,7 @@ impl NotificationQueue {
             return Err(error);
         }
         // Counted after the push: whoever sees the count finds the message.
-        self.delivered.fetch_add(1, Ordering::AcqRel);
+        self.delivered.count();
         if let Some(hook) = self.on_delivery.get() {
             hook();
         }

@@ -28,13 +28,10 @@ fn a_tagged_push_over_tcp_is_counted_on_the_target_once_in_place() {
     // 64 blocks of 4 KiB (one chunk) and one of 3 MiB (three frames).
     let small: Vec<_> = (0..64u64).map(|i| BlockDesc::new(local.id(), i * 4096, remote.id(), i * 4096, 4096)).collect();
     let big = [BlockDesc::new(local.id(), 1 << 20, remote.id(), 1 << 20, 3 << 20)];
-    let mut expected = 0;
-    for descs in [&small[..], &big[..]] {
-        let id = sub.submit(&Batch::write(&segment).descs(descs).arrival_tag(tag)).unwrap();
-        expected += descs.iter().map(|d| d.len).sum::<u64>();
-        // The target's count reaches the bytes without the initiator's help.
-        target.wait_landed(tag, expected, WAIT).unwrap();
-        assert!(sub.wait(id, WAIT).unwrap().is_done());
+    let expected: u64 = small.iter().chain(&big).map(|d| d.len).sum();
+    // The target's count reaches the bytes without the initiator's help.
+    for outcome in common::land_in_turn(&mut sub, &segment, &target, tag, &[&small[..], &big[..]]) {
+        assert!(outcome.is_done());
     }
     assert_eq!(target.landed(tag), expected);
     // What was counted is in place.

@@ -206,17 +206,9 @@ fn a_target_that_forbids_cma_is_reached_over_tcp_and_says_why() {
 
 #[test]
 fn the_bench_runs_its_cma_cases_against_caller_memory_verified() {
-    let output = Command::new(kvring_bin())
-        .args(["bench", "--transport", "cma", "--total", "4MiB", "--region-size", "4MiB", "--latency-samples", "10"])
-        .args(["--block-size", "4KiB,64KiB", "--json"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "bench failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
-    assert_eq!(stdout.lines().count(), 4, "{stdout}");
-    for line in stdout.lines() {
-        for field in ["\"transport\":\"cma\"", "\"baseline\":\"memcpy\"", "\"verified\":true"] {
-            assert!(line.contains(field), "{field} missing from {line}");
-        }
-    }
+    common::bench_json(
+        &["--transport", "cma", "--block-size", "4KiB,64KiB"],
+        4,
+        &["\"transport\":\"cma\"", "\"baseline\":\"memcpy\"", "\"verified\":true"],
+    );
 }

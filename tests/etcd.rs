@@ -4,11 +4,11 @@
 
 mod common;
 
-use common::{kvring_bin, pattern, WAIT};
+use common::child::Reaped;
+use common::{pattern, WAIT};
 use kvring::testing::etcd::{Etcd, EtcdUrl};
 use kvring::MetadataMode;
 use kvring::{Batch, BlockDesc, Engine, Error, RegionInfo, TransportKind};
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -151,28 +151,12 @@ fn an_engine_published_in_etcd_is_opened_by_name_and_moves_blocks() {
 }
 
 /// A `kvring serve` child, killed and reaped when dropped.
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+type Serve = Reaped;
 
 fn serve_published(etcd: &EtcdServer, name: &str, ttl: &str) -> Serve {
-    let mut child = Command::new(kvring_bin())
-        .args(["serve", "--name", name, "--listen", "127.0.0.1:0", "--region-size", "1MiB", "--parent-watch"])
-        .args(["--metadata", &etcd.url, "--metadata-ttl", ttl])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (child, line) = common::child::serve_published(name, &etcd.url, ttl);
     assert!(line.contains(&format!("name={name}")) && line.contains("metadata=etcd://"), "{line}");
-    Serve(child)
+    child
 }
 
 #[test]
@@ -237,15 +221,12 @@ fn with_etcd_down_opens_fail_naming_it_and_open_segments_keep_moving() {
 
 #[test]
 fn bad_urls_prefixes_and_stored_descriptors_get_clear_errors() {
-    for (url, why) in [
+    common::assert_urls_refused(&[
         ("etcd://localhost", "needs host:port"),
         ("etcd//localhost:2379", "neither P2PHANDSHAKE nor etcd://"),
         ("etcd://localhost:2379/kvring", "start and end with '/'"),
         ("etcd://localhost:2379/a/../b/", "'..'"),
-    ] {
-        let error = MetadataMode::parse(url).unwrap_err().to_string();
-        assert!(error.contains(why), "{url}: {error}");
-    }
+    ]);
     // 192.0.2.1 (TEST-NET-1) is no address of this host: publishing a
     // loopback address there would strand every peer.
     let error = common::builder("loop").metadata(etcd_mode("etcd://192.0.2.1:2379")).build().unwrap_err().to_string();

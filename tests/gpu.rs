@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::WAIT;
+use common::{read, run, WAIT};
 use kvring::gpu::{CopyMethod, CopyMethodCounts, Gpu, SimGpu};
 use kvring::{Batch, BlockDesc, Engine, Error, Opcode, Outcome, Region, RegionInfo, Segment, TransportKind};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -69,19 +69,6 @@ fn engine_on(name: &str, gpu: &Arc<dyn Gpu>) -> Engine {
 
 fn open(initiator: &Engine, target: &Engine, transport: Option<TransportKind>) -> kvring::Result<Segment> {
     initiator.open_segment_with(&target.control_addr().to_string(), transport, WAIT)
-}
-
-/// Submits one batch and waits for its outcome.
-fn run(sub: &mut kvring::Submitter, batch: &Batch) -> Outcome {
-    let id = sub.submit(batch).unwrap();
-    sub.wait(id, WAIT).unwrap()
-}
-
-fn read(region: &Region, offset: u64, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-    unsafe { region.read_at(offset, &mut out).unwrap() };
-    out
 }
 
 #[test]
@@ -442,30 +429,6 @@ fn kv_shape(mode: &str) -> kvring::kv::CacheShape {
     }
 }
 
-/// A vLLM-style KV cache in GPU memory: one region per layer for K and one
-/// for V, filled with a pattern from `seed`, published as the layout.
-fn gpu_kv_cache(engine: &Engine, shape: kvring::kv::CacheShape, seed: u64) -> (Vec<Region>, kvring::kv::KvLayout) {
-    use kvring::kv::{KvBuffer, KvLayout};
-    let mut regions = Vec::new();
-    let mut layers = Vec::new();
-    for layer in 0..shape.layers {
-        let mut buffers = Vec::new();
-        for (kind, block_bytes) in shape.kinds() {
-            let bytes = (block_bytes * shape.blocks) as usize;
-            let region =
-                engine.alloc_region(bytes, RegionInfo::raw().on_gpu(0).with_kind(kind).with_layer(layer)).unwrap();
-            // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-            unsafe { region.fill_pattern(seed + regions.len() as u64) };
-            buffers.push(KvBuffer { kind, region: region.id(), offset: 0, block_bytes });
-            regions.push(region);
-        }
-        layers.push(buffers);
-    }
-    let layout = KvLayout::from_buffers(shape, layers).unwrap();
-    engine.set_kv_layout(layout.clone()).unwrap();
-    (regions, layout)
-}
-
 /// A piece of the `pieces` child's run: the NVIDIA allocation granularity.
 const PIECE_BYTES: u64 = 2 << 20;
 /// The `legacy` and `pieces` children's region.
@@ -510,7 +473,7 @@ fn gpu_child_target() {
             // SAFETY: the run lives as long as this process.
             unsafe { engine.register(run.0 as *mut u8, PIECES_BYTES as usize, RegionInfo::raw().on_gpu(0)) }.unwrap();
         }
-        "kv" | "mla" => _keep = gpu_kv_cache(&engine, kv_shape(&mode), 100).0,
+        "kv" | "mla" => _keep = common::gpu_kv_cache(&engine, kv_shape(&mode), 100).0,
         "expandable" => {
             // An expandable segment's KV cache: many small pieces, many
             // regions over them, each region's ends inside pieces.
@@ -724,7 +687,7 @@ fn kv_push_pull_and_push_layer_between_device_mla_layouts_of_two_processes() {
 fn kv_round_trip(mode: &str) {
     let gpu = provider();
     let prefill = engine_on("kv-prefill", &gpu);
-    let (regions, layout) = gpu_kv_cache(&prefill, kv_shape(mode), 7);
+    let (regions, layout) = common::gpu_kv_cache(&prefill, kv_shape(mode), 7);
     assert!(regions.iter().all(|r| r.memory() == kvring::MemoryKind::Gpu(0)));
     let decode = ChildTarget::start(mode, 100);
     let segment = prefill.open_segment_with(&decode.addr, None, WAIT).unwrap();

@@ -4,15 +4,15 @@
 
 mod common;
 
-use common::{kvring_bin, WAIT};
+use common::child::{self, Target};
+use common::WAIT;
 use kvring::testing::control::{preface, read_frame, write_frame, MAX_CONTROL_MESSAGE_BYTES};
 use kvring::testing::control::{request, response, ErrorCode, Request};
 use kvring::testing::tcp::{ClientHello, ServerHello, FLAG_PROOF_REQUIRED, SERVER_HELLO_BYTES};
 use kvring::testing::tcp::{End, FrameHeader, FrameOp, FrameSeal, FLAG_LAST, FRAME_HEADER_BYTES};
 use kvring::{Batch, BlockDesc, Engine, Error, RegionInfo, Segment, TransportKind};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -20,42 +20,18 @@ const TOKEN: &str = "hostile-suite-token";
 const REGION: usize = 4 << 20;
 
 /// A `kvring serve --token` in its own process.
-struct Target {
-    child: Child,
-    control: String,
-    tcp: String,
-    epoch: u64,
-    region: u32,
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split_whitespace().find_map(|f| f.strip_prefix(name)).unwrap_or_else(|| panic!("no {name} in {line:?}"))
-}
-
 fn start_target() -> Target {
-    let mut child = Command::new(kvring_bin())
-        .args(["serve", "--name", "decode-0", "--listen", "127.0.0.1:0", "--region-size", "4MiB", "--parent-watch"])
-        .args(["--token", TOKEN])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("kvring serve starts");
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let epoch = u64::from_str_radix(field(&line, "epoch=").trim_start_matches("0x"), 16).unwrap();
-    let region = field(&line, "region=");
-    let (index, generation) = region.split_once(':').unwrap();
-    let region = kvring::RegionId::new(index.parse().unwrap(), generation.parse().unwrap()).raw();
-    Target { control: field(&line, "listen=").into(), tcp: field(&line, "tcp=").into(), epoch, region, child }
+    child::start_target(&[
+        "--name",
+        "decode-0",
+        "--listen",
+        "127.0.0.1:0",
+        "--region-size",
+        "4MiB",
+        "--parent-watch",
+        "--token",
+        TOKEN,
+    ])
 }
 
 /// The legitimate client: a tokened engine and its open segment.
@@ -96,7 +72,7 @@ impl Client {
     }
 }
 
-fn connect(addr: &str) -> TcpStream {
+fn connect(addr: impl std::net::ToSocketAddrs) -> TcpStream {
     let stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(WAIT)).unwrap();
     stream
@@ -142,14 +118,14 @@ fn data_frames_without_a_session_proof_are_refused_and_change_nothing() {
     legit.write_and_verify(1);
 
     // Frames straight away, no hello: refused as a malformed hello.
-    let mut s = connect(&target.tcp);
+    let mut s = connect(target.tcp);
     s.write_all(&write_frame_bytes(&target, 0, &[0xee; 16])).unwrap();
     assert_eq!(status(&answer(&mut s)), ErrorCode::MalformedMessage);
     assert!(closed(&mut s));
 
     // A hello naming the right epoch (no secret) and no session the target
     // issued: refused at once, with no proof of anything.
-    let mut s = connect(&target.tcp);
+    let mut s = connect(target.tcp);
     s.write_all(ClientHello::new(target.epoch, [0; 16], [0; 16], [0; 16]).as_bytes()).unwrap();
     let refusal = answer(&mut s);
     assert_eq!(status(&refusal), ErrorCode::Unauthorized);
@@ -157,16 +133,16 @@ fn data_frames_without_a_session_proof_are_refused_and_change_nothing() {
     assert!(closed(&mut s));
 
     // A hello for another epoch is told the target restarted.
-    let mut s = connect(&target.tcp);
+    let mut s = connect(target.tcp);
     s.write_all(ClientHello::new(target.epoch ^ 1, [0; 16], [0; 16], [0; 16]).as_bytes()).unwrap();
     assert_eq!(status(&answer(&mut s)), ErrorCode::PeerRestarted);
     assert!(closed(&mut s));
 
     // Garbage, and a hello cut short (told it ran out of time).
-    let mut s = connect(&target.tcp);
+    let mut s = connect(target.tcp);
     s.write_all(b"GET / HTTP/1.1\r\nHost: kvring.example\r\nAccept: */*\r\n\r\n").unwrap();
     assert_eq!(status(&answer(&mut s)), ErrorCode::MalformedMessage);
-    let mut s = connect(&target.tcp);
+    let mut s = connect(target.tcp);
     s.write_all(&ClientHello::new(target.epoch, [0; 16], [0; 16], [0; 16]).as_bytes()[..20]).unwrap();
     assert_eq!(status(&answer(&mut s)), ErrorCode::Timeout);
     assert!(closed(&mut s));
@@ -192,7 +168,7 @@ fn tokened_session(target: &Target) -> kvring::testing::control::Session {
 /// and its frame seal.
 fn sealed_data_connection(target: &Target) -> (TcpStream, FrameSeal) {
     let session = tokened_session(target);
-    let mut s = connect(&target.tcp);
+    let mut s = connect(target.tcp);
     let nonce = [0x5a; 16];
     s.write_all(ClientHello::new(target.epoch, session.client_nonce, session.server_nonce, nonce).as_bytes()).unwrap();
     let challenge = answer(&mut s);
@@ -330,8 +306,8 @@ fn control_plane_garbage_and_requests_without_a_handshake_are_refused() {
 fn trickling_clients_are_cut_at_their_deadline_on_both_ports() {
     let target = start_target();
     let legit = client(&target);
-    for addr in [&target.tcp, &target.control] {
-        let mut s = connect(addr);
+    for addr in [target.tcp.to_string(), target.control.clone()] {
+        let mut s = connect(addr.as_str());
         let started = Instant::now();
         // One byte every 200 ms: each read on the target succeeds, the
         // whole never arrives.
@@ -357,7 +333,7 @@ fn a_flood_of_idle_connections_does_not_keep_a_legitimate_client_out() {
     // never say a word, held open.
     let mut idle: Vec<TcpStream> = Vec::new();
     for _ in 0..1000 {
-        idle.push(TcpStream::connect(&target.tcp).unwrap());
+        idle.push(TcpStream::connect(target.tcp).unwrap());
     }
     for _ in 0..100 {
         idle.push(TcpStream::connect(&target.control).unwrap());
@@ -401,26 +377,12 @@ fn a_peer_whose_descriptor_points_at_another_engines_shm_file_is_refused() {
     unsafe { region.write_at(0, b"untouched").unwrap() };
     // The hostile peer: a fake control server that claims this host and a
     // region whose file is the victim's.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
     let mut lie = kvring::testing::descriptor(&victim);
     lie.name = "liar".into();
     lie.epoch ^= 0xdead; // its own epoch, not the victim's
     lie.pid = std::process::id() + 1;
     lie.tcp_addr = None;
-    let answer =
-        kvring::testing::control::response(response::Body::Handshake(kvring::testing::control::HandshakeResponse {
-            segment: Some(Box::new(lie.to_proto())),
-            ..Default::default()
-        }));
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let mut theirs = [0u8; 8];
-        s.read_exact(&mut theirs).unwrap();
-        s.write_all(&preface()).unwrap();
-        let _ = read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES);
-        write_frame(&mut s, &answer).unwrap();
-    });
+    let (addr, server) = common::raw::lying_control_server(&lie, false);
     let initiator = common::engine("initiator");
     let error = initiator.open_segment_with(&addr, Some(TransportKind::Shm), WAIT).unwrap_err();
     // Refused before any file is opened: the pid it names did not answer.

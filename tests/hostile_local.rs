@@ -7,10 +7,9 @@
 
 mod common;
 
-use common::raw::{data_connection, tagged_write};
+use common::raw::{data_connection, shrink_receive_buffer, tagged_write};
 use common::WAIT;
 use kvring::gpu::{Gpu, SimGpu};
-use kvring::testing::control::{preface, read_frame, response, write_frame, MAX_CONTROL_MESSAGE_BYTES};
 use kvring::testing::tcp::{
     ClientHello, End, FrameHeader, FrameOp, FrameSeal, ServerHello, FLAG_LAST, SERVER_HELLO_BYTES,
 };
@@ -439,23 +438,6 @@ fn a_tokenless_peer_holding_every_staged_page_holds_them_only_until_the_send_dea
     figure("no token, send deadline", staged_push_against_a_pool_holder(None));
 }
 
-/// As a peer that reads nothing would: a 4 KiB receive buffer.
-fn shrink_receive_buffer(s: &std::net::TcpStream) {
-    use std::os::fd::AsRawFd;
-    let size: libc::c_int = 4096;
-    // SAFETY: a valid socket fd and an int option of its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&size as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0);
-}
-
 // ---- Row 8: another engine's region files handed out as one's own --------
 
 #[test]
@@ -468,8 +450,6 @@ fn another_engines_region_files_handed_out_with_every_right_keep_their_owners_ri
     unsafe { region.write_at(0, b"untouched").unwrap() };
     // The hostile peer answers the handshake with the victim's descriptor
     // (its pid, epoch, files), claiming every right.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
     let mut lie = kvring::testing::descriptor(&victim);
     lie.name = "liar".into();
     lie.tcp_addr = None;
@@ -477,22 +457,7 @@ fn another_engines_region_files_handed_out_with_every_right_keep_their_owners_ri
     for r in &mut lie.regions {
         r.access = Access::ALL;
     }
-    let answer =
-        kvring::testing::control::response(response::Body::Handshake(kvring::testing::control::HandshakeResponse {
-            segment: Some(Box::new(lie.to_proto())),
-            challenge: None,
-            ..Default::default()
-        }));
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let mut theirs = [0u8; 8];
-        s.read_exact(&mut theirs).unwrap();
-        s.write_all(&preface()).unwrap();
-        let _ = read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES);
-        write_frame(&mut s, &answer).unwrap();
-        // Open until the initiator is done with it, as a real server.
-        let _ = s.read_to_end(&mut Vec::new());
-    });
+    let (addr, server) = common::raw::lying_control_server(&lie, true);
     let initiator = common::engine("initiator");
     let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
     // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
@@ -518,18 +483,11 @@ fn write_all_small(engine: &Engine, segment: &Segment, local: RegionId, remote: 
 
 /// A `kvring serve` (its region files, or with `--caller-memory` its cma
 /// page) and its descriptor as any peer that opens it gets it.
-fn third_engine(extra: &[&str]) -> (std::process::Child, kvring::testing::SegmentDescriptor) {
-    let mut child = Command::new(common::kvring_bin())
-        .args(["serve", "--name", "third", "--listen", "127.0.0.1:0", "--region-size", "1MiB", "--parent-watch"])
-        .args(extra)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.split_whitespace().find_map(|f| f.strip_prefix("listen=")).unwrap().to_string();
+fn third_engine(extra: &[&str]) -> (common::child::Reaped, kvring::testing::SegmentDescriptor) {
+    let mut args = vec!["--name", "third", "--listen", "127.0.0.1:0", "--region-size", "1MiB", "--parent-watch"];
+    args.extend(extra);
+    let (child, line) = common::child::serve(&args);
+    let addr = common::child::field(&line, "listen=").to_string();
     let initiator = kvring::testing::control::Initiator { name: "curious".into(), epoch: 1, addr: String::new() };
     let deadline = Instant::now() + WAIT;
     let handshake = kvring::testing::control::ControlClient::connect(&addr, deadline)
@@ -557,25 +515,7 @@ fn another_engines_files_and_cma_page_handed_out_as_ones_own_are_refused() {
         for r in &mut lie.regions {
             r.access = Access::ALL;
         }
-        let answer = kvring::testing::control::response(response::Body::Handshake(
-            kvring::testing::control::HandshakeResponse {
-                segment: Some(Box::new(lie.to_proto())),
-                challenge: None,
-                ..Default::default()
-            },
-        ));
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let server = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            let mut theirs = [0u8; 8];
-            s.read_exact(&mut theirs).unwrap();
-            s.write_all(&preface()).unwrap();
-            let _ = read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES);
-            write_frame(&mut s, &answer).unwrap();
-            // Open until the initiator is done with it, as a real server.
-            let _ = s.read_to_end(&mut Vec::new());
-        });
+        let (addr, server) = common::raw::lying_control_server(&lie, true);
         let initiator = common::engine("initiator");
         let error = initiator.open_segment_with(&addr, Some(transport), WAIT).unwrap_err();
         server.join().unwrap();

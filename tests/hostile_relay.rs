@@ -8,15 +8,15 @@
 
 mod common;
 
-use common::{kvring_bin, WAIT};
+use common::child::{field, region, serve, Reaped};
+use common::WAIT;
 use kvring::testing::control::{read_frame, request, response, write_frame, Request, Response};
 use kvring::testing::control::{ControlClient, MAX_CONTROL_MESSAGE_BYTES};
 use kvring::testing::tcp::{FrameHeader, FrameOp, ServerHello, FLAG_PROOF_REQUIRED, FRAME_HEADER_BYTES};
 use kvring::{Batch, BlockDesc, Engine, ErrorCode, Outcome, RegionInfo, TransportKind};
 use prost::Message;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -36,7 +36,8 @@ static INJECTED_ANSWERED: std::sync::atomic::AtomicBool = std::sync::atomic::Ato
 /// A `kvring serve --token` in its own process: where it really listens,
 /// and what it advertises.
 struct Target {
-    child: Child,
+    /// Killed when the target drops.
+    _child: Reaped,
     control: String,
     tcp: String,
     advertised_control: String,
@@ -44,31 +45,23 @@ struct Target {
     region: u32,
 }
 
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split_whitespace().find_map(|f| f.strip_prefix(name)).unwrap_or_else(|| panic!("no {name} in {line:?}"))
-}
-
 fn start_target(advertise: Option<&str>) -> Target {
-    let mut command = Command::new(kvring_bin());
-    command
-        .args(["serve", "--name", "decode-0", "--listen", "127.0.0.1:0", "--region-size", "1MiB", "--parent-watch"])
-        .args(["--token", TOKEN]);
+    let mut args = vec![
+        "--name",
+        "decode-0",
+        "--listen",
+        "127.0.0.1:0",
+        "--region-size",
+        "1MiB",
+        "--parent-watch",
+        "--token",
+        TOKEN,
+    ];
     if let Some(ip) = advertise {
-        command.args(["--advertise", ip]);
+        args.extend(["--advertise", ip]);
     }
-    let mut child =
-        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("serve starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let (index, generation) = field(&line, "region=").split_once(':').unwrap();
-    let region = kvring::RegionId::new(index.parse().unwrap(), generation.parse().unwrap()).raw();
+    let (child, line) = serve(&args);
+    let region = region(&line);
     let advertised_control = field(&line, "listen=").to_string();
     let advertised_tcp = field(&line, "tcp=").to_string();
     let real = |addr: &str| format!("127.0.0.1:{}", addr.rsplit_once(':').unwrap().1);
@@ -78,7 +71,7 @@ fn start_target(advertise: Option<&str>) -> Target {
         advertised_control,
         advertised_tcp,
         region,
-        child,
+        _child: child,
     }
 }
 

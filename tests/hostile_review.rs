@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::raw::{data_connection, tagged_write};
+use common::raw::{data_connection, shrink_receive_buffer, tagged_write};
 use common::WAIT;
 use kvring::testing::tcp::{FrameHeader, FrameOp, FLAG_LAST};
 use kvring::{Batch, BlockDesc, Error, Outcome, RegionInfo, TransportKind};
@@ -183,23 +183,6 @@ fn held_a_cancel_on_another_submitters_table_touches_none_of_its_batches() {
 }
 
 // ---- staging: the send deadline (src/transport/tcp/target/sending.rs) ----
-
-/// As a peer that reads nothing would: a 4 KiB receive buffer.
-fn shrink_receive_buffer(s: &std::net::TcpStream) {
-    use std::os::fd::AsRawFd;
-    let size: libc::c_int = 4096;
-    // SAFETY: a valid socket fd and an int option of its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&size as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0);
-}
 
 /// The staged-READ send deadline runs only while a *staged* answer is at
 /// the front of the connection's replies (sending.rs:33-38 resets it for

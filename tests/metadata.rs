@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{kvring_bin, WAIT};
+use common::WAIT;
 use kvring::testing::metadata::{HttpMetadata, HttpMetadataUrl, Redis, RedisUrl, DEFAULT_PREFIX};
 use kvring::{Batch, BlockDesc, Engine, MetadataMode, RegionInfo, TransportKind};
 use std::collections::HashMap;
@@ -323,16 +323,8 @@ fn a_server_down_at_start_is_named_and_one_lost_later_stops_no_transfer() {
 #[test]
 fn a_killed_engine_s_redis_entry_goes_with_its_ttl() {
     let Some(server) = Server::redis() else { return };
-    let mut child = Command::new(kvring_bin())
-        .args(["serve", "--name", "decode-k", "--listen", "127.0.0.1:0", "--region-size", "1MiB", "--parent-watch"])
-        .args(["--metadata", &server.url(), "--metadata-ttl", "1s"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let url = server.url();
+    let (mut child, line) = common::child::serve_published("decode-k", &url, "1s");
     assert!(line.contains("metadata=redis://"), "{line}");
     assert!(server.published("decode-k"));
     child.kill().unwrap();
@@ -342,15 +334,12 @@ fn a_killed_engine_s_redis_entry_goes_with_its_ttl() {
 
 #[test]
 fn bad_urls_get_clear_errors() {
-    for (url, why) in [
+    common::assert_urls_refused(&[
         ("redis://localhost", "needs host:port"),
         ("redis://localhost:6379/db", "is not a number"),
         ("http://localhost:8080/metadata?key=x", "without '?'"),
         ("https://localhost:8080/metadata", "neither P2PHANDSHAKE nor etcd://"),
-    ] {
-        let error = MetadataMode::parse(url).unwrap_err().to_string();
-        assert!(error.contains(why), "{url}: {error}");
-    }
+    ]);
     let port = free_port();
     for url in [format!("redis://127.0.0.1:{port}"), format!("http://127.0.0.1:{port}/metadata")] {
         let mode = MetadataMode::parse(&url).unwrap();

@@ -136,18 +136,12 @@ fn the_bench_runs_every_case_verified_with_its_json_fields() {
 
 #[test]
 fn the_tcp_bench_verifies_against_a_raw_socket_baseline() {
-    let output = Command::new(kvring_bin())
-        .args(["bench", "--transport", "tcp", "--total", "4MiB", "--region-size", "4MiB", "--latency-samples", "10"])
-        .args(["--block-size", "4KiB,1MiB", "--json"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "bench failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
-    assert_eq!(stdout.lines().count(), 4, "{stdout}");
-    for line in stdout.lines() {
-        for field in ["\"transport\":\"tcp\"", "\"baseline\":\"raw-tcp\"", "\"verified\":true"] {
-            assert!(line.contains(field), "{field} missing in {line}");
-        }
+    let lines = common::bench_json(
+        &["--transport", "tcp", "--block-size", "4KiB,1MiB"],
+        4,
+        &["\"transport\":\"tcp\"", "\"baseline\":\"raw-tcp\"", "\"verified\":true"],
+    );
+    for line in &lines {
         let baseline: f64 =
             line.split("\"baseline_gbps\":").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
         assert!(baseline > 0.0, "the raw baseline ran: {line}");

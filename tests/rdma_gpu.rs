@@ -13,9 +13,9 @@
 
 mod common;
 
-use common::{pattern, WAIT};
+use common::{pattern, read, run, WAIT};
 use kvring::gpu::{Gpu, SimGpu};
-use kvring::kv::{arrival_tag, check_pd_topo, push_targets, Attention, CacheShape, KvBuffer, KvLayout, Mode, Rank};
+use kvring::kv::{arrival_tag, check_pd_topo, push_targets, Attention, CacheShape, KvLayout, Mode, Rank};
 use kvring::rdma::{MrPath, SimVerbs, Verbs};
 use kvring::{Batch, BlockDesc, Engine, Error, Outcome, Region, RegionInfo, Segment, TransportKind};
 use std::sync::Arc;
@@ -38,18 +38,6 @@ fn engine(name: &str, sim: &Arc<SimVerbs>, gpu: &Arc<SimGpu>) -> Engine {
 
 fn open(initiator: &Engine, target: &Engine) -> kvring::Result<Segment> {
     initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Rdma), WAIT)
-}
-
-fn run(sub: &mut kvring::Submitter, batch: &Batch) -> Outcome {
-    let id = sub.submit(batch).unwrap();
-    sub.wait(id, WAIT).unwrap()
-}
-
-fn read(region: &Region, offset: u64, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-    unsafe { region.read_at(offset, &mut out).unwrap() };
-    out
 }
 
 fn done(outcome: Outcome) -> u64 {
@@ -349,14 +337,10 @@ fn a_tagged_push_over_rdma_is_counted_on_the_target_as_it_lands_in_host_and_gpu_
         let small: Vec<_> =
             (0..64u64).map(|i| BlockDesc::new(local.id(), i * 8192, remote.id(), i * 8192, 4096)).collect();
         let big = [BlockDesc::new(local.id(), 1 << 20, remote.id(), 1 << 20, 3 << 20)];
-        let mut expected = 0;
-        for descs in [&small[..], &big[..]] {
-            let id = sub.submit(&Batch::write(&segment).descs(descs).arrival_tag(tag)).unwrap();
-            expected += descs.iter().map(|d| d.len).sum::<u64>();
-            // The target's count reaches the bytes on its own.
-            target.wait_landed(tag, expected, WAIT).unwrap();
-            done(sub.wait(id, WAIT).unwrap());
-            assert_eq!(target.landed(tag), expected, "{memory:?}");
+        let expected: u64 = small.iter().chain(&big).map(|d| d.len).sum();
+        // The target's count reaches the bytes on its own.
+        for outcome in common::land_in_turn(&mut sub, &segment, &target, tag, &[&small[..], &big[..]]) {
+            done(outcome);
         }
         // What was counted is in place.
         assert_eq!(read(&remote, 1 << 20, 3 << 20), pattern(4 << 20, 3)[1 << 20..]);
@@ -438,28 +422,6 @@ fn a_flood_of_tagged_writes_waits_at_its_senders_and_grows_nothing_on_the_target
     assert_eq!((sim.cq_overruns(), sim.parked(), target.arrivals_dropped()), (0, 0, 0));
 }
 
-/// A KV cache in GPU memory, one region per layer and kind (vLLM's shape),
-/// filled from `seed` and published as the layout.
-fn gpu_kv_cache(engine: &Engine, shape: CacheShape, seed: u64) -> (Vec<Region>, KvLayout) {
-    let mut regions = Vec::new();
-    let mut layers = Vec::new();
-    for layer in 0..shape.layers {
-        let mut buffers = Vec::new();
-        for (kind, block_bytes) in shape.kinds() {
-            let info = GPU(0).with_kind(kind).with_layer(layer);
-            let region = engine.alloc_region((block_bytes * shape.blocks) as usize, info).unwrap();
-            // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-            unsafe { region.fill_pattern(seed + regions.len() as u64) };
-            buffers.push(KvBuffer { kind, region: region.id(), offset: 0, block_bytes });
-            regions.push(region);
-        }
-        layers.push(buffers);
-    }
-    let layout = KvLayout::from_buffers(shape, layers).unwrap();
-    engine.set_kv_layout(layout.clone()).unwrap();
-    (regions, layout)
-}
-
 /// Every (src → dst) block of every layer and kind holds the source bytes.
 fn assert_moved(src: (&[Region], &KvLayout), dst: (&[Region], &KvLayout), src_ids: &[u64], dst_ids: &[u64]) {
     for layer in 0..src.1.layers() {
@@ -482,8 +444,8 @@ fn kv_push_pull_and_tagged_push_layer_between_gpu_layouts_over_rdma() {
     let shape = CacheShape::mha(3, 32, 2, 64, 2, 1, 1).unwrap();
     let prefill = engine("kv-prefill", &sim, &gpu);
     let decode = engine("kv-decode", &sim, &gpu);
-    let (p_regions, p_layout) = gpu_kv_cache(&prefill, shape, 7);
-    let (d_regions, d_layout) = gpu_kv_cache(&decode, shape, 100);
+    let (p_regions, p_layout) = common::gpu_kv_cache(&prefill, shape, 7);
+    let (d_regions, d_layout) = common::gpu_kv_cache(&decode, shape, 100);
     let segment = open(&prefill, &decode).unwrap();
     let remote = segment.kv_layout(WAIT).unwrap();
     p_layout.check_compatible(&remote).unwrap();
@@ -518,9 +480,9 @@ fn mla_push_with_gpu_caches_from_prefill_tp2_to_decode_tp1_and_from_tp1_to_tp4_o
     let shape = CacheShape::mla(3, 16, 576, 2, 8, 128).unwrap();
     // tp 2 -> tp 1: each decode rank's blocks from exactly one prefill rank.
     let prefills: Vec<_> = (0..2).map(|r| engine(&format!("prefill-{r}"), &sim, &gpu)).collect();
-    let caches: Vec<_> = prefills.iter().map(|p| gpu_kv_cache(p, shape, 7)).collect();
+    let caches: Vec<_> = prefills.iter().map(|p| common::gpu_kv_cache(p, shape, 7)).collect();
     let decode = engine("decode-0", &sim, &gpu);
-    let (d_regions, d_layout) = gpu_kv_cache(&decode, shape, 50);
+    let (d_regions, d_layout) = common::gpu_kv_cache(&decode, shape, 50);
     for (rank, prefill) in prefills.iter().enumerate() {
         let local = Rank { dp_size: 1, tp_size: 2, dp_rank: 0, tp_rank: rank as u32 };
         let remote = Rank { dp_size: 1, tp_size: 1, dp_rank: 0, tp_rank: 0 };
@@ -536,9 +498,9 @@ fn mla_push_with_gpu_caches_from_prefill_tp2_to_decode_tp1_and_from_tp1_to_tp4_o
     assert_moved((&caches[0].0, &caches[0].1), (&d_regions, &d_layout), &[1, 2, 3], &[4, 5, 6]);
     // tp 1 -> tp 4: the one prefill rank pushes to all four.
     let prefill = engine("prefill-solo", &sim, &gpu);
-    let (p_regions, p_layout) = gpu_kv_cache(&prefill, shape, 9);
+    let (p_regions, p_layout) = common::gpu_kv_cache(&prefill, shape, 9);
     let decodes: Vec<_> = (0..4).map(|r| engine(&format!("decode-{r}"), &sim, &gpu)).collect();
-    let d_caches: Vec<_> = decodes.iter().map(|d| gpu_kv_cache(d, shape, 60)).collect();
+    let d_caches: Vec<_> = decodes.iter().map(|d| common::gpu_kv_cache(d, shape, 60)).collect();
     let targets: Vec<u32> = push_targets(0, 1, 4).collect();
     assert_eq!(targets, [0, 1, 2, 3]);
     let mut sub = prefill.submitter().unwrap();

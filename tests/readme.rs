@@ -3,9 +3,11 @@
 //! shape of what `kvring bench` prints. (The Python quick start is run by
 //! `tests/python/test_readme.py`.)
 
-use std::io::{BufRead, BufReader};
+#[path = "common/child.rs"]
+mod child;
+
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn readme() -> String {
@@ -52,18 +54,9 @@ fn example(name: &str) -> PathBuf {
 }
 
 /// A `kvring serve` child and its control address.
-fn serve() -> (std::process::Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvring"))
-        .args(["serve", "--region-size", "16MiB", "--parent-watch"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.split_whitespace().find_map(|w| w.strip_prefix("listen=")).expect(&line).to_string();
-    (child, addr)
+fn serve() -> (child::Reaped, String) {
+    let (child, line) = child::serve(&["--region-size", "16MiB", "--parent-watch"]);
+    (child, child::field(&line, "listen=").to_string())
 }
 
 #[test]

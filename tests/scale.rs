@@ -6,14 +6,14 @@
 
 mod common;
 
-use common::{kvring_bin, WAIT};
+use common::child::{self, Target};
+use common::WAIT;
 use kvring::testing::tcp::{ClientHello, ServerHello, SERVER_HELLO_BYTES};
 use kvring::testing::tcp::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES};
 use kvring::{BlockDesc, Engine, RegionInfo, TransportKind};
 use socket2::{Domain, Socket, Type};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -26,40 +26,8 @@ const LANES: usize = 2;
 /// Every connection's round of requests must be answered within this.
 const ROUND_BOUND: Duration = Duration::from_secs(60);
 
-struct Target {
-    child: Child,
-    tcp: SocketAddr,
-    control: String,
-    epoch: u64,
-    region: u32,
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
-    line.split_whitespace().find_map(|f| f.strip_prefix(name)).unwrap_or_else(|| panic!("no {name} in {line:?}"))
-}
-
 fn start_target(region_bytes: usize) -> Target {
-    let mut child = Command::new(kvring_bin())
-        .args(["serve", "--name", "scale-target", "--listen", "127.0.0.1:0", "--parent-watch"])
-        .args(["--lanes", &LANES.to_string(), "--region-size", &region_bytes.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("kvring serve starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let epoch = u64::from_str_radix(field(&line, "epoch=").trim_start_matches("0x"), 16).unwrap();
-    let (index, generation) = field(&line, "region=").split_once(':').unwrap();
-    let region = kvring::RegionId::new(index.parse().unwrap(), generation.parse().unwrap()).raw();
-    Target { tcp: field(&line, "tcp=").parse().unwrap(), control: field(&line, "listen=").into(), epoch, region, child }
+    child::start_lanes_target("scale-target", LANES, &region_bytes.to_string())
 }
 
 /// The names of the engine's threads in process `pid` (not `kvring

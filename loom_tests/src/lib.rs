@@ -22,5 +22,17 @@ pub mod doorbell;
 #[path = "../../src/runtime/watch.rs"]
 pub mod watch;
 
+/// The notification delivery count lane 0 reads.
+#[path = "../../src/delivered.rs"]
+pub mod delivered;
+
 #[path = "../../src/arrival.rs"]
 pub mod arrival;
+
+/// The registry's slot: leases, exclusive reads and unregister.
+#[path = "../../src/mem/lease.rs"]
+pub mod lease;
+
+/// The cma page's revocation handshake.
+#[path = "../../src/transport/cma/revoke.rs"]
+pub mod revoke;

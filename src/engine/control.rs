@@ -149,23 +149,80 @@ impl ControlHandler for ControlContext {
 
     fn checksum(&self, request: &ChecksumRequest) -> Result<u64> {
         let id = RegionId::from_raw(request.region);
-        // The lease keeps the region registered while we read it.
-        let lease = self.registry.lease(id).map_err(|_| Error::UnknownRegion { side: Side::Remote, region: id })?;
-        let entry = lease.entry();
-        if !entry.info.access.contains(Access::REMOTE_READ) {
-            return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region: id, needs: "remote read" });
+        // Read alone: refused (`RegionBusy`) while a batch of this engine
+        // holds the region, and no batch takes it until the sum is done, so
+        // no lane of ours writes the bytes we read (a peer's request must
+        // not race with our transfers).
+        let summed = self.registry.read_alone(id, |entry| {
+            if !entry.info.access.contains(Access::REMOTE_READ) {
+                return Err(Error::AccessDenied {
+                    desc_index: 0,
+                    side: Side::Remote,
+                    region: id,
+                    needs: "remote read",
+                });
+            }
+            check_range(id, Side::Remote, 0, request.offset, request.len, entry.len as u64)?;
+            if let Some(device) = &entry.device {
+                // Through the GPU's copy engine, on this (control) thread.
+                let addr = entry.addr as u64 + request.offset;
+                return crate::mem::checksum::checksum_device(device, addr, request.len as usize);
+            }
+            // SAFETY: the range is inside a registered region (checked) that
+            // the exclusive read keeps registered and keeps our lanes off;
+            // read through a bounce buffer all the same.
+            Ok(unsafe {
+                crate::mem::checksum_shared((entry.addr + request.offset as usize) as *const u8, request.len as usize)
+            })
+        });
+        match summed {
+            Ok(sum) => sum,
+            Err(busy @ Error::RegionBusy { .. }) => Err(busy),
+            Err(_) => Err(Error::UnknownRegion { side: Side::Remote, region: id }),
         }
-        check_range(id, Side::Remote, 0, request.offset, request.len, entry.len as u64)?;
-        if let Some(device) = &entry.device {
-            // Through the GPU's copy engine, on this (control) thread.
-            let addr = entry.addr as u64 + request.offset;
-            return crate::mem::checksum::checksum_device(device, addr, request.len as usize);
-        }
-        // SAFETY: the range is inside a registered region (checked) that the
-        // lease keeps registered; read through a bounce buffer, since lanes
-        // and peers may write it meanwhile (which only makes the sum stale).
-        Ok(unsafe {
-            crate::mem::checksum_shared((entry.addr + request.offset as usize) as *const u8, request.len as usize)
-        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::RegionInfo;
+
+    /// A peer's checksum request read a region while this engine's batches
+    /// wrote it (a data race reached from a peer). It is refused while a
+    /// batch holds the region, and no batch takes the region while it reads.
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "starts an engine (lanes, sockets, getrlimit); the registry's read_alone runs under Miri"
+    )]
+    fn a_peer_checksum_waits_for_no_batch_and_shuts_batches_out_while_it_reads() {
+        let engine = crate::Engine::builder().name("checksum-race").lanes(1).build().unwrap();
+        let region = engine.alloc_region(4096, RegionInfo::raw()).unwrap();
+        let id = region.id();
+        // SAFETY: no batch names the new region.
+        unsafe { region.write_at(0, &[7u8; 4096]).unwrap() };
+        let request = ChecksumRequest { region: id.raw(), offset: 0, len: 4096 };
+        let context: &ControlContext = &engine.inner.context;
+
+        // A batch in flight holds a lease on the region (as a submitter's
+        // part does until its lane ends it).
+        let lease = engine.inner.registry.lease(id).unwrap();
+        let refused = ControlHandler::checksum(context, &request).unwrap_err();
+        assert!(matches!(refused, Error::RegionBusy { region, .. } if region == id), "{refused}");
+        drop(lease);
+
+        let sum = ControlHandler::checksum(context, &request).unwrap();
+        assert_eq!(sum, crate::mem::checksum::checksum(&[7u8; 4096]));
+        // While a read holds the region alone, a batch's lease is refused.
+        let during = engine.inner.registry.read_alone(id, |_| engine.inner.registry.lease(id).map(|_| ())).unwrap();
+        assert!(matches!(during, Err(Error::RegionBusy { .. })), "{during:?}");
+        assert!(engine.inner.registry.lease(id).is_ok(), "leases are granted again once the read ends");
+        // A stale or unknown id is the peer's error, not this engine's.
+        let unknown = ChecksumRequest { region: RegionId::new(id.index(), id.generation() + 1).raw(), ..request };
+        assert!(matches!(
+            ControlHandler::checksum(context, &unknown),
+            Err(Error::UnknownRegion { side: Side::Remote, .. })
+        ));
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod checksum;
 pub mod device;
+pub(crate) mod lease;
 pub mod region;
 pub mod registry;
 pub mod shm;

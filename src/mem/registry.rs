@@ -6,30 +6,20 @@
 //! publishes a batch and the lane drops when the batch part ends. While a
 //! region is leased it cannot be unregistered (`RegionBusy`), and a slot's
 //! entry is only rewritten when it is neither live nor leased, so a leased
-//! read needs no lock.
-//!
-//! Slot state word: `generation << 48 | live << 47 | leases`.
+//! read needs no lock. The slot's protocol is in `lease.rs` (modelled with
+//! loom).
 
 use super::device::DeviceBacking;
+use super::lease::{Refused, Slot, LEASE_MASK};
 use super::region::{Access, RegionInfo};
 use super::shm::ShmMapping;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
-use std::cell::UnsafeCell;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Default number of region slots.
 pub const DEFAULT_MAX_REGIONS: usize = 4096;
-
-const LIVE: u64 = 1 << 47;
-const LEASE_MASK: u64 = LIVE - 1;
-const GENERATION_SHIFT: u32 = 48;
-
-fn generation_of(state: u64) -> u16 {
-    (state >> GENERATION_SHIFT) as u16
-}
 
 /// Where a registered region's bytes are.
 #[derive(Debug, Clone)]
@@ -105,13 +95,6 @@ pub fn access_name(access: Access) -> &'static str {
     }
 }
 
-struct Slot {
-    state: AtomicU64,
-    /// Written only under the control mutex while the slot is neither live
-    /// nor leased; read by lease holders.
-    entry: UnsafeCell<Option<RegionEntry>>,
-}
-
 struct Control {
     /// Start address → region, for overlap checks.
     by_addr: BTreeMap<usize, RegionId>,
@@ -123,17 +106,9 @@ struct Control {
 
 /// The registry. Shared by the engine, its submitters and its lanes.
 pub struct Registry {
-    slots: Box<[Slot]>,
+    slots: Box<[Slot<RegionEntry>]>,
     control: Mutex<Control>,
 }
-
-// SAFETY: `entry` cells are written only under `control` while the slot is
-// not live and has no leases (so no reader exists), and read only by lease
-// holders, whose lease was taken with Acquire after the Release that
-// published the entry.
-unsafe impl Sync for Registry {}
-// SAFETY: as above; nothing in a slot is tied to a thread.
-unsafe impl Send for Registry {}
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -145,9 +120,7 @@ impl Registry {
     /// A registry with room for `capacity` regions (at most 65535).
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.clamp(1, u16::MAX as usize);
-        let slots = (0..capacity)
-            .map(|_| Slot { state: AtomicU64::new(1 << GENERATION_SHIFT), entry: UnsafeCell::new(None) })
-            .collect();
+        let slots = (0..capacity).map(|_| Slot::new()).collect();
         let free = (0..capacity as u16).rev().collect();
         Self { slots, control: Mutex::new(Control { by_addr: BTreeMap::new(), free, retired: 0 }) }
     }
@@ -196,18 +169,17 @@ impl Registry {
         }
         let index = control.free.pop().ok_or(Error::RegionTableFull { capacity: self.slots.len() })?;
         let slot = &self.slots[index as usize];
-        let generation = generation_of(slot.state.load(Ordering::Relaxed));
+        let generation = slot.generation();
         if let Some(mapping) = &shm {
             // Peers check that the file's header names this id: written
             // before the region is listed (under the lock `snapshot` takes),
             // so no handshake announces it before its file proves it.
             mapping.set_region(RegionId::new(index, generation), info.access);
         }
-        // SAFETY: the slot is free (from the free list): not live, no leases,
-        // so no reader exists; we hold the control mutex, so no writer either.
-        unsafe { *slot.entry.get() = Some(RegionEntry { addr, len, info, shm, device }) };
-        // Release publishes the entry to lease takers (Acquire in `lease`).
-        slot.state.store(((generation as u64) << GENERATION_SHIFT) | LIVE, Ordering::Release);
+        // SAFETY: the slot came off the free list under the control mutex:
+        // not live, no leases, and nobody else publishes it.
+        let issued = unsafe { slot.publish(RegionEntry { addr, len, info, shm, device }) };
+        debug_assert_eq!(issued, generation);
         let id = RegionId::new(index, generation);
         control.by_addr.insert(addr, id);
         Ok(id)
@@ -217,27 +189,18 @@ impl Registry {
     pub fn unregister(&self, id: RegionId) -> Result<RegionEntry> {
         let mut control = self.control();
         let slot = self.slot(id, Side::Local)?;
-        let live_idle = ((id.generation() as u64) << GENERATION_SHIFT) | LIVE;
-        // A slot whose generation would wrap is retired, never reused: an
-        // id handed out once is never handed out again in this process's
-        // life, so a peer's stale id can never come to name a new buffer.
-        // (Generation 0 is never issued, so zeroed ids never alias.)
-        let retire = id.generation() == u16::MAX;
-        let next_generation = if retire { u16::MAX } else { id.generation() + 1 };
-        let freed = (next_generation as u64) << GENERATION_SHIFT;
-        // AcqRel: Acquire pairs with the lease holders' Release decrements,
-        // so their reads of the entry are done; Release orders our later
-        // rewrite after this point for the next lease taker.
-        match slot.state.compare_exchange(live_idle, freed, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => {}
-            Err(current) if generation_of(current) == id.generation() && current & LIVE != 0 => {
-                return Err(Error::RegionBusy { region: id, in_flight: (current & LEASE_MASK) as u32 });
+        // One compare-and-swap decides (lease.rs): live and idle under this
+        // generation, or refused. A slot whose generation would wrap is
+        // retired, never reused: an id handed out once is never handed out
+        // again in this process's life, so a peer's stale id can never come
+        // to name a new buffer.
+        let (entry, retire) = match slot.unpublish(id.generation()) {
+            Ok(unpublished) => (unpublished.entry, unpublished.retired),
+            Err(Refused::Held { leases, .. }) => {
+                return Err(Error::RegionBusy { region: id, in_flight: leases.max(1) as u32 })
             }
-            Err(_) => return Err(Error::UnknownRegion { side: Side::Local, region: id }),
-        }
-        // SAFETY: the slot is no longer live and had no leases; we hold the
-        // control mutex.
-        let entry = unsafe { (*slot.entry.get()).take() }.expect("a live slot has an entry");
+            Err(Refused::Gone | Refused::Full) => return Err(Error::UnknownRegion { side: Side::Local, region: id }),
+        };
         control.by_addr.remove(&entry.addr);
         if retire {
             control.retired += 1;
@@ -248,7 +211,7 @@ impl Registry {
         Ok(entry)
     }
 
-    fn slot(&self, id: RegionId, side: Side) -> Result<&Slot> {
+    fn slot(&self, id: RegionId, side: Side) -> Result<&Slot<RegionEntry>> {
         self.slots.get(id.index() as usize).ok_or(Error::UnknownRegion { side, region: id })
     }
 
@@ -258,21 +221,40 @@ impl Registry {
     #[inline]
     pub fn lease(&self, id: RegionId) -> Result<Lease<'_>> {
         let slot = self.slot(id, Side::Local)?;
-        let mut current = slot.state.load(Ordering::Acquire);
-        loop {
-            if generation_of(current) != id.generation() || current & LIVE == 0 {
-                return Err(Error::UnknownRegion { side: Side::Local, region: id });
+        match slot.lease(id.generation()) {
+            Ok(()) => Ok(Lease { registry: self, id }),
+            Err(Refused::Gone) => Err(Error::UnknownRegion { side: Side::Local, region: id }),
+            Err(Refused::Full) => Err(Error::Busy { queue: "region lease count", capacity: LEASE_MASK as usize }),
+            Err(Refused::Held { .. }) => Err(Error::RegionBusy { region: id, in_flight: 1 }),
+        }
+    }
+
+    /// Runs `read` on a region's entry with no batch of this engine
+    /// holding it: refused with `RegionBusy` while one does, and no lease
+    /// is granted (`RegionBusy`) until `read` returns. For reads of a
+    /// region's bytes that must not race with this engine's lanes (the
+    /// control server's checksum for a peer).
+    pub fn read_alone<R>(&self, id: RegionId, read: impl FnOnce(&RegionEntry) -> R) -> Result<R> {
+        let slot = self.slot(id, Side::Local)?;
+        match slot.read_alone(id.generation()) {
+            Ok(()) => {}
+            Err(Refused::Held { leases, .. }) => {
+                return Err(Error::RegionBusy { region: id, in_flight: leases.max(1) as u32 })
             }
-            if current & LEASE_MASK == LEASE_MASK {
-                return Err(Error::Busy { queue: "region lease count", capacity: LEASE_MASK as usize });
-            }
-            // Acquire pairs with the Release in `register`: the entry is
-            // visible to whoever holds the lease.
-            match slot.state.compare_exchange_weak(current, current + 1, Ordering::Acquire, Ordering::Acquire) {
-                Ok(_) => return Ok(Lease { registry: self, id }),
-                Err(actual) => current = actual,
+            Err(Refused::Gone | Refused::Full) => return Err(Error::UnknownRegion { side: Side::Local, region: id }),
+        }
+        /// Ends the read however `read` leaves (a panic included).
+        struct End<'a>(&'a Slot<RegionEntry>);
+        impl Drop for End<'_> {
+            fn drop(&mut self) {
+                // SAFETY: the exclusive read granted above, ended once; the
+                // entry's borrow ended with `read`.
+                unsafe { self.0.end_read() };
             }
         }
+        let _end = End(slot);
+        // SAFETY: the exclusive read keeps the slot live and unleased.
+        Ok(unsafe { slot.read(read) })
     }
 
     /// Gives up a lease kept with [`Lease::keep`].
@@ -285,10 +267,8 @@ impl Registry {
     #[inline]
     pub unsafe fn release_kept(&self, id: RegionId) {
         if let Ok(slot) = self.slot(id, Side::Local) {
-            // Release pairs with `unregister`'s Acquire: our reads of the
-            // entry happen before the slot is freed.
-            let before = slot.state.fetch_sub(1, Ordering::Release);
-            debug_assert!(before & LEASE_MASK != 0, "a lease given back that was never taken");
+            // SAFETY: the caller's kept lease, given back once (our contract).
+            unsafe { slot.release() };
         }
     }
 
@@ -304,9 +284,7 @@ impl Registry {
     /// only after).
     #[inline]
     pub unsafe fn kept(&self, id: RegionId) -> Result<&RegionEntry> {
-        let slot = self.slot(id, Side::Local)?;
-        let state = slot.state.load(Ordering::Acquire);
-        if generation_of(state) != id.generation() || state & LIVE == 0 || state & LEASE_MASK == 0 {
+        if !self.slot(id, Side::Local)?.is_held(id.generation()) {
             return Err(Error::UnknownRegion { side: Side::Local, region: id });
         }
         Ok(self.leased_entry_unchecked(id))
@@ -317,7 +295,7 @@ impl Registry {
         // Callers hold a lease on `id` (the entry cannot be rewritten until it
         // is released) or the control mutex with `id` live in `by_addr`.
         // SAFETY: either way no writer exists while we read (module docs).
-        unsafe { (*slot.entry.get()).as_ref().expect("live slot has an entry") }
+        unsafe { slot.entry() }
     }
 
     /// A copy of every live region, for handshakes and `kvring info`.
@@ -341,9 +319,7 @@ impl Registry {
     pub fn get(&self, id: RegionId) -> Result<RegionEntry> {
         // Holding the mutex keeps a live slot live for the read.
         let _control = self.control();
-        let slot = self.slot(id, Side::Local)?;
-        let state = slot.state.load(Ordering::Acquire);
-        if generation_of(state) != id.generation() || state & LIVE == 0 {
+        if !self.slot(id, Side::Local)?.is_live(id.generation()) {
             return Err(Error::UnknownRegion { side: Side::Local, region: id });
         }
         Ok(self.leased_entry_unchecked(id).clone())
@@ -488,6 +464,26 @@ mod tests {
         assert!(matches!(registry.lease(id), Err(Error::UnknownRegion { .. })));
         assert!(matches!(registry.lease(first), Err(Error::UnknownRegion { .. })), "the first id never comes back");
         assert_eq!(registry.control().retired, 1);
+    }
+
+    #[test]
+    fn a_read_alone_waits_for_no_lease_and_holds_leases_and_unregister_off() {
+        let registry = Registry::new(2);
+        let (_buf, addr) = buffer(64);
+        let id = registry.register(addr, 64, RegionInfo::raw(), Backing::default()).unwrap();
+        let lease = registry.lease(id).unwrap();
+        assert!(matches!(registry.read_alone(id, |e| e.len), Err(Error::RegionBusy { in_flight: 1, .. })));
+        drop(lease);
+        let (len, leased, unregistered) = registry
+            .read_alone(id, |e| (e.len, registry.lease(id).map(|_| ()), registry.unregister(id).map(|_| ())))
+            .unwrap();
+        assert_eq!(len, 64);
+        assert!(matches!(leased, Err(Error::RegionBusy { .. })), "{leased:?}");
+        assert!(matches!(unregistered, Err(Error::RegionBusy { .. })), "{unregistered:?}");
+        // Once the read ended, both are granted again; a stale id is unknown.
+        drop(registry.lease(id).unwrap());
+        registry.unregister(id).unwrap();
+        assert!(matches!(registry.read_alone(id, |e| e.len), Err(Error::UnknownRegion { .. })));
     }
 
     #[test]

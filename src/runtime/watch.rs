@@ -6,8 +6,9 @@
 //! the claim fails while an earlier CQE is unreaped. The submitter, on
 //! reaping that CQE, [`releases`](NotificationWatch::reaped) the claim
 //! *before* it polls the queue, so a message counted after its last poll
-//! finds the claim free and gets a CQE of its own. Modelled in
-//! `loom_tests/`.
+//! finds the claim free and gets a CQE of its own. The count is
+//! `crate::delivered::Deliveries`; the lane's look at it is its
+//! `changed_since`. Both modelled in `loom_tests/`, from their files.
 
 use crate::sync::{AtomicBool, Ordering};
 

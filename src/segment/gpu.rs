@@ -99,32 +99,15 @@ mod tests {
     fn gpu_fields_round_trip_and_every_malformed_one_is_refused() {
         let bad = |reason: String| Error::malformed("segment descriptor", reason);
         let legacy = IpcHandle { kind: HandleKind::Legacy, bytes: [7; 64], offset: 0, len: 8192 };
-        let (gpu, handles, error) = to_proto(MemoryKind::Gpu(2), &Ok(vec![legacy]));
-        let back = from_proto(
-            &proto::RegionDescriptor {
-                len: 4096,
-                gpu,
-                gpu_handles: handles,
-                gpu_export_error: error,
-                ..Default::default()
-            },
-            bad,
-        )
-        .unwrap();
-        assert_eq!(back, (MemoryKind::Gpu(2), Ok(vec![legacy])));
-        let (gpu, handles, error) = to_proto(MemoryKind::Gpu(0), &Err("pooled memory".into()));
-        let back = from_proto(
-            &proto::RegionDescriptor {
-                len: 1,
-                gpu,
-                gpu_handles: handles,
-                gpu_export_error: error,
-                ..Default::default()
-            },
-            bad,
-        )
-        .unwrap();
-        assert_eq!(back, (MemoryKind::Gpu(0), Err("pooled memory".to_string())));
+        // Through the wire form of a region of `len` bytes and back.
+        let round_trip = |memory, export: &std::result::Result<Vec<IpcHandle>, String>, len| {
+            let (gpu, gpu_handles, gpu_export_error) = to_proto(memory, export);
+            let wire = proto::RegionDescriptor { len, gpu, gpu_handles, gpu_export_error, ..Default::default() };
+            from_proto(&wire, bad).unwrap()
+        };
+        assert_eq!(round_trip(MemoryKind::Gpu(2), &Ok(vec![legacy]), 4096), (MemoryKind::Gpu(2), Ok(vec![legacy])));
+        let pooled = Err("pooled memory".to_string());
+        assert_eq!(round_trip(MemoryKind::Gpu(0), &pooled, 1), (MemoryKind::Gpu(0), pooled.clone()));
         assert_eq!(from_proto(&region(0, vec![]), bad).unwrap(), (MemoryKind::Host, Ok(vec![])));
 
         let refused = |r: proto::RegionDescriptor| from_proto(&r, bad).unwrap_err().to_string();

@@ -454,3 +454,30 @@ pub(crate) fn device_copy(
         },
     })
 }
+
+/// Longest a stopping link or lane waits for its staging copies to end.
+const STAGE_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl DeviceCopier {
+    /// Before `pool`'s staging pages are unmapped (a link or a lane
+    /// stopping with chunks in flight): waits, bounded by
+    /// [`STAGE_STOP_WAIT`], for the copies still running on them, dropping
+    /// their ends (nobody waits for them any more). Past that the pages are
+    /// leaked rather than unmapped under a copy: a GPU that never answers
+    /// must not hang the engine's drop.
+    pub fn drain_before_unmap(&mut self, ends: &mut Vec<ChunkEnd>, pool: &mut crate::transport::stage::StagePool) {
+        let deadline = std::time::Instant::now() + STAGE_STOP_WAIT;
+        let mut pause = std::time::Duration::from_micros(20);
+        while self.in_flight() > 0 && std::time::Instant::now() < deadline {
+            self.poll(ends);
+            ends.clear();
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(1));
+        }
+        if self.in_flight() > 0 {
+            tracing::warn!("a staging copy did not end within {STAGE_STOP_WAIT:?}; its pages are leaked, not unmapped");
+            let empty = crate::transport::stage::StagePool::new(pool.gpu().clone(), 1, Arc::default());
+            std::mem::forget(std::mem::replace(pool, empty));
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod child;
 pub mod raw;
 
 use kvring::{Engine, EngineBuilder};
@@ -53,4 +54,97 @@ pub fn wait_until_stopped(pid: u32) {
         assert!(Instant::now() < deadline, "process {pid} did not stop");
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// Submits one batch and waits for its outcome.
+pub fn run(sub: &mut kvring::Submitter, batch: &kvring::Batch) -> kvring::Outcome {
+    let id = sub.submit(batch).unwrap();
+    sub.wait(id, WAIT).unwrap()
+}
+
+/// A copy of `len` bytes of `region` at `offset`.
+pub fn read(region: &kvring::Region, offset: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { region.read_at(offset, &mut out).unwrap() };
+    out
+}
+
+/// Asserts that each metadata URL is refused with an error that says why.
+pub fn assert_urls_refused(cases: &[(&str, &str)]) {
+    for (url, why) in cases {
+        let error = kvring::MetadataMode::parse(url).unwrap_err().to_string();
+        assert!(error.contains(why), "{url}: {error}");
+    }
+}
+
+/// Submits each batch of `parts` in turn under arrival `tag` to `segment`,
+/// waits until the target's own count reaches every byte sent so far (no
+/// more), then for the batch; returns each batch's outcome.
+pub fn land_in_turn(
+    sub: &mut kvring::Submitter,
+    segment: &kvring::Segment,
+    target: &Engine,
+    tag: u32,
+    parts: &[&[kvring::BlockDesc]],
+) -> Vec<kvring::Outcome> {
+    let mut expected = 0;
+    let mut outcomes = Vec::new();
+    for descs in parts {
+        let id = sub.submit(&kvring::Batch::write(segment).descs(descs).arrival_tag(tag)).unwrap();
+        expected += descs.iter().map(|d| d.len).sum::<u64>();
+        target.wait_landed(tag, expected, WAIT).unwrap();
+        outcomes.push(sub.wait(id, WAIT).unwrap());
+        assert_eq!(target.landed(tag), expected, "bytes counted twice");
+    }
+    outcomes
+}
+
+/// Runs `kvring bench --json` with `args` (4 MiB regions and 10 latency
+/// samples unless `args` says otherwise); asserts that it succeeded and
+/// printed `cases` lines, each with every one of `fields`; returns them.
+pub fn bench_json(args: &[&str], cases: usize, fields: &[&str]) -> Vec<String> {
+    let output = std::process::Command::new(kvring_bin())
+        .args(["bench", "--total", "4MiB", "--region-size", "4MiB", "--latency-samples", "10", "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "bench failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<String> = stdout.lines().map(str::to_string).collect();
+    assert_eq!(lines.len(), cases, "{stdout}");
+    for line in &lines {
+        for field in fields {
+            assert!(line.contains(field), "{field} missing in {line}");
+        }
+    }
+    lines
+}
+
+/// A vLLM-style KV cache in GPU 0's memory: one region per layer and kind
+/// (K and V, or MLA's one latent), each filled with a pattern from `seed`,
+/// published as `engine`'s layout.
+pub fn gpu_kv_cache(
+    engine: &Engine,
+    shape: kvring::kv::CacheShape,
+    seed: u64,
+) -> (Vec<kvring::Region>, kvring::kv::KvLayout) {
+    use kvring::kv::{KvBuffer, KvLayout};
+    let mut regions = Vec::new();
+    let mut layers = Vec::new();
+    for layer in 0..shape.layers {
+        let mut buffers = Vec::new();
+        for (kind, block_bytes) in shape.kinds() {
+            let info = kvring::RegionInfo::raw().on_gpu(0).with_kind(kind).with_layer(layer);
+            let region = engine.alloc_region((block_bytes * shape.blocks) as usize, info).unwrap();
+            // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+            unsafe { region.fill_pattern(seed + regions.len() as u64) };
+            buffers.push(KvBuffer { kind, region: region.id(), offset: 0, block_bytes });
+            regions.push(region);
+        }
+        layers.push(buffers);
+    }
+    let layout = KvLayout::from_buffers(shape, layers).unwrap();
+    engine.set_kv_layout(layout.clone()).unwrap();
+    (regions, layout)
 }

@@ -41,3 +41,50 @@ pub fn tagged_write(
     s.read_exact(&mut ack).unwrap();
     FrameHeader::read_from_bytes(&ack).unwrap().status
 }
+
+/// As a peer that reads nothing would: a 4 KiB receive buffer.
+pub fn shrink_receive_buffer(s: &std::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    let size: libc::c_int = 4096;
+    // SAFETY: a valid socket fd and an int option of its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+}
+
+/// A control server that lies: it answers one handshake with `lie` (any
+/// descriptor, another engine's files and pid included). With `hold_open`
+/// it keeps the connection until the initiator is done with it, as a real
+/// server would. Returns its address and its thread.
+pub fn lying_control_server(
+    lie: &kvring::testing::SegmentDescriptor,
+    hold_open: bool,
+) -> (String, std::thread::JoinHandle<()>) {
+    use kvring::testing::control::{preface, read_frame, response, write_frame, HandshakeResponse};
+    let answer = kvring::testing::control::response(response::Body::Handshake(HandshakeResponse {
+        segment: Some(Box::new(lie.to_proto())),
+        challenge: None,
+        ..Default::default()
+    }));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut theirs = [0u8; 8];
+        s.read_exact(&mut theirs).unwrap();
+        s.write_all(&preface()).unwrap();
+        let _ = read_frame(&mut s, kvring::testing::control::MAX_CONTROL_MESSAGE_BYTES);
+        write_frame(&mut s, &answer).unwrap();
+        if hold_open {
+            let _ = s.read_to_end(&mut Vec::new());
+        }
+    });
+    (addr, server)
+}

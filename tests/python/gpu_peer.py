@@ -15,11 +15,11 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 
 import kvring
 from conftest import CudaArray, DLPackTensor, TorchLike, pattern
 from kvring.lmdeploy import KvringMigrationBackend
+from peer_commands import answer_commands
 
 
 def main():
@@ -66,21 +66,18 @@ def main():
             "memory": engine.region_memory(region),
         }
         print(json.dumps(info), flush=True)
-    for line in sys.stdin:
-        command, *rest = line.split()
-        if command == "fill":
-            buffer.write(0, pattern(args.size, int(rest[0])).tobytes())
-            reply = "ok"
-        elif command == "digest":
-            offset, length = int(rest[0]), int(rest[1])
-            reply = hashlib.sha256(buffer.read(offset, length)).hexdigest()
-        elif command == "notifs":
-            reply = {k: [m.decode() for m in v] for k, v in agent.get_new_notifs().items()}
-        elif command == "exit":
-            break
-        else:
-            reply = f"unknown command {command!r}"
-        print(json.dumps(reply), flush=True)
+
+    def fill(seed):
+        buffer.write(0, pattern(args.size, int(seed)).tobytes())
+        return "ok"
+
+    def digest(offset, length):
+        return hashlib.sha256(buffer.read(int(offset), int(length))).hexdigest()
+
+    def notifs():
+        return {k: [m.decode() for m in v] for k, v in agent.get_new_notifs().items()}
+
+    answer_commands({"fill": fill, "digest": digest, "notifs": notifs})
     engine.close()
 
 

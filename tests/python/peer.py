@@ -10,11 +10,11 @@ fill SEED | digest OFFSET LEN | notifies | exit.
 import argparse
 import hashlib
 import json
-import sys
 
 import numpy as np
 
 import kvring
+from peer_commands import answer_commands
 
 
 def pattern(size, seed):
@@ -40,21 +40,19 @@ def main():
         attention, dims = args.kv.split(":")
         engine.set_kv_layout(attention, [int(d) for d in dims.split(",")], region)
     print(json.dumps({"addr": engine.control_addr, "buffer": addr, "region": region, "size": args.size}), flush=True)
-    for line in sys.stdin:
-        command, *rest = line.split()
-        if command == "fill":
-            view[:] = pattern(args.size, int(rest[0]))
-            reply = "ok"
-        elif command == "digest":
-            offset, length = int(rest[0]), int(rest[1])
-            reply = hashlib.sha256(view[offset : offset + length].tobytes()).hexdigest()
-        elif command == "notifies":
-            reply = [[sender, message.decode()] for sender, message in engine.notifications()]
-        elif command == "exit":
-            break
-        else:
-            reply = f"unknown command {command!r}"
-        print(json.dumps(reply), flush=True)
+
+    def fill(seed):
+        view[:] = pattern(args.size, int(seed))
+        return "ok"
+
+    def digest(offset, length):
+        offset, length = int(offset), int(length)
+        return hashlib.sha256(view[offset : offset + length].tobytes()).hexdigest()
+
+    def notifies():
+        return [[sender, message.decode()] for sender, message in engine.notifications()]
+
+    answer_commands({"fill": fill, "digest": digest, "notifies": notifies})
     engine.close()
 
 

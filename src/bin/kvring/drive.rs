@@ -58,14 +58,72 @@ impl Drop for Progress {
     }
 }
 
+/// What a sweep of cases runs: each op at each block size, `total` bytes a
+/// case in batches of `shape`, `latency_samples` round trips, printed as
+/// JSON or text.
+#[derive(Clone, Copy)]
+pub struct Sweep<'a> {
+    pub ops: &'a [Opcode],
+    pub block_sizes: &'a [u64],
+    pub shape: Shape,
+    pub total: u64,
+    pub latency_samples: usize,
+    pub json: bool,
+}
+
+/// Where a bench's batches go: the target's segment, this side's region
+/// and the target's region.
+#[derive(Debug, Clone, Copy)]
+pub struct Route<'a> {
+    /// The target, opened.
+    pub segment: &'a Segment,
+    /// This side's region.
+    pub local: &'a Region,
+    /// The target's region.
+    pub remote: kvring::RegionId,
+}
+
+/// Readies a case: this side's region holds the pattern of `seed`, except
+/// for a READ, where the target's holds it (moved there first) and this
+/// side's something else.
+pub fn seed_case(
+    sub: &mut Submitter,
+    route: Route<'_>,
+    region_bytes: u64,
+    (op, block, seed): (Opcode, u64, u64),
+    (shape, json): (Shape, bool),
+    label: &str,
+) -> Result<(), String> {
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { route.local.fill_pattern(seed) };
+    if op == Opcode::Read {
+        let whole = (region_bytes / block) * block;
+        let mut seeding = Progress::new(format!("{label}: seeding"), whole, json);
+        move_bytes(sub, route, Opcode::Write, region_bytes, block, whole, shape, &mut seeding)?;
+        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+        unsafe { route.local.fill_pattern(!seed) };
+    }
+    Ok(())
+}
+
+/// True when the first `covered` bytes of the target's region are the
+/// local region's (by checksum on both sides).
+pub fn verify(route: Route<'_>, covered: u64) -> Result<bool, String> {
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    let expected = unsafe { route.local.checksum(0, covered as usize) }.map_err(|e| e.to_string())?;
+    let actual = route
+        .segment
+        .remote_checksum(route.remote, 0, covered, std::time::Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    Ok(expected == actual)
+}
+
 /// Moves `total` bytes in batches of `shape.batch` blocks, cycling over
 /// the region, with up to `shape.inflight` batches in flight.
 #[allow(clippy::too_many_arguments)]
 pub fn move_bytes(
     sub: &mut Submitter,
-    segment: &Segment,
-    local: &Region,
-    remote: kvring::RegionId,
+    route: Route<'_>,
     op: Opcode,
     region_bytes: u64,
     block: u64,
@@ -73,6 +131,7 @@ pub fn move_bytes(
     shape: Shape,
     progress: &mut Progress,
 ) -> Result<u64, String> {
+    let Route { segment, local, remote } = route;
     let label = progress.label.clone();
     let blocks_in_region = region_bytes / block;
     let total_blocks = total.div_ceil(block);
@@ -113,13 +172,12 @@ pub fn move_bytes(
 /// Single-block round trips: submit one block, wait for it; p50 and p99.
 pub fn latency(
     sub: &mut Submitter,
-    segment: &Segment,
-    local: &Region,
-    remote: kvring::RegionId,
+    route: Route<'_>,
     op: Opcode,
     block: u64,
     samples: usize,
 ) -> Result<(f64, f64), String> {
+    let Route { segment, local, remote } = route;
     if samples == 0 {
         return Ok((0.0, 0.0));
     }

@@ -9,11 +9,11 @@
 //! around it; the targets are for a real GPU.
 
 use crate::args::{format_memory, format_size, GpuArgs, GpuChoice};
-use crate::drive::{latency, median, move_bytes, Progress, Shape};
+use crate::drive::{latency, median, move_bytes, seed_case, verify, Progress, Route, Sweep};
 use kvring::gpu::{Copy, CopyMethod, CopyMethodCounts, CudaGpu, DevicePtr, Gpu, SimGpu};
 use kvring::{MemoryKind, Opcode, Region, RegionId, Segment, Submitter};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Rounds each case alternates with its baselines.
 const ROUNDS: usize = 5;
@@ -47,12 +47,8 @@ pub fn describe(args: &GpuArgs, gpu: &dyn Gpu) -> String {
 
 /// What the GPU cases need besides the engine and its segment.
 pub struct Plan<'a> {
-    pub ops: &'a [Opcode],
-    pub block_sizes: &'a [u64],
-    pub shape: Shape,
-    pub total: u64,
-    pub latency_samples: usize,
-    pub json: bool,
+    /// The cases to run.
+    pub sweep: Sweep<'a>,
     /// (this side, the target's).
     pub memory: (MemoryKind, MemoryKind),
     pub gpu: Arc<dyn Gpu>,
@@ -94,8 +90,8 @@ pub fn run(
 ) -> Result<Vec<GpuCase>, String> {
     let mut buffers = Baseline::new(plan, region_bytes)?;
     let mut cases = Vec::new();
-    for &op in plan.ops {
-        for &block in plan.block_sizes {
+    for &op in plan.sweep.ops {
+        for &block in plan.sweep.block_sizes {
             let case = run_case(sub, segment, local, remote, region_bytes, (op, block), plan, &mut buffers)?;
             print(&case, plan);
             cases.push(case);
@@ -117,35 +113,24 @@ fn run_case(
 ) -> Result<GpuCase, String> {
     let seed = (block << 8) ^ op as u64;
     let label = format!("{} {}", op.name(), format_size(block));
-    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-    unsafe { local.fill_pattern(seed) };
-    if op == Opcode::Read {
-        // The target holds the pattern; this side something else.
-        let whole = (region_bytes / block) * block;
-        let mut seeding = Progress::new(format!("{label}: seeding"), whole, plan.json);
-        move_bytes(sub, segment, local, remote, Opcode::Write, region_bytes, block, whole, plan.shape, &mut seeding)?;
-        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-        unsafe { local.fill_pattern(!seed) };
-    }
-    let per_round = plan.total.div_ceil(ROUNDS as u64).div_ceil(block) * block;
+    let route = Route { segment, local, remote };
+    seed_case(sub, route, region_bytes, (op, block, seed), (plan.sweep.shape, plan.sweep.json), &label)?;
+    let per_round = plan.sweep.total.div_ceil(ROUNDS as u64).div_ceil(block) * block;
     let covered = ((region_bytes / block) * block).min(per_round);
-    let mut progress = Progress::new(label, per_round * ROUNDS as u64, plan.json);
+    let mut progress = Progress::new(label, per_round * ROUNDS as u64, plan.sweep.json);
     let (mut ours, mut per_call, mut one_copy) = (Vec::new(), Vec::new(), Vec::new());
     let mut chunks = CopyMethodCounts::default();
     for _ in 0..ROUNDS {
         per_call.push(baseline.per_call(op, block, per_round)?);
         one_copy.push(baseline.one_copy(op, per_round)?);
         let (started, before) = (Instant::now(), plan.chunks());
-        let moved =
-            move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, plan.shape, &mut progress)?;
+        let moved = move_bytes(sub, route, op, region_bytes, block, per_round, plan.sweep.shape, &mut progress)?;
         ours.push(moved as f64 / started.elapsed().as_secs_f64() / 1e9);
         chunks = CopyMethodCounts::sum([chunks, plan.chunks().since(&before)]);
     }
     drop(progress);
-    let (p50_us, p99_us) = latency(sub, segment, local, remote, op, block, plan.latency_samples)?;
-    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-    let expected = unsafe { local.checksum(0, covered as usize) }.map_err(|e| e.to_string())?;
-    let actual = segment.remote_checksum(remote, 0, covered, Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    let (p50_us, p99_us) = latency(sub, route, op, block, plan.sweep.latency_samples)?;
+    let verified = verify(route, covered)?;
     Ok(GpuCase {
         op,
         block,
@@ -155,13 +140,13 @@ fn run_case(
         per_call_gbps: median(&mut per_call),
         one_copy_gbps: median(&mut one_copy),
         chunks,
-        verified: expected == actual,
+        verified,
     })
 }
 
 fn print(case: &GpuCase, plan: &Plan) {
     let (per_call, roof) = (case.gbps / case.per_call_gbps, case.gbps / case.one_copy_gbps);
-    if plan.json {
+    if plan.sweep.json {
         let line = serde_json::json!({
             "op": case.op.name(),
             "transport": "cuda_ipc",
@@ -169,7 +154,7 @@ fn print(case: &GpuCase, plan: &Plan) {
             "provider": plan.gpu.provider(),
             "copy_method": plan.gpu.copy_method().name(),
             "block_bytes": case.block,
-            "batch": plan.shape.batch,
+            "batch": plan.sweep.shape.batch,
             "gbps": case.gbps,
             "p50_us": case.p50_us,
             "p99_us": case.p99_us,

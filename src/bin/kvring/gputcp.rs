@@ -5,9 +5,9 @@
 //! a raw socket streaming the same bytes (the wire's roof).
 
 use crate::args::format_size;
-use crate::drive::{latency, median, move_bytes, Progress, Shape};
+use crate::drive::{latency, median, move_bytes, seed_case, verify, Progress, Route, Sweep};
 use kvring::{Engine, Opcode, Region, RegionId, Segment, Submitter};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Rounds each case alternates with its baselines.
 const ROUNDS: usize = 5;
@@ -25,12 +25,8 @@ pub struct Ends<'a> {
 /// What the cases need besides their ends.
 pub struct Plan<'a> {
     pub engine: &'a Engine,
-    pub ops: &'a [Opcode],
-    pub block_sizes: &'a [u64],
-    pub shape: Shape,
-    pub total: u64,
-    pub latency_samples: usize,
-    pub json: bool,
+    /// The cases to run.
+    pub sweep: Sweep<'a>,
     /// The target's raw sink and the token it asks for.
     pub raw: Option<(&'a str, Option<&'a str>)>,
     /// Memory of (this side, the target), as `--memory` names them.
@@ -52,8 +48,8 @@ pub struct Case {
 /// Runs every (op, block size) case; returns them, printed.
 pub fn run(sub: &mut Submitter, segment: &Segment, ends: &Ends, plan: &Plan) -> Result<Vec<Case>, String> {
     let mut cases = Vec::new();
-    for &op in plan.ops {
-        for &block in plan.block_sizes {
+    for &op in plan.sweep.ops {
+        for &block in plan.sweep.block_sizes {
             let case = run_case(sub, segment, ends, plan, op, block)?;
             print(&case, plan);
             cases.push(case);
@@ -75,23 +71,24 @@ fn run_case(
     let bytes = ends.region_bytes;
     let whole = (bytes / block) * block;
     for (local, remote) in [(ends.local_gpu, ends.remote_gpu), (ends.local_host, ends.remote_host)] {
-        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-        unsafe { local.fill_pattern(seed) };
-        if op == Opcode::Read {
-            let mut seeding = Progress::new(format!("{label}: seeding"), whole, plan.json);
-            move_bytes(sub, segment, local, remote, Opcode::Write, bytes, block, whole, plan.shape, &mut seeding)?;
-            // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-            unsafe { local.fill_pattern(!seed) };
-        }
+        seed_case(
+            sub,
+            Route { segment, local, remote },
+            bytes,
+            (op, block, seed),
+            (plan.sweep.shape, plan.sweep.json),
+            &label,
+        )?;
     }
-    let per_round = plan.total.div_ceil(ROUNDS as u64).div_ceil(block) * block;
+    let per_round = plan.sweep.total.div_ceil(ROUNDS as u64).div_ceil(block) * block;
     let covered = whole.min(per_round);
-    let mut progress = Progress::new(label, per_round * ROUNDS as u64 * 2, plan.json);
+    let mut progress = Progress::new(label, per_round * ROUNDS as u64 * 2, plan.sweep.json);
     let lane_core = plan.engine.lane_cores().first().copied().flatten();
     let (mut ours, mut host, mut raw) = (Vec::new(), Vec::new(), Vec::new());
     let mut round = |local: &Region, remote: RegionId, progress: &mut Progress| -> Result<f64, String> {
         let started = Instant::now();
-        let moved = move_bytes(sub, segment, local, remote, op, bytes, block, per_round, plan.shape, progress)?;
+        let moved =
+            move_bytes(sub, Route { segment, local, remote }, op, bytes, block, per_round, plan.sweep.shape, progress)?;
         Ok(moved as f64 / started.elapsed().as_secs_f64() / 1e9)
     };
     for _ in 0..ROUNDS {
@@ -103,11 +100,14 @@ fn run_case(
         ours.push(round(ends.local_gpu, ends.remote_gpu, &mut progress)?);
     }
     drop(progress);
-    let (p50_us, p99_us) = latency(sub, segment, ends.local_gpu, ends.remote_gpu, op, block, plan.latency_samples)?;
-    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-    let expected = unsafe { ends.local_gpu.checksum(0, covered as usize) }.map_err(|e| e.to_string())?;
-    let actual =
-        segment.remote_checksum(ends.remote_gpu, 0, covered, Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    let (p50_us, p99_us) = latency(
+        sub,
+        Route { segment, local: ends.local_gpu, remote: ends.remote_gpu },
+        op,
+        block,
+        plan.sweep.latency_samples,
+    )?;
+    let verified = verify(Route { segment, local: ends.local_gpu, remote: ends.remote_gpu }, covered)?;
     Ok(Case {
         op,
         block,
@@ -116,20 +116,20 @@ fn run_case(
         p99_us,
         host_gbps: median(&mut host),
         raw_gbps: (!raw.is_empty()).then(|| median(&mut raw)),
-        verified: expected == actual,
+        verified,
     })
 }
 
 fn print(case: &Case, plan: &Plan) {
     let of_host = case.gbps / case.host_gbps;
     let of_raw = case.raw_gbps.map(|raw| case.gbps / raw);
-    if plan.json {
+    if plan.sweep.json {
         let line = serde_json::json!({
             "op": case.op.name(),
             "transport": "tcp",
             "memory": plan.memory,
             "block_bytes": case.block,
-            "batch": plan.shape.batch,
+            "batch": plan.sweep.shape.batch,
             "gbps": case.gbps,
             "p50_us": case.p50_us,
             "p99_us": case.p99_us,

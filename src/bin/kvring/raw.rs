@@ -213,12 +213,26 @@ impl Polled {
     /// Reads exactly `buf`; false when the peer closed before its first
     /// byte.
     fn read_exact(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
+        match self.until_done(buf.len(), |stream, at| stream.read(&mut buf[at..]))? {
+            0 if !buf.is_empty() => Ok(false),
+            moved if moved == buf.len() => Ok(true),
+            _ => Err(std::io::ErrorKind::UnexpectedEof.into()),
+        }
+    }
+
+    /// Moves `len` bytes with `step` (a read or a write at offset `at`),
+    /// waiting (bounded by `wait`) while the socket would block; returns
+    /// the bytes moved before `step` moved none (the peer closed), or `len`.
+    fn until_done(
+        &mut self,
+        len: usize,
+        mut step: impl FnMut(&mut TcpStream, usize) -> std::io::Result<usize>,
+    ) -> std::io::Result<usize> {
         let mut at = 0;
         let mut last = Instant::now();
-        while at < buf.len() {
-            match self.stream.read(&mut buf[at..]) {
-                Ok(0) if at == 0 => return Ok(false),
-                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+        while at < len {
+            match step(&mut self.stream, at) {
+                Ok(0) => return Ok(at),
                 Ok(n) => {
                     at += n;
                     last = Instant::now();
@@ -228,26 +242,15 @@ impl Polled {
                 Err(e) => return Err(e),
             }
         }
-        Ok(true)
+        Ok(at)
     }
 
     /// Writes all of `buf`.
     fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
-        let mut at = 0;
-        let mut last = Instant::now();
-        while at < buf.len() {
-            match self.stream.write(&buf[at..]) {
-                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    at += n;
-                    last = Instant::now();
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.wait(last)?,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+        match self.until_done(buf.len(), |stream, at| stream.write(&buf[at..]))? {
+            moved if moved == buf.len() => Ok(()),
+            _ => Err(std::io::ErrorKind::WriteZero.into()),
         }
-        Ok(())
     }
 }
 

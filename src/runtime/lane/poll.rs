@@ -377,11 +377,9 @@ impl Lane {
     /// pending, when deliveries happened since the last look.
     pub(super) fn announce_notifications(&mut self) -> usize {
         let Some(queue) = &self.config.notifications else { return 0 };
-        let delivered = queue.delivered();
-        if delivered == self.seen_notifications {
+        if !queue.deliveries().changed_since(&mut self.seen_notifications) {
             return 0;
         }
-        self.seen_notifications = delivered;
         for (index, slot) in self.rings.iter_mut().enumerate() {
             let Some(slot) = slot else { continue };
             // The claim is taken after reading `delivered` (see watch.rs).

@@ -56,6 +56,7 @@
 
 pub(crate) mod owner;
 mod page;
+mod revoke;
 pub(crate) mod sys;
 #[cfg(test)]
 mod tests;

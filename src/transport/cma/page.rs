@@ -22,14 +22,17 @@
 //! its user slot, then checks the epoch and the state of every region the
 //! call touches, and subtracts one after the call. A target that
 //! unregisters a region (or stops) first clears the region's state (or the
-//! epoch), then waits until no live initiator has a call in progress. Both
-//! sides use sequentially consistent operations, so either the initiator's
-//! check sees the cleared word (and makes no call), or the target's wait
-//! sees the initiator's count (and waits for the call to end): memory the
-//! caller frees after `unregister` returns is never reached. The wait is
-//! bounded; a region whose initiators do not finish in time stays
+//! epoch), then waits until no live initiator has a call in progress. A
+//! sequentially consistent fence splits each side's write from its read, so
+//! either the initiator's check sees the cleared word (and makes no call),
+//! or the target's wait sees the initiator's count (and waits for the call
+//! to end): memory the caller frees after `unregister` returns is never
+//! reached. The handshake itself is in `revoke.rs`, modelled with loom. The
+//! wait is bounded; a region whose initiators do not finish in time stays
 //! registered and `unregister` says `RegionBusy`.
 
+pub(crate) use super::revoke::Entered;
+use super::revoke::{self, CLAIMING};
 use super::sys::{pid_alive, process_start, same_process, Pidfd};
 use crate::desc::RegionId;
 use crate::error::{Error, Result};
@@ -144,10 +147,9 @@ impl Page {
         loop {
             let busy = (0..MAX_CMA_USERS)
                 .filter(|&i| {
-                    let word = self.user(i).load(Ordering::SeqCst);
                     // A slot still being claimed counts no call.
-                    let calls = word & (CLAIMING - 1);
-                    calls != 0 && same_process((word >> 32) as u32, self.user_start(i).load(Ordering::SeqCst))
+                    let (pid, calls) = revoke::calls_in(self.user(i));
+                    calls != 0 && same_process(pid, self.user_start(i).load(Ordering::SeqCst))
                 })
                 .count() as u32;
             if busy == 0 || Instant::now() >= deadline {
@@ -237,16 +239,11 @@ impl CmaExport {
             return Ok(());
         }
         let [state, ..] = self.page.region(index);
-        let listed = state.load(Ordering::SeqCst);
-        if listed & LIVE == 0 || (listed >> 32) as u32 != id.raw() {
-            return Ok(());
-        }
-        // SeqCst, paired with the initiators' SeqCst enter and check.
-        let before = state.swap(0, Ordering::SeqCst);
+        let Some(before) = revoke::take_off(state, id.raw(), LIVE) else { return Ok(()) };
         match self.page.drain(Instant::now() + CMA_REVOKE_WAIT) {
             0 => Ok(()),
             busy => {
-                state.store(before, Ordering::SeqCst);
+                revoke::put_back(state, before);
                 Err(busy)
             }
         }
@@ -255,7 +252,7 @@ impl CmaExport {
     /// The engine stops: the epoch goes to 0, so no initiator starts
     /// another call, and those in progress are waited for (bounded).
     pub fn close(&self) {
-        self.page.epoch().store(0, Ordering::SeqCst);
+        revoke::stop(self.page.epoch());
         let busy = self.page.drain(Instant::now() + CMA_REVOKE_WAIT);
         if busy > 0 {
             tracing::warn!(busy, "stopping with same-host cma initiators still inside a copy");
@@ -370,9 +367,7 @@ impl CmaPeer {
     /// drops. Check [`live`](Self::live) and [`listed`](Self::listed) after.
     #[inline]
     pub fn enter(&self) -> Entered<'_> {
-        // SeqCst, paired with the target's SeqCst clear-then-drain.
-        self.page.user(self.user).fetch_add(1, Ordering::SeqCst);
-        Entered(self.page.user(self.user))
+        revoke::enter(self.page.user(self.user))
     }
 
     /// True while the target engine still runs at the epoch it was opened
@@ -386,8 +381,8 @@ impl CmaPeer {
     /// does not map the page there (the read fails or shows other bytes),
     /// and nobody zeroes the epoch in the file it left behind.
     #[inline]
-    pub fn live(&self, _entered: &Entered<'_>) -> bool {
-        if self.page.epoch().load(Ordering::SeqCst) != self.epoch {
+    pub fn live(&self, entered: &Entered<'_>) -> bool {
+        if !entered.still(self.page.epoch(), self.epoch) {
             return false;
         }
         let mut theirs = [0u8; HEAD_BYTES];
@@ -408,13 +403,13 @@ impl CmaPeer {
     /// again from the page after the call was counted in (an id that came
     /// back for another buffer at another address is not the region).
     #[inline]
-    pub fn listed(&self, _entered: &Entered<'_>, index: usize) -> bool {
+    pub fn listed(&self, entered: &Entered<'_>, index: usize) -> bool {
         match self.region(index) {
             Some(region) => {
                 let [state, at, length] = self.page.region(index);
-                state.load(Ordering::SeqCst) == region.state
-                    && at.load(Ordering::SeqCst) == region.addr
-                    && length.load(Ordering::SeqCst) == region.len
+                entered.still(state, region.state)
+                    && entered.still(at, region.addr)
+                    && entered.still(length, region.len)
             }
             None => false,
         }
@@ -492,12 +487,6 @@ impl Page {
     }
 }
 
-/// The low half of a user slot's word while its claimer writes its start
-/// time. No call is counted before the slot is published (the count is 0
-/// under the mark), `drain` counts such a slot as idle, and other claimers
-/// skip it unless its claimer's pid is gone. Counts never reach 2^31.
-const CLAIMING: u64 = 1 << 31;
-
 /// Takes a free user slot, or one left by a process that is gone (its pid
 /// free, or naming a process that started at another time). In two steps:
 /// the slot is marked as being claimed by this pid, its start time is
@@ -530,18 +519,6 @@ fn claim_user(page: &Page) -> Option<usize> {
 /// The error for a target whose process or engine is gone.
 fn gone(descriptor: &SegmentDescriptor, detail: String) -> Error {
     Error::PeerRestarted { segment: descriptor.name.clone(), detail }
-}
-
-/// One call in progress, counted in the initiator's user slot.
-#[derive(Debug)]
-pub(crate) struct Entered<'a>(&'a AtomicU64);
-
-impl Drop for Entered<'_> {
-    fn drop(&mut self) {
-        // Release: the call's accesses happen before the target sees the
-        // count drop (its SeqCst loads in `drain`).
-        self.0.fetch_sub(1, Ordering::Release);
-    }
 }
 
 /// The head bytes that an initiator compares through the target's own

@@ -378,25 +378,10 @@ impl Stager {
 
 impl Drop for Stager {
     fn drop(&mut self) {
-        // A copy still running would touch pages about to be unmapped (the
-        // lane stops with chunks in flight): wait for it, bounded; past
-        // that the pages are leaked rather than unmapped under it.
-        let deadline = std::time::Instant::now() + STOP_WAIT;
-        while self.copier.in_flight() > 0 && std::time::Instant::now() < deadline {
-            self.copier.poll(&mut self.ends);
-            self.ends.clear();
-            std::thread::sleep(std::time::Duration::from_micros(100));
-        }
-        if self.copier.in_flight() > 0 {
-            tracing::warn!("a staging copy did not end within {STOP_WAIT:?}; its pages are leaked, not unmapped");
-            let gpu = self.pool.gpu().clone();
-            std::mem::forget(std::mem::replace(&mut self.pool, StagePool::new(gpu, 1, Arc::default())));
-        }
+        // The lane stops with chunks in flight.
+        self.copier.drain_before_unmap(&mut self.ends, &mut self.pool);
     }
 }
-
-/// Longest a dropped link waits for its staging copies to end.
-const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn clone_error(error: &Error) -> Error {
     match error {

@@ -3,9 +3,9 @@
 
 use super::{Options, ROUNDS};
 use crate::args::format_size;
-use crate::drive::{latency, median, move_bytes, Progress};
-use kvring::{Engine, Opcode, Region, Segment, Submitter, TransportKind};
-use std::time::{Duration, Instant};
+use crate::drive::{latency, median, move_bytes, seed_case, verify, Progress, Route};
+use kvring::{Engine, Opcode, Submitter, TransportKind};
+use std::time::Instant;
 
 pub(super) struct CaseResult {
     pub op: Opcode,
@@ -54,9 +54,7 @@ impl RatioSpread {
 pub(super) fn run_case(
     engine: &Engine,
     sub: &mut Submitter,
-    segment: &Segment,
-    local: &Region,
-    remote: kvring::RegionId,
+    route: Route<'_>,
     region_bytes: u64,
     op: Opcode,
     block: u64,
@@ -66,7 +64,7 @@ pub(super) fn run_case(
     let blocks_in_region = (region_bytes / block) as usize;
 
     let label = format!("{} {}", op.name(), format_size(block));
-    prepare(sub, segment, local, remote, region_bytes, (op, block, seed), options, &label)?;
+    seed_case(sub, route, region_bytes, (op, block, seed), (options.shape(), options.json), &label)?;
 
     // The case and its baseline alternate in ROUNDS rounds, each moving a
     // share of the total, and each reports its median round: on a shared,
@@ -87,22 +85,10 @@ pub(super) fn run_case(
     let (mut bytes, mut seconds) = (0u64, 0f64);
     for _ in 0..ROUNDS {
         let what = (op, block, per_round);
-        let (baseline, flood) =
-            baseline_round(engine, sub, segment, local, remote, region_bytes, what, options, &mut progress)?;
+        let (baseline, flood) = baseline_round(engine, sub, route, region_bytes, what, options, &mut progress)?;
         baseline_rounds.extend(baseline);
         let started = Instant::now();
-        let moved = move_bytes(
-            sub,
-            segment,
-            local,
-            remote,
-            op,
-            region_bytes,
-            block,
-            per_round,
-            options.shape(),
-            &mut progress,
-        )?;
+        let moved = move_bytes(sub, route, op, region_bytes, block, per_round, options.shape(), &mut progress)?;
         let elapsed = started.elapsed().as_secs_f64();
         if let Some(flood) = flood {
             if flood.open() < options.idle_connections / 2 {
@@ -126,10 +112,10 @@ pub(super) fn run_case(
     let ratio = RatioSpread::of(&pairs);
 
     let lane_core = engine.lane_cores().first().copied().flatten();
-    let (p50_us, p99_us, floor_p50_us) = round_trips(lane_core, sub, segment, local, remote, op, block, options)?;
+    let (p50_us, p99_us, floor_p50_us) = round_trips(lane_core, sub, route, op, block, options)?;
 
     // Null moves nothing, so there is nothing to verify.
-    let verified = options.transport == TransportKind::Null || verify(segment, local, remote, covered)?;
+    let verified = options.transport == TransportKind::Null || verify(route, covered)?;
     Ok(CaseResult {
         op,
         block,
@@ -153,22 +139,20 @@ pub(super) fn run_case(
 fn baseline_round(
     engine: &Engine,
     sub: &mut Submitter,
-    segment: &Segment,
-    local: &Region,
-    remote: kvring::RegionId,
+    route: Route<'_>,
     region_bytes: u64,
     what: (Opcode, u64, u64),
     options: &Options,
     progress: &mut Progress,
 ) -> Result<(Option<f64>, Option<crate::flood::IdleFlood>), String> {
+    let segment = route.segment;
     let (op, block, per_round) = what;
     let gbps = match (options.metrics_overhead, options.transport, &options.raw_peer) {
         _ if options.idle_connections > 0 => {
             // The same case without the flood; the measured round after
             // this one runs with it.
             let started = Instant::now();
-            let moved =
-                move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options.shape(), progress)?;
+            let moved = move_bytes(sub, route, op, region_bytes, block, per_round, options.shape(), progress)?;
             let gbps = moved as f64 / started.elapsed().as_secs_f64() / 1e9;
             let addr = segment.tcp_addr().ok_or("--idle-connections: the target serves no tcp")?;
             let addr = addr.parse().map_err(|e| format!("--idle-connections: {addr}: {e}"))?;
@@ -178,8 +162,7 @@ fn baseline_round(
             // The same case on the same engine, its counters off.
             engine.set_metrics_enabled(false);
             let started = Instant::now();
-            let moved =
-                move_bytes(sub, segment, local, remote, op, region_bytes, block, per_round, options.shape(), progress);
+            let moved = move_bytes(sub, route, op, region_bytes, block, per_round, options.shape(), progress);
             engine.set_metrics_enabled(true);
             Some(moved? as f64 / started.elapsed().as_secs_f64() / 1e9)
         }
@@ -208,9 +191,7 @@ fn baseline_round(
 fn round_trips(
     lane_core: Option<usize>,
     sub: &mut Submitter,
-    segment: &Segment,
-    local: &Region,
-    remote: kvring::RegionId,
+    route: Route<'_>,
     op: Opcode,
     block: u64,
     options: &Options,
@@ -227,60 +208,13 @@ fn round_trips(
         None => Ok(Vec::new()),
     };
     let mut floor = floor_half(samples.div_ceil(2))?;
-    let (p50, p99) = latency(sub, segment, local, remote, op, block, samples)?;
+    let (p50, p99) = latency(sub, route, op, block, samples)?;
     floor.extend(floor_half(samples / 2)?);
     let floor_p50 = (!floor.is_empty()).then(|| {
         floor.sort_unstable();
         floor[(floor.len() - 1) / 2].as_secs_f64() * 1e6
     });
     Ok((p50, p99, floor_p50))
-}
-
-/// Prepares a case (`what`: op, block size, seed): the source holds a fresh
-/// pattern, the destination something else (for READ, the target is seeded
-/// through kvring first).
-#[allow(clippy::too_many_arguments)]
-fn prepare(
-    sub: &mut Submitter,
-    segment: &Segment,
-    local: &Region,
-    remote: kvring::RegionId,
-    region_bytes: u64,
-    what: (Opcode, u64, u64),
-    options: &Options,
-    label: &str,
-) -> Result<(), String> {
-    let (op, block, seed) = what;
-    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-    unsafe { local.fill_pattern(seed) };
-    if op == Opcode::Read {
-        let whole = (region_bytes / block) * block;
-        let mut seeding = Progress::new(format!("{label}: seeding"), whole, options.json);
-        move_bytes(
-            sub,
-            segment,
-            local,
-            remote,
-            Opcode::Write,
-            region_bytes,
-            block,
-            whole,
-            options.shape(),
-            &mut seeding,
-        )?;
-        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-        unsafe { local.fill_pattern(!seed) };
-    }
-    Ok(())
-}
-
-/// True when the first `covered` bytes of the target's region are the
-/// local region's (by checksum on both sides).
-fn verify(segment: &Segment, local: &Region, remote: kvring::RegionId, covered: u64) -> Result<bool, String> {
-    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
-    let expected = unsafe { local.checksum(0, covered as usize) }.map_err(|e| e.to_string())?;
-    let actual = segment.remote_checksum(remote, 0, covered, Duration::from_secs(30)).map_err(|e| e.to_string())?;
-    Ok(expected == actual)
 }
 
 #[cfg(test)]

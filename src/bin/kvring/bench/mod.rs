@@ -12,9 +12,9 @@ mod output;
 mod overhead;
 
 use crate::args::{format_lanes, format_size, BenchArgs};
-use crate::drive::Shape;
+use crate::drive::{Route, Shape, Sweep};
 use case::run_case;
-use kvring::{Engine, Opcode, Region, Segment, Submitter, TransportKind};
+use kvring::{Engine, Opcode, Segment, Submitter, TransportKind};
 use output::{baseline_name, print_result, write_report};
 use std::time::Duration;
 
@@ -68,6 +68,18 @@ impl Options {
     /// How every case moves its bytes.
     fn shape(&self) -> Shape {
         Shape { batch: self.batch, inflight: self.inflight }
+    }
+
+    /// The sweep of cases the flags ask for.
+    fn sweep(&self) -> Sweep<'_> {
+        Sweep {
+            ops: &self.ops,
+            block_sizes: &self.block_sizes,
+            shape: self.shape(),
+            total: self.total,
+            latency_samples: self.latency_samples,
+            json: self.json,
+        }
     }
 }
 
@@ -200,8 +212,9 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     pin_caller(&engine);
     let mut sub = engine.submitter().map_err(|e| e.to_string())?;
     print_header(&engine, &segment, &peer, region_bytes, &options, gpu.as_deref());
+    let route = Route { segment: &segment, local: &local, remote: remote.id };
     if let Some(gpu) = gpu {
-        let result = gpu_cases((&engine, &mut sub), &segment, &local, remote.id, region_bytes, &options, gpu);
+        let result = gpu_cases((&engine, &mut sub), route, region_bytes, &options, gpu);
         drop(sub);
         engine.shutdown();
         drop(target);
@@ -211,8 +224,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     for &op in &options.ops {
         for &block in &options.block_sizes {
             let calls_before = engine.metadata_calls();
-            let mut result =
-                run_case(&engine, &mut sub, &segment, &local, remote.id, region_bytes, op, block, &options)?;
+            let mut result = run_case(&engine, &mut sub, route, region_bytes, op, block, &options)?;
             result.metadata_calls = engine.metadata_calls() - calls_before;
             print_result(&result, &options);
             results.push(result);
@@ -253,23 +265,17 @@ fn own_target(
 /// whether every case verified.
 fn gpu_cases(
     (engine, sub): (&kvring::Engine, &mut Submitter),
-    segment: &Segment,
-    local: &Region,
-    remote: kvring::RegionId,
+    route: Route<'_>,
     region_bytes: u64,
     options: &Options,
     gpu: std::sync::Arc<dyn kvring::gpu::Gpu>,
 ) -> Result<(), String> {
+    let Route { segment, local, remote } = route;
     if options.transport == TransportKind::Tcp {
-        return staged_tcp_cases((engine, sub), segment, local, remote, region_bytes, options);
+        return staged_tcp_cases((engine, sub), route, region_bytes, options);
     }
     let plan = crate::gpubench::Plan {
-        ops: &options.ops,
-        block_sizes: &options.block_sizes,
-        shape: options.shape(),
-        total: options.total,
-        latency_samples: options.latency_samples,
-        json: options.json,
+        sweep: options.sweep(),
         memory: options.memory.expect("GPU cases have --memory"),
         gpu,
         engine,
@@ -291,12 +297,11 @@ fn gpu_cases(
 /// GPU one) and the raw socket, same run.
 fn staged_tcp_cases(
     (engine, sub): (&kvring::Engine, &mut Submitter),
-    segment: &Segment,
-    local: &Region,
-    remote: kvring::RegionId,
+    route: Route<'_>,
     region_bytes: u64,
     options: &Options,
 ) -> Result<(), String> {
+    let Route { segment, local, remote } = route;
     let beside = segment.regions().iter().find(|r| r.memory == kvring::MemoryKind::Host && r.len >= region_bytes);
     let remote_host = beside
         .ok_or("the target serves no host region beside its GPU one (`kvring serve --memory gpu` serves one)")?
@@ -312,12 +317,7 @@ fn staged_tcp_cases(
     };
     let plan = crate::gputcp::Plan {
         engine,
-        ops: &options.ops,
-        block_sizes: &options.block_sizes,
-        shape: options.shape(),
-        total: options.total,
-        latency_samples: options.latency_samples,
-        json: options.json,
+        sweep: options.sweep(),
         raw: options.raw_peer.as_deref().map(|addr| (addr, options.token.as_deref())),
         memory: {
             let (local, remote) = options.memory.expect("GPU cases have --memory");

@@ -1,7 +1,7 @@
 //! `--token-overhead`: the token's cost on the data path, round by round.
 
 use super::{pin_caller, Options, ROUNDS};
-use crate::drive::{latency, median, move_bytes, Progress};
+use crate::drive::{latency, median, move_bytes, Progress, Route};
 use kvring::{Opcode, RegionInfo, TransportKind};
 use std::time::{Duration, Instant};
 
@@ -48,9 +48,7 @@ pub(super) fn token_overhead(config: &kvring::config::Config, options: &Options)
             let mut progress = Progress::new(label, per_round, options.json);
             let moved = move_bytes(
                 &mut sub,
-                &segment,
-                &local,
-                remote,
+                Route { segment: &segment, local: &local, remote },
                 Opcode::Write,
                 region_bytes,
                 block,
@@ -59,7 +57,9 @@ pub(super) fn token_overhead(config: &kvring::config::Config, options: &Options)
                 &mut progress,
             )?;
             gbps[side].push(moved as f64 / started.elapsed().as_secs_f64() / 1e9);
-            p50[side].push(latency(&mut sub, &segment, &local, remote, Opcode::Write, 4096, samples)?.0);
+            p50[side].push(
+                latency(&mut sub, Route { segment: &segment, local: &local, remote }, Opcode::Write, 4096, samples)?.0,
+            );
             drop(sub);
             engine.shutdown();
         }

@@ -213,7 +213,11 @@ fn check_block(ctx: &TargetContext, header: &FrameHeader, needs: Access) -> Resu
         });
     }
     let region = RegionId::from_raw(header.region);
-    let lease = ctx.registry.lease(region).map_err(|_| Error::UnknownRegion { side: Side::Remote, region })?;
+    let lease = ctx.registry.lease(region).map_err(|error| match error {
+        // Held alone for a moment (a peer's checksum): the frame may retry.
+        busy @ Error::RegionBusy { .. } => busy,
+        _ => Error::UnknownRegion { side: Side::Remote, region },
+    })?;
     let entry = lease.entry();
     // A GPU region's bytes are staged and copied by its provider: the
     // lane never touches device memory.

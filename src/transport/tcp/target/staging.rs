@@ -90,26 +90,10 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        // A copy still running writes (or reads) pages about to be unmapped:
-        // wait for it, bounded (the lane is stopping; a GPU that never
-        // answers must not hang the engine's drop, and its pages are then
-        // leaked rather than freed under it).
-        let deadline = std::time::Instant::now() + STOP_WAIT;
-        while self.copier.in_flight() > 0 && std::time::Instant::now() < deadline {
-            self.copier.poll(&mut self.ends);
-            self.ends.clear();
-            std::thread::sleep(std::time::Duration::from_micros(100));
-        }
-        if self.copier.in_flight() > 0 {
-            tracing::warn!("a staging copy did not end within {STOP_WAIT:?}; its pages are leaked, not unmapped");
-            let gpu = self.pool.gpu().clone();
-            std::mem::forget(std::mem::replace(&mut self.pool, StagePool::new(gpu, 1, Arc::default())));
-        }
+        // The lane is stopping.
+        self.copier.drain_before_unmap(&mut self.ends, &mut self.pool);
     }
 }
-
-/// Longest a stopping lane waits for its staging copies to end.
-const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl StagingSlot {
     /// A slot whose copies count their methods in `counters` (the lane's).

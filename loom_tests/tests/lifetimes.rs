@@ -1,0 +1,249 @@
+//! loom models of the protocols that decide when memory may still be read
+//! or written: the registry slot's leases, exclusive reads and unregister
+//! (src/mem/lease.rs), and the cma page's revocation handshake
+//! (src/transport/cma/revoke.rs), both compiled unchanged from kvring's
+//! source. The guarded bytes are loom `UnsafeCell`s: an access that no
+//! happens-before orders against another fails the model, so a broken
+//! ordering shows as a data race, not only as a wrong value.
+#![cfg(loom)]
+
+use kvring_loom::lease::{Refused, Slot};
+use kvring_loom::revoke;
+use loom::cell::UnsafeCell;
+use loom::sync::atomic::AtomicU64;
+use loom::sync::{Arc, Mutex};
+use loom::thread;
+
+/// Unregisters `generation`, waiting (as a caller retrying `RegionBusy`
+/// does) until the leases drain; returns the entry it took.
+fn unregister_when_drained(slot: &Slot<u64>, generation: u16) -> u64 {
+    loop {
+        match slot.unpublish(generation) {
+            Ok(unpublished) => return unpublished.entry,
+            Err(Refused::Held { .. }) => thread::yield_now(),
+            Err(other) => panic!("a live slot refused its own unregister: {other:?}"),
+        }
+    }
+}
+
+/// A lane holds a lease and reads the region's entry while the owner
+/// unregisters, waiting for the lease to drain, then registers new memory
+/// in the same slot. The lane's read happens before the owner takes and
+/// rewrites the entry (a race fails the model); the lane either leased the
+/// region and read its own entry, or was told it is gone; the old id never
+/// leases again, and the new registration has a new generation.
+#[test]
+fn a_lease_holder_reads_before_unregister_takes_the_entry_and_ids_are_never_reused() {
+    loom::model(|| {
+        let slot = Arc::new(Slot::<u64>::new());
+        // SAFETY: a new slot, owned here.
+        let first = unsafe { slot.publish(7) };
+        let lane = {
+            let slot = slot.clone();
+            thread::spawn(move || match slot.lease(first) {
+                Ok(()) => {
+                    // SAFETY: under the lease just taken.
+                    let seen = unsafe { slot.read(|entry| *entry) };
+                    // SAFETY: that lease, given back once.
+                    unsafe { slot.release() };
+                    Some(seen)
+                }
+                Err(refused) => {
+                    assert_eq!(refused, Refused::Gone, "a live idle slot refused a lease");
+                    None
+                }
+            })
+        };
+        assert_eq!(unregister_when_drained(&slot, first), 7);
+        // SAFETY: unpublished above by this thread, the slot's only owner.
+        let second = unsafe { slot.publish(8) };
+        assert_ne!(second, first, "a generation issued twice");
+        let seen = lane.join().unwrap();
+        assert!(seen.is_none() || seen == Some(7), "the lane read another region's entry: {seen:?}");
+        assert_eq!(slot.lease(first), Err(Refused::Gone), "the old id leased the new region");
+        assert_eq!(slot.unpublish(first).unwrap_err(), Refused::Gone);
+        slot.lease(second).unwrap();
+        // SAFETY: the lease just taken.
+        assert_eq!(unsafe { slot.read(|entry| *entry) }, 8);
+    });
+}
+
+/// Two unregisters of one region race while a lane holds a lease: exactly
+/// one takes the entry; the other is told the region is held (only while
+/// it is still live) or gone, never given it twice. Each unregister runs
+/// as the engine's does (src/engine/regions.rs): under the cma page's
+/// serialising mutex, take it off the page, unregister, and list it again
+/// only when the registry said it is still held. Once an unregister has
+/// succeeded, the page never lists the region again.
+#[test]
+fn racing_unregisters_take_the_region_once_and_the_loser_never_lists_it_again() {
+    const RAW: u32 = 0x0001_0000;
+    const LISTED: u64 = (RAW as u64) << 32 | 1;
+    loom::model(|| {
+        let slot = Arc::new(Slot::<u64>::new());
+        // SAFETY: a new slot, owned here.
+        let generation = unsafe { slot.publish(7) };
+        let page = Arc::new(AtomicU64::new(LISTED));
+        let serial = Arc::new(Mutex::new(()));
+        slot.lease(generation).unwrap();
+        let lane = {
+            let slot = slot.clone();
+            // SAFETY: the lease taken above, handed to this thread and
+            // given back once.
+            thread::spawn(move || unsafe { slot.release() })
+        };
+        let unregisters: Vec<_> = (0..2)
+            .map(|_| {
+                let (slot, page, serial) = (slot.clone(), page.clone(), serial.clone());
+                thread::spawn(move || {
+                    let _serial = serial.lock().unwrap();
+                    let before = revoke::take_off(&page, RAW, 1);
+                    match slot.unpublish(generation) {
+                        Ok(unpublished) => Some(unpublished.entry),
+                        Err(Refused::Held { .. }) => {
+                            if let Some(before) = before {
+                                revoke::put_back(&page, before);
+                            }
+                            None
+                        }
+                        Err(Refused::Gone) => None,
+                        Err(Refused::Full) => unreachable!("unpublish never says full"),
+                    }
+                })
+            })
+            .collect();
+        let taken: Vec<u64> = unregisters.into_iter().filter_map(|u| u.join().unwrap()).collect();
+        lane.join().unwrap();
+        assert!(taken.len() <= 1, "the entry was taken twice: {taken:?}");
+        if taken == [7] {
+            assert_eq!(page.load(loom::sync::atomic::Ordering::SeqCst), 0, "an unregistered region is listed");
+        } else {
+            // Both came while the lane held it: still registered and listed.
+            assert!(slot.is_live(generation));
+            assert_eq!(page.load(loom::sync::atomic::Ordering::SeqCst), LISTED);
+        }
+    });
+}
+
+/// A peer's checksum reads a region alone while a lane tries to lease it:
+/// never both at once (the read and the lane's write are ordered), and the
+/// region cannot be unregistered under the read.
+#[test]
+fn a_read_alone_and_a_lease_never_overlap() {
+    loom::model(|| {
+        let slot = Arc::new(Slot::<u64>::new());
+        // SAFETY: a new slot, owned here.
+        let generation = unsafe { slot.publish(7) };
+        let bytes = Arc::new(UnsafeCell::new(0u64));
+        let lane = {
+            let (slot, bytes) = (slot.clone(), bytes.clone());
+            thread::spawn(move || {
+                if slot.lease(generation).is_ok() {
+                    // The lane's copy into the region.
+                    bytes.with_mut(|b| unsafe { *b += 1 });
+                    // SAFETY: the lease taken above, given back once.
+                    unsafe { slot.release() };
+                }
+            })
+        };
+        if slot.read_alone(generation).is_ok() {
+            // SAFETY: read alone: nobody writes the bytes now.
+            let sum = bytes.with(|b| unsafe { *b });
+            assert!(sum <= 1);
+            assert!(matches!(slot.unpublish(generation), Err(Refused::Held { reading: true, .. })));
+            // SAFETY: the exclusive read granted above, ended once.
+            unsafe { slot.end_read() };
+        }
+        lane.join().unwrap();
+        assert!(slot.unpublish(generation).is_ok(), "everything given back: it unregisters");
+    });
+}
+
+/// The region's bytes in the target, as a cma initiator writes them and as
+/// the target's caller reuses them once `unregister` (or the engine's stop)
+/// returned.
+struct Target {
+    epoch: AtomicU64,
+    state: AtomicU64,
+    user: AtomicU64,
+    memory: UnsafeCell<u64>,
+}
+
+const RAW: u32 = 0x0002_0003;
+const LISTED: u64 = (RAW as u64) << 32 | 1;
+const EPOCH: u64 = 41;
+
+impl Target {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            epoch: AtomicU64::new(EPOCH),
+            state: AtomicU64::new(LISTED),
+            user: AtomicU64::new(0),
+            memory: UnsafeCell::new(0),
+        })
+    }
+
+    /// One initiator call, as `CmaLink::move_all` makes it: counted in, the
+    /// epoch and the region checked, then `process_vm_writev`.
+    fn initiator_call(&self) -> bool {
+        let entered = revoke::enter(&self.user);
+        let allowed = entered.still(&self.epoch, EPOCH) && entered.still(&self.state, LISTED);
+        if allowed {
+            self.memory.with_mut(|m| unsafe { *m = 1 });
+        }
+        allowed
+    }
+
+    /// The target's wait: until no call is counted.
+    fn drain(&self) {
+        while revoke::calls_in(&self.user).1 != 0 {
+            thread::yield_now();
+        }
+    }
+
+    /// The caller frees the memory and uses it for something else.
+    fn reuse(&self) {
+        self.memory.with_mut(|m| unsafe { *m = 99 });
+    }
+}
+
+/// A target unregisters a region while an initiator makes a call into it:
+/// either the initiator's check sees the region off the page and makes no
+/// call, or the target's wait sees the call counted and waits for it to
+/// end; the caller's reuse of the memory never races with the call.
+#[test]
+fn a_cma_call_never_reaches_a_region_after_its_revoke_returned() {
+    loom::model(|| {
+        let target = Target::new();
+        let initiator = {
+            let target = target.clone();
+            thread::spawn(move || target.initiator_call())
+        };
+        let before = revoke::take_off(&target.state, RAW, 1).expect("listed");
+        assert_eq!(before, LISTED);
+        target.drain();
+        target.reuse();
+        let _ = initiator.join().unwrap();
+        // A second revoke of the same id finds nothing to take off.
+        assert_eq!(revoke::take_off(&target.state, RAW, 1), None);
+    });
+}
+
+/// The engine stops (the epoch goes to 0) while an initiator makes a call:
+/// the same guarantee, through the epoch word.
+#[test]
+fn a_cma_call_never_reaches_memory_after_the_engine_stopped() {
+    loom::model(|| {
+        let target = Target::new();
+        let initiator = {
+            let target = target.clone();
+            thread::spawn(move || target.initiator_call())
+        };
+        revoke::stop(&target.epoch);
+        target.drain();
+        target.reuse();
+        let _ = initiator.join().unwrap();
+        // After the stop, no call is allowed.
+        assert!(!target.initiator_call());
+    });
+}
