@@ -146,6 +146,12 @@ pub const KEYS: &[Key] = &[
         default: Some("0"),
         help: "InfiniBand service level / RoCE priority",
     },
+    Key {
+        name: "rdma_gid_index",
+        kind: Kind::Byte,
+        default: None,
+        help: "RoCE GID index of every port (unset: RoCE v2 with an IPv4-mapped address first)",
+    },
 ];
 
 /// Where a value came from.
@@ -411,6 +417,10 @@ impl Config {
         let options = crate::rdma::IbOptions {
             traffic_class: byte("rdma_traffic_class"),
             service_level: byte("rdma_service_level"),
+        };
+        let builder = match self.get("rdma_gid_index").and_then(|v| v.parse::<u8>().ok()) {
+            Some(index) => builder.rdma_gid_index(index),
+            None => builder,
         };
         // The value was checked when set, so the mode parses.
         with_rdma(builder.clone(), mode, devices, options).unwrap_or(builder)

@@ -1,0 +1,115 @@
+//! Each NIC's asynchronous events (ibv_get_async_event(3)), read by one
+//! thread per node: a port that goes down, a device or queue that fails,
+//! raise no completion on the CQs lanes poll, so without this a lane's
+//! batches would wait for the NIC's retries or their deadlines (VERBS-REVIEW
+//! finding 11). The thread counts the fault on the NIC; every link on that
+//! NIC sees the count change at its next poll and fails what it has in
+//! flight with the reason, and the segment is opened again for the next
+//! batch (which fails at connect while the port is down).
+
+use super::RdmaNode;
+use crate::error::Result;
+use crate::transport::rdma::verbs::AsyncEvent;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// How long the thread waits for an event before it checks that its node
+/// still exists.
+const EVENT_WAIT: Duration = Duration::from_millis(100);
+
+impl RdmaNode {
+    /// Starts the node's event thread (once; a provider without async
+    /// descriptors, like the simulator, needs none).
+    pub(crate) fn start_events(self: &Arc<Self>) -> Result<()> {
+        let fds: Vec<i32> = self.nics.iter().filter_map(|nic| self.verbs.async_fd(nic.context)).collect();
+        if fds.is_empty() {
+            return Ok(());
+        }
+        let node = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("kvring-rdma-events".into())
+            .spawn(move || watch(node, fds))
+            .map_err(|e| crate::error::Error::Device { device: "rdma".into(), reason: format!("event thread: {e}") })?;
+        Ok(())
+    }
+
+    /// How many faults NIC `nic` has had; a link compares it with the count
+    /// when it was made.
+    pub(crate) fn faults(&self, nic: usize) -> u64 {
+        self.nics.get(nic).map_or(0, |n| n.faults.load(Ordering::Acquire))
+    }
+
+    /// NIC `nic`'s name and why it failed (its last fault).
+    pub(crate) fn fault(&self, nic: usize) -> (String, String) {
+        let Some(n) = self.nics.get(nic) else { return ("verbs".into(), "no such NIC".into()) };
+        let why = n.fault.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (n.name.clone(), why.unwrap_or_else(|| "it reported a fault, since cleared".into()))
+    }
+
+    /// Takes every NIC's pending events and acts on them.
+    fn take_events(&self, events: &mut Vec<AsyncEvent>) {
+        for nic in &self.nics {
+            events.clear();
+            if let Err(error) = self.verbs.take_async_events(nic.context, events) {
+                tracing::warn!(device = %nic.name, %error, "reading async events failed");
+                continue;
+            }
+            for &event in events.iter() {
+                let fault = match event {
+                    AsyncEvent::PortError { port } => {
+                        Some(format!("{} port {port} went down (IBV_EVENT_PORT_ERR)", nic.name))
+                    }
+                    AsyncEvent::DeviceFatal => Some(format!("{} failed (IBV_EVENT_DEVICE_FATAL)", nic.name)),
+                    AsyncEvent::QueueFatal => {
+                        Some(format!("a queue of {} failed (IBV_EVENT_CQ_ERR / QP_FATAL)", nic.name))
+                    }
+                    AsyncEvent::PortActive { port } => {
+                        tracing::info!(device = %nic.name, port, "port active again");
+                        *nic.fault.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                        None
+                    }
+                    AsyncEvent::GidChange { port } => {
+                        // A new connection queries its GID again (create_qp);
+                        // links already made keep theirs until they fail.
+                        tracing::warn!(device = %nic.name, port, "GID table changed");
+                        None
+                    }
+                    AsyncEvent::Other(kind) => {
+                        tracing::debug!(device = %nic.name, kind, "async event");
+                        None
+                    }
+                };
+                if let Some(why) = fault {
+                    tracing::warn!(device = %nic.name, %why, "failing the links on this NIC");
+                    *nic.fault.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                    // Release pairs with the Acquire in `faults`: a link that
+                    // sees the new count reads the reason written before.
+                    nic.faults.fetch_add(1, Ordering::Release);
+                }
+            }
+        }
+    }
+}
+
+/// The thread: waits on the NICs' async descriptors (bounded, so it ends
+/// soon after its node), then takes their events.
+fn watch(node: Weak<RdmaNode>, fds: Vec<i32>) {
+    let mut events = Vec::new();
+    let mut polled: Vec<libc::pollfd> =
+        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    loop {
+        for p in &mut polled {
+            p.revents = 0;
+        }
+        // SAFETY: `polled` is our own array of pollfds; a descriptor closed
+        // since (the node dropped) reads as POLLNVAL and the upgrade below
+        // ends the thread.
+        let ready =
+            unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, EVENT_WAIT.as_millis() as i32) };
+        let Some(node) = node.upgrade() else { return };
+        if ready > 0 {
+            node.take_events(&mut events);
+        }
+    }
+}
