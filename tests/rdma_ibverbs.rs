@@ -335,3 +335,37 @@ fn an_empty_gid_or_one_past_the_table_is_refused_by_index() {
     assert!(error.contains("GID index 16 failed"), "{error}");
     connect(&b, &b.endpoint).expect("a valid RoCE v2 GID index");
 }
+
+/// `kvring info` with the fake's devices `devices` and the sysfs tree
+/// `sysfs`: its `rdma:` line.
+fn info_rdma_line(devices: &str, sysfs: &std::path::Path) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvring"))
+        .arg("info")
+        .env("FAKE_IBVERBS_DEVICES", devices)
+        .env("KVRING_RDMA_SYSFS_ROOT", sysfs)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    text.lines().find(|l| l.starts_with("rdma:")).unwrap_or_else(|| panic!("no rdma line: {text}")).to_string()
+}
+
+#[test]
+fn kvring_info_lists_the_devices_ports_link_layers_gids_and_numa_nodes_from_verbs_and_sysfs() {
+    if fake().is_none() {
+        return;
+    }
+    // A sysfs tree for what verbs do not say: fakeroce0's NUMA node.
+    let sysfs = std::env::temp_dir().join(format!("kvring-info-sysfs-{}", std::process::id()));
+    std::fs::create_dir_all(sysfs.join("fakeroce0/device")).unwrap();
+    std::fs::write(sysfs.join("fakeroce0/device/numa_node"), "1\n").unwrap();
+    let line = info_rdma_line("fakeroce0:eth:4096:active,fakeib0:ib:2048:active,fakedown0:eth:4096:down", &sysfs);
+    let none = info_rdma_line("", &sysfs);
+    let _ = std::fs::remove_dir_all(&sysfs);
+    assert!(line.contains("fakeroce0 (numa 1; port 1 active Ethernet mtu 4096 lid 0 gid 3 ["), "{line}");
+    assert!(line.contains("3=::ffff:127.0.0.1 v2]"), "the GID table with types: {line}");
+    assert!(line.contains("fakeib0 (numa ?; port 1 active InfiniBand mtu 2048 lid 2 gid 0 [0=fe80::2]"), "{line}");
+    assert!(line.contains("fakedown0 (numa ?; port 1 down Ethernet"), "{line}");
+    assert!(line.find("fakedown0") < line.find("fakeib0") && line.find("fakeib0") < line.find("fakeroce0"));
+    assert_eq!(none, "rdma:             no RDMA device (libibverbs lists none)");
+}

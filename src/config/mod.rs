@@ -29,8 +29,9 @@ use std::path::{Path, PathBuf};
 /// The only file version this kvring reads.
 pub const CONFIG_VERSION: i64 = 1;
 /// Environment variables that are not settings but are read elsewhere
-/// (the advertised-address order, the config path).
-pub const OTHER_VARIABLES: [&str; 2] = ["KVRING_HOST_IP", "KVRING_CONFIG"];
+/// (the advertised-address order, the config path, where sysfs lists RDMA
+/// devices: a test tree beside a fake libibverbs).
+pub const OTHER_VARIABLES: [&str; 3] = ["KVRING_HOST_IP", "KVRING_CONFIG", "KVRING_RDMA_SYSFS_ROOT"];
 
 /// What kind of value a key takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
