@@ -369,3 +369,43 @@ fn kvring_info_lists_the_devices_ports_link_layers_gids_and_numa_nodes_from_verb
     assert!(line.find("fakedown0") < line.find("fakeib0") && line.find("fakeib0") < line.find("fakeroce0"));
     assert_eq!(none, "rdma:             no RDMA device (libibverbs lists none)");
 }
+
+/// tests/rdma_gpu.rs's tagged push, host memory only (the fake has no
+/// dma-buf or peer-memory registration of GPU memory): WRITE_WITH_IMMs
+/// consume the target's SRQ receives, complete on its passive CQ with the
+/// tag and byte count, and are counted; the receives are posted again.
+#[test]
+fn a_tagged_push_is_counted_on_the_target_through_its_shared_receive_queue() {
+    if fake().is_none() {
+        return;
+    }
+    let target = engine("tag-decode", &["fakeroce0"]);
+    let remote = target.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
+    let initiator = engine("tag-prefill", &["fakeroce0"]);
+    let local = initiator.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { local.fill_pattern(3) };
+    let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let tag = kvring::kv::arrival_tag(7, 3).unwrap();
+    let small: Vec<_> = (0..64u64).map(|i| BlockDesc::new(local.id(), i * 8192, remote.id(), i * 8192, 4096)).collect();
+    let big = [BlockDesc::new(local.id(), 1 << 20, remote.id(), 1 << 20, 3 << 20)];
+    let mut expected = 0;
+    // More tagged writes than the SRQ holds receives, over several rounds:
+    // a receive that was not posted again would stall them (RNR).
+    for _ in 0..80 {
+        for descs in [&small[..], &big[..]] {
+            let id = sub.submit(&Batch::write(&segment).descs(descs).arrival_tag(tag)).unwrap();
+            expected += descs.iter().map(|d| d.len).sum::<u64>();
+            target.wait_landed(tag, expected, WAIT).unwrap();
+            assert!(sub.wait(id, WAIT).unwrap().is_done());
+        }
+    }
+    assert_eq!(target.landed(tag), expected);
+    let mut got = vec![0u8; 3 << 20];
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { remote.read_at(1 << 20, &mut got).unwrap() };
+    assert_eq!(got, pattern(4 << 20, 3)[1 << 20..]);
+    assert_eq!(target.forget_arrival(tag), expected);
+    assert_eq!(target.arrivals_dropped(), 0);
+}

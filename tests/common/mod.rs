@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod raw;
+pub mod verbs;
 
 use kvring::{Engine, EngineBuilder};
 use std::time::{Duration, Instant};
