@@ -59,7 +59,7 @@ export FAKE_IBVERBS_DEVICES="fakeroce0:eth:4096:active,fakeroce1:eth:1024:active
 trap 'rm -f /dev/shm/kvring-fakeverbs-$(id -u)-$FAKE_IBVERBS_FABRIC' EXIT
 
 step "the real provider over the fake: tests/rdma_ibverbs*.rs, kvring info on a sysfs tree, and the provider's unit tests"
-cargo test --test rdma_ibverbs --test rdma_ibverbs_faults --test rdma_ibverbs_port
+cargo test --test rdma_ibverbs --test rdma_ibverbs_faults --test rdma_ibverbs_port --test rdma_ibverbs_gid
 cargo test --lib transport::rdma
 
 step "the simulated provider's engine suite (tests/rdma.rs) again on the real provider over the fake (skips print their reason)"

@@ -70,9 +70,8 @@ impl RdmaNode {
                         None
                     }
                     AsyncEvent::GidChange { port } => {
-                        // A new connection queries its GID again (create_qp);
-                        // links already made keep theirs until they fail.
-                        tracing::warn!(device = %nic.name, port, "GID table changed");
+                        self.choose_gid_again(nic);
+                        tracing::info!(device = %nic.name, port, "GID table changed");
                         None
                     }
                     AsyncEvent::Other(kind) => {
@@ -88,6 +87,38 @@ impl RdmaNode {
                     nic.faults.fetch_add(1, Ordering::Release);
                 }
             }
+        }
+    }
+}
+
+impl RdmaNode {
+    /// The port's GID table changed (an address came or went): the GID index
+    /// is chosen again as at open (the configured one, if it is still
+    /// there), and the spare QPs, whose endpoints carry the old GID, are
+    /// destroyed; links already made keep theirs until they fail
+    /// (VERBS-REVIEW finding 12).
+    fn choose_gid_again(&self, nic: &super::Nic) {
+        let port = self.verbs.devices().ok().and_then(|devices| {
+            devices.into_iter().find(|d| d.name == nic.name)?.ports.into_iter().find(|p| p.port == nic.port)
+        });
+        let Some(port) = port else { return };
+        match crate::transport::rdma::devices::gid_index(&nic.name, &port, self.gid_configured) {
+            Ok(index) => {
+                let gid = port.gids.iter().find(|(i, ..)| *i == index).map(|(_, gid, _)| *gid);
+                *nic.gid_now.lock().unwrap_or_else(|p| p.into_inner()) = gid;
+                let old = nic.gid_index.swap(index, Ordering::Relaxed);
+                if old != index {
+                    tracing::info!(device = %nic.name, old, new = index, "GID index chosen again");
+                }
+                let spares = std::mem::take(&mut *nic.spares.lock().unwrap_or_else(|p| p.into_inner()));
+                for spare in spares.active {
+                    self.destroy(spare, false);
+                }
+                for spare in spares.passive {
+                    self.destroy(spare, true);
+                }
+            }
+            Err(error) => tracing::warn!(device = %nic.name, %error, "no usable GID after a GID change"),
         }
     }
 }

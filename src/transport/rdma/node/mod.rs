@@ -80,7 +80,13 @@ pub struct Nic {
     context: Context,
     pd: Pd,
     port: u8,
-    gid_index: u8,
+    /// The GID index its QPs use: chosen again when the port's GID table
+    /// changes (IBV_EVENT_GID_CHANGE, `events.rs`).
+    gid_index: std::sync::atomic::AtomicU8,
+    /// The GID its QPs carry since the table last changed (`None`: it has
+    /// not changed since the node opened): a spare QP made with another is
+    /// destroyed, not reused.
+    gid_now: Mutex<Option<[u8; 16]>>,
     mrs: Mutex<MrCache>,
     /// The CQ of the QPs accepted for initiators: one-sided operations
     /// complete on the initiator's side, so only the receives that
@@ -101,6 +107,14 @@ pub struct Nic {
     /// reconnect (a peer restart, a failed QP) re-handshakes them instead
     /// of paying for a QP creation, which costs milliseconds on real NICs.
     spares: Mutex<Spares>,
+}
+
+impl Nic {
+    /// Whether a QP with `endpoint` was made with a GID the port no longer
+    /// uses (the table changed since).
+    fn stale(&self, endpoint: &QpEndpoint) -> bool {
+        self.gid_now.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|gid| gid != endpoint.gid)
+    }
 }
 
 /// A region's keys on every NIC.
@@ -142,6 +156,8 @@ pub struct RdmaNode {
     arrivals: std::sync::OnceLock<Arc<crate::arrival::Arrivals>>,
     /// Locked memory its host registrations charge (finding 8).
     memlock: memlock::Memlock,
+    /// The GID index configured for every port (`None`: chosen per port).
+    gid_configured: Option<u8>,
 }
 
 /// Local keys, read under the region table's lock (once per chunk).
@@ -172,7 +188,7 @@ impl RdmaNode {
         let mut nics = Vec::new();
         for (device, port) in choose(&verbs.devices()?, wanted, max_nics)? {
             let port = &port;
-            let gid_index = choose_gid(&device.name, port, gid_index)?;
+            let chosen_gid = choose_gid(&device.name, port, gid_index)?;
             let context = verbs.open(&device.name)?;
             let pd = verbs.alloc_pd(context)?;
             let (passive_cq, receives) = match receive_queue(&*verbs, context, pd) {
@@ -189,7 +205,8 @@ impl RdmaNode {
                 context,
                 pd,
                 port: port.port,
-                gid_index,
+                gid_index: std::sync::atomic::AtomicU8::new(chosen_gid),
+                gid_now: Mutex::new(None),
                 mrs: Mutex::new(MrCache::new(verbs.clone(), pd)),
                 passive_cq,
                 receives,
@@ -212,6 +229,7 @@ impl RdmaNode {
             accepting: AtomicUsize::new(0),
             arrivals: std::sync::OnceLock::new(),
             memlock: memlock::Memlock::of_process(),
+            gid_configured: gid_index,
         })
     }
 
@@ -378,12 +396,19 @@ impl RdmaNode {
     /// NIC's passive CQ (`passive`, accepted QPs) or on a CQ of its own.
     fn take(&self, nic: usize, passive: bool, depth: u32) -> Result<Spare> {
         let n = self.nic(nic)?;
-        let spare = {
-            let mut spares = n.spares.lock().unwrap_or_else(|p| p.into_inner());
-            if passive {
-                spares.passive.pop()
-            } else {
-                spares.active.pop()
+        let spare = loop {
+            let spare = {
+                let mut spares = n.spares.lock().unwrap_or_else(|p| p.into_inner());
+                if passive {
+                    spares.passive.pop()
+                } else {
+                    spares.active.pop()
+                }
+            };
+            match spare {
+                // Made with a GID the port no longer uses.
+                Some(spare) if n.stale(&spare.endpoint) => self.destroy(spare, passive),
+                other => break other,
             }
         };
         if let Some(spare) = spare {
@@ -411,6 +436,10 @@ impl RdmaNode {
         }
         let reset = self.verbs.modify_qp(spare.qp, QpTransition::Reset).is_ok();
         if let (true, Ok(n)) = (reset, self.nic(nic)) {
+            if n.stale(&spare.endpoint) {
+                self.destroy(spare, passive);
+                return;
+            }
             let mut spares = n.spares.lock().unwrap_or_else(|p| p.into_inner());
             let pool = if passive { &mut spares.passive } else { &mut spares.active };
             if pool.len() < MAX_SPARE_QPS {
@@ -502,7 +531,8 @@ impl RdmaNode {
         // its pinned send queue at the provider's minimum instead of
         // ~512 KiB each on mlx5 (VERBS-REVIEW finding 9).
         let (max_send_wr, max_inline) = if passive { (1, 0) } else { (QP_DEPTH, MAX_INLINE) };
-        let caps = QpCaps { max_send_wr, max_inline, port: nic.port, gid_index: nic.gid_index, srq };
+        let gid_index = nic.gid_index.load(Ordering::Relaxed);
+        let caps = QpCaps { max_send_wr, max_inline, port: nic.port, gid_index, srq };
         let (qp, endpoint) = self.verbs.create_qp(nic.pd, cq, caps)?;
         if let Err(error) = self.verbs.modify_qp(qp, QpTransition::Init) {
             let _ = self.verbs.destroy_qp(qp);

@@ -14,7 +14,8 @@
 //! named file exists, WRs fail (RETRY_EXC_ERR) / ports are down (WRs posted
 //! then go unanswered until the QP's retries run out, and the context's
 //! async events say IBV_EVENT_PORT_ERR, then IBV_EVENT_PORT_ACTIVE when the
-//! file is gone).
+//! file is gone); `FAKE_IBVERBS_NO_IPV4_FILE`: while it exists the RoCE
+//! ports' IPv4 GIDs are empty (IBV_EVENT_GID_CHANGE at each change).
 //!
 //! Error returns follow each page: functions "returning the value of
 //! errno" return it and leave errno set to an unrelated sentinel (EDOM),
@@ -133,7 +134,7 @@ fn gid(spec: &DeviceSpec, index: c_int) -> Option<([u8; 16], u32)> {
             return Some((g, IBV_GID_TYPE_IB));
         }
         (true, 0 | 1) => link_local(&mut g),
-        (true, 2 | 3) if spec.ipv4 => mapped(&mut g),
+        (true, 2 | 3) if spec.ipv4 && !ipv4_gone() => mapped(&mut g),
         _ => return None,
     }
     Some((g, kind))
@@ -180,6 +181,8 @@ pub struct Ctx {
     events: Mutex<std::collections::VecDeque<(c_uint, usize)>>,
     /// The port's state when last looked at, for PORT_ERR / PORT_ACTIVE.
     port_was_down: std::sync::atomic::AtomicBool,
+    /// Whether the IPv4 GIDs were gone when last looked at, for GID_CHANGE.
+    ipv4_was_gone: std::sync::atomic::AtomicBool,
 }
 
 #[no_mangle]
@@ -204,8 +207,29 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         live: AtomicU64::new(0),
         events: Mutex::new(std::collections::VecDeque::new()),
         port_was_down: std::sync::atomic::AtomicBool::new(false),
+        ipv4_was_gone: std::sync::atomic::AtomicBool::new(false),
     }));
+    watched(|contexts| contexts.push(ctx as usize));
     &mut (*ctx).raw
+}
+
+/// Open contexts, watched by one thread that raises their port and GID
+/// events as the device would: on its own, whether or not the process
+/// calls into the library (ibv_get_async_event(3): events are reported
+/// asynchronously on `async_fd`).
+fn watched<R>(f: impl FnOnce(&mut Vec<usize>) -> R) -> R {
+    static CONTEXTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+    static WATCHER: std::sync::Once = std::sync::Once::new();
+    WATCHER.call_once(|| {
+        std::thread::spawn(|| loop {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            let contexts = CONTEXTS.lock().unwrap();
+            for &ctx in contexts.iter() {
+                check_port(ctx as *mut ibv_context);
+            }
+        });
+    });
+    f(&mut CONTEXTS.lock().unwrap())
 }
 
 #[no_mangle]
@@ -216,6 +240,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         // ibv_open_device(3): every resource is released before close.
         log(&format!("ibv_close_device with {live} objects still open"));
     }
+    watched(|contexts| contexts.retain(|&c| c != ctx as usize));
     libc::close((*ctx).raw.async_fd);
     drop(Box::from_raw(ctx));
     0
@@ -324,7 +349,8 @@ pub fn raise_event(context: *mut ibv_context, event_type: c_uint, element: usize
 }
 
 /// Raises PORT_ERR / PORT_ACTIVE when the port's state changed since last
-/// looked at (ibv_get_async_event(3): port events carry the port number).
+/// looked at, GID_CHANGE when its GID table did (ibv_get_async_event(3):
+/// port events carry the port number).
 pub fn check_port(context: *mut ibv_context) {
     // SAFETY: as above.
     let ctx = unsafe { &*(context as *const Ctx) };
@@ -332,6 +358,17 @@ pub fn check_port(context: *mut ibv_context) {
     if ctx.port_was_down.swap(down, Ordering::AcqRel) != down {
         raise_event(context, if down { IBV_EVENT_PORT_ERR } else { IBV_EVENT_PORT_ACTIVE }, 1);
     }
+    let gone = ctx.spec.ethernet && ctx.spec.ipv4 && ipv4_gone();
+    if ctx.ipv4_was_gone.swap(gone, Ordering::AcqRel) != gone {
+        raise_event(context, IBV_EVENT_GID_CHANGE, 1);
+    }
+}
+
+/// `FAKE_IBVERBS_NO_IPV4_FILE`: while that file exists, RoCE ports' IPv4
+/// GIDs (entries 2 and 3) are empty, as when the netdev's address is
+/// removed.
+fn ipv4_gone() -> bool {
+    std::env::var_os("FAKE_IBVERBS_NO_IPV4_FILE").is_some_and(|p| std::path::Path::new(&p).exists())
 }
 
 /// ibv_get_async_event(3): blocks until an event comes, unless the
