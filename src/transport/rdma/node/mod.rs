@@ -183,7 +183,7 @@ impl LocalKeys<'_> {
 impl RdmaNode {
     /// Opens the devices `wanted` (empty: every device with an active
     /// port of one link layer; at most `max_nics`: see [`choose`]), using
-    /// GID `gid_index` of each port (`None`: see [`gid_index`]).
+    /// GID `gid_index` of each port (`None`: see `devices::gid_index`).
     pub fn open(verbs: Arc<dyn Verbs>, wanted: &[String], max_nics: usize, gid_index: Option<u8>) -> Result<Self> {
         let mut nics = Vec::new();
         for (device, port) in choose(&verbs.devices()?, wanted, max_nics)? {
