@@ -1,7 +1,9 @@
 //! Which verbs provider an RDMA suite runs on: kvring's simulated one
 //! (default), or the real one, `IbVerbs`, over the fake libibverbs of
 //! tests/fakes/ibverbs when `RDMA_TEST_PROVIDER=ibverbs` (what
-//! .ci/stage-fakeverbs.sh sets, with the fake on LD_LIBRARY_PATH). A test
+//! .ci/stage-fakeverbs.sh sets, with the fake on LD_LIBRARY_PATH), or over a
+//! host's own libibverbs and the NICs `RDMA_TEST_DEVICES` names
+//! (benches/rdma_check.sh). A test
 //! that needs what only the simulator has (its fault injection, its
 //! per-NIC byte counters, devices made up per test) runs that part on the
 //! simulator and says, on the real provider, what it skipped and why.
@@ -26,19 +28,35 @@ impl Provider {
     }
 
     /// As [`Provider::new`], with `nics` NICs (the simulator's `sim0`,
-    /// `sim1`..., or the fake's `fakeroce0`, `fakeroce1`).
-    pub fn with_nics(nics: usize) -> Self {
+    /// `sim1`..., or the fake's `fakeroce0`, `fakeroce1`; on a host with
+    /// NICs, those `RDMA_TEST_DEVICES` names, comma-separated:
+    /// benches/rdma_check.sh). `None`, with the reason printed, when fewer
+    /// are named.
+    pub fn try_with_nics(nics: usize) -> Option<Self> {
         if std::env::var("RDMA_TEST_PROVIDER").as_deref() == Ok("ibverbs") {
             let verbs = IbVerbs::new();
-            let listed = verbs.devices().unwrap_or_else(|e| panic!("RDMA_TEST_PROVIDER=ibverbs without the fake: {e}"));
-            let names: Vec<String> = (0..nics).map(|i| format!("fakeroce{i}")).collect();
-            for name in &names {
-                assert!(listed.iter().any(|d| &d.name == name), "the fake lists no {name} (FAKE_IBVERBS_DEVICES)");
+            let listed =
+                verbs.devices().unwrap_or_else(|e| panic!("RDMA_TEST_PROVIDER=ibverbs without libibverbs: {e}"));
+            let names: Vec<String> = match std::env::var("RDMA_TEST_DEVICES") {
+                Ok(named) => named.split(',').filter(|n| !n.is_empty()).take(nics).map(str::to_string).collect(),
+                Err(_) => (0..nics).map(|i| format!("fakeroce{i}")).collect(),
+            };
+            if names.len() < nics {
+                eprintln!("skipped: needs {nics} NICs, RDMA_TEST_DEVICES names {}", names.len());
+                return None;
             }
-            return Provider::Real(Arc::new(verbs), names);
+            for name in &names {
+                assert!(listed.iter().any(|d| &d.name == name), "libibverbs lists no {name} (FAKE_IBVERBS_DEVICES?)");
+            }
+            return Some(Provider::Real(Arc::new(verbs), names));
         }
         let devices = (0..nics).map(|i| SimVerbs::device(&format!("sim{i}"), Some(0))).collect();
-        Provider::Sim(Arc::new(if nics == 1 { SimVerbs::new() } else { SimVerbs::with_devices(devices) }))
+        Some(Provider::Sim(Arc::new(if nics == 1 { SimVerbs::new() } else { SimVerbs::with_devices(devices) })))
+    }
+
+    /// As [`Provider::try_with_nics`], for one NIC (always named).
+    pub fn with_nics(nics: usize) -> Self {
+        Self::try_with_nics(nics).expect("a NIC is named")
     }
 
     /// The provider, as engines take it.
