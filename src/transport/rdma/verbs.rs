@@ -329,6 +329,12 @@ pub enum AsyncEvent {
         /// The port.
         port: u8,
     },
+    /// IBV_EVENT_QP_LAST_WQE_REACHED: a QP on a shared receive queue, moved
+    /// to ERR, will complete no more receives (its CQ can be drained).
+    LastWqeReached {
+        /// The QP.
+        qp: Qp,
+    },
     /// Any other event (taken and acknowledged, nothing else done), with
     /// its `ibv_event_type`.
     Other(u32),

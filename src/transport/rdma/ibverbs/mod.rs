@@ -74,6 +74,8 @@ struct Tables {
     qps: HashMap<u64, QpInfo>,
     /// The completion channel of each wakeable CQ.
     channels: HashMap<u64, Raw<ibv_comp_channel>>,
+    /// QP pointer → handle, for the QP an async event names.
+    qp_handles: HashMap<usize, u64>,
     counts: ObjectCounts,
 }
 
@@ -378,6 +380,7 @@ impl Verbs for IbVerbs {
         }
         let mut tables = self.lock();
         tables.qps.remove(&qp.0);
+        tables.qp_handles.remove(&(raw as usize));
         tables.counts.qps.1 += 1;
         Ok(())
     }
@@ -420,6 +423,10 @@ impl Verbs for IbVerbs {
                 IBV_EVENT_DEVICE_FATAL => AsyncEvent::DeviceFatal,
                 IBV_EVENT_CQ_ERR | IBV_EVENT_QP_FATAL => AsyncEvent::QueueFatal,
                 IBV_EVENT_GID_CHANGE => AsyncEvent::GidChange { port },
+                IBV_EVENT_QP_LAST_WQE_REACHED => match self.lock().qp_handles.get(&(event.element as usize)) {
+                    Some(&handle) => AsyncEvent::LastWqeReached { qp: Qp(handle) },
+                    None => AsyncEvent::Other(IBV_EVENT_QP_LAST_WQE_REACHED),
+                },
                 other => AsyncEvent::Other(other),
             });
             // SAFETY: the event just taken, acknowledged once (every event

@@ -105,6 +105,7 @@ pub(super) fn create(verbs: &IbVerbs, pd: Pd, cq: Cq, caps: QpCaps) -> Result<(Q
     };
     let mut tables = verbs.lock();
     tables.qps.insert(handle, info);
+    tables.qp_handles.insert(qp as usize, handle);
     tables.counts.qps.0 += 1;
     let endpoint = QpEndpoint { qpn, psn, gid: gid.raw, lid: port.lid, mtu: mtu_bytes(port.active_mtu) };
     Ok((Qp(handle), endpoint))

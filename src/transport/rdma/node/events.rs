@@ -9,7 +9,7 @@
 
 use super::RdmaNode;
 use crate::error::Result;
-use crate::transport::rdma::verbs::AsyncEvent;
+use crate::transport::rdma::verbs::{AsyncEvent, Qp};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -26,6 +26,7 @@ impl RdmaNode {
         if fds.is_empty() {
             return Ok(());
         }
+        self.last_wqe.events.store(true, Ordering::Release);
         let node = Arc::downgrade(self);
         std::thread::Builder::new()
             .name("kvring-rdma-events".into())
@@ -74,6 +75,10 @@ impl RdmaNode {
                         tracing::info!(device = %nic.name, port, "GID table changed");
                         None
                     }
+                    AsyncEvent::LastWqeReached { qp } => {
+                        self.last_wqe_reached(qp);
+                        None
+                    }
                     AsyncEvent::Other(kind) => {
                         tracing::debug!(device = %nic.name, kind, "async event");
                         None
@@ -87,6 +92,55 @@ impl RdmaNode {
                     nic.faults.fetch_add(1, Ordering::Release);
                 }
             }
+        }
+    }
+}
+
+/// How long a released accepted QP's drain waits for its
+/// IBV_EVENT_QP_LAST_WQE_REACHED (then drains anyway).
+const LAST_WQE_WAIT: Duration = Duration::from_millis(100);
+/// Most QPs whose LAST_WQE_REACHED is kept unclaimed (events for QPs
+/// nobody drains, e.g. failed by the NIC, are dropped past it).
+const MAX_LAST_WQE: usize = 4096;
+
+/// QPs whose last receive completion is on the CQ
+/// (IBV_EVENT_QP_LAST_WQE_REACHED), for the drain that waits on them.
+#[derive(Debug, Default)]
+pub(super) struct LastWqe {
+    /// Whether events are read at all (the node's event thread runs).
+    events: std::sync::atomic::AtomicBool,
+    reached: std::sync::Mutex<std::collections::HashSet<Qp>>,
+    changed: std::sync::Condvar,
+}
+
+impl RdmaNode {
+    fn last_wqe_reached(&self, qp: Qp) {
+        let mut reached = self.last_wqe.reached.lock().unwrap_or_else(|p| p.into_inner());
+        if reached.len() >= MAX_LAST_WQE {
+            reached.clear();
+        }
+        reached.insert(qp);
+        self.last_wqe.changed.notify_all();
+    }
+
+    /// Waits (at most [`LAST_WQE_WAIT`]) until `qp`, moved to ERR, has had
+    /// its IBV_EVENT_QP_LAST_WQE_REACHED: after it no receive of the SRQ
+    /// completes on the QP, so a drain then misses none (IBTA §10.3.1 as
+    /// quoted in Linux commit 844bc12e6da3). Without an event thread (the
+    /// simulator, or a node outside an engine) it returns at once.
+    pub(super) fn wait_last_wqe(&self, qp: Qp) {
+        if !self.last_wqe.events.load(Ordering::Acquire) {
+            return;
+        }
+        let deadline = std::time::Instant::now() + LAST_WQE_WAIT;
+        let mut reached = self.last_wqe.reached.lock().unwrap_or_else(|p| p.into_inner());
+        while !reached.remove(&qp) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                tracing::debug!(?qp, "no IBV_EVENT_QP_LAST_WQE_REACHED in time; draining anyway");
+                return;
+            }
+            reached = self.last_wqe.changed.wait_timeout(reached, left).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
 }

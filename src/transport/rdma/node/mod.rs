@@ -158,6 +158,8 @@ pub struct RdmaNode {
     memlock: memlock::Memlock,
     /// The GID index configured for every port (`None`: chosen per port).
     gid_configured: Option<u8>,
+    /// Accepted QPs whose last receive completion is on the CQ.
+    last_wqe: events::LastWqe,
 }
 
 /// Local keys, read under the region table's lock (once per chunk).
@@ -230,6 +232,7 @@ impl RdmaNode {
             arrivals: std::sync::OnceLock::new(),
             memlock: memlock::Memlock::of_process(),
             gid_configured: gid_index,
+            last_wqe: events::LastWqe::default(),
         })
     }
 
@@ -455,10 +458,12 @@ impl RdmaNode {
     /// Resetting or destroying it with completions still on the CQ would
     /// drop them (mlx5 cleans the CQ), and with them an arrival and an SRQ
     /// receive for good (IBTA §10.3.1 as quoted in Linux commit
-    /// 844bc12e6da3: Error, drain, then Reset or Destroy; VERBS-REVIEW
-    /// finding 4).
+    /// 844bc12e6da3: Error, wait for IBV_EVENT_QP_LAST_WQE_REACHED, drain,
+    /// then Reset or Destroy; VERBS-REVIEW finding 4).
     fn drain_passive(&self, nic: usize, qp: Qp) {
-        let _ = self.verbs.modify_qp(qp, QpTransition::Error);
+        if self.verbs.modify_qp(qp, QpTransition::Error).is_ok() {
+            self.wait_last_wqe(qp);
+        }
         let Ok(n) = self.nic(nic) else { return };
         let arrivals = self.arrivals.get().cloned();
         let mut wcs = [Wc::new(0, WcStatus::Success); 64];
