@@ -375,9 +375,7 @@ impl RdmaNode {
         let set = self.with_accepted(|accepted| accepted.remove(&(initiator.name.clone(), initiator.epoch)));
         let qps = set.map(|set| set.qps).unwrap_or_default();
         let count = qps.len();
-        for (nic, spare) in qps {
-            self.keep_or_destroy(nic, spare, true);
-        }
+        self.release_passive(qps);
         count
     }
 
