@@ -58,9 +58,16 @@ export FAKE_IBVERBS_REQUIRED=1
 export FAKE_IBVERBS_DEVICES="fakeroce0:eth:4096:active,fakeroce1:eth:1024:active,fakeib0:ib:4096:active,fakedown0:eth:4096:down"
 trap 'rm -f /dev/shm/kvring-fakeverbs-$(id -u)-$FAKE_IBVERBS_FABRIC' EXIT
 
-step "the real provider over the fake: tests/rdma_ibverbs.rs and the provider's unit tests"
-cargo test --test rdma_ibverbs --test rdma_ibverbs_faults
+step "the real provider over the fake: tests/rdma_ibverbs*.rs, kvring info on a sysfs tree, and the provider's unit tests"
+cargo test --test rdma_ibverbs --test rdma_ibverbs_faults --test rdma_ibverbs_port --test rdma_ibverbs_gid
 cargo test --lib transport::rdma
+
+step "the simulated provider's engine suite (tests/rdma.rs) again on the real provider over the fake (skips print their reason)"
+RDMA_TEST_PROVIDER=ibverbs cargo test --test rdma -- --nocapture 2>&1 | tee /tmp/kvring-fakeverbs-rdma.txt
+grep -E '^test result: ok\. 8 passed' /tmp/kvring-fakeverbs-rdma.txt >/dev/null
+
+step "a host without libibverbs (a private mount namespace hides it): info, bench over tcp, rdma refused"
+env -u LD_LIBRARY_PATH cargo test --test rdma_hostless
 
 step "kvring info and kvring bench --transport rdma through IbVerbs on the fake (two processes)"
 FAKE_IBVERBS_DEVICES="fakeroce0:eth:4096:active" target/release/kvring info | grep '^rdma:.*fakeroce0.*active Ethernet'

@@ -54,8 +54,20 @@ if [ "${RDMA_CHECK_FAKE:-0}" = 1 ]; then
     FAKE_IBVERBS_DEVICES="fakeroce0:eth:4096:active,fakeroce1:eth:1024:active,fakeib0:ib:4096:active,fakedown0:eth:4096:down" \
         cargo test --release --test rdma_ibverbs || fail "rdma_ibverbs tests"
 else
-    echo "(tests/rdma_ibverbs.rs names the fake's devices; the two-process bench below is the NIC check)"
+    echo "(tests/rdma_ibverbs.rs names the fake's devices; the engine suite below and the bench are the NIC check)"
 fi
+
+step "the engine suite (tests/rdma.rs) on this host's NICs"
+if [ "${RDMA_CHECK_FAKE:-0}" = 1 ]; then
+    names="fakeroce0,fakeroce1"
+    export FAKE_IBVERBS_DEVICES="fakeroce0:eth:4096:active,fakeroce1:eth:4096:active"
+else
+    names="${device:-$("$kvring" info | grep '^rdma:' | grep -oE '[A-Za-z0-9_]+ \(numa [^;]*; port [0-9]+ active' |
+        cut -d' ' -f1 | paste -sd, -)}"
+fi
+echo "devices: $names"
+RDMA_TEST_PROVIDER=ibverbs RDMA_TEST_DEVICES="$names" cargo test --release --test rdma -- --nocapture ||
+    fail "tests/rdma.rs on the real provider"
 
 step "two processes: kvring bench --transport rdma (host memory)"
 out="$(mktemp)"

@@ -44,7 +44,10 @@ fn devices_ports_link_layers_and_gids_come_from_verbs_queries() {
     assert_eq!(names, ["fakedown0", "fakeib0", "fakeroce0", "fakeroce1"], "natural order");
     let roce = &devices[2].ports[0];
     assert!(roce.active && roce.link_layer == LinkLayer::Ethernet && roce.mtu == 4096);
-    assert_eq!(roce.gids.len(), 2, "link-local and IPv4-mapped");
+    // A ConnectX-like table: link-local and IPv4-mapped, each RoCE v1 and
+    // v2, the types from _ibv_query_gid_ex (no sysfs tree here).
+    let kinds: Vec<(u8, bool, bool)> = roce.gids.iter().map(|(i, g, v2)| (*i, g[10] == 0xff, *v2)).collect();
+    assert_eq!(kinds, [(0, false, false), (1, false, true), (2, true, false), (3, true, true)]);
     let ib = &devices[1].ports[0];
     assert_eq!((ib.link_layer, ib.lid), (LinkLayer::InfiniBand, 3), "IB ports have a LID");
     assert_eq!(devices[3].ports[0].mtu, 1024);
@@ -279,4 +282,130 @@ fn the_path_mtu_is_the_smaller_port_mtu_and_the_rd_atomic_depth_fits_the_device(
     assert_eq!(target, source);
     large.verbs.post_send(large.qp, &[write(8, &rmr, mr.addr, mr.rkey, 1 << 20)]).unwrap();
     assert_eq!(poll_one(&large), Wc::new(8, WcStatus::Success));
+}
+
+#[test]
+fn the_gid_index_defaults_to_roce_v2_ipv4_mapped_and_a_configured_one_must_exist() {
+    if fake().is_none() {
+        return;
+    }
+    let built = |index: Option<u8>| {
+        let builder = common::builder("ib-gid").rdma(Arc::new(IbVerbs::new())).rdma_devices(["fakeroce0"]);
+        match index {
+            Some(index) => builder.rdma_gid_index(index),
+            None => builder,
+        }
+        .build()
+    };
+    // Index 9 is inside the 16-entry table but empty; 200 is past it.
+    for index in [9, 200] {
+        let error = built(Some(index)).unwrap_err().to_string();
+        assert!(error.contains(&format!("GID index {index} is out of range")), "{error}");
+        assert!(error.contains("fakeroce0") && error.contains("3 (::ffff:127.0.0.1 RoCE v2)"), "{error}");
+    }
+    // The default and a configured valid index both connect and move bytes.
+    for index in [None, Some(1)] {
+        let target = built(index).unwrap();
+        let remote = target.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+        let initiator = built(index).unwrap();
+        let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+        // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+        unsafe { local.fill_pattern(5) };
+        let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
+        assert_eq!(segment.transport(), TransportKind::Rdma);
+        let mut sub = initiator.submitter().unwrap();
+        let id =
+            sub.submit(&Batch::write(&segment).block(BlockDesc::new(local.id(), 0, remote.id(), 0, 8192))).unwrap();
+        assert!(sub.wait(id, WAIT).unwrap().is_done(), "gid index {index:?}");
+    }
+}
+
+#[test]
+fn an_empty_gid_or_one_past_the_table_is_refused_by_index() {
+    if fake().is_none() {
+        return;
+    }
+    let b = side("fakeroce0", 3, 8);
+    // kvring queries the GID at every QP and refuses an empty entry by index.
+    let caps = QpCaps { max_send_wr: 8, max_inline: 0, port: 1, gid_index: 9, srq: None };
+    let error = b.verbs.create_qp(b.pd, b.cq, caps).unwrap_err().to_string();
+    assert!(error.contains("GID index 9 of port 1 is empty"), "{error}");
+    // Past the table, ibv_query_gid(3) itself refuses.
+    let error = b.verbs.create_qp(b.pd, b.cq, QpCaps { gid_index: 16, ..caps }).unwrap_err().to_string();
+    assert!(error.contains("GID index 16 failed"), "{error}");
+    connect(&b, &b.endpoint).expect("a valid RoCE v2 GID index");
+}
+
+/// `kvring info` with the fake's devices `devices` and the sysfs tree
+/// `sysfs`: its `rdma:` line.
+fn info_rdma_line(devices: &str, sysfs: &std::path::Path) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvring"))
+        .arg("info")
+        .env("FAKE_IBVERBS_DEVICES", devices)
+        .env("KVRING_RDMA_SYSFS_ROOT", sysfs)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    text.lines().find(|l| l.starts_with("rdma:")).unwrap_or_else(|| panic!("no rdma line: {text}")).to_string()
+}
+
+#[test]
+fn kvring_info_lists_the_devices_ports_link_layers_gids_and_numa_nodes_from_verbs_and_sysfs() {
+    if fake().is_none() {
+        return;
+    }
+    // A sysfs tree for what verbs do not say: fakeroce0's NUMA node.
+    let sysfs = std::env::temp_dir().join(format!("kvring-info-sysfs-{}", std::process::id()));
+    std::fs::create_dir_all(sysfs.join("fakeroce0/device")).unwrap();
+    std::fs::write(sysfs.join("fakeroce0/device/numa_node"), "1\n").unwrap();
+    let line = info_rdma_line("fakeroce0:eth:4096:active,fakeib0:ib:2048:active,fakedown0:eth:4096:down", &sysfs);
+    let none = info_rdma_line("", &sysfs);
+    let _ = std::fs::remove_dir_all(&sysfs);
+    assert!(line.contains("fakeroce0 (numa 1; port 1 active Ethernet mtu 4096 lid 0 gid 3 ["), "{line}");
+    assert!(line.contains("3=::ffff:127.0.0.1 v2]"), "the GID table with types: {line}");
+    assert!(line.contains("fakeib0 (numa ?; port 1 active InfiniBand mtu 2048 lid 2 gid 0 [0=fe80::2]"), "{line}");
+    assert!(line.contains("fakedown0 (numa ?; port 1 down Ethernet"), "{line}");
+    assert!(line.find("fakedown0") < line.find("fakeib0") && line.find("fakeib0") < line.find("fakeroce0"));
+    assert_eq!(none, "rdma:             no RDMA device (libibverbs lists none)");
+}
+
+/// tests/rdma_gpu.rs's tagged push, host memory only (the fake has no
+/// dma-buf or peer-memory registration of GPU memory): WRITE_WITH_IMMs
+/// consume the target's SRQ receives, complete on its passive CQ with the
+/// tag and byte count, and are counted; the receives are posted again.
+#[test]
+fn a_tagged_push_is_counted_on_the_target_through_its_shared_receive_queue() {
+    if fake().is_none() {
+        return;
+    }
+    let target = engine("tag-decode", &["fakeroce0"]);
+    let remote = target.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
+    let initiator = engine("tag-prefill", &["fakeroce0"]);
+    let local = initiator.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { local.fill_pattern(3) };
+    let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let tag = kvring::kv::arrival_tag(7, 3).unwrap();
+    let small: Vec<_> = (0..64u64).map(|i| BlockDesc::new(local.id(), i * 8192, remote.id(), i * 8192, 4096)).collect();
+    let big = [BlockDesc::new(local.id(), 1 << 20, remote.id(), 1 << 20, 3 << 20)];
+    let mut expected = 0;
+    // More tagged writes than the SRQ holds receives, over several rounds:
+    // a receive that was not posted again would stall them (RNR).
+    for _ in 0..80 {
+        for descs in [&small[..], &big[..]] {
+            let id = sub.submit(&Batch::write(&segment).descs(descs).arrival_tag(tag)).unwrap();
+            expected += descs.iter().map(|d| d.len).sum::<u64>();
+            target.wait_landed(tag, expected, WAIT).unwrap();
+            assert!(sub.wait(id, WAIT).unwrap().is_done());
+        }
+    }
+    assert_eq!(target.landed(tag), expected);
+    let mut got = vec![0u8; 3 << 20];
+    // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
+    unsafe { remote.read_at(1 << 20, &mut got).unwrap() };
+    assert_eq!(got, pattern(4 << 20, 3)[1 << 20..]);
+    assert_eq!(target.forget_arrival(tag), expected);
+    assert_eq!(target.arrivals_dropped(), 0);
 }

@@ -20,7 +20,7 @@ import ctypes
 from . import _native
 from ._buffers import address_of
 from .errors import *  # noqa: F401,F403  (one class per error kind)
-from .errors import KvringError
+from .errors import InvalidArgumentError, KvringError
 
 __all__ = ["Engine", "check_pd_topo", "transports", "KvringError"]
 
@@ -66,7 +66,19 @@ class Engine:
     names memory.
     """
 
-    def __init__(self, name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=True, token=None, gpu=None):
+    def __init__(
+        self,
+        name=None,
+        listen="127.0.0.1:0",
+        lanes=1,
+        metadata=None,
+        serve_tcp=True,
+        token=None,
+        gpu=None,
+        rdma=None,
+        rdma_devices=None,
+        rdma_gid_index=None,
+    ):
         """``token``: the cluster's pre-shared token (str or bytes), proven in
         every handshake and data connection and never sent; when None, the
         ``KVRING_TOKEN`` environment variable, if set. Without a token,
@@ -78,15 +90,46 @@ class Engine:
         "cuda": the driver now, or an error; "sim": kvring's simulated GPUs
         (two), whose memory no host thread can touch, for tests and for
         trying the GPU path anywhere (``sim_device_buffer``). When None, the
-        ``KVRING_GPU`` environment variable, if set."""
+        ``KVRING_GPU`` environment variable, if set.
+
+        ``rdma``: "auto" (default: RDMA where libibverbs lists a device with
+        an active port), "on" (or an error saying why not) or "off";
+        ``rdma_devices``: the NICs to use by name (a list, or a
+        comma-separated str), each used or refused by name, never replaced
+        by another; ``rdma_gid_index``: the RoCE GID index of every port
+        (None: RoCE v2 with an IPv4-mapped address first). When None, the
+        ``KVRING_RDMA``, ``KVRING_RDMA_DEVICES`` and
+        ``KVRING_RDMA_GID_INDEX`` environment variables, if set."""
         if token is None:
             token = os.environ.get("KVRING_TOKEN") or None
         if isinstance(token, str):
             token = token.encode()
         if gpu is None:
             gpu = os.environ.get("KVRING_GPU") or None
+        if rdma is None:
+            rdma = os.environ.get("KVRING_RDMA") or None
+        if rdma_devices is None:
+            rdma_devices = os.environ.get("KVRING_RDMA_DEVICES") or None
+        if isinstance(rdma_devices, str):
+            rdma_devices = [d.strip() for d in rdma_devices.split(",") if d.strip()]
+        if rdma_gid_index is None and os.environ.get("KVRING_RDMA_GID_INDEX"):
+            try:
+                rdma_gid_index = int(os.environ["KVRING_RDMA_GID_INDEX"])
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"KVRING_RDMA_GID_INDEX={os.environ['KVRING_RDMA_GID_INDEX']!r} is not a whole number"
+                ) from None
         self._native = _native.Engine(
-            name=name, listen=listen, lanes=lanes, metadata=metadata, serve_tcp=serve_tcp, token=token, gpu=gpu
+            name=name,
+            listen=listen,
+            lanes=lanes,
+            metadata=metadata,
+            serve_tcp=serve_tcp,
+            token=token,
+            gpu=gpu,
+            rdma=rdma,
+            rdma_devices=rdma_devices,
+            rdma_gid_index=rdma_gid_index,
         )
         # Region id -> what keeps a registered buffer object alive and pinned.
         self._held = {}

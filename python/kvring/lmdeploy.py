@@ -126,7 +126,9 @@ class KvringMigrationBackend(_Base):
         self._default = _protocol(protocol)
         if self._default not in transports():
             raise UnsupportedError(f"protocol {self._default!r} is not built into this kvring module (it has {transports()})")
-        self._engine = engine or Engine(listen=listen)
+        # RDMA asked for is RDMA or an error now (no libibverbs, no device),
+        # never tcp in its place at the first transfer.
+        self._engine = engine or Engine(listen=listen, **({"rdma": "on"} if self._default == "rdma" else {}))
         self._local = {}  # mr_key -> (addr, length)
         self.links = {}  # remote_engine_id -> _Link
 

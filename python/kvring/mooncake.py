@@ -49,6 +49,17 @@ _HOST_BUFFER_ALIGN = 4096
 _host_buffers = {}  # address -> ctypes buffer keeping it alive
 
 
+def _device_names(device_name):
+    """Mooncake's ``device_name`` as kvring's device list: names split at
+    commas, a ``:port`` suffix dropped (kvring uses each device's active
+    port); ``[]`` for none, ``None`` when it is not a str."""
+    if device_name is None:
+        return []
+    if not isinstance(device_name, str):
+        return None
+    return [part.strip().split(":", 1)[0] for part in device_name.split(",") if part.strip()]
+
+
 def allocate_host_buffer(size):
     """``size`` bytes of zeroed, page-aligned host memory for
     ``register_memory``; its address, or 0 (Mooncake's null) when ``size``
@@ -177,7 +188,18 @@ class TransferEngine:
                 ", ".join(transports()),
             )
             return -1
-        if device_name:
+        rdma = {}
+        if transport == "rdma":
+            # Mooncake's device_name: the HCAs to use, comma-separated
+            # ("mlx5_0,mlx5_1"; a ":port" suffix is allowed). Each is used or
+            # the engine is not made (the reason logged): never another NIC,
+            # never tcp in its place.
+            names = _device_names(device_name)
+            if names is None:
+                log.error("initialize: device_name must be a str, got %r", device_name)
+                return -1
+            rdma = {"rdma": "on", "rdma_devices": names or None}
+        elif device_name:
             log.info("initialize: device_name %r is ignored by the %s transport", device_name, protocol)
         if metadata_server == P2PHANDSHAKE:
             metadata = None
@@ -198,7 +220,7 @@ class TransferEngine:
             log.error("initialize: local_hostname %r: %s", local_hostname, error)
             return -1
         try:
-            self._engine = Engine(name=local_hostname if metadata else None, listen=listen, metadata=metadata)
+            self._engine = Engine(name=local_hostname if metadata else None, listen=listen, metadata=metadata, **rdma)
         except KvringError as error:
             log.error("initialize: %s", error)
             return -1

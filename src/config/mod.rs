@@ -29,8 +29,9 @@ use std::path::{Path, PathBuf};
 /// The only file version this kvring reads.
 pub const CONFIG_VERSION: i64 = 1;
 /// Environment variables that are not settings but are read elsewhere
-/// (the advertised-address order, the config path).
-pub const OTHER_VARIABLES: [&str; 2] = ["KVRING_HOST_IP", "KVRING_CONFIG"];
+/// (the advertised-address order, the config path, where sysfs lists RDMA
+/// devices: a test tree beside a fake libibverbs).
+pub const OTHER_VARIABLES: [&str; 3] = ["KVRING_HOST_IP", "KVRING_CONFIG", "KVRING_RDMA_SYSFS_ROOT"];
 
 /// What kind of value a key takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +152,12 @@ pub const KEYS: &[Key] = &[
         kind: Kind::Byte,
         default: Some("0"),
         help: "InfiniBand service level / RoCE priority",
+    },
+    Key {
+        name: "rdma_gid_index",
+        kind: Kind::Byte,
+        default: None,
+        help: "RoCE GID index of every port (unset: RoCE v2 with an IPv4-mapped address first)",
     },
 ];
 
@@ -420,6 +427,10 @@ impl Config {
         let options = crate::rdma::IbOptions {
             traffic_class: byte("rdma_traffic_class"),
             service_level: byte("rdma_service_level"),
+        };
+        let builder = match self.get("rdma_gid_index").and_then(|v| v.parse::<u8>().ok()) {
+            Some(index) => builder.rdma_gid_index(index),
+            None => builder,
         };
         // The value was checked when set, so the mode parses.
         with_rdma(builder.clone(), mode, devices, options).unwrap_or(builder)

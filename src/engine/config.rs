@@ -113,6 +113,11 @@ pub struct EngineConfig {
     /// port); a named device that is missing or has no active port fails
     /// the build with the reason (see [`EngineBuilder::rdma_devices`]).
     pub rdma_devices: Vec<String>,
+    /// The RoCE GID index every RDMA port uses (`None`: chosen from each
+    /// port's GID table, RoCE v2 with an IPv4-mapped address first); one
+    /// the port does not have fails the build with the reason (see
+    /// [`EngineBuilder::rdma_gid_index`]).
+    pub rdma_gid_index: Option<u8>,
     /// A GPU provider, to tell device memory from host memory when a range
     /// is registered; `None` loads the CUDA driver at the first
     /// registration where one is installed (see [`EngineBuilder::gpu`]).
@@ -161,6 +166,7 @@ impl Default for EngineConfig {
             advertise: None,
             rdma: None,
             rdma_devices: Vec::new(),
+            rdma_gid_index: None,
             gpu: None,
             gpu_device: None,
             rdma_probe_interval: DEFAULT_RDMA_PROBE_INTERVAL,
@@ -400,6 +406,16 @@ impl EngineBuilder {
     /// engine is not built and the error names it. No other NIC is used.
     pub fn rdma_devices<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
         self.config.rdma_devices = names.into_iter().map(Into::into).filter(|n: &String| !n.is_empty()).collect();
+        self
+    }
+
+    /// Uses GID `index` of every RDMA port (what `ibv_rc_pingpong -g` and
+    /// perftest's `-x` take; `show_gids` lists them): for RoCE fabrics
+    /// where the default, the first RoCE v2 GID with an IPv4-mapped
+    /// address, is not the one routed. A port without a GID at `index`
+    /// fails the build with the port's valid indices.
+    pub fn rdma_gid_index(mut self, index: u8) -> Self {
+        self.config.rdma_gid_index = Some(index);
         self
     }
 

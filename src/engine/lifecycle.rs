@@ -180,10 +180,7 @@ impl Engine {
             auth: authenticator,
             notifications: notifications.clone(),
             kv_layout: Mutex::new(None),
-            rdma: match &config.rdma {
-                Some(verbs) => Some(Arc::new(RdmaNode::open(verbs.clone(), &config.rdma_devices, MAX_RDMA_NICS)?)),
-                None => None,
-            },
+            rdma: open_rdma(&config)?,
             cma: cma_export(&config, epoch),
             gpu_fds: Mutex::new(None),
         });
@@ -262,6 +259,8 @@ impl Engine {
         }
         if let Some(node) = &inner.context.rdma {
             reaper::start(Arc::downgrade(inner), inner.config.rdma_probe_interval)?;
+            // Port and device faults fail the links on that NIC at once.
+            node.start_events()?;
             // Lane 0 counts what WRITE_WITH_IMMs land here (per-layer
             // arrival); receives that complete before it adopts the receiver
             // wait on their CQ.
@@ -277,6 +276,13 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// The engine's RDMA node, when it was given a verbs provider.
+fn open_rdma(config: &EngineConfig) -> Result<Option<Arc<RdmaNode>>> {
+    let Some(verbs) = &config.rdma else { return Ok(None) };
+    let node = RdmaNode::open(verbs.clone(), &config.rdma_devices, MAX_RDMA_NICS, config.rdma_gid_index)?;
+    Ok(Some(Arc::new(node)))
 }
 
 /// Refuses a configuration that can never start, and a host whose

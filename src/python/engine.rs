@@ -97,9 +97,11 @@ impl PyEngine {
     /// "sim" (kvring's simulated GPUs: 2 of them, for tests). `rdma`:
     /// "auto" (default: RDMA where libibverbs lists a device with an active
     /// port), "on" (or an error saying why not) or "off"; `rdma_devices`
-    /// the NICs to use by name (used, or refused by name).
+    /// the NICs to use by name (used, or refused by name);
+    /// `rdma_gid_index` the RoCE GID index of every port (None: RoCE v2
+    /// with an IPv4-mapped address first; one a port lacks is refused).
     #[new]
-    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None, gpu=None, rdma=None, rdma_devices=None))]
+    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None, gpu=None, rdma=None, rdma_devices=None, rdma_gid_index=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -113,6 +115,7 @@ impl PyEngine {
         gpu: Option<&str>,
         rdma: Option<&str>,
         rdma_devices: Option<Vec<String>>,
+        rdma_gid_index: Option<u8>,
     ) -> PyResult<Self> {
         let listen = listen
             .parse()
@@ -143,6 +146,9 @@ impl PyEngine {
             builder = builder.gpu(sim.clone());
         }
         let (mode, devices) = (rdma.unwrap_or("auto"), rdma_devices.unwrap_or_default());
+        if let Some(index) = rdma_gid_index {
+            builder = builder.rdma_gid_index(index);
+        }
         builder = py
             .allow_threads(|| crate::config::with_rdma(builder, mode, devices, crate::rdma::IbOptions::default()))
             .map_err(raise)?;

@@ -115,12 +115,12 @@ fn py_check_pd_topo(
 }
 
 /// Which transports a Python engine can use (cuda_ipc needs a GPU
-/// provider at run time: the CUDA driver, or `gpu="sim"`). RDMA is not
-/// among them: the module does not hand the engine a verbs provider (see
-/// the README).
+/// provider at run time: the CUDA driver, or `gpu="sim"`; rdma needs
+/// libibverbs and a device with an active port at run time: asking for it
+/// where there is none is an error naming why).
 #[pyfunction]
 fn transports() -> Vec<&'static str> {
-    vec!["shm", "cma", "tcp", "cuda_ipc"]
+    vec!["shm", "cma", "tcp", "cuda_ipc", "rdma"]
 }
 
 /// Sends kvring's log events to `forward(level, target, message)` (None:

@@ -3,6 +3,7 @@
 
 pub mod child;
 pub mod raw;
+pub mod verbs;
 
 use kvring::{Engine, EngineBuilder};
 use std::time::{Duration, Instant};

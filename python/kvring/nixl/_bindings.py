@@ -92,6 +92,23 @@ NIXL_IN_PROG = 1
 _STATUS = {"DONE": NIXL_SUCCESS, "PROC": NIXL_IN_PROG}
 
 
+def ucx_rdma(value=None):
+    """What ``UCX_NET_DEVICES`` (NIXL's UCX backend's NIC choice) means for
+    kvring's RDMA, as keyword arguments of ``Engine``: unset or "all", kvring's
+    default (every device with an active port); RDMA devices named as UCX
+    names them (``mlx5_0:1``), those and no other (``rdma="on"``: each used,
+    or the agent is not made and the error says which and why); only
+    network interfaces (``eth0``: UCX's tcp), no RDMA."""
+    value = os.environ.get("UCX_NET_DEVICES") if value is None else value
+    if value is None or value.strip() in ("", "all"):
+        return {}
+    entries = [part.strip() for part in value.split(",") if part.strip()]
+    rdma = [entry.split(":", 1)[0] for entry in entries if ":" in entry]
+    if rdma:
+        return {"rdma": "on", "rdma_devices": rdma}
+    return {"rdma": "off"}
+
+
 class nixlAgent:  # noqa: N801  (NIXL's name)
     """The agent's engine: one kvring engine named ``name``, listening as
     ``config`` says, under ``nixl_agent``. Its methods are NIXL's C++
@@ -106,7 +123,9 @@ class nixlAgent:  # noqa: N801  (NIXL's name)
         self.name = name
         self.config = config
         self.sync_mode = config.syncMode
-        self.engine = Engine(name=name, listen=f"{config.listenHost}:{config.listenPort}", token=config.token)
+        self.engine = Engine(
+            name=name, listen=f"{config.listenHost}:{config.listenPort}", token=config.token, **ucx_rdma()
+        )
         self._api_ref = None  # the nixl_agent that made this one (a weak reference)
         self._owned = None  # or the one made for the calls below
         self._handles = {}  # int -> nixl_xfer_handle

@@ -92,6 +92,44 @@ pub fn pick_gid(port: &PortInfo) -> Option<u8> {
         .map(|(index, _, _)| *index)
 }
 
+/// The GID index a node uses on `device`'s `port`: `configured` when the
+/// port has a GID there (a non-empty entry of its table), else an error
+/// naming the indices it has; unconfigured, [`pick_gid`]'s choice. A RoCE
+/// port without any GID (no address on its netdev) is refused: no RoCE
+/// connection could leave it. InfiniBand always routes by LID too, so an
+/// IB port with none uses index 0.
+pub fn gid_index(device: &str, port: &PortInfo, configured: Option<u8>) -> crate::error::Result<u8> {
+    use crate::error::Error;
+    let listed = || {
+        let indices: Vec<String> = port
+            .gids
+            .iter()
+            .map(|(i, gid, v2)| {
+                let kind = if *v2 { "RoCE v2" } else { "v1/IB" };
+                format!("{i} ({} {kind})", Ipv6Addr::from(*gid))
+            })
+            .collect();
+        if indices.is_empty() {
+            "none".to_string()
+        } else {
+            indices.join(", ")
+        }
+    };
+    match (configured, pick_gid(port)) {
+        (Some(index), _) if port.gids.iter().any(|(i, ..)| *i == index) => Ok(index),
+        (Some(index), _) => Err(Error::Device {
+            device: device.into(),
+            reason: format!("GID index {index} is out of range on port {}: its GIDs are {}", port.port, listed()),
+        }),
+        (None, Some(index)) => Ok(index),
+        (None, None) if port.link_layer == LinkLayer::Ethernet => Err(Error::Device {
+            device: device.into(),
+            reason: format!("port {} has no GID (RoCE needs an IP address on its network interface)", port.port),
+        }),
+        (None, None) => Ok(0),
+    }
+}
+
 /// The devices an engine opens, with the port each uses: those `wanted`
 /// (by name, each with an active port, or the error says which and why),
 /// else every device with an active port in natural name order, all of the
@@ -180,6 +218,22 @@ mod tests {
         assert_eq!(path_mtu(Some(1500)), 1024);
         assert_eq!(path_mtu(Some(100)), 256);
         assert_eq!(path_mtu(None), 4096);
+    }
+
+    #[test]
+    fn a_configured_gid_index_must_name_a_gid_and_a_roce_port_without_any_is_refused() {
+        let mut port = SimVerbs::device("mlx5_0", Some(0)).ports.remove(0);
+        port.link_layer = LinkLayer::Ethernet;
+        assert_eq!(gid_index("mlx5_0", &port, None).unwrap(), 1, "the default: IPv4-mapped RoCE v2");
+        assert_eq!(gid_index("mlx5_0", &port, Some(0)).unwrap(), 0, "a configured index the port has");
+        let error = gid_index("mlx5_0", &port, Some(7)).unwrap_err().to_string();
+        assert!(error.contains("mlx5_0") && error.contains("GID index 7 is out of range on port 1"), "{error}");
+        assert!(error.contains("1 (::ffff:"), "the valid indices are listed: {error}");
+        port.gids.clear();
+        let error = gid_index("mlx5_0", &port, None).unwrap_err().to_string();
+        assert!(error.contains("no GID") && error.contains("IP address"), "{error}");
+        port.link_layer = LinkLayer::InfiniBand;
+        assert_eq!(gid_index("mlx5_0", &port, None).unwrap(), 0, "InfiniBand routes by LID");
     }
 
     #[test]

@@ -71,6 +71,9 @@ pub(crate) struct RdmaLink {
     wcs: Vec<Wc>,
     /// This lane's QPs failed (or were handed back): nothing more moves.
     broken: bool,
+    /// Per NIC, its fault count when the link was made (see
+    /// `RdmaNode::faults`).
+    faults: Vec<u64>,
 }
 
 struct LinkKeys<'a> {
@@ -176,6 +179,7 @@ impl RdmaLink {
                     keyed: Vec::with_capacity(RDMA_CHUNK_BLOCKS),
                     wcs: vec![Wc::new(0, WcStatus::Success); POLL_BATCH],
                     broken: false,
+                    faults: (0..nics).map(|nic| node.faults(nic)).collect(),
                 }) as Box<dyn LaneLink>
             })
             .collect();
@@ -341,6 +345,18 @@ impl LaneLink for RdmaLink {
             let had = !self.in_flight.is_empty();
             self.break_lane(None, ended);
             return had;
+        }
+        // A NIC whose port went down (or that failed) completes nothing
+        // more: what is in flight fails now with the reason its async event
+        // gave, not after the NIC's retries or at the batch's deadline.
+        if let Some(nic) = (0..self.faults.len()).find(|&nic| self.node.faults(nic) != self.faults[nic]) {
+            let (device, reason) = self.node.fault(nic);
+            for (_, InFlight { ticket, .. }) in self.in_flight.drain() {
+                let error = Error::Device { device: device.clone(), reason: reason.clone() };
+                ended.push((ticket, Err((error, 0))));
+            }
+            self.break_lane(None, ended);
+            return true;
         }
         if let Err(why) = self.post_pending() {
             let error = Error::Device { device: "verbs".into(), reason: format!("posting to {}: {why}", self.peer) };

@@ -201,6 +201,10 @@ pub enum QpTransition {
     ReadyToSend,
     /// Any → RESET (after an error, before reconnecting).
     Reset,
+    /// Any → ERR: a QP on a shared receive queue is moved here before it is
+    /// reset or destroyed, so the receives it consumed complete and can be
+    /// counted and re-posted (IBTA §10.3.1; VERBS-REVIEW finding 4).
+    Error,
 }
 
 /// One-sided operations kvring posts.
@@ -301,6 +305,41 @@ pub enum PostFailure {
     Invalid(String),
 }
 
+/// An asynchronous event of a device (ibv_get_async_event(3)), as kvring
+/// acts on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// IBV_EVENT_PORT_ERR: the port left the ACTIVE state.
+    PortError {
+        /// The port.
+        port: u8,
+    },
+    /// IBV_EVENT_PORT_ACTIVE: the port is ACTIVE again.
+    PortActive {
+        /// The port.
+        port: u8,
+    },
+    /// IBV_EVENT_DEVICE_FATAL: the device is unusable until reopened.
+    DeviceFatal,
+    /// IBV_EVENT_CQ_ERR (a CQ overran: it completes nothing more) or
+    /// IBV_EVENT_QP_FATAL (a QP failed without a completion saying so).
+    QueueFatal,
+    /// IBV_EVENT_GID_CHANGE: the port's GID table changed.
+    GidChange {
+        /// The port.
+        port: u8,
+    },
+    /// IBV_EVENT_QP_LAST_WQE_REACHED: a QP on a shared receive queue, moved
+    /// to ERR, will complete no more receives (its CQ can be drained).
+    LastWqeReached {
+        /// The QP.
+        qp: Qp,
+    },
+    /// Any other event (taken and acknowledged, nothing else done), with
+    /// its `ibv_event_type`.
+    Other(u32),
+}
+
 /// Objects created and destroyed, for leak checks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ObjectCounts {
@@ -394,4 +433,14 @@ pub trait Verbs: Send + Sync + std::fmt::Debug {
     fn poll_cq(&self, cq: Cq, out: &mut [Wc]) -> Result<usize>;
     /// Objects created and destroyed so far.
     fn counts(&self) -> ObjectCounts;
+    /// The descriptor that turns readable when `context` has an async
+    /// event; `None` where the provider has none.
+    fn async_fd(&self, _context: Context) -> Option<RawFd> {
+        None
+    }
+    /// Takes (and acknowledges) the async events `context` has now,
+    /// without waiting.
+    fn take_async_events(&self, _context: Context, _out: &mut Vec<AsyncEvent>) -> Result<()> {
+        Ok(())
+    }
 }

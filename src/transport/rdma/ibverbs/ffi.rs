@@ -377,6 +377,22 @@ pub struct ibv_async_event {
     pub event_type: c_uint,
 }
 
+/// `struct ibv_gid_entry` (rdma-core 32): one GID with its type, what
+/// `_ibv_query_gid_ex` fills.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_gid_entry {
+    pub gid: ibv_gid,
+    pub gid_index: u32,
+    pub port_num: u32,
+    pub gid_type: u32,
+    pub ndev_ifindex: u32,
+}
+
+// enum ibv_gid_type
+pub const IBV_GID_TYPE_IB: u32 = 0;
+pub const IBV_GID_TYPE_ROCE_V1: u32 = 1;
+pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
 // enum ibv_port_state
 pub const IBV_PORT_ACTIVE: c_uint = 4;
 // enum ibv_port_link_layer (as `ibv_port_attr.link_layer`)

@@ -32,6 +32,10 @@ macro_rules! table {
             pub reg_dmabuf_mr: Option<unsafe extern "C" fn(*mut ibv_pd, u64, usize, u64, c_int, c_int) -> *mut ibv_mr>,
             /// `ibv_is_fork_initialized` (rdma-core 35), if present.
             pub is_fork_initialized: Option<unsafe extern "C" fn() -> c_int>,
+            /// `_ibv_query_gid_ex` (rdma-core 32; verbs.h's inline
+            /// `ibv_query_gid_ex` calls it with the entry's size), if present:
+            /// each GID's type from verbs rather than sysfs.
+            pub query_gid_ex: Option<unsafe extern "C" fn(*mut ibv_context, u32, u32, *mut ibv_gid_entry, u32, usize) -> c_int>,
         }
 
         impl Lib {
@@ -59,6 +63,8 @@ macro_rules! table {
                     is_fork_initialized: unsafe {
                         symbol(handle, "ibv_is_fork_initialized").map(|f| std::mem::transmute(f))
                     },
+                    // SAFETY: as above.
+                    query_gid_ex: unsafe { symbol(handle, "_ibv_query_gid_ex").map(|f| std::mem::transmute(f)) },
                 })
             }
         }
@@ -92,6 +98,8 @@ table! {
     modify_qp: "ibv_modify_qp" => unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
     destroy_qp: "ibv_destroy_qp" => unsafe extern "C" fn(*mut ibv_qp) -> c_int,
     fork_init: "ibv_fork_init" => unsafe extern "C" fn() -> c_int,
+    get_async_event: "ibv_get_async_event" => unsafe extern "C" fn(*mut ibv_context, *mut ibv_async_event) -> c_int,
+    ack_async_event: "ibv_ack_async_event" => unsafe extern "C" fn(*mut ibv_async_event),
 }
 
 impl std::fmt::Debug for Lib {

@@ -59,6 +59,9 @@ struct QpInfo {
     active_mtu: u32,
     /// The device's limits for `max_rd_atomic` / `max_dest_rd_atomic`.
     rd_atom: (u8, u8),
+    /// The state kvring last moved it to (`IBV_QPS_*`): a post refused with
+    /// ENOMEM is a full queue only when this is RTS (finding 13).
+    state: u32,
 }
 
 /// Objects that are not on the post/poll path, by handle.
@@ -71,6 +74,8 @@ struct Tables {
     qps: HashMap<u64, QpInfo>,
     /// The completion channel of each wakeable CQ.
     channels: HashMap<u64, Raw<ibv_comp_channel>>,
+    /// QP pointer → handle, for the QP an async event names.
+    qp_handles: HashMap<usize, u64>,
     counts: ObjectCounts,
 }
 
@@ -107,6 +112,8 @@ pub struct IbVerbs {
     qps: Slots<ibv_qp>,
     cqs: Slots<ibv_cq>,
     srqs: Slots<ibv_srq>,
+    /// CQs created so far, for spreading them over completion vectors.
+    next_vector: std::sync::atomic::AtomicU32,
 }
 
 // SAFETY: the raw pointers are libibverbs objects, usable from any thread
@@ -179,6 +186,7 @@ impl IbVerbs {
             qps: Slots::new(MAX_QPS),
             cqs: Slots::new(MAX_CQS),
             srqs: Slots::new(MAX_CQS),
+            next_vector: std::sync::atomic::AtomicU32::new(0),
         }
     }
 
@@ -372,6 +380,7 @@ impl Verbs for IbVerbs {
         }
         let mut tables = self.lock();
         tables.qps.remove(&qp.0);
+        tables.qp_handles.remove(&(raw as usize));
         tables.counts.qps.1 += 1;
         Ok(())
     }
@@ -386,6 +395,45 @@ impl Verbs for IbVerbs {
 
     fn counts(&self) -> ObjectCounts {
         self.lock().counts
+    }
+
+    fn async_fd(&self, context: Context) -> Option<std::os::fd::RawFd> {
+        let (raw, ..) = self.context(context).ok()?;
+        // SAFETY: a live context; its descriptor is plain data, made
+        // non-blocking when the context was opened.
+        Some(unsafe { (*raw.0).async_fd })
+    }
+
+    fn take_async_events(&self, context: Context, out: &mut Vec<AsyncEvent>) -> Result<()> {
+        let lib = self.lib()?;
+        let (raw, ..) = self.context(context)?;
+        // Bounded: a context raises few events; more wait for the next call.
+        for _ in 0..64 {
+            let mut event = ibv_async_event { element: std::ptr::null_mut(), event_type: 0 };
+            // SAFETY: a live context whose async_fd is non-blocking: -1
+            // (EAGAIN) at once when no event waits (ibv_get_async_event(3)).
+            if unsafe { (lib.get_async_event)(raw.0, &mut event) } != 0 {
+                break;
+            }
+            // Port events carry the port number in the element's low bits.
+            let port = event.element as usize as u8;
+            out.push(match event.event_type {
+                IBV_EVENT_PORT_ERR => AsyncEvent::PortError { port },
+                IBV_EVENT_PORT_ACTIVE => AsyncEvent::PortActive { port },
+                IBV_EVENT_DEVICE_FATAL => AsyncEvent::DeviceFatal,
+                IBV_EVENT_CQ_ERR | IBV_EVENT_QP_FATAL => AsyncEvent::QueueFatal,
+                IBV_EVENT_GID_CHANGE => AsyncEvent::GidChange { port },
+                IBV_EVENT_QP_LAST_WQE_REACHED => match self.lock().qp_handles.get(&(event.element as usize)) {
+                    Some(&handle) => AsyncEvent::LastWqeReached { qp: Qp(handle) },
+                    None => AsyncEvent::Other(IBV_EVENT_QP_LAST_WQE_REACHED),
+                },
+                other => AsyncEvent::Other(other),
+            });
+            // SAFETY: the event just taken, acknowledged once (every event
+            // must be: destroying its object waits for it).
+            unsafe { (lib.ack_async_event)(&mut event) };
+        }
+        Ok(())
     }
 }
 
@@ -414,6 +462,7 @@ mod tests {
             ("ibv_qp_init_attr", size_of::<ibv_qp_init_attr>()),
             ("ibv_recv_wr", size_of::<ibv_recv_wr>()),
             ("ibv_async_event", size_of::<ibv_async_event>()),
+            ("ibv_gid_entry", size_of::<ibv_gid_entry>()),
             ("ibv_context.ops", offset_of!(ibv_context, ops)),
             ("ibv_context.async_fd", offset_of!(ibv_context, async_fd)),
             ("ibv_context.abi_compat", offset_of!(ibv_context, abi_compat)),
@@ -441,6 +490,7 @@ mod tests {
             ("ibv_cq.cqe", offset_of!(ibv_cq, cqe)),
             ("ibv_cq.async_events_completed", offset_of!(ibv_cq, async_events_completed)),
             ("ibv_srq.events_completed", offset_of!(ibv_srq, events_completed)),
+            ("ibv_gid_entry.gid_type", offset_of!(ibv_gid_entry, gid_type)),
         ]
         .into_iter()
         .collect();

@@ -76,12 +76,22 @@ pub(super) fn create(verbs: &IbVerbs, pd: Pd, cq: Cq, caps: QpCaps) -> Result<(Q
             (lib.query_gid)(context, caps.port, i32::from(caps.gid_index), &mut gid)
         }
     };
-    let Some(handle) = (rc == 0).then(|| verbs.qps.insert(qp)).flatten() else {
+    // The GID is queried again at every QP, so an address that went away
+    // since the node opened is refused here, by index, rather than at RTR or
+    // as RETRY_EXC_ERR (finding 12). InfiniBand routes by LID as well.
+    let empty = rc == 0 && port.link_layer == IBV_LINK_LAYER_ETHERNET && gid.raw == [0; 16];
+    let Some(handle) = (rc == 0 && !empty).then(|| verbs.qps.insert(qp)).flatten() else {
         // SAFETY: destroying the QP just created, once.
         unsafe { (lib.destroy_qp)(qp) };
         return Err(Error::Device {
             device: "verbs".into(),
-            reason: if rc == 0 { "too many queue pairs".into() } else { "querying the port and GID failed".into() },
+            reason: match (rc, empty) {
+                (0, true) => {
+                    format!("GID index {} of port {} is empty (no address there now)", caps.gid_index, caps.port)
+                }
+                (0, false) => "too many queue pairs".into(),
+                _ => format!("querying port {} and GID index {} failed", caps.port, caps.gid_index),
+            },
         });
     };
     let psn = random_psn();
@@ -91,9 +101,11 @@ pub(super) fn create(verbs: &IbVerbs, pd: Pd, cq: Cq, caps: QpCaps) -> Result<(Q
         psn,
         active_mtu: port.active_mtu,
         rd_atom: (limits.max_qp_init_rd_atom, limits.max_qp_rd_atom),
+        state: IBV_QPS_RESET,
     };
     let mut tables = verbs.lock();
     tables.qps.insert(handle, info);
+    tables.qp_handles.insert(qp as usize, handle);
     tables.counts.qps.0 += 1;
     let endpoint = QpEndpoint { qpn, psn, gid: gid.raw, lid: port.lid, mtu: mtu_bytes(port.active_mtu) };
     Ok((Qp(handle), endpoint))
@@ -155,12 +167,19 @@ pub(super) fn modify(verbs: &IbVerbs, qp: Qp, transition: QpTransition) -> Resul
             attr.qp_state = IBV_QPS_RESET;
             IBV_QP_STATE
         }
+        QpTransition::Error => {
+            attr.qp_state = IBV_QPS_ERR;
+            IBV_QP_STATE
+        }
     };
     // SAFETY: `raw` is a live QP; `attr` is filled for exactly the fields
     // `mask` names. It returns the errno value (ibv_modify_qp(3)).
     let rc = unsafe { (lib.modify_qp)(raw, &mut attr, mask) };
     if rc != 0 {
         return Err(failed_code("verbs", &format!("moving a queue pair: {transition:?}"), rc));
+    }
+    if let Some(info) = verbs.lock().qps.get_mut(&qp.0) {
+        info.state = attr.qp_state;
     }
     Ok(())
 }
@@ -217,12 +236,20 @@ pub(super) fn post_send(verbs: &IbVerbs, qp: Qp, wrs: &[SendWr]) -> std::result:
     }
     // SAFETY: `bad` points into `list` when set.
     let posted = if bad.is_null() { 0 } else { unsafe { bad.offset_from(base) }.max(0) as usize };
-    // ENOMEM is the full send queue (ibv_post_send(3)); anything else is a
-    // request that can never be posted as is.
-    let error = if rc == libc::ENOMEM {
-        PostFailure::QueueFull
-    } else {
-        PostFailure::Invalid(format!("ibv_post_send: {}", std::io::Error::from_raw_os_error(rc)))
+    // ENOMEM is the full send queue (ibv_post_send(3)), but mlx5 also
+    // answers it for a QP that is not ready to send (providers/mlx5/qp.c
+    // `_mlx5_post_send`), which no amount of polling fixes: only a QP kvring
+    // moved to RTS is full (finding 13). Anything else can never be posted
+    // as is. The table is read on this failure path only.
+    let state = verbs.lock().qps.get(&qp.0).map(|info| info.state);
+    let error = match (rc, state) {
+        (libc::ENOMEM, Some(IBV_QPS_RTS)) => PostFailure::QueueFull,
+        (libc::ENOMEM, state) => PostFailure::Invalid(format!(
+            "ibv_post_send: {} on a queue pair not ready to send (state {})",
+            std::io::Error::from_raw_os_error(rc),
+            state.map_or("unknown".into(), |s| s.to_string())
+        )),
+        _ => PostFailure::Invalid(format!("ibv_post_send: {}", std::io::Error::from_raw_os_error(rc))),
     };
     Err(PostError { posted, error })
 }

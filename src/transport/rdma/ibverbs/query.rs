@@ -79,6 +79,13 @@ pub(super) fn open(lib: &Lib, device: &str) -> Result<(*mut ibv_context, Limits)
         unsafe { (lib.close_device)(context) };
         return Err(Error::Device { device: device.into(), reason: format!("ibv_query_device failed ({rc})") });
     }
+    // ibv_get_async_event(3)'s example: the async descriptor made
+    // non-blocking, so events are taken without waiting.
+    // SAFETY: `context` is live; fcntl on its own descriptor, flags only.
+    unsafe {
+        let fd = (*context).async_fd;
+        libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK);
+    }
     let clamp = |v: i32| v.clamp(0, i32::from(u8::MAX)) as u8;
     Ok((
         context,
@@ -154,8 +161,16 @@ unsafe fn ports(lib: &Lib, context: *mut ibv_context, name: &str) -> Vec<PortInf
                 let mut gid = ibv_gid::default();
                 // SAFETY: `context` is live; `gid` is our out-parameter.
                 let rc = unsafe { (lib.query_gid)(context, port, index, &mut gid) };
-                let v2 = std::fs::read_to_string(types.join(index.to_string()))
-                    .is_ok_and(|t| t.trim().eq_ignore_ascii_case("RoCE v2"));
+                // The type from verbs where the library has
+                // `_ibv_query_gid_ex` (ibv_query_gid_ex(3): `gid_type`), else
+                // from sysfs (older rdma-core).
+                // SAFETY: `context` is live (our caller's contract).
+                let v2 = unsafe { gid_type(lib, context, port, index) }
+                    .map(|t| t == IBV_GID_TYPE_ROCE_V2)
+                    .unwrap_or_else(|| {
+                        std::fs::read_to_string(types.join(index.to_string()))
+                            .is_ok_and(|t| t.trim().eq_ignore_ascii_case("RoCE v2"))
+                    });
                 (rc == 0 && gid.raw != [0; 16]).then_some((index as u8, gid.raw, v2))
             })
             .collect();
@@ -174,4 +189,21 @@ unsafe fn ports(lib: &Lib, context: *mut ibv_context, name: &str) -> Vec<PortInf
         });
     }
     ports
+}
+
+/// The type of GID `index` of `port` by `_ibv_query_gid_ex`, when the
+/// library has it and the entry is valid (ENODATA: an empty entry).
+///
+/// # Safety
+///
+/// `context` is live.
+pub(super) unsafe fn gid_type(lib: &Lib, context: *mut ibv_context, port: u8, index: i32) -> Option<u32> {
+    let query = lib.query_gid_ex?;
+    let mut entry = ibv_gid_entry::default();
+    // SAFETY: `context` is live (our caller's contract); `entry` is ours and
+    // its size is passed as verbs.h's inline wrapper does.
+    let rc = unsafe {
+        query(context, u32::from(port), index.max(0) as u32, &mut entry, 0, std::mem::size_of::<ibv_gid_entry>())
+    };
+    (rc == 0).then_some(entry.gid_type)
 }

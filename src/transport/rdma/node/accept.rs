@@ -66,9 +66,7 @@ impl RdmaNode {
             }
             released
         });
-        for (nic, spare) in released {
-            self.keep_or_destroy(nic, spare, true);
-        }
+        self.release_passive(released);
         let mut qps = Vec::with_capacity(endpoints.len());
         let made = (|| {
             for (index, remote) in endpoints.iter().enumerate() {
@@ -80,17 +78,28 @@ impl RdmaNode {
             Ok(())
         })();
         if let Err(error) = made {
-            for (nic, spare) in qps {
-                self.keep_or_destroy(nic, spare, true);
-            }
+            self.release_passive(qps);
             return Err(error);
         }
         let ours = qps.iter().map(|(_, spare)| spare.endpoint).collect();
         let replaced = self.with_accepted(|accepted| accepted.insert(initiator, qps));
-        for (nic, spare) in replaced.into_iter().flat_map(|set| set.qps) {
+        self.release_passive(replaced.map(|set| set.qps).unwrap_or_default());
+        Ok(ours)
+    }
+}
+
+impl RdmaNode {
+    /// Hands back accepted QPs: all moved to ERR first, so their
+    /// IBV_EVENT_QP_LAST_WQE_REACHED come in together and the drains wait
+    /// for the slowest once, not for each in turn; then each drained and
+    /// reset for reuse (or destroyed).
+    pub(super) fn release_passive(&self, qps: Vec<(usize, Spare)>) {
+        for (_, spare) in &qps {
+            let _ = self.verbs.modify_qp(spare.qp, crate::transport::rdma::verbs::QpTransition::Error);
+        }
+        for (nic, spare) in qps {
             self.keep_or_destroy(nic, spare, true);
         }
-        Ok(ours)
     }
 }
 

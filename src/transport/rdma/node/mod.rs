@@ -8,11 +8,15 @@
 
 mod accept;
 mod device;
+mod events;
+mod memlock;
 mod recv;
+#[cfg(test)]
+mod tests;
 
 pub use device::DeviceMrStats;
 
-use super::devices::{choose, pick_gid};
+use super::devices::{choose, gid_index as choose_gid};
 use super::mr_cache::MrCache;
 use super::verbs::*;
 use crate::auth::Initiator;
@@ -76,7 +80,13 @@ pub struct Nic {
     context: Context,
     pd: Pd,
     port: u8,
-    gid_index: u8,
+    /// The GID index its QPs use: chosen again when the port's GID table
+    /// changes (IBV_EVENT_GID_CHANGE, `events.rs`).
+    gid_index: std::sync::atomic::AtomicU8,
+    /// The GID its QPs carry since the table last changed (`None`: it has
+    /// not changed since the node opened): a spare QP made with another is
+    /// destroyed, not reused.
+    gid_now: Mutex<Option<[u8; 16]>>,
     mrs: Mutex<MrCache>,
     /// The CQ of the QPs accepted for initiators: one-sided operations
     /// complete on the initiator's side, so only the receives that
@@ -86,10 +96,25 @@ pub struct Nic {
     /// wakes the receiving lane; `None` on a device without shared receive
     /// queues (it then counts no arrivals, and says so to peers).
     receives: Option<(Srq, RawFd)>,
+    /// Faults its async events reported (port down, device or queue
+    /// fatal), counted: a link that saw another count when it was made
+    /// fails what it has in flight (see `events.rs`).
+    faults: std::sync::atomic::AtomicU64,
+    /// Why, for the error those batches end with; `None` while the port is
+    /// up.
+    fault: Mutex<Option<String>>,
     /// QPs released by links and replaced accepts, reset for reuse: a
     /// reconnect (a peer restart, a failed QP) re-handshakes them instead
     /// of paying for a QP creation, which costs milliseconds on real NICs.
     spares: Mutex<Spares>,
+}
+
+impl Nic {
+    /// Whether a QP with `endpoint` was made with a GID the port no longer
+    /// uses (the table changed since).
+    fn stale(&self, endpoint: &QpEndpoint) -> bool {
+        self.gid_now.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|gid| gid != endpoint.gid)
+    }
 }
 
 /// A region's keys on every NIC.
@@ -126,6 +151,15 @@ pub struct RdmaNode {
     /// How many there are, read without the lock: with none, no receive
     /// can complete, and the receiving lane does not look.
     accepting: AtomicUsize,
+    /// Where arrivals are counted (set with the receiver), for the drain
+    /// of a released QP's completions.
+    arrivals: std::sync::OnceLock<Arc<crate::arrival::Arrivals>>,
+    /// Locked memory its host registrations charge (finding 8).
+    memlock: memlock::Memlock,
+    /// The GID index configured for every port (`None`: chosen per port).
+    gid_configured: Option<u8>,
+    /// Accepted QPs whose last receive completion is on the CQ.
+    last_wqe: events::LastWqe,
 }
 
 /// Local keys, read under the region table's lock (once per chunk).
@@ -150,12 +184,13 @@ impl LocalKeys<'_> {
 
 impl RdmaNode {
     /// Opens the devices `wanted` (empty: every device with an active
-    /// port of one link layer; at most `max_nics`: see [`choose`]).
-    pub fn open(verbs: Arc<dyn Verbs>, wanted: &[String], max_nics: usize) -> Result<Self> {
+    /// port of one link layer; at most `max_nics`: see [`choose`]), using
+    /// GID `gid_index` of each port (`None`: see `devices::gid_index`).
+    pub fn open(verbs: Arc<dyn Verbs>, wanted: &[String], max_nics: usize, gid_index: Option<u8>) -> Result<Self> {
         let mut nics = Vec::new();
         for (device, port) in choose(&verbs.devices()?, wanted, max_nics)? {
             let port = &port;
-            let gid_index = pick_gid(port).unwrap_or(0);
+            let chosen_gid = choose_gid(&device.name, port, gid_index)?;
             let context = verbs.open(&device.name)?;
             let pd = verbs.alloc_pd(context)?;
             let (passive_cq, receives) = match receive_queue(&*verbs, context, pd) {
@@ -172,11 +207,14 @@ impl RdmaNode {
                 context,
                 pd,
                 port: port.port,
-                gid_index,
+                gid_index: std::sync::atomic::AtomicU8::new(chosen_gid),
+                gid_now: Mutex::new(None),
                 mrs: Mutex::new(MrCache::new(verbs.clone(), pd)),
                 passive_cq,
                 receives,
                 spares: Mutex::new(Spares::default()),
+                faults: std::sync::atomic::AtomicU64::new(0),
+                fault: Mutex::new(None),
             });
         }
         if nics.is_empty() {
@@ -191,6 +229,10 @@ impl RdmaNode {
             nearest: Mutex::new(HashMap::new()),
             accepted: Mutex::new(Accepted::default()),
             accepting: AtomicUsize::new(0),
+            arrivals: std::sync::OnceLock::new(),
+            memlock: memlock::Memlock::of_process(),
+            gid_configured: gid_index,
+            last_wqe: events::LastWqe::default(),
         })
     }
 
@@ -215,10 +257,21 @@ impl RdmaNode {
         let rights = rights(access);
         let remote = rights.remote_write || rights.remote_read;
         let mut keys = RegionKeys { addr, len, lkeys: Vec::new(), rkeys: Vec::new(), remote, nics: 0, host: true };
+        self.memlock.charge(len, self.nics.len())?;
         for nic in &self.nics {
             let mut mrs = nic.mrs.lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: forwarded from our caller.
-            let mr = unsafe { mrs.register(addr, len, rights)? };
+            let mr = match unsafe { mrs.register(addr, len, rights) } {
+                Ok(mr) => mr,
+                Err(error) => {
+                    drop(mrs);
+                    for done in &self.nics[..keys.lkeys.len()] {
+                        let _ = done.mrs.lock().unwrap_or_else(|p| p.into_inner()).unregister(addr, len);
+                    }
+                    self.memlock.release(len, self.nics.len());
+                    return Err(error);
+                }
+            };
             keys.lkeys.push(mr.lkey);
             keys.rkeys.push(mr.rkey);
         }
@@ -231,6 +284,9 @@ impl RdmaNode {
         self.unreachable.write().unwrap_or_else(|p| p.into_inner()).remove(&id.raw());
         let removed = self.regions.write().unwrap_or_else(|p| p.into_inner()).remove(&id.raw());
         if let Some(keys) = removed {
+            if keys.host {
+                self.memlock.release(keys.len, self.nics.len());
+            }
             for nic in &self.nics {
                 let _ = nic.mrs.lock().unwrap_or_else(|p| p.into_inner()).unregister(keys.addr, keys.len);
             }
@@ -319,9 +375,7 @@ impl RdmaNode {
         let set = self.with_accepted(|accepted| accepted.remove(&(initiator.name.clone(), initiator.epoch)));
         let qps = set.map(|set| set.qps).unwrap_or_default();
         let count = qps.len();
-        for (nic, spare) in qps {
-            self.keep_or_destroy(nic, spare, true);
-        }
+        self.release_passive(qps);
         count
     }
 
@@ -343,12 +397,19 @@ impl RdmaNode {
     /// NIC's passive CQ (`passive`, accepted QPs) or on a CQ of its own.
     fn take(&self, nic: usize, passive: bool, depth: u32) -> Result<Spare> {
         let n = self.nic(nic)?;
-        let spare = {
-            let mut spares = n.spares.lock().unwrap_or_else(|p| p.into_inner());
-            if passive {
-                spares.passive.pop()
-            } else {
-                spares.active.pop()
+        let spare = loop {
+            let spare = {
+                let mut spares = n.spares.lock().unwrap_or_else(|p| p.into_inner());
+                if passive {
+                    spares.passive.pop()
+                } else {
+                    spares.active.pop()
+                }
+            };
+            match spare {
+                // Made with a GID the port no longer uses.
+                Some(spare) if n.stale(&spare.endpoint) => self.destroy(spare, passive),
+                other => break other,
             }
         };
         if let Some(spare) = spare {
@@ -371,8 +432,15 @@ impl RdmaNode {
     }
 
     fn keep_or_destroy(&self, nic: usize, spare: Spare, passive: bool) {
+        if passive {
+            self.drain_passive(nic, spare.qp);
+        }
         let reset = self.verbs.modify_qp(spare.qp, QpTransition::Reset).is_ok();
         if let (true, Ok(n)) = (reset, self.nic(nic)) {
+            if n.stale(&spare.endpoint) {
+                self.destroy(spare, passive);
+                return;
+            }
             let mut spares = n.spares.lock().unwrap_or_else(|p| p.into_inner());
             let pool = if passive { &mut spares.passive } else { &mut spares.active };
             if pool.len() < MAX_SPARE_QPS {
@@ -381,6 +449,67 @@ impl RdmaNode {
             }
         }
         self.destroy(spare, passive);
+    }
+
+    /// Before an accepted QP is reset or destroyed: moved to ERR, then the
+    /// NIC's passive CQ drained (arrivals counted, receives re-posted).
+    /// Resetting or destroying it with completions still on the CQ would
+    /// drop them (mlx5 cleans the CQ), and with them an arrival and an SRQ
+    /// receive for good (IBTA §10.3.1 as quoted in Linux commit
+    /// 844bc12e6da3: Error, wait for IBV_EVENT_QP_LAST_WQE_REACHED, drain,
+    /// then Reset or Destroy; VERBS-REVIEW finding 4).
+    fn drain_passive(&self, nic: usize, qp: Qp) {
+        if self.verbs.modify_qp(qp, QpTransition::Error).is_ok() {
+            self.wait_last_wqe(qp);
+        }
+        let Ok(n) = self.nic(nic) else { return };
+        let arrivals = self.arrivals.get().cloned();
+        let mut wcs = [Wc::new(0, WcStatus::Success); 64];
+        let mut repost = Vec::with_capacity(wcs.len());
+        // Bounded: the CQ holds at most SRQ_DEPTH receive completions.
+        for _ in 0..=(SRQ_DEPTH as usize / wcs.len()) {
+            if self.take_receives(n, arrivals.as_deref(), &mut wcs, &mut repost) == 0 {
+                break;
+            }
+        }
+    }
+
+    /// Takes one poll of `nic`'s receive completions: counts each arrival
+    /// in `arrivals` and re-posts its receive. How many it took.
+    pub(super) fn take_receives(
+        &self,
+        nic: &Nic,
+        arrivals: Option<&crate::arrival::Arrivals>,
+        wcs: &mut [Wc],
+        repost: &mut Vec<u64>,
+    ) -> usize {
+        let Some((srq, _)) = nic.receives else { return 0 };
+        // A CQ that cannot be polled (its device vanished) counts nothing
+        // more; the links to that device fail on their own.
+        let polled = self.verbs.poll_cq(nic.passive_cq, wcs).unwrap_or(0);
+        if polled == 0 {
+            return 0;
+        }
+        repost.clear();
+        for wc in &wcs[..polled] {
+            // A flushed receive (its QP failed) placed nothing, and a
+            // zero-length WRITE_WITH_IMM placed no bytes: neither counts as
+            // an arrival.
+            if let (WcStatus::Success, Some(tag), 1.., Some(arrivals)) = (wc.status, wc.imm, wc.byte_len, arrivals) {
+                arrivals.land(tag, u64::from(wc.byte_len));
+            }
+            // Only receives of this node complete here, and each goes back
+            // once: the queue stays at its depth.
+            if wc.wr_id < u64::from(SRQ_DEPTH) {
+                repost.push(wc.wr_id);
+            }
+        }
+        // A receive not re-posted is gone from the SRQ for good (RNR stalls
+        // later): say so rather than drop it (finding 17).
+        if let Err(error) = self.verbs.post_srq_recv(srq, repost) {
+            tracing::warn!(device = %nic.name, %error, lost = repost.len(), "re-posting receives failed");
+        }
+        polled
     }
 
     /// Destroys a QP, and its CQ unless that is the NIC's shared passive one.
@@ -400,8 +529,13 @@ impl RdmaNode {
     fn create_qp(&self, nic: usize, cq: Cq, passive: bool) -> Result<(Qp, QpEndpoint)> {
         let nic = self.nic(nic)?;
         let srq = nic.receives.filter(|_| passive).map(|(srq, _)| srq);
-        let caps =
-            QpCaps { max_send_wr: QP_DEPTH, max_inline: MAX_INLINE, port: nic.port, gid_index: nic.gid_index, srq };
+        // An accepted QP never posts a send (a READ's response uses the
+        // responder's resources, not send WQEs): one WR and no inline keep
+        // its pinned send queue at the provider's minimum instead of
+        // ~512 KiB each on mlx5 (VERBS-REVIEW finding 9).
+        let (max_send_wr, max_inline) = if passive { (1, 0) } else { (QP_DEPTH, MAX_INLINE) };
+        let gid_index = nic.gid_index.load(Ordering::Relaxed);
+        let caps = QpCaps { max_send_wr, max_inline, port: nic.port, gid_index, srq };
         let (qp, endpoint) = self.verbs.create_qp(nic.pd, cq, caps)?;
         if let Err(error) = self.verbs.modify_qp(qp, QpTransition::Init) {
             let _ = self.verbs.destroy_qp(qp);

@@ -6,7 +6,7 @@
 //! under their tag and re-posts the receives, so the queue never holds
 //! more than [`SRQ_DEPTH`] and a flood of immediates waits at its senders.
 
-use super::{RdmaNode, SRQ_DEPTH};
+use super::RdmaNode;
 use crate::arrival::Arrivals;
 use crate::transport::rdma::verbs::{Wc, WcStatus};
 use crate::transport::Receiver;
@@ -30,6 +30,7 @@ pub(crate) struct ArrivalReceiver {
 impl RdmaNode {
     /// The receiver that counts `arrivals` for this node's NICs.
     pub(crate) fn receiver(self: &Arc<Self>, arrivals: Arc<Arrivals>) -> ArrivalReceiver {
+        let _ = self.arrivals.set(arrivals.clone());
         ArrivalReceiver {
             node: self.clone(),
             arrivals,
@@ -46,35 +47,12 @@ impl Receiver for ArrivalReceiver {
         if !self.node.accepting() {
             return 0;
         }
-        let verbs = self.node.verbs();
         let mut taken = 0;
         for nic in &self.node.nics {
-            let Some((srq, _)) = nic.receives else { continue };
             for _ in 0..RECV_POLLS_PER_ROUND {
-                // A CQ that cannot be polled (its device vanished) counts
-                // nothing more; the links to that device fail on their own.
-                let polled = verbs.poll_cq(nic.passive_cq, &mut self.wcs).unwrap_or(0);
+                let polled = self.node.take_receives(nic, Some(&self.arrivals), &mut self.wcs, &mut self.repost);
                 if polled == 0 {
                     break;
-                }
-                self.repost.clear();
-                for wc in &self.wcs[..polled] {
-                    // A flushed receive (its QP failed) placed nothing, and a
-                    // zero-length WRITE_WITH_IMM placed no bytes: neither
-                    // counts as an arrival.
-                    if let (WcStatus::Success, Some(tag), 1..) = (wc.status, wc.imm, wc.byte_len) {
-                        self.arrivals.land(tag, u64::from(wc.byte_len));
-                    }
-                    // Only receives of this node complete here, and each
-                    // goes back once: the queue stays at its depth.
-                    if wc.wr_id < u64::from(SRQ_DEPTH) {
-                        self.repost.push(wc.wr_id);
-                    }
-                }
-                // A receive not re-posted is gone from the SRQ for good (RNR
-                // stalls later): say so rather than drop it (finding 17).
-                if let Err(error) = verbs.post_srq_recv(srq, &self.repost) {
-                    tracing::warn!(device = %nic.name, %error, lost = self.repost.len(), "re-posting receives failed");
                 }
                 taken += polled;
             }

@@ -409,6 +409,11 @@ impl SimVerbs {
         self.lock().parked
     }
 
+    /// The sizes `qp` was created with.
+    pub fn qp_caps(&self, qp: Qp) -> Option<QpCaps> {
+        self.lock().qps.get(&qp).map(|q| q.caps)
+    }
+
     /// Receives posted on `srq` and not yet consumed.
     pub fn srq_receives(&self, srq: Srq) -> Option<usize> {
         self.lock().srqs.get(&srq).map(|s| s.receives.len())
@@ -624,6 +629,7 @@ impl Verbs for SimVerbs {
                 QpState::Rtr
             }
             (QpState::Rtr, QpTransition::ReadyToSend) => QpState::Rts,
+            (_, QpTransition::Error) => QpState::Error,
             (_, QpTransition::Reset) => {
                 entry.remote_qpn = None;
                 entry.remote_qp = None;

@@ -40,22 +40,14 @@ impl State {
 
 impl State {
     /// Removes `qp`'s completions from `cq` (a move to RESET, or its
-    /// destruction); the receives of its receive completions go back to
-    /// their shared receive queue, as mlx5 gives them back when it cleans
-    /// a CQ, so the queue keeps its depth.
-    pub(super) fn clean_cq(&mut self, cq: Cq, qp: Qp, srq: Option<Srq>) {
+    /// destruction), as mlx5 cleans a CQ.
+    pub(super) fn clean_cq(&mut self, cq: Cq, qp: Qp, _srq: Option<Srq>) {
         let Some(entry) = self.cqs.get_mut(&cq) else { return };
-        let mut returned = Vec::new();
-        entry.queue.retain(|p| {
-            let keep = p.qp != qp;
-            if !keep && p.wc.imm.is_some() {
-                returned.push(p.wc.wr_id);
-            }
-            keep
-        });
-        if let Some(receives) = srq.and_then(|srq| self.srqs.get_mut(&srq)) {
-            receives.receives.extend(returned);
-        }
+        // mlx5 (cq.c free_res_cqe → mlx5_free_srq_wqe) puts the SRQ WQE a
+        // dropped completion consumed back on the SRQ's free list: its slot
+        // takes a new receive, but the receive itself is gone, so a caller
+        // that re-posts only what it polls loses it (finding 4).
+        entry.queue.retain(|p| p.qp != qp);
     }
 }
 

@@ -4,11 +4,18 @@
 //! the rdma-core man page (libibverbs/man/*.3) or document it follows; the
 //! man page section is named in the comment beside the check.
 //!
-//! Devices: `FAKE_IBVERBS_DEVICES` = `name:ib|eth:mtu:active|down,...`
-//! (default `fakeroce0:eth:4096:active`). One port each. Faults:
+//! Devices: `FAKE_IBVERBS_DEVICES` = `name:ib|eth:mtu:active|down[:noipv4],...`
+//! (default `fakeroce0:eth:4096:active`). One port each. A RoCE port's GID
+//! table is a ConnectX port's with one IPv4 address: 0 fe80 RoCE v1, 1 fe80
+//! RoCE v2, 2 ::ffff:127.0.0.N RoCE v1, 3 the same RoCE v2 (`noipv4`: only
+//! the link-local pair), the rest of its 16 entries empty. Faults:
 //! `FAKE_IBVERBS_QP_ERROR_AFTER=N` moves a QP to ERR at its Nth WR;
 //! `FAKE_IBVERBS_QP_ERROR_FILE` / `FAKE_IBVERBS_PORT_DOWN_FILE`: while the
-//! named file exists, WRs fail (RETRY_EXC_ERR) / ports read as down.
+//! named file exists, WRs fail (RETRY_EXC_ERR) / ports are down (WRs posted
+//! then go unanswered until the QP's retries run out, and the context's
+//! async events say IBV_EVENT_PORT_ERR, then IBV_EVENT_PORT_ACTIVE when the
+//! file is gone); `FAKE_IBVERBS_NO_IPV4_FILE`: while it exists the RoCE
+//! ports' IPv4 GIDs are empty (IBV_EVENT_GID_CHANGE at each change).
 //!
 //! Error returns follow each page: functions "returning the value of
 //! errno" return it and leave errno set to an unrelated sentinel (EDOM),
@@ -67,7 +74,11 @@ struct DeviceSpec {
     mtu: u32,
     active: bool,
     index: u32,
+    ipv4: bool,
 }
+
+/// Entries of a port's GID table (`gid_tbl_len`).
+const GID_TABLE: i32 = 16;
 
 fn specs() -> &'static Vec<DeviceSpec> {
     static SPECS: std::sync::OnceLock<Vec<DeviceSpec>> = std::sync::OnceLock::new();
@@ -84,6 +95,7 @@ fn specs() -> &'static Vec<DeviceSpec> {
                     mtu: f.get(2).and_then(|m| m.parse().ok()).unwrap_or(4096),
                     active: f.get(3) != Some(&"down"),
                     index: i as u32,
+                    ipv4: f.get(4) != Some(&"noipv4"),
                 }
             })
             .collect()
@@ -100,22 +112,32 @@ fn mtu_enum(bytes: u32) -> c_uint {
     }
 }
 
-fn gid(spec: &DeviceSpec, index: c_int) -> Option<[u8; 16]> {
+/// GID `index` of the device's port and its type (`enum ibv_gid_type`),
+/// `None` for an empty entry; `None` past the table too (callers check).
+fn gid(spec: &DeviceSpec, index: c_int) -> Option<([u8; 16], u32)> {
     let mut g = [0u8; 16];
-    match index {
-        0 => {
-            g[0] = 0xfe;
-            g[1] = 0x80;
-            g[15] = spec.index as u8 + 1;
+    let link_local = |g: &mut [u8; 16]| {
+        g[0] = 0xfe;
+        g[1] = 0x80;
+        g[15] = spec.index as u8 + 1;
+    };
+    let mapped = |g: &mut [u8; 16]| {
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[127, 0, 0, spec.index as u8 + 1]);
+    };
+    // Even entries RoCE v1, odd ones RoCE v2, as mlx5 lists them.
+    let kind = if index % 2 == 1 { IBV_GID_TYPE_ROCE_V2 } else { IBV_GID_TYPE_ROCE_V1 };
+    match (spec.ethernet, index) {
+        (false, 0) => {
+            link_local(&mut g);
+            return Some((g, IBV_GID_TYPE_IB));
         }
-        1 if spec.ethernet => {
-            g[10] = 0xff;
-            g[11] = 0xff;
-            g[12..].copy_from_slice(&[127, 0, 0, spec.index as u8 + 1]);
-        }
+        (true, 0 | 1) => link_local(&mut g),
+        (true, 2 | 3) if spec.ipv4 && !ipv4_gone() => mapped(&mut g),
         _ => return None,
     }
-    Some(g)
+    Some((g, kind))
 }
 
 /// The "device" pointers handed out: the spec's address.
@@ -146,12 +168,21 @@ pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const 
     (*(device as *const DeviceSpec)).name.as_ptr()
 }
 
+/// Completion vectors each context has (`num_comp_vectors`).
+pub const COMP_VECTORS: c_int = 4;
+
 /// What the fake keeps per opened context (the ibv_context comes first).
 #[repr(C)]
-struct Ctx {
+pub struct Ctx {
     raw: ibv_context,
     spec: DeviceSpec,
     live: AtomicU64,
+    /// Async events not yet taken: (event type, element).
+    events: Mutex<std::collections::VecDeque<(c_uint, usize)>>,
+    /// The port's state when last looked at, for PORT_ERR / PORT_ACTIVE.
+    port_was_down: std::sync::atomic::AtomicBool,
+    /// Whether the IPv4 GIDs were gone when last looked at, for GID_CHANGE.
+    ipv4_was_gone: std::sync::atomic::AtomicBool,
 }
 
 #[no_mangle]
@@ -169,9 +200,36 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     raw.ops.post_recv = Some(post_recv);
     raw.async_fd = libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC);
     raw.cmd_fd = -1;
-    raw.num_comp_vectors = 1;
-    let ctx = Box::into_raw(Box::new(Ctx { raw, spec, live: AtomicU64::new(0) }));
+    raw.num_comp_vectors = COMP_VECTORS;
+    let ctx = Box::into_raw(Box::new(Ctx {
+        raw,
+        spec,
+        live: AtomicU64::new(0),
+        events: Mutex::new(std::collections::VecDeque::new()),
+        port_was_down: std::sync::atomic::AtomicBool::new(false),
+        ipv4_was_gone: std::sync::atomic::AtomicBool::new(false),
+    }));
+    watched(|contexts| contexts.push(ctx as usize));
     &mut (*ctx).raw
+}
+
+/// Open contexts, watched by one thread that raises their port and GID
+/// events as the device would: on its own, whether or not the process
+/// calls into the library (ibv_get_async_event(3): events are reported
+/// asynchronously on `async_fd`).
+fn watched<R>(f: impl FnOnce(&mut Vec<usize>) -> R) -> R {
+    static CONTEXTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+    static WATCHER: std::sync::Once = std::sync::Once::new();
+    WATCHER.call_once(|| {
+        std::thread::spawn(|| loop {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            let contexts = CONTEXTS.lock().unwrap();
+            for &ctx in contexts.iter() {
+                check_port(ctx as *mut ibv_context);
+            }
+        });
+    });
+    f(&mut CONTEXTS.lock().unwrap())
 }
 
 #[no_mangle]
@@ -182,6 +240,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         // ibv_open_device(3): every resource is released before close.
         log(&format!("ibv_close_device with {live} objects still open"));
     }
+    watched(|contexts| contexts.retain(|&c| c != ctx as usize));
     libc::close((*ctx).raw.async_fd);
     drop(Box::from_raw(ctx));
     0
@@ -228,7 +287,7 @@ pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port: u8, att
     a.state = if spec.active && !port_down() { IBV_PORT_ACTIVE } else { 1 };
     a.max_mtu = IBV_MTU_4096;
     a.active_mtu = mtu_enum(spec.mtu);
-    a.gid_tbl_len = if spec.ethernet { 2 } else { 1 };
+    a.gid_tbl_len = GID_TABLE;
     a.lid = if spec.ethernet { 0 } else { spec.index as u16 + 1 };
     a.link_layer = if spec.ethernet { IBV_LINK_LAYER_ETHERNET } else { IBV_LINK_LAYER_INFINIBAND };
     *attr = a;
@@ -240,14 +299,123 @@ fn port_down() -> bool {
     std::env::var_os("FAKE_IBVERBS_PORT_DOWN_FILE").is_some_and(|p| std::path::Path::new(&p).exists())
 }
 
+/// ibv_query_gid(3): an index within `gid_tbl_len` answers, an empty
+/// entry as the zero GID (what rdma-core reads for it); past the table,
+/// EINVAL.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_gid(context: *mut ibv_context, port: u8, index: c_int, out: *mut ibv_gid) -> c_int {
-    match (port, gid(spec_of(context), index)) {
-        (1, Some(g)) => {
-            (*out).raw = g;
-            0
+    if port != 1 || !(0..GID_TABLE).contains(&index) {
+        return ret(libc::EINVAL);
+    }
+    (*out).raw = gid(spec_of(context), index).map_or([0; 16], |(g, _)| g);
+    0
+}
+
+/// `_ibv_query_gid_ex`, what verbs.h's inline ibv_query_gid_ex calls
+/// (ibv_query_gid_ex(3)): the entry with its type; ENODATA for an empty
+/// entry, EINVAL past the table; `entry_size` at least the struct's.
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    context: *mut ibv_context,
+    port: u32,
+    index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    if port != 1 || index >= GID_TABLE as u32 || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+        return ret(libc::EINVAL);
+    }
+    let Some((g, kind)) = gid(spec_of(context), index as c_int) else { return ret(libc::ENODATA) };
+    *entry =
+        ibv_gid_entry { gid: ibv_gid { raw: g }, gid_index: index, port_num: port, gid_type: kind, ndev_ifindex: 0 };
+    0
+}
+
+/// Whether GID `index` of the context's port is a valid, non-empty entry
+/// (for ibv_modify_qp's sgid_index).
+pub fn gid_valid(context: *mut ibv_context, index: u8) -> bool {
+    gid(spec_of(context), c_int::from(index)).is_some()
+}
+
+/// Queues an async event on `context` and makes its `async_fd` readable.
+pub fn raise_event(context: *mut ibv_context, event_type: c_uint, element: usize) {
+    // SAFETY: every context the fake hands out is a Ctx.
+    let ctx = unsafe { &*(context as *const Ctx) };
+    ctx.events.lock().unwrap().push_back((event_type, element));
+    let one: u64 = 1;
+    // SAFETY: an eventfd of the context's own; 8 bytes.
+    unsafe { libc::write(ctx.raw.async_fd, (&one as *const u64).cast(), 8) };
+}
+
+/// Raises PORT_ERR / PORT_ACTIVE when the port's state changed since last
+/// looked at, GID_CHANGE when its GID table did (ibv_get_async_event(3):
+/// port events carry the port number).
+pub fn check_port(context: *mut ibv_context) {
+    // SAFETY: as above.
+    let ctx = unsafe { &*(context as *const Ctx) };
+    let down = port_down();
+    if ctx.port_was_down.swap(down, Ordering::AcqRel) != down {
+        raise_event(context, if down { IBV_EVENT_PORT_ERR } else { IBV_EVENT_PORT_ACTIVE }, 1);
+    }
+    let gone = ctx.spec.ethernet && ctx.spec.ipv4 && ipv4_gone();
+    if ctx.ipv4_was_gone.swap(gone, Ordering::AcqRel) != gone {
+        raise_event(context, IBV_EVENT_GID_CHANGE, 1);
+    }
+}
+
+/// `FAKE_IBVERBS_NO_IPV4_FILE`: while that file exists, RoCE ports' IPv4
+/// GIDs (entries 2 and 3) are empty, as when the netdev's address is
+/// removed.
+fn ipv4_gone() -> bool {
+    std::env::var_os("FAKE_IBVERBS_NO_IPV4_FILE").is_some_and(|p| std::path::Path::new(&p).exists())
+}
+
+/// ibv_get_async_event(3): blocks until an event comes, unless the
+/// caller made `async_fd` non-blocking (the page's example), when it
+/// returns -1 with errno EAGAIN at once. Every event taken must be acked.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
+    let ctx = &*(context as *const Ctx);
+    let nonblocking = libc::fcntl(ctx.raw.async_fd, libc::F_GETFL) & libc::O_NONBLOCK != 0;
+    loop {
+        check_port(context);
+        let next = ctx.events.lock().unwrap().pop_front();
+        if let Some((event_type, element)) = next {
+            let mut drained = 0u64;
+            if ctx.events.lock().unwrap().is_empty() {
+                libc::read(ctx.raw.async_fd, (&mut drained as *mut u64).cast(), 8);
+            }
+            (*event).event_type = event_type;
+            (*event).element = element as *mut c_void;
+            if event_type == IBV_EVENT_QP_LAST_WQE_REACHED {
+                (*(element as *const objects::FakeQp)).unacked_events.fetch_add(1, Ordering::Relaxed);
+            }
+            return 0;
         }
-        _ => ret(libc::EINVAL),
+        if nonblocking {
+            set_errno(libc::EAGAIN);
+            return -1;
+        }
+        let mut pfd = libc::pollfd { fd: ctx.raw.async_fd, events: libc::POLLIN, revents: 0 };
+        libc::poll(&mut pfd, 1, 10);
+    }
+}
+
+/// Drops the events queued for `element` (a QP being destroyed): they can
+/// no longer be handed out.
+pub fn forget_events(context: *mut ibv_context, element: usize) {
+    // SAFETY: every context the fake hands out is a Ctx.
+    let ctx = unsafe { &*(context as *const Ctx) };
+    ctx.events.lock().unwrap().retain(|(_, e)| *e != element);
+}
+
+/// ibv_ack_async_event(3): one per event taken; a QP is destroyed only
+/// once its events are acked.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
+    if (*event).event_type == IBV_EVENT_QP_LAST_WQE_REACHED {
+        (*((*event).element as *const objects::FakeQp)).unacked_events.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -173,10 +173,16 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _vector: c_int,
+    vector: c_int,
 ) -> *mut ibv_cq {
     // ibv_create_cq(3): cqe must be at least 1 and at most max_cqe.
     if cqe < 1 || cqe as usize > CQ_RING {
+        return null(libc::EINVAL);
+    }
+    // ibv_create_cq(3): "comp_vector ... must be at least zero and less
+    // than context->num_comp_vectors".
+    if !(0..(*context).num_comp_vectors).contains(&vector) {
+        log("ibv_create_cq: comp_vector outside num_comp_vectors");
         return null(libc::EINVAL);
     }
     let pid = std::process::id();
@@ -295,6 +301,8 @@ pub struct FakeQp {
     pub sig_all: bool,
     pub attr: Mutex<ibv_qp_attr>,
     pub wrs: AtomicU64,
+    /// Async events about it taken and not yet acked.
+    pub unacked_events: AtomicU64,
 }
 
 pub fn local_qps() -> &'static Mutex<HashMap<u32, usize>> {
@@ -380,6 +388,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_a
         sig_all: i.sq_sig_all != 0,
         attr: Mutex::new(ibv_qp_attr::default()),
         wrs: AtomicU64::new(0),
+        unacked_events: AtomicU64::new(0),
     }));
     local_qps().lock().unwrap().insert(qpn, qp as usize);
     &mut (*qp).raw
@@ -445,9 +454,10 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
             return ret(libc::EINVAL);
         }
         // RoCE needs a GRH (ibv_query_port(3): IBV_QPF_GRH_REQUIRED on
-        // Ethernet ports); the source GID index is within the table.
-        let gids = if spec.ethernet { 2 } else { 1 };
-        if (spec.ethernet && a.ah_attr.is_global == 0) || (a.ah_attr.is_global != 0 && a.ah_attr.grh.sgid_index >= gids)
+        // Ethernet ports); the source GID index names a valid entry of the
+        // port's table (ibv_query_gid_ex(3): an empty one is ENODATA).
+        let sgid = a.ah_attr.grh.sgid_index;
+        if (spec.ethernet && a.ah_attr.is_global == 0) || (a.ah_attr.is_global != 0 && !gid_valid((*qp).context, sgid))
         {
             log("ibv_modify_qp: bad address vector (GRH / sgid_index)");
             return ret(libc::EINVAL);
@@ -476,6 +486,12 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
     if mask & IBV_QP_RNR_RETRY != 0 {
         kept.rnr_retry = a.rnr_retry;
     }
+    if mask & IBV_QP_TIMEOUT != 0 {
+        kept.timeout = a.timeout;
+    }
+    if mask & IBV_QP_RETRY_CNT != 0 {
+        kept.retry_cnt = a.retry_cnt;
+    }
     kept.qp_state = to;
     drop(kept);
     (*qp).state = to;
@@ -486,7 +502,11 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
             f.qps[slot].access = a.qp_access_flags;
         }
     });
+    if to == IBV_QPS_ERR && from != IBV_QPS_ERR && !(*qp).srq.is_null() {
+        last_wqe_reached(qp);
+    }
     if to == IBV_QPS_RESET {
+        super::post::forget_held((*qp).qp_num);
         fake.posted.store(0, Ordering::Relaxed);
         fake.retired.store(0, Ordering::Relaxed);
         clean_cq(qp);
@@ -494,26 +514,32 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
     0
 }
 
+/// An SRQ-attached QP entered ERR: IBTA §10.3.1 (quoted in Linux commit
+/// 844bc12e6da3) and ibv_get_async_event(3) IBV_EVENT_QP_LAST_WQE_REACHED:
+/// no receive of the SRQ will complete on it any more. The fake completes
+/// synchronously, so every completion it had is already on its CQ.
+pub unsafe fn last_wqe_reached(qp: *mut ibv_qp) {
+    raise_event((*qp).context, IBV_EVENT_QP_LAST_WQE_REACHED, qp as usize);
+}
+
 /// What mlx5 does when a QP goes to RESET or is destroyed
 /// (providers/mlx5/verbs.c mlx5_modify_qp → mlx5_cq_clean, cq.c
-/// free_res_cqe): its unpolled completions are removed from its CQs, and
-/// the SRQ receives they consumed go back to the SRQ free list.
+/// free_res_cqe → mlx5_free_srq_wqe): its unpolled completions are removed
+/// from its CQs, and the SRQ WQEs they consumed go back on the SRQ's free
+/// list: their slots can take new receives, but the receives themselves
+/// are gone (nobody re-posts them unless the caller counts them).
+/// In the fake's ring the consumed receive already left the occupancy when
+/// it was taken, so dropping the completion is the whole of it.
 unsafe fn clean_cq(qp: *mut ibv_qp) {
     let qpn = (*qp).qp_num;
     let cq_slot = (*((*qp).recv_cq as *const FakeCq)).slot as usize;
-    let srq = if (*qp).srq.is_null() { None } else { Some((*((*qp).srq as *const FakeSrq)).slot as usize) };
     locked(|f| {
         let c = &mut f.cqs[cq_slot];
         let mut kept = Vec::new();
-        let mut returned = Vec::new();
         while c.head != c.tail {
             let wc = c.ring[c.head as usize % CQ_RING];
             c.head = c.head.wrapping_add(1);
-            if wc.qp_num == qpn {
-                if wc.opcode & 0x80 != 0 {
-                    returned.push(wc.wr_id);
-                }
-            } else {
+            if wc.qp_num != qpn {
                 kept.push(wc);
             }
         }
@@ -521,19 +547,26 @@ unsafe fn clean_cq(qp: *mut ibv_qp) {
             c.ring[c.tail as usize % CQ_RING] = wc;
             c.tail = c.tail.wrapping_add(1);
         }
-        if let Some(s) = srq {
-            let s = &mut f.srqs[s];
-            for id in returned {
-                s.ring[s.tail as usize % SRQ_RING] = id;
-                s.tail = s.tail.wrapping_add(1);
-            }
-        }
     });
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     let fake = qp as *mut FakeQp;
+    // ibv_get_async_event(3): "ibv_destroy_qp() will wait for all affiliated
+    // events to be acknowledged" (bounded here: a fake must not hang CI).
+    forget_events((*qp).context, qp as usize);
+    for _ in 0..5000 {
+        if (*fake).unacked_events.load(Ordering::Relaxed) == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    if (*fake).unacked_events.load(Ordering::Relaxed) != 0 {
+        log("ibv_destroy_qp: its async events were never acknowledged");
+        return ret(libc::EBUSY);
+    }
+    super::post::forget_held((*qp).qp_num);
     clean_cq(qp);
     locked(|f| f.qps[(*fake).slot as usize].used = 0);
     local_qps().lock().unwrap().remove(&(*qp).qp_num);

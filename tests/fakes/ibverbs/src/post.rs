@@ -190,6 +190,67 @@ unsafe fn to_error(qp: *mut ibv_qp) {
     (*qp).state = IBV_QPS_ERR;
     fake.attr.lock().unwrap().qp_state = IBV_QPS_ERR;
     locked(|f| f.qps[fake.slot as usize].state = IBV_QPS_ERR);
+    if !(*qp).srq.is_null() {
+        super::objects::last_wqe_reached(qp);
+    }
+}
+
+/// A WR posted while its port is down: no packet leaves, so no ACK comes;
+/// the requester retransmits `retry_cnt` times, each after the local ACK
+/// timeout of 4.096 µs × 2^`timeout` (ibv_modify_qp(3) `timeout`,
+/// `retry_cnt`; the formula is the IBTA's, as the InfiniBand Architecture
+/// Specification Vol 1 §9.7.6.1.3 gives it), then completes it with
+/// IBV_WC_RETRY_EXC_ERR. Kept until then and completed at a later poll.
+struct Held {
+    qpn: u32,
+    wr_id: u64,
+    seq: u64,
+    due: std::time::Instant,
+}
+
+fn held() -> &'static Mutex<Vec<Held>> {
+    static HELD: std::sync::OnceLock<Mutex<Vec<Held>>> = std::sync::OnceLock::new();
+    HELD.get_or_init(Default::default)
+}
+
+/// A QP moved to RESET or destroyed: its WRs still waiting for an answer
+/// are gone with its send queue (ibv_modify_qp(3): RESET is the state of a
+/// newly created QP).
+pub fn forget_held(qpn: u32) {
+    held().lock().unwrap().retain(|h| h.qpn != qpn);
+}
+
+/// When a WR posted now on a QP with these attributes runs out of retries.
+fn retry_deadline(attr: &ibv_qp_attr) -> std::time::Instant {
+    let ack_timeout_ns = 4096u64 << attr.timeout.min(31);
+    let tries = u64::from(attr.retry_cnt.min(7)) + 1;
+    std::time::Instant::now() + std::time::Duration::from_nanos(ack_timeout_ns * tries)
+}
+
+/// Completes the held WRs whose retries have run out (first one
+/// RETRY_EXC_ERR, which moves its QP to ERR; later ones of that QP flushed).
+unsafe fn expire_held() {
+    let now = std::time::Instant::now();
+    let due: Vec<Held> = {
+        let mut list = held().lock().unwrap();
+        if list.is_empty() {
+            return;
+        }
+        let (due, kept): (Vec<Held>, Vec<Held>) = list.drain(..).partition(|h| h.due <= now);
+        *list = kept;
+        due
+    };
+    let qps = local_qps().lock().unwrap().clone();
+    for h in due {
+        let Some(&qp) = qps.get(&h.qpn) else { continue };
+        let qp = qp as *mut ibv_qp;
+        let status = if (*qp).state == IBV_QPS_ERR { IBV_WC_WR_FLUSH_ERR } else { IBV_WC_RETRY_EXC_ERR };
+        if status == IBV_WC_RETRY_EXC_ERR {
+            to_error(qp);
+        }
+        let send_cq = (*((*qp).send_cq as *const FakeCq)).slot;
+        complete(send_cq, error_wc(h.wr_id, status, h.qpn, h.seq));
+    }
 }
 
 pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
@@ -204,10 +265,14 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, ba
         };
         let state = (*qp).state;
         // Posting is allowed in RTS, and in ERR where every WR is flushed;
-        // anywhere else the post fails (ibv_post_send(3)), with EINVAL here
-        // so that it is never mistaken for a full queue (finding 13).
+        // anywhere else the post fails (ibv_post_send(3): "the value of
+        // errno"). mlx5 answers ENOMEM there (providers/mlx5/qp.c
+        // _mlx5_post_send: a QP not yet RTS, or back in RESET, has
+        // `qp_state_max_gs` -1, and the size check fails as an overflow), so
+        // the fake does too: a caller reading every ENOMEM as "queue full"
+        // spins on a QP that can never send (VERBS-REVIEW finding 13).
         if state != IBV_QPS_RTS && state != IBV_QPS_ERR {
-            return fail(libc::EINVAL);
+            return fail(libc::ENOMEM);
         }
         if w.num_sge < 0 || w.num_sge as u32 > fake.cap.max_send_sge {
             return fail(libc::EINVAL);
@@ -240,6 +305,13 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, ba
             bytes
         });
         let nth = fake.wrs.fetch_add(1, Ordering::Relaxed) + 1;
+        check_port((*qp).context);
+        if state == IBV_QPS_RTS && port_down() {
+            let due = retry_deadline(&fake.attr.lock().unwrap());
+            held().lock().unwrap().push(Held { qpn, wr_id: w.wr_id, seq, due });
+            wr = w.next;
+            continue;
+        }
         let status = if state == IBV_QPS_ERR {
             IBV_WC_WR_FLUSH_ERR
         } else if fail_after().is_some_and(|n| nth >= n) || fault_now() {
@@ -275,6 +347,8 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, ba
 }
 
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, out: *mut ibv_wc) -> c_int {
+    check_port((*cq).context);
+    expire_held();
     let slot = (*(cq as *const FakeCq)).slot as usize;
     let taken = locked(|f| {
         let c = &mut f.cqs[slot];

@@ -1,0 +1,89 @@
+//! Which verbs provider an RDMA suite runs on: kvring's simulated one
+//! (default), or the real one, `IbVerbs`, over the fake libibverbs of
+//! tests/fakes/ibverbs when `RDMA_TEST_PROVIDER=ibverbs` (what
+//! .ci/stage-fakeverbs.sh sets, with the fake on LD_LIBRARY_PATH), or over a
+//! host's own libibverbs and the NICs `RDMA_TEST_DEVICES` names
+//! (benches/rdma_check.sh). A test
+//! that needs what only the simulator has (its fault injection, its
+//! per-NIC byte counters, devices made up per test) runs that part on the
+//! simulator and says, on the real provider, what it skipped and why.
+
+use kvring::rdma::{IbVerbs, SimVerbs, Verbs};
+use kvring::EngineBuilder;
+use std::sync::Arc;
+
+/// The provider a suite's engines share, and the NICs they are given.
+#[derive(Clone)]
+pub enum Provider {
+    /// The simulated provider.
+    Sim(Arc<SimVerbs>),
+    /// IbVerbs over the fake libibverbs, with the devices to name.
+    Real(Arc<IbVerbs>, Vec<String>),
+}
+
+impl Provider {
+    /// The provider the environment asks for, with one NIC.
+    pub fn new() -> Self {
+        Self::with_nics(1)
+    }
+
+    /// As [`Provider::new`], with `nics` NICs (the simulator's `sim0`,
+    /// `sim1`..., or the fake's `fakeroce0`, `fakeroce1`; on a host with
+    /// NICs, those `RDMA_TEST_DEVICES` names, comma-separated:
+    /// benches/rdma_check.sh). `None`, with the reason printed, when fewer
+    /// are named.
+    pub fn try_with_nics(nics: usize) -> Option<Self> {
+        if std::env::var("RDMA_TEST_PROVIDER").as_deref() == Ok("ibverbs") {
+            let verbs = IbVerbs::new();
+            let listed =
+                verbs.devices().unwrap_or_else(|e| panic!("RDMA_TEST_PROVIDER=ibverbs without libibverbs: {e}"));
+            let names: Vec<String> = match std::env::var("RDMA_TEST_DEVICES") {
+                Ok(named) => named.split(',').filter(|n| !n.is_empty()).take(nics).map(str::to_string).collect(),
+                Err(_) => (0..nics).map(|i| format!("fakeroce{i}")).collect(),
+            };
+            if names.len() < nics {
+                eprintln!("skipped: needs {nics} NICs, RDMA_TEST_DEVICES names {}", names.len());
+                return None;
+            }
+            for name in &names {
+                assert!(listed.iter().any(|d| &d.name == name), "libibverbs lists no {name} (FAKE_IBVERBS_DEVICES?)");
+            }
+            return Some(Provider::Real(Arc::new(verbs), names));
+        }
+        let devices = (0..nics).map(|i| SimVerbs::device(&format!("sim{i}"), Some(0))).collect();
+        Some(Provider::Sim(Arc::new(if nics == 1 { SimVerbs::new() } else { SimVerbs::with_devices(devices) })))
+    }
+
+    /// As [`Provider::try_with_nics`], for one NIC (always named).
+    pub fn with_nics(nics: usize) -> Self {
+        Self::try_with_nics(nics).expect("a NIC is named")
+    }
+
+    /// The provider, as engines take it.
+    pub fn verbs(&self) -> Arc<dyn Verbs> {
+        match self {
+            Provider::Sim(sim) => sim.clone(),
+            Provider::Real(ib, _) => ib.clone(),
+        }
+    }
+
+    /// `builder` with this provider and its NICs.
+    pub fn apply(&self, builder: EngineBuilder) -> EngineBuilder {
+        match self {
+            Provider::Sim(sim) => builder.rdma(sim.clone()),
+            Provider::Real(ib, names) => builder.rdma(ib.clone()).rdma_devices(names.clone()),
+        }
+    }
+
+    /// The simulator, for what only it can do; on the real provider `None`,
+    /// with `skipped` printed as the reason.
+    pub fn sim_only(&self, skipped: &str) -> Option<&Arc<SimVerbs>> {
+        match self {
+            Provider::Sim(sim) => Some(sim),
+            Provider::Real(..) => {
+                eprintln!("skipped on the real provider over the fake libibverbs: {skipped}");
+                None
+            }
+        }
+    }
+}
