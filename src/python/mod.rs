@@ -16,7 +16,8 @@
 //! `engine.rs` is the `Engine` class, `open.rs` what an open engine holds,
 //! `gpu.rs` GPU memory from Python (DLPack, locations, the simulated
 //! device buffer for tests), `prepared.rs` descriptor lists located once and
-//! transfers built from them (NIXL's), `u64s.rs` the fast reading of int lists.
+//! transfers built from them (NIXL's), `u64s.rs` the fast reading of int lists (and of NIXL's
+//! descriptor rows).
 
 mod engine;
 mod gpu;
@@ -160,6 +161,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prepared::post, m)?)?;
     m.add_function(wrap_pyfunction!(prepared::rust_loop_xfer, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::dlpack_info, m)?)?;
+    m.add_function(wrap_pyfunction!(u64s::pack_desc_rows, m)?)?;
     m.add_function(wrap_pyfunction!(set_error_classes, m)?)?;
     m.add_function(wrap_pyfunction!(py_check_pd_topo, m)?)?;
     m.add_function(wrap_pyfunction!(transports, m)?)?;
