@@ -179,7 +179,7 @@ pub(super) struct Group {
     leases: Vec<RegionId>,
     /// WRITE: arrival tags to count once its bytes are in place, with
     /// where the bytes went (region, offset, length).
-    tags: Vec<(u32, u32, u64, u64)>,
+    tags: Vec<(u32, u32, u64, u64, Option<Arc<str>>)>,
     /// Set once its copy ended.
     done: Option<Result<(), Error>>,
     /// READ: replies still to be sent from its pages.
@@ -197,9 +197,9 @@ impl Group {
             // once, here.
             unsafe { ctx.registry.release_kept(region) };
         }
-        for (tag, region, offset, len) in self.tags.drain(..) {
+        for (tag, region, offset, len, sender) in self.tags.drain(..) {
             if landed {
-                ctx.arrivals.land_at(tag, region, offset, len);
+                ctx.arrivals.land_at(tag, region, offset, len, sender.as_deref());
             }
         }
     }
@@ -347,7 +347,7 @@ impl TargetConn {
         self.write_group.leases.push(region);
         if let Some(tag) = self.current.arrival_tag() {
             let current = &self.current;
-            self.write_group.tags.push((tag, current.region, current.offset, current.len));
+            self.write_group.tags.push((tag, current.region, current.offset, current.len, self.sender.clone()));
         }
     }
 
