@@ -24,3 +24,6 @@ pub mod watch;
 
 #[path = "../../src/arrival.rs"]
 pub mod arrival;
+
+#[path = "../../src/mem/revoke.rs"]
+pub mod revoke;

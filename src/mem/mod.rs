@@ -5,6 +5,7 @@ pub mod checksum;
 pub mod device;
 pub mod region;
 pub mod registry;
+pub mod revoke;
 pub mod shm;
 
 pub use checksum::checksum_shared;

@@ -24,8 +24,8 @@
 //! before it copies into or out of the region, and subtracts one after
 //! ([`ShmMapping::enter`]). The owner that unregisters the region first
 //! clears `live`, then waits until `busy` is 0 ([`ShmMapping::revoke`]).
-//! Both sides use sequentially consistent operations (the cma page's
-//! handshake, `transport/cma/page.rs`), so either the peer's check sees the
+//! Both sides use sequentially consistent operations (`mem/revoke.rs`, the
+//! cma page's handshake; modelled in `loom_tests/`), so either the peer's check sees the
 //! cleared word and copies nothing (the batch fails `UnknownRegion`), or the
 //! owner's wait sees the peer's count and lets the copy end first: once
 //! `unregister` returned, no peer's byte lands in the region. The wait is
@@ -102,18 +102,7 @@ pub struct PeerRegion {
     pub len: usize,
 }
 
-/// A peer's copy in progress in a region (see [`ShmMapping::enter`]).
-#[derive(Debug)]
-pub struct Entered<'a> {
-    busy: &'a AtomicU64,
-}
-
-impl Drop for Entered<'_> {
-    fn drop(&mut self) {
-        // SeqCst, as every operation on `busy`: `revoke` waits for this.
-        self.busy.fetch_sub(1, Ordering::SeqCst);
-    }
-}
+pub use super::revoke::Entered;
 
 /// A shared mapping of a `/dev/shm` region file.
 #[derive(Debug)]
@@ -260,34 +249,26 @@ impl ShmMapping {
 
     /// A peer's way in: counts a copy in progress and checks the owner
     /// still has the region registered; None (nothing may be copied) once
-    /// it unregistered it. The copy ends when the guard drops.
+    /// it unregistered it. The copy ends when the guard drops
+    /// (`mem::revoke`, the handshake loom models).
     pub fn enter(&self) -> Option<Entered<'_>> {
-        // SeqCst both, paired with `revoke`'s SeqCst swap and load: either
-        // this load sees `live` cleared, or `revoke` sees this count.
-        self.busy().fetch_add(1, Ordering::SeqCst);
-        let entered = Entered { busy: self.busy() };
-        (self.live().load(Ordering::SeqCst) == 1).then_some(entered)
+        super::revoke::enter(self.live(), self.busy())
     }
 
     /// The owner unregisters the region: no peer's copy starts after this
     /// call, and those in progress are waited for until `deadline`. On
     /// `Err(busy)` (copies still in progress) the region is live again.
     pub fn revoke(&self, deadline: Instant) -> std::result::Result<(), u32> {
-        // SeqCst, paired with `enter`.
-        let before = self.live().swap(0, Ordering::SeqCst);
         let mut pause = Duration::from_micros(1);
-        loop {
-            let busy = self.busy().load(Ordering::SeqCst);
-            if busy == 0 {
-                return Ok(());
-            }
+        super::revoke::revoke(self.live(), self.busy(), || {
             if Instant::now() >= deadline {
-                self.live().store(before, Ordering::SeqCst);
-                return Err(u32::try_from(busy).unwrap_or(u32::MAX));
+                return false;
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
-        }
+            true
+        })
+        .map_err(|busy| u32::try_from(busy).unwrap_or(u32::MAX))
     }
 
     /// Marks the region live again after a failed unregister (it stays

@@ -164,6 +164,10 @@ impl StagingSlot {
     }
 }
 
+/// A staged WRITE frame's arrival tag, counted once its group's copy ends:
+/// (tag, region, offset, len, the connection's proven sender).
+type StagedTag = (u32, u32, u64, u64, Option<Arc<str>>);
+
 /// Pages one batched copy stages through, and what to settle when it ends.
 #[derive(Debug, Default)]
 pub(super) struct Group {
@@ -179,7 +183,7 @@ pub(super) struct Group {
     leases: Vec<RegionId>,
     /// WRITE: arrival tags to count once its bytes are in place, with
     /// where the bytes went (region, offset, length).
-    tags: Vec<(u32, u32, u64, u64, Option<Arc<str>>)>,
+    tags: Vec<StagedTag>,
     /// Set once its copy ended.
     done: Option<Result<(), Error>>,
     /// READ: replies still to be sent from its pages.
