@@ -92,6 +92,19 @@ typedef struct {
   int32_t result;
 } kvring_completion;
 
+// One range of this engine's memory a tag may count: `len` bytes at
+// `offset` of `region` (24 bytes).
+typedef struct {
+  // The region, as this engine numbers it.
+  uint32_t region;
+  // Zero.
+  uint32_t reserved;
+  // Offset in the region.
+  uint64_t offset;
+  // Bytes.
+  uint64_t len;
+} kvring_range;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -311,6 +324,85 @@ int kvring_cancel(kvring_submitter *submitter, uint64_t batch);
 //
 // `submitter` is live; `out` is valid.
 int kvring_reap(kvring_submitter *submitter, kvring_completion *out);
+
+// Writes the tag of request slot `slot`'s `layer` (`slot << 12 | layer`)
+// into `tag_out`; `-INVALID_ARGUMENT` for a slot outside 1 ..= 2^20 - 1
+// or a layer past 4095.
+//
+// # Safety
+//
+// `tag_out` is valid.
+int kvring_arrival_tag(uint32_t slot, uint32_t layer, uint32_t *tag_out);
+
+// Binds `tag` to `count` ranges of this engine's regions (the blocks its
+// request was given): only bytes landing wholly inside them count under
+// it, each once. With `sender` (non-null: the pushing engine's name, as
+// it proved it with the shared token) only that sender's bytes count, and
+// other senders may be granted the same tag, each counted apart (without
+// a token: `-UNSUPPORTED`). A tag already granted: `-INVALID_ARGUMENT`.
+//
+// # Safety
+//
+// `engine` is live; `sender` is null or a NUL-terminated string; `ranges`
+// points to `count` ranges.
+int kvring_grant_arrival(kvring_engine *engine,
+                         const char *sender,
+                         uint32_t tag,
+                         const kvring_range *ranges,
+                         size_t count);
+
+// Writes the bytes landed under `tag` (under `sender`'s grant of it, with
+// a non-null `sender`) into `bytes_out`.
+//
+// # Safety
+//
+// `engine` is live; `sender` is null or a NUL-terminated string;
+// `bytes_out` is valid.
+int kvring_landed(kvring_engine *engine, const char *sender, uint32_t tag, uint64_t *bytes_out);
+
+// Waits until `bytes` have landed under `tag` (under `sender`'s grant of
+// it, with a non-null `sender`), for at most `timeout_ms`: 0, or
+// `-TIMEOUT` past it.
+//
+// # Safety
+//
+// `engine` is live; `sender` is null or a NUL-terminated string.
+int kvring_wait_landed(kvring_engine *engine,
+                       const char *sender,
+                       uint32_t tag,
+                       uint64_t bytes,
+                       uint32_t timeout_ms);
+
+// Forgets `tag` (only `sender`'s grant of it, with a non-null `sender`),
+// freeing its slot; the bytes it had counted go to `bytes_out` (may be
+// null).
+//
+// # Safety
+//
+// `engine` is live; `sender` is null or a NUL-terminated string;
+// `bytes_out` is null or valid.
+int kvring_forget_arrival(kvring_engine *engine, const char *sender, uint32_t tag, uint64_t *bytes_out);
+
+// Pushes one layer's `count` blocks (WRITEs, planned by the caller) tagged
+// for request slot `slot` (`kvring_arrival_tag(slot, layer)`), so the
+// target can wait for them with `kvring_wait_landed`; its batch id goes to
+// `batch_out` (end it with `kvring_wait`). Tags are counted by the target
+// over tcp and rdma; a link that cannot carry them (shm, cma) fails the
+// batch with `-UNSUPPORTED`.
+//
+// # Safety
+//
+// `submitter` and `segment` are live; `blocks` points to `count` blocks;
+// `batch_out` is valid. The memory the blocks name stays untouched by the
+// caller until the batch ends.
+int kvring_push_layer_tagged(kvring_submitter *submitter,
+                             const kvring_segment *segment,
+                             uint32_t layer,
+                             uint32_t slot,
+                             const kvring_block *blocks,
+                             size_t count,
+                             uint32_t deadline_ms,
+                             uint64_t *batch_out);
 
 #ifdef __cplusplus
 }  // extern "C"

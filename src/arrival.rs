@@ -28,6 +28,16 @@
 //! counted before it (a stranger's early landing cannot deny the owner its
 //! tag).
 //!
+//! **Senders.** A grant may also name the sender: the initiator engine's
+//! name as it proved it in its tokened handshake (a data connection is
+//! tied to that handshake by its session proof). Grants are then keyed by
+//! (sender, tag): two prefill engines that pick the same tag each get
+//! their own grant and count, and a landing counts only under the grant of
+//! the sender that made it, so one peer cannot complete another's tag. A
+//! grant with no sender takes the whole tag (any sender); it and sender
+//! grants of the same tag exclude each other. Granted counts live in the
+//! grants, under their lock (only granted landings take it).
+//!
 //! The table is lock-free: lanes add from their loops (never a lock on the
 //! data path for an ungranted tag) while the owner reads and forgets. Each
 //! slot is one atomic word, `tag << 32 | granted << 31 | bytes`, so a tag
@@ -86,6 +96,9 @@ pub enum GrantRefused {
     Full,
 }
 
+/// Most senders one tag may be granted to at once.
+pub const MAX_TAG_SENDERS: usize = 64;
+
 /// One engine's arrival counters.
 #[derive(Debug)]
 pub struct Arrivals {
@@ -94,8 +107,9 @@ pub struct Arrivals {
     /// Landings refused under a granted tag (outside its ranges, or with no
     /// place to check).
     refused: AtomicU64,
-    /// Granted tags: their ranges and what has landed in them.
-    grants: std::sync::Mutex<std::collections::HashMap<u32, Grant>>,
+    /// Granted tags: per tag, each grant's sender (None: any), ranges and
+    /// what has landed in them.
+    grants: std::sync::Mutex<std::collections::HashMap<u32, Vec<Grant>>>,
 }
 
 /// Most separate landed ranges one granted tag tracks (a peer landing
@@ -103,13 +117,18 @@ pub struct Arrivals {
 /// refused and counted as such).
 const MAX_LANDED_RANGES: usize = 1 << 16;
 
-/// One granted tag: where it may land, and where it has.
+/// One grant of a tag: whose landings count, where they may land, and
+/// where they have.
 #[derive(Debug, Default)]
 struct Grant {
+    /// The proven sender whose landings count; None: any sender's.
+    sender: Option<Box<str>>,
     /// Sorted by (region, start), disjoint and not touching (merged).
     ranges: Vec<GrantRange>,
     /// The bytes counted so far, in the same form.
     landed: Vec<GrantRange>,
+    /// Bytes counted (each granted byte once).
+    count: u64,
 }
 
 /// Sorts and merges overlapping or touching ranges of one region.
@@ -195,17 +214,19 @@ impl Arrivals {
     /// when not counted: zero bytes (nothing), a granted tag (refused), tag
     /// 0, no slot or a count past 2 GiB (dropped).
     pub fn land(&self, tag: u32, bytes: u64) -> bool {
-        self.add(tag, bytes, None)
+        self.add(tag, bytes, None, None)
     }
 
     /// Adds `len` bytes landed under `tag` at `offset` of region `region`
-    /// (raw id): under a granted tag, counted only when the range lies
-    /// wholly inside one of its granted ranges.
-    pub fn land_at(&self, tag: u32, region: u32, offset: u64, len: u64) -> bool {
-        self.add(tag, len, Some((region, offset)))
+    /// (raw id), from `sender` (the proven initiator's name; None when the
+    /// connection proved none): under a granted tag, counted only under
+    /// `sender`'s grant (or the tag's any-sender grant) and when the range
+    /// lies wholly inside one of its granted ranges.
+    pub fn land_at(&self, tag: u32, region: u32, offset: u64, len: u64, sender: Option<&str>) -> bool {
+        self.add(tag, len, Some((region, offset)), sender)
     }
 
-    fn add(&self, tag: u32, bytes: u64, at: Option<(u32, u64)>) -> bool {
+    fn add(&self, tag: u32, bytes: u64, at: Option<(u32, u64)>, sender: Option<&str>) -> bool {
         if bytes == 0 {
             // Nothing landed (a zero-length write needs no rights at all).
             return false;
@@ -218,37 +239,19 @@ impl Arrivals {
         // forget racing with two first landings may leave a tag in two
         // slots: counts are summed over them, so no byte is lost.
         let own = self.probe(tag).find(|slot| tag_of(slot.load(Ordering::Acquire)) == tag);
-        // Under a grant, the bytes of this landing not counted before
-        // (worked out once, whatever the compare-and-swap retries).
-        let mut fresh: Option<u64> = None;
         for slot in own.into_iter().chain(self.probe(tag)) {
             let mut word = slot.load(Ordering::Acquire);
             loop {
                 let next = match (tag_of(word), word) {
-                    (t, _) if t == tag => {
-                        let adding = if word & GRANTED != 0 {
-                            match fresh.or_else(|| self.granted_fresh(tag, at, bytes)) {
-                                Some(new) => *fresh.insert(new),
-                                None => {
-                                    self.refused.fetch_add(1, Ordering::Relaxed);
-                                    return false;
-                                }
-                            }
-                        } else {
-                            bytes
-                        };
-                        if adding == 0 {
-                            // A rewrite of bytes already counted.
+                    // A granted tag counts in its grants, under their lock.
+                    (t, _) if t == tag && word & GRANTED != 0 => return self.land_granted(tag, at, bytes, sender),
+                    (t, _) if t == tag => match bytes_of(word).checked_add(bytes) {
+                        Some(sum) if sum <= MAX_COUNT => (word & !MAX_COUNT) | sum,
+                        _ => {
+                            self.dropped.fetch_add(1, Ordering::Relaxed);
                             return false;
                         }
-                        match bytes_of(word).checked_add(adding) {
-                            Some(sum) if sum <= MAX_COUNT => (word & !MAX_COUNT) | sum,
-                            _ => {
-                                self.dropped.fetch_add(1, Ordering::Relaxed);
-                                return false;
-                            }
-                        }
-                    }
+                    },
                     (_, 0) => (u64::from(tag) << 32) | bytes,
                     // Another tag's slot: try the next one.
                     _ => break,
@@ -265,26 +268,53 @@ impl Arrivals {
         false
     }
 
-    /// Under `tag`'s grant, the bytes of a landing of `len` at `at` not
-    /// counted before; None when it does not lie wholly inside one granted
-    /// range (or has no place, or the tag lost its grant, or its record of
-    /// landed ranges is full).
-    fn granted_fresh(&self, tag: u32, at: Option<(u32, u64)>, len: u64) -> Option<u64> {
-        let (region, offset) = at?;
-        let end = offset.checked_add(len)?;
+    /// A landing under a granted tag: counted under `sender`'s grant of
+    /// it (or its any-sender grant) when it lies wholly inside one of that
+    /// grant's ranges, its bytes not counted before; refused otherwise (no
+    /// place, another sender, outside, or the record of landed ranges
+    /// full). True when it counted.
+    fn land_granted(&self, tag: u32, at: Option<(u32, u64)>, len: u64, sender: Option<&str>) -> bool {
         let mut grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let grant = grants.get_mut(&tag)?;
-        if !grant.covers(region, offset, end) {
-            return None;
+        let grant = grants.get_mut(&tag).and_then(|list| {
+            list.iter_mut().find(|g| g.sender.is_none() || (sender.is_some() && g.sender.as_deref() == sender))
+        });
+        let fresh = at.zip(grant).and_then(|((region, offset), grant)| {
+            let end = offset.checked_add(len)?;
+            if !grant.covers(region, offset, end) {
+                return None;
+            }
+            let fresh = grant.land(region, offset, end)?;
+            Some((grant, fresh))
+        });
+        match fresh {
+            // A rewrite of bytes already counted.
+            Some((_, 0)) => false,
+            Some((grant, fresh)) => match grant.count.checked_add(fresh) {
+                Some(sum) if sum <= MAX_COUNT => {
+                    grant.count = sum;
+                    true
+                }
+                _ => {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                    false
+                }
+            },
+            None => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                false
+            }
         }
-        grant.land(region, offset, end)
     }
 
-    /// Binds `tag` to `ranges` (each `(region, start, end)`, half-open):
-    /// from now until [`forget`](Self::forget), only landings inside them
-    /// count under it. Refused for a tag already granted or already
-    /// counting (a collision), and for an empty or wrapping range.
-    pub fn grant(&self, tag: u32, ranges: &[GrantRange]) -> Result<(), GrantRefused> {
+    /// Binds `tag` to `ranges` (each `(region, start, end)`, half-open)
+    /// for `sender`'s landings (None: any sender's): from now until
+    /// [`forget`](Self::forget), only landings inside them count under it.
+    /// Keyed by (sender, tag): another sender may be granted the same tag,
+    /// each counting apart. Refused for a (sender, tag) already granted,
+    /// for a sender grant of a tag granted to any sender (and the reverse),
+    /// past [`MAX_TAG_SENDERS`] senders of one tag, and for an empty or
+    /// wrapping range.
+    pub fn grant_from(&self, sender: Option<&str>, tag: u32, ranges: &[GrantRange]) -> Result<(), GrantRefused> {
         if tag == 0 {
             return Err(GrantRefused::Zero);
         }
@@ -293,8 +323,16 @@ impl Arrivals {
         }
         let ranges = merged(ranges.to_vec());
         let mut grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if grants.contains_key(&tag) {
-            return Err(GrantRefused::InUse);
+        let grant = Grant { sender: sender.map(Box::from), ranges, ..Default::default() };
+        if let Some(list) = grants.get_mut(&tag) {
+            if sender.is_none() || list.iter().any(|g| g.sender.is_none() || g.sender.as_deref() == sender) {
+                return Err(GrantRefused::InUse);
+            }
+            if list.len() >= MAX_TAG_SENDERS {
+                return Err(GrantRefused::Full);
+            }
+            list.push(grant);
+            return Ok(());
         }
         // What the tag counted before its grant is not its request's: a
         // stranger landing one byte first must not deny the owner the tag.
@@ -315,7 +353,7 @@ impl Arrivals {
         if !claimed {
             return Err(GrantRefused::Full);
         }
-        grants.insert(tag, Grant { ranges, landed: Vec::new() });
+        grants.insert(tag, vec![grant]);
         Ok(())
     }
 
@@ -326,26 +364,59 @@ impl Arrivals {
     }
 
     /// Bytes landed under `tag` so far (0 for a tag never seen). For a
-    /// granted tag, only its granted slot counts: bytes a racing landing
-    /// put in a second, ungranted slot while the grant was being made are
-    /// not its own.
+    /// granted tag, what its any-sender grant counted (0 when it is granted
+    /// to named senders only: see [`landed_from`](Self::landed_from));
+    /// bytes a racing landing put in a second, ungranted slot while the
+    /// grant was being made are not its own.
     pub fn landed(&self, tag: u32) -> u64 {
+        self.landed_from(None, tag)
+    }
+
+    /// Bytes landed under `sender`'s grant of `tag` (None: the tag's
+    /// any-sender grant, or for a tag never granted its plain count); 0
+    /// for a sender the tag is not granted to.
+    pub fn landed_from(&self, sender: Option<&str>, tag: u32) -> u64 {
         if tag == 0 {
             return 0;
         }
         let words = || self.probe(tag).map(|slot| slot.load(Ordering::Acquire)).filter(move |&w| tag_of(w) == tag);
-        let granted = words().any(|w| w & GRANTED != 0);
-        words().filter(|&w| !granted || w & GRANTED != 0).map(bytes_of).sum()
+        if words().any(|w| w & GRANTED != 0) || sender.is_some() {
+            let grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let list = grants.get(&tag).map(Vec::as_slice).unwrap_or_default();
+            return list.iter().find(|g| g.sender.as_deref() == sender).map_or(0, |g| g.count);
+        }
+        words().map(bytes_of).sum()
     }
 
-    /// Frees `tag`'s slots and its grant; returns the bytes they had
+    /// Forgets `sender`'s grant of `tag` (None: the whole tag, every grant
+    /// and count of it, as [`forget`](Self::forget)); returns the bytes it
+    /// had counted. The tag's slot is freed with its last grant.
+    pub fn forget_from(&self, sender: Option<&str>, tag: u32) -> u64 {
+        let Some(sender) = sender else { return self.forget(tag) };
+        let mut grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(list) = grants.get_mut(&tag) else { return 0 };
+        let Some(at) = list.iter().position(|g| g.sender.as_deref() == Some(sender)) else { return 0 };
+        let count = list.swap_remove(at).count;
+        if list.is_empty() {
+            grants.remove(&tag);
+            self.free_slots(tag);
+        }
+        count
+    }
+
+    /// Frees `tag`'s slots and its grants; returns the bytes they had
     /// counted.
     pub fn forget(&self, tag: u32) -> u64 {
         if tag == 0 {
             return 0;
         }
         let mut grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        grants.remove(&tag);
+        let granted: u64 = grants.remove(&tag).unwrap_or_default().iter().map(|g| g.count).sum();
+        granted + self.free_slots(tag)
+    }
+
+    /// Frees `tag`'s slots; returns what they counted.
+    fn free_slots(&self, tag: u32) -> u64 {
         let mut freed = 0;
         for slot in self.probe(tag) {
             let mut word = slot.load(Ordering::Acquire);
@@ -407,36 +478,36 @@ mod tests {
     fn a_granted_tag_counts_only_landings_inside_its_ranges() {
         let arrivals = Arrivals::new();
         let tag = 42 << 12 | 3;
-        arrivals.grant(tag, &[(7, 65536, 131072), (7, 0, 4096), (9, 0, 4096)]).unwrap();
+        arrivals.grant_from(None, tag, &[(7, 65536, 131072), (7, 0, 4096), (9, 0, 4096)]).unwrap();
         // Another request's (or another sender's) writes under the tag:
         // elsewhere in the region, straddling a range's end, another region,
         // no place at all (an RDMA immediate), zero bytes.
-        assert!(!arrivals.land_at(tag, 7, 8192, 4096));
-        assert!(!arrivals.land_at(tag, 7, 131072 - 100, 4096));
-        assert!(!arrivals.land_at(tag, 8, 0, 4096));
+        assert!(!arrivals.land_at(tag, 7, 8192, 4096, None));
+        assert!(!arrivals.land_at(tag, 7, 131072 - 100, 4096, None));
+        assert!(!arrivals.land_at(tag, 8, 0, 4096, None));
         assert!(!arrivals.land(tag, 4096));
-        assert!(!arrivals.land_at(tag, 7, 65536, 0));
-        assert!(!arrivals.land_at(tag, 7, u64::MAX - 10, 4096), "a wrapping range");
+        assert!(!arrivals.land_at(tag, 7, 65536, 0, None));
+        assert!(!arrivals.land_at(tag, 7, u64::MAX - 10, 4096, None), "a wrapping range");
         assert_eq!((arrivals.landed(tag), arrivals.refused()), (0, 5));
         // Its own blocks count.
-        assert!(arrivals.land_at(tag, 7, 65536, 65536));
-        assert!(arrivals.land_at(tag, 7, 0, 4096));
-        assert!(arrivals.land_at(tag, 9, 1024, 1024));
+        assert!(arrivals.land_at(tag, 7, 65536, 65536, None));
+        assert!(arrivals.land_at(tag, 7, 0, 4096, None));
+        assert!(arrivals.land_at(tag, 9, 1024, 1024, None));
         assert_eq!(arrivals.landed(tag), 65536 + 4096 + 1024);
         // A second grant of the same tag (a colliding request) is refused.
-        assert_eq!(arrivals.grant(tag, &[(7, 0, 1)]), Err(GrantRefused::InUse));
+        assert_eq!(arrivals.grant_from(None, tag, &[(7, 0, 1)]), Err(GrantRefused::InUse));
         // A tag a stranger landed bytes under before the grant: the grant
         // takes it over, from zero (one early byte cannot deny the owner).
         assert!(arrivals.land(5, 10));
-        arrivals.grant(5, &[(7, 0, 1)]).unwrap();
+        arrivals.grant_from(None, 5, &[(7, 0, 1)]).unwrap();
         assert_eq!(arrivals.landed(5), 0);
-        assert_eq!(arrivals.grant(6, &[(7, 4, 4)]), Err(GrantRefused::Full), "an empty range");
-        assert_eq!(arrivals.grant(0, &[(7, 0, 1)]), Err(GrantRefused::Zero));
+        assert_eq!(arrivals.grant_from(None, 6, &[(7, 4, 4)]), Err(GrantRefused::Full), "an empty range");
+        assert_eq!(arrivals.grant_from(None, 0, &[(7, 0, 1)]), Err(GrantRefused::Zero));
         // Forgotten, the tag is free to grant again, with new ranges.
         assert_eq!(arrivals.forget(tag), 65536 + 4096 + 1024);
-        arrivals.grant(tag, &[(8, 0, 4096)]).unwrap();
-        assert!(!arrivals.land_at(tag, 7, 0, 4096));
-        assert!(arrivals.land_at(tag, 8, 0, 4096));
+        arrivals.grant_from(None, tag, &[(8, 0, 4096)]).unwrap();
+        assert!(!arrivals.land_at(tag, 7, 0, 4096, None));
+        assert!(arrivals.land_at(tag, 8, 0, 4096, None));
         assert_eq!(arrivals.landed(tag), 4096);
     }
 
@@ -448,30 +519,67 @@ mod tests {
         let arrivals = Arrivals::new();
         let tag = 9 << 12 | 1;
         // Four 64 KiB blocks, granted as two touching ranges and one apart.
-        arrivals.grant(tag, &[(3, 0, 131072), (3, 131072, 196608), (3, 262144, 327680)]).unwrap();
+        arrivals.grant_from(None, tag, &[(3, 0, 131072), (3, 131072, 196608), (3, 262144, 327680)]).unwrap();
         for _ in 0..4 {
-            arrivals.land_at(tag, 3, 65536, 65536);
+            arrivals.land_at(tag, 3, 65536, 65536, None);
         }
         assert_eq!(arrivals.landed(tag), 65536, "block 1 four times is one block");
         // Overlapping a counted block: only the new half counts.
-        assert!(arrivals.land_at(tag, 3, 32768, 65536));
+        assert!(arrivals.land_at(tag, 3, 32768, 65536, None));
         assert_eq!(arrivals.landed(tag), 65536 + 32768);
         // Across two touching granted ranges (merged at grant).
-        assert!(arrivals.land_at(tag, 3, 98304, 98304));
+        assert!(arrivals.land_at(tag, 3, 98304, 98304, None));
         assert_eq!(arrivals.landed(tag), 65536 * 2 + 32768, "only the half not counted yet");
-        assert!(arrivals.land_at(tag, 3, 0, 32768));
-        assert!(arrivals.land_at(tag, 3, 262144, 65536));
+        assert!(arrivals.land_at(tag, 3, 0, 32768, None));
+        assert!(arrivals.land_at(tag, 3, 262144, 65536, None));
         assert_eq!(arrivals.landed(tag), 65536 * 4, "every granted byte, once");
         // The gap between the ranges never counts.
-        assert!(!arrivals.land_at(tag, 3, 196608, 65536));
+        assert!(!arrivals.land_at(tag, 3, 196608, 65536, None));
         assert_eq!(arrivals.landed(tag), 65536 * 4);
+    }
+
+    #[test]
+    fn grants_are_keyed_by_sender_and_tag() {
+        let arrivals = Arrivals::new();
+        let tag = 42 << 12 | 3;
+        // Two prefill engines picked the same tag for their own requests:
+        // each is granted its own blocks, and neither is refused.
+        arrivals.grant_from(Some("prefill-a"), tag, &[(7, 0, 8192)]).unwrap();
+        arrivals.grant_from(Some("prefill-b"), tag, &[(7, 65536, 73728)]).unwrap();
+        assert_eq!(arrivals.grant_from(Some("prefill-a"), tag, &[(7, 0, 1)]), Err(GrantRefused::InUse));
+        assert_eq!(
+            arrivals.grant_from(None, tag, &[(7, 0, 1)]),
+            Err(GrantRefused::InUse),
+            "any-sender over named ones"
+        );
+        // b writes a's blocks under the tag, and an unproven connection
+        // writes them too: neither counts for a.
+        assert!(!arrivals.land_at(tag, 7, 0, 8192, Some("prefill-b")));
+        assert!(!arrivals.land_at(tag, 7, 0, 8192, None));
+        assert_eq!(arrivals.landed_from(Some("prefill-a"), tag), 0);
+        // Each sender's own blocks count under its own grant only.
+        assert!(arrivals.land_at(tag, 7, 0, 8192, Some("prefill-a")));
+        assert!(arrivals.land_at(tag, 7, 65536, 4096, Some("prefill-b")));
+        assert_eq!(arrivals.landed_from(Some("prefill-a"), tag), 8192);
+        assert_eq!(arrivals.landed_from(Some("prefill-b"), tag), 4096);
+        assert_eq!(arrivals.landed_from(Some("prefill-c"), tag), 0);
+        assert_eq!(arrivals.landed(tag), 0, "no any-sender grant");
+        assert_eq!(arrivals.refused(), 2);
+        // Forgetting a's grant leaves b's; the last one frees the tag.
+        assert_eq!(arrivals.forget_from(Some("prefill-a"), tag), 8192);
+        assert_eq!(arrivals.landed_from(Some("prefill-b"), tag), 4096);
+        assert_eq!(arrivals.forget_from(Some("prefill-b"), tag), 4096);
+        arrivals.grant_from(None, tag, &[(7, 0, 8192)]).unwrap();
+        assert!(arrivals.land_at(tag, 7, 0, 4096, Some("anyone")));
+        assert_eq!(arrivals.landed(tag), 4096);
+        assert_eq!(arrivals.grant_from(Some("prefill-a"), tag, &[(7, 0, 1)]), Err(GrantRefused::InUse));
     }
 
     #[test]
     fn a_zero_length_landing_counts_nothing_and_drops_nothing() {
         let arrivals = Arrivals::new();
         assert!(!arrivals.land(7, 0));
-        assert!(!arrivals.land_at(7, 1, 0, 0));
+        assert!(!arrivals.land_at(7, 1, 0, 0, None));
         assert_eq!((arrivals.landed(7), arrivals.dropped(), arrivals.refused()), (0, 0, 0));
         // Nor does it take a slot: the table stays empty.
         assert!(arrivals.slots.iter().all(|slot| slot.load(Ordering::Relaxed) == 0));

@@ -283,6 +283,20 @@ pub(crate) struct Authenticator {
     token: Token,
     epoch: u64,
     secret: [u8; 32],
+    /// The initiator each handshake of this start proved (its engine's
+    /// name), by (cn, sn): what a data connection proving that session is
+    /// counted as, for arrival grants keyed by sender. Bounded: the oldest
+    /// are forgotten past [`MAX_PROVEN_SENDERS`].
+    senders: std::sync::Mutex<ProvenSenders>,
+}
+
+/// Handshakes whose proven initiator an engine remembers.
+pub const MAX_PROVEN_SENDERS: usize = 4096;
+
+#[derive(Default)]
+struct ProvenSenders {
+    by_session: std::collections::HashMap<(Nonce, Nonce), std::sync::Arc<str>>,
+    order: std::collections::VecDeque<(Nonce, Nonce)>,
 }
 
 impl fmt::Debug for Authenticator {
@@ -294,7 +308,27 @@ impl fmt::Debug for Authenticator {
 impl Authenticator {
     /// The target side of `token` for the engine start `epoch`.
     pub(crate) fn new(token: Token, epoch: u64) -> Self {
-        Self { token, epoch, secret: random_bytes() }
+        Self { token, epoch, secret: random_bytes(), senders: Default::default() }
+    }
+
+    /// Records that handshake (cn, sn) proved `initiator` (called once its
+    /// proof checked).
+    pub(crate) fn remember_sender(&self, cn: &Nonce, sn: &Nonce, initiator: &str) {
+        let mut senders = self.senders.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if senders.by_session.insert((*cn, *sn), initiator.into()).is_none() {
+            senders.order.push_back((*cn, *sn));
+        }
+        while senders.order.len() > MAX_PROVEN_SENDERS {
+            if let Some(oldest) = senders.order.pop_front() {
+                senders.by_session.remove(&oldest);
+            }
+        }
+    }
+
+    /// The initiator handshake (cn, sn) proved, if this start remembers it.
+    pub(crate) fn sender_of(&self, cn: &Nonce, sn: &Nonce) -> Option<std::sync::Arc<str>> {
+        let senders = self.senders.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        senders.by_session.get(&(*cn, *sn)).cloned()
     }
 
     /// A challenge for an initiator's nonce: the target's nonce (eight

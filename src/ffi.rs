@@ -8,6 +8,7 @@
 //! crosses the boundary, no panic unwinds into C (each call is wrapped in
 //! `catch_unwind`), and every pointer argument is checked for null.
 
+mod arrivals;
 mod batches;
 
 use crate::error::Error;

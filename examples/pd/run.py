@@ -219,7 +219,7 @@ def fault_kill(tally, referee, kind):
     addr = f"127.0.0.1:{free_port()}"
     cluster = None
     try:
-        cluster = Cluster(kind, "push", prefill_listen=addr)
+        cluster = Cluster(kind, "push", prefill_listen=addr, transport="tcp")
         request = make_requests(kind, 1, lengths=[60], first_id=200)[0]
         request.update(die_after_layer=1, push_delay_s=0.05)
         got = cluster.run([request])[0]
@@ -244,7 +244,7 @@ def fault_reuse(tally, referee, kind):
     fresh run of A's prompt are checked."""
     cluster = None
     try:
-        cluster = Cluster(kind, "push")
+        cluster = Cluster(kind, "push", transport="tcp")
         prompts = pdmodel.prompts(2, [90, 70], seed=21)
         a = {"req": 300, "prompt": prompts[0], "new": NEW_TOKENS, "push_delay_s": 0.05}
         b = {"req": 301, "prompt": prompts[1], "new": NEW_TOKENS}
@@ -268,22 +268,31 @@ def fault_reuse(tally, referee, kind):
 
 
 def negative_control(tally, referee, kind):
-    """The check can fail: a layer that prefill reports landed but never
-    moved leaves decode reading stale blocks, and the tokens differ."""
+    """The check can fail: a layer that prefill never moved, read by a
+    decode that does not wait for it, leaves decode reading stale blocks,
+    and the tokens differ. And decode's wait is what prevents it: waiting
+    for the layer's tagged bytes, the same request fails (no tokens) at
+    its deadline instead."""
     cluster = None
     try:
-        cluster = Cluster(kind, "push")
+        cluster = Cluster(kind, "push", transport="tcp")
         requests = make_requests(kind, 2, lengths=[40, 63], first_id=400, seed=5)
         cluster.run(requests)  # fills the blocks with these requests' KV
         stale = make_requests(kind, 2, lengths=[40, 63], first_id=410, seed=6)
         for request in stale:
-            request["skip_layer"] = 1
+            request.update(skip_layer=1, trust_layer=1)
         got = cluster.run(stale)[0]
         for request in stale:
             r = got.get(request["req"])
             want = referee.expected(kind, request["prompt"], request["new"])
             tally.check(f"{kind} negative control: layer 1 not moved for request {request['req']} is caught",
                         r is not None and not r["error"] and r["tokens"] != want, repr(r))
+        waited = make_requests(kind, 1, lengths=[40], first_id=420, seed=7)[0]
+        waited.update(skip_layer=1, wait_s=2.0)
+        r = cluster.run([waited])[0].get(waited["req"])
+        tally.check(f"{kind} negative control: decode waiting for layer 1's tagged bytes fails request "
+                    f"{waited['req']} at its deadline, with no token past the first",
+                    r is not None and bool(r["error"]) and not r["tokens"][1:], repr(r))
     except WorkerDied as error:
         tally.check(f"{kind} negative control", False, str(error))
     finally:
@@ -303,8 +312,8 @@ def check(args):
         for transport in ("tcp", "shm"):  # the default above is kvring's order: cma for the model's own memory
             run_mode(tally, referee, kinds[0], "push", transport=transport)
     if "mla" in kinds and not args.skip_tp:
-        run_mode(tally, referee, "mla", "push", 2, 1)
-        run_mode(tally, referee, "mla", "push", 1, 2)
+        run_mode(tally, referee, "mla", "push", 2, 1, transport="tcp")
+        run_mode(tally, referee, "mla", "push", 1, 2, transport="tcp")
     if "llama" in kinds and not args.skip_tp:
         verdict, reason = kvring.check_pd_topo((1, 2, 0, 0), (1, 1, 0, 0), "push", "mha")
         tally.check("llama tp 2->1: kvring's KV layer refuses a head-split cache across tp sizes",

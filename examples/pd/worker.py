@@ -8,11 +8,16 @@ collects tokens, over a pipe, as a router does.
 
 Modes (how the KV of a request gets from prefill to decode):
 
-- ``push``: prefill pushes each layer's blocks (``Engine.push_layer``:
-  kvring's KV layer turns block ids into coalesced descriptors) as soon as
-  the model wrote that layer, from a pusher thread, while the main thread
-  computes the next layer; a notification says the layer landed. Decode
-  waits per layer inside its first forward.
+- ``push``: prefill pushes each layer's blocks (``Engine.push_layer_tagged``:
+  kvring's KV layer turns block ids into coalesced descriptors, each write
+  tagged with the request's slot and the layer) as soon as the model wrote
+  that layer, from a pusher thread, while the main thread computes the
+  next layer. Decode granted each layer's tag the blocks it gave the
+  request (``Engine.grant_arrival``) and waits per layer inside its first
+  forward until that layer's bytes are in place (``Engine.wait_landed``):
+  no notification per layer. Over a link whose target cannot count tags
+  (shm, cma: the initiator copies into the target's memory itself) the
+  push is ``Engine.push_layer`` and a notification says the layer landed.
 - ``whole``: the baseline for the figures: every layer pushed once, after
   the last layer (``Engine.push_blocks``).
 - ``pull``: vLLM's NIXL connector: prefill tells decode its block ids,
@@ -42,6 +47,11 @@ from model import BlockAllocator, PagedCache, PoolSpec  # noqa: E402
 
 WAIT_S = 20.0  # every wait on a peer has this deadline
 PROBE_S = 0.5  # how often a waiting decode checks that its prefill is there
+# The transports whose target counts arrival tags (kvring counts them as
+# the bytes land: tcp frames, RDMA immediates); on shm and cma the
+# initiator writes the target's memory itself, so nothing there sees them.
+TAGGED_TRANSPORTS = ("tcp", "rdma")
+MAX_SLOT = (1 << 20) - 1  # kvring.arrival_tag's request slots: 1 ..= 2**20 - 1
 
 
 def push_targets(src_rank, src_tp, dst_tp):
@@ -183,6 +193,9 @@ class Prefill:
         elif mode in ("push", "whole"):
             for rank_, peer in self.decoders.items():
                 used[rank_] = self.engine.open_segment(peer, transport)  # None: kvring's order
+        # Links whose target counts arrival tags: the layer-wise push is
+        # tagged there, and needs no "landed" notification.
+        self.tagged = {peer for rank_, peer in self.decoders.items() if used.get(rank_) in TAGGED_TRANSPORTS}
         conn.send({"ready": True, "transports": used})
         self.work = queue.Queue()
         self.pusher = threading.Thread(target=self.push_loop, daemon=True)
@@ -242,7 +255,10 @@ class Prefill:
         end = time.monotonic()
         timing = {"compute_start": start, "compute_end": end}
         for rank in self.targets:
-            self.channel.send(self.decoders[rank], {"first": rid, "token": first, **timing})
+            # "tagged": this request's layers come tagged (decode waits for
+            # their bytes), not each with a "landed" notification.
+            tagged = self.mode == "push" and self.decoders[rank] in self.tagged
+            self.channel.send(self.decoders[rank], {"first": rid, "token": first, "tagged": tagged, **timing})
         if self.mode == "whole":
             self.work.put(("whole", rid, None, ours, tables))
         elif self.mode == "pull":
@@ -276,14 +292,21 @@ class Prefill:
                         self.engine.push_blocks(peer, ours, table["blocks"][: len(ours)], timeout=WAIT_S)
                         layers = list(range(self.spec.layers))
                     elif self.mode == "push" and request.get("skip_layer") == layer:
-                        layers = [layer]  # the negative control: say it landed, move nothing
+                        # The negative control: move nothing (and, where
+                        # layers are announced, say it landed).
+                        layers = [] if peer in self.tagged else [layer]
+                    elif self.mode == "push" and peer in self.tagged:
+                        theirs = table["blocks"][: len(ours)]
+                        self.engine.push_layer_tagged(peer, layer, table["slot"], ours, theirs, timeout=WAIT_S)
+                        layers = []  # decode waits for the bytes themselves
                     elif self.mode == "push":
                         self.engine.push_layer(peer, layer, ours, table["blocks"][: len(ours)], timeout=WAIT_S)
                         layers = [layer]
                     else:
                         self.mooncake_layer(peer, layer, ours, table)
                         continue  # its TransferNotify says it landed
-                    self.channel.send(peer, {"landed": rid, "layers": layers, "t": time.monotonic()})
+                    if layers:
+                        self.channel.send(peer, {"landed": rid, "layers": layers, "t": time.monotonic()})
                     if layer is not None and request.get("die_after_layer") == layer:
                         os.kill(os.getpid(), signal.SIGKILL)  # the fault case: killed mid-push
                 except Exception as error:  # the request fails; the message names why
@@ -327,12 +350,13 @@ class Decode:
         self.name = f"decode-{rank}"
         endpoint, address, self.pools = make_endpoint(mode, self.name, self.spec, transport=transport)
         if mode in ("push", "whole"):
-            self.engine, region = endpoint
+            self.engine, self.region = endpoint
             attention, dims = self.spec.layout()
-            self.engine.set_kv_layout(attention, dims, region)
+            self.engine.set_kv_layout(attention, dims, self.region)
         else:
             self.engine = endpoint
         self.channel = Channel(mode, self.engine, self.name)
+        self.next_slot = 0  # the request slot of the next request's arrival tags
         conn.send({"address": address})
         self.source = conn.recv()["source"]  # our prefill rank's address (or nixl name)
         if mode == "pull":
@@ -366,14 +390,46 @@ class Decode:
         """Blocks for the prompt and the new tokens; the table to prefill."""
         rid = request["req"]
         ours = self.allocator.take(len(request["prompt"]) + request["new"])
-        self.state[rid] = {
+        self.state[rid] = st = {
             "request": request, "blocks": ours, "landed": set(), "tokens": [], "failed": None,
-            "first": None, "pos": len(request["prompt"]), "cache": None, "timing": {},
+            "first": None, "pos": len(request["prompt"]), "cache": None, "timing": {}, "tags": {},
         }
-        self.channel.send(self.source, {
-            "table": True, "req": rid, "rank": self.rank, "blocks": ours, "base": self.pools.data_ptr(),
-        })
-        return self.state[rid]
+        table = {"table": True, "req": rid, "rank": self.rank, "blocks": ours, "base": self.pools.data_ptr()}
+        if self.mode == "push":
+            table["slot"] = self.grant(st)
+        self.channel.send(self.source, table)
+        return st
+
+    def grant(self, st):
+        """A request slot for ``st``, and each layer's tag granted the
+        blocks of that layer the prompt's KV lands in (every kind): only
+        bytes landing inside them count, each once, so a layer has landed
+        when its count reaches their size."""
+        import kvring
+
+        self.next_slot = self.next_slot % MAX_SLOT + 1
+        spec, pushed = self.spec, st["blocks"][: -(-len(st["request"]["prompt"]) // pdmodel.BLOCK_TOKENS)]
+        for layer in range(spec.layers):
+            tag = kvring.arrival_tag(self.next_slot, layer)
+            ranges = [(self.region, spec.block_offset(layer, kind, block), spec.block_bytes)
+                      for kind in range(spec.kinds) for block in pushed]
+            self.engine.forget_arrival(tag)  # a slot used before: its count starts again
+            self.engine.grant_arrival(tag, ranges)
+            st["tags"][layer] = (tag, len(ranges) * spec.block_bytes)
+        return self.next_slot
+
+    def poll_landed(self, st):
+        """Marks the layers whose tagged bytes have all landed."""
+        if not st.get("tagged"):
+            return
+        for layer, (tag, size) in st["tags"].items():
+            if layer not in st["landed"] and self.engine.landed(tag) >= size:
+                self.layer_landed(st, layer)
+
+    def layer_landed(self, st, layer):
+        st["landed"].add(layer)
+        if len(st["landed"]) == self.spec.layers:
+            st["timing"]["landed"] = time.monotonic()
 
     def serve(self, requests):
         """Runs ``requests`` together: blocks for each, tables to prefill,
@@ -425,8 +481,9 @@ class Decode:
                 self.channel.probe(self.source)
             except Exception as error:
                 raise RequestFailed(f"prefill {self.source} is gone: {type(error).__name__}: {error}") from None
-        if now - st["since"] > WAIT_S:
-            raise RequestFailed(f"nothing from prefill {self.source} within {WAIT_S} s")
+        limit = st["request"].get("wait_s", WAIT_S)
+        if now - st["since"] > limit:
+            raise RequestFailed(f"nothing from prefill {self.source} within {limit} s")
 
     def reuse(self, spec):
         """The block-reuse fault case: request ``a``'s push is in flight
@@ -440,7 +497,9 @@ class Decode:
             time.sleep(0.0002)
         landed_before = sorted(st["landed"])
         self.channel.send(self.source, {"abort": a["req"], "rank": self.rank})
-        fenced = self.state.pop(a["req"])["blocks"]
+        fenced_st = self.state.pop(a["req"])
+        self.forget(fenced_st)
+        fenced = fenced_st["blocks"]
         since = time.monotonic()
         while a["req"] not in self.acks:
             self.pump()
@@ -453,13 +512,22 @@ class Decode:
                              "landed_before_abort": landed_before, "timing": {}}
         return results
 
+    def forget(self, st):
+        """Frees the request's arrival tags (a bounded table on the engine)."""
+        for tag, _ in st.get("tags", {}).values():
+            self.engine.forget_arrival(tag)
+
     def finish(self, rid, error=None):
         st = self.state.pop(rid)
+        self.forget(st)
         self.allocator.give_back(st["blocks"])
         return {"tokens": st["tokens"], "error": error, "timing": st["timing"], "blocks": st["blocks"]}
 
     def pump(self):
-        """Takes every message that arrived and applies it."""
+        """Takes every message that arrived and applies it, and marks the
+        layers whose tagged bytes have landed."""
+        for st in self.state.values():
+            self.poll_landed(st)
         for message in self.channel.recv():
             if "aborted" in message:
                 self.acks.add(message["aborted"])
@@ -469,11 +537,11 @@ class Decode:
             if st is None:
                 continue  # a request already ended (failed) here
             if "landed" in message:
-                st["landed"].update(message["layers"])
-                if len(st["landed"]) == self.spec.layers:
-                    st["timing"]["landed"] = time.monotonic()
+                for layer in message["layers"]:
+                    self.layer_landed(st, layer)
             elif "first" in message:
                 st["first"] = message["token"]
+                st["tagged"] = message.get("tagged", False)
                 st["tokens"].append(message["token"])
                 st["timing"].update(
                     compute_start=message["compute_start"], compute_end=message["compute_end"]
@@ -512,12 +580,27 @@ class Decode:
         self.engine.release_xfer_handle(handle)
 
     def wait_layer(self, rid, st, layer):
-        """Inside the first decode step: returns once ``layer`` landed."""
+        """Inside the first decode step: returns once ``layer`` landed: its
+        tagged bytes all in place (``wait_landed``, in slices of
+        ``PROBE_S`` so that prefill's liveness and messages are checked
+        between them), or a "landed" notification over shm and cma."""
+        import kvring
+
         st.pop("since", None)
+        if st["request"].get("trust_layer") == layer:
+            return  # the negative control: read the layer without waiting for it
+        tag, size = st["tags"][layer] if st.get("tagged") else (None, 0)
         while layer not in st["landed"]:
             self.check_alive(st)
             self.pump()
-            time.sleep(0.0001)
+            if tag is None:
+                time.sleep(0.0001)
+                continue
+            try:
+                self.engine.wait_landed(tag, size, timeout=PROBE_S)
+            except kvring.TransferTimeoutError:
+                continue
+            self.layer_landed(st, layer)
 
     def step(self, rid, st):
         """One decode step of one request, its cache read from our pools."""

@@ -36,3 +36,7 @@ pub mod lease;
 /// The cma page's revocation handshake.
 #[path = "../../src/transport/cma/revoke.rs"]
 pub mod revoke;
+
+/// The shm region file's revocation handshake (live and busy words).
+#[path = "../../src/mem/revoke.rs"]
+pub mod shm_revoke;

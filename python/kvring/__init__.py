@@ -22,7 +22,7 @@ from ._buffers import address_of
 from .errors import *  # noqa: F401,F403  (one class per error kind)
 from .errors import InvalidArgumentError, KvringError
 
-__all__ = ["Engine", "check_pd_topo", "transports", "KvringError"]
+__all__ = ["Engine", "arrival_tag", "check_pd_topo", "transports", "KvringError"]
 
 
 _LEVELS = {"ERROR": logging.ERROR, "WARN": logging.WARNING, "INFO": logging.INFO, "DEBUG": logging.DEBUG, "TRACE": 5}
@@ -55,6 +55,13 @@ def check_pd_topo(local, remote, mode="push", attention="mha"):
     exchange KV blocks. Returns (verdict, reason): verdict is
     "homogeneous", "heterogeneous", "invalid_local" or "invalid_remote"."""
     return _native.check_pd_topo(tuple(local), tuple(remote), mode, attention)
+
+
+def arrival_tag(slot, layer):
+    """The arrival tag of request slot ``slot``'s ``layer``: ``slot << 12 |
+    layer`` (slot 1 to 2**20 - 1, layer below 4096); anything else raises
+    ``InvalidArgumentError``."""
+    return _native.arrival_tag(slot, layer)
 
 
 class Engine:
@@ -304,6 +311,46 @@ class Engine:
     def push_layer(self, name, layer, src_ids, dst_ids, timeout=30.0):
         """Writes one layer's blocks as soon as it is computed."""
         return self._native.kv_transfer(name, "push", list(src_ids), list(dst_ids), layer, timeout)
+
+    def push_layer_tagged(self, name, layer, slot, src_ids, dst_ids, timeout=30.0):
+        """As ``push_layer``, the push tagged for request slot ``slot``
+        (``arrival_tag(slot, layer)``), so the peer can wait for this
+        layer's bytes with ``wait_landed`` instead of a notification per
+        layer. Tags are counted by the target over tcp (and rdma); a link
+        that cannot carry them (shm, cma) fails the push with
+        ``UnsupportedError``. Waits up to ``timeout`` seconds; returns the
+        bytes moved."""
+        return _native.push_layer_tagged(self._native, name, layer, slot, list(src_ids), list(dst_ids), timeout)
+
+    # Arrival tags (this engine as the target of tagged pushes) ----------
+
+    def grant_arrival(self, tag, ranges, sender=None):
+        """Binds ``tag`` to the ranges its request was given, each
+        ``(region, offset, length)`` of this engine's regions: only bytes
+        landing wholly inside them count under it, each byte once. With
+        ``sender`` (the pushing engine's name, as it proved it with the
+        shared token), only that sender's bytes count, and other senders
+        may be granted the same tag, each counted apart; without a token a
+        sender grant raises ``UnsupportedError``. A tag already granted
+        raises ``InvalidArgumentError``."""
+        ranges = [(int(r), int(o), int(n)) for r, o, n in ranges]
+        _native.grant_arrival(self._native, tag, ranges, sender)
+
+    def landed(self, tag, sender=None):
+        """Bytes landed under ``tag`` (under ``sender``'s grant of it)."""
+        return _native.landed(self._native, tag, sender)
+
+    def wait_landed(self, tag, nbytes, timeout=30.0, sender=None):
+        """Waits until ``nbytes`` have landed under ``tag`` (under
+        ``sender``'s grant of it), for at most ``timeout`` seconds:
+        ``TransferTimeoutError`` past it. Other threads may use the engine
+        meanwhile."""
+        _native.wait_landed(self._native, tag, nbytes, timeout, sender)
+
+    def forget_arrival(self, tag, sender=None):
+        """Forgets ``tag`` (only ``sender``'s grant of it, with ``sender``),
+        freeing its slot; returns the bytes it had counted."""
+        return _native.forget_arrival(self._native, tag, sender)
 
     def close(self):
         """Stops the engine; later calls raise EngineClosedError."""

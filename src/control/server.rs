@@ -338,6 +338,8 @@ fn handshake(
     // initiator takes it only if nothing on the path changed a byte.
     let sealed_segment = described.to_proto().encode_to_vec();
     let seal = descriptor_seal(&session, &request.proof, &sealed_segment).to_vec();
+    // Its data connections (proving this session) land arrivals as it.
+    authenticator.remember_sender(&cn, &sn, &initiator.name);
     auth.identity = Some(initiator);
     auth.admitted = true;
     auth.pending = Some(ControlSeal::new(&session, End::Target));

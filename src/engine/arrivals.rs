@@ -26,15 +26,7 @@ impl Engine {
     /// # Ok(()) }
     /// ```
     pub fn wait_landed(&self, tag: u32, bytes: u64, timeout: Duration) -> Result<()> {
-        let started = Instant::now();
-        let mut backoff = Backoff::new(self.inner.config.wait_backoff, Some(started + timeout));
-        while self.landed(tag) < bytes {
-            if backoff.snooze() == Snooze::Expired {
-                tracing::debug!(tag, bytes, landed = self.landed(tag), "wait_landed timed out");
-                return Err(Error::Timeout { waited: started.elapsed() });
-            }
-        }
-        Ok(())
+        self.wait_count(|| self.landed(tag), tag, bytes, timeout)
     }
 
     /// Forgets `tag` (its count starts again from 0, its slot is free for
@@ -62,6 +54,44 @@ impl Engine {
     /// # Ok(()) }
     /// ```
     pub fn grant_arrival(&self, tag: u32, ranges: &[(crate::RegionId, u64, u64)]) -> Result<()> {
+        self.grant(None, tag, ranges)
+    }
+
+    /// As [`grant_arrival`](Self::grant_arrival), for the landings of one
+    /// sender only: `sender` is the initiator engine's name as it proved it
+    /// in its tokened handshake with this engine (the name its
+    /// `EngineBuilder::name` gave it). Grants are keyed by (sender, tag): two
+    /// prefill engines that chose the same tag are each granted their own
+    /// ranges and counted apart ([`landed_from`](Self::landed_from)), and one
+    /// cannot complete the other's tag. Needs a token (without one no data
+    /// connection proves who it is: `Unsupported`); refused
+    /// (`InvalidArgument`) for a (sender, tag) already granted or a tag
+    /// granted to any sender.
+    ///
+    /// ```no_run
+    /// # fn demo(engine: &kvring::Engine, kv: kvring::RegionId) -> kvring::Result<()> {
+    /// let tag = kvring::kv::arrival_tag(42, 3)?;
+    /// engine.grant_arrival_from("prefill-0", tag, &[(kv, 0, 65536)])?;
+    /// engine.wait_landed_from("prefill-0", tag, 65536, std::time::Duration::from_secs(5))?;
+    /// engine.forget_arrival_from("prefill-0", tag);
+    /// # Ok(()) }
+    /// ```
+    pub fn grant_arrival_from(&self, sender: &str, tag: u32, ranges: &[(crate::RegionId, u64, u64)]) -> Result<()> {
+        if self.inner.context.auth.is_none() {
+            return Err(Error::Unsupported {
+                what: format!(
+                    "an arrival grant for sender {sender:?}: without a token no data connection proves its sender \
+                     (set a token on both engines, or grant_arrival for any sender)"
+                ),
+            });
+        }
+        if sender.is_empty() {
+            return Err(Error::invalid("arrival grant", "an empty sender name"));
+        }
+        self.grant(Some(sender), tag, ranges)
+    }
+
+    fn grant(&self, sender: Option<&str>, tag: u32, ranges: &[(crate::RegionId, u64, u64)]) -> Result<()> {
         let mut raw = Vec::with_capacity(ranges.len());
         for &(region, offset, len) in ranges {
             let end = offset
@@ -69,19 +99,55 @@ impl Engine {
                 .ok_or_else(|| Error::invalid("arrival grant", format!("{region} at {offset} + {len} overflows")))?;
             raw.push((region.raw(), offset, end));
         }
-        self.inner.arrivals.grant(tag, &raw).map_err(|why| {
+        self.inner.arrivals.grant_from(sender, tag, &raw).map_err(|why| {
             let reason = match why {
                 crate::arrival::GrantRefused::Zero => "tag 0 means untagged".to_string(),
-                crate::arrival::GrantRefused::InUse => {
-                    format!("tag {tag:#x} is granted already: two requests chose the same tag")
-                }
+                crate::arrival::GrantRefused::InUse => match sender {
+                    None => format!("tag {tag:#x} is granted already: two requests chose the same tag"),
+                    Some(sender) => format!(
+                        "tag {tag:#x} is granted already to {sender:?} (or to any sender): two of its requests chose \
+                         the same tag"
+                    ),
+                },
                 crate::arrival::GrantRefused::Full => format!(
-                    "no room for tag {tag:#x}, or its ranges are empty or more than {}",
+                    "no room for tag {tag:#x} (or {} senders of it already), or its ranges are empty or more than {}",
+                    crate::arrival::MAX_TAG_SENDERS,
                     crate::arrival::MAX_GRANT_RANGES
                 ),
             };
             Error::invalid("arrival grant", reason)
         })
+    }
+
+    /// Bytes landed under `sender`'s grant of `tag` (see
+    /// [`grant_arrival_from`](Self::grant_arrival_from)); 0 for a sender the
+    /// tag is not granted to.
+    pub fn landed_from(&self, sender: &str, tag: u32) -> u64 {
+        self.inner.arrivals.landed_from(Some(sender), tag)
+    }
+
+    /// Waits until at least `bytes` have landed under `sender`'s grant of
+    /// `tag`, bounded by `timeout` (`Error::Timeout` past it).
+    pub fn wait_landed_from(&self, sender: &str, tag: u32, bytes: u64, timeout: Duration) -> Result<()> {
+        self.wait_count(|| self.landed_from(sender, tag), tag, bytes, timeout)
+    }
+
+    /// Forgets `sender`'s grant of `tag` (other senders' grants of it stay);
+    /// returns the bytes it had counted.
+    pub fn forget_arrival_from(&self, sender: &str, tag: u32) -> u64 {
+        self.inner.arrivals.forget_from(Some(sender), tag)
+    }
+
+    fn wait_count(&self, landed: impl Fn() -> u64, tag: u32, bytes: u64, timeout: Duration) -> Result<()> {
+        let started = Instant::now();
+        let mut backoff = Backoff::new(self.inner.config.wait_backoff, Some(started + timeout));
+        while landed() < bytes {
+            if backoff.snooze() == Snooze::Expired {
+                tracing::debug!(tag, bytes, landed = landed(), "wait_landed timed out");
+                return Err(Error::Timeout { waited: started.elapsed() });
+            }
+        }
+        Ok(())
     }
 
     /// Landings refused under granted tags (outside their ranges, or with

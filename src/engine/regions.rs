@@ -218,10 +218,22 @@ impl Engine {
         // it touches the page.
         let _serial = cma.map(|cma| cma.serialize());
         let entry = self.inner.registry.get(id)?;
+        let shm = entry.shm.as_deref();
+        let _shm_serial = shm.map(|shm| shm.unregistering.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        if let Some(shm) = shm {
+            // Same-host peers map this region's file: mark it dead in its
+            // header and wait out any peer's copy inside it, so that none
+            // lands once this returns (`mem::shm`, revocation).
+            let deadline = std::time::Instant::now() + crate::mem::shm::SHM_REVOKE_WAIT;
+            shm.revoke(deadline).map_err(|busy| Error::RegionBusy { region: id, in_flight: busy })?;
+        }
         if let Some(cma) = cma {
             // Off the page first, then wait out any peer's call inside it:
             // once this returns, the caller may free the memory.
-            cma.revoke(id).map_err(|busy| Error::RegionBusy { region: id, in_flight: busy })?;
+            if let Err(busy) = cma.revoke(id) {
+                shm.inspect(|shm| shm.republish());
+                return Err(Error::RegionBusy { region: id, in_flight: busy });
+            }
         }
         match self.inner.registry.unregister(id) {
             Ok(_) => {}
@@ -232,6 +244,7 @@ impl Engine {
                 if let Some(cma) = cma.filter(|_| entry.info.memory == MemoryKind::Host) {
                     cma.publish(id, entry.addr, entry.len, entry.info.access);
                 }
+                shm.inspect(|shm| shm.republish());
                 return Err(error);
             }
             Err(error) => return Err(error),

@@ -6,6 +6,7 @@ pub mod device;
 pub(crate) mod lease;
 pub mod region;
 pub mod registry;
+pub mod revoke;
 pub mod shm;
 
 pub use checksum::checksum_shared;

@@ -18,6 +18,21 @@
 //! writes at nothing but its own region: not another engine's, not another
 //! application's shared memory, not a file of another user.
 //!
+//! **Revocation.** The header also holds two words the owner and its peers
+//! share: `live` (1 while the region is registered) and `busy` (copies of
+//! peers in progress). A peer's link adds one to `busy`, then checks `live`,
+//! before it copies into or out of the region, and subtracts one after
+//! ([`ShmMapping::enter`]). The owner that unregisters the region first
+//! clears `live`, then waits until `busy` is 0 ([`ShmMapping::revoke`]).
+//! Both sides use sequentially consistent operations (`mem/revoke.rs`, the
+//! cma page's handshake; modelled in `loom_tests/`), so either the peer's check sees the
+//! cleared word and copies nothing (the batch fails `UnknownRegion`), or the
+//! owner's wait sees the peer's count and lets the copy end first: once
+//! `unregister` returned, no peer's byte lands in the region. The wait is
+//! bounded; a copy that does not end in time (its process stopped or
+//! killed inside it) leaves the region registered and `unregister` says
+//! `RegionBusy`.
+//!
 //! The owner removes the file when the mapping is dropped; files left by a
 //! crashed process of this user are swept at the next engine start.
 
@@ -30,6 +45,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// Where kvring puts its shared-memory files.
@@ -43,7 +59,10 @@ pub const SHM_MODE: u32 = 0o600;
 /// "KVRINGSH".
 const HEADER_MAGIC: [u8; 8] = *b"KVRINGSH";
 /// 2: the header carries the owner's rights (`access`, 0 in version 1).
-const HEADER_VERSION: u32 = 2;
+/// 3: and the `live` and `busy` words of revocation.
+const HEADER_VERSION: u32 = 3;
+/// Longest an owner's `unregister` waits for peers' copies in progress.
+pub const SHM_REVOKE_WAIT: Duration = Duration::from_secs(2);
 
 static NEXT_SHM_SEQ: AtomicU64 = AtomicU64::new(0);
 
@@ -62,6 +81,11 @@ struct ShmHeader {
     /// owner registered the region.
     access: u32,
     len: u64,
+    /// 1 while the owner has the region registered, 0 before and after:
+    /// shared with peers, only ever touched atomically ([`ShmMapping::live`]).
+    live: u64,
+    /// Peers' copies in progress: shared, only ever touched atomically.
+    busy: u64,
 }
 
 /// What a peer's descriptor says about one of its shm regions: the file
@@ -78,6 +102,8 @@ pub struct PeerRegion {
     pub len: usize,
 }
 
+pub use super::revoke::Entered;
+
 /// A shared mapping of a `/dev/shm` region file.
 #[derive(Debug)]
 pub struct ShmMapping {
@@ -87,6 +113,10 @@ pub struct ShmMapping {
     owner: bool,
     /// The GPU provider the mapping is pinned with, unpinned on drop.
     pinned: std::sync::OnceLock<std::sync::Arc<dyn crate::gpu::Gpu>>,
+    /// Held by the owner's `unregister` from revocation to the registry's
+    /// verdict, so that two unregisters of one region never interleave (a
+    /// loser's restore must not re-open a region the winner freed).
+    pub(crate) unregistering: std::sync::Mutex<()>,
 }
 
 /// The name kvring gives a region file of the engine `pid` at `epoch`,
@@ -126,6 +156,8 @@ impl ShmMapping {
                 region: 0,
                 access: 0,
                 len: len as u64,
+                live: 0,
+                busy: 0,
             };
             mapping.write_header(&header);
         });
@@ -154,7 +186,13 @@ impl ShmMapping {
             .populate()
             .map_raw(&file)
             .map_err(|e| Error::io(format!("mapping {}", path.display()), e))?;
-        Ok(Self { map, path: path.to_path_buf(), owner: true, pinned: Default::default() })
+        Ok(Self {
+            map,
+            path: path.to_path_buf(),
+            owner: true,
+            pinned: Default::default(),
+            unregistering: Default::default(),
+        })
     }
 
     fn header_ptr(&self) -> *mut ShmHeader {
@@ -173,20 +211,70 @@ impl ShmMapping {
     }
 
     /// Records the region id the owner registered this mapping under, and
-    /// the rights it registered it with, in the header peers check. Call
-    /// before the id is published.
+    /// the rights it registered it with, in the header peers check, and
+    /// marks it live. Call before the id is published (no peer has the
+    /// file yet, so the header is written whole).
     pub fn set_region(&self, region: RegionId, access: Access) {
         let mut header = self.read_header();
         header.region = region.raw();
         header.access = access.bits();
         self.write_header(&header);
+        // SeqCst, as every operation on `live` and `busy` (see `enter`).
+        self.live().store(1, Ordering::SeqCst);
     }
 
     /// The rights the owner wrote in the file's header: for a peer's
     /// mapping, the most a link may do with it (a descriptor that claims
     /// more, from a confused or hostile peer, does not count).
     pub fn owner_access(&self) -> Access {
-        Access::from_bits(self.read_header().access)
+        // The field alone: peers change `busy` beside it at any time.
+        // SAFETY: the header is in the mapping (see `write_header`); the
+        // field is read by a volatile read of its own four bytes.
+        Access::from_bits(unsafe { std::ptr::addr_of!((*self.header_ptr()).access).read_volatile() })
+    }
+
+    /// The header's `live` word.
+    fn live(&self) -> &AtomicU64 {
+        // SAFETY: the header is in the mapping, which lives as long as
+        // `self`; `live` is 8-aligned (offset 40 of a page-aligned header)
+        // and only ever accessed atomically, by every process mapping it.
+        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.header_ptr()).live)) }
+    }
+
+    /// The header's `busy` word.
+    fn busy(&self) -> &AtomicU64 {
+        // SAFETY: as in `live` (offset 48).
+        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.header_ptr()).busy)) }
+    }
+
+    /// A peer's way in: counts a copy in progress and checks the owner
+    /// still has the region registered; None (nothing may be copied) once
+    /// it unregistered it. The copy ends when the guard drops
+    /// (`mem::revoke`, the handshake loom models).
+    pub fn enter(&self) -> Option<Entered<'_>> {
+        super::revoke::enter(self.live(), self.busy())
+    }
+
+    /// The owner unregisters the region: no peer's copy starts after this
+    /// call, and those in progress are waited for until `deadline`. On
+    /// `Err(busy)` (copies still in progress) the region is live again.
+    pub fn revoke(&self, deadline: Instant) -> std::result::Result<(), u32> {
+        let mut pause = Duration::from_micros(1);
+        super::revoke::revoke(self.live(), self.busy(), || {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+            true
+        })
+        .map_err(|busy| u32::try_from(busy).unwrap_or(u32::MAX))
+    }
+
+    /// Marks the region live again after a failed unregister (it stays
+    /// registered).
+    pub fn republish(&self) {
+        self.live().store(1, Ordering::SeqCst);
     }
 
     /// Maps a peer's region file, only if it proves to be the region
@@ -236,7 +324,13 @@ impl ShmMapping {
             .populate()
             .map_raw(&file)
             .map_err(|e| Error::io(format!("mapping peer region {}", path.display()), e))?;
-        let mapping = Self { map, path: path.to_path_buf(), owner: false, pinned: Default::default() };
+        let mapping = Self {
+            map,
+            path: path.to_path_buf(),
+            owner: false,
+            pinned: Default::default(),
+            unregistering: Default::default(),
+        };
         let header = mapping.read_header();
         let proven = header.magic == HEADER_MAGIC
             && header.version == HEADER_VERSION

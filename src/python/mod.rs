@@ -13,11 +13,14 @@
 //! leaked rather than joined (joining threads that do not exist would hang).
 
 //!
-//! `engine.rs` is the `Engine` class, `open.rs` what an open engine holds,
+//! `engine.rs` is the `Engine` class, `arrivals.rs` arrival tags (grant,
+//! wait, tagged layer pushes), `open.rs` what an open engine holds,
 //! `gpu.rs` GPU memory from Python (DLPack, locations, the simulated
 //! device buffer for tests), `prepared.rs` descriptor lists located once and
-//! transfers built from them (NIXL's), `u64s.rs` the fast reading of int lists.
+//! transfers built from them (NIXL's), `u64s.rs` the fast reading of int lists (and of NIXL's
+//! descriptor rows).
 
+mod arrivals;
 mod engine;
 mod gpu;
 mod open;
@@ -160,6 +163,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prepared::post, m)?)?;
     m.add_function(wrap_pyfunction!(prepared::rust_loop_xfer, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::dlpack_info, m)?)?;
+    m.add_function(wrap_pyfunction!(u64s::pack_desc_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(arrivals::arrival_tag, m)?)?;
+    m.add_function(wrap_pyfunction!(arrivals::grant_arrival, m)?)?;
+    m.add_function(wrap_pyfunction!(arrivals::landed, m)?)?;
+    m.add_function(wrap_pyfunction!(arrivals::wait_landed, m)?)?;
+    m.add_function(wrap_pyfunction!(arrivals::forget_arrival, m)?)?;
+    m.add_function(wrap_pyfunction!(arrivals::push_layer_tagged, m)?)?;
     m.add_function(wrap_pyfunction!(set_error_classes, m)?)?;
     m.add_function(wrap_pyfunction!(py_check_pd_topo, m)?)?;
     m.add_function(wrap_pyfunction!(transports, m)?)?;

@@ -56,3 +56,75 @@ impl<'py> FromPyObject<'py> for U64s {
         Ok(U64s(out))
     }
 }
+
+/// NIXL's descriptor rows (`(addr, len, dev_id)` tuples, with a meta str
+/// or bytes fourth for `width` 4) packed as native-endian `u64` triples,
+/// for `kvring.nixl`'s lists (vLLM passes 65,536 rows per handshake).
+/// Only the common shape is taken: a list of exact tuples of `width`
+/// items, the first three exact ints in `u64`, the fourth str or bytes.
+/// Anything else gives None, and the Python layer checks the rows itself
+/// (naming the bad row in its error); nothing here raises for a row.
+#[pyfunction]
+pub fn pack_desc_rows<'py>(
+    py: Python<'py>,
+    rows: &Bound<'py, PyAny>,
+    width: usize,
+) -> PyResult<Option<Bound<'py, pyo3::types::PyBytes>>> {
+    let Ok(list) = rows.downcast::<PyList>() else { return Ok(None) };
+    if width != 3 && width != 4 {
+        return Ok(None);
+    }
+    let mut out: Vec<u64> = Vec::with_capacity(list.len() * 3);
+    for index in 0..list.len() {
+        // No Python code runs in this loop (exact types only, so no
+        // `__index__` or `__len__` of a subclass), so the list and its
+        // tuples cannot change under it.
+        // SAFETY: the GIL is held and `index` is below the length read
+        // under it: a live, borrowed item.
+        let row = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), index as pyo3::ffi::Py_ssize_t) };
+        // SAFETY: `row` is live (above); the checks are type reads.
+        let shaped = unsafe {
+            !row.is_null()
+                && pyo3::ffi::PyTuple_CheckExact(row) != 0
+                && pyo3::ffi::PyTuple_Size(row) == width as pyo3::ffi::Py_ssize_t
+        };
+        if !shaped {
+            return Ok(None);
+        }
+        for field in 0..3 {
+            // SAFETY: `row` is a live tuple of `width` >= 3 items.
+            let value = unsafe {
+                let item = pyo3::ffi::PyTuple_GetItem(row, field);
+                if item.is_null() || pyo3::ffi::PyLong_CheckExact(item) == 0 {
+                    None
+                } else {
+                    match pyo3::ffi::PyLong_AsUnsignedLong(item) {
+                        // Also the error value (negative, too large): the
+                        // Python layer decides, with its own message.
+                        u64::MAX => {
+                            pyo3::ffi::PyErr_Clear();
+                            None
+                        }
+                        value => Some(value),
+                    }
+                }
+            };
+            match value {
+                Some(value) => out.push(value),
+                None => return Ok(None),
+            }
+        }
+        if width == 4 {
+            // SAFETY: `row` is a live tuple of 4 items; type checks only.
+            let meta_ok = unsafe {
+                let meta = pyo3::ffi::PyTuple_GetItem(row, 3);
+                !meta.is_null() && (pyo3::ffi::PyUnicode_Check(meta) != 0 || pyo3::ffi::PyBytes_Check(meta) != 0)
+            };
+            if !meta_ok {
+                return Ok(None);
+            }
+        }
+    }
+    let bytes: Vec<u8> = out.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    Ok(Some(pyo3::types::PyBytes::new(py, &bytes)))
+}

@@ -10,7 +10,7 @@ use super::{Block, ChunkEnd, LaneLink, Link, LinkState, Posted, TransportKind};
 use crate::desc::BlockDesc;
 use crate::error::{Error, Result, Side};
 use crate::gpu::{CopyCounters, Gpu};
-use crate::mem::shm::PeerRegion;
+use crate::mem::shm::{Entered, PeerRegion};
 use crate::mem::ShmMapping;
 use crate::ring::Opcode;
 use crate::segment::SegmentDescriptor;
@@ -133,7 +133,28 @@ impl LaneLink for ShmLink {
         }
         let mut moved = 0;
         let mut failure = None;
+        // The peer's region this chunk is inside, entered (its owner cannot
+        // finish unregistering it until the guard drops): consecutive
+        // blocks into one region enter it once.
+        let mappings = self.mappings.clone();
+        let mut entered: Option<(usize, Entered<'_>)> = None;
         for block in blocks {
+            let index = block.desc.remote_region.index() as usize;
+            if let Some(mapping) = mappings.get(index).and_then(Option::as_ref) {
+                if entered.as_ref().map(|(at, _)| *at) != Some(index) {
+                    entered = None; // leave the previous region first
+                    match mapping.enter() {
+                        Some(guard) => entered = Some((index, guard)),
+                        None => {
+                            // Its owner unregistered it since this link
+                            // mapped it: nothing may land there.
+                            failure =
+                                Some(Error::UnknownRegion { side: Side::Remote, region: block.desc.remote_region });
+                            break;
+                        }
+                    }
+                }
+            }
             let remote = match self.remote(op, &block.desc, block.desc_index) {
                 Ok(remote) => remote,
                 Err(error) => {
@@ -158,6 +179,10 @@ impl LaneLink for ShmLink {
                 }
             }
         }
+        // Host copies are done: their region may be unregistered now. (A
+        // GPU copy into a peer's host mapping was checked live when issued
+        // but runs on after this; see docs/SECURITY.md.)
+        drop(entered);
         match self.device.as_mut().map(|(_, copier)| copier).filter(|c| c.has_copies()) {
             // SAFETY: the blocks' local ranges stay valid until the chunk is
             // reported ended (our contract); the remote ones are the peer's

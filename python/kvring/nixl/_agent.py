@@ -517,8 +517,7 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         descs = _descs.build(_descs.nixlXferDList, xfer_list, mem_type)
         self._backend(backends)
         agent_name = _agent_name(agent_name)
-        addrs = [d[0] for d in descs]
-        lengths = [d[1] for d in descs]
+        addrs, lengths = descs.addrs(), descs.lengths()
         gpu = descs.getType() == "VRAM"
         if agent_name in (NIXL_INIT_AGENT, "", None):
             prepared = _native.prepare(self._native, None, addrs, lengths, gpu, self._timeout)

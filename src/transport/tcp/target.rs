@@ -195,6 +195,9 @@ pub(crate) struct TargetConn {
     /// With a token: the connection's frame seal, once it proved its
     /// session (every header each way is numbered and MAC'd).
     seal: Option<crate::seal::FrameSeal>,
+    /// The initiator its session's handshake proved (its engine's name):
+    /// whom its tagged writes count for. None without a proven session.
+    sender: Option<Arc<str>>,
 }
 
 // SAFETY: the raw pointers are into registered regions under leases this
@@ -233,6 +236,7 @@ impl TargetConn {
             next_group: 0,
             chunk_groups: None,
             seal: None,
+            sender: None,
         }
     }
 
@@ -598,7 +602,8 @@ impl TargetConn {
         unsafe { ctx.registry.release_kept(region) };
         // Its bytes are in the region now: count them under its tag.
         if let Some(tag) = self.current.arrival_tag() {
-            ctx.arrivals.land_at(tag, self.current.region, self.current.offset, self.current.len);
+            let (current, sender) = (&self.current, self.sender.as_deref());
+            ctx.arrivals.land_at(tag, current.region, current.offset, current.len, sender);
         }
         self.write_frame_ended(ctx, now);
     }

@@ -62,14 +62,9 @@ class TransferEngineShmManagedBufferTest(unittest.TestCase):
         self.assertEqual(self.initiator.transfer_sync_read(self.target_name, src, dst, len(payload)), 0)
         self.assertEqual(self.initiator.read_bytes_from_buffer(src, len(payload)), payload)
 
-    # A known kvring defect, kept visible (an unexpected pass fails the run,
-    # so this marker goes when it is fixed): kvring's shm link maps a peer's
-    # regions when it opens the segment and copies into them with no check
-    # per call, so a write to a region its owner has since unregistered
-    # lands in the orphaned mapping and reports success. The cma link
-    # checks a per-region state word before every call (transport/cma/page.rs);
-    # the shm link needs the same.
-    @unittest.expectedFailure
+    # kvring's shm link checks the region's live word in its file's header
+    # before each copy, and the owner's unregister clears it and waits out
+    # copies in progress (mem/shm.rs, revocation): a write after free fails.
     def test_free_large_managed_buffer_then_write_fails(self):
         needed = _LARGE_LEN + 256 * 1024 * 1024 + 16 * 1024 * 1024
         if _shm_free_bytes() < needed:

@@ -81,6 +81,8 @@ impl TargetConn {
             // Its staging pages count against its proven session (one
             // initiator's handshake), whatever number of connections it opens.
             self.set_stage_identity(session_identity(&cn, &sn));
+            // Its tagged writes count as the initiator its handshake proved.
+            self.sender = ctx.auth.as_ref().and_then(|auth| auth.sender_of(&cn, &sn));
             self.admitted(ctx, admit);
         } else {
             let error = Error::Unauthorized { reason: "no valid session proof".into() };

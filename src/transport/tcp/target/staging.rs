@@ -148,6 +148,10 @@ impl StagingSlot {
     }
 }
 
+/// A staged WRITE frame's arrival tag, counted once its group's copy ends:
+/// (tag, region, offset, len, the connection's proven sender).
+type StagedTag = (u32, u32, u64, u64, Option<Arc<str>>);
+
 /// Pages one batched copy stages through, and what to settle when it ends.
 #[derive(Debug, Default)]
 pub(super) struct Group {
@@ -163,7 +167,7 @@ pub(super) struct Group {
     leases: Vec<RegionId>,
     /// WRITE: arrival tags to count once its bytes are in place, with
     /// where the bytes went (region, offset, length).
-    tags: Vec<(u32, u32, u64, u64)>,
+    tags: Vec<StagedTag>,
     /// Set once its copy ended.
     done: Option<Result<(), Error>>,
     /// READ: replies still to be sent from its pages.
@@ -181,9 +185,9 @@ impl Group {
             // once, here.
             unsafe { ctx.registry.release_kept(region) };
         }
-        for (tag, region, offset, len) in self.tags.drain(..) {
+        for (tag, region, offset, len, sender) in self.tags.drain(..) {
             if landed {
-                ctx.arrivals.land_at(tag, region, offset, len);
+                ctx.arrivals.land_at(tag, region, offset, len, sender.as_deref());
             }
         }
     }
@@ -331,7 +335,7 @@ impl TargetConn {
         self.write_group.leases.push(region);
         if let Some(tag) = self.current.arrival_tag() {
             let current = &self.current;
-            self.write_group.tags.push((tag, current.region, current.offset, current.len));
+            self.write_group.tags.push((tag, current.region, current.offset, current.len, self.sender.clone()));
         }
     }
 
