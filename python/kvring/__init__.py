@@ -66,7 +66,9 @@ class Engine:
     names memory.
     """
 
-    def __init__(self, name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=True, token=None, gpu=None):
+    def __init__(
+        self, name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=True, token=None, gpu=None, transports=None
+    ):
         """``token``: the cluster's pre-shared token (str or bytes), proven in
         every handshake and data connection and never sent; when None, the
         ``KVRING_TOKEN`` environment variable, if set. Without a token,
@@ -78,15 +80,33 @@ class Engine:
         "cuda": the driver now, or an error; "sim": kvring's simulated GPUs
         (two), whose memory no host thread can touch, for tests and for
         trying the GPU path anywhere (``sim_device_buffer``). When None, the
-        ``KVRING_GPU`` environment variable, if set."""
+        ``KVRING_GPU`` environment variable, if set.
+
+        ``transports``: the transports this engine may reach peers by, a
+        list such as ``["shm", "tcp"]`` (one entry: that one required);
+        a peer only others reach is refused at ``open_segment`` with
+        ``UnsupportedError`` naming what reaches it and why each allowed one does
+        not. When None, ``KVRING_TRANSPORTS`` (comma-separated), if set;
+        else every transport."""
         if token is None:
             token = os.environ.get("KVRING_TOKEN") or None
         if isinstance(token, str):
             token = token.encode()
         if gpu is None:
             gpu = os.environ.get("KVRING_GPU") or None
+        if transports is None and os.environ.get("KVRING_TRANSPORTS"):
+            transports = [t.strip() for t in os.environ["KVRING_TRANSPORTS"].split(",") if t.strip()]
+        if isinstance(transports, str):
+            transports = [transports]
         self._native = _native.Engine(
-            name=name, listen=listen, lanes=lanes, metadata=metadata, serve_tcp=serve_tcp, token=token, gpu=gpu
+            name=name,
+            listen=listen,
+            lanes=lanes,
+            metadata=metadata,
+            serve_tcp=serve_tcp,
+            token=token,
+            gpu=gpu,
+            transports=None if transports is None else list(transports),
         )
         # Region id -> what keeps a registered buffer object alive and pinned.
         self._held = {}
@@ -200,9 +220,18 @@ class Engine:
         ``timeout`` is the batch's deadline."""
         return self._native.submit_addrs(name, op, local_addrs, remote_addrs, lengths, timeout)
 
-    def wait(self, batch, timeout=30.0):
-        """Waits for a batch: its bytes, or its error raised."""
-        return self._native.wait(batch, timeout)
+    def wait(self, batch, timeout=30.0, with_transport=False):
+        """Waits for a batch: its bytes, or its error raised. With
+        ``with_transport``: (bytes, the transport that carried it)."""
+        if not with_transport:
+            return self._native.wait(batch, timeout)
+        transport = self._native.batch_transport(batch)
+        return self._native.wait(batch, timeout), transport
+
+    def batch_transport(self, batch):
+        """The transport that carries a batch ("shm", "cma", "tcp", ...),
+        from its submission until ``wait``, ``poll`` or ``reap`` consumes it."""
+        return self._native.batch_transport(batch)
 
     def poll(self, batch):
         """A batch's bytes once done, None while running; raises its error."""
@@ -215,17 +244,21 @@ class Engine:
         seen. A batch that already ended keeps its result."""
         self._native.cancel(batch)
 
-    def reap(self, batches):
-        """Of ``batches``, those that ended: {batch: bytes or exception}."""
+    def reap(self, batches, with_transport=False):
+        """Of ``batches``, those that ended: {batch: bytes or exception}.
+        With ``with_transport``: {batch: (bytes or exception, transport)},
+        the transport that carried the batch."""
         ended = {}
         for batch in batches:
+            transport = None
             try:
-                bytes_moved = self._native.poll(batch)
+                if with_transport:
+                    transport = self._native.batch_transport(batch)
+                result = self._native.poll(batch)
             except KvringError as error:
-                ended[batch] = error
-                continue
-            if bytes_moved is not None:
-                ended[batch] = bytes_moved
+                result = error
+            if result is not None:
+                ended[batch] = (result, transport) if with_transport else result
         return ended
 
     # Notifications -----------------------------------------------------

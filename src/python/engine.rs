@@ -6,7 +6,7 @@ use super::u64s::U64s;
 use super::{op_is_write, raise, raise_code, seconds};
 use crate::gpu::SimGpu;
 use crate::kv::{CacheShape, KvLayout};
-use crate::{BlockDesc, Engine, Error, MemoryKind, RegionId, RegionInfo};
+use crate::{BlockDesc, Engine, Error, MemoryKind, RegionId, RegionInfo, TransportKind};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -97,9 +97,12 @@ impl PyEngine {
     /// "sim" (kvring's simulated GPUs: 2 of them, for tests). `rdma`:
     /// "auto" (default: RDMA where libibverbs lists a device with an active
     /// port), "on" (or an error saying why not) or "off"; `rdma_devices`
-    /// the NICs to use by name (used, or refused by name).
+    /// the NICs to use by name (used, or refused by name). `transports`:
+    /// the transports this engine may reach peers by (None: every one; one
+    /// name: that one required); a peer only others reach is refused with
+    /// the reason (`kvring.errors.UnsupportedError`).
     #[new]
-    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None, gpu=None, rdma=None, rdma_devices=None))]
+    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None, gpu=None, rdma=None, rdma_devices=None, transports=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -113,6 +116,7 @@ impl PyEngine {
         gpu: Option<&str>,
         rdma: Option<&str>,
         rdma_devices: Option<Vec<String>>,
+        transports: Option<Vec<String>>,
     ) -> PyResult<Self> {
         let listen = listen
             .parse()
@@ -126,6 +130,11 @@ impl PyEngine {
         }
         if let Some(token) = token {
             builder = builder.token(token);
+        }
+        if let Some(names) = transports {
+            let kinds: Vec<_> =
+                names.iter().map(|n| TransportKind::parse(n)).collect::<crate::Result<_>>().map_err(raise)?;
+            builder = builder.transports(kinds);
         }
         let sim = match gpu.map(str::trim).filter(|g| !g.is_empty()) {
             None => None,
@@ -428,6 +437,12 @@ impl PyEngine {
     fn wait(&self, py: Python<'_>, batch: u64, timeout: f64) -> PyResult<u64> {
         let timeout = seconds(timeout)?;
         self.with_open(py, |open| finish(open.submitter.wait(crate::BatchId::from_raw(batch), timeout)?))
+    }
+
+    /// The transport that carries a batch ("shm", "tcp", ...), from its
+    /// submission until `wait`, `poll` or `reap` consumes it.
+    fn batch_transport(&self, py: Python<'_>, batch: u64) -> PyResult<&'static str> {
+        self.with_open(py, |open| Ok(open.submitter.transport(crate::BatchId::from_raw(batch))?.name()))
     }
 
     /// Cancels a batch: blocks not yet posted are dropped; the batch ends
