@@ -194,10 +194,11 @@ fn the_allow_list_comes_from_kvring_toml_and_kvring_variables() {
     let engine = from_file.builder().pin(false).build().unwrap();
     assert_eq!(engine.open_segment(&addr(&target)).unwrap().transport(), TransportKind::Tcp);
     drop(engine);
-    let env = vec![("KVRING_TRANSPORTS".to_string(), "cma".to_string())];
+    let env = vec![("KVRING_TRANSPORTS".to_string(), "cuda_ipc".to_string())];
     let from_env = kvring::config::Config::load(Some(&file), env).unwrap();
     let engine = from_env.builder().pin(false).build().unwrap();
     let (offered, _, message) = refused(engine.open_segment(&addr(&target)));
-    assert!(offered.contains(&TransportKind::Shm) && offered.contains(&TransportKind::Tcp), "{message}");
+    assert_eq!(offered, [TransportKind::Shm, TransportKind::Cma, TransportKind::Tcp], "{message}");
+    assert!(message.contains("allowed cuda_ipc") && message.contains("no GPU provider"), "{message}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -210,13 +210,14 @@ pub fn choose_allowed(
     }
     let mut offered: Vec<TransportKind> = Vec::new();
     let mut reasons: Vec<(TransportKind, String)> = Vec::new();
-    // The later of shm's two steps holds its plain reason.
-    for (kind, step) in steps.iter().rev() {
+    for (kind, step) in &steps {
         match step {
-            Ok(()) if !offered.contains(kind) => offered.insert(0, *kind),
-            Err(error) if is_allowed(*kind) && !reasons.iter().any(|(k, _)| k == kind) => {
-                reasons.insert(0, (*kind, reason_of(error)))
-            }
+            Ok(()) if !offered.contains(kind) => offered.push(*kind),
+            // The later of shm's two steps holds its plain reason.
+            Err(error) if is_allowed(*kind) => match reasons.iter_mut().find(|(k, _)| k == kind) {
+                Some((_, why)) => *why = reason_of(error),
+                None => reasons.push((*kind, reason_of(error))),
+            },
             _ => {}
         }
     }
