@@ -266,12 +266,12 @@ pub enum Error {
     TransportRefused {
         /// The peer's segment name.
         peer: String,
-        /// The transports this engine allows.
-        allowed: Vec<crate::transport::TransportKind>,
+        /// The transports this engine allows (`TransportKind` names).
+        allowed: Vec<&'static str>,
         /// The transports that do reach the peer (outside the allow-list).
-        offered: Vec<crate::transport::TransportKind>,
+        offered: Vec<&'static str>,
         /// Why each allowed transport cannot reach it.
-        reasons: Vec<(crate::transport::TransportKind, String)>,
+        reasons: Vec<(&'static str, String)>,
     },
     /// An RDMA device failed, disappeared, or refused an operation.
     #[error("rdma device {device}: {reason}")]
@@ -433,16 +433,16 @@ fn sent(got: &str) -> String {
 }
 
 /// Transports listed for [`Error::TransportRefused`].
-fn kind_names(kinds: &[crate::transport::TransportKind]) -> String {
+fn kind_names(kinds: &[&str]) -> String {
     match kinds {
         [] => "nothing".into(),
-        kinds => kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(", "),
+        kinds => kinds.join(", "),
     }
 }
 
 /// Why each allowed transport failed, for [`Error::TransportRefused`].
-fn kind_reasons(reasons: &[(crate::transport::TransportKind, String)]) -> String {
-    reasons.iter().map(|(kind, why)| format!("{}: {why}", kind.name())).collect::<Vec<_>>().join("; ")
+fn kind_reasons(reasons: &[(&str, String)]) -> String {
+    reasons.iter().map(|(kind, why)| format!("{kind}: {why}")).collect::<Vec<_>>().join("; ")
 }
 
 /// Where two layouts differ, for [`Error::LayoutMismatch`].
@@ -545,9 +545,9 @@ mod tests {
             (
                 Error::TransportRefused {
                     peer: "decode-0".into(),
-                    allowed: vec![crate::transport::TransportKind::Shm],
-                    offered: vec![crate::transport::TransportKind::Cma, crate::transport::TransportKind::Tcp],
-                    reasons: vec![(crate::transport::TransportKind::Shm, "none of its regions is shm-backed".into())],
+                    allowed: vec!["shm"],
+                    offered: vec!["cma", "tcp"],
+                    reasons: vec![("shm", "none of its regions is shm-backed".into())],
                 },
                 "no allowed transport reaches decode-0: allowed shm; it is reachable by cma, tcp; shm: none of its regions is shm-backed",
                 ErrorCode::Unsupported,

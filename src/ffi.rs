@@ -63,6 +63,10 @@ pub struct KvringCompletion {
     pub transport: i32,
 }
 
+// The transport took the padding after `result`: the size C programs built
+// against an older header allocate is unchanged.
+const _: () = assert!(std::mem::size_of::<KvringCompletion>() == 32);
+
 /// `kvring_submit` opcodes.
 pub const KVRING_WRITE: c_int = 1;
 /// Read: remote → local.

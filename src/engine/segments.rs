@@ -170,9 +170,9 @@ impl Engine {
                     // The allow-list left nothing after cma: its reason is
                     // the open that failed, not `cma = false`.
                     Err(Error::TransportRefused { peer, allowed, mut offered, mut reasons }) => {
-                        offered.retain(|kind| *kind != TransportKind::Cma);
+                        offered.retain(|kind| *kind != TransportKind::Cma.name());
                         for (kind, why) in &mut reasons {
-                            if *kind == TransportKind::Cma {
+                            if *kind == TransportKind::Cma.name() {
                                 *why = format!("cma to {peer} did not open: {error}");
                             }
                         }

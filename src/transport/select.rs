@@ -79,118 +79,20 @@ pub fn choose_allowed(
     local: &LocalReach,
     allowed: &[TransportKind],
 ) -> Result<Chosen> {
-    let same_host = peer.host_id == local.host_id;
-    let peer_device = peer.regions.iter().any(|r| r.memory != MemoryKind::Host);
-    // Asked for, cuda_ipc needs the host and a provider (GPU memory may be
-    // registered after the open); chosen by default, GPU memory on an end.
-    let cuda_ipc_ok = |asked: bool| -> Result<()> {
-        match () {
-            _ if !same_host => unsupported(format!("cuda_ipc to {}: it is on another host", peer.name)),
-            _ if !local.gpu => {
-                unsupported("cuda_ipc: this engine has no GPU provider (no CUDA driver found)".to_string())
-            }
-            _ if !asked && !peer_device && !local.device_regions => {
-                unsupported(format!("cuda_ipc to {}: neither end has registered GPU memory", peer.name))
-            }
-            _ => Ok(()),
-        }
-    };
-    let rdma_ok = || -> Result<()> {
-        if !local.rdma {
-            return unsupported(
-                "rdma: this engine has no RDMA device (build with the `rdma` feature, or give a provider)".into(),
-            );
-        }
-        let Some(info) = &peer.rdma else { return unsupported(format!("rdma to {}: it serves no RDMA", peer.name)) };
-        if let Some(why) = local.rdma_unreachable {
-            return unsupported(format!(
-                "rdma to {}: this engine's GPU memory is not registered with its NICs: {why}",
-                peer.name
-            ));
-        }
-        device_regions_keyed(peer, info)
-    };
-    let has_shm = peer.regions.iter().any(|r| r.shm_path.is_some());
-    let shm_ok = || -> Result<()> {
-        if !same_host {
-            return unsupported(format!("shm to {}: it is on another host", peer.name));
-        }
-        if !has_shm {
-            return unsupported(format!(
-                "shm to {}: none of its regions is shm-backed (allocate them with alloc_region)",
-                peer.name
-            ));
-        }
-        Ok(())
-    };
-    let shm_only = peer.regions.iter().filter(|r| r.memory == MemoryKind::Host).all(|r| r.shm_path.is_some());
-    let cma_ok = || -> Result<()> {
-        match &peer.cma {
-            _ if !local.cma => unsupported("cma: this engine does not use it (cma = false)".into()),
-            _ if !same_host => unsupported(format!("cma to {}: it is on another host", peer.name)),
-            None => unsupported(format!("cma to {}: it offers no cross-memory attach (an older kvring)", peer.name)),
-            Some(CmaReach::Refused(why)) => unsupported(format!("cma to {}: it does not allow it: {why}", peer.name)),
-            Some(CmaReach::Offered { .. }) => Ok(()),
-        }
-    };
-    let tcp_ok = || -> Result<()> {
-        match peer.tcp_addr {
-            Some(_) => Ok(()),
-            None => unsupported(format!("tcp to {}: it serves no tcp data listener", peer.name)),
-        }
-    };
     let is_allowed = |kind: TransportKind| allowed.is_empty() || allowed.contains(&kind);
     if let Some(kind) = requested {
-        let granted = match kind {
-            TransportKind::CudaIpc => cuda_ipc_ok(true),
-            TransportKind::Shm => shm_ok(),
-            TransportKind::Tcp => tcp_ok(),
-            TransportKind::Null => Ok(()),
-            TransportKind::Rdma => rdma_ok(),
-            TransportKind::Cma => cma_ok(),
-        };
+        let granted = reach(kind, true, peer, local);
         if !is_allowed(kind) {
             let outside = "it was asked for, and is not in this engine's transports";
             let (offered, why) = match granted {
-                Ok(()) => (vec![kind], outside.to_string()),
+                Ok(()) => (vec![kind.name()], outside.to_string()),
                 Err(error) => (Vec::new(), format!("{outside} ({})", reason_of(&error))),
             };
-            return Err(refused(peer, allowed, offered, vec![(kind, why)]));
+            return Err(refused(peer, allowed, offered, vec![(kind.name(), why)]));
         }
         return granted.map(|()| Chosen { kind, passed_over: Vec::new() });
     }
-    // A peer's GPU memory this engine cannot reach by cuda_ipc or rdma
-    // moves over tcp (the peer stages it): shm and cma would leave it out
-    // of reach.
-    let host_only = |step: Result<()>| match peer_device {
-        true => unsupported(format!("{} has GPU memory, which only cuda_ipc, rdma or tcp (staged) reach", peer.name)),
-        false => step,
-    };
-    let shm_first = match shm_ok() {
-        Ok(()) if !shm_only => unsupported(format!(
-            "shm to {}: some of its host regions are not shm-backed (cma reaches them all)",
-            peer.name
-        )),
-        other => other,
-    };
-    // The documented order, every step judged (this runs once per open).
-    let steps: [(TransportKind, Result<()>); 6] = [
-        (TransportKind::CudaIpc, cuda_ipc_ok(false)),
-        (TransportKind::Rdma, rdma_ok()),
-        (TransportKind::Shm, host_only(shm_first)),
-        (TransportKind::Cma, host_only(cma_ok())),
-        (TransportKind::Shm, host_only(shm_ok())),
-        (TransportKind::Tcp, tcp_ok()),
-    ];
-    // Steps whose loss a user would want to hear of: the rest could never
-    // have reached this peer from this engine.
-    let candidate = |kind: TransportKind| match kind {
-        TransportKind::CudaIpc => same_host && (peer_device || local.device_regions),
-        // GPU memory that misses rdma is staged through host memory.
-        TransportKind::Rdma => local.rdma || peer.rdma.is_some() || peer_device || local.device_regions,
-        TransportKind::Shm | TransportKind::Cma => same_host,
-        TransportKind::Tcp | TransportKind::Null => true,
-    };
+    let steps = order_steps(peer, local);
     let mut passed_over: Vec<(TransportKind, String)> = Vec::new();
     for (kind, step) in &steps {
         let why = match step {
@@ -198,7 +100,7 @@ pub fn choose_allowed(
             Ok(()) => "not in this engine's transports".to_string(),
             Err(error) => reason_of(error),
         };
-        if candidate(*kind) && !passed_over.iter().any(|(k, _)| k == kind) {
+        if candidate(*kind, peer, local) && !passed_over.iter().any(|(k, _)| k == kind) {
             passed_over.push((*kind, why));
         }
     }
@@ -208,23 +110,121 @@ pub fn choose_allowed(
             peer.name
         ));
     }
-    let mut offered: Vec<TransportKind> = Vec::new();
-    let mut reasons: Vec<(TransportKind, String)> = Vec::new();
+    let mut offered: Vec<&'static str> = Vec::new();
+    let mut reasons: Vec<(&'static str, String)> = Vec::new();
     for (kind, step) in &steps {
         match step {
-            Ok(()) if !offered.contains(kind) => offered.push(*kind),
+            Ok(()) if !offered.contains(&kind.name()) => offered.push(kind.name()),
             // The later of shm's two steps holds its plain reason.
-            Err(error) if is_allowed(*kind) => match reasons.iter_mut().find(|(k, _)| k == kind) {
+            Err(error) if is_allowed(*kind) => match reasons.iter_mut().find(|(k, _)| *k == kind.name()) {
                 Some((_, why)) => *why = reason_of(error),
-                None => reasons.push((*kind, reason_of(error))),
+                None => reasons.push((kind.name(), reason_of(error))),
             },
             _ => {}
         }
     }
     for kind in allowed.iter().filter(|k| !steps.iter().any(|(s, _)| s == *k)) {
-        reasons.push((*kind, "never chosen by default (ask for it by name)".into()));
+        reasons.push((kind.name(), "never chosen by default (ask for it by name)".into()));
     }
     Err(refused(peer, allowed, offered, reasons))
+}
+
+/// The documented order, every step judged (this runs once per open).
+fn order_steps(peer: &SegmentDescriptor, local: &LocalReach) -> [(TransportKind, Result<()>); 6] {
+    // A peer's GPU memory this engine cannot reach by cuda_ipc or rdma
+    // moves over tcp (the peer stages it): shm and cma would leave it out
+    // of reach.
+    let peer_device = peer.regions.iter().any(|r| r.memory != MemoryKind::Host);
+    let host_only = |step: Result<()>| match peer_device {
+        true => unsupported(format!("{} has GPU memory, which only cuda_ipc, rdma or tcp (staged) reach", peer.name)),
+        false => step,
+    };
+    let shm_only = peer.regions.iter().filter(|r| r.memory == MemoryKind::Host).all(|r| r.shm_path.is_some());
+    let shm_first = match reach(TransportKind::Shm, false, peer, local) {
+        Ok(()) if !shm_only => unsupported(format!(
+            "shm to {}: some of its host regions are not shm-backed (cma reaches them all)",
+            peer.name
+        )),
+        other => other,
+    };
+    [
+        (TransportKind::CudaIpc, reach(TransportKind::CudaIpc, false, peer, local)),
+        (TransportKind::Rdma, reach(TransportKind::Rdma, false, peer, local)),
+        (TransportKind::Shm, host_only(shm_first)),
+        (TransportKind::Cma, host_only(reach(TransportKind::Cma, false, peer, local))),
+        (TransportKind::Shm, host_only(reach(TransportKind::Shm, false, peer, local))),
+        (TransportKind::Tcp, reach(TransportKind::Tcp, false, peer, local)),
+    ]
+}
+
+/// Whether `kind` can reach `peer` from this engine (`asked`: named by the
+/// caller rather than tried by the order), or why not.
+fn reach(kind: TransportKind, asked: bool, peer: &SegmentDescriptor, local: &LocalReach) -> Result<()> {
+    let same_host = peer.host_id == local.host_id;
+    let peer_device = peer.regions.iter().any(|r| r.memory != MemoryKind::Host);
+    match kind {
+        // Asked for, cuda_ipc needs the host and a provider (GPU memory may
+        // be registered after the open); chosen by default, GPU memory on
+        // an end.
+        TransportKind::CudaIpc => match () {
+            _ if !same_host => unsupported(format!("cuda_ipc to {}: it is on another host", peer.name)),
+            _ if !local.gpu => {
+                unsupported("cuda_ipc: this engine has no GPU provider (no CUDA driver found)".to_string())
+            }
+            _ if !asked && !peer_device && !local.device_regions => {
+                unsupported(format!("cuda_ipc to {}: neither end has registered GPU memory", peer.name))
+            }
+            _ => Ok(()),
+        },
+        TransportKind::Rdma => {
+            if !local.rdma {
+                return unsupported(
+                    "rdma: this engine has no RDMA device (build with the `rdma` feature, or give a provider)".into(),
+                );
+            }
+            let Some(info) = &peer.rdma else {
+                return unsupported(format!("rdma to {}: it serves no RDMA", peer.name));
+            };
+            if let Some(why) = local.rdma_unreachable {
+                return unsupported(format!(
+                    "rdma to {}: this engine's GPU memory is not registered with its NICs: {why}",
+                    peer.name
+                ));
+            }
+            device_regions_keyed(peer, info)
+        }
+        TransportKind::Shm if !same_host => unsupported(format!("shm to {}: it is on another host", peer.name)),
+        TransportKind::Shm if !peer.regions.iter().any(|r| r.shm_path.is_some()) => unsupported(format!(
+            "shm to {}: none of its regions is shm-backed (allocate them with alloc_region)",
+            peer.name
+        )),
+        TransportKind::Shm | TransportKind::Null => Ok(()),
+        TransportKind::Cma => match &peer.cma {
+            _ if !local.cma => unsupported("cma: this engine does not use it (cma = false)".into()),
+            _ if !same_host => unsupported(format!("cma to {}: it is on another host", peer.name)),
+            None => unsupported(format!("cma to {}: it offers no cross-memory attach (an older kvring)", peer.name)),
+            Some(CmaReach::Refused(why)) => unsupported(format!("cma to {}: it does not allow it: {why}", peer.name)),
+            Some(CmaReach::Offered { .. }) => Ok(()),
+        },
+        TransportKind::Tcp => match peer.tcp_addr {
+            Some(_) => Ok(()),
+            None => unsupported(format!("tcp to {}: it serves no tcp data listener", peer.name)),
+        },
+    }
+}
+
+/// Steps whose loss a user would want to hear of: the rest could never
+/// have reached this peer from this engine.
+fn candidate(kind: TransportKind, peer: &SegmentDescriptor, local: &LocalReach) -> bool {
+    let same_host = peer.host_id == local.host_id;
+    let gpu_memory = local.device_regions || peer.regions.iter().any(|r| r.memory != MemoryKind::Host);
+    match kind {
+        TransportKind::CudaIpc => same_host && gpu_memory,
+        // GPU memory that misses rdma is staged through host memory.
+        TransportKind::Rdma => local.rdma || peer.rdma.is_some() || gpu_memory,
+        TransportKind::Shm | TransportKind::Cma => same_host,
+        TransportKind::Tcp | TransportKind::Null => true,
+    }
 }
 
 /// The reason an [`Error::Unsupported`] step gives, without its prefix.
@@ -238,10 +238,11 @@ fn reason_of(error: &Error) -> String {
 fn refused(
     peer: &SegmentDescriptor,
     allowed: &[TransportKind],
-    offered: Vec<TransportKind>,
-    reasons: Vec<(TransportKind, String)>,
+    offered: Vec<&'static str>,
+    reasons: Vec<(&'static str, String)>,
 ) -> Error {
-    Error::TransportRefused { peer: peer.name.clone(), allowed: allowed.to_vec(), offered, reasons }
+    let allowed = allowed.iter().map(|kind| kind.name()).collect();
+    Error::TransportRefused { peer: peer.name.clone(), allowed, offered, reasons }
 }
 
 /// Checks that every region of the peer's GPU memory that peers may use
@@ -547,19 +548,21 @@ mod tests {
                                     allowed.is_empty() || allowed.contains(&chosen.kind),
                                     "{chosen:?} outside {allowed:?}"
                                 );
-                                // The list only removes steps: the same choice as the
-                                // order's, where the order's is allowed.
-                                if requested.is_none() && allowed.is_empty() {
-                                    assert_eq!(Ok(chosen.kind), choose(None, peer, local).map_err(|e| e.to_string()));
+                                // The list only removes steps: where the order's own
+                                // choice is allowed, it is the one taken.
+                                match choose(None, peer, local) {
+                                    Ok(first) if requested.is_none() && allowed.contains(&first) => {
+                                        assert_eq!(chosen.kind, first)
+                                    }
+                                    _ => {}
                                 }
                             }
                             Err(Error::TransportRefused { allowed: listed, offered, reasons, .. }) => {
                                 refusals += 1;
-                                assert_eq!(listed, allowed);
-                                assert!(
-                                    offered.iter().all(|k| requested == Some(*k) || !allowed.contains(k)),
-                                    "{offered:?}"
-                                );
+                                assert_eq!(listed, allowed.iter().map(|k| k.name()).collect::<Vec<_>>());
+                                let outside = |name: &&str| !allowed.iter().any(|k| k.name() == *name);
+                                let asked = requested.map(TransportKind::name);
+                                assert!(offered.iter().all(|n| asked == Some(*n) || outside(n)), "{offered:?}");
                                 assert!(!reasons.is_empty());
                             }
                             Err(_) => {}
