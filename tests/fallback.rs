@@ -178,6 +178,10 @@ fn a_required_transport_carries_every_batch_and_only_its_bytes_are_counted() {
     for other in ["shm", "cma"] {
         assert!(metrics.contains(&format!("kvring_bytes_total{{op=\"write\",transport=\"{other}\"}} 0")), "{metrics}");
     }
+    // Nor does the loopback segment get around it.
+    let (_, reasons, message) = refused(initiator.open_self(TransportKind::Null));
+    assert!(reason(&reasons, TransportKind::Null).contains("not in this engine's transports"), "{message}");
+    assert_eq!(initiator.open_self(TransportKind::Tcp).unwrap().transport(), TransportKind::Tcp);
     let (_, reasons, message) = refused(initiator.open_segment_with(&addr(&target), Some(TransportKind::Shm), WAIT));
     assert!(reason(&reasons, TransportKind::Shm).contains("not in this engine's transports"), "{message}");
 }

@@ -288,7 +288,8 @@ impl Engine {
 
     /// Opens this engine's own segment as a peer (loopback): useful to test
     /// a transport, or to measure kvring's own overhead with the null
-    /// transport, without a second process.
+    /// transport, without a second process. A transport outside the
+    /// engine's allow-list is refused, as for any peer.
     ///
     /// ```no_run
     /// # let engine = kvring::Engine::builder().build().unwrap();
@@ -297,6 +298,15 @@ impl Engine {
     /// # Ok::<(), kvring::Error>(())
     /// ```
     pub fn open_self(&self, transport: TransportKind) -> Result<Segment> {
+        let allowed = &self.inner.config.transports;
+        if !allowed.is_empty() && !allowed.contains(&transport) {
+            return Err(Error::TransportRefused {
+                peer: self.inner.config.name.clone(),
+                allowed: allowed.iter().map(|kind| kind.name()).collect(),
+                offered: vec![transport.name()],
+                reasons: vec![(transport.name(), "it was asked for, and is not in this engine's transports".into())],
+            });
+        }
         let deadline = Instant::now() + self.inner.config.control_timeout;
         let handshake = match (&self.inner.config.token, transport) {
             // A tokened tcp connection proves a handshake's session, even
