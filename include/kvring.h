@@ -32,6 +32,12 @@
 // `process_vm_writev` / `process_vm_readv`).
 #define KVRING_TRANSPORT_CMA 4
 
+// RDMA (reported by `kvring_batch_transport` and completions).
+#define KVRING_TRANSPORT_RDMA 5
+
+// Moves nothing (reported by `kvring_batch_transport` and completions).
+#define KVRING_TRANSPORT_NULL 6
+
 // `kvring_register_memory` and the memory queries: host memory. A value
 // `n >= 0` is GPU `n`.
 #define KVRING_MEMORY_HOST -1
@@ -90,6 +96,8 @@ typedef struct {
   uint64_t bytes;
   // 0 when done, else a negative error code.
   int32_t result;
+  // The transport that carried it (`KVRING_TRANSPORT_*`).
+  int32_t transport;
 } kvring_completion;
 
 // One range of this engine's memory a tag may count: `len` bytes at
@@ -403,6 +411,34 @@ int kvring_push_layer_tagged(kvring_submitter *submitter,
                              size_t count,
                              uint32_t deadline_ms,
                              uint64_t *batch_out);
+
+// As `kvring_engine_create_with_token`, limited to `transports`: the
+// transports this engine may reach peers by, comma-separated
+// (`"shm,tcp"`; one name: that one required; NULL or "": every one). A
+// peer only others reach is refused at `kvring_open_segment` with
+// `-UNSUPPORTED`, `kvring_last_error` naming what reaches it and why each
+// allowed transport does not.
+//
+// # Safety
+//
+// `name` and `listen` are NUL-terminated strings; `token` and
+// `transports` are each one or NULL; `out` is a valid pointer.
+int kvring_engine_create_with_transports(const char *name,
+                                         const char *listen,
+                                         uint32_t lanes,
+                                         const char *token,
+                                         const char *transports,
+                                         kvring_engine **out);
+
+// The transport that carries a batch (`KVRING_TRANSPORT_*`), from its
+// submission until `kvring_wait` or `kvring_reap` consumes it (a reaped
+// `kvring_completion` carries it too); a negative code for an unknown or
+// consumed batch.
+//
+// # Safety
+//
+// `submitter` is live.
+int kvring_batch_transport(kvring_submitter *submitter, uint64_t batch);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -259,6 +259,20 @@ pub enum Error {
         /// What was asked for.
         what: String,
     },
+    /// No transport this engine allows reaches a peer (the engine's
+    /// allow-list, or a transport asked for outside it): what reaches the
+    /// peer, and why each allowed transport does not.
+    #[error("no allowed transport reaches {peer}: allowed {}; it is reachable by {}; {}", kind_names(.allowed), kind_names(.offered), kind_reasons(.reasons))]
+    TransportRefused {
+        /// The peer's segment name.
+        peer: String,
+        /// The transports this engine allows (`TransportKind` names).
+        allowed: Vec<&'static str>,
+        /// The transports that do reach the peer (outside the allow-list).
+        offered: Vec<&'static str>,
+        /// Why each allowed transport cannot reach it.
+        reasons: Vec<(&'static str, String)>,
+    },
     /// An RDMA device failed, disappeared, or refused an operation.
     #[error("rdma device {device}: {reason}")]
     Device {
@@ -370,7 +384,7 @@ impl Error {
             Error::Io { .. } => ErrorCode::Io,
             Error::LockedMemoryLimit { .. } => ErrorCode::ResourceLimit,
             Error::LaneStart { .. } | Error::LaneDied { .. } => ErrorCode::Internal,
-            Error::Unsupported { .. } => ErrorCode::Unsupported,
+            Error::Unsupported { .. } | Error::TransportRefused { .. } => ErrorCode::Unsupported,
             Error::Device { .. } | Error::Gpu { .. } => ErrorCode::Io,
             Error::Shutdown => ErrorCode::Shutdown,
             Error::NotKvring { .. } => ErrorCode::MalformedMessage,
@@ -416,6 +430,19 @@ fn sent(got: &str) -> String {
     } else {
         format!(" (it sent {got})")
     }
+}
+
+/// Transports listed for [`Error::TransportRefused`].
+fn kind_names(kinds: &[&str]) -> String {
+    match kinds {
+        [] => "nothing".into(),
+        kinds => kinds.join(", "),
+    }
+}
+
+/// Why each allowed transport failed, for [`Error::TransportRefused`].
+fn kind_reasons(reasons: &[(&str, String)]) -> String {
+    reasons.iter().map(|(kind, why)| format!("{kind}: {why}")).collect::<Vec<_>>().join("; ")
 }
 
 /// Where two layouts differ, for [`Error::LayoutMismatch`].
@@ -515,6 +542,16 @@ mod tests {
                 ErrorCode::Internal,
             ),
             (Error::Unsupported { what: "rdma".into() }, "unsupported: rdma", ErrorCode::Unsupported),
+            (
+                Error::TransportRefused {
+                    peer: "decode-0".into(),
+                    allowed: vec!["shm"],
+                    offered: vec!["cma", "tcp"],
+                    reasons: vec![("shm", "none of its regions is shm-backed".into())],
+                },
+                "no allowed transport reaches decode-0: allowed shm; it is reachable by cma, tcp; shm: none of its regions is shm-backed",
+                ErrorCode::Unsupported,
+            ),
             (Error::Shutdown, "the engine is shut down", ErrorCode::Shutdown),
             (
                 Error::NotKvring { peer: "127.0.0.1:80".into(), got: "\"HTTP/1.1 400\"".into() },

@@ -10,6 +10,7 @@
 
 mod arrivals;
 mod batches;
+mod transports;
 
 use crate::error::Error;
 use crate::log::sink::{set_sink, Sink};
@@ -59,7 +60,13 @@ pub struct KvringCompletion {
     pub bytes: u64,
     /// 0 when done, else a negative error code.
     pub result: i32,
+    /// The transport that carried it (`KVRING_TRANSPORT_*`).
+    pub transport: i32,
 }
+
+// The transport took the padding after `result`: the size C programs built
+// against an older header allocate is unchanged.
+const _: () = assert!(std::mem::size_of::<KvringCompletion>() == 32);
 
 /// `kvring_submit` opcodes.
 pub const KVRING_WRITE: c_int = 1;
@@ -77,6 +84,10 @@ pub const KVRING_TRANSPORT_CUDA_IPC: c_int = 3;
 /// Same host, any host memory of the peer (cross-memory attach:
 /// `process_vm_writev` / `process_vm_readv`).
 pub const KVRING_TRANSPORT_CMA: c_int = 4;
+/// RDMA (reported by `kvring_batch_transport` and completions).
+pub const KVRING_TRANSPORT_RDMA: c_int = 5;
+/// Moves nothing (reported by `kvring_batch_transport` and completions).
+pub const KVRING_TRANSPORT_NULL: c_int = 6;
 /// `kvring_register_memory` and the memory queries: host memory. A value
 /// `n >= 0` is GPU `n`.
 pub const KVRING_MEMORY_HOST: c_int = -1;

@@ -85,6 +85,8 @@ class Engine:
         rdma=None,
         rdma_devices=None,
         rdma_gid_index=None,
+        transports=None,
+        pin_host_memory=None,
     ):
         """``token``: the cluster's pre-shared token (str or bytes), proven in
         every handshake and data connection and never sent; when None, the
@@ -106,7 +108,21 @@ class Engine:
         by another; ``rdma_gid_index``: the RoCE GID index of every port
         (None: RoCE v2 with an IPv4-mapped address first). When None, the
         ``KVRING_RDMA``, ``KVRING_RDMA_DEVICES`` and
-        ``KVRING_RDMA_GID_INDEX`` environment variables, if set."""
+        ``KVRING_RDMA_GID_INDEX`` environment variables, if set.
+
+
+        ``transports``: the transports this engine may reach peers by, a
+        list such as ``["shm", "tcp"]`` (one entry: that one required);
+        a peer only others reach is refused at ``open_segment`` with
+        ``UnsupportedError`` naming what reaches it and why each allowed one does
+        not. When None, ``KVRING_TRANSPORTS`` (comma-separated), if set;
+        else every transport.
+
+        ``pin_host_memory``: pin registered host memory for GPU copies
+        (``cuMemHostRegister``; off by default, since pinning behind an
+        application's back breaks its own later ``cudaHostRegister``);
+        memory its owner pinned (``tensor.pin_memory()``) is used as it is.
+        When None, ``KVRING_PIN_HOST_MEMORY`` ("on"/"off"), if set."""
         if token is None:
             token = os.environ.get("KVRING_TOKEN") or None
         if isinstance(token, str):
@@ -126,6 +142,12 @@ class Engine:
                 raise InvalidArgumentError(
                     f"KVRING_RDMA_GID_INDEX={os.environ['KVRING_RDMA_GID_INDEX']!r} is not a whole number"
                 ) from None
+        if transports is None and os.environ.get("KVRING_TRANSPORTS"):
+            transports = [t.strip() for t in os.environ["KVRING_TRANSPORTS"].split(",") if t.strip()]
+        if isinstance(transports, str):
+            transports = [transports]
+        if pin_host_memory is None:
+            pin_host_memory = os.environ.get("KVRING_PIN_HOST_MEMORY", "off").strip().lower() in ("on", "true", "1")
         self._native = _native.Engine(
             name=name,
             listen=listen,
@@ -137,6 +159,8 @@ class Engine:
             rdma=rdma,
             rdma_devices=rdma_devices,
             rdma_gid_index=rdma_gid_index,
+            transports=None if transports is None else list(transports),
+            pin_host_memory=bool(pin_host_memory),
         )
         # Region id -> what keeps a registered buffer object alive and pinned.
         self._held = {}
@@ -250,9 +274,18 @@ class Engine:
         ``timeout`` is the batch's deadline."""
         return self._native.submit_addrs(name, op, local_addrs, remote_addrs, lengths, timeout)
 
-    def wait(self, batch, timeout=30.0):
-        """Waits for a batch: its bytes, or its error raised."""
-        return self._native.wait(batch, timeout)
+    def wait(self, batch, timeout=30.0, with_transport=False):
+        """Waits for a batch: its bytes, or its error raised. With
+        ``with_transport``: (bytes, the transport that carried it)."""
+        if not with_transport:
+            return self._native.wait(batch, timeout)
+        transport = self._native.batch_transport(batch)
+        return self._native.wait(batch, timeout), transport
+
+    def batch_transport(self, batch):
+        """The transport that carries a batch ("shm", "cma", "tcp", ...),
+        from its submission until ``wait``, ``poll`` or ``reap`` consumes it."""
+        return self._native.batch_transport(batch)
 
     def poll(self, batch):
         """A batch's bytes once done, None while running; raises its error."""
@@ -265,17 +298,21 @@ class Engine:
         seen. A batch that already ended keeps its result."""
         self._native.cancel(batch)
 
-    def reap(self, batches):
-        """Of ``batches``, those that ended: {batch: bytes or exception}."""
+    def reap(self, batches, with_transport=False):
+        """Of ``batches``, those that ended: {batch: bytes or exception}.
+        With ``with_transport``: {batch: (bytes or exception, transport)},
+        the transport that carried the batch."""
         ended = {}
         for batch in batches:
+            transport = None
             try:
-                bytes_moved = self._native.poll(batch)
+                if with_transport:
+                    transport = self._native.batch_transport(batch)
+                result = self._native.poll(batch)
             except KvringError as error:
-                ended[batch] = error
-                continue
-            if bytes_moved is not None:
-                ended[batch] = bytes_moved
+                result = error
+            if result is not None:
+                ended[batch] = (result, transport) if with_transport else result
         return ended
 
     # Notifications -----------------------------------------------------

@@ -58,6 +58,14 @@ pub enum Kind {
     Mode,
     /// A whole number from 0 to 255.
     Byte,
+    /// Transport names, comma-separated (`shm,tcp`; a TOML array of
+    /// strings in the file).
+    Transports,
+}
+
+/// A transport list's value: names, comma-separated (spaces allowed).
+pub fn parse_transports(value: &str) -> Result<Vec<crate::TransportKind>> {
+    value.split(',').map(str::trim).filter(|n| !n.is_empty()).map(crate::TransportKind::parse).collect()
 }
 
 /// A switch's value: `on`/`true` or `off`/`false`.
@@ -122,6 +130,12 @@ pub const KEYS: &[Key] = &[
         kind: Kind::Switch,
         default: Some("off"),
         help: "pin registered host memory for GPU copies (memory its owner pinned is used as it is)",
+    },
+    Key {
+        name: "transports",
+        kind: Kind::Transports,
+        default: None,
+        help: "transports peers may be reached by, e.g. shm,tcp (one: required; unset: all); others are refused",
     },
     Key { name: "io_timeout", kind: Kind::Duration, default: Some("5s"), help: "tcp silence before a peer is dead" },
     Key { name: "control_timeout", kind: Kind::Duration, default: Some("5s"), help: "deadline of control RPCs" },
@@ -221,6 +235,7 @@ fn check(key: &Key, value: &str) -> std::result::Result<(), String> {
         Kind::Switch => parse_switch(value).is_some(),
         Kind::Mode => matches!(value, "auto" | "on" | "off"),
         Kind::Byte => value.parse::<u8>().is_ok(),
+        Kind::Transports => parse_transports(value).is_ok_and(|list| !list.is_empty()),
     };
     if ok {
         return Ok(());
@@ -237,6 +252,7 @@ fn check(key: &Key, value: &str) -> std::result::Result<(), String> {
         Kind::Switch => "on or off",
         Kind::Mode => "auto, on or off",
         Kind::Byte => "a whole number from 0 to 255",
+        Kind::Transports => "a list of transports from shm, cuda_ipc, cma, tcp, rdma, null",
     };
     Err(format!("{value:?} is not {expected}"))
 }
@@ -285,7 +301,16 @@ impl Config {
                 toml::Value::String(text) => text.clone(),
                 toml::Value::Integer(number) => number.to_string(),
                 toml::Value::Boolean(on) => on.to_string(),
-                other => return Err(bad(format!("{name}: {other} is neither a string, a number nor a boolean"))),
+                // A list (`transports = ["shm", "tcp"]`): its strings, as
+                // the environment spells them.
+                toml::Value::Array(items) if items.iter().all(toml::Value::is_str) => {
+                    items.iter().filter_map(toml::Value::as_str).collect::<Vec<_>>().join(",")
+                }
+                other => {
+                    return Err(bad(format!(
+                        "{name}: {other} is neither a string, a number, a boolean nor a list of strings"
+                    )))
+                }
             };
             self.set(name, text, Source::File(path.to_path_buf())).map_err(bad)?;
         }
@@ -397,6 +422,9 @@ impl Config {
         if let Some(on) = self.get("pin_host_memory").and_then(parse_switch) {
             builder = builder.pin_host_memory(on);
         }
+        if let Some(allowed) = self.get("transports").and_then(|v| parse_transports(v).ok()) {
+            builder = builder.transports(allowed);
+        }
         if let Some(timeout) = self.duration("io_timeout") {
             builder = builder.io_timeout(timeout);
         }
@@ -506,7 +534,9 @@ mod tests {
             ("version = 1\nlanes = 0\n", "lanes: \"0\" is not a whole number above 0"),
             ("version = 1\nio_timeout = \"5 parsecs\"\n", "io_timeout: \"5 parsecs\" is not a duration"),
             ("version = 1\nlisten = \"nowhere\"\n", "listen: \"nowhere\" is not an ip:port address"),
-            ("version = 1\nlanes = [1]\n", "neither a string, a number nor a boolean"),
+            ("version = 1\nlanes = [1]\n", "neither a string, a number, a boolean nor a list of strings"),
+            ("version = 1\ntransports = [\"shm\", \"ib\"]\n", "transports: \"shm,ib\" is not a list of transports"),
+            ("version = 1\ntransports = []\n", "transports: \"\" is not a list of transports"),
             ("version = 1\nname = \n", "kvring.toml"),
         ];
         for (text, why) in cases {
@@ -519,5 +549,18 @@ mod tests {
         assert!(error.contains("$KVRING_METRICS: metrics: \"9400\" is not an ip:port address"), "{error}");
         let error = Config::defaults().set_flag("busy_poll", "soon".into()).unwrap_err().to_string();
         assert!(error.contains("--busy-poll"), "{error}");
+    }
+
+    #[test]
+    fn transports_come_as_a_toml_list_or_a_comma_separated_variable() {
+        let mut config = Config::defaults();
+        assert_eq!(config.get("transports"), None, "every transport unless set");
+        config.apply_file(Path::new("kvring.toml"), "version = 1\ntransports = [\"shm\", \"tcp\"]\n").unwrap();
+        assert_eq!(config.get("transports"), Some("shm,tcp"));
+        config.apply_env(env(&[("KVRING_TRANSPORTS", "cma, tcp")])).unwrap();
+        let allowed = parse_transports(config.get("transports").unwrap()).unwrap();
+        assert_eq!(allowed, [crate::TransportKind::Cma, crate::TransportKind::Tcp]);
+        let error = Config::defaults().apply_env(env(&[("KVRING_TRANSPORTS", "shm,verbs")])).unwrap_err().to_string();
+        assert!(error.contains("$KVRING_TRANSPORTS: transports: \"shm,verbs\" is not a list of transports"), "{error}");
     }
 }

@@ -149,6 +149,8 @@ pub struct Completion {
     pub id: BatchId,
     /// Its `user_data`.
     pub user_data: u64,
+    /// The transport that carried it (its segment's link).
+    pub transport: crate::transport::TransportKind,
     /// How it ended.
     pub outcome: Outcome,
 }

@@ -16,6 +16,7 @@ use crate::runtime::lane::{DEFAULT_BUSY_POLL, DEFAULT_IO_MEMORY_BYTES, DEFAULT_P
 use crate::segment::DEFAULT_SEGMENT_CACHE_CAPACITY;
 use crate::transport::rdma::verbs::Verbs;
 use crate::transport::tcp::DEFAULT_IO_TIMEOUT;
+use crate::transport::TransportKind;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,6 +90,12 @@ pub struct EngineConfig {
     /// Pin caller-registered host memory with the GPU provider (off by
     /// default, see [`EngineBuilder::pin_host_memory`]).
     pub pin_host_memory: bool,
+    /// The transports this engine may reach peers by (empty: every one).
+    /// A peer only others reach is refused with
+    /// [`Error::TransportRefused`](crate::Error::TransportRefused); one
+    /// entry makes it the required transport. It does not change what this
+    /// engine serves to its peers.
+    pub transports: Vec<TransportKind>,
     /// Notifications queued before senders are refused.
     pub notify_quota: NotifyQuota,
     /// Where names are resolved: the peer itself (the default), or etcd,
@@ -157,6 +164,7 @@ impl Default for EngineConfig {
             serve_tcp: true,
             cma: true,
             pin_host_memory: false,
+            transports: Vec::new(),
             notify_quota: NotifyQuota::default(),
             metadata: MetadataMode::PeerHandshake,
             metadata_ttl: crate::metadata::etcd::DEFAULT_LEASE_TTL,
@@ -332,6 +340,30 @@ impl EngineBuilder {
     pub fn serve_tcp(mut self, serve: bool) -> Self {
         self.config.serve_tcp = serve;
         self
+    }
+
+    /// The transports this engine may reach peers by, an allow-list (empty,
+    /// the default: every one). The documented order is kept, with the
+    /// steps outside the list removed; a peer that only transports outside
+    /// it reach is refused at open with
+    /// [`Error::TransportRefused`](crate::Error::TransportRefused), naming
+    /// what reaches the peer and why each allowed transport does not. A
+    /// transport asked for by name outside the list is refused the same way.
+    pub fn transports(mut self, allowed: impl IntoIterator<Item = TransportKind>) -> Self {
+        let mut list: Vec<TransportKind> = Vec::new();
+        for kind in allowed {
+            if !list.contains(&kind) {
+                list.push(kind);
+            }
+        }
+        self.config.transports = list;
+        self
+    }
+
+    /// Requires one transport: every peer is reached by it or refused with
+    /// the reason ([`transports`](Self::transports) with one entry).
+    pub fn require_transport(self, kind: TransportKind) -> Self {
+        self.transports([kind])
     }
 
     /// Cross-memory attach (default on): same-host peers of the same user

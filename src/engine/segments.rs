@@ -16,7 +16,7 @@ use crate::segment::{local_host_id, CacheStats, PeerSegment, SegmentCache, Segme
 use crate::transport::cma::CmaLink;
 use crate::transport::null::NullLink;
 use crate::transport::rdma::link::RdmaLink;
-use crate::transport::select::LocalReach;
+use crate::transport::select::{Chosen, LocalReach};
 use crate::transport::shm::ShmLink;
 use crate::transport::tcp::TcpLink;
 use crate::transport::{Link, TransportKind};
@@ -151,7 +151,9 @@ impl Engine {
     /// Chooses the transport and opens it. A cma chosen by default that
     /// does not open (the kernel refuses it, the target's initiator slots
     /// are full) is reported with the reason, and the next transport in the
-    /// order is taken; asked for, its failure is the caller's error.
+    /// order is taken, within the engine's allow-list; asked for, its
+    /// failure is the caller's error. A link that is not the order's first
+    /// choice says so, once, in the log.
     fn choose_and_open(
         &self,
         requested: Option<TransportKind>,
@@ -159,26 +161,51 @@ impl Engine {
         deadline: Instant,
     ) -> Result<(TransportKind, Link)> {
         let peer = &handshake.descriptor;
-        let transport = self.choose_transport(requested, peer, self.inner.config.cma)?;
+        let chosen = self.choose_transport(requested, peer, self.inner.config.cma)?;
+        let transport = chosen.kind;
         match self.open_link(transport, handshake, deadline) {
             Err(error) if transport == TransportKind::Cma && requested.is_none() && !is_gone(&error) => {
-                let next = self.choose_transport(None, peer, false)?;
+                let next = match self.choose_transport(None, peer, false) {
+                    Ok(next) => next,
+                    // The allow-list left nothing after cma: its reason is
+                    // the open that failed, not `cma = false`.
+                    Err(Error::TransportRefused { peer, allowed, mut offered, mut reasons }) => {
+                        offered.retain(|kind| *kind != TransportKind::Cma.name());
+                        for (kind, why) in &mut reasons {
+                            if *kind == TransportKind::Cma.name() {
+                                *why = format!("cma to {peer} did not open: {error}");
+                            }
+                        }
+                        return Err(Error::TransportRefused { peer, allowed, offered, reasons });
+                    }
+                    Err(other) => return Err(other),
+                };
                 static LIMIT: RateLimit = RateLimit::per_second();
-                log_limited!(warn, LIMIT, segment = %peer.name, reason = %error, next = next.name(), "cma refused; taking the next transport");
-                Ok((next, self.open_link(next, handshake, deadline)?))
+                log_limited!(warn, LIMIT, segment = %peer.name, reason = %error, next = next.kind.name(), "cma refused; taking the next transport");
+                Ok((next.kind, self.open_link(next.kind, handshake, deadline)?))
             }
-            opened => Ok((transport, opened?)),
+            opened => {
+                let link = opened?;
+                if !chosen.passed_over.is_empty() {
+                    let why = chosen.passed_over.iter().map(|(k, why)| format!("{}: {why}", k.name()));
+                    let why = why.collect::<Vec<_>>().join("; ");
+                    static LIMIT: RateLimit = RateLimit::per_second();
+                    log_limited!(info, LIMIT, segment = %peer.name, transport = transport.name(), why = %why, "link is not the transport order's first choice");
+                }
+                Ok((transport, link))
+            }
         }
     }
 
     /// The transport to `peer`: the one documented order
-    /// (`transport::select::choose`) given what this engine brings.
+    /// (`transport::select::choose_allowed`) given what this engine brings
+    /// and the transports it allows.
     fn choose_transport(
         &self,
         requested: Option<TransportKind>,
         peer: &SegmentDescriptor,
         cma: bool,
-    ) -> Result<TransportKind> {
+    ) -> Result<Chosen> {
         let unreachable = self.inner.context.rdma.as_ref().and_then(|node| node.any_unreachable());
         let local = LocalReach {
             host_id: local_host_id(),
@@ -188,7 +215,7 @@ impl Engine {
             cma,
             rdma_unreachable: unreachable.as_deref(),
         };
-        crate::transport::select::choose(requested, peer, &local)
+        crate::transport::select::choose_allowed(requested, peer, &local, &self.inner.config.transports)
     }
 
     /// Who this engine is to its peers.
@@ -262,7 +289,8 @@ impl Engine {
 
     /// Opens this engine's own segment as a peer (loopback): useful to test
     /// a transport, or to measure kvring's own overhead with the null
-    /// transport, without a second process.
+    /// transport, without a second process. A transport outside the
+    /// engine's allow-list is refused, as for any peer.
     ///
     /// ```no_run
     /// # let engine = kvring::Engine::builder().build().unwrap();
@@ -271,6 +299,15 @@ impl Engine {
     /// # Ok::<(), kvring::Error>(())
     /// ```
     pub fn open_self(&self, transport: TransportKind) -> Result<Segment> {
+        let allowed = &self.inner.config.transports;
+        if !allowed.is_empty() && !allowed.contains(&transport) {
+            return Err(Error::TransportRefused {
+                peer: self.inner.config.name.clone(),
+                allowed: allowed.iter().map(|kind| kind.name()).collect(),
+                offered: vec![transport.name()],
+                reasons: vec![(transport.name(), "it was asked for, and is not in this engine's transports".into())],
+            });
+        }
         let deadline = Instant::now() + self.inner.config.control_timeout;
         let handshake = match (&self.inner.config.token, transport) {
             // A tokened tcp connection proves a handshake's session, even

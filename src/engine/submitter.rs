@@ -14,6 +14,7 @@ use crate::runtime::lane::{LaneCommand, LaneShared, SubmitterRings};
 use crate::runtime::status::{BatchState, Finished, IdError, StatusTable};
 use crate::runtime::watch::NotificationWatch;
 use crate::runtime::BatchId;
+use crate::transport::TransportKind;
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
@@ -54,6 +55,9 @@ pub struct Submitter {
     lanes: Vec<SubmitterLane>,
     status: Arc<StatusTable<Error>>,
     free_slots: Vec<u16>,
+    /// The transport of the segment each slot's batch was submitted to,
+    /// kept until the slot is reused: what carried the batch.
+    slot_transports: Vec<TransportKind>,
     /// CQEs taken off the rings by `wait` but not yet reaped.
     pending: VecDeque<Cqe>,
     next_lane: usize,
@@ -103,6 +107,7 @@ impl Submitter {
         Self {
             lanes,
             free_slots: (0..capacity as u16).rev().collect(),
+            slot_transports: vec![TransportKind::Null; capacity],
             pending: VecDeque::with_capacity(capacity + MAX_LANES),
             status,
             next_lane: tag as usize,
@@ -193,6 +198,7 @@ impl Submitter {
 
         let slot = self.free_slots.pop().expect("checked non-empty above");
         let id = self.status.begin(slot, part_count as u32);
+        self.slot_transports[slot as usize] = segment.transport;
         let deadline_ns = batch.deadline.map_or(0, |d| self.engine.clock.deadline_ns(d));
         for &(lane_index, start, end) in parts {
             let lane = &mut self.lanes[lane_index];
@@ -436,7 +442,8 @@ impl Submitter {
             match self.status.take(id) {
                 Ok(Some(finished)) => {
                     self.free_slots.push(id.slot());
-                    return Some(Completion { id, user_data: cqe.user_data, outcome: outcome_of(finished) });
+                    let transport = self.slot_transports[id.slot() as usize];
+                    return Some(Completion { id, user_data: cqe.user_data, transport, outcome: outcome_of(finished) });
                 }
                 // The status is published before the CQE, so a CQE always
                 // finds its batch ended; keep it if not, rather than lose it.
@@ -526,6 +533,14 @@ impl Submitter {
             lane.lane.doorbell.ring();
         }
         Ok(())
+    }
+
+    /// The transport that carries a batch (its segment's link): from its
+    /// submission until it is consumed by `wait` or `reap` (a
+    /// [`Completion`] carries it too). A consumed or forged id is an error.
+    pub fn transport(&self, id: BatchId) -> Result<TransportKind> {
+        self.status.state(id).map_err(|e| id_error(e, id))?;
+        Ok(self.slot_transports[id.slot() as usize])
     }
 
     /// The state of a batch without consuming it.

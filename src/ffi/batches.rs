@@ -81,8 +81,11 @@ pub unsafe extern "C" fn kvring_reap(submitter: *mut KvringSubmitter, out: *mut 
             Ok(_) => 0,
             Err(error) => fail(error),
         };
+        let transport = super::transports::code(done.transport);
         // SAFETY: checked non-null; valid per our contract.
-        unsafe { *out = KvringCompletion { batch: done.id.raw(), user_data: done.user_data, bytes, result } };
+        unsafe {
+            *out = KvringCompletion { batch: done.id.raw(), user_data: done.user_data, bytes, result, transport }
+        };
         Ok(1)
     })
 }

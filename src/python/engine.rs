@@ -6,7 +6,7 @@ use super::u64s::U64s;
 use super::{op_is_write, raise, raise_code, seconds};
 use crate::gpu::SimGpu;
 use crate::kv::{CacheShape, KvLayout};
-use crate::{BlockDesc, Engine, Error, MemoryKind, RegionId, RegionInfo};
+use crate::{BlockDesc, Engine, Error, MemoryKind, RegionId, RegionInfo, TransportKind};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -100,8 +100,13 @@ impl PyEngine {
     /// the NICs to use by name (used, or refused by name);
     /// `rdma_gid_index` the RoCE GID index of every port (None: RoCE v2
     /// with an IPv4-mapped address first; one a port lacks is refused).
+    /// `transports`: the transports this engine may reach peers by (None:
+    /// every one; one name: that one required); a peer only others reach is
+    /// refused with the reason (`kvring.errors.UnsupportedError`).
+    /// `pin_host_memory`: pin registered host memory for GPU copies (off by
+    /// default; memory its owner pinned is used as it is).
     #[new]
-    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None, gpu=None, rdma=None, rdma_devices=None, rdma_gid_index=None))]
+    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None, gpu=None, rdma=None, rdma_devices=None, rdma_gid_index=None, transports=None, pin_host_memory=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -116,11 +121,18 @@ impl PyEngine {
         rdma: Option<&str>,
         rdma_devices: Option<Vec<String>>,
         rdma_gid_index: Option<u8>,
+        transports: Option<Vec<String>>,
+        pin_host_memory: bool,
     ) -> PyResult<Self> {
         let listen = listen
             .parse()
             .map_err(|e| raise(Error::invalid("listen", format!("{listen:?} is not host:port ({e})"))))?;
-        let mut builder = Engine::builder().listen(listen).lanes(lanes).serve_tcp(serve_tcp).pin(pin);
+        let mut builder = Engine::builder()
+            .listen(listen)
+            .lanes(lanes)
+            .serve_tcp(serve_tcp)
+            .pin(pin)
+            .pin_host_memory(pin_host_memory);
         if let Some(name) = name {
             builder = builder.name(name);
         }
@@ -129,6 +141,11 @@ impl PyEngine {
         }
         if let Some(token) = token {
             builder = builder.token(token);
+        }
+        if let Some(names) = transports {
+            let kinds: Vec<_> =
+                names.iter().map(|n| TransportKind::parse(n)).collect::<crate::Result<_>>().map_err(raise)?;
+            builder = builder.transports(kinds);
         }
         let sim = match gpu.map(str::trim).filter(|g| !g.is_empty()) {
             None => None,
@@ -434,6 +451,12 @@ impl PyEngine {
     fn wait(&self, py: Python<'_>, batch: u64, timeout: f64) -> PyResult<u64> {
         let timeout = seconds(timeout)?;
         self.with_open(py, |open| finish(open.submitter.wait(crate::BatchId::from_raw(batch), timeout)?))
+    }
+
+    /// The transport that carries a batch ("shm", "tcp", ...), from its
+    /// submission until `wait`, `poll` or `reap` consumes it.
+    fn batch_transport(&self, py: Python<'_>, batch: u64) -> PyResult<&'static str> {
+        self.with_open(py, |open| Ok(open.submitter.transport(crate::BatchId::from_raw(batch))?.name()))
     }
 
     /// Cancels a batch: blocks not yet posted are dropped; the batch ends

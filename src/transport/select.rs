@@ -25,6 +25,18 @@ pub struct LocalReach<'a> {
     pub rdma_unreachable: Option<&'a str>,
 }
 
+/// What [`choose_allowed`] took, and what it passed over on the way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chosen {
+    /// The transport.
+    pub kind: TransportKind,
+    /// The transports of the order before it that would have been a real
+    /// choice for this peer (same host for shm, cma and cuda_ipc; RDMA on
+    /// either end for rdma), each with why it was not taken. Empty: the
+    /// link got the order's first choice (or the caller's).
+    pub passed_over: Vec<(TransportKind, String)>,
+}
+
 /// Chooses the transport to a peer.
 ///
 /// 1. The caller's choice, if it names one; refused with a reason when it
@@ -55,13 +67,106 @@ pub struct LocalReach<'a> {
 /// A cma chosen by default that then fails to open (the kernel refuses the
 /// proof read) is reported by the caller, who asks again with
 /// `local.cma = false`: the next transport in this order.
-pub fn choose(requested: Option<TransportKind>, peer: &SegmentDescriptor, local: &LocalReach) -> Result<TransportKind> {
+///
+/// Within `allowed` (empty: every transport). A transport asked
+/// for outside the list, or a peer that only transports outside it reach,
+/// is refused with [`Error::TransportRefused`]: what reaches the peer, and
+/// why each allowed transport does not. The order itself is unchanged: the
+/// list only removes steps, so nothing outside it is ever taken.
+pub fn choose_allowed(
+    requested: Option<TransportKind>,
+    peer: &SegmentDescriptor,
+    local: &LocalReach,
+    allowed: &[TransportKind],
+) -> Result<Chosen> {
+    let is_allowed = |kind: TransportKind| allowed.is_empty() || allowed.contains(&kind);
+    if let Some(kind) = requested {
+        let granted = reach(kind, true, peer, local);
+        if !is_allowed(kind) {
+            let outside = "it was asked for, and is not in this engine's transports";
+            let (offered, why) = match granted {
+                Ok(()) => (vec![kind.name()], outside.to_string()),
+                Err(error) => (Vec::new(), format!("{outside} ({})", reason_of(&error))),
+            };
+            return Err(refused(peer, allowed, offered, vec![(kind.name(), why)]));
+        }
+        return granted.map(|()| Chosen { kind, passed_over: Vec::new() });
+    }
+    let steps = order_steps(peer, local);
+    let mut passed_over: Vec<(TransportKind, String)> = Vec::new();
+    for (kind, step) in &steps {
+        let why = match step {
+            Ok(()) if is_allowed(*kind) => return Ok(Chosen { kind: *kind, passed_over }),
+            Ok(()) => "not in this engine's transports".to_string(),
+            Err(error) => reason_of(error),
+        };
+        if candidate(*kind, peer, local) && !passed_over.iter().any(|(k, _)| k == kind) {
+            passed_over.push((*kind, why));
+        }
+    }
+    if allowed.is_empty() {
+        return unsupported(format!(
+            "no transport reaches {}: not on this host with shm regions, cma or GPU memory, and no tcp listener",
+            peer.name
+        ));
+    }
+    let mut offered: Vec<&'static str> = Vec::new();
+    let mut reasons: Vec<(&'static str, String)> = Vec::new();
+    for (kind, step) in &steps {
+        match step {
+            Ok(()) if !offered.contains(&kind.name()) => offered.push(kind.name()),
+            // The later of shm's two steps holds its plain reason.
+            Err(error) if is_allowed(*kind) => match reasons.iter_mut().find(|(k, _)| *k == kind.name()) {
+                Some((_, why)) => *why = reason_of(error),
+                None => reasons.push((kind.name(), reason_of(error))),
+            },
+            _ => {}
+        }
+    }
+    for kind in allowed.iter().filter(|k| !steps.iter().any(|(s, _)| s == *k)) {
+        reasons.push((kind.name(), "never chosen by default (ask for it by name)".into()));
+    }
+    Err(refused(peer, allowed, offered, reasons))
+}
+
+/// The documented order, every step judged (this runs once per open).
+fn order_steps(peer: &SegmentDescriptor, local: &LocalReach) -> [(TransportKind, Result<()>); 6] {
+    // A peer's GPU memory this engine cannot reach by cuda_ipc or rdma
+    // moves over tcp (the peer stages it): shm and cma would leave it out
+    // of reach.
+    let peer_device = peer.regions.iter().any(|r| r.memory != MemoryKind::Host);
+    let host_only = |step: Result<()>| match peer_device {
+        true => unsupported(format!("{} has GPU memory, which only cuda_ipc, rdma or tcp (staged) reach", peer.name)),
+        false => step,
+    };
+    let shm_only = peer.regions.iter().filter(|r| r.memory == MemoryKind::Host).all(|r| r.shm_path.is_some());
+    let shm_first = match reach(TransportKind::Shm, false, peer, local) {
+        Ok(()) if !shm_only => unsupported(format!(
+            "shm to {}: some of its host regions are not shm-backed (cma reaches them all)",
+            peer.name
+        )),
+        other => other,
+    };
+    [
+        (TransportKind::CudaIpc, reach(TransportKind::CudaIpc, false, peer, local)),
+        (TransportKind::Rdma, reach(TransportKind::Rdma, false, peer, local)),
+        (TransportKind::Shm, host_only(shm_first)),
+        (TransportKind::Cma, host_only(reach(TransportKind::Cma, false, peer, local))),
+        (TransportKind::Shm, host_only(reach(TransportKind::Shm, false, peer, local))),
+        (TransportKind::Tcp, reach(TransportKind::Tcp, false, peer, local)),
+    ]
+}
+
+/// Whether `kind` can reach `peer` from this engine (`asked`: named by the
+/// caller rather than tried by the order), or why not.
+fn reach(kind: TransportKind, asked: bool, peer: &SegmentDescriptor, local: &LocalReach) -> Result<()> {
     let same_host = peer.host_id == local.host_id;
     let peer_device = peer.regions.iter().any(|r| r.memory != MemoryKind::Host);
-    // Asked for, cuda_ipc needs the host and a provider (GPU memory may be
-    // registered after the open); chosen by default, GPU memory on an end.
-    let cuda_ipc_ok = |asked: bool| -> Result<()> {
-        match () {
+    match kind {
+        // Asked for, cuda_ipc needs the host and a provider (GPU memory may
+        // be registered after the open); chosen by default, GPU memory on
+        // an end.
+        TransportKind::CudaIpc => match () {
             _ if !same_host => unsupported(format!("cuda_ipc to {}: it is on another host", peer.name)),
             _ if !local.gpu => {
                 unsupported("cuda_ipc: this engine has no GPU provider (no CUDA driver found)".to_string())
@@ -70,73 +175,74 @@ pub fn choose(requested: Option<TransportKind>, peer: &SegmentDescriptor, local:
                 unsupported(format!("cuda_ipc to {}: neither end has registered GPU memory", peer.name))
             }
             _ => Ok(()),
+        },
+        TransportKind::Rdma => {
+            if !local.rdma {
+                return unsupported(
+                    "rdma: this engine has no RDMA device (build with the `rdma` feature, or give a provider)".into(),
+                );
+            }
+            let Some(info) = &peer.rdma else {
+                return unsupported(format!("rdma to {}: it serves no RDMA", peer.name));
+            };
+            if let Some(why) = local.rdma_unreachable {
+                return unsupported(format!(
+                    "rdma to {}: this engine's GPU memory is not registered with its NICs: {why}",
+                    peer.name
+                ));
+            }
+            device_regions_keyed(peer, info)
         }
-    };
-    let rdma_ok = || -> Result<()> {
-        if !local.rdma {
-            return unsupported(
-                "rdma: this engine has no RDMA device (build with the `rdma` feature, or give a provider)".into(),
-            );
-        }
-        let Some(info) = &peer.rdma else { return unsupported(format!("rdma to {}: it serves no RDMA", peer.name)) };
-        if let Some(why) = local.rdma_unreachable {
-            return unsupported(format!(
-                "rdma to {}: this engine's GPU memory is not registered with its NICs: {why}",
-                peer.name
-            ));
-        }
-        device_regions_keyed(peer, info)
-    };
-    let has_shm = peer.regions.iter().any(|r| r.shm_path.is_some());
-    let shm_ok = || -> Result<()> {
-        if !same_host {
-            return unsupported(format!("shm to {}: it is on another host", peer.name));
-        }
-        if !has_shm {
-            return unsupported(format!(
-                "shm to {}: none of its regions is shm-backed (allocate them with alloc_region)",
-                peer.name
-            ));
-        }
-        Ok(())
-    };
-    let shm_only = peer.regions.iter().filter(|r| r.memory == MemoryKind::Host).all(|r| r.shm_path.is_some());
-    let cma_ok = || -> Result<()> {
-        match &peer.cma {
+        TransportKind::Shm if !same_host => unsupported(format!("shm to {}: it is on another host", peer.name)),
+        TransportKind::Shm if !peer.regions.iter().any(|r| r.shm_path.is_some()) => unsupported(format!(
+            "shm to {}: none of its regions is shm-backed (allocate them with alloc_region)",
+            peer.name
+        )),
+        TransportKind::Shm | TransportKind::Null => Ok(()),
+        TransportKind::Cma => match &peer.cma {
             _ if !local.cma => unsupported("cma: this engine does not use it (cma = false)".into()),
             _ if !same_host => unsupported(format!("cma to {}: it is on another host", peer.name)),
             None => unsupported(format!("cma to {}: it offers no cross-memory attach (an older kvring)", peer.name)),
             Some(CmaReach::Refused(why)) => unsupported(format!("cma to {}: it does not allow it: {why}", peer.name)),
             Some(CmaReach::Offered { .. }) => Ok(()),
-        }
-    };
-    let tcp_ok = || -> Result<()> {
-        match peer.tcp_addr {
+        },
+        TransportKind::Tcp => match peer.tcp_addr {
             Some(_) => Ok(()),
             None => unsupported(format!("tcp to {}: it serves no tcp data listener", peer.name)),
-        }
-    };
-    match requested {
-        Some(TransportKind::CudaIpc) => cuda_ipc_ok(true).map(|()| TransportKind::CudaIpc),
-        Some(TransportKind::Shm) => shm_ok().map(|()| TransportKind::Shm),
-        Some(TransportKind::Tcp) => tcp_ok().map(|()| TransportKind::Tcp),
-        Some(TransportKind::Null) => Ok(TransportKind::Null),
-        Some(TransportKind::Rdma) => rdma_ok().map(|()| TransportKind::Rdma),
-        Some(TransportKind::Cma) => cma_ok().map(|()| TransportKind::Cma),
-        None if cuda_ipc_ok(false).is_ok() => Ok(TransportKind::CudaIpc),
-        None if rdma_ok().is_ok() => Ok(TransportKind::Rdma),
-        // A peer's GPU memory this engine cannot reach by cuda_ipc or rdma
-        // moves over tcp (the peer stages it): shm and cma would leave it
-        // out of reach.
-        None if !peer_device && shm_ok().is_ok() && shm_only => Ok(TransportKind::Shm),
-        None if !peer_device && cma_ok().is_ok() => Ok(TransportKind::Cma),
-        None if !peer_device && shm_ok().is_ok() => Ok(TransportKind::Shm),
-        None if tcp_ok().is_ok() => Ok(TransportKind::Tcp),
-        None => unsupported(format!(
-            "no transport reaches {}: not on this host with shm regions, cma or GPU memory, and no tcp listener",
-            peer.name
-        )),
+        },
     }
+}
+
+/// Steps whose loss a user would want to hear of: the rest could never
+/// have reached this peer from this engine.
+fn candidate(kind: TransportKind, peer: &SegmentDescriptor, local: &LocalReach) -> bool {
+    let same_host = peer.host_id == local.host_id;
+    let gpu_memory = local.device_regions || peer.regions.iter().any(|r| r.memory != MemoryKind::Host);
+    match kind {
+        TransportKind::CudaIpc => same_host && gpu_memory,
+        // GPU memory that misses rdma is staged through host memory.
+        TransportKind::Rdma => local.rdma || peer.rdma.is_some() || gpu_memory,
+        TransportKind::Shm | TransportKind::Cma => same_host,
+        TransportKind::Tcp | TransportKind::Null => true,
+    }
+}
+
+/// The reason an [`Error::Unsupported`] step gives, without its prefix.
+fn reason_of(error: &Error) -> String {
+    match error {
+        Error::Unsupported { what } => what.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn refused(
+    peer: &SegmentDescriptor,
+    allowed: &[TransportKind],
+    offered: Vec<&'static str>,
+    reasons: Vec<(&'static str, String)>,
+) -> Error {
+    let allowed = allowed.iter().map(|kind| kind.name()).collect();
+    Error::TransportRefused { peer: peer.name.clone(), allowed, offered, reasons }
 }
 
 /// Checks that every region of the peer's GPU memory that peers may use
@@ -171,6 +277,11 @@ fn unsupported<T>(what: String) -> Result<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The order with every transport allowed.
+    fn choose(requested: Option<TransportKind>, peer: &SegmentDescriptor, local: &LocalReach) -> Result<TransportKind> {
+        choose_allowed(requested, peer, local, &[]).map(|chosen| chosen.kind)
+    }
     use crate::mem::RegionKind;
     use crate::segment::RemoteRegion;
     use crate::RegionId;
@@ -402,5 +513,125 @@ mod tests {
         let mut near = far_gpu_peer(false);
         near.host_id = "h".into();
         assert_eq!(choose(None, &near, &local(true, None)).unwrap(), TransportKind::CudaIpc);
+    }
+
+    const ALL: [TransportKind; 6] = [
+        TransportKind::CudaIpc,
+        TransportKind::Rdma,
+        TransportKind::Shm,
+        TransportKind::Cma,
+        TransportKind::Tcp,
+        TransportKind::Null,
+    ];
+
+    #[test]
+    fn no_allow_list_takes_a_transport_outside_it_for_any_peer() {
+        let mut peers = vec![peer("h", true, true), peer("h", false, true), peer("other", true, true)];
+        peers.extend([offering("h", false), offering("h", true), far_gpu_peer(true), far_gpu_peer(false)]);
+        let mut near_gpu = far_gpu_peer(true);
+        near_gpu.host_id = "h".into();
+        peers.push(near_gpu);
+        let locals = [
+            reach("h", false),
+            reach("h", true),
+            LocalReach { gpu: true, device_regions: true, ..reach("h", true) },
+            LocalReach { cma: false, ..reach("h", false) },
+        ];
+        let mut refusals = 0;
+        for peer in &peers {
+            for local in &locals {
+                for mask in 0u32..(1 << ALL.len()) {
+                    let allowed: Vec<_> =
+                        ALL.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, k)| *k).collect();
+                    for requested in std::iter::once(None).chain(ALL.iter().copied().map(Some)) {
+                        match choose_allowed(requested, peer, local, &allowed) {
+                            Ok(chosen) => {
+                                assert!(
+                                    allowed.is_empty() || allowed.contains(&chosen.kind),
+                                    "{chosen:?} outside {allowed:?}"
+                                );
+                                // The list only removes steps: where the order's own
+                                // choice is allowed, it is the one taken.
+                                match choose(None, peer, local) {
+                                    Ok(first) if requested.is_none() && allowed.contains(&first) => {
+                                        assert_eq!(chosen.kind, first)
+                                    }
+                                    _ => {}
+                                }
+                            }
+                            Err(Error::TransportRefused { allowed: listed, offered, reasons, .. }) => {
+                                refusals += 1;
+                                assert_eq!(listed, allowed.iter().map(|k| k.name()).collect::<Vec<_>>());
+                                let outside = |name: &&str| !allowed.iter().any(|k| k.name() == *name);
+                                let asked = requested.map(TransportKind::name);
+                                assert!(offered.iter().all(|n| asked == Some(*n) || outside(n)), "{offered:?}");
+                                assert!(!reasons.is_empty());
+                            }
+                            Err(_) => {}
+                        }
+                    }
+                }
+            }
+        }
+        assert!(refusals > 0);
+    }
+
+    #[test]
+    fn each_fallback_is_refused_with_its_reason_when_the_list_excludes_it() {
+        let here = reach("h", false);
+        let why = |result: Result<Chosen>| match result {
+            Err(error @ Error::TransportRefused { .. }) => error.to_string(),
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        // shm not offered -> cma.
+        let message = why(choose_allowed(None, &offering("h", false), &here, &[TransportKind::Shm]));
+        assert!(
+            message.contains("reachable by cma, tcp; shm: shm to p: none of its regions is shm-backed"),
+            "{message}"
+        );
+        // cma refused by the peer -> tcp.
+        let mut refusing = offering("h", false);
+        refusing.cma = Some(CmaReach::Refused("cma = false on that engine".into()));
+        let message = why(choose_allowed(None, &refusing, &here, &[TransportKind::Cma, TransportKind::Shm]));
+        assert!(message.contains("cma: cma to p: it does not allow it"), "{message}");
+        // GPU memory on a same-host peer, no provider here -> staged tcp.
+        let mut with_gpu = offering("h", true);
+        with_gpu.regions[0].memory = MemoryKind::Gpu(0);
+        let message = why(choose_allowed(None, &with_gpu, &here, &[TransportKind::CudaIpc, TransportKind::Cma]));
+        assert!(message.contains("cuda_ipc: cuda_ipc: this engine has no GPU provider"), "{message}");
+        assert!(message.contains("cma: p has GPU memory"), "{message}");
+        // rdma unavailable -> tcp.
+        let message = why(choose_allowed(None, &far_gpu_peer(false), &reach("h", true), &[TransportKind::Rdma]));
+        assert!(message.contains("its GPU region") && message.contains("no dma-buf"), "{message}");
+        // null is never a default: listed alone, it says so.
+        let message = why(choose_allowed(None, &peer("h", true, true), &here, &[TransportKind::Null]));
+        assert!(message.contains("null: never chosen by default"), "{message}");
+    }
+
+    #[test]
+    fn what_a_link_passed_over_is_what_a_user_would_have_expected() {
+        let here = reach("h", false);
+        let passed = |p: &SegmentDescriptor, l: &LocalReach, allowed: &[TransportKind]| {
+            let chosen = choose_allowed(None, p, l, allowed).unwrap();
+            (chosen.kind, chosen.passed_over.into_iter().map(|(k, _)| k).collect::<Vec<_>>())
+        };
+        // First choices: nothing to say.
+        assert_eq!(passed(&peer("h", true, true), &here, &[]), (TransportKind::Shm, vec![]));
+        assert_eq!(passed(&peer("other", true, true), &here, &[]), (TransportKind::Tcp, vec![]));
+        // Fallbacks say what they passed.
+        assert_eq!(passed(&offering("h", false), &here, &[]), (TransportKind::Cma, vec![TransportKind::Shm]));
+        let no_cma = LocalReach { cma: false, ..here };
+        assert_eq!(
+            passed(&offering("h", false), &no_cma, &[]),
+            (TransportKind::Tcp, vec![TransportKind::Shm, TransportKind::Cma])
+        );
+        assert_eq!(
+            passed(&far_gpu_peer(false), &reach("h", true), &[]),
+            (TransportKind::Tcp, vec![TransportKind::Rdma])
+        );
+        // A list that removes the first choice: said too.
+        assert_eq!(passed(&peer("h", true, true), &here, &[TransportKind::Tcp]).1[0], TransportKind::Shm);
+        let chosen = choose_allowed(None, &offering("h", false), &here, &[]).unwrap();
+        assert!(chosen.passed_over[0].1.contains("none of its regions is shm-backed"), "{chosen:?}");
     }
 }

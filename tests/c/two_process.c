@@ -96,6 +96,17 @@ static int initiator(const char *addr) {
         return 1;
     }
     kvring_engine_destroy(stranger);
+    /* An allow-list no transport to this peer fits: refused with the reason. */
+    kvring_engine *only_rdma = NULL;
+    check(kvring_engine_create_with_transports("only-rdma-c", "127.0.0.1:0", 1, "c-abi-token", "rdma", &only_rdma),
+          "engine_create_with_transports");
+    refusal = kvring_open_segment(only_rdma, addr, KVRING_TRANSPORT_AUTO, 5000, &refused);
+    if (refusal >= 0 || strcmp(kvring_error_name(refusal), "UNSUPPORTED") != 0 ||
+        strstr(kvring_last_error(), "no allowed transport reaches decode-c: allowed rdma") == NULL) {
+        fprintf(stderr, "an rdma-only engine opened a peer without rdma: %d %s\n", refusal, kvring_last_error());
+        return 1;
+    }
+    kvring_engine_destroy(only_rdma);
     check(kvring_engine_create_with_token("prefill-c", "127.0.0.1:0", 1, "c-abi-token", &engine), "engine_create");
     unsigned char *source = buffer();
     unsigned char *back = buffer();
@@ -151,15 +162,20 @@ static int initiator(const char *addr) {
     uint64_t written = batch;
     for (int i = 0; i < BLOCKS; i++) blocks[i].local_region = local_back;
     check(kvring_submit(sub, segment, KVRING_READ, blocks, BLOCKS, 43, 0, &batch), "submit read");
+    if (kvring_batch_transport(sub, batch) != KVRING_TRANSPORT_TCP) {
+        fprintf(stderr, "batch_transport: %d, not tcp\n", kvring_batch_transport(sub, batch));
+        return 1;
+    }
     kvring_completion done = {0};
     int reaped = 0;
     for (int spins = 0; spins < 10000000 && reaped == 0; spins++) {
         reaped = kvring_reap(sub, &done);
         check(reaped, "reap");
     }
-    if (reaped != 1 || done.result != 0 || done.user_data != 43 || done.batch != batch) {
-        fprintf(stderr, "read completion: reaped %d result %d user_data %llu\n", reaped, done.result,
-                (unsigned long long)done.user_data);
+    if (reaped != 1 || done.result != 0 || done.user_data != 43 || done.batch != batch ||
+        done.transport != KVRING_TRANSPORT_TCP) {
+        fprintf(stderr, "read completion: reaped %d result %d user_data %llu transport %d\n", reaped, done.result,
+                (unsigned long long)done.user_data, done.transport);
         return 1;
     }
     if (memcmp(source, back, (size_t)BLOCKS * BLOCK) != 0) {
@@ -211,8 +227,9 @@ static int initiator(const char *addr) {
         return 1;
     }
 
-    if (atomic_load(&started) != 2) {
-        fprintf(stderr, "the log callback saw %d engine starts (of 2) in %d events\n", atomic_load(&started),
+    /* The stranger, the rdma-only engine and this one. */
+    if (atomic_load(&started) != 3) {
+        fprintf(stderr, "the log callback saw %d engine starts (of 3) in %d events\n", atomic_load(&started),
                 atomic_load(&logged));
         return 1;
     }

@@ -321,6 +321,7 @@ fn value_name(name: &str, kind: Kind) -> String {
         Kind::Switch => "on|off".into(),
         Kind::Mode => "auto|on|off".into(),
         Kind::Byte => "0-255".into(),
+        Kind::Transports => "shm,cma,tcp,...".into(),
     }
 }
 
