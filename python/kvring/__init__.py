@@ -291,6 +291,14 @@ class Engine:
         """A batch's bytes once done, None while running; raises its error."""
         return self._native.poll(batch)
 
+    def wait_gpu_stream(self, device, stream, timeout=30.0):
+        """Waits, at most ``timeout`` seconds, for the work queued so far on
+        a caller's CUDA stream (an int handle such as
+        ``torch.cuda.current_stream().cuda_stream``; 0: ``device``'s default
+        stream), and not for work queued on it after this call: before a
+        transfer reads memory a kernel on that stream writes."""
+        self._native.wait_gpu_stream(device, stream, timeout)
+
     def cancel(self, batch):
         """Cancels a batch: blocks not yet posted are dropped, and the batch
         ends (``CancelledError`` from ``wait`` or ``poll``) only once every

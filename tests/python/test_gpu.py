@@ -224,3 +224,14 @@ def test_a_nixl_agent_moves_vram_tensors_between_two_processes(spawn, monkeypatc
         agent.prep_xfer_dlist("", [(host.ctypes.data, 4096, 0)], "VRAM")
     agent.release_xfer_handle(handle)
     agent.remove_remote_agent("gpu-peer")
+
+
+def test_wait_gpu_stream_waits_on_a_callers_stream_and_refuses_without_a_gpu():
+    engine = kvring.Engine(gpu="sim")
+    engine.register(CudaArray(engine.sim_device_buffer(4096, device=0)))
+    engine.wait_gpu_stream(0, 0, timeout=5.0)  # the device's default stream: nothing queued
+    engine.close()
+    plain = kvring.Engine(gpu=None)
+    with pytest.raises(kvring.errors.InvalidArgumentError, match="no GPU provider"):
+        plain.wait_gpu_stream(0, 0, timeout=1.0)
+    plain.close()
