@@ -157,10 +157,13 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
 /// One connection: the proofs, then requests until the opener hangs up.
 fn serve(stream: &UnixStream, shared: &Shared) -> Result<(), String> {
     let io = |e: std::io::Error| e.to_string();
-    stream.set_read_timeout(Some(PROOF_TIMEOUT)).map_err(io)?;
+    // One deadline for the hello and the proof together: a timeout per
+    // read let a stranger trickling a byte at a time hold its place for
+    // as many timeouts as the hello and proof have bytes.
+    let proof_deadline = std::time::Instant::now() + PROOF_TIMEOUT;
     stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
     let mut hello = [0u8; HELLO_BYTES];
-    (&*stream).read_exact(&mut hello).map_err(io)?;
+    read_by(stream, &mut hello, proof_deadline).map_err(io)?;
     let hello = Hello::decode(&hello)?;
     let nonce = random_bytes();
     let session = match &shared.auth {
@@ -176,7 +179,7 @@ fn serve(stream: &UnixStream, shared: &Shared) -> Result<(), String> {
     (&*stream).write_all(&challenge.encode()).map_err(io)?;
     if let Some(session) = &session {
         let mut theirs = [0u8; MAC_BYTES];
-        (&*stream).read_exact(&mut theirs).map_err(io)?;
+        read_by(stream, &mut theirs, proof_deadline).map_err(io)?;
         if !check_gpu_fds_proof(session, End::Initiator, &hello.nonce, &nonce, shared.epoch, &theirs) {
             return Err("the opener did not prove the session".into());
         }
@@ -214,6 +217,25 @@ fn serve(stream: &UnixStream, shared: &Shared) -> Result<(), String> {
             }
         }
     }
+}
+
+/// Fills `buf` from `stream` by `deadline`, however the bytes are split.
+fn read_by(stream: &UnixStream, buf: &mut [u8], deadline: std::time::Instant) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(left))?;
+        match (&*stream).read(&mut buf[got..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// The descriptors a request asks for, made now from this engine's own
