@@ -221,7 +221,8 @@ fn a_socket_that_never_accepts_does_not_hang_the_opener_past_its_deadline() {
         let _ = tx.send((started.elapsed(), result.map(|_| ()).map_err(|e| e.to_string())));
         // The engine is leaked with the thread if the open never returns.
     });
-    let (took, result) = rx.recv_timeout(Duration::from_secs(20)).expect("open_segment hung on a connect past its deadline");
+    let (took, result) =
+        rx.recv_timeout(Duration::from_secs(20)).expect("open_segment hung on a connect past its deadline");
     assert!(result.is_err(), "opened a segment through a socket that never answered");
     assert!(took < Duration::from_secs(8), "took {took:?} for a 2 s deadline");
 }

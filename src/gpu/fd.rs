@@ -109,7 +109,8 @@ pub(crate) fn connect_abstract(name: &[u8], deadline: std::time::Instant) -> std
     let mut pause = std::time::Duration::from_millis(1);
     loop {
         // SAFETY: a new socket, owned at once.
-        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
+        let fd =
+            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
