@@ -238,6 +238,22 @@ impl Engine {
             TransportKind::Shm | TransportKind::CudaIpc => {
                 let counters: Vec<_> = self.inner.lanes.iter().map(|l| l.shared.metrics.gpu_copies()).collect();
                 let session = handshake.session.as_ref();
+                // shm where cuda_ipc is not allowed: the peer's GPU memory
+                // (opened by cuda_ipc's handles) stays out of reach.
+                let allowed = &self.inner.config.transports;
+                let host_only;
+                let descriptor = match transport == TransportKind::Shm
+                    && !allowed.is_empty()
+                    && !allowed.contains(&TransportKind::CudaIpc)
+                {
+                    true => {
+                        let mut only = descriptor.clone();
+                        only.regions.retain(|r| r.memory == MemoryKind::Host);
+                        host_only = only;
+                        &host_only
+                    }
+                    false => descriptor,
+                };
                 ShmLink::open(descriptor, &counters, transport, self.gpu().cloned(), session, deadline)
             }
             TransportKind::Null => Ok(NullLink::open(lanes)),

@@ -278,7 +278,10 @@ impl Submitter {
         for (taken, region) in lease_runs(descs, parts).enumerate() {
             // Each lease travels with its part to the lane, which gives it
             // back once the part's chunks have ended.
-            if let Err(error) = registry.lease(region).map(|lease| lease.keep()) {
+            // A peer's checksum holds the region only while it reads: the
+            // owner's batch waits for it rather than failing.
+            let leased = registry.lease_after_read(region, std::time::Duration::from_secs(10));
+            if let Err(error) = leased.map(|lease| lease.keep()) {
                 for region in lease_runs(descs, parts).take(taken) {
                     // SAFETY: kept just above by this call, and not yet handed to a lane.
                     unsafe { registry.release_kept(region) };

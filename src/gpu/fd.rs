@@ -91,6 +91,51 @@ pub(crate) fn exited(pidfd: &OwnedFd) -> bool {
     ready > 0 && entry.revents & (libc::POLLIN | libc::POLLHUP) != 0
 }
 
+/// Connects to the abstract stream socket `name` by `deadline`. A plain
+/// `connect` blocks without a bound while the listener's queue is full: a
+/// socket that never accepts (a peer's, or a squatter's of a name its
+/// engine left) would hang the opener past its own deadline.
+pub(crate) fn connect_abstract(name: &[u8], deadline: std::time::Instant) -> std::io::Result<UnixStream> {
+    // SAFETY: a zeroed sockaddr_un is valid; the name is copied in bounds.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    if name.len() + 1 > addr.sun_path.len() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "socket name too long"));
+    }
+    for (i, b) in name.iter().enumerate() {
+        addr.sun_path[i + 1] = *b as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + 1 + name.len()) as libc::socklen_t;
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        // SAFETY: a new socket, owned at once.
+        let fd =
+            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just made and is owned by nothing else.
+        let stream = unsafe { UnixStream::from_raw_fd(fd) };
+        // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
+        let got = unsafe { libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), len) };
+        if got == 0 {
+            stream.set_nonblocking(false)?;
+            return Ok(stream);
+        }
+        let error = std::io::Error::last_os_error();
+        // A full queue (EAGAIN) is waited out until the deadline.
+        if error.raw_os_error() != Some(libc::EAGAIN) && error.kind() != std::io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the socket accepts no connection"));
+        }
+        std::thread::sleep(pause.min(left));
+        pause = (pause * 2).min(std::time::Duration::from_millis(50));
+    }
+}
+
 /// The pid of the process at the other end of `stream` when it connected
 /// or listened (`SO_PEERCRED`, unix(7)), as this process's pid namespace
 /// sees it (0 when that process is not visible here).

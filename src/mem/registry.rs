@@ -108,6 +108,11 @@ struct Control {
 pub struct Registry {
     slots: Box<[Slot<RegionEntry>]>,
     control: Mutex<Control>,
+    /// Owner's lease takers waiting out an exclusive read
+    /// ([`lease_after_read`](Self::lease_after_read)): no new exclusive
+    /// read starts while one waits, so a peer asking back to back cannot
+    /// keep the owner out (fairness only; the slot's word is the safety).
+    lease_waiters: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Registry {
@@ -122,7 +127,11 @@ impl Registry {
         let capacity = capacity.clamp(1, u16::MAX as usize);
         let slots = (0..capacity).map(|_| Slot::new()).collect();
         let free = (0..capacity as u16).rev().collect();
-        Self { slots, control: Mutex::new(Control { by_addr: BTreeMap::new(), free, retired: 0 }) }
+        Self {
+            slots,
+            control: Mutex::new(Control { by_addr: BTreeMap::new(), free, retired: 0 }),
+            lease_waiters: std::sync::atomic::AtomicUsize::new(0),
+        }
     }
 
     fn control(&self) -> MutexGuard<'_, Control> {
@@ -229,6 +238,52 @@ impl Registry {
         }
     }
 
+    /// As [`lease`](Self::lease), but a region held by an exclusive read
+    /// ([`read_alone`](Self::read_alone): a peer's checksum) is waited for,
+    /// at most `wait`, rather than refused: the owner's own batches are
+    /// not denied by a peer that asks for checksums back to back.
+    pub fn lease_after_read(&self, id: RegionId, wait: std::time::Duration) -> Result<Lease<'_>> {
+        let slot = self.slot(id, Side::Local)?;
+        let mut deadline = None;
+        let mut spins = 0u32;
+        /// Counts this taker among the waiters until it returns.
+        struct Waiting<'a>(Option<&'a std::sync::atomic::AtomicUsize>);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                if let Some(waiters) = self.0 {
+                    waiters.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        }
+        let mut waiting = Waiting(None);
+        loop {
+            match slot.lease(id.generation()) {
+                Ok(()) => return Ok(Lease { registry: self, id }),
+                Err(Refused::Held { reading: true, .. }) => {
+                    if waiting.0.is_none() {
+                        self.lease_waiters.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        waiting.0 = Some(&self.lease_waiters);
+                    }
+                    let until = *deadline.get_or_insert_with(|| std::time::Instant::now() + wait);
+                    if std::time::Instant::now() >= until {
+                        return Err(Error::RegionBusy { region: id, in_flight: 1 });
+                    }
+                    spins += 1;
+                    if spins < 64 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+                Err(Refused::Gone) => return Err(Error::UnknownRegion { side: Side::Local, region: id }),
+                Err(Refused::Full) => {
+                    return Err(Error::Busy { queue: "region lease count", capacity: LEASE_MASK as usize })
+                }
+                Err(Refused::Held { .. }) => return Err(Error::RegionBusy { region: id, in_flight: 1 }),
+            }
+        }
+    }
+
     /// Runs `read` on a region's entry with no batch of this engine
     /// holding it: refused with `RegionBusy` while one does, and no lease
     /// is granted (`RegionBusy`) until `read` returns. For reads of a
@@ -236,6 +291,10 @@ impl Registry {
     /// control server's checksum for a peer).
     pub fn read_alone<R>(&self, id: RegionId, read: impl FnOnce(&RegionEntry) -> R) -> Result<R> {
         let slot = self.slot(id, Side::Local)?;
+        // The owner waits to lease a region: it goes first.
+        if self.lease_waiters.load(std::sync::atomic::Ordering::SeqCst) != 0 {
+            return Err(Error::RegionBusy { region: id, in_flight: 1 });
+        }
         match slot.read_alone(id.generation()) {
             Ok(()) => {}
             Err(Refused::Held { leases, .. }) => {

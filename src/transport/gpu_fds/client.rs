@@ -6,14 +6,13 @@
 use super::{Answer, Challenge, Hello, Request, CHALLENGE_BYTES, MESSAGE_BYTES};
 use crate::auth::{random_bytes, Session};
 use crate::error::{Error, Result};
-use crate::gpu::fd::{peer_pid, recv_with_fds, MAX_FDS_PER_MESSAGE};
+use crate::gpu::fd::{connect_abstract, peer_pid, recv_with_fds, MAX_FDS_PER_MESSAGE};
 use crate::region_id::RegionId;
 use crate::seal::{check_gpu_fds_proof, gpu_fds_proof, End};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
 /// A proven connection to a peer's GPU descriptor server, and the run of
@@ -45,10 +44,10 @@ impl GpuFdClient {
         epoch: u64,
         deadline: Instant,
     ) -> Result<Self> {
-        let addr = SocketAddr::from_abstract_name(name.as_bytes())
-            .map_err(|e| Error::io(format!("{peer}'s GPU descriptor socket"), e))?;
-        let stream =
-            UnixStream::connect_addr(&addr).map_err(|e| Error::io(format!("connecting to {peer}'s GPU socket"), e))?;
+        let stream = connect_abstract(name.as_bytes(), deadline).map_err(|e| match crate::net::is_timeout(&e) {
+            true => Error::Timeout { waited: std::time::Duration::ZERO },
+            false => Error::io(format!("connecting to {peer}'s GPU socket"), e),
+        })?;
         let holder = peer_pid(&stream).map_err(|e| Error::io("reading a socket's peer credentials", e))?;
         if holder != pid || pid == 0 {
             return Err(refused(

@@ -24,6 +24,10 @@ pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a connection may take to send its hello and proof: one that
 /// proves nothing holds one of [`MAX_CONNECTIONS`] only this long.
 pub(crate) const PROOF_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most connections one process (its `SO_PEERCRED` pid) may hold before
+/// they prove the session: one process reconnecting without end cannot
+/// take every one of [`MAX_CONNECTIONS`] from the openers that prove.
+pub(crate) const MAX_UNPROVEN_PER_PROCESS: usize = 4;
 
 /// What every connection of one server reads.
 #[derive(Debug)]
@@ -32,7 +36,35 @@ struct Shared {
     auth: Option<Arc<Authenticator>>,
     epoch: u64,
     connections: AtomicUsize,
+    /// Connections not yet proven, by the pid holding their other end.
+    unproven: Mutex<std::collections::HashMap<u32, usize>>,
     stop: AtomicBool,
+}
+
+/// One connection counted among its process's unproven ones until it
+/// proves the session or ends.
+struct Unproven<'a> {
+    shared: &'a Shared,
+    pid: Option<u32>,
+}
+
+impl Unproven<'_> {
+    fn proven(&mut self) {
+        let Some(pid) = self.pid.take() else { return };
+        let mut unproven = self.shared.unproven.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = unproven.get_mut(&pid) {
+            *count -= 1;
+            if *count == 0 {
+                unproven.remove(&pid);
+            }
+        }
+    }
+}
+
+impl Drop for Unproven<'_> {
+    fn drop(&mut self) {
+        self.proven();
+    }
 }
 
 /// The servers of this process's engines, by socket name: a peer in this
@@ -61,8 +93,14 @@ impl GpuFdServer {
     ) -> std::io::Result<Self> {
         let name = super::name(crate::gpu::fd::instance(), epoch);
         let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?;
-        let shared =
-            Arc::new(Shared { registry, auth, epoch, connections: AtomicUsize::new(0), stop: AtomicBool::new(false) });
+        let shared = Arc::new(Shared {
+            registry,
+            auth,
+            epoch,
+            connections: AtomicUsize::new(0),
+            unproven: Mutex::default(),
+            stop: AtomicBool::new(false),
+        });
         let accepting = shared.clone();
         let thread = std::thread::Builder::new()
             .name("kvring-gpu-fds".into())
@@ -109,8 +147,15 @@ pub(crate) fn serve_connection(
     auth: Option<Arc<Authenticator>>,
     epoch: u64,
 ) -> Result<(), String> {
-    let shared = Shared { registry, auth, epoch, connections: AtomicUsize::new(1), stop: AtomicBool::new(false) };
-    serve(stream, &shared)
+    let shared = Shared {
+        registry,
+        auth,
+        epoch,
+        connections: AtomicUsize::new(1),
+        unproven: Mutex::default(),
+        stop: AtomicBool::new(false),
+    };
+    serve(stream, &shared, Unproven { shared: &shared, pid: None })
 }
 
 /// Region `id` of the engine of this process serving socket `name`, as its
@@ -141,26 +186,43 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
             shared.connections.fetch_sub(1, Ordering::AcqRel);
             continue; // closed: the opener sees its hello go unanswered
         }
+        // One process holds at most a few unproven places.
+        let pid = crate::gpu::fd::peer_pid(&stream).unwrap_or(0);
+        {
+            let mut unproven = shared.unproven.lock().unwrap_or_else(|p| p.into_inner());
+            let count = unproven.entry(pid).or_insert(0);
+            if *count >= MAX_UNPROVEN_PER_PROCESS {
+                drop(unproven);
+                shared.connections.fetch_sub(1, Ordering::AcqRel);
+                continue;
+            }
+            *count += 1;
+        }
         let serving = shared.clone();
         let spawned = std::thread::Builder::new().name("kvring-gpu-fds-conn".into()).spawn(move || {
-            if let Err(reason) = serve(&stream, &serving) {
+            let unproven = Unproven { shared: &serving, pid: Some(pid) };
+            if let Err(reason) = serve(&stream, &serving, unproven) {
                 tracing::debug!(%reason, "GPU descriptor connection ended");
             }
             serving.connections.fetch_sub(1, Ordering::AcqRel);
         });
         if spawned.is_err() {
+            drop(Unproven { shared: &shared, pid: Some(pid) });
             shared.connections.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
 /// One connection: the proofs, then requests until the opener hangs up.
-fn serve(stream: &UnixStream, shared: &Shared) -> Result<(), String> {
+fn serve(stream: &UnixStream, shared: &Shared, mut unproven: Unproven<'_>) -> Result<(), String> {
     let io = |e: std::io::Error| e.to_string();
-    stream.set_read_timeout(Some(PROOF_TIMEOUT)).map_err(io)?;
+    // One deadline for the hello and the proof together: a timeout per
+    // read let a stranger trickling a byte at a time hold its place for
+    // as many timeouts as the hello and proof have bytes.
+    let proof_deadline = std::time::Instant::now() + PROOF_TIMEOUT;
     stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
     let mut hello = [0u8; HELLO_BYTES];
-    (&*stream).read_exact(&mut hello).map_err(io)?;
+    read_by(stream, &mut hello, proof_deadline).map_err(io)?;
     let hello = Hello::decode(&hello)?;
     let nonce = random_bytes();
     let session = match &shared.auth {
@@ -176,11 +238,12 @@ fn serve(stream: &UnixStream, shared: &Shared) -> Result<(), String> {
     (&*stream).write_all(&challenge.encode()).map_err(io)?;
     if let Some(session) = &session {
         let mut theirs = [0u8; MAC_BYTES];
-        (&*stream).read_exact(&mut theirs).map_err(io)?;
+        read_by(stream, &mut theirs, proof_deadline).map_err(io)?;
         if !check_gpu_fds_proof(session, End::Initiator, &hello.nonce, &nonce, shared.epoch, &theirs) {
             return Err("the opener did not prove the session".into());
         }
     }
+    unproven.proven();
     stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
     loop {
         let mut request = [0u8; MESSAGE_BYTES];
@@ -214,6 +277,25 @@ fn serve(stream: &UnixStream, shared: &Shared) -> Result<(), String> {
             }
         }
     }
+}
+
+/// Fills `buf` from `stream` by `deadline`, however the bytes are split.
+fn read_by(stream: &UnixStream, buf: &mut [u8], deadline: std::time::Instant) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(left))?;
+        match (&*stream).read(&mut buf[got..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// The descriptors a request asks for, made now from this engine's own
