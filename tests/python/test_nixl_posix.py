@@ -5,6 +5,8 @@ and NIXL's errors for bad input."""
 
 import os
 import stat
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -16,6 +18,8 @@ from kvring.nixl import nixl_agent, nixl_agent_config, nixlInvalidParamError, ni
 from kvring.nixl._errors import nixlBackendError
 
 SIZE = 64 * 1024
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHIM = os.path.join(HERE, "..", "peers", "nixl", "shim")
 
 
 def _wait(agent, handle, limit_s=10.0):
@@ -198,3 +202,43 @@ def test_bad_input_gets_nixl_errors(setup, tmp_path):
     assert agent.transfer(handle) == "ERR"
     assert isinstance(handle.error, nixlNotFoundError) and "deregistered since" in str(handle.error)
     assert (mem == 2).all()
+
+
+def _script(tmp_path, side):
+    """nixl_posix_script.py's output on NIXL itself or on kvring.nixl."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(([SHIM] if side == "kvring" else []) + paths))
+    folder = tmp_path / side
+    folder.mkdir()
+    done = subprocess.run(
+        [sys.executable, os.path.join(HERE, "nixl_posix_script.py")], cwd=folder, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.splitlines()
+
+
+def test_the_same_posix_script_gives_the_same_outcomes_on_nixl_itself(tmp_path):
+    """Every outcome above is NIXL 1.5.1's: a script written for NIXL's
+    bindings prints the same lines on both (where NIXL installs: CI
+    installs it, .ci/test)."""
+    probe = subprocess.run([sys.executable, "-c", "import nixl._bindings"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("NIXL is not installed (pip install --no-deps nixl-cu13 nixl): the cross-check needs it")
+    kvring_lines = _script(tmp_path, "kvring")
+    assert kvring_lines == _script(tmp_path, "nixl")
+    assert "write: posted IN_PROG, ended SUCCESS" in kvring_lines and "read back: True" in kvring_lines
+    assert kvring_lines[-1] == "done"
+
+
+def test_file_lists_keep_their_type_through_serialization():
+    from kvring.nixl import _descs
+
+    reg = b.nixlRegDList(b.FILE_SEG, [(0, 4096, 5, "/tmp/a"), (4096, 10, 6, "")])
+    back = _descs.deserialize(_descs.serialize(reg))
+    assert back == reg and back.getType() == "FILE" and list(back)[0] == (0, 4096, 5, "/tmp/a")
+    xfer = b.nixlXferDList(b.FILE_SEG, [(8, 8, 5)])
+    assert _descs.deserialize(_descs.serialize(xfer)).getType() == "FILE"
+    forged = bytearray(_descs.serialize(xfer))
+    forged[9] = 3  # the memory type byte: no type 3
+    with pytest.raises(kvring.InvalidArgumentError, match="bad header"):
+        _descs.deserialize(bytes(forged))

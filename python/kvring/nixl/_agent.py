@@ -276,6 +276,7 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         self._unread = {}  # notifications taken from the engine, not yet handed out
         self._remotes = {}  # agent name -> the address its segment is opened by
         self._regions = {}  # (addr, len) -> region id
+        self._gpu_ranges = set()  # the (addr, len) of _regions that are GPU memory
         self._pending = weakref.WeakSet()  # posted handles whose notification waits for DONE
         self._fetches = {}  # agent name -> "ip:port" still to fetch from
         self._sends = set()  # "ip:port" still to send our metadata to
@@ -363,10 +364,10 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         "VRAM" descriptors register as GPU ``dev_id``'s memory (checked);
         on any failure what this call registered is unregistered again."""
         descs = _descs.build(_descs.nixlRegDList, reg_list, mem_type)
-        self._backend(backends)
         if descs.getType() == "FILE":
             self._posix_backend("register_memory").register(descs)
             return descs
+        self._backend(backends)
         done = []
         try:
             for addr, length, dev, _meta in descs:
@@ -375,6 +376,10 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
                 if (addr, length) not in self._regions:
                     done.append((addr, length))
                 self._regions[(addr, length)] = region
+                if location == "host":
+                    self._gpu_ranges.discard((addr, length))
+                else:
+                    self._gpu_ranges.add((addr, length))
         except KvringError:
             for key in done:
                 self._native.unregister(self._regions.pop(key))
@@ -388,12 +393,39 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
             self._posix_backend("deregister_memory").deregister(descs)
             return
         if self._posix is not None:
-            self._posix.drain(self._timeout)  # no file read lands in memory deregistered
+            self._posix_deregister(descs)
+            return
         for addr, length, _dev, _meta in descs:
             region = self._regions.pop((addr, length), None)
+            self._gpu_ranges.discard((addr, length))
             if region is None:
                 raise InvalidArgumentError(f"({addr:#x}, {length}) is not registered with agent {self.name!r}")
             self._native.unregister(region)
+
+    def _posix_deregister(self, descs):
+        """Unregisters DRAM with the POSIX backend present: the ranges leave
+        ``_regions`` under the backend's lock (a posting checks them under
+        it), then the postings already in flight are waited for (bounded),
+        so no file read lands in memory unregistered under it."""
+        keys = list(dict.fromkeys((addr, length) for addr, length, _dev, _meta in descs))
+        for addr, length in keys:
+            if (addr, length) not in self._regions:
+                raise InvalidArgumentError(f"({addr:#x}, {length}) is not registered with agent {self.name!r}")
+        with self._posix.lock:
+            regions = [self._regions.pop(key) for key in keys]
+            self._gpu_ranges.difference_update(keys)
+        try:
+            self._posix.drain(self._timeout)
+        except BusyError:
+            self._regions.update(zip(keys, regions))
+            raise
+        for region in regions:
+            self._native.unregister(region)
+
+    def _host_ranges(self):
+        """The (addr, len) of host memory registered here: what a POSIX
+        transfer may read into or write from."""
+        return [key for key in self._regions if key not in self._gpu_ranges]
 
     def query_memory(self, reg_list, backend, mem_type=None):
         """Per descriptor, what ``backend`` knows of it (NIXL's
@@ -614,7 +646,7 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
             sides.append(picked)
         local_side.prepared(), remote_side.prepared()  # each raises if released
         operation = "READ" if op == "read" else "WRITE"
-        request = posix.request(operation, sides[0], sides[1], remote_side.agent, _message(notif_msg), list(self._regions))
+        request = posix.request(operation, sides[0], sides[1], remote_side.agent, _message(notif_msg), self._host_ranges())
         return nixl_xfer_handle(request, remote_side.agent, op, _posix.NAME, b"")
 
     def initialize_xfer(self, operation, local_descs, remote_descs, remote_agent, notif_msg=b"", backends=()):
@@ -681,7 +713,7 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
             raise nixlBackendError("the POSIX backend has no notifications (NIXL's neither): pass no notif_msg")
         started = time.perf_counter_ns()
         try:
-            handle.batch = self._posix.post(request, list(self._regions))
+            handle.batch = self._posix.post(request, self._host_ranges)
         except KvringError as error:
             handle.done, handle.error = False, error
             log.error("POSIX transfer: %s", error)

@@ -99,7 +99,10 @@ class Backend:
         self.agent_name = agent_name
         self.params = params
         self._files = {}  # fd -> [(offset, len), ...] registered
-        self._lock = threading.Lock()
+        # Held while a posting checks its ranges and is queued, and while
+        # ranges are deregistered: a posting either is queued before (and
+        # is waited for) or sees the range gone.
+        self.lock = threading.Lock()
         self._worker = None  # made at the first posting
         self._inflight = set()  # futures of postings not yet ended
 
@@ -122,12 +125,14 @@ class Backend:
         for offset, length, fd, _meta in rows:
             if (offset, length) not in self._files.get(fd, ()):
                 raise InvalidArgumentError(f"FILE ({offset}, {length}, fd {fd}) is not registered with the POSIX backend")
+        with self.lock:
+            for offset, length, fd, _meta in rows:
+                ranges = self._files.get(fd, [])
+                if (offset, length) in ranges:
+                    ranges.remove((offset, length))
+                if not ranges:
+                    self._files.pop(fd, None)
         self.drain()
-        for offset, length, fd, _meta in rows:
-            ranges = self._files[fd]
-            ranges.remove((offset, length))
-            if not ranges:
-                del self._files[fd]
 
     @staticmethod
     def query(descs):
@@ -177,14 +182,16 @@ class Backend:
         return Request(self, operation == "READ", pairs)
 
     def post(self, request, regions):
-        """Starts a posting; its future. The memory and files are checked
-        against what is registered now."""
-        for index, (addr, fd, offset, length) in enumerate(request.pairs):
-            if not _cover(self._files.get(fd, ()), offset, length):
-                raise nixlNotFoundError(f"descriptor {index}: fd {fd} [{offset}, {offset + length}) was deregistered since the request was made")
-            if not _cover(regions, addr, length):
-                raise nixlNotFoundError(f"descriptor {index}: memory ({addr:#x}, {length}) was deregistered since the request was made")
-        with self._lock:
+        """Starts a posting; its future. The memory (``regions()``: the
+        agent's registered (addr, len) ranges) and the file ranges are
+        checked against what is registered now."""
+        with self.lock:
+            registered = regions()
+            for index, (addr, fd, offset, length) in enumerate(request.pairs):
+                if not _cover(self._files.get(fd, ()), offset, length):
+                    raise nixlNotFoundError(f"descriptor {index}: fd {fd} [{offset}, {offset + length}) was deregistered since the request was made")
+                if not _cover(registered, addr, length):
+                    raise nixlNotFoundError(f"descriptor {index}: memory ({addr:#x}, {length}) was deregistered since the request was made")
             if self._worker is None:
                 self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kvring-posix-{self.agent_name}")
             future = self._worker.submit(_move, request.read, request.pairs)
@@ -201,11 +208,17 @@ class Backend:
             except FutureTimeout:
                 raise BusyError(f"a POSIX transfer did not end within {timeout} s: deregistration refused") from None
 
-    def close(self):
-        """Ends the worker once what it runs has ended."""
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-            self._worker = None
+    def close(self, timeout=30.0):
+        """Ends the worker once what it runs has ended (waited for, bounded:
+        a file that hangs is left to its thread and logged)."""
+        if self._worker is None:
+            return
+        try:
+            self.drain(timeout)
+        except BusyError as error:
+            log.error("closing agent %s's POSIX backend: %s", self.agent_name, error)
+        self._worker.shutdown(wait=False)
+        self._worker = None
 
 
 def _move(read, pairs):
