@@ -164,7 +164,7 @@ def test_bad_input_gets_nixl_errors(setup, tmp_path):
     with pytest.raises(nixlInvalidParamError, match="fd is not open"):
         agent.register_memory([(0, 16, 987654, "")], "FILE")
     with pytest.raises(nixlInvalidParamError, match="is not registered with the POSIX backend"):
-        agent.deregister_memory([(0, 16, fd, "")], "FILE")
+        agent.deregister_memory(agent.get_reg_descs([(0, 16, fd, "")], "FILE"))
     other = nixl_agent("posix-ucx", nixl_agent_config(backends=["UCX"]))
     try:
         with pytest.raises(nixlNotSupportedError, match="answers no memory queries"):
@@ -197,7 +197,7 @@ def test_bad_input_gets_nixl_errors(setup, tmp_path):
     # Memory deregistered after the request was made: the posting is
     # refused, nothing is read into it.
     handle = agent.initialize_xfer("READ", agent.get_xfer_descs([(base, 8, 0)], "DRAM"), agent.get_xfer_descs([(0, 8, fd)], "FILE"), "posix-test")
-    agent.deregister_memory([(base, SIZE, 0, "")], "DRAM")
+    agent.deregister_memory(agent.get_reg_descs([(base, SIZE, 0, "")], "DRAM"))
     mem[:] = 2
     assert agent.transfer(handle) == "ERR"
     assert isinstance(handle.error, nixlNotFoundError) and "deregistered since" in str(handle.error)
