@@ -242,3 +242,36 @@ def test_file_lists_keep_their_type_through_serialization():
     forged[9] = 3  # the memory type byte: no type 3
     with pytest.raises(kvring.InvalidArgumentError, match="bad header"):
         _descs.deserialize(bytes(forged))
+
+
+def test_deregistering_memory_waits_for_the_reads_into_it(tmp_path):
+    """A READ in flight when its memory is deregistered has ended by the
+    time deregister_memory returns: no file byte lands in memory after it
+    was handed back."""
+    agent = nixl_agent("posix-dereg", nixl_agent_config(backends=["POSIX"]))
+    size = 32 << 20
+    path = tmp_path / "big.bin"
+    path.write_bytes(bytes([6]) * size)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mem = np.zeros(size, dtype=np.uint8)
+        agent.register_memory([(mem.ctypes.data, size, 0, "")], "DRAM")
+        agent.register_memory([(0, size, fd, str(path))], "FILE")
+        pieces = 64
+        piece = size // pieces
+        handle = agent.initialize_xfer(
+            "READ",
+            agent.get_xfer_descs([(mem.ctypes.data + i * piece, piece, 0) for i in range(pieces)], "DRAM"),
+            agent.get_xfer_descs([(i * piece, piece, fd) for i in range(pieces)], "FILE"),
+            "posix-dereg",
+        )
+        assert agent.transfer(handle) == "PROC"
+        agent.deregister_memory(agent.get_reg_descs([(mem.ctypes.data, size, 0, "")], "DRAM"))
+        assert agent.check_xfer_state(handle) == "DONE"
+        assert (mem == 6).all()
+        # And it cannot be posted again into the memory handed back.
+        assert agent.transfer(handle) == "ERR" and isinstance(handle.error, nixlNotFoundError)
+        agent.release_xfer_handle(handle)
+    finally:
+        agent._close()
+        os.close(fd)
