@@ -350,7 +350,7 @@ def build(cls, descs, mem=None):
         return cls(mem_type(mem), [])
     if isinstance(descs[0], tuple):
         if mem is None:
-            raise InvalidArgumentError("a list of descriptor tuples needs a memory type (\"DRAM\" or \"VRAM\")")
+            raise InvalidArgumentError("a list of descriptor tuples needs a memory type (\"DRAM\", \"VRAM\" or \"FILE\")")
         return cls(mem_type(mem), descs)
     if _is_tensor(descs[0]):
         kind, rows = _from_tensors(descs, width)
