@@ -196,8 +196,10 @@ def test_bad_input_gets_a_clear_error(pair, caplog):
     with pytest.raises(kvring.InvalidArgumentError, match="unknown memory type 'HBM'") as unknown:
         initiator.get_xfer_descs(local, "HBM")
     assert isinstance(unknown.value, KeyError)
-    with pytest.raises(kvring.UnsupportedError, match="not storage"):
-        initiator.register_memory([(ours.ctypes.data, 16, 0, "")], "FILE")
+    with pytest.raises(kvring.UnsupportedError, match="not block devices or objects"):
+        initiator.register_memory([(ours.ctypes.data, 16, 0, "")], "OBJ")
+    with pytest.raises(nixlNotFoundError, match=r'create_backend\("POSIX"\) first'):
+        initiator.register_memory([(0, 16, 0, "")], "FILE")  # files move with POSIX only (NIXL's error too)
     # Shapes NIXL does not take: get_*_descs give None with the reason
     # logged, as NIXL's; the calls that use descriptors raise the reason.
     caplog.set_level(logging.ERROR, logger="kvring.nixl")
@@ -301,10 +303,10 @@ def test_backends_kvring_does_not_stand_in_for_are_refused_at_construction():
     with pytest.raises(kvring.UnsupportedError, match="stands in for UCX, UCX_MO, Mooncake"):
         nixl_agent("b", nixl_agent_config(backends=["LIBFABRIC"]))
     agent = nixl_agent("c", nixl_agent_config(backends=["UCX_MO"]))
-    assert agent.get_plugin_list() == ["UCX", "UCX_MO", "Mooncake"]
+    assert agent.get_plugin_list() == ["UCX", "UCX_MO", "Mooncake", "POSIX"]
     assert agent.get_backend_mem_types("UCX_MO") == ["DRAM", "VRAM"]
     with pytest.raises(kvring.UnsupportedError) as refused:
-        agent.create_backend("POSIX")
+        agent.create_backend("GDS_MT")
     assert isinstance(refused.value, nixlNotFoundError)  # what NIXL raises for a plugin it lacks
     agent._close()
 

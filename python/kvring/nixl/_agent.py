@@ -36,8 +36,8 @@ import weakref
 
 from .. import _native
 from ..errors import BusyError, InvalidArgumentError, KvringError, UnauthorizedError, UnknownSegmentError, UnsupportedError
-from . import _backends, _bindings, _descs, _listener
-from ._errors import UnknownKeyError, nixlNoTelemetryError
+from . import _backends, _bindings, _descs, _listener, _posix
+from ._errors import UnknownKeyError, nixlBackendError, nixlNoTelemetryError, nixlNotFoundError, nixlNotSupportedError
 from ._handles import nixl_prepped_dlist_handle, nixl_xfer_handle, nixlXferTelemetry
 
 log = logging.getLogger("kvring.nixl")
@@ -215,7 +215,7 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         if not isinstance(agent_name, str) or not agent_name:
             raise InvalidArgumentError(f"an agent's name is a non-empty str, got {agent_name!r}")
         conf = nixl_conf or nixl_agent_config()
-        names = list(_backends.STANDS_IN_FOR) if instantiate_all and nixl_conf is None else list(conf.backends)
+        names = list(_backends.PLUGINS) if instantiate_all and nixl_conf is None else list(conf.backends)
         for name in names:
             _backends.check(name)  # at construction, never at the first transfer
         token = _token(token)
@@ -265,7 +265,8 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
                 agent_name,
                 self._engine.control_addr,
             )
-        self.plugin_list = list(_backends.STANDS_IN_FOR)
+        self.plugin_list = list(_backends.PLUGINS)
+        self._posix = None  # the POSIX backend, once created
         self.backends = {}
         self.backend_mems = {}
         self.backend_options = {}
@@ -275,6 +276,7 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         self._unread = {}  # notifications taken from the engine, not yet handed out
         self._remotes = {}  # agent name -> the address its segment is opened by
         self._regions = {}  # (addr, len) -> region id
+        self._gpu_ranges = set()  # the (addr, len) of _regions that are GPU memory
         self._pending = weakref.WeakSet()  # posted handles whose notification waits for DONE
         self._fetches = {}  # agent name -> "ip:port" still to fetch from
         self._sends = set()  # "ip:port" still to send our metadata to
@@ -289,12 +291,14 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         return list(self.plugin_list)
 
     def get_plugin_mem_types(self, backend):
-        """Memory types a backend moves ("DRAM", "VRAM"); [] for others."""
-        return list(_backends.MEM_TYPES) if backend in self.plugin_list else []
+        """Memory types a backend moves ("DRAM", "VRAM"; POSIX's "DRAM",
+        "FILE"); [] for others."""
+        return _backends.plugin_mem_types(backend) if backend in self.plugin_list else []
 
     def get_plugin_params(self, backend):
-        """A backend's parameters: kvring's take none."""
-        return {}
+        """A backend's parameters and defaults: POSIX's are NIXL's; the
+        others take none."""
+        return _backends.plugin_params(backend)
 
     def get_backend_mem_types(self, backend):
         """Memory types of a created backend; [] for others."""
@@ -307,9 +311,17 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
     def create_backend(self, backend, initParams=None):  # noqa: N803  (NIXL's name)
         """Adds a backend kvring stands in for; raises for any other."""
         _backends.check(backend)
+        if backend == _posix.NAME and self._posix is None:
+            self._posix = _posix.Backend(self.name, initParams)
         self.backends[backend] = len(self.backends)
-        self.backend_mems[backend] = list(_backends.MEM_TYPES)
+        self.backend_mems[backend] = _backends.backend_mem_types(backend)
         self.backend_options[backend] = dict(initParams or {})
+
+    def _posix_backend(self, why):
+        """The POSIX backend, or NIXL's error for a FILE list without one."""
+        if self._posix is None:
+            raise nixlNotFoundError(f"{why}: no backend of agent {self.name!r} moves FILE memory (create_backend(\"POSIX\") first)")
+        return self._posix
 
     def _backend(self, backends):
         """The backend a transfer is said to use: the first asked for, else
@@ -352,6 +364,9 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         "VRAM" descriptors register as GPU ``dev_id``'s memory (checked);
         on any failure what this call registered is unregistered again."""
         descs = _descs.build(_descs.nixlRegDList, reg_list, mem_type)
+        if descs.getType() == "FILE":
+            self._posix_backend("register_memory").register(descs)
+            return descs
         self._backend(backends)
         done = []
         try:
@@ -361,6 +376,10 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
                 if (addr, length) not in self._regions:
                     done.append((addr, length))
                 self._regions[(addr, length)] = region
+                if location == "host":
+                    self._gpu_ranges.discard((addr, length))
+                else:
+                    self._gpu_ranges.add((addr, length))
         except KvringError:
             for key in done:
                 self._native.unregister(self._regions.pop(key))
@@ -370,11 +389,57 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
     def deregister_memory(self, dereg_list, backends=()):
         """Unregisters what ``register_memory`` registered."""
         descs = _descs.build(_descs.nixlRegDList, dereg_list)
+        if descs.getType() == "FILE":
+            self._posix_backend("deregister_memory").deregister(descs)
+            return
+        if self._posix is not None:
+            self._posix_deregister(descs)
+            return
         for addr, length, _dev, _meta in descs:
             region = self._regions.pop((addr, length), None)
+            self._gpu_ranges.discard((addr, length))
             if region is None:
                 raise InvalidArgumentError(f"({addr:#x}, {length}) is not registered with agent {self.name!r}")
             self._native.unregister(region)
+
+    def _posix_deregister(self, descs):
+        """Unregisters DRAM with the POSIX backend present: the ranges leave
+        ``_regions`` under the backend's lock (a posting checks them under
+        it), then the postings already in flight are waited for (bounded),
+        so no file read lands in memory unregistered under it."""
+        keys = list(dict.fromkeys((addr, length) for addr, length, _dev, _meta in descs))
+        for addr, length in keys:
+            if (addr, length) not in self._regions:
+                raise InvalidArgumentError(f"({addr:#x}, {length}) is not registered with agent {self.name!r}")
+        with self._posix.lock:
+            regions = [self._regions.pop(key) for key in keys]
+            self._gpu_ranges.difference_update(keys)
+        try:
+            self._posix.drain(self._timeout)
+        except BusyError:
+            self._regions.update(zip(keys, regions))
+            raise
+        for region in regions:
+            self._native.unregister(region)
+
+    def _host_ranges(self):
+        """The (addr, len) of host memory registered here: what a POSIX
+        transfer may read into or write from."""
+        return [key for key in self._regions if key not in self._gpu_ranges]
+
+    def query_memory(self, reg_list, backend, mem_type=None):
+        """Per descriptor, what ``backend`` knows of it (NIXL's
+        ``queryMem``): POSIX reads each meta as a file path, an info dict
+        ({"size", "mode", "mtime"}, strings) or None where no file is.
+        A backend not created here raises ``InvalidArgumentError`` (a
+        ``ValueError``, as NIXL's); one that answers no queries (UCX)
+        ``nixlNotSupportedError``."""
+        descs = _descs.build(_descs.nixlRegDList, reg_list, mem_type)
+        if backend not in self.backends:
+            raise InvalidArgumentError(f"backend {backend!r} was not created on agent {self.name!r} (it has {list(self.backends)})")
+        if backend != _posix.NAME:
+            raise nixlNotSupportedError(f"backend {backend!r} answers no memory queries (NIXL's neither): POSIX does")
+        return self._posix.query(descs)
 
     # Peers and metadata ------------------------------------------------
 
@@ -517,13 +582,19 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         descs = _descs.build(_descs.nixlXferDList, xfer_list, mem_type)
         self._backend(backends)
         agent_name = _agent_name(agent_name)
+        if descs.getType() == "FILE":
+            self._posix_backend("prep_xfer_dlist")
+            if agent_name not in (NIXL_INIT_AGENT, "", None, self.name):
+                raise nixlNotFoundError(f"FILE descriptors are this agent's ({self.name!r}) own files, not agent {agent_name!r}'s")
+            init = agent_name in (NIXL_INIT_AGENT, "", None)
+            return nixl_prepped_dlist_handle(None, None if init else agent_name, "FILE", descs)
         addrs, lengths = descs.addrs(), descs.lengths()
         gpu = descs.getType() == "VRAM"
         if agent_name in (NIXL_INIT_AGENT, "", None):
             prepared = _native.prepare(self._native, None, addrs, lengths, gpu, self._timeout)
-            return nixl_prepped_dlist_handle(prepared, None, descs.getType())
+            return nixl_prepped_dlist_handle(prepared, None, descs.getType(), descs)
         prepared = _native.prepare(self._native, self._addr(agent_name), addrs, lengths, gpu, self._timeout)
-        return nixl_prepped_dlist_handle(prepared, agent_name, descs.getType())
+        return nixl_prepped_dlist_handle(prepared, agent_name, descs.getType(), descs)
 
     def make_prepped_xfer(
         self,
@@ -546,10 +617,37 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
             raise InvalidArgumentError(f"the local side was prepared for agent {local_xfer_side.agent!r}, not NIXL_INIT_AGENT")
         if remote_xfer_side.agent is None:
             raise InvalidArgumentError("the remote side was prepared as NIXL_INIT_AGENT: prepare it for the remote agent's name")
+        if "FILE" in (local_xfer_side.mem_type, remote_xfer_side.mem_type):
+            return self._posix_xfer(op, local_xfer_side, local_indices, remote_xfer_side, remote_indices, notif_msg, backends)
         xfer = _native.make_xfer(
             op, local_xfer_side.prepared(), _indices(local_indices), remote_xfer_side.prepared(), _indices(remote_indices)
         )
         return nixl_xfer_handle(xfer, remote_xfer_side.agent, operation, self._backend(backends), _message(notif_msg))
+
+    def _posix_xfer(self, op, local_side, local_indices, remote_side, remote_indices, notif_msg, backends):
+        """A POSIX transfer between this agent's memory (DRAM) and its files
+        (FILE), from two prepped lists (``_posix.Backend.request`` checks
+        the rest)."""
+        posix = self._posix_backend("a FILE transfer")
+        if local_side.mem_type != "DRAM" or remote_side.mem_type != "FILE":
+            raise InvalidArgumentError(
+                f"a POSIX transfer is local DRAM to or from remote FILE, got {local_side.mem_type} and {remote_side.mem_type}"
+            )
+        if backends and _posix.NAME not in backends:
+            raise InvalidArgumentError(f"FILE memory moves with the POSIX backend, not {list(backends)}")
+        sides = []
+        for name, side, indices in (("local", local_side, local_indices), ("remote", remote_side, remote_indices)):
+            rows, count = side.descs, len(side.descs)
+            picked = []
+            for index in _indices(indices):
+                if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+                    raise InvalidArgumentError(f"{name} index {index!r} is past its list of {count}")
+                picked.append(rows[index][:3])
+            sides.append(picked)
+        local_side.prepared(), remote_side.prepared()  # each raises if released
+        operation = "READ" if op == "read" else "WRITE"
+        request = posix.request(operation, sides[0], sides[1], remote_side.agent, _message(notif_msg), self._host_ranges())
+        return nixl_xfer_handle(request, remote_side.agent, op, _posix.NAME, b"")
 
     def initialize_xfer(self, operation, local_descs, remote_descs, remote_agent, notif_msg=b"", backends=()):
         """A transfer between two transfer lists, paired one to one."""
@@ -561,6 +659,17 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
                 f"{len(local)} local descriptors and {len(remote)} remote ones: a transfer pairs them one to one"
             )
         every = list(range(len(local)))
+        if "FILE" in (local.getType(), remote.getType()):
+            self._backend(backends)
+            return self._posix_xfer(
+                _op(operation),
+                nixl_prepped_dlist_handle(None, None, local.getType(), local),
+                every,
+                nixl_prepped_dlist_handle(None, _agent_name(remote_agent), remote.getType(), remote),
+                every,
+                notif_msg,
+                backends,
+            )
         return self.make_prepped_xfer(
             operation,
             self.prep_xfer_dlist(NIXL_INIT_AGENT, local, backends=backends),
@@ -579,6 +688,8 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         xfer = handle._xfer if not handle._released else handle.xfer()  # xfer() raises for a released one
         if handle.batch is not None:
             raise BusyError(f"{handle!r} is still in progress: wait for DONE before posting it again")
+        if isinstance(xfer, _posix.Request):
+            return self._posix_post(handle, xfer, notif_msg)
         if notif_msg:
             handle.notif = _message(notif_msg)
         clock = time.perf_counter_ns
@@ -595,8 +706,27 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
             self._pending.add(handle)
         return "PROC"
 
+    def _posix_post(self, handle, request, notif_msg):
+        """Posts a POSIX transfer: "PROC", or "ERR" if its memory or file
+        range was deregistered since the request was made."""
+        if notif_msg:
+            raise nixlBackendError("the POSIX backend has no notifications (NIXL's neither): pass no notif_msg")
+        started = time.perf_counter_ns()
+        try:
+            handle.batch = self._posix.post(request, self._host_ranges)
+        except KvringError as error:
+            handle.done, handle.error = False, error
+            log.error("POSIX transfer: %s", error)
+            return "ERR"
+        handle.posted_ns, handle.post_ns = started, time.perf_counter_ns() - started
+        handle.done, handle.error = False, None
+        return "PROC"
+
     def check_xfer_state(self, handle):
         """"DONE", "PROC" or "ERR" (the reason as ``handle.error``)."""
+        if isinstance(handle._xfer, _posix.Request):
+            handle.xfer()  # raises for a released handle
+            return _posix.state(handle)
         batch = handle.batch
         if batch is not None and not handle._released:  # the polling loop's path: one native call
             try:
@@ -670,7 +800,10 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         handle.xfer()
         if handle.batch is not None:
             try:
-                self._native.wait(handle.batch, self._timeout)
+                if isinstance(handle._xfer, _posix.Request):
+                    _posix.wait(handle, self._timeout)
+                else:
+                    self._native.wait(handle.batch, self._timeout)
             except KvringError as error:
                 log.warning("release_xfer_handle: its last posting ended: %s", error)
             handle.batch = None
@@ -798,6 +931,8 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
             return
         self._closed = True
         _live.discard(self)
+        if self._posix is not None:
+            self._posix.close()
         try:
             self._engine.close()
         except KvringError as error:

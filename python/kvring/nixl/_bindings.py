@@ -159,9 +159,10 @@ class nixlAgent:  # noqa: N801  (NIXL's name)
         return self._api().get_plugin_list()
 
     def getPluginParams(self, backend):  # noqa: N802  (NIXL's name)
-        """(parameters, memory types) of a backend kvring stands in for."""
+        """(parameters with their defaults, memory types) of a backend kvring
+        stands in for or implements (POSIX: NIXL's, and DRAM, FILE)."""
         _backends.check(backend)
-        return {}, list(_backends.MEM_TYPES)
+        return _backends.plugin_params(backend), _backends.plugin_mem_types(backend)
 
     def createBackend(self, backend, init_params=None):  # noqa: N802  (NIXL's name)
         """Creates a backend kvring stands in for; its handle (an int)."""
@@ -176,6 +177,14 @@ class nixlAgent:  # noqa: N801  (NIXL's name)
         if name is None:
             raise nixlNotFoundError(f"backend handle {handle!r} was not created here")
         return self._api().get_backend_params(name), self._api().get_backend_mem_types(name)
+
+    def queryMem(self, descs, backend):  # noqa: N802  (NIXL's name)
+        """Per descriptor of a registration list, what a created backend
+        knows of it: POSIX, a file's info dict or None where none is."""
+        name = self._backends.get(backend)
+        if name is None:
+            raise nixlNotFoundError(f"backend handle {backend!r} was not created here")
+        return self._api().query_memory(descs, name)
 
     def _names(self, backends):
         return [self._backends[h] for h in backends or () if h in self._backends]

@@ -2,8 +2,9 @@
 
 A registration list (``nixlRegDList``) holds ``(addr, len, dev_id, meta)``
 tuples; a transfer list (``nixlXferDList``) ``(addr, len, dev_id)``. Both
-carry a memory type: "DRAM" (host memory; also "cpu") or "VRAM" (GPU
-memory; also "cuda"). What becomes a list, as in NIXL's ``_api.py``:
+carry a memory type: "DRAM" (host memory; also "cpu"), "VRAM" (GPU
+memory; also "cuda") or "FILE" (file bytes, for the POSIX backend:
+``(offset, len, fd[, path])``). What becomes a list, as in NIXL's ``_api.py``:
 
 - a list of tuples, with a memory type;
 - an N x 3 numpy array of (addr, len, dev_id) rows, with a memory type;
@@ -13,8 +14,7 @@ memory; also "cuda"). What becomes a list, as in NIXL's ``_api.py``:
   without importing torch;
 - a list already made, passed along.
 
-Anything else, a memory type kvring does not move ("FILE", "BLOCK",
-"OBJ") or an unknown one raises ``InvalidArgumentError`` saying why; NIXL
+Anything else, a memory type kvring does not move ("BLOCK", "OBJ") or an unknown one raises ``InvalidArgumentError`` saying why; NIXL
 prints and returns None there, which fails later and further away.
 
 A list keeps its rows as one (N, 3) ``uint64`` numpy array (and, for a
@@ -41,23 +41,26 @@ from ..errors import InvalidArgumentError, UnsupportedError
 from ._errors import UnknownKeyError
 
 # NIXL's names for memory kinds -> kvring's: "DRAM" host, "VRAM" GPU.
-_MEM_TYPES = {"DRAM": "DRAM", "cpu": "DRAM", "VRAM": "VRAM", "cuda": "VRAM"}
-# NIXL's storage kinds: kvring moves memory, not files or objects.
-_STORAGE = ("FILE", "BLOCK", "OBJ")
+_MEM_TYPES = {"DRAM": "DRAM", "cpu": "DRAM", "VRAM": "VRAM", "cuda": "VRAM", "FILE": "FILE"}
+# NIXL's storage kinds kvring does not move (files it does: POSIX).
+_STORAGE = ("BLOCK", "BLK", "OBJ")
+# serialize's memory type byte.
+_MEM_CODES = {"DRAM": 0, "VRAM": 1, "FILE": 2}
+_MEM_NAMES = {code: name for name, code in _MEM_CODES.items()}
 
 _MAGIC = b"KVRNXDL1"
-_HEADER = struct.Struct("<8sBBI")  # magic, kind (0 reg, 1 xfer), 0 DRAM / 1 VRAM, count
+_HEADER = struct.Struct("<8sBBI")  # magic, kind (0 reg, 1 xfer), memory type (_MEM_CODES), count
 _ENTRY = struct.Struct("<QQQI")  # addr, len, dev_id, meta length
 _MAX_SERIALIZED_DESCS = 1 << 24
 
 
 def mem_type(name):
-    """NIXL's memory type name -> "DRAM" or "VRAM", or a clear error."""
+    """NIXL's memory type name -> "DRAM", "VRAM" or "FILE", or a clear error."""
     if name in _MEM_TYPES:
         return _MEM_TYPES[name]
     if name in _STORAGE:
-        raise UnsupportedError(f"memory type {name!r}: kvring moves host (DRAM) and GPU (VRAM) memory, not storage")
-    raise UnknownKeyError(f"unknown memory type {name!r}: use \"DRAM\" (or \"cpu\") or \"VRAM\" (or \"cuda\")")
+        raise UnsupportedError(f"memory type {name!r}: kvring moves host (DRAM) and GPU (VRAM) memory and files (FILE), not block devices or objects")
+    raise UnknownKeyError(f"unknown memory type {name!r}: use \"DRAM\" (or \"cpu\"), \"VRAM\" (or \"cuda\") or \"FILE\"")
 
 
 class _DList:
@@ -73,7 +76,7 @@ class _DList:
     _width = 3
 
     def __init__(self, mem, descs=()):
-        self._mem = mem_type(mem) if mem not in ("DRAM", "VRAM") else mem
+        self._mem = mem_type(mem) if mem not in ("DRAM", "VRAM", "FILE") else mem
         self._rows, self._metas = _pack(descs, self._width)
 
     @classmethod
@@ -86,7 +89,7 @@ class _DList:
         return dlist
 
     def getType(self):
-        """The memory type: "DRAM" or "VRAM"."""
+        """The memory type: "DRAM", "VRAM" or "FILE"."""
         return self._mem
 
     mem_type = property(getType)
@@ -347,7 +350,7 @@ def build(cls, descs, mem=None):
         return cls(mem_type(mem), [])
     if isinstance(descs[0], tuple):
         if mem is None:
-            raise InvalidArgumentError("a list of descriptor tuples needs a memory type (\"DRAM\" or \"VRAM\")")
+            raise InvalidArgumentError("a list of descriptor tuples needs a memory type (\"DRAM\", \"VRAM\" or \"FILE\")")
         return cls(mem_type(mem), descs)
     if _is_tensor(descs[0]):
         kind, rows = _from_tensors(descs, width)
@@ -366,7 +369,7 @@ def serialize(dlist):
     if not isinstance(dlist, _DList):
         raise InvalidArgumentError(f"only descriptor lists serialize, got {type(dlist).__name__}")
     reg = isinstance(dlist, nixlRegDList)
-    header = _HEADER.pack(_MAGIC, 0 if reg else 1, 1 if dlist.getType() == "VRAM" else 0, len(dlist))
+    header = _HEADER.pack(_MAGIC, 0 if reg else 1, _MEM_CODES[dlist.getType()], len(dlist))
     metas = [m.encode() if isinstance(m, str) else m for m in dlist._metas] if reg else None
     if not metas or not any(metas):
         entries = np.zeros(len(dlist), dtype=_ENTRY_DTYPE)
@@ -385,9 +388,9 @@ def deserialize(data):
         magic, kind, vram, count = _HEADER.unpack_from(data, 0)
     except (TypeError, struct.error):
         raise InvalidArgumentError("not serialized descriptors (too short, or not bytes)") from None
-    if magic != _MAGIC or kind > 1 or vram > 1 or count > _MAX_SERIALIZED_DESCS:
+    if magic != _MAGIC or kind > 1 or vram not in _MEM_NAMES or count > _MAX_SERIALIZED_DESCS:
         raise InvalidArgumentError("not descriptors serialized by kvring.nixl (bad header)")
-    cls, mem = (nixlRegDList if kind == 0 else nixlXferDList), ("VRAM" if vram else "DRAM")
+    cls, mem = (nixlRegDList if kind == 0 else nixlXferDList), _MEM_NAMES[vram]
     if len(data) == _HEADER.size + count * _ENTRY.size:
         entries = np.frombuffer(data, dtype=_ENTRY_DTYPE, count=count, offset=_HEADER.size)
         if not entries["meta_len"].any():  # every meta empty: one array

@@ -12,16 +12,17 @@ class nixl_prepped_dlist_handle:  # noqa: N801  (NIXL's name)
     """A descriptor list located once: this agent's memory (``agent`` is
     None) or a remote agent's."""
 
-    __slots__ = ("_prepared", "agent", "mem_type", "_released")
+    __slots__ = ("_prepared", "agent", "mem_type", "descs", "_released")
 
-    def __init__(self, prepared, agent, mem_type):
+    def __init__(self, prepared, agent, mem_type, descs=None):
         self._prepared = prepared
         self.agent = agent
         self.mem_type = mem_type
+        self.descs = descs  # the list it was prepared from (POSIX transfers read its rows)
         self._released = False
 
     def __len__(self):
-        return len(self._prepared)
+        return len(self._prepared if self._prepared is not None else self.descs)
 
     def __repr__(self):
         side = "local" if self.agent is None else f"agent {self.agent!r}"

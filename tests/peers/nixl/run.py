@@ -27,12 +27,8 @@ TEST_LIMIT_S = 120
 
 # Tests left out of both runs, each with why. Only tests that reach into
 # NIXL's C++ internals or need hardware this machine lacks belong here.
-EXCLUDED = {
-    "test_nixl_bindings.py::test_query_mem": (
-        "NIXL's C++ agent's queryMem on a POSIX storage backend with files (FILE_SEG): a storage plugin "
-        "through NIXL's internals; kvring moves memory between engines, not to files"
-    ),
-}
+# None now: test_query_mem runs on kvring.nixl's POSIX backend.
+EXCLUDED = {}
 # Tests the upstream files skip themselves, with their own reasons (shown,
 # not counted): hardware, or NIXL's CI.
 SELF_SKIPPED_NOTE = (
