@@ -102,6 +102,8 @@ def test_a_release_whose_cancel_cannot_settle_is_a_timeout_and_keeps_the_handle(
         os.kill(peer.proc.pid, signal.SIGCONT)
     agent._timeout = 10.0
     agent.release_xfer_handle(handle)
-    assert isinstance(handle.error, kvring.CancelledError), handle.error
+    # A READ's requests are small: all may have left before the cancel,
+    # and then it ends done (nothing withdrawn), its replies landed.
+    assert handle.error is None or isinstance(handle.error, kvring.CancelledError), handle.error
     _nothing_lands_after(agent, local, registered, handle)
     agent._close()
