@@ -17,6 +17,8 @@ const BLOCK: u64 = 16 << 10;
 const LEN: usize = (BLOCKS * BLOCK) as usize;
 const WAIT: Duration = Duration::from_secs(30);
 const DEFAULT_ROUNDS: usize = 30;
+/// How far into the batch the cancel comes.
+const INTO: Duration = Duration::from_millis(2);
 
 fn engine(name: &str) -> Engine {
     Engine::builder().name(name).arena_descs(BLOCKS as usize).build().expect("engine starts")
@@ -40,7 +42,7 @@ fn measure(what: &str, initiator: &Engine, segment: &Segment, local: RegionId, r
         (0..BLOCKS).map(|i| BlockDesc::new(local, i * BLOCK, remote, i * BLOCK, BLOCK)).collect();
     let batch = Batch::write(segment).descs(&descs);
     let mut sub = initiator.submitter().expect("submitter");
-    let (mut whole, mut cancel, mut cancelled) = (Vec::new(), Vec::new(), 0);
+    let (mut whole, mut cancel, mut cancelled, mut early) = (Vec::new(), Vec::new(), 0, 0);
     for _ in 0..rounds {
         let started = Instant::now();
         let id = sub.submit(&batch).expect("submit");
@@ -48,6 +50,11 @@ fn measure(what: &str, initiator: &Engine, segment: &Segment, local: RegionId, r
         whole.push(started.elapsed());
 
         let id = sub.submit(&batch).expect("submit");
+        // Cancelled in flight, INTO the batch (not before a lane took it).
+        if sub.wait(id, INTO).is_ok() {
+            early += 1; // ended before the cancel: nothing to time
+            continue;
+        }
         let started = Instant::now();
         sub.cancel(id).expect("cancel");
         match sub.wait(id, WAIT).expect("wait") {
@@ -57,13 +64,18 @@ fn measure(what: &str, initiator: &Engine, segment: &Segment, local: RegionId, r
         }
         cancel.push(started.elapsed());
     }
+    if cancel.is_empty() {
+        println!("cancel/{what}: every batch ended within {INTO:?}, before its cancel: nothing timed");
+        return;
+    }
     let (w50, w99) = (percentile(&mut whole, 0.5), percentile(&mut whole, 0.99));
     let (c50, c99) = (percentile(&mut cancel, 0.5), percentile(&mut cancel, 0.99));
     println!(
         "cancel/{what}: {BLOCKS} x {} KiB: uncancelled p50 {w50:.0} us p99 {w99:.0} us; \
-         cancel-to-end p50 {c50:.0} us p99 {c99:.0} us ({:.3}x of uncancelled p50); {cancelled}/{rounds} ended Cancelled",
+         cancel-to-end p50 {c50:.0} us p99 {c99:.0} us ({:.3}x of uncancelled p50); {cancelled}/{} ended Cancelled ({early} ended before the cancel, untimed)",
         BLOCK >> 10,
         c50 / w50,
+        cancel.len(),
     );
 }
 
