@@ -35,7 +35,17 @@ import time
 import weakref
 
 from .. import _native
-from ..errors import BusyError, InvalidArgumentError, KvringError, UnauthorizedError, UnknownSegmentError, UnsupportedError
+from ..errors import (
+    BusyError,
+    CancelledError,
+    InvalidArgumentError,
+    KvringError,
+    StaleBatchError,
+    TransferTimeoutError,
+    UnauthorizedError,
+    UnknownSegmentError,
+    UnsupportedError,
+)
 from . import _backends, _bindings, _descs, _listener, _posix
 from ._errors import UnknownKeyError, nixlBackendError, nixlNoTelemetryError, nixlNotFoundError, nixlNotSupportedError
 from ._handles import nixl_prepped_dlist_handle, nixl_xfer_handle, nixlXferTelemetry
@@ -396,11 +406,14 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
             self._posix_deregister(descs)
             return
         for addr, length, _dev, _meta in descs:
-            region = self._regions.pop((addr, length), None)
-            self._gpu_ranges.discard((addr, length))
+            region = self._regions.get((addr, length))
             if region is None:
                 raise InvalidArgumentError(f"({addr:#x}, {length}) is not registered with agent {self.name!r}")
+            # Forgotten only once unregistered: one still in use by a
+            # transfer (RegionBusyError) stays, to be deregistered later.
             self._native.unregister(region)
+            del self._regions[(addr, length)]
+            self._gpu_ranges.discard((addr, length))
 
     def _posix_deregister(self, descs):
         """Unregisters DRAM with the POSIX backend present: the ranges leave
@@ -795,20 +808,57 @@ class nixl_agent:  # noqa: N801  (NIXL's name)
         return handle.backend
 
     def release_xfer_handle(self, handle):
-        """Releases a transfer handle; one in progress is waited for first
-        (bounded), since a posted batch is never abandoned mid-copy."""
+        """Releases a transfer handle. One still in progress is cancelled,
+        as NIXL documents for releasing an in-flight handle: the blocks not
+        yet posted are withdrawn, and the call returns only once what was
+        already on its way has drained, so that no write of the transfer
+        lands (and no read of it reaches the source) after it returns; the
+        handle's memory may then be reused. That drain is bounded by the
+        agent's timeout (``_TIMEOUT_S``, 30 s): past it,
+        ``TransferTimeoutError`` is raised and the handle is kept, in
+        flight and cancelled (its memory not yet safe to reuse), so the
+        call may be made again."""
         handle.xfer()
         if handle.batch is not None:
-            try:
-                if isinstance(handle._xfer, _posix.Request):
+            if isinstance(handle._xfer, _posix.Request):
+                # A file read or write in progress cannot be withdrawn: it
+                # is waited for (bounded), as NIXL's POSIX backend does.
+                try:
                     _posix.wait(handle, self._timeout)
-                else:
-                    self._native.wait(handle.batch, self._timeout)
-            except KvringError as error:
-                log.warning("release_xfer_handle: its last posting ended: %s", error)
-            handle.batch = None
+                except KvringError as error:
+                    log.warning("release_xfer_handle: its last posting ended: %s", error)
+                handle.batch = None
+            else:
+                self._cancel(handle)
         self._pending.discard(handle)
         handle.release()
+
+    def _cancel(self, handle):
+        """Cancels ``handle``'s posting and waits for it to settle: it ends
+        cancelled, or done or failed if it ended first (kept, as
+        ``handle.error``, and logged)."""
+        batch = handle.batch
+        try:
+            self._native.cancel(batch)
+        except StaleBatchError:
+            pass  # its result was consumed already: nothing to cancel
+        try:
+            self._native.wait(batch, self._timeout)
+            handle.done, handle.error = True, None  # it ended before the cancel reached it
+        except TransferTimeoutError as error:
+            log.error("release_xfer_handle: %r did not settle within %.1f s of its cancel", handle, self._timeout)
+            raise TransferTimeoutError(
+                f"{handle!r} was cancelled but what it had posted did not drain within {self._timeout} s; "
+                "its memory may still be written: release it again before reusing that memory"
+            ) from error
+        except CancelledError as error:
+            handle.done, handle.error = False, error
+        except StaleBatchError:
+            pass  # consumed by an earlier wait: it had ended
+        except KvringError as error:
+            handle.done, handle.error = False, error
+            log.warning("release_xfer_handle: its last posting ended: %s", error)
+        handle.batch = None
 
     def release_dlist_handle(self, handle):
         """Releases a prepped descriptor list handle."""

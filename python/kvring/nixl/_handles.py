@@ -73,7 +73,8 @@ class nixl_xfer_handle:  # noqa: N801  (NIXL's name)
         return self._xfer
 
     def release(self):
-        """Marks it released (the agent waits for a posting in progress)."""
+        """Marks it released (the agent first cancels a posting in progress
+        and waits for it to settle)."""
         self._released = True
 
 
