@@ -93,7 +93,14 @@ fn bench_cold_runs_and_reports_each_transport() {
     let lines = common::bench_json(
         &["--cold", "--cold-pairs", "2"],
         2,
-        &["\"case\":\"cold\"", "first_p50_us", "first_p99_us", "open_many_p50_us", "one_open_p50_us", "open_many_ratio"],
+        &[
+            "\"case\":\"cold\"",
+            "first_p50_us",
+            "first_p99_us",
+            "open_many_p50_us",
+            "one_open_p50_us",
+            "open_many_ratio",
+        ],
     );
     assert!(lines[0].contains("\"transport\":\"tcp\"") && lines[1].contains("\"transport\":\"shm\""), "{lines:?}");
 }

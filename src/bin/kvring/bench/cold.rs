@@ -30,7 +30,14 @@ const TRANSPORTS: [TransportKind; 2] = [TransportKind::Tcp, TransportKind::Shm];
 /// A fresh engine on loopback, one unpinned lane (many live at once here).
 fn fresh(config: &kvring::config::Config, name: &str) -> Result<Engine, String> {
     let loopback = "127.0.0.1:0".parse().expect("a valid address");
-    config.builder().name(name).lanes(1).pin(false).listen(loopback).build().map_err(|e| format!("starting {name}: {e}"))
+    config
+        .builder()
+        .name(name)
+        .lanes(1)
+        .pin(false)
+        .listen(loopback)
+        .build()
+        .map_err(|e| format!("starting {name}: {e}"))
 }
 
 /// A fresh target with one region of `FIRST_BLOCK` bytes.
@@ -134,7 +141,10 @@ pub(super) fn cold(config: &kvring::config::Config, options: &Options) -> Result
     }
     if !options.json {
         println!("kvring bench --cold: {pairs} fresh pairs and {pairs} groups of {GROUP} per transport, in-process, loopback, interleaved");
-        println!("{:<6} {:>14} {:>14} {:>16} {:>16} {:>10}", "", "first p50 µs", "first p99 µs", "open_many8 p50", "one open p50", "ratio");
+        println!(
+            "{:<6} {:>14} {:>14} {:>16} {:>16} {:>10}",
+            "", "first p50 µs", "first p99 µs", "open_many8 p50", "one open p50", "ratio"
+        );
     }
     for (t, transport) in TRANSPORTS.iter().enumerate() {
         // The ratio per round (same targets, same moment), then its median.

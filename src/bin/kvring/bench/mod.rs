@@ -154,11 +154,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     // the bench's own flags override them (it takes no key flags).
     let config = crate::settings::load(args.config.as_deref(), &[])?;
     let mut options = parse(args, &config)?;
-    if options.token_overhead {
-        return overhead::token_overhead(&config, &options);
-    }
-    if options.cold {
-        return cold::cold(&config, &options);
+    if options.cold || options.token_overhead {
+        return if options.cold { cold::cold(&config, &options) } else { overhead::token_overhead(&config, &options) };
     }
     let (target, caller_shares) = own_target(&config, &options)?;
     let peer = options.peer.clone().unwrap_or_else(|| target.as_ref().expect("spawned").addr.clone());
