@@ -248,6 +248,13 @@ class Engine:
         the transport used. Later calls naming it use it."""
         return self._native.open_segment(name, transport, timeout)
 
+    def open_segments(self, names, transport=None, timeout=5.0):
+        """Opens a TP group's peers in one call, their handshakes
+        concurrent, all within ``timeout``; returns, per name in order, the
+        transport used or the exception its open raised (returned, not
+        raised, so one dead rank does not hide the others)."""
+        return self._native.open_segments(list(names), transport, timeout)
+
     def segment_regions(self, name, timeout=5.0):
         """The peer's regions as (region id, address, length)."""
         return self._native.segment_regions(name, timeout)

@@ -20,6 +20,7 @@ mod lifecycle;
 mod metadata;
 mod metrics;
 mod notify;
+mod open_many;
 mod pins;
 mod reaper;
 mod region;

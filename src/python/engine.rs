@@ -305,6 +305,34 @@ impl PyEngine {
         })
     }
 
+    /// Opens a TP group's peers at once (their handshakes concurrent);
+    /// returns, per name in order, the transport chosen or the exception
+    /// its open raised (returned, not raised: the others still opened).
+    #[pyo3(signature = (names, transport=None, timeout=5.0))]
+    fn open_segments(
+        &self,
+        py: Python<'_>,
+        names: Vec<String>,
+        transport: Option<&str>,
+        timeout: f64,
+    ) -> PyResult<Vec<PyObject>> {
+        let (kind, timeout) = (super::transport(transport)?, seconds(timeout)?);
+        let opened: Vec<Result<&'static str, Error>> = self.with_open(py, |open| {
+            let results = open.engine.open_many(&names, kind, timeout);
+            let named = names.iter().zip(results).map(|(name, result)| {
+                let segment = result?;
+                open.transports.insert(name.clone(), kind);
+                Ok(segment.transport().name())
+            });
+            Ok(named.collect())
+        })?;
+        let objects = opened.into_iter().map(|result| match result {
+            Ok(name) => pyo3::types::PyString::new(py, name).into_any().unbind(),
+            Err(error) => raise(error).into_value(py).into_any(),
+        });
+        Ok(objects.collect())
+    }
+
     /// This engine's segment descriptor as bytes (protobuf), for peers that
     /// exchange metadata out of band (NIXL's agent metadata).
     fn descriptor<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {

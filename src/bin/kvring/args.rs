@@ -130,6 +130,12 @@ pub struct BenchArgs {
     /// Config file for this engine (default $KVRING_CONFIG, else ./kvring.toml when it exists).
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
+    /// Measure the cold path instead: fresh engine pairs' open_segment to first 4 KiB done (tcp, shm), and open_many of 8 against one open.
+    #[arg(long, conflicts_with_all = ["kv", "duration", "token_overhead", "report", "peer", "memory"])]
+    pub cold: bool,
+    /// Fresh pairs (and groups of 8) per transport, with --cold.
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    pub cold_pairs: usize,
 }
 
 /// `kvring bench --op`.

@@ -57,6 +57,7 @@
 pub(crate) mod owner;
 mod page;
 mod revoke;
+mod sockdiag;
 pub(crate) mod sys;
 #[cfg(test)]
 mod tests;

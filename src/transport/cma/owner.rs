@@ -8,8 +8,9 @@
 //! hand out another engine of this host as itself, and our writes would land
 //! in that third engine. So, while the control connection is still open, the
 //! initiator looks for its other end, a TCP socket of this host and network
-//! namespace (`/proc/net/tcp`, `/proc/net/tcp6`), among the descriptors of
-//! the claimed pid (`/proc/<pid>/fd`). Found: the claimed process answered.
+//! namespace (found by its 4-tuple over netlink's sock_diag, else in
+//! `/proc/net/tcp`, `/proc/net/tcp6`), among the descriptors of the claimed
+//! pid (`/proc/<pid>/fd`). Found: the claimed process answered.
 //! Not found (another process answered, a relay, another network namespace):
 //! the descriptor is taken as another host's, so shm and cma are never tried
 //! with it, and tcp (or rdma) carries the data.
@@ -53,10 +54,18 @@ pub(crate) fn bind_to_answering_process(
 /// connection from `ours` to `theirs` (both of this host and network
 /// namespace).
 pub(crate) fn socket_held_by(pid: u32, ours: SocketAddr, theirs: SocketAddr) -> bool {
-    let Some(inode) = socket_inode(theirs, ours) else { return false };
+    // The exact lookup first; the table walk when it finds nothing.
+    let found = super::sockdiag::socket_inode(theirs, ours).or_else(|| socket_inode(theirs, ours));
+    let Some(inode) = found else { return false };
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
     let want = format!("socket:[{inode}]");
-    fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == want.as_str()))
+    // Newest first: the socket that just answered is usually among the
+    // highest-numbered descriptors, and a serving process holds hundreds.
+    let mut fds: Vec<u32> = fds.flatten().filter_map(|fd| fd.file_name().to_str()?.parse().ok()).collect();
+    fds.sort_unstable_by(|a, b| b.cmp(a));
+    fds.iter().any(|fd| {
+        std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|link| link.as_os_str() == want.as_str())
+    })
 }
 
 /// The inode of this namespace's TCP socket bound to `local` and connected

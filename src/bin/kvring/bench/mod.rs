@@ -8,6 +8,7 @@
 //! the moved bytes by checksum on the target.
 
 mod case;
+mod cold;
 mod output;
 mod overhead;
 
@@ -62,6 +63,10 @@ struct Options {
     memory: Option<(kvring::MemoryKind, kvring::MemoryKind)>,
     /// The GPU provider flags.
     gpu: crate::args::GpuArgs,
+    /// Measure the cold path instead (`--cold`).
+    cold: bool,
+    /// Fresh pairs per transport, with `--cold`.
+    cold_pairs: usize,
 }
 
 impl Options {
@@ -120,6 +125,8 @@ fn parse(args: BenchArgs, config: &kvring::config::Config) -> Result<Options, St
         report: args.report,
         memory: args.memory,
         gpu: args.gpu,
+        cold: args.cold,
+        cold_pairs: args.cold_pairs,
     };
     if options.transport == TransportKind::Rdma {
         // Said in one line before anything starts: no library, or no device.
@@ -147,8 +154,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     // the bench's own flags override them (it takes no key flags).
     let config = crate::settings::load(args.config.as_deref(), &[])?;
     let mut options = parse(args, &config)?;
-    if options.token_overhead {
-        return overhead::token_overhead(&config, &options);
+    if options.cold || options.token_overhead {
+        return if options.cold { cold::cold(&config, &options) } else { overhead::token_overhead(&config, &options) };
     }
     let (target, caller_shares) = own_target(&config, &options)?;
     let peer = options.peer.clone().unwrap_or_else(|| target.as_ref().expect("spawned").addr.clone());

@@ -1,0 +1,180 @@
+//! `--cold`: the cold path, measured over many fresh engines in this
+//! process (one host, loopback).
+//!
+//! - Cold first transfer: for each of `--cold-pairs` fresh (target,
+//!   initiator) pairs, the time from the initiator's `open_segment` (the
+//!   handshake, the transport's connect, the lanes' attach) to its first
+//!   4 KiB WRITE completed; p50 and p99, over tcp and shm.
+//! - Group open: each round, 8 fresh targets, opened by one fresh initiator
+//!   with one `open_many` call and by another fresh initiator with 8
+//!   `open_segment` calls in turn (which goes first alternates by round).
+//!   The ratio is `open_many`'s time over the median single open of the
+//!   same round: the target is ≤ 2.
+//!
+//! Every measurement of a round runs in turn with the others, transports
+//! alternating, so a loaded host shifts all of them alike.
+
+use super::Options;
+use kvring::{Batch, BlockDesc, Engine, Outcome, RegionInfo, TransportKind};
+use std::time::{Duration, Instant};
+
+/// Bytes of the first transfer.
+const FIRST_BLOCK: usize = 4096;
+/// Peers of one group open (a TP-8 group).
+const GROUP: usize = 8;
+/// Deadline of every open and transfer of the bench.
+const COLD_DEADLINE: Duration = Duration::from_secs(10);
+/// The transports measured, in the order of their rows.
+const TRANSPORTS: [TransportKind; 2] = [TransportKind::Tcp, TransportKind::Shm];
+
+/// A fresh engine on loopback, one unpinned lane (many live at once here).
+fn fresh(config: &kvring::config::Config, name: &str) -> Result<Engine, String> {
+    let loopback = "127.0.0.1:0".parse().expect("a valid address");
+    config
+        .builder()
+        .name(name)
+        .lanes(1)
+        .pin(false)
+        .listen(loopback)
+        .build()
+        .map_err(|e| format!("starting {name}: {e}"))
+}
+
+/// A fresh target with one region of `FIRST_BLOCK` bytes.
+fn target(config: &kvring::config::Config, name: &str) -> Result<(Engine, kvring::Region), String> {
+    let engine = fresh(config, name)?;
+    let region = engine.alloc_region(FIRST_BLOCK, RegionInfo::raw()).map_err(|e| e.to_string())?;
+    Ok((engine, region))
+}
+
+/// One fresh pair: the time from `open_segment` to the first 4 KiB WRITE
+/// done, checked on the target.
+fn first_transfer(config: &kvring::config::Config, transport: TransportKind, seed: u64) -> Result<Duration, String> {
+    let (target, remote) = target(config, "cold-target")?;
+    let initiator = fresh(config, "cold-initiator")?;
+    let local = initiator.alloc_region(FIRST_BLOCK, RegionInfo::raw()).map_err(|e| e.to_string())?;
+    let expected: Vec<u8> = (0..FIRST_BLOCK).map(|i| (i as u64 ^ seed.wrapping_mul(0x9e37_79b9)) as u8).collect();
+    // SAFETY: no batch or peer touches this fresh region yet.
+    unsafe { local.write_at(0, &expected).map_err(|e| e.to_string())? };
+    // What an engine sets up once, before it knows its peers.
+    let mut sub = initiator.submitter().map_err(|e| e.to_string())?;
+    let addr = target.control_addr().to_string();
+    let start = Instant::now();
+    let segment = initiator
+        .open_segment_with(&addr, Some(transport), COLD_DEADLINE)
+        .map_err(|e| format!("opening {addr} over {}: {e}", transport.name()))?;
+    let desc = BlockDesc::new(local.id(), 0, remote.id(), 0, FIRST_BLOCK as u64);
+    let id = sub.submit(&Batch::write(&segment).descs(&[desc])).map_err(|e| e.to_string())?;
+    let outcome = sub.wait(id, COLD_DEADLINE).map_err(|e| e.to_string())?;
+    let took = start.elapsed();
+    if !matches!(outcome, Outcome::Done { .. }) {
+        return Err(format!("first transfer over {}: {outcome:?}", transport.name()));
+    }
+    let mut landed = vec![0u8; FIRST_BLOCK];
+    // SAFETY: the one batch naming these bytes is done.
+    unsafe { remote.read_at(0, &mut landed).map_err(|e| e.to_string())? };
+    if landed != expected {
+        return Err(format!("first transfer over {}: the target's bytes differ", transport.name()));
+    }
+    drop(sub);
+    initiator.shutdown();
+    target.shutdown();
+    Ok(took)
+}
+
+/// One round of the group open over `transport`: (`open_many`'s time, the
+/// median of 8 single opens).
+fn group_round(
+    config: &kvring::config::Config,
+    transport: TransportKind,
+    many_first: bool,
+) -> Result<(Duration, Duration), String> {
+    let targets: Vec<_> = (0..GROUP).map(|i| target(config, &format!("cold-rank-{i}"))).collect::<Result<_, _>>()?;
+    let addrs: Vec<String> = targets.iter().map(|(t, _)| t.control_addr().to_string()).collect();
+    let (mut many, mut singles) = (Duration::ZERO, Vec::with_capacity(GROUP));
+    for many_now in [many_first, !many_first] {
+        let initiator = fresh(config, "cold-group")?;
+        if many_now {
+            let start = Instant::now();
+            let opened = initiator.open_many(&addrs, Some(transport), COLD_DEADLINE);
+            many = start.elapsed();
+            for (addr, result) in addrs.iter().zip(opened) {
+                result.map_err(|e| format!("open_many of {addr}: {e}"))?;
+            }
+        } else {
+            for addr in &addrs {
+                let start = Instant::now();
+                initiator.open_segment_with(addr, Some(transport), COLD_DEADLINE).map_err(|e| e.to_string())?;
+                singles.push(start.elapsed());
+            }
+        }
+        initiator.shutdown();
+    }
+    for (target, _) in targets {
+        target.shutdown();
+    }
+    singles.sort();
+    Ok((many, singles[GROUP / 2]))
+}
+
+/// The `q` quantile (0..=1) of `values`, in microseconds.
+fn quantile_us(values: &[Duration], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort();
+    let at = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[at].as_secs_f64() * 1e6
+}
+
+/// `kvring bench --cold`.
+pub(super) fn cold(config: &kvring::config::Config, options: &Options) -> Result<(), String> {
+    let pairs = options.cold_pairs.max(1);
+    let mut first = [Vec::new(), Vec::new()];
+    let mut many = [Vec::new(), Vec::new()];
+    let mut one = [Vec::new(), Vec::new()];
+    for round in 0..pairs {
+        for t in [round % 2, 1 - round % 2] {
+            first[t].push(first_transfer(config, TRANSPORTS[t], round as u64)?);
+            let (m, o) = group_round(config, TRANSPORTS[t], round % 2 == 0)?;
+            many[t].push(m);
+            one[t].push(o);
+        }
+    }
+    if !options.json {
+        println!("kvring bench --cold: {pairs} fresh pairs and {pairs} groups of {GROUP} per transport, in-process, loopback, interleaved");
+        println!(
+            "{:<6} {:>14} {:>14} {:>16} {:>16} {:>10}",
+            "", "first p50 µs", "first p99 µs", "open_many8 p50", "one open p50", "ratio"
+        );
+    }
+    for (t, transport) in TRANSPORTS.iter().enumerate() {
+        // The ratio per round (same targets, same moment), then its median.
+        let mut ratios: Vec<f64> =
+            many[t].iter().zip(&one[t]).map(|(m, o)| m.as_secs_f64() / o.as_secs_f64().max(1e-9)).collect();
+        let ratio = crate::drive::median(&mut ratios);
+        let row = [
+            quantile_us(&first[t], 0.5),
+            quantile_us(&first[t], 0.99),
+            quantile_us(&many[t], 0.5),
+            quantile_us(&one[t], 0.5),
+        ];
+        if options.json {
+            let line = serde_json::json!({
+                "case": "cold", "transport": transport.name(), "pairs": pairs, "group": GROUP,
+                "first_p50_us": row[0], "first_p99_us": row[1],
+                "open_many_p50_us": row[2], "one_open_p50_us": row[3], "open_many_ratio": ratio,
+            });
+            println!("{line}");
+        } else {
+            println!(
+                "{:<6} {:>14.0} {:>14.0} {:>16.0} {:>16.0} {:>9.2}x",
+                transport.name(),
+                row[0],
+                row[1],
+                row[2],
+                row[3],
+                ratio
+            );
+        }
+    }
+    Ok(())
+}

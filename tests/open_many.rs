@@ -1,0 +1,106 @@
+//! `Engine::open_many`: a TP group's peers opened in one call, each with its
+//! own result, a dead peer's typed error beside the others' handles.
+
+mod common;
+
+use common::{engine, read, run, WAIT};
+use kvring::{Batch, BlockDesc, Engine, Error, Outcome, Region, RegionInfo, TransportKind};
+use std::net::TcpListener;
+use std::time::Duration;
+
+const BLOCK: usize = 4096;
+const TARGETS: usize = 8;
+
+/// `count` real target engines on loopback, each with one region.
+fn targets(count: usize) -> Vec<(Engine, Region)> {
+    (0..count)
+        .map(|i| {
+            let target = engine(&format!("rank-{i}"));
+            let region = target.alloc_region(BLOCK, RegionInfo::raw()).unwrap();
+            (target, region)
+        })
+        .collect()
+}
+
+/// Writes a distinct block to every opened peer and checks it landed.
+fn write_to_each(initiator: &Engine, opened: &[kvring::Segment], targets: &[(Engine, Region)]) {
+    let local = initiator.alloc_region(BLOCK * opened.len(), RegionInfo::raw()).unwrap();
+    // SAFETY: no batch or peer touches this region yet.
+    unsafe { local.fill_pattern(7) };
+    let mut sub = initiator.submitter().unwrap();
+    for (i, (segment, (_, remote))) in opened.iter().zip(targets).enumerate() {
+        let desc = BlockDesc::new(local.id(), (i * BLOCK) as u64, remote.id(), 0, BLOCK as u64);
+        assert!(matches!(run(&mut sub, &Batch::write(segment).descs(&[desc])), Outcome::Done { .. }));
+        assert_eq!(read(remote, 0, BLOCK), read(&local, (i * BLOCK) as u64, BLOCK), "rank {i}'s block");
+    }
+}
+
+#[test]
+fn eight_targets_open_in_one_call_over_tcp_and_shm() {
+    let targets = targets(TARGETS);
+    let addrs: Vec<String> = targets.iter().map(|(t, _)| t.control_addr().to_string()).collect();
+    for transport in [Some(TransportKind::Tcp), None] {
+        let initiator = engine("initiator");
+        let opened: Vec<_> = initiator.open_many(&addrs, transport, WAIT).into_iter().map(Result::unwrap).collect();
+        for (segment, (target, _)) in opened.iter().zip(&targets) {
+            assert_eq!(segment.epoch(), target.epoch(), "each result is its own name's peer, in order");
+            assert_eq!(segment.transport(), transport.unwrap_or(TransportKind::Shm));
+        }
+        write_to_each(&initiator, &opened, &targets);
+    }
+}
+
+#[test]
+fn a_dead_peer_gets_its_typed_error_while_the_others_open() {
+    let targets = targets(TARGETS - 1);
+    // A listener that accepts (the kernel's backlog does) but never
+    // answers: the handshake can only end at the deadline.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut addrs: Vec<String> = targets.iter().map(|(t, _)| t.control_addr().to_string()).collect();
+    let dead = 3;
+    addrs.insert(dead, silent.local_addr().unwrap().to_string());
+    let initiator = engine("initiator");
+    let mut results = initiator.open_many(&addrs, Some(TransportKind::Tcp), Duration::from_millis(500));
+    let error = results.remove(dead).unwrap_err();
+    assert!(matches!(error, Error::Timeout { .. }), "the silent peer's error is a timeout: {error}");
+    let opened: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    write_to_each(&initiator, &opened, &targets);
+}
+
+#[test]
+fn a_refused_address_and_a_repeated_name_each_get_their_own_result() {
+    let targets = targets(2);
+    // Bound then dropped: nothing listens there, so connect is refused.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let first = targets[0].0.control_addr().to_string();
+    let second = targets[1].0.control_addr().to_string();
+    let names = [first.as_str(), closed.as_str(), second.as_str(), first.as_str()];
+    let initiator = engine("initiator");
+    let results = initiator.open_many(&names, Some(TransportKind::Tcp), WAIT);
+    assert_eq!(results.len(), names.len());
+    assert!(matches!(results[1], Err(Error::Io { .. })), "refused connect: {:?}", results[1]);
+    let (a, b, again) = (results[0].as_ref().unwrap(), results[2].as_ref().unwrap(), results[3].as_ref().unwrap());
+    assert_eq!((a.epoch(), b.epoch()), (targets[0].0.epoch(), targets[1].0.epoch()));
+    assert_eq!(again.epoch(), a.epoch(), "a repeated name is the same peer's handle");
+    assert_eq!(initiator.segment_cache_stats().hits, 1, "and it came from the cache");
+}
+
+/// `kvring bench --cold` with two pairs per transport: a smoke run that
+/// proves every measurement completes and verifies (the figures are the
+/// bench's business, not this test's).
+#[test]
+fn bench_cold_runs_and_reports_each_transport() {
+    let lines = common::bench_json(
+        &["--cold", "--cold-pairs", "2"],
+        2,
+        &[
+            "\"case\":\"cold\"",
+            "first_p50_us",
+            "first_p99_us",
+            "open_many_p50_us",
+            "one_open_p50_us",
+            "open_many_ratio",
+        ],
+    );
+    assert!(lines[0].contains("\"transport\":\"tcp\"") && lines[1].contains("\"transport\":\"shm\""), "{lines:?}");
+}
