@@ -97,7 +97,7 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
             filled += got as usize;
         } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
             // getrandom(2) without flags only fails on a kernel without it
-            // (before 3.17), which glommio's io_uring rules out anyway.
+            // (before 3.17).
             panic!("getrandom failed: {}", std::io::Error::last_os_error());
         }
     }

@@ -226,14 +226,6 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// The locked-memory limit is too low for the lanes' io_uring rings.
-    #[error("locked-memory limit is {have_bytes} bytes but the lanes' io_uring rings need {need_bytes}; raise it (`ulimit -l {}` or memlock in /etc/security/limits.conf) or use fewer lanes", .need_bytes.div_ceil(1024))]
-    LockedMemoryLimit {
-        /// The limit in force, bytes.
-        have_bytes: u64,
-        /// What the lanes need, bytes.
-        need_bytes: u64,
-    },
     /// A lane could not start.
     #[error("lane {lane} failed to start: {reason}")]
     LaneStart {
@@ -382,7 +374,6 @@ impl Error {
             Error::UnknownOpcode { .. } => ErrorCode::UnknownOpcode,
             Error::Remote { code, .. } => *code,
             Error::Io { .. } => ErrorCode::Io,
-            Error::LockedMemoryLimit { .. } => ErrorCode::ResourceLimit,
             Error::LaneStart { .. } | Error::LaneDied { .. } => ErrorCode::Internal,
             Error::Unsupported { .. } | Error::TransportRefused { .. } => ErrorCode::Unsupported,
             Error::Device { .. } | Error::Gpu { .. } => ErrorCode::Io,
@@ -529,11 +520,6 @@ mod tests {
                 Error::io("mapping /dev/shm/x", std::io::Error::from_raw_os_error(libc::ENOENT)),
                 "mapping /dev/shm/x: No such file or directory",
                 ErrorCode::Io,
-            ),
-            (
-                Error::LockedMemoryLimit { have_bytes: 65536, need_bytes: 1 << 20 },
-                "locked-memory limit is 65536 bytes but the lanes' io_uring rings need 1048576; raise it (`ulimit -l 1024`",
-                ErrorCode::ResourceLimit,
             ),
             (Error::LaneStart { lane: 1, reason: "no cpu".into() }, "lane 1 failed to start: no cpu", ErrorCode::Internal),
             (

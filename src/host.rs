@@ -1,6 +1,7 @@
 //! What this host offers an engine, read before one starts: its identity
-//! (same-host peers are recognised by it), its locked-memory limit against
-//! what the lanes need, its shared-memory directory, its RDMA devices, its
+//! (same-host peers are recognised by it), its locked-memory limit (what
+//! RDMA registrations and pinned host regions are charged against; lanes
+//! lock none), its shared-memory directory, its RDMA devices, its
 //! GPUs, and which NICs each GPU's memory would go over.
 //! `kvring info` prints these; an embedding engine can check them the same
 //! way.
@@ -14,13 +15,10 @@ pub fn id() -> &'static str {
 /// The soft locked-memory limit in bytes (`u64::MAX` when unlimited), if it
 /// can be read.
 pub fn locked_memory_limit() -> Option<u64> {
-    crate::runtime::lane::memlock_limit_bytes()
-}
-
-/// Locked memory an engine with `lanes` lanes and the default io_uring
-/// buffers needs (glommio's floor of 512 KiB at least).
-pub fn locked_memory_needed(lanes: usize) -> u64 {
-    crate::runtime::lane::memlock_needed_bytes(lanes, crate::runtime::lane::DEFAULT_IO_MEMORY_BYTES)
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct we pass.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
+    (rc == 0).then_some(if limit.rlim_cur == libc::RLIM_INFINITY { u64::MAX } else { limit.rlim_cur })
 }
 
 /// Where shared-memory regions live.

@@ -124,8 +124,8 @@ fn four_thousand_connections_each_write_and_read_within_a_bound_and_the_threads_
     );
     assert!(slowest_write < ROUND_BOUND, "the slowest WRITE took {slowest_write:?}");
 
-    // The threads did not grow with the connections: lanes (each with
-    // glommio's idle blocking-pool thread), the acceptor, the control server.
+    // The threads did not grow with the connections: the lanes, the
+    // acceptor, the control server.
     let during = engine_threads(pid);
     assert_eq!(during, before, "the engine's threads with {connections} connections, and before");
     assert!(during.len() <= LANES + 4, "engine threads {during:?}");

@@ -12,7 +12,7 @@ use crate::metadata::MetadataMode;
 use crate::net::AdmissionLimits;
 use crate::notify::NotifyQuota;
 use crate::runtime::backoff::BackoffPolicy;
-use crate::runtime::lane::{DEFAULT_BUSY_POLL, DEFAULT_IO_MEMORY_BYTES, DEFAULT_PARK_TIMEOUT};
+use crate::runtime::lane::{DEFAULT_BUSY_POLL, DEFAULT_PARK_TIMEOUT};
 use crate::segment::DEFAULT_SEGMENT_CACHE_CAPACITY;
 use crate::transport::rdma::verbs::Verbs;
 use crate::transport::tcp::DEFAULT_IO_TIMEOUT;
@@ -59,8 +59,6 @@ pub struct EngineConfig {
     pub park_timeout: Duration,
     /// Control-plane listen address.
     pub listen: SocketAddr,
-    /// glommio io_uring buffer memory per lane.
-    pub io_memory_bytes: usize,
     /// Region slots.
     pub max_regions: usize,
     /// Segment slots.
@@ -151,7 +149,6 @@ impl Default for EngineConfig {
             busy_poll: DEFAULT_BUSY_POLL,
             park_timeout: DEFAULT_PARK_TIMEOUT,
             listen: DEFAULT_LISTEN.parse().expect("valid default address"),
-            io_memory_bytes: DEFAULT_IO_MEMORY_BYTES,
             max_regions: DEFAULT_MAX_REGIONS,
             max_segments: DEFAULT_MAX_SEGMENTS,
             segment_cache_capacity: DEFAULT_SEGMENT_CACHE_CAPACITY,
@@ -285,12 +282,6 @@ impl EngineBuilder {
     /// when another is opened past this.
     pub fn segment_cache_capacity(mut self, handles: usize) -> Self {
         self.config.segment_cache_capacity = handles;
-        self
-    }
-
-    /// glommio io_uring buffer memory per lane, bytes.
-    pub fn io_memory(mut self, bytes: usize) -> Self {
-        self.config.io_memory_bytes = bytes;
         self
     }
 

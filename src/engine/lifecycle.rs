@@ -13,7 +13,7 @@ use crate::mem::Registry;
 use crate::metadata::{MetadataStore, PeerHandshake};
 use crate::notify::NotificationQueue;
 use crate::runtime::clock::Clock;
-use crate::runtime::lane::{memlock_limit_bytes, memlock_needed_bytes, LaneConfig, LaneHandle};
+use crate::runtime::lane::{LaneConfig, LaneHandle};
 use crate::transport::cma::sys::{dumpable, opt_in_to_ptrace, Yama};
 use crate::transport::cma::CmaExport;
 use crate::transport::rdma::node::RdmaNode;
@@ -285,8 +285,9 @@ fn open_rdma(config: &EngineConfig) -> Result<Option<Arc<RdmaNode>>> {
     Ok(Some(Arc::new(node)))
 }
 
-/// Refuses a configuration that can never start, and a host whose
-/// locked-memory limit is below what the lanes need.
+/// Refuses a configuration that can never start. (Lanes lock no memory:
+/// RDMA registrations and pinned host regions are checked against the
+/// locked-memory limit when they are made.)
 fn check(config: &EngineConfig) -> Result<()> {
     if config.lanes == 0 || config.lanes > MAX_LANES {
         return Err(Error::invalid("lanes", format!("{} is outside 1..={MAX_LANES}", config.lanes)));
@@ -306,11 +307,7 @@ fn check(config: &EngineConfig) -> Result<()> {
     if config.token.as_ref().is_some_and(Token::is_empty) {
         return Err(Error::invalid("token", "an empty token protects nothing; give one or none"));
     }
-    let need = memlock_needed_bytes(config.lanes, config.io_memory_bytes);
-    match memlock_limit_bytes() {
-        Some(have) if have < need => Err(Error::LockedMemoryLimit { have_bytes: have, need_bytes: need }),
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
 /// The engine's cma page, or why same-host peers may not reach its memory
@@ -359,7 +356,6 @@ fn start_lanes(
             core,
             busy_poll: config.busy_poll,
             park_timeout: config.park_timeout,
-            io_memory_bytes: config.io_memory_bytes,
             max_segments: config.max_segments,
             clock,
             notifications: (index == 0).then(|| notifications.clone()),

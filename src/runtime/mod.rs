@@ -1,4 +1,4 @@
-//! The runtime: lanes (pinned glommio executors running the poll loop),
+//! The runtime: lanes (pinned threads running the poll loop),
 //! the status table, the doorbell that wakes parked lanes, bounded backoff
 //! for waiters, the notification-CQE handshake, and the engine's clock.
 

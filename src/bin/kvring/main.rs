@@ -130,9 +130,8 @@ fn info(args: InfoArgs) -> Result<(), String> {
     match memlock {
         Some(u64::MAX) => println!("locked memory:    unlimited"),
         Some(bytes) => println!(
-            "locked memory:    {} KiB (each lane needs {} KiB; glommio's floor is 512 KiB)",
-            bytes / 1024,
-            kvring::host::locked_memory_needed(1) / 1024
+            "locked memory:    {} KiB (lanes lock none; RDMA registrations and pinned host regions count against it)",
+            bytes / 1024
         ),
         None => println!("locked memory:    unknown"),
     }

@@ -1,5 +1,5 @@
-//! A lane: one pinned poller thread running a glommio executor, and the
-//! rings, links and counters it owns.
+//! A lane: one pinned poller thread (a plain std thread running its poll
+//! loop), and the rings, links and counters it owns.
 //!
 //! The loop (`poll.rs`): take control commands (new submitters, opened and
 //! closed segments with this lane's own link to each), drain each
@@ -21,7 +21,7 @@ mod shared;
 mod start;
 
 pub(crate) use shared::{LaneCommand, LaneConfig, LaneShared, SubmitterRings};
-pub(crate) use start::{memlock_limit_bytes, memlock_needed_bytes, LaneHandle, DEFAULT_IO_MEMORY_BYTES};
+pub(crate) use start::LaneHandle;
 
 use std::time::Duration;
 

@@ -135,7 +135,7 @@ impl Lane {
     /// refuses work from then on (`death.rs`).
     ///
     /// [`Error::LaneDied`]: crate::Error::LaneDied
-    pub async fn run(mut self) {
+    pub fn run(mut self) {
         let mut state = RoundState::default();
         loop {
             // The lane's state after a panic is whatever the round left:
@@ -146,10 +146,6 @@ impl Lane {
                 Err(payload) => return self.die_and_refuse(payload),
             }
             state.rounds = state.rounds.wrapping_add(1);
-            if state.rounds.is_multiple_of(64) {
-                // Let other tasks on this executor (future transports) run.
-                glommio::yield_if_needed().await;
-            }
         }
         let finished = catch_unwind(AssertUnwindSafe(|| {
             self.abort_all("the lane stopped");

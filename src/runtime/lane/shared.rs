@@ -158,8 +158,6 @@ pub(crate) struct LaneConfig {
     pub busy_poll: Duration,
     /// Longest single park.
     pub park_timeout: Duration,
-    /// glommio io_uring buffer memory.
-    pub io_memory_bytes: usize,
     /// Most segment keys (slots) the engine hands out.
     pub max_segments: usize,
     /// Clock shared with submitters (deadlines).

@@ -1,5 +1,10 @@
-//! Starting a lane: its thread, its pinning, its glommio executor, and the
-//! locked memory glommio needs for it.
+//! Starting a lane: its thread, its pinning and its poller.
+//!
+//! A lane is a plain pinned std thread running its poll loop (`poll.rs`).
+//! It once ran inside a glommio `LocalExecutor`, but the loop never awaited
+//! anything glommio drives (its sockets go through epoll, chosen by
+//! measurement: docs/ARCHITECTURE.md); the executor only cost each lane an
+//! io_uring, a 512 KiB locked-memory floor and an idle blocking-pool thread.
 
 use super::super::doorbell::Doorbell;
 use super::super::metrics::LaneMetrics;
@@ -12,14 +17,6 @@ use crossbeam_utils::CachePadded;
 use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc, OnceLock};
 
-/// Default io_uring buffer memory per lane executor: kvring does no storage
-/// I/O through glommio, so the minimum glommio accepts.
-pub(crate) const DEFAULT_IO_MEMORY_BYTES: usize = 64 * 1024;
-/// io_uring submission depth per lane executor.
-const IO_RING_DEPTH: usize = 64;
-/// glommio refuses to start below this locked-memory limit.
-const MIN_MEMLOCK_BYTES: u64 = 512 * 1024;
-
 /// A running lane: its shared part and its thread.
 #[derive(Debug)]
 pub(crate) struct LaneHandle {
@@ -29,8 +26,8 @@ pub(crate) struct LaneHandle {
 }
 
 impl LaneHandle {
-    /// Starts a lane thread, pins it, builds its glommio executor and waits
-    /// until it runs (or reports why it could not).
+    /// Starts a lane thread, pins it, builds its poller and waits until it
+    /// runs (or reports why it could not).
     pub fn start(config: LaneConfig, registry: Arc<Registry>) -> Result<Self> {
         let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<LaneShared>>>();
         let index = config.index;
@@ -75,18 +72,6 @@ impl Drop for LaneHandle {
 fn lane_thread(config: LaneConfig, registry: Arc<Registry>, ready: mpsc::Sender<Result<Arc<LaneShared>>>) {
     let index = config.index;
     let core = config.core.filter(|&core| core_affinity::set_for_current(core_affinity::CoreId { id: core }));
-    let executor = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .name(&format!("kvring-lane-{index}"))
-        .io_memory(config.io_memory_bytes)
-        .ring_depth(IO_RING_DEPTH)
-        .make();
-    let executor = match executor {
-        Ok(executor) => executor,
-        Err(e) => {
-            let _ = ready.send(Err(glommio_error(index, e)));
-            return;
-        }
-    };
     // The lane sleeps in its poller: its doorbell, the target connections it
     // serves and its links' sockets all wake it there.
     let poller =
@@ -113,65 +98,14 @@ fn lane_thread(config: LaneConfig, registry: Arc<Registry>, ready: mpsc::Sender<
     if ready.send(Ok(shared.clone())).is_err() {
         return;
     }
-    // The loop catches its own panics (`death.rs`); this catches one in the
-    // executor around it, so the lane is at least marked dead and refuses
-    // new work (what it held then waits for its deadlines).
-    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| executor.run(lane.run()))) {
+    // The loop catches its own panics (`death.rs`); this catches one while
+    // it ends its work after such a panic, so the lane is at least marked
+    // dead and refuses new work (what it held then waits for its deadlines).
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lane.run())) {
         let reason = super::death::panic_message(&*payload);
-        tracing::error!(lane = index, panic = %reason, "lane executor panicked; the lane is dead");
+        tracing::error!(lane = index, panic = %reason, "lane panicked outside its loop; the lane is dead");
         if shared.death.set(reason).is_ok() {
             shared.metrics.panicked();
         }
-    }
-}
-
-/// Names why glommio would not build a lane's executor, by its kind: a
-/// locked-memory limit too low says how much is needed.
-fn glommio_error(lane: usize, error: glommio::GlommioError<()>) -> Error {
-    use glommio::{GlommioError, ReactorErrorKind};
-    match error {
-        GlommioError::ReactorError(ReactorErrorKind::MemLockLimit(have, need)) => {
-            Error::LockedMemoryLimit { have_bytes: have, need_bytes: need }
-        }
-        other => Error::LaneStart { lane, reason: other.to_string() },
-    }
-}
-
-/// The soft RLIMIT_MEMLOCK in bytes (`u64::MAX` when unlimited).
-pub(crate) fn memlock_limit_bytes() -> Option<u64> {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes into the struct we pass.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
-    (rc == 0).then_some(if limit.rlim_cur == libc::RLIM_INFINITY { u64::MAX } else { limit.rlim_cur })
-}
-
-/// Locked memory `lanes` lanes need: glommio's floor, or each lane's
-/// io_uring buffers and rings, whichever is larger.
-pub(crate) fn memlock_needed_bytes(lanes: usize, io_memory_bytes: usize) -> u64 {
-    let per_lane = io_memory_bytes.max(64 * 1024) as u64 + 3 * (IO_RING_DEPTH as u64) * 128;
-    (lanes as u64 * per_lane).max(MIN_MEMLOCK_BYTES)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_locked_memory_limit_too_low_is_named_with_both_figures() {
-        let error = glommio::GlommioError::ReactorError(glommio::ReactorErrorKind::MemLockLimit(65536, 524288));
-        match glommio_error(3, error) {
-            Error::LockedMemoryLimit { have_bytes, need_bytes } => {
-                assert_eq!((have_bytes, need_bytes), (65536, 524288))
-            }
-            other => panic!("{other:?}"),
-        }
-        let other = glommio::GlommioError::<()>::IoError(std::io::Error::from_raw_os_error(libc::ENOSYS));
-        assert!(matches!(glommio_error(3, other), Error::LaneStart { lane: 3, .. }));
-    }
-
-    #[test]
-    fn locked_memory_needed_never_drops_below_glommios_floor() {
-        assert_eq!(memlock_needed_bytes(1, 0), MIN_MEMLOCK_BYTES);
-        assert!(memlock_needed_bytes(64, 1 << 20) > 64 << 20);
     }
 }
