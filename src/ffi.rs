@@ -254,6 +254,46 @@ pub unsafe extern "C" fn kvring_engine_create_with_token(
     unsafe { kvring_engine_create_with_rdma(name, listen, lanes, token, std::ptr::null(), std::ptr::null(), out) }
 }
 
+/// The builder every `kvring_engine_create*` starts from: `name`,
+/// `listen`, `lanes` (0: the default) and `token` (NULL: none).
+///
+/// # Safety
+///
+/// `name` and `listen` are NUL-terminated strings; `token` is one or NULL.
+pub(crate) unsafe fn base_builder(
+    name: *const c_char,
+    listen: *const c_char,
+    lanes: u32,
+    token: *const c_char,
+) -> Result<crate::EngineBuilder, Error> {
+    // SAFETY: per our contract.
+    let (name, listen) = unsafe { (text(name, "name")?, text(listen, "listen")?) };
+    // SAFETY: per our contract.
+    let token = unsafe { optional_text(token, "token")? };
+    let listen = listen.parse().map_err(|_| Error::invalid("listen", format!("{listen:?} is not ip:port")))?;
+    let mut builder = Engine::builder().name(name).listen(listen);
+    if lanes > 0 {
+        builder = builder.lanes(lanes as usize);
+    }
+    if let Some(token) = token {
+        builder = builder.token(token);
+    }
+    Ok(builder)
+}
+
+/// `text` of a string that may be NULL (`None`).
+///
+/// # Safety
+///
+/// `p` is NULL or a NUL-terminated string that outlives `'a`.
+pub(crate) unsafe fn optional_text<'a>(p: *const c_char, what: &'static str) -> Result<Option<&'a str>, Error> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: per our contract, and not NULL.
+    unsafe { text(p, what) }.map(Some)
+}
+
 /// As `kvring_engine_create_with_token`, choosing RDMA: `rdma` is "auto"
 /// (RDMA where libibverbs lists a device with an active port; also what
 /// NULL means), "on" (or the call fails, saying why) or "off";
@@ -279,20 +319,11 @@ pub unsafe extern "C" fn kvring_engine_create_with_rdma(
             return Err(null("out"));
         }
         // SAFETY: per our contract.
-        let (name, listen) = unsafe { (text(name, "name")?, text(listen, "listen")?) };
+        let builder = unsafe { base_builder(name, listen, lanes, token)? };
         // SAFETY: per our contract (each checked for NULL first).
-        let optional = |p: *const c_char, what| if p.is_null() { Ok(None) } else { unsafe { text(p, what) }.map(Some) };
-        let token = optional(token, "token")?;
-        let mode = optional(rdma, "rdma")?.unwrap_or("auto");
-        let devices = optional(rdma_devices, "rdma_devices")?.unwrap_or("");
-        let listen = listen.parse().map_err(|_| Error::invalid("listen", format!("{listen:?} is not ip:port")))?;
-        let mut builder = Engine::builder().name(name).listen(listen);
-        if lanes > 0 {
-            builder = builder.lanes(lanes as usize);
-        }
-        if let Some(token) = token {
-            builder = builder.token(token);
-        }
+        let mode = unsafe { optional_text(rdma, "rdma")? }.unwrap_or("auto");
+        // SAFETY: as above.
+        let devices = unsafe { optional_text(rdma_devices, "rdma_devices")? }.unwrap_or("");
         let devices = devices.split(',').map(str::to_string).collect();
         let engine = crate::config::with_rdma(builder, mode, devices, crate::rdma::IbOptions::default())?.build()?;
         // SAFETY: `out` is valid (checked non-null, per our contract).

@@ -2,10 +2,10 @@
 //! that carried a batch (split from `ffi.rs`; the same conventions).
 
 use super::{
-    guarded, null, text, KvringEngine, KvringSubmitter, KVRING_TRANSPORT_CMA, KVRING_TRANSPORT_CUDA_IPC,
+    guarded, null, KvringEngine, KvringSubmitter, KVRING_TRANSPORT_CMA, KVRING_TRANSPORT_CUDA_IPC,
     KVRING_TRANSPORT_NULL, KVRING_TRANSPORT_RDMA, KVRING_TRANSPORT_SHM, KVRING_TRANSPORT_TCP,
 };
-use crate::{Engine, Error, TransportKind};
+use crate::TransportKind;
 use std::ffi::{c_char, c_int};
 
 /// A transport's `KVRING_TRANSPORT_*` code.
@@ -45,19 +45,11 @@ pub unsafe extern "C" fn kvring_engine_create_with_transports(
             return Err(null("out"));
         }
         // SAFETY: per our contract.
-        let (name, listen) = unsafe { (text(name, "name")?, text(listen, "listen")?) };
-        // SAFETY: per our contract (each checked for NULL first).
-        let optional = |p: *const c_char, what| if p.is_null() { Ok(None) } else { unsafe { text(p, what) }.map(Some) };
-        let token = optional(token, "token")?;
-        let allowed = crate::config::parse_transports(optional(transports, "transports")?.unwrap_or(""))?;
-        let listen = listen.parse().map_err(|_| Error::invalid("listen", format!("{listen:?} is not ip:port")))?;
-        let mut builder = Engine::builder().name(name).listen(listen).transports(allowed);
-        if lanes > 0 {
-            builder = builder.lanes(lanes as usize);
-        }
-        if let Some(token) = token {
-            builder = builder.token(token);
-        }
+        let builder = unsafe { super::base_builder(name, listen, lanes, token)? };
+        // SAFETY: per our contract (checked for NULL first).
+        let allowed =
+            crate::config::parse_transports(unsafe { super::optional_text(transports, "transports")? }.unwrap_or(""))?;
+        let builder = builder.transports(allowed);
         let engine = builder.build()?;
         // SAFETY: `out` is valid (checked non-null, per our contract).
         unsafe { *out = Box::into_raw(Box::new(KvringEngine(engine))) };

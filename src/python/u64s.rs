@@ -26,30 +26,12 @@ impl<'py> FromPyObject<'py> for U64s {
             // SAFETY: the GIL is held (we have a `Bound`) and `index` is below
             // the length read under it: PyList_GetItem gives a live, borrowed item.
             let item = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), index as pyo3::ffi::Py_ssize_t) };
-            // SAFETY: `item` is a live object (above). The exact-int check
-            // makes the conversion a plain read, with no `__index__` call.
-            let value = unsafe {
-                if item.is_null() || pyo3::ffi::PyLong_CheckExact(item) == 0 {
-                    None
-                } else {
-                    // `unsigned long` is 64 bits on the LP64 targets kvring
-                    // builds for, and CPython converts it with a digit
-                    // loop (its `long long` path goes through a byte
-                    // array, about 3x slower for addresses).
-                    match pyo3::ffi::PyLong_AsUnsignedLong(item) {
-                        // Also the error value (negative, too large): drop
-                        // the error it may have set; the generic path below
-                        // tells an error from the number and raises its own.
-                        u64::MAX => {
-                            pyo3::ffi::PyErr_Clear();
-                            None
-                        }
-                        value => Some(value),
-                    }
-                }
-            };
-            match value {
+            // SAFETY: `item` is null or a live, borrowed object (above),
+            // and the GIL is held.
+            match unsafe { exact_u64(item) } {
                 Some(value) => out.push(value),
+                // The generic path tells an error from the number and
+                // raises its own.
                 None => out.push(list.get_item(index)?.extract::<u64>()?),
             }
         }
@@ -92,25 +74,12 @@ pub fn pack_desc_rows<'py>(
             return Ok(None);
         }
         for field in 0..3 {
-            // SAFETY: `row` is a live tuple of `width` >= 3 items.
-            let value = unsafe {
-                let item = pyo3::ffi::PyTuple_GetItem(row, field);
-                if item.is_null() || pyo3::ffi::PyLong_CheckExact(item) == 0 {
-                    None
-                } else {
-                    match pyo3::ffi::PyLong_AsUnsignedLong(item) {
-                        // Also the error value (negative, too large): the
-                        // Python layer decides, with its own message.
-                        u64::MAX => {
-                            pyo3::ffi::PyErr_Clear();
-                            None
-                        }
-                        value => Some(value),
-                    }
-                }
-            };
-            match value {
+            // SAFETY: `row` is a live tuple of `width` >= 3 items, so
+            // PyTuple_GetItem gives a live, borrowed item; the GIL is held.
+            match unsafe { exact_u64(pyo3::ffi::PyTuple_GetItem(row, field)) } {
                 Some(value) => out.push(value),
+                // Not a plain u64 (or the error value): the Python layer
+                // decides, with its own message.
                 None => return Ok(None),
             }
         }
@@ -127,4 +96,32 @@ pub fn pack_desc_rows<'py>(
     }
     let bytes: Vec<u8> = out.iter().flat_map(|v| v.to_ne_bytes()).collect();
     Ok(Some(pyo3::types::PyBytes::new(py, &bytes)))
+}
+
+/// `item` as a u64 when it is exactly an `int` that fits (the exact-int
+/// check makes the conversion a plain read, with no `__index__` call);
+/// `None` otherwise, with no Python error left set. `unsigned long` is 64
+/// bits on the LP64 targets kvring builds for, and CPython converts it with
+/// a digit loop (its `long long` path goes through a byte array, about 3x
+/// slower for addresses).
+///
+/// # Safety
+///
+/// `item` is null or a live object, and the GIL is held.
+unsafe fn exact_u64(item: *mut pyo3::ffi::PyObject) -> Option<u64> {
+    // SAFETY: per our contract.
+    unsafe {
+        if item.is_null() || pyo3::ffi::PyLong_CheckExact(item) == 0 {
+            return None;
+        }
+        match pyo3::ffi::PyLong_AsUnsignedLong(item) {
+            // Also the error value (negative, too large): drop the error
+            // it may have set; the caller decides.
+            u64::MAX => {
+                pyo3::ffi::PyErr_Clear();
+                None
+            }
+            value => Some(value),
+        }
+    }
 }
