@@ -305,9 +305,19 @@ fn zeros_sum(len: u64) -> u64 {
     kvring::testing::checksum(&vec![0u8; len as usize])
 }
 
-fn listener_at(ip: &str, port_of: &str) -> TcpListener {
+/// A listener at `ip` and the port of `port_of`, or `None` where that port
+/// is taken at `ip`. The kernel gave the target its port on 127.0.0.1 only,
+/// so its twin at `ip` may still be held: by a connection of an earlier
+/// relay lingering in TIME_WAIT (`SO_REUSEADDR` lets a listener in, as
+/// servers do), or by a relay of a test running beside this one.
+fn listener_at(ip: &str, port_of: &str) -> Option<TcpListener> {
     let port = port_of.rsplit_once(':').unwrap().1;
-    TcpListener::bind(format!("{ip}:{port}")).expect("binds the advertised address")
+    let addr: std::net::SocketAddr = format!("{ip}:{port}").parse().unwrap();
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_reuse_address(true).unwrap();
+    socket.bind(&addr.into()).ok()?;
+    socket.listen(128).ok()?;
+    Some(socket.into())
 }
 
 /// The error a refused open or batch carries, by its code.
@@ -338,10 +348,19 @@ fn a_relay_at_an_address_of_its_own_gets_no_descriptor() {
 /// A target behind the relay's address (it advertises it), so the relay is
 /// on the path of every connection, control and data.
 fn on_path(tamper: Tamper) -> (Target, Engine, kvring::Result<kvring::Segment>) {
-    let target = start_target(Some(ON_PATH_IP));
-    assert!(target.advertised_control.starts_with(ON_PATH_IP), "{}", target.advertised_control);
-    relay(listener_at(ON_PATH_IP, &target.advertised_control), target.control.clone(), carry_control, tamper);
-    relay(listener_at(ON_PATH_IP, &target.advertised_tcp), target.tcp.clone(), carry_data, tamper);
+    // A target whose two ports are free at the relay's address too (a few
+    // tries: see `listener_at`).
+    let (target, control, data) = (0..8)
+        .find_map(|_| {
+            let target = start_target(Some(ON_PATH_IP));
+            assert!(target.advertised_control.starts_with(ON_PATH_IP), "{}", target.advertised_control);
+            let control = listener_at(ON_PATH_IP, &target.advertised_control)?;
+            let data = listener_at(ON_PATH_IP, &target.advertised_tcp)?;
+            Some((target, control, data))
+        })
+        .expect("a target whose ports are free at the relay's address within 8 tries");
+    relay(control, target.control.clone(), carry_control, tamper);
+    relay(data, target.tcp.clone(), carry_data, tamper);
     let engine = tokened_engine("prefill-0");
     let opened = engine.open_segment_with(&target.advertised_control, Some(TransportKind::Tcp), WAIT);
     (target, engine, opened)
