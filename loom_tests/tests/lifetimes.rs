@@ -140,6 +140,7 @@ fn a_read_alone_and_a_lease_never_overlap() {
             thread::spawn(move || {
                 if slot.lease(generation).is_ok() {
                     // The lane's copy into the region.
+                    // SAFETY: a loom cell's pointer; loom itself reports an unordered access.
                     bytes.with_mut(|b| unsafe { *b += 1 });
                     // SAFETY: the lease taken above, given back once.
                     unsafe { slot.release() };
@@ -189,6 +190,7 @@ impl Target {
         let entered = revoke::enter(&self.user);
         let allowed = entered.still(&self.epoch, EPOCH) && entered.still(&self.state, LISTED);
         if allowed {
+            // SAFETY: a loom cell's pointer; loom itself reports an unordered access.
             self.memory.with_mut(|m| unsafe { *m = 1 });
         }
         allowed
@@ -203,6 +205,7 @@ impl Target {
 
     /// The caller frees the memory and uses it for something else.
     fn reuse(&self) {
+        // SAFETY: a loom cell's pointer; loom itself reports an unordered access.
         self.memory.with_mut(|m| unsafe { *m = 99 });
     }
 }

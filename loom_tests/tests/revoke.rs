@@ -41,8 +41,10 @@ fn no_peer_write_lands_after_revoke_returned() {
         })
         .unwrap();
         // The owner was told no copy is in progress: it reuses the memory.
+        // SAFETY: a loom cell's pointer; loom itself reports an unordered access.
         region.bytes.with_mut(|bytes| unsafe { *bytes = 1 });
         let copied = peer.join().unwrap();
+        // SAFETY: as above.
         let last = region.bytes.with(|bytes| unsafe { *bytes });
         assert_eq!(last, 1, "a peer's byte landed after revoke returned (copied: {copied})");
     });

@@ -544,10 +544,9 @@ impl Gpu for CudaGpu {
             let mut kind = 0u32;
             let mut attributes = [sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE];
             let mut data: [*mut c_void; 1] = [(&mut kind as *mut u32).cast()];
-            // SAFETY: the one data pointer points at a u32, what MEMORY_TYPE
-            // writes; cuPointerGetAttributes gives a pointer CUDA does not
-            // know default values (0) instead of an error, and needs no
-            // context.
+            // cuPointerGetAttributes gives a pointer CUDA does not know
+            // default values (0) instead of an error, and needs no context.
+            // SAFETY: the one data pointer points at a u32, what MEMORY_TYPE writes.
             let result = unsafe { sys::cuPointerGetAttributes(1, attributes.as_mut_ptr(), data.as_mut_ptr(), addr) };
             check(result, "asking whether host memory is pinned")?;
             // 1 is CU_MEMORYTYPE_HOST: allocated or registered with CUDA.

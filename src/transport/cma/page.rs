@@ -98,10 +98,10 @@ impl Page {
 
     fn word(&self, offset: usize) -> &AtomicU64 {
         debug_assert!(offset.is_multiple_of(8) && offset + 8 <= self.mapping.len());
-        // SAFETY: the mapping is page aligned and at least `offset + 8`
-        // bytes long (checked at open and create), so the word is in bounds
-        // and aligned; it is only ever accessed atomically, by every process
-        // that maps the page, and lives as long as `self`.
+        // The mapping is page aligned and at least `offset + 8` bytes long
+        // (checked at open and create); the word is only ever accessed
+        // atomically, by every process that maps the page.
+        // SAFETY: in bounds and aligned (above), and it lives as long as `self`.
         unsafe { &*self.mapping.as_ptr().add(offset).cast::<AtomicU64>() }
     }
 

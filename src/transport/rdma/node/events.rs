@@ -187,11 +187,11 @@ fn watch(node: Weak<RdmaNode>, fds: Vec<i32>) {
         for p in &mut polled {
             p.revents = 0;
         }
-        // SAFETY: `polled` is our own array of pollfds; a descriptor closed
-        // since (the node dropped) reads as POLLNVAL and the upgrade below
-        // ends the thread.
-        let ready =
-            unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, EVENT_WAIT.as_millis() as i32) };
+        // A descriptor closed since (the node dropped) reads as POLLNVAL and
+        // the upgrade below ends the thread.
+        let timeout = EVENT_WAIT.as_millis() as i32;
+        // SAFETY: `polled` is our own array of pollfds, `polled.len()` long.
+        let ready = unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, timeout) };
         let Some(node) = node.upgrade() else { return };
         if ready > 0 {
             node.take_events(&mut events);

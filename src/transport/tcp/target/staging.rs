@@ -310,10 +310,10 @@ impl TargetConn {
             staging.copier.add(copy, len);
         }
         group.copies = Vec::new();
-        // SAFETY: the host ends are pages of the lane's pool held by this
-        // group until its copy ends; the device ends are checked ranges of
-        // regions leased for the frames (WRITE: in `group.leases`; READ: by
-        // their replies, sent only once the copy ended).
+        // The device ends are checked ranges of regions leased for the
+        // frames (WRITE: in `group.leases`; READ: by their replies, sent
+        // only once the copy ended).
+        // SAFETY: the host ends are the group's pool pages, held until its copy ends; the device ends above.
         if let Err(error) = unsafe { staging.copier.issue(id, 0, None) } {
             // Never started: nothing reads its pages, so they go back now
             // (READ replies still hold theirs until they are sent, as

@@ -505,6 +505,7 @@ pub unsafe extern "C" fn batch_12080(
     fail_idx: *mut usize,
     h: Handle,
 ) -> CUresult {
+    // SAFETY: forwarded unchanged: the caller's pointers, under cuMemcpyBatchAsync's contract.
     unsafe { batch(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, fail_idx, h) }
 }
 
@@ -519,6 +520,7 @@ pub unsafe extern "C" fn batch_13000(
     num_attrs: usize,
     h: Handle,
 ) -> CUresult {
+    // SAFETY: forwarded unchanged: the caller's pointers, under cuMemcpyBatchAsync's contract.
     unsafe { batch(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, std::ptr::null_mut(), h) }
 }
 
@@ -544,6 +546,7 @@ unsafe fn batch(
 ) -> CUresult {
     let fail = |i: usize| {
         if !fail_idx.is_null() {
+            // SAFETY: a non-null out-pointer the caller passes under cuMemcpyBatchAsync's contract.
             unsafe { fail_idx.write(i) };
         }
     };
@@ -559,14 +562,17 @@ unsafe fn batch(
         if num_attrs == 0 || num_attrs > count {
             return Err(err::INVALID_VALUE);
         }
+        // SAFETY: `num_attrs` indices at `attrs_idxs`, checked non-null above (the call's contract).
         let idxs = unsafe { std::slice::from_raw_parts(attrs_idxs, num_attrs) };
         if idxs[0] != 0 || idxs.windows(2).any(|w| w[0] >= w[1]) || idxs[num_attrs - 1] >= count {
             return Err(err::INVALID_VALUE);
         }
+        // SAFETY: `num_attrs` attributes at `attrs`, checked non-null above (the call's contract).
         let attrs = unsafe { std::slice::from_raw_parts(attrs, num_attrs) };
         if attrs.iter().any(|a| !(1..=3).contains(&a.src_access_order)) {
             return Err(err::INVALID_VALUE);
         }
+        // SAFETY: `count` entries at each, checked non-null above (the call's contract).
         let (dsts, srcs, sizes) = unsafe {
             (
                 std::slice::from_raw_parts(dsts, count),
@@ -628,6 +634,7 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_v
         if image.is_null() {
             return Err(err::INVALID_VALUE);
         }
+        // SAFETY: a NUL-terminated PTX image, checked non-null above (cuModuleLoadData's contract).
         let text = unsafe { CStr::from_ptr(image.cast::<c_char>()) }.to_string_lossy().into_owned();
         let field =
             |key: &str| text.lines().find_map(|l| l.trim().strip_prefix(key).map(|rest| rest.trim().to_owned()));
@@ -659,6 +666,7 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_v
 pub unsafe extern "C" fn cuModuleGetFunction(f: *mut Handle, module: Handle, name: *const c_char) -> CUresult {
     code(with(|d| {
         let m = d.exec.modules.get(&(module as usize)).ok_or(err::INVALID_HANDLE)?;
+        // SAFETY: a NUL-terminated function name (cuModuleGetFunction's contract).
         let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
         if !m.image.contains(&format!(".entry {name}(")) {
             return Err(err::NOT_FOUND);
@@ -700,6 +708,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
         if name != "kvring_copy" || params.is_null() {
             return Err(err::NOT_SUPPORTED);
         }
+        // SAFETY: kvring's kernel takes two parameters, each pointed to by `params` (cuLaunchKernel's contract).
         let (descriptors, count) = unsafe { ((*params).cast::<u64>().read(), (*params.add(1)).cast::<u32>().read()) };
         stream.push(Job::Kernel { descriptors, count });
         Ok(())

@@ -299,6 +299,7 @@ unsafe fn put_text(out: *mut c_char, len: c_int, text: &str) -> Result<(), CUres
         return Err(err::INVALID_VALUE);
     }
     let n = text.len().min(len as usize - 1);
+    // SAFETY: `out` holds `len` > n bytes (the caller's contract, checked non-null above).
     unsafe {
         std::ptr::copy_nonoverlapping(text.as_ptr().cast(), out, n);
         *out.add(n) = 0;
@@ -550,6 +551,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         if symbol.is_null() || pfn.is_null() {
             return Err(err::INVALID_VALUE);
         }
+        // SAFETY: a NUL-terminated symbol name, checked non-null above (cuGetProcAddress's contract).
         let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
         let (found, state): (*mut c_void, c_int) = match name {
             b"cuMemcpyBatchAsync" if cuda_version > d.version() => (std::ptr::null_mut(), VERSION_NOT_SUFFICIENT),
@@ -560,8 +562,10 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
             b"cuMemcpyBatchAsync" => (exec::batch_12080 as *mut c_void, SUCCESS),
             _ => (std::ptr::null_mut(), SYMBOL_NOT_FOUND),
         };
+        // SAFETY: a valid out-pointer, checked non-null above (cuGetProcAddress's contract).
         unsafe { pfn.write(found) };
         if !status.is_null() {
+            // SAFETY: non-null (checked), an out-pointer under the same contract.
             unsafe { status.write(state) };
         }
         match state {
@@ -593,6 +597,7 @@ pub unsafe extern "C" fn fakecuda_stat(name: *const c_char) -> i64 {
     if name.is_null() {
         return -1;
     }
+    // SAFETY: a NUL-terminated counter name from the test, checked non-null above.
     let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
     stat(&name).unwrap_or(-1)
 }
@@ -644,6 +649,7 @@ pub unsafe extern "C" fn fakecuda_set(name: *const c_char, value: i64) -> c_int 
     if name.is_null() {
         return -1;
     }
+    // SAFETY: a NUL-terminated setting name from the test, checked non-null above.
     match unsafe { CStr::from_ptr(name) }.to_bytes() {
         b"fault_after" => COUNTERS.fault_after.store(value, Relaxed),
         b"delay_us" => COUNTERS.delay_us.store(value, Relaxed),

@@ -599,13 +599,17 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
         let found = d.mem.map_at(ptr);
         let host = d.mem.host_at(ptr);
         for i in 0..count as usize {
+            // SAFETY: `count` entries at each array, checked non-null above (cuPointerGetAttributes' contract).
             let (attribute, out) = unsafe { (*attributes.add(i), *data.add(i)) };
             if out.is_null() {
                 return Err(err::INVALID_VALUE);
             }
             let (u32_of, u64_of, bool_of) = (
+                // SAFETY: `out` is this attribute's non-null out-pointer, sized as it documents.
                 |v: u32| unsafe { out.cast::<u32>().write_unaligned(v) },
+                // SAFETY: as above.
                 |v: u64| unsafe { out.cast::<u64>().write_unaligned(v) },
+                // SAFETY: as above.
                 |v: bool| unsafe { out.cast::<u8>().write(u8::from(v)) },
             );
             match (attribute, found, host) {
@@ -664,6 +668,7 @@ pub struct AllocationProp {
 }
 
 unsafe fn device_of_prop(d: &Driver, prop: *const AllocationProp) -> Result<(i32, u32, bool), CUresult> {
+    // SAFETY: null or an allocation property, under our caller's contract.
     let prop = unsafe { prop.as_ref() }.ok_or(err::INVALID_VALUE)?;
     // type must be CU_MEM_ALLOCATION_TYPE_PINNED (1), location a device (1).
     if prop.kind != 1 || prop.location_type != 1 {
@@ -679,6 +684,7 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
     _option: c_int,
 ) -> CUresult {
     code(with(|d| {
+        // SAFETY: `prop` as the Driver API's contract for this call gives it.
         unsafe { device_of_prop(d, prop)? };
         // SAFETY: an out-pointer the caller passes under the Driver API's contract
         // (valid for this write or null); `put` refuses null.
@@ -735,6 +741,7 @@ pub unsafe extern "C" fn cuMemCreate(
 ) -> CUresult {
     // [ref: 6.14, cuMemCreate: size a multiple of the granularity; flags 0.]
     code(with(|d| {
+        // SAFETY: `prop` as the Driver API's contract for this call gives it.
         let (device, types, gdr) = unsafe { device_of_prop(d, prop)? };
         if size == 0 || !(size as u64).is_multiple_of(GRANULARITY) || flags != 0 {
             return Err(err::INVALID_VALUE);
@@ -833,6 +840,7 @@ pub unsafe extern "C" fn cuMemSetAccess(
         if covered.is_empty() || at != end || desc.is_null() || count == 0 {
             return Err(err::INVALID_VALUE);
         }
+        // SAFETY: `count` descriptors at `desc`, checked non-null above (cuMemSetAccess's contract).
         let descs = unsafe { std::slice::from_raw_parts(desc, count) };
         for one in descs {
             if one.location_type != 1 {
