@@ -7,27 +7,16 @@
 mod common;
 
 use common::{pattern, WAIT};
-use kvring::rdma::{IbVerbs, Verbs};
-use kvring::{Batch, BlockDesc, Outcome, RegionInfo};
-use std::sync::Arc;
+use kvring::{Batch, BlockDesc, Outcome};
 
 #[test]
 fn a_qp_error_mid_batch_fails_the_batch_with_the_reason_and_the_next_batch_reconnects() {
-    let fault = std::env::temp_dir().join(format!("kvring-fake-qp-error-{}", std::process::id()));
-    // Read by the fake at each post; set before any verb runs.
-    std::env::set_var("FAKE_IBVERBS_QP_ERROR_FILE", &fault);
-    let listed = IbVerbs::new().devices().map(|d| d.iter().any(|d| d.name == "fakeroce0")).unwrap_or(false);
-    if !listed {
-        let why = "the fake libibverbs is not on LD_LIBRARY_PATH (run .ci/stage-fakeverbs.sh)";
-        assert!(std::env::var_os("FAKE_IBVERBS_REQUIRED").is_none(), "{why}");
-        eprintln!("skipped: {why}");
+    // The fake reads `FAKE_IBVERBS_QP_ERROR_FILE` at each call: set before any verb runs.
+    let Some(common::verbs::FakePair { switch: fault, target, remote, initiator, local }) =
+        common::verbs::fake_pair("FAKE_IBVERBS_QP_ERROR_FILE", "fault")
+    else {
         return;
-    }
-    let engine = |name| common::builder(name).rdma(Arc::new(IbVerbs::new())).rdma_devices(["fakeroce0"]).build();
-    let target = engine("fault-decode").unwrap();
-    let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    let initiator = engine("fault-prefill").unwrap();
-    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    };
     // SAFETY: no batch in flight touches these bytes while the test reads or writes them.
     unsafe { local.fill_pattern(2) };
     let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();

@@ -9,27 +9,16 @@
 mod common;
 
 use common::WAIT;
-use kvring::rdma::{IbVerbs, Verbs};
-use kvring::{Batch, BlockDesc, RegionInfo};
-use std::sync::Arc;
+use kvring::{Batch, BlockDesc};
 
 #[test]
 fn after_the_ipv4_gid_goes_away_the_next_connection_uses_the_gid_that_is_left() {
-    let gone = std::env::temp_dir().join(format!("kvring-fake-no-ipv4-{}", std::process::id()));
-    // Watched by the fake; set before any verb runs.
-    std::env::set_var("FAKE_IBVERBS_NO_IPV4_FILE", &gone);
-    let listed = IbVerbs::new().devices().map(|d| d.iter().any(|d| d.name == "fakeroce0")).unwrap_or(false);
-    if !listed {
-        let why = "the fake libibverbs is not on LD_LIBRARY_PATH (run .ci/stage-fakeverbs.sh)";
-        assert!(std::env::var_os("FAKE_IBVERBS_REQUIRED").is_none(), "{why}");
-        eprintln!("skipped: {why}");
+    // The fake reads `FAKE_IBVERBS_NO_IPV4_FILE` at each call: set before any verb runs.
+    let Some(common::verbs::FakePair { switch: gone, target, remote, initiator, local }) =
+        common::verbs::fake_pair("FAKE_IBVERBS_NO_IPV4_FILE", "gid")
+    else {
         return;
-    }
-    let engine = |name| common::builder(name).rdma(Arc::new(IbVerbs::new())).rdma_devices(["fakeroce0"]).build();
-    let target = engine("gid-decode").unwrap();
-    let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    let initiator = engine("gid-prefill").unwrap();
-    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    };
     let addr = target.control_addr().to_string();
     let desc = BlockDesc::new(local.id(), 0, remote.id(), 0, 65536);
     let mut sub = initiator.submitter().unwrap();

@@ -87,3 +87,43 @@ impl Provider {
         }
     }
 }
+
+/// Two engines on the fake libibverbs' `fakeroce0` (a target and an
+/// initiator, each with a 1 MiB region of its own), after the fake's
+/// control-file variable `knob` is pointed at a fresh path in the temp dir
+/// (the fake reads it at each call, so this runs before any verb). `None`,
+/// saying why, where the fake is not loaded and nobody required it
+/// (`FAKE_IBVERBS_REQUIRED`, what .ci/stage-fakeverbs.sh sets).
+pub struct FakePair {
+    /// The path `knob` names: the fault is on while it exists.
+    pub switch: std::path::PathBuf,
+    /// The target engine and its region.
+    pub target: kvring::Engine,
+    /// The target's region.
+    pub remote: kvring::Region,
+    /// The initiator engine.
+    pub initiator: kvring::Engine,
+    /// The initiator's region.
+    pub local: kvring::Region,
+}
+
+/// See [`FakePair`]; `label` names the engines (`<label>-decode`, `-prefill`).
+pub fn fake_pair(knob: &str, label: &str) -> Option<FakePair> {
+    let switch = std::env::temp_dir().join(format!("kvring-{label}-{}", std::process::id()));
+    std::env::set_var(knob, &switch);
+    let listed = IbVerbs::new().devices().map(|d| d.iter().any(|d| d.name == "fakeroce0")).unwrap_or(false);
+    if !listed {
+        let why = "the fake libibverbs is not on LD_LIBRARY_PATH (run .ci/stage-fakeverbs.sh)";
+        assert!(std::env::var_os("FAKE_IBVERBS_REQUIRED").is_none(), "{why}");
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    let engine = |name: String| {
+        super::builder(&name).rdma(Arc::new(IbVerbs::new())).rdma_devices(["fakeroce0"]).build().unwrap()
+    };
+    let target = engine(format!("{label}-decode"));
+    let remote = target.alloc_region(1 << 20, kvring::RegionInfo::raw()).unwrap();
+    let initiator = engine(format!("{label}-prefill"));
+    let local = initiator.alloc_region(1 << 20, kvring::RegionInfo::raw()).unwrap();
+    Some(FakePair { switch, target, remote, initiator, local })
+}
