@@ -348,6 +348,16 @@ pub enum Error {
 /// Result alias used throughout kvring.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The code a peer's negative wire status names. A status the peer made up
+/// (zero, positive, unknown, or `i32::MIN`, whose negation overflows) reads
+/// as `Internal` rather than panicking: the status is outside bytes.
+pub(crate) fn code_of_status(status: i32) -> ErrorCode {
+    match status.checked_neg().map(ErrorCode::try_from) {
+        Some(Ok(code)) if code != ErrorCode::Unspecified => code,
+        _ => ErrorCode::Internal,
+    }
+}
+
 impl Error {
     /// The wire code of this error, as proto/ defines it.
     pub fn code(&self) -> ErrorCode {
@@ -450,6 +460,16 @@ mod tests {
 
     fn region(index: u16) -> RegionId {
         RegionId::new(index, 1)
+    }
+
+    /// A peer's status is outside bytes: every i32, `i32::MIN` included
+    /// (the fuzzer's find), reads as a code without panicking.
+    #[test]
+    fn every_wire_status_reads_as_a_code() {
+        assert_eq!(code_of_status(-(ErrorCode::OutOfBounds as i32)), ErrorCode::OutOfBounds);
+        for status in [i32::MIN, i32::MIN + 1, -1_000_000, 0, 1, i32::MAX] {
+            assert_eq!(code_of_status(status), ErrorCode::Internal, "status {status}");
+        }
     }
 
     /// Every variant's message, checked word for word where it matters.

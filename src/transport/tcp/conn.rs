@@ -58,7 +58,7 @@ impl Peer {
 
     /// Turns a reply's failure status into an error.
     fn refused(&self, reply: &FrameHeader) -> Error {
-        let code = ErrorCode::try_from(-reply.status).unwrap_or(ErrorCode::Internal);
+        let code = crate::error::code_of_status(reply.status);
         if code == ErrorCode::PeerRestarted {
             return self.gone(format!("it answered with another epoch than {:#x}", self.epoch));
         }

@@ -173,7 +173,7 @@ impl ServerHello {
         if self.status == 0 {
             return None;
         }
-        let code = ErrorCode::try_from(-self.status).unwrap_or(ErrorCode::Internal);
+        let code = crate::error::code_of_status(self.status);
         Some(match code {
             ErrorCode::PeerRestarted => Error::PeerRestarted {
                 segment: peer.to_string(),
