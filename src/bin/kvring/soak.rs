@@ -58,7 +58,10 @@ impl Tally {
         self.outage_since.get_or_insert_with(Instant::now);
         let t_ms = self.started.elapsed().as_millis();
         if self.json {
-            println!("{{\"event\":\"failure\",\"stage\":\"{stage}\",\"kind\":\"{kind}\",\"t_ms\":{t_ms}}}");
+            let unix_ms = unix_ms();
+            println!(
+                "{{\"event\":\"failure\",\"stage\":\"{stage}\",\"kind\":\"{kind}\",\"t_ms\":{t_ms},\"unix_ms\":{unix_ms}}}"
+            );
         } else {
             println!("{t_ms:>8} ms  {stage} failed: {detail}");
         }
@@ -74,12 +77,20 @@ impl Tally {
             let t_ms = self.started.elapsed().as_millis();
             let outage_ms = since.elapsed().as_millis();
             if self.json {
-                println!("{{\"event\":\"recovered\",\"t_ms\":{t_ms},\"outage_ms\":{outage_ms}}}");
+                let unix_ms = unix_ms();
+                println!("{{\"event\":\"recovered\",\"t_ms\":{t_ms},\"outage_ms\":{outage_ms},\"unix_ms\":{unix_ms}}}");
             } else {
                 println!("{t_ms:>8} ms  recovered after {outage_ms} ms");
             }
         }
     }
+}
+
+/// Wall-clock milliseconds since the Unix epoch, so that a harness in
+/// another process (benches/soak_recovery.py) can put an event beside the
+/// moment it saw a restarted target listen.
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
 }
 
 /// Runs the soak; fails only when the final verification does.
