@@ -66,6 +66,10 @@ typedef struct kvring_segment kvring_segment;
 // A submitter: rings to the lanes, used by one thread at a time (opaque).
 typedef struct kvring_submitter kvring_submitter;
 
+// A configuration being built (opaque): kvring's defaults until keys are
+// set.
+typedef struct kvring_config kvring_config;
+
 // Receives one of kvring's log events: its level (`KVRING_LOG_*`), its
 // target (the module, e.g. `kvring::engine::lifecycle`), its message with
 // its fields (`engine started name=... epoch=0x...`), and the `user`
@@ -182,6 +186,63 @@ int kvring_engine_create_with_rdma(const char *name,
                                    const char *rdma,
                                    const char *rdma_devices,
                                    kvring_engine **out);
+
+// A configuration at kvring's defaults, in `*out` (free it with
+// `kvring_config_free`).
+//
+// # Safety
+//
+// `out` is a valid pointer.
+int kvring_config_create(kvring_config **out);
+
+// Sets one key, as `kvring.toml` names it (`"rdma_gid_index"`, `"lanes"`,
+// `"transports"`, ...; `kvring info` lists them) to `value`, as the
+// environment spells it (`"3"`, `"shm,tcp"`, `"on"`). An unknown key or a
+// bad value fails with `-INVALID_ARGUMENT`, and `kvring_last_error` names
+// the key and what it takes; the configuration is then unchanged.
+//
+// # Safety
+//
+// `config` came from `kvring_config_create`; `key` and `value` are
+// NUL-terminated strings.
+int kvring_config_set(kvring_config *config, const char *key, const char *value);
+
+// Applies a `kvring.toml` file at `path` over what is set, as `kvring
+// serve --config` does; a key the file sets replaces an earlier value.
+//
+// # Safety
+//
+// `config` came from `kvring_config_create`; `path` is a NUL-terminated
+// string.
+int kvring_config_load_file(kvring_config *config, const char *path);
+
+// Applies this process's `KVRING_*` environment variables over what is
+// set, as `kvring serve` does; an unknown `KVRING_*` variable is an error
+// (a typo would otherwise be ignored).
+//
+// # Safety
+//
+// `config` came from `kvring_config_create`.
+int kvring_config_load_env(kvring_config *config);
+
+// Frees a configuration (null is ignored). Engines made from it keep
+// their own copy of every setting.
+//
+// # Safety
+//
+// `config` came from `kvring_config_create` and is not used afterwards.
+void kvring_config_free(kvring_config *config);
+
+// Starts an engine with every key of `config` applied (name, listen,
+// lanes, token, transports, RDMA and its GID index, ...), in `*out`. An
+// RDMA choice that cannot be honoured fails rather than leaving RDMA off:
+// `rdma = "on"` with no usable device, or devices named with `rdma =
+// "off"`.
+//
+// # Safety
+//
+// `config` came from `kvring_config_create`; `out` is a valid pointer.
+int kvring_engine_create_from_config(const kvring_config *config, kvring_engine **out);
 
 // Shuts an engine down and frees it (null is ignored). Segments and
 // submitters made from it must be freed first.

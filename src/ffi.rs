@@ -10,6 +10,7 @@
 
 mod arrivals;
 mod batches;
+mod config;
 mod transports;
 
 use crate::error::Error;

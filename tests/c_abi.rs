@@ -3,35 +3,14 @@
 //! made, and run as two processes that move and verify blocks; the
 //! initiator's log callback counts kvring's events.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-/// The directory holding this test's executable and `libkvring.so`.
-fn deps_dir() -> PathBuf {
-    std::env::current_exe().unwrap().parent().unwrap().to_path_buf()
-}
-
 fn compile() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let deps = deps_dir();
-    assert!(deps.join("libkvring.so").exists(), "the cdylib is built beside the tests in {}", deps.display());
-    let out = std::env::temp_dir().join(format!("kvring-c-{}", std::process::id()));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let status = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I"])
-        .arg(root.join("include"))
-        .arg(root.join("tests/c/two_process.c"))
-        .arg("-L")
-        .arg(&deps)
-        .arg("-lkvring")
-        .arg(format!("-Wl,-rpath,{}", deps.display()))
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .expect("a C compiler");
-    assert!(status.success(), "{cc} failed");
-    out
+    common::c::compile("two_process.c")
 }
 
 #[test]
@@ -82,4 +61,14 @@ fn the_checked_in_header_declares_every_exported_function() {
             "{name} is missing from include/kvring.h: regenerate it with cbindgen"
         );
     }
+}
+
+#[test]
+fn a_c_program_sets_every_key_by_name_and_bad_ones_are_refused() {
+    let program = common::c::compile("config.c");
+    let output = Command::new(&program).env_remove("KVRING_NAME").output().unwrap();
+    let _ = std::fs::remove_file(&program);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(stdout.trim(), "config ok");
 }

@@ -409,3 +409,18 @@ fn a_tagged_push_is_counted_on_the_target_through_its_shared_receive_queue() {
     assert_eq!(target.forget_arrival(tag), expected);
     assert_eq!(target.arrivals_dropped(), 0);
 }
+
+#[test]
+fn the_c_abi_reaches_the_gid_index_by_name() {
+    if fake().is_none() {
+        return;
+    }
+    // tests/c/config.c's "rdma" mode: index 9 (empty in the fake's table)
+    // refused by index, index 1 used, both through kvring_config_set.
+    let program = common::c::compile("config.c");
+    let output = std::process::Command::new(&program).arg("rdma").output().unwrap();
+    let _ = std::fs::remove_file(&program);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(stdout.trim(), "config rdma ok");
+}

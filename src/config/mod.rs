@@ -186,6 +186,8 @@ pub enum Source {
     Env(String),
     /// A command-line flag.
     Flag(String),
+    /// A program's call (the C ABI's `kvring_config_set`).
+    Call(&'static str),
 }
 
 impl std::fmt::Display for Source {
@@ -195,6 +197,7 @@ impl std::fmt::Display for Source {
             Source::File(path) => write!(f, "{}", path.display()),
             Source::Env(var) => write!(f, "${var}"),
             Source::Flag(flag) => f.write_str(flag),
+            Source::Call(call) => f.write_str(call),
         }
     }
 }
@@ -338,6 +341,12 @@ impl Config {
         self.set(key, value, Source::Flag(flag.clone())).map_err(|e| Error::invalid("config", format!("{flag}: {e}")))
     }
 
+    /// Sets `key` from a program's `call`: an error names the call and the
+    /// key.
+    pub fn set_by_call(&mut self, key: &str, value: String, call: &'static str) -> Result<()> {
+        self.set(key, value, Source::Call(call)).map_err(|e| Error::invalid("config", format!("{call}: {e}")))
+    }
+
     /// Sets a key, or says why not (the caller names the source).
     fn set(&mut self, name: &str, value: String, source: Source) -> std::result::Result<(), String> {
         let Some(setting) = self.settings.iter_mut().find(|s| s.key.name == name) else {
@@ -382,6 +391,20 @@ impl Config {
 
     /// An engine builder with every engine key applied.
     pub fn builder(&self) -> EngineBuilder {
+        self.rdma(self.engine_keys(), false)
+    }
+
+    /// As [`Config::builder`], but an RDMA choice that cannot be honoured
+    /// (devices named while `rdma` is off) is an error rather than RDMA
+    /// left off: what a program's call wants (the C ABI's
+    /// `kvring_engine_create_from_config`).
+    pub fn try_builder(&self) -> Result<EngineBuilder> {
+        let (mode, devices, options) = self.rdma_keys(false);
+        with_rdma(self.engine_keys(), mode, devices, options)
+    }
+
+    /// Every engine key but the RDMA ones.
+    fn engine_keys(&self) -> EngineBuilder {
         let mut builder = crate::Engine::builder();
         if let Some(name) = self.get("name") {
             builder = builder.name(name);
@@ -440,12 +463,15 @@ impl Config {
         if let Some(capacity) = self.count("notify_queue") {
             builder = builder.notify_queue(capacity);
         }
-        self.rdma(builder, false)
+        match self.get("rdma_gid_index").and_then(|v| v.parse::<u8>().ok()) {
+            Some(index) => builder.rdma_gid_index(index),
+            None => builder,
+        }
     }
 
-    /// `builder` with the RDMA keys applied (see [`with_rdma`]); `required`
-    /// makes `auto` mean `on` (`kvring bench --transport rdma`).
-    pub fn rdma(&self, builder: EngineBuilder, required: bool) -> EngineBuilder {
+    /// The RDMA keys: mode (`required` makes `auto` mean `on`), devices and
+    /// per-port options.
+    fn rdma_keys(&self, required: bool) -> (&str, Vec<String>, crate::rdma::IbOptions) {
         let mode = match (self.get("rdma").unwrap_or("auto"), required) {
             (_, true) => "on",
             (mode, false) => mode,
@@ -456,6 +482,13 @@ impl Config {
             traffic_class: byte("rdma_traffic_class"),
             service_level: byte("rdma_service_level"),
         };
+        (mode, devices, options)
+    }
+
+    /// `builder` with the RDMA keys applied (see [`with_rdma`]); `required`
+    /// makes `auto` mean `on` (`kvring bench --transport rdma`).
+    pub fn rdma(&self, builder: EngineBuilder, required: bool) -> EngineBuilder {
+        let (mode, devices, options) = self.rdma_keys(required);
         let builder = match self.get("rdma_gid_index").and_then(|v| v.parse::<u8>().ok()) {
             Some(index) => builder.rdma_gid_index(index),
             None => builder,

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod c;
 pub mod child;
 pub mod raw;
 pub mod verbs;
