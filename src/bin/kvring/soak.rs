@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 
 /// First pause between attempts while the peer is unreachable; it doubles
 /// with each failure in a row, up to [`MAX_RETRY_PAUSE`].
-const RETRY_PAUSE: Duration = Duration::from_millis(20);
-/// Longest pause between attempts.
-const MAX_RETRY_PAUSE: Duration = Duration::from_millis(320);
+const RETRY_PAUSE: Duration = Duration::from_millis(10);
+/// Longest pause between attempts: it bounds how late the soak notices a
+/// restarted target (issue 32: within 100 ms of its listening, worst
+/// case), while a refused connect costs the target nothing.
+const MAX_RETRY_PAUSE: Duration = Duration::from_millis(40);
 /// Deadline of one open (handshake and connects) during the soak.
 const OPEN_TIMEOUT: Duration = Duration::from_millis(500);
 /// Deadline of one batch's wait.
