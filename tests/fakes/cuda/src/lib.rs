@@ -63,11 +63,15 @@ pub mod err {
 
 /// What the environment asked for at `cuInit`.
 #[derive(Debug, Clone)]
-struct Config {
+pub(crate) struct Config {
     version: c_int,
     gpus: usize,
     init_error: CUresult,
     peer: bool,
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`.
+    pub(crate) gdr_vmm: bool,
+    /// The devices' compute capability, as major * 10 + minor.
+    pub(crate) sm: i32,
 }
 
 fn env_num(name: &str, default: i64) -> i64 {
@@ -80,6 +84,8 @@ fn config() -> Config {
         gpus: env_num("FAKECUDA_GPUS", 2).clamp(0, 64) as usize,
         init_error: env_num("FAKECUDA_INIT_ERROR", 0) as CUresult,
         peer: env_num("FAKECUDA_PEER", 1) != 0,
+        gdr_vmm: env_num("FAKECUDA_GDR_VMM", 1) != 0,
+        sm: env_num("FAKECUDA_SM", 90) as i32,
     }
 }
 
@@ -99,7 +105,7 @@ struct Primary {
 
 /// The driver's state in this process.
 pub(crate) struct Driver {
-    config: Config,
+    pub(crate) config: Config,
     primaries: Vec<Primary>,
     pub(crate) mem: mem::Memory,
     pub(crate) exec: exec::Exec,
@@ -346,10 +352,10 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_in
             91 => 1,  // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
             102 => 1, // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
             103 => 1, // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
-            110 => 1, // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+            110 => i32::from(d.config.gdr_vmm), // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
             124 => 1, // DMA_BUF_SUPPORTED
-            75 => 9,  // COMPUTE_CAPABILITY_MAJOR
-            76 => 0,  // COMPUTE_CAPABILITY_MINOR
+            75 => d.config.sm / 10, // COMPUTE_CAPABILITY_MAJOR
+            76 => d.config.sm % 10, // COMPUTE_CAPABILITY_MINOR
             _ => 0,
         };
         // SAFETY: an out-pointer the caller passes under the Driver API's contract

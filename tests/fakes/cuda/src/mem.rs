@@ -746,6 +746,14 @@ pub unsafe extern "C" fn cuMemCreate(
         if size == 0 || !(size as u64).is_multiple_of(GRANULARITY) || flags != 0 {
             return Err(err::INVALID_VALUE);
         }
+        // [ref: 5 Enumerations, CUdevice_attribute:
+        // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED "Device
+        // supports specifying the GPUDirect RDMA flag with cuMemCreate"; and
+        // 7 Data Structures, CUmemAllocationProp::allocFlags::
+        // gpuDirectRDMACapable.] A device without it takes no such flag.
+        if gdr && !d.config.gdr_vmm {
+            return Err(err::NOT_SUPPORTED);
+        }
         let phys = d.mem.new_phys(device, size as u64, types, gdr)?;
         let id = phys.id;
         d.mem.handles.insert(id, (phys, 1));
