@@ -505,12 +505,18 @@ impl Exporter {
     /// Starts an exporter of 1 MiB on GPU `gpu` (its own numbering) with
     /// the fake configured by `env`.
     fn start(gpu: u32, env: &[(&str, &str)]) -> Exporter {
+        Self::start_as("legacy", gpu, env)
+    }
+
+    /// [`Exporter::start`] of memory made as `mode` says (`legacy`, `pieces`).
+    fn start_as(mode: &str, gpu: u32, env: &[(&str, &str)]) -> Exporter {
         use std::io::BufRead;
         let mut command = Command::new(std::env::current_exe().unwrap());
         command
             .args(["exporter_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
             .env("KVRING_FAKE_CHILD", "1")
             .env("KVRING_EXPORT_GPU", gpu.to_string())
+            .env("KVRING_EXPORT_MODE", mode)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped());
         for (key, value) in env {
@@ -536,16 +542,25 @@ impl Drop for Exporter {
     }
 }
 
-/// The exporter: 1 MiB of `cuMemAlloc` memory on `KVRING_EXPORT_GPU`,
-/// registered, until its stdin closes.
+/// The exporter: 1 MiB of `cuMemAlloc` memory on `KVRING_EXPORT_GPU`
+/// (or, with `KVRING_EXPORT_MODE=pieces`, two 2 MiB pieces of the virtual
+/// memory API mapped back to back), registered, until its stdin closes.
 #[test]
 #[ignore = "the exporter of the cross-process scenarios"]
 fn exporter_child() {
     use std::io::Write;
     let Some(_fake) = fake() else { return };
     let gpu: u32 = std::env::var("KVRING_EXPORT_GPU").unwrap().parse().unwrap();
-    let engine = common::engine("fake-exporter");
-    let _region = engine.alloc_region(1 << 20, RegionInfo::raw().on_gpu(gpu)).unwrap();
+    let provider: Arc<dyn Gpu> = Arc::new(CudaGpu::load().unwrap());
+    let engine = common::builder("fake-exporter").gpu(provider.clone()).build().unwrap();
+    let mut _region = None;
+    if std::env::var("KVRING_EXPORT_MODE").is_ok_and(|m| m == "pieces") {
+        let run = provider.alloc_pieces(gpu, 2 << 20, 2).unwrap();
+        // SAFETY: the run lives as long as this process.
+        unsafe { engine.register(run.0 as *mut u8, 4 << 20, RegionInfo::raw().on_gpu(gpu)) }.unwrap();
+    } else {
+        _region = Some(engine.alloc_region(1 << 20, RegionInfo::raw().on_gpu(gpu)).unwrap());
+    }
     println!("ready {}", engine.control_addr());
     std::io::stdout().flush().unwrap();
     let mut line = String::new();
@@ -719,4 +734,62 @@ fn fabric_child() {
     }
     let error = gpu.export(at, 4096).unwrap_err().to_string();
     assert!(error.contains("allows only FABRIC handles") && error.contains("POSIX_FILE_DESCRIPTOR"), "{error}");
+}
+
+#[test]
+fn peers_numbering_gpus_otherwise_move_bytes_between_the_same_physical_gpu() {
+    scenario("visible_child", &[("FAKECUDA_GPUS", "2")]);
+}
+
+/// Review #17: the exporter sees GPUs in the order 1,0
+/// (`CUDA_VISIBLE_DEVICES`), so its GPU 0 is this process's GPU 1; its
+/// memory there, legacy or pieces, is copied on that GPU from this
+/// process's memory on it, nothing staged, and lands.
+#[test]
+#[ignore = "a child of peers_numbering_gpus_otherwise_…"]
+fn visible_child() {
+    let Some(fake) = fake() else { return };
+    let engine = common::engine("fake-visible-opener");
+    let local = engine.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap();
+    // SAFETY: nothing else touches the region.
+    unsafe { local.fill_pattern(47) };
+    let expected = common::read(&local, 0, 1 << 20);
+    let mut sub = engine.submitter().unwrap();
+    for mode in ["legacy", "pieces"] {
+        let exporter = Exporter::start_as(mode, 0, &[("FAKECUDA_GPUS", "2"), ("CUDA_VISIBLE_DEVICES", "1,0")]);
+        let segment = engine.open_segment_with(&exporter.addr, None, common::WAIT).unwrap();
+        let remote = segment.regions()[0].id;
+        let descs = [BlockDesc::new(local.id(), 0, remote, 0, 1 << 20)];
+        let outcome = common::run(&mut sub, &Batch::write(&segment).descs(&descs));
+        assert!(outcome.is_done(), "{mode}: {outcome:?}");
+        let sum = segment.remote_checksum(remote, 0, 1 << 20, common::WAIT).unwrap();
+        assert_eq!(sum, kvring::testing::checksum(&expected), "{mode}: the exporter's bytes");
+        assert_eq!(fake.stat("staged"), 0, "{mode}: one physical GPU, no staging");
+        engine.close_segment(&segment);
+    }
+}
+
+#[test]
+fn a_peers_pieces_on_a_gpu_hidden_here_are_refused_naming_it_by_uuid() {
+    scenario("hidden_child", &[("FAKECUDA_GPUS", "2"), ("CUDA_VISIBLE_DEVICES", "0")]);
+}
+
+/// Review #17: the exporter's GPU (physical 1) is hidden here: its pieces
+/// cannot be imported, and the open says why; its legacy memory still
+/// opens (legacy IPC needs no ordinal of the owner's GPU).
+#[test]
+#[ignore = "a child of a_peers_pieces_on_a_gpu_hidden_…"]
+fn hidden_child() {
+    let Some(_fake) = fake() else { return };
+    let engine = common::engine("fake-hidden-opener");
+    let local = engine.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let env = [("FAKECUDA_GPUS", "2"), ("CUDA_VISIBLE_DEVICES", "1")];
+    let pieces = Exporter::start_as("pieces", 0, &env);
+    let error = engine.open_segment_with(&pieces.addr, None, common::WAIT).unwrap_err().to_string();
+    assert!(error.contains("which this process does not see") && error.contains("CUDA_VISIBLE_DEVICES"), "{error}");
+    let legacy = Exporter::start_as("legacy", 0, &env);
+    let segment = engine.open_segment_with(&legacy.addr, None, common::WAIT).unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, segment.regions()[0].id, 0, 1 << 20)];
+    let mut sub = engine.submitter().unwrap();
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&descs)).is_done());
 }

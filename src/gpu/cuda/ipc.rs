@@ -22,6 +22,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 /// Marks a handle naming a physical allocation of the virtual memory API
 /// by its address in the exporter.
 const PIECE_MAGIC: [u8; 4] = *b"KVCP";
+/// Where a piece's handle carries the UUID of the GPU holding it: the
+/// exporter's ordinal means nothing to a peer whose `CUDA_VISIBLE_DEVICES`
+/// differs (GPU-REVIEW #17). All zero: not known.
+const PIECE_UUID: std::ops::Range<usize> = 16..32;
 
 /// A peer's export opened here.
 #[derive(Debug)]
@@ -178,7 +182,10 @@ impl CudaGpu {
             // Exportable now (made with POSIX descriptor handles), or
             // refused now: the descriptor itself is made when a peer asks.
             drop(export_piece(at)?);
-            let bytes = fd::encode(PIECE_MAGIC, at, ordinal);
+            let mut bytes = fd::encode(PIECE_MAGIC, at, ordinal);
+            if let Some(uuid) = self.contexts.get(ordinal as usize).and_then(|slot| slot.uuid) {
+                bytes[PIECE_UUID].copy_from_slice(&uuid);
+            }
             let offset = addr.saturating_sub(at);
             handles.push(IpcHandle { kind: HandleKind::FileDescriptor, bytes, offset, len: piece.size as u64 });
             at += piece.size as u64;
@@ -248,6 +255,7 @@ impl CudaGpu {
     /// write access for every device of this process; on any failure,
     /// undoes what was done.
     fn map_pieces(&self, handles: &[IpcHandle], fds: FdSource<'_>) -> Result<Opened> {
+        handles.iter().try_for_each(|handle| self.check_visible(handle))?;
         let total: u64 = handles.iter().map(|h| h.len).sum();
         let mut range: sys::CUdeviceptr = 0;
         // SAFETY: writes one address; alignment 0 is the default granularity.
@@ -265,6 +273,21 @@ impl CudaGpu {
             return Err(error);
         }
         Ok(Opened::Mapped { range, total, pieces })
+    }
+
+    /// Refuses a piece held by a GPU this process does not see (its
+    /// exporter's `CUDA_VISIBLE_DEVICES` showed it, ours hides it), which
+    /// the driver cannot import, saying so; the GPU is named by UUID.
+    fn check_visible(&self, handle: &IpcHandle) -> Result<()> {
+        let uuid: [u8; 16] = handle.bytes[PIECE_UUID].try_into().expect("16 bytes");
+        if uuid == [0; 16] || self.contexts.iter().any(|slot| slot.uuid == Some(uuid)) {
+            return Ok(());
+        }
+        let named: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+        Err(cuda_error(format!(
+            "the peer's memory is on GPU {named} (UUID), which this process does not see: CUDA_VISIBLE_DEVICES \
+             hides it here; make it visible to both processes (the order may differ) to open this memory"
+        )))
     }
 
     /// Allocates a run of `pieces` physical allocations with shareable

@@ -76,7 +76,11 @@ pub(super) fn load() -> Result<Loaded> {
     check(result, "loading the copy kernel").map_err(|error| {
         let said = |log: &[u8]| String::from_utf8_lossy(log.split(|&b| b == 0).next().unwrap_or(&[])).trim().to_owned();
         let (errors, info) = (said(&error_log), said(&info_log));
-        super::cuda_error(format!("{error}; the JIT compiler's log: {errors:?} (info: {info:?})"))
+        let reason = match error {
+            crate::error::Error::Gpu { reason, .. } => reason,
+            other => other.to_string(),
+        };
+        super::cuda_error(format!("{reason}; the JIT compiler's log: {errors:?} (info: {info:?})"))
     })?;
     let mut function: sys::CUfunction = std::ptr::null_mut();
     // SAFETY: a module just loaded and a NUL-terminated name.

@@ -60,6 +60,9 @@ unsafe impl<T> Sync for Raw<T> {}
 struct Slot {
     device: sys::CUdevice,
     context: OnceLock<Raw<sys::CUcontext>>,
+    /// The GPU's UUID (`cuDeviceGetUuid`): how another process, whose
+    /// `CUDA_VISIBLE_DEVICES` may number GPUs otherwise, names it.
+    uuid: Option<[u8; 16]>,
 }
 
 /// The provider over the CUDA driver.
@@ -156,7 +159,7 @@ impl CudaGpu {
             let mut device: sys::CUdevice = 0;
             // SAFETY: writes one device handle; `ordinal` is below the count.
             check(unsafe { sys::cuDeviceGet(&mut device, ordinal) }, "opening a GPU")?;
-            contexts.push(Slot { device, context: OnceLock::new() });
+            contexts.push(Slot { device, context: OnceLock::new(), uuid: load::uuid(device) });
         }
         if contexts.is_empty() {
             return Err(cuda_error("the CUDA driver loaded but lists no GPU"));
