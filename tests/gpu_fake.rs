@@ -14,7 +14,7 @@ mod common;
 
 use kvring::gpu::{Copy, CopyMethod, CopySides, CudaGpu, Gpu, Place};
 use kvring::{Batch, BlockDesc, RegionInfo};
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
