@@ -256,7 +256,10 @@ fn cuda_ipc_moves_every_pairing_of_device_and_host_memory_in_one_process() {
 
 #[test]
 fn adjacent_blocks_cost_one_copy_and_a_chunk_one_batched_call() {
-    let Some(gpu) = sim_only("coalescing (copy counters)", sim()) else { return };
+    let Some(gpu) = sim_only("coalescing (copy counters; on the fake driver: gpu_fake.rs coalesce_child)", sim())
+    else {
+        return;
+    };
     let target = engine("coalesce-target", &gpu);
     let initiator = engine("coalesce-initiator", &gpu);
     let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
@@ -284,7 +287,12 @@ fn adjacent_blocks_cost_one_copy_and_a_chunk_one_batched_call() {
 #[test]
 fn a_batch_past_its_deadline_ends_only_once_its_copies_have() {
     let delay = Duration::from_millis(300);
-    let Some(gpu) = sim_only("deadline (a slow copy engine)", SimGpu::new(1, delay)) else { return };
+    let Some(gpu) = sim_only(
+        "deadline (a slow copy engine; on the fake driver: gpu_fake.rs deadline_child)",
+        SimGpu::new(1, delay),
+    ) else {
+        return;
+    };
     let target = engine("slow-target", &gpu);
     let initiator = engine("slow-initiator", &gpu);
     let remote = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();

@@ -826,3 +826,69 @@ fn hidden_child() {
     let mut sub = engine.submitter().unwrap();
     assert!(common::run(&mut sub, &Batch::write(&segment).descs(&descs)).is_done());
 }
+
+#[test]
+fn adjacent_blocks_cost_one_copy_and_a_chunk_one_batched_call_on_the_driver() {
+    scenario("coalesce_child", &[]);
+}
+
+/// `tests/gpu.rs`'s coalescing test (simulator only there: it reads copy
+/// counters), on the driver: the fake counts batched calls and copies.
+#[test]
+#[ignore = "a child of adjacent_blocks_cost_one_copy_…"]
+fn coalesce_child() {
+    let Some(fake) = fake() else { return };
+    let target = common::engine("fake-coalesce-target");
+    let initiator = common::engine("fake-coalesce-initiator");
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    // SAFETY: nothing else touches the region.
+    unsafe { local.fill_pattern(3) };
+    let segment = initiator.open_segment_with(&target.control_addr().to_string(), None, common::WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let counts = || (fake.stat("batches"), fake.stat("copies"));
+    let before = counts();
+    let adjacent: Vec<BlockDesc> =
+        (0..64).map(|i| BlockDesc::new(local.id(), i * 4096, remote.id(), i * 4096, 4096)).collect();
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&adjacent)).is_done());
+    let after = counts();
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1), "one batched call carrying one copy");
+    let scattered: Vec<BlockDesc> =
+        (0..64).map(|i| BlockDesc::new(local.id(), i * 4096, remote.id(), (63 - i) * 4096, 4096)).collect();
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&scattered)).is_done());
+    let last = counts();
+    assert_eq!((last.0 - after.0, last.1 - after.1), (1, 64));
+    assert_eq!(common::read(&remote, 63 * 4096, 4096), common::read(&local, 0, 4096));
+}
+
+#[test]
+fn a_batch_past_its_deadline_ends_only_once_its_copies_have_on_the_driver() {
+    scenario("deadline_child", &[]);
+}
+
+/// `tests/gpu.rs`'s deadline test (simulator only there: it needs a slow
+/// copy engine), on the driver: the fake's streams run each job late.
+#[test]
+#[ignore = "a child of a_batch_past_its_deadline_…"]
+fn deadline_child() {
+    let Some(fake) = fake() else { return };
+    let delay = Duration::from_millis(300);
+    let target = common::engine("fake-slow-target");
+    let initiator = common::engine("fake-slow-initiator");
+    let remote = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
+    let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    // SAFETY: nothing else touches the region.
+    unsafe { local.fill_pattern(21) };
+    let segment = initiator.open_segment_with(&target.control_addr().to_string(), None, common::WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = [BlockDesc::new(local.id(), 0, remote.id(), 0, 4096)];
+    fake.set("delay_us", delay.as_micros() as i64);
+    let started = std::time::Instant::now();
+    let batch = Batch::write(&segment).descs(&desc).deadline(Duration::from_millis(20));
+    let outcome = common::run(&mut sub, &batch);
+    assert!(matches!(outcome, kvring::Outcome::TimedOut { bytes: 4096 }), "its copy landed, late: {outcome:?}");
+    assert!(started.elapsed() >= delay, "ended after {:?}, before its copy", started.elapsed());
+    fake.set("delay_us", 0);
+    assert_eq!(common::read(&remote, 0, 4096), common::read(&local, 0, 4096));
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done(), "the segment is not stale");
+}
