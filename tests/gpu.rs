@@ -748,7 +748,10 @@ fn kv_round_trip(mode: &str) {
 #[test]
 fn an_older_driver_falls_back_and_the_copies_still_land() {
     let old = SimGpu::new(1, Duration::from_micros(50)).with_copy_method(CopyMethod::PerCopy);
-    let Some(gpu) = sim_only("an older driver (simulated)", old) else { return };
+    let Some(gpu) = sim_only("an older driver (simulated; on the fake driver: gpu_fake.rs older_driver_child)", old)
+    else {
+        return;
+    };
     let target = common::builder("old-target").gpu(gpu.clone()).build().unwrap();
     let initiator = common::builder("old-initiator").gpu(gpu.clone()).build().unwrap();
     assert_eq!(initiator.gpu_copy_method(), Some(CopyMethod::PerCopy), "the engine says which path it takes");
@@ -775,7 +778,10 @@ fn chunks(engine: &Engine) -> CopyMethodCounts {
 #[test]
 fn the_copy_kernel_takes_only_pinned_chunks_and_every_chunks_method_is_counted() {
     let sim = SimGpu::new(1, Duration::from_millis(200)).with_copy_method(CopyMethod::Kernel);
-    let Some(gpu) = sim_only("kernel tier (simulated driver)", sim) else { return };
+    let Some(gpu) = sim_only("kernel tier (simulated driver; on the fake driver: gpu_fake.rs kernel_tier_child)", sim)
+    else {
+        return;
+    };
     let target = engine("kernel-target", &gpu);
     let initiator = engine("kernel-initiator", &gpu);
     let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();

@@ -892,3 +892,91 @@ fn deadline_child() {
     assert_eq!(common::read(&remote, 0, 4096), common::read(&local, 0, 4096));
     assert!(common::run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done(), "the segment is not stale");
 }
+
+/// Chunks of GPU copies an engine's lanes issued, by method.
+fn chunks(engine: &kvring::Engine) -> kvring::gpu::CopyMethodCounts {
+    kvring::gpu::CopyMethodCounts::sum(engine.lane_stats().iter().map(|s| s.gpu_chunks))
+}
+
+#[test]
+fn an_older_driver_falls_back_and_the_copies_still_land_on_the_driver() {
+    // 12.6 has no batched copy, and the kernel's PTX targets sm_70: on an
+    // sm_60 device it does not load, so each copy is one call.
+    scenario("older_driver_child", &[("FAKECUDA_VERSION", "12060"), ("FAKECUDA_SM", "60")]);
+}
+
+/// `tests/gpu.rs`'s older-driver test (simulator only there), on the
+/// driver.
+#[test]
+#[ignore = "a child of an_older_driver_falls_back_…"]
+fn older_driver_child() {
+    let Some(_fake) = fake() else { return };
+    let target = common::engine("fake-old-target");
+    let initiator = common::engine("fake-old-initiator");
+    assert_eq!(initiator.gpu_copy_method(), Some(CopyMethod::PerCopy), "the engine says which path it takes");
+    let remote = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
+    let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    // SAFETY: nothing else touches the region.
+    unsafe { local.fill_pattern(5) };
+    let segment = initiator.open_segment_with(&target.control_addr().to_string(), None, common::WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = [BlockDesc::new(local.id(), 0, remote.id(), 0, 1 << 16)];
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done());
+    assert_eq!(common::read(&remote, 0, 1 << 16), common::read(&local, 0, 1 << 16));
+    assert_eq!(chunks(&initiator).per_copy, 1);
+}
+
+#[test]
+fn the_copy_kernel_takes_only_pinned_chunks_and_every_chunks_method_is_counted_on_the_driver() {
+    scenario("kernel_tier_child", &[("FAKECUDA_VERSION", "12060")]);
+}
+
+/// `tests/gpu.rs`'s copy-kernel test (simulator only there), on a 12.6
+/// driver, whose streams run each job 200 ms late while twenty chunks are
+/// queued.
+#[test]
+#[ignore = "a child of the_copy_kernel_takes_only_pinned_…"]
+fn kernel_tier_child() {
+    use kvring::gpu::CopyMethodCounts;
+    let Some(fake) = fake() else { return };
+    let gpu: Arc<dyn Gpu> = Arc::new(CudaGpu::load().unwrap());
+    let target = common::builder("fake-kernel-target").gpu(gpu.clone()).build().unwrap();
+    let initiator = common::builder("fake-kernel-initiator").gpu(gpu.clone()).build().unwrap();
+    assert_eq!(initiator.gpu_copy_method(), Some(CopyMethod::Kernel));
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let pinned = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    // SAFETY: nothing else touches the region.
+    unsafe { pinned.fill_pattern(11) };
+    let mut pageable = common::pattern(1 << 16, 12);
+    // SAFETY: `pageable` outlives the engine's use of it (the engine drops first).
+    let caller = unsafe { initiator.register(pageable.as_mut_ptr(), pageable.len(), RegionInfo::raw()) }.unwrap();
+    let segment = initiator.open_segment_with(&target.control_addr().to_string(), None, common::WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let before = chunks(&initiator);
+    let from_pinned = [BlockDesc::new(pinned.id(), 0, remote.id(), 0, 4096)];
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&from_pinned)).is_done());
+    assert_eq!(chunks(&initiator).since(&before), CopyMethodCounts { kernel: 1, ..Default::default() });
+    let from_pageable = [BlockDesc::new(caller, 0, remote.id(), 65536, 4096)];
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&from_pageable)).is_done());
+    assert_eq!(chunks(&initiator).since(&before), CopyMethodCounts { kernel: 1, per_copy: 1, ..Default::default() });
+    assert_eq!(common::read(&remote, 0, 4096), common::read(&pinned, 0, 4096));
+    assert_eq!(common::read(&remote, 65536, 4096), pageable[..4096]);
+    // Twenty chunks queued at once on one stream: sixteen slots, then one
+    // call per copy.
+    fake.set("delay_us", 200_000);
+    let before = chunks(&initiator);
+    let ids: Vec<_> = (0..20u64)
+        .map(|i| {
+            let desc = [BlockDesc::new(pinned.id(), i * 4096, remote.id(), i * 4096, 4096)];
+            sub.submit(&Batch::write(&segment).descs(&desc)).unwrap()
+        })
+        .collect();
+    for id in ids {
+        assert!(sub.wait(id, common::WAIT).unwrap().is_done());
+    }
+    fake.set("delay_us", 0);
+    assert_eq!(chunks(&initiator).since(&before), CopyMethodCounts { kernel: 16, per_copy: 4, ..Default::default() });
+    assert_eq!(common::read(&remote, 0, 20 * 4096), common::read(&pinned, 0, 20 * 4096));
+    drop(sub);
+    drop(initiator);
+}
