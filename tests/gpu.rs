@@ -314,7 +314,9 @@ fn a_batch_past_its_deadline_ends_only_once_its_copies_have() {
 
 #[test]
 fn gpu_faults_are_clear_errors_and_the_lane_serves_others() {
-    let Some(gpu) = sim_only("faults (injected)", sim()) else { return };
+    let Some(gpu) = sim_only("faults (injected; on the fake driver: gpu_fake.rs engine_fault_child)", sim()) else {
+        return;
+    };
     let target = engine("fault-target", &gpu);
     let initiator = engine("fault-initiator", &gpu);
     let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap();

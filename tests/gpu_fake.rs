@@ -980,3 +980,40 @@ fn kernel_tier_child() {
     drop(sub);
     drop(initiator);
 }
+
+#[test]
+fn gpu_faults_are_clear_errors_and_the_lane_serves_others_on_the_driver() {
+    scenario("engine_fault_child", &[]);
+}
+
+/// `tests/gpu.rs`'s fault test (simulator only there: it injects the
+/// fault), on the driver: a copy faulting on GPU 1 fails its batch with the
+/// driver's error, and host memory on the same lane still moves.
+#[test]
+#[ignore = "a child of gpu_faults_are_clear_errors_…"]
+fn engine_fault_child() {
+    let Some(fake) = fake() else { return };
+    let target = common::engine("fake-fault-target");
+    let initiator = common::engine("fake-fault-initiator");
+    let host_peer = common::engine("fake-fault-host-peer");
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap();
+    let host_remote = host_peer.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let segment = initiator.open_segment_with(&target.control_addr().to_string(), None, common::WAIT).unwrap();
+    let host_segment = initiator
+        .open_segment_with(&host_peer.control_addr().to_string(), Some(kvring::TransportKind::Shm), common::WAIT)
+        .unwrap();
+    fake.set("fault_after", 0);
+    let many: Vec<BlockDesc> =
+        (0..600).map(|i| BlockDesc::new(local.id(), i * 1024, remote.id(), (599 - i) * 1024, 1024)).collect();
+    match common::run(&mut sub, &Batch::write(&segment).descs(&many)) {
+        kvring::Outcome::Failed(error) => {
+            assert!(error.to_string().contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{error}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fake.stat("faults"), 1);
+    let host = [BlockDesc::new(local.id(), 0, host_remote.id(), 0, 4096)];
+    assert!(common::run(&mut sub, &Batch::write(&host_segment).descs(&host)).is_done());
+}
