@@ -256,7 +256,10 @@ fn cuda_ipc_moves_every_pairing_of_device_and_host_memory_in_one_process() {
 
 #[test]
 fn adjacent_blocks_cost_one_copy_and_a_chunk_one_batched_call() {
-    let Some(gpu) = sim_only("coalescing (copy counters)", sim()) else { return };
+    let Some(gpu) = sim_only("coalescing (copy counters; on the fake driver: gpu_fake.rs coalesce_child)", sim())
+    else {
+        return;
+    };
     let target = engine("coalesce-target", &gpu);
     let initiator = engine("coalesce-initiator", &gpu);
     let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
@@ -284,7 +287,12 @@ fn adjacent_blocks_cost_one_copy_and_a_chunk_one_batched_call() {
 #[test]
 fn a_batch_past_its_deadline_ends_only_once_its_copies_have() {
     let delay = Duration::from_millis(300);
-    let Some(gpu) = sim_only("deadline (a slow copy engine)", SimGpu::new(1, delay)) else { return };
+    let Some(gpu) = sim_only(
+        "deadline (a slow copy engine; on the fake driver: gpu_fake.rs deadline_child)",
+        SimGpu::new(1, delay),
+    ) else {
+        return;
+    };
     let target = engine("slow-target", &gpu);
     let initiator = engine("slow-initiator", &gpu);
     let remote = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
@@ -306,7 +314,9 @@ fn a_batch_past_its_deadline_ends_only_once_its_copies_have() {
 
 #[test]
 fn gpu_faults_are_clear_errors_and_the_lane_serves_others() {
-    let Some(gpu) = sim_only("faults (injected)", sim()) else { return };
+    let Some(gpu) = sim_only("faults (injected; on the fake driver: gpu_fake.rs engine_fault_child)", sim()) else {
+        return;
+    };
     let target = engine("fault-target", &gpu);
     let initiator = engine("fault-initiator", &gpu);
     let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap();
@@ -740,7 +750,10 @@ fn kv_round_trip(mode: &str) {
 #[test]
 fn an_older_driver_falls_back_and_the_copies_still_land() {
     let old = SimGpu::new(1, Duration::from_micros(50)).with_copy_method(CopyMethod::PerCopy);
-    let Some(gpu) = sim_only("an older driver (simulated)", old) else { return };
+    let Some(gpu) = sim_only("an older driver (simulated; on the fake driver: gpu_fake.rs older_driver_child)", old)
+    else {
+        return;
+    };
     let target = common::builder("old-target").gpu(gpu.clone()).build().unwrap();
     let initiator = common::builder("old-initiator").gpu(gpu.clone()).build().unwrap();
     assert_eq!(initiator.gpu_copy_method(), Some(CopyMethod::PerCopy), "the engine says which path it takes");
@@ -767,7 +780,10 @@ fn chunks(engine: &Engine) -> CopyMethodCounts {
 #[test]
 fn the_copy_kernel_takes_only_pinned_chunks_and_every_chunks_method_is_counted() {
     let sim = SimGpu::new(1, Duration::from_millis(200)).with_copy_method(CopyMethod::Kernel);
-    let Some(gpu) = sim_only("kernel tier (simulated driver)", sim) else { return };
+    let Some(gpu) = sim_only("kernel tier (simulated driver; on the fake driver: gpu_fake.rs kernel_tier_child)", sim)
+    else {
+        return;
+    };
     let target = engine("kernel-target", &gpu);
     let initiator = engine("kernel-initiator", &gpu);
     let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();

@@ -492,3 +492,528 @@ fn two_libraries_child() {
     let error = CudaGpu::load().unwrap_err().to_string();
     assert!(error.contains("is not the driver's libcuda.so.1"), "{error}");
 }
+
+/// A process of this binary serving device memory on one GPU
+/// (`exporter_child`), stopped when dropped.
+struct Exporter {
+    child: std::process::Child,
+    addr: String,
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Exporter {
+    /// Starts an exporter of 1 MiB on GPU `gpu` (its own numbering) with
+    /// the fake configured by `env`.
+    fn start(gpu: u32, env: &[(&str, &str)]) -> Exporter {
+        Self::start_as("legacy", gpu, env)
+    }
+
+    /// [`Exporter::start`] of memory made as `mode` says (`legacy`, `pieces`).
+    fn start_as(mode: &str, gpu: u32, env: &[(&str, &str)]) -> Exporter {
+        use std::io::BufRead;
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .args(["exporter_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("KVRING_FAKE_CHILD", "1")
+            .env("KVRING_EXPORT_GPU", gpu.to_string())
+            .env("KVRING_EXPORT_MODE", mode)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let addr = loop {
+            let mut line = String::new();
+            assert!(stdout.read_line(&mut line).unwrap() > 0, "the exporter exited before it was ready");
+            if let Some((_, addr)) = line.split_once("ready ") {
+                break addr.trim().to_string();
+            }
+        };
+        Exporter { child, addr, _stdout: stdout }
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take()); // it exits at EOF
+        let _ = self.child.wait();
+    }
+}
+
+/// The exporter: 1 MiB of `cuMemAlloc` memory on `KVRING_EXPORT_GPU`
+/// (or, with `KVRING_EXPORT_MODE=pieces`, two 2 MiB pieces of the virtual
+/// memory API mapped back to back), registered, until its stdin closes.
+#[test]
+#[ignore = "the exporter of the cross-process scenarios"]
+fn exporter_child() {
+    use std::io::Write;
+    let Some(_fake) = fake() else { return };
+    let gpu: u32 = std::env::var("KVRING_EXPORT_GPU").unwrap().parse().unwrap();
+    let provider: Arc<dyn Gpu> = Arc::new(CudaGpu::load().unwrap());
+    let engine = common::builder("fake-exporter").gpu(provider.clone()).build().unwrap();
+    let mut _region = None;
+    if std::env::var("KVRING_EXPORT_MODE").is_ok_and(|m| m == "pieces") {
+        let run = provider.alloc_pieces(gpu, 2 << 20, 2).unwrap();
+        // SAFETY: the run lives as long as this process.
+        unsafe { engine.register(run.0 as *mut u8, 4 << 20, RegionInfo::raw().on_gpu(gpu)) }.unwrap();
+    } else {
+        _region = Some(engine.alloc_region(1 << 20, RegionInfo::raw().on_gpu(gpu)).unwrap());
+    }
+    println!("ready {}", engine.control_addr());
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+#[test]
+fn a_peers_legacy_memory_is_copied_by_the_gpu_whose_context_opened_it() {
+    scenario("legacy_context_child", &[("FAKECUDA_GPUS", "4")]);
+}
+
+/// Review #4: a legacy IPC handle is mapped only in the context that
+/// opened it (here GPU 0's, the caller's); the copies from this engine's
+/// memory on GPU 1 go peer to peer, never staged through the host, and
+/// land.
+#[test]
+#[ignore = "a child of a_peers_legacy_memory_…"]
+fn legacy_context_child() {
+    let Some(fake) = fake() else { return };
+    let exporter = Exporter::start(2, &[("FAKECUDA_GPUS", "4")]);
+    fake.become_application_on(0);
+    let engine = common::engine("fake-legacy-opener");
+    let mine = fake.application_alloc(1 << 20);
+    // SAFETY: device memory that outlives the engine.
+    unsafe { engine.register(mine as *mut u8, 1 << 20, RegionInfo::raw().on_gpu(0)) }.unwrap();
+    let local = engine.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap();
+    // SAFETY: nothing else touches the region.
+    unsafe { local.fill_pattern(41) };
+    let segment = engine.open_segment_with(&exporter.addr, None, common::WAIT).unwrap();
+    assert_eq!(segment.transport(), kvring::TransportKind::CudaIpc);
+    let remote = segment.regions()[0].id;
+    let mut sub = engine.submitter().unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, remote, 0, 1 << 20)];
+    let outcome = common::run(&mut sub, &Batch::write(&segment).descs(&descs));
+    assert!(outcome.is_done(), "{outcome:?}");
+    assert_eq!(fake.stat("staged"), 0, "GPU 1's bytes reached the peer's memory opened in GPU 0's context directly");
+    let expected = common::read(&local, 0, 1 << 20);
+    let sum = segment.remote_checksum(remote, 0, 1 << 20, common::WAIT).unwrap();
+    assert_eq!(sum, kvring::testing::checksum(&expected), "the exporter's bytes, read by the exporter");
+    engine.close_segment(&segment);
+}
+
+#[test]
+fn blocks_of_two_allocations_side_by_side_are_never_merged_into_one_copy() {
+    scenario("merge_child", &[]);
+}
+
+/// Review #9: two `cudaMalloc`s back to back, each a region; a batch whose
+/// blocks continue each other across them lands (the driver refuses one
+/// copy spanning both, failing the whole chunk).
+#[test]
+#[ignore = "a child of blocks_of_two_allocations_…"]
+fn merge_child() {
+    use cudarc::driver::sys;
+    let Some(_gpu) = any_driver() else { return };
+    // What an application on cuda:0 does: its primary context current,
+    // then two cudaMallocs of the allocation granularity, which the fake
+    // (and often the driver) lays out back to back.
+    const LEN: u64 = 2 << 20;
+    let (mut context, mut a, mut b) = (std::ptr::null_mut(), 0u64, 0u64);
+    // SAFETY: driver calls with valid out-pointers (cudarc's bindings).
+    unsafe {
+        assert_eq!(sys::cuDevicePrimaryCtxRetain(&mut context, 0), sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuCtxSetCurrent(context), sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuMemAlloc_v2(&mut a, LEN as usize), sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuMemAlloc_v2(&mut b, LEN as usize), sys::CUresult::CUDA_SUCCESS);
+    }
+    if b != a + LEN {
+        assert!(Fake::find().is_none(), "the fake lays cuMemAlloc's out back to back");
+        eprintln!("skipped: this driver did not place the two allocations back to back ({a:#x}, {b:#x})");
+        return;
+    }
+    let target = common::engine("fake-merge-target");
+    // SAFETY: device memory that outlives the engines.
+    let ra = unsafe { target.register(a as *mut u8, LEN as usize, RegionInfo::raw().on_gpu(0)) }.unwrap();
+    // SAFETY: as above.
+    let rb = unsafe { target.register(b as *mut u8, LEN as usize, RegionInfo::raw().on_gpu(0)) }.unwrap();
+    let initiator = common::engine("fake-merge-initiator");
+    let local = initiator.alloc_region(2 * LEN as usize, RegionInfo::raw().on_gpu(0)).unwrap();
+    // SAFETY: nothing else touches the region.
+    unsafe { local.fill_pattern(43) };
+    let segment = initiator.open_segment_with(&target.control_addr().to_string(), None, common::WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let half = 65536;
+    let descs = [BlockDesc::new(local.id(), 0, ra, LEN - half, half), BlockDesc::new(local.id(), half, rb, 0, half)];
+    let outcome = common::run(&mut sub, &Batch::write(&segment).descs(&descs));
+    assert!(outcome.is_done(), "{outcome:?}");
+    let back = initiator.alloc_region(2 * half as usize, RegionInfo::raw()).unwrap();
+    let reads = [BlockDesc::new(back.id(), 0, ra, LEN - half, half), BlockDesc::new(back.id(), half, rb, 0, half)];
+    assert!(common::run(&mut sub, &Batch::read(&segment).descs(&reads)).is_done());
+    assert_eq!(common::read(&back, 0, 2 * half as usize), common::read(&local, 0, 2 * half as usize));
+    initiator.close_segment(&segment);
+}
+
+#[test]
+fn kvrings_own_pieces_are_made_for_gpudirect_rdma_where_the_device_allows() {
+    scenario("gdr_child", &[("FAKECUDA_GDR_VMM", "1"), ("EXPECT_GDR", "1")]);
+    scenario("gdr_child", &[("FAKECUDA_GDR_VMM", "0"), ("EXPECT_GDR", "0")]);
+}
+
+/// Review #15: `allocFlags.gpuDirectRDMACapable` is set where
+/// `GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED` says so (the pointer then
+/// reads `IS_GPU_DIRECT_RDMA_CAPABLE`), and not asked of a device without.
+#[test]
+#[ignore = "a child of kvrings_own_pieces_…"]
+fn gdr_child() {
+    use cudarc::driver::sys;
+    let Some(gpu) = any_driver() else { return };
+    let run = gpu.alloc_pieces(0, 2 << 20, 2).unwrap();
+    let (mut supported, mut capable) = (0i32, 0u8);
+    let mut which = [sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE];
+    let mut data = [(&mut capable as *mut u8).cast::<c_void>()];
+    let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED;
+    // SAFETY: one int, then one attribute with one byte for it (cudarc's bindings).
+    unsafe {
+        assert_eq!(sys::cuDeviceGetAttribute(&mut supported, attribute, 0), sys::CUresult::CUDA_SUCCESS);
+        let asked = sys::cuPointerGetAttributes(1, which.as_mut_ptr(), data.as_mut_ptr(), run.0 + (2 << 20));
+        assert_eq!(asked, sys::CUresult::CUDA_SUCCESS);
+    }
+    if let Ok(expected) = std::env::var("EXPECT_GDR") {
+        assert_eq!(supported.to_string(), expected, "the fake's GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED");
+    }
+    assert_eq!(i32::from(capable), supported, "IS_GPU_DIRECT_RDMA_CAPABLE as the device allows");
+    // SAFETY: nothing uses the run.
+    unsafe { gpu.free(run) }.unwrap();
+}
+
+/// The CUDA provider on whatever driver is loaded, the fake or a real one
+/// (these scenarios also run on a GPU machine: `KVRING_FAKE_CHILD=1 cargo
+/// test --test gpu_fake -- --ignored --exact NAME`); `None` (saying why)
+/// where there is none and nobody required one.
+fn any_driver() -> Option<CudaGpu> {
+    match CudaGpu::load() {
+        Ok(gpu) => Some(gpu),
+        Err(error) => {
+            let required = std::env::var("FAKECUDA_REQUIRED").is_ok_and(|v| v == "1");
+            assert!(!required, "FAKECUDA_REQUIRED=1 but no CUDA driver loads: {error}");
+            eprintln!("skipped: no CUDA driver ({error})");
+            None
+        }
+    }
+}
+
+#[test]
+fn a_copy_kernel_that_fails_to_compile_says_what_the_jit_compiler_said() {
+    scenario("jit_child", &[("FAKECUDA_VERSION", "12060"), ("FAKECUDA_SM", "60"), ("EXPECT_LOADS", "0")]);
+    scenario("jit_child", &[("FAKECUDA_VERSION", "12060"), ("EXPECT_LOADS", "1")]);
+}
+
+/// Review #18: the module load asks for the JIT's error and info logs
+/// (`CU_JIT_ERROR_LOG_BUFFER`, `CU_JIT_INFO_LOG_BUFFER`) and quotes them.
+#[test]
+#[ignore = "a child of a_copy_kernel_that_fails_…"]
+fn jit_child() {
+    let Some(_fake) = fake() else { return };
+    let gpu = CudaGpu::load().unwrap();
+    match (gpu.copy_kernel_loads(0), std::env::var("EXPECT_LOADS").unwrap().as_str()) {
+        (Ok(()), "1") => assert_eq!(gpu.copy_method(), CopyMethod::Kernel),
+        (Err(error), "0") => {
+            assert_eq!(gpu.copy_method(), CopyMethod::PerCopy, "one copy call per run instead");
+            let error = error.to_string();
+            assert!(error.contains("CUDA_ERROR_INVALID_PTX"), "{error}");
+            assert!(
+                error.contains("JIT compiler's log") && error.contains("sm_70") && error.contains("sm_60"),
+                "{error}"
+            );
+        }
+        (other, expected) => panic!("{other:?}, expected loads={expected}"),
+    }
+}
+
+#[test]
+fn memory_exported_only_as_fabric_handles_is_refused_naming_its_handle_types() {
+    scenario("fabric_child", &[]);
+}
+
+/// Review #16: virtual-memory-API memory made with FABRIC handles only
+/// (PyTorch on a host with IMEX channels) cannot travel as a POSIX
+/// descriptor: the export says so, naming the handle types it has.
+#[test]
+#[ignore = "a child of memory_exported_only_as_fabric_…"]
+fn fabric_child() {
+    use cudarc::driver::sys::{CUmemAllocationProp, CUmemLocation};
+    type Create = unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> u32;
+    type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> u32;
+    type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> u32;
+    let Some(fake) = fake() else { return };
+    let gpu = CudaGpu::load().unwrap();
+    fake.become_application_on(0);
+    let (create, reserve, map): (Create, Reserve, Map) =
+        (fake.function(c"cuMemCreate"), fake.function(c"cuMemAddressReserve"), fake.function(c"cuMemMap"));
+    const SIZE: usize = 2 << 20;
+    // SAFETY: plain data; zero is valid for every field not set below.
+    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = cudarc::driver::sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = cudarc::driver::sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
+    prop.location = CUmemLocation { type_: cudarc::driver::sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
+    let (mut handle, mut at) = (0u64, 0u64);
+    // SAFETY: the fake's entry points with valid out-pointers and properties.
+    unsafe {
+        assert_eq!(create(&mut handle, SIZE, &prop, 0), 0);
+        assert_eq!(reserve(&mut at, SIZE, 0, 0, 0), 0);
+        assert_eq!(map(at, SIZE, 0, handle, 0), 0);
+    }
+    let error = gpu.export(at, 4096).unwrap_err().to_string();
+    assert!(error.contains("allows only FABRIC handles") && error.contains("POSIX_FILE_DESCRIPTOR"), "{error}");
+}
+
+#[test]
+fn peers_numbering_gpus_otherwise_move_bytes_between_the_same_physical_gpu() {
+    scenario("visible_child", &[("FAKECUDA_GPUS", "2")]);
+}
+
+/// Review #17: the exporter sees GPUs in the order 1,0
+/// (`CUDA_VISIBLE_DEVICES`), so its GPU 0 is this process's GPU 1; its
+/// memory there, legacy or pieces, is copied on that GPU from this
+/// process's memory on it, nothing staged, and lands.
+#[test]
+#[ignore = "a child of peers_numbering_gpus_otherwise_…"]
+fn visible_child() {
+    let Some(fake) = fake() else { return };
+    let engine = common::engine("fake-visible-opener");
+    let local = engine.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap();
+    // SAFETY: nothing else touches the region.
+    unsafe { local.fill_pattern(47) };
+    let expected = common::read(&local, 0, 1 << 20);
+    let mut sub = engine.submitter().unwrap();
+    for mode in ["legacy", "pieces"] {
+        let exporter = Exporter::start_as(mode, 0, &[("FAKECUDA_GPUS", "2"), ("CUDA_VISIBLE_DEVICES", "1,0")]);
+        let segment = engine.open_segment_with(&exporter.addr, None, common::WAIT).unwrap();
+        let remote = segment.regions()[0].id;
+        let descs = [BlockDesc::new(local.id(), 0, remote, 0, 1 << 20)];
+        let outcome = common::run(&mut sub, &Batch::write(&segment).descs(&descs));
+        assert!(outcome.is_done(), "{mode}: {outcome:?}");
+        let sum = segment.remote_checksum(remote, 0, 1 << 20, common::WAIT).unwrap();
+        assert_eq!(sum, kvring::testing::checksum(&expected), "{mode}: the exporter's bytes");
+        assert_eq!(fake.stat("staged"), 0, "{mode}: one physical GPU, no staging");
+        engine.close_segment(&segment);
+    }
+}
+
+#[test]
+fn a_peers_pieces_on_a_gpu_hidden_here_are_refused_naming_it_by_uuid() {
+    scenario("hidden_child", &[("FAKECUDA_GPUS", "2"), ("CUDA_VISIBLE_DEVICES", "0")]);
+}
+
+/// Review #17: the exporter's GPU (physical 1) is hidden here: its pieces
+/// cannot be imported, and the open says why; its legacy memory still
+/// opens (legacy IPC needs no ordinal of the owner's GPU).
+#[test]
+#[ignore = "a child of a_peers_pieces_on_a_gpu_hidden_…"]
+fn hidden_child() {
+    let Some(_fake) = fake() else { return };
+    let engine = common::engine("fake-hidden-opener");
+    let local = engine.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let env = [("FAKECUDA_GPUS", "2"), ("CUDA_VISIBLE_DEVICES", "1")];
+    let pieces = Exporter::start_as("pieces", 0, &env);
+    let error = engine.open_segment_with(&pieces.addr, None, common::WAIT).unwrap_err().to_string();
+    assert!(error.contains("which this process does not see") && error.contains("CUDA_VISIBLE_DEVICES"), "{error}");
+    let legacy = Exporter::start_as("legacy", 0, &env);
+    let segment = engine.open_segment_with(&legacy.addr, None, common::WAIT).unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, segment.regions()[0].id, 0, 1 << 20)];
+    let mut sub = engine.submitter().unwrap();
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&descs)).is_done());
+}
+
+#[test]
+fn adjacent_blocks_cost_one_copy_and_a_chunk_one_batched_call_on_the_driver() {
+    scenario("coalesce_child", &[]);
+}
+
+/// `tests/gpu.rs`'s coalescing test (simulator only there: it reads copy
+/// counters), on the driver: the fake counts batched calls and copies.
+#[test]
+#[ignore = "a child of adjacent_blocks_cost_one_copy_…"]
+fn coalesce_child() {
+    let Some(fake) = fake() else { return };
+    let target = common::engine("fake-coalesce-target");
+    let initiator = common::engine("fake-coalesce-initiator");
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    // SAFETY: nothing else touches the region.
+    unsafe { local.fill_pattern(3) };
+    let segment = initiator.open_segment_with(&target.control_addr().to_string(), None, common::WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let counts = || (fake.stat("batches"), fake.stat("copies"));
+    let before = counts();
+    let adjacent: Vec<BlockDesc> =
+        (0..64).map(|i| BlockDesc::new(local.id(), i * 4096, remote.id(), i * 4096, 4096)).collect();
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&adjacent)).is_done());
+    let after = counts();
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1), "one batched call carrying one copy");
+    let scattered: Vec<BlockDesc> =
+        (0..64).map(|i| BlockDesc::new(local.id(), i * 4096, remote.id(), (63 - i) * 4096, 4096)).collect();
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&scattered)).is_done());
+    let last = counts();
+    assert_eq!((last.0 - after.0, last.1 - after.1), (1, 64));
+    assert_eq!(common::read(&remote, 63 * 4096, 4096), common::read(&local, 0, 4096));
+}
+
+#[test]
+fn a_batch_past_its_deadline_ends_only_once_its_copies_have_on_the_driver() {
+    scenario("deadline_child", &[]);
+}
+
+/// `tests/gpu.rs`'s deadline test (simulator only there: it needs a slow
+/// copy engine), on the driver: the fake's streams run each job late.
+#[test]
+#[ignore = "a child of a_batch_past_its_deadline_…"]
+fn deadline_child() {
+    let Some(fake) = fake() else { return };
+    let delay = Duration::from_millis(300);
+    let target = common::engine("fake-slow-target");
+    let initiator = common::engine("fake-slow-initiator");
+    let remote = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
+    let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    // SAFETY: nothing else touches the region.
+    unsafe { local.fill_pattern(21) };
+    let segment = initiator.open_segment_with(&target.control_addr().to_string(), None, common::WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = [BlockDesc::new(local.id(), 0, remote.id(), 0, 4096)];
+    fake.set("delay_us", delay.as_micros() as i64);
+    let started = std::time::Instant::now();
+    let batch = Batch::write(&segment).descs(&desc).deadline(Duration::from_millis(20));
+    let outcome = common::run(&mut sub, &batch);
+    assert!(matches!(outcome, kvring::Outcome::TimedOut { bytes: 4096 }), "its copy landed, late: {outcome:?}");
+    assert!(started.elapsed() >= delay, "ended after {:?}, before its copy", started.elapsed());
+    fake.set("delay_us", 0);
+    assert_eq!(common::read(&remote, 0, 4096), common::read(&local, 0, 4096));
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done(), "the segment is not stale");
+}
+
+/// Chunks of GPU copies an engine's lanes issued, by method.
+fn chunks(engine: &kvring::Engine) -> kvring::gpu::CopyMethodCounts {
+    kvring::gpu::CopyMethodCounts::sum(engine.lane_stats().iter().map(|s| s.gpu_chunks))
+}
+
+#[test]
+fn an_older_driver_falls_back_and_the_copies_still_land_on_the_driver() {
+    // 12.6 has no batched copy, and the kernel's PTX targets sm_70: on an
+    // sm_60 device it does not load, so each copy is one call.
+    scenario("older_driver_child", &[("FAKECUDA_VERSION", "12060"), ("FAKECUDA_SM", "60")]);
+}
+
+/// `tests/gpu.rs`'s older-driver test (simulator only there), on the
+/// driver.
+#[test]
+#[ignore = "a child of an_older_driver_falls_back_…"]
+fn older_driver_child() {
+    let Some(_fake) = fake() else { return };
+    let target = common::engine("fake-old-target");
+    let initiator = common::engine("fake-old-initiator");
+    assert_eq!(initiator.gpu_copy_method(), Some(CopyMethod::PerCopy), "the engine says which path it takes");
+    let remote = target.alloc_region(1 << 16, RegionInfo::raw().on_gpu(0)).unwrap();
+    let local = initiator.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    // SAFETY: nothing else touches the region.
+    unsafe { local.fill_pattern(5) };
+    let segment = initiator.open_segment_with(&target.control_addr().to_string(), None, common::WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = [BlockDesc::new(local.id(), 0, remote.id(), 0, 1 << 16)];
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&desc)).is_done());
+    assert_eq!(common::read(&remote, 0, 1 << 16), common::read(&local, 0, 1 << 16));
+    assert_eq!(chunks(&initiator).per_copy, 1);
+}
+
+#[test]
+fn the_copy_kernel_takes_only_pinned_chunks_and_every_chunks_method_is_counted_on_the_driver() {
+    scenario("kernel_tier_child", &[("FAKECUDA_VERSION", "12060")]);
+}
+
+/// `tests/gpu.rs`'s copy-kernel test (simulator only there), on a 12.6
+/// driver, whose streams run each job 200 ms late while twenty chunks are
+/// queued.
+#[test]
+#[ignore = "a child of the_copy_kernel_takes_only_pinned_…"]
+fn kernel_tier_child() {
+    use kvring::gpu::CopyMethodCounts;
+    let Some(fake) = fake() else { return };
+    let gpu: Arc<dyn Gpu> = Arc::new(CudaGpu::load().unwrap());
+    let target = common::builder("fake-kernel-target").gpu(gpu.clone()).build().unwrap();
+    let initiator = common::builder("fake-kernel-initiator").gpu(gpu.clone()).build().unwrap();
+    assert_eq!(initiator.gpu_copy_method(), Some(CopyMethod::Kernel));
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
+    let pinned = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    // SAFETY: nothing else touches the region.
+    unsafe { pinned.fill_pattern(11) };
+    let mut pageable = common::pattern(1 << 16, 12);
+    // SAFETY: `pageable` outlives the engine's use of it (the engine drops first).
+    let caller = unsafe { initiator.register(pageable.as_mut_ptr(), pageable.len(), RegionInfo::raw()) }.unwrap();
+    let segment = initiator.open_segment_with(&target.control_addr().to_string(), None, common::WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let before = chunks(&initiator);
+    let from_pinned = [BlockDesc::new(pinned.id(), 0, remote.id(), 0, 4096)];
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&from_pinned)).is_done());
+    assert_eq!(chunks(&initiator).since(&before), CopyMethodCounts { kernel: 1, ..Default::default() });
+    let from_pageable = [BlockDesc::new(caller, 0, remote.id(), 65536, 4096)];
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&from_pageable)).is_done());
+    assert_eq!(chunks(&initiator).since(&before), CopyMethodCounts { kernel: 1, per_copy: 1, ..Default::default() });
+    assert_eq!(common::read(&remote, 0, 4096), common::read(&pinned, 0, 4096));
+    assert_eq!(common::read(&remote, 65536, 4096), pageable[..4096]);
+    // Twenty chunks queued at once on one stream: sixteen slots, then one
+    // call per copy.
+    fake.set("delay_us", 200_000);
+    let before = chunks(&initiator);
+    let ids: Vec<_> = (0..20u64)
+        .map(|i| {
+            let desc = [BlockDesc::new(pinned.id(), i * 4096, remote.id(), i * 4096, 4096)];
+            sub.submit(&Batch::write(&segment).descs(&desc)).unwrap()
+        })
+        .collect();
+    for id in ids {
+        assert!(sub.wait(id, common::WAIT).unwrap().is_done());
+    }
+    fake.set("delay_us", 0);
+    assert_eq!(chunks(&initiator).since(&before), CopyMethodCounts { kernel: 16, per_copy: 4, ..Default::default() });
+    assert_eq!(common::read(&remote, 0, 20 * 4096), common::read(&pinned, 0, 20 * 4096));
+    drop(sub);
+    drop(initiator);
+}
+
+#[test]
+fn gpu_faults_are_clear_errors_and_the_lane_serves_others_on_the_driver() {
+    scenario("engine_fault_child", &[]);
+}
+
+/// `tests/gpu.rs`'s fault test (simulator only there: it injects the
+/// fault), on the driver: a copy faulting on GPU 1 fails its batch with the
+/// driver's error, and host memory on the same lane still moves.
+#[test]
+#[ignore = "a child of gpu_faults_are_clear_errors_…"]
+fn engine_fault_child() {
+    let Some(fake) = fake() else { return };
+    let target = common::engine("fake-fault-target");
+    let initiator = common::engine("fake-fault-initiator");
+    let host_peer = common::engine("fake-fault-host-peer");
+    let remote = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap();
+    let host_remote = host_peer.alloc_region(1 << 16, RegionInfo::raw()).unwrap();
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let segment = initiator.open_segment_with(&target.control_addr().to_string(), None, common::WAIT).unwrap();
+    let host_segment = initiator
+        .open_segment_with(&host_peer.control_addr().to_string(), Some(kvring::TransportKind::Shm), common::WAIT)
+        .unwrap();
+    fake.set("fault_after", 0);
+    let many: Vec<BlockDesc> =
+        (0..600).map(|i| BlockDesc::new(local.id(), i * 1024, remote.id(), (599 - i) * 1024, 1024)).collect();
+    match common::run(&mut sub, &Batch::write(&segment).descs(&many)) {
+        kvring::Outcome::Failed(error) => {
+            assert!(error.to_string().contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{error}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fake.stat("faults"), 1);
+    let host = [BlockDesc::new(local.id(), 0, host_remote.id(), 0, 4096)];
+    assert!(common::run(&mut sub, &Batch::write(&host_segment).descs(&host)).is_done());
+}

@@ -352,6 +352,15 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     /// and runs past the allocation (or run of mapped allocations) holding
     /// it is an error.
     fn classify(&self, addr: u64, len: u64) -> Result<Memory>;
+    /// The start and length of the one device allocation (for the virtual
+    /// memory API: the one mapping) holding `addr`, where the provider can
+    /// tell; `None` for host memory or where it cannot. Copies are merged
+    /// only inside one: the driver refuses a copy that spans two
+    /// allocations (GPU-REVIEW #9).
+    fn allocation_span(&self, addr: u64) -> Option<(u64, u64)> {
+        let _ = addr;
+        None
+    }
     /// Allocates `len` bytes on `device`.
     fn alloc(&self, device: u32, len: u64) -> Result<DevicePtr>;
     /// Allocates `pieces` physical allocations of `piece_len` bytes each on
@@ -380,6 +389,15 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     /// as it is imported. kvring never opens an export of its own process
     /// (its pointers are valid here already); the simulator refuses it.
     fn open(&self, handles: &[IpcHandle], fds: FdSource<'_>) -> Result<DevicePtr>;
+    /// The GPU whose context maps a peer's export opened at `ptr` by
+    /// [`Gpu::open`], where the mapping belongs to one context (a legacy
+    /// IPC handle is mapped "into the current device address space"):
+    /// copies touching it run on that GPU (GPU-REVIEW #4). `None` where
+    /// every GPU of this process maps it alike.
+    fn opened_device(&self, ptr: DevicePtr) -> Option<u32> {
+        let _ = ptr;
+        None
+    }
     /// Exports `addr..addr + len` of this process's device memory as a
     /// dma-buf for a NIC to register; an error where the driver, the GPU or
     /// the memory cannot (the NIC may then register the device pointer

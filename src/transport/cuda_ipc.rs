@@ -107,8 +107,14 @@ impl PeerDevice {
                     // whatever happens next.
                     let opened = OpenedRegion { ptr: ptr.0, len: region.len, ordinal: 0, opened: true };
                     peer.regions[at] = Some(Ok(opened));
-                    let ordinal =
-                        peer.ordinal_of(ptr.0, region.len).map_err(|e| opening(&descriptor.name, region.id, e))?;
+                    // The GPU whose context maps it (a legacy handle's
+                    // opener) carries its copies; else the GPU holding it.
+                    let ordinal = match peer.gpu.opened_device(ptr) {
+                        Some(device) => device,
+                        None => {
+                            peer.ordinal_of(ptr.0, region.len).map_err(|e| opening(&descriptor.name, region.id, e))?
+                        }
+                    };
                     peer.regions[at] = Some(Ok(OpenedRegion { ordinal, ..opened }));
                     continue;
                 }
@@ -239,6 +245,10 @@ pub(crate) struct DeviceCopier {
     counters: Arc<CopyCounters>,
     /// The GPU whose stream carries the chunk (its first device side).
     device: Option<u32>,
+    /// The allocations holding the last copy's source and destination, as
+    /// far as the provider said (asked at the copy's first merge, once a
+    /// copy): a merge never crosses into another allocation.
+    spans: [Option<(u64, u64)>; 2],
 }
 
 impl DeviceCopier {
@@ -255,24 +265,50 @@ impl DeviceCopier {
             copy_bytes: 0,
             counters,
             device: None,
+            spans: [None; 2],
         }
     }
 
     /// Adds a copy to the chunk being built; one that continues the last on
-    /// both sides, in the same kinds of memory, extends it (adjacent blocks
-    /// cost one copy, not one each).
+    /// both sides, in the same kinds of memory and the same allocations,
+    /// extends it (adjacent blocks cost one copy, not one each). Blocks of
+    /// two allocations that merely sit side by side (back-to-back
+    /// `cudaMalloc`s) stay two copies: the driver refuses a copy spanning
+    /// both, and would fail the whole chunk (GPU-REVIEW #9).
     pub fn add(&mut self, copy: DeviceCopy, len: u64) {
         let DeviceCopy { src, dst, sides, device } = copy;
         self.device.get_or_insert(device);
         self.copy_bytes += len;
-        if let (Some(last), Some(&last_sides)) = (self.copies.last_mut(), self.sides.last()) {
-            if last.src + last.len == src && last.dst + last.len == dst && last_sides == sides {
-                last.len += len;
+        if let (Some(&last), Some(&last_sides)) = (self.copies.last(), self.sides.last()) {
+            let continues = last.src + last.len == src && last.dst + last.len == dst && last_sides == sides;
+            if continues
+                && self.one_allocation(0, sides.src, last.src, src + len)
+                && self.one_allocation(1, sides.dst, last.dst, dst + len)
+            {
+                self.copies.last_mut().expect("a last copy").len += len;
                 return;
             }
         }
         self.copies.push(Copy { src, dst, len });
         self.sides.push(sides);
+        self.spans = [None; 2];
+    }
+
+    /// True when `start..end` (one side of a merged copy, `side` 0 for the
+    /// source, 1 for the destination) lies in one allocation, or the
+    /// provider knows no bounds there (host memory).
+    fn one_allocation(&mut self, side: usize, place: Place, start: u64, end: u64) -> bool {
+        if place == Place::Host {
+            return true;
+        }
+        let span = match self.spans[side] {
+            Some(span) => span,
+            None => match self.gpu.allocation_span(start) {
+                Some(span) => *self.spans[side].insert(span),
+                None => return true,
+            },
+        };
+        span.0 <= start && end <= span.0.saturating_add(span.1)
     }
 
     /// Chunks whose copies are running.
@@ -419,8 +455,12 @@ pub(crate) struct DeviceCopy {
     pub device: u32,
 }
 
-/// A block's copy for the GPU (the local end's GPU carries it, else the
-/// remote end's); `None` when both ends are host memory (the host copies it).
+/// A block's copy for the GPU; `None` when both ends are host memory (the
+/// host copies it). The remote end's GPU carries it where the remote end is
+/// device memory: a peer's legacy IPC memory is mapped only in the context
+/// that opened it ("into the current device address space",
+/// `cuIpcOpenMemHandle`), which is that GPU, and it reaches the local
+/// end by peer access (GPU-REVIEW #4); else the local end's GPU.
 pub(crate) fn device_copy(
     op: crate::ring::Opcode,
     local: u64,
@@ -436,7 +476,7 @@ pub(crate) fn device_copy(
         MemoryKind::Host => Place::Host,
     };
     let device = match (local_place, remote_place) {
-        (Place::Device(ordinal), _) | (Place::Host, Place::Device(ordinal)) => ordinal,
+        (_, Place::Device(ordinal)) | (Place::Device(ordinal), Place::Host) => ordinal,
         (Place::Host, Place::Host) => return None,
     };
     Some(match op {

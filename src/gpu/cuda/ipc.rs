@@ -22,6 +22,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 /// Marks a handle naming a physical allocation of the virtual memory API
 /// by its address in the exporter.
 const PIECE_MAGIC: [u8; 4] = *b"KVCP";
+/// Where a piece's handle carries the UUID of the GPU holding it: the
+/// exporter's ordinal means nothing to a peer whose `CUDA_VISIBLE_DEVICES`
+/// differs (GPU-REVIEW #17). All zero: not known.
+const PIECE_UUID: std::ops::Range<usize> = 16..32;
 
 /// A peer's export opened here.
 #[derive(Debug)]
@@ -37,9 +41,16 @@ pub(super) enum Opened {
 impl Opened {
     /// The device whose context opened it (mapped ranges need none: 0).
     pub(super) fn device(&self) -> u32 {
+        self.context_device().unwrap_or(0)
+    }
+
+    /// The device whose context alone maps it: a legacy handle's opener
+    /// (`cuIpcOpenMemHandle` maps "into the current device address
+    /// space"); `None` for mapped pieces, which every device was granted.
+    pub(super) fn context_device(&self) -> Option<u32> {
         match self {
-            Opened::Legacy { device, .. } => *device,
-            Opened::Mapped { .. } => 0,
+            Opened::Legacy { device, .. } => Some(*device),
+            Opened::Mapped { .. } => None,
         }
     }
 }
@@ -103,6 +114,13 @@ impl CudaGpu {
         Ok(Attributes { kind, ordinal, start, size, managed: managed != 0, legacy_ipc: legacy_ipc != 0 })
     }
 
+    /// The device allocation (for the virtual memory API, the mapping)
+    /// holding `addr`; `None` for host and managed memory.
+    pub(super) fn span_of(&self, addr: u64) -> Result<Option<(u64, u64)>> {
+        let found = self.attributes(addr)?;
+        Ok((found.kind == 2 && !found.managed).then_some((found.start, found.size as u64)))
+    }
+
     /// Where `addr..addr + len` lives; device memory may span a run of
     /// physical allocations of the virtual memory API mapped back to back
     /// on one device (an expandable segment), never two allocations of
@@ -164,7 +182,10 @@ impl CudaGpu {
             // Exportable now (made with POSIX descriptor handles), or
             // refused now: the descriptor itself is made when a peer asks.
             drop(export_piece(at)?);
-            let bytes = fd::encode(PIECE_MAGIC, at, ordinal);
+            let mut bytes = fd::encode(PIECE_MAGIC, at, ordinal);
+            if let Some(uuid) = self.contexts.get(ordinal as usize).and_then(|slot| slot.uuid) {
+                bytes[PIECE_UUID].copy_from_slice(&uuid);
+            }
             let offset = addr.saturating_sub(at);
             handles.push(IpcHandle { kind: HandleKind::FileDescriptor, bytes, offset, len: piece.size as u64 });
             at += piece.size as u64;
@@ -234,6 +255,7 @@ impl CudaGpu {
     /// write access for every device of this process; on any failure,
     /// undoes what was done.
     fn map_pieces(&self, handles: &[IpcHandle], fds: FdSource<'_>) -> Result<Opened> {
+        handles.iter().try_for_each(|handle| self.check_visible(handle))?;
         let total: u64 = handles.iter().map(|h| h.len).sum();
         let mut range: sys::CUdeviceptr = 0;
         // SAFETY: writes one address; alignment 0 is the default granularity.
@@ -253,6 +275,21 @@ impl CudaGpu {
         Ok(Opened::Mapped { range, total, pieces })
     }
 
+    /// Refuses a piece held by a GPU this process does not see (its
+    /// exporter's `CUDA_VISIBLE_DEVICES` showed it, ours hides it), which
+    /// the driver cannot import, saying so; the GPU is named by UUID.
+    fn check_visible(&self, handle: &IpcHandle) -> Result<()> {
+        let uuid: [u8; 16] = handle.bytes[PIECE_UUID].try_into().expect("16 bytes");
+        if uuid == [0; 16] || self.contexts.iter().any(|slot| slot.uuid == Some(uuid)) {
+            return Ok(());
+        }
+        let named: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+        Err(cuda_error(format!(
+            "the peer's memory is on GPU {named} (UUID), which this process does not see: CUDA_VISIBLE_DEVICES \
+             hides it here; make it visible to both processes (the order may differ) to open this memory"
+        )))
+    }
+
     /// Allocates a run of `pieces` physical allocations with shareable
     /// descriptor handles, mapped back to back (what PyTorch's expandable
     /// segments do), readable and writable by every device that can.
@@ -265,6 +302,10 @@ impl CudaGpu {
         prop.requestedHandleTypes = sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         prop.location =
             sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device as c_int };
+        // A NIC registers this memory only when it was made for GPUDirect
+        // RDMA, which the flag asks for where the device supports it
+        // (review #15; PyTorch's expandable segments do the same).
+        prop.allocFlags.gpuDirectRDMACapable = u8::from(self.gdr_with_vmm(device));
         let mut granularity = 0usize;
         let option = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
         // SAFETY: writes one size for valid properties.
@@ -299,6 +340,17 @@ impl CudaGpu {
         }
         self.lock().runs.insert(range, Opened::Mapped { range, total, pieces: mapped });
         Ok(DevicePtr(range))
+    }
+
+    /// Whether `device` takes `gpuDirectRDMACapable` in `cuMemCreate`
+    /// (`CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`).
+    fn gdr_with_vmm(&self, device: u32) -> bool {
+        let Some(slot) = self.contexts.get(device as usize) else { return false };
+        let mut supported: c_int = 0;
+        let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED;
+        // SAFETY: writes one int for a valid device.
+        let asked = unsafe { sys::cuDeviceGetAttribute(&mut supported, attribute, slot.device) };
+        asked == sys::CUresult::CUDA_SUCCESS && supported == 1
     }
 
     /// Read and write access to `range` for every device of this process
@@ -439,8 +491,39 @@ pub(super) fn close(opened: Opened, base: u64) -> Result<()> {
     }
 }
 
+/// The handle types an allocation was made with
+/// (`CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES`, a mask of
+/// `CUmemAllocationHandleType`), by name.
+fn allowed_handle_types(at: u64) -> Option<(u64, String)> {
+    let mut mask = 0u64;
+    let mut attribute = [sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES];
+    let mut data: [*mut c_void; 1] = [(&mut mask as *mut u64).cast()];
+    // SAFETY: writes one 64-bit mask, the attribute's type, for any address.
+    let asked = unsafe { sys::cuPointerGetAttributes(1, attribute.as_mut_ptr(), data.as_mut_ptr(), at) };
+    if asked != sys::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    let names = [(0x1, "POSIX_FILE_DESCRIPTOR"), (0x2, "WIN32"), (0x4, "WIN32_KMT"), (0x8, "FABRIC")];
+    let named: Vec<&str> = names.iter().filter(|(bit, _)| mask & bit != 0).map(|&(_, name)| name).collect();
+    Some((mask, if named.is_empty() { "none".to_owned() } else { named.join("|") }))
+}
+
 /// The shareable descriptor of the physical allocation mapped at `at`.
+/// An allocation made without POSIX descriptor handles (PyTorch built for
+/// CUDA 12.3+ on a host with IMEX channels makes FABRIC-only ones) is
+/// refused up front, naming the handle types it has (GPU-REVIEW #16).
 fn export_piece(at: u64) -> Result<OwnedFd> {
+    const POSIX_FD: u64 = 0x1;
+    if let Some((mask, names)) = allowed_handle_types(at) {
+        if mask & POSIX_FD == 0 {
+            return Err(cuda_error(format!(
+                "exporting device memory at {at:#x}: its allocation allows only {names} handles \
+                 (CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES), and cuda_ipc shares virtual-memory-API memory by \
+                 POSIX_FILE_DESCRIPTOR; FABRIC handles (IMEX) are not supported: allocate it with \
+                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR among its requestedHandleTypes"
+            )));
+        }
+    }
     let mut handle: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: writes one handle; `at` is the start of a mapped allocation.
     let retained = unsafe { sys::cuMemRetainAllocationHandle(&mut handle, at as *mut c_void) };
@@ -455,11 +538,7 @@ fn export_piece(at: u64) -> Result<OwnedFd> {
     let exported = unsafe { sys::cuMemExportToShareableHandle((&mut raw as *mut c_int).cast(), handle, kind, 0) };
     // SAFETY: one release per retain above.
     unsafe { sys::cuMemRelease(handle) };
-    check(
-        exported,
-        "exporting device memory: the allocation was made without POSIX descriptor handles (PyTorch: \
-         expandable segments with the default handle type)",
-    )?;
+    check(exported, "exporting device memory as a POSIX descriptor")?;
     // SAFETY: a fresh descriptor the driver handed to this process.
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }

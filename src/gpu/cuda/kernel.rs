@@ -37,11 +37,51 @@ pub(super) struct Loaded {
     function: Raw<sys::CUfunction>,
 }
 
-/// Loads the kernel into the current context (the device's).
+/// Bytes of each JIT log kept (the compiler's error and info logs).
+const JIT_LOG_BYTES: usize = 4096;
+
+/// Loads the kernel into the current context (the device's); a failure
+/// quotes the JIT compiler's error log (`CU_JIT_ERROR_LOG_BUFFER`), and
+/// its info log, so it says why (GPU-REVIEW #18).
 pub(super) fn load() -> Result<Loaded> {
+    use sys::CUjit_option::*;
     let mut module: sys::CUmodule = std::ptr::null_mut();
-    // SAFETY: a NUL-terminated PTX image; writes one module handle.
-    check(unsafe { sys::cuModuleLoadData(&mut module, PTX.as_ptr().cast()) }, "loading the copy kernel")?;
+    let (mut error_log, mut info_log) = (vec![0u8; JIT_LOG_BYTES], vec![0u8; JIT_LOG_BYTES]);
+    let mut options = [
+        CU_JIT_ERROR_LOG_BUFFER,
+        CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        CU_JIT_INFO_LOG_BUFFER,
+        CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+    ];
+    // Sizes travel as the option's value itself (the driver's convention
+    // for unsigned int options), and come back as the bytes written.
+    let mut values: [*mut c_void; 4] = [
+        error_log.as_mut_ptr().cast(),
+        JIT_LOG_BYTES as *mut c_void,
+        info_log.as_mut_ptr().cast(),
+        JIT_LOG_BYTES as *mut c_void,
+    ];
+    // SAFETY: a NUL-terminated PTX image; writes one module handle; each
+    // log buffer is JIT_LOG_BYTES long, as its size option says, and
+    // outlives the call.
+    let result = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut module,
+            PTX.as_ptr().cast(),
+            options.len() as c_uint,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    };
+    check(result, "loading the copy kernel").map_err(|error| {
+        let said = |log: &[u8]| String::from_utf8_lossy(log.split(|&b| b == 0).next().unwrap_or(&[])).trim().to_owned();
+        let (errors, info) = (said(&error_log), said(&info_log));
+        let reason = match error {
+            crate::error::Error::Gpu { reason, .. } => reason,
+            other => other.to_string(),
+        };
+        super::cuda_error(format!("{reason}; the JIT compiler's log: {errors:?} (info: {info:?})"))
+    })?;
     let mut function: sys::CUfunction = std::ptr::null_mut();
     // SAFETY: a module just loaded and a NUL-terminated name.
     let found = unsafe { sys::cuModuleGetFunction(&mut function, module, c"kvring_copy".as_ptr()) };

@@ -1,6 +1,7 @@
 //! What loading the driver found: the error kept for later refusals, and
 //! the check that `libcuda.so` is the driver's `libcuda.so.1`.
 
+use cudarc::driver::sys;
 use std::ffi::{c_void, CStr};
 use std::sync::Mutex;
 
@@ -50,4 +51,12 @@ pub(super) fn library_mismatch() -> Option<String> {
         )),
         _ => None,
     }
+}
+
+/// `device`'s UUID, where the driver tells it.
+pub(super) fn uuid(device: sys::CUdevice) -> Option<[u8; 16]> {
+    let mut uuid = sys::CUuuid { bytes: [0; 16] };
+    // SAFETY: writes one 16-byte UUID for a valid device.
+    let asked = unsafe { sys::cuDeviceGetUuid(&mut uuid, device) };
+    (asked == sys::CUresult::CUDA_SUCCESS).then(|| uuid.bytes.map(|b| b as u8))
 }

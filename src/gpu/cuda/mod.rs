@@ -60,6 +60,9 @@ unsafe impl<T> Sync for Raw<T> {}
 struct Slot {
     device: sys::CUdevice,
     context: OnceLock<Raw<sys::CUcontext>>,
+    /// The GPU's UUID (`cuDeviceGetUuid`): how another process, whose
+    /// `CUDA_VISIBLE_DEVICES` may number GPUs otherwise, names it.
+    uuid: Option<[u8; 16]>,
 }
 
 /// The provider over the CUDA driver.
@@ -90,7 +93,7 @@ struct State {
     /// Runs of pieces this provider allocated, by their address.
     runs: HashMap<u64, ipc::Opened>,
     /// The copy kernel per device, once loaded (`None`: it did not load).
-    kernels: HashMap<u32, Option<kernel::Loaded>>,
+    kernels: HashMap<u32, std::result::Result<kernel::Loaded, String>>,
     /// The copy kernel's descriptor ring of each stream that launched it.
     rings: HashMap<u64, kernel::Ring>,
     /// Allocations this provider made with `cuMemAlloc`: address → device.
@@ -156,7 +159,7 @@ impl CudaGpu {
             let mut device: sys::CUdevice = 0;
             // SAFETY: writes one device handle; `ordinal` is below the count.
             check(unsafe { sys::cuDeviceGet(&mut device, ordinal) }, "opening a GPU")?;
-            contexts.push(Slot { device, context: OnceLock::new() });
+            contexts.push(Slot { device, context: OnceLock::new(), uuid: load::uuid(device) });
         }
         if contexts.is_empty() {
             return Err(cuda_error("the CUDA driver loaded but lists no GPU"));
@@ -183,16 +186,34 @@ impl CudaGpu {
         if self.batch_copy.is_some() {
             return None;
         }
-        if let Some(&known) = self.lock().kernels.get(&device) {
-            return known;
+        if let Some(known) = self.lock().kernels.get(&device) {
+            return known.as_ref().ok().copied();
         }
         let loaded = self.bind(device).and_then(|_bound| kernel::load());
         if let Err(error) = &loaded {
             tracing::warn!(%error, gpu = device, "the copy kernel did not load: one copy call per run instead");
         }
-        let loaded = loaded.ok();
+        let loaded = loaded.map_err(|error| match error {
+            Error::Gpu { reason, .. } => reason,
+            other => other.to_string(),
+        });
+        let kept = loaded.as_ref().ok().copied();
         self.lock().kernels.insert(device, loaded);
-        loaded
+        kept
+    }
+
+    /// Whether the copy kernel loads on `device` (loading it now, as its
+    /// first chunk there would): `Ok` where it loaded or the driver has
+    /// batched copies (the kernel is never used), else the load's error
+    /// with the JIT compiler's log.
+    pub fn copy_kernel_loads(&self, device: u32) -> Result<()> {
+        shielded("loading the copy kernel", || {
+            self.kernel(device);
+            match self.lock().kernels.get(&device) {
+                Some(Err(reason)) => Err(cuda_error(reason.clone())),
+                Some(Ok(_)) | None => Ok(()),
+            }
+        })
     }
 }
 
@@ -346,6 +367,10 @@ impl Gpu for CudaGpu {
         shielded("classifying a pointer", || self.classify_range(addr, len))
     }
 
+    fn allocation_span(&self, addr: u64) -> Option<(u64, u64)> {
+        shielded("finding an allocation's bounds", || self.span_of(addr)).ok().flatten()
+    }
+
     fn alloc(&self, device: u32, len: u64) -> Result<DevicePtr> {
         shielded("allocating device memory", || {
             let _bound = self.bind(device)?;
@@ -392,6 +417,10 @@ impl Gpu for CudaGpu {
 
     fn open(&self, handles: &[IpcHandle], fds: crate::gpu::FdSource<'_>) -> Result<DevicePtr> {
         shielded("opening a peer's device memory", || self.open_export(handles, fds))
+    }
+
+    fn opened_device(&self, ptr: DevicePtr) -> Option<u32> {
+        self.lock().opened.get(&ptr.0)?.last().and_then(ipc::Opened::context_device)
     }
 
     unsafe fn close(&self, ptr: DevicePtr) -> Result<()> {

@@ -424,6 +424,11 @@ fn classify_reach(d: &Driver, device: i32, end: &End) -> Result<(), CUresult> {
     if let End::Device { kind, access, .. } = end {
         let direct = match kind {
             Kind::Alloc => d.peer_enabled(device, end.device().unwrap_or(device)),
+            // [ref: 6.13, cuIpcOpenMemHandle: "Maps memory exported from
+            // another process with cuIpcGetMemHandle into the current device
+            // address space"; 6.29, cuCtxEnablePeerAccess: another device
+            // reaches memory of that context only once it has peer access
+            // to it.] A copy on another GPU's stream without it is staged.
             Kind::Ipc { context } => d.peer_enabled(device, *context),
             Kind::Vmm { .. } => {
                 if !access.contains(&device) {
@@ -623,43 +628,117 @@ unsafe fn batch(
     err::SUCCESS
 }
 
+/// JIT-compiles a PTX image into the current context: the module's id, or
+/// the error and what the compiler's error log says.
+///
+/// [ref: 6.10 Module Management, cuModuleLoadData: loads into the current
+/// context; PTX is JIT-compiled, which fails for a PTX ISA newer than the
+/// driver (UNSUPPORTED_PTX_VERSION) or a target above the device
+/// (INVALID_PTX).]
+fn load_module(d: &mut Driver, image: *const c_void) -> Result<usize, (CUresult, String)> {
+    let device = d.current().map_err(|e| (e, String::new()))?;
+    if image.is_null() {
+        return Err((err::INVALID_VALUE, String::new()));
+    }
+    // SAFETY: a NUL-terminated PTX image, checked non-null above (cuModuleLoadData's contract).
+    let text = unsafe { CStr::from_ptr(image.cast::<c_char>()) }.to_string_lossy().into_owned();
+    let field = |key: &str| text.lines().find_map(|l| l.trim().strip_prefix(key).map(|rest| rest.trim().to_owned()));
+    let invalid = |why: &str| (err::INVALID_PTX, format!("ptxas fatal   : {why}"));
+    let version = field(".version ").ok_or((err::INVALID_IMAGE, "ptxas fatal   : no .version directive".into()))?;
+    let target = field(".target ").ok_or((err::INVALID_IMAGE, "ptxas fatal   : no .target directive".into()))?;
+    let major: i32 = version.split('.').next().and_then(|v| v.parse().ok()).ok_or_else(|| invalid("bad .version"))?;
+    // PTX ISA 7.x ships with CUDA 11, 8.x with 12, 9.x with 13.
+    if (major + 4) * 1000 > d.version() {
+        // CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+        return Err((222, format!("ptxas fatal   : Unsupported .version {version}")));
+    }
+    let sm: i32 = target
+        .trim_start_matches("sm_")
+        .split([',', ' '])
+        .next()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| invalid("bad .target"))?;
+    if sm > d.config.sm {
+        return Err(invalid(&format!("SM version specified by .target (sm_{sm}) is higher than the device's (sm_{})", d.config.sm)));
+    }
+    let id = d.exec.take();
+    d.exec.modules.insert(id, Module { device, image: text });
+    Ok(id)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CUresult {
-    // [ref: 6.10 Module Management, cuModuleLoadData: loads into the
-    // current context; PTX is JIT-compiled, which fails for a PTX ISA newer
-    // than the driver (UNSUPPORTED_PTX_VERSION) or a target above the
-    // device (INVALID_PTX).]
     code(with(|d| {
-        let device = d.current()?;
-        if image.is_null() {
-            return Err(err::INVALID_VALUE);
-        }
-        // SAFETY: a NUL-terminated PTX image, checked non-null above (cuModuleLoadData's contract).
-        let text = unsafe { CStr::from_ptr(image.cast::<c_char>()) }.to_string_lossy().into_owned();
-        let field =
-            |key: &str| text.lines().find_map(|l| l.trim().strip_prefix(key).map(|rest| rest.trim().to_owned()));
-        let version = field(".version ").ok_or(err::INVALID_IMAGE)?;
-        let target = field(".target ").ok_or(err::INVALID_IMAGE)?;
-        let major: i32 = version.split('.').next().and_then(|v| v.parse().ok()).ok_or(err::INVALID_PTX)?;
-        // PTX ISA 7.x ships with CUDA 11, 8.x with 12, 9.x with 13.
-        if (major + 4) * 1000 > d.version() {
-            return Err(222); // CUDA_ERROR_UNSUPPORTED_PTX_VERSION
-        }
-        let sm: i32 = target
-            .trim_start_matches("sm_")
-            .split([',', ' '])
-            .next()
-            .and_then(|v| v.parse().ok())
-            .ok_or(err::INVALID_PTX)?;
-        if sm > 90 {
-            return Err(err::INVALID_PTX);
-        }
-        let id = d.exec.take();
-        d.exec.modules.insert(id, Module { device, image: text });
+        let id = load_module(d, image).map_err(|(e, _)| e)?;
         // SAFETY: an out-pointer the caller passes under the Driver API's contract
         // (valid for this write or null); `put` refuses null.
         unsafe { put(module, id as Handle) }
     }))
+}
+
+/// Writes `text` (NUL-terminated, cut to fit) into a log buffer of
+/// `size` bytes; the bytes written, NUL included.
+unsafe fn write_log(buffer: *mut c_void, size: usize, text: &str) -> usize {
+    if buffer.is_null() || size == 0 {
+        return 0;
+    }
+    let n = text.len().min(size - 1);
+    // SAFETY: the caller's buffer of `size` bytes (the option's contract); n + 1 <= size.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), buffer.cast::<u8>(), n);
+        buffer.cast::<u8>().add(n).write(0);
+    }
+    n + 1
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    module: *mut Handle,
+    image: *const c_void,
+    count: c_uint,
+    options: *mut c_int,
+    values: *mut *mut c_void,
+) -> CUresult {
+    // [ref: 6.10, cuModuleLoadDataEx, and 5 Enumerations, CUjit_option:
+    // CU_JIT_INFO_LOG_BUFFER (3) / CU_JIT_ERROR_LOG_BUFFER (5) "Pointer to a
+    // buffer in which to print any log messages"; their _SIZE_BYTES (4, 6)
+    // "IN: Log buffer size in bytes ... OUT: Amount of log buffer filled
+    // with messages", passed as the option value itself (an unsigned int).]
+    let result = with(|d| Ok(load_module(d, image)));
+    let loaded = match result {
+        Ok(loaded) => loaded,
+        Err(e) => return e,
+    };
+    let (error_text, info_text) = match &loaded {
+        Ok(_) => (String::new(), "ptxas info    : kvring_copy compiled (fake JIT)".to_owned()),
+        Err((_, log)) => (log.clone(), String::new()),
+    };
+    if count > 0 && (options.is_null() || values.is_null()) {
+        return err::INVALID_VALUE;
+    }
+    let count = count as usize;
+    // SAFETY: `count` options and values (the call's contract), non-null above.
+    let (options, values) = unsafe {
+        match count {
+            0 => (&[][..], &mut [][..]),
+            _ => (std::slice::from_raw_parts(options, count), std::slice::from_raw_parts_mut(values, count)),
+        }
+    };
+    for (buffer_option, size_option, text) in [(5, 6, &error_text), (3, 4, &info_text)] {
+        let buffer = options.iter().position(|&o| o == buffer_option);
+        let size = options.iter().position(|&o| o == size_option);
+        if let (Some(b), Some(n)) = (buffer, size) {
+            // SAFETY: the log buffer and its size as the caller passed them.
+            let written = unsafe { write_log(values[b], values[n] as usize, text) };
+            values[n] = written as *mut c_void;
+        }
+    }
+    match loaded {
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
+        Ok(id) => code(unsafe { put(module, id as Handle) }),
+        Err((e, _)) => e,
+    }
 }
 
 #[no_mangle]

@@ -11,10 +11,14 @@
 //! a queue.
 //!
 //! Configuration (read at `cuInit`): `FAKECUDA_VERSION` (11040, 12060,
-//! 12080, 13000; default 12080), `FAKECUDA_GPUS` (default 2),
+//! 12080, 13000; default 12080), `FAKECUDA_GPUS` (physical GPUs, default
+//! 2; `CUDA_VISIBLE_DEVICES` picks and orders them as the driver does, and
+//! `cuDeviceGetUuid` names each physical GPU alike in every process),
 //! `FAKECUDA_INIT_ERROR` (a `CUresult` `cuInit` returns), `FAKECUDA_PEER`
 //! (0: no GPU pair can access each other), `FAKECUDA_DELAY_US` (each queued
-//! job runs that late). Introspection and faults go through two symbols
+//! job runs that late), `FAKECUDA_GDR_VMM` (0: the devices report no
+//! `GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`), `FAKECUDA_SM` (compute
+//! capability, default 90: the JIT refuses PTX for a higher target). Introspection and faults go through two symbols
 //! kvring never calls: `fakecuda_stat(name)` and `fakecuda_set(name, value)`
 //! (see `stat` and `set`), which tests find with `dlsym`.
 
@@ -63,11 +67,17 @@ pub mod err {
 
 /// What the environment asked for at `cuInit`.
 #[derive(Debug, Clone)]
-struct Config {
+pub(crate) struct Config {
     version: c_int,
-    gpus: usize,
     init_error: CUresult,
     peer: bool,
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`.
+    pub(crate) gdr_vmm: bool,
+    /// The devices' compute capability, as major * 10 + minor.
+    pub(crate) sm: i32,
+    /// The physical GPUs this process sees, in ordinal order
+    /// (`CUDA_VISIBLE_DEVICES`).
+    visible: Vec<i32>,
 }
 
 fn env_num(name: &str, default: i64) -> i64 {
@@ -77,10 +87,32 @@ fn env_num(name: &str, default: i64) -> i64 {
 fn config() -> Config {
     Config {
         version: env_num("FAKECUDA_VERSION", 12080) as c_int,
-        gpus: env_num("FAKECUDA_GPUS", 2).clamp(0, 64) as usize,
         init_error: env_num("FAKECUDA_INIT_ERROR", 0) as CUresult,
         peer: env_num("FAKECUDA_PEER", 1) != 0,
+        gdr_vmm: env_num("FAKECUDA_GDR_VMM", 1) != 0,
+        sm: env_num("FAKECUDA_SM", 90) as i32,
+        visible: visible_devices(env_num("FAKECUDA_GPUS", 2).clamp(0, 64) as i32),
     }
+}
+
+/// The physical GPUs (of `gpus`) `CUDA_VISIBLE_DEVICES` shows, in the order
+/// it lists them: [ref: CUDA C++ Programming Guide, "CUDA Environment
+/// Variables", CUDA_VISIBLE_DEVICES: "Only the devices whose index is
+/// present in the sequence are visible to CUDA applications and they are
+/// enumerated in the order of the sequence. If one of the indices is
+/// invalid, only the devices whose index precedes the invalid index are
+/// visible"]. Unset: every GPU, in order. (UUIDs in the list are not
+/// modelled.)
+fn visible_devices(gpus: i32) -> Vec<i32> {
+    let Ok(list) = std::env::var("CUDA_VISIBLE_DEVICES") else { return (0..gpus).collect() };
+    let mut seen = Vec::new();
+    for entry in list.split(',') {
+        match entry.trim().parse::<i32>() {
+            Ok(index) if (0..gpus).contains(&index) && !seen.contains(&index) => seen.push(index),
+            _ => break,
+        }
+    }
+    seen
 }
 
 /// One device's primary context.
@@ -99,7 +131,7 @@ struct Primary {
 
 /// The driver's state in this process.
 pub(crate) struct Driver {
-    config: Config,
+    pub(crate) config: Config,
     primaries: Vec<Primary>,
     pub(crate) mem: mem::Memory,
     pub(crate) exec: exec::Exec,
@@ -207,11 +239,22 @@ impl Driver {
     }
 
     pub(crate) fn device_count(&self) -> usize {
-        self.config.gpus
+        self.config.visible.len()
+    }
+
+    /// The physical GPU behind this process's ordinal `device`.
+    pub(crate) fn physical(&self, device: i32) -> i32 {
+        self.config.visible[device as usize]
+    }
+
+    /// This process's ordinal of physical GPU `physical`; `None` where
+    /// `CUDA_VISIBLE_DEVICES` hides it.
+    pub(crate) fn ordinal_of_physical(&self, physical: i32) -> Option<i32> {
+        self.config.visible.iter().position(|&p| p == physical).map(|o| o as i32)
     }
 
     pub(crate) fn check_device(&self, device: CUdevice) -> Result<i32, CUresult> {
-        if device < 0 || device as usize >= self.config.gpus {
+        if device < 0 || device as usize >= self.device_count() {
             return Err(err::INVALID_DEVICE);
         }
         Ok(device)
@@ -270,10 +313,10 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     }
     let mut guard = driver();
     if guard.is_none() {
-        if config.gpus == 0 {
+        if config.visible.is_empty() {
             return err::NO_DEVICE;
         }
-        let primaries = (0..config.gpus).map(|_| Primary::default()).collect();
+        let primaries = (0..config.visible.len()).map(|_| Primary::default()).collect();
         *guard = Some(Driver { primaries, mem: mem::Memory::new(), exec: exec::Exec::default(), config });
     }
     err::SUCCESS
@@ -313,7 +356,7 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, device: 
         let device = d.check_device(device)?;
         // SAFETY: an out-pointer the caller passes under the Driver API's contract
         // (valid for this write or null); `put` refuses null.
-        unsafe { put_text(name, len, &format!("Fake GPU {device} (fakecuda)")) }
+        unsafe { put_text(name, len, &format!("Fake GPU {} (fakecuda)", d.physical(device))) }
     }))
 }
 
@@ -323,8 +366,34 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus: *mut c_char, len: c_int, devic
         let device = d.check_device(device)?;
         // SAFETY: an out-pointer the caller passes under the Driver API's contract
         // (valid for this write or null); `put` refuses null.
-        unsafe { put_text(bus, len, &format!("0000:{:02X}:00.0", 0xC0 + device)) }
+        unsafe { put_text(bus, len, &format!("0000:{:02X}:00.0", 0xC0 + d.physical(device))) }
     }))
+}
+
+/// `CUuuid`: 16 bytes naming a physical GPU, the same in every process
+/// whatever its `CUDA_VISIBLE_DEVICES` [ref: 6.5 Device Management,
+/// cuDeviceGetUuid: "Return an UUID for the device"].
+unsafe fn put_uuid(uuid: *mut [u8; 16], device: CUdevice) -> CUresult {
+    code(with(|d| {
+        let device = d.check_device(device)?;
+        let mut bytes = *b"FAKEGPU-\0\0\0\0\0\0\0\0";
+        bytes[8..12].copy_from_slice(&d.physical(device).to_le_bytes());
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
+        unsafe { put(uuid, bytes) }
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], device: CUdevice) -> CUresult {
+    // SAFETY: forwarded under this call's contract.
+    unsafe { put_uuid(uuid, device) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], device: CUdevice) -> CUresult {
+    // SAFETY: forwarded under this call's contract.
+    unsafe { put_uuid(uuid, device) }
 }
 
 #[no_mangle]
@@ -346,10 +415,10 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_in
             91 => 1,  // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
             102 => 1, // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
             103 => 1, // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
-            110 => 1, // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+            110 => i32::from(d.config.gdr_vmm), // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
             124 => 1, // DMA_BUF_SUPPORTED
-            75 => 9,  // COMPUTE_CAPABILITY_MAJOR
-            76 => 0,  // COMPUTE_CAPABILITY_MINOR
+            75 => d.config.sm / 10, // COMPUTE_CAPABILITY_MAJOR
+            76 => d.config.sm % 10, // COMPUTE_CAPABILITY_MINOR
             _ => 0,
         };
         // SAFETY: an out-pointer the caller passes under the Driver API's contract

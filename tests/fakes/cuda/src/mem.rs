@@ -179,10 +179,20 @@ impl Memory {
         Ok(start)
     }
 
-    fn new_phys(&mut self, device: i32, size: u64, handle_types: u32, gdr: bool) -> Result<Arc<Phys>, CUresult> {
+    /// A new allocation on this process's GPU `device`, which is physical
+    /// GPU `physical` (what its descriptor's name records, for other
+    /// processes, whose ordinals may differ).
+    fn new_phys(
+        &mut self,
+        device: i32,
+        physical: i32,
+        size: u64,
+        handle_types: u32,
+        gdr: bool,
+    ) -> Result<Arc<Phys>, CUresult> {
         let id = self.next_id;
         self.next_id += 1;
-        let name = format!("fakecuda-{}-{id}-{device}-{handle_types}-{}\0", std::process::id(), u8::from(gdr));
+        let name = format!("fakecuda-{}-{id}-{physical}-{handle_types}-{}\0", std::process::id(), u8::from(gdr));
         // SAFETY: a NUL-terminated name.
         let fd = unsafe { libc::memfd_create(name.as_ptr().cast(), libc::MFD_CLOEXEC) };
         if fd < 0 {
@@ -370,7 +380,8 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
         if size == 0 {
             return Err(err::INVALID_VALUE);
         }
-        let phys = d.mem.new_phys(device, size as u64, 0, false)?;
+        let physical = d.physical(device);
+        let phys = d.mem.new_phys(device, physical, size as u64, 0, false)?;
         let at = d.mem.take_addresses(size as u64, GRANULARITY)?;
         d.mem.place(at, phys, Kind::Alloc)?;
         // SAFETY: an out-pointer the caller passes under the Driver API's contract
@@ -746,7 +757,16 @@ pub unsafe extern "C" fn cuMemCreate(
         if size == 0 || !(size as u64).is_multiple_of(GRANULARITY) || flags != 0 {
             return Err(err::INVALID_VALUE);
         }
-        let phys = d.mem.new_phys(device, size as u64, types, gdr)?;
+        // [ref: 5 Enumerations, CUdevice_attribute:
+        // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED "Device
+        // supports specifying the GPUDirect RDMA flag with cuMemCreate"; and
+        // 7 Data Structures, CUmemAllocationProp::allocFlags::
+        // gpuDirectRDMACapable.] A device without it takes no such flag.
+        if gdr && !d.config.gdr_vmm {
+            return Err(err::NOT_SUPPORTED);
+        }
+        let physical = d.physical(device);
+        let phys = d.mem.new_phys(device, physical, size as u64, types, gdr)?;
         let id = phys.id;
         d.mem.handles.insert(id, (phys, 1));
         // SAFETY: an out-pointer the caller passes under the Driver API's contract
@@ -940,7 +960,12 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(handle: *mut u64, os: *m
         if kind as u32 != POSIX_FD {
             return Err(err::INVALID_VALUE);
         }
-        let (device, types, gdr, size) = describe_fd(fd).ok_or(err::INVALID_VALUE)?;
+        let (physical, types, gdr, size) = describe_fd(fd).ok_or(err::INVALID_VALUE)?;
+        // Memory of a GPU this process does not see (another
+        // CUDA_VISIBLE_DEVICES): CUDA 13.2 names such a location
+        // CU_MEM_LOCATION_TYPE_INVISIBLE; older drivers' behaviour is not
+        // documented, so the fake refuses it rather than guess.
+        let device = d.ordinal_of_physical(physical).ok_or(err::NOT_SUPPORTED)?;
         let own = reopen(fd).map_err(|_| err::OPERATING_SYSTEM)?;
         let id = d.mem.next_id;
         d.mem.next_id += 1;
@@ -1005,7 +1030,7 @@ pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut [u8; 64], dptr: CUdevice
         bytes[8..12].copy_from_slice(&map.phys.fd.to_le_bytes());
         bytes[12..20].copy_from_slice(&map.phys.id.to_le_bytes());
         bytes[20..28].copy_from_slice(&map.size.to_le_bytes());
-        bytes[28..32].copy_from_slice(&map.phys.device.to_le_bytes());
+        bytes[28..32].copy_from_slice(&d.physical(map.phys.device).to_le_bytes());
         bytes[32..40].copy_from_slice(&d.mem.instance.to_le_bytes());
         // SAFETY: an out-pointer the caller passes under the Driver API's contract
         // (valid for this write or null); `put` refuses null.
@@ -1064,7 +1089,11 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
             unsafe { libc::close(own) };
             return Err(err::INVALID_HANDLE); // freed, its descriptor reused
         }
-        let phys = Phys::from_fd(id, owner, size, own, 0, false)?;
+        // The memory's GPU as this process numbers it; one it does not see
+        // is reached through the opening context's GPU (legacy IPC needs
+        // no ordinal of the owner's device here).
+        let local = d.ordinal_of_physical(owner).unwrap_or(device);
+        let phys = Phys::from_fd(id, local, size, own, 0, false)?;
         let at = d.mem.take_addresses(size, GRANULARITY)?;
         d.mem.place(at, phys, Kind::Ipc { context: device })?;
         d.mem.maps.get_mut(&at).expect("placed").exporter = Some(key);
