@@ -333,6 +333,40 @@ fn a_target_that_stops_answering_fails_the_batch_at_the_io_timeout() {
     assert!(matches!(outcome, Ok(Outcome::Failed(Error::PeerRestarted { .. }))), "{outcome:?}");
 }
 
+/// A stopping engine waits a bounded grace (`STOP_GRACE`, 2 s) for chunks
+/// a frozen target holds, then ends their batch, failed, rather than
+/// waiting for the target (here its io timeout is a minute, so only the
+/// stop can end it).
+#[test]
+fn a_stopping_engine_ends_the_batch_a_frozen_target_holds() {
+    let (child, line) = common::child::serve(&[
+        "--name",
+        "decode-0",
+        "--listen",
+        "127.0.0.1:0",
+        "--region-size",
+        "8MiB",
+        "--parent-watch",
+    ]);
+    let addr = common::child::field(&line, "listen=").to_string();
+    let engine = common::builder("deadline-stopping").io_timeout(Duration::from_secs(60)).build().unwrap();
+    let local = engine.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
+    let segment = engine.open_segment_with(&addr, Some(TransportKind::Tcp), WAIT).unwrap();
+    let remote = segment.region(0).unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+    common::wait_until_stopped(child.id());
+    let mut sub = engine.submitter().unwrap();
+    // 4 MiB: more than the socket buffers hold, so chunks stay in flight.
+    let descs: Vec<_> = (0..64u64).map(|i| BlockDesc::new(local.id(), i << 16, remote, i << 16, 1 << 16)).collect();
+    let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+    engine.shutdown();
+    let outcome = sub.wait(id, WAIT);
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+    assert!(matches!(outcome, Ok(Outcome::Failed(_))), "{outcome:?}");
+}
+
 // --- metadata servers ---
 
 /// An engine on the metadata server at `url`, with the test's deadline on
@@ -404,8 +438,12 @@ fn http_stalling_on_get() -> Staller {
 fn a_lookup_the_http_metadata_server_half_answers_ends_in_timeout() {
     let server = http_stalling_on_get();
     let engine = build_on(&format!("http://{}/metadata", server.addr())).expect("PUT is answered");
-    let result = bounded("a lookup by name", move || engine.open_segment_with("decode-9", None, DEADLINE).map(drop));
+    let (result, engine) =
+        bounded("a lookup by name", move || (engine.open_segment_with("decode-9", None, DEADLINE).map(drop), engine));
     assert_timeout("half an HTTP answer to GET", result);
+    // Its withdrawal at drop looks the entry up first, and is half
+    // answered too: the drop still ends (the withdrawal's own deadline).
+    bounded("dropping an engine whose withdrawal stalls", move || drop(engine));
 }
 
 // --- the GPU descriptor socket ---
@@ -482,4 +520,24 @@ fn an_unregister_whose_peer_copy_never_ends_returns_region_busy() {
     file.write_all_at(&0u64.to_le_bytes(), 48).unwrap();
     owner.unregister(id).unwrap();
     drop(region);
+}
+
+// --- what serves peers ---
+
+/// A scraper that connects to `/metrics` and never sends its request is
+/// cut at the server's request deadline (`REQUEST_TIMEOUT`, 2 s): the
+/// server closes, and the read sees the end of the stream, long before
+/// this side's own read timeout.
+#[test]
+fn a_scraper_that_never_sends_its_request_is_cut() {
+    let engine = common::builder("deadline-metrics").metrics("127.0.0.1:0".parse().unwrap()).build().unwrap();
+    let mut silent = TcpStream::connect(engine.metrics_addr().expect("served")).unwrap();
+    silent.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut byte = [0u8; 1];
+    match silent.read(&mut byte) {
+        Ok(0) => {}
+        // Closed with this side's nothing unread: a reset is a cut too.
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("expected the server to close the connection, got {other:?}"),
+    }
 }
