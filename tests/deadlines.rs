@@ -248,8 +248,9 @@ fn a_tokened_handshake_whose_second_answer_never_comes_ends_in_timeout() {
 }
 
 /// The handshake is answered, every later control request is not: a
-/// notification over the control plane (an shm link carries none) and a
-/// checksum of the target's region each end at their own timeout. The
+/// notification over the control plane (an shm link carries none), a
+/// checksum of the target's region and its KV layout (memory info) each
+/// end at their own timeout. The
 /// fake relays a real target's descriptor (same process, so shm maps its
 /// real regions).
 #[test]
@@ -260,12 +261,13 @@ fn control_requests_after_the_handshake_that_are_never_answered_end_in_timeout()
     let initiator = common::engine("deadline-notifier");
     let segment = initiator.open_segment_with(&peer.addr(), Some(TransportKind::Shm), WAIT).unwrap();
     let id = region.id();
-    let (notified, summed) = bounded("notify and remote_checksum to a peer that stopped answering", move || {
+    let (notified, summed, layout) = bounded("control requests to a peer that stopped answering", move || {
         let notified = initiator.notify(&segment, b"blocks of request 42 are in place", DEADLINE);
-        (notified, segment.remote_checksum(id, 0, 4096, DEADLINE))
+        (notified, segment.remote_checksum(id, 0, 4096, DEADLINE), segment.kv_layout(DEADLINE))
     });
     assert_timeout("notify never answered", notified);
     assert_timeout("checksum never answered", summed);
+    assert_timeout("memory info never answered", layout);
 }
 
 // --- the tcp data listener, after a handshake that succeeded ---
