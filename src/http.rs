@@ -45,11 +45,13 @@ pub fn request(
         .map_err(|e| Error::io(format!("resolving {addr}"), e))?
         .next()
         .ok_or_else(|| Error::invalid("address", format!("{addr} resolves to nothing")))?;
-    if left().is_zero() {
+    let left = left();
+    if left.is_zero() {
         return Err(Error::Timeout { waited: std::time::Duration::ZERO });
     }
+    // A server that never completes the connect ends at the deadline too.
     let stream =
-        TcpStream::connect_timeout(&resolved, left()).map_err(|e| Error::io(format!("connecting to {addr}"), e))?;
+        TcpStream::connect_timeout(&resolved, left).map_err(|e| timed(e, deadline, format!("connecting to {addr}")))?;
     // One deadline for the whole exchange: a server that trickles bytes
     // cannot hold the caller past it.
     let mut stream = DeadlineIo::new(&stream, deadline);

@@ -60,7 +60,9 @@ impl ControlClient {
                         .map_err(|e| timeout_or(e, left, format!("greeting control server {peer}")))?;
                     return Ok(Self { stream, peer, greeted: false, seal: None });
                 }
-                Err(e) => last_error = Some(Error::io(format!("connecting to control server {peer}"), e)),
+                // A peer whose SYN queue is full (or a host that drops
+                // the SYN) ends at the deadline: a typed `Timeout`.
+                Err(e) => last_error = Some(timeout_or(e, left, format!("connecting to control server {peer}"))),
             }
         }
         Err(last_error.unwrap_or_else(|| Error::invalid("control address", format!("{addr} resolves to no address"))))

@@ -18,7 +18,8 @@ pub(crate) struct DeadlineIo<'a> {
 }
 
 impl<'a> DeadlineIo<'a> {
-    /// `stream`, with every read and write ending by `deadline`.
+    /// `stream` (a blocking one), with every read and write ending by
+    /// `deadline`.
     pub(crate) fn new(stream: &'a TcpStream, deadline: Instant) -> Self {
         Self { stream, deadline }
     }
@@ -41,19 +42,33 @@ fn timed_out(error: io::Error) -> io::Error {
     }
 }
 
+// A socket timeout is kept in jiffies and can fire up to one tick before
+// the time asked for: a `WouldBlock` with time left is tried again, so a
+// timeout error always means the deadline itself passed (callers that
+// check `Instant::now() >= deadline` then see it so).
 impl Read for DeadlineIo<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.stream.set_read_timeout(Some(self.left()?))?;
-        let mut stream = self.stream;
-        stream.read(buf).map_err(timed_out)
+        loop {
+            self.stream.set_read_timeout(Some(self.left()?))?;
+            let mut stream = self.stream;
+            match stream.read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return other.map_err(timed_out),
+            }
+        }
     }
 }
 
 impl Write for DeadlineIo<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.stream.set_write_timeout(Some(self.left()?))?;
-        let mut stream = self.stream;
-        stream.write(buf).map_err(timed_out)
+        loop {
+            self.stream.set_write_timeout(Some(self.left()?))?;
+            let mut stream = self.stream;
+            match stream.write(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return other.map_err(timed_out),
+            }
+        }
     }
 
     fn flush(&mut self) -> io::Result<()> {

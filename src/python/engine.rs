@@ -62,6 +62,18 @@ impl PyEngine {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Runs `f` on a handle of the open engine with the GIL released and
+    /// without the lock: a call that waits on a peer (an open) holds no
+    /// other call on this engine past that call's own deadline.
+    fn with_engine<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&crate::Engine) -> crate::Result<T> + Send,
+    ) -> PyResult<T> {
+        let engine = self.with_open(py, |open| Ok(open.engine.clone()))?;
+        py.allow_threads(|| f(&engine)).map_err(raise)
+    }
+
     /// Runs `f` on the open engine with the GIL released.
     pub(super) fn with_open<T: Send>(
         &self,
@@ -298,10 +310,12 @@ impl PyEngine {
     #[pyo3(signature = (name, transport=None, timeout=5.0))]
     fn open_segment(&self, py: Python<'_>, name: String, transport: Option<&str>, timeout: f64) -> PyResult<String> {
         let (kind, timeout) = (super::transport(transport)?, seconds(timeout)?);
+        // The handshake runs outside the engine's lock: a dead peer holds
+        // up no other thread's wait or poll past their own deadlines.
+        let chosen = self.with_engine(py, |engine| Ok(engine.open_segment_with(&name, kind, timeout)?.transport()))?;
         self.with_open(py, |open| {
-            let segment = open.engine.open_segment_with(&name, kind, timeout)?;
             open.transports.insert(name, kind);
-            Ok(segment.transport().name().to_string())
+            Ok(chosen.name().to_string())
         })
     }
 
@@ -317,8 +331,9 @@ impl PyEngine {
         timeout: f64,
     ) -> PyResult<Vec<PyObject>> {
         let (kind, timeout) = (super::transport(transport)?, seconds(timeout)?);
+        // As in `open_segment`: the handshakes run outside the lock.
+        let results = self.with_engine(py, |engine| Ok(engine.open_many(&names, kind, timeout)))?;
         let opened: Vec<Result<&'static str, Error>> = self.with_open(py, |open| {
-            let results = open.engine.open_many(&names, kind, timeout);
             let named = names.iter().zip(results).map(|(name, result)| {
                 let segment = result?;
                 open.transports.insert(name.clone(), kind);

@@ -206,9 +206,14 @@ impl Drop for PeerDevice {
 }
 
 fn opening(peer: &str, region: RegionId, error: Error) -> Error {
-    Error::Gpu {
-        device: "cuda_ipc".into(),
-        reason: format!("opening region {region} of {peer} (has it exited, restarted or freed it?): {error}"),
+    match error {
+        // The peer's descriptor socket stalled past the open's deadline:
+        // the caller's typed `Timeout`, not a device error to read.
+        Error::Timeout { .. } => error,
+        error => Error::Gpu {
+            device: "cuda_ipc".into(),
+            reason: format!("opening region {region} of {peer} (has it exited, restarted or freed it?): {error}"),
+        },
     }
 }
 

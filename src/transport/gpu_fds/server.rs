@@ -16,6 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+/// Longest `stop` tries to connect to its own socket to wake the accept.
+const STOP_WAKE_WAIT: Duration = Duration::from_secs(1);
+
 /// Most connections served at once; more are closed at accept.
 pub(crate) const MAX_CONNECTIONS: usize = 16;
 /// Longest a proven connection may keep the server waiting for its next
@@ -122,11 +125,11 @@ impl GpuFdServer {
         self.shared.stop.store(true, Ordering::Release);
         local().retain(|(name, _)| name != &self.name);
         // Wakes the accept (it sees `stop` and returns). Where no connection
-        // can be made (descriptors run out), the thread is left to end at
-        // the next one rather than waited for without a bound.
-        let woken = SocketAddr::from_abstract_name(self.name.as_bytes())
-            .and_then(|addr| UnixStream::connect_addr(&addr))
-            .is_ok();
+        // can be made (descriptors run out, or a flood keeps the queue full
+        // past the wake's deadline), the thread is left to end at the next
+        // one rather than waited for without a bound.
+        let deadline = std::time::Instant::now() + STOP_WAKE_WAIT;
+        let woken = crate::gpu::fd::connect_abstract(self.name.as_bytes(), deadline).is_ok();
         if woken {
             let _ = thread.join();
         }

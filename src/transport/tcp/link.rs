@@ -13,7 +13,7 @@
 //! frames.
 
 use super::conn::{Connection, Peer};
-use super::hello::{ClientHello, ClientProof, ServerHello, FLAG_PROOF_REQUIRED, SERVER_HELLO_BYTES};
+use super::hello::{ClientHello, ClientProof, ServerHello, FLAG_PROOF_REQUIRED, HELLO_MAGIC, SERVER_HELLO_BYTES};
 use super::staged::Stager;
 use crate::auth::{random_bytes, Nonce, Session};
 use crate::error::{Error, Result};
@@ -279,8 +279,14 @@ fn open(
     deadline: Instant,
 ) -> Result<(TcpStream, Option<FrameSeal>)> {
     let left = deadline.saturating_duration_since(Instant::now());
-    let stream = TcpStream::connect_timeout(&addr, left)
-        .map_err(|e| Error::io(format!("connecting to {peer}'s data listener {addr}"), e))?;
+    if left.is_zero() {
+        return Err(Error::Timeout { waited: left });
+    }
+    // A listener that never completes the connect ends at the deadline.
+    let stream = TcpStream::connect_timeout(&addr, left).map_err(|e| match crate::net::is_timeout(&e) {
+        true => Error::Timeout { waited: left },
+        false => Error::io(format!("connecting to {peer}'s data listener {addr}"), e),
+    })?;
     let _ = stream.set_nodelay(true);
     let mut io = DeadlineIo::new(&stream, deadline);
     let timed = |e: std::io::Error, what: &str| {
@@ -346,9 +352,19 @@ fn read_answer(io: &mut impl Read, addr: &str) -> Result<ServerHello> {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if got > 0 && crate::net::is_timeout(&e) => break,
+            // Bytes that start a hello are a kvring peer that stalled: its
+            // deadline ends it (`Timeout`, through the caller). Anything
+            // else is a stranger, shown as what it sent.
+            Err(e) if got > 0 && crate::net::is_timeout(&e) && !starts_a_hello(&bytes[..got]) => break,
             Err(e) => return Err(Error::io("reading a server hello", e)),
         }
     }
     ServerHello::decode(&bytes[..got], addr)
+}
+
+/// True when `bytes` agree with the start of a hello (its magic).
+fn starts_a_hello(bytes: &[u8]) -> bool {
+    let magic = HELLO_MAGIC.to_le_bytes();
+    let n = bytes.len().min(magic.len());
+    bytes[..n] == magic[..n]
 }
