@@ -84,11 +84,11 @@ impl HeadShard {
                 format!("rank {rank} of tp {tp} with {kv_heads} KV heads: need kv_heads >= 1 and rank < tp"),
             ));
         }
-        if kv_heads >= tp64 && kv_heads % tp64 == 0 {
+        if kv_heads >= tp64 && kv_heads.is_multiple_of(tp64) {
             let count = kv_heads / tp64;
             return Ok(Self { tp, rank, first: u64::from(rank) * count, count });
         }
-        if kv_heads < tp64 && tp64 % kv_heads == 0 {
+        if kv_heads < tp64 && tp64.is_multiple_of(kv_heads) {
             let replicas = tp64 / kv_heads;
             return Ok(Self { tp, rank, first: u64::from(rank) / replicas, count: 1 });
         }
@@ -174,7 +174,10 @@ fn runs_in_block(g: &HeadGeometry, shard: &HeadShard, heads: &Range<u64>, out: &
 
 fn check_side(layout: &KvLayout, g: &HeadGeometry, shard: &HeadShard, side: &'static str) -> Result<()> {
     if layout.shape().attention != Attention::Mha {
-        return Err(Error::invalid("head plan", format!("the {side} layout is not MHA: only MHA caches split by head")));
+        return Err(Error::invalid(
+            "head plan",
+            format!("the {side} layout is not MHA: only MHA caches split by head"),
+        ));
     }
     let expected = [shard.count, g.head_bytes, g.tokens_per_block]
         .iter()
@@ -186,7 +189,10 @@ fn check_side(layout: &KvLayout, g: &HeadGeometry, shard: &HeadShard, side: &'st
                 return Err(Error::LayoutMismatch {
                     layer: Some(layer),
                     field: "bytes per block for this rank's heads",
-                    local: format!("{expected} ({side}: {} heads x {} B x {} tokens)", shard.count, g.head_bytes, g.tokens_per_block),
+                    local: format!(
+                        "{expected} ({side}: {} heads x {} B x {} tokens)",
+                        shard.count, g.head_bytes, g.tokens_per_block
+                    ),
                     remote: buffer.block_bytes.to_string(),
                 });
             }
@@ -278,7 +284,8 @@ pub fn plan_layer_heads(
     let (mine, theirs) = (local.layer(layer)?, remote.layer(layer)?);
     for (a, b) in mine.iter().zip(theirs) {
         for (&l, &r) in local_ids.iter().zip(remote_ids) {
-            let local_block = a.block_bytes.checked_mul(l).and_then(|o| o.checked_add(a.offset)).ok_or_else(overflow)?;
+            let local_block =
+                a.block_bytes.checked_mul(l).and_then(|o| o.checked_add(a.offset)).ok_or_else(overflow)?;
             let remote_block =
                 b.block_bytes.checked_mul(r).and_then(|o| o.checked_add(b.offset)).ok_or_else(overflow)?;
             for (&(lo, len), &(ro, _)) in local_runs.iter().zip(remote_runs) {

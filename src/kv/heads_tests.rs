@@ -54,9 +54,16 @@ fn every_destination_byte_is_written_once_from_the_right_source_byte() {
                         for s in 0..src_tp {
                             let src_layout = layout(kv_heads, src_tp, s as u16 + 1, 0);
                             let route = HeadRoute::new(g, (src_tp, s), (dst_tp, d)).unwrap();
-                            let descs =
-                                plan_layer_heads(&src_layout, &dst_layout, Opcode::Write, &route, layer, &src_ids, &dst_ids)
-                                    .unwrap();
+                            let descs = plan_layer_heads(
+                                &src_layout,
+                                &dst_layout,
+                                Opcode::Write,
+                                &route,
+                                layer,
+                                &src_ids,
+                                &dst_ids,
+                            )
+                            .unwrap();
                             assert_eq!(
                                 head_push_targets(s, src_tp, dst_tp, kv_heads).unwrap().contains(&d),
                                 !descs.is_empty()
@@ -128,7 +135,8 @@ fn head_major_slices_are_one_run_per_block_and_whole_blocks_coalesce() {
 fn token_major_slices_are_one_run_per_token() {
     let g = geometry(4, HeadOrder::Nhd);
     let route = HeadRoute::new(g, (2, 1), (1, 0)).unwrap();
-    let descs = plan_layer_heads(&layout(4, 2, 1, 0), &layout(4, 1, 2, 0), Opcode::Write, &route, 0, &[0], &[0]).unwrap();
+    let descs =
+        plan_layer_heads(&layout(4, 2, 1, 0), &layout(4, 1, 2, 0), Opcode::Write, &route, 0, &[0], &[0]).unwrap();
     assert_eq!(descs.len(), 2 * TOKENS as usize);
     assert!(descs.iter().all(|d| d.len == 2 * HEAD_BYTES));
     assert_eq!(descs[1].remote_offset - descs[0].remote_offset, 4 * HEAD_BYTES);
@@ -186,5 +194,8 @@ fn bad_layouts_and_ids_are_typed_errors() {
     ));
     let mla = KvLayout::contiguous(CacheShape::mla(LAYERS, BLOCKS, 16, 1, TOKENS, 0).unwrap(), RegionId::new(3, 1), 0)
         .unwrap();
-    assert!(plan_layer_heads(&half, &mla, Opcode::Write, &route, 0, &[0], &[0]).unwrap_err().to_string().contains("not MHA"));
+    assert!(plan_layer_heads(&half, &mla, Opcode::Write, &route, 0, &[0], &[0])
+        .unwrap_err()
+        .to_string()
+        .contains("not MHA"));
 }

@@ -175,9 +175,9 @@ fn head_route(heads: (u64, u64, u64, String), src: (u32, u32), dst: (u32, u32)) 
 pub fn push_targets(src_rank: u32, src_tp: u32, dst_tp: u32, kv_heads: Option<u64>) -> PyResult<Vec<u32>> {
     match kv_heads {
         Some(kv_heads) => crate::kv::head_push_targets(src_rank, src_tp, dst_tp, kv_heads).map_err(super::raise),
-        None if src_tp == 0 || src_rank >= src_tp => Err(PyValueError::new_err(format!(
-            "src_rank {src_rank} is not a rank of tp {src_tp}"
-        ))),
+        None if src_tp == 0 || src_rank >= src_tp => {
+            Err(PyValueError::new_err(format!("src_rank {src_rank} is not a rank of tp {src_tp}")))
+        }
         None => Ok(crate::kv::push_targets(src_rank, src_tp, dst_tp).collect()),
     }
 }
