@@ -27,6 +27,12 @@ Modes (how the KV of a request gets from prefill to decode):
   pool addresses and block table; prefill writes each layer with
   ``kvring.mooncake.TransferEngine.batch_transfer_sync`` and a
   ``TransferNotify`` (sent after the bytes are in place).
+
+Heterogeneous TP (``push`` over tcp): for MLA each decode rank is served
+whole by one prefill rank; for Llama each rank holds a share of the KV
+heads and prefill pushes each decode rank the heads they share
+(``Engine.push_layer_heads_tagged``); a decode rank at TP 2 gathers its
+peer's half through kvring into mirror blocks before decoding (docs/PD.md).
 """
 
 import json
