@@ -51,17 +51,14 @@ pub struct HeadGeometry {
     pub order: HeadOrder,
 }
 
-/// The KV heads one tensor-parallel rank holds.
+/// The KV heads one tensor-parallel rank holds; made only by
+/// [`HeadShard::of`], so its fields are always a valid split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeadShard {
-    /// Its tensor-parallel size.
-    pub tp: u32,
-    /// Its tensor-parallel rank.
-    pub rank: u32,
-    /// The heads it holds.
-    pub first: u64,
-    /// How many (at least one).
-    pub count: u64,
+    tp: u32,
+    rank: u32,
+    first: u64,
+    count: u64,
 }
 
 impl HeadShard {
@@ -71,8 +68,8 @@ impl HeadShard {
     ///
     /// ```
     /// use kvring::kv::HeadShard;
-    /// assert_eq!(HeadShard::of(8, 2, 1)?.first, 4);
-    /// assert_eq!(HeadShard::of(2, 4, 3)?.first, 1); // head 1 on ranks 2 and 3
+    /// assert_eq!(HeadShard::of(8, 2, 1)?.heads(), 4..8);
+    /// assert_eq!(HeadShard::of(2, 4, 3)?.heads(), 1..2); // head 1 on ranks 2 and 3
     /// assert!(HeadShard::of(6, 4, 0).is_err());
     /// # Ok::<(), kvring::Error>(())
     /// ```
@@ -98,32 +95,38 @@ impl HeadShard {
         ))
     }
 
-    /// Ranks of this shard's tp size holding head `head`, as a range.
-    fn holders(kv_heads: u64, tp: u32, head: u64) -> Range<u32> {
-        let tp64 = u64::from(tp);
-        if kv_heads >= tp64 {
-            let rank = (head / (kv_heads / tp64)) as u32;
-            rank..rank + 1
-        } else {
-            let replicas = (tp64 / kv_heads) as u32;
-            let first = head as u32 * replicas;
-            first..first + replicas
-        }
+    /// The heads it holds.
+    pub fn heads(&self) -> Range<u64> {
+        self.first..self.first + self.count
+    }
+
+    /// Its tensor-parallel size and rank.
+    pub fn tp_rank(&self) -> (u32, u32) {
+        (self.tp, self.rank)
+    }
+
+    /// How many ranks hold each of its heads (1 unless there are fewer
+    /// heads than ranks).
+    fn replicas(&self, kv_heads: u64) -> u64 {
+        (u64::from(self.tp) / kv_heads.max(1)).max(1)
     }
 }
 
 /// The heads source `src` writes into destination `dst` (empty when
 /// none): the heads both hold, each from exactly one source (of a head
 /// replicated on several source ranks, destination `d` takes it from the
-/// `(d % replicas)`-th).
-pub fn head_slice(kv_heads: u64, src: HeadShard, dst: HeadShard) -> Range<u64> {
+/// `(d % replicas)`-th holder). Both shards come from [`HeadShard::of`]
+/// with the same `kv_heads`, so the sums below stay within `kv_heads`.
+fn head_slice(kv_heads: u64, src: HeadShard, dst: HeadShard) -> Range<u64> {
     let (lo, hi) = (src.first.max(dst.first), (src.first + src.count).min(dst.first + dst.count));
     if lo >= hi {
         return 0..0;
     }
-    let holders = HeadShard::holders(kv_heads, src.tp, lo);
-    let chosen = holders.start + dst.rank % holders.len() as u32;
-    if chosen == src.rank {
+    let replicas = src.replicas(kv_heads);
+    // The holders of head `lo` are ranks `lo * replicas ..`; with one
+    // replica, `src` is the only holder.
+    let chosen = lo * replicas + u64::from(dst.rank) % replicas;
+    if replicas == 1 || chosen == u64::from(src.rank) {
         lo..hi
     } else {
         0..0
@@ -201,15 +204,14 @@ fn check_side(layout: &KvLayout, g: &HeadGeometry, shard: &HeadShard, side: &'st
     Ok(())
 }
 
-/// The shards of the two sides of a head-sliced transfer.
+/// The shards of the two sides of a head-sliced transfer: the source rank
+/// (whose bytes are read) and the destination rank (written), with the
+/// geometry both share. Made only by [`HeadRoute::new`], which checks it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeadRoute {
-    /// What a head is and how a block orders heads (both sides).
-    pub geometry: HeadGeometry,
-    /// The source rank (the side whose bytes are read).
-    pub src: HeadShard,
-    /// The destination rank (the side written).
-    pub dst: HeadShard,
+    geometry: HeadGeometry,
+    src: HeadShard,
+    dst: HeadShard,
 }
 
 impl HeadRoute {
@@ -224,6 +226,16 @@ impl HeadRoute {
             src: HeadShard::of(geometry.kv_heads, src.0, src.1)?,
             dst: HeadShard::of(geometry.kv_heads, dst.0, dst.1)?,
         })
+    }
+
+    /// The geometry both sides share.
+    pub fn geometry(&self) -> &HeadGeometry {
+        &self.geometry
+    }
+
+    /// The source's and the destination's shards.
+    pub fn shards(&self) -> (HeadShard, HeadShard) {
+        (self.src, self.dst)
     }
 
     /// The heads this route moves (empty: the source writes nothing here).
