@@ -1,12 +1,15 @@
 //! The KV-cache layer end to end with real bytes: layouts exchanged over
 //! the control plane, push and pull of block lists over shm and tcp,
-//! heterogeneous tp for MLA, and the refusals that keep bad plans away from
+//! heterogeneous tp for MLA and (head-sliced) for MHA, and the refusals that keep bad plans away from
 //! the transports.
 
 mod common;
 
 use common::{engine, WAIT};
-use kvring::kv::{check_pd_topo, push_targets, Attention, CacheShape, KvLayout, Mode, Rank, TopoCheck};
+use kvring::kv::{
+    check_pd_topo, push_targets, Attention, CacheShape, HeadGeometry, HeadOrder, HeadRoute, KvLayout, Mode, Rank,
+    TopoCheck,
+};
 use kvring::{Engine, Error, Region, RegionInfo, Segment, TransportKind};
 
 /// A cache region filled with a pattern from `seed`, published as the
@@ -133,17 +136,15 @@ fn mla_push_from_prefill_tp2_to_decode_tp1_and_from_tp1_to_tp4() {
 }
 
 #[test]
-fn mha_with_different_tp_is_refused_before_any_transport() {
+fn mha_with_different_tp_moves_heads_and_refuses_whole_blocks() {
     let local = Rank { dp_size: 1, tp_size: 2, dp_rank: 0, tp_rank: 0 };
     let remote = Rank { dp_size: 1, tp_size: 4, dp_rank: 0, tp_rank: 0 };
-    match check_pd_topo(local, remote, Mode::Push, Attention::Mha) {
-        TopoCheck::InvalidRemote(reason) => assert!(reason.contains("split by KV head"), "{reason}"),
-        other => panic!("{other:?}"),
-    }
-    // And if a caller tries anyway, the layouts disagree on bytes per block.
+    assert_eq!(check_pd_topo(local, remote, Mode::Push, Attention::Mha), TopoCheck::Heterogeneous);
+    assert!(matches!(check_pd_topo(local, remote, Mode::Pull, Attention::Mha), TopoCheck::InvalidRemote(_)));
+    // A whole-block push between them is refused: the layouts disagree on bytes per block.
     let prefill = engine("prefill-tp2");
     let decode = engine("decode-tp4");
-    let (_p, p_layout) = cache(&prefill, CacheShape::mha(2, 8, 8, 128, 2, 4, 2).unwrap(), 1);
+    let (p_region, p_layout) = cache(&prefill, CacheShape::mha(2, 8, 8, 128, 2, 4, 2).unwrap(), 1);
     let (d_region, _d) = cache(&decode, CacheShape::mha(2, 8, 8, 128, 2, 4, 4).unwrap(), 2);
     // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
     let before = unsafe { d_region.checksum(0, d_region.len()).unwrap() };
@@ -157,6 +158,24 @@ fn mha_with_different_tp_is_refused_before_any_transport() {
     assert_eq!(sub.in_flight(), 0, "nothing was queued");
     // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
     assert_eq!(unsafe { d_region.checksum(0, d_region.len()).unwrap() }, before, "nothing moved");
+
+    // The head plan: prefill rank 0 of tp 2 (heads 0..4 of 8) into decode
+    // rank 1 of tp 4 (heads 2..4), blocks head-major: the second half of
+    // each prefill block is the whole decode block.
+    let geometry = HeadGeometry { kv_heads: 8, head_bytes: 128 * 2, tokens_per_block: 4, order: HeadOrder::Hnd };
+    let route = HeadRoute::new(geometry, (2, 0), (4, 1)).unwrap();
+    let d_layout = remote;
+    let id = sub.push_layer_heads_tagged(&segment, &p_layout, &d_layout, &route, 1, 1, &[3, 6], &[7, 2]).unwrap();
+    sub.wait(id.expect("rank 0 holds heads 2 and 3"), WAIT).unwrap().into_result().unwrap();
+    for kind in 0..2 {
+        for (src, dst) in [(3, 7), (6, 2)] {
+            let whole = block(&p_region, &p_layout, 1, kind, src);
+            assert_eq!(block(&d_region, &d_layout, 1, kind, dst), whole[whole.len() / 2..], "kind {kind} {src}->{dst}");
+        }
+    }
+    // Rank 0 shares no head with decode rank 2: nothing is submitted.
+    let route = HeadRoute::new(geometry, (2, 0), (4, 2)).unwrap();
+    assert!(sub.push_layer_heads_tagged(&segment, &p_layout, &d_layout, &route, 1, 1, &[3], &[7]).unwrap().is_none());
 }
 
 #[test]

@@ -9,13 +9,18 @@ all layers are views of one tensor, so an engine registers it once.
 Byte layout of that tensor (kvring's ``KvLayout::contiguous``: per layer, the
 key pool then the value pool, each ``blocks x block_bytes``):
 
-- Llama: ``[layers, 2 (K, V), blocks, 16 tokens, kv_heads, head_dim]``
+- Llama: ``[layers, 2 (K, V), blocks, kv_heads, 16 tokens, head_dim]``
+  (head-major inside a block, "HND", as vLLM's NIXL connector lays blocks
+  out for heterogeneous TP: a rank's share of the heads is one run per
+  block, so kvring's head-sliced plan moves one descriptor per block;
+  ``kv_heads`` is this rank's share)
 - MLA:   ``[layers, blocks, 16 tokens, kv_lora_rank + qk_rope_head_dim]``
   (one latent per token and layer, as xLLM moves it: the normalised
   compressed KV and the rotated shared key, which is exactly what
   transformers' DeepSeek-V3 attention caches).
 """
 
+import inspect
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,11 +41,8 @@ def deterministic():
     transformers.logging.set_verbosity_error()
 
 
-def build(kind):
-    """The model ``kind`` ("llama" or "mla"), float32, eager attention, with
-    weights drawn from a generator seeded with ``SEED`` (identical in every
-    process)."""
-    deterministic()
+def model_config(kind):
+    """(config, model class) of ``kind``."""
     if kind == "llama":
         config = transformers.LlamaConfig(
             vocab_size=2048, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
@@ -66,6 +68,21 @@ def build(kind):
         cls = transformers.DeepseekV3ForCausalLM
     else:
         raise ValueError(f"unknown model {kind!r}")
+    return config, cls
+
+
+def kv_heads(kind):
+    """KV heads of ``kind`` when its cache is split by head (None: MLA)."""
+    cfg, _ = model_config(kind)
+    return None if hasattr(cfg, "kv_lora_rank") else cfg.num_key_value_heads
+
+
+def build(kind):
+    """The model ``kind`` ("llama" or "mla"), float32, eager attention, with
+    weights drawn from a generator seeded with ``SEED`` (identical in every
+    process)."""
+    deterministic()
+    config, cls = model_config(kind)
     config._attn_implementation = "eager"
     torch.manual_seed(SEED)
     model = cls(config).eval()
@@ -80,6 +97,17 @@ def build(kind):
             if "e_score_correction_bias" in name:
                 buf.zero_()
     return model
+
+
+def forward(model, cache, **inputs):
+    """``model(**inputs)`` over ``cache``. transformers 5.19's causal LMs
+    take the cache as ``past_key_values`` and silently ignore an unknown
+    ``cache=`` keyword (the model then runs with no past at all); the name
+    is read from the model's own signature, so a version that calls it
+    ``cache`` works too."""
+    params = inspect.signature(model.forward).parameters
+    name = "past_key_values" if "past_key_values" in params else "cache"
+    return model(**inputs, **{name: cache}, use_cache=True)
 
 
 def prompts(count, lengths, seed=7):
@@ -117,9 +145,11 @@ class PoolSpec:
             self.kinds = 1
         else:
             self.kv_heads_total = config.num_key_value_heads
+            if self.kv_heads_total % tp:
+                raise ValueError(f"{self.kv_heads_total} KV heads do not split over tp {tp} in this example")
             self.kv_heads = self.kv_heads_total // tp
             self.head_dim = config.head_dim
-            self.shape = (self.layers, 2, blocks, BLOCK_TOKENS, self.kv_heads, self.head_dim)
+            self.shape = (self.layers, 2, blocks, self.kv_heads, BLOCK_TOKENS, self.head_dim)
             self.block_bytes = BLOCK_TOKENS * self.kv_heads * self.head_dim * 4
             self.kinds = 2
 
@@ -128,6 +158,11 @@ class PoolSpec:
         if self.mla:
             return "mla", [self.layers, self.blocks, self.latent + self.rope, 4, BLOCK_TOKENS, 0]
         return "mha", [self.layers, self.blocks, self.kv_heads_total, self.head_dim, 4, BLOCK_TOKENS, self.tp]
+
+    def heads(self):
+        """(kv_heads, head_bytes, tokens_per_block, order) for
+        ``Engine.push_layer_heads_tagged``."""
+        return (self.kv_heads_total, self.head_dim * 4, BLOCK_TOKENS, "hnd")
 
     def allocate(self):
         """The pools: one zeroed float32 tensor the model process owns."""
@@ -198,10 +233,10 @@ class PagedLayer(CacheLayerMixin):
             pool[blocks, slots, : spec.latent] = key_states[0, 0]
             pool[blocks, slots, spec.latent:] = value_states[0, 0]
         else:
-            heads = cache.heads
             pool_k, pool_v = cache.pools[self.layer, 0], cache.pools[self.layer, 1]
-            pool_k[blocks, slots] = key_states[0, heads].transpose(0, 1)
-            pool_v[blocks, slots] = value_states[0, heads].transpose(0, 1)
+            for heads, offset in cache.parts:
+                pool_k[blocks + offset, :, slots] = key_states[0, heads].transpose(0, 1)
+                pool_v[blocks + offset, :, slots] = value_states[0, heads].transpose(0, 1)
         self.length += new
         if cache.after_write is not None:
             cache.after_write(self.layer)
@@ -220,9 +255,15 @@ class PagedLayer(CacheLayerMixin):
 class PagedCache(Cache):
     """A request's cache over the shared pools, through its block table."""
 
-    def __init__(self, spec, pools, block_table, length=0, heads=None, after_write=None, before_read=None):
+    def __init__(self, spec, pools, block_table, length=0, heads=None, parts=None, after_write=None, before_read=None):
+        """``heads``: the model's KV heads this (prefill) rank stores, in
+        pool order (its tensor-parallel share). ``parts``: where a decode
+        rank keeps which heads, ``[(model heads, block id offset)]`` in
+        head order (a tensor-parallel decode rank's own share at offset 0,
+        the share it gathered from its peer further on)."""
         self.spec, self.pools, self.block_table = spec, pools, list(block_table)
-        self.heads = heads if heads is not None else slice(None)
+        self.store_only = heads is not None
+        self.parts = parts if parts is not None else [(heads if heads is not None else slice(None), 0)]
         self.after_write, self.before_read = after_write, before_read
         super().__init__(layers=[PagedLayer(self, layer) for layer in range(spec.layers)])
         for layer in self.layers:
@@ -238,9 +279,11 @@ class PagedCache(Cache):
         if spec.mla:
             latent = self.pools[layer][blocks, slots]
             return latent[None, None, :, : spec.latent], latent[None, None, :, spec.latent:]
-        keys = self.pools[layer, 0][blocks, slots].transpose(0, 1)[None]
-        values = self.pools[layer, 1][blocks, slots].transpose(0, 1)[None]
-        if keys.shape[1] != key_states.shape[1]:
+        pool_k, pool_v = self.pools[layer, 0], self.pools[layer, 1]
+        keys = torch.cat([pool_k[blocks + offset, :, slots] for _, offset in self.parts], dim=1)
+        values = torch.cat([pool_v[blocks + offset, :, slots] for _, offset in self.parts], dim=1)
+        keys, values = keys.transpose(0, 1)[None], values.transpose(0, 1)[None]
+        if self.store_only:
             # A tensor-parallel prefill rank stores and pushes only its share
             # of KV heads, but this example does not split the matmuls: it
             # runs every head's attention on the whole prompt (no past), so

@@ -51,6 +51,7 @@ class Cluster:
         self.kind, self.mode, self.src_tp, self.dst_tp, self.blocks = kind, mode, src_tp, dst_tp, blocks
         self.ctx = multiprocessing.get_context("spawn")
         self.prefill_listen = prefill_listen
+        self.kv_heads = pdmodel.kv_heads(kind)
         self.decodes = [self.spawn(worker.decode_main, rank, dst_tp) for rank in range(dst_tp)]
         self.prefills = [self.spawn(worker.prefill_main, rank, src_tp) for rank in range(src_tp)]
         self.decode_addrs = [receive(c, f"decode {r}")["address"] for r, (_, c) in enumerate(self.decodes)]
@@ -58,8 +59,13 @@ class Cluster:
         for rank in range(src_tp):
             self.wire_prefill(rank)
         for rank, (_, conn) in enumerate(self.decodes):
-            source = rank % src_tp
-            conn.send({"source": self.peer_name("prefill", source, self.prefill_addrs)})
+            sources = worker.sources_of(rank, src_tp, dst_tp, self.kv_heads)
+            source = sources[0]
+            wiring = {"source": self.peer_name("prefill", source, self.prefill_addrs),
+                      "sources": [self.peer_name("prefill", s, self.prefill_addrs) for s in sources]}
+            if self.kv_heads is not None and dst_tp == 2:  # the other decode rank, which holds the other heads
+                wiring["peer"] = self.decode_addrs[1 - rank]
+            conn.send(wiring)
             if mode == "pull":
                 conn.send({"metadata": self.prefill_addrs[source]})
         self.transports = set()
@@ -85,7 +91,7 @@ class Cluster:
 
     def wire_prefill(self, rank):
         conn = self.prefills[rank][1]
-        targets = worker.push_targets(rank, self.src_tp, self.dst_tp)
+        targets = worker.push_targets(rank, self.src_tp, self.dst_tp, self.kv_heads)
         conn.send({"decoders": {d: self.peer_name("decode", d, self.decode_addrs) for d in targets}})
         if self.mode == "pull":
             conn.send({"metadata": [self.decode_addrs[d] for d in targets]})
@@ -199,11 +205,32 @@ def run_mode(tally, referee, kind, mode, src_tp=1, dst_tp=1, transport=None):
         # A second round reuses the blocks the first one freed.
         again = make_requests(kind, 3, lengths=[33, 7, 64], first_id=100, seed=11)
         compare(tally, referee, kind, label + " (blocks reused)", again, cluster.run(again))
+        if pdmodel.kv_heads(kind) is not None and src_tp != dst_tp:
+            swapped_heads(tally, referee, kind, label, cluster)
     except WorkerDied as error:
         tally.check(f"{kind} {label}", False, str(error))
     finally:
         if cluster is not None:
             cluster.stop()
+
+
+def swapped_heads(tally, referee, kind, label, cluster):
+    """The negative control of heterogeneous TP for Llama: prefill stores
+    the two halves of the KV heads in each other's place (at tp 2 each rank
+    stores the other's half; at tp 1 the halves swapped), so each half
+    lands where the other belongs. Every decode rank's tokens must differ
+    from generate's: the check sees where the heads landed, not only that
+    bytes arrived."""
+    requests = make_requests(kind, 2, lengths=[40, 63], first_id=500, seed=17)
+    for request in requests:
+        request["swap_heads"] = True
+    for rank, per_rank in enumerate(cluster.run(requests)):
+        for request in requests:
+            got = per_rank.get(request["req"])
+            want = referee.expected(kind, request["prompt"], request["new"])
+            tally.check(f"{kind} {label} negative control: KV head halves swapped, decode rank {rank} request "
+                        f"{request['req']} tokens differ", got is not None and not got["error"] and got["tokens"] != want,
+                        repr(got))
 
 
 def free_port():
@@ -305,20 +332,22 @@ def check(args):
 
     tally, referee = Tally(), Referee()
     kinds = args.models.split(",")
-    for kind in kinds:
+    for kind in kinds if not args.only_tp else []:
         for mode in args.modes.split(","):
             run_mode(tally, referee, kind, mode)
-    if "push" in args.modes.split(","):
+    if "push" in args.modes.split(",") and not args.only_tp:
         for transport in ("tcp", "shm"):  # the default above is kvring's order: cma for the model's own memory
             run_mode(tally, referee, kinds[0], "push", transport=transport)
     if "mla" in kinds and not args.skip_tp:
         run_mode(tally, referee, "mla", "push", 2, 1, transport="tcp")
         run_mode(tally, referee, "mla", "push", 1, 2, transport="tcp")
     if "llama" in kinds and not args.skip_tp:
-        verdict, reason = kvring.check_pd_topo((1, 2, 0, 0), (1, 1, 0, 0), "push", "mha")
-        tally.check("llama tp 2->1: kvring's KV layer refuses a head-split cache across tp sizes",
-                    verdict == "invalid_remote", f"{verdict}: {reason}")
-    if not args.skip_faults:
+        for src_tp, dst_tp in ((2, 1), (1, 2)):
+            verdict, reason = kvring.check_pd_topo((1, src_tp, 0, 0), (1, dst_tp, 0, 0), "push", "mha")
+            tally.check(f"llama tp {src_tp}->{dst_tp}: kvring's KV layer routes a head-split cache across tp sizes",
+                        verdict == "heterogeneous", f"{verdict}: {reason}")
+            run_mode(tally, referee, "llama", "push", src_tp, dst_tp, transport="tcp")
+    if not args.skip_faults and not args.only_tp:
         negative_control(tally, referee, kinds[0])
         fault_kill(tally, referee, kinds[0])
         fault_reuse(tally, referee, kinds[0])
@@ -334,6 +363,8 @@ def main():
     parser.add_argument("--modes", default="push,pull,mooncake")
     parser.add_argument("--skip-tp", action="store_true")
     parser.add_argument("--skip-faults", action="store_true")
+    parser.add_argument("--only-tp", action="store_true",
+                        help="only the heterogeneous-TP cases (of --models), no other mode nor fault case")
     parser.add_argument("--rounds", type=int, default=11, help="--figures: rounds per mode (the first warms up)")
     parser.add_argument("--prompt", type=int, default=512, help="--figures: prompt tokens")
     args = parser.parse_args()

@@ -27,6 +27,12 @@ Modes (how the KV of a request gets from prefill to decode):
   pool addresses and block table; prefill writes each layer with
   ``kvring.mooncake.TransferEngine.batch_transfer_sync`` and a
   ``TransferNotify`` (sent after the bytes are in place).
+
+Heterogeneous TP (``push`` over tcp): for MLA each decode rank is served
+whole by one prefill rank; for Llama each rank holds a share of the KV
+heads and prefill pushes each decode rank the heads they share
+(``Engine.push_layer_heads_tagged``); a decode rank at TP 2 gathers its
+peer's half through kvring into mirror blocks before decoding (docs/PD.md).
 """
 
 import json
@@ -54,12 +60,32 @@ TAGGED_TRANSPORTS = ("tcp", "rdma")
 MAX_SLOT = (1 << 20) - 1  # kvring.arrival_tag's request slots: 1 ..= 2**20 - 1
 
 
-def push_targets(src_rank, src_tp, dst_tp):
-    """The decode ranks a prefill rank pushes to (MLA, heterogeneous TP).
+def push_targets(src_rank, src_tp, dst_tp, kv_heads=None):
+    """The decode ranks a prefill rank pushes to, by kvring's KV layer
+    (``kvring.push_targets``): for MLA (``kv_heads`` None) destination
+    ``d`` is served by source ``d % src_tp``; for Llama (KV heads split
+    across ranks) every destination holding a head the source holds."""
+    import kvring
 
-    The same rule as kvring's ``kv::push_targets`` (not exposed to Python
-    yet): destination ``d`` is served by source ``d % src_tp``."""
-    return [d for d in range(dst_tp) if d % src_tp == src_rank]
+    return kvring.push_targets(src_rank, src_tp, dst_tp, kv_heads)
+
+
+def sources_of(dst_rank, src_tp, dst_tp, kv_heads=None):
+    """The prefill ranks that push into decode rank ``dst_rank``."""
+    return [s for s in range(src_tp) if dst_rank in push_targets(s, src_tp, dst_tp, kv_heads)]
+
+
+def tp_heads(spec, tp, rank, swapped=False):
+    """The model's KV heads rank ``rank`` of ``tp`` stores, in pool order
+    (all of them at tp 1). ``swapped``: the negative control, a rank that
+    stores the other half of the heads in place of its own (at tp 1, the
+    two halves in swapped order), so every head it moves is misplaced."""
+    total = spec.kv_heads_total
+    if not swapped:
+        return slice(rank * total // tp, (rank + 1) * total // tp) if tp > 1 else None
+    half = total // 2
+    order = list(range(half, total)) + list(range(half))
+    return order[rank * total // tp:(rank + 1) * total // tp]
 
 
 class Channel:
@@ -171,7 +197,12 @@ class Prefill:
     def __init__(self, conn, kind, mode, rank, src_tp, dst_tp, blocks, listen=None, transport=None):
         self.conn, self.mode, self.rank = conn, mode, rank
         self.model = pdmodel.build(kind)
-        self.spec = PoolSpec(self.model, blocks)
+        self.kv_heads = pdmodel.kv_heads(kind)
+        self.src_tp, self.dst_tp = src_tp, dst_tp
+        # Llama across tp sizes: this rank stores its share of the heads,
+        # and pushes each decode rank the heads they share.
+        self.split = self.kv_heads is not None and src_tp != dst_tp
+        self.spec = PoolSpec(self.model, blocks, tp=src_tp if self.kv_heads is not None else 1)
         self.allocator = BlockAllocator(blocks)
         self.name = f"prefill-{rank}"
         endpoint, address, self.pools = make_endpoint(mode, self.name, self.spec, listen, transport)
@@ -183,7 +214,7 @@ class Prefill:
         else:
             self.engine = endpoint
             self.channel = Channel(mode, endpoint, self.name)
-        self.targets = push_targets(rank, src_tp, dst_tp)
+        self.targets = push_targets(rank, src_tp, dst_tp, self.kv_heads)
         conn.send({"address": address})
         self.decoders = conn.recv()["decoders"]  # rank -> address (or nixl name)
         used = {}
@@ -245,12 +276,15 @@ class Prefill:
             if layered:
                 self.work.put(("layer", rid, layer, ours, tables))
 
-        cache = PagedCache(self.spec, self.pools, ours, after_write=after_write)
+        heads = None
+        if self.kv_heads is not None and (self.src_tp > 1 or request.get("swap_heads")):
+            heads = tp_heads(self.spec, self.src_tp, self.rank, swapped=bool(request.get("swap_heads")))
+        cache = PagedCache(self.spec, self.pools, ours, heads=heads, after_write=after_write)
         start = time.monotonic()
         with torch.no_grad():
             # logits_to_keep=1: the LM head on the last position only, as
             # generate and serving engines do.
-            logits = self.model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1).logits
+            logits = pdmodel.forward(self.model, cache, input_ids=torch.tensor([prompt]), logits_to_keep=1).logits
         first = int(logits[0, -1].argmax())
         end = time.monotonic()
         timing = {"compute_start": start, "compute_end": end}
@@ -295,6 +329,16 @@ class Prefill:
                         # The negative control: move nothing (and, where
                         # layers are announced, say it landed).
                         layers = [] if peer in self.tagged else [layer]
+                    elif self.mode == "push" and self.split:
+                        # kvring's head-sliced plan: the heads this rank
+                        # shares with decode rank `rank`, at their place in
+                        # its blocks (tagged: tcp only).
+                        theirs = table["blocks"][: len(ours)]
+                        self.engine.push_layer_heads_tagged(
+                            peer, layer, table["slot"], ours, theirs, self.spec.heads(),
+                            (self.src_tp, self.rank), (self.dst_tp, rank), timeout=WAIT_S,
+                        )
+                        layers = []
                     elif self.mode == "push" and peer in self.tagged:
                         theirs = table["blocks"][: len(ours)]
                         self.engine.push_layer_tagged(peer, layer, table["slot"], ours, theirs, timeout=WAIT_S)
@@ -345,7 +389,17 @@ class Decode:
     def __init__(self, conn, kind, mode, rank, src_tp, dst_tp, blocks, transport=None):
         self.conn, self.mode, self.rank = conn, mode, rank
         self.model = pdmodel.build(kind)
-        self.spec = PoolSpec(self.model, blocks)
+        kv_heads = pdmodel.kv_heads(kind)
+        # Llama at decode tp 2: this rank receives its half of the heads
+        # from prefill into blocks [0, blocks); its peer decode rank's half
+        # of the same request lands in our "mirror" blocks [blocks, 2 *
+        # blocks) (the peer pushes it through kvring once its own half has
+        # landed), and this rank decodes over both halves.
+        self.mirror = kv_heads is not None and dst_tp > 1
+        if self.mirror and dst_tp != 2:
+            raise NotImplementedError("this example assembles a head-split decode cache at tp 2 only")
+        self.blocks = blocks
+        self.spec = PoolSpec(self.model, 2 * blocks if self.mirror else blocks, tp=dst_tp if kv_heads else 1)
         self.allocator = BlockAllocator(blocks)
         self.name = f"decode-{rank}"
         endpoint, address, self.pools = make_endpoint(mode, self.name, self.spec, transport=transport)
@@ -358,7 +412,11 @@ class Decode:
         self.channel = Channel(mode, self.engine, self.name)
         self.next_slot = 0  # the request slot of the next request's arrival tags
         conn.send({"address": address})
-        self.source = conn.recv()["source"]  # our prefill rank's address (or nixl name)
+        wiring = conn.recv()
+        self.source = wiring["source"]  # our (first) prefill rank's address (or nixl name)
+        self.sources = wiring.get("sources", [self.source])  # every prefill rank pushing to us
+        self.peer = wiring.get("peer")  # the other decode rank (mirror)
+        self.peer_tables, self.mirrored = {}, set()
         if mode == "pull":
             self.engine.add_remote_agent(conn.recv()["metadata"])
             spec = self.spec
@@ -377,6 +435,7 @@ class Decode:
                 return
             if "source" in message:  # prefill restarted
                 self.source = message["source"]
+                self.sources = [self.source]
                 continue
             if "reuse" in message:
                 try:
@@ -397,7 +456,10 @@ class Decode:
         table = {"table": True, "req": rid, "rank": self.rank, "blocks": ours, "base": self.pools.data_ptr()}
         if self.mode == "push":
             table["slot"] = self.grant(st)
-        self.channel.send(self.source, table)
+        for source in self.sources:
+            self.channel.send(source, table)
+        if self.mirror:  # where the peer's half of this request goes: our blocks + self.blocks
+            self.channel.send(self.peer, {"mirror_table": rid, "blocks": ours})
         return st
 
     def grant(self, st):
@@ -449,7 +511,7 @@ class Decode:
             for rid, st in list(self.state.items()):
                 if st["failed"] is not None:
                     results[rid] = self.finish(rid, error=st["failed"])
-                elif st["first"] is not None:
+                elif st["first"] is not None and self.assembled(rid, st):
                     try:
                         self.step(rid, st)
                     except RequestFailed as error:
@@ -477,10 +539,11 @@ class Decode:
             raise RequestFailed(st["failed"])
         if now - st.setdefault("probed", now) > PROBE_S:
             st["probed"] = now
-            try:
-                self.channel.probe(self.source)
-            except Exception as error:
-                raise RequestFailed(f"prefill {self.source} is gone: {type(error).__name__}: {error}") from None
+            for source in self.sources:
+                try:
+                    self.channel.probe(source)
+                except Exception as error:
+                    raise RequestFailed(f"prefill {source} is gone: {type(error).__name__}: {error}") from None
         limit = st["request"].get("wait_s", WAIT_S)
         if now - st["since"] > limit:
             raise RequestFailed(f"nothing from prefill {self.source} within {limit} s")
@@ -520,6 +583,8 @@ class Decode:
     def finish(self, rid, error=None):
         st = self.state.pop(rid)
         self.forget(st)
+        self.mirrored.discard(rid)
+        self.peer_tables.pop(rid, None)
         self.allocator.give_back(st["blocks"])
         return {"tokens": st["tokens"], "error": error, "timing": st["timing"], "blocks": st["blocks"]}
 
@@ -528,9 +593,18 @@ class Decode:
         layers whose tagged bytes have landed."""
         for st in self.state.values():
             self.poll_landed(st)
+        if self.mirror:
+            for rid, st in self.state.items():
+                self.push_mirror(rid, st)
         for message in self.channel.recv():
             if "aborted" in message:
                 self.acks.add(message["aborted"])
+                continue
+            if "mirror_table" in message:
+                self.peer_tables[message["mirror_table"]] = message["blocks"]
+                continue
+            if "mirrored" in message:
+                self.mirrored.add(message["mirrored"])
                 continue
             rid = next(message[k] for k in ("landed", "first", "failed", "ready", "req") if k in message)
             st = self.state.get(rid)
@@ -539,7 +613,7 @@ class Decode:
             if "landed" in message:
                 for layer in message["layers"]:
                     self.layer_landed(st, layer)
-            elif "first" in message:
+            elif "first" in message and st["first"] is None:  # (at prefill tp 2, each rank sends it)
                 st["first"] = message["token"]
                 st["tagged"] = message.get("tagged", False)
                 st["tokens"].append(message["token"])
@@ -550,6 +624,29 @@ class Decode:
                 st["failed"] = f"prefill {self.source}: {message['error']}"
             elif "ready" in message:
                 self.pull(rid, st, message["blocks"], message["base"])
+
+    def assembled(self, rid, st):
+        """Whether the request's cache is whole here: always, except at
+        decode tp 2 (Llama), where our half must have gone to the peer and
+        the peer's half come to us."""
+        return not self.mirror or (st.get("mirror_sent") and rid in self.mirrored)
+
+    def push_mirror(self, rid, st):
+        """Decode tp 2: once every layer of our half of ``rid`` landed (and
+        the peer said where its copy goes), pushes our blocks of every layer
+        into the peer's mirror blocks through kvring (whole blocks: both
+        ranks hold one half), then tells it."""
+        if st.get("mirror_sent") or rid not in self.peer_tables or len(st["landed"]) < self.spec.layers:
+            return
+        prompt_blocks = -(-len(st["request"]["prompt"]) // pdmodel.BLOCK_TOKENS)
+        ours = st["blocks"][:prompt_blocks]
+        theirs = [b + self.blocks for b in self.peer_tables.pop(rid)[:prompt_blocks]]
+        try:
+            self.engine.push_blocks(self.peer, ours, theirs, timeout=WAIT_S)
+            self.channel.send(self.peer, {"mirrored": rid})
+        except Exception as error:  # the request fails here; the peer's fails at its deadline
+            st["failed"] = f"gathering heads to decode {self.peer}: {type(error).__name__}: {error}"
+        st["mirror_sent"] = True
 
     def pull(self, rid, st, theirs, base):
         """vLLM's NIXL connector: READ prefill's blocks of every layer into
@@ -605,16 +702,20 @@ class Decode:
     def step(self, rid, st):
         """One decode step of one request, its cache read from our pools."""
         if st["cache"] is None:
+            parts = None
+            if self.mirror:  # heads in model order: ours at offset 0, the peer's in the mirror blocks
+                half = self.spec.kv_heads
+                parts = [(slice(h * half, (h + 1) * half), 0 if h == self.rank else self.blocks) for h in range(2)]
             st["cache"] = PagedCache(
-                self.spec, self.pools, st["blocks"], length=st["pos"],
+                self.spec, self.pools, st["blocks"], length=st["pos"], parts=parts,
                 before_read=lambda layer: self.wait_layer(rid, st, layer) if layer not in st["landed"] else None,
             )
         first_step = len(st["tokens"]) == 1
         start = time.monotonic()
         with torch.no_grad():
-            logits = self.model(
-                input_ids=torch.tensor([[st["tokens"][-1]]]), position_ids=torch.tensor([[st["pos"]]]),
-                cache=st["cache"], use_cache=True,
+            logits = pdmodel.forward(
+                self.model, st["cache"], input_ids=torch.tensor([[st["tokens"][-1]]]),
+                position_ids=torch.tensor([[st["pos"]]]),
             ).logits
         st["tokens"].append(int(logits[0, -1].argmax()))
         st["pos"] += 1

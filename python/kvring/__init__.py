@@ -22,7 +22,7 @@ from ._buffers import address_of
 from .errors import *  # noqa: F401,F403  (one class per error kind)
 from .errors import InvalidArgumentError, KvringError
 
-__all__ = ["Engine", "arrival_tag", "check_pd_topo", "transports", "KvringError"]
+__all__ = ["Engine", "arrival_tag", "check_pd_topo", "push_targets", "transports", "KvringError"]
 
 
 _LEVELS = {"ERROR": logging.ERROR, "WARN": logging.WARNING, "INFO": logging.INFO, "DEBUG": logging.DEBUG, "TRACE": 5}
@@ -55,6 +55,17 @@ def check_pd_topo(local, remote, mode="push", attention="mha"):
     exchange KV blocks. Returns (verdict, reason): verdict is
     "homogeneous", "heterogeneous", "invalid_local" or "invalid_remote"."""
     return _native.check_pd_topo(tuple(local), tuple(remote), mode, attention)
+
+
+def push_targets(src_rank, src_tp, dst_tp, kv_heads=None):
+    """The decode ranks (of ``dst_tp``) that prefill rank ``src_rank`` (of
+    ``src_tp``) pushes to. With ``kv_heads`` (an MHA/GQA cache split by KV
+    head): the ranks holding a head it holds, each head written by exactly
+    one source (``kv::head_push_targets``; a head count that does not
+    split over a tp size raises ``InvalidArgumentError``). Without (MLA,
+    the same cache on every rank): destination ``d`` is served by source
+    ``d % src_tp`` (``kv::push_targets``)."""
+    return list(_native.push_targets(src_rank, src_tp, dst_tp, kv_heads))
 
 
 def arrival_tag(slot, layer):
@@ -373,6 +384,23 @@ class Engine:
         ``UnsupportedError``. Waits up to ``timeout`` seconds; returns the
         bytes moved."""
         return _native.push_layer_tagged(self._native, name, layer, slot, list(src_ids), list(dst_ids), timeout)
+
+    def push_layer_heads_tagged(self, name, layer, slot, src_ids, dst_ids, heads, src, dst, timeout=30.0):
+        """``push_layer_tagged`` between tensor-parallel ranks of different
+        sizes of an MHA/GQA cache (each rank holding its share of the KV
+        heads): per block pair, the heads this rank shares with the peer
+        go to their place in the peer's block (kvring's
+        ``kv::plan_layer_heads``). ``heads`` is ``(kv_heads, head_bytes,
+        tokens_per_block, order)``, ``order`` ``"hnd"`` (a block is
+        ``[heads, tokens, head_dim]``: one run per block) or ``"nhd"``
+        (``[tokens, heads, head_dim]``: one run per token); ``src`` and
+        ``dst`` are ``(tp_size, tp_rank)`` of this rank and of the peer.
+        Each side's bytes per block must be its heads' worth
+        (``LayoutMismatchError`` otherwise). Returns the bytes moved (0,
+        nothing sent, when this rank holds none of the peer's heads)."""
+        return _native.push_layer_heads_tagged(
+            self._native, name, layer, slot, list(src_ids), list(dst_ids), tuple(heads), tuple(src), tuple(dst), timeout
+        )
 
     # Arrival tags (this engine as the target of tagged pushes) ----------
 

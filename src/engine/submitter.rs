@@ -367,6 +367,33 @@ impl Submitter {
         self.submit(&Batch::write(segment).descs(&descs).arrival_tag(tag))
     }
 
+    /// As [`push_layer_tagged`](Self::push_layer_tagged) between ranks of
+    /// different tensor-parallel sizes of an MHA/GQA cache: moves, per
+    /// block, the KV heads `route` assigns from this rank into the
+    /// destination rank, at their place in its blocks
+    /// ([`kv::plan_layer_heads`](crate::kv::plan_layer_heads)). A route
+    /// that gives this rank nothing for that destination submits nothing
+    /// and returns `Ok(None)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn push_layer_heads_tagged(
+        &mut self,
+        segment: &Segment,
+        local: &KvLayout,
+        remote: &KvLayout,
+        route: &crate::kv::HeadRoute,
+        layer: u32,
+        request_slot: u32,
+        src_ids: &[u64],
+        dst_ids: &[u64],
+    ) -> Result<Option<BatchId>> {
+        let tag = crate::kv::arrival_tag(request_slot, layer)?;
+        let descs = crate::kv::plan_layer_heads(local, remote, Opcode::Write, route, layer, src_ids, dst_ids)?;
+        if descs.is_empty() {
+            return Ok(None);
+        }
+        self.submit(&Batch::write(segment).descs(&descs).arrival_tag(tag)).map(Some)
+    }
+
     /// Waits up to `timeout` for a batch to end and consumes its result.
     /// `Error::Timeout` leaves the batch running (wait again or cancel).
     ///

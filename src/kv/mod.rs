@@ -3,11 +3,13 @@
 //! heterogeneous tensor parallelism. It knows nothing of transports: it
 //! turns "blocks [3, 4, 5, 9] of every layer" into `BlockDesc`s.
 
+pub mod heads;
 pub mod layout;
 pub mod plan;
 mod tag;
 pub mod topo;
 
+pub use heads::{head_push_targets, plan_layer_heads, HeadGeometry, HeadOrder, HeadRoute, HeadShard};
 pub use layout::{Attention, CacheShape, KvBuffer, KvLayout};
 pub use plan::{merge_plans, plan_blocks, plan_layer};
 pub use tag::{arrival_tag, MAX_REQUEST_SLOT};

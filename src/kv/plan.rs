@@ -19,7 +19,13 @@ struct Run {
     len: u64,
 }
 
-fn check_ids(local: &KvLayout, remote: &KvLayout, op: Opcode, local_ids: &[u64], remote_ids: &[u64]) -> Result<()> {
+pub(super) fn check_ids(
+    local: &KvLayout,
+    remote: &KvLayout,
+    op: Opcode,
+    local_ids: &[u64],
+    remote_ids: &[u64],
+) -> Result<()> {
     if local_ids.len() != remote_ids.len() {
         let (src, dst) = match op {
             Opcode::Write => (local_ids.len(), remote_ids.len()),

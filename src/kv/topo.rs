@@ -56,19 +56,25 @@ fn invalid(rank: &Rank) -> Option<String> {
 /// Checks whether `local` and `remote` can exchange KV blocks.
 ///
 /// Equal dp and tp sizes are homogeneous. A different tp size is allowed
-/// only for MLA with push: MLA caches are identical on every tp rank, so
-/// any source rank holds what any destination needs, while MHA caches are
-/// split by KV head. A different dp size alone is heterogeneous: dp groups
-/// are independent replicas.
+/// with push: MLA caches are identical on every tp rank, so any source rank
+/// holds what any destination needs ([`push_targets`]); MHA/GQA caches are
+/// split by KV head, so each source writes the heads it shares with each
+/// destination ([`head_push_targets`](super::head_push_targets),
+/// [`plan_layer_heads`](super::plan_layer_heads), which also refuses a head
+/// count that does not split over either tp size). A different dp size
+/// alone is heterogeneous: dp groups are independent replicas. Both
+/// attentions have the same verdicts today; `attention` is kept so that a
+/// caller states which cache it moves (the plan to use differs).
 ///
 /// ```
 /// use kvring::kv::{check_pd_topo, Attention, Mode, Rank, TopoCheck};
 /// let prefill = Rank { dp_size: 1, tp_size: 2, dp_rank: 0, tp_rank: 1 };
 /// let decode = Rank { dp_size: 1, tp_size: 1, dp_rank: 0, tp_rank: 0 };
 /// assert_eq!(check_pd_topo(prefill, decode, Mode::Push, Attention::Mla), TopoCheck::Heterogeneous);
-/// assert!(matches!(check_pd_topo(prefill, decode, Mode::Push, Attention::Mha), TopoCheck::InvalidRemote(_)));
+/// assert_eq!(check_pd_topo(prefill, decode, Mode::Push, Attention::Mha), TopoCheck::Heterogeneous);
+/// assert!(matches!(check_pd_topo(prefill, decode, Mode::Pull, Attention::Mha), TopoCheck::InvalidRemote(_)));
 /// ```
-pub fn check_pd_topo(local: Rank, remote: Rank, mode: Mode, attention: Attention) -> TopoCheck {
+pub fn check_pd_topo(local: Rank, remote: Rank, mode: Mode, _attention: Attention) -> TopoCheck {
     if let Some(reason) = invalid(&local) {
         return TopoCheck::InvalidLocal(reason);
     }
@@ -76,14 +82,10 @@ pub fn check_pd_topo(local: Rank, remote: Rank, mode: Mode, attention: Attention
         return TopoCheck::InvalidRemote(reason);
     }
     if local.tp_size != remote.tp_size {
-        return match (attention, mode) {
-            (Attention::Mla, Mode::Push) => TopoCheck::Heterogeneous,
-            (Attention::Mla, Mode::Pull) => TopoCheck::InvalidRemote(format!(
+        return match mode {
+            Mode::Push => TopoCheck::Heterogeneous,
+            Mode::Pull => TopoCheck::InvalidRemote(format!(
                 "tp {} vs {}: a different tp size is supported for push only",
-                local.tp_size, remote.tp_size
-            )),
-            (Attention::Mha, _) => TopoCheck::InvalidRemote(format!(
-                "tp {} vs {}: MHA caches are split by KV head, so tp sizes must match (only MLA with push may differ)",
                 local.tp_size, remote.tp_size
             )),
         };
@@ -95,7 +97,8 @@ pub fn check_pd_topo(local: Rank, remote: Rank, mode: Mode, attention: Attention
 }
 
 /// The destination tp ranks a source tp rank pushes to, within one dp
-/// group, when tp sizes differ (MLA: every rank holds the whole cache).
+/// group, when tp sizes differ, for MLA (every rank holds the whole cache;
+/// MHA: [`head_push_targets`](super::head_push_targets)).
 /// Destination `d` is served by source `d % src_tp`, so every destination
 /// receives every block from exactly one source, and the numbers of
 /// destinations per source differ by at most one.
@@ -134,12 +137,19 @@ mod tests {
             panic!()
         };
         assert!(reason.contains("push only"), "{reason}");
+        for (src, dst) in [(2, 1), (1, 2), (2, 4)] {
+            assert_eq!(
+                check_pd_topo(rank(1, src, 0, 0), rank(1, dst, 0, 0), Mode::Push, Attention::Mha),
+                TopoCheck::Heterogeneous,
+                "MHA push tp {src} -> {dst}: head-sliced plans"
+            );
+        }
         let TopoCheck::InvalidRemote(reason) =
-            check_pd_topo(rank(1, 2, 0, 0), rank(1, 4, 0, 0), Mode::Push, Attention::Mha)
+            check_pd_topo(rank(1, 2, 0, 0), rank(1, 4, 0, 0), Mode::Pull, Attention::Mha)
         else {
             panic!()
         };
-        assert!(reason.contains("split by KV head"), "{reason}");
+        assert!(reason.contains("push only"), "{reason}");
         assert!(
             matches!(check_pd_topo(rank(0, 1, 0, 0), a, Mode::Push, Attention::Mla), TopoCheck::InvalidLocal(r) if r.contains("at least 1"))
         );

@@ -1,7 +1,9 @@
 //! Arrival tags from Python: a decode engine grants a request's layer its
 //! blocks (`grant_arrival`, optionally for one proven sender) and waits for
 //! them to land (`wait_landed`, with a deadline); a prefill engine pushes a
-//! layer tagged for that request (`push_layer_tagged`). Module functions
+//! layer tagged for that request (`push_layer_tagged`; head-sliced between
+//! tensor-parallel sizes, `push_layer_heads_tagged`, routed by
+//! `push_targets`). Module functions
 //! taking the engine (as `prepared.rs`), so `engine.rs` stays one class.
 //!
 //! Waits run with the GIL released and without the engine's lock: a
@@ -11,7 +13,9 @@
 use super::engine::PyEngine;
 use super::open::finish;
 use super::seconds;
+use crate::kv::{HeadGeometry, HeadOrder, HeadRoute};
 use crate::{Engine, RegionId};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// The engine, cloned out of its lock (an `Arc`): for waits that must not
@@ -113,4 +117,67 @@ pub fn push_layer_tagged(
         let id = sub.push_layer_tagged(&segment, &mine, &theirs, layer, slot, &src_ids, &dst_ids)?;
         finish(sub.wait(id, timeout)?)
     })
+}
+
+/// `Submitter::push_layer_heads_tagged`: [`push_layer_tagged`] between
+/// tensor-parallel ranks of different sizes of an MHA/GQA cache. `heads`
+/// is `(kv_heads, head_bytes, tokens_per_block, order)` with `order`
+/// `"hnd"` (a block is `[heads, tokens, head]`) or `"nhd"` (`[tokens,
+/// heads, head]`); `src` and `dst` are `(tp_size, tp_rank)` of this rank
+/// and of the peer. Moves the heads both hold (0 bytes, nothing sent,
+/// when this rank writes none of the peer's heads); returns the bytes.
+#[pyfunction]
+#[pyo3(signature = (engine, name, layer, slot, src_ids, dst_ids, heads, src, dst, timeout))]
+#[allow(clippy::too_many_arguments)] // a Python signature
+pub fn push_layer_heads_tagged(
+    py: Python<'_>,
+    engine: &PyEngine,
+    name: String,
+    layer: u32,
+    slot: u32,
+    src_ids: Vec<u64>,
+    dst_ids: Vec<u64>,
+    heads: (u64, u64, u64, String),
+    src: (u32, u32),
+    dst: (u32, u32),
+    timeout: f64,
+) -> PyResult<u64> {
+    let timeout = seconds(timeout)?;
+    let route = head_route(heads, src, dst)?;
+    engine.with_open(py, |open| {
+        let segment = open.segment(&name, timeout)?;
+        let mine = open.engine.kv_layout().ok_or_else(|| crate::Error::invalid("kv layout", "set_kv_layout first"))?;
+        let theirs = segment.kv_layout(timeout)?;
+        let sub = &mut open.submitter;
+        match sub.push_layer_heads_tagged(&segment, &mine, &theirs, &route, layer, slot, &src_ids, &dst_ids)? {
+            Some(id) => finish(sub.wait(id, timeout)?),
+            None => Ok(0),
+        }
+    })
+}
+
+fn head_route(heads: (u64, u64, u64, String), src: (u32, u32), dst: (u32, u32)) -> PyResult<HeadRoute> {
+    let (kv_heads, head_bytes, tokens_per_block, order) = heads;
+    let order = match order.as_str() {
+        "hnd" => HeadOrder::Hnd,
+        "nhd" => HeadOrder::Nhd,
+        other => return Err(PyValueError::new_err(format!("order must be \"hnd\" or \"nhd\", got {other:?}"))),
+    };
+    HeadRoute::new(HeadGeometry { kv_heads, head_bytes, tokens_per_block, order }, src, dst).map_err(super::raise)
+}
+
+/// The decode ranks (of `dst_tp`) that prefill rank `src_rank` (of
+/// `src_tp`) pushes to: with `kv_heads` (an MHA/GQA cache split by head)
+/// those sharing a head with it (`kv::head_push_targets`), without (MLA:
+/// every rank holds the whole cache) `kv::push_targets`.
+#[pyfunction]
+#[pyo3(signature = (src_rank, src_tp, dst_tp, kv_heads=None))]
+pub fn push_targets(src_rank: u32, src_tp: u32, dst_tp: u32, kv_heads: Option<u64>) -> PyResult<Vec<u32>> {
+    match kv_heads {
+        Some(kv_heads) => crate::kv::head_push_targets(src_rank, src_tp, dst_tp, kv_heads).map_err(super::raise),
+        None if src_tp == 0 || src_rank >= src_tp => {
+            Err(PyValueError::new_err(format!("src_rank {src_rank} is not a rank of tp {src_tp}")))
+        }
+        None => Ok(crate::kv::push_targets(src_rank, src_tp, dst_tp).collect()),
+    }
 }

@@ -170,6 +170,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(arrivals::wait_landed, m)?)?;
     m.add_function(wrap_pyfunction!(arrivals::forget_arrival, m)?)?;
     m.add_function(wrap_pyfunction!(arrivals::push_layer_tagged, m)?)?;
+    m.add_function(wrap_pyfunction!(arrivals::push_layer_heads_tagged, m)?)?;
+    m.add_function(wrap_pyfunction!(arrivals::push_targets, m)?)?;
     m.add_function(wrap_pyfunction!(set_error_classes, m)?)?;
     m.add_function(wrap_pyfunction!(py_check_pd_topo, m)?)?;
     m.add_function(wrap_pyfunction!(transports, m)?)?;
