@@ -219,7 +219,9 @@ impl CmaLink {
     /// the bytes moved, or the error and the bytes moved before it.
     fn move_all(&mut self, op: Opcode) -> Result<u64, (Error, u64)> {
         let peer = self.peer.clone();
-        let entered = peer.enter();
+        // Marked with the regions the chunk touches: an unregister of
+        // another region does not wait for this call.
+        let entered = peer.enter(&self.touched);
         let gone = |peer: &CmaPeer| Error::PeerRestarted { segment: peer.name.clone(), detail: peer.why_not_live() };
         let (mut start, mut moved, mut interrupted) = (0usize, 0u64, 0u32);
         while start < self.local.len() {

@@ -44,7 +44,10 @@ use std::time::{Duration, Instant};
 
 /// "KVRINGCM".
 const MAGIC: [u8; 8] = *b"KVRINGCM";
-const VERSION: u32 = 1;
+/// 2: calls carry marks naming their regions (an initiator of version 1
+/// would only count, which a target of version 2 still honours, but a
+/// version 1 target would not see a version 2 initiator's marks).
+const VERSION: u32 = 2;
 /// Initiator links one target serves over cma at once (each holds a slot).
 pub const MAX_CMA_USERS: usize = 256;
 const LINE: usize = 64;
@@ -113,6 +116,13 @@ impl Page {
         self.word(USERS_OFFSET + index * LINE)
     }
 
+    /// User slot `index`'s words of the revocation handshake: its word,
+    /// then (after the start time) its marks.
+    fn user_slot(&self, index: usize) -> revoke::User<'_> {
+        let at = USERS_OFFSET + index * LINE;
+        revoke::User { word: self.word(at), marks: std::array::from_fn(|m| self.word(at + 16 + 8 * m)) }
+    }
+
     /// When the process holding user slot `index` started (0: not known).
     fn user_start(&self, index: usize) -> &AtomicU64 {
         self.word(USERS_OFFSET + index * LINE + 8)
@@ -140,16 +150,17 @@ impl Page {
         bytes
     }
 
-    /// Waits until no live initiator has a call in progress, or `deadline`;
-    /// returns how many still have.
-    fn drain(&self, deadline: Instant) -> u32 {
+    /// Waits until no live initiator has a call in progress that may touch
+    /// region slot `region` (`None`: any call), or `deadline`; returns how
+    /// many still have.
+    fn drain(&self, region: Option<usize>, deadline: Instant) -> u32 {
         let mut pause = Duration::from_micros(5);
         loop {
             let busy = (0..MAX_CMA_USERS)
                 .filter(|&i| {
                     // A slot still being claimed counts no call.
-                    let (pid, calls) = revoke::calls_in(self.user(i));
-                    calls != 0 && same_process(pid, self.user_start(i).load(Ordering::SeqCst))
+                    let (pid, calling) = revoke::calls_in(self.user_slot(i), region);
+                    calling && same_process(pid, self.user_start(i).load(Ordering::SeqCst))
                 })
                 .count() as u32;
             if busy == 0 || Instant::now() >= deadline {
@@ -240,7 +251,7 @@ impl CmaExport {
         }
         let [state, ..] = self.page.region(index);
         let Some(before) = revoke::take_off(state, id.raw(), LIVE) else { return Ok(()) };
-        match self.page.drain(Instant::now() + CMA_REVOKE_WAIT) {
+        match self.page.drain(Some(index), Instant::now() + CMA_REVOKE_WAIT) {
             0 => Ok(()),
             busy => {
                 revoke::put_back(state, before);
@@ -253,7 +264,7 @@ impl CmaExport {
     /// another call, and those in progress are waited for (bounded).
     pub fn close(&self) {
         revoke::stop(self.page.epoch());
-        let busy = self.page.drain(Instant::now() + CMA_REVOKE_WAIT);
+        let busy = self.page.drain(None, Instant::now() + CMA_REVOKE_WAIT);
         if busy > 0 {
             tracing::warn!(busy, "stopping with same-host cma initiators still inside a copy");
         }
@@ -363,11 +374,12 @@ impl CmaPeer {
         self.regions.get(index).and_then(Option::as_ref)
     }
 
-    /// Starts a call: counted in this link's user slot until the guard
-    /// drops. Check [`live`](Self::live) and [`listed`](Self::listed) after.
+    /// Starts a call into region slots `regions`: marked (or counted) in
+    /// this link's user slot until the guard drops. Check
+    /// [`live`](Self::live) and [`listed`](Self::listed) after.
     #[inline]
-    pub fn enter(&self) -> Entered<'_> {
-        revoke::enter(self.page.user(self.user))
+    pub fn enter(&self, regions: &[usize]) -> Entered<'_> {
+        revoke::enter(self.page.user_slot(self.user), regions)
     }
 
     /// True while the target engine still runs at the epoch it was opened
@@ -509,6 +521,10 @@ fn claim_user(page: &Page) -> Option<usize> {
             };
         free && slot.compare_exchange(word, ours | CLAIMING, Ordering::SeqCst, Ordering::Relaxed).is_ok()
     })?;
+    // Marks a dead owner left (it died inside a call) name no call of ours.
+    for mark in page.user_slot(claimed).marks {
+        mark.store(0, Ordering::SeqCst);
+    }
     page.user_start(claimed).store(start, Ordering::SeqCst);
     // Published: (pid, start) now agree. Nobody else writes a slot marked by
     // a live claimer, and calls are counted only after this returns.
@@ -557,15 +573,15 @@ mod tests {
         for i in (0..MAX_CMA_USERS).filter(|&i| i != 17) {
             page.user(i).store(0, Ordering::SeqCst);
         }
-        assert_eq!(page.drain(Instant::now() + Duration::from_secs(1)), 0);
+        assert_eq!(page.drain(None, Instant::now() + Duration::from_secs(1)), 0);
         // A live pid whose process started at another time: the initiator
         // died inside a call and its pid went to another process.
         page.user(17).store(alive | 1, Ordering::SeqCst);
         let start = process_start(std::process::id()).unwrap();
         page.user_start(17).store(start + 1, Ordering::SeqCst);
-        assert_eq!(page.drain(Instant::now() + Duration::from_secs(1)), 0, "a reused pid is not waited for");
+        assert_eq!(page.drain(None, Instant::now() + Duration::from_secs(1)), 0, "a reused pid is not waited for");
         page.user_start(17).store(start, Ordering::SeqCst);
-        assert_eq!(page.drain(Instant::now()), 1, "the same process inside a call is waited for");
+        assert_eq!(page.drain(None, Instant::now()), 1, "the same process inside a call is waited for");
     }
 
     /// The claim race a hostile review found: a slot whose new pid sat
@@ -584,7 +600,7 @@ mod tests {
             page.user_start(i).store(stale_start, Ordering::SeqCst);
         }
         assert_eq!(claim_user(&page), None, "a live claimer's slot is not taken");
-        assert_eq!(page.drain(Instant::now()), 0, "a slot being claimed counts no call");
+        assert_eq!(page.drain(None, Instant::now()), 0, "a slot being claimed counts no call");
         let dead = {
             let mut child = std::process::Command::new("true").spawn().unwrap();
             let pid = child.id();
