@@ -442,7 +442,10 @@ fn stall(peer: &Arc<CmaPeer>, into: Vec<RegionId>) -> std::thread::JoinHandle<bo
         let chunk: Vec<Block> = into
             .iter()
             .enumerate()
-            .map(|(i, &region)| Block { desc_index: i as u32, ..blocks(&mut source[i * 64..], region, 1, 64).remove(0) })
+            .map(|(i, &region)| Block {
+                desc_index: i as u32,
+                ..blocks(&mut source[i * 64..], region, 1, 64).remove(0)
+            })
             .collect();
         matches!(transfer(&mut link, Opcode::Write, &chunk), Posted::Done(_))
     });
