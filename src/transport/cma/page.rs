@@ -9,25 +9,30 @@
 //!
 //! - a head: magic, version, the target's pid, a random nonce, the epoch
 //!   (set to 0 when the engine stops), where the page is mapped in the
-//!   target's own address space, the table sizes;
-//! - one *user slot* per initiator link (`pid << 32 | calls in progress`,
-//!   then the initiator process's start time, so that a pid handed to
-//!   another process is not taken for it), each on its own cache line: at
+//!   target's own address space, the table sizes, the liveness word
+//!   (`alive.rs`);
+//! - one *user slot* per initiator link (`pid << 32 | calls in progress
+//!   counted for every region`, then the initiator process's start time, so
+//!   that a pid handed to another process is not taken for it, then six
+//!   marks, each naming a region slot a call in progress touches), each on
+//!   its own cache line: at
 //!   most [`MAX_CMA_USERS`], a quota every initiator fills one slot of,
 //!   reclaimed from initiators that died;
 //! - one *region slot* per registry slot: the region's raw id, rights and a
 //!   live bit in one word, then its address and length.
 //!
-//! **Revocation.** Before every `process_vm_*` call an initiator adds one to
-//! its user slot, then checks the epoch and the state of every region the
-//! call touches, and subtracts one after the call. A target that
-//! unregisters a region (or stops) first clears the region's state (or the
-//! epoch), then waits until no live initiator has a call in progress. A
-//! sequentially consistent fence splits each side's write from its read, so
-//! either the initiator's check sees the cleared word (and makes no call),
-//! or the target's wait sees the initiator's count (and waits for the call
-//! to end): memory the caller frees after `unregister` returns is never
-//! reached. The handshake itself is in `revoke.rs`, modelled with loom. The
+//! **Revocation.** Before every `process_vm_*` call an initiator marks, in
+//! its user slot, the regions the call touches (or adds one to the slot's
+//! count, standing for every region, when it has no free mark), then
+//! checks the epoch and the state of every region the call touches, and
+//! clears its marks after the call. A target that unregisters a region (or
+//! stops) first clears the region's state (or the epoch), then waits until
+//! no live initiator has a call in progress marked with that region (or
+//! counted; a stop waits for every call). A sequentially consistent fence
+//! splits each side's write from its read, so either the initiator's check
+//! sees the cleared word (and makes no call), or the target's wait sees the
+//! initiator's mark (and waits for the call to end): memory the caller
+//! frees after `unregister` returns is never reached. The handshake itself is in `revoke.rs`, modelled with loom. The
 //! wait is bounded; a region whose initiators do not finish in time stays
 //! registered and `unregister` says `RegionBusy`.
 
@@ -73,12 +78,16 @@ struct Head {
     self_addr: u64,
     capacity: u32,
     users: u32,
-    reserved: [u8; 8],
+    /// The liveness word (`alive.rs`): the TID of the thread owning it
+    /// while the target's image lives, `FUTEX_OWNER_DIED` once it is gone.
+    alive: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<Head>() == HEAD_BYTES);
 /// Where the epoch word sits in the head.
 const EPOCH_OFFSET: usize = 32;
+/// Where the liveness word sits in the head.
+const ALIVE_OFFSET: usize = 56;
 /// The head's bytes that never change once written: what an initiator
 /// compares with the copy it reads through the target's own address space.
 const FIXED: [std::ops::Range<usize>; 2] = [0..32, 40..56];
@@ -110,6 +119,10 @@ impl Page {
 
     fn epoch(&self) -> &AtomicU64 {
         self.word(EPOCH_OFFSET)
+    }
+
+    fn alive(&self) -> &AtomicU64 {
+        self.word(ALIVE_OFFSET)
     }
 
     fn user(&self, index: usize) -> &AtomicU64 {
@@ -176,6 +189,9 @@ impl Page {
 /// and go.
 #[derive(Debug)]
 pub(crate) struct CmaExport {
+    /// Declared (so dropped) before `page`: its thread exits, and the
+    /// kernel marks the liveness word, while the page is still mapped.
+    _sentinel: super::alive::Sentinel,
     page: Page,
     /// Held by an `unregister` from before it looks the region up until it
     /// has re-listed it (or not): two unregisters of one region never
@@ -197,14 +213,16 @@ impl CmaExport {
             self_addr: mapping.as_ptr() as u64,
             capacity: capacity as u32,
             users: MAX_CMA_USERS as u32,
-            reserved: [0; 8],
+            alive: 0,
         };
         // SAFETY: the new mapping is ours alone (nobody knows its name yet),
         // page aligned and longer than a Head.
         unsafe { mapping.as_ptr().cast::<Head>().write_volatile(head) };
         let page = Page { mapping, capacity };
         page.epoch().store(epoch, Ordering::SeqCst);
-        Ok(Self { page, unregistering: std::sync::Mutex::new(()) })
+        let sentinel = super::alive::Sentinel::start(page.alive())
+            .map_err(|e| Error::io("starting the cma page's liveness thread", e))?;
+        Ok(Self { _sentinel: sentinel, page, unregistering: std::sync::Mutex::new(()) })
     }
 
     /// What the engine's descriptor says of it.
@@ -293,8 +311,8 @@ pub(crate) struct CmaPeer {
     epoch: u64,
     /// Where the target maps the page in its own address space.
     page_addr: u64,
-    /// The head as proven at open (its epoch word included).
-    head: [u8; HEAD_BYTES],
+    /// The liveness word as the target's owning thread wrote it.
+    alive: u64,
     user: usize,
     regions: Vec<Option<RegionAt>>,
     /// The target's name, for errors.
@@ -322,15 +340,20 @@ impl CmaPeer {
             super::Proof::Gone(why) => gone(descriptor, why),
             super::Proof::Refused(why) => refuse(why),
         })?;
+        // Read after the proof: had the target exec'd or exited since, its
+        // word is released already, and no call is made.
+        let alive = page.alive().load(Ordering::SeqCst);
+        if !super::alive::holds(alive, alive) {
+            return Err(gone(descriptor, "its cma page's liveness word is released (it exec'd or is exiting)".into()));
+        }
         let user = claim_user(&page)
             .ok_or(Error::Busy { queue: "the target's cma initiator slots", capacity: MAX_CMA_USERS })?;
-        let head = page.head_bytes();
         let mut peer = Self {
             page,
             pidfd,
             epoch: descriptor.epoch,
             page_addr,
-            head,
+            alive,
             user,
             regions: Vec::new(),
             name: descriptor.name.clone(),
@@ -383,17 +406,31 @@ impl CmaPeer {
     }
 
     /// True while the target engine still runs at the epoch it was opened
-    /// at, its process has not exited and still maps the page it proved at
-    /// open: the check before every call.
+    /// at, and the image that proved itself at open still lives: the check
+    /// before every call.
     ///
-    /// The epoch is read *through the target's own address space*
-    /// (`process_vm_readv` of the page's head at the address the target
-    /// announced), not from our mapping of the page file: a process that
-    /// exec'd keeps its pid and its pidfd stays quiet, but its new image
-    /// does not map the page there (the read fails or shows other bytes),
-    /// and nobody zeroes the epoch in the file it left behind.
+    /// The image is judged by the page's liveness word (`alive.rs`), which
+    /// the kernel itself releases when the target's owning thread goes, by
+    /// exit or by exec, before an exec'd image exists: a process that
+    /// exec'd keeps its pid, and its pidfd stays quiet, but its word is
+    /// released (nobody needs to zero the epoch in the file it left). The
+    /// pidfd is asked too: a target that cleared its own robust list and
+    /// exited, its pid then handed to another process, is still seen gone.
+    /// One load of our own mapping and one `poll`, where a
+    /// `process_vm_readv` of the head through the target's address space
+    /// ([`live_by_head_read`](Self::live_by_head_read)) cost a remote read.
     #[inline]
     pub fn live(&self, entered: &Entered<'_>) -> bool {
+        entered.still(self.page.epoch(), self.epoch)
+            && entered.still(self.page.alive(), self.alive)
+            && !self.pidfd.exited()
+    }
+
+    /// The check [`live`](Self::live) replaced: the head read through the
+    /// target's own address space (`process_vm_readv`) before every call.
+    /// Kept to measure the two against each other.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn live_by_head_read(&self, entered: &Entered<'_>) -> bool {
         if !entered.still(self.page.epoch(), self.epoch) {
             return false;
         }
@@ -405,7 +442,7 @@ impl CmaPeer {
         let read = unsafe { super::sys::vm_copy(crate::ring::Opcode::Read, self.pidfd.pid(), &local, &remote) };
         let epoch = u64::from_le_bytes(theirs[EPOCH_OFFSET..EPOCH_OFFSET + 8].try_into().expect("8 bytes"));
         matches!(read, Ok(HEAD_BYTES))
-            && same_fixed_head(&self.head, &theirs)
+            && same_fixed_head(&self.page.head_bytes(), &theirs)
             && epoch == self.epoch
             && !self.pidfd.exited()
     }
@@ -427,26 +464,6 @@ impl CmaPeer {
         }
     }
 
-    /// This peer as if its target were the process behind `pidfd` (the
-    /// same page and regions): what an initiator sees of a target that
-    /// exec'd, for tests.
-    #[cfg(test)]
-    pub fn with_pid_for_test(&self, pidfd: Pidfd) -> Self {
-        let mapping = ShmMapping::open_peer(
-            self.page.mapping.path(),
-            PeerRegion {
-                pid: std::process::id(),
-                epoch: self.epoch,
-                region: RegionId::from_raw(0),
-                len: self.page.mapping.len(),
-            },
-        )
-        .expect("the page opens again");
-        let page = Page { mapping, capacity: self.page.capacity };
-        let user = claim_user(&page).expect("a free slot");
-        Self { page, pidfd, user, regions: self.regions.clone(), name: self.name.clone(), ..*self }
-    }
-
     /// The target's pid.
     pub fn pid(&self) -> u32 {
         self.pidfd.pid()
@@ -460,8 +477,8 @@ impl CmaPeer {
             "its engine stopped (its cma page's epoch changed)".to_string()
         } else {
             format!(
-                "its process {} no longer maps its cma page at {:#x} (it exec'd another program, or its engine \
-                 stopped)",
+                "its process {} no longer maps its cma page at {:#x}: the kernel released the page's liveness word \
+                 (it exec'd another program, or its engine stopped)",
                 self.pidfd.pid(),
                 self.page_addr
             )

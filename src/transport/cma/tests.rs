@@ -396,20 +396,23 @@ fn a_retry_after_eintr_checks_the_target_again() {
     assert_eq!(link.calls, 1, "no retry once the target stopped");
 }
 
+/// The initiator's own mapping of the page still says "running" (nobody
+/// zeroes the epoch when a target execs or dies), but the kernel released
+/// the page's liveness word when the target's owning thread went: not
+/// live, no call. (A real exec: tests/hostile_local.rs.)
 #[test]
-fn liveness_is_read_through_the_targets_address_space() {
-    // The initiator's own mapping of the page still says "running" (nobody
-    // zeroes it when a target execs), but the process at the pid does not
-    // map the page at the announced address: not live.
-    let target = Target::new(Access::ALL);
-    let mut child = std::process::Command::new("sleep").arg("10").spawn().unwrap();
+fn liveness_is_the_word_the_kernel_releases_when_the_target_goes() {
+    let Target { export, memory, id, epoch } = Target::new(Access::ALL);
+    let target = Target { export, memory, id, epoch };
     let peer = CmaPeer::open(&target.descriptor()).unwrap();
     assert!(peer.live(&peer.enter(&[])));
-    let elsewhere = peer.with_pid_for_test(Pidfd::open(child.id()).unwrap());
-    assert!(!elsewhere.live(&elsewhere.enter(&[])), "another image at the pid is not the target");
-    assert!(elsewhere.why_not_live().contains("no longer maps its cma page"), "{}", elsewhere.why_not_live());
-    child.kill().unwrap();
-    child.wait().unwrap();
+    assert!(peer.live_by_head_read(&peer.enter(&[])));
+    let Target { export, memory, .. } = target;
+    // The owning thread exits (as it does at exit, or killed by an exec).
+    drop(export);
+    assert!(!peer.live(&peer.enter(&[])), "the released word is seen");
+    assert!(peer.why_not_live().contains("no longer maps its cma page"), "{}", peer.why_not_live());
+    drop(memory);
 }
 
 /// Open while a test's copy must stay inside the call.
