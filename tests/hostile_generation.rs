@@ -11,7 +11,9 @@
 mod common;
 
 use common::WAIT;
-use kvring::{Batch, BlockDesc, Engine, Error, Outcome, Region, RegionId, RegionInfo, Segment, TransportKind};
+use kvring::{
+    Batch, BlockDesc, Engine, Error, ErrorCode, Outcome, Region, RegionId, RegionInfo, Segment, TransportKind,
+};
 use std::collections::HashSet;
 
 const LEN: usize = 64 << 10;
@@ -88,7 +90,14 @@ fn churn_past_the_generation(transport: TransportKind) {
     assert_ne!(again, first);
     let outcome = write_old(&initiator, &segment, local.id(), first);
     match outcome {
+        // Same host: the initiator's own check against the target's page.
         Outcome::Failed(Error::UnknownRegion { region, .. }) => assert_eq!(region, first, "{name}"),
+        // tcp: the target's registry refuses it, and says so on the wire.
+        Outcome::Failed(Error::Remote { code: ErrorCode::UnknownRegion, message })
+            if transport == TransportKind::Tcp =>
+        {
+            assert!(message.contains(&format!("region {first}")), "{message}")
+        }
         other => panic!("{name}: a write to the old id must fail UnknownRegion, got {other:?}"),
     }
     let old = match first_region {
