@@ -17,6 +17,14 @@
 //! nothing else (it parks) marks it, through the kernel, before the
 //! process exits, and before an exec'd image exists.
 //!
+//! `set_robust_list` replaces the list glibc registered for the thread at
+//! its start (one list per thread): glibc's own list serves robust
+//! `pthread_mutex`es, which this thread never takes (it parks, and Rust's
+//! `std` locks are not robust mutexes), so nothing of glibc's is lost.
+//! A seccomp filter that refuses the call makes the page fail to be
+//! created, and same-host peers take the next transport (the engine says
+//! why in its descriptor).
+//!
 //! The word is the head's last 8 bytes (its low 4 bytes the futex word,
 //! on a little-endian machine; the high 4 stay 0); the list's head and its
 //! one entry live in the heap of the [`Sentinel`], which outlives the
