@@ -224,16 +224,21 @@ impl Target {
 }
 
 /// A target unregisters region A while an initiator makes a call into it
-/// (alone, beside B, or counted for every region as when it has more
-/// regions than marks): either the initiator's check sees A off the page
-/// and makes no call, or the target's wait sees the call marked and waits
-/// for it to end; the caller's reuse of the memory never races with the
-/// call.
+/// (alone, beside B, blocks alternating between A and B, or into B and A
+/// with one mark free, so that A is counted for every region): either the
+/// initiator's check sees A off the page and makes no call, or the
+/// target's wait sees the call marked (or counted) and waits for it to
+/// end; the caller's reuse of the memory never races with the call.
 #[test]
 fn a_cma_call_never_reaches_a_region_after_its_revoke_returned() {
-    for into in [&[0][..], &[1, 0], &[0, 1, 0, 1, 0, 1, 0, 1]] {
+    let cases: [(&[usize], usize); 4] = [(&[0], 0), (&[1, 0], 0), (&[0, 1, 0, 1, 0, 1, 0, 1], 0), (&[1, 0], 5)];
+    for (into, taken) in cases {
         loom::model(move || {
             let target = Target::new();
+            // Marks other lanes' calls into B hold for the whole model.
+            for mark in &target.marks[..taken] {
+                mark.store(revoke::mark_of(1), loom::sync::atomic::Ordering::SeqCst);
+            }
             let initiator = {
                 let target = target.clone();
                 thread::spawn(move || target.initiator_call(into))

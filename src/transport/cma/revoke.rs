@@ -66,14 +66,27 @@ pub struct Entered<'a> {
 
 /// Counts a call into region slots `regions` in, in the initiator's user
 /// slot `user`. Check [`Entered::still`] before each call after.
+///
+/// `regions` may name a slot more than once (a chunk whose blocks
+/// alternate between two regions): each distinct slot takes one mark.
 #[inline]
 pub fn enter<'a>(user: User<'a>, regions: &[usize]) -> Entered<'a> {
-    let mut entered = Entered { user, held: 0, counted: regions.is_empty() || regions.len() > MARKS };
+    let mut distinct = [0usize; MARKS];
+    let mut count = 0;
+    let mut entered = Entered { user, held: 0, counted: regions.is_empty() };
+    for &index in regions {
+        if distinct[..count].contains(&index) {
+            continue;
+        }
+        if count == MARKS {
+            entered.counted = true;
+            break;
+        }
+        distinct[count] = index;
+        count += 1;
+    }
     if !entered.counted {
-        for (n, &index) in regions.iter().enumerate() {
-            if regions[..n].contains(&index) {
-                continue;
-            }
+        for &index in &distinct[..count] {
             let free = (0..MARKS).find(|&m| {
                 entered.held & (1 << m) == 0
                     && user.marks[m].compare_exchange(0, mark_of(index), Ordering::SeqCst, Ordering::Relaxed).is_ok()

@@ -504,6 +504,14 @@ fn unregistering_one_region_waits_only_for_calls_into_it() {
         assert_eq!(target.export.revoke(a), Err(1), "a call into A holds A's unregister");
         release(caller);
     }
+    // Blocks alternating between A and B: two marks, not a count.
+    let caller = stall(&peer, [a, b].repeat(REGIONS));
+    assert_eq!(target.export.revoke(ids[REGIONS - 1]), Ok(()), "a region the call does not touch comes off");
+    assert_eq!(target.export.revoke(a), Err(1));
+    release(caller);
+    let last = publish(&mut descriptor, REGIONS - 1, 2);
+    let peer = Arc::new(CmaPeer::open(&descriptor).unwrap());
+    let ids: Vec<RegionId> = ids[..REGIONS - 1].iter().copied().chain([last]).collect();
     // More regions than marks: the call is counted for every region.
     let caller = stall(&peer, ids[1..].iter().copied().chain([a]).collect());
     assert_eq!(target.export.revoke(ids[REGIONS - 1]), Err(1));
