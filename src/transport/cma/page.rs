@@ -418,7 +418,7 @@ impl CmaPeer {
     /// exited, its pid then handed to another process, is still seen gone.
     /// One load of our own mapping and one `poll`, where a
     /// `process_vm_readv` of the head through the target's address space
-    /// ([`live_by_head_read`](Self::live_by_head_read)) cost a remote read.
+    /// (`live_by_head_read`, kept for the bench) cost a remote read.
     #[inline]
     pub fn live(&self, entered: &Entered<'_>) -> bool {
         entered.still(self.page.epoch(), self.epoch)
