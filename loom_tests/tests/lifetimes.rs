@@ -160,75 +160,143 @@ fn a_read_alone_and_a_lease_never_overlap() {
     });
 }
 
-/// The region's bytes in the target, as a cma initiator writes them and as
-/// the target's caller reuses them once `unregister` (or the engine's stop)
-/// returned.
+/// The target's words and two regions' bytes, as cma initiators write
+/// them and as the target's caller reuses them once `unregister` (or the
+/// engine's stop) returned.
 struct Target {
     epoch: AtomicU64,
-    state: AtomicU64,
-    user: AtomicU64,
-    memory: UnsafeCell<u64>,
+    /// Region slots 0 (A) and 1 (B).
+    state: [AtomicU64; 2],
+    /// One initiator's user slot: its word and its marks.
+    word: AtomicU64,
+    marks: [AtomicU64; revoke::MARKS],
+    memory: [UnsafeCell<u64>; 2],
 }
 
-const RAW: u32 = 0x0002_0003;
-const LISTED: u64 = (RAW as u64) << 32 | 1;
+const RAW: [u32; 2] = [0x0002_0000, 0x0002_0001];
+const LISTED: [u64; 2] = [(RAW[0] as u64) << 32 | 1, (RAW[1] as u64) << 32 | 1];
 const EPOCH: u64 = 41;
 
 impl Target {
     fn new() -> Arc<Self> {
         Arc::new(Self {
             epoch: AtomicU64::new(EPOCH),
-            state: AtomicU64::new(LISTED),
-            user: AtomicU64::new(0),
-            memory: UnsafeCell::new(0),
+            state: [AtomicU64::new(LISTED[0]), AtomicU64::new(LISTED[1])],
+            word: AtomicU64::new(0),
+            marks: std::array::from_fn(|_| AtomicU64::new(0)),
+            memory: [UnsafeCell::new(0), UnsafeCell::new(0)],
         })
     }
 
-    /// One initiator call, as `CmaLink::move_all` makes it: counted in, the
-    /// epoch and the region checked, then `process_vm_writev`.
-    fn initiator_call(&self) -> bool {
-        let entered = revoke::enter(&self.user);
-        let allowed = entered.still(&self.epoch, EPOCH) && entered.still(&self.state, LISTED);
+    fn user(&self) -> revoke::User<'_> {
+        revoke::User { word: &self.word, marks: std::array::from_fn(|m| &self.marks[m]) }
+    }
+
+    /// One initiator call into regions `into`, as `CmaLink::move_all` makes
+    /// it: marked in, the epoch and each region checked, then
+    /// `process_vm_writev` into each.
+    fn initiator_call(&self, into: &[usize]) -> bool {
+        let entered = revoke::enter(self.user(), into);
+        let allowed =
+            entered.still(&self.epoch, EPOCH) && into.iter().all(|&r| entered.still(&self.state[r], LISTED[r]));
         if allowed {
-            // SAFETY: a loom cell's pointer; loom itself reports an unordered access.
-            self.memory.with_mut(|m| unsafe { *m = 1 });
+            for &r in into {
+                // SAFETY: a loom cell's pointer; loom itself reports an unordered access.
+                self.memory[r].with_mut(|m| unsafe { *m = 1 });
+            }
         }
         allowed
     }
 
-    /// The target's wait: until no call is counted.
-    fn drain(&self) {
-        while revoke::calls_in(&self.user).1 != 0 {
+    /// The target's wait: until no call that may touch `region` (None:
+    /// any) is marked or counted.
+    fn drain(&self, region: Option<usize>) {
+        while revoke::calls_in(self.user(), region).1 {
             thread::yield_now();
         }
     }
 
-    /// The caller frees the memory and uses it for something else.
-    fn reuse(&self) {
+    /// The caller frees region `r`'s memory and uses it for something else.
+    fn reuse(&self, r: usize) {
         // SAFETY: a loom cell's pointer; loom itself reports an unordered access.
-        self.memory.with_mut(|m| unsafe { *m = 99 });
+        self.memory[r].with_mut(|m| unsafe { *m = 99 });
     }
 }
 
-/// A target unregisters a region while an initiator makes a call into it:
-/// either the initiator's check sees the region off the page and makes no
-/// call, or the target's wait sees the call counted and waits for it to
+/// A target unregisters region A while an initiator makes a call into it
+/// (alone, beside B, blocks alternating between A and B, or into B and A
+/// with one mark free, so that A is counted for every region): either the
+/// initiator's check sees A off the page and makes no call, or the
+/// target's wait sees the call marked (or counted) and waits for it to
 /// end; the caller's reuse of the memory never races with the call.
 #[test]
 fn a_cma_call_never_reaches_a_region_after_its_revoke_returned() {
+    let cases: [(&[usize], usize); 4] = [(&[0], 0), (&[1, 0], 0), (&[0, 1, 0, 1, 0, 1, 0, 1], 0), (&[1, 0], 5)];
+    for (into, taken) in cases {
+        loom::model(move || {
+            let target = Target::new();
+            // Marks other lanes' calls into B hold for the whole model.
+            for mark in &target.marks[..taken] {
+                mark.store(revoke::mark_of(1), loom::sync::atomic::Ordering::SeqCst);
+            }
+            let initiator = {
+                let target = target.clone();
+                thread::spawn(move || target.initiator_call(into))
+            };
+            let before = revoke::take_off(&target.state[0], RAW[0], 1).expect("listed");
+            assert_eq!(before, LISTED[0]);
+            target.drain(Some(0));
+            target.reuse(0);
+            let _ = initiator.join().unwrap();
+            // A second revoke of the same id finds nothing to take off.
+            assert_eq!(revoke::take_off(&target.state[0], RAW[0], 1), None);
+        });
+    }
+}
+
+/// Two initiators (two lanes of one link, sharing its user slot) write A
+/// and B while the target unregisters A: A's wait never misses the call
+/// into A, whichever marks the two calls took.
+#[test]
+fn two_calls_sharing_a_user_slot_never_hide_the_one_into_the_revoked_region() {
     loom::model(|| {
         let target = Target::new();
-        let initiator = {
+        let calls: Vec<_> = [0usize, 1]
+            .into_iter()
+            .map(|r| {
+                let target = target.clone();
+                thread::spawn(move || target.initiator_call(&[r]))
+            })
+            .collect();
+        revoke::take_off(&target.state[0], RAW[0], 1).expect("listed");
+        target.drain(Some(0));
+        target.reuse(0);
+        for call in calls {
+            let _ = call.join().unwrap();
+        }
+    });
+}
+
+/// A call into B in progress does not hold up A's unregister: with the
+/// call marked in and not yet ended, A's wait finds nothing to wait for,
+/// while B's finds the call.
+#[test]
+fn a_call_into_b_does_not_hold_up_the_unregister_of_a() {
+    loom::model(|| {
+        let target = Target::new();
+        let entered = revoke::enter(target.user(), &[1]);
+        let unregister_a = {
             let target = target.clone();
-            thread::spawn(move || target.initiator_call())
+            thread::spawn(move || {
+                revoke::take_off(&target.state[0], RAW[0], 1).expect("listed");
+                revoke::calls_in(target.user(), Some(0)).1
+            })
         };
-        let before = revoke::take_off(&target.state, RAW, 1).expect("listed");
-        assert_eq!(before, LISTED);
-        target.drain();
-        target.reuse();
-        let _ = initiator.join().unwrap();
-        // A second revoke of the same id finds nothing to take off.
-        assert_eq!(revoke::take_off(&target.state, RAW, 1), None);
+        assert!(!unregister_a.join().unwrap(), "A's unregister waited on a call into B");
+        assert!(revoke::calls_in(target.user(), Some(1)).1, "B's unregister must wait on it");
+        assert!(revoke::calls_in(target.user(), None).1, "a stop must wait on it");
+        drop(entered);
+        assert!(!revoke::calls_in(target.user(), Some(1)).1);
     });
 }
 
@@ -240,13 +308,13 @@ fn a_cma_call_never_reaches_memory_after_the_engine_stopped() {
         let target = Target::new();
         let initiator = {
             let target = target.clone();
-            thread::spawn(move || target.initiator_call())
+            thread::spawn(move || target.initiator_call(&[1]))
         };
         revoke::stop(&target.epoch);
-        target.drain();
-        target.reuse();
+        target.drain(None);
+        target.reuse(1);
         let _ = initiator.join().unwrap();
         // After the stop, no call is allowed.
-        assert!(!target.initiator_call());
+        assert!(!target.initiator_call(&[0]));
     });
 }

@@ -75,3 +75,8 @@ pub fn descriptor(engine: &crate::Engine) -> SegmentDescriptor {
 pub fn panic_lane_on_next_part(engine: &crate::Engine, lane: usize) -> bool {
     engine.lane_shared(lane).map(|shared| shared.panic_on_next_part()).is_some()
 }
+
+/// The cma check before every call, measured by `benches/cma_check.rs`.
+pub mod cma {
+    pub use crate::transport::cma::cost::{check_cost, CheckCost};
+}

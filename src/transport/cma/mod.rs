@@ -19,23 +19,23 @@
 //! the reason, and the engine takes the next transport in the order.
 //!
 //! **Before every call** (`CmaLink::move_all`), a retry after `EINTR` or
-//! after a short count included. The link counts itself into its user slot
-//! in the page, then checks, in this order and before any syscall: the
-//! page's head *read through the target's own address space*
-//! (`process_vm_readv` at the address the target announced: same fixed
-//! head, same epoch, 0 once the target engine stopped), the pidfd
-//! (readable once the process exited), and the state word, address and
-//! length of every region the call touches, read again from the page. A
-//! process that exec'd keeps its pid, and its pidfd does not fire, but its
-//! new image does not map the page at that address (the read fails or
-//! shows other bytes), so it gets no call; the page file it left behind,
-//! whose epoch nobody zeroed, is not what is asked. Every block was checked
-//! before that against the region as the target's page lists it (rights,
-//! bounds with checked arithmetic), on top of the lane's check against the
-//! descriptor. A pidfd never names another process, so a target that
-//! exited fails its next call with `PeerRestarted` without one byte
-//! written, and the next open picks up the restarted target's new pid from
-//! its new descriptor.
+//! after a short count included. The link marks, in its user slot in the
+//! page, the regions the call touches, then checks, in this order and
+//! before any syscall: the page's epoch (0 once the target engine
+//! stopped), the page's *liveness word* (`alive.rs`: a robust futex of a
+//! target thread, which the kernel itself releases when that thread goes,
+//! at the process's exit or at an exec of any of its threads, before the
+//! new image exists), the pidfd (readable once the process exited), and
+//! the state word, address and length of every region the call touches,
+//! read again from the page. A process that exec'd keeps its pid, and its
+//! pidfd does not fire, but its liveness word is released, so it gets no
+//! call; the page file it left behind, whose epoch nobody zeroed, is not
+//! what is asked. Every block was checked before that against the region
+//! as the target's page lists it (rights, bounds with checked arithmetic),
+//! on top of the lane's check against the descriptor. A pidfd never names
+//! another process, so a target that exited fails its next call with
+//! `PeerRestarted` without one byte written, and the next open picks up
+//! the restarted target's new pid from its new descriptor.
 //!
 //! **The window left.** Between the last check and the syscall itself (no
 //! `process_vm_*` takes a pidfd) the target may still, in that time:
@@ -54,6 +54,9 @@
 //! that moved part of an entry continues with the rest of it, and a fault
 //! that persists fails the chunk with the bytes moved before it.
 
+mod alive;
+#[cfg(feature = "testing")]
+pub(crate) mod cost;
 pub(crate) mod owner;
 mod page;
 mod revoke;
@@ -219,7 +222,9 @@ impl CmaLink {
     /// the bytes moved, or the error and the bytes moved before it.
     fn move_all(&mut self, op: Opcode) -> Result<u64, (Error, u64)> {
         let peer = self.peer.clone();
-        let entered = peer.enter();
+        // Marked with the regions the chunk touches: an unregister of
+        // another region does not wait for this call.
+        let entered = peer.enter(&self.touched);
         let gone = |peer: &CmaPeer| Error::PeerRestarted { segment: peer.name.clone(), detail: peer.why_not_live() };
         let (mut start, mut moved, mut interrupted) = (0usize, 0u64, 0u32);
         while start < self.local.len() {

@@ -9,25 +9,30 @@
 //!
 //! - a head: magic, version, the target's pid, a random nonce, the epoch
 //!   (set to 0 when the engine stops), where the page is mapped in the
-//!   target's own address space, the table sizes;
-//! - one *user slot* per initiator link (`pid << 32 | calls in progress`,
-//!   then the initiator process's start time, so that a pid handed to
-//!   another process is not taken for it), each on its own cache line: at
+//!   target's own address space, the table sizes, the liveness word
+//!   (`alive.rs`);
+//! - one *user slot* per initiator link (`pid << 32 | calls in progress
+//!   counted for every region`, then the initiator process's start time, so
+//!   that a pid handed to another process is not taken for it, then six
+//!   marks, each naming a region slot a call in progress touches), each on
+//!   its own cache line: at
 //!   most [`MAX_CMA_USERS`], a quota every initiator fills one slot of,
 //!   reclaimed from initiators that died;
 //! - one *region slot* per registry slot: the region's raw id, rights and a
 //!   live bit in one word, then its address and length.
 //!
-//! **Revocation.** Before every `process_vm_*` call an initiator adds one to
-//! its user slot, then checks the epoch and the state of every region the
-//! call touches, and subtracts one after the call. A target that
-//! unregisters a region (or stops) first clears the region's state (or the
-//! epoch), then waits until no live initiator has a call in progress. A
-//! sequentially consistent fence splits each side's write from its read, so
-//! either the initiator's check sees the cleared word (and makes no call),
-//! or the target's wait sees the initiator's count (and waits for the call
-//! to end): memory the caller frees after `unregister` returns is never
-//! reached. The handshake itself is in `revoke.rs`, modelled with loom. The
+//! **Revocation.** Before every `process_vm_*` call an initiator marks, in
+//! its user slot, the regions the call touches (or adds one to the slot's
+//! count, standing for every region, when it has no free mark), then
+//! checks the epoch and the state of every region the call touches, and
+//! clears its marks after the call. A target that unregisters a region (or
+//! stops) first clears the region's state (or the epoch), then waits until
+//! no live initiator has a call in progress marked with that region (or
+//! counted; a stop waits for every call). A sequentially consistent fence
+//! splits each side's write from its read, so either the initiator's check
+//! sees the cleared word (and makes no call), or the target's wait sees the
+//! initiator's mark (and waits for the call to end): memory the caller
+//! frees after `unregister` returns is never reached. The handshake itself is in `revoke.rs`, modelled with loom. The
 //! wait is bounded; a region whose initiators do not finish in time stays
 //! registered and `unregister` says `RegionBusy`.
 
@@ -44,7 +49,10 @@ use std::time::{Duration, Instant};
 
 /// "KVRINGCM".
 const MAGIC: [u8; 8] = *b"KVRINGCM";
-const VERSION: u32 = 1;
+/// 2: calls carry marks naming their regions (an initiator of version 1
+/// would only count, which a target of version 2 still honours, but a
+/// version 1 target would not see a version 2 initiator's marks).
+const VERSION: u32 = 2;
 /// Initiator links one target serves over cma at once (each holds a slot).
 pub const MAX_CMA_USERS: usize = 256;
 const LINE: usize = 64;
@@ -70,12 +78,16 @@ struct Head {
     self_addr: u64,
     capacity: u32,
     users: u32,
-    reserved: [u8; 8],
+    /// The liveness word (`alive.rs`): the TID of the thread owning it
+    /// while the target's image lives, `FUTEX_OWNER_DIED` once it is gone.
+    alive: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<Head>() == HEAD_BYTES);
 /// Where the epoch word sits in the head.
 const EPOCH_OFFSET: usize = 32;
+/// Where the liveness word sits in the head.
+const ALIVE_OFFSET: usize = 56;
 /// The head's bytes that never change once written: what an initiator
 /// compares with the copy it reads through the target's own address space.
 const FIXED: [std::ops::Range<usize>; 2] = [0..32, 40..56];
@@ -109,8 +121,19 @@ impl Page {
         self.word(EPOCH_OFFSET)
     }
 
+    fn alive(&self) -> &AtomicU64 {
+        self.word(ALIVE_OFFSET)
+    }
+
     fn user(&self, index: usize) -> &AtomicU64 {
         self.word(USERS_OFFSET + index * LINE)
+    }
+
+    /// User slot `index`'s words of the revocation handshake: its word,
+    /// then (after the start time) its marks.
+    fn user_slot(&self, index: usize) -> revoke::User<'_> {
+        let at = USERS_OFFSET + index * LINE;
+        revoke::User { word: self.word(at), marks: std::array::from_fn(|m| self.word(at + 16 + 8 * m)) }
     }
 
     /// When the process holding user slot `index` started (0: not known).
@@ -140,16 +163,17 @@ impl Page {
         bytes
     }
 
-    /// Waits until no live initiator has a call in progress, or `deadline`;
-    /// returns how many still have.
-    fn drain(&self, deadline: Instant) -> u32 {
+    /// Waits until no live initiator has a call in progress that may touch
+    /// region slot `region` (`None`: any call), or `deadline`; returns how
+    /// many still have.
+    fn drain(&self, region: Option<usize>, deadline: Instant) -> u32 {
         let mut pause = Duration::from_micros(5);
         loop {
             let busy = (0..MAX_CMA_USERS)
                 .filter(|&i| {
                     // A slot still being claimed counts no call.
-                    let (pid, calls) = revoke::calls_in(self.user(i));
-                    calls != 0 && same_process(pid, self.user_start(i).load(Ordering::SeqCst))
+                    let (pid, calling) = revoke::calls_in(self.user_slot(i), region);
+                    calling && same_process(pid, self.user_start(i).load(Ordering::SeqCst))
                 })
                 .count() as u32;
             if busy == 0 || Instant::now() >= deadline {
@@ -165,6 +189,9 @@ impl Page {
 /// and go.
 #[derive(Debug)]
 pub(crate) struct CmaExport {
+    /// Declared (so dropped) before `page`: its thread exits, and the
+    /// kernel marks the liveness word, while the page is still mapped.
+    _sentinel: super::alive::Sentinel,
     page: Page,
     /// Held by an `unregister` from before it looks the region up until it
     /// has re-listed it (or not): two unregisters of one region never
@@ -186,14 +213,16 @@ impl CmaExport {
             self_addr: mapping.as_ptr() as u64,
             capacity: capacity as u32,
             users: MAX_CMA_USERS as u32,
-            reserved: [0; 8],
+            alive: 0,
         };
         // SAFETY: the new mapping is ours alone (nobody knows its name yet),
         // page aligned and longer than a Head.
         unsafe { mapping.as_ptr().cast::<Head>().write_volatile(head) };
         let page = Page { mapping, capacity };
         page.epoch().store(epoch, Ordering::SeqCst);
-        Ok(Self { page, unregistering: std::sync::Mutex::new(()) })
+        let sentinel = super::alive::Sentinel::start(page.alive())
+            .map_err(|e| Error::io("starting the cma page's liveness thread", e))?;
+        Ok(Self { _sentinel: sentinel, page, unregistering: std::sync::Mutex::new(()) })
     }
 
     /// What the engine's descriptor says of it.
@@ -240,7 +269,7 @@ impl CmaExport {
         }
         let [state, ..] = self.page.region(index);
         let Some(before) = revoke::take_off(state, id.raw(), LIVE) else { return Ok(()) };
-        match self.page.drain(Instant::now() + CMA_REVOKE_WAIT) {
+        match self.page.drain(Some(index), Instant::now() + CMA_REVOKE_WAIT) {
             0 => Ok(()),
             busy => {
                 revoke::put_back(state, before);
@@ -253,7 +282,7 @@ impl CmaExport {
     /// another call, and those in progress are waited for (bounded).
     pub fn close(&self) {
         revoke::stop(self.page.epoch());
-        let busy = self.page.drain(Instant::now() + CMA_REVOKE_WAIT);
+        let busy = self.page.drain(None, Instant::now() + CMA_REVOKE_WAIT);
         if busy > 0 {
             tracing::warn!(busy, "stopping with same-host cma initiators still inside a copy");
         }
@@ -282,8 +311,8 @@ pub(crate) struct CmaPeer {
     epoch: u64,
     /// Where the target maps the page in its own address space.
     page_addr: u64,
-    /// The head as proven at open (its epoch word included).
-    head: [u8; HEAD_BYTES],
+    /// The liveness word as the target's owning thread wrote it.
+    alive: u64,
     user: usize,
     regions: Vec<Option<RegionAt>>,
     /// The target's name, for errors.
@@ -311,15 +340,20 @@ impl CmaPeer {
             super::Proof::Gone(why) => gone(descriptor, why),
             super::Proof::Refused(why) => refuse(why),
         })?;
+        // Read after the proof: had the target exec'd or exited since, its
+        // word is released already, and no call is made.
+        let alive = page.alive().load(Ordering::SeqCst);
+        if !super::alive::holds(alive, alive) {
+            return Err(gone(descriptor, "its cma page's liveness word is released (it exec'd or is exiting)".into()));
+        }
         let user = claim_user(&page)
             .ok_or(Error::Busy { queue: "the target's cma initiator slots", capacity: MAX_CMA_USERS })?;
-        let head = page.head_bytes();
         let mut peer = Self {
             page,
             pidfd,
             epoch: descriptor.epoch,
             page_addr,
-            head,
+            alive,
             user,
             regions: Vec::new(),
             name: descriptor.name.clone(),
@@ -363,25 +397,40 @@ impl CmaPeer {
         self.regions.get(index).and_then(Option::as_ref)
     }
 
-    /// Starts a call: counted in this link's user slot until the guard
-    /// drops. Check [`live`](Self::live) and [`listed`](Self::listed) after.
+    /// Starts a call into region slots `regions`: marked (or counted) in
+    /// this link's user slot until the guard drops. Check
+    /// [`live`](Self::live) and [`listed`](Self::listed) after.
     #[inline]
-    pub fn enter(&self) -> Entered<'_> {
-        revoke::enter(self.page.user(self.user))
+    pub fn enter(&self, regions: &[usize]) -> Entered<'_> {
+        revoke::enter(self.page.user_slot(self.user), regions)
     }
 
     /// True while the target engine still runs at the epoch it was opened
-    /// at, its process has not exited and still maps the page it proved at
-    /// open: the check before every call.
+    /// at, and the image that proved itself at open still lives: the check
+    /// before every call.
     ///
-    /// The epoch is read *through the target's own address space*
-    /// (`process_vm_readv` of the page's head at the address the target
-    /// announced), not from our mapping of the page file: a process that
-    /// exec'd keeps its pid and its pidfd stays quiet, but its new image
-    /// does not map the page there (the read fails or shows other bytes),
-    /// and nobody zeroes the epoch in the file it left behind.
+    /// The image is judged by the page's liveness word (`alive.rs`), which
+    /// the kernel itself releases when the target's owning thread goes, by
+    /// exit or by exec, before an exec'd image exists: a process that
+    /// exec'd keeps its pid, and its pidfd stays quiet, but its word is
+    /// released (nobody needs to zero the epoch in the file it left). The
+    /// pidfd is asked too: a target that cleared its own robust list and
+    /// exited, its pid then handed to another process, is still seen gone.
+    /// One load of our own mapping and one `poll`, where a
+    /// `process_vm_readv` of the head through the target's address space
+    /// (`live_by_head_read`, kept for the bench) cost a remote read.
     #[inline]
     pub fn live(&self, entered: &Entered<'_>) -> bool {
+        entered.still(self.page.epoch(), self.epoch)
+            && entered.still(self.page.alive(), self.alive)
+            && !self.pidfd.exited()
+    }
+
+    /// The check [`live`](Self::live) replaced: the head read through the
+    /// target's own address space (`process_vm_readv`) before every call.
+    /// Kept to measure the two against each other.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn live_by_head_read(&self, entered: &Entered<'_>) -> bool {
         if !entered.still(self.page.epoch(), self.epoch) {
             return false;
         }
@@ -393,7 +442,7 @@ impl CmaPeer {
         let read = unsafe { super::sys::vm_copy(crate::ring::Opcode::Read, self.pidfd.pid(), &local, &remote) };
         let epoch = u64::from_le_bytes(theirs[EPOCH_OFFSET..EPOCH_OFFSET + 8].try_into().expect("8 bytes"));
         matches!(read, Ok(HEAD_BYTES))
-            && same_fixed_head(&self.head, &theirs)
+            && same_fixed_head(&self.page.head_bytes(), &theirs)
             && epoch == self.epoch
             && !self.pidfd.exited()
     }
@@ -415,26 +464,6 @@ impl CmaPeer {
         }
     }
 
-    /// This peer as if its target were the process behind `pidfd` (the
-    /// same page and regions): what an initiator sees of a target that
-    /// exec'd, for tests.
-    #[cfg(test)]
-    pub fn with_pid_for_test(&self, pidfd: Pidfd) -> Self {
-        let mapping = ShmMapping::open_peer(
-            self.page.mapping.path(),
-            PeerRegion {
-                pid: std::process::id(),
-                epoch: self.epoch,
-                region: RegionId::from_raw(0),
-                len: self.page.mapping.len(),
-            },
-        )
-        .expect("the page opens again");
-        let page = Page { mapping, capacity: self.page.capacity };
-        let user = claim_user(&page).expect("a free slot");
-        Self { page, pidfd, user, regions: self.regions.clone(), name: self.name.clone(), ..*self }
-    }
-
     /// The target's pid.
     pub fn pid(&self) -> u32 {
         self.pidfd.pid()
@@ -448,8 +477,8 @@ impl CmaPeer {
             "its engine stopped (its cma page's epoch changed)".to_string()
         } else {
             format!(
-                "its process {} no longer maps its cma page at {:#x} (it exec'd another program, or its engine \
-                 stopped)",
+                "its process {} no longer maps its cma page at {:#x}: the kernel released the page's liveness word \
+                 (it exec'd another program, or its engine stopped)",
                 self.pidfd.pid(),
                 self.page_addr
             )
@@ -509,6 +538,10 @@ fn claim_user(page: &Page) -> Option<usize> {
             };
         free && slot.compare_exchange(word, ours | CLAIMING, Ordering::SeqCst, Ordering::Relaxed).is_ok()
     })?;
+    // Marks a dead owner left (it died inside a call) name no call of ours.
+    for mark in page.user_slot(claimed).marks {
+        mark.store(0, Ordering::SeqCst);
+    }
     page.user_start(claimed).store(start, Ordering::SeqCst);
     // Published: (pid, start) now agree. Nobody else writes a slot marked by
     // a live claimer, and calls are counted only after this returns.
@@ -557,15 +590,15 @@ mod tests {
         for i in (0..MAX_CMA_USERS).filter(|&i| i != 17) {
             page.user(i).store(0, Ordering::SeqCst);
         }
-        assert_eq!(page.drain(Instant::now() + Duration::from_secs(1)), 0);
+        assert_eq!(page.drain(None, Instant::now() + Duration::from_secs(1)), 0);
         // A live pid whose process started at another time: the initiator
         // died inside a call and its pid went to another process.
         page.user(17).store(alive | 1, Ordering::SeqCst);
         let start = process_start(std::process::id()).unwrap();
         page.user_start(17).store(start + 1, Ordering::SeqCst);
-        assert_eq!(page.drain(Instant::now() + Duration::from_secs(1)), 0, "a reused pid is not waited for");
+        assert_eq!(page.drain(None, Instant::now() + Duration::from_secs(1)), 0, "a reused pid is not waited for");
         page.user_start(17).store(start, Ordering::SeqCst);
-        assert_eq!(page.drain(Instant::now()), 1, "the same process inside a call is waited for");
+        assert_eq!(page.drain(None, Instant::now()), 1, "the same process inside a call is waited for");
     }
 
     /// The claim race a hostile review found: a slot whose new pid sat
@@ -584,7 +617,7 @@ mod tests {
             page.user_start(i).store(stale_start, Ordering::SeqCst);
         }
         assert_eq!(claim_user(&page), None, "a live claimer's slot is not taken");
-        assert_eq!(page.drain(Instant::now()), 0, "a slot being claimed counts no call");
+        assert_eq!(page.drain(None, Instant::now()), 0, "a slot being claimed counts no call");
         let dead = {
             let mut child = std::process::Command::new("true").spawn().unwrap();
             let pid = child.id();

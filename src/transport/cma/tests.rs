@@ -396,18 +396,129 @@ fn a_retry_after_eintr_checks_the_target_again() {
     assert_eq!(link.calls, 1, "no retry once the target stopped");
 }
 
+/// The initiator's own mapping of the page still says "running" (nobody
+/// zeroes the epoch when a target execs or dies), but the kernel released
+/// the page's liveness word when the target's owning thread went: not
+/// live, no call. (A real exec: tests/hostile_local.rs.)
 #[test]
-fn liveness_is_read_through_the_targets_address_space() {
-    // The initiator's own mapping of the page still says "running" (nobody
-    // zeroes it when a target execs), but the process at the pid does not
-    // map the page at the announced address: not live.
-    let target = Target::new(Access::ALL);
-    let mut child = std::process::Command::new("sleep").arg("10").spawn().unwrap();
+fn liveness_is_the_word_the_kernel_releases_when_the_target_goes() {
+    let Target { export, memory, id, epoch } = Target::new(Access::ALL);
+    let target = Target { export, memory, id, epoch };
     let peer = CmaPeer::open(&target.descriptor()).unwrap();
-    assert!(peer.live(&peer.enter()));
-    let elsewhere = peer.with_pid_for_test(Pidfd::open(child.id()).unwrap());
-    assert!(!elsewhere.live(&elsewhere.enter()), "another image at the pid is not the target");
-    assert!(elsewhere.why_not_live().contains("no longer maps its cma page"), "{}", elsewhere.why_not_live());
-    child.kill().unwrap();
-    child.wait().unwrap();
+    assert!(peer.live(&peer.enter(&[])));
+    assert!(peer.live_by_head_read(&peer.enter(&[])));
+    let Target { export, memory, .. } = target;
+    // The owning thread exits (as it does at exit, or killed by an exec).
+    drop(export);
+    assert!(!peer.live(&peer.enter(&[])), "the released word is seen");
+    assert!(peer.why_not_live().contains("no longer maps its cma page"), "{}", peer.why_not_live());
+    drop(memory);
+}
+
+/// Open while a test's copy must stay inside the call.
+static GATE: AtomicUsize = AtomicUsize::new(0);
+/// Calls inside [`stalled`] now.
+static STALLED: AtomicUsize = AtomicUsize::new(0);
+
+/// A call that stays inside until [`GATE`] opens (bounded: 20 s).
+///
+/// # Safety
+///
+/// None needed: it touches no memory.
+unsafe fn stalled(_: Opcode, _: u32, local: &[IoVec], _: &[IoVec]) -> std::io::Result<usize> {
+    STALLED.fetch_add(1, Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while GATE.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    STALLED.fetch_sub(1, Ordering::SeqCst);
+    Ok(local.iter().map(|v| v.len).sum())
+}
+
+/// A write over `peer` into one block of each of `into`, stalled inside
+/// its call until [`GATE`] opens; returns once it is inside.
+fn stall(peer: &Arc<CmaPeer>, into: Vec<RegionId>) -> std::thread::JoinHandle<bool> {
+    GATE.store(0, Ordering::SeqCst);
+    let mut link = CmaLink::new(peer.clone(), stalled);
+    let caller = std::thread::spawn(move || {
+        let mut source = pattern(LEN, 1);
+        let chunk: Vec<Block> = into
+            .iter()
+            .enumerate()
+            .map(|(i, &region)| Block {
+                desc_index: i as u32,
+                ..blocks(&mut source[i * 64..], region, 1, 64).remove(0)
+            })
+            .collect();
+        matches!(transfer(&mut link, Opcode::Write, &chunk), Posted::Done(_))
+    });
+    while STALLED.load(Ordering::SeqCst) == 0 {
+        assert!(!caller.is_finished(), "the stalled call never started");
+        std::thread::yield_now();
+    }
+    caller
+}
+
+/// Lets a [`stall`]ed write go; it must complete.
+fn release(caller: std::thread::JoinHandle<bool>) {
+    GATE.store(1, Ordering::SeqCst);
+    assert!(caller.join().unwrap(), "the stalled write completes once let go");
+}
+
+/// The drain waits only on calls into the region it takes off: a call
+/// stalled inside a write into region B does not hold up the unregister of
+/// region A; one into A (alone, or beside B in one chunk, or among more
+/// regions than a user slot has marks) does.
+#[test]
+fn unregistering_one_region_waits_only_for_calls_into_it() {
+    const REGIONS: usize = super::revoke::MARKS + 2;
+    let target = Target::new(Access::ALL);
+    let part = LEN / REGIONS;
+    let base = target.memory.as_ptr() as usize;
+    let mut descriptor = target.descriptor();
+    let template = descriptor.regions[0].clone();
+    let publish = |descriptor: &mut SegmentDescriptor, n: usize, generation: u16| {
+        let id = RegionId::new(n as u16, generation);
+        target.export.publish(id, base + n * part, part, Access::ALL);
+        let region = RemoteRegion { id, len: part as u64, addr: (base + n * part) as u64, ..template.clone() };
+        descriptor.regions.retain(|r| r.id.index() != id.index());
+        descriptor.regions.push(region);
+        id
+    };
+    descriptor.regions.clear();
+    let ids: Vec<RegionId> = (0..REGIONS).map(|n| publish(&mut descriptor, n, 1)).collect();
+    let peer = Arc::new(CmaPeer::open(&descriptor).unwrap());
+    let (a, b) = (ids[0], ids[1]);
+    // Stalled in B: A comes off at once, with B's call still inside.
+    let caller = stall(&peer, vec![b]);
+    assert_eq!(target.export.revoke(a), Ok(()));
+    assert_eq!(STALLED.load(Ordering::SeqCst), 1, "B's call was still inside when A came off");
+    assert_eq!(target.export.revoke(b), Err(1), "B's own unregister waits for it");
+    release(caller);
+    // A listed again (a new generation): a call into A, or into A and B at
+    // once, holds A's unregister.
+    let a = publish(&mut descriptor, 0, 2);
+    let peer = Arc::new(CmaPeer::open(&descriptor).unwrap());
+    for into in [vec![a], vec![b, a]] {
+        let caller = stall(&peer, into);
+        assert_eq!(target.export.revoke(a), Err(1), "a call into A holds A's unregister");
+        release(caller);
+    }
+    // Blocks alternating between A and B: two marks, not a count.
+    let caller = stall(&peer, [a, b].repeat(REGIONS));
+    assert_eq!(target.export.revoke(ids[REGIONS - 1]), Ok(()), "a region the call does not touch comes off");
+    assert_eq!(target.export.revoke(a), Err(1));
+    release(caller);
+    let last = publish(&mut descriptor, REGIONS - 1, 2);
+    let peer = Arc::new(CmaPeer::open(&descriptor).unwrap());
+    let ids: Vec<RegionId> = ids[..REGIONS - 1].iter().copied().chain([last]).collect();
+    // More regions than marks: the call is counted for every region.
+    let caller = stall(&peer, ids[1..].iter().copied().chain([a]).collect());
+    assert_eq!(target.export.revoke(ids[REGIONS - 1]), Err(1));
+    assert_eq!(target.export.revoke(a), Err(1));
+    release(caller);
+    // Nothing inside: every region comes off at once.
+    for id in ids[1..].iter().copied().chain([a]) {
+        assert_eq!(target.export.revoke(id), Ok(()));
+    }
 }

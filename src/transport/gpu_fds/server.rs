@@ -31,6 +31,93 @@ pub(crate) const PROOF_TIMEOUT: Duration = Duration::from_secs(2);
 /// they prove the session: one process reconnecting without end cannot
 /// take every one of [`MAX_CONNECTIONS`] from the openers that prove.
 pub(crate) const MAX_UNPROVEN_PER_PROCESS: usize = 4;
+/// Most unproven connections all the processes of one user other than
+/// this process's own (`SO_PEERCRED` uid) may hold together: a stranger
+/// with many processes holds no more than one with one.
+pub(crate) const MAX_UNPROVEN_PER_STRANGER: usize = 4;
+/// Most unproven connections all users other than this process's own may
+/// hold together: at least half of [`MAX_CONNECTIONS`] stay for the
+/// owner's user, whose processes are its peers (docs/SECURITY.md: processes
+/// of the owner's own user are outside what the token separates, and they
+/// are bounded per process only).
+pub(crate) const MAX_UNPROVEN_STRANGERS: usize = MAX_CONNECTIONS / 2;
+
+/// The process and user at the other end of a Unix socket (`SO_PEERCRED`,
+/// unix(7): the credentials at `connect` time).
+fn peer_cred(stream: &UnixStream) -> std::io::Result<(u32, u32)> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which is
+    // that large, and the new length into `len`.
+    let got = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if got != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((cred.pid.max(0) as u32, cred.uid))
+}
+
+/// Unproven connections, counted by process, by stranger user, and for all
+/// strangers together.
+#[derive(Debug, Default)]
+struct UnprovenCounts {
+    by_pid: std::collections::HashMap<u32, usize>,
+    by_stranger: std::collections::HashMap<u32, usize>,
+    strangers: usize,
+}
+
+/// Who holds the other end of one unproven connection.
+#[derive(Debug, Clone, Copy)]
+struct Opener {
+    pid: u32,
+    /// The uid, when it is not this process's own.
+    stranger: Option<u32>,
+}
+
+impl UnprovenCounts {
+    /// Counts `opener` in, unless it or its user holds its share already.
+    fn admit(&mut self, opener: Opener) -> bool {
+        let process = self.by_pid.get(&opener.pid).copied().unwrap_or(0);
+        if process >= MAX_UNPROVEN_PER_PROCESS {
+            return false;
+        }
+        if let Some(uid) = opener.stranger {
+            let user = self.by_stranger.get(&uid).copied().unwrap_or(0);
+            if user >= MAX_UNPROVEN_PER_STRANGER || self.strangers >= MAX_UNPROVEN_STRANGERS {
+                return false;
+            }
+            *self.by_stranger.entry(uid).or_insert(0) += 1;
+            self.strangers += 1;
+        }
+        *self.by_pid.entry(opener.pid).or_insert(0) += 1;
+        true
+    }
+
+    /// Counts `opener` out (it proved the session, or its connection ended).
+    fn release(&mut self, opener: Opener) {
+        fn down(map: &mut std::collections::HashMap<u32, usize>, key: u32) {
+            if let Some(count) = map.get_mut(&key) {
+                *count -= 1;
+                if *count == 0 {
+                    map.remove(&key);
+                }
+            }
+        }
+        down(&mut self.by_pid, opener.pid);
+        if let Some(uid) = opener.stranger {
+            down(&mut self.by_stranger, uid);
+            self.strangers -= 1;
+        }
+    }
+}
 
 /// What every connection of one server reads.
 #[derive(Debug)]
@@ -39,8 +126,8 @@ struct Shared {
     auth: Option<Arc<Authenticator>>,
     epoch: u64,
     connections: AtomicUsize,
-    /// Connections not yet proven, by the pid holding their other end.
-    unproven: Mutex<std::collections::HashMap<u32, usize>>,
+    /// Connections not yet proven, by who holds their other end.
+    unproven: Mutex<UnprovenCounts>,
     stop: AtomicBool,
 }
 
@@ -48,19 +135,13 @@ struct Shared {
 /// proves the session or ends.
 struct Unproven<'a> {
     shared: &'a Shared,
-    pid: Option<u32>,
+    opener: Option<Opener>,
 }
 
 impl Unproven<'_> {
     fn proven(&mut self) {
-        let Some(pid) = self.pid.take() else { return };
-        let mut unproven = self.shared.unproven.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(count) = unproven.get_mut(&pid) {
-            *count -= 1;
-            if *count == 0 {
-                unproven.remove(&pid);
-            }
-        }
+        let Some(opener) = self.opener.take() else { return };
+        self.shared.unproven.lock().unwrap_or_else(|p| p.into_inner()).release(opener);
     }
 }
 
@@ -158,7 +239,7 @@ pub(crate) fn serve_connection(
         unproven: Mutex::default(),
         stop: AtomicBool::new(false),
     };
-    serve(stream, &shared, Unproven { shared: &shared, pid: None })
+    serve(stream, &shared, Unproven { shared: &shared, opener: None })
 }
 
 /// Region `id` of the engine of this process serving socket `name`, as its
@@ -189,28 +270,28 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
             shared.connections.fetch_sub(1, Ordering::AcqRel);
             continue; // closed: the opener sees its hello go unanswered
         }
-        // One process holds at most a few unproven places.
-        let pid = crate::gpu::fd::peer_pid(&stream).unwrap_or(0);
-        {
-            let mut unproven = shared.unproven.lock().unwrap_or_else(|p| p.into_inner());
-            let count = unproven.entry(pid).or_insert(0);
-            if *count >= MAX_UNPROVEN_PER_PROCESS {
-                drop(unproven);
-                shared.connections.fetch_sub(1, Ordering::AcqRel);
-                continue;
-            }
-            *count += 1;
+        // One process, and all the processes of one other user, hold at
+        // most a few unproven places; other users together at most half.
+        // Credentials the kernel will not give are a stranger's (uid
+        // u32::MAX, nobody's).
+        let (pid, uid) = peer_cred(&stream).unwrap_or((0, u32::MAX));
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let stranger = (uid != unsafe { libc::geteuid() }).then_some(uid);
+        let opener = Opener { pid, stranger };
+        if !shared.unproven.lock().unwrap_or_else(|p| p.into_inner()).admit(opener) {
+            shared.connections.fetch_sub(1, Ordering::AcqRel);
+            continue;
         }
         let serving = shared.clone();
         let spawned = std::thread::Builder::new().name("kvring-gpu-fds-conn".into()).spawn(move || {
-            let unproven = Unproven { shared: &serving, pid: Some(pid) };
+            let unproven = Unproven { shared: &serving, opener: Some(opener) };
             if let Err(reason) = serve(&stream, &serving, unproven) {
                 tracing::debug!(%reason, "GPU descriptor connection ended");
             }
             serving.connections.fetch_sub(1, Ordering::AcqRel);
         });
         if spawned.is_err() {
-            drop(Unproven { shared: &shared, pid: Some(pid) });
+            drop(Unproven { shared: &shared, opener: Some(opener) });
             shared.connections.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -342,5 +423,27 @@ mod tests {
         assert!(local_region(&name, RegionId::new(0, 1)).is_none());
         let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
         assert!(UnixStream::connect_addr(&addr).is_err(), "nobody listens any more");
+    }
+
+    #[test]
+    fn strangers_are_bounded_per_user_and_together_the_owners_user_per_process() {
+        let mut counts = UnprovenCounts::default();
+        let stranger = |pid, uid| Opener { pid, stranger: Some(uid) };
+        // One stranger user, many processes: 4 places in all.
+        let admitted = (0..10).filter(|&pid| counts.admit(stranger(100 + pid, 1000))).count();
+        assert_eq!(admitted, MAX_UNPROVEN_PER_STRANGER);
+        // Strangers together: half the places.
+        let admitted = (0..10).filter(|&uid| counts.admit(stranger(200 + uid, 2000 + uid))).count();
+        assert_eq!(admitted, MAX_UNPROVEN_STRANGERS - MAX_UNPROVEN_PER_STRANGER);
+        assert_eq!(counts.strangers, MAX_UNPROVEN_STRANGERS);
+        // The owner's user: per process only, untouched by the strangers.
+        let owner = |pid| Opener { pid, stranger: None };
+        let admitted = (0..MAX_UNPROVEN_PER_PROCESS + 2).filter(|_| counts.admit(owner(7))).count();
+        assert_eq!(admitted, MAX_UNPROVEN_PER_PROCESS);
+        assert!(counts.admit(owner(8)));
+        // A stranger's connection that ends gives its place back.
+        counts.release(stranger(100, 1000));
+        assert!(counts.admit(stranger(300, 1000)));
+        assert!(!counts.admit(stranger(301, 1000)));
     }
 }
