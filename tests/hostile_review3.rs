@@ -62,3 +62,39 @@ fn a_head_plan_refuses_layouts_whose_buffer_kinds_differ() {
     let bytes: u64 = plan.iter().map(|d| d.len).sum();
     assert_eq!(bytes, 2 * 3 * 32, "two blocks of key, value and index");
 }
+
+/// Finding 4: an `Nhd` head plan is one run per token, and tokens per
+/// block is a caller's number that only had to agree with both layouts'
+/// bytes per block (which need no memory behind them to be planned). A
+/// 1 GiB block of 1-byte heads sized a 16 GiB run list; here 2^20 tokens
+/// over 4 blocks, halving the heads per rank (no run coalesces), built 8 M
+/// descriptors that no batch takes (its arena holds 16 Ki by default)
+/// before any check. Now tokens per block and the plan's length are
+/// bounded, with a typed error.
+#[test]
+fn a_head_plan_is_bounded_before_it_is_built_to_memorys_end() {
+    let geometry =
+        |tokens| HeadGeometry { kv_heads: 2, head_bytes: 1, tokens_per_block: tokens, order: HeadOrder::Nhd };
+    assert!(matches!(HeadRoute::new(geometry(1 << 30), (1, 0), (2, 0)), Err(Error::InvalidArgument { .. })));
+    let tokens = 1u64 << 20;
+    let side = |block_bytes, region| {
+        let shape = CacheShape {
+            attention: Attention::Mha,
+            layers: 1,
+            blocks: 4,
+            key_block_bytes: block_bytes,
+            value_block_bytes: block_bytes,
+            index_block_bytes: 0,
+        };
+        KvLayout::contiguous(shape, RegionId::new(region, 1), 0).unwrap()
+    };
+    // The source (tp 1) holds both heads, the destination (tp 2) one.
+    let (src, dst) = (side(2 * tokens, 1), side(tokens, 2));
+    let route = HeadRoute::new(geometry(tokens), (1, 0), (2, 0)).unwrap();
+    let plan = plan_layer_heads(&src, &dst, Opcode::Write, &route, 0, &[0, 1, 2, 3], &[0, 1, 2, 3]);
+    assert!(matches!(plan, Err(Error::InvalidArgument { .. })), "{:?}", plan.map(|d| d.len()));
+    // One block of 16 tokens plans its 16 runs per buffer.
+    let (src, dst) = (side(2 * 16, 1), side(16, 2));
+    let route = HeadRoute::new(geometry(16), (1, 0), (2, 0)).unwrap();
+    assert_eq!(plan_layer_heads(&src, &dst, Opcode::Write, &route, 0, &[3], &[1]).unwrap().len(), 2 * 16);
+}

@@ -35,6 +35,17 @@ use std::ops::Range;
 /// finding 2).
 pub const MAX_TP: u32 = 1 << 16;
 
+/// Most tokens per block a head geometry may say (engines use up to a
+/// few thousand): an `Nhd` block is planned one run per token, so this
+/// bounds the run lists a caller's number sizes (hostile review 3,
+/// finding 4).
+pub const MAX_TOKENS_PER_BLOCK: u64 = 1 << 20;
+
+/// Most descriptors one head plan may hold after coalescing: far more than
+/// a batch takes (`EngineBuilder::arena_descs`), so a plan this long is
+/// refused as it grows rather than built to the caller's memory's end.
+pub const MAX_HEAD_PLAN_DESCS: usize = 1 << 22;
+
 /// Byte order inside one block of an MHA key or value buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HeadOrder {
@@ -232,6 +243,12 @@ impl HeadRoute {
         if geometry.head_bytes == 0 || geometry.tokens_per_block == 0 {
             return Err(Error::invalid("head plan", "head bytes and tokens per block must be at least 1"));
         }
+        if geometry.tokens_per_block > MAX_TOKENS_PER_BLOCK {
+            return Err(Error::invalid(
+                "head plan",
+                format!("{} tokens per block exceeds {MAX_TOKENS_PER_BLOCK}", geometry.tokens_per_block),
+            ));
+        }
         Ok(Self {
             geometry,
             src: HeadShard::of(geometry.kv_heads, src.0, src.1)?,
@@ -294,7 +311,8 @@ pub fn plan_layer_heads(
     // index buffer) would otherwise be skipped while the push succeeds.
     let (mine, theirs) = (local.layer(layer)?, remote.layer(layer)?);
     if mine.len() != theirs.len() || mine.iter().zip(theirs).any(|(a, b)| a.kind != b.kind) {
-        let kinds = |buffers: &[crate::kv::KvBuffer]| format!("{:?}", buffers.iter().map(|b| b.kind).collect::<Vec<_>>());
+        let kinds =
+            |buffers: &[crate::kv::KvBuffer]| format!("{:?}", buffers.iter().map(|b| b.kind).collect::<Vec<_>>());
         return Err(Error::LayoutMismatch {
             layer: Some(layer),
             field: "buffer kinds",
@@ -326,6 +344,12 @@ pub fn plan_layer_heads(
                 let local_offset = local_block.checked_add(lo).ok_or_else(overflow)?;
                 let remote_offset = remote_block.checked_add(ro).ok_or_else(overflow)?;
                 push_coalesced(&mut out, BlockDesc::new(a.region, local_offset, b.region, remote_offset, len));
+                if out.len() > MAX_HEAD_PLAN_DESCS {
+                    return Err(Error::invalid(
+                        "head plan",
+                        format!("more than {MAX_HEAD_PLAN_DESCS} descriptors: push fewer blocks at a time"),
+                    ));
+                }
             }
         }
     }
