@@ -7,6 +7,7 @@ lands in memory its owner no longer registers."""
 
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -68,3 +69,30 @@ def test_push_targets_refuses_a_tp_size_beyond_any_cluster():
         kvring.push_targets(0, 1, huge, kv_heads=huge)
     assert kvring.push_targets(0, 1, 4) == [0, 1, 2, 3]
     assert kvring.push_targets(0, 1, 4, kv_heads=8) == [0, 1, 2, 3]
+
+
+def test_close_ends_an_arrival_wait_on_another_thread_with_engine_closed():
+    # close() waits for the calls running outside the engine's lock; a
+    # wait for bytes that will never land ends at close with the engine's
+    # typed error, not at its own (long) timeout.
+    engine = kvring.Engine(name="review3-waiter")
+    region, _ = engine.alloc(BLOCK)
+    tag = kvring.arrival_tag(7, 0)
+    engine.grant_arrival(tag, [(region, 0, BLOCK)])
+    ended = []
+
+    def wait():
+        try:
+            engine.wait_landed(tag, BLOCK, timeout=20.0)
+        except kvring.KvringError as error:
+            ended.append(error)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    # Most often the wait is under way by now; either order must end in
+    # EngineClosedError (a wait begun after close raises it at once).
+    time.sleep(0.2)
+    engine.close()
+    waiter.join(60)
+    assert not waiter.is_alive()
+    assert len(ended) == 1 and isinstance(ended[0], kvring.EngineClosedError), ended
