@@ -142,6 +142,11 @@ impl Engine {
         let started = Instant::now();
         let mut backoff = Backoff::new(self.inner.config.wait_backoff, Some(started + timeout));
         while landed() < bytes {
+            // A stopped engine lands nothing more: its `close` (which waits
+            // for this call in Python) hears at once, not at the timeout.
+            if self.inner.is_stopped() {
+                return Err(Error::Shutdown);
+            }
             if backoff.snooze() == Snooze::Expired {
                 tracing::debug!(tag, bytes, landed = landed(), "wait_landed timed out");
                 return Err(Error::Timeout { waited: started.elapsed() });

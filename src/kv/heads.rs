@@ -28,6 +28,24 @@ use crate::error::{Error, Result};
 use crate::ring::Opcode;
 use std::ops::Range;
 
+/// Largest tensor-parallel size a head split accepts: more ranks than any
+/// cluster has. A tp size is a caller's number, and
+/// [`head_push_targets`] walks every destination rank, so an unchecked
+/// `u32::MAX` would cost minutes and a 16 GiB answer (hostile review 3,
+/// finding 2).
+pub const MAX_TP: u32 = 1 << 16;
+
+/// Most tokens per block a head geometry may say (engines use up to a
+/// few thousand): an `Nhd` block is planned one run per token, so this
+/// bounds the run lists a caller's number sizes (hostile review 3,
+/// finding 4).
+pub const MAX_TOKENS_PER_BLOCK: u64 = 1 << 20;
+
+/// Most descriptors one head plan may hold after coalescing: far more than
+/// a batch takes (`EngineBuilder::arena_descs`), so a plan this long is
+/// refused as it grows rather than built to the caller's memory's end.
+pub const MAX_HEAD_PLAN_DESCS: usize = 1 << 22;
+
 /// Byte order inside one block of an MHA key or value buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HeadOrder {
@@ -64,7 +82,8 @@ pub struct HeadShard {
 impl HeadShard {
     /// The heads rank `rank` of `tp` holds of `kv_heads`; an error when
     /// the split does not divide (neither `kv_heads % tp == 0` nor `tp %
-    /// kv_heads == 0`) or the rank is outside `tp`.
+    /// kv_heads == 0`), the rank is outside `tp`, or `tp` exceeds
+    /// [`MAX_TP`].
     ///
     /// ```
     /// use kvring::kv::HeadShard;
@@ -80,6 +99,9 @@ impl HeadShard {
                 "head shard",
                 format!("rank {rank} of tp {tp} with {kv_heads} KV heads: need kv_heads >= 1 and rank < tp"),
             ));
+        }
+        if tp > MAX_TP {
+            return Err(Error::invalid("head shard", format!("tp {tp} exceeds the most kvring splits over, {MAX_TP}")));
         }
         if kv_heads >= tp64 && kv_heads.is_multiple_of(tp64) {
             let count = kv_heads / tp64;
@@ -221,6 +243,12 @@ impl HeadRoute {
         if geometry.head_bytes == 0 || geometry.tokens_per_block == 0 {
             return Err(Error::invalid("head plan", "head bytes and tokens per block must be at least 1"));
         }
+        if geometry.tokens_per_block > MAX_TOKENS_PER_BLOCK {
+            return Err(Error::invalid(
+                "head plan",
+                format!("{} tokens per block exceeds {MAX_TOKENS_PER_BLOCK}", geometry.tokens_per_block),
+            ));
+        }
         Ok(Self {
             geometry,
             src: HeadShard::of(geometry.kv_heads, src.0, src.1)?,
@@ -279,6 +307,19 @@ pub fn plan_layer_heads(
     if layer >= local.layers() {
         return Err(Error::LayerOutOfRange { layer, layers: local.layers() });
     }
+    // Buffers pair by position below: a kind one side lacks (a peer's
+    // index buffer) would otherwise be skipped while the push succeeds.
+    let (mine, theirs) = (local.layer(layer)?, remote.layer(layer)?);
+    if mine.len() != theirs.len() || mine.iter().zip(theirs).any(|(a, b)| a.kind != b.kind) {
+        let kinds =
+            |buffers: &[crate::kv::KvBuffer]| format!("{:?}", buffers.iter().map(|b| b.kind).collect::<Vec<_>>());
+        return Err(Error::LayoutMismatch {
+            layer: Some(layer),
+            field: "buffer kinds",
+            local: kinds(mine),
+            remote: kinds(theirs),
+        });
+    }
     super::plan::check_ids(local, remote, op, local_ids, remote_ids)?;
     let heads = route.heads();
     let mut out = Vec::new();
@@ -293,7 +334,6 @@ pub fn plan_layer_heads(
         Opcode::Write => (&src_runs, &dst_runs),
         Opcode::Read => (&dst_runs, &src_runs),
     };
-    let (mine, theirs) = (local.layer(layer)?, remote.layer(layer)?);
     for (a, b) in mine.iter().zip(theirs) {
         for (&l, &r) in local_ids.iter().zip(remote_ids) {
             let local_block =
@@ -304,6 +344,12 @@ pub fn plan_layer_heads(
                 let local_offset = local_block.checked_add(lo).ok_or_else(overflow)?;
                 let remote_offset = remote_block.checked_add(ro).ok_or_else(overflow)?;
                 push_coalesced(&mut out, BlockDesc::new(a.region, local_offset, b.region, remote_offset, len));
+                if out.len() > MAX_HEAD_PLAN_DESCS {
+                    return Err(Error::invalid(
+                        "head plan",
+                        format!("more than {MAX_HEAD_PLAN_DESCS} descriptors: push fewer blocks at a time"),
+                    ));
+                }
             }
         }
     }

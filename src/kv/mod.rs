@@ -9,7 +9,10 @@ pub mod plan;
 mod tag;
 pub mod topo;
 
-pub use heads::{head_push_targets, plan_layer_heads, HeadGeometry, HeadOrder, HeadRoute, HeadShard};
+pub use heads::{
+    head_push_targets, plan_layer_heads, HeadGeometry, HeadOrder, HeadRoute, HeadShard, MAX_HEAD_PLAN_DESCS,
+    MAX_TOKENS_PER_BLOCK, MAX_TP,
+};
 pub use layout::{Attention, CacheShape, KvBuffer, KvLayout};
 pub use plan::{merge_plans, plan_blocks, plan_layer};
 pub use tag::{arrival_tag, MAX_REQUEST_SLOT};

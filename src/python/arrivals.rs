@@ -14,14 +14,14 @@ use super::engine::PyEngine;
 use super::open::finish;
 use super::seconds;
 use crate::kv::{HeadGeometry, HeadOrder, HeadRoute};
-use crate::{Engine, RegionId};
+use crate::RegionId;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-/// The engine, cloned out of its lock (an `Arc`): for waits that must not
-/// hold the lock.
-fn engine(py: Python<'_>, engine: &PyEngine) -> PyResult<Engine> {
-    engine.with_open(py, |open| Ok(open.engine.clone()))
+/// The engine, lent out of its lock: for waits that must not hold the
+/// lock (`close` waits for it to come back).
+fn engine<'a>(py: Python<'_>, engine: &'a PyEngine) -> PyResult<super::lent::LentEngine<'a>> {
+    engine.lend(py)
 }
 
 /// `kv::arrival_tag(slot, layer)`: the tag of request slot `slot`'s
@@ -178,6 +178,13 @@ pub fn push_targets(src_rank: u32, src_tp: u32, dst_tp: u32, kv_heads: Option<u6
         None if src_tp == 0 || src_rank >= src_tp => {
             Err(PyValueError::new_err(format!("src_rank {src_rank} is not a rank of tp {src_tp}")))
         }
+        // The answer has a rank per destination: its size is checked
+        // before it is made (hostile review 3, finding 2).
+        None if src_tp.max(dst_tp) > crate::kv::MAX_TP => Err(PyValueError::new_err(format!(
+            "tp {} exceeds the most kvring routes over, {}",
+            src_tp.max(dst_tp),
+            crate::kv::MAX_TP
+        ))),
         None => Ok(crate::kv::push_targets(src_rank, src_tp, dst_tp).collect()),
     }
 }

@@ -1,6 +1,7 @@
 //! The `Engine` class of `kvring._native`.
 
 use super::gpu::{location_name, wanted, SimDeviceBuffer, Wanted};
+use super::lent::{Lent, LentEngine};
 use super::open::{finish, Open};
 use super::u64s::U64s;
 use super::{op_is_write, raise, raise_code, seconds};
@@ -28,6 +29,8 @@ pub struct PyEngine {
     pid: u32,
     /// Set by `close`, read without the mutex.
     closed: std::sync::atomic::AtomicBool,
+    /// Handles of the engine lent out of the lock; `close` waits for them.
+    lent: Lent,
     /// Kept apart from `open` so reading them never waits on a transfer.
     name: String,
     control_addr: String,
@@ -70,8 +73,14 @@ impl PyEngine {
         py: Python<'_>,
         f: impl FnOnce(&crate::Engine) -> crate::Result<T> + Send,
     ) -> PyResult<T> {
-        let engine = self.with_open(py, |open| Ok(open.engine.clone()))?;
+        let engine = self.lend(py)?;
         py.allow_threads(|| f(&engine)).map_err(raise)
+    }
+
+    /// A handle of the open engine, for a call that runs without the lock;
+    /// `close` waits until it is dropped.
+    pub(super) fn lend(&self, py: Python<'_>) -> PyResult<LentEngine<'_>> {
+        self.with_open(py, |open| Ok(self.lent.lend(&open.engine)))
     }
 
     /// Runs `f` on the open engine with the GIL released.
@@ -186,7 +195,8 @@ impl PyEngine {
         let (name, control_addr) = (engine.name().to_string(), engine.control_addr().to_string());
         let open = Open { engine, submitter, allocated: HashMap::new(), transports: HashMap::new() };
         let closed = std::sync::atomic::AtomicBool::new(false);
-        Ok(Self { open: Mutex::new(Some(open)), pid: std::process::id(), closed, name, control_addr, sim })
+        let lent = Lent::default();
+        Ok(Self { open: Mutex::new(Some(open)), pid: std::process::id(), closed, lent, name, control_addr, sim })
     }
 
     /// The engine's name.
@@ -648,8 +658,19 @@ impl PyEngine {
         self.not_forked()?;
         self.closed.store(true, std::sync::atomic::Ordering::Release);
         // Waits for a transfer in flight on another thread, then stops the
-        // engine (joining its lanes), all without the GIL.
-        py.allow_threads(|| drop(self.lock().take()));
+        // engine, then waits for the handles lent to calls running outside
+        // the lock (each ends by its own deadline), so that the drop below
+        // is the engine's last and joins its lanes: no peer reaches the
+        // buffers the caller takes back once this returns. All without the
+        // GIL.
+        py.allow_threads(|| {
+            let open = self.lock().take();
+            if let Some(open) = &open {
+                open.engine.shutdown();
+            }
+            self.lent.wait_all_back();
+            drop(open);
+        });
         Ok(())
     }
 }

@@ -23,6 +23,7 @@
 mod arrivals;
 mod engine;
 mod gpu;
+mod lent;
 mod open;
 mod prepared;
 mod u64s;
