@@ -132,6 +132,13 @@ pub const KEYS: &[Key] = &[
         help: "pin registered host memory for GPU copies (memory its owner pinned is used as it is)",
     },
     Key {
+        name: "checksum",
+        kind: Kind::Switch,
+        default: Some("off"),
+        help:
+            "CRC32C of every block, verified at its destination before its batch is done (per batch: Batch::checksum)",
+    },
+    Key {
         name: "transports",
         kind: Kind::Transports,
         default: None,
@@ -421,6 +428,9 @@ impl Config {
         }
         if let Some(on) = self.get("pin_host_memory").and_then(parse_switch) {
             builder = builder.pin_host_memory(on);
+        }
+        if let Some(on) = self.get("checksum").and_then(parse_switch) {
+            builder = builder.checksum(on);
         }
         if let Some(allowed) = self.get("transports").and_then(|v| parse_transports(v).ok()) {
             builder = builder.transports(allowed);

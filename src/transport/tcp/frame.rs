@@ -60,6 +60,12 @@ pub const FLAG_LAST: u8 = 1;
 /// target counts the frame's bytes under it once they are in place.
 pub const FLAG_TAGGED: u8 = 2;
 
+/// Flag: a WRITE frame whose `status` field carries the CRC32C of its
+/// payload (never with [`FLAG_TAGGED`]); the target checks the landed bytes
+/// against it before it acks, and fails the chunk `CORRUPT` naming the
+/// frame's region and offset when they differ.
+pub const FLAG_CHECKSUM: u8 = 4;
+
 /// The fixed frame header (little-endian on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C)]
@@ -163,6 +169,11 @@ impl FrameHeader {
     /// True for the last frame of a chunk.
     pub fn is_last(&self) -> bool {
         self.flags & FLAG_LAST != 0
+    }
+
+    /// The CRC32C a WRITE frame's payload must have, if it carries one.
+    pub fn checksum(&self) -> Option<u32> {
+        (self.flags & FLAG_CHECKSUM != 0 && self.flags & FLAG_TAGGED == 0).then_some(self.status as u32)
     }
 
     /// The arrival tag a WRITE frame carries, if any.
