@@ -42,7 +42,8 @@ fn pair(transport: TransportKind, engine_checksum: bool) -> Pair {
     // SAFETY: `caller` outlives the engines' use of it (Pair drops the
     // engines first: fields drop in order, and `_caller` is last).
     let caller_id = unsafe { target.register(caller.as_mut_ptr(), caller.len(), RegionInfo::raw()) }.unwrap();
-    let initiator = common::builder(&format!("sum-init-{}", transport.name())).checksum(engine_checksum).build().unwrap();
+    let initiator =
+        common::builder(&format!("sum-init-{}", transport.name())).checksum(engine_checksum).build().unwrap();
     let local = initiator.alloc_region(LEN, RegionInfo::raw()).unwrap();
     // SAFETY: no batch touches these bytes yet.
     unsafe { local.fill_pattern(41) };

@@ -189,7 +189,10 @@ impl Lane {
                 .or_else(|| {
                     let checksummed = sqe.flags & crate::ring::SQE_FLAG_CHECKSUM != 0;
                     let link = &*self.links.get(link).link;
-                    checksummed.then(|| super::checksum::unverifiable(op, sqe.arrival_tag, link)).flatten().map(PartEnd::Failed)
+                    checksummed
+                        .then(|| super::checksum::unverifiable(op, sqe.arrival_tag, link))
+                        .flatten()
+                        .map(PartEnd::Failed)
                 }),
         }
     }

@@ -8,6 +8,7 @@
 //! the moved bytes by checksum on the target.
 
 mod case;
+mod checksummed;
 mod cold;
 mod output;
 mod overhead;
@@ -67,12 +68,14 @@ struct Options {
     cold: bool,
     /// Fresh pairs per transport, with `--cold`.
     cold_pairs: usize,
+    /// Each case checksummed beside plain (`--checksum`).
+    checksum: bool,
 }
 
 impl Options {
     /// How every case moves its bytes.
     fn shape(&self) -> Shape {
-        Shape { batch: self.batch, inflight: self.inflight }
+        Shape { batch: self.batch, inflight: self.inflight, checksum: false }
     }
 
     /// The sweep of cases the flags ask for.
@@ -127,6 +130,7 @@ fn parse(args: BenchArgs, config: &kvring::config::Config) -> Result<Options, St
         gpu: args.gpu,
         cold: args.cold,
         cold_pairs: args.cold_pairs,
+        checksum: args.checksum,
     };
     if options.transport == TransportKind::Rdma {
         // Said in one line before anything starts: no library, or no device.
@@ -222,6 +226,13 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let route = Route { segment: &segment, local: &local, remote: remote.id };
     if let Some(gpu) = gpu {
         let result = gpu_cases((&engine, &mut sub), route, region_bytes, &options, gpu);
+        drop(sub);
+        engine.shutdown();
+        drop(target);
+        return result;
+    }
+    if options.checksum {
+        let result = checksummed::cases(&engine, &mut sub, route, region_bytes, &options);
         drop(sub);
         engine.shutdown();
         drop(target);
