@@ -27,8 +27,10 @@ use zerocopy::IntoBytes;
 
 mod gpu_fds;
 mod sealed;
+mod sock_diag;
 pub use gpu_fds::gpu_fds_connection;
 pub use sealed::{sealed_control, sealed_frames};
+pub use sock_diag::sock_diag_reply;
 
 /// A TCP data frame header.
 pub fn frame_header(data: &[u8]) {
