@@ -30,8 +30,10 @@ use std::path::{Path, PathBuf};
 pub const CONFIG_VERSION: i64 = 1;
 /// Environment variables that are not settings but are read elsewhere
 /// (the advertised-address order, the config path, where sysfs lists RDMA
-/// devices: a test tree beside a fake libibverbs).
-pub const OTHER_VARIABLES: [&str; 3] = ["KVRING_HOST_IP", "KVRING_CONFIG", "KVRING_RDMA_SYSFS_ROOT"];
+/// devices: a test tree beside a fake libibverbs; where sysfs is, for the
+/// GPU-to-NIC line of `kvring info` and `kvring bench`: a test tree).
+pub const OTHER_VARIABLES: [&str; 4] =
+    ["KVRING_HOST_IP", "KVRING_CONFIG", "KVRING_RDMA_SYSFS_ROOT", "KVRING_SYSFS_ROOT"];
 
 /// What kind of value a key takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

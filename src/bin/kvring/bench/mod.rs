@@ -379,6 +379,11 @@ fn print_header(
             options.batch,
             format_size(options.total)
         );
+        // Which NIC each GPU would use, and why (or why none), from sysfs.
+        match kvring::host::gpu_nics() {
+            Ok(choices) => println!("gpu nics: {}", choices.join("; ")),
+            Err(reason) => println!("gpu nics: none: {reason}"),
+        }
     }
     if baseline_name(options).is_none() {
         // An external target's sink is not known: say how to get the ratio.
