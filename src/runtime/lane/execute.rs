@@ -93,14 +93,12 @@ impl Lane {
         ticket.progress = PartProgress::default();
         ticket.leases.clear();
         ticket.end = first_end;
-        ticket.notify_reply = None;
-        ticket.live = true;
+        (ticket.notify_reply, ticket.live) = (None, true);
         let id = BatchId::from_raw(sqe.batch_id);
         chunk.clear();
         ended_runs.clear();
         let max_chunk = link.map_or(1, |l| links.get(l).link.max_chunk().clamp(1, MAX_CHUNK_BLOCKS));
         let moves_device_memory = link.is_some_and(|l| links.get(l).link.moves_device_memory());
-        let tag = sqe.arrival_tag;
         let checksummed = sqe.flags & crate::ring::SQE_FLAG_CHECKSUM != 0;
         let verify = checksummed && link.is_some_and(|l| links.get(l).link.verifies_landed());
         let mut post = Poster {
@@ -108,7 +106,7 @@ impl Lane {
             id,
             max_chunk,
             moves_device_memory,
-            tag,
+            tag: sqe.arrival_tag,
             verify,
             wire_checksum: checksummed && !verify,
             split_extra: 0,
@@ -337,12 +335,12 @@ impl Poster<'_> {
             return;
         }
         let slot: &mut LinkSlot = self.links.get_mut(link);
-        // SAFETY: every block was validated against a region this part holds a lease on
-        // (`validate`); the leases are released only after the chunk ended (below, or in `end_ticket`).
         let (id, ticket_index) = (self.id.raw(), self.ticket_index as u64);
         let posted = match self.verify {
-            // SAFETY: as above; `verify` is set only for links that verify landed bytes.
+            // SAFETY: as below; `verify` is set only for links that verify landed bytes.
             true => unsafe { super::checksum::transfer_verified(&mut *slot.link, op, id, ticket_index, self.chunk) },
+            // SAFETY: every block was validated against a region this part holds a lease on
+            // (`validate`); the leases are released only after the chunk ended (below, or in `end_ticket`).
             false => unsafe { slot.link.transfer(op, id, ticket_index, self.chunk) },
         };
         ticket.progress.executed += self.chunk.len() as u64;

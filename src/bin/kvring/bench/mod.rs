@@ -231,26 +231,14 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         drop(target);
         return result;
     }
-    if options.checksum {
-        let result = checksummed::cases(&engine, &mut sub, route, region_bytes, &options);
-        drop(sub);
-        engine.shutdown();
-        drop(target);
-        return result;
-    }
-    let mut results = Vec::new();
-    for &op in &options.ops {
-        for &block in &options.block_sizes {
-            let calls_before = engine.metadata_calls();
-            let mut result = run_case(&engine, &mut sub, route, region_bytes, op, block, &options)?;
-            result.metadata_calls = engine.metadata_calls() - calls_before;
-            print_result(&result, &options);
-            results.push(result);
-        }
-    }
+    let results = match options.checksum {
+        true => checksummed::cases(&engine, &mut sub, route, region_bytes, &options).map(|()| Vec::new()),
+        false => sweep(&engine, &mut sub, route, region_bytes, &options),
+    };
     drop(sub);
     engine.shutdown();
     drop(target);
+    let results = results?;
     if let Some(dir) = &options.report {
         write_report(dir, &results, &options)?;
     }
@@ -259,6 +247,27 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     } else {
         Err("verification failed: the target's bytes differ from what was moved".into())
     }
+}
+
+/// Every case of the sweep, each printed as it ends.
+fn sweep(
+    engine: &Engine,
+    sub: &mut Submitter,
+    route: Route<'_>,
+    region_bytes: u64,
+    options: &Options,
+) -> Result<Vec<case::CaseResult>, String> {
+    let mut results = Vec::new();
+    for &op in &options.ops {
+        for &block in &options.block_sizes {
+            let calls_before = engine.metadata_calls();
+            let mut result = run_case(engine, sub, route, region_bytes, op, block, options)?;
+            result.metadata_calls = engine.metadata_calls() - calls_before;
+            print_result(&result, options);
+            results.push(result);
+        }
+    }
+    Ok(results)
 }
 
 /// Without `--peer`, the target the bench starts (`kvring serve`), on cores
