@@ -213,6 +213,19 @@ mod tests {
     }
 
     #[test]
+    fn a_checksum_rides_in_the_status_field_of_untagged_writes_only() {
+        let mut header = FrameHeader::new(FrameOp::Write, 7, 9, 3, 0, 512);
+        assert_eq!(header.checksum(), None);
+        header.flags = FLAG_CHECKSUM;
+        header.status = 0x9abc_def0_u32 as i32;
+        assert_eq!(header.checksum(), Some(0x9abc_def0));
+        assert_eq!(header.arrival_tag(), None);
+        header.flags |= FLAG_TAGGED;
+        assert_eq!(header.checksum(), None, "a tagged frame's field is its tag");
+        assert_eq!(header.arrival_tag(), Some(0x9abc_def0));
+    }
+
+    #[test]
     fn sealed_headers_check_once_in_order_and_not_when_altered() {
         use crate::seal::End;
         let session = crate::auth::Token::new("t").session([1; 16], [2; 16], 7);
