@@ -42,6 +42,16 @@
 // `n >= 0` is GPU `n`.
 #define KVRING_MEMORY_HOST -1
 
+// `kvring_submit_with` flag: checksum this batch's blocks end to end
+// (CRC32C at the source, verified at the destination before the batch is
+// done; a mismatch fails it with `-CORRUPT`, `kvring_last_error` naming
+// the block), whatever the engine's `checksum` setting.
+#define KVRING_SUBMIT_CHECKSUM 1
+
+// `kvring_submit_with` flag: no checksum for this batch, whatever the
+// engine's setting.
+#define KVRING_SUBMIT_NO_CHECKSUM 2
+
 // `kvring_set_log_callback` levels, most severe first.
 #define KVRING_LOG_ERROR 1
 
@@ -311,6 +321,26 @@ int kvring_open_segment(kvring_engine *engine,
                         uint32_t timeout_ms,
                         kvring_segment **out);
 
+// Opens `count` peers' segments by name in one call, their handshakes
+// concurrent (a TP group's ranks), each before `timeout_ms`: `out[i]` gets
+// the handle of `names[i]` (free each with `kvring_segment_free`) or NULL,
+// and `codes[i]` 0 or that peer's negative error code. Returns 0 when
+// every peer opened, else the first failure's code, `kvring_last_error`
+// naming the peer (one that failed does not hide the others: look at
+// `codes`). A name listed twice gets two handles of one link.
+//
+// # Safety
+//
+// `engine` is live; `names` points to `count` NUL-terminated strings;
+// `out` and `codes` point to room for `count` entries each.
+int kvring_open_many(kvring_engine *engine,
+                     const char *const *names,
+                     size_t count,
+                     int transport,
+                     uint32_t timeout_ms,
+                     kvring_segment **out,
+                     int *codes);
+
 // Frees a segment handle (null is ignored).
 //
 // # Safety
@@ -364,6 +394,24 @@ int kvring_submit(kvring_submitter *submitter,
                   uint64_t user_data,
                   uint32_t deadline_ms,
                   uint64_t *batch_out);
+
+// As `kvring_submit`, with `flags`: 0, `KVRING_SUBMIT_CHECKSUM` or
+// `KVRING_SUBMIT_NO_CHECKSUM` (0: as the engine's `checksum` setting).
+// A checksummed batch that its transport cannot verify (rdma, GPU memory,
+// a tcp READ) fails with `-UNSUPPORTED` and the reason, never unchecked.
+//
+// # Safety
+//
+// As `kvring_submit`.
+int kvring_submit_with(kvring_submitter *submitter,
+                       const kvring_segment *segment,
+                       int opcode,
+                       const kvring_block *blocks,
+                       size_t count,
+                       uint64_t user_data,
+                       uint32_t deadline_ms,
+                       uint32_t flags,
+                       uint64_t *batch_out);
 
 // Waits up to `timeout_ms` for a batch; 0 when it moved everything (bytes
 // in `bytes_out`, which may be null), else a negative code: the batch's

@@ -343,6 +343,15 @@ pub enum Error {
         /// Layers the layout has.
         layers: u32,
     },
+    /// A checksummed block's bytes differ at their destination from what
+    /// its sender checksummed (`Batch::checksum`): the batch is not done.
+    #[error("block {desc_index} is corrupt: {detail}; its destination must not be used (send it again)")]
+    Corrupt {
+        /// The block's index in the batch.
+        desc_index: u32,
+        /// Which checksums differed, and where they were computed.
+        detail: String,
+    },
 }
 
 /// Result alias used throughout kvring.
@@ -395,6 +404,7 @@ impl Error {
             | Error::BlockOutOfRange { .. }
             | Error::DuplicateBlock { .. }
             | Error::LayerOutOfRange { .. } => ErrorCode::InvalidArgument,
+            Error::Corrupt { .. } => ErrorCode::Corrupt,
         }
     }
 
@@ -587,6 +597,11 @@ mod tests {
                 Error::Unauthorized { reason: "wrong or missing token".into() },
                 "unauthorized: wrong or missing token",
                 ErrorCode::Unauthorized,
+            ),
+            (
+                Error::Corrupt { desc_index: 3, detail: "crc32c 0x1 sent, 0x2 landed".into() },
+                "block 3 is corrupt: crc32c 0x1 sent, 0x2 landed; its destination must not be used",
+                ErrorCode::Corrupt,
             ),
         ];
         for (error, expected, code) in cases {

@@ -11,12 +11,13 @@
 mod arrivals;
 mod batches;
 mod config;
+mod submit;
 mod transports;
 
 use crate::error::Error;
 use crate::log::sink::{set_sink, Sink};
 use crate::proto::ErrorCode;
-use crate::{Batch, BlockDesc, Engine, Opcode, RegionId, RegionInfo, Segment, Submitter, TransportKind};
+use crate::{Engine, RegionId, RegionInfo, Segment, Submitter, TransportKind};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -503,22 +504,28 @@ pub unsafe extern "C" fn kvring_open_segment(
         if out.is_null() {
             return Err(null("out"));
         }
-        let transport = match transport {
-            KVRING_TRANSPORT_AUTO => None,
-            KVRING_TRANSPORT_SHM => Some(TransportKind::Shm),
-            KVRING_TRANSPORT_TCP => Some(TransportKind::Tcp),
-            KVRING_TRANSPORT_CUDA_IPC => Some(TransportKind::CudaIpc),
-            KVRING_TRANSPORT_CMA => Some(TransportKind::Cma),
-            other => {
-                return Err(Error::invalid(
-                    "transport",
-                    format!("{other} is not 0 (auto), 1 (shm), 2 (tcp), 3 (cuda_ipc) or 4 (cma)"),
-                ))
-            }
-        };
+        let transport = open_transport(transport)?;
         let segment = engine.0.open_segment_with(name, transport, Duration::from_millis(u64::from(timeout_ms)))?;
         // SAFETY: checked non-null; valid per our contract.
         unsafe { give(out, KvringSegment(segment)) }
+    })
+}
+
+/// The transport `kvring_open_segment` and `kvring_open_many` are asked
+/// for (`KVRING_TRANSPORT_AUTO`: none).
+fn open_transport(transport: c_int) -> Result<Option<TransportKind>, Error> {
+    Ok(match transport {
+        KVRING_TRANSPORT_AUTO => None,
+        KVRING_TRANSPORT_SHM => Some(TransportKind::Shm),
+        KVRING_TRANSPORT_TCP => Some(TransportKind::Tcp),
+        KVRING_TRANSPORT_CUDA_IPC => Some(TransportKind::CudaIpc),
+        KVRING_TRANSPORT_CMA => Some(TransportKind::Cma),
+        other => {
+            return Err(Error::invalid(
+                "transport",
+                format!("{other} is not 0 (auto), 1 (shm), 2 (tcp), 3 (cuda_ipc) or 4 (cma)"),
+            ))
+        }
     })
 }
 
@@ -604,64 +611,6 @@ pub unsafe extern "C" fn kvring_submitter_create(engine: *mut KvringEngine, out:
 pub unsafe extern "C" fn kvring_submitter_free(submitter: *mut KvringSubmitter) {
     // SAFETY: per our contract, we own it now.
     unsafe { take_back(submitter) }
-}
-
-/// Submits `count` blocks to `segment` as one batch (`KVRING_WRITE` or
-/// `KVRING_READ`), with a deadline (`deadline_ms`, 0: none); writes the
-/// batch id to `batch_out`.
-///
-/// # Safety
-///
-/// `submitter` and `segment` are live; `blocks` points to `count` blocks;
-/// `batch_out` is valid. The memory the blocks name stays untouched by the
-/// caller until the batch ends.
-#[no_mangle]
-pub unsafe extern "C" fn kvring_submit(
-    submitter: *mut KvringSubmitter,
-    segment: *const KvringSegment,
-    opcode: c_int,
-    blocks: *const KvringBlock,
-    count: usize,
-    user_data: u64,
-    deadline_ms: u32,
-    batch_out: *mut u64,
-) -> c_int {
-    guarded(|| {
-        // SAFETY: per our contract.
-        let submitter = unsafe { submitter.as_mut() }.ok_or_else(|| null("submitter"))?;
-        // SAFETY: per our contract.
-        let segment = unsafe { segment.as_ref() }.ok_or_else(|| null("segment"))?;
-        if blocks.is_null() || batch_out.is_null() {
-            return Err(null(if blocks.is_null() { "blocks" } else { "batch_out" }));
-        }
-        let op = match opcode {
-            KVRING_WRITE => Opcode::Write,
-            KVRING_READ => Opcode::Read,
-            other => return Err(Error::UnknownOpcode { opcode: other as u8 }),
-        };
-        // SAFETY: `blocks` points to `count` blocks (our contract).
-        let blocks = unsafe { std::slice::from_raw_parts(blocks, count) };
-        let descs: Vec<BlockDesc> = blocks
-            .iter()
-            .map(|b| {
-                BlockDesc::new(
-                    RegionId::from_raw(b.local_region),
-                    b.local_offset,
-                    RegionId::from_raw(b.remote_region),
-                    b.remote_offset,
-                    b.len,
-                )
-            })
-            .collect();
-        let mut batch = Batch::new(op, &segment.0).descs(&descs).user_data(user_data);
-        if deadline_ms > 0 {
-            batch = batch.deadline(Duration::from_millis(u64::from(deadline_ms)));
-        }
-        let id = submitter.0.submit(&batch)?;
-        // SAFETY: checked non-null; valid per our contract.
-        unsafe { *batch_out = id.raw() };
-        Ok(0)
-    })
 }
 
 /// Hands `value` to C through `out`, as a handle it frees with the

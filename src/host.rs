@@ -85,32 +85,12 @@ pub fn gpus() -> Result<Vec<String>, String> {
         .collect())
 }
 
-/// For each GPU the CUDA driver lists, the RDMA NICs its memory would go
+/// For each NVIDIA GPU sysfs lists, the RDMA NICs its memory would go
 /// over and why (the same choice an engine makes: same PCIe switch, else
-/// the same host bridge, else the same NUMA node, else every NIC), one line
-/// each, or why there is nothing to choose.
+/// the same host bridge, else the same NUMA node, else every NIC), one
+/// line each, or why there is nothing to choose (no GPU, no NIC). From
+/// sysfs alone (`$KVRING_SYSFS_ROOT`, else `/sys`): no driver needed.
 pub fn gpu_nics() -> Result<Vec<String>, String> {
-    use crate::gpu::Gpu;
-    use crate::transport::rdma::devices::{read_sysfs, SYSFS_ROOT};
-    use crate::transport::rdma::topology::{gpu_pci_path, nearest};
-    let nics: Vec<_> =
-        read_sysfs(std::path::Path::new(SYSFS_ROOT)).into_iter().filter(|d| d.ports.iter().any(|p| p.active)).collect();
-    if nics.is_empty() {
-        return Err(format!("no RDMA device with an active port under {SYSFS_ROOT}"));
-    }
-    let gpu = crate::gpu::cuda::CudaGpu::load().map_err(|e| e.to_string())?;
-    let places: Vec<_> = nics.iter().map(|n| (n.pci_path.as_deref(), n.numa_node)).collect();
-    Ok(gpu
-        .devices()
-        .map_err(|e| e.to_string())?
-        .iter()
-        .map(|d| {
-            let path = d.pci_bus.as_deref().and_then(gpu_pci_path);
-            let (mask, nearness) = nearest(path.as_deref(), d.numa_node, &places);
-            let names: Vec<&str> =
-                nics.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, n)| n.name.as_str()).collect();
-            let bus = d.pci_bus.as_deref().unwrap_or("pci ?");
-            format!("GPU {} ({bus}) -> {} ({})", d.ordinal, names.join(", "), nearness.describe())
-        })
-        .collect())
+    use crate::transport::rdma::gpu_nics::{choices, sysfs_root};
+    choices(&sysfs_root())
 }

@@ -98,6 +98,7 @@ class Engine:
         rdma_gid_index=None,
         transports=None,
         pin_host_memory=None,
+        checksum=None,
     ):
         """``token``: the cluster's pre-shared token (str or bytes), proven in
         every handshake and data connection and never sent; when None, the
@@ -159,6 +160,8 @@ class Engine:
             transports = [transports]
         if pin_host_memory is None:
             pin_host_memory = os.environ.get("KVRING_PIN_HOST_MEMORY", "off").strip().lower() in ("on", "true", "1")
+        if checksum is None:
+            checksum = os.environ.get("KVRING_CHECKSUM", "off").strip().lower() in ("on", "true", "1")
         self._native = _native.Engine(
             name=name,
             listen=listen,
@@ -172,6 +175,7 @@ class Engine:
             rdma_gid_index=rdma_gid_index,
             transports=None if transports is None else list(transports),
             pin_host_memory=bool(pin_host_memory),
+            checksum=bool(checksum),
         )
         # Region id -> what keeps a registered buffer object alive and pinned.
         self._held = {}
@@ -270,27 +274,30 @@ class Engine:
         """The peer's regions as (region id, address, length)."""
         return self._native.segment_regions(name, timeout)
 
-    def transfer(self, name, op, blocks, timeout=30.0):
+    def transfer(self, name, op, blocks, timeout=30.0, checksum=None):
         """Moves blocks (5-tuples) with ``op`` "write" or "read" and waits;
-        returns the bytes moved."""
-        return self._native.transfer(name, op, [tuple(b) for b in blocks], timeout)
+        returns the bytes moved. ``checksum``: True checks every block's
+        CRC32C at its destination before the batch is done (a mismatch
+        raises ``CorruptError`` naming the block), False does not, None
+        follows the engine's ``checksum``."""
+        return self._native.transfer(name, op, [tuple(b) for b in blocks], timeout, checksum)
 
-    def write(self, name, blocks, timeout=30.0):
+    def write(self, name, blocks, timeout=30.0, checksum=None):
         """``transfer(name, "write", blocks)``."""
-        return self.transfer(name, "write", blocks, timeout)
+        return self.transfer(name, "write", blocks, timeout, checksum)
 
-    def read(self, name, blocks, timeout=30.0):
+    def read(self, name, blocks, timeout=30.0, checksum=None):
         """``transfer(name, "read", blocks)``."""
-        return self.transfer(name, "read", blocks, timeout)
+        return self.transfer(name, "read", blocks, timeout, checksum)
 
-    def transfer_addrs(self, name, op, local_addrs, remote_addrs, lengths, timeout=30.0):
+    def transfer_addrs(self, name, op, local_addrs, remote_addrs, lengths, timeout=30.0, checksum=None):
         """Moves blocks named by addresses and waits; returns the bytes."""
-        return self._native.transfer_addrs(name, op, local_addrs, remote_addrs, lengths, timeout)
+        return self._native.transfer_addrs(name, op, local_addrs, remote_addrs, lengths, timeout, checksum)
 
-    def submit(self, name, op, local_addrs, remote_addrs, lengths, timeout=30.0):
+    def submit(self, name, op, local_addrs, remote_addrs, lengths, timeout=30.0, checksum=None):
         """Submits blocks named by addresses; returns a batch id at once.
         ``timeout`` is the batch's deadline."""
-        return self._native.submit_addrs(name, op, local_addrs, remote_addrs, lengths, timeout)
+        return self._native.submit_addrs(name, op, local_addrs, remote_addrs, lengths, timeout, checksum)
 
     def wait(self, batch, timeout=30.0, with_transport=False):
         """Waits for a batch: its bytes, or its error raised. With

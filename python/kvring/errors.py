@@ -46,6 +46,7 @@ _KINDS = [
     ("EngineClosedError", "SHUTDOWN", None, "The engine was closed."),
     ("UnauthorizedError", "UNAUTHORIZED", PermissionError, "The peer refused the token."),
     ("LayoutMismatchError", "LAYOUT_MISMATCH", None, "The two KV-cache layouts cannot exchange blocks."),
+    ("CorruptError", "CORRUPT", None, "A checksummed block arrived with other bytes than were sent."),
     ("ForkError", "FORK", None, "The engine was created before fork(); create one in the child."),
 ]
 

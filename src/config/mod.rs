@@ -30,8 +30,10 @@ use std::path::{Path, PathBuf};
 pub const CONFIG_VERSION: i64 = 1;
 /// Environment variables that are not settings but are read elsewhere
 /// (the advertised-address order, the config path, where sysfs lists RDMA
-/// devices: a test tree beside a fake libibverbs).
-pub const OTHER_VARIABLES: [&str; 3] = ["KVRING_HOST_IP", "KVRING_CONFIG", "KVRING_RDMA_SYSFS_ROOT"];
+/// devices: a test tree beside a fake libibverbs; where sysfs is, for the
+/// GPU-to-NIC line of `kvring info` and `kvring bench`: a test tree).
+pub const OTHER_VARIABLES: [&str; 4] =
+    ["KVRING_HOST_IP", "KVRING_CONFIG", "KVRING_RDMA_SYSFS_ROOT", "KVRING_SYSFS_ROOT"];
 
 /// What kind of value a key takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +132,13 @@ pub const KEYS: &[Key] = &[
         kind: Kind::Switch,
         default: Some("off"),
         help: "pin registered host memory for GPU copies (memory its owner pinned is used as it is)",
+    },
+    Key {
+        name: "checksum",
+        kind: Kind::Switch,
+        default: Some("off"),
+        help:
+            "CRC32C of every block, verified at its destination before its batch is done (per batch: Batch::checksum)",
     },
     Key {
         name: "transports",
@@ -444,6 +453,9 @@ impl Config {
         }
         if let Some(on) = self.get("pin_host_memory").and_then(parse_switch) {
             builder = builder.pin_host_memory(on);
+        }
+        if let Some(on) = self.get("checksum").and_then(parse_switch) {
+            builder = builder.checksum(on);
         }
         if let Some(allowed) = self.get("transports").and_then(|v| parse_transports(v).ok()) {
             builder = builder.transports(allowed);

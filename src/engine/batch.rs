@@ -31,6 +31,8 @@ pub struct Batch<'a> {
     pub(crate) user_data: u64,
     pub(crate) deadline: Option<Duration>,
     pub(crate) arrival_tag: u32,
+    /// End-to-end checksums: `None` takes the engine's setting.
+    pub(crate) checksum: Option<bool>,
 }
 
 impl<'a> Batch<'a> {
@@ -46,7 +48,15 @@ impl<'a> Batch<'a> {
 
     /// A batch with an explicit opcode.
     pub fn new(opcode: Opcode, segment: &'a Segment) -> Self {
-        Self { opcode, segment, descs: Cow::Borrowed(&[]), user_data: 0, deadline: None, arrival_tag: 0 }
+        Self {
+            opcode,
+            segment,
+            descs: Cow::Borrowed(&[]),
+            user_data: 0,
+            deadline: None,
+            arrival_tag: 0,
+            checksum: None,
+        }
     }
 
     /// Uses these descriptors (borrowed, no copy).
@@ -83,6 +93,19 @@ impl<'a> Batch<'a> {
     /// makes one tag per request and layer.
     pub fn arrival_tag(mut self, tag: u32) -> Self {
         self.arrival_tag = tag;
+        self
+    }
+
+    /// Checksums this batch's blocks end to end (or not), whatever the
+    /// engine's [`checksum`](crate::EngineBuilder::checksum) setting: the
+    /// sender computes each block's CRC32C, the receiver verifies it before
+    /// the batch is reported done, and a block whose bytes differ fails the
+    /// batch with [`Error::Corrupt`] naming it. Host memory over shm, cma
+    /// and tcp; a transport or memory that cannot verify (rdma, GPU memory)
+    /// fails the batch with `Unsupported` saying why, never unchecked. See
+    /// docs/CHECKSUMS.md for what each transport's check catches.
+    pub fn checksum(mut self, on: bool) -> Self {
+        self.checksum = Some(on);
         self
     }
 

@@ -88,6 +88,9 @@ pub struct EngineConfig {
     /// Pin caller-registered host memory with the GPU provider (off by
     /// default, see [`EngineBuilder::pin_host_memory`]).
     pub pin_host_memory: bool,
+    /// Checksum every batch's blocks end to end unless the batch says
+    /// otherwise (see [`EngineBuilder::checksum`]).
+    pub checksum: bool,
     /// The transports this engine may reach peers by (empty: every one).
     /// A peer only others reach is refused with
     /// [`Error::TransportRefused`](crate::Error::TransportRefused); one
@@ -161,6 +164,7 @@ impl Default for EngineConfig {
             serve_tcp: true,
             cma: true,
             pin_host_memory: false,
+            checksum: false,
             transports: Vec::new(),
             notify_quota: NotifyQuota::default(),
             metadata: MetadataMode::PeerHandshake,
@@ -378,6 +382,17 @@ impl EngineBuilder {
     /// through the driver's staged copies when this is off.
     pub fn pin_host_memory(mut self, on: bool) -> Self {
         self.config.pin_host_memory = on;
+        self
+    }
+
+    /// End-to-end checksums for every batch by default (off by default;
+    /// a batch overrides it with [`Batch::checksum`](crate::Batch::checksum)):
+    /// each block's CRC32C is computed where it is sent and checked where
+    /// it lands before the batch is reported done; a mismatch fails the
+    /// batch with [`Error::Corrupt`](crate::Error::Corrupt) naming the
+    /// block. What each transport verifies is in docs/CHECKSUMS.md.
+    pub fn checksum(mut self, on: bool) -> Self {
+        self.config.checksum = on;
         self
     }
 

@@ -217,7 +217,11 @@ impl Submitter {
                 segment: segment.key,
                 desc_base: start as u32,
                 opcode: batch.opcode as u8,
-                flags: 0,
+                flags: if batch.checksum.unwrap_or(self.engine.config.checksum) {
+                    crate::ring::SQE_FLAG_CHECKSUM
+                } else {
+                    0
+                },
                 _reserved: [0; 2],
                 arrival_tag: batch.arrival_tag,
                 _pad: 0,

@@ -125,9 +125,10 @@ impl PyEngine {
     /// every one; one name: that one required); a peer only others reach is
     /// refused with the reason (`kvring.errors.UnsupportedError`).
     /// `pin_host_memory`: pin registered host memory for GPU copies (off by
-    /// default; memory its owner pinned is used as it is).
+    /// default; memory its owner pinned is used as it is). `checksum`:
+    /// every batch checksummed end to end unless it says otherwise.
     #[new]
-    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None, gpu=None, rdma=None, rdma_devices=None, rdma_gid_index=None, transports=None, pin_host_memory=false))]
+    #[pyo3(signature = (name=None, listen="127.0.0.1:0", lanes=1, metadata=None, serve_tcp=true, pin=false, token=None, gpu=None, rdma=None, rdma_devices=None, rdma_gid_index=None, transports=None, pin_host_memory=false, checksum=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -144,6 +145,7 @@ impl PyEngine {
         rdma_gid_index: Option<u8>,
         transports: Option<Vec<String>>,
         pin_host_memory: bool,
+        checksum: bool,
     ) -> PyResult<Self> {
         let listen = listen
             .parse()
@@ -153,7 +155,8 @@ impl PyEngine {
             .lanes(lanes)
             .serve_tcp(serve_tcp)
             .pin(pin)
-            .pin_host_memory(pin_host_memory);
+            .pin_host_memory(pin_host_memory)
+            .checksum(checksum);
         if let Some(name) = name {
             builder = builder.name(name);
         }
@@ -436,7 +439,9 @@ impl PyEngine {
 
     /// Moves blocks given as (local region, local offset, remote region,
     /// remote offset, length) and waits; returns the bytes moved.
-    #[pyo3(signature = (name, op, descs, timeout=30.0))]
+    /// `checksum`: CRC32C of every block verified at its destination
+    /// (`None`: the engine's setting); a mismatch raises `CorruptError`.
+    #[pyo3(signature = (name, op, descs, timeout=30.0, checksum=None))]
     fn transfer(
         &self,
         py: Python<'_>,
@@ -444,6 +449,7 @@ impl PyEngine {
         op: &str,
         descs: Vec<(u32, u64, u32, u64, u64)>,
         timeout: f64,
+        checksum: Option<bool>,
     ) -> PyResult<u64> {
         let (write, timeout) = (op_is_write(op)?, seconds(timeout)?);
         let descs: Vec<BlockDesc> = descs
@@ -452,13 +458,13 @@ impl PyEngine {
             .collect();
         self.with_open(py, |open| {
             let segment = open.segment(&name, timeout)?;
-            open.run(&segment, write, &descs, timeout)
+            open.run(&segment, write, &descs, timeout, checksum)
         })
     }
 
     /// Moves blocks named by local and remote addresses (Mooncake's
     /// convention) and waits; returns the bytes moved.
-    #[pyo3(signature = (name, op, locals, remotes, lengths, timeout=30.0))]
+    #[pyo3(signature = (name, op, locals, remotes, lengths, timeout=30.0, checksum=None))]
     #[allow(clippy::too_many_arguments)] // a Python keyword signature
     fn transfer_addrs(
         &self,
@@ -469,17 +475,18 @@ impl PyEngine {
         remotes: U64s,
         lengths: U64s,
         timeout: f64,
+        checksum: Option<bool>,
     ) -> PyResult<u64> {
         let (write, timeout) = (op_is_write(op)?, seconds(timeout)?);
         self.with_open(py, |open| {
             let (segment, descs) = open.descs_from_addrs(&name, &locals.0, &remotes.0, &lengths.0, timeout)?;
-            open.run(&segment, write, &descs, timeout)
+            open.run(&segment, write, &descs, timeout, checksum)
         })
     }
 
     /// Submits blocks named by addresses without waiting; returns the
     /// batch id for `poll` and `wait`.
-    #[pyo3(signature = (name, op, locals, remotes, lengths, timeout=30.0))]
+    #[pyo3(signature = (name, op, locals, remotes, lengths, timeout=30.0, checksum=None))]
     #[allow(clippy::too_many_arguments)] // a Python keyword signature
     fn submit_addrs(
         &self,
@@ -490,11 +497,12 @@ impl PyEngine {
         remotes: U64s,
         lengths: U64s,
         timeout: f64,
+        checksum: Option<bool>,
     ) -> PyResult<u64> {
         let (write, timeout) = (op_is_write(op)?, seconds(timeout)?);
         self.with_open(py, |open| {
             let (segment, descs) = open.descs_from_addrs(&name, &locals.0, &remotes.0, &lengths.0, timeout)?;
-            open.submit(&segment, write, &descs, timeout).map(|id| id.raw())
+            open.submit(&segment, write, &descs, timeout, checksum).map(|id| id.raw())
         })
     }
 
@@ -646,7 +654,7 @@ impl PyEngine {
             for _ in 0..iterations {
                 let start = std::time::Instant::now();
                 let (segment, descs) = open.descs_from_addrs(&name, &locals.0, &remotes.0, &lengths.0, timeout)?;
-                open.run(&segment, write, &descs, timeout)?;
+                open.run(&segment, write, &descs, timeout, None)?;
                 times.push(start.elapsed().as_nanos() as u64);
             }
             Ok(times)

@@ -59,16 +59,22 @@ impl Open {
         Ok((segment, descs))
     }
 
-    /// Submits one batch with `timeout` as its deadline.
+    /// Submits one batch with `timeout` as its deadline, checksummed end
+    /// to end as `checksum` says (`None`: as the engine's setting).
     pub(super) fn submit(
         &mut self,
         segment: &Segment,
         write: bool,
         descs: &[BlockDesc],
         timeout: Duration,
+        checksum: Option<bool>,
     ) -> crate::Result<crate::BatchId> {
         let batch = if write { Batch::write(segment) } else { Batch::read(segment) };
-        self.submitter.submit(&batch.descs(descs).deadline(timeout))
+        let batch = batch.descs(descs).deadline(timeout);
+        self.submitter.submit(&match checksum {
+            Some(on) => batch.checksum(on),
+            None => batch,
+        })
     }
 
     /// Submits one batch and waits for it (a little past its deadline).
@@ -78,8 +84,9 @@ impl Open {
         write: bool,
         descs: &[BlockDesc],
         timeout: Duration,
+        checksum: Option<bool>,
     ) -> crate::Result<u64> {
-        let id = self.submit(segment, write, descs, timeout)?;
+        let id = self.submit(segment, write, descs, timeout, checksum)?;
         finish(self.submitter.wait(id, timeout + Duration::from_secs(1))?)
     }
 }

@@ -190,7 +190,7 @@ pub fn post(py: Python<'_>, engine: &PyEngine, xfer: &Xfer, timeout: f64) -> PyR
     engine.with_open(py, |open| {
         let segment = open.segment(&xfer.segment, timeout)?;
         check_epoch(&segment, xfer)?;
-        open.submit(&segment, xfer.write, &xfer.descs, timeout).map(|id| id.raw())
+        open.submit(&segment, xfer.write, &xfer.descs, timeout, None).map(|id| id.raw())
     })
 }
 
@@ -223,7 +223,7 @@ pub fn rust_loop_xfer(
             let start = std::time::Instant::now();
             let segment = open.segment(&xfer.segment, timeout)?;
             check_epoch(&segment, xfer)?;
-            let id = open.submit(&segment, xfer.write, &xfer.descs, timeout)?;
+            let id = open.submit(&segment, xfer.write, &xfer.descs, timeout, None)?;
             finish(open.submitter.wait(id, timeout + std::time::Duration::from_secs(1))?)?;
             times.push(start.elapsed().as_nanos() as u64);
         }

@@ -58,7 +58,7 @@ pub struct Sqe {
     pub desc_base: u32,
     /// [`Opcode`] as a byte.
     pub opcode: u8,
-    /// Reserved, zero.
+    /// [`SQE_FLAG_CHECKSUM`] or 0.
     pub flags: u8,
     /// Reserved, zero.
     pub _reserved: [u8; 2],
@@ -69,6 +69,9 @@ pub struct Sqe {
 }
 
 const _: () = assert!(std::mem::size_of::<Sqe>() == 56);
+
+/// [`Sqe::flags`]: the part's blocks are checksummed end to end.
+pub const SQE_FLAG_CHECKSUM: u8 = 1;
 
 /// Kinds of completion a CQE can report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,7 +31,7 @@
 pub mod entry;
 pub mod spsc;
 
-pub use entry::{Cqe, CqeKind, Opcode, Sqe};
+pub use entry::{Cqe, CqeKind, Opcode, Sqe, SQE_FLAG_CHECKSUM};
 #[cfg(feature = "testing")]
 pub use spsc::Full;
 pub use spsc::{channel, Consumer, Producer};

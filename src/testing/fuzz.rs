@@ -27,8 +27,10 @@ use zerocopy::IntoBytes;
 
 mod gpu_fds;
 mod sealed;
+mod sock_diag;
 pub use gpu_fds::gpu_fds_connection;
 pub use sealed::{sealed_control, sealed_frames};
+pub use sock_diag::sock_diag_reply;
 
 /// A TCP data frame header.
 pub fn frame_header(data: &[u8]) {
@@ -333,6 +335,7 @@ pub fn initiator_replies(data: &[u8]) {
         desc: BlockDesc::new(region, offset as u64, region, offset as u64, len),
         desc_index: 0,
         tag: 0,
+        checksum: false,
     };
     let writes = [block(0, 4096), block(4096, 4096)];
     let reads = [block(0, 16), block(SERVED_BYTES, 32 * 1024), block(2 * SERVED_BYTES, 100)];

@@ -7,6 +7,11 @@
 
 pub mod fuzz;
 
+/// End-to-end checksums: corrupting a landed block on purpose.
+pub mod checksum {
+    pub use crate::transport::checksum::corrupt_landing_at;
+}
+
 /// The control protocol: preface, frames, the client, the version.
 pub mod control {
     pub use crate::auth::{Initiator, Session};

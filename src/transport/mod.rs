@@ -10,6 +10,8 @@
 //! descriptor), in chunks of at most [`LaneLink::max_chunk`] blocks, and
 //! checks cancel and deadlines between chunks.
 
+pub(crate) mod checksum;
+mod checksum_shm;
 pub(crate) mod cma;
 pub(crate) mod cuda_ipc;
 pub(crate) mod gpu_fds;
@@ -98,6 +100,9 @@ pub(crate) struct Block {
     pub desc_index: u32,
     /// The batch's arrival tag (0: none), for links that carry it.
     pub tag: u32,
+    /// Checksummed end to end: set only on links whose target verifies it
+    /// ([`LaneLink::checksums_on_wire`]); the lane verifies one-sided links.
+    pub checksum: bool,
 }
 
 /// A chunk's failure: the error, and the bytes moved before it.
@@ -253,6 +258,32 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
     fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+
+    /// True when the link reads the peer's bytes itself (one-sided: shm
+    /// maps them, cma reads them with `process_vm_readv`), so the lane can
+    /// checksum both ends of a block ([`LaneLink::remote_crc32c`]).
+    fn verifies_landed(&self) -> bool {
+        false
+    }
+
+    /// CRC32C of the peer's bytes under `block`'s remote range, read now
+    /// with the rights `op` needs there; only where
+    /// [`LaneLink::verifies_landed`].
+    fn remote_crc32c(&mut self, _op: Opcode, _block: &Block) -> Result<u32, Error> {
+        Err(Error::Unsupported { what: "reading a peer's bytes back on this transport".into() })
+    }
+
+    /// True when the target checksums what `op` moves on this link's own
+    /// path ([`Block::checksum`]): tcp's WRITE frames carry each frame's
+    /// CRC32C and the target checks it before it acks.
+    fn checksums_on_wire(&self, _op: Opcode) -> bool {
+        false
+    }
+
+    /// Corrupts the first byte of `block`'s remote range (the `testing`
+    /// feature's corruption of a landed block); only where
+    /// [`LaneLink::verifies_landed`].
+    fn corrupt_remote(&mut self, _block: &Block) {}
 
     /// Queues an encoded notification after everything queued before it; it
     /// ends, like a chunk, through `poll` under `ticket`.

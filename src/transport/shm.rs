@@ -22,7 +22,7 @@ use std::sync::Arc;
 /// by the lanes, so each lane's link holds pointers to them.
 #[derive(Debug)]
 pub(crate) struct ShmLink {
-    mappings: Arc<[Option<ShmMapping>]>,
+    pub(super) mappings: Arc<[Option<ShmMapping>]>,
     device: Option<(Arc<PeerDevice>, DeviceCopier)>,
 }
 
@@ -198,6 +198,20 @@ impl LaneLink for ShmLink {
         }
     }
 
+    fn verifies_landed(&self) -> bool {
+        // A GPU provider's copies end later, on the copy engine: nothing is
+        // read back there (docs/CHECKSUMS.md).
+        self.device.is_none()
+    }
+
+    fn remote_crc32c(&mut self, op: Opcode, block: &Block) -> Result<u32> {
+        super::checksum_shm::remote_crc32c(self, op, block)
+    }
+
+    fn corrupt_remote(&mut self, block: &Block) {
+        super::checksum_shm::corrupt_remote(self, block)
+    }
+
     fn poll(&mut self, ended: &mut Vec<ChunkEnd>) -> bool {
         self.device.as_mut().is_some_and(|(_, copier)| copier.poll(ended))
     }
@@ -213,7 +227,7 @@ impl ShmLink {
     /// Where a block's remote range is here: in a mapping, or in device
     /// memory opened here.
     #[inline]
-    fn remote(&self, op: Opcode, desc: &BlockDesc, desc_index: u32) -> Result<RemoteAt> {
+    pub(super) fn remote(&self, op: Opcode, desc: &BlockDesc, desc_index: u32) -> Result<RemoteAt> {
         let index = desc.remote_region.index() as usize;
         if let Some(mapping) = self.mappings.get(index).and_then(Option::as_ref) {
             // The rights are the owner's, from its file's header: a

@@ -208,10 +208,58 @@ static int initiator(const char *addr) {
         return 1;
     }
 
+    /* End-to-end checksums: a push the target verifies before it acks; a
+       pull over tcp is refused (its target sends no checksum yet), never
+       moved unchecked; an unknown flag is refused. */
+    check(kvring_submit_with(sub, segment, KVRING_WRITE, blocks, BLOCKS, 45, 0, KVRING_SUBMIT_CHECKSUM, &batch),
+          "submit checksummed");
+    check(kvring_wait(sub, batch, 10000, &bytes), "wait checksummed");
+    for (int i = 0; i < BLOCKS; i++) blocks[i].local_region = local_back;
+    check(kvring_submit_with(sub, segment, KVRING_READ, blocks, BLOCKS, 46, 0, KVRING_SUBMIT_CHECKSUM, &batch),
+          "submit checksummed read");
+    int rc = kvring_wait(sub, batch, 10000, NULL);
+    if (rc >= 0 || strcmp(kvring_error_name(rc), "UNSUPPORTED") != 0 || strstr(kvring_last_error(), "tcp READ") == NULL) {
+        fprintf(stderr, "checksummed tcp read: %d %s\n", rc, kvring_last_error());
+        return 1;
+    }
+    check(kvring_submit_with(sub, segment, KVRING_READ, blocks, BLOCKS, 47, 0, KVRING_SUBMIT_NO_CHECKSUM, &batch),
+          "submit unchecked read");
+    check(kvring_wait(sub, batch, 10000, NULL), "wait unchecked read");
+    for (int i = 0; i < BLOCKS; i++) blocks[i].local_region = local;
+    rc = kvring_submit_with(sub, segment, KVRING_WRITE, blocks, BLOCKS, 0, 0, 7, &batch);
+    if (rc >= 0 || strstr(kvring_last_error(), "flags") == NULL) {
+        fprintf(stderr, "bad flags: %d %s\n", rc, kvring_last_error());
+        return 1;
+    }
+    if (strcmp(kvring_error_name(-26), "CORRUPT") != 0) {
+        fprintf(stderr, "code 26 is %s, not CORRUPT\n", kvring_error_name(-26));
+        return 1;
+    }
+
+    /* open_many: the same peer twice (one link, two handles) and an
+       address nothing listens on, whose failure hides neither. */
+    const char *names[3] = {addr, addr, "127.0.0.1:1"};
+    kvring_segment *many[3] = {NULL, NULL, NULL};
+    int codes[3] = {1, 1, 1};
+    rc = kvring_open_many(engine, names, 3, KVRING_TRANSPORT_TCP, 5000, many, codes);
+    if (rc >= 0 || many[0] == NULL || many[1] == NULL || codes[0] != 0 || codes[1] != 0 || many[2] != NULL ||
+        codes[2] >= 0 || strstr(kvring_last_error(), "127.0.0.1:1") == NULL) {
+        fprintf(stderr, "open_many: %d [%d %d %d] %s\n", rc, codes[0], codes[1], codes[2], kvring_last_error());
+        return 1;
+    }
+    uint32_t many_remote = 0;
+    check(kvring_segment_region(many[1], 0, &many_remote), "open_many segment_region");
+    if (many_remote != remote) {
+        fprintf(stderr, "open_many: region %u, not %u\n", many_remote, remote);
+        return 1;
+    }
+    kvring_segment_free(many[0]);
+    kvring_segment_free(many[1]);
+
     /* Bad input gets a clear error, never a crash. */
     kvring_block past_end = {local, remote, 0, LEN - 100, BLOCK};
     check(kvring_submit(sub, segment, KVRING_WRITE, &past_end, 1, 0, 0, &batch), "submit past end");
-    int rc = kvring_wait(sub, batch, 10000, NULL);
+    rc = kvring_wait(sub, batch, 10000, NULL);
     if (rc >= 0 || strcmp(kvring_error_name(rc), "OUT_OF_BOUNDS") != 0) {
         fprintf(stderr, "past the end: %d %s\n", rc, kvring_error_name(rc));
         return 1;

@@ -133,6 +133,9 @@ pub struct BenchArgs {
     /// Measure the cold path instead: fresh engine pairs' open_segment to first 4 KiB done (tcp, shm), and open_many of 8 against one open.
     #[arg(long, conflicts_with_all = ["kv", "duration", "token_overhead", "report", "peer", "memory"])]
     pub cold: bool,
+    /// Measure end-to-end checksums: each case's checksummed run beside its plain run and the baseline, interleaved.
+    #[arg(long, conflicts_with_all = ["kv", "duration", "token_overhead", "report", "cold", "memory", "metrics_overhead"])]
+    pub checksum: bool,
     /// Fresh pairs (and groups of 8) per transport, with --cold.
     #[arg(long, value_name = "N", default_value_t = 50)]
     pub cold_pairs: usize,

@@ -19,6 +19,8 @@ pub struct Shape {
     pub batch: usize,
     /// Batches in flight at once.
     pub inflight: usize,
+    /// Checksummed end to end (`Batch::checksum`).
+    pub checksum: bool,
 }
 
 /// The progress line of one case (on a terminal, not with `--json`): the
@@ -147,7 +149,7 @@ pub fn move_bytes(
                 let offset = ((next_block + i) % blocks_in_region) * block;
                 descs.push(BlockDesc::new(local.id(), offset, remote, offset, block));
             }
-            match sub.submit(&Batch::new(op, segment).descs(&descs)) {
+            match sub.submit(&Batch::new(op, segment).descs(&descs).checksum(shape.checksum)) {
                 Ok(id) => {
                     in_flight.push_back(id);
                     next_block += count;

@@ -93,20 +93,22 @@ impl Lane {
         ticket.progress = PartProgress::default();
         ticket.leases.clear();
         ticket.end = first_end;
-        ticket.notify_reply = None;
-        ticket.live = true;
+        (ticket.notify_reply, ticket.live) = (None, true);
         let id = BatchId::from_raw(sqe.batch_id);
         chunk.clear();
         ended_runs.clear();
         let max_chunk = link.map_or(1, |l| links.get(l).link.max_chunk().clamp(1, MAX_CHUNK_BLOCKS));
         let moves_device_memory = link.is_some_and(|l| links.get(l).link.moves_device_memory());
-        let tag = sqe.arrival_tag;
+        let checksummed = sqe.flags & crate::ring::SQE_FLAG_CHECKSUM != 0;
+        let verify = checksummed && link.is_some_and(|l| links.get(l).link.verifies_landed());
         let mut post = Poster {
             ticket_index,
             id,
             max_chunk,
             moves_device_memory,
-            tag,
+            tag: sqe.arrival_tag,
+            verify,
+            wire_checksum: checksummed && !verify,
             split_extra: 0,
             registry,
             chunk,
@@ -181,7 +183,15 @@ impl Lane {
             (None, _) => Some(PartEnd::Failed(Error::UnknownSegment { segment: format!("key {:#x}", sqe.segment) })),
             (_, None) => Some(PartEnd::Failed(Error::UnknownOpcode { opcode: sqe.opcode })),
             (Some(link), Some(op)) => stale_end(&self.links.get(link).peer)
-                .or_else(|| untaggable(sqe.arrival_tag, op, &*self.links.get(link).link).map(PartEnd::Failed)),
+                .or_else(|| untaggable(sqe.arrival_tag, op, &*self.links.get(link).link).map(PartEnd::Failed))
+                .or_else(|| {
+                    let checksummed = sqe.flags & crate::ring::SQE_FLAG_CHECKSUM != 0;
+                    let link = &*self.links.get(link).link;
+                    checksummed
+                        .then(|| super::checksum::unverifiable(op, sqe.arrival_tag, link))
+                        .flatten()
+                        .map(PartEnd::Failed)
+                }),
         }
     }
 
@@ -246,6 +256,10 @@ struct Poster<'a> {
     moves_device_memory: bool,
     /// The part's arrival tag, stamped on each block.
     tag: u32,
+    /// Checksummed, verified by this lane (a one-sided link).
+    verify: bool,
+    /// Checksummed, verified by the target (stamped on each block).
+    wire_checksum: bool,
     /// Pieces beyond the first of blocks cut by [`Poster::add_staged`]
     /// (executed counts descriptors, not pieces).
     split_extra: u64,
@@ -271,9 +285,14 @@ impl Poster<'_> {
             }
         };
         if memory == MemoryKind::Host {
-            self.chunk.push(Block { local, memory, desc, desc_index, tag: self.tag });
+            self.chunk.push(Block { local, memory, desc, desc_index, tag: self.tag, checksum: self.wire_checksum });
         } else {
-            self.add_staged(ticket, link, op, Block { local, memory, desc, desc_index, tag: self.tag });
+            self.add_staged(
+                ticket,
+                link,
+                op,
+                Block { local, memory, desc, desc_index, tag: self.tag, checksum: self.wire_checksum },
+            );
         }
         if self.chunk.len() >= self.max_chunk {
             self.flush(ticket, link, op);
@@ -316,9 +335,14 @@ impl Poster<'_> {
             return;
         }
         let slot: &mut LinkSlot = self.links.get_mut(link);
-        // SAFETY: every block was validated against a region this part holds a lease on
-        // (`validate`); the leases are released only after the chunk ended (below, or in `end_ticket`).
-        let posted = unsafe { slot.link.transfer(op, self.id.raw(), self.ticket_index as u64, self.chunk) };
+        let (id, ticket_index) = (self.id.raw(), self.ticket_index as u64);
+        let posted = match self.verify {
+            // SAFETY: as below; `verify` is set only for links that verify landed bytes.
+            true => unsafe { super::checksum::transfer_verified(&mut *slot.link, op, id, ticket_index, self.chunk) },
+            // SAFETY: every block was validated against a region this part holds a lease on
+            // (`validate`); the leases are released only after the chunk ended (below, or in `end_ticket`).
+            false => unsafe { slot.link.transfer(op, id, ticket_index, self.chunk) },
+        };
         ticket.progress.executed += self.chunk.len() as u64;
         self.chunk.clear();
         match posted {

@@ -11,6 +11,7 @@
 //! or formats a string on the success path: links arrive connected, and
 //! per-lane tables are preallocated when the lane starts (`start.rs`).
 
+mod checksum;
 mod complete;
 mod death;
 mod execute;

@@ -64,8 +64,11 @@ mod sockdiag;
 pub(crate) mod sys;
 #[cfg(test)]
 mod tests;
+mod verify;
 
 pub(crate) use page::{CmaExport, CmaPeer};
+#[cfg(feature = "testing")]
+pub(crate) use sockdiag::inode_from_reply as sockdiag_inode_from_reply;
 
 use super::{Block, LaneLink, Link, LinkState, Posted, TransportKind, MAX_CHUNK_BLOCKS};
 use crate::error::{Error, Side};
@@ -315,6 +318,18 @@ impl LaneLink for CmaLink {
     fn max_chunk(&self) -> usize {
         // One call per chunk: the lane checks cancel and deadlines between.
         MAX_CHUNK_BLOCKS.min(IOV_MAX)
+    }
+
+    fn verifies_landed(&self) -> bool {
+        true
+    }
+
+    fn remote_crc32c(&mut self, op: Opcode, block: &Block) -> crate::error::Result<u32> {
+        self.read_crc32c(op, block)
+    }
+
+    fn corrupt_remote(&mut self, block: &Block) {
+        self.flip_remote(block)
     }
 
     unsafe fn transfer(&mut self, op: Opcode, _batch_id: u64, _ticket: u64, blocks: &[Block]) -> Posted {

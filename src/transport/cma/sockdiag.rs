@@ -121,7 +121,7 @@ fn sockid(local: SocketAddr, remote: SocketAddr) -> [u8; 48] {
 /// The inode of the reply's socket, if the reply is one `inet_diag_msg`
 /// naming the socket asked for (anything else, an `NLMSG_ERROR` included:
 /// `None`). The kernel's bytes are still checked: lengths, type, the id.
-fn inode_from_reply(reply: &[u8], local: SocketAddr, remote: SocketAddr) -> Option<u64> {
+pub(crate) fn inode_from_reply(reply: &[u8], local: SocketAddr, remote: SocketAddr) -> Option<u64> {
     let u32_at = |bytes: &[u8], at: usize| bytes.get(at..at + 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap()));
     let len = u32_at(reply, 0)? as usize;
     let kind = u16::from_ne_bytes(reply.get(4..6)?.try_into().ok()?);

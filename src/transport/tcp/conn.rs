@@ -9,7 +9,9 @@
 //! slow peer never holds up the lane's other peers, and any number of
 //! chunks (of any number of batches) are in flight at once.
 
-use super::frame::{FrameHeader, FrameOp, FLAG_LAST, FLAG_TAGGED, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES};
+use super::frame::{
+    FrameHeader, FrameOp, FLAG_CHECKSUM, FLAG_LAST, FLAG_TAGGED, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES,
+};
 use crate::error::{Error, Result};
 use crate::proto::ErrorCode;
 use crate::ring::Opcode;
@@ -81,6 +83,10 @@ struct Span {
     region: u32,
     offset: u64,
     len: u64,
+    /// The block's index in its batch (a `CORRUPT` ack names the frame).
+    desc_index: u32,
+    /// Its frame carries the CRC32C of its payload.
+    checksum: bool,
 }
 
 /// A frame queued for sending.
@@ -246,6 +252,8 @@ impl Connection {
                     region: block.desc.remote_region.raw(),
                     offset: block.desc.remote_offset + done,
                     len,
+                    desc_index: block.desc_index,
+                    checksum: block.checksum && op == Opcode::Write,
                 });
                 done += len;
             }
@@ -262,6 +270,12 @@ impl Connection {
             if tag != 0 && op == Opcode::Write {
                 header.flags |= FLAG_TAGGED;
                 header.status = tag as i32;
+            } else if span.checksum {
+                header.flags |= FLAG_CHECKSUM;
+                // SAFETY: the span lies in a block the lane validated and
+                // leased for this chunk (our contract); a WRITE only reads it.
+                let sum = unsafe { crate::transport::checksum::crc32c_host(span.local, span.len as usize) };
+                header.status = sum as i32;
             }
             let (payload, len) = match op {
                 Opcode::Write => (span.local as *const u8, span.len as usize),
@@ -552,13 +566,22 @@ impl Connection {
                 let result = if reply.status == 0 {
                     Ok(front.spans.iter().map(|s| s.len).sum())
                 } else {
-                    let before = front
-                        .spans
-                        .iter()
-                        .take_while(|s| !(s.region == reply.region && s.offset == reply.offset))
-                        .map(|s| s.len)
-                        .sum();
-                    Err((peer.refused(reply), before))
+                    let failed = |s: &&Span| s.region == reply.region && s.offset == reply.offset;
+                    let before = front.spans.iter().take_while(|s| !failed(s)).map(|s| s.len).sum();
+                    let corrupt = reply.status == -(ErrorCode::Corrupt as i32);
+                    let error = match front.spans.iter().find(failed) {
+                        Some(span) if corrupt && span.checksum => Error::Corrupt {
+                            desc_index: span.desc_index,
+                            detail: format!(
+                                "{} computed another CRC32C over the bytes it received at region {} offset {}",
+                                peer.name,
+                                crate::RegionId::from_raw(reply.region),
+                                reply.offset
+                            ),
+                        },
+                        _ => peer.refused(reply),
+                    };
+                    Err((error, before))
                 };
                 self.end_front(result, finished)
             }

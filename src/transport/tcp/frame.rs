@@ -60,6 +60,12 @@ pub const FLAG_LAST: u8 = 1;
 /// target counts the frame's bytes under it once they are in place.
 pub const FLAG_TAGGED: u8 = 2;
 
+/// Flag: a WRITE frame whose `status` field carries the CRC32C of its
+/// payload (never with [`FLAG_TAGGED`]); the target checks the landed bytes
+/// against it before it acks, and fails the chunk `CORRUPT` naming the
+/// frame's region and offset when they differ.
+pub const FLAG_CHECKSUM: u8 = 4;
+
 /// The fixed frame header (little-endian on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C)]
@@ -165,6 +171,11 @@ impl FrameHeader {
         self.flags & FLAG_LAST != 0
     }
 
+    /// The CRC32C a WRITE frame's payload must have, if it carries one.
+    pub fn checksum(&self) -> Option<u32> {
+        (self.flags & FLAG_CHECKSUM != 0 && self.flags & FLAG_TAGGED == 0).then_some(self.status as u32)
+    }
+
     /// The arrival tag a WRITE frame carries, if any.
     pub fn arrival_tag(&self) -> Option<u32> {
         (self.flags & FLAG_TAGGED != 0 && self.status != 0).then_some(self.status as u32)
@@ -199,6 +210,19 @@ mod tests {
         let mut bad = header;
         bad.offset = u64::MAX;
         assert!(FrameHeader::decode(bad.as_bytes()).unwrap_err().to_string().contains("overflows"));
+    }
+
+    #[test]
+    fn a_checksum_rides_in_the_status_field_of_untagged_writes_only() {
+        let mut header = FrameHeader::new(FrameOp::Write, 7, 9, 3, 0, 512);
+        assert_eq!(header.checksum(), None);
+        header.flags = FLAG_CHECKSUM;
+        header.status = 0x9abc_def0_u32 as i32;
+        assert_eq!(header.checksum(), Some(0x9abc_def0));
+        assert_eq!(header.arrival_tag(), None);
+        header.flags |= FLAG_TAGGED;
+        assert_eq!(header.checksum(), None, "a tagged frame's field is its tag");
+        assert_eq!(header.arrival_tag(), Some(0x9abc_def0));
     }
 
     #[test]

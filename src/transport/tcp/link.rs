@@ -152,6 +152,9 @@ impl LaneLink for TcpLink {
             Err(error) => return Posted::Failed((error, 0)),
         };
         let device = blocks.iter().any(|b| b.memory != crate::mem::MemoryKind::Host);
+        if device && blocks.iter().any(|b| b.checksum) {
+            return Posted::Failed((crate::transport::checksum::device_refused(), 0));
+        }
         match stager {
             Some(stager) if device => {
                 // SAFETY: forwarded from our caller: the blocks stay leased
@@ -240,6 +243,10 @@ impl LaneLink for TcpLink {
 
     fn max_staged_chunk_bytes(&self) -> u64 {
         super::staged::MAX_STAGED_CHUNK_BYTES
+    }
+
+    fn checksums_on_wire(&self, op: Opcode) -> bool {
+        op == Opcode::Write
     }
 
     fn counts_arrivals(&self) -> bool {

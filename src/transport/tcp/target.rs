@@ -593,11 +593,19 @@ impl TargetConn {
         }
         self.receiving = Receiving::Header;
         if staged {
+            if self.current.checksum().is_some() {
+                self.chunk_failure.get_or_insert((self.current, crate::transport::checksum::device_refused()));
+            }
             // In its pages: the region's lease and the tag wait for the copy.
             self.staged_payload_landed(region);
             self.write_frame_ended(ctx, now);
             return;
         }
+        // SAFETY: the frame's whole range (it ends at `dest + n`) was checked
+        // and is still leased for this frame.
+        unsafe {
+            crate::transport::checksum::verify_frame(&self.current, dest.wrapping_add(n), &mut self.chunk_failure)
+        };
         // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
         unsafe { ctx.registry.release_kept(region) };
         // Its bytes are in the region now: count them under its tag.

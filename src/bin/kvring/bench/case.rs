@@ -136,7 +136,7 @@ pub(super) fn run_case(
 /// `None` when there is none to measure; with `--idle-connections`, the
 /// flood the measured round that follows runs beside.
 #[allow(clippy::too_many_arguments)]
-fn baseline_round(
+pub(super) fn baseline_round(
     engine: &Engine,
     sub: &mut Submitter,
     route: Route<'_>,

@@ -8,6 +8,7 @@
 //! the moved bytes by checksum on the target.
 
 mod case;
+mod checksummed;
 mod cold;
 mod output;
 mod overhead;
@@ -67,12 +68,14 @@ struct Options {
     cold: bool,
     /// Fresh pairs per transport, with `--cold`.
     cold_pairs: usize,
+    /// Each case checksummed beside plain (`--checksum`).
+    checksum: bool,
 }
 
 impl Options {
     /// How every case moves its bytes.
     fn shape(&self) -> Shape {
-        Shape { batch: self.batch, inflight: self.inflight }
+        Shape { batch: self.batch, inflight: self.inflight, checksum: false }
     }
 
     /// The sweep of cases the flags ask for.
@@ -127,6 +130,7 @@ fn parse(args: BenchArgs, config: &kvring::config::Config) -> Result<Options, St
         gpu: args.gpu,
         cold: args.cold,
         cold_pairs: args.cold_pairs,
+        checksum: args.checksum,
     };
     if options.transport == TransportKind::Rdma {
         // Said in one line before anything starts: no library, or no device.
@@ -227,19 +231,14 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         drop(target);
         return result;
     }
-    let mut results = Vec::new();
-    for &op in &options.ops {
-        for &block in &options.block_sizes {
-            let calls_before = engine.metadata_calls();
-            let mut result = run_case(&engine, &mut sub, route, region_bytes, op, block, &options)?;
-            result.metadata_calls = engine.metadata_calls() - calls_before;
-            print_result(&result, &options);
-            results.push(result);
-        }
-    }
+    let results = match options.checksum {
+        true => checksummed::cases(&engine, &mut sub, route, region_bytes, &options).map(|()| Vec::new()),
+        false => sweep(&engine, &mut sub, route, region_bytes, &options),
+    };
     drop(sub);
     engine.shutdown();
     drop(target);
+    let results = results?;
     if let Some(dir) = &options.report {
         write_report(dir, &results, &options)?;
     }
@@ -248,6 +247,27 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     } else {
         Err("verification failed: the target's bytes differ from what was moved".into())
     }
+}
+
+/// Every case of the sweep, each printed as it ends.
+fn sweep(
+    engine: &Engine,
+    sub: &mut Submitter,
+    route: Route<'_>,
+    region_bytes: u64,
+    options: &Options,
+) -> Result<Vec<case::CaseResult>, String> {
+    let mut results = Vec::new();
+    for &op in &options.ops {
+        for &block in &options.block_sizes {
+            let calls_before = engine.metadata_calls();
+            let mut result = run_case(engine, sub, route, region_bytes, op, block, options)?;
+            result.metadata_calls = engine.metadata_calls() - calls_before;
+            print_result(&result, options);
+            results.push(result);
+        }
+    }
+    Ok(results)
 }
 
 /// Without `--peer`, the target the bench starts (`kvring serve`), on cores
@@ -368,6 +388,11 @@ fn print_header(
             options.batch,
             format_size(options.total)
         );
+        // Which NIC each GPU would use, and why (or why none), from sysfs.
+        match kvring::host::gpu_nics() {
+            Ok(choices) => println!("gpu nics: {}", choices.join("; ")),
+            Err(reason) => println!("gpu nics: none: {reason}"),
+        }
     }
     if baseline_name(options).is_none() {
         // An external target's sink is not known: say how to get the ratio.
