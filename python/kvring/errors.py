@@ -46,6 +46,7 @@ _KINDS = [
     ("EngineClosedError", "SHUTDOWN", None, "The engine was closed."),
     ("UnauthorizedError", "UNAUTHORIZED", PermissionError, "The peer refused the token."),
     ("LayoutMismatchError", "LAYOUT_MISMATCH", None, "The two KV-cache layouts cannot exchange blocks."),
+    ("FencedError", "FENCED", None, "The destination was fenced after the grant the write named; nothing landed."),
     ("ForkError", "FORK", None, "The engine was created before fork(); create one in the child."),
 ]
 

@@ -31,6 +31,7 @@ pub struct Batch<'a> {
     pub(crate) user_data: u64,
     pub(crate) deadline: Option<Duration>,
     pub(crate) arrival_tag: u32,
+    pub(crate) grant: u32,
 }
 
 impl<'a> Batch<'a> {
@@ -46,7 +47,7 @@ impl<'a> Batch<'a> {
 
     /// A batch with an explicit opcode.
     pub fn new(opcode: Opcode, segment: &'a Segment) -> Self {
-        Self { opcode, segment, descs: Cow::Borrowed(&[]), user_data: 0, deadline: None, arrival_tag: 0 }
+        Self { opcode, segment, descs: Cow::Borrowed(&[]), user_data: 0, deadline: None, arrival_tag: 0, grant: 0 }
     }
 
     /// Uses these descriptors (borrowed, no copy).
@@ -83,6 +84,16 @@ impl<'a> Batch<'a> {
     /// makes one tag per request and layer.
     pub fn arrival_tag(mut self, tag: u32) -> Self {
         self.arrival_tag = tag;
+        self
+    }
+
+    /// Names the grant the target handed out for this push's destination
+    /// ([`Engine::fence`](crate::Engine::fence)); a write lands only where
+    /// no newer fence covers it, else the batch fails `Fenced` and none of
+    /// the refused bytes land. 0 (the default) names none: such a write
+    /// lands only where nothing was ever fenced.
+    pub fn grant(mut self, grant: u32) -> Self {
+        self.grant = grant;
         self
     }
 

@@ -110,11 +110,6 @@ impl<'a> FenceView<'a> {
         Self { words: &words[..FENCE_WORDS] }
     }
 
-    /// The last generation issued (0: the range was never fenced).
-    pub fn issued(&self) -> u32 {
-        self.words[ISSUED].load(Ordering::SeqCst) as u32
-    }
-
     /// A writer's way in (see the module docs); `None` when fences kept
     /// flipping the phase for [`ENTER_TRIES`] tries.
     pub fn enter(&self) -> Option<Pass<'a>> {
@@ -192,7 +187,8 @@ impl<'a> FenceView<'a> {
             self.words[USED].store(used as u64 + 1, Ordering::SeqCst);
             return used;
         }
-        let oldest = (0..used).min_by_key(|&slot| self.words[ENTRIES + 3 * slot + 2].load(Ordering::SeqCst)).unwrap_or(0);
+        let oldest =
+            (0..used).min_by_key(|&slot| self.words[ENTRIES + 3 * slot + 2].load(Ordering::SeqCst)).unwrap_or(0);
         let gen = self.words[ENTRIES + 3 * oldest + 2].load(Ordering::SeqCst);
         // The floor takes the entry's protection before its slot goes.
         self.words[FLOOR].fetch_max(gen, Ordering::SeqCst);
@@ -227,19 +223,22 @@ impl Pass<'_> {
     }
 }
 
-/// A table on the heap: for regions whose writers all run in this process
-/// (tcp and staged GPU copies at the target, this engine's own lanes).
+/// A table on the heap (for tests; the target's own table for caller
+/// memory, checked by tcp and staged GPU copies, is not built yet).
+#[cfg(test)]
 #[derive(Debug)]
 pub struct FenceTable {
     words: Box<[AtomicU64]>,
 }
 
+#[cfg(test)]
 impl Default for FenceTable {
     fn default() -> Self {
         Self::new()
     }
 }
 
+#[cfg(test)]
 impl FenceTable {
     /// An empty table.
     pub fn new() -> Self {

@@ -333,6 +333,7 @@ pub fn initiator_replies(data: &[u8]) {
         desc: BlockDesc::new(region, offset as u64, region, offset as u64, len),
         desc_index: 0,
         tag: 0,
+        grant: 0,
     };
     let writes = [block(0, 4096), block(4096, 4096)];
     let reads = [block(0, 16), block(SERVED_BYTES, 32 * 1024), block(2 * SERVED_BYTES, 100)];

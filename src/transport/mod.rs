@@ -98,6 +98,9 @@ pub(crate) struct Block {
     pub desc_index: u32,
     /// The batch's arrival tag (0: none), for links that carry it.
     pub tag: u32,
+    /// The grant the batch names for its destination (0: none); a write
+    /// lands only where no newer fence covers it (`mem::fence`).
+    pub grant: u32,
 }
 
 /// A chunk's failure: the error, and the bytes moved before it.

@@ -101,12 +101,14 @@ impl Lane {
         let max_chunk = link.map_or(1, |l| links.get(l).link.max_chunk().clamp(1, MAX_CHUNK_BLOCKS));
         let moves_device_memory = link.is_some_and(|l| links.get(l).link.moves_device_memory());
         let tag = sqe.arrival_tag;
+        let grant = sqe.grant;
         let mut post = Poster {
             ticket_index,
             id,
             max_chunk,
             moves_device_memory,
             tag,
+            grant,
             split_extra: 0,
             registry,
             chunk,
@@ -246,6 +248,8 @@ struct Poster<'a> {
     moves_device_memory: bool,
     /// The part's arrival tag, stamped on each block.
     tag: u32,
+    /// The part's grant, stamped on each block.
+    grant: u32,
     /// Pieces beyond the first of blocks cut by [`Poster::add_staged`]
     /// (executed counts descriptors, not pieces).
     split_extra: u64,
@@ -271,9 +275,14 @@ impl Poster<'_> {
             }
         };
         if memory == MemoryKind::Host {
-            self.chunk.push(Block { local, memory, desc, desc_index, tag: self.tag });
+            self.chunk.push(Block { local, memory, desc, desc_index, tag: self.tag, grant: self.grant });
         } else {
-            self.add_staged(ticket, link, op, Block { local, memory, desc, desc_index, tag: self.tag });
+            self.add_staged(
+                ticket,
+                link,
+                op,
+                Block { local, memory, desc, desc_index, tag: self.tag, grant: self.grant },
+            );
         }
         if self.chunk.len() >= self.max_chunk {
             self.flush(ticket, link, op);

@@ -73,6 +73,7 @@ fn blocks(local: &mut [u8], remote: RegionId, count: usize, len: usize) -> Vec<B
             desc: BlockDesc::new(RegionId::new(0, 1), (i * len) as u64, remote, (i * len) as u64, len as u64),
             desc_index: i as u32,
             tag: 0,
+            grant: 0,
         })
         .collect()
 }

@@ -19,6 +19,7 @@ fn block(memory: &mut [u8], offset: u64) -> Block {
         desc: BlockDesc::new(region, offset, region, offset, 4),
         desc_index: 0,
         tag: 0,
+        grant: 0,
     }
 }
 
