@@ -1,110 +1,187 @@
 //! Fenced destinations (`Engine::fence`, `Batch::grant`) over each
-//! transport that has them: a stale sender's write never lands once its
-//! destination was fenced again, and it gets `Fenced`.
+//! transport that has them: (a) a fence while a stale push is in flight
+//! (the slot freed and reused): the new owner's bytes are never
+//! overwritten once `fence` returned; (b) a stale sender after an abort:
+//! a push naming an old grant gets `Fenced` and nothing of it lands.
 
 mod common;
 
 use common::{engine, pattern, WAIT};
-use kvring::{Batch, BlockDesc, Error, Outcome, RegionInfo, TransportKind};
+use kvring::{Batch, BlockDesc, Engine, Error, Outcome, Region, RegionId, RegionInfo, Segment, TransportKind};
 
 const MIB: usize = 1 << 20;
 const BLOCK: u64 = 64 * 1024;
 
-fn read_back(region: &kvring::Region, offset: u64, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    // SAFETY: no batch naming these bytes is in flight (waited for, or fenced out).
-    unsafe { region.read_at(offset, &mut out).unwrap() };
-    out
+/// A target and an initiator, the target's destination (2 MiB: the first
+/// one is fenced) in shm-backed memory or in the caller's own.
+struct Setup {
+    initiator: Engine,
+    local: Region,
+    segment: Segment,
+    shm: Option<Region>,
+    target: Engine,
+    remote: RegionId,
+    /// The caller memory the target registered (dropped after the engines).
+    memory: Vec<u8>,
 }
 
-/// Blocks of the initiator's region onto the fenced first MiB of the
-/// target's, `rounds` times over.
-fn descs(local: &kvring::Region, remote: kvring::RegionId, rounds: u64) -> Vec<BlockDesc> {
-    let per_round = MIB as u64 / BLOCK;
-    (0..rounds * per_round)
-        .map(|i| BlockDesc::new(local.id(), (i % per_round) * BLOCK, remote, (i % per_round) * BLOCK, BLOCK))
-        .collect()
+impl Setup {
+    fn new(transport: TransportKind, caller_memory: bool) -> Self {
+        let target = engine("target");
+        let mut memory = Vec::new();
+        let (shm, remote) = if caller_memory {
+            memory = vec![0u8; 2 * MIB];
+            // SAFETY: `memory` outlives both engines (dropped after them) and
+            // is touched here only through raw pointers.
+            let id = unsafe { target.register(memory.as_mut_ptr(), 2 * MIB, RegionInfo::raw()) }.unwrap();
+            (None, id)
+        } else {
+            let region = target.alloc_region(2 * MIB, RegionInfo::raw()).unwrap();
+            let id = region.id();
+            (Some(region), id)
+        };
+        let initiator = engine("initiator");
+        let local = initiator.alloc_region(MIB, RegionInfo::raw()).unwrap();
+        let segment = initiator.open_segment_with(&target.control_addr().to_string(), Some(transport), WAIT).unwrap();
+        assert_eq!(segment.transport(), transport);
+        Self { initiator, local, segment, shm, target, remote, memory }
+    }
+
+    /// The target's bytes at `[offset, offset + len)`.
+    fn read(&self, offset: usize, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        match &self.shm {
+            // SAFETY: no write naming these bytes is in flight (waited for, or fenced out).
+            Some(region) => unsafe { region.read_at(offset as u64, &mut out).unwrap() },
+            // SAFETY: as above; the range lies in `memory`.
+            None => unsafe { std::ptr::copy_nonoverlapping(self.memory.as_ptr().add(offset), out.as_mut_ptr(), len) },
+        }
+        out
+    }
+
+    /// The new owner writes its bytes over the fenced MiB.
+    fn own(&self, byte: u8) {
+        match &self.shm {
+            // SAFETY: fenced: no write under an older grant is in the range.
+            Some(region) => unsafe { region.write_at(0, &vec![byte; MIB]).unwrap() },
+            // SAFETY: as above; the range lies in `memory`, written through
+            // its pointer only.
+            None => unsafe { std::ptr::write_bytes(self.memory.as_ptr().cast_mut(), byte, MIB) },
+        }
+    }
+
+    /// Blocks of the initiator's region onto the fenced MiB, `rounds` times.
+    fn descs(&self, rounds: u64) -> Vec<BlockDesc> {
+        let remote = self.segment.region(0).unwrap();
+        let per_round = MIB as u64 / BLOCK;
+        (0..rounds * per_round)
+            .map(|i| BlockDesc::new(self.local.id(), (i % per_round) * BLOCK, remote, (i % per_round) * BLOCK, BLOCK))
+            .collect()
+    }
+
+    fn push(&self, descs: &[BlockDesc], grant: Option<u32>) -> Outcome {
+        let mut sub = self.initiator.submitter().unwrap();
+        let batch = Batch::write(&self.segment).descs(descs);
+        let id = sub.submit(&grant.map_or(batch.clone(), |g| batch.grant(g))).unwrap();
+        sub.wait(id, WAIT).unwrap()
+    }
 }
 
-fn fenced(outcome: Outcome) -> bool {
+fn fenced(outcome: &Outcome) -> bool {
     matches!(outcome, Outcome::Failed(Error::Fenced { .. }))
 }
 
-/// (b) A stale sender after an abort: the range was fenced again (a new
-/// owner has it); a push naming the old grant gets `Fenced` and nothing
-/// lands; the new grant lands.
-#[test]
-fn shm_a_push_under_a_stale_grant_is_fenced_and_nothing_lands() {
-    let target = engine("target");
-    let remote = target.alloc_region(2 * MIB, RegionInfo::raw()).unwrap();
-    let initiator = engine("initiator");
-    let local = initiator.alloc_region(MIB, RegionInfo::raw()).unwrap();
-    let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
-    assert_eq!(segment.transport(), TransportKind::Shm);
+/// (b) on one transport.
+fn stale_grant_is_fenced(transport: TransportKind, caller_memory: bool) {
+    let s = Setup::new(transport, caller_memory);
     // SAFETY: no batch touches these bytes yet.
-    unsafe { local.write_at(0, &pattern(MIB, 1)).unwrap() };
-    let mut sub = initiator.submitter().unwrap();
-    let remote_id = segment.region(0).unwrap();
-    let blocks = descs(&local, remote_id, 1);
-
-    let old = target.fence(remote.id(), 0, MIB as u64).unwrap();
-    let id = sub.submit(&Batch::write(&segment).descs(&blocks).grant(old)).unwrap();
-    assert_eq!(sub.wait(id, WAIT).unwrap().into_result().unwrap(), MIB as u64);
-    assert_eq!(read_back(&remote, 0, MIB), pattern(MIB, 1));
+    unsafe { s.local.write_at(0, &pattern(MIB, 1)).unwrap() };
+    let blocks = s.descs(1);
+    let old = s.target.fence(s.remote, 0, MIB as u64).unwrap();
+    s.push(&blocks, Some(old)).into_result().unwrap();
+    assert_eq!(s.read(0, MIB), pattern(MIB, 1));
 
     // The request is aborted; its blocks go to another one.
-    let new = target.fence(remote.id(), 0, MIB as u64).unwrap();
+    let new = s.target.fence(s.remote, 0, MIB as u64).unwrap();
     assert!(new > old);
-    let owner = vec![0xEEu8; MIB];
-    // SAFETY: fenced: no write under `old` is in the range, none starts.
-    unsafe { remote.write_at(0, &owner).unwrap() };
-    let id = sub.submit(&Batch::write(&segment).descs(&blocks).grant(old)).unwrap();
-    let outcome = sub.wait(id, WAIT).unwrap();
-    assert!(fenced(outcome), "a stale grant's push must fail Fenced");
-    let id = sub.submit(&Batch::write(&segment).descs(&blocks)).unwrap();
-    assert!(fenced(sub.wait(id, WAIT).unwrap()), "no grant at all, into a fenced range");
-    assert_eq!(read_back(&remote, 0, MIB), owner, "nothing of a refused push landed");
+    s.own(0xEE);
+    let outcome = s.push(&blocks, Some(old));
+    assert!(fenced(&outcome), "{transport:?}: a stale grant's push must fail Fenced, got {outcome:?}");
+    let outcome = s.push(&blocks, None);
+    assert!(fenced(&outcome), "{transport:?}: no grant, into a fenced range: {outcome:?}");
+    assert_eq!(s.read(0, MIB), vec![0xEE; MIB], "{transport:?}: nothing of a refused push landed");
 
-    // Beyond the fenced range nothing changed: no grant is needed there.
+    // Past the fenced range nothing is fenced: no grant is needed there.
+    let remote = s.segment.region(0).unwrap();
     let beyond: Vec<_> =
-        (0..4).map(|i| BlockDesc::new(local.id(), i * BLOCK, remote_id, MIB as u64 + i * BLOCK, BLOCK)).collect();
-    let id = sub.submit(&Batch::write(&segment).descs(&beyond)).unwrap();
-    assert!(sub.wait(id, WAIT).unwrap().into_result().is_ok());
+        (0..4).map(|i| BlockDesc::new(s.local.id(), i * BLOCK, remote, MIB as u64 + i * BLOCK, BLOCK)).collect();
+    s.push(&beyond, None).into_result().unwrap();
 
-    let id = sub.submit(&Batch::write(&segment).descs(&blocks).grant(new)).unwrap();
-    assert!(sub.wait(id, WAIT).unwrap().into_result().is_ok(), "the current grant lands");
-    assert_eq!(read_back(&remote, 0, MIB), pattern(MIB, 1));
+    s.push(&blocks, Some(new)).into_result().unwrap();
+    assert_eq!(s.read(0, MIB), pattern(MIB, 1), "{transport:?}: the current grant lands");
 }
 
-/// (a) A slot freed and reused while a write is in flight: the target
-/// fences the range while a long stale push is copying into it, then the
-/// new owner writes at once; its bytes are never overwritten.
-#[test]
-fn shm_a_fence_during_a_stale_push_keeps_the_new_owners_bytes() {
-    let target = engine("target");
-    let remote = target.alloc_region(MIB, RegionInfo::raw()).unwrap();
-    let initiator = engine("initiator");
-    let local = initiator.alloc_region(MIB, RegionInfo::raw()).unwrap();
-    let segment = initiator.open_segment(&target.control_addr().to_string()).unwrap();
+/// (a) on one transport.
+fn fence_during_a_stale_push(transport: TransportKind, caller_memory: bool) {
+    let s = Setup::new(transport, caller_memory);
     // SAFETY: no batch touches these bytes yet.
-    unsafe { local.write_at(0, &pattern(MIB, 3)).unwrap() };
-    let mut sub = initiator.submitter().unwrap();
+    unsafe { s.local.write_at(0, &pattern(MIB, 3)).unwrap() };
     // 256 MiB of copies into the same MiB: in flight for a while.
-    let blocks = descs(&local, segment.region(0).unwrap(), 256);
+    let blocks = s.descs(256);
+    let mut sub = s.initiator.submitter().unwrap();
     let mut refused = 0;
     for round in 0..4u8 {
-        let old = target.fence(remote.id(), 0, MIB as u64).unwrap();
-        let id = sub.submit(&Batch::write(&segment).descs(&blocks).grant(old)).unwrap();
-        let new = target.fence(remote.id(), 0, MIB as u64).unwrap();
-        let owner = vec![0xE0 | round; MIB];
-        // SAFETY (the property under test): `fence` returned, so no write
-        // under `old` is in the range and none starts.
-        unsafe { remote.write_at(0, &owner).unwrap() };
+        let old = s.target.fence(s.remote, 0, MIB as u64).unwrap();
+        let id = sub.submit(&Batch::write(&s.segment).descs(&blocks).grant(old)).unwrap();
+        s.target.fence(s.remote, 0, MIB as u64).unwrap();
+        // The property under test: `fence` returned, so no write under
+        // `old` is in the range and none starts.
+        s.own(0xE0 | round);
         let outcome = sub.wait(id, WAIT).unwrap();
-        refused += usize::from(fenced(outcome));
-        assert_eq!(read_back(&remote, 0, MIB), owner, "round {round}: a stale byte landed after fence");
-        assert!(new > old);
+        refused += usize::from(fenced(&outcome));
+        assert_eq!(s.read(0, MIB), vec![0xE0 | round; MIB], "{transport:?} round {round}: a stale byte landed after fence");
     }
-    // The push is long enough that fences land while it copies.
-    assert!(refused > 0, "no fence met a push in flight");
+    assert!(refused > 0, "{transport:?}: no fence met a push in flight");
+}
+
+#[test]
+fn shm_a_push_under_a_stale_grant_is_fenced_and_nothing_lands() {
+    stale_grant_is_fenced(TransportKind::Shm, false);
+}
+
+#[test]
+fn shm_a_fence_during_a_stale_push_keeps_the_new_owners_bytes() {
+    fence_during_a_stale_push(TransportKind::Shm, false);
+}
+
+#[test]
+fn tcp_a_push_under_a_stale_grant_is_fenced_and_nothing_lands() {
+    stale_grant_is_fenced(TransportKind::Tcp, true);
+    stale_grant_is_fenced(TransportKind::Tcp, false);
+}
+
+#[test]
+fn tcp_a_fence_during_a_stale_push_keeps_the_new_owners_bytes() {
+    fence_during_a_stale_push(TransportKind::Tcp, true);
+}
+
+#[test]
+fn cma_a_push_under_a_stale_grant_is_fenced_and_nothing_lands() {
+    stale_grant_is_fenced(TransportKind::Cma, true);
+}
+
+#[test]
+fn cma_a_fence_during_a_stale_push_keeps_the_new_owners_bytes() {
+    fence_during_a_stale_push(TransportKind::Cma, true);
+}
+
+/// Bad fences are refused with a typed error, never a panic.
+#[test]
+fn fences_out_of_bounds_of_nothing_or_of_unknown_regions_are_refused() {
+    let target = engine("target");
+    let region = target.alloc_region(MIB, RegionInfo::raw()).unwrap();
+    assert!(matches!(target.fence(region.id(), MIB as u64, 1), Err(Error::OutOfBounds { .. })));
+    assert!(matches!(target.fence(region.id(), 1, u64::MAX), Err(Error::LengthOverflow { .. })));
+    assert!(matches!(target.fence(region.id(), 0, 0), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(target.fence(RegionId::from_raw(0x00ff_00ff), 0, 1), Err(Error::UnknownRegion { .. })));
 }

@@ -50,13 +50,13 @@ fn patient() -> bool {
 fn no_stale_write_lands_after_fence_returned() {
     loom::model(|| {
         let range = Range::new();
-        let g1 = range.view().fence(0, 8, || true).unwrap();
+        let g1 = 1;
+        range.view().fence(0, 8, g1, || true).unwrap();
         let stale = {
             let range = range.clone();
             thread::spawn(move || range.write(g1, 7))
         };
-        let g2 = range.view().fence(0, 8, patient).unwrap();
-        assert!(g2 > g1);
+        range.view().fence(0, 8, 2, patient).unwrap();
         // The new owner's bytes.
         // SAFETY: a loom cell's pointer; loom reports an unordered access.
         range.bytes.with_mut(|bytes| unsafe { *bytes = 1 });
@@ -76,13 +76,14 @@ fn a_writer_stalled_across_two_fences_is_still_refused() {
     builder.preemption_bound = Some(3);
     builder.check(|| {
         let range = Range::new();
-        let g1 = range.view().fence(0, 8, || true).unwrap();
+        let g1 = 1;
+        range.view().fence(0, 8, g1, || true).unwrap();
         let stale = {
             let range = range.clone();
             thread::spawn(move || range.write(g1, 7))
         };
-        range.view().fence(0, 8, patient).unwrap();
-        range.view().fence(0, 8, patient).unwrap();
+        range.view().fence(0, 8, 2, patient).unwrap();
+        range.view().fence(0, 8, 3, patient).unwrap();
         // SAFETY: as in the test above.
         range.bytes.with_mut(|bytes| unsafe { *bytes = 1 });
         stale.join().unwrap();
@@ -97,13 +98,14 @@ fn a_writer_stalled_across_two_fences_is_still_refused() {
 fn the_current_grant_lands_beside_fences_of_other_ranges() {
     loom::model(|| {
         let range = Range::new();
-        let g1 = range.view().fence(0, 8, || true).unwrap();
+        let g1 = 1;
+        range.view().fence(0, 8, g1, || true).unwrap();
         let writer = {
             let range = range.clone();
             thread::spawn(move || range.write(g1, 7))
         };
-        range.view().fence(100, 108, patient).unwrap();
-        range.view().fence(200, 208, patient).unwrap();
+        range.view().fence(100, 108, 2, patient).unwrap();
+        range.view().fence(200, 208, 3, patient).unwrap();
         assert!(writer.join().unwrap(), "the current grant was refused");
     });
 }

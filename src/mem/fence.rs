@@ -12,8 +12,8 @@
 //! Words (all `AtomicU64`, so the table can live in memory several
 //! processes map, or on the heap):
 //!
-//! - `issued`: the last generation issued (0: never fenced); it is also the
-//!   *phase* that picks which of the two `busy` counters a writer counts in;
+//! - `phase`: how many fences the table has seen (0: never fenced); it
+//!   picks which of the two `busy` counters a writer counts in;
 //! - `busy[0]`, `busy[1]`: writes in progress, by phase parity;
 //! - `floor`: grants below it are stale everywhere in the region (where a
 //!   full table folds its oldest entry: a refusal too many, never one too
@@ -21,22 +21,26 @@
 //! - `used`: how many entry slots were ever taken (readers scan that many);
 //! - entries `[start, end, generation]` (generation 0: an empty slot).
 //!
+//! Generations come from one counter per process ([`next_grant`]), so they
+//! rise in every table, and one fence can enter the same grant in several
+//! tables (a region's own and the cma page's).
+//!
 //! **Writer** ([`FenceView::enter`], then [`Pass::admits`] before every
-//! copy): read `issued` as `p`, add one to `busy[p & 1]`, SC fence, read
-//! `issued` again (another value: undo and start again); then check the
+//! copy): read `phase` as `p`, add one to `busy[p & 1]`, SC fence, read
+//! `phase` again (another value: undo and start again); then check the
 //! entries; copy; subtract one (the pass drops, Release).
 //!
 //! **Fencer** ([`FenceView::fence`], one at a time per table: the caller's
 //! mutex): write the entry (range first, generation last), clear entries it
-//! covers, store `issued = g` (the phase flips), SC fence, then wait until
-//! `busy[(g - 1) & 1]` is 0.
+//! covers, store `phase = p + 1` (the phase flips), SC fence, then wait
+//! until `busy[p & 1]` is 0.
 //!
-//! Why it holds: a writer counted under phase `p = g - 1` is either seen by
-//! the fencer's wait (which then waits for its copy to end), or its SC
-//! fence comes after the fencer's in the fences' single order, and then
-//! its re-read of `issued` sees `g` (it starts again) and its entry check
-//! sees the new entry. A writer that read `issued` as `g` or later read it
-//! from the fencer's store, so it sees the entry written before that
+//! Why it holds: a writer counted under phase `p` is either seen by the
+//! fencer's wait (which then waits for its copy to end), or its SC fence
+//! comes after the fencer's in the fences' single order, and then its
+//! re-read of `phase` sees `p + 1` (it starts again) and its entry check
+//! sees the new entry. A writer that read `phase` as `p + 1` or later read
+//! it from the fencer's store, so it sees the entry written before that
 //! store. Without the re-read, a writer that read an old phase, stalled
 //! across two fences, and counted in the parity the second fence does not
 //! wait for, could miss the second fence's entry: `loom_tests/` models the
@@ -58,7 +62,7 @@ pub const FENCE_SLOTS: usize = 96;
 /// Entry slots of one table (shrunk under loom so the model reaches a fold).
 #[cfg(loom)]
 pub const FENCE_SLOTS: usize = 2;
-const ISSUED: usize = 0;
+const PHASE: usize = 0;
 const BUSY: usize = 1;
 const FLOOR: usize = 3;
 const USED: usize = 4;
@@ -69,11 +73,25 @@ pub const FENCE_WORDS: usize = ENTRIES + 3 * FENCE_SLOTS;
 /// phase under it before it gives up (`None` from [`FenceView::enter`]).
 pub const ENTER_TRIES: usize = 1024;
 
+/// The last grant this process issued (0: none yet).
+#[cfg(not(loom))]
+static LAST_GRANT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A new grant, above every grant this process issued before; `None` once
+/// all 2^32 - 1 were issued.
+#[cfg(not(loom))]
+pub fn next_grant() -> Option<u32> {
+    LAST_GRANT
+        .fetch_update(std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed, |last| {
+            last.checked_add(1)
+        })
+        .ok()
+        .map(|last| last + 1)
+}
+
 /// Why a fence did not complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FenceFailed {
-    /// Every generation of the table was issued.
-    Exhausted,
     /// Writes under older grants were still in progress when the caller's
     /// deadline passed: this many. The range stays fenced under the new
     /// generation (nobody holds it, so nothing lands there until the
@@ -110,18 +128,23 @@ impl<'a> FenceView<'a> {
         Self { words: &words[..FENCE_WORDS] }
     }
 
+    /// The table's words (a target keeps a pointer to them with a lease).
+    pub fn words(&self) -> &'a [AtomicU64] {
+        self.words
+    }
+
     /// A writer's way in (see the module docs); `None` when fences kept
     /// flipping the phase for [`ENTER_TRIES`] tries.
     pub fn enter(&self) -> Option<Pass<'a>> {
         for _ in 0..ENTER_TRIES {
-            let phase = self.words[ISSUED].load(Ordering::SeqCst);
+            let phase = self.words[PHASE].load(Ordering::SeqCst);
             let busy = &self.words[BUSY + (phase & 1) as usize];
             busy.fetch_add(1, Ordering::SeqCst);
             let pass = Pass { view: *self, busy };
             // Pairs with the fence in `fence`: either the fencer's wait
             // reads our count, or our reads below see its entry and phase.
             fence(Ordering::SeqCst);
-            if self.words[ISSUED].load(Ordering::SeqCst) == phase {
+            if self.words[PHASE].load(Ordering::SeqCst) == phase {
                 return Some(pass);
             }
             drop(pass);
@@ -129,18 +152,16 @@ impl<'a> FenceView<'a> {
         None
     }
 
-    /// Fences `[start, end)`: returns the new generation once no write
+    /// Fences `[start, end)` under `generation`: returns once no write
     /// under an older grant is in progress there. `pause` is called between
     /// looks at the writers in progress and returns false once the
     /// caller's deadline passed.
     ///
-    /// The caller serialises fences of one table (a mutex).
-    pub fn fence(&self, start: u64, end: u64, mut pause: impl FnMut() -> bool) -> Result<u32, FenceFailed> {
-        let last = self.words[ISSUED].load(Ordering::SeqCst);
-        if last >= u64::from(u32::MAX) {
-            return Err(FenceFailed::Exhausted);
-        }
-        let generation = last + 1;
+    /// The caller serialises fences of one table (a mutex), and passes a
+    /// generation above every one it passed this table before.
+    pub fn fence(&self, start: u64, end: u64, generation: u32, mut pause: impl FnMut() -> bool) -> Result<(), FenceFailed> {
+        let phase = self.words[PHASE].load(Ordering::SeqCst);
+        let generation = u64::from(generation);
         let slot = self.free_slot();
         let at = ENTRIES + 3 * slot;
         // Range first, generation last: a reader that sees the generation
@@ -159,14 +180,14 @@ impl<'a> FenceView<'a> {
             }
         }
         // The phase flips: writers from now on count in the other word.
-        self.words[ISSUED].store(generation, Ordering::SeqCst);
+        self.words[PHASE].store(phase.wrapping_add(1), Ordering::SeqCst);
         // Pairs with the fence in `enter`.
         fence(Ordering::SeqCst);
-        let busy = &self.words[BUSY + (last & 1) as usize];
+        let busy = &self.words[BUSY + (phase & 1) as usize];
         loop {
             let writing = busy.load(Ordering::SeqCst);
             if writing == 0 {
-                return Ok(generation as u32);
+                return Ok(());
             }
             if !pause() {
                 return Err(FenceFailed::Busy(writing));
@@ -204,7 +225,7 @@ impl Pass<'_> {
     pub fn admits(&self, start: u64, end: u64, grant: u32) -> bool {
         let words = self.view.words;
         // Never fenced: the common case costs one load.
-        if words[ISSUED].load(Ordering::SeqCst) == 0 {
+        if words[PHASE].load(Ordering::SeqCst) == 0 {
             return true;
         }
         let grant = u64::from(grant);
@@ -223,22 +244,19 @@ impl Pass<'_> {
     }
 }
 
-/// A table on the heap (for tests; the target's own table for caller
-/// memory, checked by tcp and staged GPU copies, is not built yet).
-#[cfg(test)]
+/// A table on the heap: for a region whose writers all run in this
+/// process (tcp and staged GPU copies at the target).
 #[derive(Debug)]
 pub struct FenceTable {
     words: Box<[AtomicU64]>,
 }
 
-#[cfg(test)]
 impl Default for FenceTable {
     fn default() -> Self {
         Self::new()
     }
 }
 
-#[cfg(test)]
 impl FenceTable {
     /// An empty table.
     pub fn new() -> Self {
@@ -262,38 +280,35 @@ mod tests {
         let pass = view.enter().unwrap();
         assert!(pass.admits(0, 100, 0), "nothing fenced yet");
         drop(pass);
-        let g1 = view.fence(0, 64, || true).unwrap();
-        let g2 = view.fence(64, 128, || true).unwrap();
-        assert_eq!((g1, g2), (1, 2));
+        view.fence(0, 64, 1, || true).unwrap();
+        view.fence(64, 128, 2, || true).unwrap();
         let pass = view.enter().unwrap();
         assert!(!pass.admits(0, 8, 0), "grant 0 in a fenced range");
-        assert!(pass.admits(0, 64, g1));
-        assert!(!pass.admits(60, 70, g1), "spans into the newer fence");
+        assert!(pass.admits(0, 64, 1));
+        assert!(!pass.admits(60, 70, 1), "spans into the newer fence");
         assert!(pass.admits(128, 256, 0), "outside every fence");
         drop(pass);
-        let g3 = view.fence(0, 64, || true).unwrap();
+        view.fence(0, 64, 5, || true).unwrap();
         let pass = view.enter().unwrap();
-        assert!(!pass.admits(0, 64, g1), "stale after the range was fenced again");
-        assert!(pass.admits(0, 64, g3));
+        assert!(!pass.admits(0, 64, 1), "stale after the range was fenced again");
+        assert!(pass.admits(0, 64, 5));
     }
 
     #[test]
     fn a_full_table_folds_its_oldest_entry_into_the_floor() {
         let table = FenceTable::new();
         let view = table.view();
-        let first = view.fence(0, 1, || true).unwrap();
-        for i in 1..FENCE_SLOTS as u64 {
-            view.fence(i, i + 1, || true).unwrap();
+        for i in 0..FENCE_SLOTS as u64 {
+            view.fence(i, i + 1, i as u32 + 1, || true).unwrap();
         }
-        let second = 2;
-        // The table is full: this fence folds the first entry.
-        view.fence(10_000, 10_001, || true).unwrap();
+        // The table is full: this fence folds the first entry (grant 1).
+        view.fence(10_000, 10_001, 1000, || true).unwrap();
         let pass = view.enter().unwrap();
         assert!(!pass.admits(0, 1, 0), "the floor still fences the folded range");
         assert!(!pass.admits(50_000, 50_001, 0), "and, too strictly, every range");
-        assert!(pass.admits(0, 1, first), "the folded range's own grant still lands");
-        assert!(pass.admits(1, 2, second));
-        assert!(!pass.admits(1, 2, first));
+        assert!(pass.admits(0, 1, 1), "the folded range's own grant still lands");
+        assert!(pass.admits(1, 2, 2));
+        assert!(!pass.admits(1, 2, 1));
     }
 
     #[test]
@@ -302,27 +317,24 @@ mod tests {
         let view = table.view();
         let pass = view.enter().unwrap();
         let mut looks = 0;
-        assert_eq!(
-            view.fence(0, 8, || {
-                looks += 1;
-                looks < 3
-            }),
-            Err(FenceFailed::Busy(1))
-        );
+        let waited = view.fence(0, 8, 1, || {
+            looks += 1;
+            looks < 3
+        });
+        assert_eq!(waited, Err(FenceFailed::Busy(1)));
         drop(pass);
         // The failed fence left its entry: the range is fenced under a
         // generation nobody holds.
         let pass = view.enter().unwrap();
         assert!(!pass.admits(0, 8, 0));
         drop(pass);
-        assert_eq!(view.fence(0, 8, || false), Ok(2), "nothing in progress: no wait");
+        assert_eq!(view.fence(0, 8, 2, || false), Ok(()), "nothing in progress: no wait");
         assert!(view.enter().unwrap().admits(0, 8, 2));
     }
 
     #[test]
-    fn generations_run_out_with_a_typed_refusal() {
-        let table = FenceTable::new();
-        table.words[ISSUED].store(u64::from(u32::MAX), Ordering::SeqCst);
-        assert_eq!(table.view().fence(0, 1, || true), Err(FenceFailed::Exhausted));
+    fn grants_rise() {
+        let (a, b) = (next_grant().unwrap(), next_grant().unwrap());
+        assert!(b > a && a > 0);
     }
 }

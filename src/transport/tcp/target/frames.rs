@@ -5,6 +5,7 @@
 //! handed to the engine's queue; and the replies that end them.
 
 use super::super::frame::{FrameHeader, FrameOp, FRAME_HEADER_BYTES};
+use super::fenced::FrameFence;
 use super::{staging, Phase, Receiving, Reply, TargetConn, TargetContext};
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
@@ -26,7 +27,7 @@ impl TargetConn {
         match op {
             FrameOp::Write => {
                 let checked = if self.chunk_failure.is_none() {
-                    match check_block(ctx, &header, Access::REMOTE_WRITE) {
+                    match check_block(ctx, &header, Access::REMOTE_WRITE).and_then(|found| self.check_grant(ctx, found)) {
                         Ok(found) => Some(found),
                         Err(error) => {
                             self.chunk_failure = Some((header, error));
@@ -36,14 +37,18 @@ impl TargetConn {
                 } else {
                     None
                 };
+                self.fence = match &checked {
+                    Some((_, None, fence)) => Some(*fence),
+                    _ => None,
+                };
                 self.receiving = match checked {
-                    Some((addr, Some((gpu, ordinal)))) if len > 0 => {
+                    Some((addr, Some((gpu, ordinal)), _)) if len > 0 => {
                         match self.stage(ctx, &gpu, (staging::Direction::In, addr as u64, ordinal, len)) {
                             Some((at, _)) => Receiving::Payload { dest: at, left: len, region, staged: true },
                             None => return self.wait_for_pages(ctx, &header, true, now),
                         }
                     }
-                    Some((addr, _)) => Receiving::Payload { dest: addr as *mut u8, left: len, region, staged: false },
+                    Some((addr, _, _)) => Receiving::Payload { dest: addr as *mut u8, left: len, region, staged: false },
                     None => Receiving::Discard { left: len },
                 };
                 if len == 0 {
@@ -57,7 +62,7 @@ impl TargetConn {
             }
             FrameOp::Read => {
                 match check_block(ctx, &header, Access::REMOTE_READ) {
-                    Ok((addr, device)) => {
+                    Ok((addr, device, _)) => {
                         let mut reply = FrameHeader::new(
                             FrameOp::ReadData,
                             ctx.epoch,
@@ -93,6 +98,14 @@ impl TargetConn {
                         });
                     }
                     Err(error) => self.queue_status(FrameOp::ReadData, &header, &error),
+                }
+                self.frame_done(now);
+            }
+            FrameOp::Grant => {
+                if let Err(error) = self.on_grant(&header) {
+                    self.queue_status(FrameOp::Ack, &header, &error);
+                    self.phase = Phase::Closing;
+                    return true;
                 }
                 self.frame_done(now);
             }
@@ -205,7 +218,7 @@ impl TargetConn {
 /// Checks one block against the registry; on success returns its address
 /// with its region's lease kept for the frame (whoever ends the frame gives
 /// it back with `release_kept`).
-fn check_block(ctx: &TargetContext, header: &FrameHeader, needs: Access) -> Result<(usize, Option<Device>)> {
+fn check_block(ctx: &TargetContext, header: &FrameHeader, needs: Access) -> Result<(usize, Option<Device>, FrameFence)> {
     if header.epoch != ctx.epoch {
         return Err(Error::PeerRestarted {
             segment: "this target".into(),
@@ -233,10 +246,11 @@ fn check_block(ctx: &TargetContext, header: &FrameHeader, needs: Access) -> Resu
     }
     check_range(region, Side::Remote, 0, header.offset, header.len, entry.len as u64)?;
     let addr = entry.addr + header.offset as usize;
+    let fence = FrameFence::of(entry, region, 0);
     // The frame's bytes move across polls: the lease goes with the frame.
     lease.keep();
-    Ok((addr, device))
+    Ok((addr, device, fence))
 }
 
 /// A GPU region's provider and device.
-type Device = (Arc<dyn crate::gpu::Gpu>, u32);
+pub(super) type Device = (Arc<dyn crate::gpu::Gpu>, u32);
