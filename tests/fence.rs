@@ -133,6 +133,9 @@ fn fence_during_a_stale_push(transport: TransportKind, caller_memory: bool) {
     for round in 0..4u8 {
         let old = s.target.fence(s.remote, 0, MIB as u64).unwrap();
         let id = sub.submit(&Batch::write(&s.segment).descs(&blocks).grant(old)).unwrap();
+        // Let the push get going (it takes far longer than this), so the
+        // fence meets it mid-copy rather than before its first chunk.
+        std::thread::sleep(std::time::Duration::from_millis(2));
         s.target.fence(s.remote, 0, MIB as u64).unwrap();
         // The property under test: `fence` returned, so no write under
         // `old` is in the range and none starts.
