@@ -142,7 +142,11 @@ fn fence_during_a_stale_push(transport: TransportKind, caller_memory: bool) {
         s.own(0xE0 | round);
         let outcome = sub.wait(id, WAIT).unwrap();
         refused += usize::from(fenced(&outcome));
-        assert_eq!(s.read(0, MIB), vec![0xE0 | round; MIB], "{transport:?} round {round}: a stale byte landed after fence");
+        assert_eq!(
+            s.read(0, MIB),
+            vec![0xE0 | round; MIB],
+            "{transport:?} round {round}: a stale byte landed after fence"
+        );
     }
     assert!(refused > 0, "{transport:?}: no fence met a push in flight");
 }

@@ -53,7 +53,9 @@ impl Engine {
         // Same-host cma peers check the page's table, by address here.
         if let (Ok(cma), crate::mem::MemoryKind::Host) = (self.inner.context.cma.as_ref(), entry.info.memory) {
             let at = entry.addr as u64;
-            cma.fences().fence(at + offset, at + end, grant, pauser(deadline)).map_err(|FenceFailed::Busy(n)| busy(n))?;
+            cma.fences()
+                .fence(at + offset, at + end, grant, pauser(deadline))
+                .map_err(|FenceFailed::Busy(n)| busy(n))?;
         }
         Ok(grant)
     }

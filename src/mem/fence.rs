@@ -159,7 +159,13 @@ impl<'a> FenceView<'a> {
     ///
     /// The caller serialises fences of one table (a mutex), and passes a
     /// generation above every one it passed this table before.
-    pub fn fence(&self, start: u64, end: u64, generation: u32, mut pause: impl FnMut() -> bool) -> Result<(), FenceFailed> {
+    pub fn fence(
+        &self,
+        start: u64,
+        end: u64,
+        generation: u32,
+        mut pause: impl FnMut() -> bool,
+    ) -> Result<(), FenceFailed> {
         let phase = self.words[PHASE].load(Ordering::SeqCst);
         let generation = u64::from(generation);
         let slot = self.free_slot();

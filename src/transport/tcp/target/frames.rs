@@ -25,41 +25,7 @@ impl TargetConn {
         let len = header.len as usize;
         let region = RegionId::from_raw(header.region);
         match op {
-            FrameOp::Write => {
-                let checked = if self.chunk_failure.is_none() {
-                    match check_block(ctx, &header, Access::REMOTE_WRITE).and_then(|found| self.check_grant(ctx, found)) {
-                        Ok(found) => Some(found),
-                        Err(error) => {
-                            self.chunk_failure = Some((header, error));
-                            None
-                        }
-                    }
-                } else {
-                    None
-                };
-                self.fence = match &checked {
-                    Some((_, None, fence)) => Some(*fence),
-                    _ => None,
-                };
-                self.receiving = match checked {
-                    Some((addr, Some((gpu, ordinal)), _)) if len > 0 => {
-                        match self.stage(ctx, &gpu, (staging::Direction::In, addr as u64, ordinal, len)) {
-                            Some((at, _)) => Receiving::Payload { dest: at, left: len, region, staged: true },
-                            None => return self.wait_for_pages(ctx, &header, true, now),
-                        }
-                    }
-                    Some((addr, _, _)) => Receiving::Payload { dest: addr as *mut u8, left: len, region, staged: false },
-                    None => Receiving::Discard { left: len },
-                };
-                if len == 0 {
-                    if let Receiving::Payload { region, .. } = self.receiving {
-                        // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
-                        unsafe { ctx.registry.release_kept(region) };
-                    }
-                    self.receiving = Receiving::Header;
-                    self.write_frame_ended(ctx, now);
-                }
-            }
+            FrameOp::Write => return self.on_write(ctx, now),
             FrameOp::Read => {
                 match check_block(ctx, &header, Access::REMOTE_READ) {
                     Ok((addr, device, _)) => {
@@ -128,6 +94,50 @@ impl TargetConn {
                 self.queue_status(FrameOp::Ack, &header, &error);
                 self.phase = Phase::Closing;
             }
+        }
+        true
+    }
+
+    /// Serves a WRITE frame's header: checked against the registry and the
+    /// destination's fences, its payload then lands (or is staged, or
+    /// dropped after a refusal); false when it must wait for staging pages.
+    fn on_write(&mut self, ctx: &TargetContext, now: Instant) -> bool {
+        let header = self.current;
+        let len = header.len as usize;
+        let region = RegionId::from_raw(header.region);
+        let checked = if self.chunk_failure.is_none() {
+            match check_block(ctx, &header, Access::REMOTE_WRITE).and_then(|found| self.check_grant(ctx, found)) {
+                Ok(found) => Some(found),
+                Err(error) => {
+                    self.chunk_failure = Some((header, error));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        self.fence = match &checked {
+            Some((_, None, fence)) => Some(*fence),
+            _ => None,
+        };
+        self.receiving = match checked {
+            Some((addr, Some((gpu, ordinal)), _)) if len > 0 => {
+                match self.stage(ctx, &gpu, (staging::Direction::In, addr as u64, ordinal, len)) {
+                    Some((at, _)) => Receiving::Payload { dest: at, left: len, region, staged: true },
+                    None => return self.wait_for_pages(ctx, &header, true, now),
+                }
+            }
+            Some((addr, _, _)) => Receiving::Payload { dest: addr as *mut u8, left: len, region, staged: false },
+            None => Receiving::Discard { left: len },
+        };
+        if len == 0 {
+            if let Receiving::Payload { region, .. } = self.receiving {
+                // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
+                unsafe { ctx.registry.release_kept(region) };
+            }
+            self.receiving = Receiving::Header;
+            self.fence = None;
+            self.write_frame_ended(ctx, now);
         }
         true
     }
@@ -218,7 +228,11 @@ impl TargetConn {
 /// Checks one block against the registry; on success returns its address
 /// with its region's lease kept for the frame (whoever ends the frame gives
 /// it back with `release_kept`).
-fn check_block(ctx: &TargetContext, header: &FrameHeader, needs: Access) -> Result<(usize, Option<Device>, FrameFence)> {
+fn check_block(
+    ctx: &TargetContext,
+    header: &FrameHeader,
+    needs: Access,
+) -> Result<(usize, Option<Device>, FrameFence)> {
     if header.epoch != ctx.epoch {
         return Err(Error::PeerRestarted {
             segment: "this target".into(),
