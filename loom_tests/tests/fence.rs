@@ -67,9 +67,10 @@ fn no_stale_write_lands_after_fence_returned() {
     });
 }
 
-/// The phase's second look: a writer that read the phase, then stalled
-/// while the target fenced twice (so the second fence waits on the other
-/// counter), must still see the second fence's entry.
+/// A writer that read the phase, then stalled while the target fenced
+/// twice (so the second fence waits on the other counter), must still see
+/// the second fence's entry. (The writer's re-read of the phase guards an
+/// order of SC fences loom does not produce: see `src/mem/fence.rs`.)
 #[test]
 fn a_writer_stalled_across_two_fences_is_still_refused() {
     let mut builder = loom::model::Builder::new();

@@ -43,8 +43,12 @@
 //! it from the fencer's store, so it sees the entry written before that
 //! store. Without the re-read, a writer that read an old phase, stalled
 //! across two fences, and counted in the parity the second fence does not
-//! wait for, could miss the second fence's entry: `loom_tests/` models the
-//! protocol and fails when the re-read (or either SC fence) is removed.
+//! wait for, could miss the second fence's entry if its SC fence fell
+//! between the two fences' in the single order. `loom_tests/` models the
+//! protocol and fails when either SC fence is removed, when the fencer does
+//! not wait, or when it flips the phase before writing its entry (loom
+//! orders SC fences as it schedules them, so it cannot produce the stalled
+//! writer's interleaving; the re-read is argued, not modelled).
 //!
 //! Entries are never unprotected while rewritten: a folded entry's
 //! generation goes into `floor` before its slot is cleared, and covered
