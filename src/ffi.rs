@@ -10,6 +10,7 @@
 
 mod arrivals;
 mod batches;
+mod fence;
 mod transports;
 
 use crate::error::Error;

@@ -264,8 +264,13 @@ class Engine:
         returns the bytes moved."""
         return self._native.transfer(name, op, [tuple(b) for b in blocks], timeout)
 
-    def write(self, name, blocks, timeout=30.0):
-        """``transfer(name, "write", blocks)``."""
+    def write(self, name, blocks, timeout=30.0, grant=None):
+        """``transfer(name, "write", blocks)``. With ``grant`` (from the
+        target's ``fence`` of the blocks' range), the push lands only where
+        no newer fence covers it, else it raises ``FencedError`` and
+        nothing of it lands."""
+        if grant is not None:
+            return _native.write_granted(self._native, name, [tuple(b) for b in blocks], grant, timeout)
         return self.transfer(name, "write", blocks, timeout)
 
     def read(self, name, blocks, timeout=30.0):
@@ -373,6 +378,16 @@ class Engine:
         ``UnsupportedError``. Waits up to ``timeout`` seconds; returns the
         bytes moved."""
         return _native.push_layer_tagged(self._native, name, layer, slot, list(src_ids), list(dst_ids), timeout)
+
+    # Fenced destinations (this engine as the target) ----------------------
+
+    def fence(self, region, offset, length):
+        """Fences ``length`` bytes at ``offset`` of this engine's ``region``
+        (a request's blocks) and returns the new grant: from the moment
+        this returns, no push naming an older grant (or none) lands there,
+        and one in flight has stopped. Hand the grant to the one sender
+        that may write there (``write(..., grant=g)``)."""
+        return _native.fence(self._native, region, offset, length)
 
     # Arrival tags (this engine as the target of tagged pushes) ----------
 
