@@ -192,3 +192,68 @@ fn fences_out_of_bounds_of_nothing_or_of_unknown_regions_are_refused() {
     assert!(matches!(target.fence(region.id(), 0, 0), Err(Error::InvalidArgument { .. })));
     assert!(matches!(target.fence(RegionId::from_raw(0x00ff_00ff), 0, 1), Err(Error::UnknownRegion { .. })));
 }
+
+/// The KV layer carries the grant with the block table: decode fences a
+/// request's blocks in every layer and kind under one grant
+/// (`fence_blocks`), prefill pushes them naming it (`push_blocks_granted`,
+/// `push_layer_granted`); after the blocks are fenced again for another
+/// request, the old grant's push fails `Fenced` and the blocks keep the new
+/// owner's bytes, while other requests' grants are untouched (a request's
+/// blocks in every layer take one entry of the table, so many requests fit).
+#[test]
+fn kv_blocks_fenced_per_request_refuse_a_stale_push_in_every_layer() {
+    use kvring::kv::{CacheShape, KvLayout};
+    let shape = CacheShape::mha(4, 64, 8, 128, 2, 4, 2).unwrap();
+    for transport in [TransportKind::Shm, TransportKind::Tcp] {
+        let (prefill, decode) = (engine("prefill-kv"), engine("decode-kv"));
+        let bytes = shape.bytes().unwrap() as usize;
+        let p_region = prefill.alloc_region(bytes, RegionInfo::raw()).unwrap();
+        // SAFETY: nothing touches these bytes yet.
+        unsafe { p_region.fill_pattern(1) };
+        let p_layout = KvLayout::contiguous(shape, p_region.id(), 0).unwrap();
+        prefill.set_kv_layout(p_layout.clone()).unwrap();
+        let d_region = decode.alloc_region(bytes, RegionInfo::raw()).unwrap();
+        decode.set_kv_layout(KvLayout::contiguous(shape, d_region.id(), 0).unwrap()).unwrap();
+        let segment = prefill.open_segment_with(&decode.control_addr().to_string(), Some(transport), WAIT).unwrap();
+        let remote = segment.kv_layout(WAIT).unwrap();
+        let mut sub = prefill.submitter().unwrap();
+
+        // Many requests of two blocks each, every one granted and pushed.
+        let grants: Vec<u32> = (0..32u64).map(|r| decode.fence_blocks(&[2 * r, 2 * r + 1]).unwrap()).collect();
+        for (r, &grant) in grants.iter().enumerate() {
+            let ids = [2 * r as u64, 2 * r as u64 + 1];
+            let id = sub.push_blocks_granted(&segment, &p_layout, &remote, &ids, &ids, grant).unwrap();
+            sub.wait(id, WAIT).unwrap().into_result().unwrap_or_else(|e| panic!("{transport:?} request {r}: {e}"));
+        }
+        // Request 0 is aborted; its blocks go to another request.
+        let fresh = decode.fence_blocks(&[0, 1]).unwrap();
+        let before = read_all(&d_region, bytes);
+        let id = sub.push_blocks_granted(&segment, &p_layout, &remote, &[40, 41], &[0, 1], grants[0]).unwrap();
+        assert!(fenced(&sub.wait(id, WAIT).unwrap()), "{transport:?}: the old grant's push");
+        for layer in 0..shape.layers {
+            let id =
+                sub.push_layer_granted(&segment, &p_layout, &remote, layer, &[40, 41], &[0, 1], grants[0]).unwrap();
+            assert!(fenced(&sub.wait(id, WAIT).unwrap()), "{transport:?}: layer {layer} under the old grant");
+        }
+        assert!(read_all(&d_region, bytes) == before, "{transport:?}: a stale byte landed");
+        // Every other request's grant still lands (none was folded into
+        // the region-wide floor); so does the new one.
+        for (r, &grant) in grants.iter().enumerate().skip(1) {
+            let ids = [2 * r as u64, 2 * r as u64 + 1];
+            let id = sub.push_blocks_granted(&segment, &p_layout, &remote, &ids, &ids, grant).unwrap();
+            sub.wait(id, WAIT)
+                .unwrap()
+                .into_result()
+                .unwrap_or_else(|e| panic!("{transport:?} request {r} again: {e}"));
+        }
+        let id = sub.push_blocks_granted(&segment, &p_layout, &remote, &[40, 41], &[0, 1], fresh).unwrap();
+        sub.wait(id, WAIT).unwrap().into_result().unwrap();
+    }
+}
+
+fn read_all(region: &Region, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    // SAFETY: no write naming these bytes is in flight (waited for, or fenced out).
+    unsafe { region.read_at(0, &mut out).unwrap() };
+    out
+}

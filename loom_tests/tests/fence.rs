@@ -5,7 +5,7 @@
 //! returned is reported as a data race (or by the final assertion).
 #![cfg(loom)]
 
-use kvring_loom::fence::{FenceView, FENCE_WORDS};
+use kvring_loom::fence::{FenceView, Span, FENCE_WORDS};
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::AtomicU64;
 use loom::sync::Arc;
@@ -51,12 +51,12 @@ fn no_stale_write_lands_after_fence_returned() {
     loom::model(|| {
         let range = Range::new();
         let g1 = 1;
-        range.view().fence(0, 8, g1, || true).unwrap();
+        range.view().fence(&[Span::range(0, 8)], g1, || true).unwrap();
         let stale = {
             let range = range.clone();
             thread::spawn(move || range.write(g1, 7))
         };
-        range.view().fence(0, 8, 2, patient).unwrap();
+        range.view().fence(&[Span::range(0, 8)], 2, patient).unwrap();
         // The new owner's bytes.
         // SAFETY: a loom cell's pointer; loom reports an unordered access.
         range.bytes.with_mut(|bytes| unsafe { *bytes = 1 });
@@ -78,13 +78,13 @@ fn a_writer_stalled_across_two_fences_is_still_refused() {
     builder.check(|| {
         let range = Range::new();
         let g1 = 1;
-        range.view().fence(0, 8, g1, || true).unwrap();
+        range.view().fence(&[Span::range(0, 8)], g1, || true).unwrap();
         let stale = {
             let range = range.clone();
             thread::spawn(move || range.write(g1, 7))
         };
-        range.view().fence(0, 8, 2, patient).unwrap();
-        range.view().fence(0, 8, 3, patient).unwrap();
+        range.view().fence(&[Span::range(0, 8)], 2, patient).unwrap();
+        range.view().fence(&[Span::range(0, 8)], 3, patient).unwrap();
         // SAFETY: as in the test above.
         range.bytes.with_mut(|bytes| unsafe { *bytes = 1 });
         stale.join().unwrap();
@@ -100,13 +100,13 @@ fn the_current_grant_lands_beside_fences_of_other_ranges() {
     loom::model(|| {
         let range = Range::new();
         let g1 = 1;
-        range.view().fence(0, 8, g1, || true).unwrap();
+        range.view().fence(&[Span::range(0, 8)], g1, || true).unwrap();
         let writer = {
             let range = range.clone();
             thread::spawn(move || range.write(g1, 7))
         };
-        range.view().fence(100, 108, 2, patient).unwrap();
-        range.view().fence(200, 208, 3, patient).unwrap();
+        range.view().fence(&[Span::range(100, 8)], 2, patient).unwrap();
+        range.view().fence(&[Span::range(200, 8)], 3, patient).unwrap();
         assert!(writer.join().unwrap(), "the current grant was refused");
     });
 }

@@ -19,7 +19,10 @@
 //!   full table folds its oldest entry: a refusal too many, never one too
 //!   few);
 //! - `used`: how many entry slots were ever taken (readers scan that many);
-//! - entries `[start, end, generation]` (generation 0: an empty slot).
+//! - entries `[start, len, stride, count, generation]` (generation 0: an
+//!   empty slot): `count` ranges of `len` bytes, `stride` apart from
+//!   `start`, so that one entry holds a request's blocks in every layer of
+//!   a layer-major KV pool (a [`Span`]).
 //!
 //! Generations come from one counter per process ([`next_grant`]), so they
 //! rise in every table, and one fence can enter the same grant in several
@@ -62,7 +65,7 @@ use crate::sync::{fence, AtomicU64, Ordering};
 /// Entry slots of one table. A table that is full folds its oldest entry
 /// into the region-wide floor.
 #[cfg(not(loom))]
-pub const FENCE_SLOTS: usize = 96;
+pub const FENCE_SLOTS: usize = 72;
 /// Entry slots of one table (shrunk under loom so the model reaches a fold).
 #[cfg(loom)]
 pub const FENCE_SLOTS: usize = 2;
@@ -72,7 +75,9 @@ const FLOOR: usize = 3;
 const USED: usize = 4;
 const ENTRIES: usize = 8;
 /// Words of one table.
-pub const FENCE_WORDS: usize = ENTRIES + 3 * FENCE_SLOTS;
+pub const FENCE_WORDS: usize = ENTRIES + ENTRY_WORDS * FENCE_SLOTS;
+const ENTRY_WORDS: usize = 5;
+const GEN: usize = 4;
 /// Times a writer starts its entry again when fences keep flipping the
 /// phase under it before it gives up (`None` from [`FenceView::enter`]).
 pub const ENTER_TRIES: usize = 1024;
@@ -101,6 +106,56 @@ pub enum FenceFailed {
     /// generation (nobody holds it, so nothing lands there until the
     /// range is fenced again).
     Busy(u64),
+}
+
+/// What one fence entry covers: `count` ranges of `len` bytes, the k-th
+/// at `start + k * stride` (`count` 1: one range).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// The first range's first byte.
+    pub start: u64,
+    /// Bytes of each range.
+    pub len: u64,
+    /// From one range's start to the next's (at least `len` when `count`
+    /// is above 1).
+    pub stride: u64,
+    /// Ranges, at least 1.
+    pub count: u64,
+}
+
+impl Span {
+    /// One range.
+    pub fn range(start: u64, len: u64) -> Self {
+        Self { start, len, stride: len, count: 1 }
+    }
+
+    /// True when any of its ranges meets `[start, end)`.
+    #[inline]
+    pub fn meets(&self, start: u64, end: u64) -> bool {
+        if self.len == 0 || self.count == 0 || end <= self.start || start >= end {
+            return false;
+        }
+        // The first range whose end passes `start`: k with
+        // self.start + k * stride + len > start.
+        let k = match (start + 1).checked_sub(self.start.saturating_add(self.len)) {
+            None => 0,
+            Some(_) if self.stride == 0 => return false,
+            Some(gap) => gap.div_ceil(self.stride),
+        };
+        k < self.count && k.checked_mul(self.stride).and_then(|o| o.checked_add(self.start)).is_some_and(|at| at < end)
+    }
+
+    /// True when every range of `other` lies inside one of ours.
+    fn covers(&self, other: &Span) -> bool {
+        let same_pattern = other.stride == self.stride || other.count == 1;
+        if !same_pattern || other.start < self.start || self.stride == 0 {
+            return false;
+        }
+        let k = (other.start - self.start) / self.stride;
+        let at = self.start + k * self.stride;
+        let fits = other.start.saturating_add(other.len) <= at.saturating_add(self.len);
+        fits && k.checked_add(other.count).is_some_and(|last| last <= self.count)
+    }
 }
 
 /// One table's words, wherever they live.
@@ -156,37 +211,33 @@ impl<'a> FenceView<'a> {
         None
     }
 
-    /// Fences `[start, end)` under `generation`: returns once no write
-    /// under an older grant is in progress there. `pause` is called between
-    /// looks at the writers in progress and returns false once the
-    /// caller's deadline passed.
+    /// Fences `spans` under `generation`: returns once no write under an
+    /// older grant is in progress there. `pause` is called between looks
+    /// at the writers in progress and returns false once the caller's
+    /// deadline passed.
     ///
     /// The caller serialises fences of one table (a mutex), and passes a
     /// generation above every one it passed this table before.
-    pub fn fence(
-        &self,
-        start: u64,
-        end: u64,
-        generation: u32,
-        mut pause: impl FnMut() -> bool,
-    ) -> Result<(), FenceFailed> {
+    pub fn fence(&self, spans: &[Span], generation: u32, mut pause: impl FnMut() -> bool) -> Result<(), FenceFailed> {
         let phase = self.words[PHASE].load(Ordering::SeqCst);
         let generation = u64::from(generation);
-        let slot = self.free_slot();
-        let at = ENTRIES + 3 * slot;
-        // Range first, generation last: a reader that sees the generation
-        // sees the range (SeqCst, as every access here).
-        self.words[at].store(start, Ordering::SeqCst);
-        self.words[at + 1].store(end, Ordering::SeqCst);
-        self.words[at + 2].store(generation, Ordering::SeqCst);
-        // Entries the new one covers are redundant now that it is visible.
-        let used = self.words[USED].load(Ordering::SeqCst) as usize;
-        for other in (0..used).filter(|&other| other != slot) {
-            let at = ENTRIES + 3 * other;
-            let gen = self.words[at + 2].load(Ordering::SeqCst);
-            let (s, e) = (self.words[at].load(Ordering::SeqCst), self.words[at + 1].load(Ordering::SeqCst));
-            if gen != 0 && start <= s && e <= end {
-                self.words[at + 2].store(0, Ordering::SeqCst);
+        for span in spans {
+            let slot = self.free_slot();
+            let at = ENTRIES + ENTRY_WORDS * slot;
+            // Pattern first, generation last: a reader that sees the
+            // generation sees the pattern (SeqCst, as every access here).
+            for (word, value) in [span.start, span.len, span.stride, span.count].into_iter().enumerate() {
+                self.words[at + word].store(value, Ordering::SeqCst);
+            }
+            self.words[at + GEN].store(generation, Ordering::SeqCst);
+            // Entries the new one covers are redundant now that it is visible.
+            let used = self.words[USED].load(Ordering::SeqCst) as usize;
+            for other in (0..used).filter(|&other| other != slot) {
+                let at = ENTRIES + ENTRY_WORDS * other;
+                let gen = self.words[at + GEN].load(Ordering::SeqCst);
+                if gen != 0 && gen < generation && span.covers(&self.entry(other)) {
+                    self.words[at + GEN].store(0, Ordering::SeqCst);
+                }
             }
         }
         // The phase flips: writers from now on count in the other word.
@@ -205,11 +256,20 @@ impl<'a> FenceView<'a> {
         }
     }
 
+    /// Entry `slot`'s pattern.
+    fn entry(&self, slot: usize) -> Span {
+        let at = ENTRIES + ENTRY_WORDS * slot;
+        let word = |i: usize| self.words[at + i].load(Ordering::SeqCst);
+        Span { start: word(0), len: word(1), stride: word(2), count: word(3) }
+    }
+
     /// An empty slot, a new one, or the oldest entry's, folded into the
     /// floor first.
     fn free_slot(&self) -> usize {
         let used = self.words[USED].load(Ordering::SeqCst) as usize;
-        if let Some(slot) = (0..used).find(|&slot| self.words[ENTRIES + 3 * slot + 2].load(Ordering::SeqCst) == 0) {
+        if let Some(slot) =
+            (0..used).find(|&slot| self.words[ENTRIES + ENTRY_WORDS * slot + GEN].load(Ordering::SeqCst) == 0)
+        {
             return slot;
         }
         if used < FENCE_SLOTS {
@@ -218,12 +278,13 @@ impl<'a> FenceView<'a> {
             self.words[USED].store(used as u64 + 1, Ordering::SeqCst);
             return used;
         }
-        let oldest =
-            (0..used).min_by_key(|&slot| self.words[ENTRIES + 3 * slot + 2].load(Ordering::SeqCst)).unwrap_or(0);
-        let gen = self.words[ENTRIES + 3 * oldest + 2].load(Ordering::SeqCst);
+        let oldest = (0..used)
+            .min_by_key(|&slot| self.words[ENTRIES + ENTRY_WORDS * slot + GEN].load(Ordering::SeqCst))
+            .unwrap_or(0);
+        let gen = self.words[ENTRIES + ENTRY_WORDS * oldest + GEN].load(Ordering::SeqCst);
         // The floor takes the entry's protection before its slot goes.
         self.words[FLOOR].fetch_max(gen, Ordering::SeqCst);
-        self.words[ENTRIES + 3 * oldest + 2].store(0, Ordering::SeqCst);
+        self.words[ENTRIES + ENTRY_WORDS * oldest + GEN].store(0, Ordering::SeqCst);
         oldest
     }
 }
@@ -244,12 +305,8 @@ impl Pass<'_> {
         }
         let used = (words[USED].load(Ordering::SeqCst) as usize).min(FENCE_SLOTS);
         (0..used).all(|slot| {
-            let at = ENTRIES + 3 * slot;
-            let gen = words[at + 2].load(Ordering::SeqCst);
-            gen <= grant || {
-                let (s, e) = (words[at].load(Ordering::SeqCst), words[at + 1].load(Ordering::SeqCst));
-                e <= start || end <= s
-            }
+            let gen = words[ENTRIES + ENTRY_WORDS * slot + GEN].load(Ordering::SeqCst);
+            gen <= grant || !self.view.entry(slot).meets(start, end)
         })
     }
 }
@@ -290,15 +347,15 @@ mod tests {
         let pass = view.enter().unwrap();
         assert!(pass.admits(0, 100, 0), "nothing fenced yet");
         drop(pass);
-        view.fence(0, 64, 1, || true).unwrap();
-        view.fence(64, 128, 2, || true).unwrap();
+        view.fence(&[Span::range(0, 64)], 1, || true).unwrap();
+        view.fence(&[Span::range(64, 64)], 2, || true).unwrap();
         let pass = view.enter().unwrap();
         assert!(!pass.admits(0, 8, 0), "grant 0 in a fenced range");
         assert!(pass.admits(0, 64, 1));
         assert!(!pass.admits(60, 70, 1), "spans into the newer fence");
         assert!(pass.admits(128, 256, 0), "outside every fence");
         drop(pass);
-        view.fence(0, 64, 5, || true).unwrap();
+        view.fence(&[Span::range(0, 64)], 5, || true).unwrap();
         let pass = view.enter().unwrap();
         assert!(!pass.admits(0, 64, 1), "stale after the range was fenced again");
         assert!(pass.admits(0, 64, 5));
@@ -309,10 +366,10 @@ mod tests {
         let table = FenceTable::new();
         let view = table.view();
         for i in 0..FENCE_SLOTS as u64 {
-            view.fence(i, i + 1, i as u32 + 1, || true).unwrap();
+            view.fence(&[Span::range(i, 1)], i as u32 + 1, || true).unwrap();
         }
         // The table is full: this fence folds the first entry (grant 1).
-        view.fence(10_000, 10_001, 1000, || true).unwrap();
+        view.fence(&[Span::range(10_000, 1)], 1000, || true).unwrap();
         let pass = view.enter().unwrap();
         assert!(!pass.admits(0, 1, 0), "the floor still fences the folded range");
         assert!(!pass.admits(50_000, 50_001, 0), "and, too strictly, every range");
@@ -327,7 +384,7 @@ mod tests {
         let view = table.view();
         let pass = view.enter().unwrap();
         let mut looks = 0;
-        let waited = view.fence(0, 8, 1, || {
+        let waited = view.fence(&[Span::range(0, 8)], 1, || {
             looks += 1;
             looks < 3
         });
@@ -338,8 +395,48 @@ mod tests {
         let pass = view.enter().unwrap();
         assert!(!pass.admits(0, 8, 0));
         drop(pass);
-        assert_eq!(view.fence(0, 8, 2, || false), Ok(()), "nothing in progress: no wait");
+        assert_eq!(view.fence(&[Span::range(0, 8)], 2, || false), Ok(()), "nothing in progress: no wait");
         assert!(view.enter().unwrap().admits(0, 8, 2));
+    }
+
+    #[test]
+    fn a_strided_span_fences_a_request_in_every_layer_in_one_entry() {
+        // 4 layers x K/V of 8 blocks of 100 bytes, layer-major: blocks 2..4
+        // of the request recur every 800 bytes.
+        let request = Span { start: 200, len: 200, stride: 800, count: 8 };
+        let table = FenceTable::new();
+        let view = table.view();
+        view.fence(&[request], 3, || true).unwrap();
+        let pass = view.enter().unwrap();
+        for k in 0..8 {
+            let at = 200 + k * 800;
+            assert!(!pass.admits(at, at + 100, 2), "range {k}, first block");
+            assert!(!pass.admits(at + 150, at + 250, 2), "range {k}, straddling its end");
+            assert!(pass.admits(at + 200, at + 800, 2), "between ranges {k} and {}", k + 1);
+            assert!(pass.admits(at, at + 200, 3));
+        }
+        assert!(pass.admits(0, 200, 0), "before the first range");
+        assert!(pass.admits(200 + 8 * 800, 200 + 9 * 800, 0), "past the last range");
+        assert!(!pass.admits(0, 10_000, 2), "a write over all of them");
+        assert_eq!(table.words[USED].load(Ordering::SeqCst), 1, "one entry");
+        drop(pass);
+        // Fencing the same blocks again replaces the entry.
+        view.fence(&[request], 4, || true).unwrap();
+        let live = (0..2).filter(|&slot| view.words[ENTRIES + ENTRY_WORDS * slot + GEN].load(Ordering::SeqCst) != 0);
+        assert_eq!(live.count(), 1);
+    }
+
+    #[test]
+    fn spans_meet_ranges_exactly_and_never_overflow() {
+        let one = Span::range(10, 5);
+        assert!(one.meets(14, 15) && one.meets(0, 11) && !one.meets(15, 20) && !one.meets(0, 10));
+        let far = Span { start: u64::MAX - 10, len: 100, stride: u64::MAX, count: u64::MAX };
+        assert!(far.meets(u64::MAX - 1, u64::MAX));
+        assert!(!far.meets(0, 5));
+        let flat = Span { start: 0, len: 4, stride: 0, count: 9 };
+        assert!(flat.meets(0, 1) && !flat.meets(4, 100));
+        assert!(Span { start: 0, len: 10, stride: 100, count: 3 }.covers(&Span::range(205, 5)));
+        assert!(!Span { start: 0, len: 10, stride: 100, count: 3 }.covers(&Span::range(305, 5)));
     }
 
     #[test]

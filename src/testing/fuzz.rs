@@ -256,7 +256,7 @@ fn served(token: Option<&str>) -> Served {
     // The first 4 KiB are fenced under grant 5: a WRITE there naming less
     // (after a GRANT frame, or none) is refused and its lease given back.
     let entry = registry.get(region).expect("registered");
-    entry.fence_view().fence(0, 4096, 5, || true).expect("nothing writes yet");
+    entry.fence_view().fence(&[crate::mem::fence::Span::range(0, 4096)], 5, || true).expect("nothing writes yet");
     let quota = NotifyQuota { total: 8, total_bytes: 4096, per_sender: 4, per_sender_bytes: 2048 };
     let ctx = TargetContext {
         registry,
