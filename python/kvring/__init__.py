@@ -356,18 +356,21 @@ class Engine:
         latent_dim, dtype_bytes, tokens_per_block, index_dim)."""
         self._native.set_kv_layout(attention, list(dims), region, offset)
 
-    def push_blocks(self, name, src_ids, dst_ids, timeout=30.0):
+    def push_blocks(self, name, src_ids, dst_ids, timeout=30.0, grant=None):
         """Writes blocks ``src_ids`` of every layer into the peer's
-        ``dst_ids``; returns the bytes moved."""
-        return self._native.kv_transfer(name, "push", list(src_ids), list(dst_ids), None, timeout)
+        ``dst_ids``; returns the bytes moved. With ``grant`` (the peer's
+        ``fence_blocks(dst_ids)``, sent with the block table) the push
+        raises ``FencedError`` once the blocks were fenced again."""
+        return self._native.kv_transfer(name, "push", list(src_ids), list(dst_ids), None, timeout, grant)
 
     def pull_blocks(self, name, src_ids, dst_ids, timeout=30.0):
         """Reads the peer's blocks ``src_ids`` into ours ``dst_ids``."""
         return self._native.kv_transfer(name, "pull", list(src_ids), list(dst_ids), None, timeout)
 
-    def push_layer(self, name, layer, src_ids, dst_ids, timeout=30.0):
-        """Writes one layer's blocks as soon as it is computed."""
-        return self._native.kv_transfer(name, "push", list(src_ids), list(dst_ids), layer, timeout)
+    def push_layer(self, name, layer, src_ids, dst_ids, timeout=30.0, grant=None):
+        """Writes one layer's blocks as soon as it is computed (naming
+        ``grant``, as ``push_blocks``)."""
+        return self._native.kv_transfer(name, "push", list(src_ids), list(dst_ids), layer, timeout, grant)
 
     def push_layer_tagged(self, name, layer, slot, src_ids, dst_ids, timeout=30.0):
         """As ``push_layer``, the push tagged for request slot ``slot``
@@ -388,6 +391,12 @@ class Engine:
         and one in flight has stopped. Hand the grant to the one sender
         that may write there (``write(..., grant=g)``)."""
         return _native.fence(self._native, region, offset, length)
+
+    def fence_blocks(self, ids):
+        """Fences blocks ``ids`` of this engine's KV layout in every layer
+        and kind under one grant (a request's blocks), returned: the
+        sender pushes them with ``push_blocks(..., grant=)``."""
+        return _native.fence_blocks(self._native, list(ids))
 
     # Arrival tags (this engine as the target of tagged pushes) ----------
 

@@ -16,6 +16,13 @@ pub fn fence(py: Python<'_>, engine: &PyEngine, region: u32, offset: u64, length
     engine.with_open(py, |open| open.engine.fence(RegionId::from_raw(region), offset, length))
 }
 
+/// `Engine::fence_blocks`: one grant for blocks `ids` of this engine's KV
+/// layout, in every layer and kind.
+#[pyfunction]
+pub fn fence_blocks(py: Python<'_>, engine: &PyEngine, ids: Vec<u64>) -> PyResult<u32> {
+    engine.with_open(py, |open| open.engine.fence_blocks(&ids))
+}
+
 /// A push of `descs` (local region, local offset, remote region, remote
 /// offset, length) to `name` naming `grant`, waited for up to `timeout`
 /// seconds; returns the bytes moved (`FencedError` under a stale grant).

@@ -167,6 +167,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(u64s::pack_desc_rows, m)?)?;
     m.add_function(wrap_pyfunction!(arrivals::arrival_tag, m)?)?;
     m.add_function(wrap_pyfunction!(fence::fence, m)?)?;
+    m.add_function(wrap_pyfunction!(fence::fence_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(fence::write_granted, m)?)?;
     m.add_function(wrap_pyfunction!(arrivals::grant_arrival, m)?)?;
     m.add_function(wrap_pyfunction!(arrivals::landed, m)?)?;

@@ -251,6 +251,13 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
         false
     }
 
+    /// Whether a write's grant is checked against its destination's fences
+    /// on this link (tcp, shm, cma: `mem::fence`); a granted write on a link
+    /// that does not is refused rather than landing unchecked.
+    fn checks_grants(&self) -> bool {
+        false
+    }
+
     /// The socket whose readability means this link has something to poll
     /// (a reply), so that a parked lane waits on it instead of a timer.
     fn wake_fd(&self) -> Option<std::os::fd::RawFd> {

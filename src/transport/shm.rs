@@ -109,6 +109,12 @@ pub const SHM_CHUNK_BLOCKS: usize = 16;
 pub const GPU_CHUNK_BLOCKS: usize = super::MAX_CHUNK_BLOCKS;
 
 impl LaneLink for ShmLink {
+    /// Host mappings are checked; a granted write into the peer's GPU
+    /// memory is refused block by block (not fenced yet).
+    fn checks_grants(&self) -> bool {
+        true
+    }
+
     fn max_chunk(&self) -> usize {
         if self.device.is_some() {
             GPU_CHUNK_BLOCKS
@@ -171,6 +177,14 @@ impl LaneLink for ShmLink {
                     break;
                 }
             };
+            if let (Opcode::Write, RemoteAt::Device(..), 1..) = (op, remote, block.grant) {
+                failure = Some(Error::Unsupported {
+                    what:
+                        "a granted write into a peer's GPU memory over cuda_ipc (its fences are not checked there yet)"
+                            .into(),
+                });
+                break;
+            }
             let copier = self.device.as_mut().map(|(_, copier)| copier);
             match (device_copy(op, block.local as u64, block.memory, remote), copier, remote) {
                 (Some(copy), Some(copier), _) => copier.add(copy, block.desc.len),

@@ -183,7 +183,8 @@ impl Lane {
             (None, _) => Some(PartEnd::Failed(Error::UnknownSegment { segment: format!("key {:#x}", sqe.segment) })),
             (_, None) => Some(PartEnd::Failed(Error::UnknownOpcode { opcode: sqe.opcode })),
             (Some(link), Some(op)) => stale_end(&self.links.get(link).peer)
-                .or_else(|| untaggable(sqe.arrival_tag, op, &*self.links.get(link).link).map(PartEnd::Failed)),
+                .or_else(|| untaggable(sqe.arrival_tag, op, &*self.links.get(link).link).map(PartEnd::Failed))
+                .or_else(|| ungranted(sqe.grant, op, &*self.links.get(link).link).map(PartEnd::Failed)),
         }
     }
 
@@ -415,4 +416,12 @@ fn untaggable(tag: u32, op: Opcode, link: &dyn crate::transport::LaneLink) -> Op
         }
     };
     Some(Error::Unsupported { what: what.into() })
+}
+
+/// Why a WRITE part naming `grant` cannot run on `link` (one whose writes
+/// are not checked against the destination's fences), if it cannot.
+fn ungranted(grant: u32, op: Opcode, link: &dyn crate::transport::LaneLink) -> Option<Error> {
+    (grant != 0 && op == Opcode::Write && !link.checks_grants()).then(|| Error::Unsupported {
+        what: "a granted write on a link that does not check fences yet (tcp, shm and cma do; rdma does not)".into(),
+    })
 }

@@ -312,6 +312,10 @@ impl CmaLink {
 }
 
 impl LaneLink for CmaLink {
+    fn checks_grants(&self) -> bool {
+        true
+    }
+
     fn max_chunk(&self) -> usize {
         // One call per chunk: the lane checks cancel and deadlines between.
         MAX_CHUNK_BLOCKS.min(IOV_MAX)
