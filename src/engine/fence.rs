@@ -32,7 +32,7 @@ impl Engine {
     /// never passes for an older one.
     ///
     /// `RegionBusy` when a write under an older grant did not end within
-    /// [`FENCE_WAIT`] (the range then stays fenced under a grant nobody
+    /// `FENCE_WAIT` (2 s; the range then stays fenced under a grant nobody
     /// holds: fence it again).
     pub fn fence(&self, region: RegionId, offset: u64, len: u64) -> Result<u32> {
         self.fence_ranges(&[(region, offset, len)])
