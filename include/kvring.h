@@ -549,6 +549,38 @@ int kvring_engine_create_with_transports(const char *name,
 // `submitter` is live.
 int kvring_batch_transport(kvring_submitter *submitter, uint64_t batch);
 
+// Fences `len` bytes at `offset` of this engine's `region` (a request's
+// blocks) and writes the new grant to `grant_out`: from the moment this
+// returns, no write under an older grant is in the range and none starts
+// (`-REGION_BUSY` when one did not end in time). Hand the grant to the one
+// sender that may write there, with the block table.
+//
+// # Safety
+//
+// `engine` is live; `grant_out` is valid.
+int kvring_fence(kvring_engine *engine,
+                 uint32_t region,
+                 uint64_t offset,
+                 uint64_t len,
+                 uint32_t *grant_out);
+
+// As `kvring_submit` with `KVRING_WRITE`, the push naming `grant` (from the
+// target's `kvring_fence`) for its destination: it lands only where no
+// newer fence covers it, else the batch ends `-FENCED` (code 27) and none
+// of the refused bytes land.
+//
+// # Safety
+//
+// As `kvring_submit`.
+int kvring_submit_granted(kvring_submitter *submitter,
+                          const kvring_segment *segment,
+                          const kvring_block *blocks,
+                          size_t count,
+                          uint64_t user_data,
+                          uint32_t deadline_ms,
+                          uint32_t grant,
+                          uint64_t *batch_out);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

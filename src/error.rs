@@ -67,6 +67,18 @@ pub enum Error {
         /// Batches still holding it.
         in_flight: u32,
     },
+    /// A write named a grant older than the latest fence of its
+    /// destination (the range was fenced again and handed to another
+    /// writer): nothing of it landed there (`Engine::fence`).
+    #[error(
+        "region {region} was fenced after grant {grant}: the destination belongs to a newer grant, nothing was written"
+    )]
+    Fenced {
+        /// The destination region.
+        region: RegionId,
+        /// The grant the write named.
+        grant: u32,
+    },
     /// A region id that names no registered region (never registered,
     /// unregistered, or forged).
     #[error("unknown {side} region {region}: not registered, unregistered, or forged id")]
@@ -375,6 +387,7 @@ impl Error {
             Error::RegionOverlap { .. } => ErrorCode::RegionOverlap,
             Error::RegionInfoMismatch { .. } => ErrorCode::RegionOverlap,
             Error::RegionBusy { .. } => ErrorCode::RegionBusy,
+            Error::Fenced { .. } => ErrorCode::Fenced,
             Error::UnknownRegion { .. } => ErrorCode::UnknownRegion,
             Error::RegionTableFull { .. } => ErrorCode::ResourceLimit,
             Error::OutOfBounds { .. } => ErrorCode::OutOfBounds,
@@ -504,6 +517,7 @@ mod tests {
             ),
             (Error::RegionInfoMismatch { existing: region(3) }, "already registered as region 3:1", ErrorCode::RegionOverlap),
             (Error::RegionBusy { region: region(1), in_flight: 2 }, "region 1:1 has 2 batch(es) in flight", ErrorCode::RegionBusy),
+            (Error::Fenced { region: region(1), grant: 3 }, "region 1:1 was fenced after grant 3", ErrorCode::Fenced),
             (Error::UnknownRegion { side: Side::Remote, region: region(9) }, "unknown remote region 9:1", ErrorCode::UnknownRegion),
             (Error::RegionTableFull { capacity: 4 }, "region table is full (4 regions)", ErrorCode::ResourceLimit),
             (

@@ -11,6 +11,7 @@
 mod arrivals;
 mod batches;
 mod config;
+mod fence;
 mod submit;
 mod transports;
 

@@ -40,3 +40,7 @@ pub mod revoke;
 /// The shm region file's revocation handshake (live and busy words).
 #[path = "../../src/mem/revoke.rs"]
 pub mod shm_revoke;
+
+/// Fenced destinations: grants, the writers' two phase counters, fences.
+#[path = "../../src/mem/fence.rs"]
+pub mod fence;

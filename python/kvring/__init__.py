@@ -282,8 +282,16 @@ class Engine:
         follows the engine's ``checksum``."""
         return self._native.transfer(name, op, [tuple(b) for b in blocks], timeout, checksum)
 
-    def write(self, name, blocks, timeout=30.0, checksum=None):
-        """``transfer(name, "write", blocks)``."""
+    def write(self, name, blocks, timeout=30.0, checksum=None, grant=None):
+        """``transfer(name, "write", blocks)``. With ``grant`` (from the
+        target's ``fence`` of the blocks' range), the push lands only where
+        no newer fence covers it, else it raises ``FencedError`` and
+        nothing of it lands (a granted write takes the engine's checksum
+        setting: ``checksum=`` with ``grant=`` is refused)."""
+        if grant is not None:
+            if checksum is not None:
+                raise ValueError("checksum= with grant= is not supported: set Engine(checksum=...) instead")
+            return _native.write_granted(self._native, name, [tuple(b) for b in blocks], grant, timeout)
         return self.transfer(name, "write", blocks, timeout, checksum)
 
     def read(self, name, blocks, timeout=30.0, checksum=None):
@@ -369,18 +377,21 @@ class Engine:
         latent_dim, dtype_bytes, tokens_per_block, index_dim)."""
         self._native.set_kv_layout(attention, list(dims), region, offset)
 
-    def push_blocks(self, name, src_ids, dst_ids, timeout=30.0):
+    def push_blocks(self, name, src_ids, dst_ids, timeout=30.0, grant=None):
         """Writes blocks ``src_ids`` of every layer into the peer's
-        ``dst_ids``; returns the bytes moved."""
-        return self._native.kv_transfer(name, "push", list(src_ids), list(dst_ids), None, timeout)
+        ``dst_ids``; returns the bytes moved. With ``grant`` (the peer's
+        ``fence_blocks(dst_ids)``, sent with the block table) the push
+        raises ``FencedError`` once the blocks were fenced again."""
+        return self._native.kv_transfer(name, "push", list(src_ids), list(dst_ids), None, timeout, grant)
 
     def pull_blocks(self, name, src_ids, dst_ids, timeout=30.0):
         """Reads the peer's blocks ``src_ids`` into ours ``dst_ids``."""
         return self._native.kv_transfer(name, "pull", list(src_ids), list(dst_ids), None, timeout)
 
-    def push_layer(self, name, layer, src_ids, dst_ids, timeout=30.0):
-        """Writes one layer's blocks as soon as it is computed."""
-        return self._native.kv_transfer(name, "push", list(src_ids), list(dst_ids), layer, timeout)
+    def push_layer(self, name, layer, src_ids, dst_ids, timeout=30.0, grant=None):
+        """Writes one layer's blocks as soon as it is computed (naming
+        ``grant``, as ``push_blocks``)."""
+        return self._native.kv_transfer(name, "push", list(src_ids), list(dst_ids), layer, timeout, grant)
 
     def push_layer_tagged(self, name, layer, slot, src_ids, dst_ids, timeout=30.0):
         """As ``push_layer``, the push tagged for request slot ``slot``
@@ -408,6 +419,22 @@ class Engine:
         return _native.push_layer_heads_tagged(
             self._native, name, layer, slot, list(src_ids), list(dst_ids), tuple(heads), tuple(src), tuple(dst), timeout
         )
+
+    # Fenced destinations (this engine as the target) ----------------------
+
+    def fence(self, region, offset, length):
+        """Fences ``length`` bytes at ``offset`` of this engine's ``region``
+        (a request's blocks) and returns the new grant: from the moment
+        this returns, no push naming an older grant (or none) lands there,
+        and one in flight has stopped. Hand the grant to the one sender
+        that may write there (``write(..., grant=g)``)."""
+        return _native.fence(self._native, region, offset, length)
+
+    def fence_blocks(self, ids):
+        """Fences blocks ``ids`` of this engine's KV layout in every layer
+        and kind under one grant (a request's blocks), returned: the
+        sender pushes them with ``push_blocks(..., grant=)``."""
+        return _native.fence_blocks(self._native, list(ids))
 
     # Arrival tags (this engine as the target of tagged pushes) ----------
 

@@ -47,6 +47,7 @@ _KINDS = [
     ("UnauthorizedError", "UNAUTHORIZED", PermissionError, "The peer refused the token."),
     ("LayoutMismatchError", "LAYOUT_MISMATCH", None, "The two KV-cache layouts cannot exchange blocks."),
     ("CorruptError", "CORRUPT", None, "A checksummed block arrived with other bytes than were sent."),
+    ("FencedError", "FENCED", None, "The destination was fenced after the grant the write named; nothing landed."),
     ("ForkError", "FORK", None, "The engine was created before fork(); create one in the child."),
 ]
 

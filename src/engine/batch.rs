@@ -33,6 +33,7 @@ pub struct Batch<'a> {
     pub(crate) arrival_tag: u32,
     /// End-to-end checksums: `None` takes the engine's setting.
     pub(crate) checksum: Option<bool>,
+    pub(crate) grant: u32,
 }
 
 impl<'a> Batch<'a> {
@@ -56,6 +57,7 @@ impl<'a> Batch<'a> {
             deadline: None,
             arrival_tag: 0,
             checksum: None,
+            grant: 0,
         }
     }
 
@@ -106,6 +108,16 @@ impl<'a> Batch<'a> {
     /// docs/CHECKSUMS.md for what each transport's check catches.
     pub fn checksum(mut self, on: bool) -> Self {
         self.checksum = Some(on);
+        self
+    }
+
+    /// Names the grant the target handed out for this push's destination
+    /// ([`Engine::fence`](crate::Engine::fence)); a write lands only where
+    /// no newer fence covers it, else the batch fails `Fenced` and none of
+    /// the refused bytes land. 0 (the default) names none: such a write
+    /// lands only where nothing was ever fenced.
+    pub fn grant(mut self, grant: u32) -> Self {
+        self.grant = grant;
         self
     }
 

@@ -16,6 +16,7 @@ mod batch;
 mod config;
 mod control;
 mod described;
+mod fence;
 mod lifecycle;
 mod metadata;
 mod metrics;

@@ -224,7 +224,7 @@ impl Submitter {
                 },
                 _reserved: [0; 2],
                 arrival_tag: batch.arrival_tag,
-                _pad: 0,
+                grant: batch.grant,
             };
             lane.desc_position += count as u64;
             // Room checked above; this submitter is the ring's only producer.

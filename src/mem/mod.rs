@@ -3,6 +3,7 @@
 
 pub mod checksum;
 pub mod device;
+pub mod fence;
 pub(crate) mod lease;
 pub mod region;
 pub mod registry;

@@ -34,6 +34,9 @@ pub struct RegionEntry {
     pub shm: Option<Arc<ShmMapping>>,
     /// Set for GPU regions: the provider, the export, owned memory.
     pub device: Option<Arc<DeviceBacking>>,
+    /// The region's fence table when it has no file to keep it in (caller
+    /// and GPU memory): checked at this end by tcp and staged copies.
+    pub fences: Arc<super::fence::FenceTable>,
 }
 
 /// What a region's bytes are backed by beyond the caller's pointer.
@@ -46,6 +49,16 @@ pub struct Backing {
 }
 
 impl RegionEntry {
+    /// The fence table writers at this end check, keyed by offset in the
+    /// region: the region file's (which same-host peers check too), or the
+    /// entry's own.
+    pub fn fence_view(&self) -> super::fence::FenceView<'_> {
+        match &self.shm {
+            Some(shm) => shm.fences(),
+            None => self.fences.view(),
+        }
+    }
+
     /// Checks `[offset, offset + len)` against the region and the right it
     /// needs; returns the start address of the range.
     #[inline]
@@ -187,7 +200,7 @@ impl Registry {
         }
         // SAFETY: the slot came off the free list under the control mutex:
         // not live, no leases, and nobody else publishes it.
-        let issued = unsafe { slot.publish(RegionEntry { addr, len, info, shm, device }) };
+        let issued = unsafe { slot.publish(RegionEntry { addr, len, info, shm, device, fences: Default::default() }) };
         debug_assert_eq!(issued, generation);
         let id = RegionId::new(index, generation);
         control.by_addr.insert(addr, id);
@@ -575,6 +588,7 @@ mod tests {
             info: RegionInfo::raw().with_access(Access::LOCAL_READ),
             shm: None,
             device: None,
+            fences: Default::default(),
         };
         assert_eq!(entry.check(id, Side::Local, 0, 10, 10, Access::LOCAL_READ).unwrap(), 0x100a);
         let err = entry.check(id, Side::Local, 0, 10, 10, Access::LOCAL_WRITE).unwrap_err();

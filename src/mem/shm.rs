@@ -60,7 +60,11 @@ pub const SHM_MODE: u32 = 0o600;
 const HEADER_MAGIC: [u8; 8] = *b"KVRINGSH";
 /// 2: the header carries the owner's rights (`access`, 0 in version 1).
 /// 3: and the `live` and `busy` words of revocation.
-const HEADER_VERSION: u32 = 3;
+/// 4: and the region's fence table at [`FENCE_OFFSET`] (`mem::fence`).
+const HEADER_VERSION: u32 = 4;
+/// Where the region's fence table sits in the header page.
+pub const FENCE_OFFSET: usize = 1024;
+const _: () = assert!(FENCE_OFFSET + super::fence::FENCE_WORDS * 8 <= SHM_HEADER_BYTES);
 /// Longest an owner's `unregister` waits for peers' copies in progress.
 pub const SHM_REVOKE_WAIT: Duration = Duration::from_secs(2);
 
@@ -245,6 +249,22 @@ impl ShmMapping {
     fn busy(&self) -> &AtomicU64 {
         // SAFETY: as in `live` (offset 48).
         unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.header_ptr()).busy)) }
+    }
+
+    /// The region's fence table, shared by its owner and every peer that
+    /// maps it (`mem::fence`; all zero in a new file: never fenced).
+    pub fn fences(&self) -> super::fence::FenceView<'_> {
+        // SAFETY: the header page is in the mapping, which lives as long
+        // as `self`; the table lies inside it (asserted at compile time),
+        // 8-aligned in a page-aligned mapping, and its words are only ever
+        // accessed atomically, by every process that maps the file.
+        let words = unsafe {
+            std::slice::from_raw_parts(
+                self.map.as_mut_ptr().add(FENCE_OFFSET).cast::<AtomicU64>(),
+                super::fence::FENCE_WORDS,
+            )
+        };
+        super::fence::FenceView::new(words)
     }
 
     /// A peer's way in: counts a copy in progress and checks the owner

@@ -594,8 +594,9 @@ impl PyEngine {
 
     /// Pushes (`op` "push") or pulls ("pull") blocks of every layer between
     /// this engine's KV layout and the peer's, and waits; with `layer`
-    /// set, pushes that layer only. Returns the bytes moved.
-    #[pyo3(signature = (name, op, src_ids, dst_ids, layer=None, timeout=30.0))]
+    /// set, pushes that layer only; with `grant`, a push names it (the
+    /// peer's `fence_blocks` of `dst_ids`). Returns the bytes moved.
+    #[pyo3(signature = (name, op, src_ids, dst_ids, layer=None, timeout=30.0, grant=None))]
     #[allow(clippy::too_many_arguments)] // a Python keyword signature
     fn kv_transfer(
         &self,
@@ -606,11 +607,12 @@ impl PyEngine {
         dst_ids: Vec<u64>,
         layer: Option<u32>,
         timeout: f64,
+        grant: Option<u32>,
     ) -> PyResult<u64> {
         let timeout = seconds(timeout)?;
         let push = match op {
             "push" => true,
-            "pull" if layer.is_none() => false,
+            "pull" if layer.is_none() && grant.is_none() => false,
             other => {
                 return Err(PyValueError::new_err(format!(
                     "op must be \"push\" or \"pull\" (whole blocks), got {other:?}"
@@ -622,10 +624,13 @@ impl PyEngine {
             let mine = open.engine.kv_layout().ok_or_else(|| Error::invalid("kv layout", "set_kv_layout first"))?;
             let theirs = segment.kv_layout(timeout)?;
             let sub = &mut open.submitter;
-            let id = match (push, layer) {
-                (true, Some(layer)) => sub.push_layer(&segment, &mine, &theirs, layer, &src_ids, &dst_ids)?,
-                (true, None) => sub.push_blocks(&segment, &mine, &theirs, &src_ids, &dst_ids)?,
-                (false, _) => sub.pull_blocks(&segment, &mine, &theirs, &src_ids, &dst_ids)?,
+            let (src, dst) = (&src_ids[..], &dst_ids[..]);
+            let id = match (push, layer, grant) {
+                (true, Some(layer), None) => sub.push_layer(&segment, &mine, &theirs, layer, src, dst)?,
+                (true, Some(layer), Some(g)) => sub.push_layer_granted(&segment, &mine, &theirs, layer, src, dst, g)?,
+                (true, None, None) => sub.push_blocks(&segment, &mine, &theirs, src, dst)?,
+                (true, None, Some(g)) => sub.push_blocks_granted(&segment, &mine, &theirs, src, dst, g)?,
+                (false, ..) => sub.pull_blocks(&segment, &mine, &theirs, src, dst)?,
             };
             finish(sub.wait(id, timeout)?)
         })

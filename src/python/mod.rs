@@ -22,6 +22,7 @@
 
 mod arrivals;
 mod engine;
+mod fence;
 mod gpu;
 mod lent;
 mod open;
@@ -166,6 +167,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu::dlpack_info, m)?)?;
     m.add_function(wrap_pyfunction!(u64s::pack_desc_rows, m)?)?;
     m.add_function(wrap_pyfunction!(arrivals::arrival_tag, m)?)?;
+    m.add_function(wrap_pyfunction!(fence::fence, m)?)?;
+    m.add_function(wrap_pyfunction!(fence::fence_blocks, m)?)?;
+    m.add_function(wrap_pyfunction!(fence::write_granted, m)?)?;
     m.add_function(wrap_pyfunction!(arrivals::grant_arrival, m)?)?;
     m.add_function(wrap_pyfunction!(arrivals::landed, m)?)?;
     m.add_function(wrap_pyfunction!(arrivals::wait_landed, m)?)?;

@@ -64,8 +64,8 @@ pub struct Sqe {
     pub _reserved: [u8; 2],
     /// Arrival tag the target counts this part's bytes under (0: none).
     pub arrival_tag: u32,
-    /// Reserved, zero.
-    pub _pad: u32,
+    /// The grant the batch names for its destination (0: none).
+    pub grant: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<Sqe>() == 56);

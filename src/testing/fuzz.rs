@@ -255,6 +255,10 @@ fn served(token: Option<&str>) -> Served {
     memory[GUARD_BYTES..GUARD_BYTES + SERVED_BYTES].fill(0);
     let start = memory.as_mut_ptr() as usize + GUARD_BYTES;
     let region = registry.register(start, SERVED_BYTES, RegionInfo::raw(), Default::default()).expect("registers");
+    // The first 4 KiB are fenced under grant 5: a WRITE there naming less
+    // (after a GRANT frame, or none) is refused and its lease given back.
+    let entry = registry.get(region).expect("registered");
+    entry.fence_view().fence(&[crate::mem::fence::Span::range(0, 4096)], 5, || true).expect("nothing writes yet");
     let quota = NotifyQuota { total: 8, total_bytes: 4096, per_sender: 4, per_sender_bytes: 2048 };
     let ctx = TargetContext {
         registry,
@@ -336,6 +340,7 @@ pub fn initiator_replies(data: &[u8]) {
         desc_index: 0,
         tag: 0,
         checksum: false,
+        grant: 0,
     };
     let writes = [block(0, 4096), block(4096, 4096)];
     let reads = [block(0, 16), block(SERVED_BYTES, 32 * 1024), block(2 * SERVED_BYTES, 100)];
@@ -436,5 +441,34 @@ pub fn control_requests(data: &[u8]) {
             Err(_) => {}
         }
         assert!(!auth.is_proven(), "proven without the token");
+    }
+}
+
+#[cfg(test)]
+mod fence_seeds {
+    /// The committed seeds of the target's connection loop (GRANT frames
+    /// among them) run through it: no byte outside the region, every lease
+    /// back; a stale grant's write lands nothing in the fenced page.
+    #[test]
+    fn the_target_connection_seeds_pass_and_a_stale_grant_lands_nothing() {
+        let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/target_connection");
+        for seed in std::fs::read_dir(seeds).expect("seeds") {
+            let bytes = std::fs::read(seed.expect("a seed").path()).expect("readable");
+            super::target_connection(&bytes);
+        }
+        let bytes =
+            std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/target_connection/grants"))
+                .expect("the grants seed");
+        let served = super::served(None);
+        let piece = usize::from(bytes[0] % 61) + 1;
+        let hello = super::ClientHello::new(42, [0; 16], [0; 16], [0; 16]);
+        let mut input = zerocopy::IntoBytes::as_bytes(&hello).to_vec();
+        input.extend_from_slice(&bytes[1..]);
+        let _ = super::drive(&served, &input, piece);
+        let region = &served.memory[super::GUARD_BYTES..];
+        assert_eq!(&region[100..105], b"hello", "grant 7 lands in the page fenced under 5");
+        assert_eq!(&region[200..208], &[0; 8], "grant 3 lands nothing there");
+        assert_eq!(&region[8192..8196], b"free", "past the fenced page no grant is needed");
+        super::guards_intact(&served);
     }
 }

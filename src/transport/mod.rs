@@ -103,6 +103,9 @@ pub(crate) struct Block {
     /// Checksummed end to end: set only on links whose target verifies it
     /// ([`LaneLink::checksums_on_wire`]); the lane verifies one-sided links.
     pub checksum: bool,
+    /// The grant the batch names for its destination (0: none); a write
+    /// lands only where no newer fence covers it (`mem::fence`).
+    pub grant: u32,
 }
 
 /// A chunk's failure: the error, and the bytes moved before it.
@@ -250,6 +253,13 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
     /// Whether the target counts the arrival tags this link carries (tcp,
     /// rdma); a tagged part on a link that does not is refused.
     fn counts_arrivals(&self) -> bool {
+        false
+    }
+
+    /// Whether a write's grant is checked against its destination's fences
+    /// on this link (tcp, shm, cma: `mem::fence`); a granted write on a link
+    /// that does not is refused rather than landing unchecked.
+    fn checks_grants(&self) -> bool {
         false
     }
 

@@ -10,6 +10,7 @@ use super::{Block, ChunkEnd, LaneLink, Link, LinkState, Posted, TransportKind};
 use crate::desc::BlockDesc;
 use crate::error::{Error, Result, Side};
 use crate::gpu::{CopyCounters, Gpu};
+use crate::mem::fence::Pass;
 use crate::mem::shm::{Entered, PeerRegion};
 use crate::mem::ShmMapping;
 use crate::ring::Opcode;
@@ -108,6 +109,12 @@ pub const SHM_CHUNK_BLOCKS: usize = 16;
 pub const GPU_CHUNK_BLOCKS: usize = super::MAX_CHUNK_BLOCKS;
 
 impl LaneLink for ShmLink {
+    /// Host mappings are checked; a granted write into the peer's GPU
+    /// memory is refused block by block (not fenced yet).
+    fn checks_grants(&self) -> bool {
+        true
+    }
+
     fn max_chunk(&self) -> usize {
         if self.device.is_some() {
             GPU_CHUNK_BLOCKS
@@ -138,10 +145,14 @@ impl LaneLink for ShmLink {
         // blocks into one region enter it once.
         let mappings = self.mappings.clone();
         let mut entered: Option<(usize, Entered<'_>)> = None;
+        // The fence table's pass of that region, for writes (`mem::fence`):
+        // taken after `entered`, dropped before it.
+        let mut fenced: Option<(usize, Pass<'_>)> = None;
         for block in blocks {
             let index = block.desc.remote_region.index() as usize;
             if let Some(mapping) = mappings.get(index).and_then(Option::as_ref) {
                 if entered.as_ref().map(|(at, _)| *at) != Some(index) {
+                    fenced = None;
                     entered = None; // leave the previous region first
                     match mapping.enter() {
                         Some(guard) => entered = Some((index, guard)),
@@ -154,6 +165,10 @@ impl LaneLink for ShmLink {
                         }
                     }
                 }
+                if let Err(error) = admit(op, mapping, index, &mut fenced, block) {
+                    failure = Some(error);
+                    break;
+                }
             }
             let remote = match self.remote(op, &block.desc, block.desc_index) {
                 Ok(remote) => remote,
@@ -162,6 +177,14 @@ impl LaneLink for ShmLink {
                     break;
                 }
             };
+            if let (Opcode::Write, RemoteAt::Device(..), 1..) = (op, remote, block.grant) {
+                failure = Some(Error::Unsupported {
+                    what:
+                        "a granted write into a peer's GPU memory over cuda_ipc (its fences are not checked there yet)"
+                            .into(),
+                });
+                break;
+            }
             let copier = self.device.as_mut().map(|(_, copier)| copier);
             match (device_copy(op, block.local as u64, block.memory, remote), copier, remote) {
                 (Some(copy), Some(copier), _) => copier.add(copy, block.desc.len),
@@ -179,6 +202,7 @@ impl LaneLink for ShmLink {
                 }
             }
         }
+        drop(fenced);
         // Host copies are done: their region may be unregistered now. (A
         // GPU copy into a peer's host mapping was checked live when issued
         // but runs on after this; see docs/SECURITY.md.)
@@ -282,5 +306,36 @@ unsafe fn copy_host(op: Opcode, local: *mut u8, remote: *mut u8, len: usize) {
             Opcode::Write => std::ptr::copy(local, remote, len),
             Opcode::Read => std::ptr::copy(remote, local, len),
         }
+    }
+}
+
+/// A write's fence check (`mem::fence`): enters the region's fence table
+/// once per run of blocks into it (the pass held in `fenced` until the
+/// copies of the run end), then checks the block's range under its grant.
+/// Reads are not fenced.
+#[inline]
+fn admit<'a>(
+    op: Opcode,
+    mapping: &'a ShmMapping,
+    index: usize,
+    fenced: &mut Option<(usize, Pass<'a>)>,
+    block: &Block,
+) -> Result<()> {
+    if op != Opcode::Write {
+        return Ok(());
+    }
+    let region = block.desc.remote_region;
+    if fenced.as_ref().map(|(at, _)| *at) != Some(index) {
+        *fenced = None;
+        let pass = mapping.fences().enter().ok_or(Error::RegionBusy { region, in_flight: 0 })?;
+        *fenced = Some((index, pass));
+    }
+    let Some((_, pass)) = fenced.as_ref() else { return Ok(()) };
+    let start = block.desc.remote_offset;
+    let end = start.saturating_add(block.desc.len);
+    if pass.admits(start, end, block.grant) {
+        Ok(())
+    } else {
+        Err(Error::Fenced { region, grant: block.grant })
     }
 }

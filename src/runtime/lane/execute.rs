@@ -101,14 +101,17 @@ impl Lane {
         let moves_device_memory = link.is_some_and(|l| links.get(l).link.moves_device_memory());
         let checksummed = sqe.flags & crate::ring::SQE_FLAG_CHECKSUM != 0;
         let verify = checksummed && link.is_some_and(|l| links.get(l).link.verifies_landed());
+        let tag = sqe.arrival_tag;
+        let grant = sqe.grant;
         let mut post = Poster {
             ticket_index,
             id,
             max_chunk,
             moves_device_memory,
-            tag: sqe.arrival_tag,
+            tag,
             verify,
             wire_checksum: checksummed && !verify,
+            grant,
             split_extra: 0,
             registry,
             chunk,
@@ -191,7 +194,8 @@ impl Lane {
                         .then(|| super::checksum::unverifiable(op, sqe.arrival_tag, link))
                         .flatten()
                         .map(PartEnd::Failed)
-                }),
+                })
+                .or_else(|| ungranted(sqe.grant, op, &*self.links.get(link).link).map(PartEnd::Failed)),
         }
     }
 
@@ -260,6 +264,8 @@ struct Poster<'a> {
     verify: bool,
     /// Checksummed, verified by the target (stamped on each block).
     wire_checksum: bool,
+    /// The part's grant, stamped on each block.
+    grant: u32,
     /// Pieces beyond the first of blocks cut by [`Poster::add_staged`]
     /// (executed counts descriptors, not pieces).
     split_extra: u64,
@@ -285,13 +291,29 @@ impl Poster<'_> {
             }
         };
         if memory == MemoryKind::Host {
-            self.chunk.push(Block { local, memory, desc, desc_index, tag: self.tag, checksum: self.wire_checksum });
+            self.chunk.push(Block {
+                local,
+                memory,
+                desc,
+                desc_index,
+                tag: self.tag,
+                checksum: self.wire_checksum,
+                grant: self.grant,
+            });
         } else {
             self.add_staged(
                 ticket,
                 link,
                 op,
-                Block { local, memory, desc, desc_index, tag: self.tag, checksum: self.wire_checksum },
+                Block {
+                    local,
+                    memory,
+                    desc,
+                    desc_index,
+                    tag: self.tag,
+                    checksum: self.wire_checksum,
+                    grant: self.grant,
+                },
             );
         }
         if self.chunk.len() >= self.max_chunk {
@@ -430,4 +452,12 @@ fn untaggable(tag: u32, op: Opcode, link: &dyn crate::transport::LaneLink) -> Op
         }
     };
     Some(Error::Unsupported { what: what.into() })
+}
+
+/// Why a WRITE part naming `grant` cannot run on `link` (one whose writes
+/// are not checked against the destination's fences), if it cannot.
+fn ungranted(grant: u32, op: Opcode, link: &dyn crate::transport::LaneLink) -> Option<Error> {
+    (grant != 0 && op == Opcode::Write && !link.checks_grants()).then(|| Error::Unsupported {
+        what: "a granted write on a link that does not check fences yet (tcp, shm and cma do; rdma does not)".into(),
+    })
 }

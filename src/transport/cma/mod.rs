@@ -72,6 +72,7 @@ pub(crate) use sockdiag::inode_from_reply as sockdiag_inode_from_reply;
 
 use super::{Block, LaneLink, Link, LinkState, Posted, TransportKind, MAX_CHUNK_BLOCKS};
 use crate::error::{Error, Side};
+use crate::mem::fence::Pass;
 use crate::mem::registry::{access_name, check_range};
 use crate::mem::Access;
 use crate::ring::Opcode;
@@ -172,7 +173,7 @@ impl CmaLink {
     /// and appends its iovecs (merged with the previous entry when both
     /// sides continue it). Stops at the first bad block, returning its
     /// error; the blocks before it are in the lists.
-    fn gather(&mut self, op: Opcode, blocks: &[Block]) -> Option<Error> {
+    fn gather(&mut self, op: Opcode, blocks: &[Block], fenced: Option<&Pass<'_>>) -> Option<Error> {
         self.local.clear();
         self.remote.clear();
         self.touched.clear();
@@ -200,6 +201,10 @@ impl CmaLink {
             // In range of a region that does not wrap (checked at open
             // against the descriptor), so neither sum overflows.
             let (remote, len) = ((at.addr + desc.remote_offset) as usize, desc.len as usize);
+            // A write's grant, against the target's table (by address).
+            if fenced.is_some_and(|pass| !pass.admits(remote as u64, (remote + len) as u64, block.grant)) {
+                return Some(Error::Fenced { region: desc.remote_region, grant: block.grant });
+            }
             let local = block.local as usize;
             match (self.local.last_mut(), self.remote.last_mut()) {
                 (Some(l), Some(r))
@@ -315,6 +320,10 @@ impl CmaLink {
 }
 
 impl LaneLink for CmaLink {
+    fn checks_grants(&self) -> bool {
+        true
+    }
+
     fn max_chunk(&self) -> usize {
         // One call per chunk: the lane checks cancel and deadlines between.
         MAX_CHUNK_BLOCKS.min(IOV_MAX)
@@ -333,11 +342,26 @@ impl LaneLink for CmaLink {
     }
 
     unsafe fn transfer(&mut self, op: Opcode, _batch_id: u64, _ticket: u64, blocks: &[Block]) -> Posted {
-        let bad = self.gather(op, blocks);
+        // A write counts itself in the target's fence table before it
+        // checks its grants, and stays counted until its calls end
+        // (`mem::fence`): a fence that returned sees no stale call after.
+        let peer = self.peer.clone();
+        let fenced = match op {
+            Opcode::Write => match peer.fences().enter() {
+                Some(pass) => Some(pass),
+                None => {
+                    let region = blocks.first().map_or(crate::desc::RegionId::from_raw(0), |b| b.desc.remote_region);
+                    return Posted::Failed((Error::RegionBusy { region, in_flight: 0 }, 0));
+                }
+            },
+            Opcode::Read => None,
+        };
+        let bad = self.gather(op, blocks, fenced.as_ref());
         let moved = match self.local.is_empty() {
             true => Ok(0),
             false => self.move_all(op),
         };
+        drop(fenced);
         match (moved, bad) {
             (Ok(bytes), None) => Posted::Done(bytes),
             (Ok(bytes), Some(error)) => Posted::Failed((error, bytes)),

@@ -248,6 +248,13 @@ impl CmaExport {
         state.store(state_word(id, access), Ordering::Release);
     }
 
+    /// The fence table of every region on the page, keyed by address in
+    /// this process (`mem::fence`): in the page file's header page, which
+    /// every initiator maps.
+    pub fn fences(&self) -> crate::mem::fence::FenceView<'_> {
+        self.page.mapping.fences()
+    }
+
     /// Serialises unregisters: hold the guard across looking the region
     /// up, [`revoke`](Self::revoke), the registry's unregister and any
     /// re-listing after it failed.
@@ -320,6 +327,12 @@ pub(crate) struct CmaPeer {
 }
 
 impl CmaPeer {
+    /// The target's fence table for its regions on the page, keyed by
+    /// address in the target's process (`mem::fence`).
+    pub fn fences(&self) -> crate::mem::fence::FenceView<'_> {
+        self.page.mapping.fences()
+    }
+
     /// Proves the target and takes a user slot (see [`open`](super::open)).
     pub fn open(descriptor: &SegmentDescriptor) -> Result<Self> {
         let refuse = |why: String| Error::Unsupported { what: format!("cma to {}: {why}", descriptor.name) };

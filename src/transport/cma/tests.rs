@@ -74,6 +74,7 @@ fn blocks(local: &mut [u8], remote: RegionId, count: usize, len: usize) -> Vec<B
             desc_index: i as u32,
             tag: 0,
             checksum: false,
+            grant: 0,
         })
         .collect()
 }

@@ -23,7 +23,7 @@ impl CmaLink {
     /// rights, as the copy was) at `local`, `len` bytes from `skip`, then
     /// reads it there.
     fn read_back(&mut self, op: Opcode, block: &Block, skip: usize, local: &mut [u8]) -> Result<()> {
-        if let Some(error) = self.gather(op, std::slice::from_ref(block)) {
+        if let Some(error) = self.gather(op, std::slice::from_ref(block), None) {
             return Err(error);
         }
         let remote = self.remote[0];
@@ -57,7 +57,7 @@ impl CmaLink {
             return;
         }
         byte[0] ^= 0x5a;
-        if self.gather(Opcode::Write, std::slice::from_ref(block)).is_none() {
+        if self.gather(Opcode::Write, std::slice::from_ref(block), None).is_none() {
             self.remote[0].len = 1;
             self.local[0] = IoVec { base: byte.as_mut_ptr() as usize, len: 1 };
             let _ = self.move_all(Opcode::Write);

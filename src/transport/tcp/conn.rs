@@ -58,11 +58,15 @@ impl Peer {
         }
     }
 
-    /// Turns a reply's failure status into an error.
-    fn refused(&self, reply: &FrameHeader) -> Error {
+    /// Turns a reply's failure status into an error (of a chunk that
+    /// named `grant`).
+    fn refused(&self, reply: &FrameHeader, grant: u32) -> Error {
         let code = crate::error::code_of_status(reply.status);
         if code == ErrorCode::PeerRestarted {
             return self.gone(format!("it answered with another epoch than {:#x}", self.epoch));
+        }
+        if code == ErrorCode::Fenced {
+            return Error::Fenced { region: crate::RegionId::from_raw(reply.region), grant };
         }
         Error::Remote {
             code,
@@ -124,6 +128,8 @@ struct Awaited {
     /// Bytes in place so far.
     moved: u64,
     failure: Option<Error>,
+    /// The grant a WRITE chunk named (0: none), for its `Fenced` error.
+    grant: u32,
     /// A notification's encoded payload: never read, owned here so the
     /// queued frame that points into it stays valid until its reply.
     _payload: Vec<u8>,
@@ -170,6 +176,9 @@ pub struct Connection {
     ended_chunks: Vec<u64>,
     /// The frame seal of a tokened session's connection.
     seal: Option<FrameSeal>,
+    /// The grant the last GRANT frame queued named (a connection starts at
+    /// 0 at both ends).
+    sent_grant: u32,
 }
 
 // SAFETY: the raw pointers are into registered local regions that the
@@ -200,6 +209,7 @@ impl Connection {
             track_chunks: false,
             ended_chunks: Vec::new(),
             seal: None,
+            sent_grant: 0,
         })
     }
 
@@ -260,6 +270,14 @@ impl Connection {
         }
         let chunk = self.take_chunk_id();
         let count = spans.len();
+        // A part's blocks share its grant: a GRANT frame goes before its
+        // WRITE frames when it differs from the last one named.
+        let grant = blocks.first().map_or(0, |b| b.grant);
+        if op == Opcode::Write && grant != self.sent_grant {
+            let header = FrameHeader::new(FrameOp::Grant, peer.epoch, batch_id, 0, u64::from(grant), 0);
+            self.out.push_back(OutFrame { header, payload: std::ptr::null(), len: 0, chunk, sealed: false });
+            self.sent_grant = grant;
+        }
         // A part's blocks share its tag; READ never carries one.
         let tag = blocks.first().map_or(0, |b| b.tag);
         for (index, span) in spans.iter().enumerate() {
@@ -292,6 +310,7 @@ impl Connection {
             next: 0,
             moved: 0,
             failure: None,
+            grant,
             _payload: Vec::new(),
         });
         chunk
@@ -313,6 +332,7 @@ impl Connection {
             next: 0,
             moved: 0,
             failure: None,
+            grant: 0,
             _payload: payload,
         });
     }
@@ -579,7 +599,7 @@ impl Connection {
                                 reply.offset
                             ),
                         },
-                        _ => peer.refused(reply),
+                        _ => peer.refused(reply, front.grant),
                     };
                     Err((error, before))
                 };
@@ -591,7 +611,7 @@ impl Connection {
                 }
                 let span = front.spans[front.next];
                 if reply.status != 0 {
-                    front.failure.get_or_insert_with(|| peer.refused(reply));
+                    front.failure.get_or_insert_with(|| peer.refused(reply, front.grant));
                     front.next += 1;
                     return self.end_front_if_answered(finished);
                 }

@@ -39,6 +39,10 @@ pub enum FrameOp {
     /// Initiator → target: a notification (protobuf `Notification` as the
     /// payload), answered with an ACK once queued.
     Notify = 5,
+    /// Initiator → target: the WRITE frames after this one on the
+    /// connection name grant `offset` (`mem::fence`), until the next GRANT;
+    /// no payload, no reply. A connection starts at grant 0.
+    Grant = 6,
 }
 
 impl FrameOp {
@@ -49,6 +53,7 @@ impl FrameOp {
             3 => Some(Self::Ack),
             4 => Some(Self::ReadData),
             5 => Some(Self::Notify),
+            6 => Some(Self::Grant),
             _ => None,
         }
     }

@@ -253,6 +253,10 @@ impl LaneLink for TcpLink {
         true
     }
 
+    fn checks_grants(&self) -> bool {
+        true
+    }
+
     fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
         self.wake.as_ref().map(AsRawFd::as_raw_fd)

@@ -198,6 +198,11 @@ pub(crate) struct TargetConn {
     /// The initiator its session's handshake proved (its engine's name):
     /// whom its tagged writes count for. None without a proven session.
     sender: Option<Arc<str>>,
+    /// The grant the last GRANT frame named (0: none yet).
+    grant: u32,
+    /// The fence table the current WRITE payload lands under, while its
+    /// lease is kept (none for a staged payload).
+    fence: Option<fenced::FrameFence>,
 }
 
 // SAFETY: the raw pointers are into registered regions under leases this
@@ -237,6 +242,8 @@ impl TargetConn {
             chunk_groups: None,
             seal: None,
             sender: None,
+            grant: 0,
+            fence: None,
         }
     }
 
@@ -396,11 +403,22 @@ impl TargetConn {
                 Receiving::Payload { dest, left, region, staged }
                     if self.start == self.end && left >= DIRECT_READ_MIN_BYTES =>
                 {
+                    let piece = self.piece(left);
+                    // SAFETY: `piece` is set only while the frame keeps its lease.
+                    let pass = match piece.as_ref().map(|(f, at)| unsafe { f.admit(*at, left as u64) }).transpose() {
+                        Ok(pass) => pass,
+                        Err(error) => {
+                            // Fenced: the rest is read into the buffer and dropped.
+                            self.refuse_rest(ctx, left, error);
+                            continue;
+                        }
+                    };
                     // SAFETY: `dest..dest + left` is the unfilled tail of a
                     // checked WRITE range in `region`, leased until the
                     // payload ends.
                     let target = unsafe { std::slice::from_raw_parts_mut(dest, left) };
                     let n = read_some(io, target)?;
+                    drop(pass);
                     if n > 0 {
                         self.payload_landed(ctx, (dest, left, region, staged), n, now);
                     }
@@ -538,10 +556,20 @@ impl TargetConn {
                 if n == 0 {
                     return false;
                 }
+                let piece = self.piece(left);
+                // SAFETY: `piece` is set only while the frame keeps its lease.
+                let pass = match piece.as_ref().map(|(f, at)| unsafe { f.admit(*at, n as u64) }).transpose() {
+                    Ok(pass) => pass,
+                    Err(error) => {
+                        self.refuse_rest(ctx, left, error);
+                        return true;
+                    }
+                };
                 // SAFETY: `dest..dest + left` is the unfilled tail of a
                 // checked, leased WRITE range, and `n <= left`; the buffer
                 // is our own memory, so the two never overlap.
                 unsafe { std::ptr::copy_nonoverlapping(self.buffer.as_ptr().add(self.start), dest, n) };
+                drop(pass);
                 self.start += n;
                 self.payload_landed(ctx, (dest, left, region, staged), n, now);
                 true
@@ -592,6 +620,7 @@ impl TargetConn {
             return;
         }
         self.receiving = Receiving::Header;
+        self.fence = None;
         if staged {
             if self.current.checksum().is_some() {
                 self.chunk_failure.get_or_insert((self.current, crate::transport::checksum::device_refused()));
@@ -630,6 +659,7 @@ fn read_some<S: Read>(io: &mut S, into: &mut [u8]) -> std::result::Result<usize,
     }
 }
 
+mod fenced;
 mod frames;
 mod opening;
 mod sending;

@@ -20,6 +20,7 @@ fn block(memory: &mut [u8], offset: u64) -> Block {
         desc_index: 0,
         tag: 0,
         checksum: false,
+        grant: 0,
     }
 }
 

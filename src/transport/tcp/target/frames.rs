@@ -5,6 +5,7 @@
 //! handed to the engine's queue; and the replies that end them.
 
 use super::super::frame::{FrameHeader, FrameOp, FRAME_HEADER_BYTES};
+use super::fenced::FrameFence;
 use super::{staging, Phase, Receiving, Reply, TargetConn, TargetContext};
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
@@ -24,40 +25,10 @@ impl TargetConn {
         let len = header.len as usize;
         let region = RegionId::from_raw(header.region);
         match op {
-            FrameOp::Write => {
-                let checked = if self.chunk_failure.is_none() {
-                    match check_block(ctx, &header, Access::REMOTE_WRITE) {
-                        Ok(found) => Some(found),
-                        Err(error) => {
-                            self.chunk_failure = Some((header, error));
-                            None
-                        }
-                    }
-                } else {
-                    None
-                };
-                self.receiving = match checked {
-                    Some((addr, Some((gpu, ordinal)))) if len > 0 => {
-                        match self.stage(ctx, &gpu, (staging::Direction::In, addr as u64, ordinal, len)) {
-                            Some((at, _)) => Receiving::Payload { dest: at, left: len, region, staged: true },
-                            None => return self.wait_for_pages(ctx, &header, true, now),
-                        }
-                    }
-                    Some((addr, _)) => Receiving::Payload { dest: addr as *mut u8, left: len, region, staged: false },
-                    None => Receiving::Discard { left: len },
-                };
-                if len == 0 {
-                    if let Receiving::Payload { region, .. } = self.receiving {
-                        // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
-                        unsafe { ctx.registry.release_kept(region) };
-                    }
-                    self.receiving = Receiving::Header;
-                    self.write_frame_ended(ctx, now);
-                }
-            }
+            FrameOp::Write => return self.on_write(ctx, now),
             FrameOp::Read => {
                 match check_block(ctx, &header, Access::REMOTE_READ) {
-                    Ok((addr, device)) => {
+                    Ok((addr, device, _)) => {
                         let mut reply = FrameHeader::new(
                             FrameOp::ReadData,
                             ctx.epoch,
@@ -96,6 +67,14 @@ impl TargetConn {
                 }
                 self.frame_done(now);
             }
+            FrameOp::Grant => {
+                if let Err(error) = self.on_grant(&header) {
+                    self.queue_status(FrameOp::Ack, &header, &error);
+                    self.phase = Phase::Closing;
+                    return true;
+                }
+                self.frame_done(now);
+            }
             FrameOp::Notify => {
                 if len > MAX_NOTIFY_FRAME_BYTES {
                     let error = Error::MessageTooLarge { len: len as u64, max: MAX_NOTIFY_FRAME_BYTES as u64 };
@@ -115,6 +94,50 @@ impl TargetConn {
                 self.queue_status(FrameOp::Ack, &header, &error);
                 self.phase = Phase::Closing;
             }
+        }
+        true
+    }
+
+    /// Serves a WRITE frame's header: checked against the registry and the
+    /// destination's fences, its payload then lands (or is staged, or
+    /// dropped after a refusal); false when it must wait for staging pages.
+    fn on_write(&mut self, ctx: &TargetContext, now: Instant) -> bool {
+        let header = self.current;
+        let len = header.len as usize;
+        let region = RegionId::from_raw(header.region);
+        let checked = if self.chunk_failure.is_none() {
+            match check_block(ctx, &header, Access::REMOTE_WRITE).and_then(|found| self.check_grant(ctx, found)) {
+                Ok(found) => Some(found),
+                Err(error) => {
+                    self.chunk_failure = Some((header, error));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        self.fence = match &checked {
+            Some((_, None, fence)) => Some(*fence),
+            _ => None,
+        };
+        self.receiving = match checked {
+            Some((addr, Some((gpu, ordinal)), _)) if len > 0 => {
+                match self.stage(ctx, &gpu, (staging::Direction::In, addr as u64, ordinal, len)) {
+                    Some((at, _)) => Receiving::Payload { dest: at, left: len, region, staged: true },
+                    None => return self.wait_for_pages(ctx, &header, true, now),
+                }
+            }
+            Some((addr, _, _)) => Receiving::Payload { dest: addr as *mut u8, left: len, region, staged: false },
+            None => Receiving::Discard { left: len },
+        };
+        if len == 0 {
+            if let Receiving::Payload { region, .. } = self.receiving {
+                // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
+                unsafe { ctx.registry.release_kept(region) };
+            }
+            self.receiving = Receiving::Header;
+            self.fence = None;
+            self.write_frame_ended(ctx, now);
         }
         true
     }
@@ -205,7 +228,11 @@ impl TargetConn {
 /// Checks one block against the registry; on success returns its address
 /// with its region's lease kept for the frame (whoever ends the frame gives
 /// it back with `release_kept`).
-fn check_block(ctx: &TargetContext, header: &FrameHeader, needs: Access) -> Result<(usize, Option<Device>)> {
+fn check_block(
+    ctx: &TargetContext,
+    header: &FrameHeader,
+    needs: Access,
+) -> Result<(usize, Option<Device>, FrameFence)> {
     if header.epoch != ctx.epoch {
         return Err(Error::PeerRestarted {
             segment: "this target".into(),
@@ -233,10 +260,11 @@ fn check_block(ctx: &TargetContext, header: &FrameHeader, needs: Access) -> Resu
     }
     check_range(region, Side::Remote, 0, header.offset, header.len, entry.len as u64)?;
     let addr = entry.addr + header.offset as usize;
+    let fence = FrameFence::of(entry, region, 0);
     // The frame's bytes move across polls: the lease goes with the frame.
     lease.keep();
-    Ok((addr, device))
+    Ok((addr, device, fence))
 }
 
 /// A GPU region's provider and device.
-type Device = (Arc<dyn crate::gpu::Gpu>, u32);
+pub(super) type Device = (Arc<dyn crate::gpu::Gpu>, u32);
