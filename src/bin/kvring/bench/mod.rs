@@ -388,10 +388,16 @@ fn print_header(
             options.batch,
             format_size(options.total)
         );
-        // Which NIC each GPU would use, and why (or why none), from sysfs.
+        // Which NIC each GPU would use, and why, from sysfs; why none only
+        // where the run involves a GPU or a NIC (`kvring info` always says).
         match kvring::host::gpu_nics() {
             Ok(choices) => println!("gpu nics: {}", choices.join("; ")),
-            Err(reason) => println!("gpu nics: none: {reason}"),
+            Err(reason)
+                if crate::gpubench::involves_gpu(options.memory) || options.transport == TransportKind::Rdma =>
+            {
+                println!("gpu nics: none: {reason}")
+            }
+            Err(_) => {}
         }
     }
     if baseline_name(options).is_none() {
