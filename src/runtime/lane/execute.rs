@@ -85,9 +85,7 @@ impl Lane {
         slot.tickets += 1;
         let ring = &mut slot.rings;
         let ticket = &mut tickets[ticket_index as usize];
-        ticket.ring = ring_index;
-        ticket.sqe = sqe;
-        ticket.link = link;
+        (ticket.ring, ticket.sqe, ticket.link) = (ring_index, sqe, link);
         ticket.started_ns =
             if config.metrics.load(std::sync::atomic::Ordering::Relaxed) { config.clock.now_ns() } else { 0 };
         ticket.progress = PartProgress::default();
@@ -101,8 +99,7 @@ impl Lane {
         let moves_device_memory = link.is_some_and(|l| links.get(l).link.moves_device_memory());
         let checksummed = sqe.flags & crate::ring::SQE_FLAG_CHECKSUM != 0;
         let verify = checksummed && link.is_some_and(|l| links.get(l).link.verifies_landed());
-        let tag = sqe.arrival_tag;
-        let grant = sqe.grant;
+        let (tag, grant, wire_checksum) = (sqe.arrival_tag, sqe.grant, checksummed && !verify);
         let mut post = Poster {
             ticket_index,
             id,
@@ -110,7 +107,7 @@ impl Lane {
             moves_device_memory,
             tag,
             verify,
-            wire_checksum: checksummed && !verify,
+            wire_checksum,
             grant,
             split_extra: 0,
             registry,
