@@ -6,8 +6,9 @@
 //! proven sender) and waits until its bytes landed (`kvring_wait_landed`,
 //! with a deadline), instead of a notification per layer.
 
+use super::submit::{submit_and_report, submit_inputs};
 use super::{guarded, null, text, KvringBlock, KvringEngine, KvringSegment, KvringSubmitter};
-use crate::{Batch, BlockDesc, Error, RegionId};
+use crate::{Batch, Error, RegionId};
 use std::ffi::{c_char, c_int};
 use std::time::Duration;
 
@@ -215,29 +216,10 @@ pub unsafe extern "C" fn kvring_push_layer_tagged(
 ) -> c_int {
     guarded(|| {
         // SAFETY: per our contract.
-        let submitter = unsafe { submitter.as_mut() }.ok_or_else(|| null("submitter"))?;
-        // SAFETY: per our contract.
-        let segment = unsafe { segment.as_ref() }.ok_or_else(|| null("segment"))?;
-        if blocks.is_null() || batch_out.is_null() {
-            return Err(null(if blocks.is_null() { "blocks" } else { "batch_out" }));
-        }
+        let (submitter, segment, descs) = unsafe { submit_inputs(submitter, segment, blocks, count, batch_out)? };
         let tag = crate::kv::arrival_tag(slot, layer)?;
-        // SAFETY: `blocks` points to `count` blocks (our contract).
-        let blocks = unsafe { std::slice::from_raw_parts(blocks, count) };
-        let descs: Vec<BlockDesc> = blocks
-            .iter()
-            .map(|b| {
-                let (local, remote) = (RegionId::from_raw(b.local_region), RegionId::from_raw(b.remote_region));
-                BlockDesc::new(local, b.local_offset, remote, b.remote_offset, b.len)
-            })
-            .collect();
-        let mut batch = Batch::write(&segment.0).descs(&descs).arrival_tag(tag);
-        if deadline_ms > 0 {
-            batch = batch.deadline(Duration::from_millis(u64::from(deadline_ms)));
-        }
-        let id = submitter.0.submit(&batch)?;
-        // SAFETY: checked non-null; valid per our contract.
-        unsafe { *batch_out = id.raw() };
-        Ok(0)
+        let batch = Batch::write(&segment.0).descs(&descs).arrival_tag(tag);
+        // SAFETY: `batch_out` was checked non-null; valid per our contract.
+        unsafe { submit_and_report(submitter, batch, deadline_ms, batch_out) }
     })
 }

@@ -5,10 +5,10 @@
 //! it on its push (`kvring_submit_granted`); a push under a stale grant
 //! ends `-FENCED` and nothing of it lands.
 
+use super::submit::{submit_and_report, submit_inputs};
 use super::{guarded, null, KvringBlock, KvringEngine, KvringSegment, KvringSubmitter};
-use crate::{Batch, BlockDesc, RegionId};
+use crate::{Batch, RegionId};
 use std::ffi::c_int;
-use std::time::Duration;
 
 /// Fences `len` bytes at `offset` of this engine's `region` and writes the
 /// new grant to `grant_out`: from the moment this returns, no write under
@@ -60,28 +60,9 @@ pub unsafe extern "C" fn kvring_submit_granted(
 ) -> c_int {
     guarded(|| {
         // SAFETY: per our contract.
-        let submitter = unsafe { submitter.as_mut() }.ok_or_else(|| null("submitter"))?;
-        // SAFETY: per our contract.
-        let segment = unsafe { segment.as_ref() }.ok_or_else(|| null("segment"))?;
-        if blocks.is_null() || batch_out.is_null() {
-            return Err(null(if blocks.is_null() { "blocks" } else { "batch_out" }));
-        }
-        // SAFETY: `blocks` points to `count` blocks (our contract).
-        let blocks = unsafe { std::slice::from_raw_parts(blocks, count) };
-        let descs: Vec<BlockDesc> = blocks
-            .iter()
-            .map(|b| {
-                let (local, remote) = (RegionId::from_raw(b.local_region), RegionId::from_raw(b.remote_region));
-                BlockDesc::new(local, b.local_offset, remote, b.remote_offset, b.len)
-            })
-            .collect();
-        let mut batch = Batch::write(&segment.0).descs(&descs).user_data(user_data).grant(grant);
-        if deadline_ms > 0 {
-            batch = batch.deadline(Duration::from_millis(u64::from(deadline_ms)));
-        }
-        let id = submitter.0.submit(&batch)?;
-        // SAFETY: checked non-null; valid per our contract.
-        unsafe { *batch_out = id.raw() };
-        Ok(0)
+        let (submitter, segment, descs) = unsafe { submit_inputs(submitter, segment, blocks, count, batch_out)? };
+        let batch = Batch::write(&segment.0).descs(&descs).user_data(user_data).grant(grant);
+        // SAFETY: `batch_out` was checked non-null; valid per our contract.
+        unsafe { submit_and_report(submitter, batch, deadline_ms, batch_out) }
     })
 }

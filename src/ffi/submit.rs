@@ -68,12 +68,7 @@ pub unsafe extern "C" fn kvring_submit_with(
 ) -> c_int {
     guarded(|| {
         // SAFETY: per our contract.
-        let submitter = unsafe { submitter.as_mut() }.ok_or_else(|| null("submitter"))?;
-        // SAFETY: per our contract.
-        let segment = unsafe { segment.as_ref() }.ok_or_else(|| null("segment"))?;
-        if blocks.is_null() || batch_out.is_null() {
-            return Err(null(if blocks.is_null() { "blocks" } else { "batch_out" }));
-        }
+        let (submitter, segment, descs) = unsafe { submit_inputs(submitter, segment, blocks, count, batch_out)? };
         let op = match opcode {
             KVRING_WRITE => Opcode::Write,
             KVRING_READ => Opcode::Read,
@@ -90,31 +85,12 @@ pub unsafe extern "C" fn kvring_submit_with(
                 ))
             }
         };
-        // SAFETY: `blocks` points to `count` blocks (our contract).
-        let blocks = unsafe { std::slice::from_raw_parts(blocks, count) };
-        let descs: Vec<BlockDesc> = blocks
-            .iter()
-            .map(|b| {
-                BlockDesc::new(
-                    RegionId::from_raw(b.local_region),
-                    b.local_offset,
-                    RegionId::from_raw(b.remote_region),
-                    b.remote_offset,
-                    b.len,
-                )
-            })
-            .collect();
         let mut batch = Batch::new(op, &segment.0).descs(&descs).user_data(user_data);
-        if deadline_ms > 0 {
-            batch = batch.deadline(Duration::from_millis(u64::from(deadline_ms)));
-        }
         if let Some(on) = checksum {
             batch = batch.checksum(on);
         }
-        let id = submitter.0.submit(&batch)?;
-        // SAFETY: checked non-null; valid per our contract.
-        unsafe { *batch_out = id.raw() };
-        Ok(0)
+        // SAFETY: `batch_out` was checked non-null; valid per our contract.
+        unsafe { submit_and_report(submitter, batch, deadline_ms, batch_out) }
     })
 }
 
@@ -183,4 +159,58 @@ pub unsafe extern "C" fn kvring_open_many(
             }
         }
     })
+}
+
+/// A submission's handles checked and its blocks read as descriptors,
+/// shared by every `kvring_submit*` and `kvring_push_*` function.
+///
+/// # Safety
+///
+/// `submitter` and `segment` are null or live; `blocks` is null or points
+/// to `count` blocks; `batch_out` is null or valid (each null is refused).
+pub(super) unsafe fn submit_inputs<'a>(
+    submitter: *mut KvringSubmitter,
+    segment: *const KvringSegment,
+    blocks: *const KvringBlock,
+    count: usize,
+    batch_out: *mut u64,
+) -> Result<(&'a mut KvringSubmitter, &'a KvringSegment, Vec<BlockDesc>), Error> {
+    // SAFETY: per our contract.
+    let submitter = unsafe { submitter.as_mut() }.ok_or_else(|| null("submitter"))?;
+    // SAFETY: per our contract.
+    let segment = unsafe { segment.as_ref() }.ok_or_else(|| null("segment"))?;
+    if blocks.is_null() || batch_out.is_null() {
+        return Err(null(if blocks.is_null() { "blocks" } else { "batch_out" }));
+    }
+    // SAFETY: `blocks` points to `count` blocks (our contract), not null.
+    let blocks = unsafe { std::slice::from_raw_parts(blocks, count) };
+    let descs = blocks
+        .iter()
+        .map(|b| {
+            let (local, remote) = (RegionId::from_raw(b.local_region), RegionId::from_raw(b.remote_region));
+            BlockDesc::new(local, b.local_offset, remote, b.remote_offset, b.len)
+        })
+        .collect();
+    Ok((submitter, segment, descs))
+}
+
+/// Submits `batch` with its deadline (`deadline_ms`, 0: none) and writes
+/// the batch id to `batch_out`.
+///
+/// # Safety
+///
+/// `batch_out` is valid for a write (checked non-null by [`submit_inputs`]).
+pub(super) unsafe fn submit_and_report(
+    submitter: &mut KvringSubmitter,
+    mut batch: Batch<'_>,
+    deadline_ms: u32,
+    batch_out: *mut u64,
+) -> Result<c_int, Error> {
+    if deadline_ms > 0 {
+        batch = batch.deadline(Duration::from_millis(u64::from(deadline_ms)));
+    }
+    let id = submitter.0.submit(&batch)?;
+    // SAFETY: valid for a write, per our contract.
+    unsafe { *batch_out = id.raw() };
+    Ok(0)
 }

@@ -140,6 +140,13 @@ pub(crate) fn connect_abstract(name: &[u8], deadline: std::time::Instant) -> std
 /// or listened (`SO_PEERCRED`, unix(7)), as this process's pid namespace
 /// sees it (0 when that process is not visible here).
 pub(crate) fn peer_pid(stream: &UnixStream) -> std::io::Result<u32> {
+    peer_cred(stream).map(|(pid, _)| pid)
+}
+
+/// The process and user at the other end of `stream` (`SO_PEERCRED`,
+/// unix(7): the credentials at `connect` or `listen` time); the pid as
+/// this process's pid namespace sees it (0 when not visible here).
+pub(crate) fn peer_cred(stream: &UnixStream) -> std::io::Result<(u32, u32)> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `cred`, which is
@@ -156,7 +163,7 @@ pub(crate) fn peer_pid(stream: &UnixStream) -> std::io::Result<u32> {
     if got != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(cred.pid.max(0) as u32)
+    Ok((cred.pid.max(0) as u32, cred.uid))
 }
 
 /// Space for the control message of `fds` descriptors, as u64 words (so

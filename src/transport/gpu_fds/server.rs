@@ -4,7 +4,7 @@
 
 use super::{Answer, Challenge, Hello, Request, HELLO_BYTES, MAX_REFUSAL_BYTES, MESSAGE_BYTES};
 use crate::auth::{random_bytes, Authenticator, MAC_BYTES};
-use crate::gpu::fd::{send_with_fds, MAX_FDS_PER_MESSAGE};
+use crate::gpu::fd::{peer_cred, send_with_fds, MAX_FDS_PER_MESSAGE};
 use crate::mem::{Access, Registry};
 use crate::region_id::RegionId;
 use crate::seal::{check_gpu_fds_proof, gpu_fds_proof, End};
@@ -41,29 +41,6 @@ pub(crate) const MAX_UNPROVEN_PER_STRANGER: usize = 4;
 /// of the owner's own user are outside what the token separates, and they
 /// are bounded per process only).
 pub(crate) const MAX_UNPROVEN_STRANGERS: usize = MAX_CONNECTIONS / 2;
-
-/// The process and user at the other end of a Unix socket (`SO_PEERCRED`,
-/// unix(7): the credentials at `connect` time).
-fn peer_cred(stream: &UnixStream) -> std::io::Result<(u32, u32)> {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which is
-    // that large, and the new length into `len`.
-    let got = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if got != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((cred.pid.max(0) as u32, cred.uid))
-}
 
 /// Unproven connections, counted by process, by stranger user, and for all
 /// strangers together.
