@@ -287,31 +287,12 @@ impl Poster<'_> {
                 return;
             }
         };
+        let (tag, checksum, grant) = (self.tag, self.wire_checksum, self.grant);
+        let block = Block { local, memory, desc, desc_index, tag, checksum, grant };
         if memory == MemoryKind::Host {
-            self.chunk.push(Block {
-                local,
-                memory,
-                desc,
-                desc_index,
-                tag: self.tag,
-                checksum: self.wire_checksum,
-                grant: self.grant,
-            });
+            self.chunk.push(block);
         } else {
-            self.add_staged(
-                ticket,
-                link,
-                op,
-                Block {
-                    local,
-                    memory,
-                    desc,
-                    desc_index,
-                    tag: self.tag,
-                    checksum: self.wire_checksum,
-                    grant: self.grant,
-                },
-            );
+            self.add_staged(ticket, link, op, block);
         }
         if self.chunk.len() >= self.max_chunk {
             self.flush(ticket, link, op);
