@@ -23,12 +23,15 @@ pub(crate) fn unavailable() -> String {
 /// `LD_LIBRARY_PATH`), this process would run a second driver instance
 /// beside the one PyTorch uses. Says so, rather than load it.
 pub(super) fn library_mismatch() -> Option<String> {
-    let entry = |name: &CStr| {
+    // Both handles stay open until both symbols are compared: a library
+    // closed between the two opens may be mapped again elsewhere, and the
+    // same file would then look like two.
+    let open = |name: &CStr| {
         // SAFETY: dlopen of a library name; the handle is closed below.
         let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if handle.is_null() {
-            return None;
-        }
+        (!handle.is_null()).then_some(handle)
+    };
+    let entry = |handle: *mut c_void, name: &CStr| {
         // SAFETY: a symbol lookup in a live handle.
         let symbol = unsafe { libc::dlsym(handle, c"cuInit".as_ptr()) } as usize;
         // SAFETY: Dl_info is plain pointers, for which zero is valid.
@@ -39,18 +42,28 @@ pub(super) fn library_mismatch() -> Option<String> {
             true => unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned(),
             false => name.to_string_lossy().into_owned(),
         };
-        // SAFETY: the handle opened above.
-        unsafe { libc::dlclose(handle) };
-        Some((symbol, path))
+        (symbol, path)
     };
-    match (entry(c"libcuda.so.1"), entry(c"libcuda.so")) {
-        (Some((driver, driver_path)), Some((first, first_path))) if driver != first => Some(format!(
-            "libcuda.so on the library path ({first_path}) is not the driver's libcuda.so.1 ({driver_path}); the CUDA \
-             bindings load libcuda.so first, which would run a second driver beside the application's: take that \
-             directory (often the CUDA toolkit's stubs) off LD_LIBRARY_PATH"
-        )),
+    let (driver, first) = (open(c"libcuda.so.1"), open(c"libcuda.so"));
+    let mismatch = match (driver, first) {
+        (Some(driver), Some(first)) => {
+            let ((driver, driver_path), (first, first_path)) =
+                (entry(driver, c"libcuda.so.1"), entry(first, c"libcuda.so"));
+            (driver != first).then(|| {
+                format!(
+                    "libcuda.so on the library path ({first_path}) is not the driver's libcuda.so.1 ({driver_path}); \
+                     the CUDA bindings load libcuda.so first, which would run a second driver beside the \
+                     application's: take that directory (often the CUDA toolkit's stubs) off LD_LIBRARY_PATH"
+                )
+            })
+        }
         _ => None,
+    };
+    for handle in [driver, first].into_iter().flatten() {
+        // SAFETY: a handle opened above, closed once.
+        unsafe { libc::dlclose(handle) };
     }
+    mismatch
 }
 
 /// `device`'s UUID, where the driver tells it.
