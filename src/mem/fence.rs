@@ -231,7 +231,7 @@ impl<'a> FenceView<'a> {
             }
             self.words[at + GEN].store(generation, Ordering::SeqCst);
             // Entries the new one covers are redundant now that it is visible.
-            let used = self.words[USED].load(Ordering::SeqCst) as usize;
+            let used = self.used();
             for other in (0..used).filter(|&other| other != slot) {
                 let at = ENTRIES + ENTRY_WORDS * other;
                 let gen = self.words[at + GEN].load(Ordering::SeqCst);
@@ -256,6 +256,13 @@ impl<'a> FenceView<'a> {
         }
     }
 
+    /// Slots ever taken, as the shared `used` word says, never past the
+    /// table: in a file's header page any process that maps it can write
+    /// the word, and a value past [`FENCE_SLOTS`] must not index past it.
+    fn used(&self) -> usize {
+        usize::try_from(self.words[USED].load(Ordering::SeqCst)).map_or(FENCE_SLOTS, |used| used.min(FENCE_SLOTS))
+    }
+
     /// Entry `slot`'s pattern.
     fn entry(&self, slot: usize) -> Span {
         let at = ENTRIES + ENTRY_WORDS * slot;
@@ -266,7 +273,7 @@ impl<'a> FenceView<'a> {
     /// An empty slot, a new one, or the oldest entry's, folded into the
     /// floor first.
     fn free_slot(&self) -> usize {
-        let used = self.words[USED].load(Ordering::SeqCst) as usize;
+        let used = self.used();
         if let Some(slot) =
             (0..used).find(|&slot| self.words[ENTRIES + ENTRY_WORDS * slot + GEN].load(Ordering::SeqCst) == 0)
         {
@@ -303,7 +310,7 @@ impl Pass<'_> {
         if grant < words[FLOOR].load(Ordering::SeqCst) {
             return false;
         }
-        let used = (words[USED].load(Ordering::SeqCst) as usize).min(FENCE_SLOTS);
+        let used = self.view.used();
         (0..used).all(|slot| {
             let gen = words[ENTRIES + ENTRY_WORDS * slot + GEN].load(Ordering::SeqCst);
             gen <= grant || !self.view.entry(slot).meets(start, end)

@@ -1,0 +1,109 @@
+//! Hostile review 4: probes of fenced destinations (`mem::fence`, the
+//! tables in a region file's header page and in the cma page), of
+//! checksums, and of the cma per-region marks. A fence table that lives
+//! in shared memory is written by every process that maps it (same-user
+//! peers, by design): whatever they leave there, the target that owns it
+//! gets a typed error from `Engine::fence`, never a panic, and a failed
+//! fence leaves its range fenced on every transport, as it says.
+
+mod common;
+
+use common::{engine, WAIT};
+use kvring::{Batch, BlockDesc, Error, Outcome, RegionInfo, TransportKind};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+/// Where the fence table sits in a region file (`mem::shm::FENCE_OFFSET`)
+/// and its words' indices (`mem::fence`): phase, busy[0], busy[1], floor,
+/// used.
+const FENCE_OFFSET: u64 = 1024;
+const BUSY0: u64 = 1;
+const USED: u64 = 4;
+const HEADER: u64 = 4096;
+
+/// This process's region file of `len` bytes (each probe picks a length no
+/// other test of this binary uses, so it finds its own file).
+fn region_file(len: usize) -> PathBuf {
+    let prefix = format!("kvring-{}-", std::process::id());
+    std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|entry| entry.ok())
+        .find(|entry| {
+            entry.file_name().to_string_lossy().starts_with(&prefix)
+                && entry.metadata().is_ok_and(|m| m.len() == HEADER + len as u64)
+        })
+        .map(|entry| entry.path())
+        .expect("the region's file")
+}
+
+/// What a peer that maps the file does: writes one word of the table.
+fn poke(path: &PathBuf, word: u64, value: u64) {
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    file.write_all_at(&value.to_ne_bytes(), FENCE_OFFSET + 8 * word).unwrap();
+}
+
+/// Finding 1: `FenceView::fence` (and `free_slot`) scanned `used` slots as
+/// the shared word says, unclamped (only a writer's `admits` clamped it).
+/// A peer that maps the region file and writes `used = u64::MAX` made the
+/// owner's next `Engine::fence` index past its table and panic, in the
+/// caller's thread (a decode engine giving a request its blocks).
+#[test]
+fn a_peer_that_corrupts_the_shared_used_word_cannot_make_fence_panic() {
+    let len = 3 * 65536 + 4096;
+    let target = engine("target");
+    let region = target.alloc_region(len, RegionInfo::raw()).unwrap();
+    let file = region_file(len);
+    for used in [u64::MAX, 73, 1 << 40] {
+        poke(&file, USED, used);
+        let fenced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| target.fence(region.id(), 0, 4096)));
+        let fenced = fenced.unwrap_or_else(|_| panic!("used = {used}: Engine::fence panicked"));
+        // A grant or a typed error; either way the target goes on.
+        if let Err(error) = &fenced {
+            assert!(matches!(error, Error::RegionBusy { .. } | Error::InvalidArgument { .. }), "{error:?}");
+        }
+    }
+    // Writes still get a verdict (a typed one) and the engine still fences.
+    poke(&file, USED, 0);
+    target.fence(region.id(), 0, 4096).unwrap();
+}
+
+/// Finding 2: `Engine::fence_ranges` fenced a region's own table, and on
+/// `RegionBusy` returned before it entered the grant in the cma page's
+/// table. Its doc says the range "then stays fenced under a grant nobody
+/// holds"; for same-host cma writers it was not fenced at all: a cma push
+/// with no grant (or an old one) landed in the range after `fence` said
+/// `RegionBusy`. Here a peer that maps the region file holds its `busy`
+/// word (as a writer stopped inside its copy does).
+#[test]
+fn a_fence_that_fails_busy_still_fences_the_range_for_cma_writers() {
+    let len = 3 * 65536 + 8192;
+    let target = engine("target");
+    let region = target.alloc_region(len, RegionInfo::raw()).unwrap();
+    let file = region_file(len);
+    let initiator = engine("initiator");
+    let local = initiator.alloc_region(65536, RegionInfo::raw()).unwrap();
+    // SAFETY: no batch touches these bytes yet.
+    unsafe { local.write_at(0, &[0xAB; 65536]).unwrap() };
+    let segment =
+        initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Cma), WAIT).unwrap();
+    assert_eq!(segment.transport(), TransportKind::Cma);
+
+    // A writer counted in the parity the first fence waits for, that never ends.
+    poke(&file, BUSY0, 1);
+    let busy = target.fence(region.id(), 0, 65536);
+    assert!(matches!(busy, Err(Error::RegionBusy { .. })), "{busy:?}");
+    poke(&file, BUSY0, 0);
+
+    let remote = segment.region(0).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let id = sub.submit(&Batch::write(&segment).descs(&[BlockDesc::new(local.id(), 0, remote, 0, 65536)])).unwrap();
+    let outcome = sub.wait(id, WAIT).unwrap();
+    let mut landed = vec![0u8; 16];
+    // SAFETY: the push ended (waited for above).
+    unsafe { region.read_at(0, &mut landed).unwrap() };
+    assert!(
+        matches!(outcome, Outcome::Failed(Error::Fenced { .. })),
+        "a push with no grant into a range whose fence failed Busy: {outcome:?}, bytes {landed:x?}"
+    );
+    assert_eq!(landed, vec![0u8; 16], "nothing of the refused push landed");
+}
