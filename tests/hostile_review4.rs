@@ -154,3 +154,42 @@ fn a_staged_gpu_write_admitted_before_a_fence_does_not_land_after_it() {
         "{stale} stale bytes landed after fence returned (push: {outcome:?})"
     );
 }
+
+/// Finding 4: a GRANT frame's value was taken as it came: a sender naming
+/// `u32::MAX` (a grant this target never issued) passed every fence of
+/// every region, so a stale or confused sender (or one that guessed) wrote
+/// into ranges handed to another. Grants are a counter of the target's
+/// process: one above the last it issued is refused, and the connection
+/// (whose grants are no longer known) closes; nothing lands.
+#[test]
+fn a_grant_the_target_never_issued_is_refused_and_nothing_lands() {
+    use kvring::testing::tcp::SERVER_HELLO_BYTES;
+    use kvring::testing::tcp::{ClientHello, FrameHeader, FrameOp, ServerHello, FLAG_LAST, FRAME_HEADER_BYTES};
+    use std::io::{Read, Write};
+    use zerocopy::{FromBytes, IntoBytes};
+    let len = 3 * 65536 + 12288;
+    let target = engine("grant-target");
+    let region = target.alloc_region(len, RegionInfo::raw()).unwrap();
+    target.fence(region.id(), 0, 4096).unwrap();
+    let mut s = std::net::TcpStream::connect(target.tcp_addr().unwrap()).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(ClientHello::new(target.epoch(), [0; 16], [0; 16], [0; 16]).as_bytes()).unwrap();
+    let mut hello = [0u8; SERVER_HELLO_BYTES];
+    s.read_exact(&mut hello).unwrap();
+    assert_eq!(ServerHello::read_from_bytes(&hello).unwrap().status, 0);
+    s.write_all(FrameHeader::new(FrameOp::Grant, target.epoch(), 9, 0, u64::from(u32::MAX), 0).as_bytes()).unwrap();
+    let mut write = FrameHeader::new(FrameOp::Write, target.epoch(), 9, region.id().raw(), 0, 4096);
+    write.flags = FLAG_LAST;
+    // The target may have closed already: what it does with the WRITE is
+    // what the region shows.
+    let _ = s.write_all(write.as_bytes()).and_then(|()| s.write_all(&[0xAB; 4096]));
+    let mut reply = [0u8; FRAME_HEADER_BYTES];
+    let answered = s.read_exact(&mut reply).map(|()| FrameHeader::read_from_bytes(&reply).unwrap());
+    if let Ok(reply) = answered {
+        assert_ne!(reply.status, 0, "a write under a grant never issued was acked");
+    }
+    let mut landed = vec![0u8; 4096];
+    // SAFETY: the connection's frames were answered (or it was closed).
+    unsafe { region.read_at(0, &mut landed).unwrap() };
+    assert_eq!(landed, vec![0u8; 4096], "a write under grant u32::MAX landed in a fenced range");
+}

@@ -98,6 +98,13 @@ pub fn next_grant() -> Option<u32> {
         .map(|last| last + 1)
 }
 
+/// True when this process has issued `grant` (or it is 0, none): a
+/// sender naming a grant above the last issued names one nobody was given.
+#[cfg(not(loom))]
+pub fn issued(grant: u32) -> bool {
+    grant <= LAST_GRANT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Why a fence did not complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FenceFailed {

@@ -52,8 +52,14 @@ impl FrameFence {
 impl TargetConn {
     /// A GRANT frame: the WRITE frames after it name `offset` as their grant.
     pub(super) fn on_grant(&mut self, header: &FrameHeader) -> Result<()> {
-        self.grant = u32::try_from(header.offset)
+        let grant = u32::try_from(header.offset)
             .map_err(|_| Error::malformed("frame", format!("grant {} is past 32 bits", header.offset)))?;
+        // Grants are this process's counter: one above the last it issued
+        // was given to nobody, and would pass every fence.
+        if !crate::mem::fence::issued(grant) {
+            return Err(Error::malformed("frame", format!("grant {grant} was never issued by this target")));
+        }
+        self.grant = grant;
         Ok(())
     }
 
