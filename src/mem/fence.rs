@@ -304,6 +304,16 @@ impl<'a> FenceView<'a> {
 }
 
 impl Pass<'_> {
+    /// Keeps this writer counted past the borrow it entered under: for a
+    /// copy that ends later than the code that checked it (a staged device
+    /// copy), so that a fence meanwhile waits for it. Give it back with
+    /// [`Held::release`].
+    pub fn detach(self) -> Held {
+        let busy: *const AtomicU64 = self.busy;
+        std::mem::forget(self);
+        Held { busy }
+    }
+
     /// True when a write under `grant` may land in `[start, end)`: no
     /// fence covering any of it is newer than the grant.
     #[inline]
@@ -322,6 +332,31 @@ impl Pass<'_> {
             let gen = words[ENTRIES + ENTRY_WORDS * slot + GEN].load(Ordering::SeqCst);
             gen <= grant || !self.view.entry(slot).meets(start, end)
         })
+    }
+}
+
+/// A writer counted in a table's `busy` word until released ([`Pass::detach`]).
+#[derive(Debug)]
+pub struct Held {
+    busy: *const AtomicU64,
+}
+
+// SAFETY: it points at an atomic word (shared between threads, and between
+// processes, by design) that the holder's lease keeps alive; which thread
+// releases it does not matter.
+unsafe impl Send for Held {}
+
+impl Held {
+    /// The writer's copy ended (or never started): a fence stops waiting
+    /// for it.
+    ///
+    /// # Safety
+    ///
+    /// The table the pass was entered in is still alive (the region's lease
+    /// that kept it alive is still kept).
+    pub unsafe fn release(self) {
+        // SAFETY: per this function's contract. Release: as a pass's drop.
+        unsafe { (*self.busy).fetch_sub(1, Ordering::Release) };
     }
 }
 
