@@ -72,12 +72,18 @@ impl Engine {
             };
             // The region's own table, by offset: tcp and staged copies at
             // this end, and shm peers (a region file's table).
-            entry.fence_view().fence(&spans, grant, pauser(deadline)).map_err(busy)?;
+            let own = entry.fence_view().fence(&spans, grant, pauser(deadline));
             // Same-host cma peers check the page's table, by address here.
+            // Entered even when the wait above failed: a failed fence
+            // leaves its range fenced for every writer, cma's included.
             if let (Ok(cma), crate::mem::MemoryKind::Host) = (self.inner.context.cma.as_ref(), entry.info.memory) {
                 let at = entry.addr as u64;
                 let spans: Vec<Span> = spans.iter().map(|s| Span { start: at + s.start, ..*s }).collect();
-                cma.fences().fence(&spans, grant, pauser(deadline)).map_err(busy)?;
+                let page = cma.fences().fence(&spans, grant, pauser(deadline));
+                own.map_err(busy)?;
+                page.map_err(busy)?;
+            } else {
+                own.map_err(busy)?;
             }
         }
         Ok(grant)

@@ -98,6 +98,13 @@ pub fn next_grant() -> Option<u32> {
         .map(|last| last + 1)
 }
 
+/// True when this process has issued `grant` (or it is 0, none): a
+/// sender naming a grant above the last issued names one nobody was given.
+#[cfg(not(loom))]
+pub fn issued(grant: u32) -> bool {
+    grant <= LAST_GRANT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Why a fence did not complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FenceFailed {
@@ -231,7 +238,7 @@ impl<'a> FenceView<'a> {
             }
             self.words[at + GEN].store(generation, Ordering::SeqCst);
             // Entries the new one covers are redundant now that it is visible.
-            let used = self.words[USED].load(Ordering::SeqCst) as usize;
+            let used = self.used();
             for other in (0..used).filter(|&other| other != slot) {
                 let at = ENTRIES + ENTRY_WORDS * other;
                 let gen = self.words[at + GEN].load(Ordering::SeqCst);
@@ -256,6 +263,13 @@ impl<'a> FenceView<'a> {
         }
     }
 
+    /// Slots ever taken, as the shared `used` word says, never past the
+    /// table: in a file's header page any process that maps it can write
+    /// the word, and a value past [`FENCE_SLOTS`] must not index past it.
+    fn used(&self) -> usize {
+        usize::try_from(self.words[USED].load(Ordering::SeqCst)).map_or(FENCE_SLOTS, |used| used.min(FENCE_SLOTS))
+    }
+
     /// Entry `slot`'s pattern.
     fn entry(&self, slot: usize) -> Span {
         let at = ENTRIES + ENTRY_WORDS * slot;
@@ -266,7 +280,7 @@ impl<'a> FenceView<'a> {
     /// An empty slot, a new one, or the oldest entry's, folded into the
     /// floor first.
     fn free_slot(&self) -> usize {
-        let used = self.words[USED].load(Ordering::SeqCst) as usize;
+        let used = self.used();
         if let Some(slot) =
             (0..used).find(|&slot| self.words[ENTRIES + ENTRY_WORDS * slot + GEN].load(Ordering::SeqCst) == 0)
         {
@@ -290,6 +304,16 @@ impl<'a> FenceView<'a> {
 }
 
 impl Pass<'_> {
+    /// Keeps this writer counted past the borrow it entered under: for a
+    /// copy that ends later than the code that checked it (a staged device
+    /// copy), so that a fence meanwhile waits for it. Give it back with
+    /// [`Held::release`].
+    pub fn detach(self) -> Held {
+        let busy: *const AtomicU64 = self.busy;
+        std::mem::forget(self);
+        Held { busy }
+    }
+
     /// True when a write under `grant` may land in `[start, end)`: no
     /// fence covering any of it is newer than the grant.
     #[inline]
@@ -303,11 +327,36 @@ impl Pass<'_> {
         if grant < words[FLOOR].load(Ordering::SeqCst) {
             return false;
         }
-        let used = (words[USED].load(Ordering::SeqCst) as usize).min(FENCE_SLOTS);
+        let used = self.view.used();
         (0..used).all(|slot| {
             let gen = words[ENTRIES + ENTRY_WORDS * slot + GEN].load(Ordering::SeqCst);
             gen <= grant || !self.view.entry(slot).meets(start, end)
         })
+    }
+}
+
+/// A writer counted in a table's `busy` word until released ([`Pass::detach`]).
+#[derive(Debug)]
+pub struct Held {
+    busy: *const AtomicU64,
+}
+
+// SAFETY: it points at an atomic word (shared between threads, and between
+// processes, by design) that the holder's lease keeps alive; which thread
+// releases it does not matter.
+unsafe impl Send for Held {}
+
+impl Held {
+    /// The writer's copy ended (or never started): a fence stops waiting
+    /// for it.
+    ///
+    /// # Safety
+    ///
+    /// The table the pass was entered in is still alive (the region's lease
+    /// that kept it alive is still kept).
+    pub unsafe fn release(self) {
+        // SAFETY: per this function's contract. Release: as a pass's drop.
+        unsafe { (*self.busy).fetch_sub(1, Ordering::Release) };
     }
 }
 

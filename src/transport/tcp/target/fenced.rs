@@ -52,31 +52,55 @@ impl FrameFence {
 impl TargetConn {
     /// A GRANT frame: the WRITE frames after it name `offset` as their grant.
     pub(super) fn on_grant(&mut self, header: &FrameHeader) -> Result<()> {
-        self.grant = u32::try_from(header.offset)
+        let grant = u32::try_from(header.offset)
             .map_err(|_| Error::malformed("frame", format!("grant {} is past 32 bits", header.offset)))?;
+        // Grants are this process's counter: one above the last it issued
+        // was given to nobody, and would pass every fence.
+        if !crate::mem::fence::issued(grant) {
+            return Err(Error::malformed("frame", format!("grant {grant} was never issued by this target")));
+        }
+        self.grant = grant;
         Ok(())
     }
 
     /// Stamps this connection's grant on a checked WRITE's fence and checks
     /// its whole range once at its header (a staged payload is checked only
-    /// here); a refusal gives the kept lease back.
+    /// here, and stays counted as a writer in the table, `self.held`, until
+    /// its device copy ends: a fence meanwhile waits for it); a refusal
+    /// gives the kept lease back.
     pub(super) fn check_grant(
-        &self,
+        &mut self,
         ctx: &TargetContext,
         (addr, device, fence): (usize, Option<super::frames::Device>, FrameFence),
     ) -> Result<(usize, Option<super::frames::Device>, FrameFence)> {
         let fence = FrameFence { grant: self.grant, ..fence };
         let header = &self.current;
         // SAFETY: `check_block` kept the lease this frame holds.
-        let admitted = unsafe { fence.admit(header.offset, header.len) }.map(drop);
+        let admitted = unsafe { fence.admit(header.offset, header.len) };
         match admitted {
-            Ok(()) => Ok((addr, device, fence)),
+            Ok(pass) => {
+                if device.is_some() {
+                    self.release_held();
+                    self.held = Some(pass.detach());
+                }
+                Ok((addr, device, fence))
+            }
             Err(error) => {
                 // SAFETY: kept by `check_block` for this frame, which it now
                 // refuses: given back once, here.
                 unsafe { ctx.registry.release_kept(fence.region) };
                 Err(error)
             }
+        }
+    }
+
+    /// Counts the current staged frame out of its table (its payload was
+    /// refused, put back, or the connection closes before it was staged).
+    pub(super) fn release_held(&mut self) {
+        if let Some(held) = self.held.take() {
+            // SAFETY: taken in `check_grant` under the frame's kept lease,
+            // which every caller still keeps here.
+            unsafe { held.release() };
         }
     }
 

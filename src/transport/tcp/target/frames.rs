@@ -127,7 +127,10 @@ impl TargetConn {
                     None => return self.wait_for_pages(ctx, &header, true, now),
                 }
             }
-            Some((addr, _, _)) => Receiving::Payload { dest: addr as *mut u8, left: len, region, staged: false },
+            Some((addr, _, _)) => {
+                self.release_held();
+                Receiving::Payload { dest: addr as *mut u8, left: len, region, staged: false }
+            }
             None => Receiving::Discard { left: len },
         };
         if len == 0 {
@@ -150,6 +153,8 @@ impl TargetConn {
     /// instead (its payload read and dropped).
     fn wait_for_pages(&mut self, ctx: &TargetContext, header: &FrameHeader, write: bool, now: Instant) -> bool {
         let region = RegionId::from_raw(header.region);
+        // Its fence is checked again when the frame is read again.
+        self.release_held();
         // SAFETY: `check_block` kept this lease for this frame; the frame is
         // put back unread (or refused), and the lease is given back once, here.
         unsafe { ctx.registry.release_kept(region) };

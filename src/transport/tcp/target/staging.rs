@@ -165,6 +165,9 @@ pub(super) struct Group {
     copies: Vec<(DeviceCopy, u64)>,
     /// WRITE: the regions its copy writes, leased until it ends.
     leases: Vec<RegionId>,
+    /// WRITE: its frames, counted as writers in their regions' fence
+    /// tables until its copy ends (so a fence waits for the copy).
+    holds: Vec<crate::mem::fence::Held>,
     /// WRITE: arrival tags to count once its bytes are in place, with
     /// where the bytes went (region, offset, length).
     tags: Vec<StagedTag>,
@@ -179,16 +182,22 @@ impl Group {
     /// Gives back the pages and leases; lands the tags when `landed`.
     fn settle(&mut self, ctx: &TargetContext, staging: &mut Staging, landed: bool) {
         staging.give(self);
+        // Counted landed before a fence can return: once it has, every
+        // byte it waited for is in place and counted.
+        for (tag, region, offset, len, sender) in self.tags.drain(..) {
+            if landed {
+                ctx.arrivals.land_at(tag, region, offset, len, sender.as_deref());
+            }
+        }
+        for held in self.holds.drain(..) {
+            // SAFETY: taken under a lease in `leases`, still kept here.
+            unsafe { held.release() };
+        }
         for region in self.leases.drain(..) {
             // SAFETY: `check_block` kept this lease for the frame whose bytes
             // this group's copy wrote; the copy ended, and it is given back
             // once, here.
             unsafe { ctx.registry.release_kept(region) };
-        }
-        for (tag, region, offset, len, sender) in self.tags.drain(..) {
-            if landed {
-                ctx.arrivals.land_at(tag, region, offset, len, sender.as_deref());
-            }
         }
     }
 }
@@ -333,6 +342,7 @@ impl TargetConn {
     /// leased and its tag waits until the group's copy ends.
     pub(super) fn staged_payload_landed(&mut self, region: RegionId) {
         self.write_group.leases.push(region);
+        self.write_group.holds.extend(self.held.take());
         if let Some(tag) = self.current.arrival_tag() {
             let current = &self.current;
             self.write_group.tags.push((tag, current.region, current.offset, current.len, self.sender.clone()));
