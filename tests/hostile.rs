@@ -380,7 +380,12 @@ fn a_peer_whose_descriptor_points_at_another_engines_shm_file_is_refused() {
     let mut lie = kvring::testing::descriptor(&victim);
     lie.name = "liar".into();
     lie.epoch ^= 0xdead; // its own epoch, not the victim's
-    lie.pid = std::process::id() + 1;
+                         // A pid nobody answers for: a child's, once it has exited and been
+                         // reaped (pids are handed out in order, so it is not reused at once;
+                         // our own pid + 1 may be one of this process's threads).
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    lie.pid = child.id();
+    child.wait().unwrap();
     lie.tcp_addr = None;
     let (addr, server) = common::raw::lying_control_server(&lie, false);
     let initiator = common::engine("initiator");
