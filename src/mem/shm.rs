@@ -440,8 +440,8 @@ pub fn sweep_stale() -> usize {
             continue;
         }
         // SAFETY: kill with signal 0 only checks whether the pid exists.
-        let gone =
-            unsafe { libc::kill(pid, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        let signalled = unsafe { libc::kill(pid, 0) };
+        let gone = signalled != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
         if gone && std::fs::remove_file(entry.path()).is_ok() {
             removed += 1;
         }
