@@ -12,13 +12,11 @@ mod common;
 
 use common::WAIT;
 use kvring::gpu::{Gpu, SimGpu};
-use kvring::testing::control::{preface, read_frame, response, write_frame, MAX_CONTROL_MESSAGE_BYTES};
-use kvring::testing::control::{request, ControlClient, HandshakeRequest, HandshakeResponse, Request};
+use kvring::testing::control::response;
+use kvring::testing::control::{request, ControlClient, HandshakeRequest};
 use kvring::testing::control::{GpuHandle, RegionDescriptor, SegmentDescriptor as WireDescriptor};
 use kvring::{Access, Batch, BlockDesc, Engine, RegionId, RegionInfo, TransportKind};
-use prost::Message;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
 use std::process::{Child, Command, Stdio};
@@ -27,36 +25,6 @@ use std::time::{Duration, Instant};
 
 const LEN: u64 = 1 << 20;
 const TOKEN: &str = "gpu-fds-suite-token";
-
-/// A fake engine in this process: answers every untokened handshake with
-/// `descriptor` (its control address filled in), and nothing else.
-fn fake_peer(mut descriptor: WireDescriptor) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    descriptor.control_addr = addr.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().take(8) {
-            let Ok(mut stream) = stream else { return };
-            stream.set_read_timeout(Some(WAIT)).unwrap();
-            let _ = stream.write_all(&preface());
-            let mut theirs = [0u8; 8];
-            if stream.read_exact(&mut theirs).is_err() || theirs != preface() {
-                continue;
-            }
-            while let Ok(Some(frame)) = read_frame(&mut stream, MAX_CONTROL_MESSAGE_BYTES) {
-                let Ok(Request { body: Some(request::Body::Handshake(_)), .. }) = Request::decode(frame.as_slice())
-                else {
-                    break;
-                };
-                let answer = HandshakeResponse { segment: Some(Box::new(descriptor.clone())), ..Default::default() };
-                if write_frame(&mut stream, &response(response::Body::Handshake(answer))).is_err() {
-                    break;
-                }
-            }
-        }
-    });
-    addr
-}
 
 /// A descriptor as an engine of this host would send it, with one GPU
 /// region of `LEN` bytes whose single handle is `handle`.
@@ -210,7 +178,7 @@ fn a_descriptor_naming_a_third_processs_descriptor_opens_nothing_there() {
         let third = Third::start("memfd", None);
         let (pid, fd): (u32, i32) = (third.words[0].parse().unwrap(), third.words[1].parse().unwrap());
         let handle = GpuHandle { kind, handle: naming(mark, pid, fd), offset: 0, len: LEN };
-        let addr = fake_peer(hostile_descriptor(&initiator, RegionId::new(0, 1), 0x7000_0000, handle));
+        let addr = common::raw::fake_peer(hostile_descriptor(&initiator, RegionId::new(0, 1), 0x7000_0000, handle));
         match initiator.open_segment_with(&addr, Some(TransportKind::CudaIpc), WAIT) {
             Err(error) => {
                 let text = error.to_string();
@@ -236,7 +204,7 @@ fn a_process_that_did_not_answer_the_handshake_cannot_hand_us_descriptors() {
     let handle = GpuHandle { kind: 1, handle: vec![0; 64], offset: 0, len: LEN };
     let mut descriptor = hostile_descriptor(&initiator, region, 0x7000_0000, handle);
     descriptor.gpu_fds = name;
-    let addr = fake_peer(descriptor);
+    let addr = common::raw::fake_peer(descriptor);
     let error = initiator.open_segment_with(&addr, Some(TransportKind::CudaIpc), WAIT).unwrap_err().to_string();
     assert!(error.contains("not by pid") && error.contains("answered the handshake"), "{error}");
     // The third engine itself, asked directly, is opened and written: the
@@ -272,7 +240,7 @@ fn a_descriptor_claiming_this_process_reaches_only_what_its_engines_grant_peers(
         let mut descriptor = hostile_descriptor(&initiator, id, at, handle);
         descriptor.instance = ours.instance;
         descriptor.gpu_fds = ours.gpu_fds.clone().unwrap();
-        let addr = fake_peer(descriptor);
+        let addr = common::raw::fake_peer(descriptor);
         // The link opens (the region is recorded as unreachable, with why);
         // every write to it fails.
         let segment = initiator.open_segment_with(&addr, Some(TransportKind::CudaIpc), WAIT).unwrap();

@@ -7,13 +7,9 @@ mod common;
 
 use common::WAIT;
 use kvring::gpu::{Gpu, SimGpu};
-use kvring::testing::control::{preface, read_frame, response, write_frame, MAX_CONTROL_MESSAGE_BYTES};
-use kvring::testing::control::{request, HandshakeResponse, Request};
 use kvring::testing::control::{GpuHandle, RegionDescriptor, SegmentDescriptor as WireDescriptor};
 use kvring::{Access, Batch, BlockDesc, Engine, RegionId, RegionInfo, TransportKind};
-use prost::Message;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::io::{BufRead, BufReader, Write};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
 use std::process::{Child, Command, Stdio};
@@ -156,36 +152,6 @@ fn a_stranger_trickling_its_hello_does_not_hold_the_socket_past_its_proof_deadli
     drop(held);
 }
 
-/// A fake engine in this process: answers every untokened handshake with
-/// `descriptor` (its control address filled in).
-fn fake_peer(mut descriptor: WireDescriptor) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    descriptor.control_addr = addr.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().take(8) {
-            let Ok(mut stream) = stream else { return };
-            stream.set_read_timeout(Some(WAIT)).unwrap();
-            let _ = stream.write_all(&preface());
-            let mut theirs = [0u8; 8];
-            if stream.read_exact(&mut theirs).is_err() || theirs != preface() {
-                continue;
-            }
-            while let Ok(Some(frame)) = read_frame(&mut stream, MAX_CONTROL_MESSAGE_BYTES) {
-                let Ok(Request { body: Some(request::Body::Handshake(_)), .. }) = Request::decode(frame.as_slice())
-                else {
-                    break;
-                };
-                let answer = HandshakeResponse { segment: Some(Box::new(descriptor.clone())), ..Default::default() };
-                if write_frame(&mut stream, &response(response::Body::Handshake(answer))).is_err() {
-                    break;
-                }
-            }
-        }
-    });
-    addr
-}
-
 /// An abstract stream socket listening with a backlog of 0 that nobody
 /// accepts, its one queue place taken: a connect to it blocks.
 fn full_socket(name: &str) -> (std::os::fd::OwnedFd, Vec<UnixStream>) {
@@ -248,7 +214,7 @@ fn a_socket_that_never_accepts_does_not_hang_the_opener_past_its_deadline() {
         }],
         ..Default::default()
     };
-    let addr = fake_peer(descriptor);
+    let addr = common::raw::fake_peer(descriptor);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let started = Instant::now();

@@ -88,3 +88,36 @@ pub fn lying_control_server(
     });
     (addr, server)
 }
+
+/// A fake engine in this process: answers every untokened handshake with
+/// `descriptor` (its control address filled in), and nothing else.
+pub fn fake_peer(mut descriptor: kvring::testing::control::SegmentDescriptor) -> String {
+    use kvring::testing::control::MAX_CONTROL_MESSAGE_BYTES;
+    use kvring::testing::control::{preface, read_frame, request, response, write_frame, HandshakeResponse, Request};
+    use prost::Message;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    descriptor.control_addr = addr.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(8) {
+            let Ok(mut stream) = stream else { return };
+            stream.set_read_timeout(Some(WAIT)).unwrap();
+            let _ = stream.write_all(&preface());
+            let mut theirs = [0u8; 8];
+            if stream.read_exact(&mut theirs).is_err() || theirs != preface() {
+                continue;
+            }
+            while let Ok(Some(frame)) = read_frame(&mut stream, MAX_CONTROL_MESSAGE_BYTES) {
+                let Ok(Request { body: Some(request::Body::Handshake(_)), .. }) = Request::decode(frame.as_slice())
+                else {
+                    break;
+                };
+                let answer = HandshakeResponse { segment: Some(Box::new(descriptor.clone())), ..Default::default() };
+                if write_frame(&mut stream, &response(response::Body::Handshake(answer))).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    addr
+}
