@@ -133,6 +133,10 @@ struct Awaited {
     /// A notification's encoded payload: never read, owned here so the
     /// queued frame that points into it stays valid until its reply.
     _payload: Vec<u8>,
+    /// Bytes it moves: its share of the send window once admitted.
+    window_bytes: u64,
+    /// Admitted to the send window (its frames may leave).
+    admitted: bool,
 }
 
 /// What the bytes being received are.
@@ -179,6 +183,10 @@ pub struct Connection {
     /// The grant the last GRANT frame queued named (a connection starts at
     /// 0 at both ends).
     sent_grant: u32,
+    /// Chunks with a smaller id are admitted to the send window (`window`).
+    admit_below: u64,
+    /// Bytes of the admitted chunks not yet ended (`window`).
+    unacked_bytes: u64,
 }
 
 // SAFETY: the raw pointers are into registered local regions that the
@@ -210,6 +218,8 @@ impl Connection {
             ended_chunks: Vec::new(),
             seal: None,
             sent_grant: 0,
+            admit_below: 0,
+            unacked_bytes: 0,
         })
     }
 
@@ -223,7 +233,8 @@ impl Connection {
     /// (never earlier: a frame dropped unsent must not leave a gap).
     fn seal_next(&mut self) {
         let Some(seal) = &mut self.seal else { return };
-        for frame in self.out.iter_mut().take(MAX_IO_SLICES / 2) {
+        let admit_below = self.admit_below;
+        for frame in self.out.iter_mut().take(MAX_IO_SLICES / 2).take_while(|f| f.chunk < admit_below) {
             if !frame.sealed {
                 frame.header.seal(seal);
                 frame.sealed = true;
@@ -301,6 +312,7 @@ impl Connection {
             };
             self.out.push_back(OutFrame { header, payload, len, chunk, sealed: false });
         }
+        let window_bytes = spans.iter().map(|s| s.len).sum();
         self.await_reply(Awaited {
             ticket,
             chunk,
@@ -312,6 +324,8 @@ impl Connection {
             failure: None,
             grant,
             _payload: Vec::new(),
+            window_bytes,
+            admitted: false,
         });
         chunk
     }
@@ -333,7 +347,9 @@ impl Connection {
             moved: 0,
             failure: None,
             grant: 0,
+            window_bytes: payload.len() as u64,
             _payload: payload,
+            admitted: false,
         });
     }
 
@@ -355,12 +371,14 @@ impl Connection {
     pub fn send(&mut self, peer: &Peer) -> Result<bool> {
         let mut progressed = false;
         while !self.out.is_empty() {
+            self.admit();
             self.seal_next();
             let mut slices = [IoSlice::new(&[]); MAX_IO_SLICES];
             let mut count = 0;
             let mut skip = self.front_sent;
             for frame in self.out.iter() {
-                if count + 2 > MAX_IO_SLICES {
+                // Past the window: the rest waits for acks (`window`).
+                if count + 2 > MAX_IO_SLICES || frame.chunk >= self.admit_below {
                     break;
                 }
                 let header = frame.header.as_bytes();
@@ -386,6 +404,9 @@ impl Connection {
                     count += 1;
                 }
                 skip = 0;
+            }
+            if count == 0 {
+                break;
             }
             match self.stream.write_vectored(&slices[..count]) {
                 Ok(0) => return Err(peer.gone(format!("{} stopped taking bytes", peer.addr))),
@@ -423,8 +444,10 @@ impl Connection {
         if let Some(reason) = self.dead.take() {
             return Err(reason);
         }
-        let sent = self.send(peer)?;
+        let mut sent = self.send(peer)?;
         let received = self.receive(peer, finished)?;
+        // Acks open the window: what they let go leaves in this round.
+        sent |= received && !self.out.is_empty() && self.send(peer)?;
         if sent || received || self.awaiting.is_empty() {
             self.stalled_since = None;
         } else {
@@ -674,3 +697,4 @@ fn read_some(stream: &mut TcpStream, into: &mut [u8], peer: &Peer) -> Result<usi
 mod ends;
 #[cfg(test)]
 mod tests;
+mod window;

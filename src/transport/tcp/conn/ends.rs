@@ -14,6 +14,7 @@ impl Connection {
     /// the connection.
     pub(super) fn end_front(&mut self, result: Result<u64, (Error, u64)>, finished: &mut Vec<ChunkEnd>) -> Result<()> {
         let Some(mut ended) = self.awaiting.pop_front() else { return Ok(()) };
+        self.release_window(&ended);
         let failure = match &result {
             Ok(_) => None,
             Err((Error::PeerRestarted { segment, detail }, _)) => {
@@ -77,6 +78,7 @@ impl Connection {
             }
             self.out.retain(|f| f.chunk != chunk);
             let Some(mut dropped) = self.awaiting.remove(index) else { break };
+            self.release_window(&dropped);
             dropped.spans.clear();
             self.spare.push(std::mem::take(&mut dropped.spans));
             self.ended(dropped.ticket, chunk, Err((error(), 0)), finished);
@@ -135,6 +137,7 @@ impl Connection {
     pub(super) fn fail_each(&mut self, finished: &mut Vec<ChunkEnd>, error: impl Fn() -> Error) {
         self.out.clear();
         self.front_sent = 0;
+        self.unacked_bytes = 0;
         while let Some(awaited) = self.awaiting.pop_front() {
             self.ended(awaited.ticket, awaited.chunk, Err((error(), awaited.moved)), finished);
         }

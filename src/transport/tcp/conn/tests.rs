@@ -179,3 +179,68 @@ fn a_silent_peer_is_declared_dead_after_the_io_timeout() {
     assert!(error.contains("no reply"), "{error}");
     assert!(started.elapsed() >= Duration::from_millis(50));
 }
+
+/// The send window: of four 1 MiB WRITE chunks, only as many as
+/// `MAX_UNACKED_BYTES` covers leave before an ack; a chunk held back is
+/// never sealed or started, so a cancel withdraws it; each ack lets the
+/// next one go.
+#[test]
+fn only_a_window_of_chunks_leaves_before_their_acks_and_the_rest_can_be_withdrawn() {
+    const MIB: u64 = 1 << 20;
+    let (mut connection, server, peer) = pair();
+    let mut memory = vec![7u8; 4 * MIB as usize];
+    let region = RegionId::from_raw(1 << 16);
+    for ticket in 0..4u64 {
+        let block = Block {
+            local: memory.as_mut_ptr().wrapping_add((ticket * MIB) as usize),
+            memory: crate::mem::MemoryKind::Host,
+            desc: BlockDesc::new(region, ticket * MIB, region, ticket * MIB, MIB),
+            desc_index: 0,
+            tag: 0,
+            checksum: false,
+            grant: 0,
+        };
+        // SAFETY: `memory` outlives the connection and nothing else touches it.
+        unsafe { connection.queue_chunk(&peer, Opcode::Write, 7, ticket, &[block]) };
+    }
+    // The target reads everything that arrives, counting it.
+    let mut reader = server.try_clone().unwrap();
+    let counted = std::thread::spawn(move || {
+        let (mut total, mut buffer) = (0u64, vec![0u8; 1 << 16]);
+        while let Ok(n @ 1..) = reader.read(&mut buffer) {
+            total += n as u64;
+        }
+        total
+    });
+    let windowed = window::MAX_UNACKED_BYTES / MIB;
+    assert!((1..4).contains(&windowed), "the test needs a window of 1-3 chunks");
+    let frame = |n: u64| n * (MIB + FRAME_HEADER_BYTES as u64);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut finished = Vec::new();
+    while connection.out.len() as u64 > 4 - windowed {
+        connection.progress(&peer, Duration::from_secs(5), &mut finished).unwrap();
+        assert!(Instant::now() < deadline, "the window's chunks did not leave");
+    }
+    for _ in 0..20 {
+        connection.progress(&peer, Duration::from_secs(5), &mut finished).unwrap();
+    }
+    assert_eq!(connection.out.len() as u64, 4 - windowed, "nothing past the window left");
+    assert_eq!(connection.unacked_bytes(), windowed * MIB);
+    assert!(connection.out.iter().all(|f| !f.sealed && f.chunk >= windowed));
+    // Cancelling the last chunk's batch part withdraws it at once.
+    assert_eq!(connection.withdraw_unsent(3, &mut finished), 1);
+    assert!(matches!(&finished[..], [(3, Err((Error::Cancelled { bytes: 0 }, 0)))]), "{finished:?}");
+    finished.clear();
+    // The first chunk's ack lets the next one (if any is left) go.
+    (&server).write_all(FrameHeader::new(FrameOp::Ack, 5, 7, 1 << 16, 0, 0).as_bytes()).unwrap();
+    let left = (3 - windowed) as usize;
+    while finished.is_empty() || connection.out.len() > left.saturating_sub(1) {
+        connection.progress(&peer, Duration::from_secs(5), &mut finished).unwrap();
+        assert!(Instant::now() < deadline, "the ack did not open the window: {finished:?}");
+    }
+    assert!(matches!(&finished[..], [(0, Ok(n))] if *n == MIB), "{finished:?}");
+    let sent = windowed + u64::from(left > 0);
+    assert_eq!(connection.unacked_bytes(), (sent - 1) * MIB);
+    connection.shutdown();
+    assert_eq!(counted.join().unwrap(), frame(sent));
+}
