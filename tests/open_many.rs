@@ -85,6 +85,25 @@ fn a_refused_address_and_a_repeated_name_each_get_their_own_result() {
     assert_eq!(initiator.segment_cache_stats().hits, 1, "and it came from the cache");
 }
 
+#[test]
+fn a_silent_peer_listed_twice_is_a_timeout_in_both_places_under_the_one_deadline() {
+    let targets = targets(2);
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = silent.local_addr().unwrap().to_string();
+    let (first, second) = (targets[0].0.control_addr().to_string(), targets[1].0.control_addr().to_string());
+    let names = [first.as_str(), silent.as_str(), second.as_str(), silent.as_str()];
+    let initiator = engine("initiator");
+    let mut results = initiator.open_many(&names, Some(TransportKind::Tcp), Duration::from_millis(300));
+    // Its second place is tried again with what is left of the shared
+    // deadline: nothing, so it is the same typed error.
+    for place in [3, 1] {
+        let error = results.remove(place).unwrap_err();
+        assert!(matches!(error, Error::Timeout { .. }), "place {place}: {error}");
+    }
+    let opened: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    write_to_each(&initiator, &opened, &targets);
+}
+
 /// `kvring bench --cold` with two pairs per transport: a smoke run that
 /// proves every measurement completes and verifies (the figures are the
 /// bench's business, not this test's).

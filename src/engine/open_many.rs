@@ -1,14 +1,17 @@
 //! Opening a group of peers in one call (a TP group's ranks): the
 //! handshakes and transport connects of distinct peers run at once, each on
-//! a short-lived thread of its own, so the group costs about one open, not
-//! one per peer.
+//! a short-lived thread of its own, under one deadline, so a group whose
+//! opens wait on the network costs about one open, not one per peer. On
+//! one host the opens' CPU time is the floor instead (the handshakes, the
+//! same-host owner check, the connects of both ends): `kvring bench
+//! --cold` prints it beside the wall times (docs/FIGURES.md).
 
 use super::{Engine, Segment};
 use crate::error::Result;
 use crate::transport::TransportKind;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Most peers `open_many` opens at once: a bound on the threads one call
 /// starts. A TP group (8, 16 ranks) fits; a larger list is worked through
@@ -19,11 +22,14 @@ impl Engine {
     /// Opens every peer in `names` (names or control addresses), their
     /// handshakes and connects running concurrently, and returns each
     /// peer's own result, in the order of `names`. One dead or refusing
-    /// peer is its own typed error (by `timeout` at the latest: every open
-    /// shares the one deadline) and holds up none of the others.
+    /// peer is its own typed error and holds up none of the others. Every
+    /// open shares the one deadline, `timeout` from the call, however many
+    /// peers it opens and however many threads that takes: a peer not
+    /// reached by then is `Timeout`.
     ///
     /// A name listed twice is opened once; its later places get the cached
-    /// handle (or, if the open failed, the error of a second try).
+    /// handle (or, if the open failed, the error of a second try within
+    /// what is left of the deadline).
     ///
     /// ```no_run
     /// # let engine = kvring::Engine::builder().build().unwrap();
@@ -48,6 +54,7 @@ impl Engine {
                 first.push(i);
             }
         }
+        let deadline = Instant::now() + timeout;
         let results: Vec<Mutex<Option<Result<Segment>>>> = names.iter().map(|_| Mutex::new(None)).collect();
         let next = AtomicUsize::new(0);
         let open_next = || loop {
@@ -55,7 +62,7 @@ impl Engine {
             // travel through their mutexes and the scope's join.
             let n = next.fetch_add(1, Ordering::Relaxed);
             let Some(&i) = first.get(n) else { return };
-            let opened = self.open_segment_with(names[i].as_ref(), transport, timeout);
+            let opened = self.open_segment_by(names[i].as_ref(), transport, timeout, Some(deadline));
             *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(opened);
         };
         let workers = first.len().min(MAX_CONCURRENT_OPENS);
@@ -73,7 +80,7 @@ impl Engine {
                 Some(opened) => opened,
                 // A repeated name: its first place has opened by now, so
                 // this is a cache hit (or a second try of a failed open).
-                None => self.open_segment_with(name.as_ref(), transport, timeout),
+                None => self.open_segment_by(name.as_ref(), transport, timeout, Some(deadline)),
             })
             .collect()
     }

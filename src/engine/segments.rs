@@ -98,6 +98,20 @@ impl Engine {
         transport: Option<TransportKind>,
         timeout: Duration,
     ) -> Result<Segment> {
+        self.open_segment_by(name, transport, timeout, None)
+    }
+
+    /// [`open_segment_with`](Self::open_segment_with), ending by `shared`
+    /// when given (the one deadline `open_many` shares among its peers,
+    /// which counts a stale handle's retire too); else `timeout` starts
+    /// once a stale handle is retired.
+    pub(super) fn open_segment_by(
+        &self,
+        name: &str,
+        transport: Option<TransportKind>,
+        timeout: Duration,
+        shared: Option<Instant>,
+    ) -> Result<Segment> {
         if self.inner.is_stopped() {
             return Err(Error::Shutdown);
         }
@@ -142,7 +156,10 @@ impl Engine {
         }
         // The handshake and connects run on the caller's thread, never on a
         // lane, and without the table lock, so a dead peer stalls nobody else.
-        let deadline = Instant::now() + timeout;
+        let deadline = shared.unwrap_or_else(|| Instant::now() + timeout);
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout { waited: Duration::ZERO });
+        }
         let handshake = self.inner.metadata.resolve(name, &self.initiator(), deadline)?;
         let (transport, link) = self.choose_and_open(transport, &handshake, deadline)?;
         self.install_segment(name, handshake.descriptor, transport, link, stale.map(|(epoch, _)| epoch))

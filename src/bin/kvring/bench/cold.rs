@@ -11,6 +11,13 @@
 //!   The ratio is `open_many`'s time over the median single open of the
 //!   same round: the target is ≤ 2.
 //!
+//! - CPU: the process's CPU time (every thread: the initiator's and the
+//!   in-process targets' alike) spent by the group's `open_many` and by
+//!   its 8 single opens, per open, and the floor it sets: the group's CPU
+//!   time spread over this host's cores, over the single open's wall time.
+//!   Where the ratio sits at that floor, the opens overlap and the group
+//!   is bound by CPU, not by waiting.
+//!
 //! Every measurement of a round runs in turn with the others, transports
 //! alternating, so a loaded host shifts all of them alike.
 
@@ -82,30 +89,54 @@ fn first_transfer(config: &kvring::config::Config, transport: TransportKind, see
     Ok(took)
 }
 
-/// One round of the group open over `transport`: (`open_many`'s time, the
-/// median of 8 single opens).
+/// CPU time this process has used so far, all its threads together.
+fn process_cpu() -> Duration {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid timespec for the call to fill.
+    let failed = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) } != 0;
+    match failed {
+        true => Duration::ZERO,
+        false => Duration::new(now.tv_sec as u64, now.tv_nsec as u32),
+    }
+}
+
+/// One round of the group open.
+struct GroupRound {
+    /// `open_many`'s wall time.
+    many: Duration,
+    /// The median wall time of the 8 single opens.
+    one: Duration,
+    /// Process CPU time of the `open_many` call, per peer.
+    many_cpu: Duration,
+    /// Process CPU time of the 8 single opens, per open.
+    one_cpu: Duration,
+}
+
+/// One round of the group open over `transport`.
 fn group_round(
     config: &kvring::config::Config,
     transport: TransportKind,
     many_first: bool,
-) -> Result<(Duration, Duration), String> {
+) -> Result<GroupRound, String> {
     let targets: Vec<_> = (0..GROUP).map(|i| target(config, &format!("cold-rank-{i}"))).collect::<Result<_, _>>()?;
     let addrs: Vec<String> = targets.iter().map(|(t, _)| t.control_addr().to_string()).collect();
     let (mut many, mut singles) = (Duration::ZERO, Vec::with_capacity(GROUP));
+    let (mut many_cpu, mut one_cpu) = (Duration::ZERO, Duration::ZERO);
     for many_now in [many_first, !many_first] {
         let initiator = fresh(config, "cold-group")?;
         if many_now {
-            let start = Instant::now();
+            let (start, cpu) = (Instant::now(), process_cpu());
             let opened = initiator.open_many(&addrs, Some(transport), COLD_DEADLINE);
-            many = start.elapsed();
+            (many, many_cpu) = (start.elapsed(), process_cpu().saturating_sub(cpu));
             for (addr, result) in addrs.iter().zip(opened) {
                 result.map_err(|e| format!("open_many of {addr}: {e}"))?;
             }
         } else {
             for addr in &addrs {
-                let start = Instant::now();
+                let (start, cpu) = (Instant::now(), process_cpu());
                 initiator.open_segment_with(addr, Some(transport), COLD_DEADLINE).map_err(|e| e.to_string())?;
                 singles.push(start.elapsed());
+                one_cpu += process_cpu().saturating_sub(cpu);
             }
         }
         initiator.shutdown();
@@ -114,7 +145,8 @@ fn group_round(
         target.shutdown();
     }
     singles.sort();
-    Ok((many, singles[GROUP / 2]))
+    let per_open = |total: Duration| total / GROUP as u32;
+    Ok(GroupRound { many, one: singles[GROUP / 2], many_cpu: per_open(many_cpu), one_cpu: per_open(one_cpu) })
 }
 
 /// The `q` quantile (0..=1) of `values`, in microseconds.
@@ -129,50 +161,70 @@ fn quantile_us(values: &[Duration], q: f64) -> f64 {
 pub(super) fn cold(config: &kvring::config::Config, options: &Options) -> Result<(), String> {
     let pairs = options.cold_pairs.max(1);
     let mut first = [Vec::new(), Vec::new()];
-    let mut many = [Vec::new(), Vec::new()];
-    let mut one = [Vec::new(), Vec::new()];
+    let mut groups: [Vec<GroupRound>; 2] = [Vec::new(), Vec::new()];
     for round in 0..pairs {
         for t in [round % 2, 1 - round % 2] {
             first[t].push(first_transfer(config, TRANSPORTS[t], round as u64)?);
-            let (m, o) = group_round(config, TRANSPORTS[t], round % 2 == 0)?;
-            many[t].push(m);
-            one[t].push(o);
+            groups[t].push(group_round(config, TRANSPORTS[t], round % 2 == 0)?);
         }
     }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()).min(GROUP);
     if !options.json {
         println!("kvring bench --cold: {pairs} fresh pairs and {pairs} groups of {GROUP} per transport, in-process, loopback, interleaved");
         println!(
-            "{:<6} {:>14} {:>14} {:>16} {:>16} {:>10}",
-            "", "first p50 µs", "first p99 µs", "open_many8 p50", "one open p50", "ratio"
+            "{:<6} {:>12} {:>12} {:>14} {:>12} {:>8} {:>13} {:>13} {:>10}",
+            "",
+            "first p50 µs",
+            "first p99 µs",
+            "open_many8 p50",
+            "one open p50",
+            "ratio",
+            "cpu/open many",
+            "cpu/open one",
+            "cpu floor"
         );
     }
     for (t, transport) in TRANSPORTS.iter().enumerate() {
-        // The ratio per round (same targets, same moment), then its median.
-        let mut ratios: Vec<f64> =
-            many[t].iter().zip(&one[t]).map(|(m, o)| m.as_secs_f64() / o.as_secs_f64().max(1e-9)).collect();
-        let ratio = crate::drive::median(&mut ratios);
+        let rounds = &groups[t];
+        // Ratios per round (same targets, same moment), then their medians.
+        let per_round = |f: &dyn Fn(&GroupRound) -> f64| {
+            let mut values: Vec<f64> = rounds.iter().map(f).collect();
+            crate::drive::median(&mut values)
+        };
+        let ratio = per_round(&|g| g.many.as_secs_f64() / g.one.as_secs_f64().max(1e-9));
+        // The group's CPU time spread over `cores`, against one open.
+        let floor =
+            per_round(&|g| (g.many_cpu.as_secs_f64() * GROUP as f64 / cores as f64) / g.one.as_secs_f64().max(1e-9));
+        let times = |f: fn(&GroupRound) -> Duration| rounds.iter().map(f).collect::<Vec<_>>();
         let row = [
             quantile_us(&first[t], 0.5),
             quantile_us(&first[t], 0.99),
-            quantile_us(&many[t], 0.5),
-            quantile_us(&one[t], 0.5),
+            quantile_us(&times(|g| g.many), 0.5),
+            quantile_us(&times(|g| g.one), 0.5),
+            quantile_us(&times(|g| g.many_cpu), 0.5),
+            quantile_us(&times(|g| g.one_cpu), 0.5),
         ];
         if options.json {
             let line = serde_json::json!({
                 "case": "cold", "transport": transport.name(), "pairs": pairs, "group": GROUP,
                 "first_p50_us": row[0], "first_p99_us": row[1],
                 "open_many_p50_us": row[2], "one_open_p50_us": row[3], "open_many_ratio": ratio,
+                "open_many_cpu_per_open_us": row[4], "one_open_cpu_us": row[5],
+                "cpu_floor_ratio": floor, "cores": cores,
             });
             println!("{line}");
         } else {
             println!(
-                "{:<6} {:>14.0} {:>14.0} {:>16.0} {:>16.0} {:>9.2}x",
+                "{:<6} {:>12.0} {:>12.0} {:>14.0} {:>12.0} {:>7.2}x {:>13.0} {:>13.0} {:>9.2}x",
                 transport.name(),
                 row[0],
                 row[1],
                 row[2],
                 row[3],
-                ratio
+                ratio,
+                row[4],
+                row[5],
+                floor
             );
         }
     }
