@@ -17,7 +17,8 @@
 //! `FAKECUDA_INIT_ERROR` (a `CUresult` `cuInit` returns), `FAKECUDA_PEER`
 //! (0: no GPU pair can access each other), `FAKECUDA_DELAY_US` (each queued
 //! job runs that late), `FAKECUDA_GDR_VMM` (0: the devices report no
-//! `GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`), `FAKECUDA_SM` (compute
+//! `GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`), `FAKECUDA_DMABUF` (0: the
+//! devices report no `DMA_BUF_SUPPORTED` and export no dma-buf), `FAKECUDA_SM` (compute
 //! capability, default 90: the JIT refuses PTX for a higher target). Introspection and faults go through two symbols
 //! kvring never calls: `fakecuda_stat(name)` and `fakecuda_set(name, value)`
 //! (see `stat` and `set`), which tests find with `dlsym`.
@@ -73,6 +74,8 @@ pub(crate) struct Config {
     peer: bool,
     /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`.
     pub(crate) gdr_vmm: bool,
+    /// `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`.
+    pub(crate) dmabuf: bool,
     /// The devices' compute capability, as major * 10 + minor.
     pub(crate) sm: i32,
     /// The physical GPUs this process sees, in ordinal order
@@ -90,6 +93,7 @@ fn config() -> Config {
         init_error: env_num("FAKECUDA_INIT_ERROR", 0) as CUresult,
         peer: env_num("FAKECUDA_PEER", 1) != 0,
         gdr_vmm: env_num("FAKECUDA_GDR_VMM", 1) != 0,
+        dmabuf: env_num("FAKECUDA_DMABUF", 1) != 0,
         sm: env_num("FAKECUDA_SM", 90) as i32,
         visible: visible_devices(env_num("FAKECUDA_GPUS", 2).clamp(0, 64) as i32),
     }
@@ -416,7 +420,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_in
             102 => 1, // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
             103 => 1, // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
             110 => i32::from(d.config.gdr_vmm), // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
-            124 => 1, // DMA_BUF_SUPPORTED
+            124 => i32::from(d.config.dmabuf), // DMA_BUF_SUPPORTED
             75 => d.config.sm / 10, // COMPUTE_CAPABILITY_MAJOR
             76 => d.config.sm % 10, // COMPUTE_CAPABILITY_MINOR
             _ => 0,

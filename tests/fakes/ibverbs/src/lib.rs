@@ -429,6 +429,8 @@ pub extern "C" fn ibv_is_fork_initialized() -> c_int {
     IBV_FORK_UNNEEDED
 }
 
+mod mr;
+pub use mr::*;
 mod objects;
 pub use objects::*;
 mod post;
