@@ -213,6 +213,41 @@ fn device_bytes(gpu: &dyn Gpu, device: u32, addr: u64, len: usize) -> Vec<u8> {
 }
 
 #[test]
+fn a_gpu_range_registered_inside_an_allocation_takes_rdma_where_it_lies() {
+    // A caller's range 64 KiB into its allocation (as a framework's caching
+    // allocator hands out): the dma-buf exported for it starts at the
+    // range's page, so the NIC's offset 0 must be that page, not the
+    // allocation's start.
+    let fab = one_nic();
+    let target = engine("decode-0", &fab);
+    let base = fab.gpu.alloc(0, 4 << 20).unwrap();
+    let inside = base.0 + (64 << 10);
+    // SAFETY: the allocation outlives the registration (unregistered below, then freed).
+    let id = unsafe { target.register(inside as *mut u8, 1 << 20, GPU(0)) }.unwrap();
+    assert_eq!(target.rdma_device_mrs().dmabuf, 1);
+    let initiator = engine("prefill-0", &fab);
+    let local = initiator.alloc_region(2 << 20, RegionInfo::raw()).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(21) };
+    let segment = open(&initiator, &target).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    done(run(&mut sub, &Batch::write(&segment).block(BlockDesc::new(local.id(), 0, id, 0, 1 << 20))));
+    let device = device_bytes(&*fab.gpu, 0, base.0, 2 << 20);
+    assert!(device[..64 << 10].iter().all(|&b| b == 0), "nothing lands before the range");
+    assert_eq!(device[64 << 10..(64 << 10) + (1 << 20)], pattern(2 << 20, 21)[..1 << 20]);
+    assert!(device[(64 << 10) + (1 << 20)..].iter().all(|&b| b == 0), "nothing lands after it");
+    // READ from inside the range, at an offset that is no page boundary.
+    let back = BlockDesc::new(local.id(), 1 << 20, id, 4096 + 100, 8192);
+    done(run(&mut sub, &Batch::read(&segment).block(back)));
+    assert_eq!(read(&local, 1 << 20, 8192), pattern(2 << 20, 21)[4196..4196 + 8192]);
+    drop((sub, segment, local, initiator));
+    target.unregister(id).unwrap();
+    drop(target);
+    // SAFETY: no engine uses it any more.
+    unsafe { fab.gpu.free(base) }.unwrap();
+}
+
+#[test]
 fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_is_dropped_where_refused() {
     // The NIC stack has no dma-buf registration; nvidia-peermem is loaded;
     // the NIC refuses relaxed ordering.
