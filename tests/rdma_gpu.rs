@@ -25,7 +25,7 @@ use common::verbs::Provider;
 use common::{pattern, read, run, WAIT};
 use kvring::gpu::{CudaGpu, Gpu, SimGpu};
 use kvring::kv::{arrival_tag, check_pd_topo, push_targets, Attention, CacheShape, KvLayout, Mode, Rank};
-use kvring::rdma::{MrPath, ObjectCounts, SimVerbs};
+use kvring::rdma::{MrPath, ObjectCounts, SimVerbs, Verbs};
 use kvring::{Batch, BlockDesc, Engine, Error, Outcome, Region, RegionInfo, Segment, TransportKind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,8 +39,6 @@ fn real() -> bool {
 struct Fab {
     verbs: Provider,
     gpu: Arc<dyn Gpu>,
-    /// The simulated GPU (`None` on the CUDA provider).
-    sim_gpu: Option<Arc<SimGpu>>,
     /// The NICs' names, in order.
     nics: Vec<String>,
 }
@@ -68,13 +66,13 @@ fn fabric(nics: &[(&str, Option<u32>)], gpu: SimGpu) -> Fab {
         let cuda = CudaGpu::load().unwrap_or_else(|e| {
             panic!("RDMA_TEST_PROVIDER=ibverbs needs a CUDA driver (the fake libcuda on LD_LIBRARY_PATH): {e}")
         });
-        return Fab { verbs, gpu: Arc::new(cuda), sim_gpu: None, nics };
+        return Fab { verbs, gpu: Arc::new(cuda), nics };
     }
     let sim = Arc::new(SimVerbs::with_devices(nics.iter().map(|(n, numa)| SimVerbs::device(n, *numa)).collect()));
     let gpu = Arc::new(gpu);
     sim.attach_gpu(gpu.clone());
     let nics = nics.iter().map(|(n, _)| n.to_string()).collect();
-    Fab { verbs: Provider::Sim(sim), gpu: gpu.clone(), sim_gpu: Some(gpu), nics }
+    Fab { verbs: Provider::Sim(sim), gpu, nics }
 }
 
 fn one_nic() -> Fab {
@@ -90,7 +88,7 @@ fn engine(name: &str, fab: &Fab) -> Engine {
 /// environment, which every test of this process would see) and asserts
 /// it passed; true in that child, and on the simulator, where the caller
 /// goes on with the test itself.
-fn in_child(name: &str, env: &[(&str, &std::path::Path)]) -> bool {
+fn in_child(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> bool {
     if !real() || std::env::var_os("RDMA_GPU_CHILD").is_some() {
         return true;
     }
@@ -250,13 +248,22 @@ fn a_gpu_range_registered_inside_an_allocation_takes_rdma_where_it_lies() {
 #[test]
 fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_is_dropped_where_refused() {
     // The NIC stack has no dma-buf registration; nvidia-peermem is loaded;
-    // the NIC refuses relaxed ordering.
+    // the NIC refuses relaxed ordering (the simulator's; the fake's takes
+    // it: ibv_reg_mr(3) makes it a flag a device may ignore).
+    let knob = std::env::temp_dir().join(format!("kvring-peer-memory-{}", std::process::id()));
+    let name = "without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_is_dropped_where_refused";
+    let env = [("FAKE_IBVERBS_NO_DMABUF_FILE", knob.as_os_str()), ("FAKE_IBVERBS_PEER_MEMORY", "1".as_ref())];
+    if !in_child(name, &env) {
+        let _ = std::fs::remove_file(&knob);
+        return;
+    }
     let fab = one_nic();
-    let skipped = "the fake libibverbs has no peer-memory module, and its NICs take relaxed ordering";
-    let (Some(sim), Some(gpu)) = (fab.sim(skipped), fab.sim_gpu.clone()) else { return };
-    sim.dmabuf(false);
-    sim.peer_memory(true);
-    sim.relaxed_ordering(false);
+    dmabuf(&fab, false);
+    if let Provider::Sim(sim) = &fab.verbs {
+        sim.peer_memory(true);
+        sim.relaxed_ordering(false);
+    }
+    let gpu = fab.gpu.clone();
     let target = engine("decode-0", &fab);
     let remote = target.alloc_region(1 << 20, GPU(0)).unwrap();
     // A run of pieces (PyTorch's expandable segments), registered by the
@@ -265,8 +272,15 @@ fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_
     // SAFETY: the allocation outlives the engine (freed at the end).
     let run_id = unsafe { target.register(pieces as *mut u8, 4 << 20, GPU(0)) }.unwrap();
     let stats = target.rdma_device_mrs();
-    assert_eq!((stats.regions, stats.dmabuf, stats.peer_memory, stats.relaxed_ordering), (2, 0, 2, 0), "{stats:?}");
-    assert_eq!(sim.mr_paths(pieces), [MrPath::PeerMemory]);
+    let relaxed = if real() { 2 } else { 0 };
+    assert_eq!(
+        (stats.regions, stats.dmabuf, stats.peer_memory, stats.relaxed_ordering),
+        (2, 0, 2, relaxed),
+        "{stats:?}"
+    );
+    if let Some(sim) = fab.sim("which path the registration took (the engine's counts above say peer memory)") {
+        assert_eq!(sim.mr_paths(pieces), [MrPath::PeerMemory]);
+    }
 
     let initiator = engine("prefill-0", &fab);
     let local = initiator.alloc_region(1 << 20, GPU(1)).unwrap();
@@ -282,16 +296,24 @@ fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_
     done(run(&mut sub, &Batch::write(&segment).descs(&descs)));
     assert_eq!(read(&remote, 0, 1 << 20), pattern(1 << 20, 11));
     assert_eq!(device_bytes(&*gpu, 0, pieces + (2 << 20) - 4096, 8192), pattern(1 << 20, 11)[..8192]);
+    // And back: READ from across the boundary into the initiator's GPU.
+    let back = [BlockDesc::new(local.id(), 65536, run_id, (2 << 20) - 4096, 8192)];
+    done(run(&mut sub, &Batch::read(&segment).descs(&back)));
+    assert_eq!(read(&local, 65536, 8192), pattern(1 << 20, 11)[..8192]);
 
     // With dma-buf back, a GPU whose driver exports none still registers
     // through peer memory.
-    let Fab { verbs: Provider::Sim(sim), .. } = one_nic() else { unreachable!("on the simulator") };
-    let old_driver = Arc::new(SimGpu::new(1, Duration::ZERO).without_dmabuf());
-    sim.attach_gpu(old_driver.clone());
-    sim.peer_memory(true);
-    let engine = common::builder("old-driver").rdma(sim.clone()).gpu(old_driver).build().unwrap();
-    let _region = engine.alloc_region(65536, GPU(0)).unwrap();
-    assert_eq!(engine.rdma_device_mrs().peer_memory, 1);
+    let skipped = "a GPU whose driver exports no dma-buf beside one that does (the fake libcuda's \
+                   FAKECUDA_DMABUF holds for the process: tests/rdma_fake_dmabuf.rs)";
+    if let Some(Provider::Sim(_)) = fab.sim(skipped).map(|_| &fab.verbs) {
+        let Fab { verbs: Provider::Sim(sim), .. } = one_nic() else { unreachable!("on the simulator") };
+        let old_driver = Arc::new(SimGpu::new(1, Duration::ZERO).without_dmabuf());
+        sim.attach_gpu(old_driver.clone());
+        sim.peer_memory(true);
+        let engine = common::builder("old-driver").rdma(sim.clone()).gpu(old_driver).build().unwrap();
+        let _region = engine.alloc_region(65536, GPU(0)).unwrap();
+        assert_eq!(engine.rdma_device_mrs().peer_memory, 1);
+    }
     drop((sub, segment, local, initiator, remote));
     target.unregister(run_id).unwrap();
     drop(target);
@@ -319,7 +341,7 @@ fn a_gpu_region_no_nic_can_register_refuses_rdma_with_the_reason_and_the_default
     let knob = std::env::temp_dir().join(format!("kvring-no-dmabuf-{}", std::process::id()));
     if !in_child(
         "a_gpu_region_no_nic_can_register_refuses_rdma_with_the_reason_and_the_default_goes_on_to_tcp",
-        &[("FAKE_IBVERBS_NO_DMABUF_FILE", &knob)],
+        &[("FAKE_IBVERBS_NO_DMABUF_FILE", knob.as_os_str())],
     ) {
         let _ = std::fs::remove_file(&knob);
         return;
@@ -509,11 +531,23 @@ fn a_tagged_push_over_rdma_is_counted_on_the_target_as_it_lands_in_host_and_gpu_
 #[test]
 fn a_target_whose_nics_have_no_receive_queue_serves_rdma_and_refuses_tags_clearly() {
     let fab = one_nic();
-    let Some(sim) = fab.sim("a NIC without shared receive queues (the fake's all have them)") else { return };
-    sim.shared_receive_queues(false);
-    let target = engine("no-srq-target", &fab);
+    // The simulator's knob, or the fake's device made without SRQs
+    // (FAKE_IBVERBS_DEVICES names it with `nosrq`).
+    let target = match &fab.verbs {
+        Provider::Sim(sim) => {
+            sim.shared_receive_queues(false);
+            let target = engine("no-srq-target", &fab);
+            sim.shared_receive_queues(true);
+            target
+        }
+        Provider::Real(ib, _) => {
+            let listed = ib.devices().unwrap().iter().any(|d| d.name == "fakenosrq0");
+            assert!(listed, "FAKE_IBVERBS_DEVICES lacks fakenosrq0:eth:4096:active:nosrq (.ci/stage-fakerdmagpu.sh)");
+            let builder = common::builder("no-srq-target").rdma(ib.clone()).rdma_devices(["fakenosrq0"]);
+            builder.gpu(fab.gpu.clone()).build().unwrap()
+        }
+    };
     let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    sim.shared_receive_queues(true);
     let initiator = engine("no-srq-initiator", &fab);
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let segment = open(&initiator, &target).unwrap();

@@ -91,10 +91,79 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_uint) ->
         return null(libc::EINVAL);
     }
     if !pinnable(addr as u64, len as u64) {
+        if peer_memory() {
+            if let Some((map, host)) = peer_pages(addr as u64, len as u64) {
+                return record(pd, addr as u64, len, access, host, map);
+            }
+        }
         log("ibv_reg_mr: memory the kernel cannot pin (device memory without a peer-memory module?)");
         return null(libc::EFAULT);
     }
     record(pd, addr as u64, len, access, addr as u64, (0, 0))
+}
+
+/// `FAKE_IBVERBS_PEER_MEMORY=1`: a peer-memory module is loaded (as
+/// nvidia-peermem is): memory by address the kernel cannot pin as user
+/// pages is offered to it (rdma-core's peer-memory clients, the kernel's
+/// ib_peer_mem / nvidia-peermem's nvidia_p2p_get_pages).
+fn peer_memory() -> bool {
+    std::env::var_os("FAKE_IBVERBS_PEER_MEMORY").is_some_and(|v| v == "1")
+}
+
+/// The peer-memory module's view of `addr..addr + len`: the pages mapped
+/// there (shared mappings of a file, such as a GPU's memory exported to
+/// this process), mapped again here for the fake NIC's own access, as the
+/// module hands the NIC the GPU's pages behind a device address. `None`
+/// where any page of the range is not such a mapping. The mapping made,
+/// and where byte `addr` lies in it.
+fn peer_pages(addr: u64, len: u64) -> Option<((usize, usize), u64)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let page = page();
+    let (start, end) = (addr - addr % page, addr.checked_add(len)?.div_ceil(page) * page);
+    let total = (end - start) as usize;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    // SAFETY: a fresh reservation of our own, filled below or unmapped.
+    let base = unsafe { libc::mmap(std::ptr::null_mut(), total, libc::PROT_NONE, flags, -1, 0) };
+    if base == libc::MAP_FAILED {
+        return None;
+    }
+    let mut at = start;
+    for line in maps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(range), Some(perms), Some(offset)) = (fields.first(), fields.get(1), fields.get(2)) else { continue };
+        let (lo, hi) = range.split_once('-')?;
+        let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
+        if hi <= at {
+            continue;
+        }
+        if lo > at || !perms.ends_with('s') || fields.len() < 6 {
+            break;
+        }
+        let upto = hi.min(end);
+        let file_offset = u64::from_str_radix(offset, 16).ok()? + (at - lo);
+        let Some(fd) = open_mapped(lo, hi, fields[4]) else { break };
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let into = (base as u64 + (at - start)) as *mut c_void;
+        // SAFETY: replaces part of our own reservation.
+        let mapped = unsafe {
+            libc::mmap(into, (upto - at) as usize, rw, libc::MAP_SHARED | libc::MAP_FIXED, fd, file_offset as i64)
+        };
+        // SAFETY: ours.
+        unsafe { libc::close(fd) };
+        if mapped == libc::MAP_FAILED {
+            break;
+        }
+        at = upto;
+        if at >= end {
+            break;
+        }
+    }
+    if at < end {
+        // SAFETY: the reservation made above.
+        unsafe { libc::munmap(base, total) };
+        return None;
+    }
+    Some(((base as usize, total), base as u64 + (addr - start)))
 }
 
 #[no_mangle]
@@ -213,4 +282,27 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         libc::munmap(fake.map.0 as *mut c_void, fake.map.1);
     }
     0
+}
+
+/// Opens the file behind our mapping `lo..hi` (inode `inode`): through
+/// /proc/self/map_files (CAP_SYS_ADMIN), else through a descriptor of
+/// this process open on the same inode (the memory's owner keeps one).
+fn open_mapped(lo: u64, hi: u64, inode: &str) -> Option<c_int> {
+    let open = |path: String| {
+        let path = std::ffi::CString::new(path).ok()?;
+        // SAFETY: opens a path of our own process's /proc.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        (fd >= 0).then_some(fd)
+    };
+    if let Some(fd) = open(format!("/proc/self/map_files/{lo:x}-{hi:x}")) {
+        return Some(fd);
+    }
+    let inode: u64 = inode.parse().ok().filter(|&i| i != 0)?;
+    for entry in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::metadata(entry.path()).is_ok_and(|m| m.ino() == inode) {
+            return open(entry.path().to_string_lossy().into_owned());
+        }
+    }
+    None
 }

@@ -192,6 +192,11 @@ pub struct FakeSrq {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
     let attr = (*init).attr;
+    // A device without SRQs (max_srq 0): libibverbs' default op answers
+    // EOPNOTSUPP (rdma-core libibverbs/dummy_ops.c, create_srq).
+    if !spec_of((*pd).context).srq {
+        return null(libc::EOPNOTSUPP);
+    }
     // ibv_create_srq(3): max_wr and max_sge within the device's max_srq_wr
     // and max_srq_sge; the actual values are written back.
     if attr.max_wr == 0 || attr.max_wr as usize > SRQ_RING || attr.max_sge > 1 {
