@@ -54,7 +54,14 @@ fn pinnable(addr: u64, len: u64) -> bool {
 
 /// Records an MR in the fabric: `len` bytes from `iova` as peers address
 /// them, lying at `host` in this process.
-unsafe fn record(pd: *mut ibv_pd, iova: u64, len: usize, access: c_uint, host: u64, map: (usize, usize)) -> *mut ibv_mr {
+unsafe fn record(
+    pd: *mut ibv_pd,
+    iova: u64,
+    len: usize,
+    access: c_uint,
+    host: u64,
+    map: (usize, usize),
+) -> *mut ibv_mr {
     let pid = std::process::id();
     let slot = locked(|f| {
         let slot = f.mrs.iter().position(|m| m.used == 0)?;
@@ -73,15 +80,8 @@ unsafe fn record(pd: *mut ibv_pd, iova: u64, len: usize, access: c_uint, host: u
         return null(libc::ENOMEM);
     };
     pd_objects(pd, 1);
-    let raw = ibv_mr {
-        context: (*pd).context,
-        pd,
-        addr: iova as *mut c_void,
-        length: len,
-        handle: 0,
-        lkey: key,
-        rkey: key,
-    };
+    let raw =
+        ibv_mr { context: (*pd).context, pd, addr: iova as *mut c_void, length: len, handle: 0, lkey: key, rkey: key };
     Box::into_raw(Box::new(FakeMr { raw, map })).cast()
 }
 
