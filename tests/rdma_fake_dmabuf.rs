@@ -176,3 +176,78 @@ fn the_fake_libibverbs_registers_a_dmabuf_as_ibv_reg_dmabuf_mr_documents_and_no_
     // SAFETY: nothing uses the allocation.
     unsafe { gpu.free(ptr) }.unwrap();
 }
+
+type Flush = unsafe extern "C" fn(u32, u32) -> u32;
+const INVALID_CONTEXT: u32 = 201;
+
+/// `cuFlushGPUDirectRDMAWrites` of the fake, straight.
+fn flush(target: u32, scope: u32) -> u32 {
+    let flush: Flush = symbol(c"cuFlushGPUDirectRDMAWrites").unwrap();
+    // SAFETY: no pointers.
+    unsafe { flush(target, scope) }
+}
+
+fn gdr_flushes() -> i64 {
+    type Stat = unsafe extern "C" fn(*const std::ffi::c_char) -> i64;
+    let stat: Stat = symbol(c"fakecuda_stat").unwrap();
+    // SAFETY: a NUL-terminated counter name.
+    unsafe { stat(c"gdr_flushes".as_ptr()) }
+}
+
+/// Runs this binary's test `name` again in a child with `env`.
+fn child(name: &str, env: &[(&str, &str)]) {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command.args([name, "--exact", "--nocapture"]).env("RDMA_FAKE_DMABUF_CHILD", "1");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success() && text.contains("1 passed"), "{env:?}: {text}");
+}
+
+#[test]
+fn the_fake_libcuda_flushes_gpudirect_rdma_writes_as_cu_flush_gpu_direct_rdma_writes_documents() {
+    let Some((_, gpu)) = fakes() else { return };
+    let (ordering, options) = (std::env::var("FAKECUDA_GDR_ORDERING"), std::env::var("FAKECUDA_GDR_FLUSH_OPTIONS"));
+    if options.as_deref() == Ok("0") {
+        // Without the HOST bit the call is unsupported, and kvring says why
+        // rather than letting a notification overtake the data.
+        let refused = gpu.flush_rdma_writes(0).unwrap_err().to_string();
+        assert!(refused.contains("nor can flush them"), "{refused}");
+        return;
+    }
+    if ordering.as_deref() == Ok("200") {
+        // Ordered for every device: kvring skips the call, and the call
+        // itself would be a no-op.
+        let before = gdr_flushes();
+        assert!(!gpu.flush_rdma_writes(0).unwrap());
+        assert_eq!(gdr_flushes(), before);
+        return;
+    }
+    // No context current on this thread (kvring puts the caller's back).
+    assert_eq!(flush(0, 100), INVALID_CONTEXT);
+    let before = gdr_flushes();
+    assert!(gpu.flush_rdma_writes(0).unwrap(), "ordering none: flushed");
+    assert!(gpu.flush_rdma_writes(1).unwrap());
+    assert_eq!(gdr_flushes(), before + 2);
+    // The target must be the current context (0) and the scope owner
+    // (100) or all devices (200).
+    type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> u32;
+    type SetCurrent = unsafe extern "C" fn(*mut c_void) -> u32;
+    let (retain, set): (Retain, SetCurrent) =
+        (symbol(c"cuDevicePrimaryCtxRetain").unwrap(), symbol(c"cuCtxSetCurrent").unwrap());
+    let mut context = std::ptr::null_mut();
+    // SAFETY: the fake's entry points with valid out-pointers.
+    unsafe { assert_eq!((retain(&mut context, 0), set(context)), (0, 0)) };
+    assert_eq!(flush(1, 100), INVALID_VALUE);
+    assert_eq!(flush(0, 150), INVALID_VALUE);
+    assert_eq!((flush(0, 100), flush(0, 200)), (0, 0));
+    // SAFETY: as above; no context current again.
+    unsafe { assert_eq!(set(std::ptr::null_mut()), 0) };
+    if std::env::var_os("RDMA_FAKE_DMABUF_CHILD").is_none() {
+        let name = "the_fake_libcuda_flushes_gpudirect_rdma_writes_as_cu_flush_gpu_direct_rdma_writes_documents";
+        child(name, &[("FAKECUDA_GDR_FLUSH_OPTIONS", "0")]);
+        child(name, &[("FAKECUDA_GDR_ORDERING", "200")]);
+    }
+}

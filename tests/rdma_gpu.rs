@@ -92,6 +92,13 @@ fn in_child(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> bool {
     if !real() || std::env::var_os("RDMA_GPU_CHILD").is_some() {
         return true;
     }
+    run_child(name, env);
+    false
+}
+
+/// Runs test `name` of this binary in a child process with `env` (and
+/// `RDMA_GPU_CHILD` set) and asserts it passed.
+fn run_child(name: &str, env: &[(&str, &std::ffi::OsStr)]) {
     let exe = std::env::current_exe().unwrap();
     let mut child = std::process::Command::new(exe);
     child.args([name, "--exact", "--nocapture", "--test-threads=1"]).env("RDMA_GPU_CHILD", "1");
@@ -105,7 +112,23 @@ fn in_child(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> bool {
         "{name} in a child: {text}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    false
+}
+
+/// A counter of the fake libcuda (`fakecuda_stat`), `None` where the GPU
+/// is the simulated one.
+fn fake_cuda_stat(name: &std::ffi::CStr) -> Option<i64> {
+    if !real() {
+        return None;
+    }
+    type Stat = unsafe extern "C" fn(*const std::ffi::c_char) -> i64;
+    // SAFETY: dlopen of the loaded driver by name, dlsym of the fake's own
+    // counter function, called with a NUL-terminated name.
+    unsafe {
+        let lib = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW);
+        let stat = (!lib.is_null()).then(|| libc::dlsym(lib, c"fakecuda_stat".as_ptr())).filter(|p| !p.is_null());
+        let stat = std::mem::transmute::<*mut std::ffi::c_void, Stat>(stat.expect("the fake libcuda"));
+        Some(stat(name.as_ptr()))
+    }
 }
 
 fn open(initiator: &Engine, target: &Engine) -> kvring::Result<Segment> {
@@ -319,6 +342,58 @@ fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_
     drop(target);
     // SAFETY: no engine uses it any more.
     unsafe { gpu.free(kvring::gpu::DevicePtr(pieces)) }.unwrap();
+}
+
+#[test]
+fn an_untagged_push_into_gpu_memory_is_flushed_before_its_notification_reaches_the_consumer() {
+    // VERBS-REVIEW #15: an untagged push is RDMA WRITEs, then a
+    // notification on the control plane. Where the GPU does not order a
+    // NIC's writes for its own work (GPU_DIRECT_RDMA_WRITES_ORDERING below
+    // OWNER: the fake libcuda's default), the target flushes them
+    // (cuFlushGPUDirectRDMAWrites) before the notification is queued; where
+    // it does (FAKECUDA_GDR_ORDERING=100, in a child), it does not.
+    let name = "an_untagged_push_into_gpu_memory_is_flushed_before_its_notification_reaches_the_consumer";
+    let ordered = std::env::var("FAKECUDA_GDR_ORDERING").is_ok_and(|v| v == "100");
+    let fab = one_nic();
+    let flushes = || fake_cuda_stat(c"gdr_flushes");
+    let initiator = engine("prefill-0", &fab);
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(31) };
+    let mut sub = initiator.submitter().unwrap();
+    let mut push_and_notify = |target: &Engine, remote: &Region, message: &[u8]| {
+        let segment = open(&initiator, target).unwrap();
+        done(run(&mut sub, &Batch::write(&segment).block(BlockDesc::new(local.id(), 0, remote.id(), 0, 65536))));
+        let before = flushes();
+        initiator.notify(&segment, message, WAIT).unwrap();
+        let deadline = Instant::now() + WAIT;
+        let notification = loop {
+            if let Some(n) = target.poll_notification() {
+                break n;
+            }
+            assert!(Instant::now() < deadline, "the notification never came");
+            std::thread::yield_now();
+        };
+        // The flush (if any) came before the notification was queued, so
+        // it is counted by the time the consumer holds it.
+        assert_eq!(notification.message, message);
+        assert_eq!(read(remote, 0, 65536), pattern(1 << 20, 31)[..65536]);
+        before.zip(flushes()).map(|(b, a)| a - b)
+    };
+    // A target with host memory only flushes nothing.
+    let host_target = engine("decode-host", &fab);
+    let host_remote = host_target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    assert_eq!(push_and_notify(&host_target, &host_remote, b"host").unwrap_or(0), 0);
+    // One with GPU memory registered with its NIC flushes that GPU.
+    let target = engine("decode-0", &fab);
+    let remote = target.alloc_region(1 << 20, GPU(0)).unwrap();
+    match push_and_notify(&target, &remote, b"gpu") {
+        Some(flushed) => assert_eq!(flushed, i64::from(!ordered), "ordered by the GPU: {ordered}"),
+        None => eprintln!("skipped on the simulated GPU: counting flushes (it orders a NIC's writes itself)"),
+    }
+    if real() && std::env::var_os("RDMA_GPU_CHILD").is_none() {
+        run_child(name, &[("FAKECUDA_GDR_ORDERING", "100".as_ref())]);
+    }
 }
 
 /// Turns the NICs' dma-buf registration off or on: the simulator's knob,
