@@ -17,6 +17,11 @@
 //! async events say IBV_EVENT_PORT_ERR, then IBV_EVENT_PORT_ACTIVE when the
 //! file is gone); `FAKE_IBVERBS_NO_IPV4_FILE`: while it exists the RoCE
 //! ports' IPv4 GIDs are empty (IBV_EVENT_GID_CHANGE at each change).
+//! GPU memory (`mr.rs`): `ibv_reg_dmabuf_mr` maps the dma-buf's pages
+//! (what the fake libcuda exports); `FAKE_IBVERBS_NO_DMABUF_FILE`: while
+//! that file exists the stack has no dma-buf registration (EOPNOTSUPP);
+//! `FAKE_IBVERBS_PEER_MEMORY=1`: a peer-memory module resolves device
+//! addresses `ibv_reg_mr` is given (without it they fail with EFAULT).
 //!
 //! Error returns follow each page: functions "returning the value of
 //! errno" return it and leave errno set to an unrelated sentinel (EDOM),
