@@ -43,6 +43,7 @@ run cargo test --test rdma_fake_dmabuf
 
 step "tests/rdma_gpu.rs on IbVerbs + CudaGpu over the fakes (skips print their reason)"
 log="$(mktemp)"
+echo "+ RDMA_TEST_PROVIDER=ibverbs cargo test --test rdma_gpu -- --nocapture"
 RDMA_TEST_PROVIDER=ibverbs cargo test --test rdma_gpu -- --nocapture 2>&1 | tee "$log"
 expected="$(grep -c '#\[test\]' tests/rdma_gpu.rs)"
 if ! grep -E "^test result: ok\. $expected passed" "$log" >/dev/null; then
