@@ -1,39 +1,153 @@
-//! GPU memory across hosts over RDMA (GPUDirect), end to end on the
-//! simulated verbs provider and the simulated GPU: device regions
-//! registered with every NIC once, through a dma-buf or peer memory; RDMA
-//! WRITE and READ straight between device memory on both ends (the
-//! simulated NIC reaches it through the GPU's own pages, never the device
+//! GPU memory across hosts over RDMA (GPUDirect), end to end: device
+//! regions registered with every NIC once, through a dma-buf or peer
+//! memory; RDMA WRITE and READ straight between device memory on both ends
+//! (the NIC reaches it through the GPU's own pages, never the device
 //! address, which faults); the NIC nearest the GPU; per-layer arrival
 //! counted on the target from WRITE_WITH_IMM; the KV layer between
 //! device-resident layouts; and bad input: a region no NIC takes, a peer
 //! that restarts mid-transfer, nothing reported done before it landed.
+//!
+//! On the simulated verbs provider and the simulated GPU by default. With
+//! `RDMA_TEST_PROVIDER=ibverbs`, on the real verbs provider over the fake
+//! libibverbs and the CUDA provider over the fake libcuda (both on
+//! `LD_LIBRARY_PATH`: .ci/stage-fakerdmagpu.sh), device memory registered
+//! through the dma-buf the fake libcuda exports, whose pages the fake
+//! libibverbs maps: all the two fakes share, as a GPU and a NIC share only
+//! the dma-buf. What only the simulator can do is skipped there with the
+//! reason printed (see `Fab::sim`).
 //!
 //! Every engine here shares one process, so the transport is asked for by
 //! name (on one host the default would be cuda_ipc).
 
 mod common;
 
+use common::verbs::Provider;
 use common::{pattern, read, run, WAIT};
-use kvring::gpu::{Gpu, SimGpu};
+use kvring::gpu::{CudaGpu, Gpu, SimGpu};
 use kvring::kv::{arrival_tag, check_pd_topo, push_targets, Attention, CacheShape, KvLayout, Mode, Rank};
-use kvring::rdma::{MrPath, SimVerbs, Verbs};
+use kvring::rdma::{MrPath, ObjectCounts, SimVerbs, Verbs};
 use kvring::{Batch, BlockDesc, Engine, Error, Outcome, Region, RegionInfo, Segment, TransportKind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn fabric(nics: &[(&str, Option<u32>)], gpu: SimGpu) -> (Arc<SimVerbs>, Arc<SimGpu>) {
+/// Whether this run is on the real providers over the fakes.
+fn real() -> bool {
+    std::env::var("RDMA_TEST_PROVIDER").as_deref() == Ok("ibverbs")
+}
+
+/// Whether this run is on a host's own NICs (`RDMA_TEST_DEVICES`, as
+/// benches/rdma_check.sh names them) rather than the fakes: what needs a
+/// fake's knob is skipped there, saying so.
+fn host_nics(skipped: &str) -> bool {
+    let host = real() && std::env::var_os("RDMA_TEST_DEVICES").is_some();
+    if host {
+        eprintln!("skipped on the host's own NICs: {skipped} (a fake's knob)");
+    }
+    host
+}
+
+/// The NICs and GPUs a test's engines share.
+struct Fab {
+    verbs: Provider,
+    gpu: Arc<dyn Gpu>,
+    /// The NICs' names, in order.
+    nics: Vec<String>,
+}
+
+impl Fab {
+    /// The simulator, for what only it can do; on the real provider `None`,
+    /// with `skipped` printed as the reason.
+    fn sim(&self, skipped: &str) -> Option<&Arc<SimVerbs>> {
+        self.verbs.sim_only(skipped)
+    }
+
+    /// Objects the verbs provider created and destroyed.
+    fn counts(&self) -> ObjectCounts {
+        self.verbs.verbs().counts()
+    }
+}
+
+/// NICs named as given on the simulator (with their NUMA nodes) and `gpu`;
+/// on the real providers as many of the fake's NICs and its GPUs.
+fn fabric(nics: &[(&str, Option<u32>)], gpu: SimGpu) -> Fab {
+    if real() {
+        let verbs = Provider::with_nics(nics.len());
+        let Provider::Real(_, names) = &verbs else { unreachable!("RDMA_TEST_PROVIDER=ibverbs") };
+        let nics = names.clone();
+        let cuda = CudaGpu::load().unwrap_or_else(|e| {
+            panic!("RDMA_TEST_PROVIDER=ibverbs needs a CUDA driver (the fake libcuda on LD_LIBRARY_PATH): {e}")
+        });
+        return Fab { verbs, gpu: Arc::new(cuda), nics };
+    }
     let sim = Arc::new(SimVerbs::with_devices(nics.iter().map(|(n, numa)| SimVerbs::device(n, *numa)).collect()));
     let gpu = Arc::new(gpu);
     sim.attach_gpu(gpu.clone());
-    (sim, gpu)
+    let nics = nics.iter().map(|(n, _)| n.to_string()).collect();
+    Fab { verbs: Provider::Sim(sim), gpu, nics }
 }
 
-fn one_nic() -> (Arc<SimVerbs>, Arc<SimGpu>) {
+fn one_nic() -> Fab {
     fabric(&[("sim0", Some(0))], SimGpu::new(2, Duration::ZERO))
 }
 
-fn engine(name: &str, sim: &Arc<SimVerbs>, gpu: &Arc<SimGpu>) -> Engine {
-    common::builder(name).rdma(sim.clone()).gpu(gpu.clone()).build().unwrap()
+fn engine(name: &str, fab: &Fab) -> Engine {
+    fab.verbs.apply(common::builder(name)).gpu(fab.gpu.clone()).build().unwrap()
+}
+
+/// On the real providers, runs test `name` again in a child process of
+/// this test binary with `env` set (the fakes read their knobs from the
+/// environment, which every test of this process would see) and asserts
+/// it passed; true in that child, and on the simulator, where the caller
+/// goes on with the test itself.
+fn in_child(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> bool {
+    if !real() || std::env::var_os("RDMA_GPU_CHILD").is_some() {
+        return true;
+    }
+    if !host_nics(name) {
+        run_child(name, env);
+    }
+    false
+}
+
+/// Runs test `name` of this binary in a child process with `env` (and
+/// `RDMA_GPU_CHILD` set) and asserts it passed.
+fn run_child(name: &str, env: &[(&str, &std::ffi::OsStr)]) {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = std::process::Command::new(exe);
+    child.args([name, "--exact", "--nocapture", "--test-threads=1"]).env("RDMA_GPU_CHILD", "1");
+    for (key, value) in env {
+        child.env(key, value);
+    }
+    let out = child.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{name} in a child: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A counter of the fake libcuda (`fakecuda_stat`), `None` where the GPU
+/// is the simulated one.
+fn fake_cuda_stat(name: &std::ffi::CStr) -> Option<i64> {
+    if !real() {
+        return None;
+    }
+    type Stat = unsafe extern "C" fn(*const std::ffi::c_char) -> i64;
+    // SAFETY: dlopen of the loaded driver by name, dlsym of the fake's own
+    // counter function, called with a NUL-terminated name.
+    unsafe {
+        let lib = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW);
+        let stat = (!lib.is_null()).then(|| libc::dlsym(lib, c"fakecuda_stat".as_ptr())).filter(|p| !p.is_null());
+        let Some(stat) = stat else {
+            let required = std::env::var_os("FAKECUDA_REQUIRED").is_some();
+            assert!(!required, "FAKECUDA_REQUIRED=1 but the CUDA driver loaded is not the fake");
+            eprintln!("skipped: counting GPUDirect flushes needs the fake libcuda");
+            return None;
+        };
+        let stat = std::mem::transmute::<*mut std::ffi::c_void, Stat>(stat);
+        Some(stat(name.as_ptr()))
+    }
 }
 
 fn open(initiator: &Engine, target: &Engine) -> kvring::Result<Segment> {
@@ -58,11 +172,11 @@ const GPU: fn(u32) -> RegionInfo = |n| RegionInfo::raw().on_gpu(n);
 
 #[test]
 fn gpu_memory_moves_both_ways_over_rdma_registered_once_per_region_and_nic() {
-    let (sim, gpu) = fabric(&[("mlx5_0", None), ("mlx5_1", None)], SimGpu::new(2, Duration::ZERO));
-    let target = engine("decode-0", &sim, &gpu);
+    let fab = fabric(&[("mlx5_0", None), ("mlx5_1", None)], SimGpu::new(2, Duration::ZERO));
+    let target = engine("decode-0", &fab);
     let remote = target.alloc_region(4 << 20, GPU(0)).unwrap();
     let remote_host = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    let initiator = engine("prefill-0", &sim, &gpu);
+    let initiator = engine("prefill-0", &fab);
     let local = initiator.alloc_region(8 << 20, GPU(1)).unwrap();
     let local_host = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
@@ -74,7 +188,9 @@ fn gpu_memory_moves_both_ways_over_rdma_registered_once_per_region_and_nic() {
         assert_eq!((stats.regions, stats.dmabuf, stats.peer_memory, stats.failed), (1, 2, 0, 0), "{stats:?}");
         assert_eq!(stats.relaxed_ordering, 2, "relaxed ordering asked for and taken");
     }
-    assert_eq!(sim.mr_paths(remote.as_ptr() as u64), [MrPath::DmaBuf, MrPath::DmaBuf]);
+    if let Some(sim) = fab.sim("which path each NIC's registration took (the engine's counts above say dma-buf)") {
+        assert_eq!(sim.mr_paths(remote.as_ptr() as u64), [MrPath::DmaBuf, MrPath::DmaBuf]);
+    }
     let segment = open(&initiator, &target).unwrap();
     assert_eq!(segment.transport(), TransportKind::Rdma);
     let mut sub = initiator.submitter().unwrap();
@@ -103,22 +219,22 @@ fn gpu_memory_moves_both_ways_over_rdma_registered_once_per_region_and_nic() {
 
     // A thousand more transfers register nothing more: once per region
     // and NIC, never per transfer.
-    let before = (initiator.rdma_device_mrs(), target.rdma_device_mrs(), Verbs::counts(&*sim).mrs);
+    let before = (initiator.rdma_device_mrs(), target.rdma_device_mrs(), fab.counts().mrs);
     for i in 0..1000u64 {
         let desc = [BlockDesc::new(local.id(), (i % 512) * 4096, remote.id(), (i % 1024) * 4096, 4096)];
         let batch = if i % 2 == 0 { Batch::write(&segment) } else { Batch::read(&segment) };
         done(run(&mut sub, &batch.descs(&desc)));
     }
-    assert_eq!((initiator.rdma_device_mrs(), target.rdma_device_mrs(), Verbs::counts(&*sim).mrs), before);
+    assert_eq!((initiator.rdma_device_mrs(), target.rdma_device_mrs(), fab.counts().mrs), before);
     // Unregistered, a device region's registrations go with it.
     drop(sub);
     drop((segment, local, local_host, remote, remote_host, initiator, target));
-    let counts = Verbs::counts(&*sim);
+    let counts = fab.counts();
     assert!(counts.balanced(), "{counts:?}");
 }
 
 /// Reads simulated device memory through the GPU's copy engine.
-fn device_bytes(gpu: &SimGpu, device: u32, addr: u64, len: usize) -> Vec<u8> {
+fn device_bytes(gpu: &dyn Gpu, device: u32, addr: u64, len: usize) -> Vec<u8> {
     let out = vec![0u8; len];
     let stream = gpu.create_stream(device).unwrap();
     let event = gpu.create_event(device).unwrap();
@@ -137,14 +253,60 @@ fn device_bytes(gpu: &SimGpu, device: u32, addr: u64, len: usize) -> Vec<u8> {
 }
 
 #[test]
+fn a_gpu_range_registered_inside_an_allocation_takes_rdma_where_it_lies() {
+    // A caller's range 64 KiB into its allocation (as a framework's caching
+    // allocator hands out): the dma-buf exported for it starts at the
+    // range's page, so the NIC's offset 0 must be that page, not the
+    // allocation's start.
+    let fab = one_nic();
+    let target = engine("decode-0", &fab);
+    let base = fab.gpu.alloc(0, 4 << 20).unwrap();
+    let inside = base.0 + (64 << 10);
+    // SAFETY: the allocation outlives the registration (unregistered below, then freed).
+    let id = unsafe { target.register(inside as *mut u8, 1 << 20, GPU(0)) }.unwrap();
+    assert_eq!(target.rdma_device_mrs().dmabuf, 1);
+    let initiator = engine("prefill-0", &fab);
+    let local = initiator.alloc_region(2 << 20, RegionInfo::raw()).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(21) };
+    let segment = open(&initiator, &target).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    done(run(&mut sub, &Batch::write(&segment).block(BlockDesc::new(local.id(), 0, id, 0, 1 << 20))));
+    let device = device_bytes(&*fab.gpu, 0, base.0, 2 << 20);
+    assert!(device[..64 << 10].iter().all(|&b| b == 0), "nothing lands before the range");
+    assert_eq!(device[64 << 10..(64 << 10) + (1 << 20)], pattern(2 << 20, 21)[..1 << 20]);
+    assert!(device[(64 << 10) + (1 << 20)..].iter().all(|&b| b == 0), "nothing lands after it");
+    // READ from inside the range, at an offset that is no page boundary.
+    let back = BlockDesc::new(local.id(), 1 << 20, id, 4096 + 100, 8192);
+    done(run(&mut sub, &Batch::read(&segment).block(back)));
+    assert_eq!(read(&local, 1 << 20, 8192), pattern(2 << 20, 21)[4196..4196 + 8192]);
+    drop((sub, segment, local, initiator));
+    target.unregister(id).unwrap();
+    drop(target);
+    // SAFETY: no engine uses it any more.
+    unsafe { fab.gpu.free(base) }.unwrap();
+}
+
+#[test]
 fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_is_dropped_where_refused() {
     // The NIC stack has no dma-buf registration; nvidia-peermem is loaded;
-    // the NIC refuses relaxed ordering.
-    let (sim, gpu) = one_nic();
-    sim.dmabuf(false);
-    sim.peer_memory(true);
-    sim.relaxed_ordering(false);
-    let target = engine("decode-0", &sim, &gpu);
+    // the NIC refuses relaxed ordering (the simulator's; the fake's takes
+    // it: ibv_reg_mr(3) makes it a flag a device may ignore).
+    let knob = std::env::temp_dir().join(format!("kvring-peer-memory-{}", std::process::id()));
+    let name = "without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_is_dropped_where_refused";
+    let env = [("FAKE_IBVERBS_NO_DMABUF_FILE", knob.as_os_str()), ("FAKE_IBVERBS_PEER_MEMORY", "1".as_ref())];
+    if !in_child(name, &env) {
+        let _ = std::fs::remove_file(&knob);
+        return;
+    }
+    let fab = one_nic();
+    dmabuf(&fab, false);
+    if let Provider::Sim(sim) = &fab.verbs {
+        sim.peer_memory(true);
+        sim.relaxed_ordering(false);
+    }
+    let gpu = fab.gpu.clone();
+    let target = engine("decode-0", &fab);
     let remote = target.alloc_region(1 << 20, GPU(0)).unwrap();
     // A run of pieces (PyTorch's expandable segments), registered by the
     // caller: one dma-buf cannot cover it, peer memory can.
@@ -152,10 +314,17 @@ fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_
     // SAFETY: the allocation outlives the engine (freed at the end).
     let run_id = unsafe { target.register(pieces as *mut u8, 4 << 20, GPU(0)) }.unwrap();
     let stats = target.rdma_device_mrs();
-    assert_eq!((stats.regions, stats.dmabuf, stats.peer_memory, stats.relaxed_ordering), (2, 0, 2, 0), "{stats:?}");
-    assert_eq!(sim.mr_paths(pieces), [MrPath::PeerMemory]);
+    let relaxed = if real() { 2 } else { 0 };
+    assert_eq!(
+        (stats.regions, stats.dmabuf, stats.peer_memory, stats.relaxed_ordering),
+        (2, 0, 2, relaxed),
+        "{stats:?}"
+    );
+    if let Some(sim) = fab.sim("which path the registration took (the engine's counts above say peer memory)") {
+        assert_eq!(sim.mr_paths(pieces), [MrPath::PeerMemory]);
+    }
 
-    let initiator = engine("prefill-0", &sim, &gpu);
+    let initiator = engine("prefill-0", &fab);
     let local = initiator.alloc_region(1 << 20, GPU(1)).unwrap();
     // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
     unsafe { local.fill_pattern(11) };
@@ -168,17 +337,25 @@ fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_
     ];
     done(run(&mut sub, &Batch::write(&segment).descs(&descs)));
     assert_eq!(read(&remote, 0, 1 << 20), pattern(1 << 20, 11));
-    assert_eq!(device_bytes(&gpu, 0, pieces + (2 << 20) - 4096, 8192), pattern(1 << 20, 11)[..8192]);
+    assert_eq!(device_bytes(&*gpu, 0, pieces + (2 << 20) - 4096, 8192), pattern(1 << 20, 11)[..8192]);
+    // And back: READ from across the boundary into the initiator's GPU.
+    let back = [BlockDesc::new(local.id(), 65536, run_id, (2 << 20) - 4096, 8192)];
+    done(run(&mut sub, &Batch::read(&segment).descs(&back)));
+    assert_eq!(read(&local, 65536, 8192), pattern(1 << 20, 11)[..8192]);
 
     // With dma-buf back, a GPU whose driver exports none still registers
     // through peer memory.
-    let (sim, _) = one_nic();
-    let old_driver = Arc::new(SimGpu::new(1, Duration::ZERO).without_dmabuf());
-    sim.attach_gpu(old_driver.clone());
-    sim.peer_memory(true);
-    let engine = common::builder("old-driver").rdma(sim.clone()).gpu(old_driver).build().unwrap();
-    let _region = engine.alloc_region(65536, GPU(0)).unwrap();
-    assert_eq!(engine.rdma_device_mrs().peer_memory, 1);
+    let skipped = "a GPU whose driver exports no dma-buf beside one that does (the fake libcuda's \
+                   FAKECUDA_DMABUF holds for the process: tests/rdma_fake_dmabuf.rs)";
+    if let Some(Provider::Sim(_)) = fab.sim(skipped).map(|_| &fab.verbs) {
+        let Fab { verbs: Provider::Sim(sim), .. } = one_nic() else { unreachable!("on the simulator") };
+        let old_driver = Arc::new(SimGpu::new(1, Duration::ZERO).without_dmabuf());
+        sim.attach_gpu(old_driver.clone());
+        sim.peer_memory(true);
+        let engine = common::builder("old-driver").rdma(sim.clone()).gpu(old_driver).build().unwrap();
+        let _region = engine.alloc_region(65536, GPU(0)).unwrap();
+        assert_eq!(engine.rdma_device_mrs().peer_memory, 1);
+    }
     drop((sub, segment, local, initiator, remote));
     target.unregister(run_id).unwrap();
     drop(target);
@@ -187,32 +364,115 @@ fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_
 }
 
 #[test]
+fn an_untagged_push_into_gpu_memory_is_flushed_before_its_notification_reaches_the_consumer() {
+    // VERBS-REVIEW #15: an untagged push is RDMA WRITEs, then a
+    // notification on the control plane. Where the GPU does not order a
+    // NIC's writes for its own work (GPU_DIRECT_RDMA_WRITES_ORDERING below
+    // OWNER: the fake libcuda's default), the target flushes them
+    // (cuFlushGPUDirectRDMAWrites) before the notification is queued; where
+    // it does (FAKECUDA_GDR_ORDERING=100, in a child), it does not.
+    let name = "an_untagged_push_into_gpu_memory_is_flushed_before_its_notification_reaches_the_consumer";
+    let ordered = std::env::var("FAKECUDA_GDR_ORDERING").is_ok_and(|v| v == "100");
+    let fab = one_nic();
+    let flushes = || fake_cuda_stat(c"gdr_flushes");
+    let initiator = engine("prefill-0", &fab);
+    let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+    unsafe { local.fill_pattern(31) };
+    let mut sub = initiator.submitter().unwrap();
+    let mut push_and_notify = |target: &Engine, remote: &Region, message: &[u8]| {
+        let segment = open(&initiator, target).unwrap();
+        done(run(&mut sub, &Batch::write(&segment).block(BlockDesc::new(local.id(), 0, remote.id(), 0, 65536))));
+        let before = flushes();
+        initiator.notify(&segment, message, WAIT).unwrap();
+        let deadline = Instant::now() + WAIT;
+        let notification = loop {
+            if let Some(n) = target.poll_notification() {
+                break n;
+            }
+            assert!(Instant::now() < deadline, "the notification never came");
+            std::thread::yield_now();
+        };
+        // The flush (if any) came before the notification was queued, so
+        // it is counted by the time the consumer holds it.
+        assert_eq!(notification.message, message);
+        assert_eq!(read(remote, 0, 65536), pattern(1 << 20, 31)[..65536]);
+        before.zip(flushes()).map(|(b, a)| a - b)
+    };
+    // A target with host memory only flushes nothing.
+    let host_target = engine("decode-host", &fab);
+    let host_remote = host_target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
+    assert_eq!(push_and_notify(&host_target, &host_remote, b"host").unwrap_or(0), 0);
+    // One with GPU memory registered with its NIC flushes that GPU.
+    let target = engine("decode-0", &fab);
+    let remote = target.alloc_region(1 << 20, GPU(0)).unwrap();
+    match push_and_notify(&target, &remote, b"gpu") {
+        Some(flushed) => assert_eq!(flushed, i64::from(!ordered), "ordered by the GPU: {ordered}"),
+        None => eprintln!("skipped on the simulated GPU: counting flushes (it orders a NIC's writes itself)"),
+    }
+    if real() && std::env::var_os("RDMA_GPU_CHILD").is_none() && !host_nics("a GPU that orders its NIC writes") {
+        run_child(name, &[("FAKECUDA_GDR_ORDERING", "100".as_ref())]);
+    }
+}
+
+/// Turns the NICs' dma-buf registration off or on: the simulator's knob,
+/// or the fake libibverbs' `FAKE_IBVERBS_NO_DMABUF_FILE` (set by
+/// `in_child`), on while the file it names exists.
+fn dmabuf(fab: &Fab, on: bool) {
+    if let Provider::Sim(sim) = &fab.verbs {
+        return sim.dmabuf(on);
+    }
+    let knob = std::env::var_os("FAKE_IBVERBS_NO_DMABUF_FILE").expect("set by in_child");
+    if on {
+        let _ = std::fs::remove_file(knob);
+    } else {
+        std::fs::write(knob, b"").unwrap();
+    }
+}
+
+#[test]
 fn a_gpu_region_no_nic_can_register_refuses_rdma_with_the_reason_and_the_default_goes_on_to_tcp() {
-    let (sim, gpu) = one_nic();
-    sim.dmabuf(false); // and no peer-memory module
-    let target = engine("decode-0", &sim, &gpu);
+    let knob = std::env::temp_dir().join(format!("kvring-no-dmabuf-{}", std::process::id()));
+    if !in_child(
+        "a_gpu_region_no_nic_can_register_refuses_rdma_with_the_reason_and_the_default_goes_on_to_tcp",
+        &[("FAKE_IBVERBS_NO_DMABUF_FILE", knob.as_os_str())],
+    ) {
+        let _ = std::fs::remove_file(&knob);
+        return;
+    }
+    let fab = one_nic();
+    dmabuf(&fab, false); // and no peer-memory module
+    let target = engine("decode-0", &fab);
     let remote = target.alloc_region(1 << 20, GPU(0)).unwrap();
     assert_eq!(target.rdma_device_mrs().failed, 1, "registered with the engine, not with the NIC");
-    let initiator = engine("prefill-0", &sim, &gpu);
+    let initiator = engine("prefill-0", &fab);
     // Asked for by name: refused, with the target's reason.
     let refused = open(&initiator, &target).unwrap_err().to_string();
-    assert!(
-        refused.contains("its GPU region") && refused.contains("could not be registered with NIC sim0"),
-        "{refused}"
-    );
-    assert!(refused.contains("peer memory") && refused.contains("no peer-memory module"), "{refused}");
+    let nic = format!("could not be registered with NIC {}", fab.nics[0]);
+    assert!(refused.contains("its GPU region") && refused.contains(&nic), "{refused}");
+    // The simulator says why in its words; the fake libibverbs with errno
+    // (EOPNOTSUPP for the dma-buf, EFAULT for the device address).
+    let peer = if real() { "Bad address" } else { "no peer-memory module" };
+    assert!(refused.contains("peer memory") && refused.contains(peer), "{refused}");
     // By default, an engine that cannot use cuda_ipc (no GPU provider)
     // goes on to tcp, which stages device memory.
-    let plain = common::builder("prefill-host").rdma(sim.clone()).build().unwrap();
+    let mut plain = fab.verbs.apply(common::builder("prefill-host"));
+    if real() {
+        // With a CUDA driver loadable (the fake), an engine finds its GPUs
+        // itself, and on one host cuda_ipc would reach the target's GPU
+        // memory: leave it out, as across hosts.
+        plain = plain.transports([TransportKind::Rdma, TransportKind::Tcp]);
+    }
+    let plain = plain.build().unwrap();
     let name = target.control_addr().to_string();
     assert_eq!(plain.open_segment(&name).unwrap().transport(), TransportKind::Tcp);
 
     // This engine's own GPU region that no NIC takes: refused the same way.
-    sim.dmabuf(true);
-    let host_target = engine("decode-host", &sim, &gpu);
+    dmabuf(&fab, true);
+    let host_target = engine("decode-host", &fab);
     let host_remote = host_target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let segment = open(&initiator, &host_target).unwrap();
-    sim.dmabuf(false);
+    dmabuf(&fab, false);
     let unregistrable = initiator.alloc_region(1 << 20, GPU(1)).unwrap();
     assert_eq!(initiator.rdma_device_mrs().failed, 1);
     let refused = open(&initiator, &target).unwrap_err().to_string();
@@ -234,8 +494,10 @@ fn a_gpu_region_no_nic_can_register_refuses_rdma_with_the_reason_and_the_default
 
 #[test]
 fn a_peer_that_restarts_while_gpu_memory_is_in_flight_fails_peer_restarted_and_nothing_leaks() {
-    let (sim, gpu) = one_nic();
-    let initiator = engine("prefill-0", &sim, &gpu);
+    let fab = one_nic();
+    let skipped = "holding the fabric's completions so that the target goes away mid-batch";
+    let Some(sim) = fab.sim(skipped) else { return };
+    let initiator = engine("prefill-0", &fab);
     let local = initiator.alloc_region(16 << 20, GPU(1)).unwrap();
     let mut sub = initiator.submitter().unwrap();
     // Scattered 4 KiB blocks: more requests than a send queue holds, so
@@ -243,7 +505,7 @@ fn a_peer_that_restarts_while_gpu_memory_is_in_flight_fails_peer_restarted_and_n
     let descs: Vec<BlockDesc> =
         (0..1500).map(|i| BlockDesc::new(local.id(), i * 8192, kvring::RegionId::from_raw(0), 0, 4096)).collect();
     for round in 0..20 {
-        let target = engine("decode-0", &sim, &gpu);
+        let target = engine("decode-0", &fab);
         let remote = target.alloc_region(16 << 20, GPU(0)).unwrap();
         let segment = open(&initiator, &target).unwrap();
         let descs: Vec<BlockDesc> = descs
@@ -269,19 +531,21 @@ fn a_peer_that_restarts_while_gpu_memory_is_in_flight_fails_peer_restarted_and_n
     }
     drop(sub);
     drop((local, initiator));
-    let counts = Verbs::counts(&*sim);
+    let counts = fab.counts();
     assert!(counts.balanced(), "every QP, MR, CQ, PD and SRQ went: {counts:?}");
 }
 
 #[test]
 fn no_batch_is_done_before_its_bytes_are_in_the_targets_gpu_memory() {
-    let (sim, gpu) = one_nic();
+    let fab = one_nic();
     // Completions seen late, as on a real fabric: the bytes must already be
     // in place when they are.
-    sim.delay_completions(2);
-    let target = engine("decode-0", &sim, &gpu);
+    if let Some(sim) = fab.sim("completions seen late (the fake completes each WR as it is posted)") {
+        sim.delay_completions(2);
+    }
+    let target = engine("decode-0", &fab);
     let remote = target.alloc_region(1 << 20, GPU(0)).unwrap();
-    let initiator = engine("prefill-0", &sim, &gpu);
+    let initiator = engine("prefill-0", &fab);
     let local = initiator.alloc_region(2 << 20, GPU(1)).unwrap();
     let segment = open(&initiator, &target).unwrap();
     let mut sub = initiator.submitter().unwrap();
@@ -301,11 +565,12 @@ fn no_batch_is_done_before_its_bytes_are_in_the_targets_gpu_memory() {
 
 #[test]
 fn the_nic_nearest_the_gpu_carries_its_blocks() {
-    let (sim, gpu) =
-        fabric(&[("mlx5_0", Some(0)), ("mlx5_1", Some(1))], SimGpu::new(1, Duration::ZERO).with_numa_node(1));
-    let target = engine("decode-0", &sim, &gpu);
+    let fab = fabric(&[("mlx5_0", Some(0)), ("mlx5_1", Some(1))], SimGpu::new(1, Duration::ZERO).with_numa_node(1));
+    let skipped = "NICs and a GPU on set NUMA nodes, and bytes counted per NIC (the fake's have neither)";
+    let Some(sim) = fab.sim(skipped) else { return };
+    let target = engine("decode-0", &fab);
     let remote = target.alloc_region(8 << 20, RegionInfo::raw()).unwrap();
-    let initiator = engine("prefill-0", &sim, &gpu);
+    let initiator = engine("prefill-0", &fab);
     let on_gpu = initiator.alloc_region(4 << 20, GPU(0)).unwrap();
     let on_host = initiator.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
     assert_eq!(initiator.rdma_gpu_nics(0), (vec!["mlx5_1".to_string()], "same NUMA node"));
@@ -323,11 +588,11 @@ fn the_nic_nearest_the_gpu_carries_its_blocks() {
 
 #[test]
 fn a_tagged_push_over_rdma_is_counted_on_the_target_as_it_lands_in_host_and_gpu_memory() {
-    let (sim, gpu) = one_nic();
+    let fab = one_nic();
     for memory in [RegionInfo::raw(), GPU(0)] {
-        let target = engine("arrival-target", &sim, &gpu);
+        let target = engine("arrival-target", &fab);
         let remote = target.alloc_region(4 << 20, memory).unwrap();
-        let initiator = engine("arrival-initiator", &sim, &gpu);
+        let initiator = engine("arrival-initiator", &fab);
         let local = initiator.alloc_region(4 << 20, memory).unwrap();
         // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
         unsafe { local.fill_pattern(3) };
@@ -352,17 +617,33 @@ fn a_tagged_push_over_rdma_is_counted_on_the_target_as_it_lands_in_host_and_gpu_
         assert_eq!(target.forget_arrival(tag), expected);
         assert_eq!(target.arrivals_dropped(), 0);
     }
-    assert_eq!(sim.cq_overruns(), 0);
+    if let Some(sim) = fab.sim("the fabric's count of CQ overruns (the fake fails every later poll instead)") {
+        assert_eq!(sim.cq_overruns(), 0);
+    }
 }
 
 #[test]
 fn a_target_whose_nics_have_no_receive_queue_serves_rdma_and_refuses_tags_clearly() {
-    let (sim, gpu) = one_nic();
-    sim.shared_receive_queues(false);
-    let target = engine("no-srq-target", &sim, &gpu);
+    let fab = one_nic();
+    // The simulator's knob, or the fake's device made without SRQs
+    // (FAKE_IBVERBS_DEVICES names it with `nosrq`).
+    let target = match &fab.verbs {
+        Provider::Sim(sim) => {
+            sim.shared_receive_queues(false);
+            let target = engine("no-srq-target", &fab);
+            sim.shared_receive_queues(true);
+            target
+        }
+        Provider::Real(..) if host_nics("a NIC without shared receive queues") => return,
+        Provider::Real(ib, _) => {
+            let listed = ib.devices().unwrap().iter().any(|d| d.name == "fakenosrq0");
+            assert!(listed, "FAKE_IBVERBS_DEVICES lacks fakenosrq0:eth:4096:active:nosrq (.ci/stage-fakerdmagpu.sh)");
+            let builder = common::builder("no-srq-target").rdma(ib.clone()).rdma_devices(["fakenosrq0"]);
+            builder.gpu(fab.gpu.clone()).build().unwrap()
+        }
+    };
     let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    sim.shared_receive_queues(true);
-    let initiator = engine("no-srq-initiator", &sim, &gpu);
+    let initiator = engine("no-srq-initiator", &fab);
     let local = initiator.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let segment = open(&initiator, &target).unwrap();
     let mut sub = initiator.submitter().unwrap();
@@ -382,18 +663,24 @@ fn a_target_whose_nics_have_no_receive_queue_serves_rdma_and_refuses_tags_clearl
 
 #[test]
 fn a_flood_of_tagged_writes_waits_at_its_senders_and_grows_nothing_on_the_target() {
-    let (sim, gpu) = one_nic();
-    let target = engine("flood-target", &sim, &gpu);
+    let fab = one_nic();
+    let target = engine("flood-target", &fab);
     let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let tag = arrival_tag(1, 0).unwrap();
     // Five initiators, one QP each, each with 4,000 scattered 64-byte
     // WRITE_WITH_IMMs: more than the target's receive queue holds while its
     // lane cannot poll (the fabric's completions held).
-    let initiators: Vec<_> = (0..5).map(|i| engine(&format!("flood-{i}"), &sim, &gpu)).collect();
+    let initiators: Vec<_> = (0..5).map(|i| engine(&format!("flood-{i}"), &fab)).collect();
     let locals: Vec<_> = initiators.iter().map(|e| e.alloc_region(1 << 20, RegionInfo::raw()).unwrap()).collect();
     let segments: Vec<_> = initiators.iter().map(|e| open(e, &target).unwrap()).collect();
     let mut subs: Vec<_> = initiators.iter().map(|e| e.submitter().unwrap()).collect();
-    sim.hold_completions(true);
+    // On the fake the flood runs with the target's lane polling as it
+    // comes (its receive queue refilled as it goes, senders retrying on
+    // RNR): everything lands and is counted once.
+    let sim = fab.sim("holding the fabric's completions so the receives run out, and counting parked senders");
+    if let Some(sim) = sim {
+        sim.hold_completions(true);
+    }
     let ids: Vec<_> = subs
         .iter_mut()
         .zip(&locals)
@@ -407,19 +694,24 @@ fn a_flood_of_tagged_writes_waits_at_its_senders_and_grows_nothing_on_the_target
         .collect();
     // The receives run out: the rest waits at its senders' NICs, and
     // nothing on the target grows (its CQ holds what its queue holds).
-    let deadline = Instant::now() + WAIT;
-    while sim.parked() == 0 {
-        assert!(Instant::now() < deadline, "no sender ever waited for a receive");
-        std::thread::yield_now();
+    if let Some(sim) = sim {
+        let deadline = Instant::now() + WAIT;
+        while sim.parked() == 0 {
+            assert!(Instant::now() < deadline, "no sender ever waited for a receive");
+            std::thread::yield_now();
+        }
+        assert_eq!(target.landed(tag), 0, "the target's lane has not polled yet");
+        sim.hold_completions(false);
     }
-    assert_eq!(target.landed(tag), 0, "the target's lane has not polled yet");
-    sim.hold_completions(false);
     target.wait_landed(tag, 5 * 4000 * 64, WAIT).unwrap();
     for (sub, id) in subs.iter_mut().zip(ids) {
         done(sub.wait(id, WAIT).unwrap());
     }
     assert_eq!(target.landed(tag), 5 * 4000 * 64);
-    assert_eq!((sim.cq_overruns(), sim.parked(), target.arrivals_dropped()), (0, 0, 0));
+    assert_eq!(target.arrivals_dropped(), 0);
+    if let Some(sim) = sim {
+        assert_eq!((sim.cq_overruns(), sim.parked()), (0, 0));
+    }
 }
 
 /// Every (src → dst) block of every layer and kind holds the source bytes.
@@ -440,10 +732,10 @@ fn assert_moved(src: (&[Region], &KvLayout), dst: (&[Region], &KvLayout), src_id
 
 #[test]
 fn kv_push_pull_and_tagged_push_layer_between_gpu_layouts_over_rdma() {
-    let (sim, gpu) = one_nic();
+    let fab = one_nic();
     let shape = CacheShape::mha(3, 32, 2, 64, 2, 1, 1).unwrap();
-    let prefill = engine("kv-prefill", &sim, &gpu);
-    let decode = engine("kv-decode", &sim, &gpu);
+    let prefill = engine("kv-prefill", &fab);
+    let decode = engine("kv-decode", &fab);
     let (p_regions, p_layout) = common::gpu_kv_cache(&prefill, shape, 7);
     let (d_regions, d_layout) = common::gpu_kv_cache(&decode, shape, 100);
     let segment = open(&prefill, &decode).unwrap();
@@ -476,12 +768,12 @@ fn kv_push_pull_and_tagged_push_layer_between_gpu_layouts_over_rdma() {
 
 #[test]
 fn mla_push_with_gpu_caches_from_prefill_tp2_to_decode_tp1_and_from_tp1_to_tp4_over_rdma() {
-    let (sim, gpu) = one_nic();
+    let fab = one_nic();
     let shape = CacheShape::mla(3, 16, 576, 2, 8, 128).unwrap();
     // tp 2 -> tp 1: each decode rank's blocks from exactly one prefill rank.
-    let prefills: Vec<_> = (0..2).map(|r| engine(&format!("prefill-{r}"), &sim, &gpu)).collect();
+    let prefills: Vec<_> = (0..2).map(|r| engine(&format!("prefill-{r}"), &fab)).collect();
     let caches: Vec<_> = prefills.iter().map(|p| common::gpu_kv_cache(p, shape, 7)).collect();
-    let decode = engine("decode-0", &sim, &gpu);
+    let decode = engine("decode-0", &fab);
     let (d_regions, d_layout) = common::gpu_kv_cache(&decode, shape, 50);
     for (rank, prefill) in prefills.iter().enumerate() {
         let local = Rank { dp_size: 1, tp_size: 2, dp_rank: 0, tp_rank: rank as u32 };
@@ -497,9 +789,9 @@ fn mla_push_with_gpu_caches_from_prefill_tp2_to_decode_tp1_and_from_tp1_to_tp4_o
     }
     assert_moved((&caches[0].0, &caches[0].1), (&d_regions, &d_layout), &[1, 2, 3], &[4, 5, 6]);
     // tp 1 -> tp 4: the one prefill rank pushes to all four.
-    let prefill = engine("prefill-solo", &sim, &gpu);
+    let prefill = engine("prefill-solo", &fab);
     let (p_regions, p_layout) = common::gpu_kv_cache(&prefill, shape, 9);
-    let decodes: Vec<_> = (0..4).map(|r| engine(&format!("decode-{r}"), &sim, &gpu)).collect();
+    let decodes: Vec<_> = (0..4).map(|r| engine(&format!("decode-{r}"), &fab)).collect();
     let d_caches: Vec<_> = decodes.iter().map(|d| common::gpu_kv_cache(d, shape, 60)).collect();
     let targets: Vec<u32> = push_targets(0, 1, 4).collect();
     assert_eq!(targets, [0, 1, 2, 3]);

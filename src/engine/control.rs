@@ -33,6 +33,9 @@ pub(super) struct ControlContext {
     pub notifications: Arc<NotificationQueue>,
     pub kv_layout: Mutex<Option<KvLayout>>,
     pub rdma: Option<Arc<RdmaNode>>,
+    /// The GPUs with memory registered with a NIC (by ordinal), whose
+    /// GPUDirect RDMA writes are flushed before a notification is queued.
+    pub gpudirect: Mutex<std::collections::BTreeMap<u32, Arc<dyn crate::gpu::Gpu>>>,
     /// The cma page same-host peers reach this engine's memory through, or
     /// why they may not.
     pub cma: std::result::Result<Arc<CmaExport>, String>,
@@ -137,6 +140,14 @@ impl ControlHandler for ControlContext {
     }
 
     fn notify(&self, sender: &str, message: Vec<u8>) -> Result<()> {
+        // An untagged push over rdma is WRITEs, then this message: where a
+        // GPU does not order a NIC's writes for its own work, they are
+        // flushed before the consumer can act on the message (VERBS-REVIEW
+        // #15; tagged pushes are counted from receive completions).
+        let gpus: Vec<_> = lock(&self.gpudirect).iter().map(|(&ordinal, gpu)| (ordinal, gpu.clone())).collect();
+        for (ordinal, gpu) in gpus {
+            gpu.flush_rdma_writes(ordinal)?;
+        }
         self.notifications.deliver(Notification { from: sender.to_string(), message })
     }
 

@@ -181,6 +181,7 @@ impl Engine {
             notifications: notifications.clone(),
             kv_layout: Mutex::new(None),
             rdma: open_rdma(&config)?,
+            gpudirect: Mutex::new(Default::default()),
             cma: cma_export(&config, epoch),
             gpu_fds: Mutex::new(None),
         });

@@ -187,8 +187,14 @@ impl Engine {
         // SAFETY: forwarded from our caller.
         let registered =
             unsafe { node.register_device_region(id, addr, len, access, device.gpu.as_ref(), device.ordinal) };
-        if let Err(reason) = registered {
-            tracing::warn!(region = %id, %reason, "GPU memory not registered with the NICs: rdma cannot move it");
+        match registered {
+            Ok(()) => {
+                let mut gpus = self.inner.context.gpudirect.lock().unwrap_or_else(|p| p.into_inner());
+                gpus.entry(device.ordinal).or_insert_with(|| device.gpu.clone());
+            }
+            Err(reason) => {
+                tracing::warn!(region = %id, %reason, "GPU memory not registered with the NICs: rdma cannot move it")
+            }
         }
     }
 

@@ -403,6 +403,15 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     /// the memory cannot (the NIC may then register the device pointer
     /// through a peer-memory module instead).
     fn export_dmabuf(&self, addr: u64, len: u64) -> Result<DmaBuf>;
+    /// Makes the writes a NIC made into GPU `device`'s memory (GPUDirect
+    /// RDMA) visible to work on that GPU, where the GPU does not order them
+    /// for it itself: called before a consumer is told of them by a message
+    /// that did not travel with the data (VERBS-REVIEW #15). True when a
+    /// flush was needed and done; the default has nothing to flush.
+    fn flush_rdma_writes(&self, device: u32) -> Result<bool> {
+        let _ = device;
+        Ok(false)
+    }
     /// Closes what [`Gpu::open`] opened.
     ///
     /// # Safety

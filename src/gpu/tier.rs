@@ -22,6 +22,9 @@ pub const PROC_ADDRESS_DRIVER: u32 = 12000;
 /// The first driver with `cuMemGetHandleForAddressRange`, which exports
 /// device memory as a dma-buf for a NIC (CUDA 11.7).
 pub const DMABUF_DRIVER: u32 = 11070;
+/// `cuFlushGPUDirectRDMAWrites` and the GPUDirect RDMA ordering attributes
+/// (CUDA 11.3).
+pub const GDR_FLUSH_DRIVER: u32 = 11030;
 /// The first driver with `cuMemcpyBatchAsync` (CUDA 12.8).
 pub const BATCH_API_DRIVER: u32 = 12080;
 

@@ -27,6 +27,7 @@
 mod batch;
 mod context;
 mod dmabuf;
+mod gdr;
 mod ipc;
 mod load;
 
@@ -409,6 +410,10 @@ impl Gpu for CudaGpu {
 
     fn export_dmabuf(&self, addr: u64, len: u64) -> Result<DmaBuf> {
         shielded("exporting device memory as dma-buf", || self.dmabuf_range(addr, len))
+    }
+
+    fn flush_rdma_writes(&self, device: u32) -> Result<bool> {
+        shielded("flushing GPUDirect RDMA writes", || self.flush_gdr_writes(device))
     }
 
     fn share(&self, handle: &IpcHandle) -> Result<Option<std::os::fd::OwnedFd>> {

@@ -17,7 +17,11 @@
 //! `FAKECUDA_INIT_ERROR` (a `CUresult` `cuInit` returns), `FAKECUDA_PEER`
 //! (0: no GPU pair can access each other), `FAKECUDA_DELAY_US` (each queued
 //! job runs that late), `FAKECUDA_GDR_VMM` (0: the devices report no
-//! `GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`), `FAKECUDA_SM` (compute
+//! `GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`), `FAKECUDA_DMABUF` (0: the
+//! devices report no `DMA_BUF_SUPPORTED` and export no dma-buf),
+//! `FAKECUDA_GDR_ORDERING` (`GPU_DIRECT_RDMA_WRITES_ORDERING`, default 0,
+//! none), `FAKECUDA_GDR_FLUSH_OPTIONS` (`GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS`,
+//! default 1, `cuFlushGPUDirectRDMAWrites` supported), `FAKECUDA_SM` (compute
 //! capability, default 90: the JIT refuses PTX for a higher target). Introspection and faults go through two symbols
 //! kvring never calls: `fakecuda_stat(name)` and `fakecuda_set(name, value)`
 //! (see `stat` and `set`), which tests find with `dlsym`.
@@ -25,6 +29,7 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 mod exec;
+mod gdr;
 mod mem;
 
 use std::cell::RefCell;
@@ -73,6 +78,12 @@ pub(crate) struct Config {
     peer: bool,
     /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`.
     pub(crate) gdr_vmm: bool,
+    /// `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`.
+    pub(crate) dmabuf: bool,
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING`.
+    pub(crate) gdr_ordering: i32,
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS`.
+    pub(crate) gdr_flush_options: i32,
     /// The devices' compute capability, as major * 10 + minor.
     pub(crate) sm: i32,
     /// The physical GPUs this process sees, in ordinal order
@@ -90,6 +101,9 @@ fn config() -> Config {
         init_error: env_num("FAKECUDA_INIT_ERROR", 0) as CUresult,
         peer: env_num("FAKECUDA_PEER", 1) != 0,
         gdr_vmm: env_num("FAKECUDA_GDR_VMM", 1) != 0,
+        dmabuf: env_num("FAKECUDA_DMABUF", 1) != 0,
+        gdr_ordering: env_num("FAKECUDA_GDR_ORDERING", 0) as i32,
+        gdr_flush_options: env_num("FAKECUDA_GDR_FLUSH_OPTIONS", 1) as i32,
         sm: env_num("FAKECUDA_SM", 90) as i32,
         visible: visible_devices(env_num("FAKECUDA_GPUS", 2).clamp(0, 64) as i32),
     }
@@ -149,6 +163,8 @@ pub(crate) struct Counters {
     pub kernels: AtomicI64,
     pub missing_calls: AtomicI64,
     pub faults: AtomicI64,
+    /// `cuFlushGPUDirectRDMAWrites` calls that flushed.
+    pub gdr_flushes: AtomicI64,
     /// Copies still to run before the next injected fault (-1: none).
     pub fault_after: AtomicI64,
     /// Microseconds each queued job waits before running.
@@ -163,6 +179,7 @@ pub(crate) static COUNTERS: Counters = Counters {
     copies: AtomicI64::new(0),
     kernels: AtomicI64::new(0),
     missing_calls: AtomicI64::new(0),
+    gdr_flushes: AtomicI64::new(0),
     faults: AtomicI64::new(0),
     fault_after: AtomicI64::new(-1),
     delay_us: AtomicI64::new(-1),
@@ -416,7 +433,9 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_in
             102 => 1, // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
             103 => 1, // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
             110 => i32::from(d.config.gdr_vmm), // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
-            124 => 1, // DMA_BUF_SUPPORTED
+            124 => i32::from(d.config.dmabuf), // DMA_BUF_SUPPORTED
+            117 => d.config.gdr_flush_options, // GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
+            118 => d.config.gdr_ordering, // GPU_DIRECT_RDMA_WRITES_ORDERING
             75 => d.config.sm / 10, // COMPUTE_CAPABILITY_MAJOR
             76 => d.config.sm % 10, // COMPUTE_CAPABILITY_MINOR
             _ => 0,
@@ -656,7 +675,8 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 /// open in this process that the driver itself does not hold: exported or
 /// passed ones), `staged` (cross-GPU copies without peer access), `stalls`
 /// (batches that waited for their stream: pageable sources in stream order),
-/// `sync_copies`, `batches`, `copies`, `kernels`, `faults`, `missing_calls`
+/// `sync_copies`, `batches`, `copies`, `kernels`, `faults`, `missing_calls`,
+/// `gdr_flushes` (`cuFlushGPUDirectRDMAWrites` calls that flushed)
 /// (calls a driver of the configured version would not have),
 /// `ipc_opened:D` (legacy handles open in device D's context), `peer:A:B`,
 /// `allocations` (physical allocations alive), `pinned` (host ranges
@@ -682,6 +702,7 @@ fn stat(name: &str) -> Option<i64> {
         "kernels" => return counter(&COUNTERS.kernels),
         "faults" => return counter(&COUNTERS.faults),
         "missing_calls" => return counter(&COUNTERS.missing_calls),
+        "gdr_flushes" => return counter(&COUNTERS.gdr_flushes),
         "current" => return Some(current_raw().map_or(0, |d| d as i64 + 1)),
         _ => {}
     }
@@ -732,6 +753,7 @@ pub unsafe extern "C" fn fakecuda_set(name: *const c_char, value: i64) -> c_int 
                 &COUNTERS.kernels,
                 &COUNTERS.faults,
                 &COUNTERS.missing_calls,
+                &COUNTERS.gdr_flushes,
             ] {
                 c.store(0, Relaxed);
             }

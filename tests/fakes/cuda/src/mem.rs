@@ -993,10 +993,28 @@ pub unsafe extern "C" fn cuMemGetHandleForAddressRange(
             return Err(err::INVALID_VALUE);
         }
         let (start, map) = d.mem.map_at(dptr).ok_or(err::INVALID_VALUE)?;
+        // [ref: 6.13, cuMemGetHandleForAddressRange: dma-buf export needs
+        // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED on the memory's device.]
+        if !d.config.dmabuf {
+            return Err(err::NOT_SUPPORTED);
+        }
         if dptr + size as u64 > start + map.size {
             return Err(err::INVALID_VALUE);
         }
         let fd = reopen(map.phys.fd).map_err(|_| err::OPERATING_SYSTEM)?;
+        // The dma-buf's byte 0 is `dptr` (a real dma-buf covers exactly the
+        // range). The fake's dma-buf is an open file description of the
+        // allocation's memory whose position is that first byte: what a
+        // NIC's importer (the fake libibverbs) maps from, and all the two
+        // fakes share, as a GPU and a NIC share only the dma-buf's pages.
+        // Every mapping of an allocation starts at its offset 0 (cuMemMap's
+        // offset must be zero).
+        // SAFETY: a descriptor we just opened; lseek has no memory effects.
+        if unsafe { libc::lseek(fd, (dptr - start) as libc::off_t, libc::SEEK_SET) } < 0 {
+            // SAFETY: ours, not handed out.
+            unsafe { libc::close(fd) };
+            return Err(err::OPERATING_SYSTEM);
+        }
         // SAFETY: an out-pointer the caller passes under the Driver API's contract
         // (valid for this write or null); `put` refuses null.
         unsafe { put(out.cast::<c_int>(), fd) }

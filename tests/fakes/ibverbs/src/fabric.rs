@@ -29,6 +29,10 @@ pub struct MrRec {
     pub pd: u64,
     pub addr: u64,
     pub len: u64,
+    /// Where byte `addr` lies in the owner's address space: `addr` itself
+    /// for memory registered by address, the fake's own mapping of the
+    /// dma-buf's pages for a dma-buf MR (whose `addr` is its iova).
+    pub host: u64,
 }
 
 #[repr(C)]

@@ -4,11 +4,12 @@
 //! the rdma-core man page (libibverbs/man/*.3) or document it follows; the
 //! man page section is named in the comment beside the check.
 //!
-//! Devices: `FAKE_IBVERBS_DEVICES` = `name:ib|eth:mtu:active|down[:noipv4],...`
+//! Devices: `FAKE_IBVERBS_DEVICES` = `name:ib|eth:mtu:active|down[:noipv4][:nosrq],...`
 //! (default `fakeroce0:eth:4096:active`). One port each. A RoCE port's GID
 //! table is a ConnectX port's with one IPv4 address: 0 fe80 RoCE v1, 1 fe80
 //! RoCE v2, 2 ::ffff:127.0.0.N RoCE v1, 3 the same RoCE v2 (`noipv4`: only
-//! the link-local pair), the rest of its 16 entries empty. Faults:
+//! the link-local pair), the rest of its 16 entries empty. `nosrq`: a
+//! device with no shared receive queues (`max_srq` 0). Faults:
 //! `FAKE_IBVERBS_QP_ERROR_AFTER=N` moves a QP to ERR at its Nth WR;
 //! `FAKE_IBVERBS_QP_ERROR_FILE` / `FAKE_IBVERBS_PORT_DOWN_FILE`: while the
 //! named file exists, WRs fail (RETRY_EXC_ERR) / ports are down (WRs posted
@@ -16,6 +17,11 @@
 //! async events say IBV_EVENT_PORT_ERR, then IBV_EVENT_PORT_ACTIVE when the
 //! file is gone); `FAKE_IBVERBS_NO_IPV4_FILE`: while it exists the RoCE
 //! ports' IPv4 GIDs are empty (IBV_EVENT_GID_CHANGE at each change).
+//! GPU memory (`mr.rs`): `ibv_reg_dmabuf_mr` maps the dma-buf's pages
+//! (what the fake libcuda exports); `FAKE_IBVERBS_NO_DMABUF_FILE`: while
+//! that file exists the stack has no dma-buf registration (EOPNOTSUPP);
+//! `FAKE_IBVERBS_PEER_MEMORY=1`: a peer-memory module resolves device
+//! addresses `ibv_reg_mr` is given (without it they fail with EFAULT).
 //!
 //! Error returns follow each page: functions "returning the value of
 //! errno" return it and leave errno set to an unrelated sentinel (EDOM),
@@ -75,6 +81,8 @@ struct DeviceSpec {
     active: bool,
     index: u32,
     ipv4: bool,
+    /// Whether it has shared receive queues.
+    srq: bool,
 }
 
 /// Entries of a port's GID table (`gid_tbl_len`).
@@ -95,7 +103,8 @@ fn specs() -> &'static Vec<DeviceSpec> {
                     mtu: f.get(2).and_then(|m| m.parse().ok()).unwrap_or(4096),
                     active: f.get(3) != Some(&"down"),
                     index: i as u32,
-                    ipv4: f.get(4) != Some(&"noipv4"),
+                    ipv4: !f.iter().skip(4).any(|flag| *flag == "noipv4"),
+                    srq: !f.iter().skip(4).any(|flag| *flag == "nosrq"),
                 }
             })
             .collect()
@@ -246,7 +255,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     0
 }
 
-fn spec_of(context: *mut ibv_context) -> &'static DeviceSpec {
+pub(crate) fn spec_of(context: *mut ibv_context) -> &'static DeviceSpec {
     // SAFETY: every context the fake hands out is a Ctx.
     unsafe { &(*(context as *const Ctx)).spec }
 }
@@ -257,7 +266,7 @@ fn count(context: *mut ibv_context, delta: i64) {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_device(_context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
     let mut a: ibv_device_attr = std::mem::zeroed();
     a.max_qp = MAX_QPS as c_int;
     a.max_qp_wr = MAX_QP_WR as c_int;
@@ -268,7 +277,8 @@ pub unsafe extern "C" fn ibv_query_device(_context: *mut ibv_context, attr: *mut
     a.max_pd = 1024;
     a.max_qp_rd_atom = c_int::from(MAX_RD_ATOM);
     a.max_qp_init_rd_atom = c_int::from(MAX_RD_ATOM);
-    a.max_srq = MAX_SRQS as c_int;
+    // ibv_query_device(3): max_srq, "Maximum number of SRQs" (0: none).
+    a.max_srq = if spec_of(context).srq { MAX_SRQS as c_int } else { 0 };
     a.max_srq_wr = SRQ_RING as c_int;
     a.max_srq_sge = 1;
     a.phys_port_cnt = 1;
@@ -429,6 +439,8 @@ pub extern "C" fn ibv_is_fork_initialized() -> c_int {
     IBV_FORK_UNNEEDED
 }
 
+mod mr;
+pub use mr::*;
 mod objects;
 pub use objects::*;
 mod post;

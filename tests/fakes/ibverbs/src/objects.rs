@@ -1,4 +1,4 @@
-//! PDs, MRs, completion channels, CQs, SRQs and QPs, with the checks their
+//! PDs, completion channels, CQs, SRQs and QPs, with the checks their
 //! man pages document.
 
 use super::*;
@@ -31,69 +31,9 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     0
 }
 
-fn pd_objects(pd: *mut ibv_pd, delta: i64) {
+pub(crate) fn pd_objects(pd: *mut ibv_pd, delta: i64) {
     // SAFETY: every PD the fake hands out is a FakePd.
     unsafe { (*(pd as *const FakePd)).objects.fetch_add(delta as u64, Ordering::Relaxed) };
-}
-
-unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_uint) -> *mut ibv_mr {
-    // ibv_reg_mr(3): "If IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC
-    // is set, then IBV_ACCESS_LOCAL_WRITE must be set too" (EINVAL).
-    let remote = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
-    if access & remote != 0 && access & IBV_ACCESS_LOCAL_WRITE == 0 {
-        log("ibv_reg_mr: REMOTE_WRITE without LOCAL_WRITE");
-        return null(libc::EINVAL);
-    }
-    let pid = std::process::id();
-    let slot = locked(|f| {
-        let slot = f.mrs.iter().position(|m| m.used == 0)?;
-        f.next_key = f.next_key.wrapping_add(1).max(1);
-        // Keys carry the slot in the low bits and a generation above, so a
-        // stale key after dereg never matches the slot's next user.
-        let key = (f.next_key << 13) | slot as u32;
-        f.mrs[slot] = fabric::MrRec { used: 1, pid, key, access, pd: pd as u64, addr: addr as u64, len: len as u64 };
-        Some((slot, key))
-    });
-    let Some((_, key)) = slot else { return null(libc::ENOMEM) };
-    pd_objects(pd, 1);
-    let mr = ibv_mr { context: (*pd).context, pd, addr, length: len, handle: 0, lkey: key, rkey: key };
-    Box::into_raw(Box::new(mr))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
-    reg(pd, addr, len, access as c_uint)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr_iova2(
-    pd: *mut ibv_pd,
-    addr: *mut c_void,
-    len: usize,
-    iova: u64,
-    access: c_uint,
-) -> *mut ibv_mr {
-    if iova != addr as u64 {
-        // The fake keeps addresses as VAs; kvring registers iova = addr.
-        return null(libc::EOPNOTSUPP);
-    }
-    reg(pd, addr, len, access & !IBV_ACCESS_RELAXED_ORDERING)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
-    let key = (*mr).lkey;
-    // After dereg the keys are invalid: a WRITE with the old rkey completes
-    // with IBV_WC_REM_ACCESS_ERR (ibv_reg_mr(3), ibv_poll_cq(3)).
-    locked(|f| {
-        let slot = (key & 0x1fff) as usize;
-        if f.mrs[slot].key == key {
-            f.mrs[slot].used = 0;
-        }
-    });
-    pd_objects((*mr).pd, -1);
-    drop(Box::from_raw(mr));
-    0
 }
 
 /// A completion channel: an abstract unix datagram socket that any process
@@ -252,6 +192,11 @@ pub struct FakeSrq {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
     let attr = (*init).attr;
+    // A device without SRQs (max_srq 0): libibverbs' default op answers
+    // EOPNOTSUPP (rdma-core libibverbs/dummy_ops.c, create_srq).
+    if !spec_of((*pd).context).srq {
+        return null(libc::EOPNOTSUPP);
+    }
     // ibv_create_srq(3): max_wr and max_sge within the device's max_srq_wr
     // and max_srq_sge; the actual values are written back.
     if attr.max_wr == 0 || attr.max_wr as usize > SRQ_RING || attr.max_sge > 1 {

@@ -64,14 +64,19 @@ fn mtu_bytes(mtu: c_uint) -> u32 {
 
 /// Checks a key against the fabric's MR records: the registration of
 /// `pid` with that key covering [addr, addr+len) and granting `need`.
-fn key_ok(f: &Fabric, key: u32, pid: u32, addr: u64, len: u64, need: c_uint) -> bool {
+/// Where those bytes lie in `pid`'s address space (a dma-buf MR's iova is
+/// not an address its owner can touch: the bytes are at the fake's mapping
+/// of the dma-buf's pages, as a NIC reaches a GPU's pages, never through
+/// the device address).
+fn key_ok(f: &Fabric, key: u32, pid: u32, addr: u64, len: u64, need: c_uint) -> Option<u64> {
     let m = &f.mrs[(key & 0x1fff) as usize];
-    m.used == 1
+    let ok = m.used == 1
         && m.key == key
         && m.pid == pid
         && addr >= m.addr
         && addr.checked_add(len).is_some_and(|end| end <= m.addr + m.len)
-        && m.access & need == need
+        && m.access & need == need;
+    ok.then(|| m.host + (addr - m.addr))
 }
 
 /// Executes one WR; the completion status.
@@ -94,21 +99,24 @@ unsafe fn execute(qp: &FakeQp, wr: &ibv_send_wr, inline: Option<&[u8]>) -> c_uin
     }
     let local_need = if read { IBV_ACCESS_LOCAL_WRITE } else { 0 };
     let remote_need = if read { IBV_ACCESS_REMOTE_READ } else { IBV_ACCESS_REMOTE_WRITE };
-    let (local_ok, remote_ok) = locked(|f| {
+    let (local_at, remote_at) = locked(|f| {
         // The L_Key is not checked for inline data (ibv_post_send(3)).
-        let local_ok = inline.is_some() || len == 0 || key_ok(f, sge.lkey, me, sge.addr, len, local_need);
+        let local_at = if inline.is_some() || len == 0 {
+            Some(sge.addr)
+        } else {
+            key_ok(f, sge.lkey, me, sge.addr, len, local_need)
+        };
         // The responder checks the R_Key, its range and access, and its QP's
         // access flags (ibv_reg_mr(3), ibv_modify_qp(3) qp_access_flags).
-        let remote_ok = (len == 0 && !read || key_ok(f, wr.rkey, remote.pid, wr.remote_addr, len, remote_need))
-            && remote.access & remote_need == remote_need;
-        (local_ok, remote_ok)
+        let remote_at = if len == 0 && !read {
+            Some(wr.remote_addr)
+        } else {
+            key_ok(f, wr.rkey, remote.pid, wr.remote_addr, len, remote_need)
+        };
+        (local_at, remote_at.filter(|_| remote.access & remote_need == remote_need))
     });
-    if !local_ok {
-        return IBV_WC_LOC_PROT_ERR;
-    }
-    if !remote_ok {
-        return IBV_WC_REM_ACCESS_ERR;
-    }
+    let Some(local_at) = local_at else { return IBV_WC_LOC_PROT_ERR };
+    let Some(remote_at) = remote_at else { return IBV_WC_REM_ACCESS_ERR };
     // WRITE_WITH_IMM consumes one receive at the responder; with none
     // posted the responder answers RNR and the requester retries
     // `rnr_retry` times, 7 meaning without end (ibv_modify_qp(3)). The fake
@@ -135,9 +143,9 @@ unsafe fn execute(qp: &FakeQp, wr: &ibv_send_wr, inline: Option<&[u8]>) -> c_uin
         }
     }
     let moved = match (read, inline) {
-        (true, _) => copy(remote.pid, wr.remote_addr, me, sge.addr, len as usize),
-        (false, Some(bytes)) => copy(me, bytes.as_ptr() as u64, remote.pid, wr.remote_addr, bytes.len()),
-        (false, None) => copy(me, sge.addr, remote.pid, wr.remote_addr, len as usize),
+        (true, _) => copy(remote.pid, remote_at, me, local_at, len as usize),
+        (false, Some(bytes)) => copy(me, bytes.as_ptr() as u64, remote.pid, remote_at, bytes.len()),
+        (false, None) => copy(me, local_at, remote.pid, remote_at, len as usize),
     };
     if !moved {
         return IBV_WC_REM_ACCESS_ERR;
