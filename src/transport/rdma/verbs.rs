@@ -12,7 +12,8 @@
 //! safe and the lane's code is the same over both.
 
 use crate::error::Result;
-use std::os::fd::{BorrowedFd, RawFd};
+use crate::gpu::DmaBufRange;
+use std::os::fd::RawFd;
 
 macro_rules! handle {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {$(
@@ -390,15 +391,7 @@ pub trait Verbs: Send + Sync + std::fmt::Debug {
     ///
     /// The memory behind the dma-buf stays allocated to its owner until
     /// [`Verbs::dereg_mr`]: the NIC reads and writes it on its own.
-    unsafe fn reg_dmabuf_mr(
-        &self,
-        pd: Pd,
-        dmabuf: BorrowedFd<'_>,
-        offset: u64,
-        len: u64,
-        iova: u64,
-        access: MrAccess,
-    ) -> Result<Mr>;
+    unsafe fn reg_dmabuf_mr(&self, pd: Pd, dmabuf: DmaBufRange<'_>, iova: u64, access: MrAccess) -> Result<Mr>;
     /// Deregisters memory.
     fn dereg_mr(&self, mr: MrHandle) -> Result<()>;
     /// Creates a completion queue.
