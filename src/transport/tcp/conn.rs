@@ -12,6 +12,7 @@
 use super::frame::{
     FrameHeader, FrameOp, FLAG_CHECKSUM, FLAG_LAST, FLAG_TAGGED, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES,
 };
+use super::Landing;
 use crate::error::{Error, Result};
 use crate::proto::ErrorCode;
 use crate::ring::Opcode;
@@ -139,11 +140,8 @@ struct Awaited {
 #[derive(Debug, Clone, Copy)]
 enum Receiving {
     Header,
-    /// A READ reply's payload, landing at `dest`.
-    Payload {
-        dest: *mut u8,
-        left: usize,
-    },
+    /// A READ reply's payload, landing in the span's local range.
+    Payload(Landing),
     /// A payload nobody wants any more (its chunk already failed).
     Discard {
         left: usize,
@@ -486,7 +484,8 @@ impl Connection {
                     self.start += FRAME_HEADER_BYTES;
                     self.on_header(peer, &header, finished)?;
                 }
-                Receiving::Payload { dest, left } => {
+                Receiving::Payload(landing) => {
+                    let Landing { dest, left } = landing;
                     let buffered = self.end - self.start;
                     let took = if buffered > 0 {
                         let n = buffered.min(left);
@@ -514,7 +513,7 @@ impl Connection {
                     if took == left {
                         self.frame_done(finished)?;
                     } else {
-                        self.receiving = Receiving::Payload { dest: dest.wrapping_add(took), left: left - took };
+                        self.receiving = Receiving::Payload(landing.advanced(took));
                     }
                 }
                 Receiving::Discard { left } => {
@@ -623,7 +622,7 @@ impl Connection {
                 self.receiving = if front.failure.is_some() {
                     Receiving::Discard { left: span.len as usize }
                 } else {
-                    Receiving::Payload { dest: span.local, left: span.len as usize }
+                    Receiving::Payload(Landing { dest: span.local, left: span.len as usize })
                 };
                 if span.len == 0 {
                     return self.frame_done(finished);

@@ -17,3 +17,24 @@ pub(crate) use link::{TcpLink, DEFAULT_IO_TIMEOUT};
 pub(crate) use served::Served;
 pub use server::TcpDataServer;
 pub(crate) use target::TargetContext;
+
+/// Where the rest of a payload that is being received lands: the next
+/// byte's address and how many bytes are still to come. Both ends of a
+/// connection read payloads in pieces (a READ reply into the initiator's
+/// region, a WRITE into the target's) and step it the same way.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Landing {
+    /// Where the next byte goes (inside a leased range that still has
+    /// `left` bytes).
+    pub dest: *mut u8,
+    /// Bytes still to come.
+    pub left: usize,
+}
+
+impl Landing {
+    /// The landing after `n` more bytes arrived; `n <= left`.
+    pub fn advanced(self, n: usize) -> Self {
+        debug_assert!(n <= self.left, "{n} bytes landed where {} were left", self.left);
+        Self { dest: self.dest.wrapping_add(n), left: self.left - n }
+    }
+}
