@@ -546,14 +546,7 @@ impl Connection {
     /// Reads into the buffer's free tail (compacting first), stopping once
     /// the buffer holds `want` bytes; 0 when nothing has arrived.
     fn fill(&mut self, peer: &Peer, want: usize) -> Result<usize> {
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        } else if self.start > 0 && self.buffer.len() - self.end < FRAME_HEADER_BYTES {
-            self.buffer.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-        }
+        super::compact(&mut self.buffer, &mut self.start, &mut self.end);
         let room = (self.buffer.len() - self.end).min(want.saturating_sub(self.end - self.start).max(1));
         let n = read_some(&mut self.stream, &mut self.buffer[self.end..self.end + room], peer)?;
         self.end += n;

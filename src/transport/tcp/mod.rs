@@ -38,3 +38,18 @@ impl Landing {
         Self { dest: self.dest.wrapping_add(n), left: self.left - n }
     }
 }
+
+/// Makes room at the tail of a connection's read buffer, whose unread bytes
+/// are `buffer[*start..*end]`: an empty buffer starts over at 0, and unread
+/// bytes move to the front once less than a frame header fits behind them
+/// (so a header never straddles the end). Both ends read frames this way.
+pub(crate) fn compact(buffer: &mut [u8], start: &mut usize, end: &mut usize) {
+    if *start == *end {
+        *start = 0;
+        *end = 0;
+    } else if *start > 0 && buffer.len() - *end < frame::FRAME_HEADER_BYTES {
+        buffer.copy_within(*start..*end, 0);
+        *end -= *start;
+        *start = 0;
+    }
+}

@@ -458,14 +458,7 @@ impl TargetConn {
             self.start = 0;
             self.buffer = grown;
         }
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        } else if self.start > 0 && self.buffer.len() - self.end < FRAME_HEADER_BYTES {
-            self.buffer.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-        }
+        super::compact(&mut self.buffer, &mut self.start, &mut self.end);
         let asked = self.buffer.len() - self.end;
         let n = read_some(io, &mut self.buffer[self.end..])?;
         self.end += n;
