@@ -38,6 +38,12 @@ const PING_PONG_STALL: Duration = Duration::from_secs(10);
 const PING_BYTES: usize = 8;
 /// Round trips run before the floor's timed ones.
 const FLOOR_WARMUP: usize = 200;
+/// How long a stream's wait polls, yielding between looks, before it
+/// sleeps in epoll: an idle lane's busy-poll window (its `busy_poll`
+/// default), after which a lane parks in its poller.
+const BUSY_POLL: Duration = Duration::from_millis(2);
+/// Longest one sleep in epoll, so the stall check still runs.
+const PARKED_LOOK: Duration = Duration::from_millis(100);
 
 /// A listener that serves raw-TCP baseline requests, one thread each.
 pub struct RawSink {
@@ -46,21 +52,23 @@ pub struct RawSink {
 
 impl RawSink {
     /// Binds `ip:0` and serves in the background; with `token`, only
-    /// clients that answer its challenge. Each connection runs on `core`
-    /// when given: `kvring serve` gives a core none of its lanes runs on
-    /// (see [`sink_core`]), so the sink never shares a core with a busy
-    /// lane and the baseline is an upper bound of the socket path.
-    pub fn start(ip: std::net::IpAddr, token: Option<Token>, core: Option<usize>) -> std::io::Result<Self> {
+    /// clients that answer its challenge. A connection runs on one of
+    /// `cores` (the n-th of those open at once on the n-th, round robin;
+    /// unpinned with none): `kvring serve` gives its lanes' (see
+    /// [`sink_cores`]), so the baseline runs where kvring's target end does.
+    pub fn start(ip: std::net::IpAddr, token: Option<Token>, cores: Vec<usize>) -> std::io::Result<Self> {
         let listener = TcpListener::bind(SocketAddr::new(ip, 0))?;
         let addr = listener.local_addr()?;
         let active = Arc::new(AtomicUsize::new(0));
         let token = Arc::new(token);
         std::thread::Builder::new().name("kvring-raw-sink".into()).spawn(move || {
             for stream in listener.incoming().flatten() {
-                if active.fetch_add(1, Ordering::AcqRel) >= MAX_SINK_CONNECTIONS {
+                let open = active.fetch_add(1, Ordering::AcqRel);
+                if open >= MAX_SINK_CONNECTIONS {
                     active.fetch_sub(1, Ordering::AcqRel);
                     continue;
                 }
+                let core = (!cores.is_empty()).then(|| cores[open % cores.len()]);
                 let (for_thread, token) = (active.clone(), token.clone());
                 let spawned = std::thread::Builder::new().name("kvring-raw-conn".into()).spawn(move || {
                     if let Some(core) = core {
@@ -84,16 +92,19 @@ impl RawSink {
     }
 }
 
-/// The core for the sink's connections: the first core this process may
-/// use that none of the engine's lanes (`lane_cores`) runs on; `None`
-/// (unpinned, the scheduler's choice) when every core has a lane.
-pub fn sink_core(lane_cores: &[Option<usize>]) -> Option<usize> {
-    let usable: Vec<usize> = core_affinity::get_core_ids().unwrap_or_default().into_iter().map(|c| c.id).collect();
-    free_core(&usable, lane_cores)
-}
-
-fn free_core(usable: &[usize], lane_cores: &[Option<usize>]) -> Option<usize> {
-    usable.iter().copied().find(|core| !lane_cores.contains(&Some(*core)))
+/// The cores for the sink's connections: the lanes' (`lane_cores`, the
+/// pinned ones), where the engine serves a bench's connections, one per
+/// lane of the bench; none (the scheduler's choice) when no lane is pinned.
+///
+/// The same cores as kvring's, not free ones: the baseline is then the
+/// same path at its best (the same cores, each end polling as a lane does,
+/// no framing), so kvring's ratio to it is what kvring itself costs. A sink
+/// on a core of its own got a core kvring's target end never has, and on
+/// a 2-core host, where both engines' lanes share a core, read about twice
+/// kvring for that reason alone. An idle lane parks after its busy-poll
+/// window (2 ms), so it does not starve a sink beside it.
+pub fn sink_cores(lane_cores: &[Option<usize>]) -> Vec<usize> {
+    lane_cores.iter().flatten().copied().collect()
 }
 
 fn serve(mut stream: TcpStream, token: Option<&Token>) -> std::io::Result<()> {
@@ -168,8 +179,9 @@ fn ping_pong(mut stream: Polled, block: &mut [u8], write: bool) -> std::io::Resu
 /// likewise polls its poller, not its sockets.
 struct Polled {
     stream: TcpStream,
-    /// `None`: waits retry the socket itself (the floor: for one small
-    /// message the lock costs nothing and a retry is the quickest look).
+    /// `None`: waits retry the socket itself, after a yield (the floor:
+    /// for one small message the lock costs nothing and a retry is the
+    /// quickest look).
     poll: Option<(mio::Poll, mio::Events)>,
 }
 
@@ -187,26 +199,36 @@ impl Polled {
         Ok(Self { stream, poll: Some((poll, mio::Events::with_capacity(4))) })
     }
 
-    /// Polls until the socket raises an edge, yielding the core between
-    /// looks as a lane waiting on its peer does (`Lane::round`): a sink or
-    /// client that shares its core with the other end, or with a lane,
-    /// lets it run instead of spinning out its time slice.
+    /// Waits for the socket's next edge as a lane waits on its peer
+    /// (`Lane::round`, then `Lane::park`): polls epoll, yielding the core
+    /// between looks (a sink or client that shares its core with the other
+    /// end lets it run instead of spinning out its time slice), and past
+    /// [`BUSY_POLL`] sleeps in epoll. Sleeping matters on a loaded host: a
+    /// thread that yields stays behind every runnable thread of the core
+    /// for their slices, while one woken by its socket runs at once, and a
+    /// baseline that only yielded read far below kvring's parking lanes.
     fn wait(&mut self, since: Instant) -> std::io::Result<()> {
+        let started = Instant::now();
         loop {
-            let ready = match &mut self.poll {
-                Some((poll, events)) => {
-                    poll.poll(events, Some(Duration::ZERO))?;
-                    !events.is_empty()
-                }
-                None => true,
-            };
             if since.elapsed() > PING_PONG_STALL {
                 return Err(std::io::ErrorKind::TimedOut.into());
             }
-            if ready {
+            let Some((poll, events)) = &mut self.poll else {
+                // The floor's ends share a core when the sink runs where
+                // the target's lane does and the bench's lane shares it:
+                // a retry that never yields would spin out its whole time
+                // slice before the other end could answer.
+                std::thread::yield_now();
+                return Ok(());
+            };
+            let timeout = if started.elapsed() < BUSY_POLL { Duration::ZERO } else { PARKED_LOOK };
+            poll.poll(events, Some(timeout))?;
+            if !events.is_empty() {
                 return Ok(());
             }
-            std::thread::yield_now();
+            if timeout.is_zero() {
+                std::thread::yield_now();
+            }
         }
     }
 
@@ -307,17 +329,67 @@ fn connect(addr: &str, token: Option<&str>) -> Result<TcpStream, String> {
 /// `addr` in `block`-sized socket calls, answering its challenge with
 /// `token`.
 pub fn baseline(addr: &str, token: Option<&str>, write: bool, block: u64, total: u64) -> Result<f64, String> {
-    let stream = connect(addr, token)?;
+    let mut stream = Polled::new(connect(addr, token)?, true).map_err(|e| format!("raw baseline: {e}"))?;
+    let started = Instant::now();
+    pump(&mut stream, write, block, total)?;
+    Ok(total as f64 / started.elapsed().as_secs_f64() / 1e9)
+}
+
+/// GB/s of moving `total` bytes over one connection per lane of the bench
+/// (`lane_cores`), each on its lane's core and moving its share of whole
+/// blocks at the same time, as kvring spreads a batch over its lanes'
+/// connections: the same connection count as kvring's, so the baseline
+/// stays an upper bound of the same path with several lanes.
+pub fn streams(
+    addr: &str,
+    token: Option<&str>,
+    (write, block, total): (bool, u64, u64),
+    lane_cores: &[Option<usize>],
+) -> Result<f64, String> {
+    let cores = if lane_cores.is_empty() { &[None][..] } else { lane_cores };
+    let share = total.div_ceil(block.max(1)).div_ceil(cores.len() as u64) * block.max(1);
+    // Every connection is open before any byte moves; the clock runs from
+    // then to the last one's end.
+    let ready = std::sync::Barrier::new(cores.len());
+    let spans = std::thread::scope(|scope| {
+        let handles: Vec<_> = cores
+            .iter()
+            .map(|&core| {
+                let ready = &ready;
+                scope.spawn(move || {
+                    if let Some(core) = core {
+                        core_affinity::set_for_current(core_affinity::CoreId { id: core });
+                    }
+                    let stream = connect(addr, token).and_then(|s| Polled::new(s, true).map_err(|e| e.to_string()));
+                    ready.wait();
+                    let started = Instant::now();
+                    pump(&mut stream?, write, block, share)?;
+                    Ok::<_, String>((started, Instant::now()))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect::<Vec<_>>()
+    });
+    let spans: Vec<(Instant, Instant)> = spans.into_iter().collect::<Result<_, _>>()?;
+    let first = spans.iter().map(|s| s.0).min().expect("one connection at least");
+    let last = spans.iter().map(|s| s.1).max().expect("one connection at least");
+    Ok((share * cores.len() as u64) as f64 / (last - first).as_secs_f64() / 1e9)
+}
+
+/// Asks the sink for a transfer of `total` bytes and moves them in
+/// `block`-sized socket calls (a write, then the sink's one-byte ack).
+fn pump(stream: &mut Polled, write: bool, block: u64, total: u64) -> Result<(), String> {
     let block = block.min(total).max(1) as usize;
     let mut buffer = vec![0x5au8; block];
     let mut request = [0u8; 16];
     request[..8].copy_from_slice(&(if write { 1u64 } else { 2 }).to_le_bytes());
     request[8..].copy_from_slice(&total.to_le_bytes());
-    let mut stream = Polled::new(stream, true).map_err(|e| format!("raw baseline: {e}"))?;
     let failed = |e: std::io::Error| format!("raw baseline: {e}");
     let closed =
         |read: bool| if read { Ok(()) } else { Err("raw baseline: the sink closed the connection".to_string()) };
-    let started = Instant::now();
     stream.write_all(&request).map_err(failed)?;
     let mut left = total;
     while left > 0 {
@@ -333,7 +405,7 @@ pub fn baseline(addr: &str, token: Option<&str>, write: bool, block: u64, total:
         let mut ack = [0u8; 1];
         closed(stream.read_exact(&mut ack).map_err(failed)?)?;
     }
-    Ok(total as f64 / started.elapsed().as_secs_f64() / 1e9)
+    Ok(())
 }
 
 /// Runs `work` on a thread pinned to `core` (when given) and returns what
@@ -355,13 +427,13 @@ pub fn on_core<T: Send>(core: Option<usize>, work: impl FnOnce() -> T + Send) ->
 
 #[cfg(test)]
 mod tests {
-    use super::free_core;
+    use super::sink_cores;
 
     #[test]
-    fn the_sink_takes_a_core_no_lane_runs_on_or_none() {
-        assert_eq!(free_core(&[0, 1], &[Some(0)]), Some(1));
-        assert_eq!(free_core(&[0, 1, 2], &[Some(1), Some(0)]), Some(2));
-        assert_eq!(free_core(&[0, 1], &[Some(0), Some(1)]), None);
-        assert_eq!(free_core(&[0, 1], &[None]), Some(0));
+    fn the_sink_takes_the_lanes_cores_or_none() {
+        assert_eq!(sink_cores(&[Some(1)]), [1]);
+        assert_eq!(sink_cores(&[Some(2), Some(0)]), [2, 0]);
+        assert_eq!(sink_cores(&[None, None]), [0usize; 0]);
+        assert_eq!(sink_cores(&[]), [0usize; 0]);
     }
 }
