@@ -178,9 +178,11 @@ pub(super) fn baseline_round(
             Some(moved? as f64 / started.elapsed().as_secs_f64() / 1e9)
         }
         (false, TransportKind::Tcp, Some(raw)) => {
-            // One connection per lane, each where its lane runs.
+            // One connection per lane, each where its lane runs, each end
+            // cycling through as much memory as kvring's rounds do.
             let what = (op == Opcode::Write, block, per_round);
-            Some(crate::raw::streams(raw, options.token.as_deref(), what, &engine.lane_cores())?)
+            let span = region_bytes.min(per_round);
+            Some(crate::raw::streams(raw, options.token.as_deref(), what, (span, &engine.lane_cores()))?)
         }
         // The target's raw sink is not known: no plain socket to compare with.
         (false, TransportKind::Tcp, None) => None,
