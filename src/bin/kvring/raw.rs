@@ -517,7 +517,37 @@ pub fn on_core<T: Send>(core: Option<usize>, work: impl FnOnce() -> T + Send) ->
 
 #[cfg(test)]
 mod tests {
-    use super::sink_cores;
+    use super::{baseline, sink_cores, streams, RawSink};
+    use kvring::Token;
+
+    fn sink(token: Option<&str>) -> (RawSink, String) {
+        let sink = RawSink::start("127.0.0.1".parse().unwrap(), token.map(Token::new), Vec::new()).unwrap();
+        let addr = sink.addr().to_string();
+        (sink, addr)
+    }
+
+    #[test]
+    fn streams_move_every_byte_both_ways_over_several_connections() {
+        let (_sink, addr) = sink(None);
+        // A total that is not whole blocks, a span that is not whole
+        // blocks, and one smaller than a block: each stream ends only once
+        // the sink has every byte (write: its ack) or sent every byte.
+        for (total, span) in [(3 << 20, 256 << 10), ((1 << 20) + 1000, 100_000), (300_000, 1000)] {
+            for write in [true, false] {
+                let gbps = streams(&addr, None, (write, 64 << 10, total), (span, &[None, None])).unwrap();
+                assert!(gbps > 0.0, "write {write}, {total} bytes over a {span}-byte span: {gbps}");
+            }
+        }
+        assert!(baseline(&addr, None, (false, 1 << 20, 4 << 20), 2 << 20).unwrap() > 0.0);
+    }
+
+    #[test]
+    fn a_sink_with_a_token_refuses_a_stream_without_it() {
+        let (_sink, addr) = sink(Some("secret"));
+        assert!(baseline(&addr, Some("secret"), (true, 4096, 1 << 20), 1 << 20).unwrap() > 0.0);
+        let refused = baseline(&addr, Some("guess"), (true, 4096, 1 << 20), 1 << 20).unwrap_err();
+        assert!(refused.contains("raw baseline"), "{refused}");
+    }
 
     #[test]
     fn the_sink_takes_the_lanes_cores_or_none() {
