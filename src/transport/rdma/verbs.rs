@@ -382,10 +382,10 @@ pub trait Verbs: Send + Sync + std::fmt::Debug {
     /// The range must stay valid until [`Verbs::dereg_mr`]: the NIC (or the
     /// simulator) reads and writes it without the caller's involvement.
     unsafe fn reg_mr(&self, pd: Pd, addr: u64, len: u64, access: MrAccess) -> Result<Mr>;
-    /// Registers `len` bytes of a dma-buf (device memory a GPU provider
-    /// exported) from `offset` in it, addressed by work requests as
-    /// `iova..iova + len` (`ibv_reg_dmabuf_mr`). An error when the device,
-    /// kernel or library has no dma-buf registration.
+    /// Registers `dmabuf.len` bytes of a dma-buf (device memory a GPU
+    /// provider exported) from `dmabuf.offset` in it, addressed by work
+    /// requests as `iova..iova + dmabuf.len` (`ibv_reg_dmabuf_mr`). An error
+    /// when the device, kernel or library has no dma-buf registration.
     ///
     /// # Safety
     ///
