@@ -3,11 +3,10 @@
 //! registered through a dma-buf or peer memory; WRITE_WITH_IMM into a
 //! shared receive queue.
 
-use kvring::gpu::{Gpu, SimGpu};
+use kvring::gpu::{DmaBufRange, Gpu, SimGpu};
 use kvring::rdma::SimVerbs;
 use kvring::rdma::*;
 use kvring::testing::rdma::{build, KeyedBlock, Keys, PostConfig};
-use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -290,8 +289,8 @@ fn device_memory_registers_through_a_dmabuf_or_peer_memory_and_is_reached_throug
     // Through a dma-buf: the device address is the registration's address.
     let dmabuf = gpu.export_dmabuf(device, 1 << 20).unwrap();
     // SAFETY: the allocation outlives the registration (deregistered below).
-    let mr =
-        unsafe { sim.reg_dmabuf_mr(pd, dmabuf.fd.as_fd(), dmabuf.offset, 1 << 20, device, MrAccess::ALL) }.unwrap();
+    let whole = DmaBufRange { len: 1 << 20, ..dmabuf.range() };
+    let mr = unsafe { sim.reg_dmabuf_mr(pd, whole, device, MrAccess::ALL) }.unwrap();
     assert_eq!((mr.addr, sim.mr_paths(device)), (device, vec![MrPath::DmaBuf]));
     let b = qp_over(&sim, context, pd, mr, Vec::new());
     connect(&sim, &a, &b);
@@ -326,12 +325,16 @@ fn device_memory_registers_through_a_dmabuf_or_peer_memory_and_is_reached_throug
     assert!(refused.contains("relaxed ordering"), "{refused}");
     sim.dmabuf(false);
     // SAFETY: refused.
-    let refused = unsafe { sim.reg_dmabuf_mr(pd, dmabuf.fd.as_fd(), 0, 4096, device, MrAccess::ALL) }.unwrap_err();
+    let refused =
+        unsafe { sim.reg_dmabuf_mr(pd, DmaBufRange { offset: 0, len: 4096, ..dmabuf.range() }, device, MrAccess::ALL) }
+            .unwrap_err();
     assert!(refused.to_string().contains("not supported"), "{refused}");
     // Past the memory behind the dma-buf: refused, never mapped.
     sim.dmabuf(true);
     // SAFETY: refused.
-    let past = unsafe { sim.reg_dmabuf_mr(pd, dmabuf.fd.as_fd(), 4096, 1 << 20, device, MrAccess::ALL) };
+    let past = unsafe {
+        sim.reg_dmabuf_mr(pd, DmaBufRange { offset: 4096, len: 1 << 20, ..dmabuf.range() }, device, MrAccess::ALL)
+    };
     assert!(past.unwrap_err().to_string().contains("run past"));
 
     sim.dereg_mr(by_pointer.handle).unwrap();

@@ -321,17 +321,20 @@ impl Submitter {
         self.submit(&Batch::write(segment).descs(&descs))
     }
 
-    /// Pulls blocks `src_ids` of every layer of `remote` into blocks
-    /// `dst_ids` of `local` (decode reads from prefill), as one batch.
+    /// Pulls blocks `remote_ids` of every layer of `remote` into blocks
+    /// `local_ids` of `local` (decode reads from prefill), as one batch.
+    /// The source's ids come first, as in a push; each is named for the
+    /// layout it indexes, as [`kv::plan_blocks`](crate::kv::plan_blocks)
+    /// names them.
     pub fn pull_blocks(
         &mut self,
         segment: &Segment,
         local: &KvLayout,
         remote: &KvLayout,
-        src_ids: &[u64],
-        dst_ids: &[u64],
+        remote_ids: &[u64],
+        local_ids: &[u64],
     ) -> Result<BatchId> {
-        let descs = crate::kv::plan_blocks(local, remote, Opcode::Read, dst_ids, src_ids)?;
+        let descs = crate::kv::plan_blocks(local, remote, Opcode::Read, local_ids, remote_ids)?;
         self.submit(&Batch::read(segment).descs(&descs))
     }
 

@@ -31,7 +31,7 @@ pub use sim::SimGpu;
 pub use tier::{choose_method, TierInputs};
 
 use crate::error::Result;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 /// A device address (the provider's, not dereferenceable by the host).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -146,6 +146,27 @@ pub struct DmaBuf {
     pub fd: OwnedFd,
     /// Where the range's first byte lies in the dma-buf (the dma-buf covers
     /// whole pages around it).
+    pub offset: u64,
+    /// Bytes of the range.
+    pub len: u64,
+}
+
+impl DmaBuf {
+    /// The range, borrowed for a registration (`ibv_reg_dmabuf_mr`).
+    pub fn range(&self) -> DmaBufRange<'_> {
+        DmaBufRange { fd: self.fd.as_fd(), offset: self.offset, len: self.len }
+    }
+}
+
+/// A range of a dma-buf to register: `ibv_reg_dmabuf_mr`'s descriptor,
+/// offset and length as named fields, where three adjacent integers
+/// (offset, length, and the registration's address beside them) could be
+/// swapped unnoticed.
+#[derive(Debug, Clone, Copy)]
+pub struct DmaBufRange<'a> {
+    /// The dma-buf.
+    pub fd: BorrowedFd<'a>,
+    /// Where the range's first byte lies in the dma-buf.
     pub offset: u64,
     /// Bytes of the range.
     pub len: u64,

@@ -95,7 +95,9 @@ fn run_case(
         host.push(round(ends.local_host, ends.remote_host, &mut progress)?);
         if let Some((addr, token)) = plan.raw {
             let write = op == Opcode::Write;
-            raw.push(crate::raw::on_core(lane_core, || crate::raw::baseline(addr, token, write, block, per_round))?);
+            // Each end cycles through memory the size of the regions.
+            let (what, span) = ((write, block, per_round), ends.region_bytes);
+            raw.push(crate::raw::on_core(lane_core, || crate::raw::baseline(addr, token, what, span))?);
         }
         ours.push(round(ends.local_gpu, ends.remote_gpu, &mut progress)?);
     }

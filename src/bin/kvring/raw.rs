@@ -6,10 +6,16 @@
 //! challenge; the client answers with 32 bytes: the token's answer to it
 //! (`Token::answer`), zeros when the sink has no token. A sink with a token
 //! closes a connection whose answer is wrong, so the baseline needs the
-//! token just as the engine does. Then the client sends 16-byte requests
-//! (`op`, `bytes`, little-endian u64s); for op 1 (write) it then streams
-//! `bytes` and the sink answers one byte when all have arrived; for op 2
-//! (read) the sink streams `bytes` back. Ops 3 and 4 are the latency
+//! token just as the engine does. Then the client sends 24-byte requests
+//! (`op`, `bytes`, `span`, little-endian u64s). For op 1 (write) and op 2
+//! (read) the sink readies `span` bytes of memory (faulted in, at most
+//! [`MAX_SINK_SPAN`]) and answers one byte; then for op 1 the client
+//! streams `bytes` and the sink answers one byte when all have arrived,
+//! and for op 2 the sink streams `bytes` back. Both ends cycle through
+//! `span` bytes, as kvring's bench cycles through its regions: the bytes
+//! land in and leave from memory of the same size as kvring's, not a
+//! buffer that stays in the cache (which read about twice kvring for
+//! that alone). Ops 3 and 4 are the latency
 //! floor, a ping-pong both ends busy-poll until the client closes: for op 3
 //! the client sends `bytes` and the sink answers 8 bytes each time (a WRITE
 //! and its ack); for op 4 the client sends 8 bytes and the sink answers
@@ -30,14 +36,25 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Largest transfer one raw request may ask for.
 const MAX_RAW_BYTES: u64 = 1 << 40;
-/// Buffer the sink reads into and writes from.
+/// Most bytes one socket call of the sink moves (and the floor's buffer).
 const SINK_BUFFER: usize = 1 << 20;
+/// Most memory one stream of the sink cycles through (the bench's default
+/// region).
+pub const MAX_SINK_SPAN: u64 = 128 << 20;
+/// Bytes of a request.
+const REQUEST_BYTES: usize = 24;
 /// A busy-polled ping-pong that sees no byte for this long ends.
 const PING_PONG_STALL: Duration = Duration::from_secs(10);
 /// Bytes of the ping-pong's small side (an ack, a request).
 const PING_BYTES: usize = 8;
 /// Round trips run before the floor's timed ones.
 const FLOOR_WARMUP: usize = 200;
+/// How long a stream's wait polls, yielding between looks, before it
+/// sleeps in epoll: an idle lane's busy-poll window (its `busy_poll`
+/// default), after which a lane parks in its poller.
+const BUSY_POLL: Duration = Duration::from_millis(2);
+/// Longest one sleep in epoll, so the stall check still runs.
+const PARKED_LOOK: Duration = Duration::from_millis(100);
 
 /// A listener that serves raw-TCP baseline requests, one thread each.
 pub struct RawSink {
@@ -46,27 +63,30 @@ pub struct RawSink {
 
 impl RawSink {
     /// Binds `ip:0` and serves in the background; with `token`, only
-    /// clients that answer its challenge. Each connection runs on `core`
-    /// when given: `kvring serve` gives a core none of its lanes runs on
-    /// (see [`sink_core`]), so the sink never shares a core with a busy
-    /// lane and the baseline is an upper bound of the socket path.
-    pub fn start(ip: std::net::IpAddr, token: Option<Token>, core: Option<usize>) -> std::io::Result<Self> {
+    /// clients that answer its challenge. A connection runs on one of
+    /// `cores` (the n-th of those open at once on the n-th, round robin;
+    /// unpinned with none): `kvring serve` gives its lanes' (see
+    /// [`sink_cores`]), so the baseline runs where kvring's target end does.
+    pub fn start(ip: std::net::IpAddr, token: Option<Token>, cores: Vec<usize>) -> std::io::Result<Self> {
         let listener = TcpListener::bind(SocketAddr::new(ip, 0))?;
         let addr = listener.local_addr()?;
         let active = Arc::new(AtomicUsize::new(0));
         let token = Arc::new(token);
+        let spans = Arc::new(Spans::default());
         std::thread::Builder::new().name("kvring-raw-sink".into()).spawn(move || {
             for stream in listener.incoming().flatten() {
-                if active.fetch_add(1, Ordering::AcqRel) >= MAX_SINK_CONNECTIONS {
+                let open = active.fetch_add(1, Ordering::AcqRel);
+                if open >= MAX_SINK_CONNECTIONS {
                     active.fetch_sub(1, Ordering::AcqRel);
                     continue;
                 }
-                let (for_thread, token) = (active.clone(), token.clone());
+                let core = (!cores.is_empty()).then(|| cores[open % cores.len()]);
+                let (for_thread, token, spans) = (active.clone(), token.clone(), spans.clone());
                 let spawned = std::thread::Builder::new().name("kvring-raw-conn".into()).spawn(move || {
                     if let Some(core) = core {
                         core_affinity::set_for_current(core_affinity::CoreId { id: core });
                     }
-                    let _ = serve(stream, token.as_ref().as_ref());
+                    let _ = serve(stream, token.as_ref().as_ref(), &spans);
                     for_thread.fetch_sub(1, Ordering::AcqRel);
                 });
                 if spawned.is_err() {
@@ -84,19 +104,51 @@ impl RawSink {
     }
 }
 
-/// The core for the sink's connections: the first core this process may
-/// use that none of the engine's lanes (`lane_cores`) runs on; `None`
-/// (unpinned, the scheduler's choice) when every core has a lane.
-pub fn sink_core(lane_cores: &[Option<usize>]) -> Option<usize> {
-    let usable: Vec<usize> = core_affinity::get_core_ids().unwrap_or_default().into_iter().map(|c| c.id).collect();
-    free_core(&usable, lane_cores)
+/// The cores for the sink's connections: the lanes' (`lane_cores`, the
+/// pinned ones), where the engine serves a bench's connections, one per
+/// lane of the bench; none (the scheduler's choice) when no lane is pinned.
+///
+/// The same cores as kvring's, not free ones: the baseline is then the
+/// same path at its best (the same cores, each end polling as a lane does,
+/// no framing), so kvring's ratio to it is what kvring itself costs. A sink
+/// on a core of its own got a core kvring's target end never has, and on
+/// a 2-core host, where both engines' lanes share a core, read about twice
+/// kvring for that reason alone. An idle lane parks after its busy-poll
+/// window (2 ms), so it does not starve a sink beside it.
+pub fn sink_cores(lane_cores: &[Option<usize>]) -> Vec<usize> {
+    lane_cores.iter().flatten().copied().collect()
 }
 
-fn free_core(usable: &[usize], lane_cores: &[Option<usize>]) -> Option<usize> {
-    usable.iter().copied().find(|core| !lane_cores.contains(&Some(*core)))
+/// The sink's stream memory, kept between connections (faulting a span in
+/// again for every round would cost more than the round).
+#[derive(Default)]
+struct Spans(std::sync::Mutex<Vec<Vec<u8>>>);
+
+impl Spans {
+    /// A faulted-in buffer of at least `len` bytes.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match kept.iter().position(|b| b.len() >= len) {
+            Some(at) => kept.swap_remove(at),
+            None => vec![0x5a; len],
+        }
+    }
+
+    /// Keeps `buffer` for a later stream (as many as connections at once).
+    fn give_back(&self, buffer: Vec<u8>) {
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() < MAX_SINK_CONNECTIONS {
+            kept.push(buffer);
+        }
+    }
 }
 
-fn serve(mut stream: TcpStream, token: Option<&Token>) -> std::io::Result<()> {
+/// The span a request asks to cycle through, within the sink's limits.
+fn span_len(span: u64) -> usize {
+    span.clamp(1, MAX_SINK_SPAN) as usize
+}
+
+fn serve(mut stream: TcpStream, token: Option<&Token>, spans: &Spans) -> std::io::Result<()> {
     let _ = stream.set_nodelay(true);
     let challenge = Token::challenge();
     stream.write_all(&challenge)?;
@@ -111,32 +163,27 @@ fn serve(mut stream: TcpStream, token: Option<&Token>) -> std::io::Result<()> {
     let mut stream = Polled::new(stream, true)?;
     let mut buffer = vec![0u8; SINK_BUFFER];
     loop {
-        let mut request = [0u8; 16];
+        let mut request = [0u8; REQUEST_BYTES];
         if !stream.read_exact(&mut request)? {
             return Ok(());
         }
-        let op = u64::from_le_bytes(request[..8].try_into().expect("8 bytes"));
-        let bytes = u64::from_le_bytes(request[8..].try_into().expect("8 bytes"));
+        let field = |at: usize| u64::from_le_bytes(request[at..at + 8].try_into().expect("8 bytes"));
+        let (op, bytes, span) = (field(0), field(8), field(16));
         if bytes > MAX_RAW_BYTES {
             return Ok(());
         }
-        let mut left = bytes;
         match op {
-            1 => {
-                while left > 0 {
-                    let n = (left as usize).min(SINK_BUFFER);
-                    if !stream.read_exact(&mut buffer[..n])? {
-                        return Ok(());
-                    }
-                    left -= n as u64;
-                }
+            1 | 2 => {
+                let memory = spans.take(span_len(span));
                 stream.write_all(&[1])?;
-            }
-            2 => {
-                while left > 0 {
-                    let n = (left as usize).min(SINK_BUFFER);
-                    stream.write_all(&buffer[..n])?;
-                    left -= n as u64;
+                let mut memory = Cycle::new(memory, span_len(span));
+                let streamed = memory.stream(&mut stream, op == 2, bytes);
+                spans.give_back(memory.into_inner());
+                if !streamed? {
+                    return Ok(());
+                }
+                if op == 1 {
+                    stream.write_all(&[1])?;
                 }
             }
             3 | 4 if bytes as usize <= SINK_BUFFER => {
@@ -144,6 +191,43 @@ fn serve(mut stream: TcpStream, token: Option<&Token>) -> std::io::Result<()> {
             }
             _ => return Ok(()),
         }
+    }
+}
+
+/// Memory a stream cycles through: `span` bytes, moved `SINK_BUFFER` at a
+/// time at most, wrapping to the start at the end.
+struct Cycle {
+    memory: Vec<u8>,
+    span: usize,
+    at: usize,
+}
+
+impl Cycle {
+    fn new(memory: Vec<u8>, span: usize) -> Self {
+        debug_assert!(memory.len() >= span && span > 0);
+        Self { memory, span, at: 0 }
+    }
+
+    /// Moves `bytes` from the socket into the memory (`send` false) or from
+    /// the memory out; false when the peer closed first.
+    fn stream(&mut self, stream: &mut Polled, send: bool, bytes: u64) -> std::io::Result<bool> {
+        let mut left = bytes;
+        while left > 0 {
+            let n = (left as usize).min(SINK_BUFFER).min(self.span - self.at);
+            let piece = &mut self.memory[self.at..self.at + n];
+            if send {
+                stream.write_all(piece)?;
+            } else if !stream.read_exact(piece)? {
+                return Ok(false);
+            }
+            self.at = (self.at + n) % self.span;
+            left -= n as u64;
+        }
+        Ok(true)
+    }
+
+    fn into_inner(self) -> Vec<u8> {
+        self.memory
     }
 }
 
@@ -168,8 +252,9 @@ fn ping_pong(mut stream: Polled, block: &mut [u8], write: bool) -> std::io::Resu
 /// likewise polls its poller, not its sockets.
 struct Polled {
     stream: TcpStream,
-    /// `None`: waits retry the socket itself (the floor: for one small
-    /// message the lock costs nothing and a retry is the quickest look).
+    /// `None`: waits retry the socket itself, after a yield (the floor:
+    /// for one small message the lock costs nothing and a retry is the
+    /// quickest look).
     poll: Option<(mio::Poll, mio::Events)>,
 }
 
@@ -187,26 +272,36 @@ impl Polled {
         Ok(Self { stream, poll: Some((poll, mio::Events::with_capacity(4))) })
     }
 
-    /// Polls until the socket raises an edge, yielding the core between
-    /// looks as a lane waiting on its peer does (`Lane::round`): a sink or
-    /// client that shares its core with the other end, or with a lane,
-    /// lets it run instead of spinning out its time slice.
+    /// Waits for the socket's next edge as a lane waits on its peer
+    /// (`Lane::round`, then `Lane::park`): polls epoll, yielding the core
+    /// between looks (a sink or client that shares its core with the other
+    /// end lets it run instead of spinning out its time slice), and past
+    /// [`BUSY_POLL`] sleeps in epoll. Sleeping matters on a loaded host: a
+    /// thread that yields stays behind every runnable thread of the core
+    /// for their slices, while one woken by its socket runs at once, and a
+    /// baseline that only yielded read far below kvring's parking lanes.
     fn wait(&mut self, since: Instant) -> std::io::Result<()> {
+        let started = Instant::now();
         loop {
-            let ready = match &mut self.poll {
-                Some((poll, events)) => {
-                    poll.poll(events, Some(Duration::ZERO))?;
-                    !events.is_empty()
-                }
-                None => true,
-            };
             if since.elapsed() > PING_PONG_STALL {
                 return Err(std::io::ErrorKind::TimedOut.into());
             }
-            if ready {
+            let Some((poll, events)) = &mut self.poll else {
+                // The floor's ends share a core when the sink runs where
+                // the target's lane does and the bench's lane shares it:
+                // a retry that never yields would spin out its whole time
+                // slice before the other end could answer.
+                std::thread::yield_now();
+                return Ok(());
+            };
+            let timeout = if started.elapsed() < BUSY_POLL { Duration::ZERO } else { PARKED_LOOK };
+            poll.poll(events, Some(timeout))?;
+            if !events.is_empty() {
                 return Ok(());
             }
-            std::thread::yield_now();
+            if timeout.is_zero() {
+                std::thread::yield_now();
+            }
         }
     }
 
@@ -267,9 +362,7 @@ pub fn floor(
 ) -> Result<Vec<Duration>, String> {
     let block = usize::try_from(block).ok().filter(|&b| b <= SINK_BUFFER).ok_or("floor: block too large")?;
     let stream = connect(addr, token)?;
-    let mut request = [0u8; 16];
-    request[..8].copy_from_slice(&(if write { 3u64 } else { 4 }).to_le_bytes());
-    request[8..].copy_from_slice(&(block as u64).to_le_bytes());
+    let request = request(if write { 3 } else { 4 }, block as u64, 0);
     let mut stream = Polled::new(stream, false).map_err(|e| format!("floor: {e}"))?;
     stream.write_all(&request).map_err(|e| format!("floor: {e}"))?;
     let mut payload = vec![0x5au8; block];
@@ -303,37 +396,106 @@ fn connect(addr: &str, token: Option<&str>) -> Result<TcpStream, String> {
     Ok(stream)
 }
 
+/// A request to the sink.
+fn request(op: u64, bytes: u64, span: u64) -> [u8; REQUEST_BYTES] {
+    let mut request = [0u8; REQUEST_BYTES];
+    for (at, field) in [op, bytes, span].into_iter().enumerate() {
+        request[at * 8..at * 8 + 8].copy_from_slice(&field.to_le_bytes());
+    }
+    request
+}
+
 /// GB/s of moving `total` bytes to (write) or from (read) the sink at
-/// `addr` in `block`-sized socket calls, answering its challenge with
-/// `token`.
-pub fn baseline(addr: &str, token: Option<&str>, write: bool, block: u64, total: u64) -> Result<f64, String> {
-    let stream = connect(addr, token)?;
+/// `addr` in `block`-sized socket calls, each end cycling through `span`
+/// bytes of memory, answering its challenge with `token`.
+pub fn baseline(
+    addr: &str,
+    token: Option<&str>,
+    (write, block, total): (bool, u64, u64),
+    span: u64,
+) -> Result<f64, String> {
+    let mut stream = Polled::new(connect(addr, token)?, true).map_err(|e| format!("raw baseline: {e}"))?;
+    let (started, ended) = pump(&mut stream, (write, block, total), span)?;
+    Ok(total as f64 / (ended - started).as_secs_f64() / 1e9)
+}
+
+/// GB/s of moving `total` bytes over one connection per lane of the bench
+/// (`lane_cores`), each on its lane's core and moving its share of whole
+/// blocks at the same time, as kvring spreads a batch over its lanes'
+/// connections: the same connection count as kvring's, so the baseline
+/// stays an upper bound of the same path with several lanes. The
+/// connections share `span` bytes of memory at each end, as the lanes
+/// share a region.
+pub fn streams(
+    addr: &str,
+    token: Option<&str>,
+    (write, block, total): (bool, u64, u64),
+    (span, lane_cores): (u64, &[Option<usize>]),
+) -> Result<f64, String> {
+    let cores = if lane_cores.is_empty() { &[None][..] } else { lane_cores };
+    let share = total.div_ceil(block.max(1)).div_ceil(cores.len() as u64) * block.max(1);
+    let span = span.div_ceil(cores.len() as u64);
+    // Every connection is open before any byte moves; the clock runs from
+    // then to the last one's end.
+    let ready = std::sync::Barrier::new(cores.len());
+    let spans = std::thread::scope(|scope| {
+        let handles: Vec<_> = cores
+            .iter()
+            .map(|&core| {
+                let ready = &ready;
+                scope.spawn(move || {
+                    if let Some(core) = core {
+                        core_affinity::set_for_current(core_affinity::CoreId { id: core });
+                    }
+                    let stream = connect(addr, token).and_then(|s| Polled::new(s, true).map_err(|e| e.to_string()));
+                    ready.wait();
+                    pump(&mut stream?, (write, block, share), span)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect::<Vec<_>>()
+    });
+    let spans: Vec<(Instant, Instant)> = spans.into_iter().collect::<Result<_, _>>()?;
+    let first = spans.iter().map(|s| s.0).min().expect("one connection at least");
+    let last = spans.iter().map(|s| s.1).max().expect("one connection at least");
+    Ok((share * cores.len() as u64) as f64 / (last - first).as_secs_f64() / 1e9)
+}
+
+/// Asks the sink for a transfer of `total` bytes and, once both ends have
+/// their `span` of memory ready, moves them in `block`-sized socket calls
+/// (a write ends with the sink's one-byte ack); when the transfer started
+/// and ended.
+fn pump(stream: &mut Polled, (write, block, total): (bool, u64, u64), span: u64) -> Result<(Instant, Instant), String> {
+    // Whole blocks of memory, faulted in before the clock starts.
     let block = block.min(total).max(1) as usize;
-    let mut buffer = vec![0x5au8; block];
-    let mut request = [0u8; 16];
-    request[..8].copy_from_slice(&(if write { 1u64 } else { 2 }).to_le_bytes());
-    request[8..].copy_from_slice(&total.to_le_bytes());
-    let mut stream = Polled::new(stream, true).map_err(|e| format!("raw baseline: {e}"))?;
+    let span = span_len(span).max(block) / block * block;
+    let mut memory = vec![0x5au8; span];
     let failed = |e: std::io::Error| format!("raw baseline: {e}");
     let closed =
         |read: bool| if read { Ok(()) } else { Err("raw baseline: the sink closed the connection".to_string()) };
+    stream.write_all(&request(if write { 1 } else { 2 }, total, span as u64)).map_err(failed)?;
+    let mut ack = [0u8; 1];
+    closed(stream.read_exact(&mut ack).map_err(failed)?)?;
     let started = Instant::now();
-    stream.write_all(&request).map_err(failed)?;
-    let mut left = total;
+    let (mut left, mut at) = (total, 0);
     while left > 0 {
         let n = (left as usize).min(block);
+        let piece = &mut memory[at..at + n];
         if write {
-            stream.write_all(&buffer[..n]).map_err(failed)?;
+            stream.write_all(piece).map_err(failed)?;
         } else {
-            closed(stream.read_exact(&mut buffer[..n]).map_err(failed)?)?;
+            closed(stream.read_exact(piece).map_err(failed)?)?;
         }
+        at = (at + block) % span;
         left -= n as u64;
     }
     if write {
-        let mut ack = [0u8; 1];
         closed(stream.read_exact(&mut ack).map_err(failed)?)?;
     }
-    Ok(total as f64 / started.elapsed().as_secs_f64() / 1e9)
+    Ok((started, Instant::now()))
 }
 
 /// Runs `work` on a thread pinned to `core` (when given) and returns what
@@ -355,13 +517,43 @@ pub fn on_core<T: Send>(core: Option<usize>, work: impl FnOnce() -> T + Send) ->
 
 #[cfg(test)]
 mod tests {
-    use super::free_core;
+    use super::{baseline, sink_cores, streams, RawSink};
+    use kvring::Token;
+
+    fn sink(token: Option<&str>) -> (RawSink, String) {
+        let sink = RawSink::start("127.0.0.1".parse().unwrap(), token.map(Token::new), Vec::new()).unwrap();
+        let addr = sink.addr().to_string();
+        (sink, addr)
+    }
 
     #[test]
-    fn the_sink_takes_a_core_no_lane_runs_on_or_none() {
-        assert_eq!(free_core(&[0, 1], &[Some(0)]), Some(1));
-        assert_eq!(free_core(&[0, 1, 2], &[Some(1), Some(0)]), Some(2));
-        assert_eq!(free_core(&[0, 1], &[Some(0), Some(1)]), None);
-        assert_eq!(free_core(&[0, 1], &[None]), Some(0));
+    fn streams_move_every_byte_both_ways_over_several_connections() {
+        let (_sink, addr) = sink(None);
+        // A total that is not whole blocks, a span that is not whole
+        // blocks, and one smaller than a block: each stream ends only once
+        // the sink has every byte (write: its ack) or sent every byte.
+        for (total, span) in [(3 << 20, 256 << 10), ((1 << 20) + 1000, 100_000), (300_000, 1000)] {
+            for write in [true, false] {
+                let gbps = streams(&addr, None, (write, 64 << 10, total), (span, &[None, None])).unwrap();
+                assert!(gbps > 0.0, "write {write}, {total} bytes over a {span}-byte span: {gbps}");
+            }
+        }
+        assert!(baseline(&addr, None, (false, 1 << 20, 4 << 20), 2 << 20).unwrap() > 0.0);
+    }
+
+    #[test]
+    fn a_sink_with_a_token_refuses_a_stream_without_it() {
+        let (_sink, addr) = sink(Some("secret"));
+        assert!(baseline(&addr, Some("secret"), (true, 4096, 1 << 20), 1 << 20).unwrap() > 0.0);
+        let refused = baseline(&addr, Some("guess"), (true, 4096, 1 << 20), 1 << 20).unwrap_err();
+        assert!(refused.contains("raw baseline"), "{refused}");
+    }
+
+    #[test]
+    fn the_sink_takes_the_lanes_cores_or_none() {
+        assert_eq!(sink_cores(&[Some(1)]), [1]);
+        assert_eq!(sink_cores(&[Some(2), Some(0)]), [2, 0]);
+        assert_eq!(sink_cores(&[None, None]), [0usize; 0]);
+        assert_eq!(sink_cores(&[]), [0usize; 0]);
     }
 }

@@ -86,10 +86,10 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     // engine, at the advertised one.
     let bind_ip =
         config.get("listen").and_then(|v| v.parse::<std::net::SocketAddr>().ok()).map_or(listen.ip(), |a| a.ip());
-    // On a core no lane runs on: a sink beside a busy lane reads far below
-    // what the socket path can do, and the ratio above 1 says nothing.
-    let sink_core = crate::raw::sink_core(&engine.lane_cores());
-    let raw = crate::raw::RawSink::start(bind_ip, config.get("token").map(kvring::Token::new), sink_core)
+    // On the cores of the lanes that serve the bench's connections: the
+    // same path as kvring's (see `raw::sink_cores`).
+    let sink_cores = crate::raw::sink_cores(&engine.lane_cores());
+    let raw = crate::raw::RawSink::start(bind_ip, config.get("token").map(kvring::Token::new), sink_cores)
         .map_err(|e| format!("starting the raw baseline sink: {e}"))?;
     let raw_addr = std::net::SocketAddr::new(listen.ip(), raw.addr().port());
     println!(

@@ -12,7 +12,8 @@
 //! safe and the lane's code is the same over both.
 
 use crate::error::Result;
-use std::os::fd::{BorrowedFd, RawFd};
+use crate::gpu::DmaBufRange;
+use std::os::fd::RawFd;
 
 macro_rules! handle {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {$(
@@ -381,24 +382,16 @@ pub trait Verbs: Send + Sync + std::fmt::Debug {
     /// The range must stay valid until [`Verbs::dereg_mr`]: the NIC (or the
     /// simulator) reads and writes it without the caller's involvement.
     unsafe fn reg_mr(&self, pd: Pd, addr: u64, len: u64, access: MrAccess) -> Result<Mr>;
-    /// Registers `len` bytes of a dma-buf (device memory a GPU provider
-    /// exported) from `offset` in it, addressed by work requests as
-    /// `iova..iova + len` (`ibv_reg_dmabuf_mr`). An error when the device,
-    /// kernel or library has no dma-buf registration.
+    /// Registers `dmabuf.len` bytes of a dma-buf (device memory a GPU
+    /// provider exported) from `dmabuf.offset` in it, addressed by work
+    /// requests as `iova..iova + dmabuf.len` (`ibv_reg_dmabuf_mr`). An error
+    /// when the device, kernel or library has no dma-buf registration.
     ///
     /// # Safety
     ///
     /// The memory behind the dma-buf stays allocated to its owner until
     /// [`Verbs::dereg_mr`]: the NIC reads and writes it on its own.
-    unsafe fn reg_dmabuf_mr(
-        &self,
-        pd: Pd,
-        dmabuf: BorrowedFd<'_>,
-        offset: u64,
-        len: u64,
-        iova: u64,
-        access: MrAccess,
-    ) -> Result<Mr>;
+    unsafe fn reg_dmabuf_mr(&self, pd: Pd, dmabuf: DmaBufRange<'_>, iova: u64, access: MrAccess) -> Result<Mr>;
     /// Deregisters memory.
     fn dereg_mr(&self, mr: MrHandle) -> Result<()>;
     /// Creates a completion queue.

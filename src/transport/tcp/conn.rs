@@ -12,6 +12,7 @@
 use super::frame::{
     FrameHeader, FrameOp, FLAG_CHECKSUM, FLAG_LAST, FLAG_TAGGED, FRAME_HEADER_BYTES, MAX_FRAME_PAYLOAD_BYTES,
 };
+use super::Landing;
 use crate::error::{Error, Result};
 use crate::proto::ErrorCode;
 use crate::ring::Opcode;
@@ -143,11 +144,8 @@ struct Awaited {
 #[derive(Debug, Clone, Copy)]
 enum Receiving {
     Header,
-    /// A READ reply's payload, landing at `dest`.
-    Payload {
-        dest: *mut u8,
-        left: usize,
-    },
+    /// A READ reply's payload, landing in the span's local range.
+    Payload(Landing),
     /// A payload nobody wants any more (its chunk already failed).
     Discard {
         left: usize,
@@ -509,7 +507,8 @@ impl Connection {
                     self.start += FRAME_HEADER_BYTES;
                     self.on_header(peer, &header, finished)?;
                 }
-                Receiving::Payload { dest, left } => {
+                Receiving::Payload(landing) => {
+                    let Landing { dest, left } = landing;
                     let buffered = self.end - self.start;
                     let took = if buffered > 0 {
                         let n = buffered.min(left);
@@ -537,7 +536,7 @@ impl Connection {
                     if took == left {
                         self.frame_done(finished)?;
                     } else {
-                        self.receiving = Receiving::Payload { dest: dest.wrapping_add(took), left: left - took };
+                        self.receiving = Receiving::Payload(landing.advanced(took));
                     }
                 }
                 Receiving::Discard { left } => {
@@ -570,14 +569,7 @@ impl Connection {
     /// Reads into the buffer's free tail (compacting first), stopping once
     /// the buffer holds `want` bytes; 0 when nothing has arrived.
     fn fill(&mut self, peer: &Peer, want: usize) -> Result<usize> {
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        } else if self.start > 0 && self.buffer.len() - self.end < FRAME_HEADER_BYTES {
-            self.buffer.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-        }
+        super::compact(&mut self.buffer, &mut self.start, &mut self.end);
         let room = (self.buffer.len() - self.end).min(want.saturating_sub(self.end - self.start).max(1));
         let n = read_some(&mut self.stream, &mut self.buffer[self.end..self.end + room], peer)?;
         self.end += n;
@@ -646,7 +638,7 @@ impl Connection {
                 self.receiving = if front.failure.is_some() {
                     Receiving::Discard { left: span.len as usize }
                 } else {
-                    Receiving::Payload { dest: span.local, left: span.len as usize }
+                    Receiving::Payload(Landing { dest: span.local, left: span.len as usize })
                 };
                 if span.len == 0 {
                     return self.frame_done(finished);

@@ -22,6 +22,7 @@
 //! target drives the same code with bytes.
 
 use super::frame::{FrameHeader, FrameOp, FRAME_HEADER_BYTES};
+use super::Landing;
 use crate::auth::{Authenticator, Nonce};
 use crate::desc::RegionId;
 use crate::error::Error;
@@ -106,11 +107,10 @@ enum Phase {
 #[derive(Debug, Clone, Copy)]
 enum Receiving {
     Header,
-    /// A WRITE payload landing at `dest` in `region` (leased), or in its
-    /// staging pages (`staged`: a GPU region's bytes, copied later).
+    /// A WRITE payload landing in `region` (leased), or in its staging
+    /// pages (`staged`: a GPU region's bytes, copied later).
     Payload {
-        dest: *mut u8,
-        left: usize,
+        landing: Landing,
         region: RegionId,
         staged: bool,
     },
@@ -404,9 +404,10 @@ impl TargetConn {
                 return Ok(progressed);
             }
             let (n, asked) = match self.receiving {
-                Receiving::Payload { dest, left, region, staged }
-                    if self.start == self.end && left >= DIRECT_READ_MIN_BYTES =>
+                Receiving::Payload { landing, region, staged }
+                    if self.start == self.end && landing.left >= DIRECT_READ_MIN_BYTES =>
                 {
+                    let Landing { dest, left } = landing;
                     let piece = self.piece(left);
                     // SAFETY: `piece` is set only while the frame keeps its lease.
                     let pass = match piece.as_ref().map(|(f, at)| unsafe { f.admit(*at, left as u64) }).transpose() {
@@ -424,7 +425,7 @@ impl TargetConn {
                     let n = read_some(io, target)?;
                     drop(pass);
                     if n > 0 {
-                        self.payload_landed(ctx, (dest, left, region, staged), n, now);
+                        self.payload_landed(ctx, (landing, region, staged), n, now);
                     }
                     (n, left)
                 }
@@ -457,14 +458,7 @@ impl TargetConn {
             self.start = 0;
             self.buffer = grown;
         }
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        } else if self.start > 0 && self.buffer.len() - self.end < FRAME_HEADER_BYTES {
-            self.buffer.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-        }
+        super::compact(&mut self.buffer, &mut self.start, &mut self.end);
         let asked = self.buffer.len() - self.end;
         let n = read_some(io, &mut self.buffer[self.end..])?;
         self.end += n;
@@ -555,7 +549,8 @@ impl TargetConn {
                 }
                 true
             }
-            Receiving::Payload { dest, left, region, staged } => {
+            Receiving::Payload { landing, region, staged } => {
+                let Landing { dest, left } = landing;
                 let n = left.min(self.end - self.start);
                 if n == 0 {
                     return false;
@@ -575,7 +570,7 @@ impl TargetConn {
                 unsafe { std::ptr::copy_nonoverlapping(self.buffer.as_ptr().add(self.start), dest, n) };
                 drop(pass);
                 self.start += n;
-                self.payload_landed(ctx, (dest, left, region, staged), n, now);
+                self.payload_landed(ctx, (landing, region, staged), n, now);
                 true
             }
             Receiving::Discard { left } => {
@@ -615,12 +610,12 @@ impl TargetConn {
     fn payload_landed(
         &mut self,
         ctx: &TargetContext,
-        (dest, left, region, staged): (*mut u8, usize, RegionId, bool),
+        (landing, region, staged): (Landing, RegionId, bool),
         n: usize,
         now: Instant,
     ) {
-        if n < left {
-            self.receiving = Receiving::Payload { dest: dest.wrapping_add(n), left: left - n, region, staged };
+        if n < landing.left {
+            self.receiving = Receiving::Payload { landing: landing.advanced(n), region, staged };
             return;
         }
         self.receiving = Receiving::Header;
@@ -634,11 +629,11 @@ impl TargetConn {
             self.write_frame_ended(ctx, now);
             return;
         }
-        // SAFETY: the frame's whole range (it ends at `dest + n`) was checked
-        // and is still leased for this frame.
-        unsafe {
-            crate::transport::checksum::verify_frame(&self.current, dest.wrapping_add(n), &mut self.chunk_failure)
-        };
+        // The frame's end: its whole range was checked and is still leased
+        // for this frame.
+        let end = landing.advanced(n).dest;
+        // SAFETY: `end` closes the frame's checked range, leased for this frame.
+        unsafe { crate::transport::checksum::verify_frame(&self.current, end, &mut self.chunk_failure) };
         // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
         unsafe { ctx.registry.release_kept(region) };
         // Its bytes are in the region now: count them under its tag.

@@ -79,17 +79,28 @@ pub(super) fn run_case(
     let mut progress = Progress::new(label, per_round * ROUNDS as u64 * passes, options.json);
     let mut baseline_rounds = Vec::with_capacity(ROUNDS);
     let mut kvring_rounds = Vec::with_capacity(ROUNDS);
-    // Each kvring round beside the baseline round just before it: one noisy
+    // Each kvring round beside the baseline round next to it: one noisy
     // moment moves one pair, not the figure.
     let mut pairs = Vec::with_capacity(ROUNDS);
     let (mut bytes, mut seconds) = (0u64, 0f64);
-    for _ in 0..ROUNDS {
+    let timed = |sub: &mut Submitter, progress: &mut Progress| -> Result<(u64, f64), String> {
+        let started = Instant::now();
+        let moved = move_bytes(sub, route, op, region_bytes, block, per_round, options.shape(), progress)?;
+        Ok((moved, started.elapsed().as_secs_f64()))
+    };
+    for round in 0..ROUNDS {
         let what = (op, block, per_round);
+        // Odd rounds run kvring first, so neither side always follows the
+        // other (a socket or cache the other just warmed or left busy).
+        // With a flood the baseline goes first: it starts the flood.
+        let kvring_first = round % 2 == 1 && options.idle_connections == 0;
+        let early = if kvring_first { Some(timed(sub, &mut progress)?) } else { None };
         let (baseline, flood) = baseline_round(engine, sub, route, region_bytes, what, options, &mut progress)?;
         baseline_rounds.extend(baseline);
-        let started = Instant::now();
-        let moved = move_bytes(sub, route, op, region_bytes, block, per_round, options.shape(), &mut progress)?;
-        let elapsed = started.elapsed().as_secs_f64();
+        let (moved, elapsed) = match early {
+            Some(done) => done,
+            None => timed(sub, &mut progress)?,
+        };
         if let Some(flood) = flood {
             if flood.open() < options.idle_connections / 2 {
                 return Err(format!(
@@ -167,11 +178,11 @@ pub(super) fn baseline_round(
             Some(moved? as f64 / started.elapsed().as_secs_f64() / 1e9)
         }
         (false, TransportKind::Tcp, Some(raw)) => {
-            let token = options.token.as_deref();
-            let lane_core = engine.lane_cores().first().copied().flatten();
-            Some(crate::raw::on_core(lane_core, || {
-                crate::raw::baseline(raw, token, op == Opcode::Write, block, per_round)
-            })?)
+            // One connection per lane, each where its lane runs, each end
+            // cycling through as much memory as kvring's rounds do.
+            let what = (op == Opcode::Write, block, per_round);
+            let span = region_bytes.min(per_round);
+            Some(crate::raw::streams(raw, options.token.as_deref(), what, (span, &engine.lane_cores()))?)
         }
         // The target's raw sink is not known: no plain socket to compare with.
         (false, TransportKind::Tcp, None) => None,

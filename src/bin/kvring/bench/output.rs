@@ -43,6 +43,8 @@ pub(super) fn print_result(r: &CaseResult, options: &Options) {
             "ratio": ratio,
             "ratio_low": r.ratio.map(|spread| spread.low),
             "ratio_high": r.ratio.map(|spread| spread.high),
+            // Beside the median of the paired ratios: the medians' ratio.
+            "ratio_of_medians": r.baseline_gbps.filter(|&b| b > 0.0).map(|b| r.gbps / b),
             "verified": r.verified,
             "metadata_calls": r.metadata_calls,
             "metadata_calls_per_batch": r.metadata_calls as f64 / batches as f64,

@@ -22,6 +22,7 @@ mod slots;
 
 use super::verbs::*;
 use crate::error::{Error, Result};
+use crate::gpu::DmaBufRange;
 use ffi::*;
 use slots::Slots;
 use std::collections::HashMap;
@@ -285,20 +286,12 @@ impl Verbs for IbVerbs {
         Ok(self.keep_mr(mr, addr, len))
     }
 
-    unsafe fn reg_dmabuf_mr(
-        &self,
-        pd: Pd,
-        dmabuf: std::os::fd::BorrowedFd<'_>,
-        offset: u64,
-        len: u64,
-        iova: u64,
-        access: MrAccess,
-    ) -> Result<Mr> {
+    unsafe fn reg_dmabuf_mr(&self, pd: Pd, dmabuf: DmaBufRange<'_>, iova: u64, access: MrAccess) -> Result<Mr> {
         let lib = self.lib()?;
         let raw_pd = self.pd(pd)?;
         // SAFETY: forwarded from our caller: the memory stays allocated until dereg.
-        let mr = unsafe { reg::dmabuf(lib, raw_pd.0, dmabuf, offset, len, iova, access)? };
-        Ok(self.keep_mr(mr, iova, len))
+        let mr = unsafe { reg::dmabuf(lib, raw_pd.0, dmabuf, iova, access)? };
+        Ok(self.keep_mr(mr, iova, dmabuf.len))
     }
 
     fn create_wakeable_cq(&self, context: Context, depth: u32) -> Result<(Cq, std::os::fd::RawFd)> {

@@ -9,8 +9,9 @@ use super::ffi::*;
 use super::lib::Lib;
 use super::{failed, MrAccess};
 use crate::error::{Error, Result};
+use crate::gpu::DmaBufRange;
 use std::ffi::{c_int, c_uint, c_void};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::AsRawFd;
 
 /// The access flags of `access` (relaxed ordering included when asked).
 fn flags(access: MrAccess) -> c_uint {
@@ -72,15 +73,14 @@ pub(super) unsafe fn host(
 pub(super) unsafe fn dmabuf(
     lib: &Lib,
     raw_pd: *mut ibv_pd,
-    fd: BorrowedFd<'_>,
-    offset: u64,
-    len: u64,
+    dmabuf: DmaBufRange<'_>,
     iova: u64,
     access: MrAccess,
 ) -> Result<*mut ibv_mr> {
     let reg = lib.reg_dmabuf_mr.ok_or_else(|| Error::Unsupported {
         what: "registering a dma-buf: this libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34 or newer needed)".into(),
     })?;
+    let DmaBufRange { fd, offset, len } = dmabuf;
     // SAFETY: our caller's contract; `fd` is a live dma-buf descriptor the
     // kernel takes its own reference on.
     let mr = unsafe { reg(raw_pd, offset, len as usize, iova, fd.as_raw_fd(), flags(access) as c_int) };

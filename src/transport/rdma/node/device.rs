@@ -13,7 +13,6 @@ use crate::gpu::{DmaBuf, Gpu};
 use crate::mem::Access;
 use crate::transport::rdma::topology::{gpu_pci_path, nearest, Nearness};
 use crate::transport::rdma::verbs::{Mr, MrAccess};
-use std::os::fd::AsFd;
 
 /// What registering device memory with an engine's NICs did, counted over
 /// the engine's life: each region is registered once per NIC, so these do
@@ -177,7 +176,7 @@ unsafe fn register_on(
             let mut last = String::new();
             for access in [relaxed, base] {
                 // SAFETY: our caller's contract; the dma-buf is live.
-                match unsafe { verbs.reg_dmabuf_mr(pd, buf.fd.as_fd(), buf.offset, buf.len, addr, access) } {
+                match unsafe { verbs.reg_dmabuf_mr(pd, buf.range(), addr, access) } {
                     Ok(mr) => {
                         made = Some((mr, Via::DmaBuf, access));
                         break;

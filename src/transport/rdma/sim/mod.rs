@@ -34,11 +34,11 @@ mod recv;
 
 use super::verbs::*;
 use crate::error::{Error, Result};
-use crate::gpu::SimGpu;
+use crate::gpu::{DmaBufRange, SimGpu};
 use device::Alias;
 use std::collections::{HashMap as StdHashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 
 /// The simulator's tables are keyed by ids it hands out itself, so hashing
@@ -475,17 +475,9 @@ impl Verbs for SimVerbs {
         Ok(state.insert_mr(pd, addr, len, access, path, alias))
     }
 
-    unsafe fn reg_dmabuf_mr(
-        &self,
-        pd: Pd,
-        dmabuf: BorrowedFd<'_>,
-        offset: u64,
-        len: u64,
-        iova: u64,
-        access: MrAccess,
-    ) -> Result<Mr> {
+    unsafe fn reg_dmabuf_mr(&self, pd: Pd, dmabuf: DmaBufRange<'_>, iova: u64, access: MrAccess) -> Result<Mr> {
         let mut state = self.lock();
-        state.check_registration(pd, iova, len, access)?;
+        state.check_registration(pd, iova, dmabuf.len, access)?;
         if state.no_dmabuf {
             let device = state.pd_device(pd)?.to_string();
             return Err(Error::Device {
@@ -493,8 +485,8 @@ impl Verbs for SimVerbs {
                 reason: "registering a dma-buf: operation not supported (rdma-core 34 and Linux 5.12 needed)".into(),
             });
         }
-        let alias = device::map_parts(&[(dmabuf, offset, len)])?;
-        Ok(state.insert_mr(pd, iova, len, access, MrPath::DmaBuf, Some(alias)))
+        let alias = device::map_parts(&[(dmabuf.fd, dmabuf.offset, dmabuf.len)])?;
+        Ok(state.insert_mr(pd, iova, dmabuf.len, access, MrPath::DmaBuf, Some(alias)))
     }
 
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {

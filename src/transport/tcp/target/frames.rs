@@ -5,6 +5,7 @@
 //! handed to the engine's queue; and the replies that end them.
 
 use super::super::frame::{FrameHeader, FrameOp, FRAME_HEADER_BYTES};
+use super::super::Landing;
 use super::fenced::FrameFence;
 use super::{staging, Phase, Receiving, Reply, TargetConn, TargetContext};
 use crate::desc::RegionId;
@@ -123,13 +124,15 @@ impl TargetConn {
         self.receiving = match checked {
             Some((addr, Some((gpu, ordinal)), _)) if len > 0 => {
                 match self.stage(ctx, &gpu, (staging::Direction::In, addr as u64, ordinal, len)) {
-                    Some((at, _)) => Receiving::Payload { dest: at, left: len, region, staged: true },
+                    Some((at, _)) => {
+                        Receiving::Payload { landing: Landing { dest: at, left: len }, region, staged: true }
+                    }
                     None => return self.wait_for_pages(ctx, &header, true, now),
                 }
             }
             Some((addr, _, _)) => {
                 self.release_held();
-                Receiving::Payload { dest: addr as *mut u8, left: len, region, staged: false }
+                Receiving::Payload { landing: Landing { dest: addr as *mut u8, left: len }, region, staged: false }
             }
             None => Receiving::Discard { left: len },
         };
