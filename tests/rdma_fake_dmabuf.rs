@@ -10,7 +10,7 @@
 //! unless the stage asked for them (`FAKE_IBVERBS_REQUIRED`,
 //! `FAKECUDA_REQUIRED`).
 
-use kvring::gpu::{CudaGpu, DevicePtr, Gpu};
+use kvring::gpu::{CudaGpu, DevicePtr, DmaBufRange, Gpu};
 use kvring::rdma::{IbVerbs, MrAccess, Verbs};
 use std::ffi::{c_int, c_void, CStr};
 use std::os::fd::{AsFd, AsRawFd};
@@ -135,7 +135,7 @@ fn the_fake_libibverbs_registers_a_dmabuf_as_ibv_reg_dmabuf_mr_documents_and_no_
     let reg = |offset: u64, len: u64, iova: u64, access: MrAccess| {
         // SAFETY: the allocation outlives every registration made here
         // (each deregistered below before it is freed).
-        unsafe { verbs.reg_dmabuf_mr(pd, fd, offset, len, iova, access) }
+        unsafe { verbs.reg_dmabuf_mr(pd, DmaBufRange { fd, offset, len }, iova, access) }
     };
     let einval = std::io::Error::from_raw_os_error(libc::EINVAL).to_string();
     // Taken: the range, addressed by its device address, relaxed ordering
@@ -157,7 +157,9 @@ fn the_fake_libibverbs_registers_a_dmabuf_as_ibv_reg_dmabuf_mr_documents_and_no_
     // A descriptor that is no dma-buf (the kernel's dma_buf_get: EINVAL).
     let null = std::fs::File::open("/dev/null").unwrap();
     // SAFETY: nothing is registered (refused).
-    let refused = unsafe { verbs.reg_dmabuf_mr(pd, null.as_fd(), 0, 4096, 0, rw) }.unwrap_err().to_string();
+    let refused = unsafe { verbs.reg_dmabuf_mr(pd, DmaBufRange { fd: null.as_fd(), offset: 0, len: 4096 }, 0, rw) }
+        .unwrap_err()
+        .to_string();
     assert!(refused.contains(&einval), "{refused}");
     // The device address itself, with no peer-memory module: the kernel
     // cannot pin it (EFAULT). Host memory by address still registers.
