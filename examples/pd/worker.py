@@ -373,9 +373,9 @@ class Prefill:
 # Decode ----------------------------------------------------------------------
 
 
-def decode_main(conn, kind, mode, rank, src_tp, dst_tp, blocks, transport=None):
+def decode_main(conn, kind, mode, rank, src_tp, dst_tp, blocks, transport=None, listen=None):
     try:
-        Decode(conn, kind, mode, rank, src_tp, dst_tp, blocks, transport).run()
+        Decode(conn, kind, mode, rank, src_tp, dst_tp, blocks, transport, listen).run()
     except BaseException:
         conn.send({"crash": traceback.format_exc()})
         raise
@@ -386,7 +386,7 @@ class RequestFailed(Exception):
 
 
 class Decode:
-    def __init__(self, conn, kind, mode, rank, src_tp, dst_tp, blocks, transport=None):
+    def __init__(self, conn, kind, mode, rank, src_tp, dst_tp, blocks, transport=None, listen=None):
         self.conn, self.mode, self.rank = conn, mode, rank
         self.model = pdmodel.build(kind)
         kv_heads = pdmodel.kv_heads(kind)
@@ -402,7 +402,7 @@ class Decode:
         self.spec = PoolSpec(self.model, 2 * blocks if self.mirror else blocks, tp=dst_tp if kv_heads else 1)
         self.allocator = BlockAllocator(blocks)
         self.name = f"decode-{rank}"
-        endpoint, address, self.pools = make_endpoint(mode, self.name, self.spec, transport=transport)
+        endpoint, address, self.pools = make_endpoint(mode, self.name, self.spec, listen, transport)
         if mode in ("push", "whole"):
             self.engine, self.region = endpoint
             attention, dims = self.spec.layout()
@@ -586,7 +586,10 @@ class Decode:
         self.mirrored.discard(rid)
         self.peer_tables.pop(rid, None)
         self.allocator.give_back(st["blocks"])
-        return {"tokens": st["tokens"], "error": error, "timing": st["timing"], "blocks": st["blocks"]}
+        # "tagged": its layers came as tagged bytes that this engine counted
+        # as they landed (tcp, rdma), not announced by a notification.
+        return {"tokens": st["tokens"], "error": error, "timing": st["timing"], "blocks": st["blocks"],
+                "tagged": bool(st.get("tagged"))}
 
     def pump(self):
         """Takes every message that arrived and applies it, and marks the
