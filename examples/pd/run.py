@@ -386,7 +386,9 @@ def check(args):
         for mode in args.modes.split(","):
             run_mode(tally, referee, kind, mode)
     if "push" in args.modes.split(",") and not args.only_tp:
-        for transport in ("tcp", "shm"):  # the default above is kvring's order: cma for the model's own memory
+        # The default above is kvring's order: cma for the model's own
+        # memory (cuda_ipc for a GPU's); shm pools are host memory.
+        for transport in ("tcp", "shm") if pdmodel.device().type == "cpu" else ("tcp",):
             run_mode(tally, referee, kinds[0], "push", transport=transport)
     if "mla" in kinds and not args.skip_tp:
         run_mode(tally, referee, "mla", "push", 2, 1, transport="tcp")
@@ -420,9 +422,18 @@ def main():
     parser.add_argument("--skip-netns", action="store_true", help="not the two-network-namespace mode")
     parser.add_argument("--only-netns", action="store_true",
                         help="only push across two network namespaces (of --models), and its control")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the models and the pools live (cuda: not yet run on a GPU, docs/PD.md)")
     parser.add_argument("--rounds", type=int, default=11, help="--figures: rounds per mode (the first warms up)")
     parser.add_argument("--prompt", type=int, default=512, help="--figures: prompt tokens")
     args = parser.parse_args()
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("no CUDA device: --device cuda needs one (torch.cuda.is_available() is False)", file=sys.stderr)
+            return 2
+    os.environ["PD_DEVICE"] = args.device  # the workers (spawned) inherit it
     pdmodel.deterministic()
     if args.figures:
         import figures

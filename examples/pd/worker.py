@@ -144,13 +144,16 @@ def make_endpoint(mode, name, spec, listen=None, transport=None):
 
     import kvring
 
+    if transport == "shm" and pdmodel.device().type != "cpu":
+        raise ValueError("shm pools are kvring's shared host memory: CPU tensors only")
     pools = spec.allocate() if transport != "shm" else None
 
     if mode == "pull":
         from kvring.nixl import nixl_agent, nixl_agent_config
 
         agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
-        agent.register_memory([(pools.data_ptr(), pools.nbytes, 0, "")], "DRAM")
+        memory, dev = nixl_memory(pools)
+        agent.register_memory([(pools.data_ptr(), pools.nbytes, dev, "")], memory)
         return agent, agent.get_agent_metadata(), pools
     if mode == "mooncake":
         from kvring.mooncake import TransferEngine
@@ -170,6 +173,22 @@ def make_endpoint(mode, name, spec, listen=None, transport=None):
     else:
         region = engine.register(pools)
     return (engine, region), engine.control_addr, pools
+
+
+def nixl_memory(pools):
+    """NIXL's memory type and device id of the pools ("VRAM" on a GPU)."""
+    return ("VRAM", pools.get_device()) if pools.is_cuda else ("DRAM", 0)
+
+
+def written():
+    """On a GPU, an event after the work queued so far (a layer's write
+    into the pool is queued, not done, when the model returns from it):
+    the pusher waits for it before kvring reads the pool. None on the CPU."""
+    if pdmodel.device().type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
 
 
 def block_descs(spec, base, blocks, layers=None):
@@ -274,7 +293,7 @@ class Prefill:
 
         def after_write(layer):
             if layered:
-                self.work.put(("layer", rid, layer, ours, tables))
+                self.work.put(("layer", rid, layer, ours, tables, written()))
 
         heads = None
         if self.kv_heads is not None and (self.src_tp > 1 or request.get("swap_heads")):
@@ -284,7 +303,8 @@ class Prefill:
         with torch.no_grad():
             # logits_to_keep=1: the LM head on the last position only, as
             # generate and serving engines do.
-            logits = pdmodel.forward(self.model, cache, input_ids=torch.tensor([prompt]), logits_to_keep=1).logits
+            input_ids = torch.tensor([prompt], device=self.pools.device)
+            logits = pdmodel.forward(self.model, cache, input_ids=input_ids, logits_to_keep=1).logits
         first = int(logits[0, -1].argmax())
         end = time.monotonic()
         timing = {"compute_start": start, "compute_end": end}
@@ -307,7 +327,7 @@ class Prefill:
             item = self.work.get()
             if item is None:
                 return
-            what, rid, layer, ours, tables = item
+            what, rid, layer, ours, tables, *event = item
             if what == "free":
                 self.allocator.give_back(self.held.pop(rid))
                 continue
@@ -317,6 +337,8 @@ class Prefill:
                 continue
             if rid in self.aborted:
                 continue
+            if event and event[0] is not None:
+                event[0].synchronize()  # the layer's K/V are in the pool (GPU)
             request = self.requests[rid]
             time.sleep(request.get("push_delay_s", 0.0))  # a slow link, for the fault cases
             for rank, table in tables.items():
@@ -420,8 +442,10 @@ class Decode:
         if mode == "pull":
             self.engine.add_remote_agent(conn.recv()["metadata"])
             spec = self.spec
+            memory, dev = nixl_memory(self.pools)  # prefill's pools are on the same kind of device
             self.local_list = self.engine.prep_xfer_dlist(
-                "NIXL_INIT_AGENT", [(a, n, 0) for a, n in block_descs(spec, self.pools.data_ptr(), range(spec.blocks))], "DRAM"
+                "NIXL_INIT_AGENT", [(a, n, dev) for a, n in block_descs(spec, self.pools.data_ptr(), range(spec.blocks))],
+                memory,
             )
             self.remote_list = None  # prepared once prefill's base address is known
         conn.send({"ready": True})
@@ -655,9 +679,10 @@ class Decode:
         """vLLM's NIXL connector: READ prefill's blocks of every layer into
         ours, then tell prefill (the transfer's notification)."""
         spec = self.spec
+        memory, dev = nixl_memory(self.pools)
         if self.remote_list is None:  # prepared once, as vLLM's connector does
             self.remote_list = self.engine.prep_xfer_dlist(
-                self.source, [(a, n, 0) for a, n in block_descs(spec, base, range(spec.blocks))], "DRAM"
+                self.source, [(a, n, dev) for a, n in block_descs(spec, base, range(spec.blocks))], memory
             )
 
         def indices(blocks):
@@ -717,8 +742,8 @@ class Decode:
         start = time.monotonic()
         with torch.no_grad():
             logits = pdmodel.forward(
-                self.model, st["cache"], input_ids=torch.tensor([[st["tokens"][-1]]]),
-                position_ids=torch.tensor([[st["pos"]]]),
+                self.model, st["cache"], input_ids=torch.tensor([[st["tokens"][-1]]], device=self.pools.device),
+                position_ids=torch.tensor([[st["pos"]]], device=self.pools.device),
             ).logits
         st["tokens"].append(int(logits[0, -1].argmax()))
         st["pos"] += 1
