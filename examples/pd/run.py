@@ -71,7 +71,7 @@ class Cluster:
                 wiring["peer"] = self.decode_addrs[1 - rank]
             conn.send(wiring)
             if mode == "pull":
-                conn.send({"metadata": self.prefill_addrs[source]})
+                conn.send({"metadata": [self.prefill_addrs[s] for s in sources]})
         self.transports = set()
         for what, group in (("prefill", self.prefills), ("decode", self.decodes)):
             for rank, (_, conn) in enumerate(group):
@@ -239,14 +239,19 @@ def across_hosts(tally, referee, kinds):
     """Prefill in one network namespace, decode in another, joined by a
     veth pair: KV over tcp between two hosts (docs/PD.md). Skipped, saying
     why, without root or ``ip``; under CI that is a failure."""
-    why = netns.unavailable()
-    if why is not None:
+    why, hosts = netns.unavailable(), None
+    if why is None:
+        try:
+            hosts = netns.TwoHosts().__enter__()
+        except RuntimeError as error:  # root, but no permission for namespaces (a container)
+            why = str(error)
+    if hosts is None:
         if os.environ.get("CI"):
             tally.check("push across two network namespaces", False, f"CI must run this mode: {why}")
         else:
             print(f"SKIPPED push across two network namespaces over tcp: {why}")
         return
-    with netns.TwoHosts() as hosts:
+    try:
         for kind in kinds:
             run_mode(tally, referee, kind, "push", hosts=hosts)
         # The control: two processes inside one of the namespaces, which
@@ -258,6 +263,8 @@ def across_hosts(tally, referee, kinds):
             took = f"error: {error}"
         tally.check(f"control: two processes in one of those namespaces: kvring's order took {took} (a same-host "
                     f"transport, not tcp)", took in ("cma", "shm"), took)
+    finally:
+        hosts.__exit__()
 
 
 def swapped_heads(tally, referee, kind, label, cluster):
@@ -399,6 +406,10 @@ def check(args):
             tally.check(f"llama tp {src_tp}->{dst_tp}: kvring's KV layer routes a head-split cache across tp sizes",
                         verdict == "heterogeneous", f"{verdict}: {reason}")
             run_mode(tally, referee, "llama", "push", src_tp, dst_tp, transport="tcp")
+        if "pull" in args.modes.split(","):
+            # vLLM's NIXL connector, prefill at tp 2: decode (tp 1) READs
+            # each prefill rank's half of the heads into its place.
+            run_mode(tally, referee, "llama", "pull", 2, 1)
     if not args.skip_netns and not args.only_tp:
         across_hosts(tally, referee, kinds)
     if not args.skip_faults and not args.only_tp:

@@ -317,7 +317,8 @@ class Prefill:
             self.work.put(("whole", rid, None, ours, tables))
         elif self.mode == "pull":
             for rank in self.targets:
-                self.channel.send(self.decoders[rank], {"ready": rid, "blocks": ours, "base": self.pools.data_ptr()})
+                self.channel.send(self.decoders[rank], {"ready": rid, "blocks": ours, "base": self.pools.data_ptr(),
+                                                        "source": self.name})
         if self.mode != "pull":
             self.work.put(("free", rid, None, ours, tables))
 
@@ -440,17 +441,39 @@ class Decode:
         self.peer = wiring.get("peer")  # the other decode rank (mirror)
         self.peer_tables, self.mirrored = {}, set()
         if mode == "pull":
-            self.engine.add_remote_agent(conn.recv()["metadata"])
-            spec = self.spec
-            memory, dev = nixl_memory(self.pools)  # prefill's pools are on the same kind of device
-            self.local_list = self.engine.prep_xfer_dlist(
-                "NIXL_INIT_AGENT", [(a, n, dev) for a, n in block_descs(spec, self.pools.data_ptr(), range(spec.blocks))],
-                memory,
-            )
-            self.remote_list = None  # prepared once prefill's base address is known
+            for metadata in conn.recv()["metadata"]:  # every prefill rank we read from
+                self.engine.add_remote_agent(metadata)
+            self.prepare_pull(kv_heads, src_tp, dst_tp)
         conn.send({"ready": True})
         self.state = {}
         self.acks = set()
+
+    def prepare_pull(self, kv_heads, src_tp, dst_tp):
+        """The NIXL descriptor lists of our blocks, prepared once, as vLLM's
+        connector does: one per prefill rank we read from. Each prefill
+        rank's pools hold its share of the KV heads (Llama at prefill tp 2
+        here: one head of two); vLLM's connector computes, itself, where a
+        share goes in the reader's blocks (kvring's KV layer plans
+        different tp sizes for push only: ``check_pd_topo`` says so), and
+        so does this: with head-major blocks ("HND") rank ``s``'s heads are
+        one run per block, at ``s`` times its block's bytes into ours.
+        ``self.theirs`` is the shape of a prefill rank's pools."""
+        spec = self.spec
+        self.theirs = spec
+        if kv_heads is not None and src_tp != dst_tp:
+            if dst_tp != 1:
+                raise NotImplementedError("this example pulls across tp sizes into decode tp 1 only")
+            self.theirs = PoolSpec(self.model, self.blocks, tp=src_tp)
+        memory, dev = nixl_memory(self.pools)  # prefill's pools are on the same kind of device
+        base = self.pools.data_ptr()
+        self.local_lists = {}
+        for index, source in enumerate(self.sources):
+            # the rank's heads: whole blocks when it holds them all
+            at = index * self.theirs.block_bytes if self.theirs is not spec else 0
+            descs = [(base + spec.block_offset(layer, kind, block) + at, self.theirs.block_bytes, dev)
+                     for layer in range(spec.layers) for kind in range(spec.kinds) for block in range(spec.blocks)]
+            self.local_lists[source] = self.engine.prep_xfer_dlist("NIXL_INIT_AGENT", descs, memory)
+        self.remote_lists = {}  # prepared once each prefill rank's base address is known
 
     def run(self):
         while True:
@@ -650,7 +673,7 @@ class Decode:
             elif "failed" in message:
                 st["failed"] = f"prefill {self.source}: {message['error']}"
             elif "ready" in message:
-                self.pull(rid, st, message["blocks"], message["base"])
+                self.pull(rid, st, message["source"], message["blocks"], message["base"])
 
     def assembled(self, rid, st):
         """Whether the request's cache is whole here: always, except at
@@ -675,14 +698,16 @@ class Decode:
             st["failed"] = f"gathering heads to decode {self.peer}: {type(error).__name__}: {error}"
         st["mirror_sent"] = True
 
-    def pull(self, rid, st, theirs, base):
-        """vLLM's NIXL connector: READ prefill's blocks of every layer into
-        ours, then tell prefill (the transfer's notification)."""
+    def pull(self, rid, st, source, theirs, base):
+        """vLLM's NIXL connector: READ prefill rank ``source``'s blocks of
+        every layer into ours (its share of the heads into their place),
+        then tell it (the transfer's notification). The request's cache is
+        whole once every source's READ is done."""
         spec = self.spec
         memory, dev = nixl_memory(self.pools)
-        if self.remote_list is None:  # prepared once, as vLLM's connector does
-            self.remote_list = self.engine.prep_xfer_dlist(
-                self.source, [(a, n, dev) for a, n in block_descs(spec, base, range(spec.blocks))], memory
+        if source not in self.remote_lists:  # prepared once, as vLLM's connector does
+            self.remote_lists[source] = self.engine.prep_xfer_dlist(
+                source, [(a, n, dev) for a, n in block_descs(self.theirs, base, range(spec.blocks))], memory
             )
 
         def indices(blocks):
@@ -690,7 +715,8 @@ class Decode:
                     for k in range(spec.kinds) for b in blocks]
 
         handle = self.engine.make_prepped_xfer(
-            "READ", self.local_list, indices(st["blocks"][: len(theirs)]), self.remote_list, indices(theirs),
+            "READ", self.local_lists[source], indices(st["blocks"][: len(theirs)]), self.remote_lists[source],
+            indices(theirs),
             json.dumps({"pulled": rid}).encode(),
         )
         state = self.engine.transfer(handle)
@@ -698,10 +724,12 @@ class Decode:
         while state == "PROC" and time.monotonic() < deadline:
             state = self.engine.check_xfer_state(handle)
         if state != "DONE":
-            st["failed"] = f"nixl READ from {self.source} ended {state}: {getattr(handle, 'error', None)}"
+            st["failed"] = f"nixl READ from {source} ended {state}: {getattr(handle, 'error', None)}"
         else:
-            st["landed"].update(range(spec.layers))
-            st["timing"]["landed"] = time.monotonic()
+            st.setdefault("pulled", set()).add(source)
+            if st["pulled"] >= set(self.sources):
+                st["landed"].update(range(spec.layers))
+                st["timing"]["landed"] = time.monotonic()
         self.engine.release_xfer_handle(handle)
 
     def wait_layer(self, rid, st, layer):
