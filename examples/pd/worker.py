@@ -468,7 +468,8 @@ class Decode:
         base = self.pools.data_ptr()
         self.local_lists = {}
         for index, source in enumerate(self.sources):
-            # the rank's heads: whole blocks when it holds them all
+            # The rank's heads (at decode tp 1 the sources are every prefill
+            # rank, in rank order): whole blocks when it holds them all.
             at = index * self.theirs.block_bytes if self.theirs is not spec else 0
             descs = [(base + spec.block_offset(layer, kind, block) + at, self.theirs.block_bytes, dev)
                      for layer in range(spec.layers) for kind in range(spec.kinds) for block in range(spec.blocks)]
