@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Disaggregated inference end to end (issue 31): a real model's paged KV
 # cache moved between prefill and decode processes through kvring, every
-# token compared with transformers' own generate. CPU tensors only.
+# token compared with transformers' own generate. CPU tensors only; one
+# mode across two network namespaces (root and iproute2).
 #
 # Uses target/pyenv when present (.ci/test builds it), else makes it; adds
 # torch and transformers from the package registry (torch is several GB the
@@ -13,6 +14,13 @@ cd "$(dirname "$0")/.."
 source .ci/venv.sh
 
 step() { printf '\n== %s\n' "$*"; }
+
+# The cross-host mode runs prefill and decode in two network namespaces:
+# it needs root and iproute2, and under CI fails rather than skip without.
+if ! command -v ip >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    step "apt-get install iproute2 (network namespaces)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2
+fi
 
 venv=target/pyenv
 if [ ! -x "$venv/bin/python" ]; then

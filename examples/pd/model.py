@@ -34,8 +34,19 @@ BLOCK_TOKENS = 16
 SEED = 1234
 
 
+def device():
+    """Where the models and pools live: ``PD_DEVICE``, "cpu" (the default)
+    or "cuda" (run.py's ``--device`` sets it; the workers it spawns inherit
+    it). CUDA has not run here: docs/PD.md."""
+    return torch.device(os.environ.get("PD_DEVICE", "cpu"))
+
+
 def deterministic():
     """One thread and deterministic kernels, so tokens compare exactly."""
+    if device().type == "cuda":
+        # cuBLAS is deterministic only with a fixed workspace (PyTorch's
+        # "Reproducibility" notes), read when its handle is made.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     transformers.logging.set_verbosity_error()
@@ -96,7 +107,7 @@ def build(kind):
         for name, buf in sorted(model.named_buffers()):
             if "e_score_correction_bias" in name:
                 buf.zero_()
-    return model
+    return model.to(device())  # drawn on the CPU: the same weights on every device
 
 
 def forward(model, cache, **inputs):
@@ -123,7 +134,7 @@ def reference(model, prompt, new_tokens):
         pad_token_id=0, bos_token_id=None,
     )
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), generation_config=config)
+        out = model.generate(torch.tensor([prompt], device=model.device), generation_config=config)
     return out[0, len(prompt):].tolist()
 
 
@@ -166,7 +177,7 @@ class PoolSpec:
 
     def allocate(self):
         """The pools: one zeroed float32 tensor the model process owns."""
-        return torch.zeros(self.shape, dtype=torch.float32)
+        return torch.zeros(self.shape, dtype=torch.float32, device=device())
 
     def block_offset(self, layer, kind, block):
         """Byte offset of (layer, kind, block) in the pools tensor."""
@@ -223,8 +234,8 @@ class PagedLayer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         cache, spec = self.cache, self.cache.spec
         new = key_states.shape[-2]
-        positions = torch.arange(self.length, self.length + new)
-        blocks = torch.tensor(cache.block_table)[positions // BLOCK_TOKENS]
+        positions = torch.arange(self.length, self.length + new, device=cache.pools.device)
+        blocks = torch.tensor(cache.block_table, device=cache.pools.device)[positions // BLOCK_TOKENS]
         slots = positions % BLOCK_TOKENS
         if cache.before_read is not None:
             cache.before_read(self.layer)
@@ -273,8 +284,8 @@ class PagedCache(Cache):
         """The layer's first ``length`` positions, from the pool, in the
         model's [batch, heads, seq, dim] shape."""
         spec = self.spec
-        positions = torch.arange(length)
-        blocks = torch.tensor(self.block_table)[positions // BLOCK_TOKENS]
+        positions = torch.arange(length, device=self.pools.device)
+        blocks = torch.tensor(self.block_table, device=self.pools.device)[positions // BLOCK_TOKENS]
         slots = positions % BLOCK_TOKENS
         if spec.mla:
             latent = self.pools[layer][blocks, slots]

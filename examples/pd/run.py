@@ -13,11 +13,13 @@ import argparse
 import multiprocessing
 import os
 import socket
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import model as pdmodel  # noqa: E402
+import netns  # noqa: E402
 import worker  # noqa: E402
 
 NEW_TOKENS = 8
@@ -46,8 +48,10 @@ class Cluster:
     """Prefill at ``src_tp`` ranks and decode at ``dst_tp`` ranks, one
     process each, wired through kvring."""
 
-    def __init__(self, kind, mode, src_tp=1, dst_tp=1, blocks=BLOCKS, prefill_listen=None, transport=None):
-        self.transport = transport
+    def __init__(self, kind, mode, src_tp=1, dst_tp=1, blocks=BLOCKS, prefill_listen=None, transport=None, hosts=None):
+        """``hosts``: a ``netns.TwoHosts``: prefill runs in its namespace
+        ``a`` and decode in ``b``, each listening on its veth address."""
+        self.transport, self.hosts = transport, hosts
         self.kind, self.mode, self.src_tp, self.dst_tp, self.blocks = kind, mode, src_tp, dst_tp, blocks
         self.ctx = multiprocessing.get_context("spawn")
         self.prefill_listen = prefill_listen
@@ -67,7 +71,7 @@ class Cluster:
                 wiring["peer"] = self.decode_addrs[1 - rank]
             conn.send(wiring)
             if mode == "pull":
-                conn.send({"metadata": self.prefill_addrs[source]})
+                conn.send({"metadata": [self.prefill_addrs[s] for s in sources]})
         self.transports = set()
         for what, group in (("prefill", self.prefills), ("decode", self.decodes)):
             for rank, (_, conn) in enumerate(group):
@@ -75,13 +79,17 @@ class Cluster:
 
     def spawn(self, main, rank, tp):
         here, there = self.ctx.Pipe()
-        other_tp = self.dst_tp if main is worker.prefill_main else self.src_tp
-        args = (there, self.kind, self.mode, rank, tp if main is worker.prefill_main else other_tp,
-                other_tp if main is worker.prefill_main else tp, self.blocks)
-        if main is worker.prefill_main:
-            args = args + (self.prefill_listen, self.transport)
+        prefill = main is worker.prefill_main
+        other_tp = self.dst_tp if prefill else self.src_tp
+        args = (there, self.kind, self.mode, rank, tp if prefill else other_tp, other_tp if prefill else tp, self.blocks)
+        place = self.hosts.place("prefill" if prefill else "decode") if self.hosts is not None else None
+        listen = f"{place[1]}:0" if place is not None else None
+        if prefill:
+            args = args + (self.prefill_listen or listen, self.transport)
         else:
-            args = args + (self.transport,)
+            args = args + (self.transport, listen)
+        if place is not None:  # the worker enters its namespace first thing
+            main, args = netns.hosted, (place, main) + args
         process = self.ctx.Process(target=main, args=args, daemon=True)
         process.start()
         return process, here
@@ -192,19 +200,32 @@ def make_requests(kind, count, lengths=PROMPT_LENGTHS, new=NEW_TOKENS, first_id=
     return [{"req": first_id + i, "prompt": p, "new": new} for i, p in enumerate(prompts)]
 
 
-def run_mode(tally, referee, kind, mode, src_tp=1, dst_tp=1, transport=None):
-    label = f"{mode} tp {src_tp}->{dst_tp}"
+def run_mode(tally, referee, kind, mode, src_tp=1, dst_tp=1, transport=None, hosts=None):
+    """``hosts``: prefill and decode in two network namespaces (``netns``),
+    the transport left to kvring's order; asserts it took tcp."""
+    label = f"{mode} tp {src_tp}->{dst_tp}" + (" across two network namespaces" if hosts else "")
     requests = make_requests(kind, len(PROMPT_LENGTHS))
     cluster = None
     try:
-        cluster = Cluster(kind, mode, src_tp, dst_tp, transport=transport)
+        cluster = Cluster(kind, mode, src_tp, dst_tp, transport=transport, hosts=hosts)
         if cluster.transports:
             label += " over " + ",".join(sorted(cluster.transports))
+        if hosts is not None:
+            tally.check(f"{kind} {label}: kvring's order took tcp to every decode rank (prefill {hosts.a_ip}, "
+                        f"decode {hosts.b_ip})", cluster.transports == {"tcp"}, f"took {sorted(cluster.transports)}")
         results = cluster.run(requests)
         compare(tally, referee, kind, label, requests, results)
         # A second round reuses the blocks the first one freed.
         again = make_requests(kind, 3, lengths=[33, 7, 64], first_id=100, seed=11)
-        compare(tally, referee, kind, label + " (blocks reused)", again, cluster.run(again))
+        more = cluster.run(again)
+        compare(tally, referee, kind, label + " (blocks reused)", again, more)
+        if hosts is not None:
+            # Tagged bytes are counted by decode's engine as its tcp (or
+            # RDMA) receiver writes them; a write over cma or shm is never
+            # seen there (kvring refuses to tag it).
+            untagged = [rid for per_rank in results + more for rid, r in per_rank.items() if not r.get("tagged")]
+            tally.check(f"{kind} {label}: every request's layers landed as tagged bytes decode's engine counted "
+                        f"on arrival", not untagged, f"requests {untagged} were not")
         if pdmodel.kv_heads(kind) is not None and src_tp != dst_tp:
             swapped_heads(tally, referee, kind, label, cluster)
     except WorkerDied as error:
@@ -212,6 +233,38 @@ def run_mode(tally, referee, kind, mode, src_tp=1, dst_tp=1, transport=None):
     finally:
         if cluster is not None:
             cluster.stop()
+
+
+def across_hosts(tally, referee, kinds):
+    """Prefill in one network namespace, decode in another, joined by a
+    veth pair: KV over tcp between two hosts (docs/PD.md). Skipped, saying
+    why, without root or ``ip``; under CI that is a failure."""
+    why, hosts = netns.unavailable(), None
+    if why is None:
+        try:
+            hosts = netns.TwoHosts().__enter__()
+        except RuntimeError as error:  # root, but no permission for namespaces (a container)
+            why = str(error)
+    if hosts is None:
+        if os.environ.get("CI"):
+            tally.check("push across two network namespaces", False, f"CI must run this mode: {why}")
+        else:
+            print(f"SKIPPED push across two network namespaces over tcp: {why}")
+        return
+    try:
+        for kind in kinds:
+            run_mode(tally, referee, kind, "push", hosts=hosts)
+        # The control: two processes inside one of the namespaces, which
+        # kvring's order joins by cma; so the tcp asserted above is the
+        # namespace boundary's doing, and the assertion can fail.
+        try:
+            took = netns.one_namespace_transport(hosts)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
+            took = f"error: {error}"
+        tally.check(f"control: two processes in one of those namespaces: kvring's order took {took} (a same-host "
+                    f"transport, not tcp)", took in ("cma", "shm"), took)
+    finally:
+        hosts.__exit__()
 
 
 def swapped_heads(tally, referee, kind, label, cluster):
@@ -332,11 +385,17 @@ def check(args):
 
     tally, referee = Tally(), Referee()
     kinds = args.models.split(",")
+    if args.only_netns:
+        across_hosts(tally, referee, kinds)
+        print(f"{tally.passed} passed, {tally.failed} failed")
+        return 1 if tally.failed else 0
     for kind in kinds if not args.only_tp else []:
         for mode in args.modes.split(","):
             run_mode(tally, referee, kind, mode)
     if "push" in args.modes.split(",") and not args.only_tp:
-        for transport in ("tcp", "shm"):  # the default above is kvring's order: cma for the model's own memory
+        # The default above is kvring's order: cma for the model's own
+        # memory (cuda_ipc for a GPU's); shm pools are host memory.
+        for transport in ("tcp", "shm") if pdmodel.device().type == "cpu" else ("tcp",):
             run_mode(tally, referee, kinds[0], "push", transport=transport)
     if "mla" in kinds and not args.skip_tp:
         run_mode(tally, referee, "mla", "push", 2, 1, transport="tcp")
@@ -347,6 +406,12 @@ def check(args):
             tally.check(f"llama tp {src_tp}->{dst_tp}: kvring's KV layer routes a head-split cache across tp sizes",
                         verdict == "heterogeneous", f"{verdict}: {reason}")
             run_mode(tally, referee, "llama", "push", src_tp, dst_tp, transport="tcp")
+        if "pull" in args.modes.split(","):
+            # vLLM's NIXL connector, prefill at tp 2: decode (tp 1) READs
+            # each prefill rank's half of the heads into its place.
+            run_mode(tally, referee, "llama", "pull", 2, 1)
+    if not args.skip_netns and not args.only_tp:
+        across_hosts(tally, referee, kinds)
     if not args.skip_faults and not args.only_tp:
         negative_control(tally, referee, kinds[0])
         fault_kill(tally, referee, kinds[0])
@@ -365,9 +430,21 @@ def main():
     parser.add_argument("--skip-faults", action="store_true")
     parser.add_argument("--only-tp", action="store_true",
                         help="only the heterogeneous-TP cases (of --models), no other mode nor fault case")
+    parser.add_argument("--skip-netns", action="store_true", help="not the two-network-namespace mode")
+    parser.add_argument("--only-netns", action="store_true",
+                        help="only push across two network namespaces (of --models), and its control")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the models and the pools live (cuda: not yet run on a GPU, docs/PD.md)")
     parser.add_argument("--rounds", type=int, default=11, help="--figures: rounds per mode (the first warms up)")
     parser.add_argument("--prompt", type=int, default=512, help="--figures: prompt tokens")
     args = parser.parse_args()
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("no CUDA device: --device cuda needs one (torch.cuda.is_available() is False)", file=sys.stderr)
+            return 2
+    os.environ["PD_DEVICE"] = args.device  # the workers (spawned) inherit it
     pdmodel.deterministic()
     if args.figures:
         import figures

@@ -144,13 +144,16 @@ def make_endpoint(mode, name, spec, listen=None, transport=None):
 
     import kvring
 
+    if transport == "shm" and pdmodel.device().type != "cpu":
+        raise ValueError("shm pools are kvring's shared host memory: CPU tensors only")
     pools = spec.allocate() if transport != "shm" else None
 
     if mode == "pull":
         from kvring.nixl import nixl_agent, nixl_agent_config
 
         agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
-        agent.register_memory([(pools.data_ptr(), pools.nbytes, 0, "")], "DRAM")
+        memory, dev = nixl_memory(pools)
+        agent.register_memory([(pools.data_ptr(), pools.nbytes, dev, "")], memory)
         return agent, agent.get_agent_metadata(), pools
     if mode == "mooncake":
         from kvring.mooncake import TransferEngine
@@ -170,6 +173,22 @@ def make_endpoint(mode, name, spec, listen=None, transport=None):
     else:
         region = engine.register(pools)
     return (engine, region), engine.control_addr, pools
+
+
+def nixl_memory(pools):
+    """NIXL's memory type and device id of the pools ("VRAM" on a GPU)."""
+    return ("VRAM", pools.get_device()) if pools.is_cuda else ("DRAM", 0)
+
+
+def written():
+    """On a GPU, an event after the work queued so far (a layer's write
+    into the pool is queued, not done, when the model returns from it):
+    the pusher waits for it before kvring reads the pool. None on the CPU."""
+    if pdmodel.device().type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
 
 
 def block_descs(spec, base, blocks, layers=None):
@@ -274,7 +293,7 @@ class Prefill:
 
         def after_write(layer):
             if layered:
-                self.work.put(("layer", rid, layer, ours, tables))
+                self.work.put(("layer", rid, layer, ours, tables, written()))
 
         heads = None
         if self.kv_heads is not None and (self.src_tp > 1 or request.get("swap_heads")):
@@ -284,7 +303,8 @@ class Prefill:
         with torch.no_grad():
             # logits_to_keep=1: the LM head on the last position only, as
             # generate and serving engines do.
-            logits = pdmodel.forward(self.model, cache, input_ids=torch.tensor([prompt]), logits_to_keep=1).logits
+            input_ids = torch.tensor([prompt], device=self.pools.device)
+            logits = pdmodel.forward(self.model, cache, input_ids=input_ids, logits_to_keep=1).logits
         first = int(logits[0, -1].argmax())
         end = time.monotonic()
         timing = {"compute_start": start, "compute_end": end}
@@ -297,7 +317,8 @@ class Prefill:
             self.work.put(("whole", rid, None, ours, tables))
         elif self.mode == "pull":
             for rank in self.targets:
-                self.channel.send(self.decoders[rank], {"ready": rid, "blocks": ours, "base": self.pools.data_ptr()})
+                self.channel.send(self.decoders[rank], {"ready": rid, "blocks": ours, "base": self.pools.data_ptr(),
+                                                        "source": self.name})
         if self.mode != "pull":
             self.work.put(("free", rid, None, ours, tables))
 
@@ -307,7 +328,7 @@ class Prefill:
             item = self.work.get()
             if item is None:
                 return
-            what, rid, layer, ours, tables = item
+            what, rid, layer, ours, tables, *event = item
             if what == "free":
                 self.allocator.give_back(self.held.pop(rid))
                 continue
@@ -317,6 +338,8 @@ class Prefill:
                 continue
             if rid in self.aborted:
                 continue
+            if event and event[0] is not None:
+                event[0].synchronize()  # the layer's K/V are in the pool (GPU)
             request = self.requests[rid]
             time.sleep(request.get("push_delay_s", 0.0))  # a slow link, for the fault cases
             for rank, table in tables.items():
@@ -373,9 +396,9 @@ class Prefill:
 # Decode ----------------------------------------------------------------------
 
 
-def decode_main(conn, kind, mode, rank, src_tp, dst_tp, blocks, transport=None):
+def decode_main(conn, kind, mode, rank, src_tp, dst_tp, blocks, transport=None, listen=None):
     try:
-        Decode(conn, kind, mode, rank, src_tp, dst_tp, blocks, transport).run()
+        Decode(conn, kind, mode, rank, src_tp, dst_tp, blocks, transport, listen).run()
     except BaseException:
         conn.send({"crash": traceback.format_exc()})
         raise
@@ -386,7 +409,7 @@ class RequestFailed(Exception):
 
 
 class Decode:
-    def __init__(self, conn, kind, mode, rank, src_tp, dst_tp, blocks, transport=None):
+    def __init__(self, conn, kind, mode, rank, src_tp, dst_tp, blocks, transport=None, listen=None):
         self.conn, self.mode, self.rank = conn, mode, rank
         self.model = pdmodel.build(kind)
         kv_heads = pdmodel.kv_heads(kind)
@@ -402,7 +425,7 @@ class Decode:
         self.spec = PoolSpec(self.model, 2 * blocks if self.mirror else blocks, tp=dst_tp if kv_heads else 1)
         self.allocator = BlockAllocator(blocks)
         self.name = f"decode-{rank}"
-        endpoint, address, self.pools = make_endpoint(mode, self.name, self.spec, transport=transport)
+        endpoint, address, self.pools = make_endpoint(mode, self.name, self.spec, listen, transport)
         if mode in ("push", "whole"):
             self.engine, self.region = endpoint
             attention, dims = self.spec.layout()
@@ -418,15 +441,40 @@ class Decode:
         self.peer = wiring.get("peer")  # the other decode rank (mirror)
         self.peer_tables, self.mirrored = {}, set()
         if mode == "pull":
-            self.engine.add_remote_agent(conn.recv()["metadata"])
-            spec = self.spec
-            self.local_list = self.engine.prep_xfer_dlist(
-                "NIXL_INIT_AGENT", [(a, n, 0) for a, n in block_descs(spec, self.pools.data_ptr(), range(spec.blocks))], "DRAM"
-            )
-            self.remote_list = None  # prepared once prefill's base address is known
+            for metadata in conn.recv()["metadata"]:  # every prefill rank we read from
+                self.engine.add_remote_agent(metadata)
+            self.prepare_pull(kv_heads, src_tp, dst_tp)
         conn.send({"ready": True})
         self.state = {}
         self.acks = set()
+
+    def prepare_pull(self, kv_heads, src_tp, dst_tp):
+        """The NIXL descriptor lists of our blocks, prepared once, as vLLM's
+        connector does: one per prefill rank we read from. Each prefill
+        rank's pools hold its share of the KV heads (Llama at prefill tp 2
+        here: one head of two); vLLM's connector computes, itself, where a
+        share goes in the reader's blocks (kvring's KV layer plans
+        different tp sizes for push only: ``check_pd_topo`` says so), and
+        so does this: with head-major blocks ("HND") rank ``s``'s heads are
+        one run per block, at ``s`` times its block's bytes into ours.
+        ``self.theirs`` is the shape of a prefill rank's pools."""
+        spec = self.spec
+        self.theirs = spec
+        if kv_heads is not None and src_tp != dst_tp:
+            if dst_tp != 1:
+                raise NotImplementedError("this example pulls across tp sizes into decode tp 1 only")
+            self.theirs = PoolSpec(self.model, self.blocks, tp=src_tp)
+        memory, dev = nixl_memory(self.pools)  # prefill's pools are on the same kind of device
+        base = self.pools.data_ptr()
+        self.local_lists = {}
+        for index, source in enumerate(self.sources):
+            # The rank's heads (at decode tp 1 the sources are every prefill
+            # rank, in rank order): whole blocks when it holds them all.
+            at = index * self.theirs.block_bytes if self.theirs is not spec else 0
+            descs = [(base + spec.block_offset(layer, kind, block) + at, self.theirs.block_bytes, dev)
+                     for layer in range(spec.layers) for kind in range(spec.kinds) for block in range(spec.blocks)]
+            self.local_lists[source] = self.engine.prep_xfer_dlist("NIXL_INIT_AGENT", descs, memory)
+        self.remote_lists = {}  # prepared once each prefill rank's base address is known
 
     def run(self):
         while True:
@@ -586,7 +634,10 @@ class Decode:
         self.mirrored.discard(rid)
         self.peer_tables.pop(rid, None)
         self.allocator.give_back(st["blocks"])
-        return {"tokens": st["tokens"], "error": error, "timing": st["timing"], "blocks": st["blocks"]}
+        # "tagged": its layers came as tagged bytes that this engine counted
+        # as they landed (tcp, rdma), not announced by a notification.
+        return {"tokens": st["tokens"], "error": error, "timing": st["timing"], "blocks": st["blocks"],
+                "tagged": bool(st.get("tagged"))}
 
     def pump(self):
         """Takes every message that arrived and applies it, and marks the
@@ -623,7 +674,7 @@ class Decode:
             elif "failed" in message:
                 st["failed"] = f"prefill {self.source}: {message['error']}"
             elif "ready" in message:
-                self.pull(rid, st, message["blocks"], message["base"])
+                self.pull(rid, st, message["source"], message["blocks"], message["base"])
 
     def assembled(self, rid, st):
         """Whether the request's cache is whole here: always, except at
@@ -648,13 +699,16 @@ class Decode:
             st["failed"] = f"gathering heads to decode {self.peer}: {type(error).__name__}: {error}"
         st["mirror_sent"] = True
 
-    def pull(self, rid, st, theirs, base):
-        """vLLM's NIXL connector: READ prefill's blocks of every layer into
-        ours, then tell prefill (the transfer's notification)."""
+    def pull(self, rid, st, source, theirs, base):
+        """vLLM's NIXL connector: READ prefill rank ``source``'s blocks of
+        every layer into ours (its share of the heads into their place),
+        then tell it (the transfer's notification). The request's cache is
+        whole once every source's READ is done."""
         spec = self.spec
-        if self.remote_list is None:  # prepared once, as vLLM's connector does
-            self.remote_list = self.engine.prep_xfer_dlist(
-                self.source, [(a, n, 0) for a, n in block_descs(spec, base, range(spec.blocks))], "DRAM"
+        memory, dev = nixl_memory(self.pools)
+        if source not in self.remote_lists:  # prepared once, as vLLM's connector does
+            self.remote_lists[source] = self.engine.prep_xfer_dlist(
+                source, [(a, n, dev) for a, n in block_descs(self.theirs, base, range(spec.blocks))], memory
             )
 
         def indices(blocks):
@@ -662,7 +716,8 @@ class Decode:
                     for k in range(spec.kinds) for b in blocks]
 
         handle = self.engine.make_prepped_xfer(
-            "READ", self.local_list, indices(st["blocks"][: len(theirs)]), self.remote_list, indices(theirs),
+            "READ", self.local_lists[source], indices(st["blocks"][: len(theirs)]), self.remote_lists[source],
+            indices(theirs),
             json.dumps({"pulled": rid}).encode(),
         )
         state = self.engine.transfer(handle)
@@ -670,10 +725,12 @@ class Decode:
         while state == "PROC" and time.monotonic() < deadline:
             state = self.engine.check_xfer_state(handle)
         if state != "DONE":
-            st["failed"] = f"nixl READ from {self.source} ended {state}: {getattr(handle, 'error', None)}"
+            st["failed"] = f"nixl READ from {source} ended {state}: {getattr(handle, 'error', None)}"
         else:
-            st["landed"].update(range(spec.layers))
-            st["timing"]["landed"] = time.monotonic()
+            st.setdefault("pulled", set()).add(source)
+            if st["pulled"] >= set(self.sources):
+                st["landed"].update(range(spec.layers))
+                st["timing"]["landed"] = time.monotonic()
         self.engine.release_xfer_handle(handle)
 
     def wait_layer(self, rid, st, layer):
@@ -714,8 +771,8 @@ class Decode:
         start = time.monotonic()
         with torch.no_grad():
             logits = pdmodel.forward(
-                self.model, st["cache"], input_ids=torch.tensor([[st["tokens"][-1]]]),
-                position_ids=torch.tensor([[st["pos"]]]),
+                self.model, st["cache"], input_ids=torch.tensor([[st["tokens"][-1]]], device=self.pools.device),
+                position_ids=torch.tensor([[st["pos"]]], device=self.pools.device),
             ).logits
         st["tokens"].append(int(logits[0, -1].argmax()))
         st["pos"] += 1
