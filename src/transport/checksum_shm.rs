@@ -2,7 +2,7 @@
 //! through this process's mapping of its region, entered (its owner cannot
 //! finish unregistering it while they are read).
 
-use super::checksum::{crc32c_host, flip_first_byte};
+use super::checksum::{flip_first_byte, Crc32c};
 use super::cuda_ipc::RemoteAt;
 use super::shm::ShmLink;
 use super::Block;
@@ -24,13 +24,13 @@ fn with_remote<T>(link: &ShmLink, op: Opcode, block: &Block, f: impl FnOnce(*mut
     }
 }
 
-/// CRC32C of the peer's bytes under `block`'s remote range.
-pub(super) fn remote_crc32c(link: &ShmLink, op: Opcode, block: &Block) -> Result<u32> {
+/// Continues `sum` over the peer's bytes under `block`'s remote range.
+pub(super) fn remote_crc32c(link: &ShmLink, op: Opcode, block: &Block, sum: &mut Crc32c) -> Result<()> {
     let len = block.desc.len as usize;
     // SAFETY: `remote` checked the range lies inside the mapping, which is
     // entered for the call; the peer does not write a block it granted
     // while this engine's part to it is in flight.
-    with_remote(link, op, block, |at| unsafe { crc32c_host(at, len) })
+    with_remote(link, op, block, |at| unsafe { sum.update_raw(at, len) })
 }
 
 /// Corrupts the first landed byte of `block` (the `testing` feature's hook).
@@ -40,4 +40,72 @@ pub(super) fn corrupt_remote(link: &ShmLink, block: &Block) {
     }
     // SAFETY: as above; one byte inside the checked, entered range.
     let _ = with_remote(link, Opcode::Write, block, |at| unsafe { flip_first_byte(at) });
+}
+
+/// Bytes summed and then copied at a time: the source's few KiB stay in
+/// the L1 cache from its CRC to its copy.
+const SUMMED_COPY_BYTES: usize = 16 << 10;
+
+/// Copies one host block between local memory and a peer's mapping, as
+/// `copy_host` does, continuing `sum` over the source's bytes: each
+/// [`SUMMED_COPY_BYTES`] summed just before they are copied, with the
+/// destination's lines fetched for writing meanwhile, so the source is read
+/// from memory once and both streams overlap, as in a plain copy.
+///
+/// # Safety
+///
+/// `local` is valid for `len` bytes as [`LaneLink::transfer`] requires,
+/// `remote` lies inside a mapping the link holds (entered), and the source
+/// is not written by this process during the call.
+///
+/// [`LaneLink::transfer`]: super::LaneLink::transfer
+pub(super) unsafe fn copy_summed(op: Opcode, local: *mut u8, remote: *mut u8, len: usize, sum: &mut Crc32c) {
+    let (src, dst) = match op {
+        Opcode::Write => (local as *const u8, remote),
+        Opcode::Read => (remote as *const u8, local),
+    };
+    let (from, to) = (src as usize, dst as usize);
+    if from < to.wrapping_add(len) && to < from.wrapping_add(len) {
+        // An engine that maps its own region (loopback): the whole source
+        // is summed before it moves, since the copy overwrites it.
+        // SAFETY: per this function's contract; `copy` is a memmove.
+        unsafe {
+            sum.update_raw(src, len);
+            std::ptr::copy(src, dst, len);
+        }
+        return;
+    }
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(SUMMED_COPY_BYTES);
+        prefetch_for_write(dst.wrapping_add(done), n);
+        // SAFETY: `done + n <= len`, inside both ranges (per this
+        // function's contract), which do not overlap (checked above).
+        unsafe {
+            sum.update_raw(src.add(done), n);
+            std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), n);
+        }
+        done += n;
+    }
+}
+
+/// Asks for the cache lines of `len` bytes at `at` in the state for
+/// writing (x86-64 `prefetchw`; nothing elsewhere). A hint: it never
+/// faults, and a line it misses is fetched by the store as usual.
+#[inline]
+fn prefetch_for_write(at: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
+        let mut line = 0;
+        while line < len {
+            // SAFETY: SSE, which the intrinsic needs, is part of x86-64's
+            // baseline; a prefetch reads and writes nothing, and never
+            // faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_ET0>(at.wrapping_add(line).cast::<i8>()) };
+            line += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, len);
 }

@@ -197,6 +197,36 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
     /// ticket for `InFlight`.
     unsafe fn transfer(&mut self, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted;
 
+    /// Moves one block (a piece of one) as [`LaneLink::transfer`] does,
+    /// continuing `sent` over its source's bytes as they are before it is
+    /// copied; only where [`LaneLink::verifies_landed`]. This default sums
+    /// the source, then moves it; shm sums each few KiB just before it
+    /// copies them, while they are in the cache.
+    ///
+    /// # Safety
+    ///
+    /// As [`LaneLink::transfer`].
+    unsafe fn transfer_summed(
+        &mut self,
+        op: Opcode,
+        (batch_id, ticket): (u64, u64),
+        block: &Block,
+        sent: &mut checksum::Crc32c,
+    ) -> Posted {
+        match op {
+            // SAFETY: the block's local range is valid for reads and not
+            // otherwise written until the chunk ends (our contract).
+            Opcode::Write => unsafe { sent.update_raw(block.local, block.desc.len as usize) },
+            Opcode::Read => {
+                if let Err(error) = self.remote_crc32c(op, block, sent) {
+                    return Posted::Failed((error, 0));
+                }
+            }
+        }
+        // SAFETY: forwarded from our own contract.
+        unsafe { self.transfer(op, batch_id, ticket, std::slice::from_ref(block)) }
+    }
+
     /// True when the link moves GPU memory (local or remote): the lane
     /// refuses a GPU region on any other link before it is touched.
     fn moves_device_memory(&self) -> bool {
@@ -276,10 +306,10 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
         false
     }
 
-    /// CRC32C of the peer's bytes under `block`'s remote range, read now
-    /// with the rights `op` needs there; only where
+    /// Continues `sum` over the peer's bytes under `block`'s remote range,
+    /// read now with the rights `op` needs there; only where
     /// [`LaneLink::verifies_landed`].
-    fn remote_crc32c(&mut self, _op: Opcode, _block: &Block) -> Result<u32, Error> {
+    fn remote_crc32c(&mut self, _op: Opcode, _block: &Block, _sum: &mut checksum::Crc32c) -> Result<(), Error> {
         Err(Error::Unsupported { what: "reading a peer's bytes back on this transport".into() })
     }
 

@@ -28,6 +28,146 @@ pub(crate) struct ShmLink {
 }
 
 impl ShmLink {
+    /// Moves `blocks` as [`LaneLink::transfer`] does; with `sum`, continues
+    /// it over each host block's source as it is copied
+    /// ([`LaneLink::transfer_summed`]).
+    ///
+    /// # Safety
+    ///
+    /// As [`LaneLink::transfer`].
+    #[inline]
+    unsafe fn transfer_with(
+        &mut self,
+        op: Opcode,
+        ticket: u64,
+        blocks: &[Block],
+        mut sum: Option<&mut super::checksum::Crc32c>,
+    ) -> Posted {
+        // A link that moves GPU memory checks its peer is alive first (one
+        // `poll`): its opened memory outlives the peer's process.
+        if let Some(error) = self.device.as_ref().and_then(|(peer, _)| peer.gone()) {
+            return Posted::Failed((error, 0));
+        }
+        let mut moved = 0;
+        let mut failure = None;
+        // The peer's region this chunk is inside, entered (its owner cannot
+        // finish unregistering it until the guard drops): consecutive
+        // blocks into one region enter it once.
+        let mappings = self.mappings.clone();
+        let mut entered: Option<(usize, Entered<'_>)> = None;
+        // The fence table's pass of that region, for writes (`mem::fence`):
+        // taken after `entered`, dropped before it.
+        let mut fenced: Option<(usize, Pass<'_>)> = None;
+        for block in blocks {
+            let index = block.desc.remote_region.index() as usize;
+            if let Some(mapping) = mappings.get(index).and_then(Option::as_ref) {
+                if entered.as_ref().map(|(at, _)| *at) != Some(index) {
+                    fenced = None;
+                    entered = None; // leave the previous region first
+                    match mapping.enter() {
+                        Some(guard) => entered = Some((index, guard)),
+                        None => {
+                            // Its owner unregistered it since this link
+                            // mapped it: nothing may land there.
+                            failure =
+                                Some(Error::UnknownRegion { side: Side::Remote, region: block.desc.remote_region });
+                            break;
+                        }
+                    }
+                }
+                if let Err(error) = admit(op, mapping, index, &mut fenced, block) {
+                    failure = Some(error);
+                    break;
+                }
+            }
+            let remote = match self.remote(op, &block.desc, block.desc_index) {
+                Ok(remote) => remote,
+                Err(error) => {
+                    failure = Some(error);
+                    break;
+                }
+            };
+            if let (Opcode::Write, RemoteAt::Device(..), 1..) = (op, remote, block.grant) {
+                failure = Some(Error::Unsupported {
+                    what:
+                        "a granted write into a peer's GPU memory over cuda_ipc (its fences are not checked there yet)"
+                            .into(),
+                });
+                break;
+            }
+            // SAFETY: forwarded from our own contract; `remote` was found
+            // for this block, inside the mapping entered above.
+            match unsafe { self.copy_one(op, block, remote, sum.as_deref_mut()) } {
+                Ok(host_bytes) => moved += host_bytes,
+                Err(error) => {
+                    failure = Some(error);
+                    break;
+                }
+            }
+        }
+        drop(fenced);
+        // Host copies are done: their region may be unregistered now. (A
+        // GPU copy into a peer's host mapping was checked live when issued
+        // but runs on after this; see docs/SECURITY.md.)
+        drop(entered);
+        match self.device.as_mut().map(|(_, copier)| copier).filter(|c| c.has_copies()) {
+            // SAFETY: the blocks' local ranges stay valid until the chunk is
+            // reported ended (our contract); the remote ones are the peer's
+            // mappings and opened regions, which this link holds.
+            Some(copier) => match unsafe { copier.issue(ticket, moved, failure) } {
+                Ok(()) => Posted::InFlight,
+                Err(error) => Posted::Failed((error, moved)),
+            },
+            None => match failure {
+                Some(error) => Posted::Failed((error, moved)),
+                None => Posted::Done(moved),
+            },
+        }
+    }
+
+    /// Copies one admitted block whose remote range is at `remote`: a host
+    /// copy now (summed with `sum`), its bytes returned, or a GPU copy
+    /// queued on the link's copier (0 bytes now).
+    ///
+    /// # Safety
+    ///
+    /// As [`LaneLink::transfer`], for `block`; `remote` is what
+    /// [`ShmLink::remote`] found for it, its mapping entered.
+    #[inline]
+    unsafe fn copy_one(
+        &mut self,
+        op: Opcode,
+        block: &Block,
+        remote: RemoteAt,
+        sum: Option<&mut super::checksum::Crc32c>,
+    ) -> Result<u64> {
+        let copier = self.device.as_mut().map(|(_, copier)| copier);
+        match (device_copy(op, block.local as u64, block.memory, remote), copier, remote) {
+            (Some(copy), Some(copier), _) if sum.is_none() => {
+                copier.add(copy, block.desc.len);
+                Ok(0)
+            }
+            // A checksummed block is summed where it is copied, and nothing
+            // reads back a GPU copy (`verifies_landed`).
+            (Some(_), _, _) if sum.is_some() => Err(super::checksum::device_refused()),
+            (None, _, RemoteAt::Host(remote)) => {
+                let (local, remote, len) = (block.local, remote as *mut u8, block.desc.len as usize);
+                match sum {
+                    // SAFETY: `local` is valid per our contract; `remote` is
+                    // inside the peer's entered mapping (`remote` checked
+                    // it); the lane alone touches the source meanwhile.
+                    Some(sum) => unsafe { super::checksum_shm::copy_summed(op, local, remote, len, sum) },
+                    // SAFETY: as above.
+                    None => unsafe { copy_host(op, local, remote, len) },
+                }
+                Ok(block.desc.len)
+            }
+            // GPU memory reaches a link only when it moves device memory
+            // (the lane checks `moves_device_memory` first).
+            _ => Err(Error::Unsupported { what: "GPU memory on a link without a GPU".into() }),
+        }
+    }
+
     /// Maps every shm-backed region of the peer, each only if its file
     /// proves to be that region of that peer (`ShmMapping::open_peer`), and
     /// with `gpu`, opens its device regions and pins the mappings. Fails
@@ -133,103 +273,28 @@ impl LaneLink for ShmLink {
 
     #[inline]
     unsafe fn transfer(&mut self, op: Opcode, _batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
-        // A link that moves GPU memory checks its peer is alive first (one
-        // `poll`): its opened memory outlives the peer's process.
-        if let Some(error) = self.device.as_ref().and_then(|(peer, _)| peer.gone()) {
-            return Posted::Failed((error, 0));
-        }
-        let mut moved = 0;
-        let mut failure = None;
-        // The peer's region this chunk is inside, entered (its owner cannot
-        // finish unregistering it until the guard drops): consecutive
-        // blocks into one region enter it once.
-        let mappings = self.mappings.clone();
-        let mut entered: Option<(usize, Entered<'_>)> = None;
-        // The fence table's pass of that region, for writes (`mem::fence`):
-        // taken after `entered`, dropped before it.
-        let mut fenced: Option<(usize, Pass<'_>)> = None;
-        for block in blocks {
-            let index = block.desc.remote_region.index() as usize;
-            if let Some(mapping) = mappings.get(index).and_then(Option::as_ref) {
-                if entered.as_ref().map(|(at, _)| *at) != Some(index) {
-                    fenced = None;
-                    entered = None; // leave the previous region first
-                    match mapping.enter() {
-                        Some(guard) => entered = Some((index, guard)),
-                        None => {
-                            // Its owner unregistered it since this link
-                            // mapped it: nothing may land there.
-                            failure =
-                                Some(Error::UnknownRegion { side: Side::Remote, region: block.desc.remote_region });
-                            break;
-                        }
-                    }
-                }
-                if let Err(error) = admit(op, mapping, index, &mut fenced, block) {
-                    failure = Some(error);
-                    break;
-                }
-            }
-            let remote = match self.remote(op, &block.desc, block.desc_index) {
-                Ok(remote) => remote,
-                Err(error) => {
-                    failure = Some(error);
-                    break;
-                }
-            };
-            if let (Opcode::Write, RemoteAt::Device(..), 1..) = (op, remote, block.grant) {
-                failure = Some(Error::Unsupported {
-                    what:
-                        "a granted write into a peer's GPU memory over cuda_ipc (its fences are not checked there yet)"
-                            .into(),
-                });
-                break;
-            }
-            let copier = self.device.as_mut().map(|(_, copier)| copier);
-            match (device_copy(op, block.local as u64, block.memory, remote), copier, remote) {
-                (Some(copy), Some(copier), _) => copier.add(copy, block.desc.len),
-                (None, _, RemoteAt::Host(remote)) => {
-                    // SAFETY: `local` is valid per our contract; `remote` is
-                    // inside the peer's mapping (`remote` checked it).
-                    unsafe { copy_host(op, block.local, remote as *mut u8, block.desc.len as usize) };
-                    moved += block.desc.len;
-                }
-                // GPU memory reaches a link only when it moves device memory
-                // (the lane checks `moves_device_memory` first).
-                _ => {
-                    failure = Some(Error::Unsupported { what: "GPU memory on a link without a GPU".into() });
-                    break;
-                }
-            }
-        }
-        drop(fenced);
-        // Host copies are done: their region may be unregistered now. (A
-        // GPU copy into a peer's host mapping was checked live when issued
-        // but runs on after this; see docs/SECURITY.md.)
-        drop(entered);
-        match self.device.as_mut().map(|(_, copier)| copier).filter(|c| c.has_copies()) {
-            // SAFETY: the blocks' local ranges stay valid until the chunk is
-            // reported ended (our contract); the remote ones are the peer's
-            // mappings and opened regions, which this link holds.
-            Some(copier) => match unsafe { copier.issue(ticket, moved, failure) } {
-                Ok(()) => Posted::InFlight,
-                Err(error) => Posted::Failed((error, moved)),
-            },
-            None => match failure {
-                Some(error) => Posted::Failed((error, moved)),
-                None => Posted::Done(moved),
-            },
-        }
+        // SAFETY: forwarded from our own contract.
+        unsafe { self.transfer_with(op, ticket, blocks, None) }
     }
 
+    unsafe fn transfer_summed(
+        &mut self,
+        op: Opcode,
+        (_batch_id, ticket): (u64, u64),
+        block: &Block,
+        sent: &mut super::checksum::Crc32c,
+    ) -> Posted {
+        // SAFETY: forwarded from our own contract.
+        unsafe { self.transfer_with(op, ticket, std::slice::from_ref(block), Some(sent)) }
+    }
     fn verifies_landed(&self) -> bool {
         // A GPU provider's copies end later, on the copy engine: nothing is
         // read back there (docs/CHECKSUMS.md).
         self.device.is_none()
     }
 
-    fn remote_crc32c(&mut self, op: Opcode, block: &Block) -> Result<u32> {
-        super::checksum_shm::remote_crc32c(self, op, block)
+    fn remote_crc32c(&mut self, op: Opcode, block: &Block, sum: &mut super::checksum::Crc32c) -> Result<()> {
+        super::checksum_shm::remote_crc32c(self, op, block, sum)
     }
 
     fn corrupt_remote(&mut self, block: &Block) {
