@@ -24,6 +24,11 @@ pub fn locked_memory_limit() -> Option<u64> {
 /// Where shared-memory regions live.
 pub const SHM_DIR: &str = crate::mem::shm::SHM_DIR;
 
+/// Bytes the shm transport copies at a time (a block is copied in pieces
+/// of this size): what `kvring bench`'s memcpy baseline copies at a time
+/// too, so that it measures the same copy.
+pub const SHM_COPY_PIECE_BYTES: usize = crate::transport::shm::COPY_PIECE_BYTES;
+
 /// RDMA devices libibverbs lists (name, NUMA node, each port's state,
 /// link layer, MTU, GIDs and the GID index kvring would use), one line
 /// each, or in one line why there are none: no libibverbs, or no device.

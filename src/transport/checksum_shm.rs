@@ -4,7 +4,7 @@
 
 use super::checksum::{flip_first_byte, Crc32c};
 use super::cuda_ipc::RemoteAt;
-use super::shm::ShmLink;
+use super::shm::{overlap, ShmLink, COPY_PIECE_BYTES};
 use super::Block;
 use crate::error::{Error, Result, Side};
 use crate::ring::Opcode;
@@ -42,13 +42,10 @@ pub(super) fn corrupt_remote(link: &ShmLink, block: &Block) {
     let _ = with_remote(link, Opcode::Write, block, |at| unsafe { flip_first_byte(at) });
 }
 
-/// Bytes summed and then copied at a time: the source's few KiB stay in
-/// the L1 cache from its CRC to its copy.
-const SUMMED_COPY_BYTES: usize = 16 << 10;
-
 /// Copies one host block between local memory and a peer's mapping, as
-/// `copy_host` does, continuing `sum` over the source's bytes: each
-/// [`SUMMED_COPY_BYTES`] summed just before they are copied, with the
+/// `copy_host` does, continuing `sum` over the source's bytes: each piece
+/// of [`COPY_PIECE_BYTES`] summed just before it is copied (it stays in the
+/// L1 cache from its CRC to its copy), with the
 /// destination's lines fetched for writing meanwhile, so the source is read
 /// from memory once and both streams overlap, as in a plain copy.
 ///
@@ -64,8 +61,7 @@ pub(super) unsafe fn copy_summed(op: Opcode, local: *mut u8, remote: *mut u8, le
         Opcode::Write => (local as *const u8, remote),
         Opcode::Read => (remote as *const u8, local),
     };
-    let (from, to) = (src as usize, dst as usize);
-    if from < to.wrapping_add(len) && to < from.wrapping_add(len) {
+    if overlap(src, dst, len) {
         // An engine that maps its own region (loopback): the whole source
         // is summed before it moves, since the copy overwrites it.
         // SAFETY: per this function's contract; `copy` is a memmove.
@@ -77,7 +73,7 @@ pub(super) unsafe fn copy_summed(op: Opcode, local: *mut u8, remote: *mut u8, le
     }
     let mut done = 0;
     while done < len {
-        let n = (len - done).min(SUMMED_COPY_BYTES);
+        let n = (len - done).min(COPY_PIECE_BYTES);
         prefetch_for_write(dst.wrapping_add(done), n);
         // SAFETY: `done + n <= len`, inside both ranges (per this
         // function's contract), which do not overlap (checked above).
@@ -108,4 +104,54 @@ fn prefetch_for_write(at: *const u8, len: usize) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (at, len);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::checksum::crc32c_host;
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 131 + (i >> 9)) as u8).collect()
+    }
+
+    #[test]
+    fn a_summed_copy_moves_the_bytes_and_sums_the_source_as_it_was() {
+        // Pieces and a tail, in both directions.
+        let len = 3 * COPY_PIECE_BYTES + 1234;
+        for op in [Opcode::Write, Opcode::Read] {
+            let (mut local, mut remote) = (pattern(len), vec![0u8; len]);
+            if op == Opcode::Read {
+                std::mem::swap(&mut local, &mut remote);
+            }
+            let source = if op == Opcode::Write { local.clone() } else { remote.clone() };
+            let mut sum = Crc32c::new();
+            // SAFETY: two live, distinct buffers of `len` bytes.
+            unsafe { copy_summed(op, local.as_mut_ptr(), remote.as_mut_ptr(), len, &mut sum) };
+            let landed = if op == Opcode::Write { &remote } else { &local };
+            assert_eq!(landed, &source, "{op:?}");
+            // SAFETY: a live slice.
+            assert_eq!(sum.value(), unsafe { crc32c_host(source.as_ptr(), len) }, "{op:?}");
+        }
+    }
+
+    #[test]
+    fn a_summed_copy_between_overlapping_ranges_is_a_memmove_of_the_source_as_it_was() {
+        // An engine that maps its own region: the destination starts inside
+        // the source, so piece-wise copying forward would copy bytes it had
+        // already overwritten.
+        let len = 2 * COPY_PIECE_BYTES + 77;
+        let shift = 1000;
+        let mut buffer = pattern(len + shift);
+        let source = buffer[..len].to_vec();
+        let mut sum = Crc32c::new();
+        let base = buffer.as_mut_ptr();
+        assert!(overlap(base, base.wrapping_add(shift), len));
+        assert!(!overlap(base, base.wrapping_add(len), len));
+        // SAFETY: both ranges lie inside `buffer`.
+        unsafe { copy_summed(Opcode::Write, base, base.add(shift), len, &mut sum) };
+        assert_eq!(&buffer[shift..], &source[..]);
+        // SAFETY: a live slice.
+        assert_eq!(sum.value(), unsafe { crc32c_host(source.as_ptr(), len) });
+    }
 }

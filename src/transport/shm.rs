@@ -355,7 +355,15 @@ impl ShmLink {
     }
 }
 
-/// Copies one host block between local memory and a peer's mapping.
+/// Bytes of a block copied at a time: on this machine (AMD EPYC, glibc's
+/// AVX-512 `memmove`) a 1 MiB block copied in 16 KiB pieces moved about
+/// 1.15x as fast as in one call, and a 64 KiB one as fast; a checksummed
+/// block is summed piece by piece while each piece is in the L1 cache
+/// (`checksum_shm::copy_summed`).
+pub(crate) const COPY_PIECE_BYTES: usize = 16 << 10;
+
+/// Copies one host block between local memory and a peer's mapping, in
+/// pieces of [`COPY_PIECE_BYTES`].
 ///
 /// # Safety
 ///
@@ -363,15 +371,31 @@ impl ShmLink {
 /// `remote` lies inside a mapping the link holds.
 #[inline]
 unsafe fn copy_host(op: Opcode, local: *mut u8, remote: *mut u8, len: usize) {
-    // The ranges overlap only when an engine maps its own region
-    // (loopback), which `copy` (memmove) handles.
-    // SAFETY: per this function's contract.
-    unsafe {
-        match op {
-            Opcode::Write => std::ptr::copy(local, remote, len),
-            Opcode::Read => std::ptr::copy(remote, local, len),
-        }
+    let (src, dst) = match op {
+        Opcode::Write => (local as *const u8, remote),
+        Opcode::Read => (remote as *const u8, local),
+    };
+    if overlap(src, dst, len) {
+        // Only when an engine maps its own region (loopback): one memmove.
+        // SAFETY: per this function's contract.
+        unsafe { std::ptr::copy(src, dst, len) };
+        return;
     }
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(COPY_PIECE_BYTES);
+        // SAFETY: `done + n <= len`, inside both ranges (per this
+        // function's contract), which do not overlap (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), n) };
+        done += n;
+    }
+}
+
+/// Whether `len` bytes at `src` and at `dst` share a byte.
+#[inline]
+pub(super) fn overlap(src: *const u8, dst: *const u8, len: usize) -> bool {
+    let (from, to) = (src as usize, dst as usize);
+    from < to.wrapping_add(len) && to < from.wrapping_add(len)
 }
 
 /// A write's fence check (`mem::fence`): enters the region's fence table
