@@ -69,6 +69,33 @@ impl Crc32c {
     }
 }
 
+/// The two CRC32Cs of a block being verified: of its source's bytes as
+/// they were copied, and of its destination's bytes read back once landed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BlockSums {
+    /// Over the source.
+    pub sent: Crc32c,
+    /// Over the destination, read back.
+    pub landed: Crc32c,
+}
+
+impl BlockSums {
+    /// Both over no bytes yet.
+    pub(crate) fn new() -> Self {
+        Self { sent: Crc32c::new(), landed: Crc32c::new() }
+    }
+}
+
+/// Where `block` lands, as the corruption hook names it: its offset in the
+/// peer's region for a WRITE, in this engine's for a READ.
+#[inline]
+pub(crate) fn landing_offset(op: crate::ring::Opcode, block: &super::Block) -> u64 {
+    match op {
+        crate::ring::Opcode::Write => block.desc.remote_offset,
+        crate::ring::Opcode::Read => block.desc.local_offset,
+    }
+}
+
 /// The error for a block whose checksums differ.
 pub(crate) fn corrupt(desc_index: u32, sent: u32, landed: u32, where_: &str) -> crate::error::Error {
     crate::error::Error::Corrupt {

@@ -2,9 +2,9 @@
 //! through this process's mapping of its region, entered (its owner cannot
 //! finish unregistering it while they are read).
 
-use super::checksum::{flip_first_byte, Crc32c};
+use super::checksum::{flip_first_byte, BlockSums, Crc32c};
 use super::cuda_ipc::RemoteAt;
-use super::shm::{overlap, ShmLink, COPY_PIECE_BYTES};
+use super::shm::{overlap, prefetch_for_write, ShmLink, COPY_PIECE_BYTES};
 use super::Block;
 use crate::error::{Error, Result, Side};
 use crate::ring::Opcode;
@@ -43,20 +43,27 @@ pub(super) fn corrupt_remote(link: &ShmLink, block: &Block) {
 }
 
 /// Copies one host block between local memory and a peer's mapping, as
-/// `copy_host` does, continuing `sum` over the source's bytes: each piece
-/// of [`COPY_PIECE_BYTES`] summed just before it is copied (it stays in the
-/// L1 cache from its CRC to its copy), with the
-/// destination's lines fetched for writing meanwhile, so the source is read
-/// from memory once and both streams overlap, as in a plain copy.
+/// `copy_host` does, continuing `sums` over it piece by piece
+/// ([`COPY_PIECE_BYTES`]), each piece in the L1 cache throughout: its
+/// destination's lines fetched for writing, its source summed, copied, and
+/// its destination read back and summed. So the source is read from memory
+/// once and the destination written once, as in a plain copy. `corrupt`
+/// (the `testing` feature's hook) flips the first landed byte before it is
+/// read back.
 ///
 /// # Safety
 ///
 /// `local` is valid for `len` bytes as [`LaneLink::transfer`] requires,
-/// `remote` lies inside a mapping the link holds (entered), and the source
-/// is not written by this process during the call.
+/// `remote` lies inside a mapping the link holds (entered), and nothing
+/// else in this process touches either range during the call.
 ///
 /// [`LaneLink::transfer`]: super::LaneLink::transfer
-pub(super) unsafe fn copy_summed(op: Opcode, local: *mut u8, remote: *mut u8, len: usize, sum: &mut Crc32c) {
+pub(super) unsafe fn copy_summed(
+    op: Opcode,
+    (local, remote, len): (*mut u8, *mut u8, usize),
+    sums: &mut BlockSums,
+    corrupt: bool,
+) {
     let (src, dst) = match op {
         Opcode::Write => (local as *const u8, remote),
         Opcode::Read => (remote as *const u8, local),
@@ -66,44 +73,32 @@ pub(super) unsafe fn copy_summed(op: Opcode, local: *mut u8, remote: *mut u8, le
         // is summed before it moves, since the copy overwrites it.
         // SAFETY: per this function's contract; `copy` is a memmove.
         unsafe {
-            sum.update_raw(src, len);
+            sums.sent.update_raw(src, len);
             std::ptr::copy(src, dst, len);
+            if corrupt && len > 0 {
+                flip_first_byte(dst);
+            }
+            sums.landed.update_raw(dst, len);
         }
         return;
     }
     let mut done = 0;
     while done < len {
         let n = (len - done).min(COPY_PIECE_BYTES);
-        prefetch_for_write(dst.wrapping_add(done), n);
+        let (from, to) = (src.wrapping_add(done), dst.wrapping_add(done));
+        prefetch_for_write(to, n);
         // SAFETY: `done + n <= len`, inside both ranges (per this
         // function's contract), which do not overlap (checked above).
         unsafe {
-            sum.update_raw(src.add(done), n);
-            std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), n);
+            sums.sent.update_raw(from, n);
+            std::ptr::copy_nonoverlapping(from, to, n);
+            if corrupt && done == 0 {
+                flip_first_byte(to);
+            }
+            sums.landed.update_raw(to, n);
         }
         done += n;
     }
-}
-
-/// Asks for the cache lines of `len` bytes at `at` in the state for
-/// writing (x86-64 `prefetchw`; nothing elsewhere). A hint: it never
-/// faults, and a line it misses is fetched by the store as usual.
-#[inline]
-fn prefetch_for_write(at: *const u8, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
-        let mut line = 0;
-        while line < len {
-            // SAFETY: SSE, which the intrinsic needs, is part of x86-64's
-            // baseline; a prefetch reads and writes nothing, and never
-            // faults, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_ET0>(at.wrapping_add(line).cast::<i8>()) };
-            line += 64;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (at, len);
 }
 
 #[cfg(test)]
@@ -115,23 +110,34 @@ mod tests {
         (0..len).map(|i| (i * 131 + (i >> 9)) as u8).collect()
     }
 
+    fn crc(bytes: &[u8]) -> u32 {
+        // SAFETY: a live slice.
+        unsafe { crc32c_host(bytes.as_ptr(), bytes.len()) }
+    }
+
     #[test]
-    fn a_summed_copy_moves_the_bytes_and_sums_the_source_as_it_was() {
-        // Pieces and a tail, in both directions.
+    fn a_summed_copy_moves_the_bytes_and_sums_both_ends() {
+        // Pieces and a tail, in both directions; then with the first
+        // landed byte corrupted before it is read back.
         let len = 3 * COPY_PIECE_BYTES + 1234;
-        for op in [Opcode::Write, Opcode::Read] {
+        for (op, corrupt) in
+            [(Opcode::Write, false), (Opcode::Read, false), (Opcode::Write, true), (Opcode::Read, true)]
+        {
             let (mut local, mut remote) = (pattern(len), vec![0u8; len]);
             if op == Opcode::Read {
                 std::mem::swap(&mut local, &mut remote);
             }
             let source = if op == Opcode::Write { local.clone() } else { remote.clone() };
-            let mut sum = Crc32c::new();
+            let mut sums = BlockSums::new();
+            let at = (local.as_mut_ptr(), remote.as_mut_ptr(), len);
             // SAFETY: two live, distinct buffers of `len` bytes.
-            unsafe { copy_summed(op, local.as_mut_ptr(), remote.as_mut_ptr(), len, &mut sum) };
+            unsafe { copy_summed(op, at, &mut sums, corrupt) };
             let landed = if op == Opcode::Write { &remote } else { &local };
-            assert_eq!(landed, &source, "{op:?}");
-            // SAFETY: a live slice.
-            assert_eq!(sum.value(), unsafe { crc32c_host(source.as_ptr(), len) }, "{op:?}");
+            assert_eq!(sums.sent.value(), crc(&source), "{op:?}");
+            assert_eq!(sums.landed.value(), crc(landed), "{op:?}");
+            assert_eq!(landed[1..], source[1..], "{op:?}");
+            assert_eq!(landed[0] == source[0], !corrupt, "{op:?}");
+            assert_eq!(sums.sent.value() == sums.landed.value(), !corrupt, "{op:?}");
         }
     }
 
@@ -144,14 +150,14 @@ mod tests {
         let shift = 1000;
         let mut buffer = pattern(len + shift);
         let source = buffer[..len].to_vec();
-        let mut sum = Crc32c::new();
+        let mut sums = BlockSums::new();
         let base = buffer.as_mut_ptr();
         assert!(overlap(base, base.wrapping_add(shift), len));
         assert!(!overlap(base, base.wrapping_add(len), len));
         // SAFETY: both ranges lie inside `buffer`.
-        unsafe { copy_summed(Opcode::Write, base, base.add(shift), len, &mut sum) };
+        unsafe { copy_summed(Opcode::Write, (base, base.add(shift), len), &mut sums, false) };
         assert_eq!(&buffer[shift..], &source[..]);
-        // SAFETY: a live slice.
-        assert_eq!(sum.value(), unsafe { crc32c_host(source.as_ptr(), len) });
+        assert_eq!(sums.sent.value(), crc(&source));
+        assert_eq!(sums.landed.value(), crc(&source));
     }
 }

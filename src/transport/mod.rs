@@ -198,10 +198,12 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
     unsafe fn transfer(&mut self, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted;
 
     /// Moves one block (a piece of one) as [`LaneLink::transfer`] does,
-    /// continuing `sent` over its source's bytes as they are before it is
-    /// copied; only where [`LaneLink::verifies_landed`]. This default sums
-    /// the source, then moves it; shm sums each few KiB just before it
-    /// copies them, while they are in the cache.
+    /// continuing `sums`: `sent` over its source's bytes as they are before
+    /// they are copied, `landed` over its destination's read back after
+    /// they landed (the `testing` feature's hook corrupts them in between);
+    /// only where [`LaneLink::verifies_landed`]. This default sums the
+    /// source, moves the block, then reads the destination back; shm does
+    /// all three per few KiB while they are in the L1 cache.
     ///
     /// # Safety
     ///
@@ -211,20 +213,42 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
         op: Opcode,
         (batch_id, ticket): (u64, u64),
         block: &Block,
-        sent: &mut checksum::Crc32c,
+        sums: &mut checksum::BlockSums,
     ) -> Posted {
+        let len = block.desc.len as usize;
         match op {
             // SAFETY: the block's local range is valid for reads and not
             // otherwise written until the chunk ends (our contract).
-            Opcode::Write => unsafe { sent.update_raw(block.local, block.desc.len as usize) },
+            Opcode::Write => unsafe { sums.sent.update_raw(block.local, len) },
             Opcode::Read => {
-                if let Err(error) = self.remote_crc32c(op, block, sent) {
+                if let Err(error) = self.remote_crc32c(op, block, &mut sums.sent) {
                     return Posted::Failed((error, 0));
                 }
             }
         }
         // SAFETY: forwarded from our own contract.
-        unsafe { self.transfer(op, batch_id, ticket, std::slice::from_ref(block)) }
+        let moved = match unsafe { self.transfer(op, batch_id, ticket, std::slice::from_ref(block)) } {
+            Posted::Done(moved) => moved,
+            other => return other,
+        };
+        if len > 0 && checksum::take_corruption(checksum::landing_offset(op, block)) {
+            match op {
+                Opcode::Write => self.corrupt_remote(block),
+                // SAFETY: the local range is valid for writes and this lane
+                // alone writes it during a READ (our contract).
+                Opcode::Read => unsafe { checksum::flip_first_byte(block.local) },
+            }
+        }
+        match op {
+            Opcode::Write => {
+                if let Err(error) = self.remote_crc32c(op, block, &mut sums.landed) {
+                    return Posted::Failed((error, moved));
+                }
+            }
+            // SAFETY: as above; the copy into it has ended.
+            Opcode::Read => unsafe { sums.landed.update_raw(block.local, len) },
+        }
+        Posted::Done(moved)
     }
 
     /// True when the link moves GPU memory (local or remote): the lane

@@ -29,7 +29,7 @@ pub(crate) struct ShmLink {
 
 impl ShmLink {
     /// Moves `blocks` as [`LaneLink::transfer`] does; with `sum`, continues
-    /// it over each host block's source as it is copied
+    /// it over each host block's source and destination as it is copied
     /// ([`LaneLink::transfer_summed`]).
     ///
     /// # Safety
@@ -41,7 +41,7 @@ impl ShmLink {
         op: Opcode,
         ticket: u64,
         blocks: &[Block],
-        mut sum: Option<&mut super::checksum::Crc32c>,
+        mut sum: Option<&mut super::checksum::BlockSums>,
     ) -> Posted {
         // A link that moves GPU memory checks its peer is alive first (one
         // `poll`): its opened memory outlives the peer's process.
@@ -139,7 +139,7 @@ impl ShmLink {
         op: Opcode,
         block: &Block,
         remote: RemoteAt,
-        sum: Option<&mut super::checksum::Crc32c>,
+        sum: Option<&mut super::checksum::BlockSums>,
     ) -> Result<u64> {
         let copier = self.device.as_mut().map(|(_, copier)| copier);
         match (device_copy(op, block.local as u64, block.memory, remote), copier, remote) {
@@ -156,7 +156,10 @@ impl ShmLink {
                     // SAFETY: `local` is valid per our contract; `remote` is
                     // inside the peer's entered mapping (`remote` checked
                     // it); the lane alone touches the source meanwhile.
-                    Some(sum) => unsafe { super::checksum_shm::copy_summed(op, local, remote, len, sum) },
+                    Some(sums) => unsafe {
+                        let corrupt = super::checksum::take_corruption(super::checksum::landing_offset(op, block));
+                        super::checksum_shm::copy_summed(op, (local, remote, len), sums, corrupt)
+                    },
                     // SAFETY: as above.
                     None => unsafe { copy_host(op, local, remote, len) },
                 }
@@ -282,10 +285,10 @@ impl LaneLink for ShmLink {
         op: Opcode,
         (_batch_id, ticket): (u64, u64),
         block: &Block,
-        sent: &mut super::checksum::Crc32c,
+        sums: &mut super::checksum::BlockSums,
     ) -> Posted {
         // SAFETY: forwarded from our own contract.
-        unsafe { self.transfer_with(op, ticket, std::slice::from_ref(block), Some(sent)) }
+        unsafe { self.transfer_with(op, ticket, std::slice::from_ref(block), Some(sums)) }
     }
     fn verifies_landed(&self) -> bool {
         // A GPU provider's copies end later, on the copy engine: nothing is
@@ -355,12 +358,13 @@ impl ShmLink {
     }
 }
 
-/// Bytes of a block copied at a time: on this machine (AMD EPYC, glibc's
-/// AVX-512 `memmove`) a 1 MiB block copied in 16 KiB pieces moved about
-/// 1.15x as fast as in one call, and a 64 KiB one as fast; a checksummed
-/// block is summed piece by piece while each piece is in the L1 cache
-/// (`checksum_shm::copy_summed`).
-pub(crate) const COPY_PIECE_BYTES: usize = 16 << 10;
+/// Bytes of a block copied at a time ([`copy_pieces`]): on this machine
+/// (AMD EPYC, glibc's AVX-512 `memmove`) a 1 MiB block copied in 8-16 KiB
+/// pieces moved about 1.1x as fast as in one call, and a 64 KiB one as
+/// fast; a checksummed block is summed piece by piece while each piece is
+/// in the L1 cache (`checksum_shm::copy_summed`), which 8 KiB pieces
+/// (source and destination together half of a 32 KiB L1) did best.
+pub(crate) const COPY_PIECE_BYTES: usize = 8 << 10;
 
 /// Copies one host block between local memory and a peer's mapping, in
 /// pieces of [`COPY_PIECE_BYTES`].
@@ -381,14 +385,51 @@ unsafe fn copy_host(op: Opcode, local: *mut u8, remote: *mut u8, len: usize) {
         unsafe { std::ptr::copy(src, dst, len) };
         return;
     }
+    // SAFETY: per this function's contract; the ranges do not overlap.
+    unsafe { copy_pieces(src, dst, len) };
+}
+
+/// Copies `len` bytes from `src` to `dst` in pieces of
+/// [`COPY_PIECE_BYTES`], each piece's destination lines fetched for writing
+/// first: how shm copies a block (the checksummed copy sums each piece
+/// between the two, `checksum_shm::copy_summed`).
+///
+/// # Safety
+///
+/// `src` is valid for reads and `dst` for writes of `len` bytes, and the
+/// two ranges do not overlap.
+#[inline]
+pub(crate) unsafe fn copy_pieces(src: *const u8, dst: *mut u8, len: usize) {
     let mut done = 0;
     while done < len {
         let n = (len - done).min(COPY_PIECE_BYTES);
+        prefetch_for_write(dst.wrapping_add(done), n);
         // SAFETY: `done + n <= len`, inside both ranges (per this
-        // function's contract), which do not overlap (checked above).
+        // function's contract), which do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), n) };
         done += n;
     }
+}
+
+/// Asks for the cache lines of `len` bytes at `at` in the state for
+/// writing (x86-64 `prefetchw`; nothing elsewhere). A hint: it never
+/// faults, and a line it misses is fetched by the store as usual.
+#[inline]
+pub(super) fn prefetch_for_write(at: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
+        let mut line = 0;
+        while line < len {
+            // SAFETY: SSE, which the intrinsic needs, is part of x86-64's
+            // baseline; a prefetch reads and writes nothing, and never
+            // faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_ET0>(at.wrapping_add(line).cast::<i8>()) };
+            line += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, len);
 }
 
 /// Whether `len` bytes at `src` and at `dst` share a byte.

@@ -45,8 +45,8 @@ pub fn fill(bytes: &mut [u8], seed: u64) {
     }
 }
 
-/// memcpy of `total` bytes in `block`-sized copies (each in pieces of
-/// [`kvring::host::SHM_COPY_PIECE_BYTES`], as the shm transport copies)
+/// memcpy of `total` bytes in `block`-sized copies (each as the shm
+/// transport copies a block, [`kvring::host::shm_copy`])
 /// between two page-aligned, pre-faulted shared mappings of the same size
 /// as the bench's regions, on the lane's core: what the shm transport's
 /// copy costs alone.
@@ -64,17 +64,17 @@ pub fn memcpy_baseline(block: u64, total: u64, region_bytes: u64, core: Option<u
         let started = Instant::now();
         for i in 0..count {
             let offset = ((i % blocks_in_region) * block) as usize;
-            // In pieces, as the shm transport copies a block.
-            let mut done = 0;
-            while done < block as usize {
-                let n = (block as usize - done).min(kvring::host::SHM_COPY_PIECE_BYTES);
-                let (from, to) = (src_addr + offset + done, dst_addr + offset + done);
-                // SAFETY: offset + block <= region_bytes (blocks_in_region
-                // whole blocks); both mappings are region_bytes long,
-                // distinct, and outlive this thread (joined below).
-                unsafe { std::ptr::copy_nonoverlapping(from as *const u8, to as *mut u8, n) };
-                done += n;
-            }
+            // SAFETY: offset + block <= region_bytes (blocks_in_region whole
+            // blocks); both mappings are region_bytes long, distinct, and
+            // outlive this thread (joined below); this thread alone uses
+            // them meanwhile.
+            let (src, dst) = unsafe {
+                (
+                    std::slice::from_raw_parts((src_addr + offset) as *const u8, block as usize),
+                    std::slice::from_raw_parts_mut((dst_addr + offset) as *mut u8, block as usize),
+                )
+            };
+            kvring::host::shm_copy(dst, src);
         }
         (count * block) as f64 / started.elapsed().as_secs_f64() / 1e9
     };

@@ -8,9 +8,7 @@
 use crate::error::Error;
 use crate::mem::MemoryKind;
 use crate::ring::Opcode;
-use crate::transport::checksum::{
-    corrupt, device_refused, flip_first_byte, take_corruption, Crc32c, VERIFIED_PIECE_BYTES,
-};
+use crate::transport::checksum::{corrupt, device_refused, BlockSums, VERIFIED_PIECE_BYTES};
 use crate::transport::{Block, LaneLink, Posted, MAX_CHUNK_BLOCKS};
 
 /// Why a checksummed part cannot run on `link`, if it cannot.
@@ -56,7 +54,7 @@ pub(super) unsafe fn transfer_verified(
         if block.memory != MemoryKind::Host {
             return Posted::Failed((device_refused(), moved));
         }
-        let (mut sent, mut landed) = (Crc32c::new(), Crc32c::new());
+        let mut sums = BlockSums::new();
         let mut done = 0;
         loop {
             let mut piece = *block;
@@ -67,7 +65,7 @@ pub(super) unsafe fn transfer_verified(
             piece.desc.len = len;
             // SAFETY: forwarded from our own contract; the piece lies inside
             // the block.
-            match unsafe { verified_piece(link, op, (batch_id, ticket), &piece, (&mut sent, &mut landed)) } {
+            match unsafe { verified_piece(link, op, (batch_id, ticket), &piece, &mut sums) } {
                 Ok(bytes) => moved += bytes,
                 Err(Posted::Failed((error, bytes))) => return Posted::Failed((error, moved + bytes)),
                 Err(other) => return other,
@@ -77,7 +75,7 @@ pub(super) unsafe fn transfer_verified(
                 break;
             }
         }
-        let (sent, landed) = (sent.value(), landed.value());
+        let (sent, landed) = (sums.sent.value(), sums.landed.value());
         if landed != sent {
             let where_ = match op {
                 Opcode::Write => "in the peer's region once written",
@@ -89,10 +87,9 @@ pub(super) unsafe fn transfer_verified(
     Posted::Done(moved)
 }
 
-/// Moves one piece of a block, continuing `sums` (source, destination) over
-/// it: its source's bytes before the copy, its destination's after it. The
-/// bytes moved, or how the piece ended otherwise (failed, with the bytes
-/// moved before it failed).
+/// Moves one piece of a block, continuing `sums` over it
+/// ([`LaneLink::transfer_summed`]): the bytes moved, or how the piece ended
+/// otherwise (failed, with the bytes moved before it failed).
 ///
 /// # Safety
 ///
@@ -100,31 +97,15 @@ pub(super) unsafe fn transfer_verified(
 unsafe fn verified_piece(
     link: &mut dyn LaneLink,
     op: Opcode,
-    (batch_id, ticket): (u64, u64),
+    ids: (u64, u64),
     piece: &Block,
-    (sent, landed): (&mut Crc32c, &mut Crc32c),
+    sums: &mut BlockSums,
 ) -> Result<u64, Posted> {
-    let len = piece.desc.len as usize;
     // SAFETY: forwarded from our own contract.
-    let moved = match unsafe { link.transfer_summed(op, (batch_id, ticket), piece, sent) } {
-        Posted::Done(moved) => moved,
+    match unsafe { link.transfer_summed(op, ids, piece, sums) } {
+        Posted::Done(moved) => Ok(moved),
         // A link that verifies landed bytes copies before it returns; were
         // one to go async, the piece stays in flight (its leases held).
-        other => return Err(other),
-    };
-    if len > 0 {
-        match op {
-            Opcode::Write if take_corruption(piece.desc.remote_offset) => link.corrupt_remote(piece),
-            // SAFETY: the local range is leased for this chunk and this lane
-            // alone writes it during a READ.
-            Opcode::Read if take_corruption(piece.desc.local_offset) => unsafe { flip_first_byte(piece.local) },
-            _ => {}
-        }
+        other => Err(other),
     }
-    match op {
-        Opcode::Write => link.remote_crc32c(op, piece, landed).map_err(|error| Posted::Failed((error, moved)))?,
-        // SAFETY: as above; the copy into it has ended.
-        Opcode::Read => unsafe { landed.update_raw(piece.local, len) },
-    }
-    Ok(moved)
 }
