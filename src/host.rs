@@ -24,6 +24,25 @@ pub fn locked_memory_limit() -> Option<u64> {
 /// Where shared-memory regions live.
 pub const SHM_DIR: &str = crate::mem::shm::SHM_DIR;
 
+/// Bytes the shm transport copies at a time (a block is copied in pieces
+/// of this size, [`shm_copy`]).
+pub const SHM_COPY_PIECE_BYTES: usize = crate::transport::shm::COPY_PIECE_BYTES;
+
+/// Copies `src` into `dst` the way the shm transport copies a block: in
+/// pieces of [`SHM_COPY_PIECE_BYTES`], each piece's destination cache lines
+/// fetched for writing first. `kvring bench`'s memcpy baseline copies with
+/// it, so that it measures the transport's own copy.
+///
+/// # Panics
+///
+/// If the two lengths differ.
+pub fn shm_copy(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "shm_copy: lengths differ");
+    // SAFETY: two live slices of the same length; `&mut` and `&` cannot
+    // overlap.
+    unsafe { crate::transport::shm::copy_pieces(src.as_ptr(), dst.as_mut_ptr(), src.len()) };
+}
+
 /// RDMA devices libibverbs lists (name, NUMA node, each port's state,
 /// link layer, MTU, GIDs and the GID index kvring would use), one line
 /// each, or in one line why there are none: no libibverbs, or no device.
@@ -93,4 +112,22 @@ pub fn gpus() -> Result<Vec<String>, String> {
 pub fn gpu_nics() -> Result<Vec<String>, String> {
     use crate::transport::rdma::gpu_nics::{choices, sysfs_root};
     choices(&sysfs_root())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn shm_copy_copies_every_piece_and_the_tail() {
+        let len = 3 * super::SHM_COPY_PIECE_BYTES + 999;
+        let src: Vec<u8> = (0..len).map(|i| (i * 7 + (i >> 10)) as u8).collect();
+        let mut dst = vec![0u8; len];
+        super::shm_copy(&mut dst, &src);
+        assert_eq!(dst, src);
+    }
+
+    #[test]
+    #[should_panic(expected = "lengths differ")]
+    fn shm_copy_refuses_different_lengths() {
+        super::shm_copy(&mut [0u8; 3], &[1u8; 4]);
+    }
 }

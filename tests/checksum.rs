@@ -176,3 +176,53 @@ fn the_checksum_setting_comes_from_kvring_variables() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(from_file.unwrap().builder().settings().checksum);
 }
+
+/// A block longer than a piece is checked piece by piece, and every piece
+/// counts: a corruption in the middle piece of block 1 (of 3) fails the
+/// batch naming block 1, on shm and cma, pushes and pulls; uncorrupted,
+/// the same batch is done and its bytes are the initiator's.
+#[test]
+fn a_block_checked_in_pieces_fails_corrupt_for_a_corruption_in_any_piece() {
+    use kvring::testing::checksum::VERIFIED_PIECE_BYTES;
+    let block = 2 * VERIFIED_PIECE_BYTES + 4096 + 17;
+    let len = (3 * block) as usize;
+    for transport in [TransportKind::Shm, TransportKind::Cma] {
+        let _turn = turn();
+        let target = common::engine(&format!("sum-pieces-target-{}", transport.name()));
+        let mut caller = vec![0u8; len].into_boxed_slice();
+        // SAFETY: `caller` outlives the target's use of it (dropped after
+        // the engines, below).
+        let caller_id = unsafe { target.register(caller.as_mut_ptr(), len, RegionInfo::raw()) }.unwrap();
+        let shm = target.alloc_region(len, RegionInfo::raw()).unwrap();
+        let initiator = common::engine(&format!("sum-pieces-init-{}", transport.name()));
+        let local = initiator.alloc_region(len, RegionInfo::raw()).unwrap();
+        // SAFETY: no batch touches these bytes yet.
+        unsafe { local.fill_pattern(43) };
+        let segment = initiator.open_segment_with(&target.control_addr().to_string(), Some(transport), WAIT).unwrap();
+        let remote = if transport == TransportKind::Cma { caller_id } else { shm.id() };
+        let descs: Vec<BlockDesc> =
+            (0..3).map(|i| BlockDesc::new(local.id(), i * block, remote, i * block, block)).collect();
+        let run = |batch: Batch<'_>| {
+            let mut sub = initiator.submitter().unwrap();
+            let id = sub.submit(&batch.deadline(WAIT).checksum(true)).unwrap();
+            sub.wait(id, WAIT).unwrap()
+        };
+        assert!(run(Batch::write(&segment).descs(&descs)).is_done(), "{transport:?}");
+        if transport == TransportKind::Cma {
+            assert_eq!(&caller[..], &common::pattern(len, 43)[..], "a verified push left the initiator's bytes");
+        }
+        let middle = block + VERIFIED_PIECE_BYTES;
+        for op in [kvring::Opcode::Write, kvring::Opcode::Read] {
+            corrupt_landing_at(middle);
+            let batch = match op {
+                kvring::Opcode::Write => Batch::write(&segment),
+                kvring::Opcode::Read => Batch::read(&segment),
+            };
+            let (index, message) = corrupt_block(run(batch.descs(&descs)));
+            assert_eq!(index, 1, "{transport:?} {op:?}: {message}");
+            corrupt_landing_at(u64::MAX);
+        }
+        drop((segment, local, initiator, shm, target));
+        drop(caller);
+    }
+}

@@ -9,7 +9,7 @@ pub mod fuzz;
 
 /// End-to-end checksums: corrupting a landed block on purpose.
 pub mod checksum {
-    pub use crate::transport::checksum::corrupt_landing_at;
+    pub use crate::transport::checksum::{corrupt_landing_at, VERIFIED_PIECE_BYTES};
 }
 
 /// The control protocol: preface, frames, the client, the version.

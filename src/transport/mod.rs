@@ -197,6 +197,60 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
     /// ticket for `InFlight`.
     unsafe fn transfer(&mut self, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted;
 
+    /// Moves one block (a piece of one) as [`LaneLink::transfer`] does,
+    /// continuing `sums`: `sent` over its source's bytes as they are before
+    /// they are copied, `landed` over its destination's read back after
+    /// they landed (the `testing` feature's hook corrupts them in between);
+    /// only where [`LaneLink::verifies_landed`]. This default sums the
+    /// source, moves the block, then reads the destination back; shm does
+    /// all three per few KiB while they are in the L1 cache.
+    ///
+    /// # Safety
+    ///
+    /// As [`LaneLink::transfer`].
+    unsafe fn transfer_summed(
+        &mut self,
+        op: Opcode,
+        (batch_id, ticket): (u64, u64),
+        block: &Block,
+        sums: &mut checksum::BlockSums,
+    ) -> Posted {
+        let len = block.desc.len as usize;
+        match op {
+            // SAFETY: the block's local range is valid for reads and not
+            // otherwise written until the chunk ends (our contract).
+            Opcode::Write => unsafe { sums.sent.update_raw(block.local, len) },
+            Opcode::Read => {
+                if let Err(error) = self.remote_crc32c(op, block, &mut sums.sent) {
+                    return Posted::Failed((error, 0));
+                }
+            }
+        }
+        // SAFETY: forwarded from our own contract.
+        let moved = match unsafe { self.transfer(op, batch_id, ticket, std::slice::from_ref(block)) } {
+            Posted::Done(moved) => moved,
+            other => return other,
+        };
+        if len > 0 && checksum::take_corruption(checksum::landing_offset(op, block)) {
+            match op {
+                Opcode::Write => self.corrupt_remote(block),
+                // SAFETY: the local range is valid for writes and this lane
+                // alone writes it during a READ (our contract).
+                Opcode::Read => unsafe { checksum::flip_first_byte(block.local) },
+            }
+        }
+        match op {
+            Opcode::Write => {
+                if let Err(error) = self.remote_crc32c(op, block, &mut sums.landed) {
+                    return Posted::Failed((error, moved));
+                }
+            }
+            // SAFETY: as above; the copy into it has ended.
+            Opcode::Read => unsafe { sums.landed.update_raw(block.local, len) },
+        }
+        Posted::Done(moved)
+    }
+
     /// True when the link moves GPU memory (local or remote): the lane
     /// refuses a GPU region on any other link before it is touched.
     fn moves_device_memory(&self) -> bool {
@@ -276,10 +330,10 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
         false
     }
 
-    /// CRC32C of the peer's bytes under `block`'s remote range, read now
-    /// with the rights `op` needs there; only where
+    /// Continues `sum` over the peer's bytes under `block`'s remote range,
+    /// read now with the rights `op` needs there; only where
     /// [`LaneLink::verifies_landed`].
-    fn remote_crc32c(&mut self, _op: Opcode, _block: &Block) -> Result<u32, Error> {
+    fn remote_crc32c(&mut self, _op: Opcode, _block: &Block, _sum: &mut checksum::Crc32c) -> Result<(), Error> {
         Err(Error::Unsupported { what: "reading a peer's bytes back on this transport".into() })
     }
 

@@ -8,7 +8,7 @@
 use crate::error::Error;
 use crate::mem::MemoryKind;
 use crate::ring::Opcode;
-use crate::transport::checksum::{corrupt, crc32c_host, device_refused, flip_first_byte, take_corruption};
+use crate::transport::checksum::{corrupt, device_refused, BlockSums, VERIFIED_PIECE_BYTES};
 use crate::transport::{Block, LaneLink, Posted, MAX_CHUNK_BLOCKS};
 
 /// Why a checksummed part cannot run on `link`, if it cannot.
@@ -35,7 +35,8 @@ pub(super) fn unverifiable(op: Opcode, tag: u32, link: &dyn LaneLink) -> Option<
 }
 
 /// Moves `blocks` on a one-sided link, each block's bytes checksummed at
-/// both ends: source before the copy, destination after it.
+/// both ends, piece by piece ([`VERIFIED_PIECE_BYTES`]): the source's
+/// piece before its copy, the destination's piece after it.
 ///
 /// # Safety
 ///
@@ -48,51 +49,63 @@ pub(super) unsafe fn transfer_verified(
     blocks: &[Block],
 ) -> Posted {
     debug_assert!(blocks.len() <= MAX_CHUNK_BLOCKS);
-    let mut sent = [0u32; MAX_CHUNK_BLOCKS];
-    for (sum, block) in sent.iter_mut().zip(blocks) {
+    let mut moved = 0;
+    for block in blocks {
         if block.memory != MemoryKind::Host {
-            return Posted::Failed((device_refused(), 0));
+            return Posted::Failed((device_refused(), moved));
         }
-        *sum = match op {
-            // SAFETY: the block's local range is leased and valid for this
-            // chunk (our contract); a WRITE only reads it.
-            Opcode::Write => unsafe { crc32c_host(block.local, block.desc.len as usize) },
-            Opcode::Read => match link.remote_crc32c(op, block) {
-                Ok(sum) => sum,
-                Err(error) => return Posted::Failed((error, 0)),
-            },
-        };
-    }
-    // SAFETY: forwarded from our own contract.
-    let moved = match unsafe { link.transfer(op, batch_id, ticket, blocks) } {
-        Posted::Done(moved) => moved,
-        other => return other,
-    };
-    for block in blocks.iter().filter(|b| b.desc.len > 0) {
-        match op {
-            Opcode::Write if take_corruption(block.desc.remote_offset) => link.corrupt_remote(block),
-            // SAFETY: the local range is leased for this chunk and this lane
-            // alone writes it during a READ.
-            Opcode::Read if take_corruption(block.desc.local_offset) => unsafe { flip_first_byte(block.local) },
-            _ => {}
+        let mut sums = BlockSums::new();
+        let mut done = 0;
+        loop {
+            let mut piece = *block;
+            let len = (block.desc.len - done).min(VERIFIED_PIECE_BYTES);
+            piece.local = block.local.wrapping_add(done as usize);
+            piece.desc.local_offset += done;
+            piece.desc.remote_offset += done;
+            piece.desc.len = len;
+            // SAFETY: forwarded from our own contract; the piece lies inside
+            // the block.
+            match unsafe { verified_piece(link, op, (batch_id, ticket), &piece, &mut sums) } {
+                Ok(bytes) => moved += bytes,
+                Err(Posted::Failed((error, bytes))) => return Posted::Failed((error, moved + bytes)),
+                Err(other) => return other,
+            }
+            done += len;
+            if done >= block.desc.len {
+                break;
+            }
         }
-    }
-    for (&sum, block) in sent.iter().zip(blocks) {
-        let landed = match op {
-            Opcode::Write => match link.remote_crc32c(op, block) {
-                Ok(landed) => landed,
-                Err(error) => return Posted::Failed((error, moved)),
-            },
-            // SAFETY: as above; the copy into it has ended.
-            Opcode::Read => unsafe { crc32c_host(block.local, block.desc.len as usize) },
-        };
-        if landed != sum {
+        let (sent, landed) = (sums.sent.value(), sums.landed.value());
+        if landed != sent {
             let where_ = match op {
                 Opcode::Write => "in the peer's region once written",
                 Opcode::Read => "in this engine's region once read",
             };
-            return Posted::Failed((corrupt(block.desc_index, sum, landed, where_), moved));
+            return Posted::Failed((corrupt(block.desc_index, sent, landed, where_), moved));
         }
     }
     Posted::Done(moved)
+}
+
+/// Moves one piece of a block, continuing `sums` over it
+/// ([`LaneLink::transfer_summed`]): the bytes moved, or how the piece ended
+/// otherwise (failed, with the bytes moved before it failed).
+///
+/// # Safety
+///
+/// As [`LaneLink::transfer`], for the one block `piece`.
+unsafe fn verified_piece(
+    link: &mut dyn LaneLink,
+    op: Opcode,
+    ids: (u64, u64),
+    piece: &Block,
+    sums: &mut BlockSums,
+) -> Result<u64, Posted> {
+    // SAFETY: forwarded from our own contract.
+    match unsafe { link.transfer_summed(op, ids, piece, sums) } {
+        Posted::Done(moved) => Ok(moved),
+        // A link that verifies landed bytes copies before it returns; were
+        // one to go async, the piece stays in flight (its leases held).
+        other => Err(other),
+    }
 }

@@ -333,8 +333,13 @@ impl LaneLink for CmaLink {
         true
     }
 
-    fn remote_crc32c(&mut self, op: Opcode, block: &Block) -> crate::error::Result<u32> {
-        self.read_crc32c(op, block)
+    fn remote_crc32c(
+        &mut self,
+        op: Opcode,
+        block: &Block,
+        sum: &mut crate::transport::checksum::Crc32c,
+    ) -> crate::error::Result<()> {
+        self.read_crc32c(op, block, sum)
     }
 
     fn corrupt_remote(&mut self, block: &Block) {

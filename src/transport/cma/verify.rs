@@ -7,6 +7,7 @@ use super::sys::IoVec;
 use super::CmaLink;
 use crate::error::{Error, Result};
 use crate::ring::Opcode;
+use crate::transport::checksum::Crc32c;
 use crate::transport::Block;
 use std::cell::RefCell;
 
@@ -32,20 +33,20 @@ impl CmaLink {
         self.move_all(Opcode::Read).map(|_| ()).map_err(|(error, _)| error)
     }
 
-    /// CRC32C of the peer's bytes under `block`'s remote range.
-    pub(super) fn read_crc32c(&mut self, op: Opcode, block: &Block) -> Result<u32> {
+    /// Continues `sum` over the peer's bytes under `block`'s remote range.
+    pub(super) fn read_crc32c(&mut self, op: Opcode, block: &Block, sum: &mut Crc32c) -> Result<()> {
         let len = block.desc.len as usize;
         BOUNCE.with(|bounce| {
             let mut bounce = bounce.try_borrow_mut().map_err(|_| Error::invalid("cma read-back", "re-entered"))?;
             bounce.resize(BOUNCE_BYTES.min(len.max(1)), 0);
-            let (mut sum, mut done) = (0u32, 0usize);
+            let mut done = 0usize;
             while done < len {
                 let n = (len - done).min(bounce.len());
                 self.read_back(op, block, done, &mut bounce[..n])?;
-                sum = crc32c::crc32c_append(sum, &bounce[..n]);
+                sum.update(&bounce[..n]);
                 done += n;
             }
-            Ok(if len == 0 { crc32c::crc32c(&[]) } else { sum })
+            Ok(())
         })
     }
 
