@@ -441,12 +441,12 @@ mod tests {
         let nics = crate::engine::MAX_RDMA_NICS;
         let mut d = sample();
         d.regions = (0..regions as u32)
-            .map(|i| RemoteRegion { id: RegionId::new(i as u16, 1), shm_path: None, ..d.regions[0].clone() })
+            .map(|i| RemoteRegion { id: RegionId::new(i, 1), shm_path: None, ..d.regions[0].clone() })
             .collect();
         let keyed = (0..regions as u32)
             .map(|i| {
                 (
-                    RegionId::new(i as u16, 1),
+                    RegionId::new(i, 1),
                     0x7f00_0000_0000 + (u64::from(i) << 21),
                     (0..nics as u32).map(|n| 0x1_0000 + i * 8 + n).collect(),
                 )
@@ -476,14 +476,10 @@ mod tests {
         let keys = p.rdma.as_ref().unwrap().regions[0].clone();
         let count = MAX_DESCRIPTOR_REGIONS as u32 - 1;
         p.regions = (0..count)
-            .map(|i| proto::RegionDescriptor {
-                id: RegionId::new(i as u16, 1).raw(),
-                shm_path: String::new(),
-                ..base.clone()
-            })
+            .map(|i| proto::RegionDescriptor { id: RegionId::new(i, 1).raw(), shm_path: String::new(), ..base.clone() })
             .collect();
         p.rdma.as_mut().unwrap().regions =
-            (0..count).map(|i| proto::RdmaRegion { id: RegionId::new(i as u16, 1).raw(), ..keys.clone() }).collect();
+            (0..count).map(|i| proto::RdmaRegion { id: RegionId::new(i, 1).raw(), ..keys.clone() }).collect();
         // How long this takes is a figure, not a test (a quadratic check
         // would be ~4 billion comparisons here): that it decodes every
         // region is what is asserted.
