@@ -18,9 +18,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy)]
 pub struct KvringRange {
     /// The region, as this engine numbers it.
-    pub region: u32,
-    /// Zero.
-    pub reserved: u32,
+    pub region: u64,
     /// Offset in the region.
     pub offset: u64,
     /// Bytes.

@@ -39,7 +39,7 @@ pub fn grant_arrival(
     py: Python<'_>,
     engine: &PyEngine,
     tag: u32,
-    ranges: Vec<(u32, u64, u64)>,
+    ranges: Vec<(u64, u64, u64)>,
     sender: Option<String>,
 ) -> PyResult<()> {
     let ranges: Vec<_> = ranges.into_iter().map(|(r, offset, len)| (RegionId::from_raw(r), offset, len)).collect();
