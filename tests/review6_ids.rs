@@ -448,3 +448,53 @@ fn rdma_requests_never_truncate_a_length_to_32_bits() {
         assert!(out[0].iter().all(|wr| wr.len > 0), "slice {slice}: a zero-length request");
     }
 }
+
+/// The GPU descriptor server (`gpu_fds`, request "KVF5"): requests naming
+/// truncated or edge ids, or a first handle past 32 bits' worth, are
+/// refused with a reason ("KVF4" answer, kind 1), never answered with a
+/// descriptor; the real id is answered.
+#[test]
+fn gpu_fds_requests_naming_truncated_or_edge_ids_are_refused() {
+    use kvring::gpu::{Gpu, SimGpu};
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixStream};
+    let gpu = std::sync::Arc::new(SimGpu::new(1, std::time::Duration::from_micros(50)));
+    let target = common::builder("review6-gpu-fds").gpu(gpu.clone() as std::sync::Arc<dyn Gpu>).build().unwrap();
+    let region = target.alloc_region(LEN, RegionInfo::raw().on_gpu(0)).unwrap();
+    let real = region.id();
+    let name = kvring::testing::descriptor(&target).gpu_fds.expect("a GPU region's engine serves gpu_fds");
+    let mut s = UnixStream::connect_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut hello = b"KVF1".to_vec();
+    hello.extend_from_slice(&[0u8; 48]);
+    s.write_all(&hello).unwrap();
+    let mut challenge = [0u8; 56];
+    s.read_exact(&mut challenge).unwrap();
+    assert_eq!(&challenge[..4], b"KVF2");
+    let mut ask = |region: u64, first: u32| -> (u32, Vec<u8>) {
+        let mut request = b"KVF5".to_vec();
+        request.extend_from_slice(&region.to_le_bytes());
+        request.extend_from_slice(&first.to_le_bytes());
+        request.extend_from_slice(&1u32.to_le_bytes());
+        s.write_all(&request).unwrap();
+        let mut answer = [0u8; 16];
+        s.read_exact(&mut answer).unwrap();
+        assert_eq!(&answer[..4], b"KVF4");
+        let word = |at: usize| u32::from_le_bytes(answer[at..at + 4].try_into().unwrap());
+        let mut reason = vec![0u8; if word(4) == 1 { word(8) as usize } else { 0 }];
+        s.read_exact(&mut reason).unwrap();
+        (word(4), reason)
+    };
+    for (alias, what) in aliases(real) {
+        let (kind, reason) = ask(alias.raw(), 0);
+        assert_eq!(kind, 1, "a request for {alias} ({what}) must be refused");
+        assert!(String::from_utf8_lossy(&reason).contains(&alias.to_string()), "{what}: the reason names the id");
+    }
+    for first in [1, u32::MAX] {
+        assert_eq!(ask(real.raw(), first).0, 1, "handle {first} of a one-handle region");
+    }
+    assert_eq!(ask(real.raw(), 0).0, 0, "the real id is answered");
+    drop(s);
+    drop(region);
+    drop(target);
+}
