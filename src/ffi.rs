@@ -542,6 +542,7 @@ pub unsafe extern "C" fn kvring_segment_free(segment: *mut KvringSegment) {
     unsafe { take_back(segment) }
 }
 
+// Writes an id to its out-parameter as `kvring_register` does, on purpose: a C function each (docs/DUPLICATES.md).
 /// The id of the peer's `position`-th region (in the order it lists them).
 ///
 /// # Safety

@@ -163,6 +163,7 @@ pub unsafe extern "C" fn kvring_wait_landed(
 ///
 /// # Safety
 ///
+// The same parameters and null checks as `kvring_landed`, on purpose: a C function each (docs/DUPLICATES.md).
 /// `engine` is live; `sender` is null or a NUL-terminated string;
 /// `bytes_out` is null or valid.
 #[no_mangle]

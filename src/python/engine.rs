@@ -462,6 +462,7 @@ impl PyEngine {
         })
     }
 
+    // Same keyword signature as `submit_addrs`, on purpose: a Python method each (docs/DUPLICATES.md).
     /// Moves blocks named by local and remote addresses (Mooncake's
     /// convention) and waits; returns the bytes moved.
     #[pyo3(signature = (name, op, locals, remotes, lengths, timeout=30.0, checksum=None))]

@@ -77,6 +77,7 @@ impl Open {
         })
     }
 
+    // `submit`'s parameters again, on purpose: `run` is `submit` then a wait (docs/DUPLICATES.md).
     /// Submits one batch and waits for it (a little past its deadline).
     pub(super) fn run(
         &mut self,
