@@ -93,10 +93,12 @@ pub fn build(
     for list in out.iter_mut() {
         list.clear();
     }
-    let slice = config.slice_bytes.max(1);
+    // A work request's length is a u32 (ibv_sge.length, ibv_post_send(3)): a
+    // longer slice would post a truncated length, so slices stop at u32::MAX.
+    let slice = u32::try_from(config.slice_bytes.max(1)).unwrap_or(u32::MAX);
     let mut seq = 0u64;
     let mut nic = 0usize;
-    let mut emit = |local_addr: u64, remote_addr: u64, len: u64, local_region: u64, remote_region: u64| {
+    let mut emit = |local_addr: u64, remote_addr: u64, len: u32, local_region: u64, remote_region: u64| {
         let mask = keys.nics(local_region);
         if mask != 0 {
             nic = pick(nic, nics, mask);
@@ -107,23 +109,23 @@ pub fn build(
             wr_id: wr_id(seq),
             op,
             local_addr,
-            len: len as u32,
+            len,
             lkey: keys.lkey(nic, local_region),
             remote_addr,
             rkey: keys.rkey(nic, remote_region),
             signaled: count.is_multiple_of(config.signal_every.max(1)),
-            inline: op.writes() && len <= u64::from(config.max_inline) && keys.host_memory(local_region),
+            inline: op.writes() && len <= config.max_inline && keys.host_memory(local_region),
         });
         seq += 1;
         nic = (nic + 1) % nics;
     };
     let mut pending: Option<KeyedBlock> = None;
-    let flush = |run: KeyedBlock, emit: &mut dyn FnMut(u64, u64, u64, u64, u64)| {
+    let flush = |run: KeyedBlock, emit: &mut dyn FnMut(u64, u64, u32, u64, u64)| {
         let mut done = 0;
         while done < run.len {
-            let len = (run.len - done).min(slice);
+            let len = u32::try_from(run.len - done).unwrap_or(u32::MAX).min(slice);
             emit(run.local_addr + done, run.remote_addr + done, len, run.local_region, run.remote_region);
-            done += len;
+            done += u64::from(len);
         }
     };
     for block in blocks {
