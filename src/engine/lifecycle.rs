@@ -21,7 +21,6 @@ use crate::transport::tcp::TcpDataServer;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Instant;
 
 pub(crate) struct EngineInner {
     pub(crate) config: EngineConfig,
@@ -197,7 +196,7 @@ impl Engine {
                 directory.clone(),
                 &metadata::publishable(context.describe(), config.token.is_some()),
                 config.metadata_ttl,
-                Instant::now() + config.control_timeout,
+                crate::runtime::clock::deadline_after(config.control_timeout),
             )?),
             None => None,
         };

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::notify::{Notification, MAX_NOTIFY_BYTES};
 use crate::runtime::lane::LaneCommand;
 use prost::Message as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 impl Engine {
     /// Sends `message` to a peer ("request 42's blocks are in place") and
@@ -29,7 +29,7 @@ impl Engine {
         if segment.inner.peer.is_stale() {
             return Err(Error::PeerRestarted { segment: segment.name().to_string(), detail: "reopen it first".into() });
         }
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::runtime::clock::deadline_after(timeout);
         if segment.inner.link.carries_notifications() {
             return self.notify_on_data_path(segment, message, timeout);
         }

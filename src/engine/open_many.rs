@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::transport::TransportKind;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Most peers `open_many` opens at once: a bound on the threads one call
 /// starts. A TP group (8, 16 ranks) fits; a larger list is worked through
@@ -48,13 +48,10 @@ impl Engine {
         timeout: Duration,
     ) -> Vec<Result<Segment>> {
         // The first place of each distinct name is opened concurrently.
-        let mut first: Vec<usize> = Vec::with_capacity(names.len());
-        for (i, name) in names.iter().enumerate() {
-            if !first.iter().any(|&j| names[j].as_ref() == name.as_ref()) {
-                first.push(i);
-            }
-        }
-        let deadline = Instant::now() + timeout;
+        // A set, not a scan of `first`: thousands of names stay linear.
+        let mut seen = std::collections::HashSet::with_capacity(names.len());
+        let first: Vec<usize> = (0..names.len()).filter(|&i| seen.insert(names[i].as_ref())).collect();
+        let deadline = crate::runtime::clock::deadline_after(timeout);
         let results: Vec<Mutex<Option<Result<Segment>>>> = names.iter().map(|_| Mutex::new(None)).collect();
         let next = AtomicUsize::new(0);
         let open_next = || loop {

@@ -156,9 +156,13 @@ impl Engine {
         }
         // The handshake and connects run on the caller's thread, never on a
         // lane, and without the table lock, so a dead peer stalls nobody else.
-        let deadline = shared.unwrap_or_else(|| Instant::now() + timeout);
-        if Instant::now() >= deadline {
-            return Err(Error::Timeout { waited: Duration::ZERO });
+        let deadline = shared.unwrap_or_else(|| crate::runtime::clock::deadline_after(timeout));
+        let now = Instant::now();
+        if now >= deadline {
+            // The deadline was set `timeout` after the open began (here or
+            // in `open_many`, which shares one): that much has been waited.
+            let began = deadline.checked_sub(timeout).unwrap_or(deadline);
+            return Err(Error::Timeout { waited: now.saturating_duration_since(began) });
         }
         let handshake = self.inner.metadata.resolve(name, &self.initiator(), deadline)?;
         let (transport, link) = self.choose_and_open(transport, &handshake, deadline)?;
@@ -341,7 +345,7 @@ impl Engine {
                 reasons: vec![(transport.name(), "it was asked for, and is not in this engine's transports".into())],
             });
         }
-        let deadline = Instant::now() + self.inner.config.control_timeout;
+        let deadline = crate::runtime::clock::deadline_after(self.inner.config.control_timeout);
         let handshake = match (&self.inner.config.token, transport) {
             // A tokened tcp connection proves a handshake's session, even
             // to this engine itself.
