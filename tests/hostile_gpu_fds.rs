@@ -282,12 +282,10 @@ fn a_stranger_without_the_token_fetches_no_descriptor() {
     let third = Third::start("engine", Some(TOKEN));
     let (control, name) = (third.words[0].clone(), third.words[1].clone());
     let region = RegionId::from_raw(third.words[2].parse().unwrap());
+    // The client's own encoder: a request the server would answer, were
+    // the proof checked away (the test fails then; it has been tried).
     let request = |stream: &mut UnixStream| {
-        let mut bytes = b"KVF3".to_vec();
-        for word in [region.raw(), 0, 1] {
-            bytes.extend_from_slice(&word.to_le_bytes());
-        }
-        let _ = stream.write_all(&bytes);
+        let _ = stream.write_all(&kvring::testing::gpu_fds::request(region.raw(), 0, 1));
     };
     let socket = || UnixStream::connect_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
 
@@ -327,4 +325,28 @@ fn a_stranger_without_the_token_fetches_no_descriptor() {
     let segment = initiator.open_segment_with(&third.words[0], Some(TransportKind::CudaIpc), WAIT).unwrap();
     assert!(any_write_done(&initiator, &segment, source.id()));
     assert!(third.verdict().contains("verdict changed"), "the token holder's write landed");
+}
+
+/// An opener speaking an older request form ("KVF3", before region ids
+/// took 64 bits) is refused with a reason naming its version and the one
+/// served, at once: not misread, nor left to the server's read timeout.
+#[test]
+fn an_older_request_version_is_refused_by_name() {
+    let (target, _gpu) = gpu_engine("gpu-fds-old-request", None);
+    let region = target.alloc_region(LEN as usize, RegionInfo::raw().on_gpu(0)).unwrap();
+    let name = kvring::testing::descriptor(&target).gpu_fds.expect("a GPU region's engine serves gpu_fds");
+    let mut stream = UnixStream::connect_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    stream.write_all(&hello(&[0; 16], &[0; 16])).unwrap();
+    let challenge = read_some(&mut stream, 56);
+    assert_eq!(&challenge[..8], b"KVF2\0\0\0\0", "no token: no proof asked");
+    let mut old = b"KVF3".to_vec();
+    for word in [region.id().raw(), 0, 1] {
+        old.extend_from_slice(&word.to_le_bytes());
+    }
+    stream.write_all(&old).unwrap();
+    let answer = read_some(&mut stream, 4096);
+    assert!(answer.len() > 16, "a refusal with its reason, got {answer:?}");
+    assert_eq!(&answer[..8], b"KVF4\x01\0\0\0", "a refusal");
+    let reason = String::from_utf8_lossy(&answer[16..]);
+    assert!(reason.contains("KVF3") && reason.contains("KVF5"), "the reason names both versions: {reason}");
 }

@@ -41,6 +41,16 @@ pub mod rdma {
 }
 
 /// The submission rings, measured against rtrb and crossbeam.
+/// The GPU descriptor server's (`gpu_fds`) wire forms, through the
+/// encoders its client uses, so a hostile test cannot drift from them.
+pub mod gpu_fds {
+    /// A descriptor request for handles `first..first + count` of region
+    /// `region` (its raw id), byte for byte as the client sends it.
+    pub fn request(region: u64, first: u32, count: u32) -> Vec<u8> {
+        crate::transport::gpu_fds::Request { region, first, count }.encode().to_vec()
+    }
+}
+
 pub mod ring {
     pub use crate::ring::{channel, Full};
 }

@@ -120,6 +120,19 @@ pub(crate) const REQUEST_BYTES: usize = 20;
 /// Bytes of an [`Answer`].
 pub(crate) const ANSWER_BYTES: usize = 16;
 
+/// The reason to give a request whose magic is another version of this
+/// one ("KVF" and another letter): it names both versions. `None` for the
+/// current magic and for bytes that are no kvring request at all.
+pub(crate) fn old_request_version(magic: &[u8]) -> Option<String> {
+    (magic.len() == 4 && magic[..3] == REQUEST_MAGIC[..3] && magic != REQUEST_MAGIC).then(|| {
+        format!(
+            "a {} GPU descriptor request; this engine serves {} only (update the opener's kvring)",
+            String::from_utf8_lossy(magic).escape_debug(),
+            String::from_utf8_lossy(&REQUEST_MAGIC)
+        )
+    })
+}
+
 impl Request {
     pub(crate) fn encode(&self) -> [u8; REQUEST_BYTES] {
         let mut out = [0u8; REQUEST_BYTES];
@@ -198,6 +211,9 @@ mod tests {
         assert!(Challenge::decode(&odd).unwrap_err().contains("flags"));
         let request = Request { region: 1 << 40 | 7, first: 64, count: 64 };
         assert_eq!(Request::decode(&request.encode()), Ok(request));
+        assert!(old_request_version(b"KVF3").unwrap().contains("a KVF3 GPU descriptor request"));
+        assert_eq!(old_request_version(b"KVF5"), None);
+        assert_eq!(old_request_version(b"GET "), None);
         let mut answer = [0u8; REQUEST_BYTES];
         answer[..ANSWER_BYTES].copy_from_slice(&Answer::Refused { len: 1 }.encode());
         assert!(Request::decode(&answer).is_err(), "an answer is no request");

@@ -2,7 +2,7 @@
 //! one accepting thread, a bounded number of connection threads, each
 //! connection proven before anything is passed.
 
-use super::{Answer, Challenge, Hello, Request, HELLO_BYTES, MAX_REFUSAL_BYTES, REQUEST_BYTES};
+use super::{old_request_version, Answer, Challenge, Hello, Request, HELLO_BYTES, MAX_REFUSAL_BYTES, REQUEST_BYTES};
 use crate::auth::{random_bytes, Authenticator, MAC_BYTES};
 use crate::gpu::fd::{peer_cred, send_with_fds, MAX_FDS_PER_MESSAGE};
 use crate::mem::{Access, Registry};
@@ -308,11 +308,18 @@ fn serve(stream: &UnixStream, shared: &Shared, mut unproven: Unproven<'_>) -> Re
     stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
     loop {
         let mut request = [0u8; REQUEST_BYTES];
-        match (&*stream).read_exact(&mut request) {
+        match (&*stream).read_exact(&mut request[..4]) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e.to_string()),
         }
+        // An older opener's request ("KVF3": 28 bytes) is refused by name
+        // at once, not read as this form nor left to the read timeout.
+        if let Some(reason) = old_request_version(&request[..4]) {
+            refuse(stream, reason.clone()).map_err(io)?;
+            return Err(reason);
+        }
+        (&*stream).read_exact(&mut request[4..]).map_err(io)?;
         let request = Request::decode(&request)?;
         // A stopped engine's server passes nothing more.
         if shared.stop.load(Ordering::Acquire) {
@@ -325,19 +332,23 @@ fn serve(stream: &UnixStream, shared: &Shared, mut unproven: Unproven<'_>) -> Re
                 send_with_fds(stream, &answer.encode(), &borrowed).map_err(io)?;
                 // Our copies close here: the opener holds its own.
             }
-            Err(mut reason) => {
-                let mut end = reason.len().min(MAX_REFUSAL_BYTES);
-                while !reason.is_char_boundary(end) {
-                    end -= 1;
-                }
-                reason.truncate(end);
-                let answer = Answer::Refused { len: reason.len() as u32 };
-                let mut bytes = answer.encode().to_vec();
-                bytes.extend_from_slice(reason.as_bytes());
-                (&*stream).write_all(&bytes).map_err(io)?;
-            }
+            Err(reason) => refuse(stream, reason).map_err(io)?,
         }
     }
+}
+
+/// Answers a request with a refusal and its reason (cut to
+/// `MAX_REFUSAL_BYTES` on a character boundary).
+fn refuse(stream: &UnixStream, mut reason: String) -> std::io::Result<()> {
+    let mut end = reason.len().min(MAX_REFUSAL_BYTES);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason.truncate(end);
+    let answer = Answer::Refused { len: reason.len() as u32 };
+    let mut bytes = answer.encode().to_vec();
+    bytes.extend_from_slice(reason.as_bytes());
+    (&*stream).write_all(&bytes)
 }
 
 /// Fills `buf` from `stream` by `deadline`, however the bytes are split.
