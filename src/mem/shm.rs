@@ -356,6 +356,14 @@ impl ShmMapping {
             unregistering: Default::default(),
         };
         let header = mapping.read_header();
+        if header.magic == HEADER_MAGIC && header.version != HEADER_VERSION {
+            // Another kvring's layout: said by name, not as a failed proof.
+            return Err(refuse(format!(
+                "its header is version {}, and this kvring reads version {HEADER_VERSION} only (the peer runs \
+                 another kvring)",
+                header.version
+            )));
+        }
         let proven = header.magic == HEADER_MAGIC
             && header.version == HEADER_VERSION
             && header.pid == expected.pid
@@ -495,6 +503,11 @@ mod tests {
         expect_refusal(owner.path(), PeerRegion { epoch: 0x12, ..good }, "not the name kvring gives");
         expect_refusal(owner.path(), PeerRegion { region: RegionId::new(2, 1), ..good }, "does not prove region");
         expect_refusal(owner.path(), PeerRegion { len: 8192, ..good }, "needs 12288");
+        // Another kvring's header layout: refused by its version.
+        let current = owner.read_header();
+        owner.write_header(&ShmHeader { version: HEADER_VERSION - 1, ..current });
+        expect_refusal(owner.path(), good, &format!("its header is version {}", HEADER_VERSION - 1));
+        owner.write_header(&current);
         // Names outside kvring's own.
         expect_refusal(Path::new("/etc/passwd"), good, "not the name kvring gives");
         expect_refusal(Path::new("/dev/shm/some-other-app"), good, "not the name kvring gives");
