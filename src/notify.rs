@@ -76,8 +76,25 @@ pub type DeliveryHook = Box<dyn Fn() + Send + Sync>;
 struct Queued {
     queue: VecDeque<Notification>,
     bytes: usize,
-    /// Per sender: notifications and bytes queued.
+    /// Per sender: notifications and bytes queued or held.
     senders: HashMap<String, (usize, usize)>,
+    /// Notifications past their quota check, not yet queued
+    /// (`deliver_after`'s `before` is running).
+    held: usize,
+}
+
+impl Queued {
+    /// Frees the share of a notification of `cost` bytes from `from`.
+    fn release(&mut self, from: &str, cost: usize) {
+        self.bytes -= cost;
+        if let Some((count, bytes)) = self.senders.get_mut(from) {
+            *count -= 1;
+            *bytes -= cost;
+            if *count == 0 {
+                self.senders.remove(from);
+            }
+        }
+    }
 }
 
 /// The queue notifications land in. Deliveries come from the data server
@@ -133,6 +150,15 @@ impl NotificationQueue {
     /// `MessageTooLarge` or `InvalidArgument` when the message or the
     /// sender's name is too long.
     pub fn deliver(&self, notification: Notification) -> Result<()> {
+        self.deliver_after(notification, || Ok(()))
+    }
+
+    /// [`deliver`](Self::deliver), running `before` first for a
+    /// notification that passed every size check and quota (its place is
+    /// held meanwhile, outside the lock): a refused sender never makes
+    /// `before` run, so it cannot buy work (a GPU flush) at any rate.
+    /// `before`'s error refuses the notification and frees its place.
+    pub fn deliver_after(&self, notification: Notification, before: impl FnOnce() -> Result<()>) -> Result<()> {
         if notification.message.len() > MAX_NOTIFY_BYTES {
             return Err(Error::MessageTooLarge {
                 len: notification.message.len() as u64,
@@ -145,25 +171,37 @@ impl NotificationQueue {
         let cost = notification.cost();
         let refused = {
             let mut queued = self.queued();
-            match self.refusal(&queued, &notification.from, cost) {
-                Some(refused) => Some((refused, notification.from)),
-                None => {
-                    let (count, bytes) = queued.senders.get(&notification.from).copied().unwrap_or_default();
-                    queued.senders.insert(notification.from.clone(), (count + 1, bytes + cost));
-                    queued.bytes += cost;
-                    queued.queue.push_back(notification);
-                    None
-                }
+            let refused = self.refusal(&queued, &notification.from, cost);
+            if refused.is_none() {
+                // Held: counted against the quotas until pushed or freed.
+                let (count, bytes) = queued.senders.get(&notification.from).copied().unwrap_or_default();
+                queued.senders.insert(notification.from.clone(), (count + 1, bytes + cost));
+                queued.bytes += cost;
+                queued.held += 1;
             }
+            refused
         };
-        if let Some(((kind, error), from)) = refused {
+        if let Some((kind, error)) = refused {
             // Logged outside the lock, and limited: a peer can cause this
             // at any rate.
             static LIMITS: [RateLimit; 4] = [const { RateLimit::per_second() }; 4];
             if let Error::Busy { queue, capacity } = &error {
+                let from = &notification.from;
                 log_limited!(warn, LIMITS[kind], %from, quota = *queue, capacity, "notification refused");
             }
             return Err(error);
+        }
+        let ran = before();
+        {
+            let mut queued = self.queued();
+            queued.held -= 1;
+            match ran {
+                Ok(()) => queued.queue.push_back(notification),
+                Err(error) => {
+                    queued.release(&notification.from, cost);
+                    return Err(error);
+                }
+            }
         }
         // Counted after the push: whoever sees the count finds the message.
         self.delivered.count();
@@ -178,7 +216,7 @@ impl NotificationQueue {
     fn refusal(&self, queued: &Queued, from: &str, cost: usize) -> Option<(usize, Error)> {
         let quota = self.quota;
         let (count, bytes) = queued.senders.get(from).copied().unwrap_or_default();
-        let (kind, queue, capacity) = if queued.queue.len() >= quota.total {
+        let (kind, queue, capacity) = if queued.queue.len() + queued.held >= quota.total {
             (0, "notification queue", quota.total)
         } else if queued.bytes + cost > quota.total_bytes {
             (1, "notification queue bytes", quota.total_bytes)
@@ -197,14 +235,7 @@ impl NotificationQueue {
         let mut queued = self.queued();
         let notification = queued.queue.pop_front()?;
         let cost = notification.cost();
-        queued.bytes -= cost;
-        if let Some((count, bytes)) = queued.senders.get_mut(&notification.from) {
-            *count -= 1;
-            *bytes -= cost;
-            if *count == 0 {
-                queued.senders.remove(&notification.from);
-            }
-        }
+        queued.release(&notification.from, cost);
         Some(notification)
     }
 }
@@ -254,5 +285,26 @@ mod tests {
         assert!(matches!(queue.deliver(huge), Err(Error::MessageTooLarge { .. })));
         let long_name = Notification { from: "p".repeat(MAX_SENDER_BYTES + 1), message: vec![] };
         assert!(queue.deliver(long_name).unwrap_err().to_string().contains("notification sender"));
+    }
+
+    #[test]
+    fn before_runs_only_for_a_notification_within_its_quotas_and_its_error_frees_the_place() {
+        let quota = NotifyQuota { total: 10, total_bytes: 1000, per_sender: 1, per_sender_bytes: 1000 };
+        let queue = NotificationQueue::new(quota);
+        let ran = std::cell::Cell::new(0);
+        let before = || {
+            ran.set(ran.get() + 1);
+            Ok(())
+        };
+        queue.deliver_after(n("p", "a"), before).unwrap();
+        assert!(matches!(queue.deliver_after(n("p", "b"), before), Err(Error::Busy { .. })));
+        assert!(queue.deliver_after(n("p", &"x".repeat(MAX_NOTIFY_BYTES + 1)), before).is_err());
+        assert_eq!(ran.get(), 1, "an over-quota or oversized notification runs nothing");
+        let failed = queue.deliver_after(n("q", "c"), || Err(Error::Shutdown));
+        assert!(matches!(failed, Err(Error::Shutdown)));
+        queue.deliver(n("q", "d")).unwrap();
+        let order: Vec<_> = std::iter::from_fn(|| queue.poll()).map(|n| n.message).collect();
+        assert_eq!(order, [b"a".to_vec(), b"d".to_vec()], "the failed one's place was freed, nothing queued");
+        assert_eq!(queue.delivered(), 2);
     }
 }

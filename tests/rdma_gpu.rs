@@ -404,12 +404,27 @@ fn an_untagged_push_into_gpu_memory_is_flushed_before_its_notification_reaches_t
     let host_remote = host_target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     assert_eq!(push_and_notify(&host_target, &host_remote, b"host").unwrap_or(0), 0);
     // One with GPU memory registered with its NIC flushes that GPU.
-    let target = engine("decode-0", &fab);
+    let quota = kvring::NotifyQuota { per_sender: 1, ..Default::default() };
+    let target = fab.verbs.apply(common::builder("decode-0")).gpu(fab.gpu.clone()).notify_quota(quota).build().unwrap();
     let remote = target.alloc_region(1 << 20, GPU(0)).unwrap();
     match push_and_notify(&target, &remote, b"gpu") {
         Some(flushed) => assert_eq!(flushed, i64::from(!ordered), "ordered by the GPU: {ordered}"),
         None => eprintln!("skipped on the simulated GPU: counting flushes (it orders a NIC's writes itself)"),
     }
+    // A notification past its sender's quota is refused before any flush:
+    // an over-quota peer cannot make the target flush at any rate.
+    let segment = open(&initiator, &target).unwrap();
+    initiator.notify(&segment, b"queued", WAIT).unwrap();
+    let before = flushes();
+    assert!(initiator.notify(&segment, b"over quota", WAIT).is_err(), "a second one from the sender is over quota");
+    assert_eq!(flushes(), before, "a refused notification flushed");
+    assert_eq!(target.poll_notification().unwrap().message, b"queued");
+    // Its last NIC-registered region gone, the GPU is flushed no more.
+    target.unregister(remote.id()).unwrap();
+    let before = flushes();
+    initiator.notify(&segment, b"no gpu memory", WAIT).unwrap();
+    assert_eq!(target.poll_notification().unwrap().message, b"no gpu memory");
+    assert_eq!(flushes(), before, "a GPU with no region registered with the NICs was flushed");
     if real() && std::env::var_os("RDMA_GPU_CHILD").is_none() && !host_nics("a GPU that orders its NIC writes") {
         run_child(name, &[("FAKECUDA_GDR_ORDERING", "100".as_ref())]);
     }

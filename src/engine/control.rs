@@ -33,9 +33,9 @@ pub(super) struct ControlContext {
     pub notifications: Arc<NotificationQueue>,
     pub kv_layout: Mutex<Option<KvLayout>>,
     pub rdma: Option<Arc<RdmaNode>>,
-    /// The GPUs with memory registered with a NIC (by ordinal), whose
-    /// GPUDirect RDMA writes are flushed before a notification is queued.
-    pub gpudirect: Mutex<std::collections::BTreeMap<u32, Arc<dyn crate::gpu::Gpu>>>,
+    /// The GPUs with memory registered with a NIC, whose GPUDirect RDMA
+    /// writes are flushed before a notification is queued.
+    pub gpudirect: Mutex<GpuDirect>,
     /// The cma page same-host peers reach this engine's memory through, or
     /// why they may not.
     pub cma: std::result::Result<Arc<CmaExport>, String>,
@@ -144,11 +144,13 @@ impl ControlHandler for ControlContext {
         // GPU does not order a NIC's writes for its own work, they are
         // flushed before the consumer can act on the message (VERBS-REVIEW
         // #15; tagged pushes are counted from receive completions).
-        let gpus: Vec<_> = lock(&self.gpudirect).iter().map(|(&ordinal, gpu)| (ordinal, gpu.clone())).collect();
-        for (ordinal, gpu) in gpus {
-            gpu.flush_rdma_writes(ordinal)?;
-        }
-        self.notifications.deliver(Notification { from: sender.to_string(), message })
+        // Flushed only for a notification within its sender's quota: an
+        // over-quota peer cannot make this engine flush at any rate.
+        let flush = || {
+            let gpus = lock(&self.gpudirect).gpus();
+            gpus.iter().try_for_each(|(ordinal, gpu)| gpu.flush_rdma_writes(*ordinal).map(drop))
+        };
+        self.notifications.deliver_after(Notification { from: sender.to_string(), message }, flush)
     }
 
     fn memory_info(&self) -> Result<crate::proto::KvLayoutInfo> {
@@ -194,6 +196,34 @@ impl ControlHandler for ControlContext {
     }
 }
 
+/// The GPUs (by ordinal) with memory registered with a NIC, each with the
+/// regions that put it there: a GPU leaves with its last such region, so
+/// notifications stop flushing it.
+#[derive(Default)]
+pub(crate) struct GpuDirect {
+    gpus: std::collections::BTreeMap<u32, (Arc<dyn crate::gpu::Gpu>, std::collections::BTreeSet<RegionId>)>,
+}
+
+impl GpuDirect {
+    /// Region `id`, of GPU `ordinal`, is registered with the NICs.
+    pub fn add(&mut self, ordinal: u32, gpu: &Arc<dyn crate::gpu::Gpu>, id: RegionId) {
+        self.gpus.entry(ordinal).or_insert_with(|| (gpu.clone(), Default::default())).1.insert(id);
+    }
+
+    /// Region `id` is unregistered (nothing, if it was no GPU's).
+    pub fn remove(&mut self, id: RegionId) {
+        self.gpus.retain(|_, (_, regions)| {
+            regions.remove(&id);
+            !regions.is_empty()
+        });
+    }
+
+    /// The GPUs to flush, by ordinal.
+    pub fn gpus(&self) -> Vec<(u32, Arc<dyn crate::gpu::Gpu>)> {
+        self.gpus.iter().map(|(&ordinal, (gpu, _))| (ordinal, gpu.clone())).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,5 +265,24 @@ mod tests {
             ControlHandler::checksum(context, &unknown),
             Err(Error::UnknownRegion { side: Side::Remote, .. })
         ));
+    }
+
+    #[test]
+    fn a_gpu_leaves_the_flush_set_with_its_last_nic_registered_region() {
+        let gpu: Arc<dyn crate::gpu::Gpu> = Arc::new(crate::gpu::SimGpu::new(2, std::time::Duration::ZERO));
+        let mut set = GpuDirect::default();
+        let (a, b, c) = (RegionId::new(1, 1), RegionId::new(2, 1), RegionId::new(3, 1));
+        set.add(0, &gpu, a);
+        set.add(0, &gpu, b);
+        set.add(1, &gpu, c);
+        let ordinals = |set: &GpuDirect| set.gpus().into_iter().map(|(o, _)| o).collect::<Vec<_>>();
+        assert_eq!(ordinals(&set), [0, 1]);
+        set.remove(a);
+        assert_eq!(ordinals(&set), [0, 1], "GPU 0 still has a region with the NICs");
+        set.remove(RegionId::new(9, 1));
+        set.remove(b);
+        assert_eq!(ordinals(&set), [1]);
+        set.remove(c);
+        assert!(set.gpus().is_empty());
     }
 }

@@ -190,7 +190,7 @@ impl Engine {
         match registered {
             Ok(()) => {
                 let mut gpus = self.inner.context.gpudirect.lock().unwrap_or_else(|p| p.into_inner());
-                gpus.entry(device.ordinal).or_insert_with(|| device.gpu.clone());
+                gpus.add(device.ordinal, &device.gpu, id);
             }
             Err(reason) => {
                 tracing::warn!(region = %id, %reason, "GPU memory not registered with the NICs: rdma cannot move it")
@@ -259,6 +259,7 @@ impl Engine {
         if let Some(node) = &self.inner.context.rdma {
             node.unregister_region(id);
         }
+        self.inner.context.gpudirect.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
         Ok(())
     }
 
