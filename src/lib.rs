@@ -32,6 +32,7 @@ mod arrival;
 mod auth;
 pub mod config;
 mod control;
+mod deadline;
 mod delivered;
 mod desc;
 mod engine;

@@ -141,7 +141,7 @@ impl Engine {
     fn wait_count(&self, landed: impl Fn() -> u64, tag: u32, bytes: u64, timeout: Duration) -> Result<()> {
         let started = Instant::now();
         let mut backoff =
-            Backoff::new(self.inner.config.wait_backoff, Some(crate::runtime::clock::deadline_from(started, timeout)));
+            Backoff::new(self.inner.config.wait_backoff, Some(crate::deadline::deadline_from(started, timeout)));
         while landed() < bytes {
             // A stopped engine lands nothing more: its `close` (which waits
             // for this call in Python) hears at once, not at the timeout.

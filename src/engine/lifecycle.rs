@@ -196,7 +196,7 @@ impl Engine {
                 directory.clone(),
                 &metadata::publishable(context.describe(), config.token.is_some()),
                 config.metadata_ttl,
-                crate::runtime::clock::deadline_after(config.control_timeout),
+                crate::deadline::deadline_after(config.control_timeout),
             )?),
             None => None,
         };

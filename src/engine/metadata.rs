@@ -112,7 +112,7 @@ pub(crate) fn start_watcher(engine: Weak<EngineInner>, poll: Duration) -> Result
     std::thread::Builder::new()
         .name("kvring-metadata-watch".into())
         .spawn(move || {
-            let mut next = crate::runtime::clock::deadline_after(poll);
+            let mut next = crate::deadline::deadline_after(poll);
             let mut reach = Reach::default();
             loop {
                 std::thread::sleep(Duration::from_millis(20).min(poll));
@@ -121,7 +121,7 @@ pub(crate) fn start_watcher(engine: Weak<EngineInner>, poll: Duration) -> Result
                     return;
                 }
                 if Instant::now() >= next {
-                    next = crate::runtime::clock::deadline_after(poll);
+                    next = crate::deadline::deadline_after(poll);
                     if let Some(result) = check_open_segments(&engine) {
                         reach.note(&engine, result);
                     }
@@ -180,7 +180,7 @@ fn check_open_segments(engine: &EngineInner) -> Option<Result<()>> {
     let store = DirectoryStore::new(directory.fresh(), PeerHandshake::default());
     let mut reached = None;
     for (name, segment) in open {
-        let deadline = crate::runtime::clock::deadline_after(engine.config.control_timeout);
+        let deadline = crate::deadline::deadline_after(engine.config.control_timeout);
         let detail = match store.published(&name, deadline) {
             Ok(published) if published.epoch == segment.epoch() => None,
             Ok(published) => Some(format!("its published epoch is now {:#x}", published.epoch)),

@@ -29,7 +29,7 @@ impl Engine {
         if segment.inner.peer.is_stale() {
             return Err(Error::PeerRestarted { segment: segment.name().to_string(), detail: "reopen it first".into() });
         }
-        let deadline = crate::runtime::clock::deadline_after(timeout);
+        let deadline = crate::deadline::deadline_after(timeout);
         if segment.inner.link.carries_notifications() {
             return self.notify_on_data_path(segment, message, timeout);
         }

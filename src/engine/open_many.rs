@@ -51,7 +51,7 @@ impl Engine {
         // A set, not a scan of `first`: thousands of names stay linear.
         let mut seen = std::collections::HashSet::with_capacity(names.len());
         let first: Vec<usize> = (0..names.len()).filter(|&i| seen.insert(names[i].as_ref())).collect();
-        let deadline = crate::runtime::clock::deadline_after(timeout);
+        let deadline = crate::deadline::deadline_after(timeout);
         let results: Vec<Mutex<Option<Result<Segment>>>> = names.iter().map(|_| Mutex::new(None)).collect();
         let next = AtomicUsize::new(0);
         let open_next = || loop {

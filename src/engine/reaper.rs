@@ -48,7 +48,7 @@ pub(crate) fn start(engine: Weak<EngineInner>, every: Duration) -> Result<()> {
         .name("kvring-rdma-reaper".into())
         .spawn(move || {
             let mut misses: HashMap<(String, u64), u32> = HashMap::new();
-            let mut next = crate::runtime::clock::deadline_after(every);
+            let mut next = crate::deadline::deadline_after(every);
             loop {
                 std::thread::sleep(Duration::from_millis(20).min(every));
                 let Some(engine) = engine.upgrade() else { return };
@@ -58,7 +58,7 @@ pub(crate) fn start(engine: Weak<EngineInner>, every: Duration) -> Result<()> {
                 if Instant::now() < next {
                     continue;
                 }
-                next = crate::runtime::clock::deadline_after(every);
+                next = crate::deadline::deadline_after(every);
                 let Some(node) = engine.context.rdma.clone() else { return };
                 // Probe without holding the engine: a slow probe must not
                 // keep a dropped engine alive.

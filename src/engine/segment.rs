@@ -140,7 +140,7 @@ impl Segment {
     /// ([`KvLayout::check_compatible`](crate::kv::KvLayout::check_compatible))
     /// before the first transfer.
     pub fn kv_layout(&self, timeout: Duration) -> Result<crate::kv::KvLayout> {
-        let deadline = crate::runtime::clock::deadline_after(timeout);
+        let deadline = crate::deadline::deadline_after(timeout);
         self.control_client(deadline)?.memory_info(deadline)
     }
 
@@ -149,7 +149,7 @@ impl Segment {
     pub fn remote_checksum(&self, region: RegionId, offset: u64, len: u64, timeout: Duration) -> Result<u64> {
         let remote = self.inner.peer.region(region)?;
         crate::mem::registry::check_range(region, Side::Remote, 0, offset, len, remote.len)?;
-        let deadline = crate::runtime::clock::deadline_after(timeout);
+        let deadline = crate::deadline::deadline_after(timeout);
         self.control_client(deadline)?.checksum(region.raw(), offset, len, deadline)
     }
 
@@ -158,7 +158,7 @@ impl Segment {
     /// with another epoch (it restarted) is `PeerRestarted`. Mooncake's
     /// `send_probe`.
     pub fn probe(&self, timeout: Duration) -> Result<()> {
-        let deadline = crate::runtime::clock::deadline_after(timeout);
+        let deadline = crate::deadline::deadline_after(timeout);
         let mut client = ControlClient::connect(&self.inner.peer.descriptor().control_addr, deadline)?;
         let answer = client.handshake(&self.inner.initiator, self.inner.token.as_ref(), deadline)?;
         if answer.descriptor.epoch != self.epoch() {

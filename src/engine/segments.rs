@@ -156,7 +156,7 @@ impl Engine {
         }
         // The handshake and connects run on the caller's thread, never on a
         // lane, and without the table lock, so a dead peer stalls nobody else.
-        let deadline = shared.unwrap_or_else(|| crate::runtime::clock::deadline_after(timeout));
+        let deadline = shared.unwrap_or_else(|| crate::deadline::deadline_after(timeout));
         let now = Instant::now();
         if now >= deadline {
             // The deadline was set `timeout` after the open began (here or
@@ -345,7 +345,7 @@ impl Engine {
                 reasons: vec![(transport.name(), "it was asked for, and is not in this engine's transports".into())],
             });
         }
-        let deadline = crate::runtime::clock::deadline_after(self.inner.config.control_timeout);
+        let deadline = crate::deadline::deadline_after(self.inner.config.control_timeout);
         let handshake = match (&self.inner.config.token, transport) {
             // A tokened tcp connection proves a handshake's session, even
             // to this engine itself.

@@ -415,7 +415,7 @@ impl Submitter {
     /// # Ok(()) }
     /// ```
     pub fn wait(&mut self, id: BatchId, timeout: Duration) -> Result<Outcome> {
-        self.wait_until(id, crate::runtime::clock::deadline_after(timeout))
+        self.wait_until(id, crate::deadline::deadline_after(timeout))
     }
 
     /// [`wait`](Self::wait) with an absolute deadline.

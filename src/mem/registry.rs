@@ -291,7 +291,7 @@ impl Registry {
                         self.lease_waiters.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         waiting.0 = Some(&self.lease_waiters);
                     }
-                    let until = *deadline.get_or_insert_with(|| crate::runtime::clock::deadline_after(wait));
+                    let until = *deadline.get_or_insert_with(|| crate::deadline::deadline_after(wait));
                     if std::time::Instant::now() >= until {
                         return Err(Error::RegionBusy { region: id, in_flight: 1 });
                     }

@@ -136,15 +136,15 @@ impl Publication {
         let thread = std::thread::Builder::new()
             .name("kvring-metadata-lease".into())
             .spawn(move || {
-                let mut next = crate::runtime::clock::deadline_after(period);
+                let mut next = crate::deadline::deadline_after(period);
                 let mut failures = 0u64;
                 while !thread_stop.load(Ordering::Acquire) {
                     if Instant::now() < next {
                         std::thread::sleep(Duration::from_millis(20));
                         continue;
                     }
-                    next = crate::runtime::clock::deadline_after(period);
-                    let deadline = crate::runtime::clock::deadline_after(period);
+                    next = crate::deadline::deadline_after(period);
+                    let deadline = crate::deadline::deadline_after(period);
                     match directory.refresh(&key, &value, lease, ttl, deadline) {
                         Ok(held) if failures > 0 => {
                             let server = directory.describe();

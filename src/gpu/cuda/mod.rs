@@ -465,7 +465,7 @@ impl Gpu for CudaGpu {
             // the stream itself would also wait for work queued after this
             // call (a decode loop's stream is rarely idle).
             let event = self.mark_caller_stream(device, stream)?;
-            let deadline = crate::runtime::clock::deadline_after(timeout);
+            let deadline = crate::deadline::deadline_after(timeout);
             let waited = loop {
                 // SAFETY: a live event made just above.
                 match unsafe { sys::cuEventQuery(event.0) } {

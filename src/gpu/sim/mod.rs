@@ -484,7 +484,7 @@ impl Gpu for SimGpu {
         // The simulator's streams are its own: a caller's default stream
         // (0) has nothing of kvring's queued; one of its streams is waited
         // for as a caller's would be; anything else is no stream.
-        let deadline = crate::runtime::clock::deadline_after(timeout);
+        let deadline = crate::deadline::deadline_after(timeout);
         loop {
             let mut state = self.lock();
             self.check_device(&state, device)?;
