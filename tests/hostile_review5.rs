@@ -1,0 +1,129 @@
+//! Review 5 (hostile outsider): probes of today's merged changes that touch
+//! kvring's promises (docs/SECURITY.md). Each asserts the promised
+//! behaviour: it fails where a hole was found and passes once it is closed.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A `kvring serve` child on loopback (killed and reaped on drop), with its
+/// raw-TCP baseline sink's address.
+struct Serve {
+    child: Child,
+    raw: String,
+}
+
+impl Serve {
+    fn start(extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvring"))
+            .args(["serve", "--name", "review5", "--listen", "127.0.0.1:0", "--region-size", "1048576"])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("kvring serve starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).expect("first line");
+        let raw = line
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("raw="))
+            .unwrap_or_else(|| panic!("no raw= in {line:?}"))
+            .to_string();
+        Self { child, raw }
+    }
+
+    /// A raw-sink connection whose challenge is answered with zeros (a sink
+    /// without a token takes any answer).
+    fn raw_client(&self) -> TcpStream {
+        let mut stream = TcpStream::connect(&self.raw).expect("connect to the raw sink");
+        // A deadline for every read below: a hang fails the test, not CI.
+        stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+        let mut challenge = [0u8; 16];
+        stream.read_exact(&mut challenge).expect("challenge");
+        stream.write_all(&[0u8; 32]).expect("answer");
+        stream
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn request(op: u64, bytes: u64, span: u64) -> [u8; 24] {
+    let mut r = [0u8; 24];
+    for (at, field) in [op, bytes, span].into_iter().enumerate() {
+        r[at * 8..at * 8 + 8].copy_from_slice(&field.to_le_bytes());
+    }
+    r
+}
+
+/// src/bin/kvring/raw.rs `serve`/`ping_pong`: a latency-floor request of 0
+/// bytes (op 3) makes the sink's `read_exact` of an empty block succeed at
+/// once, so the sink answers 8 bytes, again and again, to a client that sent
+/// nothing more than its 24-byte request: an unbounded stream from one
+/// request, its thread spinning on a lane's core. A 0-byte ping-pong is not
+/// a request the bench ever sends (its floor's block is at least 1 byte):
+/// the sink should close it, as it closes any other request it refuses.
+#[test]
+fn the_raw_sink_refuses_a_zero_byte_ping_pong_instead_of_streaming_unasked() {
+    let serve = Serve::start(&[]);
+    let mut client = serve.raw_client();
+    client.write_all(&request(3, 0, 0)).expect("request");
+    // The client sends nothing more. A sink that refuses closes (EOF); one
+    // that streams unasked sends its 8-byte answers.
+    let mut unasked = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match client.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                unasked.extend_from_slice(&buf[..n]);
+                if unasked.len() >= 1 << 16 {
+                    break;
+                }
+            }
+            Err(e) => panic!("the sink neither closed nor answered: {e}"),
+        }
+    }
+    assert!(unasked.is_empty(), "the sink sent {} bytes nobody asked for (and was still sending)", unasked.len());
+}
+
+/// An address where nothing listens (bound, then closed): an open of it
+/// fails at once with a typed error.
+fn closed_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    drop(listener);
+    addr
+}
+
+fn engine(name: &str) -> kvring::Engine {
+    kvring::Engine::builder().name(name).listen("127.0.0.1:0".parse().unwrap()).build().expect("engine")
+}
+
+/// src/engine/open_many.rs `open_many` (`Instant::now() + timeout`) and
+/// src/engine/segments.rs `open_segment_by`: a caller's timeout too large
+/// for an `Instant` (Duration::MAX; from Python any float of seconds above
+/// about 1e19 passes `seconds()` and gets here too) panics with "overflow
+/// when adding duration to instant" instead of being taken as "no
+/// deadline" or refused with a typed error.
+#[test]
+fn a_huge_timeout_is_a_typed_error_or_no_deadline_never_a_panic() {
+    let initiator = engine("review5-huge-timeout");
+    let names = [closed_addr()];
+    let many = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        initiator.open_many(&names, None, Duration::MAX).into_iter().map(|r| r.map(|_| ())).collect::<Vec<_>>()
+    }));
+    let many = many.unwrap_or_else(|_| panic!("open_many panicked on Duration::MAX"));
+    assert!(many[0].is_err(), "nothing listens there: {many:?}");
+    let one = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        initiator.open_segment_with(&names[0], None, Duration::MAX).map(|_| ())
+    }));
+    let one = one.unwrap_or_else(|_| panic!("open_segment_with panicked on Duration::MAX"));
+    assert!(one.is_err(), "nothing listens there");
+}
