@@ -127,3 +127,85 @@ fn a_huge_timeout_is_a_typed_error_or_no_deadline_never_a_panic() {
     let one = one.unwrap_or_else(|_| panic!("open_segment_with panicked on Duration::MAX"));
     assert!(one.is_err(), "nothing listens there");
 }
+
+/// A region's first `len` bytes as the peer holds them, read over tcp
+/// through a freshly opened segment.
+fn read_remote(initiator: &kvring::Engine, addr: &str, len: usize) -> Vec<u8> {
+    let segment = initiator.open_segment_with(addr, Some(kvring::TransportKind::Tcp), Duration::from_secs(10)).unwrap();
+    let remote = segment.region(0).unwrap();
+    let local = initiator.alloc_region(len, kvring::RegionInfo::raw()).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = kvring::BlockDesc::new(local.id(), 0, remote, 0, len as u64);
+    let id = sub.submit(&kvring::Batch::read(&segment).descs(&[desc])).unwrap();
+    let outcome = sub.wait(id, Duration::from_secs(20)).unwrap();
+    assert!(outcome.is_done(), "reading the target back: {outcome:?}");
+    let mut out = vec![0u8; len];
+    // SAFETY: no batch names `local` any more.
+    unsafe { local.read_at(0, &mut out).unwrap() };
+    out
+}
+
+/// src/transport/tcp/conn/window.rs, docs/ARCHITECTURE.md ("A tcp
+/// connection has a send window"): a cancelled part ends only once what
+/// left has drained, "how 'nothing it held lands afterwards' holds on tcp".
+/// But when the ack of an admitted chunk never comes (the target process
+/// is stopped: its kernel still takes the bytes), the initiator's stall
+/// timeout fails the connection and the cancelled batch ends, while the
+/// chunk's frames sit in the target's socket buffer; once the target runs
+/// again it lands them, after the batch ended. The promise (DESIGN 7,
+/// docs/SECURITY.md): a cancelled batch lands nothing after it ends.
+#[test]
+fn a_cancelled_tcp_push_whose_ack_never_comes_lands_nothing_after_it_ends() {
+    const LEN: usize = 256 << 10;
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_kvring"))
+        .args(["serve", "--name", "review5-stopped", "--listen", "127.0.0.1:0", "--region-size", "1048576"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kvring serve starts");
+    let mut line = String::new();
+    BufReader::new(serve.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.split_whitespace().find_map(|f| f.strip_prefix("listen=")).expect("listen=").to_string();
+    let pid = serve.id() as libc::pid_t;
+    let initiator = kvring::Engine::builder()
+        .name("review5-stopped-initiator")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .io_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let before = read_remote(&initiator, &addr, LEN);
+    let local = initiator.alloc_region(LEN, kvring::RegionInfo::raw()).unwrap();
+    let pattern: Vec<u8> = (0..LEN).map(|i| 0xa5 ^ (i as u8)).collect();
+    assert_ne!(before, pattern);
+    // SAFETY: no batch names `local` yet.
+    unsafe { local.write_at(0, &pattern).unwrap() };
+    let segment =
+        initiator.open_segment_with(&addr, Some(kvring::TransportKind::Tcp), Duration::from_secs(10)).unwrap();
+    let remote = segment.region(0).unwrap();
+    // SAFETY: stopping our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let mut sub = initiator.submitter().unwrap();
+    let desc = kvring::BlockDesc::new(local.id(), 0, remote, 0, LEN as u64);
+    let id = sub.submit(&kvring::Batch::write(&segment).descs(&[desc])).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    sub.cancel(id).unwrap();
+    let outcome = sub.wait(id, Duration::from_secs(30)).unwrap();
+    assert!(!outcome.is_done(), "the target was stopped throughout: {outcome:?}");
+    // The batch has ended; the target runs again.
+    // SAFETY: our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    drop(segment);
+    let mut after = read_remote(&initiator, &addr, LEN);
+    for _ in 0..20 {
+        if after != before {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        after = read_remote(&initiator, &addr, LEN);
+    }
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let landed = after.iter().zip(&before).filter(|(a, b)| a != b).count();
+    assert_eq!(landed, 0, "{landed} bytes of the batch landed after it ended ({outcome:?})");
+}
