@@ -209,3 +209,28 @@ fn a_cancelled_tcp_push_whose_ack_never_comes_lands_nothing_after_it_ends() {
     let landed = after.iter().zip(&before).filter(|(a, b)| a != b).count();
     assert_eq!(landed, 0, "{landed} bytes of the batch landed after it ended ({outcome:?})");
 }
+
+/// src/host.rs `shm_copy` (src/transport/shm.rs `copy_pieces`): pieces of
+/// `SHM_COPY_PIECE_BYTES` with the last one short; lengths around every
+/// piece boundary, 0 and 1, at misaligned addresses, inside a buffer with
+/// guard bytes on both sides: every byte copied, none written outside.
+/// (Held: this passes today.)
+#[test]
+fn shm_copy_writes_exactly_its_destination_at_every_piece_boundary() {
+    let piece = kvring::host::SHM_COPY_PIECE_BYTES;
+    const GUARD: usize = 4096;
+    let mut lens = vec![0, 1, 63, 64, 65, 4095, 4097];
+    for k in 1..=3 {
+        lens.extend([k * piece - 1, k * piece, k * piece + 1]);
+    }
+    for len in lens {
+        for misalign in [0, 1, 7, 63] {
+            let src: Vec<u8> = (0..len + misalign).map(|i| (i * 31 + 7) as u8).collect();
+            let mut dst = vec![0xeeu8; GUARD + misalign + len + GUARD];
+            kvring::host::shm_copy(&mut dst[GUARD + misalign..GUARD + misalign + len], &src[misalign..]);
+            assert!(dst[..GUARD + misalign].iter().all(|&b| b == 0xee), "len {len}+{misalign}: before");
+            assert!(dst[GUARD + misalign + len..].iter().all(|&b| b == 0xee), "len {len}+{misalign}: after");
+            assert_eq!(&dst[GUARD + misalign..GUARD + misalign + len], &src[misalign..], "len {len}+{misalign}");
+        }
+    }
+}
