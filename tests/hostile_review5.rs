@@ -128,6 +128,34 @@ fn a_huge_timeout_is_a_typed_error_or_no_deadline_never_a_panic() {
     assert!(one.is_err(), "nothing listens there");
 }
 
+/// src/engine/submitter.rs `wait` (`Instant::now() + timeout`) and
+/// src/engine/notify.rs `notify`: "wait for ever" written the obvious way,
+/// `Duration::MAX`, panics even for a batch that has already ended.
+#[test]
+fn waiting_or_notifying_with_duration_max_never_panics() {
+    let target = engine("review5-max-target");
+    let remote = target.alloc_region(4096, kvring::RegionInfo::raw()).unwrap();
+    let initiator = engine("review5-max-initiator");
+    let local = initiator.alloc_region(4096, kvring::RegionInfo::raw()).unwrap();
+    let segment = initiator
+        .open_segment_with(
+            &target.control_addr().to_string(),
+            Some(kvring::TransportKind::Tcp),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let desc = kvring::BlockDesc::new(local.id(), 0, remote.id(), 0, 4096);
+    let id = sub.submit(&kvring::Batch::write(&segment).descs(&[desc])).unwrap();
+    assert!(sub.wait(id, Duration::from_secs(10)).unwrap().is_done());
+    let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sub.wait(id, Duration::MAX).map(|_| ())));
+    assert!(waited.is_ok(), "wait(id, Duration::MAX) panicked");
+    let notified = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        initiator.notify(&segment, b"in place", Duration::MAX)
+    }));
+    assert!(notified.is_ok(), "notify(.., Duration::MAX) panicked");
+}
+
 /// A region's first `len` bytes as the peer holds them, read over tcp
 /// through a freshly opened segment.
 fn read_remote(initiator: &kvring::Engine, addr: &str, len: usize) -> Vec<u8> {
