@@ -15,10 +15,10 @@ use std::hint::black_box;
 struct Fixed(u32, u32);
 
 impl Keys for Fixed {
-    fn lkey(&self, _nic: usize, _region: u32) -> u32 {
+    fn lkey(&self, _nic: usize, _region: u64) -> u32 {
         self.0
     }
-    fn rkey(&self, _nic: usize, _region: u32) -> u32 {
+    fn rkey(&self, _nic: usize, _region: u64) -> u32 {
         self.1
     }
 }

@@ -86,12 +86,12 @@ typedef struct kvring_config kvring_config;
 // pointer given with it. Both strings are valid during the call only.
 typedef void (*KvringLogCallback)(int level, const char *target, const char *message, void *user);
 
-// One block to move (32 bytes, the layout of kvring's descriptors).
+// One block to move (40 bytes, the layout of kvring's descriptors).
 typedef struct {
   // This engine's region.
-  uint32_t local_region;
+  uint64_t local_region;
   // The peer's region, as the peer numbers it.
-  uint32_t remote_region;
+  uint64_t remote_region;
   // Offset in the local region.
   uint64_t local_offset;
   // Offset in the remote region.
@@ -118,9 +118,7 @@ typedef struct {
 // `offset` of `region` (24 bytes).
 typedef struct {
   // The region, as this engine numbers it.
-  uint32_t region;
-  // Zero.
-  uint32_t reserved;
+  uint64_t region;
   // Offset in the region.
   uint64_t offset;
   // Bytes.
@@ -277,7 +275,7 @@ int kvring_engine_control_addr(const kvring_engine *engine, char *buf, size_t le
 //
 // `engine` is live; `addr..addr+len` stays valid until `kvring_unregister`
 // or the engine is destroyed; `region_out` is a valid pointer.
-int kvring_register(kvring_engine *engine, uint8_t *addr, size_t len, uint32_t *region_out);
+int kvring_register(kvring_engine *engine, uint8_t *addr, size_t len, uint64_t *region_out);
 
 // Registers `len` bytes at `addr` living in `memory`: `KVRING_MEMORY_HOST`
 // or a GPU's number (a CUDA device pointer, exported for same-host peers).
@@ -293,21 +291,21 @@ int kvring_register_memory(kvring_engine *engine,
                            uint8_t *addr,
                            size_t len,
                            int memory,
-                           uint32_t *region_out);
+                           uint64_t *region_out);
 
 // Where a local region lives: `KVRING_MEMORY_HOST` or a GPU's number.
 //
 // # Safety
 //
 // `engine` is live.
-int kvring_region_memory(kvring_engine *engine, uint32_t region);
+int kvring_region_memory(kvring_engine *engine, uint64_t region);
 
 // Unregisters a region (refused while batches use it).
 //
 // # Safety
 //
 // `engine` is live.
-int kvring_unregister(kvring_engine *engine, uint32_t region);
+int kvring_unregister(kvring_engine *engine, uint64_t region);
 
 // Opens a peer's segment by name (its control address with the default
 // metadata mode) before `timeout_ms`.
@@ -353,7 +351,7 @@ void kvring_segment_free(kvring_segment *segment);
 // # Safety
 //
 // `segment` is live; `region_out` is a valid pointer.
-int kvring_segment_region(const kvring_segment *segment, size_t position, uint32_t *region_out);
+int kvring_segment_region(const kvring_segment *segment, size_t position, uint64_t *region_out);
 
 // Where the peer's `position`-th region lives: `KVRING_MEMORY_HOST` or
 // the peer's GPU number.
@@ -559,7 +557,7 @@ int kvring_batch_transport(kvring_submitter *submitter, uint64_t batch);
 //
 // `engine` is live; `grant_out` is valid.
 int kvring_fence(kvring_engine *engine,
-                 uint32_t region,
+                 uint64_t region,
                  uint64_t offset,
                  uint64_t len,
                  uint32_t *grant_out);

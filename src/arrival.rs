@@ -81,7 +81,7 @@ const MAX_COUNT: u64 = GRANTED - 1;
 
 /// One range a granted tag may count: `(region, start, end)`, the region's
 /// raw id and a half-open byte range of it.
-pub type GrantRange = (u32, u64, u64);
+pub type GrantRange = (u64, u64, u64);
 
 /// Why a grant was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,7 +146,7 @@ fn merged(mut ranges: Vec<GrantRange>) -> Vec<GrantRange> {
 
 impl Grant {
     /// True when `[start, end)` of `region` lies inside one granted range.
-    fn covers(&self, region: u32, start: u64, end: u64) -> bool {
+    fn covers(&self, region: u64, start: u64, end: u64) -> bool {
         let at = self.ranges.partition_point(|&(r, s, _)| (r, s) <= (region, start));
         at > 0 && {
             let (r, s, e) = self.ranges[at - 1];
@@ -156,7 +156,7 @@ impl Grant {
 
     /// Records `[start, end)` of `region` as landed; returns the bytes of
     /// it not landed before, or None when the record is full.
-    fn land(&mut self, region: u32, start: u64, end: u64) -> Option<u64> {
+    fn land(&mut self, region: u64, start: u64, end: u64) -> Option<u64> {
         // The landed ranges that overlap or touch the new one, as a run.
         let first = self.landed.partition_point(|&(r, _, e)| (r, e) < (region, start));
         let mut last = first;
@@ -222,11 +222,11 @@ impl Arrivals {
     /// connection proved none): under a granted tag, counted only under
     /// `sender`'s grant (or the tag's any-sender grant) and when the range
     /// lies wholly inside one of its granted ranges.
-    pub fn land_at(&self, tag: u32, region: u32, offset: u64, len: u64, sender: Option<&str>) -> bool {
+    pub fn land_at(&self, tag: u32, region: u64, offset: u64, len: u64, sender: Option<&str>) -> bool {
         self.add(tag, len, Some((region, offset)), sender)
     }
 
-    fn add(&self, tag: u32, bytes: u64, at: Option<(u32, u64)>, sender: Option<&str>) -> bool {
+    fn add(&self, tag: u32, bytes: u64, at: Option<(u64, u64)>, sender: Option<&str>) -> bool {
         if bytes == 0 {
             // Nothing landed (a zero-length write needs no rights at all).
             return false;
@@ -273,7 +273,7 @@ impl Arrivals {
     /// grant's ranges, its bytes not counted before; refused otherwise (no
     /// place, another sender, outside, or the record of landed ranges
     /// full). True when it counted.
-    fn land_granted(&self, tag: u32, at: Option<(u32, u64)>, len: u64, sender: Option<&str>) -> bool {
+    fn land_granted(&self, tag: u32, at: Option<(u64, u64)>, len: u64, sender: Option<&str>) -> bool {
         let mut grants = self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let grant = grants.get_mut(&tag).and_then(|list| {
             list.iter_mut().find(|g| g.sender.is_none() || (sender.is_some() && g.sender.as_deref() == sender))

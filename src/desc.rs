@@ -1,7 +1,7 @@
 //! Block descriptors.
 //!
 //! A [`BlockDesc`] says "copy `len` bytes between local region + offset and
-//! remote region + offset". It is a fixed 32-byte `#[repr(C)]` struct with
+//! remote region + offset". It is a fixed 40-byte `#[repr(C)]` struct with
 //! no padding (zerocopy's derives check it), so the submitter's descriptor
 //! arena holds it as it is and the tcp frames carry it as its bytes.
 
@@ -19,7 +19,7 @@ compile_error!("kvring's wire structs assume a little-endian host");
 /// use kvring::{BlockDesc, RegionId};
 /// let d = BlockDesc::new(RegionId::new(0, 1), 0, RegionId::new(3, 1), 4096, 4096);
 /// assert_eq!(d.len, 4096);
-/// assert_eq!(std::mem::size_of::<BlockDesc>(), 32);
+/// assert_eq!(std::mem::size_of::<BlockDesc>(), 40);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C)]
@@ -36,7 +36,7 @@ pub struct BlockDesc {
     pub len: u64,
 }
 
-const _: () = assert!(std::mem::size_of::<BlockDesc>() == 32);
+const _: () = assert!(std::mem::size_of::<BlockDesc>() == 40);
 
 impl BlockDesc {
     /// A descriptor for `len` bytes at `local_offset` of `local_region` and
@@ -71,10 +71,14 @@ mod tests {
 
     #[test]
     fn region_id_packs_index_and_generation() {
-        let id = RegionId::new(0xbeef, 0x1234);
+        let id = RegionId::new(0xbeef, 0x1234_5678);
         assert_eq!(id.index(), 0xbeef);
-        assert_eq!(id.generation(), 0x1234);
+        assert_eq!(id.generation(), 0x1234_5678);
+        assert_eq!(id.raw(), 0x1234_5678_0000_beef);
         assert_eq!(RegionId::from_raw(id.raw()), id);
-        assert_eq!(id.to_string(), "48879:4660");
+        assert_eq!(id.to_string(), "48879:305419896");
+        // Every generation bit survives the round trip: none aliases.
+        let top = RegionId::new(u32::MAX, u32::MAX);
+        assert_eq!((top.index(), top.generation()), (u32::MAX, u32::MAX));
     }
 }

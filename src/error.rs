@@ -481,7 +481,7 @@ fn at_layer(layer: &Option<u32>) -> String {
 mod tests {
     use super::*;
 
-    fn region(index: u16) -> RegionId {
+    fn region(index: u32) -> RegionId {
         RegionId::new(index, 1)
     }
 

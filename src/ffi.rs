@@ -35,14 +35,14 @@ pub struct KvringSegment(Segment);
 #[derive(Debug)]
 pub struct KvringSubmitter(Submitter);
 
-/// One block to move (32 bytes, the layout of kvring's descriptors).
+/// One block to move (40 bytes, the layout of kvring's descriptors).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct KvringBlock {
     /// This engine's region.
-    pub local_region: u32,
+    pub local_region: u64,
     /// The peer's region, as the peer numbers it.
-    pub remote_region: u32,
+    pub remote_region: u64,
     /// Offset in the local region.
     pub local_offset: u64,
     /// Offset in the remote region.
@@ -70,6 +70,7 @@ pub struct KvringCompletion {
 // The transport took the padding after `result`: the size C programs built
 // against an older header allocate is unchanged.
 const _: () = assert!(std::mem::size_of::<KvringCompletion>() == 32);
+const _: () = assert!(std::mem::size_of::<KvringBlock>() == 40);
 
 /// `kvring_submit` opcodes.
 pub const KVRING_WRITE: c_int = 1;
@@ -392,7 +393,7 @@ pub unsafe extern "C" fn kvring_register(
     engine: *mut KvringEngine,
     addr: *mut u8,
     len: usize,
-    region_out: *mut u32,
+    region_out: *mut u64,
 ) -> c_int {
     guarded(|| {
         // SAFETY: per our contract.
@@ -424,7 +425,7 @@ pub unsafe extern "C" fn kvring_register_memory(
     addr: *mut u8,
     len: usize,
     memory: c_int,
-    region_out: *mut u32,
+    region_out: *mut u64,
 ) -> c_int {
     guarded(|| {
         // SAFETY: per our contract.
@@ -452,7 +453,7 @@ pub unsafe extern "C" fn kvring_register_memory(
 ///
 /// `engine` is live.
 #[no_mangle]
-pub unsafe extern "C" fn kvring_region_memory(engine: *mut KvringEngine, region: u32) -> c_int {
+pub unsafe extern "C" fn kvring_region_memory(engine: *mut KvringEngine, region: u64) -> c_int {
     guarded(|| {
         // SAFETY: per our contract.
         let engine = unsafe { engine.as_ref() }.ok_or_else(|| null("engine"))?;
@@ -474,7 +475,7 @@ fn memory_code(memory: crate::MemoryKind) -> c_int {
 ///
 /// `engine` is live.
 #[no_mangle]
-pub unsafe extern "C" fn kvring_unregister(engine: *mut KvringEngine, region: u32) -> c_int {
+pub unsafe extern "C" fn kvring_unregister(engine: *mut KvringEngine, region: u64) -> c_int {
     guarded(|| {
         // SAFETY: per our contract.
         let engine = unsafe { engine.as_ref() }.ok_or_else(|| null("engine"))?;
@@ -541,6 +542,7 @@ pub unsafe extern "C" fn kvring_segment_free(segment: *mut KvringSegment) {
     unsafe { take_back(segment) }
 }
 
+// Writes an id to its out-parameter as `kvring_register` does, on purpose: a C function each (docs/DUPLICATES.md).
 /// The id of the peer's `position`-th region (in the order it lists them).
 ///
 /// # Safety
@@ -550,7 +552,7 @@ pub unsafe extern "C" fn kvring_segment_free(segment: *mut KvringSegment) {
 pub unsafe extern "C" fn kvring_segment_region(
     segment: *const KvringSegment,
     position: usize,
-    region_out: *mut u32,
+    region_out: *mut u64,
 ) -> c_int {
     guarded(|| {
         // SAFETY: per our contract.

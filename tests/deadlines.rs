@@ -504,7 +504,7 @@ fn an_unregister_whose_peer_copy_never_ends_returns_region_busy() {
     let region = owner.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let path = region.shm_path().expect("alloc_region is shm-backed").to_path_buf();
     let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
-    file.write_all_at(&1u64.to_le_bytes(), 48).unwrap(); // the header's busy word
+    file.write_all_at(&1u64.to_le_bytes(), 56).unwrap(); // the header's busy word (version 5)
     let id = region.id();
     let owner = Arc::new(owner);
     let unregistering = owner.clone();
@@ -519,7 +519,7 @@ fn an_unregister_whose_peer_copy_never_ends_returns_region_busy() {
         other => panic!("expected RegionBusy, got {other:?}"),
     }
     // Cleared, the region goes.
-    file.write_all_at(&0u64.to_le_bytes(), 48).unwrap();
+    file.write_all_at(&0u64.to_le_bytes(), 56).unwrap();
     owner.unregister(id).unwrap();
     drop(region);
 }

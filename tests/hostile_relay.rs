@@ -42,7 +42,7 @@ struct Target {
     tcp: String,
     advertised_control: String,
     advertised_tcp: String,
-    region: u32,
+    region: u64,
 }
 
 fn start_target(advertise: Option<&str>) -> Target {

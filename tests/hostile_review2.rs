@@ -351,7 +351,7 @@ fn a_same_user_process_without_the_token_cannot_hold_unregister_forever() {
     let region = owner.alloc_region(LEN as usize, RegionInfo::raw()).unwrap();
     let path = region.shm_path().expect("alloc_region is shm-backed").to_path_buf();
     let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
-    file.write_all_at(&1u64.to_le_bytes(), 48).unwrap(); // busy
+    file.write_all_at(&1u64.to_le_bytes(), 56).unwrap(); // busy (header version 5)
     let id = region.id();
     std::mem::forget(region);
     let first = owner.unregister(id);

@@ -72,10 +72,10 @@ fn poll_all(sim: &SimVerbs, cq: Cq) -> Vec<Wc> {
 struct SideKeys<'a>(&'a Side, &'a Side);
 
 impl Keys for SideKeys<'_> {
-    fn lkey(&self, _nic: usize, _region: u32) -> u32 {
+    fn lkey(&self, _nic: usize, _region: u64) -> u32 {
         self.0.mr.lkey
     }
-    fn rkey(&self, _nic: usize, _region: u32) -> u32 {
+    fn rkey(&self, _nic: usize, _region: u64) -> u32 {
         self.1.mr.rkey
     }
 }

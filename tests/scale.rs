@@ -140,7 +140,7 @@ fn four_thousand_connections_each_write_and_read_within_a_bound_and_the_threads_
         },
         |i, stream| {
             let reply = reply_header(stream);
-            assert_eq!((reply.opcode, reply.status, reply.len), (FrameOp::ReadData as u8, 0, BLOCK as u64));
+            assert_eq!((reply.opcode, reply.status, reply.len), (FrameOp::ReadData as u8, 0, BLOCK as u32));
             let mut data = vec![0u8; BLOCK];
             stream.read_exact(&mut data).unwrap();
             assert!(data == block_of(i), "connection {i} read back what it wrote");

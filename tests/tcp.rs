@@ -126,7 +126,7 @@ fn hostile_frames_get_clear_refusals_and_the_target_keeps_serving_others() {
     let region = target.alloc_region(64 * 1024, RegionInfo::raw()).unwrap();
     let epoch = target.epoch();
     let code = |header: &FrameHeader| ErrorCode::try_from(-header.status).unwrap();
-    let write = |region_raw: u32, offset: u64, len: u64, epoch: u64| {
+    let write = |region_raw: u64, offset: u64, len: u64, epoch: u64| {
         let mut h = FrameHeader::new(FrameOp::Write, epoch, 7, region_raw, offset, len);
         h.flags = FLAG_LAST;
         h
@@ -143,7 +143,7 @@ fn hostile_frames_get_clear_refusals_and_the_target_keeps_serving_others() {
     // Unknown opcode, and an oversized frame.
     for (mutate, expected) in [
         (Box::new(|h: &mut FrameHeader| h.opcode = 42) as Box<dyn Fn(&mut FrameHeader)>, ErrorCode::UnknownOpcode),
-        (Box::new(|h: &mut FrameHeader| h.len = MAX_FRAME_PAYLOAD_BYTES + 1), ErrorCode::MessageTooLarge),
+        (Box::new(|h: &mut FrameHeader| h.len = MAX_FRAME_PAYLOAD_BYTES as u32 + 1), ErrorCode::MessageTooLarge),
     ] {
         let mut s = raw(&target);
         let mut h = write(region.id().raw(), 0, 16, epoch);

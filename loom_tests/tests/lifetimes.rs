@@ -16,7 +16,7 @@ use loom::thread;
 
 /// Unregisters `generation`, waiting (as a caller retrying `RegionBusy`
 /// does) until the leases drain; returns the entry it took.
-fn unregister_when_drained(slot: &Slot<u64>, generation: u16) -> u64 {
+fn unregister_when_drained(slot: &Slot<u64>, generation: u32) -> u64 {
     loop {
         match slot.unpublish(generation) {
             Ok(unpublished) => return unpublished.entry,
@@ -77,8 +77,8 @@ fn a_lease_holder_reads_before_unregister_takes_the_entry_and_ids_are_never_reus
 /// succeeded, the page never lists the region again.
 #[test]
 fn racing_unregisters_take_the_region_once_and_the_loser_never_lists_it_again() {
-    const RAW: u32 = 0x0001_0000;
-    const LISTED: u64 = (RAW as u64) << 32 | 1;
+    const GENERATION: u32 = 1;
+    const LISTED: u64 = (GENERATION as u64) << 32 | 1;
     loom::model(|| {
         let slot = Arc::new(Slot::<u64>::new());
         // SAFETY: a new slot, owned here.
@@ -97,7 +97,7 @@ fn racing_unregisters_take_the_region_once_and_the_loser_never_lists_it_again() 
                 let (slot, page, serial) = (slot.clone(), page.clone(), serial.clone());
                 thread::spawn(move || {
                     let _serial = serial.lock().unwrap();
-                    let before = revoke::take_off(&page, RAW, 1);
+                    let before = revoke::take_off(&page, GENERATION, 1);
                     match slot.unpublish(generation) {
                         Ok(unpublished) => Some(unpublished.entry),
                         Err(Refused::Held { .. }) => {
@@ -173,8 +173,10 @@ struct Target {
     memory: [UnsafeCell<u64>; 2],
 }
 
-const RAW: [u32; 2] = [0x0002_0000, 0x0002_0001];
-const LISTED: [u64; 2] = [(RAW[0] as u64) << 32 | 1, (RAW[1] as u64) << 32 | 1];
+/// Each slot's generation, as its state word lists it (the slot is the
+/// word's place on the page).
+const GENERATION: [u32; 2] = [2, 2];
+const LISTED: [u64; 2] = [(GENERATION[0] as u64) << 32 | 1, (GENERATION[1] as u64) << 32 | 1];
 const EPOCH: u64 = 41;
 
 impl Target {
@@ -243,13 +245,13 @@ fn a_cma_call_never_reaches_a_region_after_its_revoke_returned() {
                 let target = target.clone();
                 thread::spawn(move || target.initiator_call(into))
             };
-            let before = revoke::take_off(&target.state[0], RAW[0], 1).expect("listed");
+            let before = revoke::take_off(&target.state[0], GENERATION[0], 1).expect("listed");
             assert_eq!(before, LISTED[0]);
             target.drain(Some(0));
             target.reuse(0);
             let _ = initiator.join().unwrap();
             // A second revoke of the same id finds nothing to take off.
-            assert_eq!(revoke::take_off(&target.state[0], RAW[0], 1), None);
+            assert_eq!(revoke::take_off(&target.state[0], GENERATION[0], 1), None);
         });
     }
 }
@@ -268,7 +270,7 @@ fn two_calls_sharing_a_user_slot_never_hide_the_one_into_the_revoked_region() {
                 thread::spawn(move || target.initiator_call(&[r]))
             })
             .collect();
-        revoke::take_off(&target.state[0], RAW[0], 1).expect("listed");
+        revoke::take_off(&target.state[0], GENERATION[0], 1).expect("listed");
         target.drain(Some(0));
         target.reuse(0);
         for call in calls {
@@ -288,7 +290,7 @@ fn a_call_into_b_does_not_hold_up_the_unregister_of_a() {
         let unregister_a = {
             let target = target.clone();
             thread::spawn(move || {
-                revoke::take_off(&target.state[0], RAW[0], 1).expect("listed");
+                revoke::take_off(&target.state[0], GENERATION[0], 1).expect("listed");
                 revoke::calls_in(target.user(), Some(0)).1
             })
         };

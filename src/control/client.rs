@@ -262,7 +262,7 @@ impl ControlClient {
     }
 
     /// Checksum of a range of one of the peer's regions.
-    pub fn checksum(&mut self, region: u32, offset: u64, len: u64, deadline: Instant) -> Result<u64> {
+    pub fn checksum(&mut self, region: u64, offset: u64, len: u64, deadline: Instant) -> Result<u64> {
         match self.call(request::Body::Checksum(ChecksumRequest { region, offset, len }), deadline)? {
             response::Body::Checksum(reply) => Ok(reply.checksum),
             other => Err(Error::malformed("checksum", format!("unexpected answer {other:?}"))),

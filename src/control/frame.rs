@@ -9,8 +9,10 @@ use std::io::{Read, Write};
 /// The control-plane version this engine speaks.
 ///
 /// Version 3 binds the tokened handshake to the connection and the
-/// descriptor, and seals every later message (`seal.rs`).
-pub const CONTROL_VERSION: u32 = 3;
+/// descriptor, and seals every later message (`seal.rs`). Version 4
+/// widens region ids to 64 bits (a 32-bit generation): a version 3 peer's
+/// 32-bit ids would be misread, so it is refused by version instead.
+pub const CONTROL_VERSION: u32 = 4;
 /// Largest control message accepted, bytes.
 pub const MAX_CONTROL_MESSAGE_BYTES: u32 = 4 << 20;
 /// What a control connection opens with, each way: `KVRC` and the version.

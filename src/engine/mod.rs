@@ -177,6 +177,12 @@ impl Engine {
         self.inner.lanes.iter().map(|l| l.shared.metrics.snapshot()).collect()
     }
 
+    /// The region registry, for the testing hooks.
+    #[cfg(feature = "testing")]
+    pub(crate) fn registry(&self) -> &crate::mem::Registry {
+        &self.inner.registry
+    }
+
     /// Lane `lane`'s shared part, for the testing hooks.
     #[cfg(feature = "testing")]
     pub(crate) fn lane_shared(&self, lane: usize) -> Option<&crate::runtime::lane::LaneShared> {

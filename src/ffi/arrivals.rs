@@ -18,9 +18,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy)]
 pub struct KvringRange {
     /// The region, as this engine numbers it.
-    pub region: u32,
-    /// Zero.
-    pub reserved: u32,
+    pub region: u64,
     /// Offset in the region.
     pub offset: u64,
     /// Bytes.
@@ -165,6 +163,7 @@ pub unsafe extern "C" fn kvring_wait_landed(
 ///
 /// # Safety
 ///
+// The same parameters and null checks as `kvring_landed`, on purpose: a C function each (docs/DUPLICATES.md).
 /// `engine` is live; `sender` is null or a NUL-terminated string;
 /// `bytes_out` is null or valid.
 #[no_mangle]

@@ -21,7 +21,7 @@ use std::ffi::c_int;
 #[no_mangle]
 pub unsafe extern "C" fn kvring_fence(
     engine: *mut KvringEngine,
-    region: u32,
+    region: u64,
     offset: u64,
     len: u64,
     grant_out: *mut u32,

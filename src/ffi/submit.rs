@@ -52,6 +52,7 @@ pub unsafe extern "C" fn kvring_submit(
 ///
 /// # Safety
 ///
+// Repeats `kvring_submit`'s parameters on purpose: callers built against it keep it (docs/DUPLICATES.md).
 /// As `kvring_submit`.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)] // a C signature

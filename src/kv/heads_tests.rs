@@ -7,7 +7,7 @@ const TOKENS: u64 = 4;
 const BLOCKS: u64 = 5;
 const LAYERS: u32 = 2;
 
-fn layout(kv_heads: u64, tp: u32, region: u16, base: u64) -> KvLayout {
+fn layout(kv_heads: u64, tp: u32, region: u32, base: u64) -> KvLayout {
     // CacheShape::mha's bytes per element x head_dim = HEAD_BYTES.
     let shape = CacheShape::mha(LAYERS, BLOCKS, kv_heads, HEAD_BYTES, 1, TOKENS, u64::from(tp)).unwrap();
     KvLayout::contiguous(shape, RegionId::new(region, 1), base).unwrap()
@@ -52,7 +52,7 @@ fn every_destination_byte_is_written_once_from_the_right_source_byte() {
                         // writer[kind][dst block slot][byte]
                         let mut written = vec![vec![vec![0u32; block as usize]; dst_ids.len()]; 2];
                         for s in 0..src_tp {
-                            let src_layout = layout(kv_heads, src_tp, s as u16 + 1, 0);
+                            let src_layout = layout(kv_heads, src_tp, s + 1, 0);
                             let route = HeadRoute::new(g, (src_tp, s), (dst_tp, d)).unwrap();
                             let descs = plan_layer_heads(
                                 &src_layout,

@@ -2,7 +2,8 @@
 //! when a region's entry may be read, and when it may be rewritten (the
 //! region's memory handed back to its owner).
 //!
-//! State word: `generation << 48 | live << 47 | reading << 46 | leases`.
+//! State word: `generation << 32 | live << 31 | reading << 30 | leases`
+//! (a 32-bit generation, so ids do not wrap within any plausible life).
 //!
 //! - [`publish`](Slot::publish) writes the entry, then makes the slot live
 //!   (Release);
@@ -24,14 +25,14 @@
 
 use crate::sync::{AtomicU64, Ordering, UnsafeCell};
 
-const LIVE: u64 = 1 << 47;
-const READING: u64 = 1 << 46;
+const LIVE: u64 = 1 << 31;
+const READING: u64 = 1 << 30;
 /// The lease count's bits: at most this many leases at once.
 pub const LEASE_MASK: u64 = READING - 1;
-const GENERATION_SHIFT: u32 = 48;
+const GENERATION_SHIFT: u32 = 32;
 
-fn generation_of(state: u64) -> u16 {
-    (state >> GENERATION_SHIFT) as u16
+fn generation_of(state: u64) -> u32 {
+    (state >> GENERATION_SHIFT) as u32
 }
 
 /// Why a slot refused.
@@ -90,7 +91,7 @@ impl<T> Slot<T> {
     }
 
     /// The generation the next [`publish`](Self::publish) issues.
-    pub fn generation(&self) -> u16 {
+    pub fn generation(&self) -> u32 {
         generation_of(self.state.load(Ordering::Relaxed))
     }
 
@@ -102,7 +103,7 @@ impl<T> Slot<T> {
     /// The caller owns the free slot: it is not live, has no lease, and no
     /// other `publish` runs on it (the registry takes it from its free list
     /// under its mutex; a retired slot is never on that list).
-    pub unsafe fn publish(&self, entry: T) -> u16 {
+    pub unsafe fn publish(&self, entry: T) -> u32 {
         let generation = self.generation();
         // SAFETY: not live and unleased, so no reader exists (our contract);
         // nobody else publishes it.
@@ -112,9 +113,21 @@ impl<T> Slot<T> {
         generation
     }
 
+    /// Makes `generation` the one the next [`publish`](Self::publish)
+    /// issues: for tests that reach a slot's last generations.
+    ///
+    /// # Safety
+    ///
+    /// As [`publish`](Self::publish): the caller owns the free slot.
+    #[cfg(any(test, feature = "testing"))]
+    pub unsafe fn start_at(&self, generation: u32) {
+        debug_assert_eq!(self.state.load(Ordering::Relaxed) & (LIVE | READING | LEASE_MASK), 0);
+        self.state.store(u64::from(generation) << GENERATION_SHIFT, Ordering::Relaxed);
+    }
+
     /// Takes one lease under `generation`.
     #[inline]
-    pub fn lease(&self, generation: u16) -> Result<(), Refused> {
+    pub fn lease(&self, generation: u32) -> Result<(), Refused> {
         let mut current = self.state.load(Ordering::Acquire);
         loop {
             if generation_of(current) != generation || current & LIVE == 0 {
@@ -152,7 +165,7 @@ impl<T> Slot<T> {
     /// Takes the slot for a reader alone: only while live under
     /// `generation` with no lease; until [`end_read`](Self::end_read) no
     /// lease is granted and the slot cannot be unpublished.
-    pub fn read_alone(&self, generation: u16) -> Result<(), Refused> {
+    pub fn read_alone(&self, generation: u32) -> Result<(), Refused> {
         let idle = (u64::from(generation) << GENERATION_SHIFT) | LIVE;
         // Acquire pairs with the lease holders' Release (their work on the
         // region is done) and with `publish`'s Release (the entry).
@@ -181,13 +194,13 @@ impl<T> Slot<T> {
     /// True while the slot is live under `generation` and leased (or read
     /// alone): what a kept lease's holder checks of a stale id.
     #[inline]
-    pub fn is_held(&self, generation: u16) -> bool {
+    pub fn is_held(&self, generation: u32) -> bool {
         let state = self.state.load(Ordering::Acquire);
         generation_of(state) == generation && state & LIVE != 0 && state & (LEASE_MASK | READING) != 0
     }
 
     /// True while the slot is live under `generation`.
-    pub fn is_live(&self, generation: u16) -> bool {
+    pub fn is_live(&self, generation: u32) -> bool {
         let state = self.state.load(Ordering::Acquire);
         generation_of(state) == generation && state & LIVE != 0
     }
@@ -196,10 +209,10 @@ impl<T> Slot<T> {
     /// exactly one caller, and only while the slot is live and idle; the
     /// winner gets the entry. The slot's next generation is `generation +
     /// 1`, or none (retired) when `generation` is the last.
-    pub fn unpublish(&self, generation: u16) -> Result<Unpublished<T>, Refused> {
+    pub fn unpublish(&self, generation: u32) -> Result<Unpublished<T>, Refused> {
         let live_idle = (u64::from(generation) << GENERATION_SHIFT) | LIVE;
-        let retired = generation == u16::MAX;
-        let next = if retired { u16::MAX } else { generation + 1 };
+        let retired = generation == u32::MAX;
+        let next = if retired { u32::MAX } else { generation + 1 };
         let freed = u64::from(next) << GENERATION_SHIFT;
         // AcqRel: Acquire pairs with the lease holders' Release decrements
         // (their reads of the entry are done); Release orders our taking of

@@ -61,7 +61,8 @@ const HEADER_MAGIC: [u8; 8] = *b"KVRINGSH";
 /// 2: the header carries the owner's rights (`access`, 0 in version 1).
 /// 3: and the `live` and `busy` words of revocation.
 /// 4: and the region's fence table at [`FENCE_OFFSET`] (`mem::fence`).
-const HEADER_VERSION: u32 = 4;
+/// 5: the region id is 64 bits (a 32-bit generation).
+const HEADER_VERSION: u32 = 5;
 /// Where the region's fence table sits in the header page.
 pub const FENCE_OFFSET: usize = 1024;
 const _: () = assert!(FENCE_OFFSET + super::fence::FENCE_WORDS * 8 <= SHM_HEADER_BYTES);
@@ -79,11 +80,13 @@ struct ShmHeader {
     pid: u32,
     epoch: u64,
     /// Raw region id; 0 until the owner registered the region.
-    region: u32,
+    region: u64,
     /// The rights the owner registered the region with ([`Access`] bits):
     /// what a peer may do with it, whatever a descriptor says. 0 until the
     /// owner registered the region.
     access: u32,
+    /// Zero.
+    reserved: u32,
     len: u64,
     /// 1 while the owner has the region registered, 0 before and after:
     /// shared with peers, only ever touched atomically ([`ShmMapping::live`]).
@@ -159,6 +162,7 @@ impl ShmMapping {
                 epoch,
                 region: 0,
                 access: 0,
+                reserved: 0,
                 len: len as u64,
                 live: 0,
                 busy: 0,

@@ -39,7 +39,7 @@ pub fn grant_arrival(
     py: Python<'_>,
     engine: &PyEngine,
     tag: u32,
-    ranges: Vec<(u32, u64, u64)>,
+    ranges: Vec<(u64, u64, u64)>,
     sender: Option<String>,
 ) -> PyResult<()> {
     let ranges: Vec<_> = ranges.into_iter().map(|(r, offset, len)| (RegionId::from_raw(r), offset, len)).collect();
@@ -127,6 +127,7 @@ pub fn push_layer_tagged(
 /// and of the peer. Moves the heads both hold (0 bytes, nothing sent,
 /// when this rank writes none of the peer's heads); returns the bytes.
 #[pyfunction]
+// Takes `push_layer_tagged`'s parameters and more, on purpose: a Python function each (docs/DUPLICATES.md).
 #[pyo3(signature = (engine, name, layer, slot, src_ids, dst_ids, heads, src, dst, timeout))]
 #[allow(clippy::too_many_arguments)] // a Python signature
 pub fn push_layer_heads_tagged(

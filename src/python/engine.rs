@@ -227,7 +227,7 @@ impl PyEngine {
     /// "cpu[:N]" for host memory, "gpu[:N]" or "cuda[:N]" for a GPU's
     /// (checked: a wrong claim is refused).
     #[pyo3(signature = (addr, length, location=None))]
-    fn register(&self, py: Python<'_>, addr: u64, length: u64, location: Option<&str>) -> PyResult<u32> {
+    fn register(&self, py: Python<'_>, addr: u64, length: u64, location: Option<&str>) -> PyResult<u64> {
         if addr == 0 {
             return Err(raise(Error::invalid("address", "null")));
         }
@@ -257,7 +257,7 @@ impl PyEngine {
     /// Where a region lives: "host" or "gpu:N"; with `segment`, a peer's
     /// region (by id), else one of this engine's.
     #[pyo3(signature = (region, segment=None, timeout=5.0))]
-    fn region_memory(&self, py: Python<'_>, region: u32, segment: Option<String>, timeout: f64) -> PyResult<String> {
+    fn region_memory(&self, py: Python<'_>, region: u64, segment: Option<String>, timeout: f64) -> PyResult<String> {
         let timeout = seconds(timeout)?;
         let id = RegionId::from_raw(region);
         self.with_open(py, |open| {
@@ -285,7 +285,7 @@ impl PyEngine {
     }
 
     /// Unregisters a region by id (refused while a batch uses it).
-    fn unregister(&self, py: Python<'_>, region: u32) -> PyResult<()> {
+    fn unregister(&self, py: Python<'_>, region: u64) -> PyResult<()> {
         self.with_open(py, |open| {
             open.engine.unregister(RegionId::from_raw(region))?;
             open.allocated.remove(&region);
@@ -294,7 +294,7 @@ impl PyEngine {
     }
 
     /// The region starting exactly at `addr`.
-    fn region_at(&self, py: Python<'_>, addr: u64) -> PyResult<u32> {
+    fn region_at(&self, py: Python<'_>, addr: u64) -> PyResult<u64> {
         self.with_open(py, |open| match open.engine.locate(addr, 1) {
             Ok((id, 0)) => Ok(id.raw()),
             _ => Err(Error::invalid("address", format!("{addr:#x} is not the start of a registered region"))),
@@ -303,7 +303,7 @@ impl PyEngine {
 
     /// Allocates and registers `length` bytes of shared memory (page
     /// aligned, pre-faulted); returns (region id, address).
-    fn alloc(&self, py: Python<'_>, length: usize) -> PyResult<(u32, u64)> {
+    fn alloc(&self, py: Python<'_>, length: usize) -> PyResult<(u64, u64)> {
         self.with_open(py, |open| {
             let region = open.engine.alloc_region(length, RegionInfo::raw())?;
             let found = (region.id().raw(), region.as_ptr() as u64);
@@ -313,7 +313,7 @@ impl PyEngine {
     }
 
     /// Turns a local address range into (region id, offset).
-    fn locate(&self, py: Python<'_>, addr: u64, length: u64) -> PyResult<(u32, u64)> {
+    fn locate(&self, py: Python<'_>, addr: u64, length: u64) -> PyResult<(u64, u64)> {
         self.with_open(py, |open| open.engine.locate(addr, length).map(|(id, offset)| (id.raw(), offset)))
     }
 
@@ -429,7 +429,7 @@ impl PyEngine {
 
     /// The peer's regions as (region id, address, length), in its order.
     #[pyo3(signature = (name, timeout=5.0))]
-    fn segment_regions(&self, py: Python<'_>, name: String, timeout: f64) -> PyResult<Vec<(u32, u64, u64)>> {
+    fn segment_regions(&self, py: Python<'_>, name: String, timeout: f64) -> PyResult<Vec<(u64, u64, u64)>> {
         let timeout = seconds(timeout)?;
         self.with_open(py, |open| {
             let segment = open.segment(&name, timeout)?;
@@ -447,7 +447,7 @@ impl PyEngine {
         py: Python<'_>,
         name: String,
         op: &str,
-        descs: Vec<(u32, u64, u32, u64, u64)>,
+        descs: Vec<(u64, u64, u64, u64, u64)>,
         timeout: f64,
         checksum: Option<bool>,
     ) -> PyResult<u64> {
@@ -462,6 +462,7 @@ impl PyEngine {
         })
     }
 
+    // Same keyword signature as `submit_addrs`, on purpose: a Python method each (docs/DUPLICATES.md).
     /// Moves blocks named by local and remote addresses (Mooncake's
     /// convention) and waits; returns the bytes moved.
     #[pyo3(signature = (name, op, locals, remotes, lengths, timeout=30.0, checksum=None))]
@@ -569,7 +570,7 @@ impl PyEngine {
     /// "mla" (layers, blocks, latent_dim, dtype_bytes, tokens_per_block,
     /// index_dim), laid out contiguously in `region` from `offset`.
     #[pyo3(signature = (attention, dims, region, offset=0))]
-    fn set_kv_layout(&self, py: Python<'_>, attention: &str, dims: Vec<u64>, region: u32, offset: u64) -> PyResult<()> {
+    fn set_kv_layout(&self, py: Python<'_>, attention: &str, dims: Vec<u64>, region: u64, offset: u64) -> PyResult<()> {
         let shape = match (attention, dims.as_slice()) {
             ("mha", &[layers, blocks, heads, head_dim, dtype, tokens, tp]) => {
                 let layers = u32::try_from(layers).map_err(|_| PyValueError::new_err("layers past u32"))?;

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 /// `Engine::fence`: the new grant for `length` bytes at `offset` of this
 /// engine's `region`.
 #[pyfunction]
-pub fn fence(py: Python<'_>, engine: &PyEngine, region: u32, offset: u64, length: u64) -> PyResult<u32> {
+pub fn fence(py: Python<'_>, engine: &PyEngine, region: u64, offset: u64, length: u64) -> PyResult<u32> {
     engine.with_open(py, |open| open.engine.fence(RegionId::from_raw(region), offset, length))
 }
 
@@ -32,7 +32,7 @@ pub fn write_granted(
     py: Python<'_>,
     engine: &PyEngine,
     name: String,
-    descs: Vec<(u32, u64, u32, u64, u64)>,
+    descs: Vec<(u64, u64, u64, u64, u64)>,
     grant: u32,
     timeout: f64,
 ) -> PyResult<u64> {

@@ -9,7 +9,7 @@ pub(super) struct Open {
     pub(super) engine: Engine,
     pub(super) submitter: Submitter,
     /// Regions this module allocated (`alloc`), by raw id.
-    pub(super) allocated: HashMap<u32, Region>,
+    pub(super) allocated: HashMap<u64, Region>,
     /// The transport each segment name is opened with (None: the engine's order).
     pub(super) transports: HashMap<String, Option<TransportKind>>,
 }
@@ -77,6 +77,7 @@ impl Open {
         })
     }
 
+    // `submit`'s parameters again, on purpose: `run` is `submit` then a wait (docs/DUPLICATES.md).
     /// Submits one batch and waits for it (a little past its deadline).
     pub(super) fn run(
         &mut self,

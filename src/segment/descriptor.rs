@@ -58,6 +58,11 @@ impl RemoteRegion {
     fn from_proto(r: proto::RegionDescriptor) -> Result<Self> {
         let bad = |reason: String| Error::malformed("segment descriptor", reason);
         let id = RegionId::from_raw(r.id);
+        // Links keep a table by slot index: a peer's index past what any
+        // registry issues would size it by 2^32.
+        if id.index() as usize >= MAX_DESCRIPTOR_REGIONS {
+            return Err(bad(format!("region {id} has a slot index past {}", MAX_DESCRIPTOR_REGIONS - 1)));
+        }
         if r.len == 0 {
             return Err(bad(format!("region {id} has zero length")));
         }
@@ -441,12 +446,12 @@ mod tests {
         let nics = crate::engine::MAX_RDMA_NICS;
         let mut d = sample();
         d.regions = (0..regions as u32)
-            .map(|i| RemoteRegion { id: RegionId::new(i as u16, 1), shm_path: None, ..d.regions[0].clone() })
+            .map(|i| RemoteRegion { id: RegionId::new(i, 1), shm_path: None, ..d.regions[0].clone() })
             .collect();
         let keyed = (0..regions as u32)
             .map(|i| {
                 (
-                    RegionId::new(i as u16, 1),
+                    RegionId::new(i, 1),
                     0x7f00_0000_0000 + (u64::from(i) << 21),
                     (0..nics as u32).map(|n| 0x1_0000 + i * 8 + n).collect(),
                 )
@@ -476,14 +481,10 @@ mod tests {
         let keys = p.rdma.as_ref().unwrap().regions[0].clone();
         let count = MAX_DESCRIPTOR_REGIONS as u32 - 1;
         p.regions = (0..count)
-            .map(|i| proto::RegionDescriptor {
-                id: RegionId::new(i as u16, 1).raw(),
-                shm_path: String::new(),
-                ..base.clone()
-            })
+            .map(|i| proto::RegionDescriptor { id: RegionId::new(i, 1).raw(), shm_path: String::new(), ..base.clone() })
             .collect();
         p.rdma.as_mut().unwrap().regions =
-            (0..count).map(|i| proto::RdmaRegion { id: RegionId::new(i as u16, 1).raw(), ..keys.clone() }).collect();
+            (0..count).map(|i| proto::RdmaRegion { id: RegionId::new(i, 1).raw(), ..keys.clone() }).collect();
         // How long this takes is a figure, not a test (a quadratic check
         // would be ~4 billion comparisons here): that it decodes every
         // region is what is asserted.
@@ -502,6 +503,15 @@ mod tests {
         let mut p = sample().to_proto();
         p.regions.push(p.regions[0].clone());
         assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("listed twice"));
+        // A 64-bit id's slot past any registry's: refused, never a table
+        // sized by it.
+        let mut p = sample().to_proto();
+        p.regions[0].id = RegionId::new(u32::MAX, 1).raw();
+        assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("slot index past 65535"));
+        let mut p = sample().to_proto();
+        p.regions[0].id = RegionId::new(MAX_DESCRIPTOR_REGIONS as u32 - 1, u32::MAX).raw();
+        p.rdma.as_mut().unwrap().regions[0].id = p.regions[0].id;
+        assert!(SegmentDescriptor::from_proto(p).is_ok(), "the last index and generation decode");
         let mut p = sample().to_proto();
         p.rdma.as_mut().unwrap().regions[0].rkeys.pop();
         assert!(SegmentDescriptor::from_proto(p).unwrap_err().to_string().contains("1 rkeys for 2 nics"));

@@ -36,8 +36,8 @@ pub use sock_diag::sock_diag_reply;
 pub fn frame_header(data: &[u8]) {
     use crate::transport::tcp::frame::{FrameHeader, MAX_FRAME_PAYLOAD_BYTES};
     if let Ok((header, _op)) = FrameHeader::decode(data) {
-        assert!(header.len <= MAX_FRAME_PAYLOAD_BYTES);
-        assert!(header.offset.checked_add(header.len).is_some());
+        assert!(u64::from(header.len) <= MAX_FRAME_PAYLOAD_BYTES);
+        assert!(header.offset.checked_add(header.len.into()).is_some());
     }
 }
 
@@ -168,7 +168,7 @@ fn maximal_descriptor() -> Vec<u8> {
     let count = MAX_DESCRIPTOR_REGIONS as u32 - 1;
     let regions = (0..count)
         .map(|i| crate::proto::RegionDescriptor {
-            id: RegionId::new(i as u16, 1).raw(),
+            id: RegionId::new(i, 1).raw(),
             len: 4096,
             access: 15,
             addr: u64::from(i) << 20,
@@ -177,7 +177,7 @@ fn maximal_descriptor() -> Vec<u8> {
         .collect();
     let keys = (0..count)
         .map(|i| crate::proto::RdmaRegion {
-            id: RegionId::new(i as u16, 1).raw(),
+            id: RegionId::new(i, 1).raw(),
             addr: u64::from(i) << 20,
             rkeys: vec![i; MAX_RDMA_NICS as usize],
         })

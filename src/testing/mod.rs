@@ -74,6 +74,14 @@ pub fn descriptor(engine: &crate::Engine) -> SegmentDescriptor {
     engine.descriptor()
 }
 
+/// Starts the next generation of every free region slot of `engine` at
+/// `generation` (at least 1), so a test reaches a slot's last generations
+/// (where it is retired) without 2^32 registrations. Returns how many
+/// slots it set.
+pub fn start_free_region_slots_at(engine: &crate::Engine, generation: u32) -> usize {
+    engine.registry().start_free_slots_at(generation)
+}
+
 /// Makes `engine`'s lane `lane` panic while it executes the next batch part
 /// it takes, for tests of what a panicking lane does to the batches it
 /// holds. Returns false when the engine has no such lane.

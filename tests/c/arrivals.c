@@ -34,7 +34,7 @@ static void expect(int rc, const char *code, const char *what) {
 
 /* A prefill engine named `name` with `LEN` bytes of `fill`, its segment
  * to `addr` over tcp, and a submitter. */
-static void prefill(const char *name, unsigned char fill, const char *addr, kvring_engine **engine, uint32_t *region,
+static void prefill(const char *name, unsigned char fill, const char *addr, kvring_engine **engine, uint64_t *region,
                     unsigned char **memory, kvring_segment **segment, kvring_submitter **submitter) {
     check(kvring_engine_create_with_token(name, "127.0.0.1:0", 1, TOKEN, engine), "prefill engine");
     *memory = aligned_alloc(4096, LEN);
@@ -46,7 +46,7 @@ static void prefill(const char *name, unsigned char fill, const char *addr, kvri
 
 /* Pushes blocks 0..3 of `region` into decode's `theirs`, tagged for slot 5
  * layer 2, and waits for the batch. */
-static void push(kvring_submitter *submitter, kvring_segment *segment, uint32_t region, uint32_t theirs) {
+static void push(kvring_submitter *submitter, kvring_segment *segment, uint64_t region, uint64_t theirs) {
     kvring_block blocks[4];
     for (int i = 0; i < 4; i++) {
         blocks[i] = (kvring_block){region, theirs, (uint64_t)i * BLOCK, (uint64_t)i * BLOCK, BLOCK};
@@ -65,7 +65,7 @@ int main(void) {
     check(kvring_engine_create_with_token("decode", "127.0.0.1:0", 1, TOKEN, &decode), "decode engine");
     unsigned char *kv = aligned_alloc(4096, LEN);
     memset(kv, 0, LEN);
-    uint32_t kv_region = 0;
+    uint64_t kv_region = 0;
     check(kvring_register_memory(decode, kv, LEN, KVRING_MEMORY_HOST, &kv_region), "decode register");
     char addr[128];
     check(kvring_engine_control_addr(decode, addr, sizeof addr), "control addr");
@@ -76,7 +76,7 @@ int main(void) {
         fprintf(stderr, "tag %#x\n", tag);
         return 1;
     }
-    kvring_range granted = {kv_region, 0, 0, 4 * BLOCK};
+    kvring_range granted = {kv_region, 0, 4 * BLOCK};
     check(kvring_grant_arrival(decode, "prefill-c", tag, &granted, 1), "grant_arrival");
 
     /* Nothing pushed yet: the wait ends at its deadline, typed. */
@@ -88,7 +88,7 @@ int main(void) {
     kvring_segment *other_segment = NULL;
     kvring_submitter *other_submitter = NULL;
     unsigned char *other_memory = NULL;
-    uint32_t other_region = 0;
+    uint64_t other_region = 0;
     prefill("prefill-other", 0x22, addr, &other, &other_region, &other_memory, &other_segment, &other_submitter);
     push(other_submitter, other_segment, other_region, kv_region);
     uint64_t landed = 1;
@@ -102,7 +102,7 @@ int main(void) {
     kvring_segment *segment = NULL;
     kvring_submitter *submitter = NULL;
     unsigned char *memory = NULL;
-    uint32_t region = 0;
+    uint64_t region = 0;
     prefill("prefill-c", 0x11, addr, &engine, &region, &memory, &segment, &submitter);
     push(submitter, segment, region, kv_region);
     check(kvring_wait_landed(decode, "prefill-c", tag, 4 * BLOCK, 10000), "wait_landed");

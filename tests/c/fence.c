@@ -31,7 +31,7 @@ static void expect(int rc, const char *code, const char *what) {
 
 /* Pushes blocks 0..3 of `region` into `theirs` naming `grant`; returns
  * kvring_wait's code. */
-static int push(kvring_submitter *submitter, kvring_segment *segment, uint32_t region, uint32_t theirs,
+static int push(kvring_submitter *submitter, kvring_segment *segment, uint64_t region, uint64_t theirs,
                 uint32_t grant) {
     kvring_block blocks[4];
     for (int i = 0; i < 4; i++) {
@@ -56,7 +56,7 @@ int main(void) {
     check(kvring_engine_create("decode", "127.0.0.1:0", 1, &decode), "decode engine");
     unsigned char *kv = aligned_alloc(4096, LEN);
     memset(kv, 0, LEN);
-    uint32_t kv_region = 0;
+    uint64_t kv_region = 0;
     check(kvring_register_memory(decode, kv, LEN, KVRING_MEMORY_HOST, &kv_region), "decode register");
     char addr[128];
     check(kvring_engine_control_addr(decode, addr, sizeof addr), "control addr");
@@ -65,7 +65,7 @@ int main(void) {
     check(kvring_engine_create("prefill", "127.0.0.1:0", 1, &prefill), "prefill engine");
     unsigned char *memory = aligned_alloc(4096, LEN);
     memset(memory, 0x11, LEN);
-    uint32_t region = 0;
+    uint64_t region = 0;
     check(kvring_register_memory(prefill, memory, LEN, KVRING_MEMORY_HOST, &region), "prefill register");
     kvring_segment *segment = NULL;
     check(kvring_open_segment(prefill, addr, KVRING_TRANSPORT_TCP, 10000, &segment), "open decode over tcp");

@@ -57,11 +57,11 @@ static int target(void) {
     // Both sides share the cluster's token (it is proven, never sent).
     check(kvring_engine_create_with_token("decode-c", "127.0.0.1:0", 1, "c-abi-token", &engine), "engine_create");
     unsigned char *memory = buffer();
-    uint32_t region = 0;
+    uint64_t region = 0;
     check(kvring_register(engine, memory, LEN, &region), "register");
     char addr[64];
     check(kvring_engine_control_addr(engine, addr, sizeof addr), "control_addr");
-    printf("addr=%s region=%u\n", addr, region);
+    printf("addr=%s region=%llu\n", addr, (unsigned long long)region);
     fflush(stdout);
     char line[128];
     while (fgets(line, sizeof line, stdin) != NULL) {
@@ -111,7 +111,7 @@ static int initiator(const char *addr) {
     unsigned char *source = buffer();
     unsigned char *back = buffer();
     for (size_t i = 0; i < LEN; i++) source[i] = pattern(i, 7);
-    uint32_t local = 0, local_back = 0, remote = 0;
+    uint64_t local = 0, local_back = 0, remote = 0;
     check(kvring_register(engine, source, LEN, &local), "register");
     check(kvring_register_memory(engine, back, LEN, KVRING_MEMORY_HOST, &local_back), "register_memory");
     /* Where regions live: host memory here and on the peer. Host memory
@@ -124,7 +124,7 @@ static int initiator(const char *addr) {
     /* A buffer no region covers, so that nothing but the memory kind can be
        the reason for a refusal (an overlap with `back` would refuse it too). */
     unsigned char *spare = buffer();
-    uint32_t not_registered = 0;
+    uint64_t not_registered = 0;
     if (kvring_register_memory(engine, spare, 4096, 0, &not_registered) >= 0 ||
         strstr(kvring_last_error(), "GPU 0") == NULL) {
         fprintf(stderr, "register_memory: host memory registered as a GPU's, or refused for another reason: %s\n",
@@ -247,10 +247,10 @@ static int initiator(const char *addr) {
         fprintf(stderr, "open_many: %d [%d %d %d] %s\n", rc, codes[0], codes[1], codes[2], kvring_last_error());
         return 1;
     }
-    uint32_t many_remote = 0;
+    uint64_t many_remote = 0;
     check(kvring_segment_region(many[1], 0, &many_remote), "open_many segment_region");
     if (many_remote != remote) {
-        fprintf(stderr, "open_many: region %u, not %u\n", many_remote, remote);
+        fprintf(stderr, "open_many: region %llu, not %llu\n", (unsigned long long)many_remote, (unsigned long long)remote);
         return 1;
     }
     kvring_segment_free(many[0]);

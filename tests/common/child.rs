@@ -62,7 +62,7 @@ pub fn epoch(line: &str) -> u64 {
 }
 
 /// The raw id of the served region in a status line (`region=index:generation`).
-pub fn region(line: &str) -> u32 {
+pub fn region(line: &str) -> u64 {
     let (index, generation) = field(line, "region=").split_once(':').expect("index:generation");
     kvring::RegionId::new(index.parse().expect("an index"), generation.parse().expect("a generation")).raw()
 }
@@ -79,7 +79,7 @@ pub struct Target {
     /// Its engine's epoch.
     pub epoch: u64,
     /// The raw id of the region it serves.
-    pub region: u32,
+    pub region: u64,
 }
 
 /// Starts `kvring serve` with `args` (a `--region-size` among them) and

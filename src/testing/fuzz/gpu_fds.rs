@@ -40,10 +40,12 @@ pub fn gpu_fds_connection(data: &[u8]) {
             assert_eq!(&challenge.encode(), bytes);
         }
     }
-    if let Ok(bytes) = data.get(..gpu_fds::MESSAGE_BYTES).unwrap_or_default().try_into() {
+    if let Ok(bytes) = data.get(..gpu_fds::REQUEST_BYTES).unwrap_or_default().try_into() {
         if let Ok(request) = Request::decode(bytes) {
             assert_eq!(&request.encode(), bytes);
         }
+    }
+    if let Ok(bytes) = data.get(..gpu_fds::ANSWER_BYTES).unwrap_or_default().try_into() {
         if let Ok(answer) = Answer::decode(bytes) {
             assert_eq!(&answer.encode(), bytes);
         }

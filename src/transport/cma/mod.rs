@@ -186,7 +186,7 @@ impl CmaLink {
             let index = desc.remote_region.index() as usize;
             let unknown = Error::UnknownRegion { side: Side::Remote, region: desc.remote_region };
             let Some(at) = self.peer.region(index) else { return Some(unknown) };
-            if (at.state >> 32) as u32 != desc.remote_region.raw() {
+            if (at.state >> 32) as u32 != desc.remote_region.generation() {
                 return Some(unknown);
             }
             if !at.access.contains(needs) {
@@ -244,8 +244,8 @@ impl CmaLink {
                 return Err((gone(&peer), moved));
             }
             if let Some(&index) = self.touched.iter().find(|&&index| !peer.listed(&entered, index)) {
-                let at = peer.region(index).map_or(0, |r| (r.state >> 32) as u32);
-                let region = crate::desc::RegionId::from_raw(at);
+                let generation = peer.region(index).map_or(0, |r| (r.state >> 32) as u32);
+                let region = crate::desc::RegionId::new(index as u32, generation);
                 return Err((Error::UnknownRegion { side: Side::Remote, region }, moved));
             }
             let end = (start + IOV_MAX).min(self.local.len());

@@ -52,7 +52,9 @@ const MAGIC: [u8; 8] = *b"KVRINGCM";
 /// 2: calls carry marks naming their regions (an initiator of version 1
 /// would only count, which a target of version 2 still honours, but a
 /// version 1 target would not see a version 2 initiator's marks).
-const VERSION: u32 = 2;
+/// 3: a region's state word holds its slot's 32-bit generation, not a
+/// 32-bit raw id (the slot is the word's place on the page).
+const VERSION: u32 = 3;
 /// Initiator links one target serves over cma at once (each holds a slot).
 pub const MAX_CMA_USERS: usize = 256;
 const LINE: usize = 64;
@@ -60,7 +62,8 @@ const HEAD_BYTES: usize = 64;
 const USERS_OFFSET: usize = HEAD_BYTES;
 const REGIONS_OFFSET: usize = USERS_OFFSET + MAX_CMA_USERS * LINE;
 const REGION_SLOT_BYTES: usize = 24;
-/// The region state word's live bit (rights in bits 8..16, raw id above 32).
+/// The region state word's live bit (rights in bits 8..16, the slot's
+/// generation above 32; the slot is the word's place on the page).
 const LIVE: u64 = 1;
 /// Longest a target waits for initiators' calls in progress to end.
 pub const CMA_REVOKE_WAIT: Duration = Duration::from_secs(2);
@@ -93,7 +96,7 @@ const ALIVE_OFFSET: usize = 56;
 const FIXED: [std::ops::Range<usize>; 2] = [0..32, 40..56];
 
 fn state_word(id: RegionId, access: Access) -> u64 {
-    (u64::from(id.raw()) << 32) | (u64::from(access.bits() & 0xff) << 8) | LIVE
+    (u64::from(id.generation()) << 32) | (u64::from(access.bits() & 0xff) << 8) | LIVE
 }
 
 /// The page bytes of `mapping`, with accessors for its words.
@@ -275,7 +278,7 @@ impl CmaExport {
             return Ok(());
         }
         let [state, ..] = self.page.region(index);
-        let Some(before) = revoke::take_off(state, id.raw(), LIVE) else { return Ok(()) };
+        let Some(before) = revoke::take_off(state, id.generation(), LIVE) else { return Ok(()) };
         match self.page.drain(Some(index), Instant::now() + CMA_REVOKE_WAIT) {
             0 => Ok(()),
             busy => {
@@ -393,7 +396,7 @@ impl CmaPeer {
             let after = state.load(Ordering::Acquire);
             let listed = before == after
                 && before & LIVE != 0
-                && (before >> 32) as u32 == region.id.raw()
+                && (before >> 32) as u32 == region.id.generation()
                 && addr == region.addr
                 && len == region.len;
             if listed {

@@ -133,11 +133,12 @@ impl Drop for Entered<'_> {
 }
 
 /// Target: takes the region whose state word is `state` off the page when
-/// it still lists `raw_id` (live); returns the word it had, for
-/// [`put_back`], or `None` when it listed another region or none.
-pub fn take_off(state: &AtomicU64, raw_id: u32, live: u64) -> Option<u64> {
+/// it still lists `generation` of that slot (live); returns the word it
+/// had, for [`put_back`], or `None` when it listed another generation or
+/// none.
+pub fn take_off(state: &AtomicU64, generation: u32, live: u64) -> Option<u64> {
     let listed = state.load(Ordering::SeqCst);
-    if listed & live == 0 || (listed >> 32) as u32 != raw_id {
+    if listed & live == 0 || (listed >> 32) as u32 != generation {
         return None;
     }
     let before = state.swap(0, Ordering::SeqCst);

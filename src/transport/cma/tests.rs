@@ -479,8 +479,8 @@ fn unregistering_one_region_waits_only_for_calls_into_it() {
     let base = target.memory.as_ptr() as usize;
     let mut descriptor = target.descriptor();
     let template = descriptor.regions[0].clone();
-    let publish = |descriptor: &mut SegmentDescriptor, n: usize, generation: u16| {
-        let id = RegionId::new(n as u16, generation);
+    let publish = |descriptor: &mut SegmentDescriptor, n: usize, generation: u32| {
+        let id = RegionId::new(n as u32, generation);
         target.export.publish(id, base + n * part, part, Access::ALL);
         let region = RemoteRegion { id, len: part as u64, addr: (base + n * part) as u64, ..template.clone() };
         descriptor.regions.retain(|r| r.id.index() != id.index());

@@ -3,7 +3,7 @@
 //! from the process that answered the handshake, proves the session, and
 //! fetches descriptors a run at a time as the provider asks for them.
 
-use super::{Answer, Challenge, Hello, Request, CHALLENGE_BYTES, MESSAGE_BYTES};
+use super::{Answer, Challenge, Hello, Request, ANSWER_BYTES, CHALLENGE_BYTES};
 use crate::auth::{random_bytes, Session};
 use crate::error::{Error, Result};
 use crate::gpu::fd::{connect_abstract, peer_pid, recv_with_fds, MAX_FDS_PER_MESSAGE};
@@ -98,7 +98,7 @@ impl GpuFdClient {
         let want = handles.saturating_sub(index).min(MAX_FDS_PER_MESSAGE);
         let request = Request { region: region.raw(), first: index as u32, count: want as u32 };
         self.write(&request.encode())?;
-        let mut answer = [0u8; MESSAGE_BYTES];
+        let mut answer = [0u8; ANSWER_BYTES];
         self.set_timeouts()?;
         let fds = recv_with_fds(&self.stream, &mut answer, MAX_FDS_PER_MESSAGE).map_err(|e| self.io_error(e))?;
         let bad = |reason: String| Error::malformed("GPU descriptor answer", reason);

@@ -108,23 +108,35 @@ impl Challenge {
 /// region `region` (its raw id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Request {
-    pub region: u32,
+    pub region: u64,
     pub first: u32,
     pub count: u32,
 }
 
-const REQUEST_MAGIC: [u8; 4] = *b"KVF3";
-/// Bytes of a [`Request`] and of an [`Answer`].
-pub(crate) const MESSAGE_BYTES: usize = 16;
+/// "KVF5": a 64-bit region id ("KVF3" carried 32 bits).
+const REQUEST_MAGIC: [u8; 4] = *b"KVF5";
+/// Bytes of a [`Request`]: the magic, the region (8), first and count.
+pub(crate) const REQUEST_BYTES: usize = 20;
+/// Bytes of an [`Answer`].
+pub(crate) const ANSWER_BYTES: usize = 16;
 
 impl Request {
-    pub(crate) fn encode(&self) -> [u8; MESSAGE_BYTES] {
-        words(REQUEST_MAGIC, [self.region, self.first, self.count])
+    pub(crate) fn encode(&self) -> [u8; REQUEST_BYTES] {
+        let mut out = [0u8; REQUEST_BYTES];
+        out[..4].copy_from_slice(&REQUEST_MAGIC);
+        out[4..12].copy_from_slice(&self.region.to_le_bytes());
+        out[12..16].copy_from_slice(&self.first.to_le_bytes());
+        out[16..].copy_from_slice(&self.count.to_le_bytes());
+        out
     }
 
-    pub(crate) fn decode(bytes: &[u8; MESSAGE_BYTES]) -> Result<Self, String> {
-        let [region, first, count] = unwords(REQUEST_MAGIC, bytes).ok_or("not a kvring GPU descriptor request")?;
-        Ok(Request { region, first, count })
+    pub(crate) fn decode(bytes: &[u8; REQUEST_BYTES]) -> Result<Self, String> {
+        if bytes[..4] != REQUEST_MAGIC {
+            return Err("not a kvring GPU descriptor request".into());
+        }
+        let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let region = u64::from_le_bytes(bytes[4..12].try_into().expect("8 bytes"));
+        Ok(Request { region, first: word(12), count: word(16) })
     }
 }
 
@@ -139,14 +151,14 @@ pub(crate) enum Answer {
 const ANSWER_MAGIC: [u8; 4] = *b"KVF4";
 
 impl Answer {
-    pub(crate) fn encode(&self) -> [u8; MESSAGE_BYTES] {
+    pub(crate) fn encode(&self) -> [u8; ANSWER_BYTES] {
         match *self {
             Answer::Descriptors { count, handles } => words(ANSWER_MAGIC, [0, count, handles]),
             Answer::Refused { len } => words(ANSWER_MAGIC, [1, len, 0]),
         }
     }
 
-    pub(crate) fn decode(bytes: &[u8; MESSAGE_BYTES]) -> Result<Self, String> {
+    pub(crate) fn decode(bytes: &[u8; ANSWER_BYTES]) -> Result<Self, String> {
         match unwords(ANSWER_MAGIC, bytes).ok_or("not a kvring GPU descriptor answer")? {
             [0, count, handles] if count as usize <= MAX_FDS_PER_MESSAGE => Ok(Answer::Descriptors { count, handles }),
             [1, len, 0] if len as usize <= MAX_REFUSAL_BYTES => Ok(Answer::Refused { len }),
@@ -155,8 +167,8 @@ impl Answer {
     }
 }
 
-fn words(magic: [u8; 4], values: [u32; 3]) -> [u8; MESSAGE_BYTES] {
-    let mut out = [0u8; MESSAGE_BYTES];
+fn words(magic: [u8; 4], values: [u32; 3]) -> [u8; ANSWER_BYTES] {
+    let mut out = [0u8; ANSWER_BYTES];
     out[..4].copy_from_slice(&magic);
     for (i, v) in values.iter().enumerate() {
         out[4 + 4 * i..8 + 4 * i].copy_from_slice(&v.to_le_bytes());
@@ -164,7 +176,7 @@ fn words(magic: [u8; 4], values: [u32; 3]) -> [u8; MESSAGE_BYTES] {
     out
 }
 
-fn unwords(magic: [u8; 4], bytes: &[u8; MESSAGE_BYTES]) -> Option<[u32; 3]> {
+fn unwords(magic: [u8; 4], bytes: &[u8; ANSWER_BYTES]) -> Option<[u32; 3]> {
     (bytes[..4] == magic)
         .then(|| std::array::from_fn(|i| u32::from_le_bytes(bytes[4 + 4 * i..8 + 4 * i].try_into().expect("4 bytes"))))
 }
@@ -184,9 +196,14 @@ mod tests {
         let mut odd = challenge.encode();
         odd[4] = 2;
         assert!(Challenge::decode(&odd).unwrap_err().contains("flags"));
-        let request = Request { region: 1 << 16, first: 64, count: 64 };
+        let request = Request { region: 1 << 40 | 7, first: 64, count: 64 };
         assert_eq!(Request::decode(&request.encode()), Ok(request));
-        assert!(Request::decode(&Answer::Refused { len: 1 }.encode()).is_err(), "an answer is no request");
+        let mut answer = [0u8; REQUEST_BYTES];
+        answer[..ANSWER_BYTES].copy_from_slice(&Answer::Refused { len: 1 }.encode());
+        assert!(Request::decode(&answer).is_err(), "an answer is no request");
+        let mut old = request.encode();
+        old[..4].copy_from_slice(b"KVF3");
+        assert!(Request::decode(&old).is_err(), "a 32-bit id request is refused, not misread");
         for answer in [Answer::Descriptors { count: 64, handles: 2048 }, Answer::Refused { len: 12 }] {
             assert_eq!(Answer::decode(&answer.encode()), Ok(answer));
         }

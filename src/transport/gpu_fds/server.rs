@@ -2,7 +2,7 @@
 //! one accepting thread, a bounded number of connection threads, each
 //! connection proven before anything is passed.
 
-use super::{Answer, Challenge, Hello, Request, HELLO_BYTES, MAX_REFUSAL_BYTES, MESSAGE_BYTES};
+use super::{Answer, Challenge, Hello, Request, HELLO_BYTES, MAX_REFUSAL_BYTES, REQUEST_BYTES};
 use crate::auth::{random_bytes, Authenticator, MAC_BYTES};
 use crate::gpu::fd::{peer_cred, send_with_fds, MAX_FDS_PER_MESSAGE};
 use crate::mem::{Access, Registry};
@@ -307,7 +307,7 @@ fn serve(stream: &UnixStream, shared: &Shared, mut unproven: Unproven<'_>) -> Re
     unproven.proven();
     stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
     loop {
-        let mut request = [0u8; MESSAGE_BYTES];
+        let mut request = [0u8; REQUEST_BYTES];
         match (&*stream).read_exact(&mut request) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),

@@ -51,9 +51,9 @@ pub(crate) struct RdmaLink {
     peer: String,
     node: Arc<RdmaNode>,
     /// Peer region (raw id) → (address, rkey per NIC), shared by the lanes.
-    remote: Arc<HashMap<u32, (u64, Vec<u32>)>>,
+    remote: Arc<HashMap<u64, (u64, Vec<u32>)>>,
     /// Peer device regions its NICs could not register, with why.
-    unreachable: Arc<HashMap<u32, String>>,
+    unreachable: Arc<HashMap<u64, String>>,
     /// The peer counts WRITE_WITH_IMM arrivals (its NICs have receive queues).
     arrivals: bool,
     config: PostConfig,
@@ -78,20 +78,20 @@ pub(crate) struct RdmaLink {
 
 struct LinkKeys<'a> {
     local: &'a LocalKeys<'a>,
-    remote: &'a HashMap<u32, (u64, Vec<u32>)>,
+    remote: &'a HashMap<u64, (u64, Vec<u32>)>,
 }
 
 impl Keys for LinkKeys<'_> {
-    fn lkey(&self, nic: usize, region: u32) -> u32 {
+    fn lkey(&self, nic: usize, region: u64) -> u32 {
         self.local.lkey(region, nic).unwrap_or(0)
     }
-    fn rkey(&self, nic: usize, region: u32) -> u32 {
+    fn rkey(&self, nic: usize, region: u64) -> u32 {
         self.remote.get(&region).and_then(|(_, keys)| keys.get(nic)).copied().unwrap_or(0)
     }
-    fn nics(&self, region: u32) -> u32 {
+    fn nics(&self, region: u64) -> u32 {
         self.local.nics(region)
     }
-    fn host_memory(&self, region: u32) -> bool {
+    fn host_memory(&self, region: u64) -> bool {
         self.local.host_memory(region)
     }
 }
@@ -237,7 +237,7 @@ impl RdmaLink {
     }
 
     /// Why this engine's region `region` (raw id) has no local key.
-    fn no_local_keys(&self, region: u32) -> Error {
+    fn no_local_keys(&self, region: u64) -> Error {
         let id = RegionId::from_raw(region);
         let why = self.node.unreachable(region).unwrap_or_else(|| "it is not registered with them".into());
         Error::Unsupported { what: format!("rdma to {}: this engine's region {id}: {why}", self.peer) }

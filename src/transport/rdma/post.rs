@@ -38,21 +38,21 @@ pub struct KeyedBlock {
     /// Bytes.
     pub len: u64,
     /// Index of the local region in the lkey table.
-    pub local_region: u32,
+    pub local_region: u64,
     /// Index of the remote region in the rkey table.
-    pub remote_region: u32,
+    pub remote_region: u64,
 }
 
 /// Keys per NIC: `lkey(nic, local_region)` and `rkey(nic, remote_region)`.
 pub trait Keys {
     /// The local key of `region` on NIC `nic`.
-    fn lkey(&self, nic: usize, region: u32) -> u32;
+    fn lkey(&self, nic: usize, region: u64) -> u32;
     /// The peer's key of `region` on NIC `nic`.
-    fn rkey(&self, nic: usize, region: u32) -> u32;
+    fn rkey(&self, nic: usize, region: u64) -> u32;
     /// The NICs that blocks of local region `region` go over (bit n: NIC
     /// n; the NICs nearest a GPU for its memory); 0, or no NIC of the
     /// lane's, means any.
-    fn nics(&self, _region: u32) -> u32 {
+    fn nics(&self, _region: u64) -> u32 {
         0
     }
     /// Whether local region `region` is host memory the CPU may read: only
@@ -60,7 +60,7 @@ pub trait Keys {
     /// CPU inside `ibv_post_send` (ibv_post_send(3) IBV_SEND_INLINE; mlx5
     /// `set_data_inl_seg`), and a device address there faults or reads
     /// garbage (review finding 2). Unknown: not host.
-    fn host_memory(&self, _region: u32) -> bool {
+    fn host_memory(&self, _region: u64) -> bool {
         false
     }
 }
@@ -96,7 +96,7 @@ pub fn build(
     let slice = config.slice_bytes.max(1);
     let mut seq = 0u64;
     let mut nic = 0usize;
-    let mut emit = |local_addr: u64, remote_addr: u64, len: u64, local_region: u32, remote_region: u32| {
+    let mut emit = |local_addr: u64, remote_addr: u64, len: u64, local_region: u64, remote_region: u64| {
         let mask = keys.nics(local_region);
         if mask != 0 {
             nic = pick(nic, nics, mask);
@@ -118,7 +118,7 @@ pub fn build(
         nic = (nic + 1) % nics;
     };
     let mut pending: Option<KeyedBlock> = None;
-    let flush = |run: KeyedBlock, emit: &mut dyn FnMut(u64, u64, u64, u32, u32)| {
+    let flush = |run: KeyedBlock, emit: &mut dyn FnMut(u64, u64, u64, u64, u64)| {
         let mut done = 0;
         while done < run.len {
             let len = (run.len - done).min(slice);
@@ -164,21 +164,21 @@ mod tests {
     struct TestKeys;
 
     impl Keys for TestKeys {
-        fn lkey(&self, nic: usize, region: u32) -> u32 {
-            0x100 * (nic as u32 + 1) + region
+        fn lkey(&self, nic: usize, region: u64) -> u32 {
+            0x100 * (nic as u32 + 1) + region as u32
         }
-        fn rkey(&self, nic: usize, region: u32) -> u32 {
-            0x1000 * (nic as u32 + 1) + region
+        fn rkey(&self, nic: usize, region: u64) -> u32 {
+            0x1000 * (nic as u32 + 1) + region as u32
         }
-        fn host_memory(&self, region: u32) -> bool {
+        fn host_memory(&self, region: u64) -> bool {
             region != DEVICE_REGION
         }
     }
 
     /// The local region the tests treat as device memory.
-    const DEVICE_REGION: u32 = 9;
+    const DEVICE_REGION: u64 = 9;
 
-    fn block(local: u64, remote: u64, len: u64, regions: (u32, u32)) -> KeyedBlock {
+    fn block(local: u64, remote: u64, len: u64, regions: (u64, u64)) -> KeyedBlock {
         KeyedBlock { local_addr: local, remote_addr: remote, len, local_region: regions.0, remote_region: regions.1 }
     }
 
@@ -218,13 +218,13 @@ mod tests {
     struct NearKeys;
 
     impl Keys for NearKeys {
-        fn lkey(&self, nic: usize, region: u32) -> u32 {
+        fn lkey(&self, nic: usize, region: u64) -> u32 {
             TestKeys.lkey(nic, region)
         }
-        fn rkey(&self, nic: usize, region: u32) -> u32 {
+        fn rkey(&self, nic: usize, region: u64) -> u32 {
             TestKeys.rkey(nic, region)
         }
-        fn nics(&self, region: u32) -> u32 {
+        fn nics(&self, region: u64) -> u32 {
             match region {
                 1 => 0b100, // GPU memory nearest NIC 2
                 2 => 0b011, // nearest NICs 0 and 1

@@ -85,7 +85,7 @@ impl Peer {
 #[derive(Debug, Clone, Copy)]
 struct Span {
     local: *mut u8,
-    region: u32,
+    region: u64,
     offset: u64,
     len: u64,
     /// The block's index in its batch (a `CORRUPT` ack names the frame).
@@ -630,7 +630,7 @@ impl Connection {
                     front.next += 1;
                     return self.end_front_if_answered(finished);
                 }
-                if reply.len != span.len {
+                if u64::from(reply.len) != span.len {
                     return Err(
                         peer.gone(format!("{} sent {} bytes for a {}-byte read", peer.addr, reply.len, span.len))
                     );

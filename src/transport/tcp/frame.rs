@@ -15,8 +15,9 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// "KVTF".
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"KVTF");
-/// Version of the frame format (2: numbered and MAC'd headers).
-pub const FRAME_VERSION: u8 = 2;
+/// Version of the frame format (2: numbered and MAC'd headers; 3: a 64-bit
+/// region id, the length in 32 bits).
+pub const FRAME_VERSION: u8 = 3;
 /// Size of the header.
 pub const FRAME_HEADER_BYTES: usize = std::mem::size_of::<FrameHeader>();
 /// Largest payload one frame carries; larger blocks are chunked.
@@ -85,18 +86,20 @@ pub struct FrameHeader {
     pub flags: u8,
     /// Reserved, zero.
     pub reserved: u8,
+    /// In replies: 0 or the negated wire error code.
+    pub status: i32,
+    /// Payload length (WRITE, READ_DATA) or requested length (READ): at
+    /// most [`MAX_FRAME_PAYLOAD_BYTES`], so 32 bits hold it.
+    pub len: u32,
     /// The target's epoch as the initiator knows it.
     pub epoch: u64,
     /// The initiator's batch id, echoed in replies.
     pub batch_id: u64,
-    /// Raw [`RegionId`](crate::RegionId) on the target.
-    pub region: u32,
-    /// In replies: 0 or the negated wire error code.
-    pub status: i32,
+    /// Raw [`RegionId`](crate::RegionId) on the target (64 bits: a 32-bit
+    /// generation).
+    pub region: u64,
     /// Offset in the region.
     pub offset: u64,
-    /// Payload length (WRITE, READ_DATA) or requested length (READ).
-    pub len: u64,
     /// On a sealed connection: this header's number in its direction,
     /// from 0; zero otherwise.
     pub seq: u64,
@@ -112,8 +115,11 @@ const _: () = assert!(std::mem::size_of::<FrameHeader>() == 72);
 pub const FRAME_COVERED: std::ops::Range<usize> = 4..FRAME_HEADER_BYTES - FRAME_MAC_BYTES;
 
 impl FrameHeader {
-    /// A header with magic and version filled in.
-    pub fn new(op: FrameOp, epoch: u64, batch_id: u64, region: u32, offset: u64, len: u64) -> Self {
+    /// A header with magic and version filled in. A `len` past 32 bits
+    /// saturates, which every decoder refuses (it is past
+    /// [`MAX_FRAME_PAYLOAD_BYTES`]): callers chunk below that.
+    pub fn new(op: FrameOp, epoch: u64, batch_id: u64, region: u64, offset: u64, len: u64) -> Self {
+        let len = u32::try_from(len).unwrap_or(u32::MAX);
         Self {
             magic: FRAME_MAGIC,
             version: FRAME_VERSION,
@@ -162,10 +168,10 @@ impl FrameHeader {
             return Err(Error::VersionMismatch { got: header.version.into(), supported: FRAME_VERSION.into() });
         }
         let op = FrameOp::from_u8(header.opcode).ok_or(Error::UnknownOpcode { opcode: header.opcode })?;
-        if header.len > MAX_FRAME_PAYLOAD_BYTES {
-            return Err(Error::MessageTooLarge { len: header.len, max: MAX_FRAME_PAYLOAD_BYTES });
+        if u64::from(header.len) > MAX_FRAME_PAYLOAD_BYTES {
+            return Err(Error::MessageTooLarge { len: header.len.into(), max: MAX_FRAME_PAYLOAD_BYTES });
         }
-        if header.offset.checked_add(header.len).is_none() {
+        if header.offset.checked_add(header.len.into()).is_none() {
             return Err(Error::malformed("frame", format!("offset {} + len {} overflows", header.offset, header.len)));
         }
         Ok((header, op))
@@ -210,7 +216,7 @@ mod tests {
         bad.opcode = 99;
         assert!(matches!(FrameHeader::decode(bad.as_bytes()), Err(Error::UnknownOpcode { opcode: 99 })));
         let mut bad = header;
-        bad.len = MAX_FRAME_PAYLOAD_BYTES + 1;
+        bad.len = MAX_FRAME_PAYLOAD_BYTES as u32 + 1;
         assert!(matches!(FrameHeader::decode(bad.as_bytes()), Err(Error::MessageTooLarge { .. })));
         let mut bad = header;
         bad.offset = u64::MAX;

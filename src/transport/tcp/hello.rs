@@ -29,8 +29,9 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// "KVTH": a data connection's hellos.
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"KVTH");
 /// Version of the data protocol (hellos and frames); 3 adds the
-/// listener's proof and sealed frame headers.
-pub const DATA_VERSION: u8 = 3;
+/// listener's proof and sealed frame headers; 4 carries 64-bit region ids
+/// in frames (a version 3 peer is refused at the hello, not misread).
+pub const DATA_VERSION: u8 = 4;
 /// `ServerHello::flags`: the target requires a [`ClientProof`].
 pub const FLAG_PROOF_REQUIRED: u8 = 1;
 
@@ -242,9 +243,9 @@ mod tests {
         assert!(matches!(ClientHello::early_refusal(b"GET "), Some(Error::Malformed { .. })));
         assert!(ClientHello::early_refusal(b"KV").is_none());
         let mut old_answer = ServerHello::new(0, 0, 7, [3; 16]);
-        old_answer.version = 2;
+        old_answer.version = 3;
         let error = ServerHello::decode(&old_answer.as_bytes()[..40], "p").unwrap_err();
-        assert!(matches!(error, Error::VersionMismatch { got: 2, supported: 3 }), "{error}");
+        assert!(matches!(error, Error::VersionMismatch { got: 3, supported: 4 }), "a 32-bit id peer: {error}");
         assert!(ClientHello::decode(&[0; 10]).is_err());
 
         let answer = ServerHello::new(0, FLAG_PROOF_REQUIRED, 7, [3; 16]);

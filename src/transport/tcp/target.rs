@@ -639,7 +639,7 @@ impl TargetConn {
         // Its bytes are in the region now: count them under its tag.
         if let Some(tag) = self.current.arrival_tag() {
             let (current, sender) = (&self.current, self.sender.as_deref());
-            ctx.arrivals.land_at(tag, current.region, current.offset, current.len, sender);
+            ctx.arrivals.land_at(tag, current.region, current.offset, current.len.into(), sender);
         }
         self.write_frame_ended(ctx, now);
     }

@@ -115,7 +115,7 @@ impl RdmaNode {
 
     /// Why local region `region` (device memory) is registered with no NIC,
     /// if it is not.
-    pub fn unreachable(&self, region: u32) -> Option<String> {
+    pub fn unreachable(&self, region: u64) -> Option<String> {
         self.unreachable.read().unwrap_or_else(|p| p.into_inner()).get(&region).cloned()
     }
 

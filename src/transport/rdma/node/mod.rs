@@ -139,9 +139,9 @@ struct RegionKeys {
 pub struct RdmaNode {
     verbs: Arc<dyn Verbs>,
     nics: Vec<Nic>,
-    regions: RwLock<HashMap<u32, RegionKeys>>,
+    regions: RwLock<HashMap<u64, RegionKeys>>,
     /// Device regions no NIC could register, with why (told to peers).
-    unreachable: RwLock<HashMap<u32, String>>,
+    unreachable: RwLock<HashMap<u64, String>>,
     /// What registering device memory did.
     device_stats: Mutex<DeviceMrStats>,
     /// Per GPU ordinal, the mask of the NICs nearest it (found once).
@@ -163,21 +163,21 @@ pub struct RdmaNode {
 }
 
 /// Local keys, read under the region table's lock (once per chunk).
-pub struct LocalKeys<'a>(&'a HashMap<u32, RegionKeys>);
+pub struct LocalKeys<'a>(&'a HashMap<u64, RegionKeys>);
 
 impl LocalKeys<'_> {
     /// The key of region `region` on NIC `nic`, if registered there.
-    pub fn lkey(&self, region: u32, nic: usize) -> Option<u32> {
+    pub fn lkey(&self, region: u64, nic: usize) -> Option<u32> {
         self.0.get(&region).and_then(|k| k.lkeys.get(nic)).copied()
     }
 
     /// The NICs blocks of `region` go over (0: any).
-    pub fn nics(&self, region: u32) -> u32 {
+    pub fn nics(&self, region: u64) -> u32 {
         self.0.get(&region).map_or(0, |k| k.nics)
     }
 
     /// Whether `region` is host memory (unknown: no).
-    pub fn host_memory(&self, region: u32) -> bool {
+    pub fn host_memory(&self, region: u64) -> bool {
         self.0.get(&region).is_some_and(|k| k.host)
     }
 }
@@ -303,7 +303,7 @@ impl RdmaNode {
                 let _ = self.verbs.destroy_qp(spare.qp);
             }
         }
-        let ids: Vec<u32> = self.regions.read().unwrap_or_else(|p| p.into_inner()).keys().copied().collect();
+        let ids: Vec<u64> = self.regions.read().unwrap_or_else(|p| p.into_inner()).keys().copied().collect();
         for id in ids {
             self.unregister_region(RegionId::from_raw(id));
         }

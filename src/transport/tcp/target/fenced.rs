@@ -76,7 +76,7 @@ impl TargetConn {
         let fence = FrameFence { grant: self.grant, ..fence };
         let header = &self.current;
         // SAFETY: `check_block` kept the lease this frame holds.
-        let admitted = unsafe { fence.admit(header.offset, header.len) };
+        let admitted = unsafe { fence.admit(header.offset, header.len.into()) };
         match admitted {
             Ok(pass) => {
                 if device.is_some() {
@@ -110,7 +110,7 @@ impl TargetConn {
     /// header).
     pub(super) fn piece(&self, left: usize) -> Option<(FrameFence, u64)> {
         let header = self.current;
-        self.fence.map(|fence| (fence, header.offset + (header.len - left as u64)))
+        self.fence.map(|fence| (fence, header.offset + (u64::from(header.len) - left as u64)))
     }
 
     /// The rest of the payload (`left` bytes) is refused with `error`: its

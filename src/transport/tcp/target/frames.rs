@@ -36,7 +36,7 @@ impl TargetConn {
                             header.batch_id,
                             header.region,
                             header.offset,
-                            header.len,
+                            header.len.into(),
                         );
                         reply.flags = 0;
                         self.sign(&mut reply);
@@ -266,7 +266,7 @@ fn check_block(
     if !entry.info.access.contains(needs) {
         return Err(Error::AccessDenied { desc_index: 0, side: Side::Remote, region, needs: access_name(needs) });
     }
-    check_range(region, Side::Remote, 0, header.offset, header.len, entry.len as u64)?;
+    check_range(region, Side::Remote, 0, header.offset, header.len.into(), entry.len as u64)?;
     let addr = entry.addr + header.offset as usize;
     let fence = FrameFence::of(entry, region, 0);
     // The frame's bytes move across polls: the lease goes with the frame.

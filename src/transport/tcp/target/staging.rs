@@ -150,7 +150,7 @@ impl StagingSlot {
 
 /// A staged WRITE frame's arrival tag, counted once its group's copy ends:
 /// (tag, region, offset, len, the connection's proven sender).
-type StagedTag = (u32, u32, u64, u64, Option<Arc<str>>);
+type StagedTag = (u32, u64, u64, u64, Option<Arc<str>>);
 
 /// Pages one batched copy stages through, and what to settle when it ends.
 #[derive(Debug, Default)]
@@ -345,7 +345,7 @@ impl TargetConn {
         self.write_group.holds.extend(self.held.take());
         if let Some(tag) = self.current.arrival_tag() {
             let current = &self.current;
-            self.write_group.tags.push((tag, current.region, current.offset, current.len, self.sender.clone()));
+            self.write_group.tags.push((tag, current.region, current.offset, current.len.into(), self.sender.clone()));
         }
     }
 
