@@ -590,6 +590,19 @@ mod tests {
     }
 
     #[test]
+    fn the_sink_closes_a_ping_pong_whose_client_went_silent() {
+        use std::io::{Read, Write};
+        let (_sink, addr) = sink(None);
+        let mut stream = super::connect(&addr, None).unwrap();
+        // One floor request, then nothing: the sink waits (parked, past its
+        // busy-poll window) and closes once `STALL` passed, freeing the
+        // slot; the connection's 60 s read timeout bounds the test.
+        stream.write_all(&super::request(3, 64, 0)).unwrap();
+        let mut byte = [0u8; 1];
+        assert_eq!(stream.read(&mut byte).unwrap(), 0, "the sink answered a ping it never got");
+    }
+
+    #[test]
     fn a_sink_with_a_token_refuses_a_stream_without_it() {
         let (_sink, addr) = sink(Some("secret"));
         assert!(baseline(&addr, Some("secret"), (true, 4096, 1 << 20), 1 << 20).unwrap() > 0.0);
