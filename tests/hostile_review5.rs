@@ -17,7 +17,7 @@ struct Serve {
 impl Serve {
     fn start(extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kvring"))
-            .args(["serve", "--name", "review5", "--listen", "127.0.0.1:0", "--region-size", "1048576"])
+            .args(["serve", "--name", "review5", "--listen", "127.0.0.1:0", "--region-size", "1048576", "--raw-sink"])
             .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -91,6 +91,27 @@ fn the_raw_sink_refuses_a_zero_byte_ping_pong_instead_of_streaming_unasked() {
         }
     }
     assert!(unasked.is_empty(), "the sink sent {} bytes nobody asked for (and was still sending)", unasked.len());
+}
+
+/// The sink is a bench's baseline, not a service: `kvring serve` starts it
+/// only with `--raw-sink` (the bench's own target passes it) and otherwise
+/// prints `raw=-`.
+#[test]
+fn the_raw_sink_runs_only_when_asked() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvring"))
+        .args(["serve", "--name", "review5-nosink", "--listen", "127.0.0.1:0", "--region-size", "1048576"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("kvring serve starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).expect("first line");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.split_whitespace().any(|f| f == "raw=-"), "a sink nobody asked for: {line:?}");
+    let asked = Serve::start(&[]);
+    assert!(asked.raw.parse::<std::net::SocketAddr>().is_ok(), "--raw-sink: {}", asked.raw);
 }
 
 /// An address where nothing listens (bound, then closed): an open of it

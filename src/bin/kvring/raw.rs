@@ -2,7 +2,8 @@
 //! ends busy-polling non-blocking sockets as kvring's lanes do, so
 //! the tcp transport's figures are a ratio measured in the same run.
 //!
-//! `kvring serve` runs a [`RawSink`]. On connect the sink sends a 16-byte
+//! `kvring serve --raw-sink` runs a [`RawSink`] (a bench's target passes
+//! the flag; without it no sink listens). On connect the sink sends a 16-byte
 //! challenge; the client answers with 32 bytes: the token's answer to it
 //! (`Token::answer`), zeros when the sink has no token. A sink with a token
 //! closes a connection whose answer is wrong, so the baseline needs the
