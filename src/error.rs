@@ -191,6 +191,24 @@ pub enum Error {
         /// What was seen.
         detail: String,
     },
+    /// A tcp peer took no reply for the engine's `io_timeout` while
+    /// replies were awaited (its process stopped or hung, or the path
+    /// stalled): the connection is closed and its chunks fail. Nothing says
+    /// the peer restarted, and bytes that already left may still be in the
+    /// peer's socket buffer: if it resumes, it lands them. A fence on the
+    /// destination range (`Engine::fence`) stops them at the target. Its
+    /// wire code is `PEER_RESTARTED` (Python: `PeerRestartedError`): the
+    /// handle is stale, as after a restart, and the next open reconnects.
+    #[error(
+        "peer {segment} sent no reply for {waited:?}; the connection was closed, but bytes already sent may \
+         still land if the peer resumes: fence the destination range to stop them, and open the segment again"
+    )]
+    PeerStalled {
+        /// The peer's segment name (and address).
+        segment: String,
+        /// How long no reply came.
+        waited: Duration,
+    },
     /// A control message of a version this engine does not speak.
     #[error("control message version {got} is not supported (this engine speaks version {supported})")]
     VersionMismatch {
@@ -399,7 +417,9 @@ impl Error {
             Error::UnknownBatch { .. } => ErrorCode::UnknownBatch,
             Error::StaleBatch { .. } => ErrorCode::StaleBatch,
             Error::UnknownSegment { .. } => ErrorCode::UnknownSegment,
-            Error::PeerRestarted { .. } => ErrorCode::PeerRestarted,
+            // On the wire and in Python, as a peer gone: the link is closed
+            // and the segment must be opened again, as after a restart.
+            Error::PeerRestarted { .. } | Error::PeerStalled { .. } => ErrorCode::PeerRestarted,
             Error::VersionMismatch { .. } => ErrorCode::VersionMismatch,
             Error::Malformed { .. } => ErrorCode::MalformedMessage,
             Error::MessageTooLarge { .. } => ErrorCode::MessageTooLarge,
@@ -543,6 +563,11 @@ mod tests {
             (
                 Error::PeerRestarted { segment: "decode-3".into(), detail: "epoch 1 -> 2".into() },
                 "peer decode-3 restarted or went away: epoch 1 -> 2",
+                ErrorCode::PeerRestarted,
+            ),
+            (
+                Error::PeerStalled { segment: "decode-3".into(), waited: Duration::from_millis(500) },
+                "peer decode-3 sent no reply for 500ms; the connection was closed, but bytes already sent may still land",
                 ErrorCode::PeerRestarted,
             ),
             (

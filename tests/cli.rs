@@ -34,7 +34,10 @@ fn every_command_help_lists_its_flags() {
                 "--report",
             ],
         ),
-        (&["serve", "--help"], &["--config", "--name", "--listen", "--region-size", "--io-timeout", "--kv-blocks"]),
+        (
+            &["serve", "--help"],
+            &["--config", "--name", "--listen", "--region-size", "--io-timeout", "--kv-blocks", "--raw-sink"],
+        ),
         (&["info", "--help"], &["--json", "--config", "--metadata-ttl", "--token", "--lanes"]),
     ];
     for (args, flags) in cases {

@@ -304,7 +304,8 @@ fn a_data_listener_that_sends_half_its_hello_ends_in_timeout() {
 
 /// A target that stops reading mid-stream (SIGSTOP: the kernel still
 /// takes the bytes, nothing answers them): the batch fails
-/// `PeerRestarted` once the link has been silent for `io_timeout`.
+/// `PeerStalled` (not `PeerRestarted`: the target did not restart) once
+/// the link has been silent for `io_timeout`.
 #[test]
 fn a_target_that_stops_answering_fails_the_batch_at_the_io_timeout() {
     let (child, line) = common::child::serve(&[
@@ -332,7 +333,7 @@ fn a_target_that_stops_answering_fails_the_batch_at_the_io_timeout() {
     });
     // SAFETY: as above.
     unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
-    assert!(matches!(outcome, Ok(Outcome::Failed(Error::PeerRestarted { .. }))), "{outcome:?}");
+    assert!(matches!(outcome, Ok(Outcome::Failed(Error::PeerStalled { .. }))), "{outcome:?}");
 }
 
 /// A stopping engine waits a bounded grace (`STOP_GRACE`, 2 s) for chunks

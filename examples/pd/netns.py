@@ -20,6 +20,7 @@ Needs root and iproute2's ``ip``; ``unavailable()`` says why not.
 """
 
 import ctypes
+import fcntl
 import logging
 import os
 import re
@@ -31,6 +32,10 @@ import sys
 
 CLONE_NEWNET = 0x40000000  # <sched.h>, setns(2)
 PREFIX = "kvpd"  # namespaces are PREFIX<pid><a|b>: unique per run, swept once their run is gone
+# Each run holds a lock on MARKS/PREFIX<pid> while its namespaces live: the
+# mark says "this example made them", the lock "its run is alive", across
+# pid namespaces too (where a live run's pid is absent from our /proc).
+MARKS = "/run/kvring-pd"
 
 
 def ip(*args):
@@ -51,14 +56,42 @@ def unavailable():
     return None
 
 
+def _lock(path, create):
+    """An fd of ``path`` holding its exclusive lock, or None: the file is
+    absent (and not ``create``), another process holds it, or it was
+    replaced while we waited (its owner deleted it: ours is stale)."""
+    try:
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_ino != os.stat(path).st_ino:
+            raise FileNotFoundError(path)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def sweep():
-    """Deletes namespaces a previous run left (killed before its cleanup
-    ran: SIGKILL), recognised by the pid in their name."""
+    """Deletes namespaces a previous run of this example left (killed
+    before its cleanup ran: SIGKILL): only those whose mark under MARKS no
+    live run holds. A namespace of this name without a mark was not made
+    here, and a marked one whose run lives (in any pid namespace) is left
+    alone."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
-    for name in re.findall(rf"^({PREFIX}(\d+)[ab])\b", listed, re.M):
-        pid = int(name[1])
-        if pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-            subprocess.run(["ip", "netns", "del", name[0]], capture_output=True, timeout=30)
+    for run in sorted(set(re.findall(rf"^({PREFIX}\d+)[ab]\b", listed, re.M))):
+        mark = os.path.join(MARKS, run)
+        fd = _lock(mark, create=False)
+        if fd is None:
+            continue
+        try:
+            for side in "ab":
+                subprocess.run(["ip", "netns", "del", run + side], capture_output=True, timeout=30)
+            os.unlink(mark)
+        finally:
+            os.close(fd)
 
 
 class TwoHosts:
@@ -73,6 +106,8 @@ class TwoHosts:
         self.a_ip, self.b_ip = f"10.214.{subnet}.1", f"10.214.{subnet}.2"
         self.veth = (f"kvpa{pid}", f"kvpb{pid}")
         self.made = []
+        self.veth_made = False
+        self.mark = None  # (path, locked fd) while this run's namespaces may exist
         self.previous_term = None
         # The cluster's pre-shared token (KVRING_TOKEN): engines listening
         # beyond loopback should have one, as between real hosts.
@@ -83,10 +118,17 @@ class TwoHosts:
         self.previous_term = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
             va, vb = self.veth
+            os.makedirs(MARKS, mode=0o700, exist_ok=True)
+            path = os.path.join(MARKS, f"{PREFIX}{os.getpid()}")
+            fd = _lock(path, create=True)
+            if fd is None:
+                raise RuntimeError(f"{path} is held by a live run (same pid in another pid namespace?)")
+            self.mark = (path, fd)
             for ns in (self.a, self.b):
                 ip("netns", "add", ns)
                 self.made.append(ns)
             ip("link", "add", va, "type", "veth", "peer", "name", vb)
+            self.veth_made = True  # from here the veth is ours to delete
             ip("link", "set", va, "netns", self.a)  # the veth pair goes with the namespaces
             ip("link", "set", vb, "netns", self.b)
             for ns, dev, addr in ((self.a, va, self.a_ip), (self.b, vb, self.b_ip)):
@@ -105,7 +147,14 @@ class TwoHosts:
         if self.previous_term is not None:
             signal.signal(signal.SIGTERM, self.previous_term)
             self.previous_term = None
-        subprocess.run(["ip", "link", "del", self.veth[0]], capture_output=True, timeout=30)  # if it never moved
+        if self.veth_made:  # never one of this name that was there before
+            subprocess.run(["ip", "link", "del", self.veth[0]], capture_output=True, timeout=30)  # if it never moved
+            self.veth_made = False
+        if self.mark is not None:
+            path, fd = self.mark
+            os.unlink(path)  # before the lock goes: a sweeper that then locks finds it replaced
+            os.close(fd)
+            self.mark = None
 
     def place(self, role):
         """Where a worker of ``role`` runs: (namespace, address, token)."""

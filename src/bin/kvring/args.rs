@@ -36,7 +36,7 @@ pub enum Command {
     ///
     /// Its first line on stdout names its addresses: `listen=` (control),
     /// `tcp=` (data) and `raw=` (the raw-TCP baseline sink, for `kvring bench
-    /// --peer-raw`).
+    /// --peer-raw`, with --raw-sink; `raw=-` without).
     Serve(ServeArgs),
     /// Prints the resolved configuration and where each value came from.
     ///
@@ -188,6 +188,10 @@ pub struct ServeArgs {
     /// The GPU provider, with --memory gpu.
     #[command(flatten)]
     pub gpu: GpuArgs,
+    /// Also serve the raw-TCP baseline sink (printed as `raw=`) for `kvring bench --peer-raw`: a bench's
+    /// baseline only, off otherwise (it streams to whoever passes its token check, on the lanes' cores).
+    #[arg(long)]
+    pub raw_sink: bool,
 }
 
 /// The GPU provider flags of `bench` and `serve`.

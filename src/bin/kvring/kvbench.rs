@@ -129,7 +129,9 @@ pub fn run(engine: &Engine, bench: &KvBench<'_>) -> Result<(), String> {
         );
         let against = match (baseline_gbps, ratio) {
             (Some(b), ratio) => format!("{baseline} {b:.2} GB/s ({:.1}% of it)", ratio.unwrap_or(0.0) * 100.0),
-            (None, _) => "no raw-TCP baseline: give --peer-raw ADDR (kvring serve prints its raw sink)".to_string(),
+            (None, _) => {
+                "no raw-TCP baseline: give --peer-raw ADDR (`kvring serve --raw-sink` prints its raw sink)".to_string()
+            }
         };
         println!(
             "  {ms:.3} ms per request (p50), {gbps:.2} GB/s; {against}; {}",

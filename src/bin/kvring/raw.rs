@@ -2,7 +2,8 @@
 //! ends busy-polling non-blocking sockets as kvring's lanes do, so
 //! the tcp transport's figures are a ratio measured in the same run.
 //!
-//! `kvring serve` runs a [`RawSink`]. On connect the sink sends a 16-byte
+//! `kvring serve --raw-sink` runs a [`RawSink`] (a bench's target passes
+//! the flag; without it no sink listens). On connect the sink sends a 16-byte
 //! challenge; the client answers with 32 bytes: the token's answer to it
 //! (`Token::answer`), zeros when the sink has no token. A sink with a token
 //! closes a connection whose answer is wrong, so the baseline needs the
@@ -19,8 +20,14 @@
 //! floor, a ping-pong both ends busy-poll until the client closes: for op 3
 //! the client sends `bytes` and the sink answers 8 bytes each time (a WRITE
 //! and its ack); for op 4 the client sends 8 bytes and the sink answers
-//! `bytes` (a READ). At most [`MAX_SINK_CONNECTIONS`] are served at once;
-//! more are closed at once.
+//! `bytes` (a READ). A request the sink cannot serve (an unknown op, a
+//! ping-pong of 0 bytes, which would answer without being asked, or one
+//! larger than its buffer) closes the connection. At most
+//! [`MAX_SINK_CONNECTIONS`] are served at once; more are closed at once. A
+//! connection that moves no byte for [`STALL`] is closed, and a waiting end
+//! sleeps in epoll past its busy-poll window, so an idle or stalled client
+//! neither holds a slot long nor spins on a lane's core. The stream memory
+//! kept between connections is freed once none is open.
 
 use kvring::Token;
 use std::io::{Read, Write};
@@ -43,8 +50,10 @@ const SINK_BUFFER: usize = 1 << 20;
 pub const MAX_SINK_SPAN: u64 = 128 << 20;
 /// Bytes of a request.
 const REQUEST_BYTES: usize = 24;
-/// A busy-polled ping-pong that sees no byte for this long ends.
-const PING_PONG_STALL: Duration = Duration::from_secs(10);
+/// A connection that moves no byte for this long (waiting for a request or
+/// inside one) is closed: the bench's client never pauses that long, and an
+/// idle client must not hold one of the few slots.
+const STALL: Duration = Duration::from_secs(2);
 /// Bytes of the ping-pong's small side (an ack, a request).
 const PING_BYTES: usize = 8;
 /// Round trips run before the floor's timed ones.
@@ -59,6 +68,9 @@ const PARKED_LOOK: Duration = Duration::from_millis(100);
 /// A listener that serves raw-TCP baseline requests, one thread each.
 pub struct RawSink {
     addr: SocketAddr,
+    /// Kept for the tests' look at what the sink holds.
+    #[cfg_attr(not(test), allow(dead_code))]
+    spans: Arc<Spans>,
 }
 
 impl RawSink {
@@ -73,6 +85,7 @@ impl RawSink {
         let active = Arc::new(AtomicUsize::new(0));
         let token = Arc::new(token);
         let spans = Arc::new(Spans::default());
+        let kept = spans.clone();
         std::thread::Builder::new().name("kvring-raw-sink".into()).spawn(move || {
             for stream in listener.incoming().flatten() {
                 let open = active.fetch_add(1, Ordering::AcqRel);
@@ -87,7 +100,12 @@ impl RawSink {
                         core_affinity::set_for_current(core_affinity::CoreId { id: core });
                     }
                     let _ = serve(stream, token.as_ref().as_ref(), &spans);
-                    for_thread.fetch_sub(1, Ordering::AcqRel);
+                    // The last client gone, its memory goes too (up to
+                    // `MAX_SINK_CONNECTIONS` x `MAX_SINK_SPAN` otherwise
+                    // stays held by an idle serve).
+                    if for_thread.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        spans.clear();
+                    }
                 });
                 if spawned.is_err() {
                     // The closure (and its decrement) never ran.
@@ -95,7 +113,7 @@ impl RawSink {
                 }
             }
         })?;
-        Ok(Self { addr })
+        Ok(Self { addr, spans: kept })
     }
 
     /// Where it listens.
@@ -119,8 +137,9 @@ pub fn sink_cores(lane_cores: &[Option<usize>]) -> Vec<usize> {
     lane_cores.iter().flatten().copied().collect()
 }
 
-/// The sink's stream memory, kept between connections (faulting a span in
-/// again for every round would cost more than the round).
+/// The sink's stream memory, kept between the streams of connections open
+/// at the same time and freed when the last one closes (faulted in before
+/// the sink's ready answer, so outside the timed part either way).
 #[derive(Default)]
 struct Spans(std::sync::Mutex<Vec<Vec<u8>>>);
 
@@ -132,6 +151,17 @@ impl Spans {
             Some(at) => kept.swap_remove(at),
             None => vec![0x5a; len],
         }
+    }
+
+    /// Frees every kept buffer.
+    fn clear(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// Bytes kept.
+    #[cfg(test)]
+    fn kept(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).iter().map(Vec::len).sum()
     }
 
     /// Keeps `buffer` for a later stream (as many as connections at once).
@@ -186,8 +216,11 @@ fn serve(mut stream: TcpStream, token: Option<&Token>, spans: &Spans) -> std::io
                     stream.write_all(&[1])?;
                 }
             }
-            3 | 4 if bytes as usize <= SINK_BUFFER => {
-                return ping_pong(Polled::new(stream.stream, false)?, &mut buffer[..bytes as usize], op == 3)
+            // A 0-byte message would be "read" at once, again and again:
+            // the sink would answer unasked, forever.
+            3 | 4 if bytes > 0 && bytes as usize <= SINK_BUFFER => {
+                stream.retry = true;
+                return ping_pong(stream, &mut buffer[..bytes as usize], op == 3);
             }
             _ => return Ok(()),
         }
@@ -252,24 +285,23 @@ fn ping_pong(mut stream: Polled, block: &mut [u8], write: bool) -> std::io::Resu
 /// likewise polls its poller, not its sockets.
 struct Polled {
     stream: TcpStream,
-    /// `None`: waits retry the socket itself, after a yield (the floor:
-    /// for one small message the lock costs nothing and a retry is the
-    /// quickest look).
-    poll: Option<(mio::Poll, mio::Events)>,
+    poll: (mio::Poll, mio::Events),
+    /// Waits within the busy-poll window retry the socket itself, after a
+    /// yield, rather than look at epoll (the floor: for one small message
+    /// the lock costs nothing and a retry is the quickest look).
+    retry: bool,
 }
 
 impl Polled {
-    /// Waits on epoll (`through_epoll`) or by retrying the socket.
+    /// Waits on epoll (`through_epoll`) or, within the busy-poll window,
+    /// by retrying the socket.
     fn new(stream: TcpStream, through_epoll: bool) -> std::io::Result<Self> {
         use std::os::fd::AsRawFd;
         stream.set_nonblocking(true)?;
-        if !through_epoll {
-            return Ok(Self { stream, poll: None });
-        }
         let poll = mio::Poll::new()?;
         let interest = mio::Interest::READABLE | mio::Interest::WRITABLE;
         poll.registry().register(&mut mio::unix::SourceFd(&stream.as_raw_fd()), mio::Token(0), interest)?;
-        Ok(Self { stream, poll: Some((poll, mio::Events::with_capacity(4))) })
+        Ok(Self { stream, poll: (poll, mio::Events::with_capacity(4)), retry: !through_epoll })
     }
 
     /// Waits for the socket's next edge as a lane waits on its peer
@@ -283,17 +315,19 @@ impl Polled {
     fn wait(&mut self, since: Instant) -> std::io::Result<()> {
         let started = Instant::now();
         loop {
-            if since.elapsed() > PING_PONG_STALL {
+            if since.elapsed() > STALL {
                 return Err(std::io::ErrorKind::TimedOut.into());
             }
-            let Some((poll, events)) = &mut self.poll else {
+            let (poll, events) = &mut self.poll;
+            if self.retry && since.elapsed() < BUSY_POLL {
                 // The floor's ends share a core when the sink runs where
                 // the target's lane does and the bench's lane shares it:
                 // a retry that never yields would spin out its whole time
                 // slice before the other end could answer.
                 std::thread::yield_now();
                 return Ok(());
-            };
+            }
+            // Past the busy-poll window (a stalled floor too) it sleeps.
             let timeout = if started.elapsed() < BUSY_POLL { Duration::ZERO } else { PARKED_LOOK };
             poll.poll(events, Some(timeout))?;
             if !events.is_empty() {
@@ -539,6 +573,34 @@ mod tests {
             }
         }
         assert!(baseline(&addr, None, (false, 1 << 20, 4 << 20), 2 << 20).unwrap() > 0.0);
+    }
+
+    #[test]
+    fn the_sink_frees_its_stream_memory_once_its_clients_leave() {
+        let (sink, addr) = sink(None);
+        assert!(baseline(&addr, None, (true, 1 << 20, 4 << 20), 4 << 20).unwrap() > 0.0);
+        // The connection's thread frees after its client closed: wait for
+        // it, bounded.
+        for _ in 0..200 {
+            if sink.spans.kept() == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(sink.spans.kept(), 0, "the sink still holds stream memory with no client");
+    }
+
+    #[test]
+    fn the_sink_closes_a_ping_pong_whose_client_went_silent() {
+        use std::io::{Read, Write};
+        let (_sink, addr) = sink(None);
+        let mut stream = super::connect(&addr, None).unwrap();
+        // One floor request, then nothing: the sink waits (parked, past its
+        // busy-poll window) and closes once `STALL` passed, freeing the
+        // slot; the connection's 60 s read timeout bounds the test.
+        stream.write_all(&super::request(3, 64, 0)).unwrap();
+        let mut byte = [0u8; 1];
+        assert_eq!(stream.read(&mut byte).unwrap(), 0, "the sink answered a ping it never got");
     }
 
     #[test]

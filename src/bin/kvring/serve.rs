@@ -89,9 +89,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     // On the cores of the lanes that serve the bench's connections: the
     // same path as kvring's (see `raw::sink_cores`).
     let sink_cores = crate::raw::sink_cores(&engine.lane_cores());
-    let raw = crate::raw::RawSink::start(bind_ip, config.get("token").map(kvring::Token::new), sink_cores)
-        .map_err(|e| format!("starting the raw baseline sink: {e}"))?;
-    let raw_addr = std::net::SocketAddr::new(listen.ip(), raw.addr().port());
+    let (_raw, raw_addr) =
+        raw_sink(args.raw_sink, bind_ip, config.get("token").map(kvring::Token::new), sink_cores, listen.ip())?;
     println!(
         "kvring serve: name={name} listen={} tcp={} raw={} epoch={:#018x} region={} size={} memory={} metadata={}",
         engine.control_addr(),
@@ -121,6 +120,25 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     drop(region);
     eprintln!("kvring serve: {name} stopped");
     Ok(())
+}
+
+/// The raw-TCP baseline sink and the address it is announced at (`-`
+/// when none runs). Only when asked (`--raw-sink`): it is a bench's
+/// baseline, not a service, and answers anyone who passes its token check.
+fn raw_sink(
+    asked: bool,
+    bind_ip: std::net::IpAddr,
+    token: Option<kvring::Token>,
+    cores: Vec<usize>,
+    announced: std::net::IpAddr,
+) -> Result<(Option<crate::raw::RawSink>, String), String> {
+    if !asked {
+        return Ok((None, "-".to_string()));
+    }
+    let raw = crate::raw::RawSink::start(bind_ip, token, cores)
+        .map_err(|e| format!("starting the raw baseline sink: {e}"))?;
+    let addr = std::net::SocketAddr::new(announced, raw.addr().port()).to_string();
+    Ok((Some(raw), addr))
 }
 
 /// The served region: kvring's own memory, or the process's own.
@@ -205,7 +223,7 @@ impl Target {
     pub fn spawn(region_bytes: u64, extra: &[String]) -> Result<Self, String> {
         let exe = std::env::current_exe().map_err(|e| format!("locating the kvring binary: {e}"))?;
         let mut child = Command::new(exe)
-            .args(["serve", "--name", "bench-target", "--listen", "127.0.0.1:0", "--parent-watch"])
+            .args(["serve", "--name", "bench-target", "--listen", "127.0.0.1:0", "--parent-watch", "--raw-sink"])
             .args(["--region-size", &region_bytes.to_string()])
             .args(extra)
             .stdin(Stdio::piped())
@@ -217,7 +235,7 @@ impl Target {
         let mut line = String::new();
         let read = BufReader::new(stdout).read_line(&mut line);
         let field = |key: &str| line.split_whitespace().find_map(|f| f.strip_prefix(key)).map(str::to_string);
-        let (addr, raw_addr) = (field("listen="), field("raw="));
+        let (addr, raw_addr) = (field("listen="), field("raw=").filter(|raw| raw != "-"));
         match (read, addr) {
             (Ok(_), Some(addr)) => Ok(Self { child, addr, raw_addr }),
             _ => {

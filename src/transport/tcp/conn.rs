@@ -451,7 +451,10 @@ impl Connection {
         } else {
             let since = *self.stalled_since.get_or_insert_with(Instant::now);
             if since.elapsed() > io_timeout {
-                return Err(peer.gone(format!("no reply from {} for {:?}", peer.addr, io_timeout)));
+                return Err(Error::PeerStalled {
+                    segment: format!("{} ({})", peer.name, peer.addr),
+                    waited: io_timeout,
+                });
             }
         }
         Ok(sent || received)

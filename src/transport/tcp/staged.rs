@@ -388,6 +388,7 @@ fn clone_error(error: &Error) -> Error {
         Error::PeerRestarted { segment, detail } => {
             Error::PeerRestarted { segment: segment.clone(), detail: detail.clone() }
         }
+        Error::PeerStalled { segment, waited } => Error::PeerStalled { segment: segment.clone(), waited: *waited },
         other => Error::Unsupported { what: other.to_string() },
     }
 }

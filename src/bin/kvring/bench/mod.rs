@@ -403,7 +403,7 @@ fn print_header(
     }
     if baseline_name(options).is_none() {
         // An external target's sink is not known: say how to get the ratio.
-        let hint = "no raw-TCP baseline: give --peer-raw ADDR (kvring serve prints its raw sink)";
+        let hint = "no raw-TCP baseline: give --peer-raw ADDR (`kvring serve --raw-sink` prints its raw sink)";
         if options.json {
             eprintln!("kvring bench: {hint}");
         } else {

@@ -130,6 +130,10 @@ impl Connection {
             Error::Unauthorized { reason } => {
                 self.fail_each(finished, || Error::Unauthorized { reason: reason.clone() })
             }
+            // Stalled, not restarted: the error says what may still land.
+            Error::PeerStalled { segment, waited } => {
+                self.fail_each(finished, || Error::PeerStalled { segment: segment.clone(), waited: *waited })
+            }
             other => self.fail_all(peer, &Peer::detail(other), finished),
         }
     }
