@@ -95,6 +95,10 @@ struct ShmHeader {
     busy: u64,
 }
 
+// `live` and `busy` are used as `AtomicU64`s in place: 8-aligned offsets in
+// a page-aligned header (the SAFETY arguments of `live` and `busy` rest on it).
+const _: () = assert!(std::mem::offset_of!(ShmHeader, live) == 48 && std::mem::offset_of!(ShmHeader, busy) == 56);
+
 /// What a peer's descriptor says about one of its shm regions: the file
 /// must prove every field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,20 +242,21 @@ impl ShmMapping {
         // The field alone: peers change `busy` beside it at any time.
         // SAFETY: the header is in the mapping (see `write_header`); the
         // field is read by a volatile read of its own four bytes.
-        Access::from_bits(unsafe { std::ptr::addr_of!((*self.header_ptr()).access).read_volatile() })
+        let bits = unsafe { std::ptr::addr_of!((*self.header_ptr()).access).read_volatile() };
+        Access::from_bits(bits)
     }
 
     /// The header's `live` word.
     fn live(&self) -> &AtomicU64 {
         // SAFETY: the header is in the mapping, which lives as long as
-        // `self`; `live` is 8-aligned (offset 40 of a page-aligned header)
+        // `self`; `live` is 8-aligned (offset 48 of a page-aligned header)
         // and only ever accessed atomically, by every process mapping it.
         unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.header_ptr()).live)) }
     }
 
     /// The header's `busy` word.
     fn busy(&self) -> &AtomicU64 {
-        // SAFETY: as in `live` (offset 48).
+        // SAFETY: as in `live` (`busy` is at offset 56).
         unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.header_ptr()).busy)) }
     }
 

@@ -34,7 +34,8 @@ pub fn shm_buffer(len: usize) -> Result<MmapMut, String> {
     }
     // SAFETY: the file was created (and unlinked) by this process: nothing
     // else maps or truncates it.
-    unsafe { MmapOptions::new().len(len).populate().map_mut(&file) }.map_err(|e| format!("mapping {path}: {e}"))
+    let map = unsafe { MmapOptions::new().len(len).populate().map_mut(&file) };
+    map.map_err(|e| format!("mapping {path}: {e}"))
 }
 
 /// Fills `bytes` with a pattern derived from `seed` (no zero pages).
