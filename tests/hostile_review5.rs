@@ -2,36 +2,26 @@
 //! kvring's promises (docs/SECURITY.md). Each asserts the promised
 //! behaviour: it fails where a hole was found and passes once it is closed.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use common::child::{field, serve, Reaped};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// A `kvring serve` child on loopback (killed and reaped on drop), with its
 /// raw-TCP baseline sink's address.
 struct Serve {
-    child: Child,
+    _child: Reaped,
     raw: String,
 }
 
 impl Serve {
     fn start(extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvring"))
-            .args(["serve", "--name", "review5", "--listen", "127.0.0.1:0", "--region-size", "1048576", "--raw-sink"])
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("kvring serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).expect("first line");
-        let raw = line
-            .split_whitespace()
-            .find_map(|f| f.strip_prefix("raw="))
-            .unwrap_or_else(|| panic!("no raw= in {line:?}"))
-            .to_string();
-        Self { child, raw }
+        let mut args = vec!["--name", "review5", "--listen", "127.0.0.1:0", "--region-size", "1048576", "--raw-sink"];
+        args.extend_from_slice(extra);
+        let (child, line) = serve(&args);
+        Self { raw: field(&line, "raw=").to_string(), _child: child }
     }
 
     /// A raw-sink connection whose challenge is answered with zeros (a sink
@@ -44,13 +34,6 @@ impl Serve {
         stream.read_exact(&mut challenge).expect("challenge");
         stream.write_all(&[0u8; 32]).expect("answer");
         stream
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -98,17 +81,8 @@ fn the_raw_sink_refuses_a_zero_byte_ping_pong_instead_of_streaming_unasked() {
 /// prints `raw=-`.
 #[test]
 fn the_raw_sink_runs_only_when_asked() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvring"))
-        .args(["serve", "--name", "review5-nosink", "--listen", "127.0.0.1:0", "--region-size", "1048576"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("kvring serve starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).expect("first line");
-    let _ = child.kill();
-    let _ = child.wait();
+    let (child, line) = serve(&["--name", "review5-nosink", "--listen", "127.0.0.1:0", "--region-size", "1048576"]);
+    drop(child);
     assert!(line.split_whitespace().any(|f| f == "raw=-"), "a sink nobody asked for: {line:?}");
     let asked = Serve::start(&[]);
     assert!(asked.raw.parse::<std::net::SocketAddr>().is_ok(), "--raw-sink: {}", asked.raw);
@@ -191,17 +165,9 @@ fn waiting_or_notifying_with_duration_max_never_panics() {
 #[test]
 fn a_cancelled_tcp_push_whose_ack_never_comes_ends_with_a_typed_stall_that_names_the_fence() {
     const LEN: usize = 256 << 10;
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_kvring"))
-        .args(["serve", "--name", "review5-stopped", "--listen", "127.0.0.1:0", "--region-size", "1048576"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("kvring serve starts");
-    let mut line = String::new();
-    BufReader::new(serve.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.split_whitespace().find_map(|f| f.strip_prefix("listen=")).expect("listen=").to_string();
-    let pid = serve.id() as libc::pid_t;
+    let (target, line) = serve(&["--name", "review5-stopped", "--listen", "127.0.0.1:0", "--region-size", "1048576"]);
+    let addr = field(&line, "listen=").to_string();
+    let pid = target.id() as libc::pid_t;
     let initiator = kvring::Engine::builder()
         .name("review5-stopped-initiator")
         .listen("127.0.0.1:0".parse().unwrap())
@@ -223,8 +189,7 @@ fn a_cancelled_tcp_push_whose_ack_never_comes_ends_with_a_typed_stall_that_names
     let outcome = sub.wait(id, Duration::from_secs(30));
     // SAFETY: our own child.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
-    let _ = serve.kill();
-    let _ = serve.wait();
+    drop(target);
     let outcome = outcome.expect("the stalled batch ends within its wait");
     match &outcome {
         kvring::Outcome::Failed(error @ kvring::Error::PeerStalled { waited, .. }) => {
