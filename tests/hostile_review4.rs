@@ -166,20 +166,14 @@ fn a_staged_gpu_write_admitted_before_a_fence_does_not_land_after_it() {
 /// (whose grants are no longer known) closes; nothing lands.
 #[test]
 fn a_grant_the_target_never_issued_is_refused_and_nothing_lands() {
-    use kvring::testing::tcp::SERVER_HELLO_BYTES;
-    use kvring::testing::tcp::{ClientHello, FrameHeader, FrameOp, ServerHello, FLAG_LAST, FRAME_HEADER_BYTES};
+    use kvring::testing::tcp::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES};
     use std::io::{Read, Write};
     use zerocopy::{FromBytes, IntoBytes};
     let len = 3 * 65536 + 12288;
     let target = engine("grant-target");
     let region = target.alloc_region(len, RegionInfo::raw()).unwrap();
     target.fence(region.id(), 0, 4096).unwrap();
-    let mut s = std::net::TcpStream::connect(target.tcp_addr().unwrap()).unwrap();
-    s.set_read_timeout(Some(WAIT)).unwrap();
-    s.write_all(ClientHello::new(target.epoch(), [0; 16], [0; 16], [0; 16]).as_bytes()).unwrap();
-    let mut hello = [0u8; SERVER_HELLO_BYTES];
-    s.read_exact(&mut hello).unwrap();
-    assert_eq!(ServerHello::read_from_bytes(&hello).unwrap().status, 0);
+    let mut s = common::raw::data_connection(&target);
     s.write_all(FrameHeader::new(FrameOp::Grant, target.epoch(), 9, 0, u64::from(u32::MAX), 0).as_bytes()).unwrap();
     let mut write = FrameHeader::new(FrameOp::Write, target.epoch(), 9, region.id().raw(), 0, 4096);
     write.flags = FLAG_LAST;
