@@ -3,6 +3,7 @@
 
 pub mod c;
 pub mod child;
+pub mod fakecuda;
 pub mod raw;
 pub mod verbs;
 

@@ -556,6 +556,13 @@ unsafe fn batch(
         }
     };
     fail(usize::MAX);
+    // An injected refusal of the whole call: INVALID_VALUE with failIdx
+    // SIZE_MAX, "if the error does not pertain to a specific copy"
+    // [ref: cuMemcpyBatchAsync, failIdx]; nothing is queued.
+    let refuse = COUNTERS.refuse_after.fetch_update(Relaxed, Relaxed, |n| (n >= 0).then(|| n - 1));
+    if refuse == Ok(0) {
+        return err::INVALID_VALUE;
+    }
     COUNTERS.batches.fetch_add(1, Relaxed);
     let prepared = with(|d| {
         let stream = stream_of(d, h)?.ok_or(err::INVALID_VALUE)?;
@@ -659,7 +666,10 @@ fn load_module(d: &mut Driver, image: *const c_void) -> Result<usize, (CUresult,
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| invalid("bad .target"))?;
     if sm > d.config.sm {
-        return Err(invalid(&format!("SM version specified by .target (sm_{sm}) is higher than the device's (sm_{})", d.config.sm)));
+        return Err(invalid(&format!(
+            "SM version specified by .target (sm_{sm}) is higher than the device's (sm_{})",
+            d.config.sm
+        )));
     }
     let id = d.exec.take();
     d.exec.modules.insert(id, Module { device, image: text });

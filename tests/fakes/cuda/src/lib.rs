@@ -169,6 +169,16 @@ pub(crate) struct Counters {
     pub fault_after: AtomicI64,
     /// Microseconds each queued job waits before running.
     pub delay_us: AtomicI64,
+    /// Peers' allocations opened (`cuIpcOpenMemHandle` calls that
+    /// succeeded) and closed (`cuIpcCloseMemHandle` calls that succeeded).
+    pub ipc_opens: AtomicI64,
+    pub ipc_closes: AtomicI64,
+    /// Openings of a peer's memory still to fail, as for a peer that
+    /// exited (injected).
+    pub fail_opens: AtomicI64,
+    /// Batched copy calls still to accept before one is refused (-1: none;
+    /// injected).
+    pub refuse_after: AtomicI64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
@@ -183,7 +193,20 @@ pub(crate) static COUNTERS: Counters = Counters {
     faults: AtomicI64::new(0),
     fault_after: AtomicI64::new(-1),
     delay_us: AtomicI64::new(-1),
+    ipc_opens: AtomicI64::new(0),
+    ipc_closes: AtomicI64::new(0),
+    fail_opens: AtomicI64::new(0),
+    refuse_after: AtomicI64::new(-1),
 };
+
+/// True (and the injection spent) when the next opening of a peer's
+/// memory is to fail as one of an exited peer's does: `INVALID_HANDLE`,
+/// what `cuIpcOpenMemHandle` and `cuMemImportFromShareableHandle` return
+/// for a handle that names no live memory [ref: 6.13 cuIpcOpenMemHandle,
+/// 6.14 cuMemImportFromShareableHandle, return values].
+pub(crate) fn open_fails() -> bool {
+    COUNTERS.fail_opens.fetch_update(Relaxed, Relaxed, |n| (n > 0).then(|| n - 1)).is_ok()
+}
 
 /// Locks the driver; `None` before a successful `cuInit`.
 pub(crate) fn driver() -> MutexGuard<'static, Option<Driver>> {
@@ -428,16 +451,16 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_in
     code(with(|d| {
         d.check_device(device)?;
         let answer = match attribute {
-            41 => 1,  // UNIFIED_ADDRESSING: 64-bit Linux hosts have UVA
-            91 => 1,  // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
-            102 => 1, // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
-            103 => 1, // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+            41 => 1,                            // UNIFIED_ADDRESSING: 64-bit Linux hosts have UVA
+            91 => 1,                            // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
+            102 => 1,                           // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+            103 => 1,                           // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
             110 => i32::from(d.config.gdr_vmm), // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
-            124 => i32::from(d.config.dmabuf), // DMA_BUF_SUPPORTED
-            117 => d.config.gdr_flush_options, // GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
-            118 => d.config.gdr_ordering, // GPU_DIRECT_RDMA_WRITES_ORDERING
-            75 => d.config.sm / 10, // COMPUTE_CAPABILITY_MAJOR
-            76 => d.config.sm % 10, // COMPUTE_CAPABILITY_MINOR
+            124 => i32::from(d.config.dmabuf),  // DMA_BUF_SUPPORTED
+            117 => d.config.gdr_flush_options,  // GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
+            118 => d.config.gdr_ordering,       // GPU_DIRECT_RDMA_WRITES_ORDERING
+            75 => d.config.sm / 10,             // COMPUTE_CAPABILITY_MAJOR
+            76 => d.config.sm % 10,             // COMPUTE_CAPABILITY_MINOR
             _ => 0,
         };
         // SAFETY: an out-pointer the caller passes under the Driver API's contract
@@ -703,6 +726,8 @@ fn stat(name: &str) -> Option<i64> {
         "faults" => return counter(&COUNTERS.faults),
         "missing_calls" => return counter(&COUNTERS.missing_calls),
         "gdr_flushes" => return counter(&COUNTERS.gdr_flushes),
+        "ipc_opens" => return counter(&COUNTERS.ipc_opens),
+        "ipc_closes" => return counter(&COUNTERS.ipc_closes),
         "current" => return Some(current_raw().map_or(0, |d| d as i64 + 1)),
         _ => {}
     }
@@ -732,7 +757,10 @@ fn stat(name: &str) -> Option<i64> {
 /// Sets a knob: `fault_after` (N: the copy after the next N faults, with a
 /// sticky `ILLEGAL_ADDRESS` in its stream's context; -1: none),
 /// `delay_us` (each queued job runs that late; -1: `FAKECUDA_DELAY_US`),
-/// `reset_counters` (zeroes the counters). Returns 0, or -1 for an unknown
+/// `fail_opens` (N: the next N openings of a peer's memory fail as an
+/// exited peer's), `refuse_call_after` (N: after N more batched copy
+/// calls, one is refused with `INVALID_VALUE`; -1: none), `lose_device`
+/// (D: GPU D's context poisoned), `reset_counters` (zeroes the counters). Returns 0, or -1 for an unknown
 /// name.
 #[no_mangle]
 pub unsafe extern "C" fn fakecuda_set(name: *const c_char, value: i64) -> c_int {
@@ -743,6 +771,19 @@ pub unsafe extern "C" fn fakecuda_set(name: *const c_char, value: i64) -> c_int 
     match unsafe { CStr::from_ptr(name) }.to_bytes() {
         b"fault_after" => COUNTERS.fault_after.store(value, Relaxed),
         b"delay_us" => COUNTERS.delay_us.store(value, Relaxed),
+        b"fail_opens" => COUNTERS.fail_opens.store(value, Relaxed),
+        b"refuse_call_after" => COUNTERS.refuse_after.store(value, Relaxed),
+        // A GPU lost under the process (fallen off the bus): the driver
+        // reference names no error code for it, so its context is
+        // poisoned with the sticky error a fault raises ("the process ...
+        // any further CUDA work will return the same error" [ref: 6.1
+        // Data types, CUDA_ERROR_ILLEGAL_ADDRESS]), what kvring sees of
+        // any context it can no longer use.
+        b"lose_device" => {
+            let mut guard = driver();
+            let Some(d) = guard.as_mut() else { return -1 };
+            d.poison(value as i32, err::ILLEGAL_ADDRESS);
+        }
         b"reset_counters" => {
             for c in [
                 &COUNTERS.staged,
@@ -754,6 +795,8 @@ pub unsafe extern "C" fn fakecuda_set(name: *const c_char, value: i64) -> c_int 
                 &COUNTERS.faults,
                 &COUNTERS.missing_calls,
                 &COUNTERS.gdr_flushes,
+                &COUNTERS.ipc_opens,
+                &COUNTERS.ipc_closes,
             ] {
                 c.store(0, Relaxed);
             }

@@ -5,13 +5,29 @@
 //! address the mapping is `PROT_NONE` (the host cannot touch device
 //! memory); the copy engines use a private read-write alias.
 
-use super::{code, err, put, with, CUdeviceptr, CUresult, Driver};
+use super::{code, err, put, with, CUdeviceptr, CUresult, Driver, COUNTERS};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 /// The allocation granularity the fake reports (as NVIDIA GPUs do).
 pub const GRANULARITY: u64 = 2 << 20;
+
+/// The allocation granularity the devices report: 2 MiB (today's GPUs'),
+/// or `FAKECUDA_GRANULARITY` (a power of two from 4 KiB up to 2 MiB) so a
+/// test can make thousands of pieces on a small machine. The rules that
+/// use it are the driver's: sizes and mapped addresses are multiples of
+/// what `cuMemGetAllocationGranularity` reports [ref: 6.14,
+/// cuMemGetAllocationGranularity, cuMemCreate, cuMemMap]; the address
+/// layout keeps 2 MiB steps (a coarser alignment breaks no rule).
+pub fn granularity() -> u64 {
+    static ONE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *ONE.get_or_init(|| match std::env::var("FAKECUDA_GRANULARITY").ok().and_then(|v| v.parse::<u64>().ok()) {
+        Some(g) if g.is_power_of_two() && (4096..=GRANULARITY).contains(&g) => g,
+        _ => GRANULARITY,
+    })
+}
 /// The host page size for dma-buf alignment.
 const PAGE: u64 = 4096;
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
@@ -95,6 +111,8 @@ pub struct Memory {
     /// Generic allocation handles and the references held on each.
     handles: HashMap<u64, (Arc<Phys>, u32)>,
     host: BTreeMap<u64, Host>,
+    /// Managed memory: start, length and the device it was allocated for.
+    managed: BTreeMap<u64, (u64, i32)>,
 }
 
 /// Where one end of a copy lies.
@@ -163,6 +181,7 @@ impl Memory {
             reservations: BTreeMap::new(),
             handles: HashMap::new(),
             host: BTreeMap::new(),
+            managed: BTreeMap::new(),
         }
     }
 
@@ -256,6 +275,12 @@ impl Memory {
     }
 
     /// The pinned host range holding `addr`.
+    /// The managed allocation holding `addr`: start, length, device.
+    fn managed_at(&self, addr: u64) -> Option<(u64, u64, i32)> {
+        let (&start, &(len, device)) = self.managed.range(..=addr).next_back()?;
+        (addr < start + len).then_some((start, len, device))
+    }
+
     fn host_at(&self, addr: u64) -> Option<(u64, &Host)> {
         let (&start, host) = self.host.range(..=addr).next_back()?;
         (addr < start + host.len).then_some((start, host))
@@ -391,11 +416,44 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> CUresult {
+    // [ref: 6.13, cuMemAllocManaged: memory "automatically managed by the
+    // Unified Memory system", accessible from the host and every device;
+    // allocated for the current context's device; INVALID_VALUE for 0
+    // bytes or flags other than CU_MEM_ATTACH_GLOBAL (1) or
+    // CU_MEM_ATTACH_HOST (2); freed with cuMemFree.] The fake gives host
+    // memory the host may touch, known to the pointer attributes (6.16:
+    // MEMORY_TYPE DEVICE, IS_MANAGED) and to nothing else: copies to or
+    // from it are not modelled, and refused (INVALID_VALUE).
+    code(with(|d| {
+        let device = d.current()?;
+        if size == 0 || !(flags == 1 || flags == 2) {
+            return Err(err::INVALID_VALUE);
+        }
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: a fresh anonymous mapping, the host's to touch.
+        let at = unsafe { libc::mmap(std::ptr::null_mut(), size, rw, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        if at == libc::MAP_FAILED {
+            return Err(err::OUT_OF_MEMORY);
+        }
+        d.mem.managed.insert(at as u64, (size as u64, device));
+        // SAFETY: an out-pointer the caller passes under the Driver API's contract
+        // (valid for this write or null); `put` refuses null.
+        unsafe { put(dptr, at as u64) }
+    }))
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     // [ref: 6.13, cuMemFree: needs a current context (INVALID_CONTEXT);
-    // dptr must be what cuMemAlloc returned.]
+    // dptr must be what cuMemAlloc or cuMemAllocManaged returned.]
     code(with(|d| {
         d.current()?;
+        if let Some((len, _)) = d.mem.managed.remove(&dptr) {
+            // SAFETY: the mapping cuMemAllocManaged made, now out of the table.
+            unsafe { libc::munmap(dptr as *mut c_void, len as usize) };
+            return Ok(());
+        }
         match d.mem.maps.get(&dptr) {
             Some(map) if map.kind == Kind::Alloc => {
                 let size = map.size;
@@ -609,6 +667,7 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
         }
         let found = d.mem.map_at(ptr);
         let host = d.mem.host_at(ptr);
+        let managed = d.mem.managed_at(ptr);
         for i in 0..count as usize {
             // SAFETY: `count` entries at each array, checked non-null above (cuPointerGetAttributes' contract).
             let (attribute, out) = unsafe { (*attributes.add(i), *data.add(i)) };
@@ -623,6 +682,22 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
                 // SAFETY: as above.
                 |v: bool| unsafe { out.cast::<u8>().write(u8::from(v)) },
             );
+            // Managed memory: a device pointer (MEMORY_TYPE DEVICE) that
+            // IS_MANAGED; never legacy-IPC capable (cuIpcGetMemHandle takes
+            // cuMemAlloc memory only [ref: 6.13]).
+            if let Some((start, len, device)) = managed {
+                match attribute {
+                    2 => u32_of(2),
+                    9 => u32_of(device as u32),
+                    8 | 13 => bool_of(true),
+                    10 | 15 => bool_of(false),
+                    11 => u64_of(start),
+                    12 => u64_of(len),
+                    1 | 3 | 4 | 14 | 18 | 19 => u64_of(0),
+                    _ => return Err(err::INVALID_VALUE),
+                }
+                continue;
+            }
             match (attribute, found, host) {
                 (2, Some(_), _) => u32_of(2),    // MEMORY_TYPE: DEVICE
                 (2, None, Some(_)) => u32_of(1), // HOST
@@ -699,7 +774,7 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
         unsafe { device_of_prop(d, prop)? };
         // SAFETY: an out-pointer the caller passes under the Driver API's contract
         // (valid for this write or null); `put` refuses null.
-        unsafe { put(g, GRANULARITY as usize) }
+        unsafe { put(g, granularity() as usize) }
     }))
 }
 
@@ -715,7 +790,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
     // flags must be 0; `addr` is only a hint.]
     code(with(|d| {
         let _ = addr;
-        if size == 0 || !(size as u64).is_multiple_of(GRANULARITY) || flags != 0 {
+        if size == 0 || !(size as u64).is_multiple_of(granularity()) || flags != 0 {
             return Err(err::INVALID_VALUE);
         }
         let at = d.mem.take_addresses(size as u64, align as u64)?;
@@ -754,7 +829,7 @@ pub unsafe extern "C" fn cuMemCreate(
     code(with(|d| {
         // SAFETY: `prop` as the Driver API's contract for this call gives it.
         let (device, types, gdr) = unsafe { device_of_prop(d, prop)? };
-        if size == 0 || !(size as u64).is_multiple_of(GRANULARITY) || flags != 0 {
+        if size == 0 || !(size as u64).is_multiple_of(granularity()) || flags != 0 {
             return Err(err::INVALID_VALUE);
         }
         // [ref: 5 Enumerations, CUdevice_attribute:
@@ -797,7 +872,7 @@ pub unsafe extern "C" fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, 
     code(with(|d| {
         let phys = d.mem.handles.get(&handle).ok_or(err::INVALID_HANDLE)?.0.clone();
         let (size, end) = (size as u64, ptr.checked_add(size as u64).ok_or(err::INVALID_VALUE)?);
-        if offset != 0 || flags != 0 || size == 0 || !ptr.is_multiple_of(GRANULARITY) || size != phys.size {
+        if offset != 0 || flags != 0 || size == 0 || !ptr.is_multiple_of(granularity()) || size != phys.size {
             return Err(err::INVALID_VALUE);
         }
         let (start, len) = d.mem.reservation_at(ptr).ok_or(err::INVALID_VALUE)?;
@@ -960,6 +1035,9 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(handle: *mut u64, os: *m
         if kind as u32 != POSIX_FD {
             return Err(err::INVALID_VALUE);
         }
+        if super::open_fails() {
+            return Err(err::INVALID_HANDLE);
+        }
         let (physical, types, gdr, size) = describe_fd(fd).ok_or(err::INVALID_VALUE)?;
         // Memory of a GPU this process does not see (another
         // CUDA_VISIBLE_DEVICES): CUDA 13.2 names such a location
@@ -1075,6 +1153,9 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
         if flags != 1 || handle[..4] != *IPC_MAGIC {
             return Err(err::INVALID_VALUE);
         }
+        if super::open_fails() {
+            return Err(err::INVALID_HANDLE);
+        }
         let word = |a: usize| u32::from_le_bytes(handle[a..a + 4].try_into().expect("4"));
         let long = |a: usize| u64::from_le_bytes(handle[a..a + 8].try_into().expect("8"));
         let (pid, fd, id, size, owner, instance) =
@@ -1087,6 +1168,7 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
             if let (Kind::Ipc { context }, Some(k)) = (map.kind, map.exporter) {
                 if k == key && context == device {
                     map.opens += 1;
+                    COUNTERS.ipc_opens.fetch_add(1, Relaxed);
                     // SAFETY: an out-pointer the caller passes under the Driver API's contract
                     // (valid for this write or null); `put` refuses null.
                     return unsafe { put(dptr, at) };
@@ -1115,6 +1197,7 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
         let at = d.mem.take_addresses(size, GRANULARITY)?;
         d.mem.place(at, phys, Kind::Ipc { context: device })?;
         d.mem.maps.get_mut(&at).expect("placed").exporter = Some(key);
+        COUNTERS.ipc_opens.fetch_add(1, Relaxed);
         // SAFETY: an out-pointer the caller passes under the Driver API's contract
         // (valid for this write or null); `put` refuses null.
         unsafe { put(dptr, at) }
@@ -1133,6 +1216,7 @@ pub unsafe extern "C" fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult {
             return Err(err::INVALID_CONTEXT);
         }
         map.opens -= 1;
+        COUNTERS.ipc_closes.fetch_add(1, Relaxed);
         if map.opens == 0 {
             let size = map.size;
             d.mem.unplace(dptr, size);
