@@ -753,3 +753,147 @@ fn hidden_child() {
     let mut sub = engine.submitter().unwrap();
     assert!(common::run(&mut sub, &Batch::write(&segment).descs(&descs)).is_done());
 }
+
+#[test]
+fn fabric_handles_travel_as_bytes_and_open_only_on_the_same_imex_channel() {
+    let mut exporter = Command::new(std::env::current_exe().unwrap())
+        .args(["fabric_exporter_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("KVRING_FAKE_CHILD", "1")
+        .env("FAKECUDA_IMEX_CHANNEL", "3")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(exporter.stdout.take().unwrap());
+    let handle = loop {
+        let mut line = String::new();
+        assert!(std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() > 0, "the exporter exited first");
+        if let Some((_, hex)) = line.split_once("fabric-handle ") {
+            break hex.trim().to_owned();
+        }
+    };
+    if handle != "none" {
+        // The same channel: the bytes open the exporter's memory; another
+        // channel, or none: NOT_PERMITTED (800).
+        scenario("fabric_importer_child", &[("FAKECUDA_IMEX_CHANNEL", "3"), ("KVRING_FABRIC", &handle)]);
+        scenario("fabric_importer_child", &[("FAKECUDA_IMEX_CHANNEL", "4"), ("KVRING_FABRIC", &handle)]);
+        scenario("fabric_importer_child", &[("KVRING_FABRIC", &handle)]);
+    }
+    drop(exporter.stdin.take());
+    assert!(exporter.wait().unwrap().success());
+}
+
+/// `size` bytes of address space with the allocation `handle` mapped and
+/// GPU 0 granted access, as an application does.
+fn map_for_gpu_0(fake: &Fake, handle: u64, size: usize) -> u64 {
+    use cudarc::driver::sys::{CUmemAccessDesc, CUmemAccess_flags, CUmemLocation, CUmemLocationType};
+    type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> u32;
+    type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> u32;
+    type SetAccess = unsafe extern "C" fn(u64, usize, *const CUmemAccessDesc, usize) -> u32;
+    let (reserve, map, access): (Reserve, Map, SetAccess) =
+        (fake.function(c"cuMemAddressReserve"), fake.function(c"cuMemMap"), fake.function(c"cuMemSetAccess"));
+    let desc = CUmemAccessDesc {
+        location: CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+        flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    let mut at = 0u64;
+    // SAFETY: the fake's entry points with valid out-pointers and one descriptor.
+    unsafe {
+        assert_eq!(reserve(&mut at, size, 0, 0, 0), 0);
+        assert_eq!(map(at, size, 0, handle, 0), 0);
+        assert_eq!(access(at, size, &desc, 1), 0);
+    }
+    at
+}
+
+/// Copies `len` bytes from `src` to `dst` on GPU 0 and waits.
+fn copy_and_wait(gpu: &CudaGpu, src: u64, dst: u64, len: usize) {
+    let (stream, event) = (gpu.create_stream(0).unwrap(), gpu.create_event(0).unwrap());
+    // SAFETY: both ranges outlive the wait below.
+    unsafe { gpu.copy_one(stream, Copy { src, dst, len: len as u64 }).unwrap() };
+    gpu.record(stream, event).unwrap();
+    let deadline = std::time::Instant::now() + common::WAIT;
+    while !gpu.query(event).unwrap() {
+        assert!(std::time::Instant::now() < deadline, "the copy did not end");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+const FABRIC_BYTES: usize = 2 << 20;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` and `CU_MEM_HANDLE_TYPE_FABRIC`.
+const POSIX_FD: u32 = 0x1;
+const FABRIC: u32 = 0x8;
+
+/// Review #16's groundwork: FABRIC-only memory (requestedHandleTypes
+/// FABRIC, as PyTorch makes on hosts with IMEX channels) holding a
+/// pattern; it exports no POSIX descriptor, and its FABRIC handle (64
+/// bytes, no descriptor) is printed for the importers.
+#[test]
+#[ignore = "a child of fabric_handles_travel_as_bytes_…"]
+fn fabric_exporter_child() {
+    use cudarc::driver::sys::{CUmemAllocationHandleType as Kind, CUmemAllocationProp, CUmemLocation};
+    type Create = unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> u32;
+    type Export = unsafe extern "C" fn(*mut c_void, u64, u32, u64) -> u32;
+    let Some(fake) = fake() else {
+        println!("fabric-handle none");
+        return;
+    };
+    let gpu = CudaGpu::load().unwrap();
+    fake.become_application_on(0);
+    let (create, export): (Create, Export) =
+        (fake.function(c"cuMemCreate"), fake.function(c"cuMemExportToShareableHandle"));
+    // SAFETY: plain data; zero is valid for every field not set below.
+    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = cudarc::driver::sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = Kind::CU_MEM_HANDLE_TYPE_FABRIC;
+    prop.location = CUmemLocation { type_: cudarc::driver::sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
+    let mut handle = 0u64;
+    // SAFETY: the fake's entry point with a valid out-pointer and properties.
+    assert_eq!(unsafe { create(&mut handle, FABRIC_BYTES, &prop, 0) }, 0);
+    let at = map_for_gpu_0(&fake, handle, FABRIC_BYTES);
+    let pattern = common::pattern(FABRIC_BYTES, 16);
+    copy_and_wait(&gpu, pattern.as_ptr() as u64, at, FABRIC_BYTES);
+    let (mut fd, mut fabric) = (-1i32, [0u8; 64]);
+    // SAFETY: the fake's entry point, each out-pointer sized for its type.
+    unsafe {
+        assert_eq!(export((&mut fd as *mut i32).cast(), handle, POSIX_FD, 0), 1, "FABRIC-only: no descriptor");
+        assert_eq!(export(fabric.as_mut_ptr().cast(), handle, FABRIC, 0), 0);
+    }
+    let hex: String = fabric.iter().map(|b| format!("{b:02x}")).collect();
+    println!("fabric-handle {hex}");
+    std::io::Write::flush(&mut std::io::stdout()).unwrap();
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line); // until the parent is done
+}
+
+/// Imports the exporter's FABRIC handle (`KVRING_FABRIC`): on its IMEX
+/// channel the memory holds the exporter's pattern; on another, or none,
+/// the import is NOT_PERMITTED; bytes altered are no handle.
+#[test]
+#[ignore = "a child of fabric_handles_travel_as_bytes_…"]
+fn fabric_importer_child() {
+    type Import = unsafe extern "C" fn(*mut u64, *mut c_void, u32) -> u32;
+    let Some(fake) = fake() else { return };
+    let gpu = CudaGpu::load().unwrap();
+    fake.become_application_on(0);
+    let hex = std::env::var("KVRING_FABRIC").unwrap();
+    let mut bytes: [u8; 64] =
+        std::array::from_fn(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("two hex digits"));
+    let import: Import = fake.function(c"cuMemImportFromShareableHandle");
+    let kind = FABRIC;
+    let mut handle = 0u64;
+    // SAFETY: the fake's entry point; FABRIC passes a pointer to the 64 bytes.
+    let result = unsafe { import(&mut handle, bytes.as_mut_ptr().cast(), kind) };
+    if std::env::var("FAKECUDA_IMEX_CHANNEL").as_deref() != Ok("3") {
+        assert_eq!(result, 800, "CUDA_ERROR_NOT_PERMITTED off the exporter's IMEX channel");
+        return;
+    }
+    assert_eq!(result, 0);
+    let at = map_for_gpu_0(&fake, handle, FABRIC_BYTES);
+    let mut back = vec![0u8; FABRIC_BYTES];
+    copy_and_wait(&gpu, at, back.as_mut_ptr() as u64, FABRIC_BYTES);
+    assert!(back == common::pattern(FABRIC_BYTES, 16), "the exporter's bytes, through its FABRIC handle");
+    bytes[0] ^= 1;
+    // SAFETY: as above.
+    assert_eq!(unsafe { import(&mut handle, bytes.as_mut_ptr().cast(), kind) }, 1, "not a FABRIC handle");
+}

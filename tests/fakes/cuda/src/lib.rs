@@ -67,6 +67,7 @@ pub mod err {
     pub const PEER_ACCESS_ALREADY_ENABLED: CUresult = 704;
     pub const HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
     pub const HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
+    pub const NOT_PERMITTED: CUresult = 800;
     pub const NOT_SUPPORTED: CUresult = 801;
 }
 
@@ -86,6 +87,9 @@ pub(crate) struct Config {
     pub(crate) gdr_flush_options: i32,
     /// The devices' compute capability, as major * 10 + minor.
     pub(crate) sm: i32,
+    /// The IMEX channel this process was granted (`FAKECUDA_IMEX_CHANNEL`),
+    /// which FABRIC handles need; `None`: no channel.
+    pub(crate) imex_channel: Option<u32>,
     /// The physical GPUs this process sees, in ordinal order
     /// (`CUDA_VISIBLE_DEVICES`).
     visible: Vec<i32>,
@@ -105,6 +109,7 @@ fn config() -> Config {
         gdr_ordering: env_num("FAKECUDA_GDR_ORDERING", 0) as i32,
         gdr_flush_options: env_num("FAKECUDA_GDR_FLUSH_OPTIONS", 1) as i32,
         sm: env_num("FAKECUDA_SM", 90) as i32,
+        imex_channel: u32::try_from(env_num("FAKECUDA_IMEX_CHANNEL", -1)).ok(),
         visible: visible_devices(env_num("FAKECUDA_GPUS", 2).clamp(0, 64) as i32),
     }
 }
@@ -451,16 +456,17 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_in
     code(with(|d| {
         d.check_device(device)?;
         let answer = match attribute {
-            41 => 1,                            // UNIFIED_ADDRESSING: 64-bit Linux hosts have UVA
-            91 => 1,                            // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
-            102 => 1,                           // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
-            103 => 1,                           // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
-            110 => i32::from(d.config.gdr_vmm), // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
-            124 => i32::from(d.config.dmabuf),  // DMA_BUF_SUPPORTED
-            117 => d.config.gdr_flush_options,  // GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
-            118 => d.config.gdr_ordering,       // GPU_DIRECT_RDMA_WRITES_ORDERING
-            75 => d.config.sm / 10,             // COMPUTE_CAPABILITY_MAJOR
-            76 => d.config.sm % 10,             // COMPUTE_CAPABILITY_MINOR
+            41 => 1,                                           // UNIFIED_ADDRESSING: 64-bit Linux hosts have UVA
+            91 => 1,                                           // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
+            102 => 1,                                          // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+            103 => 1,                                          // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+            110 => i32::from(d.config.gdr_vmm),                // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+            124 => i32::from(d.config.dmabuf),                 // DMA_BUF_SUPPORTED
+            128 => i32::from(d.config.imex_channel.is_some()), // HANDLE_TYPE_FABRIC_SUPPORTED
+            117 => d.config.gdr_flush_options,                 // GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
+            118 => d.config.gdr_ordering,                      // GPU_DIRECT_RDMA_WRITES_ORDERING
+            75 => d.config.sm / 10,                            // COMPUTE_CAPABILITY_MAJOR
+            76 => d.config.sm % 10,                            // COMPUTE_CAPABILITY_MINOR
             _ => 0,
         };
         // SAFETY: an out-pointer the caller passes under the Driver API's contract

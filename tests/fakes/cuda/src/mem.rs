@@ -32,6 +32,10 @@ pub fn granularity() -> u64 {
 const PAGE: u64 = 4096;
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
 const POSIX_FD: u32 = 1;
+/// `CU_MEM_HANDLE_TYPE_FABRIC`: a `CUmemFabricHandle` of 64 bytes.
+const FABRIC: u32 = 8;
+/// The first bytes of the fake's FABRIC handles.
+const FABRIC_MAGIC: &[u8; 4] = b"FKFB";
 /// The address space the fake hands device addresses out of.
 const ARENA: u64 = 1 << 40;
 
@@ -988,6 +992,9 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
     // POSIX_FILE_DESCRIPTOR `out` receives an int.]
     code(with(|d| {
         let phys = d.mem.handles.get(&handle).ok_or(err::INVALID_HANDLE)?.0.clone();
+        if kind as u32 == FABRIC && phys.handle_types & FABRIC != 0 && flags == 0 {
+            return export_fabric(d, &phys, out);
+        }
         if kind as u32 != POSIX_FD || phys.handle_types & POSIX_FD == 0 || flags != 0 {
             return Err(err::INVALID_VALUE);
         }
@@ -996,6 +1003,89 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
         // (valid for this write or null); `put` refuses null.
         unsafe { put(out.cast::<c_int>(), fd) }
     }))
+}
+
+/// Writes the 64-byte `CUmemFabricHandle` of `phys` to `out` [ref: 6.14,
+/// cuMemExportToShareableHandle: for CU_MEM_HANDLE_TYPE_FABRIC the
+/// shareable handle is a CUmemFabricHandle; 7 Data Structures,
+/// CUmemFabricHandle: `unsigned char data[64]`]. A process granted no IMEX
+/// channel cannot export one (`NOT_PERMITTED`, as the import documents;
+/// `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED` is 0 there). The
+/// fake's handle names the exporter's process, its descriptor of the
+/// memory, the allocation, its size, physical GPU and handle types, and
+/// the channel: bytes, with no descriptor, valid only while the exporter
+/// holds the memory.
+fn export_fabric(d: &Driver, phys: &Phys, out: *mut c_void) -> Result<(), CUresult> {
+    let channel = d.config.imex_channel.ok_or(err::NOT_PERMITTED)?;
+    if out.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    let mut bytes = [0u8; 64];
+    bytes[..4].copy_from_slice(FABRIC_MAGIC);
+    bytes[4..8].copy_from_slice(&std::process::id().to_le_bytes());
+    bytes[8..12].copy_from_slice(&phys.fd.to_le_bytes());
+    bytes[12..20].copy_from_slice(&phys.id.to_le_bytes());
+    bytes[20..28].copy_from_slice(&phys.size.to_le_bytes());
+    bytes[28..32].copy_from_slice(&d.physical(phys.device).to_le_bytes());
+    bytes[32..36].copy_from_slice(&phys.handle_types.to_le_bytes());
+    bytes[36..40].copy_from_slice(&channel.to_le_bytes());
+    bytes[40] = u8::from(phys.gdr);
+    // SAFETY: a non-null out-pointer to a CUmemFabricHandle (64 bytes),
+    // the call's contract for this handle type.
+    unsafe { out.cast::<[u8; 64]>().write_unaligned(bytes) };
+    Ok(())
+}
+
+/// Imports a `CUmemFabricHandle` [ref: 6.14, cuMemImportFromShareableHandle:
+/// "If shHandleType is CU_MEM_HANDLE_TYPE_FABRIC and the importer process
+/// has not been granted access to the same IMEX channel as the exporter
+/// process, this API will error as CUDA_ERROR_NOT_PERMITTED"]; `os` points
+/// at the 64 bytes. Bytes that are no live handle of the fake's are
+/// `INVALID_VALUE` (not a handle) or `INVALID_HANDLE` (its memory gone).
+fn import_fabric(d: &mut Driver, os: *const c_void) -> Result<u64, CUresult> {
+    if os.is_null() {
+        return Err(err::INVALID_VALUE);
+    }
+    // SAFETY: a non-null pointer to a CUmemFabricHandle (64 bytes), the
+    // call's contract for this handle type.
+    let bytes = unsafe { os.cast::<[u8; 64]>().read_unaligned() };
+    let word = |a: usize| u32::from_le_bytes(bytes[a..a + 4].try_into().expect("4"));
+    let long = |a: usize| u64::from_le_bytes(bytes[a..a + 8].try_into().expect("8"));
+    if bytes[..4] != *FABRIC_MAGIC || bytes[41..].iter().any(|&b| b != 0) || bytes[40] > 1 {
+        return Err(err::INVALID_VALUE);
+    }
+    let (pid, fd, id, size, physical, types, channel) =
+        (word(4), word(8) as c_int, long(12), long(20), word(28) as i32, word(32), word(36));
+    if d.config.imex_channel != Some(channel) {
+        return Err(err::NOT_PERMITTED);
+    }
+    if types & FABRIC == 0 {
+        return Err(err::INVALID_VALUE);
+    }
+    let path = format!("/proc/{pid}/fd/{fd}\0");
+    // SAFETY: a NUL-terminated path.
+    let own = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if own < 0 {
+        return Err(err::INVALID_HANDLE); // the exporter is gone
+    }
+    let matches = describe_fd(own).is_some_and(|(dev, t, _, len)| dev == physical && t == types && len == size)
+        && std::fs::read_link(format!("/proc/self/fd/{own}"))
+            .is_ok_and(|l| l.to_string_lossy().starts_with(&format!("/memfd:fakecuda-{pid}-{id}-")));
+    if !matches {
+        // SAFETY: ours.
+        unsafe { libc::close(own) };
+        return Err(err::INVALID_HANDLE); // freed, its descriptor reused
+    }
+    let Some(device) = d.ordinal_of_physical(physical) else {
+        // SAFETY: ours.
+        unsafe { libc::close(own) };
+        return Err(err::NOT_SUPPORTED); // as for POSIX descriptors, below
+    };
+    let local = d.mem.next_id;
+    d.mem.next_id += 1;
+    let phys = Phys::from_fd(local, device, size, own, types, bytes[40] == 1)?;
+    d.mem.handles.insert(local, (phys, 1));
+    Ok(local)
 }
 
 /// A new descriptor (a new open file) of the memfd behind `fd`.
@@ -1032,6 +1122,15 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(handle: *mut u64, os: *m
     // its descriptor (the driver holds its own reference).]
     code(with(|d| {
         let fd = os as usize as c_int;
+        if kind as u32 == FABRIC {
+            if super::open_fails() {
+                return Err(err::INVALID_HANDLE);
+            }
+            let id = import_fabric(d, os)?;
+            // SAFETY: an out-pointer the caller passes under the Driver API's contract
+            // (valid for this write or null); `put` refuses null.
+            return unsafe { put(handle, id) };
+        }
         if kind as u32 != POSIX_FD {
             return Err(err::INVALID_VALUE);
         }
