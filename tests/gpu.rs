@@ -103,7 +103,7 @@ impl Driver {
     /// made that slow; `None`: on time again).
     fn slow_copies(&self, delay: Option<Duration>) {
         if let Driver::Fake { fake, .. } = self {
-            fake.set("delay_us", delay.map_or(0, |d| d.as_micros() as i64));
+            fake.set("delay_us", delay.map_or(-1, |d| d.as_micros() as i64));
         }
     }
 
@@ -168,7 +168,7 @@ impl Driver {
             }
             Driver::Fake { fake, .. } => {
                 fake.set("refuse_call_after", i64::from(accepted));
-                "a batched copy"
+                "a batched copy (the whole call refused)"
             }
         }
     }

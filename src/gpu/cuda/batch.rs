@@ -60,7 +60,13 @@ pub(super) unsafe fn batched(batch: BatchCopy, stream: sys::CUstream, copies: &[
             stream,
         )
     };
-    check(result, &format!("a batched copy (copy {failed} refused)"))
+    // failIdx stays SIZE_MAX "if the error does not pertain to a specific
+    // copy" [ref: cuMemcpyBatchAsync].
+    let what = match failed {
+        usize::MAX => "a batched copy (the whole call refused)".to_owned(),
+        copy => format!("a batched copy (copy {copy} refused)"),
+    };
+    check(result, &what)
 }
 
 /// `copies` as one `cuMemcpyAsync` each on `stream`.
