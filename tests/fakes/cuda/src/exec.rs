@@ -489,6 +489,9 @@ pub unsafe extern "C" fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, len: 
     err::SUCCESS
 }
 
+// Reached only through cuGetProcAddress, which the no-proc-address build
+// leaves out (to test kvring against a driver lacking it).
+#[cfg_attr(feature = "no-proc-address", allow(dead_code))]
 /// `CUmemcpyAttributes` [ref: 7 Data Structures, CUmemcpyAttributes].
 #[repr(C)]
 pub struct CopyAttributes {
@@ -498,6 +501,9 @@ pub struct CopyAttributes {
     flags: u32,
 }
 
+// Reached only through cuGetProcAddress, which the no-proc-address build
+// leaves out (to test kvring against a driver lacking it).
+#[cfg_attr(feature = "no-proc-address", allow(dead_code))]
 /// `cuMemcpyBatchAsync`, the CUDA 12.8 ABI (with `failIdx`).
 pub unsafe extern "C" fn batch_12080(
     dsts: *const CUdeviceptr,
@@ -514,6 +520,9 @@ pub unsafe extern "C" fn batch_12080(
     unsafe { batch(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, fail_idx, h) }
 }
 
+// Reached only through cuGetProcAddress, which the no-proc-address build
+// leaves out (to test kvring against a driver lacking it).
+#[cfg_attr(feature = "no-proc-address", allow(dead_code))]
 /// `cuMemcpyBatchAsync`, the CUDA 13.0 ABI (no `failIdx`).
 pub unsafe extern "C" fn batch_13000(
     dsts: *const CUdeviceptr,
@@ -538,6 +547,7 @@ pub unsafe extern "C" fn batch_13000(
 /// the error is not one copy's). A pageable source in stream order makes
 /// the call wait for the stream; DURING_API_CALL reads it during the call.]
 #[allow(clippy::too_many_arguments)]
+#[cfg_attr(feature = "no-proc-address", allow(dead_code))]
 unsafe fn batch(
     dsts: *const CUdeviceptr,
     srcs: *const CUdeviceptr,
