@@ -11,6 +11,7 @@ mod acceptor;
 mod admission;
 mod deadline;
 mod fds;
+mod workers;
 
 pub(crate) use acceptor::{Acceptor, Admitted};
 pub use admission::AdmissionLimits;
