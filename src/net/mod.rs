@@ -18,3 +18,4 @@ pub use admission::AdmissionLimits;
 pub(crate) use admission::{Admission, Arrival};
 pub(crate) use deadline::{is_timeout, DeadlineIo};
 pub(crate) use fds::{fd_budget, raise_fd_limit};
+pub(crate) use workers::{Job, Workers};
