@@ -126,3 +126,50 @@ fn bench_cold_runs_and_reports_each_transport() {
     );
     assert!(lines[0].contains("\"transport\":\"tcp\"") && lines[1].contains("\"transport\":\"shm\""), "{lines:?}");
 }
+
+/// Silent control connections: accepted, each holding a thread of its
+/// target (half sent nothing, half a cut preface), more than the threads
+/// a target keeps waiting for connections.
+const SILENT_PER_TARGET: usize = 16;
+
+#[test]
+fn silent_control_connections_holding_the_targets_threads_do_not_starve_an_open() {
+    // Their admission deadline outlasts the test, so they hold their
+    // threads throughout (checked at the end) however slow the host.
+    let patient = kvring::AdmissionLimits { timeout: Duration::from_secs(120), ..Default::default() };
+    let targets: Vec<(Engine, Region)> = (0..TARGETS)
+        .map(|i| {
+            let target = common::builder(&format!("rank-{i}")).admission(patient).build().unwrap();
+            let region = target.alloc_region(BLOCK, RegionInfo::raw()).unwrap();
+            (target, region)
+        })
+        .collect();
+    let addrs: Vec<String> = targets.iter().map(|(t, _)| t.control_addr().to_string()).collect();
+    let mut silent = Vec::new();
+    for addr in &addrs {
+        for i in 0..SILENT_PER_TARGET {
+            let mut stream = std::net::TcpStream::connect(addr).unwrap();
+            if i % 2 == 1 {
+                std::io::Write::write_all(&mut stream, b"KVR").unwrap();
+            }
+            silent.push(stream);
+        }
+    }
+    for transport in [Some(TransportKind::Tcp), None] {
+        let initiator = engine("initiator");
+        let opened: Vec<_> = initiator.open_many(&addrs, transport, WAIT).into_iter().map(Result::unwrap).collect();
+        for segment in &opened {
+            assert_eq!(segment.transport(), transport.unwrap_or(TransportKind::Shm));
+        }
+        write_to_each(&initiator, &opened, &targets);
+    }
+    // They were still held (none answered, none cut) while the peer opened.
+    for stream in &mut silent {
+        stream.set_nonblocking(true).unwrap();
+        let mut byte = [0u8; 1];
+        match std::io::Read::read(stream, &mut byte) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("a silent connection was answered or cut before its deadline: {other:?}"),
+        }
+    }
+}

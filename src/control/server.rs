@@ -122,12 +122,17 @@ pub(crate) struct ConnectionAuth {
     /// The seal of a handshake just completed, in force once its answer
     /// (sealed under the one before, if any) is sent.
     pending: Option<ControlSeal>,
+    /// This connection's descriptor number here: the handshake's answer
+    /// names it, so a same-host initiator's owner check reads one entry of
+    /// our `/proc/<pid>/fd` instead of listing them all
+    /// (`transport::cma::owner`).
+    fd: Option<u32>,
 }
 
 impl ConnectionAuth {
     /// A connection accepted on `local`.
-    pub(crate) fn accepted_on(local: Option<SocketAddr>) -> Self {
-        Self { local, ..Self::default() }
+    pub(crate) fn accepted_on(local: Option<SocketAddr>, fd: Option<u32>) -> Self {
+        Self { local, fd, ..Self::default() }
     }
 
     /// Opens a request: checks and strips its session MAC once the
@@ -168,7 +173,8 @@ fn serve_connection(stream: TcpStream, handler: &dyn ControlHandler, conn: &Admi
     if greeted.is_err() || frame::check_preface(&greeting, "a client").is_err() {
         return;
     }
-    let mut auth = ConnectionAuth::accepted_on(stream.local_addr().ok());
+    let fd = u32::try_from(std::os::fd::AsRawFd::as_raw_fd(&stream)).ok();
+    let mut auth = ConnectionAuth::accepted_on(stream.local_addr().ok(), fd);
     let mut last_served = Instant::now();
     loop {
         // Wait for the next message's first byte, honouring the stop flag,
@@ -303,7 +309,11 @@ fn handshake(
         auth.identity = Some(initiator);
         auth.admitted = true;
         let segment = Some(Box::new(handler.describe().to_proto()));
-        return Ok(response::Body::Handshake(HandshakeResponse { segment, ..Default::default() }));
+        return Ok(response::Body::Handshake(HandshakeResponse {
+            segment,
+            answering_fd: auth.fd,
+            ..Default::default()
+        }));
     };
     let cn = nonce(&request.client_nonce, "client nonce")?;
     if request.server_nonce.is_empty() {
@@ -343,7 +353,12 @@ fn handshake(
     auth.identity = Some(initiator);
     auth.admitted = true;
     auth.pending = Some(ControlSeal::new(&session, End::Target));
-    Ok(response::Body::Handshake(HandshakeResponse { sealed_segment, seal, ..Default::default() }))
+    Ok(response::Body::Handshake(HandshakeResponse {
+        sealed_segment,
+        seal,
+        answering_fd: auth.fd,
+        ..Default::default()
+    }))
 }
 
 /// A proven initiator must have dialed this engine: the address its

@@ -1,10 +1,12 @@
 //! The accept loop of the servers that give each connection a thread (the
-//! control plane and `/metrics`, whose requests are few and may be slow):
+//! control plane and `/metrics`, whose requests are few and may be slow;
+//! threads are reused, [`super::workers`]):
 //! bind exactly the address given, book every connection with the
 //! listener's [`Admission`], and a stop that wakes the accept and cuts
 //! every open connection, so peers see the engine gone at once.
 
 use super::admission::{Admission, AdmissionLimits, Arrival};
+use super::workers::Workers;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -21,6 +23,8 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
 struct Shared {
     stop: AtomicBool,
     active: AtomicUsize,
+    /// The threads connections are served on.
+    workers: Arc<Workers>,
     /// The admission book and a handle on every open connection, for
     /// evictions and for `stop`.
     book: Mutex<Book>,
@@ -103,6 +107,7 @@ impl Acceptor {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             active: AtomicUsize::new(0),
+            workers: Workers::start("kvring-conn"),
             book: Mutex::new(Book { admission: Admission::new(limits), open: HashMap::new() }),
         });
         let for_thread = shared.clone();
@@ -141,6 +146,9 @@ impl Acceptor {
         while self.shared.active.load(Ordering::Acquire) > 0 && waited.elapsed() < CONNECTION_DRAIN {
             std::thread::sleep(Duration::from_millis(1));
         }
+        // The waiting threads hold nothing of the server's but may as well
+        // go now.
+        self.shared.workers.stop();
     }
 }
 
@@ -201,8 +209,9 @@ fn accept_loop<S>(
             }
         }
         shared.active.fetch_add(1, Ordering::AcqRel);
-        let (for_thread, serve) = (shared.clone(), serve.clone());
-        let spawned = std::thread::Builder::new().name("kvring-conn".into()).spawn(move || {
+        let serve = serve.clone();
+        let for_thread = shared.clone();
+        let job: super::workers::Job = Box::new(move || {
             let conn = Admitted { id, shared: &for_thread, accepted: now, timeout };
             serve(stream, &conn);
             // The server's state goes before the count does: `stop` waits on it.
@@ -214,8 +223,8 @@ fn accept_loop<S>(
             }
             for_thread.active.fetch_sub(1, Ordering::AcqRel);
         });
-        if spawned.is_err() {
-            // The closure, and its clean-up, never ran.
+        if shared.workers.run(job).is_err() {
+            // The job, and its clean-up, never ran.
             let mut book = shared.book();
             book.open.remove(&id);
             book.admission.leave(id);

@@ -11,9 +11,11 @@ mod acceptor;
 mod admission;
 mod deadline;
 mod fds;
+mod workers;
 
 pub(crate) use acceptor::{Acceptor, Admitted};
 pub use admission::AdmissionLimits;
 pub(crate) use admission::{Admission, Arrival};
 pub(crate) use deadline::{is_timeout, DeadlineIo};
 pub(crate) use fds::{fd_budget, raise_fd_limit};
+pub(crate) use workers::{Job, Workers};

@@ -11,6 +11,16 @@
 //! namespace (found by its 4-tuple over netlink's sock_diag, else in
 //! `/proc/net/tcp`, `/proc/net/tcp6`), among the descriptors of the claimed
 //! pid (`/proc/<pid>/fd`). Found: the claimed process answered.
+//!
+//! The handshake's answer also names the descriptor number the target
+//! holds the connection at (`answering_fd`), and that one entry,
+//! `/proc/<pid>/fd/<n>`, is read first: the kernel's link names the socket
+//! inode the pid holds at `n`, so a match proves exactly what finding it
+//! in the listing proves. The number itself proves nothing and needs no
+//! seal: a wrong or missing one (a relay, an older kvring) only costs the
+//! full listing, which a busy process makes long (hundreds of entries, a
+//! `readlink` each: about a fifth of a cold open's CPU time). Nothing is
+//! cached between checks: each is made afresh, with the connection open.
 //! Not found (another process answered, a relay, another network namespace):
 //! the descriptor is taken as another host's, so shm and cma are never tried
 //! with it, and tcp (or rdma) carries the data.
@@ -20,16 +30,18 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// Makes `descriptor` a remote one (no shm, no cma) unless its pid holds
 /// the other end of our control connection `ours` → `theirs` (see the
-/// module docs). Called by the handshake with the connection still open.
+/// module docs), looking first at descriptor `hint` of that pid. Called by
+/// the handshake with the connection still open.
 pub(crate) fn bind_to_answering_process(
     descriptor: &mut SegmentDescriptor,
     ours: Option<SocketAddr>,
     theirs: Option<SocketAddr>,
+    hint: Option<u32>,
 ) {
     if descriptor.host_id != crate::segment::local_host_id() {
         return;
     }
-    let answered = ours.zip(theirs).is_some_and(|(ours, theirs)| socket_held_by(descriptor.pid, ours, theirs));
+    let answered = ours.zip(theirs).is_some_and(|(ours, theirs)| socket_held_by(descriptor.pid, ours, theirs, hint));
     if answered {
         return;
     }
@@ -52,20 +64,26 @@ pub(crate) fn bind_to_answering_process(
 
 /// True when process `pid` holds the TCP socket at the other end of our
 /// connection from `ours` to `theirs` (both of this host and network
-/// namespace).
-pub(crate) fn socket_held_by(pid: u32, ours: SocketAddr, theirs: SocketAddr) -> bool {
+/// namespace); its descriptor `hint`, if given, is looked at first.
+pub(crate) fn socket_held_by(pid: u32, ours: SocketAddr, theirs: SocketAddr, hint: Option<u32>) -> bool {
     // The exact lookup first; the table walk when it finds nothing.
     let found = super::sockdiag::socket_inode(theirs, ours).or_else(|| socket_inode(theirs, ours));
     let Some(inode) = found else { return false };
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
     let want = format!("socket:[{inode}]");
+    let holds = |fd: u32| {
+        std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|link| link.as_os_str() == want.as_str())
+    };
+    // The kernel's link of the one entry named: the same proof as finding
+    // it in the listing below.
+    if hint.is_some_and(holds) {
+        return true;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
     // Newest first: the socket that just answered is usually among the
     // highest-numbered descriptors, and a serving process holds hundreds.
     let mut fds: Vec<u32> = fds.flatten().filter_map(|fd| fd.file_name().to_str()?.parse().ok()).collect();
     fds.sort_unstable_by(|a, b| b.cmp(a));
-    fds.iter().any(|fd| {
-        std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|link| link.as_os_str() == want.as_str())
-    })
+    fds.into_iter().filter(|&fd| Some(fd) != hint).any(holds)
 }
 
 /// The inode of this namespace's TCP socket bound to `local` and connected
@@ -131,12 +149,37 @@ mod tests {
         let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (_server, _) = listener.accept().unwrap();
         let (ours, theirs) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
-        assert!(socket_held_by(std::process::id(), ours, theirs), "this process holds both ends");
+        let me = std::process::id();
+        assert!(socket_held_by(me, ours, theirs, None), "this process holds both ends");
         let mut other = std::process::Command::new("sleep").arg("10").spawn().unwrap();
-        assert!(!socket_held_by(other.id(), ours, theirs), "another process does not");
+        assert!(!socket_held_by(other.id(), ours, theirs, None), "another process does not");
         other.kill().unwrap();
         other.wait().unwrap();
         let nobody: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        assert!(!socket_held_by(std::process::id(), ours, nobody), "no such connection");
+        assert!(!socket_held_by(me, ours, nobody, None), "no such connection");
+    }
+
+    #[test]
+    fn a_hint_finds_the_socket_at_once_and_a_wrong_one_proves_nothing() {
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let (ours, theirs) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
+        let me = std::process::id();
+        let at = server.as_raw_fd() as u32;
+        assert!(socket_held_by(me, ours, theirs, Some(at)), "the right hint");
+        // Our own end, the listener, stdin, a number nothing is at: the
+        // listing still finds the real one.
+        for wrong in [client.as_raw_fd() as u32, listener.as_raw_fd() as u32, 0, 1 << 30] {
+            assert!(socket_held_by(me, ours, theirs, Some(wrong)), "a wrong hint {wrong} falls back");
+        }
+        // Another process, even told where our socket is, does not hold it.
+        let mut other = std::process::Command::new("sleep").arg("10").spawn().unwrap();
+        for hint in [Some(at), Some(0), None] {
+            assert!(!socket_held_by(other.id(), ours, theirs, hint), "another process with hint {hint:?}");
+        }
+        other.kill().unwrap();
+        other.wait().unwrap();
     }
 }

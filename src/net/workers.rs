@@ -1,0 +1,256 @@
+//! The threads an [`Acceptor`](super::Acceptor) serves its connections on:
+//! still one thread per open connection (so a silent peer holds only its
+//! own thread and never delays another's), but a thread whose connection
+//! ended waits a while for the next one instead of exiting, and one waits
+//! from the start. Spawning a thread and tearing it down was about a fifth
+//! of a cold open's CPU time on the target (docs/FIGURES.md, "The cold
+//! open's CPU").
+//!
+//! Nothing is shared between connections served in turn on one thread but
+//! the thread: each runs the acceptor's `serve` from the start with its own
+//! stream and admission entry. How many connections are served at once is
+//! the acceptor's admission book's business (its bounds per source and in
+//! total), not this pool's: a connection the book keeps always gets a
+//! thread, an idle one or a new one.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Most threads kept waiting for a connection; a thread ending its
+/// connection beyond these exits.
+pub(crate) const MAX_IDLE_WORKERS: usize = 4;
+/// How long a kept thread waits for a connection before it exits (the
+/// first one, kept from the start, waits again instead, until `stop`).
+pub(crate) const IDLE_KEEP: Duration = Duration::from_secs(60);
+
+/// One connection to serve.
+pub(crate) type Job = Box<dyn FnOnce() + Send + 'static>;
+
+#[derive(Default)]
+struct State {
+    /// Threads waiting for a job (not yet handed one).
+    idle: usize,
+    /// Jobs handed to waiting threads, not yet taken.
+    queue: VecDeque<Job>,
+    /// Threads alive (serving or waiting).
+    alive: usize,
+    stopping: bool,
+}
+
+/// A set of reusable connection threads.
+pub(crate) struct Workers {
+    name: &'static str,
+    state: Mutex<State>,
+    ready: Condvar,
+}
+
+impl std::fmt::Debug for Workers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.lock();
+        f.debug_struct("Workers").field("idle", &state.idle).field("alive", &state.alive).finish()
+    }
+}
+
+impl Workers {
+    /// A pool naming its threads `name`, with one thread already waiting
+    /// (spawned now, so the first peer's connection does not pay for it).
+    pub(crate) fn start(name: &'static str) -> Arc<Self> {
+        let workers = Arc::new(Self { name, state: Mutex::new(State::default()), ready: Condvar::new() });
+        let mut state = workers.lock();
+        if workers.spawn(&mut state, None) {
+            state.idle += 1;
+        }
+        drop(state);
+        workers
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves the state consistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `job` on a waiting thread, or on a new one. `Err` hands the
+    /// job back when no thread could be started (the caller cleans up).
+    pub(crate) fn run(self: &Arc<Self>, job: Job) -> Result<(), Job> {
+        let mut state = self.lock();
+        if state.idle > state.queue.len() {
+            // A waiting thread not yet handed a job takes it.
+            state.queue.push_back(job);
+            drop(state);
+            self.ready.notify_one();
+            return Ok(());
+        }
+        let mut job = Some(job);
+        if self.spawn_with(&mut state, &mut job) {
+            Ok(())
+        } else {
+            Err(job.take().expect("a job not started is handed back"))
+        }
+    }
+
+    fn spawn_with(self: &Arc<Self>, state: &mut State, job: &mut Option<Job>) -> bool {
+        let taken = job.take();
+        // The job moves into the thread only when it starts: a failed spawn
+        // drops the closure unrun, so it goes in through a slot.
+        let slot = Arc::new(Mutex::new(taken));
+        let for_thread = slot.clone();
+        let started = self.spawn(state, Some(for_thread));
+        if !started {
+            *job = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        }
+        started
+    }
+
+    /// Spawns a thread (counted alive) that first runs the job in `first`,
+    /// if any, then waits for more.
+    fn spawn(self: &Arc<Self>, state: &mut State, first: Option<Arc<Mutex<Option<Job>>>>) -> bool {
+        let pool = self.clone();
+        let spawned = std::thread::Builder::new().name(self.name.into()).spawn(move || {
+            let first = first.and_then(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).take());
+            pool.work(first);
+        });
+        if spawned.is_ok() {
+            state.alive += 1;
+        }
+        spawned.is_ok()
+    }
+
+    /// A thread's life: its job, then jobs handed to it while it waits
+    /// (at most [`IDLE_KEEP`] each time), then exit. A thread started
+    /// waiting (no job) is the kept one: it does not time out.
+    fn work(&self, first: Option<Job>) {
+        let kept = first.is_none();
+        if let Some(job) = first {
+            job();
+        }
+        let mut state = self.lock();
+        if !kept {
+            if state.stopping || state.idle >= MAX_IDLE_WORKERS {
+                state.alive -= 1;
+                return;
+            }
+            state.idle += 1;
+        }
+        loop {
+            if let Some(job) = state.queue.pop_front() {
+                state.idle -= 1;
+                drop(state);
+                job();
+                state = self.lock();
+                if state.stopping || state.idle >= MAX_IDLE_WORKERS {
+                    break;
+                }
+                state.idle += 1;
+                continue;
+            }
+            if state.stopping {
+                state.idle -= 1;
+                break;
+            }
+            let (next, waited) = self.ready.wait_timeout(state, IDLE_KEEP).unwrap_or_else(|p| p.into_inner());
+            state = next;
+            if waited.timed_out() && state.queue.is_empty() && !kept {
+                state.idle -= 1;
+                break;
+            }
+        }
+        state.alive -= 1;
+    }
+
+    /// Wakes every waiting thread to exit; threads serving a connection
+    /// exit when it ends. Jobs still queued are run first (they clean up).
+    pub(crate) fn stop(&self) {
+        self.lock().stopping = true;
+        self.ready.notify_all();
+    }
+
+    /// Threads still alive.
+    #[cfg(test)]
+    pub(crate) fn alive(&self) -> usize {
+        self.lock().alive
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc;
+
+    #[test]
+    fn a_thread_is_reused_and_a_blocked_job_does_not_hold_up_the_next() {
+        let workers = Workers::start("kvring-test-worker");
+        let names = Arc::new(Mutex::new(Vec::new()));
+        let (release, blocked) = mpsc::channel::<()>();
+        let (done, finished) = mpsc::channel::<()>();
+        // A job that waits until released (a silent peer).
+        let held = done.clone();
+        workers
+            .run(Box::new(move || {
+                let _ = blocked.recv_timeout(Duration::from_secs(30));
+                let _ = held.send(());
+            }))
+            .unwrap_or_else(|_| panic!("spawned"));
+        // Others still run, on other threads, while it waits.
+        for _ in 0..3 {
+            let (names, done) = (names.clone(), done.clone());
+            workers
+                .run(Box::new(move || {
+                    names.lock().unwrap().push(std::thread::current().id());
+                    let _ = done.send(());
+                }))
+                .unwrap_or_else(|_| panic!("spawned"));
+            finished.recv_timeout(Duration::from_secs(30)).expect("a job ran beside the blocked one");
+            // Let the thread go back to waiting before the next job.
+            let waited = std::time::Instant::now();
+            while workers.lock().idle == 0 && waited.elapsed() < Duration::from_secs(30) {
+                std::thread::yield_now();
+            }
+        }
+        let names = names.lock().unwrap().clone();
+        assert!(names.windows(2).all(|w| w[0] == w[1]), "one thread served the jobs in turn: {names:?}");
+        assert_eq!(workers.alive(), 2, "the blocked thread and the reused one");
+        release.send(()).unwrap();
+        finished.recv_timeout(Duration::from_secs(30)).unwrap();
+        workers.stop();
+        let waited = std::time::Instant::now();
+        while workers.alive() > 0 && waited.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(workers.alive(), 0, "stop ends the waiting threads");
+    }
+
+    #[test]
+    fn at_most_the_kept_threads_stay_after_a_burst() {
+        let workers = Workers::start("kvring-test-worker");
+        let ran = Arc::new(AtomicUsize::new(0));
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = Arc::new(Mutex::new(release_rx));
+        let burst = MAX_IDLE_WORKERS * 3;
+        for _ in 0..burst {
+            let (ran, release) = (ran.clone(), release_rx.clone());
+            workers
+                .run(Box::new(move || {
+                    ran.fetch_add(1, Ordering::AcqRel);
+                    let _ = release.lock().unwrap().recv_timeout(Duration::from_secs(30));
+                }))
+                .unwrap_or_else(|_| panic!("spawned"));
+        }
+        let waited = std::time::Instant::now();
+        while ran.load(Ordering::Acquire) < burst && waited.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(ran.load(Ordering::Acquire), burst, "every job got a thread at once");
+        for _ in 0..burst {
+            release_tx.send(()).unwrap();
+        }
+        let waited = std::time::Instant::now();
+        while workers.lock().idle < MAX_IDLE_WORKERS && waited.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(workers.alive(), MAX_IDLE_WORKERS, "the rest exited");
+        workers.stop();
+    }
+}
