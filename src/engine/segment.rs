@@ -178,6 +178,15 @@ impl Segment {
         Ok(self.inner.kv_layout.get_or_init(|| layout).clone())
     }
 
+    /// The peer's layout asked for now over a fresh control connection,
+    /// past this handle's copy: what every `kv_layout` call cost before
+    /// the copy was kept, for `benches/kv_layout.rs`'s baseline.
+    #[cfg(feature = "testing")]
+    pub(crate) fn kv_layout_uncached(&self, timeout: Duration) -> Result<KvLayout> {
+        let deadline = crate::deadline::deadline_after(timeout);
+        self.control_client(deadline)?.memory_info(deadline)
+    }
+
     fn restarted(&self, detail: &str) -> Error {
         Error::PeerRestarted { segment: self.name().to_string(), detail: detail.to_string() }
     }
