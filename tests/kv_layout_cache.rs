@@ -16,7 +16,12 @@ fn shape(blocks: u64) -> CacheShape {
 }
 
 /// A tokened engine with a cache of `shape`, filled from `seed`, published.
-fn tokened(name: &str, listen: Option<std::net::SocketAddr>, shape: CacheShape, seed: u64) -> (Engine, Region, KvLayout) {
+fn tokened(
+    name: &str,
+    listen: Option<std::net::SocketAddr>,
+    shape: CacheShape,
+    seed: u64,
+) -> (Engine, Region, KvLayout) {
     let mut engine = builder(name).token(TOKEN);
     if let Some(addr) = listen {
         engine = engine.listen(addr);
@@ -37,7 +42,8 @@ fn open_tcp(initiator: &Engine, target: &Engine) -> Segment {
 /// The counter as `/metrics` shows it.
 fn served_metric(engine: &Engine) -> u64 {
     let text = engine.metrics_text();
-    let line = text.lines().find(|l| l.starts_with("kvring_memory_info_served_total ")).expect("the series is rendered");
+    let line =
+        text.lines().find(|l| l.starts_with("kvring_memory_info_served_total ")).expect("the series is rendered");
     line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 

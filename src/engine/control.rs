@@ -160,11 +160,10 @@ impl ControlHandler for ControlContext {
     }
 
     fn memory_info(&self) -> Result<crate::proto::KvLayoutInfo> {
-        let layout = self
-            .kv_layout
-            .get()
-            .map(KvLayout::to_proto)
-            .ok_or_else(|| Error::Unsupported { what: format!("{} has registered no KV-cache layout", self.name) })?;
+        let layout =
+            self.kv_layout.get().map(KvLayout::to_proto).ok_or_else(|| Error::Unsupported {
+                what: format!("{} has registered no KV-cache layout", self.name),
+            })?;
         self.memory_info_served.fetch_add(1, Ordering::Relaxed);
         Ok(layout)
     }

@@ -88,7 +88,10 @@ pub fn descriptor(engine: &crate::Engine) -> SegmentDescriptor {
 /// handshake with a token), past the segment handle's cached copy: the
 /// per-call cost `Segment::kv_layout` had before it kept the layout, as
 /// `benches/kv_layout.rs`'s baseline.
-pub fn kv_layout_uncached(segment: &crate::Segment, timeout: std::time::Duration) -> crate::Result<crate::kv::KvLayout> {
+pub fn kv_layout_uncached(
+    segment: &crate::Segment,
+    timeout: std::time::Duration,
+) -> crate::Result<crate::kv::KvLayout> {
     segment.kv_layout_uncached(timeout)
 }
 
