@@ -46,7 +46,7 @@ def test_pushes_layer_by_layer_fetch_the_peer_layout_once(pair):
     decode, _, kv, prefill, src = pair
     assert served(decode) == 0
     for layer in range(LAYERS):
-        assert prefill.push_layer_tagged(decode.control_addr, layer, 0, [1, 2], [3, 4]) == 2 * 2 * BLOCK_BYTES
+        assert prefill.push_layer_tagged(decode.control_addr, layer, 1, [1, 2], [3, 4]) == 2 * 2 * BLOCK_BYTES
         assert prefill.push_layer(decode.control_addr, layer, [5], [6]) == 2 * BLOCK_BYTES
     assert prefill.push_blocks(decode.control_addr, [0], [7]) == LAYERS * 2 * BLOCK_BYTES
     assert served(decode) == 1, "one memory-info fetch for every push to this segment"
