@@ -341,6 +341,16 @@ pub enum Error {
         /// The peer's value.
         remote: String,
     },
+    /// A second, different KV-cache layout published by an engine that
+    /// already published one. A published layout is fixed for the engine's
+    /// life: peers cache it per segment handle and compute every push's
+    /// offsets from it, so changing it under them would write blocks to
+    /// the wrong places. Publishing the same layout again is no error.
+    #[error("this engine's KV layout is fixed once published (peers cache it and compute pushes from it), and the new one differs: {detail}; publish another layout from a new engine")]
+    LayoutFixed {
+        /// Where the new layout differs from the published one.
+        detail: String,
+    },
     /// Source and destination block-id lists of different lengths.
     #[error("{src} source block ids but {dst} destination block ids; they pair one to one")]
     BlockCountMismatch {
@@ -432,7 +442,9 @@ impl Error {
             Error::Shutdown => ErrorCode::Shutdown,
             Error::NotKvring { .. } => ErrorCode::MalformedMessage,
             Error::Unauthorized { .. } => ErrorCode::Unauthorized,
-            Error::LayoutMismatch { .. } => ErrorCode::LayoutMismatch,
+            // As a mismatch on the wire and in Python (`LayoutMismatchError`):
+            // the two layouts cannot both hold.
+            Error::LayoutMismatch { .. } | Error::LayoutFixed { .. } => ErrorCode::LayoutMismatch,
             Error::BlockCountMismatch { .. }
             | Error::BlockOutOfRange { .. }
             | Error::DuplicateBlock { .. }
@@ -622,6 +634,11 @@ mod tests {
             (
                 Error::LayoutMismatch { layer: None, field: "layer count", local: "61".into(), remote: "32".into() },
                 "KV layouts differ in layer count: local 61, remote 32",
+                ErrorCode::LayoutMismatch,
+            ),
+            (
+                Error::LayoutFixed { detail: "KV layouts differ in layer count: local 61, remote 32".into() },
+                "KV layout is fixed once published (peers cache it and compute pushes from it), and the new one differs: KV layouts differ in layer count",
                 ErrorCode::LayoutMismatch,
             ),
             (Error::BlockCountMismatch { src: 3, dst: 2 }, "3 source block ids but 2 destination", ErrorCode::InvalidArgument),

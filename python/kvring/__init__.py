@@ -368,20 +368,35 @@ class Engine:
         """Notifications received since the last call, as (sender, bytes)."""
         return self._native.notifications()
 
+    def metrics_text(self):
+        """This engine's counters as Prometheus text (what ``/metrics``
+        would answer), e.g. ``kvring_memory_info_served_total``: the KV
+        layout fetches peers made of this engine."""
+        return _native.metrics_text(self._native)
+
     # KV-cache layer ----------------------------------------------------
 
     def set_kv_layout(self, attention, dims, region, offset=0):
         """Describes this engine's KV cache, contiguous in ``region`` from
         ``offset``: "mha" with (layers, blocks, kv_heads, head_dim,
         dtype_bytes, tokens_per_block, tp), or "mla" with (layers, blocks,
-        latent_dim, dtype_bytes, tokens_per_block, index_dim)."""
+        latent_dim, dtype_bytes, tokens_per_block, index_dim).
+
+        The layout is fixed for the engine's life once published: peers
+        fetch it once per open segment and compute every push from their
+        copy. The same layout again is accepted; a different one raises
+        ``LayoutMismatchError`` (start a new engine to publish another)."""
         self._native.set_kv_layout(attention, list(dims), region, offset)
 
     def push_blocks(self, name, src_ids, dst_ids, timeout=30.0, grant=None):
         """Writes blocks ``src_ids`` of every layer into the peer's
         ``dst_ids``; returns the bytes moved. With ``grant`` (the peer's
         ``fence_blocks(dst_ids)``, sent with the block table) the push
-        raises ``FencedError`` once the blocks were fenced again."""
+        raises ``FencedError`` once the blocks were fenced again.
+
+        The peer's layout is fetched on the first KV call to an open
+        segment and kept with it (a peer's layout is fixed for its life):
+        later pushes, layer by layer, cost no control round trip."""
         return self._native.kv_transfer(name, "push", list(src_ids), list(dst_ids), None, timeout, grant)
 
     def pull_blocks(self, name, src_ids, dst_ids, timeout=30.0):

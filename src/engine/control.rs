@@ -18,6 +18,7 @@ use crate::transport::cma::CmaExport;
 use crate::transport::gpu_fds::server::GpuFdServer;
 use crate::transport::rdma::node::RdmaNode;
 use crate::transport::rdma::verbs::QpEndpoint;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// What the control server sees of the engine (no reference back to the
@@ -31,7 +32,12 @@ pub(super) struct ControlContext {
     pub tcp_addr: Option<String>,
     pub auth: Option<Arc<Authenticator>>,
     pub notifications: Arc<NotificationQueue>,
-    pub kv_layout: Mutex<Option<KvLayout>>,
+    /// The KV layout, once published: fixed for the engine's life, since
+    /// peers cache it per segment handle (`Engine::set_kv_layout`).
+    pub kv_layout: OnceLock<KvLayout>,
+    /// Memory-info requests answered (a peer fetching the KV layout): a
+    /// metric, so that a layout cached by peers can be seen fetched once.
+    pub memory_info_served: AtomicU64,
     pub rdma: Option<Arc<RdmaNode>>,
     /// The GPUs with memory registered with a NIC, whose GPUDirect RDMA
     /// writes are flushed before a notification is queued.
@@ -154,10 +160,12 @@ impl ControlHandler for ControlContext {
     }
 
     fn memory_info(&self) -> Result<crate::proto::KvLayoutInfo> {
-        lock(&self.kv_layout)
-            .as_ref()
-            .map(KvLayout::to_proto)
-            .ok_or_else(|| Error::Unsupported { what: format!("{} has registered no KV-cache layout", self.name) })
+        let layout =
+            self.kv_layout.get().map(KvLayout::to_proto).ok_or_else(|| Error::Unsupported {
+                what: format!("{} has registered no KV-cache layout", self.name),
+            })?;
+        self.memory_info_served.fetch_add(1, Ordering::Relaxed);
+        Ok(layout)
     }
 
     fn checksum(&self, request: &ChecksumRequest) -> Result<u64> {

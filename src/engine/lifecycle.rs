@@ -19,7 +19,7 @@ use crate::transport::cma::CmaExport;
 use crate::transport::rdma::node::RdmaNode;
 use crate::transport::tcp::TcpDataServer;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 pub(crate) struct EngineInner {
@@ -178,7 +178,8 @@ impl Engine {
             tcp_addr: data_server.as_ref().map(|s| SocketAddr::new(advertised.ip, s.local_addr().port()).to_string()),
             auth: authenticator,
             notifications: notifications.clone(),
-            kv_layout: Mutex::new(None),
+            kv_layout: OnceLock::new(),
+            memory_info_served: AtomicU64::new(0),
             rdma: open_rdma(&config)?,
             gpudirect: Mutex::new(Default::default()),
             cma: cma_export(&config, epoch),

@@ -23,6 +23,7 @@ pub(crate) fn text(engine: &EngineInner) -> String {
     let series = EngineSeries {
         cache: [stats.hits, stats.misses, stats.evictions, stats.stale_evictions],
         metadata_calls: engine.directory.as_ref().map_or(0, |directory| directory.calls()),
+        memory_info_served: engine.context.memory_info_served.load(std::sync::atomic::Ordering::Relaxed),
     };
     render(&lanes, &series)
 }

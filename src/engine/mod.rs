@@ -105,6 +105,14 @@ impl Engine {
         self.inner.directory.as_ref().map_or(0, |directory| directory.calls())
     }
 
+    /// Memory-info requests this engine has answered (peers fetching its
+    /// KV layout): a peer's segment handle fetches it once and keeps it,
+    /// so pushes layer by layer add nothing here. Also the metric
+    /// `kvring_memory_info_served_total`.
+    pub fn memory_info_served(&self) -> u64 {
+        self.inner.context.memory_info_served.load(Ordering::Relaxed)
+    }
+
     /// The segment name peers see.
     pub fn name(&self) -> &str {
         &self.inner.config.name
@@ -215,6 +223,14 @@ impl Engine {
     /// [`Segment::kv_layout`] before their first transfer. Every buffer must
     /// lie inside a registered region.
     ///
+    /// A published layout is fixed for the engine's life: peers cache it in
+    /// their segment handle and compute every push's offsets from it, so a
+    /// second call with a different layout fails with
+    /// [`Error::LayoutFixed`] (and changes nothing); the same layout again is
+    /// `Ok`. To serve another layout, start a new engine: its new epoch
+    /// makes peers' handles to the old one stale, and their reopened
+    /// segments fetch the new layout.
+    ///
     /// ```no_run
     /// # let engine = kvring::Engine::builder().build().unwrap();
     /// use kvring::kv::{CacheShape, KvLayout};
@@ -234,13 +250,23 @@ impl Engine {
                 check_range(buffer.region, Side::Local, layer, buffer.offset, len, entry.len as u64)?;
             }
         }
-        *lock(&self.inner.context.kv_layout) = Some(layout);
-        Ok(())
+        // Set at most once; a racing second publisher compares with the
+        // winner, so exactly one layout is ever served.
+        let published = self.inner.context.kv_layout.get_or_init(|| layout.clone());
+        if *published == layout {
+            return Ok(());
+        }
+        let detail = if published.shape() != layout.shape() {
+            format!("its shape, published {:?}, new {:?}", published.shape(), layout.shape())
+        } else {
+            "the same shape, but its buffers lie in other regions or at other offsets".to_string()
+        };
+        Err(Error::LayoutFixed { detail })
     }
 
     /// The KV-cache layout this engine published, if any.
     pub fn kv_layout(&self) -> Option<KvLayout> {
-        lock(&self.inner.context.kv_layout).clone()
+        self.inner.context.kv_layout.get().cloned()
     }
 
     /// Stops the control server and the lanes (after they drain what is

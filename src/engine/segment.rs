@@ -4,9 +4,10 @@ use crate::auth::{Initiator, Token};
 use crate::control::ControlClient;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
+use crate::kv::KvLayout;
 use crate::segment::{PeerSegment, RemoteRegion};
 use crate::transport::TransportKind;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The region among `regions` (id, start, length) that holds all of
@@ -54,6 +55,11 @@ pub(crate) struct SegmentInner {
     pub(crate) token: Option<Token>,
     /// The transport link the lanes use (notifications share its path).
     pub(crate) link: Arc<crate::transport::LinkState>,
+    /// The peer's KV layout after its first successful fetch. Sound to
+    /// keep: a peer's published layout is fixed for its life
+    /// (`Engine::set_kv_layout`), and a restarted peer (another epoch)
+    /// needs a new handle, whose cache starts empty.
+    pub(crate) kv_layout: OnceLock<KvLayout>,
 }
 
 impl Segment {
@@ -135,13 +141,54 @@ impl Segment {
         self.inner.peer.is_closed()
     }
 
-    /// The peer's registered KV-cache layout (the memory-info exchange),
-    /// over the control plane; compare it with yours
+    /// The peer's registered KV-cache layout (the memory-info exchange);
+    /// compare it with yours
     /// ([`KvLayout::check_compatible`](crate::kv::KvLayout::check_compatible))
     /// before the first transfer.
-    pub fn kv_layout(&self, timeout: Duration) -> Result<crate::kv::KvLayout> {
+    ///
+    /// The first successful call asks the peer over the control plane (a
+    /// connection, the token's handshake where there is one, or else a
+    /// probe, so that a peer with another epoch is refused as
+    /// `PeerRestarted` rather than its layout paired with this handle);
+    /// later calls answer from this handle's copy without a round trip, as
+    /// a peer's published layout is fixed for its life
+    /// ([`Engine::set_kv_layout`](crate::Engine::set_kv_layout)). A peer
+    /// that has published no layout yet is an error, asked again next
+    /// time. A stale handle (the peer restarted) answers
+    /// `PeerRestarted`: open the name again for the new peer's layout.
+    pub fn kv_layout(&self, timeout: Duration) -> Result<KvLayout> {
+        if self.is_stale() {
+            return Err(self.restarted("this handle is stale: open it again"));
+        }
+        if let Some(layout) = self.inner.kv_layout.get() {
+            return Ok(layout.clone());
+        }
+        let deadline = crate::deadline::deadline_after(timeout);
+        let mut client = ControlClient::connect(&self.inner.peer.descriptor().control_addr, deadline)?;
+        let epoch = match &self.inner.token {
+            Some(token) => client.handshake(&self.inner.initiator, Some(token), deadline)?.descriptor.epoch,
+            None => client.probe(deadline)?.1,
+        };
+        if epoch != self.epoch() {
+            return Err(self.restarted(&format!("it answers with epoch {epoch:#x}, not {:#x}", self.epoch())));
+        }
+        let layout = client.memory_info(deadline)?;
+        // A racing first fetch may have set it: either copy is the peer's
+        // one fixed layout.
+        Ok(self.inner.kv_layout.get_or_init(|| layout).clone())
+    }
+
+    /// The peer's layout asked for now over a fresh control connection,
+    /// past this handle's copy: what every `kv_layout` call cost before
+    /// the copy was kept, for `benches/kv_layout.rs`'s baseline.
+    #[cfg(feature = "testing")]
+    pub(crate) fn kv_layout_uncached(&self, timeout: Duration) -> Result<KvLayout> {
         let deadline = crate::deadline::deadline_after(timeout);
         self.control_client(deadline)?.memory_info(deadline)
+    }
+
+    fn restarted(&self, detail: &str) -> Error {
+        Error::PeerRestarted { segment: self.name().to_string(), detail: detail.to_string() }
     }
 
     /// Asks the peer for a checksum of `len` bytes at `offset` of its region
@@ -162,10 +209,11 @@ impl Segment {
         let mut client = ControlClient::connect(&self.inner.peer.descriptor().control_addr, deadline)?;
         let answer = client.handshake(&self.inner.initiator, self.inner.token.as_ref(), deadline)?;
         if answer.descriptor.epoch != self.epoch() {
-            return Err(Error::PeerRestarted {
-                segment: self.name().to_string(),
-                detail: format!("it answers with epoch {:#x}, not {:#x}", answer.descriptor.epoch, self.epoch()),
-            });
+            return Err(self.restarted(&format!(
+                "it answers with epoch {:#x}, not {:#x}",
+                answer.descriptor.epoch,
+                self.epoch()
+            )));
         }
         Ok(())
     }

@@ -398,6 +398,7 @@ impl Engine {
                 link: state,
                 peer,
                 transport,
+                kv_layout: std::sync::OnceLock::new(),
             }),
         };
         // A full cache pushes out its least recently used handle, whose

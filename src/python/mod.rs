@@ -15,6 +15,7 @@
 //!
 //! `engine.rs` is the `Engine` class, `arrivals.rs` arrival tags (grant,
 //! wait, tagged layer pushes), `open.rs` what an open engine holds,
+//! `metrics.rs` the engine's counters as Prometheus text,
 //! `gpu.rs` GPU memory from Python (DLPack, locations, the simulated
 //! device buffer for tests), `prepared.rs` descriptor lists located once and
 //! transfers built from them (NIXL's), `u64s.rs` the fast reading of int lists (and of NIXL's
@@ -25,6 +26,7 @@ mod engine;
 mod fence;
 mod gpu;
 mod lent;
+mod metrics;
 mod open;
 mod prepared;
 mod u64s;
@@ -170,6 +172,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fence::fence, m)?)?;
     m.add_function(wrap_pyfunction!(fence::fence_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(fence::write_granted, m)?)?;
+    m.add_function(wrap_pyfunction!(metrics::metrics_text, m)?)?;
     m.add_function(wrap_pyfunction!(arrivals::grant_arrival, m)?)?;
     m.add_function(wrap_pyfunction!(arrivals::landed, m)?)?;
     m.add_function(wrap_pyfunction!(arrivals::wait_landed, m)?)?;

@@ -228,6 +228,8 @@ pub struct EngineSeries {
     pub cache: [u64; 4],
     /// Requests made to the metadata server by opens.
     pub metadata_calls: u64,
+    /// Memory-info requests answered (peers fetching the KV layout).
+    pub memory_info_served: u64,
 }
 
 /// Renders the Prometheus text exposition (version 0.0.4) of `lanes`,
@@ -304,6 +306,13 @@ pub fn render(lanes: &[&LaneMetrics], engine: &EngineSeries) -> String {
     }
     header(&mut out, "kvring_metadata_calls_total", "counter", "Requests made to the metadata server by opens.");
     let _ = writeln!(out, "kvring_metadata_calls_total {}", engine.metadata_calls);
+    header(
+        &mut out,
+        "kvring_memory_info_served_total",
+        "counter",
+        "Memory-info requests answered (peers fetching this engine's KV layout).",
+    );
+    let _ = writeln!(out, "kvring_memory_info_served_total {}", engine.memory_info_served);
     out
 }
 
@@ -336,7 +345,7 @@ mod tests {
         b.gpu_copies().count(CopyMethod::Kernel);
         b.gpu_copies().count(CopyMethod::PerCopy);
         assert_eq!(b.snapshot().gpu_chunks, CopyMethodCounts { batched: 0, kernel: 1, per_copy: 1 });
-        let text = render(&[&a, &b], &EngineSeries { cache: [5, 2, 1, 1], metadata_calls: 7 });
+        let text = render(&[&a, &b], &EngineSeries { cache: [5, 2, 1, 1], metadata_calls: 7, memory_info_served: 3 });
         assert!(text.contains("kvring_bytes_total{op=\"write\",transport=\"tcp\"} 8192"), "{text}");
         assert!(text.contains("kvring_batches_total{op=\"read\",transport=\"shm\"} 1"));
         assert!(text.contains("kvring_errors_total{code=\"OUT_OF_BOUNDS\"} 1"));
@@ -347,6 +356,7 @@ mod tests {
         assert!(text.contains("kvring_ring_sqes_waiting{lane=\"0\"} 3"));
         assert!(text.contains("kvring_segment_cache_stale_evictions_total 1"));
         assert!(text.contains("kvring_metadata_calls_total 7"));
+        assert!(text.contains("kvring_memory_info_served_total 3"), "{text}");
         assert!(text.contains("kvring_lane_panics_total{lane=\"0\"} 0"), "{text}");
         assert!(text.contains("kvring_lane_panics_total{lane=\"1\"} 1"), "{text}");
         assert_eq!(b.snapshot().panics, 1);

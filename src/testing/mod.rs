@@ -84,6 +84,17 @@ pub fn descriptor(engine: &crate::Engine) -> SegmentDescriptor {
     engine.descriptor()
 }
 
+/// The peer's KV layout fetched over a fresh control connection (a
+/// handshake with a token), past the segment handle's cached copy: the
+/// per-call cost `Segment::kv_layout` had before it kept the layout, as
+/// `benches/kv_layout.rs`'s baseline.
+pub fn kv_layout_uncached(
+    segment: &crate::Segment,
+    timeout: std::time::Duration,
+) -> crate::Result<crate::kv::KvLayout> {
+    segment.kv_layout_uncached(timeout)
+}
+
 /// Starts the next generation of every free region slot of `engine` at
 /// `generation` (at least 1), so a test reaches a slot's last generations
 /// (where it is retired) without 2^32 registrations. Returns how many
