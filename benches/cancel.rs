@@ -6,8 +6,11 @@
 //!
 //! `cargo bench --bench cancel -- --rounds 50` (`-- --test`: one round, the
 //! CI smoke run). Prints one line per transport: p50 and p99 of both, in
-//! microseconds, and how many cancelled batches ended `Cancelled` (the rest
-//! had nothing left to withdraw and ended `Done`).
+//! microseconds; the cancel's time as MiB moved at its round's uncancelled
+//! pace (what it waited for, in bytes, whatever the host's load did to the
+//! pace: tcp's send window alone is 2 MiB); and how many cancelled batches
+//! ended `Cancelled` (the rest had nothing left to withdraw and ended
+//! `Done`).
 
 use kvring::{Batch, BlockDesc, Engine, Outcome, RegionId, RegionInfo, Segment, TransportKind};
 use std::time::{Duration, Instant};
@@ -30,10 +33,14 @@ fn caller(engine: &Engine, memory: &mut [u8]) -> RegionId {
     unsafe { engine.register(memory.as_mut_ptr(), memory.len(), RegionInfo::raw()) }.expect("register")
 }
 
-fn percentile(samples: &mut [Duration], p: f64) -> f64 {
-    samples.sort();
+fn percentile(samples: &mut [f64], p: f64) -> f64 {
+    samples.sort_by(f64::total_cmp);
     let i = ((samples.len() - 1) as f64 * p).round() as usize;
-    samples[i].as_secs_f64() * 1e6
+    samples[i]
+}
+
+fn micros(samples: &[Duration]) -> Vec<f64> {
+    samples.iter().map(|d| d.as_secs_f64() * 1e6).collect()
 }
 
 fn measure(what: &str, initiator: &Engine, segment: &Segment, local: RegionId, remote: RegionId, rounds: usize) {
@@ -43,11 +50,15 @@ fn measure(what: &str, initiator: &Engine, segment: &Segment, local: RegionId, r
     let batch = Batch::write(segment).descs(&descs);
     let mut sub = initiator.submitter().expect("submitter");
     let (mut whole, mut cancel, mut cancelled, mut early) = (Vec::new(), Vec::new(), 0, 0);
+    // Each cancel's time in MiB moved at its round's uncancelled pace: what
+    // it waited for, as bytes, whatever the host's load did to the pace.
+    let mut drained_mib = Vec::new();
     for _ in 0..rounds {
         let started = Instant::now();
         let id = sub.submit(&batch).expect("submit");
         assert!(sub.wait(id, WAIT).expect("wait").is_done());
-        whole.push(started.elapsed());
+        let round_whole = started.elapsed();
+        whole.push(round_whole);
 
         let id = sub.submit(&batch).expect("submit");
         // Cancelled in flight, INTO the batch (not before a lane took it).
@@ -62,17 +73,23 @@ fn measure(what: &str, initiator: &Engine, segment: &Segment, local: RegionId, r
             Outcome::Done { .. } => {}
             other => panic!("{what}: a cancelled batch ended {other:?}"),
         }
-        cancel.push(started.elapsed());
+        let took = started.elapsed();
+        cancel.push(took);
+        let mib_per_s = (LEN >> 20) as f64 / round_whole.as_secs_f64();
+        drained_mib.push(took.as_secs_f64() * mib_per_s);
     }
     if cancel.is_empty() {
         println!("cancel/{what}: every batch ended within {INTO:?}, before its cancel: nothing timed");
         return;
     }
+    let (mut whole, mut cancel) = (micros(&whole), micros(&cancel));
     let (w50, w99) = (percentile(&mut whole, 0.5), percentile(&mut whole, 0.99));
     let (c50, c99) = (percentile(&mut cancel, 0.5), percentile(&mut cancel, 0.99));
+    let (d50, d99) = (percentile(&mut drained_mib, 0.5), percentile(&mut drained_mib, 0.99));
     println!(
         "cancel/{what}: {BLOCKS} x {} KiB: uncancelled p50 {w50:.0} us p99 {w99:.0} us; \
-         cancel-to-end p50 {c50:.0} us p99 {c99:.0} us ({:.3}x of uncancelled p50); {cancelled}/{} ended Cancelled ({early} ended before the cancel, untimed)",
+         cancel-to-end p50 {c50:.0} us p99 {c99:.0} us ({:.3}x of uncancelled p50); as MiB at the round's uncancelled pace p50 {d50:.2} p99 {d99:.2}; \
+         {cancelled}/{} ended Cancelled ({early} ended before the cancel, untimed)",
         BLOCK >> 10,
         c50 / w50,
         cancel.len(),

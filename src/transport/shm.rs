@@ -361,9 +361,9 @@ impl ShmLink {
 /// Bytes of a block copied at a time ([`copy_pieces`]): on this machine
 /// (AMD EPYC, glibc's AVX-512 `memmove`) a 1 MiB block copied in 8-16 KiB
 /// pieces moved about 1.1x as fast as in one call, and a 64 KiB one as
-/// fast; a checksummed block is summed piece by piece while each piece is
-/// in the L1 cache (`checksum_shm::copy_summed`), which 8 KiB pieces
-/// (source and destination together half of a 32 KiB L1) did best.
+/// fast. A checksummed block goes in smaller pieces of its own
+/// (`checksum_shm::SUMMED_PIECE_BYTES`, 2 KiB), each summed, copied and
+/// read back while it is in the L1 cache.
 pub(crate) const COPY_PIECE_BYTES: usize = 8 << 10;
 
 /// Copies one host block between local memory and a peer's mapping, in
@@ -391,8 +391,8 @@ unsafe fn copy_host(op: Opcode, local: *mut u8, remote: *mut u8, len: usize) {
 
 /// Copies `len` bytes from `src` to `dst` in pieces of
 /// [`COPY_PIECE_BYTES`], each piece's destination lines fetched for writing
-/// first: how shm copies a block (the checksummed copy sums each piece
-/// between the two, `checksum_shm::copy_summed`).
+/// first: how shm copies a block (the checksummed copy goes by 2 KiB
+/// pieces and sums each around its copy, `checksum_shm::copy_summed`).
 ///
 /// # Safety
 ///
