@@ -2,7 +2,8 @@
 //! each block's CRC32C at its source before the copy and at its destination
 //! after it, reading the peer's side through the link itself, and fails
 //! the chunk with `Corrupt` naming the first block whose two differ. Links
-//! whose target verifies (tcp) carry the checksum instead; see
+//! that carry the checksum in their frames (tcp: the target verifies a
+//! WRITE, the connection a READ's reply) verify it there; see
 //! docs/CHECKSUMS.md.
 
 use crate::error::Error;
