@@ -38,6 +38,9 @@ pub fn frame_header(data: &[u8]) {
     if let Ok((header, _op)) = FrameHeader::decode(data) {
         assert!(u64::from(header.len) <= MAX_FRAME_PAYLOAD_BYTES);
         assert!(header.offset.checked_add(header.len.into()).is_some());
+        // A reply's status is a CRC32C (with FLAG_CHECKSUM) or a failure,
+        // never both: a CRC is never read as an error code.
+        assert!(header.checksum().is_none() || header.failure().is_none());
     }
 }
 
