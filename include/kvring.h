@@ -395,8 +395,8 @@ int kvring_submit(kvring_submitter *submitter,
 
 // As `kvring_submit`, with `flags`: 0, `KVRING_SUBMIT_CHECKSUM` or
 // `KVRING_SUBMIT_NO_CHECKSUM` (0: as the engine's `checksum` setting).
-// A checksummed batch that its transport cannot verify (rdma, GPU memory,
-// a tcp READ) fails with `-UNSUPPORTED` and the reason, never unchecked.
+// A checksummed batch that its transport cannot verify (rdma, GPU memory)
+// fails with `-UNSUPPORTED` and the reason, never unchecked.
 //
 // # Safety
 //

@@ -1,8 +1,8 @@
 //! End-to-end checksums (`Batch::checksum`, `EngineBuilder::checksum`): a
 //! block corrupted after it landed and before it was verified (the
 //! `testing` feature's hook, `corrupt_landing_at`) fails its batch with
-//! `Corrupt` naming that block, on shm, cma and tcp, for pushes and (where
-//! the transport verifies them) pulls; what cannot be verified is refused.
+//! `Corrupt` naming that block, on shm, cma and tcp, for pushes and pulls;
+//! what cannot be verified is refused.
 
 mod common;
 
@@ -137,17 +137,56 @@ fn cma_push_and_pull_corrupted_after_landing_fail_corrupt_naming_the_block() {
     assert_eq!(&pair._caller[..], &common::pattern(LEN, 41)[..]);
 }
 
+/// tcp pulls are checksummed too: each READ_DATA frame carries the CRC32C
+/// of what the target sent, checked once it landed here. A verified pull
+/// is done with the target's bytes; one whose block 4 is corrupted where
+/// it landed fails `Corrupt` naming block 4 (not done). Tagged pushes are
+/// still refused (the tag takes the checksum's field).
 #[test]
-fn tcp_push_corrupted_at_the_target_fails_corrupt_and_pulls_and_tags_are_refused() {
+fn tcp_push_and_pull_corrupted_after_landing_fail_corrupt_and_tags_are_refused() {
     let pair = pushes_verified(TransportKind::Tcp);
     let _turn = turn();
-    let message = unsupported(pair.read());
-    assert!(message.contains("tcp READ"), "{message}");
+    // SAFETY: no batch touches these bytes now.
+    unsafe { pair.local.fill_pattern(7) };
+    assert!(pair.read().is_done());
+    let mut landed = vec![0u8; LEN];
+    // SAFETY: as above.
+    unsafe { pair.local.read_at(0, &mut landed) }.unwrap();
+    assert!(landed == common::pattern(LEN, 41), "a verified pull left the target's bytes (the pushes')");
+    corrupt_landing_at(4 * BLOCK);
+    let (block, message) = corrupt_block(pair.read());
+    assert_eq!(block, 4, "{message}");
+    assert!(message.contains("block 4 is corrupt") && message.contains("once read over tcp"), "{message}");
+    assert!(pair.read().is_done(), "the hook was taken: the next pull is done");
     let descs = pair.descs();
     let tagged = Batch::write(&pair.segment).descs(&descs).checksum(true).arrival_tag(9);
     let message = unsupported(pair.run(tagged));
     assert!(message.contains("arrival tag"), "{message}");
     assert!(pair.target.landed(9) == 0, "nothing of a refused part landed");
+}
+
+/// A checksummed pull of a target's GPU memory over tcp (staged there):
+/// the target has no checksum of device memory, so it refuses the READ
+/// and the batch fails `Unsupported`, naming why; unchecked, it is read.
+#[test]
+fn a_checksummed_tcp_pull_of_gpu_memory_is_refused_by_the_target_with_the_reason() {
+    use kvring::gpu::{Gpu, SimGpu};
+    let gpu = std::sync::Arc::new(SimGpu::new(1, std::time::Duration::from_micros(50)));
+    let target = common::builder("sum-gpu-target").gpu(gpu as std::sync::Arc<dyn Gpu>).build().unwrap();
+    let remote = target.alloc_region(LEN, RegionInfo::raw().on_gpu(0)).unwrap();
+    let initiator = common::engine("sum-gpu-init");
+    let local = initiator.alloc_region(LEN, RegionInfo::raw()).unwrap();
+    let segment =
+        initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, remote.id(), 0, BLOCK)];
+    let mut sub = initiator.submitter().unwrap();
+    let mut run = |checksum: bool| {
+        let id = sub.submit(&Batch::read(&segment).descs(&descs).checksum(checksum).deadline(WAIT)).unwrap();
+        sub.wait(id, WAIT).unwrap()
+    };
+    let message = unsupported(run(true));
+    assert!(message.contains("checksummed READ") && message.contains("GPU memory"), "{message}");
+    assert!(run(false).is_done());
 }
 
 #[test]

@@ -294,9 +294,9 @@ fn a_data_listener_that_never_answers_the_hello_ends_in_timeout() {
 fn a_data_listener_that_sends_half_its_hello_ends_in_timeout() {
     let target = common::engine("deadline-target");
     let _region = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
-    // The hello's magic ("KVTH", `HELLO_MAGIC`) and its version (3), then nothing.
+    // The hello's magic ("KVTH", `HELLO_MAGIC`) and its version (5), then nothing.
     let half = Staller::new(|stream| {
-        let _ = stream.write_all(b"KVTH\x03");
+        let _ = stream.write_all(b"KVTH\x05");
     });
     let peer = handshaking_peer(target_with_data_listener(&target, &half.addr()));
     assert_timeout("half a hello", open_tcp(peer.addr(), "open_segment, half a hello"));

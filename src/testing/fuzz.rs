@@ -38,6 +38,9 @@ pub fn frame_header(data: &[u8]) {
     if let Ok((header, _op)) = FrameHeader::decode(data) {
         assert!(u64::from(header.len) <= MAX_FRAME_PAYLOAD_BYTES);
         assert!(header.offset.checked_add(header.len.into()).is_some());
+        // A reply's status is a CRC32C (with FLAG_CHECKSUM) or a failure,
+        // never both: a CRC is never read as an error code.
+        assert!(header.checksum().is_none() || header.failure().is_none());
     }
 }
 
@@ -323,9 +326,11 @@ pub fn target_connection(data: &[u8]) {
     guards_intact(&served);
 }
 
-/// The initiator's reply parser: a connection with a WRITE chunk and a READ
-/// chunk in flight reads the input as the target's replies; it never writes
-/// outside the READ blocks' memory.
+/// The initiator's reply parser: a connection with a WRITE chunk, a READ
+/// chunk and a checksummed READ chunk in flight reads the input as the
+/// target's replies; it never writes outside the READ blocks' memory, and
+/// the checksummed chunk is done only with bytes that match the CRC32Cs
+/// its replies carried.
 pub fn initiator_replies(data: &[u8]) {
     static LISTENER: OnceLock<TcpListener> = OnceLock::new();
     let listener = LISTENER.get_or_init(|| TcpListener::bind("127.0.0.1:0").expect("binds loopback"));
@@ -349,12 +354,15 @@ pub fn initiator_replies(data: &[u8]) {
     };
     let writes = [block(0, 4096), block(4096, 4096)];
     let reads = [block(0, 16), block(SERVED_BYTES, 32 * 1024), block(2 * SERVED_BYTES, 100)];
+    let summed = |offset: usize, len: u64, desc_index: u32| Block { checksum: true, desc_index, ..block(offset, len) };
+    let checked = [summed(2 * SERVED_BYTES + 4096, 64, 0), summed(2 * SERVED_BYTES + 8192, 4096, 1)];
     // SAFETY: every block lies inside `memory`, which lives to the end of
     // this function: the connection is driven only before that, and
     // dropping it touches none of the queued pointers.
     unsafe {
         connection.queue_chunk(&peer, crate::ring::Opcode::Write, 7, 1, &writes);
         connection.queue_chunk(&peer, crate::ring::Opcode::Read, 8, 2, &reads);
+        connection.queue_chunk(&peer, crate::ring::Opcode::Read, 9, 3, &checked);
     }
     let _ = server.write_all(data);
     let _ = server.shutdown(std::net::Shutdown::Write);
@@ -366,14 +374,48 @@ pub fn initiator_replies(data: &[u8]) {
             Err(_) => break,
         }
     }
+    // The checksummed chunk was done only if the CRC32Cs it was sent (the
+    // input's READ_DATA headers for batch 9, in order) match what landed.
+    if let Some((_, Ok(moved))) = finished.iter().find(|(ticket, _)| *ticket == 3) {
+        assert_eq!(*moved, 64 + 4096);
+        let sums: Vec<u32> = replies_of_batch(data, 9).collect();
+        for (block, sum) in checked.iter().zip(&sums) {
+            let landed = &memory[base + block.desc.local_offset as usize..][..block.desc.len as usize];
+            // SAFETY: a live slice.
+            let crc = unsafe { crate::transport::checksum::crc32c_host(landed.as_ptr(), landed.len()) };
+            assert_eq!(crc, *sum, "a checksummed READ was done with bytes that do not match its CRC32C");
+        }
+    }
     connection.fail_all(&peer, "fuzz", &mut finished);
     drop(server);
-    let spans = [(0, 16), (SERVED_BYTES, 32 * 1024), (2 * SERVED_BYTES, 100)];
+    let spans = [
+        (0, 16),
+        (SERVED_BYTES, 32 * 1024),
+        (2 * SERVED_BYTES, 100),
+        (2 * SERVED_BYTES + 4096, 64),
+        (2 * SERVED_BYTES + 8192, 4096),
+    ];
     for (index, byte) in memory[base..base + 3 * SERVED_BYTES].iter().enumerate() {
         let inside = spans.iter().any(|&(start, len)| index >= start && index < start + len);
         assert!(inside || *byte == GUARD, "a reply wrote local byte {index}, outside every READ block");
     }
     assert!(memory[..base].iter().chain(&memory[base + 3 * SERVED_BYTES..]).all(|&b| b == GUARD));
+}
+
+/// The CRC32Cs of the well-formed READ_DATA headers for `batch` in a run
+/// of replies (each followed by its payload), in order.
+fn replies_of_batch(mut data: &[u8], batch: u64) -> impl Iterator<Item = u32> + '_ {
+    use crate::transport::tcp::frame::{FrameHeader, FrameOp, FRAME_HEADER_BYTES};
+    std::iter::from_fn(move || loop {
+        let (header, op) = FrameHeader::decode(data.get(..FRAME_HEADER_BYTES)?).ok()?;
+        let payload = if op == FrameOp::ReadData && header.failure().is_none() { header.len as usize } else { 0 };
+        data = data.get(FRAME_HEADER_BYTES + payload..)?;
+        if header.batch_id == batch {
+            if let Some(sum) = header.checksum() {
+                return Some(sum);
+            }
+        }
+    })
 }
 
 /// A control handler with a token, for the control server's request

@@ -112,7 +112,7 @@ static CORRUPT_LANDING_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::Ato
 
 /// Arms a corruption of the next checksummed block whose destination
 /// offset (in the peer's region for a WRITE, in this engine's for a READ
-/// over shm or cma) is `offset`, or of the piece of a block that starts
+/// over shm, cma or tcp) is `offset`, or of the piece of a block that starts
 /// there (shm and cma check a block in pieces of [`VERIFIED_PIECE_BYTES`],
 /// tcp in frames). Process-wide: tests that use it run one at a time.
 #[cfg(feature = "testing")]

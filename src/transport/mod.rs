@@ -100,8 +100,9 @@ pub(crate) struct Block {
     pub desc_index: u32,
     /// The batch's arrival tag (0: none), for links that carry it.
     pub tag: u32,
-    /// Checksummed end to end: set only on links whose target verifies it
-    /// ([`LaneLink::checksums_on_wire`]); the lane verifies one-sided links.
+    /// Checksummed end to end: set only on links that carry the checksum
+    /// in their frames ([`LaneLink::checksums_on_wire`]); the lane verifies
+    /// one-sided links.
     pub checksum: bool,
     /// The grant the batch names for its destination (0: none); a write
     /// lands only where no newer fence covers it (`mem::fence`).
@@ -337,9 +338,10 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
         Err(Error::Unsupported { what: "reading a peer's bytes back on this transport".into() })
     }
 
-    /// True when the target checksums what `op` moves on this link's own
-    /// path ([`Block::checksum`]): tcp's WRITE frames carry each frame's
-    /// CRC32C and the target checks it before it acks.
+    /// True when what `op` moves is checksummed on this link's own path
+    /// ([`Block::checksum`]): tcp's WRITE frames carry each frame's CRC32C
+    /// and the target checks it before it acks; its READ_DATA frames carry
+    /// the CRC32C of what the target sent, checked once it landed here.
     fn checksums_on_wire(&self, _op: Opcode) -> bool {
         false
     }

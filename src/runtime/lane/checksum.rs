@@ -2,7 +2,8 @@
 //! each block's CRC32C at its source before the copy and at its destination
 //! after it, reading the peer's side through the link itself, and fails
 //! the chunk with `Corrupt` naming the first block whose two differ. Links
-//! whose target verifies (tcp) carry the checksum instead; see
+//! that carry the checksum in their frames (tcp: the target verifies a
+//! WRITE, the connection a READ's reply) verify it there; see
 //! docs/CHECKSUMS.md.
 
 use crate::error::Error;
@@ -21,16 +22,9 @@ pub(super) fn unverifiable(op: Opcode, tag: u32, link: &dyn LaneLink) -> Option<
     if link.verifies_landed() || link.checksums_on_wire(op) {
         return None;
     }
-    let what = match op {
-        Opcode::Read if link.checksums_on_wire(Opcode::Write) => {
-            "checksums on a tcp READ (the target does not send the checksum of what it reads yet): checksum pushes, \
-             or read without checksums"
-        }
-        _ => {
-            "checksums on this transport: only shm, cma (the initiator reads both ends) and tcp pushes (the target \
-             verifies) check them; rdma, and GPU memory on any transport, are refused rather than moved unchecked"
-        }
-    };
+    let what = "checksums on this transport: only shm, cma (the initiator reads both ends) and tcp (the frames \
+                carry each block's CRC32C) check them; rdma, and GPU memory on any transport, are refused rather than \
+                moved unchecked";
     Some(Error::Unsupported { what: what.into() })
 }
 

@@ -184,7 +184,9 @@ fn check_replies(mut out: &[u8], seal: &mut FrameSeal) {
         let header = FrameHeader::read_from_bytes(&out[..FRAME_HEADER_BYTES]).expect("72 bytes");
         header.check_seal(&mut receiver).expect("every reply is sealed, in order");
         out = &out[FRAME_HEADER_BYTES..];
-        if header.opcode == FrameOp::ReadData as u8 && header.status == 0 {
+        // A READ_DATA that is not a failure carries its payload (its
+        // status is 0, or its CRC32C with FLAG_CHECKSUM).
+        if header.opcode == FrameOp::ReadData as u8 && header.failure().is_none() {
             out = &out[(header.len as usize).min(out.len())..];
         }
     }

@@ -88,9 +88,13 @@ struct Span {
     region: u64,
     offset: u64,
     len: u64,
+    /// Its offset in the local region (where the test hook names a READ's
+    /// landing, `corrupt_landing_at`).
+    local_offset: u64,
     /// The block's index in its batch (a `CORRUPT` ack names the frame).
     desc_index: u32,
-    /// Its frame carries the CRC32C of its payload.
+    /// Its WRITE frame carries the CRC32C of its payload; its READ frame
+    /// asks for the CRC32C of the bytes sent back, checked once they land.
     checksum: bool,
 }
 
@@ -185,6 +189,8 @@ pub struct Connection {
     admit_below: u64,
     /// Bytes of the admitted chunks not yet ended (`window`).
     unacked_bytes: u64,
+    /// The checksum of the READ payload landing now, if its span has one.
+    read_sum: Option<read_data::ReadSum>,
 }
 
 // SAFETY: the raw pointers are into registered local regions that the
@@ -218,6 +224,7 @@ impl Connection {
             sent_grant: 0,
             admit_below: 0,
             unacked_bytes: 0,
+            read_sum: None,
         })
     }
 
@@ -271,8 +278,9 @@ impl Connection {
                     region: block.desc.remote_region.raw(),
                     offset: block.desc.remote_offset + done,
                     len,
+                    local_offset: block.desc.local_offset + done,
                     desc_index: block.desc_index,
-                    checksum: block.checksum && op == Opcode::Write,
+                    checksum: block.checksum,
                 });
                 done += len;
             }
@@ -297,6 +305,8 @@ impl Connection {
             if tag != 0 && op == Opcode::Write {
                 header.flags |= FLAG_TAGGED;
                 header.status = tag as i32;
+            } else if span.checksum && op == Opcode::Read {
+                header.flags |= FLAG_CHECKSUM;
             } else if span.checksum {
                 header.flags |= FLAG_CHECKSUM;
                 // SAFETY: the span lies in a block the lane validated and
@@ -496,7 +506,7 @@ impl Connection {
                         // could otherwise end a chunk or aim a READ payload.
                         header.check_seal(seal)?;
                     }
-                    if header.status == -(ErrorCode::Unauthorized as i32) {
+                    if header.failure() == Some(-(ErrorCode::Unauthorized as i32)) {
                         // Only a connection-level refusal says this: one of
                         // our frames failed the session's MAC on arrival.
                         return Err(Error::Unauthorized {
@@ -536,6 +546,8 @@ impl Connection {
                         }
                     };
                     progressed = true;
+                    // SAFETY: the `took` bytes at `dest` just landed in the span's leased range.
+                    unsafe { self.sum_landed(dest, took) };
                     if took == left {
                         self.frame_done(finished)?;
                     } else {
@@ -623,55 +635,8 @@ impl Connection {
                 };
                 self.end_front(result, finished)
             }
-            _ => {
-                if reply.opcode != FrameOp::ReadData as u8 {
-                    return Err(peer.gone(format!("{} answered a read with opcode {}", peer.addr, reply.opcode)));
-                }
-                let span = front.spans[front.next];
-                if reply.status != 0 {
-                    front.failure.get_or_insert_with(|| peer.refused(reply, front.grant));
-                    front.next += 1;
-                    return self.end_front_if_answered(finished);
-                }
-                if u64::from(reply.len) != span.len {
-                    return Err(
-                        peer.gone(format!("{} sent {} bytes for a {}-byte read", peer.addr, reply.len, span.len))
-                    );
-                }
-                self.receiving = if front.failure.is_some() {
-                    Receiving::Discard { left: span.len as usize }
-                } else {
-                    Receiving::Payload(Landing { dest: span.local, left: span.len as usize })
-                };
-                if span.len == 0 {
-                    return self.frame_done(finished);
-                }
-                Ok(())
-            }
+            _ => self.on_read_data(peer, reply, finished),
         }
-    }
-
-    /// A READ reply's payload is in place (or discarded).
-    fn frame_done(&mut self, finished: &mut Vec<ChunkEnd>) -> Result<()> {
-        self.receiving = Receiving::Header;
-        let Some(front) = self.awaiting.front_mut() else { return Ok(()) };
-        if front.failure.is_none() {
-            front.moved += front.spans[front.next].len;
-        }
-        front.next += 1;
-        self.end_front_if_answered(finished)
-    }
-
-    fn end_front_if_answered(&mut self, finished: &mut Vec<ChunkEnd>) -> Result<()> {
-        let Some(front) = self.awaiting.front_mut() else { return Ok(()) };
-        if front.next < front.spans.len() {
-            return Ok(());
-        }
-        let result = match front.failure.take() {
-            None => Ok(front.moved),
-            Some(error) => Err((error, front.moved)),
-        };
-        self.end_front(result, finished)
     }
 }
 
@@ -690,6 +655,7 @@ fn read_some(stream: &mut TcpStream, into: &mut [u8], peer: &Peer) -> Result<usi
 }
 
 mod ends;
+mod read_data;
 #[cfg(test)]
 mod tests;
 mod window;

@@ -16,8 +16,10 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// "KVTF".
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"KVTF");
 /// Version of the frame format (2: numbered and MAC'd headers; 3: a 64-bit
-/// region id, the length in 32 bits).
-pub const FRAME_VERSION: u8 = 3;
+/// region id, the length in 32 bits; 4: [`FLAG_CHECKSUM`] on READ and
+/// READ_DATA, and on WRITE a target that checks it, so an older peer is
+/// refused by version rather than ignoring the flag).
+pub const FRAME_VERSION: u8 = 4;
 /// Size of the header.
 pub const FRAME_HEADER_BYTES: usize = std::mem::size_of::<FrameHeader>();
 /// Largest payload one frame carries; larger blocks are chunked.
@@ -69,7 +71,11 @@ pub const FLAG_TAGGED: u8 = 2;
 /// Flag: a WRITE frame whose `status` field carries the CRC32C of its
 /// payload (never with [`FLAG_TAGGED`]); the target checks the landed bytes
 /// against it before it acks, and fails the chunk `CORRUPT` naming the
-/// frame's region and offset when they differ.
+/// frame's region and offset when they differ. On a READ (`status` 0) it
+/// asks for the CRC32C of the bytes sent back; on the READ_DATA that
+/// answers it, `status` carries that CRC32C (so it is covered by the
+/// header's MAC) and the reply is not a failure. A READ_DATA failure never
+/// carries the flag.
 pub const FLAG_CHECKSUM: u8 = 4;
 
 /// The fixed frame header (little-endian on the wire).
@@ -182,9 +188,17 @@ impl FrameHeader {
         self.flags & FLAG_LAST != 0
     }
 
-    /// The CRC32C a WRITE frame's payload must have, if it carries one.
+    /// The CRC32C a WRITE or READ_DATA frame's payload must have, if it
+    /// carries one.
     pub fn checksum(&self) -> Option<u32> {
         (self.flags & FLAG_CHECKSUM != 0 && self.flags & FLAG_TAGGED == 0).then_some(self.status as u32)
+    }
+
+    /// The failure a reply reports (its `status`, a negated wire code), if
+    /// it reports one: a READ_DATA that carries a CRC32C in `status` does
+    /// not.
+    pub fn failure(&self) -> Option<i32> {
+        (self.status != 0 && self.checksum().is_none()).then_some(self.status)
     }
 
     /// The arrival tag a WRITE frame carries, if any.
@@ -231,6 +245,11 @@ mod tests {
         header.status = 0x9abc_def0_u32 as i32;
         assert_eq!(header.checksum(), Some(0x9abc_def0));
         assert_eq!(header.arrival_tag(), None);
+        let mut reply = FrameHeader::new(FrameOp::ReadData, 7, 9, 3, 0, 512);
+        reply.status = header.status;
+        assert_eq!(reply.failure(), Some(header.status), "without the flag, status is a failure");
+        reply.flags = FLAG_CHECKSUM;
+        assert_eq!((reply.checksum(), reply.failure()), (Some(0x9abc_def0), None), "with it, a CRC32C");
         header.flags |= FLAG_TAGGED;
         assert_eq!(header.checksum(), None, "a tagged frame's field is its tag");
         assert_eq!(header.arrival_tag(), Some(0x9abc_def0));

@@ -30,8 +30,10 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"KVTH");
 /// Version of the data protocol (hellos and frames); 3 adds the
 /// listener's proof and sealed frame headers; 4 carries 64-bit region ids
-/// in frames (a version 3 peer is refused at the hello, not misread).
-pub const DATA_VERSION: u8 = 4;
+/// in frames (a version 3 peer is refused at the hello, not misread); 5
+/// checksums READs (frame version 4), and refuses a version 4 peer, which
+/// would ignore a READ's checksum flag and a WRITE's, at the hello.
+pub const DATA_VERSION: u8 = 5;
 /// `ServerHello::flags`: the target requires a [`ClientProof`].
 pub const FLAG_PROOF_REQUIRED: u8 = 1;
 
@@ -245,7 +247,13 @@ mod tests {
         let mut old_answer = ServerHello::new(0, 0, 7, [3; 16]);
         old_answer.version = 3;
         let error = ServerHello::decode(&old_answer.as_bytes()[..40], "p").unwrap_err();
-        assert!(matches!(error, Error::VersionMismatch { got: 3, supported: 4 }), "a 32-bit id peer: {error}");
+        assert!(matches!(error, Error::VersionMismatch { got: 3, supported: 5 }), "a 32-bit id peer: {error}");
+        let mut unchecked = ServerHello::new(0, 0, 7, [3; 16]);
+        unchecked.version = 4;
+        let error = ServerHello::decode(unchecked.as_bytes(), "p").unwrap_err();
+        assert!(matches!(error, Error::VersionMismatch { got: 4, supported: 5 }), "a peer without READ sums: {error}");
+        unchecked.version = DATA_VERSION;
+        assert!(ServerHello::decode(unchecked.as_bytes(), "p").is_ok());
         assert!(ClientHello::decode(&[0; 10]).is_err());
 
         let answer = ServerHello::new(0, FLAG_PROOF_REQUIRED, 7, [3; 16]);

@@ -245,8 +245,10 @@ impl LaneLink for TcpLink {
         super::staged::MAX_STAGED_CHUNK_BYTES
     }
 
-    fn checksums_on_wire(&self, op: Opcode) -> bool {
-        op == Opcode::Write
+    fn checksums_on_wire(&self, _op: Opcode) -> bool {
+        // A WRITE frame carries its CRC32C, checked by the target; a READ
+        // asks for it, checked here once the bytes land.
+        true
     }
 
     fn counts_arrivals(&self) -> bool {

@@ -244,3 +244,105 @@ fn only_a_window_of_chunks_leaves_before_their_acks_and_the_rest_can_be_withdraw
     connection.shutdown();
     assert_eq!(counted.join().unwrap(), frame(sent));
 }
+
+/// Reads three checksummed blocks of 4 bytes as a target would answer
+/// them: `replies` gives each block's payload and the CRC32C its READ_DATA
+/// header carries (`FLAG_CHECKSUM`, in `status`). Returns how the chunk
+/// ended and the local memory.
+fn checksummed_read(replies: [(&[u8; 4], u32); 3]) -> (ChunkEnd, Vec<u8>) {
+    let (mut connection, mut server, peer) = pair();
+    let mut memory = vec![0u8; 12];
+    let blocks: Vec<Block> =
+        (0..3).map(|i| Block { desc_index: i, checksum: true, ..block(&mut memory, u64::from(i) * 4) }).collect();
+    // SAFETY: `memory` outlives the connection and nothing else touches it.
+    unsafe { connection.queue_chunk(&peer, Opcode::Read, 7, 1, &blocks) };
+    connection.send(&peer).unwrap();
+    let mut requests = [0u8; 3 * FRAME_HEADER_BYTES];
+    server.read_exact(&mut requests).unwrap();
+    for (index, request) in requests.chunks(FRAME_HEADER_BYTES).enumerate() {
+        let (request, op) = FrameHeader::decode(request).unwrap();
+        assert_eq!(op, FrameOp::Read);
+        assert_eq!((request.flags & FLAG_CHECKSUM, request.status), (FLAG_CHECKSUM, 0), "READ {index} asks for it");
+        let (payload, sum) = replies[index];
+        let mut data = FrameHeader::new(FrameOp::ReadData, 5, 7, request.region, request.offset, 4);
+        (data.flags, data.status) = (FLAG_CHECKSUM, sum as i32);
+        server.write_all(data.as_bytes()).unwrap();
+        server.write_all(payload).unwrap();
+    }
+    let mut finished = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while finished.is_empty() {
+        connection.receive(&peer, &mut finished).unwrap();
+        assert!(Instant::now() < deadline, "no reply read");
+    }
+    assert_eq!(finished.len(), 1);
+    (finished.pop().unwrap(), memory)
+}
+
+fn crc(bytes: &[u8]) -> u32 {
+    // SAFETY: a live slice.
+    unsafe { crate::transport::checksum::crc32c_host(bytes.as_ptr(), bytes.len()) }
+}
+
+/// A checksummed READ asks for each block's CRC32C and checks the bytes
+/// that landed against the one its reply carries: all three agree, the
+/// chunk is done; block 1's bytes differ from what its CRC32C says (wrong
+/// bytes, or a wrong CRC32C), the chunk fails `Corrupt` naming block 1,
+/// and only block 0 counts as moved.
+#[test]
+fn a_checksummed_read_fails_corrupt_naming_the_block_whose_bytes_do_not_match_the_crc_sent() {
+    let blocks = [b"abcd", b"efgh", b"ijkl"];
+    let (end, memory) = checksummed_read(blocks.map(|b| (b, crc(b))));
+    assert!(matches!(end, (1, Ok(12))), "{end:?}");
+    assert_eq!(&memory, b"abcdefghijkl");
+
+    for wrong in [(b"efgX", crc(b"efgh")), (b"efgh", crc(b"efgh") ^ 1)] {
+        let (end, _) = checksummed_read([(blocks[0], crc(blocks[0])), wrong, (blocks[2], crc(blocks[2]))]);
+        let (ticket, Err((Error::Corrupt { desc_index, detail }, moved))) = end else { panic!("{end:?}") };
+        assert_eq!((ticket, desc_index, moved), (1, 1, 4), "{detail}");
+        assert!(detail.contains("once read over tcp"), "{detail}");
+    }
+    // A CRC32C that reads as the session's refusal code is a CRC32C.
+    let unauthorized = -(ErrorCode::Unauthorized as i32) as u32;
+    let (end, _) =
+        checksummed_read([(blocks[0], unauthorized), (blocks[1], crc(blocks[1])), (blocks[2], crc(blocks[2]))]);
+    assert!(matches!(end, (1, Err((Error::Corrupt { desc_index: 0, .. }, 0)))), "{end:?}");
+}
+
+/// The target must answer a checksummed READ with a CRC32C and an
+/// unchecked one without: otherwise it is out of step and the connection
+/// goes; a checksummed READ it cannot checksum (GPU memory) is refused
+/// `Unsupported`, naming why.
+#[test]
+fn a_read_answered_against_its_checksum_flag_kills_the_connection_and_a_refusal_is_named() {
+    for (checksum, flags, status, expected) in [
+        (true, 0, 0, "without its CRC32C"),
+        (false, FLAG_CHECKSUM, 7, "asked for none"),
+        (true, 0, -(ErrorCode::Unsupported as i32), "cannot checksum"),
+    ] {
+        let (mut connection, mut server, peer) = pair();
+        let mut memory = vec![0u8; 4];
+        let blocks = [Block { checksum, ..block(&mut memory, 0) }];
+        // SAFETY: `memory` outlives the connection and nothing else touches it.
+        unsafe { connection.queue_chunk(&peer, Opcode::Read, 7, 1, &blocks) };
+        let len = if status < 0 { 0 } else { 4 };
+        let mut data = FrameHeader::new(FrameOp::ReadData, 5, 7, 1 << 16, 0, len);
+        (data.flags, data.status) = (flags, status);
+        server.write_all(data.as_bytes()).unwrap();
+        server.write_all(&b"abcd"[..len as usize]).unwrap();
+        let mut finished = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let error = loop {
+            match connection.progress(&peer, Duration::from_secs(5), &mut finished) {
+                Err(reason) => break reason.to_string(),
+                Ok(_) if !finished.is_empty() => {
+                    let (_, Err((error @ Error::Unsupported { .. }, 0))) = &finished[0] else { panic!("{finished:?}") };
+                    break error.to_string();
+                }
+                Ok(_) => assert!(Instant::now() < deadline, "no reply read"),
+            }
+        };
+        assert!(error.contains(expected), "{error}");
+        assert_eq!(memory, [0; 4], "nothing landed");
+    }
+}

@@ -4,7 +4,7 @@
 //! the region, or staged for a GPU region), a READ answered, a notification
 //! handed to the engine's queue; and the replies that end them.
 
-use super::super::frame::{FrameHeader, FrameOp, FRAME_HEADER_BYTES};
+use super::super::frame::{FrameHeader, FrameOp, FLAG_CHECKSUM, FRAME_HEADER_BYTES};
 use super::super::Landing;
 use super::fenced::FrameFence;
 use super::{staging, Phase, Receiving, Reply, TargetConn, TargetContext};
@@ -28,8 +28,10 @@ impl TargetConn {
         match op {
             FrameOp::Write => return self.on_write(ctx, now),
             FrameOp::Read => {
-                match check_block(ctx, &header, Access::REMOTE_READ) {
-                    Ok((addr, device, _)) => {
+                match check_block(ctx, &header, Access::REMOTE_READ)
+                    .and_then(|found| read_checksum(ctx, &header, found))
+                {
+                    Ok((addr, device, sum)) => {
                         let mut reply = FrameHeader::new(
                             FrameOp::ReadData,
                             ctx.epoch,
@@ -39,6 +41,10 @@ impl TargetConn {
                             header.len.into(),
                         );
                         reply.flags = 0;
+                        if let Some(sum) = sum {
+                            // In the sealed header: the MAC covers it.
+                            (reply.flags, reply.status) = (FLAG_CHECKSUM, sum as i32);
+                        }
                         self.sign(&mut reply);
                         let (payload, gate) = match device {
                             Some((gpu, ordinal)) if len > 0 => {
@@ -272,6 +278,30 @@ fn check_block(
     // The frame's bytes move across polls: the lease goes with the frame.
     lease.keep();
     Ok((addr, device, fence))
+}
+
+/// A READ that asks for a checksum ([`FLAG_CHECKSUM`]): the CRC32C of the
+/// bytes its reply will carry, computed now from the region (the reply
+/// sends them from there, after its header). A GPU region has no checksum
+/// here: refused (its lease given back), never sent unchecked.
+fn read_checksum(
+    ctx: &TargetContext,
+    header: &FrameHeader,
+    (addr, device, _): (usize, Option<Device>, FrameFence),
+) -> Result<(usize, Option<Device>, Option<u32>)> {
+    if header.flags & FLAG_CHECKSUM == 0 {
+        return Ok((addr, device, None));
+    }
+    if device.is_some() {
+        // SAFETY: `check_block` kept this lease for this frame, which ends here; given back once.
+        unsafe { ctx.registry.release_kept(RegionId::from_raw(header.region)) };
+        return Err(crate::transport::checksum::device_refused());
+    }
+    // SAFETY: `check_block` checked `addr..addr + len` against the host
+    // region's registered range and keeps it leased (registered, mapped)
+    // for this frame; the writev that sends it reads the same bytes.
+    let sum = unsafe { crate::transport::checksum::crc32c_host(addr as *const u8, header.len as usize) };
+    Ok((addr, device, Some(sum)))
 }
 
 /// A GPU region's provider and device.

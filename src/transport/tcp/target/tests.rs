@@ -305,3 +305,29 @@ fn a_peer_that_keeps_its_socket_full_gets_a_budget_then_lets_the_lane_go() {
     assert!(conn.on_readable(&mut endless, &target.ctx, &mut admit, now, &mut Default::default()).unwrap());
     assert!(endless.given > before && conn.unread());
 }
+
+/// A READ that asks for a checksum (`FLAG_CHECKSUM`) is answered with the
+/// CRC32C of the bytes its READ_DATA carries, in the header's `status`
+/// (with the flag: not a failure); one that does not ask gets neither.
+#[test]
+fn a_checksummed_read_is_answered_with_the_crc32c_of_the_bytes_sent() {
+    use super::super::frame::FLAG_CHECKSUM;
+    let mut target = target(None);
+    target.memory[200..209].copy_from_slice(b"123456789");
+    let (mut conn, mut pipe, now) = open(&target);
+    let mut read = FrameHeader::new(FrameOp::Read, 42, 8, target.region.raw(), 200, 9);
+    read.flags = FLAG_CHECKSUM;
+    pipe.input.extend(read.as_bytes());
+    pipe.input.extend(FrameHeader::new(FrameOp::Read, 42, 9, target.region.raw(), 200, 9).as_bytes());
+    step(&mut conn, &mut pipe, &target, now).unwrap();
+    let data = reply(&mut pipe);
+    assert_eq!((data.opcode, data.len, data.flags), (FrameOp::ReadData as u8, 9, FLAG_CHECKSUM));
+    // RFC 3720 B.4's check value of CRC32C over "123456789".
+    assert_eq!((data.checksum(), data.failure()), (Some(0xe306_9283), None));
+    assert_eq!(&pipe.output[..9], b"123456789");
+    pipe.output.drain(..9);
+    let plain = reply(&mut pipe);
+    assert_eq!((plain.flags, plain.status, plain.checksum()), (0, 0, None));
+    assert_eq!(pipe.output, b"123456789");
+    target.ctx.registry.unregister(target.region).unwrap();
+}
