@@ -13,6 +13,8 @@ use crate::auth::Session;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::gpu::{Copy, CopyCounters, CopySides, Event, Gpu, Memory, Place, Stream};
+use crate::mem::fence::Held;
+use crate::mem::fence_file::SharedFences;
 use crate::mem::Access;
 use crate::mem::MemoryKind;
 use crate::segment::{RemoteRegion, SegmentDescriptor};
@@ -45,6 +47,9 @@ pub(crate) struct PeerDevice {
     name: String,
     /// By region index: where it is here, or why it cannot be reached.
     regions: Vec<Option<std::result::Result<OpenedRegion, String>>>,
+    /// By region index, for regions peers may write: the region's fence
+    /// table page as mapped here (`mem::fence_file`), or why it is not.
+    fences: Vec<Option<std::result::Result<Arc<SharedFences>, String>>>,
     /// The peer process (another than this one), watched for its exit:
     /// memory opened from a process that is gone must never be reported
     /// as its memory written.
@@ -74,33 +79,28 @@ impl PeerDevice {
             true => None,
             false => crate::gpu::fd::pidfd_open(descriptor.pid).ok().map(|fd| (descriptor.pid, fd)),
         };
-        let mut peer = PeerDevice { gpu, name: descriptor.name.clone(), regions: vec![None; slots], process };
+        let fences = (0..slots).map(|_| None).collect();
+        let mut peer = PeerDevice { gpu, name: descriptor.name.clone(), regions: vec![None; slots], fences, process };
         let mut client: Option<GpuFdClient> = None;
         for region in descriptor.regions.iter().filter(|r| r.memory != MemoryKind::Host) {
+            let at = region.id.index() as usize;
+            if region.access.contains(Access::REMOTE_WRITE) && region.gpu_export.is_ok() {
+                let page = match same_process {
+                    true => peer.own_fences(descriptor, region.id),
+                    false => connected(&mut client, descriptor, session, deadline)
+                        .and_then(|c| c.fence_fd(region.id))
+                        .map_err(|e| e.to_string())
+                        .and_then(SharedFences::open_peer)
+                        .map(Arc::new),
+                };
+                peer.fences[at] = Some(page);
+            }
             let reached = match &region.gpu_export {
                 Err(reason) => Err(format!("its owner could not export it ({reason})")),
                 Ok(_) if same_process => peer.own(descriptor, region),
                 Ok(handles) => {
-                    let at = region.id.index() as usize;
                     let mut fds = |index: usize| -> Result<OwnedFd> {
-                        if client.is_none() {
-                            let name = descriptor.gpu_fds.as_deref().ok_or_else(|| Error::Unsupported {
-                                what: format!(
-                                    "{}: its GPU memory needs descriptors it serves no socket for",
-                                    descriptor.name
-                                ),
-                            })?;
-                            let connected = GpuFdClient::connect(
-                                &descriptor.name,
-                                name,
-                                descriptor.pid,
-                                session,
-                                descriptor.epoch,
-                                deadline,
-                            )?;
-                            client = Some(connected);
-                        }
-                        client.as_mut().expect("connected above").fd(region.id, handles.len(), index)
+                        connected(&mut client, descriptor, session, deadline)?.fd(region.id, handles.len(), index)
                     };
                     let ptr = peer.gpu.open(handles, &mut fds).map_err(|e| opening(&descriptor.name, region.id, e))?;
                     // Recorded at once, so that dropping `peer` closes it
@@ -122,6 +122,35 @@ impl PeerDevice {
             peer.regions[region.id.index() as usize] = Some(reached);
         }
         Ok(peer)
+    }
+
+    /// The fence table page of region `id` of an engine of this very
+    /// process, as its own registry has it.
+    fn own_fences(
+        &self,
+        descriptor: &SegmentDescriptor,
+        id: RegionId,
+    ) -> std::result::Result<Arc<SharedFences>, String> {
+        let name = descriptor.gpu_fds.as_deref().ok_or("an engine of this process that serves no GPU socket")?;
+        gpu_fds::server::local_fences(name, id).ok_or_else(|| format!("no engine of this process serves {name}"))?
+    }
+
+    /// The fence table page of peer region `region`, which a write into it
+    /// checks (`Unsupported` with the reason when it could not be mapped:
+    /// an unchecked write is never let through).
+    pub fn fences(&self, region: RegionId) -> Result<&Arc<SharedFences>> {
+        match self.fences.get(region.index() as usize).and_then(Option::as_ref) {
+            Some(Ok(page)) => Ok(page),
+            Some(Err(reason)) => Err(Error::Unsupported {
+                what: format!(
+                    "a write into region {region} of {}: its fence table is not reachable ({reason})",
+                    self.name
+                ),
+            }),
+            None => Err(Error::Unsupported {
+                what: format!("a write into region {region} of {}: its owner grants peers no write there", self.name),
+            }),
+        }
     }
 
     /// A region of an engine of this very process, where its own registry
@@ -205,6 +234,23 @@ impl Drop for PeerDevice {
     }
 }
 
+/// The connection to the peer's GPU descriptor socket, made at first use.
+fn connected<'a>(
+    client: &'a mut Option<GpuFdClient>,
+    descriptor: &SegmentDescriptor,
+    session: Option<&Session>,
+    deadline: Instant,
+) -> Result<&'a mut GpuFdClient> {
+    if client.is_none() {
+        let name = descriptor.gpu_fds.as_deref().ok_or_else(|| Error::Unsupported {
+            what: format!("{}: its GPU memory needs descriptors it serves no socket for", descriptor.name),
+        })?;
+        let made = GpuFdClient::connect(&descriptor.name, name, descriptor.pid, session, descriptor.epoch, deadline)?;
+        *client = Some(made);
+    }
+    Ok(client.as_mut().expect("connected above"))
+}
+
 fn opening(peer: &str, region: RegionId, error: Error) -> Error {
     match error {
         // The peer's descriptor socket stalled past the open's deadline:
@@ -230,6 +276,28 @@ struct Pending {
     /// A block of the chunk that was refused after earlier ones were
     /// issued: the chunk fails with it, once the earlier copies ended.
     failure: Option<Error>,
+    /// Its writer counts in the fence tables of the peer regions it writes,
+    /// released when it is dropped: after its event completed.
+    _holds: Vec<FenceHold>,
+}
+
+/// A chunk's count in one peer region's fence table (`mem::fence`), kept
+/// until the chunk's copies ended, so that a fence meanwhile waits for
+/// them: the pass is taken before the chunk's first check and released
+/// when this is dropped.
+#[derive(Debug)]
+struct FenceHold {
+    page: Arc<SharedFences>,
+    held: Option<Held>,
+}
+
+impl Drop for FenceHold {
+    fn drop(&mut self) {
+        if let Some(held) = self.held.take() {
+            // SAFETY: entered in `page`'s table, which the Arc keeps mapped.
+            unsafe { held.release() };
+        }
+    }
 }
 
 /// One lane's GPU copier: its streams and events (one per GPU it has used,
@@ -250,6 +318,9 @@ pub(crate) struct DeviceCopier {
     counters: Arc<CopyCounters>,
     /// The GPU whose stream carries the chunk (its first device side).
     device: Option<u32>,
+    /// The chunk being built's counts in fence tables (one per run of its
+    /// blocks into one peer region).
+    holds: Vec<FenceHold>,
     /// The allocations holding the last copy's source and destination, as
     /// far as the provider said (asked at the copy's first merge, once a
     /// copy): a merge never crosses into another allocation.
@@ -270,8 +341,41 @@ impl DeviceCopier {
             copy_bytes: 0,
             counters,
             device: None,
+            holds: Vec::new(),
             spans: [None; 2],
         }
+    }
+
+    /// Checks a write of `len` bytes at `offset` of peer region `region`
+    /// under `grant` against the region's fence table `page`, before the
+    /// block's copy is added: the chunk enters the table once per run of
+    /// blocks into one region and stays counted there until its copies
+    /// ended (or it is dropped unissued), so once the owner's `fence`
+    /// returned no stale copy of it can still land. `Fenced` when a newer
+    /// fence covers the range; `RegionBusy` when fences kept flipping the
+    /// table's phase.
+    pub fn admit(
+        &mut self,
+        page: &Arc<SharedFences>,
+        region: RegionId,
+        (offset, len): (u64, u64),
+        grant: u32,
+    ) -> Result<()> {
+        if !self.holds.last().is_some_and(|h| Arc::ptr_eq(&h.page, page)) {
+            let pass = page.view().enter().ok_or(Error::RegionBusy { region, in_flight: 0 })?;
+            self.holds.push(FenceHold { page: page.clone(), held: Some(pass.detach()) });
+        }
+        let hold = self.holds.last().expect("pushed above");
+        let held = hold.held.as_ref().expect("held until dropped");
+        match hold.page.view().admits_held(held, offset, offset.saturating_add(len), grant) {
+            true => Ok(()),
+            false => Err(Error::Fenced { region, grant }),
+        }
+    }
+
+    /// Drops the counts of a chunk that issues no copy.
+    pub fn release_unissued(&mut self) {
+        self.holds.clear();
     }
 
     /// Adds a copy to the chunk being built; one that continues the last on
@@ -358,8 +462,10 @@ impl DeviceCopier {
         })();
         self.copies.clear();
         self.sides.clear();
+        // Dropped (released) with the chunk when nothing was issued.
+        let holds = std::mem::take(&mut self.holds);
         let event = issued?;
-        self.in_flight.push_back(Pending { ticket, device, event, bytes, failure });
+        self.in_flight.push_back(Pending { ticket, device, event, bytes, failure, _holds: holds });
         Ok(())
     }
 

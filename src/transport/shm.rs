@@ -87,13 +87,15 @@ impl ShmLink {
                     break;
                 }
             };
-            if let (Opcode::Write, RemoteAt::Device(..), 1..) = (op, remote, block.grant) {
-                failure = Some(Error::Unsupported {
-                    what:
-                        "a granted write into a peer's GPU memory over cuda_ipc (its fences are not checked there yet)"
-                            .into(),
+            if let (Opcode::Write, RemoteAt::Device(..), Some((peer, copier))) = (op, remote, self.device.as_mut()) {
+                let region = block.desc.remote_region;
+                let checked = peer.fences(region).and_then(|page| {
+                    copier.admit(page, region, (block.desc.remote_offset, block.desc.len), block.grant)
                 });
-                break;
+                if let Err(error) = checked {
+                    failure = Some(error);
+                    break;
+                }
             }
             // SAFETY: forwarded from our own contract; `remote` was found
             // for this block, inside the mapping entered above.
@@ -118,10 +120,15 @@ impl ShmLink {
                 Ok(()) => Posted::InFlight,
                 Err(error) => Posted::Failed((error, moved)),
             },
-            None => match failure {
-                Some(error) => Posted::Failed((error, moved)),
-                None => Posted::Done(moved),
-            },
+            None => {
+                if let Some((_, copier)) = self.device.as_mut() {
+                    copier.release_unissued();
+                }
+                match failure {
+                    Some(error) => Posted::Failed((error, moved)),
+                    None => Posted::Done(moved),
+                }
+            }
         }
     }
 
@@ -252,8 +259,9 @@ pub const SHM_CHUNK_BLOCKS: usize = 16;
 pub const GPU_CHUNK_BLOCKS: usize = super::MAX_CHUNK_BLOCKS;
 
 impl LaneLink for ShmLink {
-    /// Host mappings are checked; a granted write into the peer's GPU
-    /// memory is refused block by block (not fenced yet).
+    /// Host mappings are checked against their files' tables; the peer's
+    /// GPU regions against their fence table pages, the chunk counted there
+    /// until its copies ended.
     fn checks_grants(&self) -> bool {
         true
     }
