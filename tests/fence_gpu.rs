@@ -398,3 +398,38 @@ fn cuda_ipc_a_scribbled_fence_table_costs_refusals_never_a_stray_write() {
         sub.submit(&Batch::read(&segment).block(BlockDesc::new(local.id(), 0, remote, MIB as u64, BLOCK))).unwrap();
     sub.wait(id, WAIT).unwrap().into_result().unwrap();
 }
+
+/// A staged frame is checked again just before its device copy is issued,
+/// not held from its header: a sender that stalls in the middle of a
+/// frame's payload (its header read, its copy not yet issued) does not
+/// hold a fence up (`fence` returns its grant, not `RegionBusy` after its
+/// wait), and when it resumes, its frame is refused at the copy: the ack
+/// says `FENCED` and nothing of it lands.
+#[test]
+fn staged_tcp_a_sender_stalled_mid_frame_holds_no_fence_and_lands_nothing_after_it() {
+    use kvring::testing::tcp::{FrameHeader, FrameOp, FLAG_LAST, FRAME_HEADER_BYTES};
+    use std::io::Read;
+    use zerocopy::{FromBytes, IntoBytes};
+    let (gpu, _sim) = provider();
+    let target = common::builder("fence-gpu-stalled").gpu(gpu).build().unwrap();
+    let region = target.alloc_region(MIB, RegionInfo::raw().on_gpu(0)).unwrap();
+    let len = 65536u32;
+    let old = target.fence(region.id(), 0, len.into()).unwrap();
+    let mut s = common::raw::data_connection(&target);
+    s.write_all(FrameHeader::new(FrameOp::Grant, target.epoch(), 9, 0, u64::from(old), 0).as_bytes()).unwrap();
+    let mut write = FrameHeader::new(FrameOp::Write, target.epoch(), 9, region.id().raw(), 0, len.into());
+    write.flags = FLAG_LAST;
+    s.write_all(write.as_bytes()).unwrap();
+    s.write_all(&[0xAB; 32768]).unwrap();
+    // The target reads the header and half the payload, then waits.
+    std::thread::sleep(Duration::from_millis(100));
+    let new = target.fence(region.id(), 0, len.into()).expect("a stalled sender's frame held the fence up");
+    assert!(new > old);
+    s.write_all(&[0xAB; 32768]).unwrap();
+    let mut reply = [0u8; FRAME_HEADER_BYTES];
+    s.read_exact(&mut reply).unwrap();
+    let reply = FrameHeader::read_from_bytes(&reply).unwrap();
+    let fenced_code = Error::Fenced { region: region.id(), grant: old }.code() as i32;
+    assert_eq!(reply.status, -fenced_code, "the chunk's ack says FENCED");
+    assert_eq!(common::read(&region, 0, len as usize), vec![0u8; len as usize], "a stale byte landed after fence");
+}
