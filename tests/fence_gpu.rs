@@ -49,8 +49,9 @@ fn provider() -> (Arc<dyn Gpu>, Option<Arc<SimGpu>>) {
     }
 }
 
-/// A target with 2 MiB of device memory (the first MiB is fenced) and an
-/// initiator pushing from host memory.
+/// A target with 2 MiB of memory (the first MiB is fenced) and an
+/// initiator pushing from a MiB of its own: device memory into host memory,
+/// or host memory into device memory.
 struct Setup {
     sim: Option<Arc<SimGpu>>,
     initiator: Engine,
@@ -62,11 +63,15 @@ struct Setup {
 
 impl Setup {
     fn new(transport: TransportKind) -> Self {
+        Self::from_to(transport, RegionInfo::raw(), RegionInfo::raw().on_gpu(0))
+    }
+
+    fn from_to(transport: TransportKind, local: RegionInfo, remote: RegionInfo) -> Self {
         let (gpu, sim) = provider();
         let target = common::builder("fence-gpu-target").gpu(gpu.clone()).build().unwrap();
-        let remote = target.alloc_region(2 * MIB, RegionInfo::raw().on_gpu(0)).unwrap();
+        let remote = target.alloc_region(2 * MIB, remote).unwrap();
         let initiator = common::builder("fence-gpu-initiator").gpu(gpu).build().unwrap();
-        let local = initiator.alloc_region(MIB, RegionInfo::raw()).unwrap();
+        let local = initiator.alloc_region(MIB, local).unwrap();
         let segment = initiator.open_segment_with(&target.control_addr().to_string(), Some(transport), WAIT).unwrap();
         assert_eq!(segment.transport(), transport);
         Self { sim, initiator, local, segment, target, remote }
@@ -113,7 +118,10 @@ fn fenced(outcome: &Outcome) -> bool {
 
 /// (1) and (2) on one transport.
 fn stale_grant_is_fenced(transport: TransportKind) {
-    let s = Setup::new(transport);
+    stale_grant_is_fenced_in(Setup::new(transport), transport);
+}
+
+fn stale_grant_is_fenced_in(s: Setup, transport: TransportKind) {
     // SAFETY: no batch touches these bytes yet.
     unsafe { s.local.write_at(0, &pattern(MIB, 1)).unwrap() };
     let blocks = s.descs(0);
@@ -147,7 +155,10 @@ fn stale_grant_is_fenced(transport: TransportKind) {
 
 /// (3) on one transport.
 fn fence_during_a_stale_copy(transport: TransportKind) {
-    let s = Setup::new(transport);
+    fence_during_a_stale_copy_in(Setup::new(transport), transport);
+}
+
+fn fence_during_a_stale_copy_in(s: Setup, transport: TransportKind) {
     // SAFETY: no batch touches these bytes yet.
     unsafe { s.local.write_at(0, &pattern(MIB, 3)).unwrap() };
     let blocks = s.descs(0);
@@ -184,6 +195,17 @@ fn cuda_ipc_a_push_under_a_stale_grant_is_fenced_and_nothing_lands() {
 #[test]
 fn cuda_ipc_a_fence_during_a_stale_copy_waits_for_it() {
     fence_during_a_stale_copy(TransportKind::CudaIpc);
+}
+
+/// The same link's GPU copies into a peer's *host* (shm) region: the
+/// chunk's count in the region file's table is kept until its copies
+/// ended, as for a peer's GPU memory (the host pass alone ended when the
+/// copies were issued, and a fence then returned under a stale copy).
+#[test]
+fn cuda_ipc_gpu_copies_into_a_peers_host_memory_are_fenced_too() {
+    let gpu_to_host = || Setup::from_to(TransportKind::CudaIpc, RegionInfo::raw().on_gpu(0), RegionInfo::raw());
+    stale_grant_is_fenced_in(gpu_to_host(), TransportKind::CudaIpc);
+    fence_during_a_stale_copy_in(gpu_to_host(), TransportKind::CudaIpc);
 }
 
 #[test]

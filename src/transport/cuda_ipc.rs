@@ -13,7 +13,7 @@ use crate::auth::Session;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::gpu::{Copy, CopyCounters, CopySides, Event, Gpu, Memory, Place, Stream};
-use crate::mem::fence::Held;
+use crate::mem::fence::{FenceView, Held};
 use crate::mem::fence_file::SharedFences;
 use crate::mem::Access;
 use crate::mem::MemoryKind;
@@ -49,7 +49,7 @@ pub(crate) struct PeerDevice {
     regions: Vec<Option<std::result::Result<OpenedRegion, String>>>,
     /// By region index, for regions peers may write: the region's fence
     /// table page as mapped here (`mem::fence_file`), or why it is not.
-    fences: Vec<Option<std::result::Result<Arc<SharedFences>, String>>>,
+    fences: Vec<Option<std::result::Result<FenceTables, String>>>,
     /// The peer process (another than this one), watched for its exit:
     /// memory opened from a process that is gone must never be reported
     /// as its memory written.
@@ -93,7 +93,7 @@ impl PeerDevice {
                         .and_then(SharedFences::open_peer)
                         .map(Arc::new),
                 };
-                peer.fences[at] = Some(page);
+                peer.fences[at] = Some(page.map(FenceTables::Page));
             }
             let reached = match &region.gpu_export {
                 Err(reason) => Err(format!("its owner could not export it ({reason})")),
@@ -138,7 +138,7 @@ impl PeerDevice {
     /// The fence table page of peer region `region`, which a write into it
     /// checks (`Unsupported` with the reason when it could not be mapped:
     /// an unchecked write is never let through).
-    pub fn fences(&self, region: RegionId) -> Result<&Arc<SharedFences>> {
+    pub fn fences(&self, region: RegionId) -> Result<&FenceTables> {
         match self.fences.get(region.index() as usize).and_then(Option::as_ref) {
             Some(Ok(page)) => Ok(page),
             Some(Err(reason)) => Err(Error::Unsupported {
@@ -277,8 +277,29 @@ struct Pending {
     /// issued: the chunk fails with it, once the earlier copies ended.
     failure: Option<Error>,
     /// Its writer counts in the fence tables of the peer regions it writes,
-    /// released when it is dropped: after its event completed.
-    _holds: Vec<FenceHold>,
+    /// released when cleared: after its event completed.
+    holds: Vec<FenceHold>,
+}
+
+/// Where a peer region's fence table is mapped here, kept mapped by the
+/// `Arc` while a chunk holds a count in it.
+#[derive(Debug, Clone)]
+pub(crate) enum FenceTables {
+    /// A peer GPU region's page (`mem::fence_file`).
+    Page(Arc<SharedFences>),
+    /// A peer's host region files (a same-host link's mappings, by region
+    /// slot), each with its table in its header page.
+    Mappings(Arc<[Option<crate::mem::ShmMapping>]>),
+}
+
+impl FenceTables {
+    /// The table of region slot `slot` (a page has one table).
+    fn view(&self, slot: usize) -> Option<FenceView<'_>> {
+        match self {
+            Self::Page(page) => Some(page.view()),
+            Self::Mappings(all) => all.get(slot)?.as_ref().map(crate::mem::ShmMapping::fences),
+        }
+    }
 }
 
 /// A chunk's count in one peer region's fence table (`mem::fence`), kept
@@ -287,14 +308,17 @@ struct Pending {
 /// when this is dropped.
 #[derive(Debug)]
 struct FenceHold {
-    page: Arc<SharedFences>,
+    /// Keeps the table mapped until the count is released (never read).
+    _tables: FenceTables,
+    /// The table's first word, as an address (which run of blocks it is).
+    words: usize,
     held: Option<Held>,
 }
 
 impl Drop for FenceHold {
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
-            // SAFETY: entered in `page`'s table, which the Arc keeps mapped.
+            // SAFETY: entered in a table of `_tables`, which keeps it mapped.
             unsafe { held.release() };
         }
     }
@@ -321,6 +345,8 @@ pub(crate) struct DeviceCopier {
     /// The chunk being built's counts in fence tables (one per run of its
     /// blocks into one peer region).
     holds: Vec<FenceHold>,
+    /// Emptied `holds` of ended chunks, reused.
+    spare_holds: Vec<Vec<FenceHold>>,
     /// The allocations holding the last copy's source and destination, as
     /// far as the provider said (asked at the copy's first merge, once a
     /// copy): a merge never crosses into another allocation.
@@ -342,6 +368,7 @@ impl DeviceCopier {
             counters,
             device: None,
             holds: Vec::new(),
+            spare_holds: Vec::new(),
             spans: [None; 2],
         }
     }
@@ -356,18 +383,20 @@ impl DeviceCopier {
     /// table's phase.
     pub fn admit(
         &mut self,
-        page: &Arc<SharedFences>,
+        tables: &FenceTables,
         region: RegionId,
         (offset, len): (u64, u64),
         grant: u32,
     ) -> Result<()> {
-        if !self.holds.last().is_some_and(|h| Arc::ptr_eq(&h.page, page)) {
-            let pass = page.view().enter().ok_or(Error::RegionBusy { region, in_flight: 0 })?;
-            self.holds.push(FenceHold { page: page.clone(), held: Some(pass.detach()) });
+        let slot = region.index() as usize;
+        let view = tables.view(slot).ok_or(Error::UnknownRegion { side: Side::Remote, region })?;
+        let words = view.words().as_ptr() as usize;
+        if self.holds.last().is_none_or(|h| h.words != words) {
+            let pass = view.enter().ok_or(Error::RegionBusy { region, in_flight: 0 })?;
+            self.holds.push(FenceHold { _tables: tables.clone(), words, held: Some(pass.detach()) });
         }
-        let hold = self.holds.last().expect("pushed above");
-        let held = hold.held.as_ref().expect("held until dropped");
-        match hold.page.view().admits_held(held, offset, offset.saturating_add(len), grant) {
+        let held = self.holds.last().and_then(|h| h.held.as_ref()).expect("held until dropped");
+        match view.admits_held(held, offset, offset.saturating_add(len), grant) {
             true => Ok(()),
             false => Err(Error::Fenced { region, grant }),
         }
@@ -462,10 +491,12 @@ impl DeviceCopier {
         })();
         self.copies.clear();
         self.sides.clear();
-        // Dropped (released) with the chunk when nothing was issued.
-        let holds = std::mem::take(&mut self.holds);
+        // Released with the chunk when nothing was issued; the emptied
+        // vectors come back for later chunks (no allocation per chunk).
+        let spare = self.spare_holds.pop().unwrap_or_default();
+        let holds = std::mem::replace(&mut self.holds, spare);
         let event = issued?;
-        self.in_flight.push_back(Pending { ticket, device, event, bytes, failure, _holds: holds });
+        self.in_flight.push_back(Pending { ticket, device, event, bytes, failure, holds });
         Ok(())
     }
 
@@ -510,8 +541,11 @@ impl DeviceCopier {
                 Ok(true) => Ok(()),
                 Err(error) => Err(error),
             };
-            let pending = self.in_flight.remove(index).expect("index is in range");
+            let mut pending = self.in_flight.remove(index).expect("index is in range");
             self.free_events.push((pending.device, pending.event));
+            // The copies ended: a fence waiting for them may return.
+            pending.holds.clear();
+            self.spare_holds.push(std::mem::take(&mut pending.holds));
             let end: std::result::Result<u64, TransferError> = match (result, pending.failure) {
                 (Ok(()), None) => Ok(pending.bytes),
                 (Ok(()), Some(failure)) => Err((failure, pending.bytes)),
