@@ -6,7 +6,10 @@
 //!   to end): the target fences without a message, so the ratio is < 1.
 //! - `fence/<transport>`: a push of 16 x 64 KiB blocks naming its grant
 //!   into a fenced range of a region holding 16 other requests' fences,
-//!   beside the same push into a region never fenced (no grant).
+//!   beside the same push into a region never fenced (no grant); shm, tcp
+//!   and cma from host memory, cuda_ipc device to device on the simulated
+//!   GPU (its copy engine is host memcpy after a 10 us delay: the row
+//!   measures the check and the held pass, not a real GPU's copy).
 //!
 //! `cargo bench --bench fence -- --rounds 2000` (`-- --test`: a few rounds,
 //! the CI smoke run). Prints p50 of each, in microseconds, and the ratio.
@@ -124,6 +127,26 @@ fn main() {
     let mine = initiator.alloc_region(LEN, RegionInfo::raw()).expect("region");
     let shm = initiator.open_segment_with(&addr, Some(TransportKind::Shm), WAIT).expect("shm");
     checked("shm", &target, &mut sub, &shm, [mine.id(), remote_plain.id(), remote_fenced.id()], rounds);
+    drop(sub);
+    drop(initiator);
+    drop(target);
+
+    // cuda_ipc on the simulated GPU: device to device, the GPU region's
+    // own table page (mapped by the initiator's lane, held until each
+    // chunk's event completed).
+    let gpu: std::sync::Arc<dyn kvring::gpu::Gpu> =
+        std::sync::Arc::new(kvring::gpu::SimGpu::new(1, Duration::from_micros(10)));
+    let target = Engine::builder().name("bench-fence-gpu-target").gpu(gpu.clone()).build().expect("engine");
+    let initiator = Engine::builder().name("bench-fence-gpu-initiator").gpu(gpu).build().expect("engine");
+    let on_gpu = RegionInfo::raw().on_gpu(0);
+    let remote_plain = target.alloc_region(LEN, on_gpu).expect("region");
+    let remote_fenced = target.alloc_region(17 * LEN, on_gpu).expect("region");
+    let mine = initiator.alloc_region(LEN, on_gpu).expect("region");
+    let mut sub = initiator.submitter().expect("submitter");
+    let ipc = initiator
+        .open_segment_with(&target.control_addr().to_string(), Some(TransportKind::CudaIpc), WAIT)
+        .expect("cuda_ipc");
+    checked("cuda_ipc", &target, &mut sub, &ipc, [mine.id(), remote_plain.id(), remote_fenced.id()], rounds);
     drop(sub);
     drop(initiator);
     drop(target);

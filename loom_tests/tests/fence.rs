@@ -67,6 +67,52 @@ fn no_stale_write_lands_after_fence_returned() {
     });
 }
 
+/// A device copy's writer (cuda_ipc's chunk, the tcp target's staged
+/// copy): it enters and checks on its lane, keeps its count past the pass
+/// (`Pass::detach`), and the copy lands later on another thread (the copy
+/// engine), which releases the count only once the copy is in place
+/// (`Held::release`). The stale copy still lands before `fence` returns or
+/// not at all.
+#[test]
+fn a_held_pass_released_after_an_async_copy_keeps_the_fence_waiting() {
+    loom::model(|| {
+        let range = Range::new();
+        let g1 = 1;
+        range.view().fence(&[Span::range(0, 8)], g1, || true).unwrap();
+        let stale = {
+            let range = range.clone();
+            thread::spawn(move || {
+                let view = range.view();
+                let Some(pass) = view.enter() else { return false };
+                let held = pass.detach();
+                if !view.admits_held(&held, 0, 8, g1) {
+                    // SAFETY (of the model): the table lives in `range`.
+                    unsafe { held.release() };
+                    return false;
+                }
+                // The copy engine runs it later, elsewhere.
+                let engine = range.clone();
+                thread::spawn(move || {
+                    // SAFETY (of the model): as in `Range::write`.
+                    engine.bytes.with_mut(|bytes| unsafe { *bytes = 7 });
+                    // SAFETY (of the model): the table lives in `engine`.
+                    unsafe { held.release() };
+                })
+                .join()
+                .unwrap();
+                true
+            })
+        };
+        range.view().fence(&[Span::range(0, 8)], 2, patient).unwrap();
+        // SAFETY: a loom cell's pointer; loom reports an unordered access.
+        range.bytes.with_mut(|bytes| unsafe { *bytes = 1 });
+        let landed = stale.join().unwrap();
+        // SAFETY: as above.
+        let last = range.bytes.with(|bytes| unsafe { *bytes });
+        assert_eq!(last, 1, "a stale async copy landed after fence returned (landed: {landed})");
+    });
+}
+
 /// A writer that read the phase, then stalled while the target fenced
 /// twice (so the second fence waits on the other counter), must still see
 /// the second fence's entry. (The writer's re-read of the phase guards an

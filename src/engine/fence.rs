@@ -27,8 +27,8 @@ impl Engine {
     ///
     /// Fencing a range no write is in sends no message: the grant is
     /// checked by whoever writes (this target's lanes for tcp; a same-host
-    /// peer's own lane for shm and cma, against tables in memory both
-    /// map). Grants rise across the process, so a grant of another range
+    /// peer's own lane for shm, cma and cuda_ipc, against tables in memory
+    /// both map). Grants rise across the process, so a grant of another range
     /// never passes for an older one.
     ///
     /// `RegionBusy` when a write under an older grant did not end within
@@ -71,7 +71,8 @@ impl Engine {
                 in_flight: u32::try_from(n).unwrap_or(u32::MAX),
             };
             // The region's own table, by offset: tcp and staged copies at
-            // this end, and shm peers (a region file's table).
+            // this end, shm peers (a region file's table) and cuda_ipc peers
+            // (a GPU region's page).
             let own = entry.fence_view().fence(&spans, grant, pauser(deadline));
             // Same-host cma peers check the page's table, by address here.
             // Entered even when the wait above failed: a failed fence

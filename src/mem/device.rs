@@ -19,6 +19,11 @@ pub const DEVICE_COPY_TIMEOUT: Duration = Duration::from_secs(30);
 /// the checksum's 32-byte block).
 const BOUNCE_BYTES: usize = 4 << 20;
 
+/// A new fence table page for a GPU region, or why none could be made.
+fn shared_fences() -> std::result::Result<Arc<crate::mem::fence_file::SharedFences>, String> {
+    crate::mem::fence_file::SharedFences::create().map(Arc::new).map_err(|e| format!("no fence table page: {e}"))
+}
+
 /// A GPU region's backing, shared by its registry entry and (for memory the
 /// engine allocated) its [`Region`](crate::Region) handle.
 pub struct DeviceBacking {
@@ -30,6 +35,11 @@ pub struct DeviceBacking {
     pub export: std::result::Result<Export, String>,
     /// Memory the engine allocated: freed with the last holder.
     owned: Option<DevicePtr>,
+    /// The region's fence table, in a page its cuda_ipc peers map (passed
+    /// over the GPU descriptor socket); `Err` when no page could be made
+    /// (writes over cuda_ipc are then refused, tcp's are checked on a heap
+    /// table).
+    pub fences: std::result::Result<Arc<crate::mem::fence_file::SharedFences>, String>,
 }
 
 impl std::fmt::Debug for DeviceBacking {
@@ -49,14 +59,14 @@ impl DeviceBacking {
     /// here and says why peers cannot open it).
     pub fn caller(gpu: Arc<dyn Gpu>, ordinal: u32, addr: u64, len: u64) -> Self {
         let export = gpu.export(addr, len).map_err(|e| e.to_string());
-        Self { gpu, ordinal, export, owned: None }
+        Self { gpu, ordinal, export, owned: None, fences: shared_fences() }
     }
 
     /// Allocates `len` bytes on `ordinal`, exported; freed when dropped.
     pub fn allocate(gpu: Arc<dyn Gpu>, ordinal: u32, len: u64) -> Result<(Self, DevicePtr)> {
         let ptr = gpu.alloc(ordinal, len)?;
         let export = gpu.export(ptr.0, len).map_err(|e| e.to_string());
-        Ok((Self { gpu, ordinal, export, owned: Some(ptr) }, ptr))
+        Ok((Self { gpu, ordinal, export, owned: Some(ptr), fences: shared_fences() }, ptr))
     }
 
     /// True for memory the caller owns (not allocated by the engine).

@@ -318,7 +318,26 @@ impl Pass<'_> {
     /// fence covering any of it is newer than the grant.
     #[inline]
     pub fn admits(&self, start: u64, end: u64, grant: u32) -> bool {
-        let words = self.view.words;
+        self.view.admits(start, end, grant)
+    }
+}
+
+impl FenceView<'_> {
+    /// As [`Pass::admits`], for a writer that entered this table and keeps
+    /// its count past the pass's borrow (`held`, from [`Pass::detach`] of a
+    /// pass of this very table): a device copy's chunk checks each block
+    /// under the one count it holds until the copy ends.
+    #[inline]
+    pub fn admits_held(&self, held: &Held, start: u64, end: u64, grant: u32) -> bool {
+        debug_assert!(self.words[BUSY..BUSY + 2].iter().any(|w| std::ptr::eq(w, held.busy)), "a pass of this table");
+        self.admits(start, end, grant)
+    }
+
+    /// True when no fence newer than `grant` covers any of `[start, end)`
+    /// (the caller is counted in `busy`).
+    #[inline]
+    fn admits(&self, start: u64, end: u64, grant: u32) -> bool {
+        let words = self.words;
         // Never fenced: the common case costs one load.
         if words[PHASE].load(Ordering::SeqCst) == 0 {
             return true;
@@ -327,10 +346,10 @@ impl Pass<'_> {
         if grant < words[FLOOR].load(Ordering::SeqCst) {
             return false;
         }
-        let used = self.view.used();
+        let used = self.used();
         (0..used).all(|slot| {
             let gen = words[ENTRIES + ENTRY_WORDS * slot + GEN].load(Ordering::SeqCst);
-            gen <= grant || !self.view.entry(slot).meets(start, end)
+            gen <= grant || !self.entry(slot).meets(start, end)
         })
     }
 }

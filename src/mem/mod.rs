@@ -4,6 +4,7 @@
 pub mod checksum;
 pub mod device;
 pub mod fence;
+pub mod fence_file;
 pub(crate) mod lease;
 pub mod region;
 pub mod registry;

@@ -50,12 +50,15 @@ pub struct Backing {
 
 impl RegionEntry {
     /// The fence table writers at this end check, keyed by offset in the
-    /// region: the region file's (which same-host peers check too), or the
-    /// entry's own.
+    /// region: the region file's (which same-host peers check too), a GPU
+    /// region's page (which its cuda_ipc peers check too), or the entry's
+    /// own.
     pub fn fence_view(&self) -> super::fence::FenceView<'_> {
-        match &self.shm {
-            Some(shm) => shm.fences(),
-            None => self.fences.view(),
+        match (&self.shm, self.device.as_deref().map(|d| &d.fences)) {
+            (Some(shm), _) => shm.fences(),
+            // A GPU region's own page, which its cuda_ipc peers map.
+            (None, Some(Ok(page))) => page.view(),
+            _ => self.fences.view(),
         }
     }
 

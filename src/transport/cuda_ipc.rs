@@ -13,6 +13,8 @@ use crate::auth::Session;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::gpu::{Copy, CopyCounters, CopySides, Event, Gpu, Memory, Place, Stream};
+use crate::mem::fence::{FenceView, Held};
+use crate::mem::fence_file::SharedFences;
 use crate::mem::Access;
 use crate::mem::MemoryKind;
 use crate::segment::{RemoteRegion, SegmentDescriptor};
@@ -45,6 +47,9 @@ pub(crate) struct PeerDevice {
     name: String,
     /// By region index: where it is here, or why it cannot be reached.
     regions: Vec<Option<std::result::Result<OpenedRegion, String>>>,
+    /// By region index, for regions peers may write: the region's fence
+    /// table page as mapped here (`mem::fence_file`), or why it is not.
+    fences: Vec<Option<std::result::Result<FenceTables, String>>>,
     /// The peer process (another than this one), watched for its exit:
     /// memory opened from a process that is gone must never be reported
     /// as its memory written.
@@ -74,33 +79,28 @@ impl PeerDevice {
             true => None,
             false => crate::gpu::fd::pidfd_open(descriptor.pid).ok().map(|fd| (descriptor.pid, fd)),
         };
-        let mut peer = PeerDevice { gpu, name: descriptor.name.clone(), regions: vec![None; slots], process };
+        let fences = (0..slots).map(|_| None).collect();
+        let mut peer = PeerDevice { gpu, name: descriptor.name.clone(), regions: vec![None; slots], fences, process };
         let mut client: Option<GpuFdClient> = None;
         for region in descriptor.regions.iter().filter(|r| r.memory != MemoryKind::Host) {
+            let at = region.id.index() as usize;
+            if region.access.contains(Access::REMOTE_WRITE) && region.gpu_export.is_ok() {
+                let page = match same_process {
+                    true => peer.own_fences(descriptor, region.id),
+                    false => connected(&mut client, descriptor, session, deadline)
+                        .and_then(|c| c.fence_fd(region.id))
+                        .map_err(|e| e.to_string())
+                        .and_then(SharedFences::open_peer)
+                        .map(Arc::new),
+                };
+                peer.fences[at] = Some(page.map(FenceTables::Page));
+            }
             let reached = match &region.gpu_export {
                 Err(reason) => Err(format!("its owner could not export it ({reason})")),
                 Ok(_) if same_process => peer.own(descriptor, region),
                 Ok(handles) => {
-                    let at = region.id.index() as usize;
                     let mut fds = |index: usize| -> Result<OwnedFd> {
-                        if client.is_none() {
-                            let name = descriptor.gpu_fds.as_deref().ok_or_else(|| Error::Unsupported {
-                                what: format!(
-                                    "{}: its GPU memory needs descriptors it serves no socket for",
-                                    descriptor.name
-                                ),
-                            })?;
-                            let connected = GpuFdClient::connect(
-                                &descriptor.name,
-                                name,
-                                descriptor.pid,
-                                session,
-                                descriptor.epoch,
-                                deadline,
-                            )?;
-                            client = Some(connected);
-                        }
-                        client.as_mut().expect("connected above").fd(region.id, handles.len(), index)
+                        connected(&mut client, descriptor, session, deadline)?.fd(region.id, handles.len(), index)
                     };
                     let ptr = peer.gpu.open(handles, &mut fds).map_err(|e| opening(&descriptor.name, region.id, e))?;
                     // Recorded at once, so that dropping `peer` closes it
@@ -122,6 +122,35 @@ impl PeerDevice {
             peer.regions[region.id.index() as usize] = Some(reached);
         }
         Ok(peer)
+    }
+
+    /// The fence table page of region `id` of an engine of this very
+    /// process, as its own registry has it.
+    fn own_fences(
+        &self,
+        descriptor: &SegmentDescriptor,
+        id: RegionId,
+    ) -> std::result::Result<Arc<SharedFences>, String> {
+        let name = descriptor.gpu_fds.as_deref().ok_or("an engine of this process that serves no GPU socket")?;
+        gpu_fds::server::local_fences(name, id).ok_or_else(|| format!("no engine of this process serves {name}"))?
+    }
+
+    /// The fence table page of peer region `region`, which a write into it
+    /// checks (`Unsupported` with the reason when it could not be mapped:
+    /// an unchecked write is never let through).
+    pub fn fences(&self, region: RegionId) -> Result<&FenceTables> {
+        match self.fences.get(region.index() as usize).and_then(Option::as_ref) {
+            Some(Ok(page)) => Ok(page),
+            Some(Err(reason)) => Err(Error::Unsupported {
+                what: format!(
+                    "a write into region {region} of {}: its fence table is not reachable ({reason})",
+                    self.name
+                ),
+            }),
+            None => Err(Error::Unsupported {
+                what: format!("a write into region {region} of {}: its owner grants peers no write there", self.name),
+            }),
+        }
     }
 
     /// A region of an engine of this very process, where its own registry
@@ -205,6 +234,23 @@ impl Drop for PeerDevice {
     }
 }
 
+/// The connection to the peer's GPU descriptor socket, made at first use.
+fn connected<'a>(
+    client: &'a mut Option<GpuFdClient>,
+    descriptor: &SegmentDescriptor,
+    session: Option<&Session>,
+    deadline: Instant,
+) -> Result<&'a mut GpuFdClient> {
+    if client.is_none() {
+        let name = descriptor.gpu_fds.as_deref().ok_or_else(|| Error::Unsupported {
+            what: format!("{}: its GPU memory needs descriptors it serves no socket for", descriptor.name),
+        })?;
+        let made = GpuFdClient::connect(&descriptor.name, name, descriptor.pid, session, descriptor.epoch, deadline)?;
+        *client = Some(made);
+    }
+    Ok(client.as_mut().expect("connected above"))
+}
+
 fn opening(peer: &str, region: RegionId, error: Error) -> Error {
     match error {
         // The peer's descriptor socket stalled past the open's deadline:
@@ -230,6 +276,52 @@ struct Pending {
     /// A block of the chunk that was refused after earlier ones were
     /// issued: the chunk fails with it, once the earlier copies ended.
     failure: Option<Error>,
+    /// Its writer counts in the fence tables of the peer regions it writes,
+    /// released when cleared: after its event completed.
+    holds: Vec<FenceHold>,
+}
+
+/// Where a peer region's fence table is mapped here, kept mapped by the
+/// `Arc` while a chunk holds a count in it.
+#[derive(Debug, Clone)]
+pub(crate) enum FenceTables {
+    /// A peer GPU region's page (`mem::fence_file`).
+    Page(Arc<SharedFences>),
+    /// A peer's host region files (a same-host link's mappings, by region
+    /// slot), each with its table in its header page.
+    Mappings(Arc<[Option<crate::mem::ShmMapping>]>),
+}
+
+impl FenceTables {
+    /// The table of region slot `slot` (a page has one table).
+    fn view(&self, slot: usize) -> Option<FenceView<'_>> {
+        match self {
+            Self::Page(page) => Some(page.view()),
+            Self::Mappings(all) => all.get(slot)?.as_ref().map(crate::mem::ShmMapping::fences),
+        }
+    }
+}
+
+/// A chunk's count in one peer region's fence table (`mem::fence`), kept
+/// until the chunk's copies ended, so that a fence meanwhile waits for
+/// them: the pass is taken before the chunk's first check and released
+/// when this is dropped.
+#[derive(Debug)]
+struct FenceHold {
+    /// Keeps the table mapped until the count is released (never read).
+    _tables: FenceTables,
+    /// The table's first word, as an address (which run of blocks it is).
+    words: usize,
+    held: Option<Held>,
+}
+
+impl Drop for FenceHold {
+    fn drop(&mut self) {
+        if let Some(held) = self.held.take() {
+            // SAFETY: entered in a table of `_tables`, which keeps it mapped.
+            unsafe { held.release() };
+        }
+    }
 }
 
 /// One lane's GPU copier: its streams and events (one per GPU it has used,
@@ -250,6 +342,11 @@ pub(crate) struct DeviceCopier {
     counters: Arc<CopyCounters>,
     /// The GPU whose stream carries the chunk (its first device side).
     device: Option<u32>,
+    /// The chunk being built's counts in fence tables (one per run of its
+    /// blocks into one peer region).
+    holds: Vec<FenceHold>,
+    /// Emptied `holds` of ended chunks, reused.
+    spare_holds: Vec<Vec<FenceHold>>,
     /// The allocations holding the last copy's source and destination, as
     /// far as the provider said (asked at the copy's first merge, once a
     /// copy): a merge never crosses into another allocation.
@@ -270,8 +367,44 @@ impl DeviceCopier {
             copy_bytes: 0,
             counters,
             device: None,
+            holds: Vec::new(),
+            spare_holds: Vec::new(),
             spans: [None; 2],
         }
+    }
+
+    /// Checks a write of `len` bytes at `offset` of peer region `region`
+    /// under `grant` against the region's fence table `page`, before the
+    /// block's copy is added: the chunk enters the table once per run of
+    /// blocks into one region and stays counted there until its copies
+    /// ended (or it is dropped unissued), so once the owner's `fence`
+    /// returned no stale copy of it can still land. `Fenced` when a newer
+    /// fence covers the range; `RegionBusy` when fences kept flipping the
+    /// table's phase.
+    pub fn admit(
+        &mut self,
+        tables: &FenceTables,
+        region: RegionId,
+        (offset, len): (u64, u64),
+        grant: u32,
+    ) -> Result<()> {
+        let slot = region.index() as usize;
+        let view = tables.view(slot).ok_or(Error::UnknownRegion { side: Side::Remote, region })?;
+        let words = view.words().as_ptr() as usize;
+        if self.holds.last().is_none_or(|h| h.words != words) {
+            let pass = view.enter().ok_or(Error::RegionBusy { region, in_flight: 0 })?;
+            self.holds.push(FenceHold { _tables: tables.clone(), words, held: Some(pass.detach()) });
+        }
+        let held = self.holds.last().and_then(|h| h.held.as_ref()).expect("held until dropped");
+        match view.admits_held(held, offset, offset.saturating_add(len), grant) {
+            true => Ok(()),
+            false => Err(Error::Fenced { region, grant }),
+        }
+    }
+
+    /// Drops the counts of a chunk that issues no copy.
+    pub fn release_unissued(&mut self) {
+        self.holds.clear();
     }
 
     /// Adds a copy to the chunk being built; one that continues the last on
@@ -358,8 +491,12 @@ impl DeviceCopier {
         })();
         self.copies.clear();
         self.sides.clear();
+        // Released with the chunk when nothing was issued; the emptied
+        // vectors come back for later chunks (no allocation per chunk).
+        let spare = self.spare_holds.pop().unwrap_or_default();
+        let holds = std::mem::replace(&mut self.holds, spare);
         let event = issued?;
-        self.in_flight.push_back(Pending { ticket, device, event, bytes, failure });
+        self.in_flight.push_back(Pending { ticket, device, event, bytes, failure, holds });
         Ok(())
     }
 
@@ -404,8 +541,11 @@ impl DeviceCopier {
                 Ok(true) => Ok(()),
                 Err(error) => Err(error),
             };
-            let pending = self.in_flight.remove(index).expect("index is in range");
+            let mut pending = self.in_flight.remove(index).expect("index is in range");
             self.free_events.push((pending.device, pending.event));
+            // The copies ended: a fence waiting for them may return.
+            pending.holds.clear();
+            self.spare_holds.push(std::mem::take(&mut pending.holds));
             let end: std::result::Result<u64, TransferError> = match (result, pending.failure) {
                 (Ok(()), None) => Ok(pending.bytes),
                 (Ok(()), Some(failure)) => Err((failure, pending.bytes)),

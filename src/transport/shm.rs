@@ -5,7 +5,7 @@
 //! and every block with GPU memory on either end goes to the GPU's copy
 //! engines, one batched copy per chunk, ending when its event completes.
 
-use super::cuda_ipc::{device_copy, DeviceCopier, PeerDevice, RemoteAt};
+use super::cuda_ipc::{device_copy, DeviceCopier, FenceTables, PeerDevice, RemoteAt};
 use super::{Block, ChunkEnd, LaneLink, Link, LinkState, Posted, TransportKind};
 use crate::desc::BlockDesc;
 use crate::error::{Error, Result, Side};
@@ -58,6 +58,10 @@ impl ShmLink {
         // The fence table's pass of that region, for writes (`mem::fence`):
         // taken after `entered`, dropped before it.
         let mut fenced: Option<(usize, Pass<'_>)> = None;
+        // On a link with a GPU, a write's count in a host region's table is
+        // the copier's instead, kept until the chunk's copies ended (a GPU
+        // copy into the mapping runs after this call returns).
+        let host_tables = self.device.is_some().then(|| FenceTables::Mappings(self.mappings.clone()));
         for block in blocks {
             let index = block.desc.remote_region.index() as usize;
             if let Some(mapping) = mappings.get(index).and_then(Option::as_ref) {
@@ -75,7 +79,14 @@ impl ShmLink {
                         }
                     }
                 }
-                if let Err(error) = admit(op, mapping, index, &mut fenced, block) {
+                let checked = match (&host_tables, self.device.as_mut()) {
+                    (Some(tables), Some((_, copier))) if op == Opcode::Write => {
+                        let range = (block.desc.remote_offset, block.desc.len);
+                        copier.admit(tables, block.desc.remote_region, range, block.grant)
+                    }
+                    _ => admit(op, mapping, index, &mut fenced, block),
+                };
+                if let Err(error) = checked {
                     failure = Some(error);
                     break;
                 }
@@ -87,12 +98,8 @@ impl ShmLink {
                     break;
                 }
             };
-            if let (Opcode::Write, RemoteAt::Device(..), 1..) = (op, remote, block.grant) {
-                failure = Some(Error::Unsupported {
-                    what:
-                        "a granted write into a peer's GPU memory over cuda_ipc (its fences are not checked there yet)"
-                            .into(),
-                });
+            if let Err(error) = self.admit_device(op, remote, block) {
+                failure = Some(error);
                 break;
             }
             // SAFETY: forwarded from our own contract; `remote` was found
@@ -118,11 +125,26 @@ impl ShmLink {
                 Ok(()) => Posted::InFlight,
                 Err(error) => Posted::Failed((error, moved)),
             },
-            None => match failure {
-                Some(error) => Posted::Failed((error, moved)),
-                None => Posted::Done(moved),
-            },
+            None => {
+                if let Some((_, copier)) = self.device.as_mut() {
+                    copier.release_unissued();
+                }
+                match failure {
+                    Some(error) => Posted::Failed((error, moved)),
+                    None => Posted::Done(moved),
+                }
+            }
         }
+    }
+
+    /// A write into a peer's GPU memory: checked against the region's fence
+    /// table page, the chunk counted there until its copies ended.
+    fn admit_device(&mut self, op: Opcode, remote: RemoteAt, block: &Block) -> Result<()> {
+        let (Opcode::Write, RemoteAt::Device(..), Some((peer, copier))) = (op, remote, self.device.as_mut()) else {
+            return Ok(());
+        };
+        let region = block.desc.remote_region;
+        copier.admit(peer.fences(region)?, region, (block.desc.remote_offset, block.desc.len), block.grant)
     }
 
     /// Copies one admitted block whose remote range is at `remote`: a host
@@ -252,8 +274,9 @@ pub const SHM_CHUNK_BLOCKS: usize = 16;
 pub const GPU_CHUNK_BLOCKS: usize = super::MAX_CHUNK_BLOCKS;
 
 impl LaneLink for ShmLink {
-    /// Host mappings are checked; a granted write into the peer's GPU
-    /// memory is refused block by block (not fenced yet).
+    /// Host mappings are checked against their files' tables; the peer's
+    /// GPU regions against their fence table pages, the chunk counted there
+    /// until its copies ended.
     fn checks_grants(&self) -> bool {
         true
     }

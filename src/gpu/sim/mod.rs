@@ -41,11 +41,18 @@ const KERNEL_SLOTS: usize = 16;
 /// Copies one kernel launch takes (a slot's size).
 const KERNEL_SLOT_COPIES: usize = 256;
 
+/// `delay` in whole nanoseconds (saturating: about 584 years).
+fn nanos(delay: Duration) -> u64 {
+    u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// The simulated provider.
 #[derive(Debug)]
 pub struct SimGpu {
     devices: u32,
-    copy_delay: Duration,
+    /// The copy engine's delay, in nanoseconds (a test may change it
+    /// while copies are in flight: [`SimGpu::set_copy_delay`]).
+    copy_delay_ns: AtomicU64,
     /// The CUDA version the simulated driver reports.
     driver_version: u32,
     /// Whether its copy kernel loads (on drivers without the batch API).
@@ -116,7 +123,7 @@ impl SimGpu {
     pub fn new(devices: u32, copy_delay: Duration) -> Self {
         Self {
             devices,
-            copy_delay,
+            copy_delay_ns: AtomicU64::new(nanos(copy_delay)),
             driver_version: BATCH_API_DRIVER,
             kernel_loads: true,
             peer_access: true,
@@ -173,7 +180,15 @@ impl SimGpu {
 
     /// The copy engine's delay.
     pub fn copy_delay(&self) -> Duration {
-        self.copy_delay
+        Duration::from_nanos(self.copy_delay_ns.load(Ordering::Relaxed))
+    }
+
+    /// Copies queued from now on complete `delay` after they were queued;
+    /// those queued before keep their time (a test makes a stale copy slow
+    /// and the next owner's fast, so the order they land in tells whether a
+    /// fence waited for the stale one).
+    pub fn set_copy_delay(&self, delay: Duration) {
+        self.copy_delay_ns.store(nanos(delay), Ordering::Relaxed);
     }
 
     /// Calls to [`Gpu::copy_batch`] so far, and the copies they carried.
@@ -364,7 +379,7 @@ impl SimGpu {
         if kernel {
             fail = fail.or_else(|| state.kernel_fault(copies, device, self.peer_access));
         }
-        let ready = Instant::now() + self.copy_delay;
+        let ready = Instant::now() + self.copy_delay();
         let entry = state.streams.get_mut(&stream.0).expect("checked above");
         entry.kernels += usize::from(kernel);
         entry.pending.push_back(Work::Copies { ready, copies: resolved, fail, kernel });

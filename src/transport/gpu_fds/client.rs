@@ -93,6 +93,39 @@ impl GpuFdClient {
         Ok(self.fetched.pop_front().expect("fetched at least one"))
     }
 
+    /// The descriptor of `region`'s fence table page (`mem::fence_file`).
+    pub(crate) fn fence_fd(&mut self, region: RegionId) -> Result<OwnedFd> {
+        self.fetched.clear();
+        self.region = None;
+        let request = Request { region: region.raw(), first: super::FENCE_TABLE, count: 1 };
+        self.write(&request.encode())?;
+        let mut answer = [0u8; ANSWER_BYTES];
+        self.set_timeouts()?;
+        let mut fds = recv_with_fds(&self.stream, &mut answer, 1).map_err(|e| self.io_error(e))?;
+        let bad = |reason: String| Error::malformed("GPU descriptor answer", reason);
+        match Answer::decode(&answer).map_err(bad)? {
+            Answer::Refused { len } => {
+                let mut reason = vec![0u8; len as usize];
+                self.read(&mut reason)?;
+                Err(Error::Gpu {
+                    device: "cuda_ipc".into(),
+                    reason: format!(
+                        "{} refused region {region}'s fence table: {}",
+                        self.peer,
+                        String::from_utf8_lossy(&reason)
+                    ),
+                })
+            }
+            Answer::Descriptors { count: 1, handles: super::FENCE_TABLE } if fds.len() == 1 => {
+                Ok(fds.pop().expect("one descriptor"))
+            }
+            Answer::Descriptors { count, handles } => Err(bad(format!(
+                "{} descriptors (said {count} of {handles}) for region {region}'s fence table",
+                fds.len()
+            ))),
+        }
+    }
+
     /// Asks for handles `index..` of `region` and takes the answer's run.
     fn fetch(&mut self, region: RegionId, handles: usize, index: usize) -> Result<()> {
         let want = handles.saturating_sub(index).min(MAX_FDS_PER_MESSAGE);

@@ -105,13 +105,19 @@ impl Challenge {
 }
 
 /// A request for the descriptors of handles `first..first + count` of
-/// region `region` (its raw id).
+/// region `region` (its raw id), or (`first` [`FENCE_TABLE`]) for its
+/// fence table page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Request {
     pub region: u64,
     pub first: u32,
     pub count: u32,
 }
+
+/// The `first` of a [`Request`] for a region's fence table page (one
+/// descriptor, `mem::fence_file`) instead of its handles'; its answer's
+/// `handles` says the same.
+pub(crate) const FENCE_TABLE: u32 = u32::MAX;
 
 /// "KVF5": a 64-bit region id ("KVF3" carried 32 bits).
 const REQUEST_MAGIC: [u8; 4] = *b"KVF5";

@@ -232,6 +232,20 @@ pub(crate) fn local_region(name: &str, id: RegionId) -> Option<Result<(u64, u64,
     }))
 }
 
+/// Region `id`'s fence table page, of the engine of this process serving
+/// socket `name` (shared as it is, no descriptor): `None` when no engine of
+/// this process serves that socket.
+pub(crate) fn local_fences(
+    name: &str,
+    id: RegionId,
+) -> Option<Result<Arc<crate::mem::fence_file::SharedFences>, String>> {
+    let shared = local().iter().find(|(n, _)| n == name).and_then(|(_, weak)| weak.upgrade())?;
+    Some(shared.registry.get(id).map_err(|e| e.to_string()).and_then(|entry| {
+        let device = entry.device.as_ref().ok_or_else(|| format!("region {id} is not GPU memory"))?;
+        device.fences.clone()
+    }))
+}
+
 /// True when peers hold some right to a region.
 fn grants_peers(access: Access) -> bool {
     access.contains(Access::REMOTE_READ) || access.contains(Access::REMOTE_WRITE)
@@ -382,6 +396,15 @@ fn descriptors(shared: &Shared, request: Request) -> Result<(Vec<OwnedFd>, u32),
         return Err(format!("region {id} grants peers no right"));
     }
     let device = entry.device.as_ref().ok_or_else(|| format!("region {id} is not GPU memory"))?;
+    if request.first == super::FENCE_TABLE {
+        // Writers check it; a region peers may only read needs none.
+        if !entry.info.access.contains(Access::REMOTE_WRITE) {
+            return Err(format!("region {id} grants peers no write, so it has no fence table for them"));
+        }
+        let page = device.fences.as_ref().map_err(|why| format!("region {id}: {why}"))?;
+        let fd = page.share().map_err(|e| format!("region {id}'s fence table: {e}"))?;
+        return Ok((vec![fd], super::FENCE_TABLE));
+    }
     let export = device.export.as_ref().map_err(|why| format!("region {id} was not exported: {why}"))?;
     let handles = export.handles();
     let first = request.first as usize;

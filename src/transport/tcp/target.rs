@@ -203,9 +203,6 @@ pub(crate) struct TargetConn {
     /// The fence table the current WRITE payload lands under, while its
     /// lease is kept (none for a staged payload).
     fence: Option<fenced::FrameFence>,
-    /// The current staged WRITE, counted as a writer in its region's fence
-    /// table until its device copy ends (then held by its group).
-    held: Option<crate::mem::fence::Held>,
 }
 
 // SAFETY: the raw pointers are into registered regions under leases this
@@ -247,7 +244,6 @@ impl TargetConn {
             sender: None,
             grant: 0,
             fence: None,
-            held: None,
         }
     }
 

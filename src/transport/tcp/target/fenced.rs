@@ -21,6 +21,11 @@ pub(super) struct FrameFence {
     grant: u32,
 }
 
+// SAFETY: it points at a fence table's atomic words (shared between
+// threads by design), which the frame's kept lease keeps alive wherever the
+// frame's state travels (its connection, or its lane's orphaned groups).
+unsafe impl Send for FrameFence {}
+
 impl FrameFence {
     /// The table of `entry` (leased for the frame), for a write under `grant`.
     pub fn of(entry: &RegionEntry, region: RegionId, grant: u32) -> Self {
@@ -64,10 +69,11 @@ impl TargetConn {
     }
 
     /// Stamps this connection's grant on a checked WRITE's fence and checks
-    /// its whole range once at its header (a staged payload is checked only
-    /// here, and stays counted as a writer in the table, `self.held`, until
-    /// its device copy ends: a fence meanwhile waits for it); a refusal
-    /// gives the kept lease back.
+    /// its whole range once at its header (a payload into host memory is
+    /// checked again before each piece lands; a staged one again just
+    /// before its device copy is issued, `staging::issue`, under a pass
+    /// then kept until that copy completed); a refusal gives the kept lease
+    /// back.
     pub(super) fn check_grant(
         &mut self,
         ctx: &TargetContext,
@@ -78,29 +84,13 @@ impl TargetConn {
         // SAFETY: `check_block` kept the lease this frame holds.
         let admitted = unsafe { fence.admit(header.offset, header.len.into()) };
         match admitted {
-            Ok(pass) => {
-                if device.is_some() {
-                    self.release_held();
-                    self.held = Some(pass.detach());
-                }
-                Ok((addr, device, fence))
-            }
+            Ok(_pass) => Ok((addr, device, fence)),
             Err(error) => {
                 // SAFETY: kept by `check_block` for this frame, which it now
                 // refuses: given back once, here.
                 unsafe { ctx.registry.release_kept(fence.region) };
                 Err(error)
             }
-        }
-    }
-
-    /// Counts the current staged frame out of its table (its payload was
-    /// refused, put back, or the connection closes before it was staged).
-    pub(super) fn release_held(&mut self) {
-        if let Some(held) = self.held.take() {
-            // SAFETY: taken in `check_grant` under the frame's kept lease,
-            // which every caller still keeps here.
-            unsafe { held.release() };
         }
     }
 

@@ -128,16 +128,16 @@ impl TargetConn {
             _ => None,
         };
         self.receiving = match checked {
-            Some((addr, Some((gpu, ordinal)), _)) if len > 0 => {
+            Some((addr, Some((gpu, ordinal)), fence)) if len > 0 => {
                 match self.stage(ctx, &gpu, (staging::Direction::In, addr as u64, ordinal, len)) {
                     Some((at, _)) => {
+                        self.check_before_copy(fence, header);
                         Receiving::Payload { landing: Landing { dest: at, left: len }, region, staged: true }
                     }
                     None => return self.wait_for_pages(ctx, &header, true, now),
                 }
             }
             Some((addr, _, _)) => {
-                self.release_held();
                 Receiving::Payload { landing: Landing { dest: addr as *mut u8, left: len }, region, staged: false }
             }
             None => Receiving::Discard { left: len },
@@ -162,8 +162,6 @@ impl TargetConn {
     /// instead (its payload read and dropped).
     fn wait_for_pages(&mut self, ctx: &TargetContext, header: &FrameHeader, write: bool, now: Instant) -> bool {
         let region = RegionId::from_raw(header.region);
-        // Its fence is checked again when the frame is read again.
-        self.release_held();
         // SAFETY: `check_block` kept this lease for this frame; the frame is
         // put back unread (or refused), and the lease is given back once, here.
         unsafe { ctx.registry.release_kept(region) };

@@ -135,7 +135,6 @@ impl TargetConn {
         self.release_staging(ctx);
         self.swap_stage(stage);
         if let Receiving::Payload { region, .. } = self.receiving {
-            self.release_held();
             // SAFETY: `check_block` kept this lease for this frame; it is given back once, here.
             unsafe { ctx.registry.release_kept(region) };
         }

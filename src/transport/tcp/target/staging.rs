@@ -152,6 +152,10 @@ impl StagingSlot {
 /// (tag, region, offset, len, the connection's proven sender).
 type StagedTag = (u32, u64, u64, u64, Option<Arc<str>>);
 
+/// A staged WRITE frame's fence (its connection's grant stamped on it) and
+/// header: checked again when its group's copy is issued.
+type StagedCheck = (super::fenced::FrameFence, super::FrameHeader);
+
 /// Pages one batched copy stages through, and what to settle when it ends.
 #[derive(Debug, Default)]
 pub(super) struct Group {
@@ -162,11 +166,14 @@ pub(super) struct Group {
     owner: u64,
     /// Bytes used of the last page.
     used: usize,
-    copies: Vec<(DeviceCopy, u64)>,
+    /// Its copies, one per frame, each WRITE's with the fence its frame is
+    /// checked under again just before the copy is issued.
+    copies: Vec<(DeviceCopy, u64, Option<StagedCheck>)>,
     /// WRITE: the regions its copy writes, leased until it ends.
     leases: Vec<RegionId>,
     /// WRITE: its frames, counted as writers in their regions' fence
-    /// tables until its copy ends (so a fence waits for the copy).
+    /// tables from just before its copy is issued until it ends (so a
+    /// fence meanwhile waits for the copy).
     holds: Vec<crate::mem::fence::Held>,
     /// WRITE: arrival tags to count once its bytes are in place, with
     /// where the bytes went (region, offset, length).
@@ -252,7 +259,7 @@ impl TargetConn {
     ) -> Option<(*mut u8, u32)> {
         let group = self.group(direction);
         let fits = !group.pages.is_empty() && group.used + len <= STAGE_PAGE_BYTES;
-        let same_device = group.copies.last().is_none_or(|(copy, _)| copy.device == ordinal);
+        let same_device = group.copies.last().is_none_or(|(copy, _, _)| copy.device == ordinal);
         if (!fits && group.pages.len() == MAX_GROUP_PAGES) || group.copies.len() >= MAX_GROUP_COPIES || !same_device {
             // Full, or on another GPU's stream: copy what it holds first.
             self.issue(ctx, direction);
@@ -294,7 +301,7 @@ impl TargetConn {
             Direction::Out => ((device_at, Place::Device(ordinal)), (at as u64, Place::Host)),
         };
         let sides = CopySides { src: src.1, dst: dst.1 };
-        group.copies.push((DeviceCopy { src: src.0, dst: dst.0, sides, device: ordinal }, len as u64));
+        group.copies.push((DeviceCopy { src: src.0, dst: dst.0, sides, device: ordinal }, len as u64, None));
         Some((at, group.number))
     }
 
@@ -315,10 +322,34 @@ impl TargetConn {
         let mut group = std::mem::take(self.group(direction));
         let id = (u64::from(self.stage_key) << 32) | u64::from(group.number);
         let staging = self.stage.get(&gpu);
-        for &(copy, len) in &group.copies {
+        let mut issued = 0;
+        for (copy, len, check) in std::mem::take(&mut group.copies) {
+            if let Some((fence, header)) = check {
+                // Checked again now, under a pass kept until the copy ended:
+                // a fence since its header refuses it here (nothing of it
+                // lands), and a fence from now on waits for the copy, which
+                // runs for a bounded time (never for a sender's pace).
+                // SAFETY: the frame's lease is kept until its group settles
+                // (in `group.leases`, or still the current frame's).
+                match unsafe { fence.admit(header.offset, header.len.into()) } {
+                    Ok(pass) => group.holds.push(pass.detach()),
+                    Err(error) => {
+                        let (region, offset, len) = (header.region, header.offset, u64::from(header.len));
+                        group.tags.retain(|t| (t.1, t.2, t.3) != (region, offset, len));
+                        self.chunk_failure.get_or_insert((header, error));
+                        continue;
+                    }
+                }
+            }
             staging.copier.add(copy, len);
+            issued += 1;
         }
-        group.copies = Vec::new();
+        if issued == 0 {
+            // Every frame was fenced out: no copy, no failed group (the
+            // chunk's ack says FENCED); pages and leases go back now.
+            group.settle(ctx, staging, false);
+            return None;
+        }
         // The device ends are checked ranges of regions leased for the
         // frames (WRITE: in `group.leases`; READ: by their replies, sent
         // only once the copy ended).
@@ -338,11 +369,18 @@ impl TargetConn {
         Some(number)
     }
 
+    /// The WRITE frame `header` just staged (the write group's last copy)
+    /// is checked under `fence` again just before its copy is issued.
+    pub(super) fn check_before_copy(&mut self, fence: super::fenced::FrameFence, header: super::FrameHeader) {
+        if let Some(last) = self.write_group.copies.last_mut() {
+            last.2 = Some((fence, header));
+        }
+    }
+
     /// A WRITE frame's payload is in its staged page: its region stays
     /// leased and its tag waits until the group's copy ends.
     pub(super) fn staged_payload_landed(&mut self, region: RegionId) {
         self.write_group.leases.push(region);
-        self.write_group.holds.extend(self.held.take());
         if let Some(tag) = self.current.arrival_tag() {
             let current = &self.current;
             self.write_group.tags.push((tag, current.region, current.offset, current.len.into(), self.sender.clone()));
