@@ -34,6 +34,10 @@ export FAKECUDA_REQUIRED=1
 run env TEST_GPU_PROVIDER=cuda cargo test --test gpu
 run cargo test --test gpu_fake
 run env TEST_GPU_PROVIDER=cuda cargo test --lib gpu
+# Fenced destinations in GPU memory on the driver: cuda_ipc in one process
+# and across processes (the table page crossing the GPU descriptor socket),
+# staged tcp, a scribbled table (the main run covers the simulated GPU).
+run env TEST_GPU_PROVIDER=cuda cargo test --test fence_gpu
 
 # The whole GPU check on the fake: exits 0 with the batched method taken.
 run bash benches/gpu_check.sh --fake
