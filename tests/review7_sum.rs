@@ -52,6 +52,9 @@ enum Mode {
     OldVersion,
     /// One byte of the first WRITE's payload flipped on its way.
     FlipWrite,
+    /// The first payload byte of the n-th READ_DATA (from 0) flipped, its
+    /// CRC kept.
+    FlipReadFrame(usize),
 }
 
 fn read_header(s: &mut TcpStream) -> Option<FrameHeader> {
@@ -94,6 +97,7 @@ fn forward_requests(mut client: TcpStream, mut server: TcpStream, mode: Mode) {
 /// The target's replies to the initiator, rewritten as `mode` says.
 fn forward_replies(mut server: TcpStream, mut client: TcpStream, mode: Mode) {
     let mut held: Option<(FrameHeader, Vec<u8>)> = None;
+    let mut answers = 0;
     while let Some(mut header) = read_header(&mut server) {
         let data = header.opcode == FrameOp::ReadData as u8;
         let carries = data && (header.status == 0 || header.flags & FLAG_CHECKSUM != 0);
@@ -105,7 +109,9 @@ fn forward_replies(mut server: TcpStream, mut client: TcpStream, mode: Mode) {
             send(&mut client, &header, &payload);
             continue;
         }
+        answers += 1;
         match mode {
+            Mode::FlipReadFrame(n) if n + 1 == answers && !payload.is_empty() => payload[0] ^= 1,
             Mode::FailureCodeAsCrc(code) => header.status = code,
             Mode::AddCrc => (header.flags, header.status) = (header.flags | FLAG_CHECKSUM, 0x1234_5678),
             Mode::DropCrc => (header.flags, header.status) = (header.flags & !FLAG_CHECKSUM, 0),
@@ -190,15 +196,19 @@ struct Tapped {
 /// An initiator whose segment names `target`'s descriptor with the tap as
 /// its tcp endpoint (as a metadata entry or a relay would hand it over).
 fn tapped(name: &str, mode: Mode) -> Tapped {
+    tapped_len(name, mode, LEN)
+}
+
+fn tapped_len(name: &str, mode: Mode, len: usize) -> Tapped {
     let target = common::engine(&format!("{name}-target"));
-    let remote = target.alloc_region(LEN, RegionInfo::raw()).unwrap();
+    let remote = target.alloc_region(len, RegionInfo::raw()).unwrap();
     // SAFETY: no batch touches these bytes yet.
     unsafe { remote.fill_pattern(41) };
     let mut descriptor = kvring::testing::descriptor(&target);
     descriptor.tcp_addr = Some(tap(&target, mode));
     let addr = common::raw::fake_peer(descriptor.to_proto());
     let initiator = builder(&format!("{name}-init")).lanes(1).build().unwrap();
-    let local = initiator.alloc_region(LEN, RegionInfo::raw()).unwrap();
+    let local = initiator.alloc_region(len, RegionInfo::raw()).unwrap();
     let segment = initiator.open_segment_with(&addr, Some(TransportKind::Tcp), WAIT).unwrap();
     Tapped { initiator, local, segment, remote, _target: target }
 }
@@ -209,10 +219,13 @@ impl Tapped {
     }
 
     fn run(&self, write: bool, checksum: bool) -> Outcome {
-        let descs = self.descs();
+        self.run_descs(&self.descs(), write, checksum)
+    }
+
+    fn run_descs(&self, descs: &[BlockDesc], write: bool, checksum: bool) -> Outcome {
         let batch = if write { Batch::write(&self.segment) } else { Batch::read(&self.segment) };
         let mut sub = self.initiator.submitter().unwrap();
-        let id = sub.submit(&batch.descs(&descs).checksum(checksum).deadline(WAIT)).unwrap();
+        let id = sub.submit(&batch.descs(descs).checksum(checksum).deadline(WAIT)).unwrap();
         sub.wait(id, WAIT).unwrap()
     }
 
@@ -296,6 +309,28 @@ fn a_payload_split_across_many_reads_is_verified_whole() {
     let t = tapped("r7-trickle-bad", Mode::TrickleFlipped);
     let error = failed(t.run(false, true));
     assert!(matches!(error, Error::Corrupt { desc_index: 0, .. }), "{error:?}");
+}
+
+/// A block larger than a frame is read in several READ_DATA frames, each
+/// with its own CRC32C: a flipped byte in any of them fails that block,
+/// and an honest read of it is done with every byte.
+#[test]
+fn a_block_split_across_frames_is_verified_frame_by_frame() {
+    const BIG: u64 = (5 << 20) / 2; // 2.5 MiB: three frames of at most 1 MiB
+    let len = (BLOCK + BIG) as usize;
+    let descs = |t: &Tapped| {
+        [
+            BlockDesc::new(t.local.id(), 0, t.remote.id(), 0, BLOCK),
+            BlockDesc::new(t.local.id(), BLOCK, t.remote.id(), BLOCK, BIG),
+        ]
+    };
+    let t = tapped_len("r7-big", Mode::Pass, len);
+    assert!(t.run_descs(&descs(&t), false, true).is_done());
+    assert!(common::read(&t.local, 0, len) == common::pattern(len, 41));
+    // Answers: block 0, then block 1's three frames; flip its last one.
+    let t = tapped_len("r7-big-bad", Mode::FlipReadFrame(3), len);
+    let error = failed(t.run_descs(&descs(&t), false, true));
+    assert!(matches!(error, Error::Corrupt { desc_index: 1, .. }), "{error:?}");
 }
 
 /// A peer of data version 4 (which would have ignored the flag) is refused
