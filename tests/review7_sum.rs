@@ -476,3 +476,43 @@ fn a_cached_layout_is_never_pushed_into_a_restarted_peer() {
     assert!(common::read(&region, 0, bytes).iter().all(|&b| b == 0), "nothing landed in the new peer");
     assert!(matches!(segment.kv_layout(WAIT), Err(Error::PeerRestarted { .. })));
 }
+
+/// On a tokened session the CRC32C rides in the sealed header: the honest
+/// checksummed READ is done, with the target's bytes.
+#[test]
+fn a_tokened_checksummed_read_is_done_with_the_target_s_bytes() {
+    const TOKEN: &[u8] = b"review7-sum-token";
+    let target = builder("r7-tok-target").token(TOKEN).build().unwrap();
+    let remote = target.alloc_region(LEN, RegionInfo::raw()).unwrap();
+    // SAFETY: no batch touches these bytes yet.
+    unsafe { remote.fill_pattern(43) };
+    let initiator = builder("r7-tok-init").token(TOKEN).build().unwrap();
+    let local = initiator.alloc_region(LEN, RegionInfo::raw()).unwrap();
+    let segment =
+        initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
+    let descs: Vec<BlockDesc> =
+        (0..BLOCKS).map(|i| BlockDesc::new(local.id(), i * BLOCK, remote.id(), i * BLOCK, BLOCK)).collect();
+    let mut sub = initiator.submitter().unwrap();
+    let id = sub.submit(&Batch::read(&segment).descs(&descs).checksum(true).deadline(WAIT)).unwrap();
+    assert!(sub.wait(id, WAIT).unwrap().is_done());
+    assert!(common::read(&local, 0, LEN) == common::pattern(LEN, 43));
+}
+
+/// A tokened handle opened before its peer published a layout: the first
+/// fetch is refused and not kept; once published it is fetched (through
+/// the token's handshake) and kept.
+#[test]
+fn a_tokened_handle_opened_before_the_layout_fetches_it_once_published() {
+    const TOKEN: &[u8] = b"review7-layout-token";
+    let target = builder("r7-late-target").token(TOKEN).build().unwrap();
+    let region = target.alloc_region(shape(8).bytes().unwrap() as usize, RegionInfo::raw()).unwrap();
+    let initiator = builder("r7-late-init").token(TOKEN).build().unwrap();
+    let segment =
+        initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
+    assert!(segment.kv_layout(WAIT).is_err(), "no layout yet");
+    let layout = KvLayout::contiguous(shape(8), region.id(), 0).unwrap();
+    target.set_kv_layout(layout.clone()).unwrap();
+    assert_eq!(segment.kv_layout(WAIT).unwrap(), layout);
+    assert_eq!(segment.kv_layout(WAIT).unwrap(), layout);
+    assert_eq!(target.memory_info_served(), 1, "fetched once, then kept");
+}
