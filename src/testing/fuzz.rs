@@ -378,12 +378,15 @@ pub fn initiator_replies(data: &[u8]) {
     // input's READ_DATA headers for batch 9, in order) match what landed.
     if let Some((_, Ok(moved))) = finished.iter().find(|(ticket, _)| *ticket == 3) {
         assert_eq!(*moved, 64 + 4096);
-        let sums: Vec<u32> = replies_of_batch(data, 9).collect();
-        for (block, sum) in checked.iter().zip(&sums) {
+        let sums: Vec<(u32, u64, u64)> = replies_of_batch(data, 9).collect();
+        for (block, &(sum, region, offset)) in checked.iter().zip(&sums) {
+            // Each verified reply named the block it answered (review 7: a
+            // block's true bytes and CRC32C in another block's place).
+            assert_eq!((region, offset), (block.desc.remote_region.raw(), block.desc.remote_offset));
             let landed = &memory[base + block.desc.local_offset as usize..][..block.desc.len as usize];
             // SAFETY: a live slice.
             let crc = unsafe { crate::transport::checksum::crc32c_host(landed.as_ptr(), landed.len()) };
-            assert_eq!(crc, *sum, "a checksummed READ was done with bytes that do not match its CRC32C");
+            assert_eq!(crc, sum, "a checksummed READ was done with bytes that do not match its CRC32C");
         }
     }
     connection.fail_all(&peer, "fuzz", &mut finished);
@@ -403,8 +406,9 @@ pub fn initiator_replies(data: &[u8]) {
 }
 
 /// The CRC32Cs of the well-formed READ_DATA headers for `batch` in a run
-/// of replies (each followed by its payload), in order.
-fn replies_of_batch(mut data: &[u8], batch: u64) -> impl Iterator<Item = u32> + '_ {
+/// of replies (each followed by its payload), in order, each with the
+/// region and offset its header names.
+fn replies_of_batch(mut data: &[u8], batch: u64) -> impl Iterator<Item = (u32, u64, u64)> + '_ {
     use crate::transport::tcp::frame::{FrameHeader, FrameOp, FRAME_HEADER_BYTES};
     std::iter::from_fn(move || loop {
         let (header, op) = FrameHeader::decode(data.get(..FRAME_HEADER_BYTES)?).ok()?;
@@ -412,7 +416,7 @@ fn replies_of_batch(mut data: &[u8], batch: u64) -> impl Iterator<Item = u32> + 
         data = data.get(FRAME_HEADER_BYTES + payload..)?;
         if header.batch_id == batch {
             if let Some(sum) = header.checksum() {
-                return Some(sum);
+                return Some((sum, header.region, header.offset));
             }
         }
     })

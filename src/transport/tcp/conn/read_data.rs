@@ -57,6 +57,21 @@ impl Connection {
             front.next += 1;
             return self.end_front_if_answered(finished);
         }
+        // A payload is the block its header names: the target echoes each
+        // READ's region and offset. Without this check, a peer out of step
+        // (or answering in another order) landed block 1's bytes, with their
+        // own true CRC32C, in block 0's place, and the batch was done
+        // (review 7).
+        if reply.region != span.region || reply.offset != span.offset {
+            return Err(peer.gone(format!(
+                "{} answered region {} offset {} for a read of region {} offset {}",
+                peer.addr,
+                crate::RegionId::from_raw(reply.region),
+                reply.offset,
+                crate::RegionId::from_raw(span.region),
+                span.offset
+            )));
+        }
         if u64::from(reply.len) != span.len {
             return Err(peer.gone(format!("{} sent {} bytes for a {}-byte read", peer.addr, reply.len, span.len)));
         }
