@@ -218,6 +218,15 @@ impl Engine {
     /// Unregisters a region; refused with `RegionBusy` while batches use it
     /// (this engine's, or a same-host peer's copy into it over cma).
     pub fn unregister(&self, id: RegionId) -> Result<()> {
+        // Peers cache the published layout and compute pushes from it, and it
+        // is fixed for the engine's life: a region it names stays, rather
+        // than leave a layout every peer's push would find dead.
+        if self.inner.context.kv_layout.get().is_some_and(|layout| layout.names_region(id)) {
+            return Err(Error::invalid(
+                "region",
+                format!("{id} holds this engine's published KV layout, fixed for the engine's life; close the engine to free it"),
+            ));
+        }
         let cma = self.inner.context.cma.as_ref().ok();
         // Two unregisters of one region (two threads, or a caller's retry)
         // run one after the other: the second finds it gone below, before

@@ -261,6 +261,11 @@ impl KvLayout {
             .ok_or(Error::LayerOutOfRange { layer, layers: self.shape.layers })
     }
 
+    /// True when a buffer of some layer lies in `region`.
+    pub fn names_region(&self, region: RegionId) -> bool {
+        self.layers.iter().flatten().any(|buffer| buffer.region == region)
+    }
+
     /// Refuses to exchange blocks with `remote` unless both layouts agree on
     /// attention, layer count, and every layer's buffer kinds and bytes per
     /// block; the error names the layer and the field.
