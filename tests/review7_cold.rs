@@ -29,30 +29,105 @@ enum Hint {
 /// A control server that answers one untokened handshake with `lie` and
 /// `hint`, and keeps the connection until the initiator closes it.
 fn lying_server(lie: &SegmentDescriptor, hint: Hint) -> (String, std::thread::JoinHandle<()>) {
-    let segment = Some(Box::new(lie.to_proto()));
+    let segment = lie.to_proto();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        s.set_read_timeout(Some(WAIT)).unwrap();
-        let mut theirs = [0u8; 8];
-        s.read_exact(&mut theirs).unwrap();
-        s.write_all(&preface()).unwrap();
-        let _ = read_frame(&mut s, kvring::testing::control::MAX_CONTROL_MESSAGE_BYTES);
-        let answering_fd = match hint {
-            Hint::None => None,
-            Hint::Fd(fd) => Some(fd),
-            Hint::Own => Some(s.as_raw_fd() as u32),
-        };
-        let answer = response(response::Body::Handshake(HandshakeResponse {
-            segment: segment.clone(),
-            answering_fd,
-            ..Default::default()
-        }));
-        write_frame(&mut s, &answer).unwrap();
-        let _ = s.read_to_end(&mut Vec::new());
-    });
+    let server = std::thread::spawn(move || answer_one(&listener, &segment, hint));
     (addr, server)
+}
+
+/// Answers one connection of `listener`'s handshake with `segment` and
+/// `hint`, then holds it until the initiator closes it.
+fn answer_one(listener: &TcpListener, segment: &kvring::testing::control::SegmentDescriptor, hint: Hint) {
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut theirs = [0u8; 8];
+    s.read_exact(&mut theirs).unwrap();
+    s.write_all(&preface()).unwrap();
+    let _ = read_frame(&mut s, kvring::testing::control::MAX_CONTROL_MESSAGE_BYTES);
+    let answering_fd = match hint {
+        Hint::None => None,
+        Hint::Fd(fd) => Some(fd),
+        Hint::Own => Some(s.as_raw_fd() as u32),
+    };
+    let answer = response(response::Body::Handshake(HandshakeResponse {
+        segment: Some(Box::new(segment.clone())),
+        answering_fd,
+        ..Default::default()
+    }));
+    write_frame(&mut s, &answer).unwrap();
+    let _ = s.read_to_end(&mut Vec::new());
+}
+
+/// The liar as a process of its own, run as this binary's child: answers
+/// one handshake per hint in `KVRING_HINTS` with the descriptor in
+/// `KVRING_LIE` (hex of its protobuf), after printing where it listens.
+#[test]
+#[ignore = "the child of a_liar_process_naming_the_initiators_own_pid_and_fds_is_refused"]
+fn liar_process_child() {
+    use prost::Message;
+    let hex = std::env::var("KVRING_LIE").expect("run by its parent test");
+    let bytes: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+    let segment = kvring::testing::control::SegmentDescriptor::decode(bytes.as_slice()).unwrap();
+    let hints: Vec<Hint> = std::env::var("KVRING_HINTS")
+        .unwrap()
+        .split(',')
+        .map(|h| if h.is_empty() { Hint::None } else { Hint::Fd(h.parse().unwrap()) })
+        .collect();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    println!("liar-at {}", listener.local_addr().unwrap());
+    std::io::stdout().flush().unwrap();
+    for hint in hints {
+        answer_one(&listener, &segment, hint);
+    }
+}
+
+#[test]
+fn a_liar_process_naming_the_initiators_own_pid_and_fds_is_refused() {
+    use prost::Message;
+    use std::io::BufRead;
+    // The liar, another process of this host, hands the initiator its own
+    // descriptor (pid, epoch, region files, cma page) as the peer's, with
+    // each descriptor number the initiator holds as the hint (its own end
+    // of this very connection among them). shm or cma to it would write
+    // into the initiator's own memory.
+    let initiator = common::engine("initiator");
+    let _region = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let mut lie = kvring::testing::descriptor(&initiator);
+    lie.name = "liar".into();
+    lie.tcp_addr = None;
+    let hex: String = lie.to_proto().encode_to_vec().iter().map(|b| format!("{b:02x}")).collect();
+    let mut hints: Vec<String> = fds_of(std::process::id()).iter().map(u32::to_string).collect();
+    // The connection's own end will be among the next few numbers.
+    let top = fds_of(std::process::id()).into_iter().max().unwrap_or(0);
+    hints.extend((1..=8).map(|n| (top + n).to_string()));
+    hints.extend(ODD_HINTS.map(|h| h.to_string()));
+    hints.push(String::new());
+    let transports = [TransportKind::Shm, TransportKind::Cma];
+    let all: Vec<String> = transports.iter().flat_map(|_| hints.iter().cloned()).collect();
+    let mut liar = common::child::Reaped(
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "liar_process_child", "--nocapture", "--test-threads=1"])
+            .env("KVRING_LIE", hex)
+            .env("KVRING_HINTS", all.join(","))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = std::io::BufReader::new(liar.stdout.take().unwrap());
+    let addr = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the liar printed where it listens");
+        if let Some((_, at)) = line.split_once("liar-at ") {
+            break at.trim().to_string();
+        }
+    };
+    for transport in transports {
+        for hint in &hints {
+            refused_as_another_host(&initiator, &addr, transport, &format!("our own pid, hint {hint:?}"));
+        }
+    }
 }
 
 /// A `kvring serve` of this host (its region files, or with
