@@ -158,6 +158,23 @@ impl Drop for Acceptor {
     }
 }
 
+/// A served connection's clean-up: out of the book, out of the count.
+struct Leave<'a> {
+    id: u64,
+    shared: &'a Shared,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        {
+            let mut book = self.shared.book();
+            book.open.remove(&self.id);
+            book.admission.leave(self.id);
+        }
+        self.shared.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 fn accept_loop<S>(
     listener: TcpListener,
     shared: Arc<Shared>,
@@ -212,16 +229,17 @@ fn accept_loop<S>(
         let serve = serve.clone();
         let for_thread = shared.clone();
         let job: super::workers::Job = Box::new(move || {
+            // Review 7: the clean-up runs from a guard, so a `serve` that
+            // panics still leaves the book and the count (a leaked entry
+            // kept its source's and the table's quota for good, and a
+            // leaked count made every `stop` wait out the drain).
+            let _leave = Leave { id, shared: &for_thread };
+            // Declared after the guard, so dropped before it, panic or
+            // not: the server's state goes before the count does (`stop`
+            // waits on it).
+            let serve = serve;
             let conn = Admitted { id, shared: &for_thread, accepted: now, timeout };
             serve(stream, &conn);
-            // The server's state goes before the count does: `stop` waits on it.
-            drop(serve);
-            {
-                let mut book = for_thread.book();
-                book.open.remove(&id);
-                book.admission.leave(id);
-            }
-            for_thread.active.fetch_sub(1, Ordering::AcqRel);
         });
         if shared.workers.run(job).is_err() {
             // The job, and its clean-up, never ran.
@@ -230,5 +248,62 @@ fn accept_loop<S>(
             book.admission.leave(id);
             shared.active.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    // Review 7: a connection whose `serve` panics (after proving itself,
+    // so its book entry never expires) must not keep its place in the
+    // book. Before the guard, two such connections filled this table of
+    // two for good and every later one was refused.
+    #[test]
+    fn a_connection_whose_serve_panics_leaves_the_book_and_the_count() {
+        let limits = AdmissionLimits {
+            max_total: 2,
+            max_per_source: 2,
+            max_pending_per_source: 2,
+            max_pending: 2,
+            timeout: Duration::from_secs(60),
+        };
+        let served = Arc::new(AtomicUsize::new(0));
+        let count = served.clone();
+        let mut acceptor = Acceptor::start(
+            "127.0.0.1:0".parse().unwrap(),
+            "test",
+            limits,
+            |_, _| {},
+            move |stream, conn| {
+                let _ = conn.admit();
+                if count.fetch_add(1, Ordering::AcqRel) < 3 {
+                    panic!("serve's panic (expected by this test)");
+                }
+                let _ = std::io::Write::write_all(&mut &stream, b"ok");
+            },
+        )
+        .unwrap();
+        let addr = acceptor.local_addr();
+        for _ in 0..3 {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest);
+            assert!(rest.is_empty(), "the panicked connection was closed unanswered");
+        }
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        assert_eq!(answer, b"ok", "served after three panicked connections");
+        let waited = Instant::now();
+        while acceptor.shared.active.load(Ordering::Acquire) > 0 && waited.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(acceptor.shared.active.load(Ordering::Acquire), 0, "no connection counted as open");
+        assert_eq!(acceptor.shared.book().admission.len(), 0, "no entry left in the book");
+        acceptor.stop();
     }
 }

@@ -52,6 +52,16 @@ impl std::fmt::Debug for Workers {
     }
 }
 
+/// Counts a pool's thread out of `alive` when the thread ends, by return
+/// or by a job's panic.
+struct CountedOut<'a>(&'a Workers);
+
+impl Drop for CountedOut<'_> {
+    fn drop(&mut self) {
+        self.0.lock().alive -= 1;
+    }
+}
+
 impl Workers {
     /// A pool naming its threads `name`, with one thread already waiting
     /// (spawned now, so the first peer's connection does not pay for it).
@@ -120,6 +130,11 @@ impl Workers {
     /// (at most [`IDLE_KEEP`] each time), then exit. A thread started
     /// waiting (no job) is the kept one: it does not time out.
     fn work(&self, first: Option<Job>) {
+        // Review 7: a job that panics unwinds out of here; the thread must
+        // still be counted out of `alive` (its `idle` share is already
+        // gone: a job runs only once taken). So the count is left by a
+        // guard, whichever way the thread ends.
+        let _counted_out = CountedOut(self);
         let kept = first.is_none();
         if let Some(job) = first {
             job();
@@ -127,7 +142,6 @@ impl Workers {
         let mut state = self.lock();
         if !kept {
             if state.stopping || state.idle >= MAX_IDLE_WORKERS {
-                state.alive -= 1;
                 return;
             }
             state.idle += 1;
@@ -155,7 +169,6 @@ impl Workers {
                 break;
             }
         }
-        state.alive -= 1;
     }
 
     /// Wakes every waiting thread to exit; threads serving a connection
@@ -219,6 +232,88 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!(workers.alive(), 0, "stop ends the waiting threads");
+    }
+
+    /// Waits (bounded) until `workers` has `alive` threads, and says how many.
+    fn settle(workers: &Workers, alive: usize) -> usize {
+        let waited = std::time::Instant::now();
+        while workers.alive() != alive && waited.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        workers.alive()
+    }
+
+    // Review 7: a job that panics (the kept thread's, a first job, a job
+    // handed to a waiting thread) must cost the pool neither capacity nor
+    // its count, and `stop` must still end every thread. Before the fix a
+    // panicking job's thread was never counted out of `alive`.
+    #[test]
+    fn a_panicking_job_costs_no_capacity_and_its_thread_is_counted_out() {
+        let workers = Workers::start("kvring-test-worker");
+        let (done, finished) = mpsc::channel::<()>();
+        // The kept thread takes this one; then first jobs of new threads.
+        for _ in 0..3 {
+            let done = done.clone();
+            workers
+                .run(Box::new(move || {
+                    let _done = done;
+                    panic!("a job's panic (expected by this test)");
+                }))
+                .unwrap_or_else(|_| panic!("spawned"));
+        }
+        // Each panicking job's sender dropped with it: all three ended.
+        drop(done);
+        assert_eq!(finished.recv_timeout(Duration::from_secs(30)), Err(mpsc::RecvTimeoutError::Disconnected));
+        assert_eq!(settle(&workers, 0), 0, "the panicked threads are counted out");
+        // A burst after them still gets a thread per job at once.
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = Arc::new(Mutex::new(release_rx));
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..MAX_IDLE_WORKERS * 2 {
+            let (ran, release) = (ran.clone(), release_rx.clone());
+            workers
+                .run(Box::new(move || {
+                    ran.fetch_add(1, Ordering::AcqRel);
+                    let _ = release.lock().unwrap().recv_timeout(Duration::from_secs(30));
+                }))
+                .unwrap_or_else(|_| panic!("spawned"));
+        }
+        let waited = std::time::Instant::now();
+        while ran.load(Ordering::Acquire) < MAX_IDLE_WORKERS * 2 && waited.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(ran.load(Ordering::Acquire), MAX_IDLE_WORKERS * 2, "every job of the burst ran");
+        for _ in 0..MAX_IDLE_WORKERS * 2 {
+            release_tx.send(()).unwrap();
+        }
+        workers.stop();
+        assert_eq!(settle(&workers, 0), 0, "stop ends every thread, none lost to the panics");
+    }
+
+    #[test]
+    fn stop_wakes_every_waiting_thread_and_a_job_after_stop_still_runs() {
+        let workers = Workers::start("kvring-test-worker");
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = Arc::new(Mutex::new(release_rx));
+        for _ in 0..MAX_IDLE_WORKERS + 2 {
+            let release = release_rx.clone();
+            workers
+                .run(Box::new(move || {
+                    let _ = release.lock().unwrap().recv_timeout(Duration::from_secs(30));
+                }))
+                .unwrap_or_else(|_| panic!("spawned"));
+        }
+        for _ in 0..MAX_IDLE_WORKERS + 2 {
+            release_tx.send(()).unwrap();
+        }
+        assert_eq!(settle(&workers, MAX_IDLE_WORKERS), MAX_IDLE_WORKERS, "the kept ones wait");
+        workers.stop();
+        assert_eq!(settle(&workers, 0), 0, "stop woke every waiting thread");
+        // A connection accepted while stopping still gets its clean-up run.
+        let (done, finished) = mpsc::channel::<()>();
+        workers.run(Box::new(move || done.send(()).unwrap())).unwrap_or_else(|_| panic!("spawned"));
+        finished.recv_timeout(Duration::from_secs(30)).expect("a job after stop ran");
+        assert_eq!(settle(&workers, 0), 0, "and its thread did not stay");
     }
 
     #[test]
