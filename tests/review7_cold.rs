@@ -475,17 +475,15 @@ fn admitted_from(source: &str, to: &std::net::SocketAddr, n: usize) -> Option<Tc
     matches!(answer, response::Body::Handshake(_)).then_some(s)
 }
 
-// FINDING (review 7, pre-existing, NOT fixed here): this probe FAILS. The
-// control table holds 64 connections, 32 per source, and an admitted
-// connection is never evicted for a newcomer: two addresses (a tokenless
-// engine admits anyone who says hello; with a token, a proven peer with two
-// addresses) hold every place, idle for 30 s and renewable by a probe, and
-// a third peer's open gets `Busy: connection table is full`. A fix is an
-// admission policy change (a newcomer may evict from a source above its
-// fair share of the table), left to the integrator: run it with
-// `cargo test --test review7_cold -- --ignored two_sources`.
+// Review 7: the control table holds 64 connections, 32 per source, and an
+// admitted connection used never to be evicted for a newcomer: two addresses
+// (a tokenless engine admits anyone who says hello; with a token, a proven
+// peer with two addresses) held every place, idle for 30 s and renewable by
+// a probe, and a third peer's open got `Busy: connection table is full`.
+// Now a newcomer below its fair share (64 / 3 sources) takes the place of
+// the longest idle connection of the source holding the most
+// (`net::admission`).
 #[test]
-#[ignore = "review 7 finding, not fixed: two sources fill the control table (see the comment)"]
 fn two_sources_holding_every_admitted_place_do_not_shut_out_a_third_peer() {
     let (_target, line) = common::child::serve(&[
         "--name",

@@ -8,7 +8,10 @@
 //! the tokened handshake, or with no token send one valid request) within
 //! the admission deadline; each message must arrive whole within
 //! [`MESSAGE_TIMEOUT`] of its first byte; a connection that completes no
-//! request for [`DEFAULT_CONTROL_IDLE`] is closed, whatever it sends. Every
+//! request for [`DEFAULT_CONTROL_IDLE`] is closed, whatever it sends. Between
+//! requests an admitted connection is idle, and is closed for a newcomer
+//! while its source holds more than its fair share of a full table
+//! ([`crate::net::admission`]); never in the middle of a request. Every
 //! bad message gets an error reply naming the problem.
 
 use super::frame::{
@@ -187,6 +190,8 @@ fn serve_connection(stream: TcpStream, handler: &dyn ControlHandler, conn: &Admi
         let mut first = [0u8; 1];
         match stream.peek(&mut first) {
             Ok(0) => return,
+            // Evicted for a newcomer while idle: the request never began.
+            Ok(_) if !conn.busy() => return,
             Ok(_) => {}
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
             Err(_) => return,
@@ -232,6 +237,7 @@ fn serve_connection(stream: TcpStream, handler: &dyn ControlHandler, conn: &Admi
             return;
         }
         auth.answered();
+        conn.idle();
     }
 }
 

@@ -69,6 +69,21 @@ impl Admitted<'_> {
         self.shared.book().admission.admit(self.id)
     }
 
+    /// A request began: the connection may not be evicted until
+    /// [`Admitted::idle`]. False if it was evicted already (while idle):
+    /// the caller ends it without serving the request.
+    pub(crate) fn busy(&self) -> bool {
+        self.shared.book().admission.busy(self.id)
+    }
+
+    /// The request is answered and the connection waits for the next: if
+    /// admitted, it may now be evicted for a newcomer while its source holds
+    /// more than its fair share of the table (its socket is shut down, so
+    /// its next read ends it).
+    pub(crate) fn idle(&self) {
+        self.shared.book().admission.idle(self.id, Instant::now());
+    }
+
     /// When the connection must have proved itself by.
     pub(crate) fn admission_deadline(&self) -> Instant {
         self.accepted + self.timeout

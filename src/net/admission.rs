@@ -4,14 +4,24 @@
 //! handshake, or with no token a valid opening message), then *admitted*.
 //! Pending connections are cheap to make and prove nothing, so they are
 //! what a flood consists of: they get a short deadline, a bound per source
-//! address and in total, and when a bound is reached the *oldest pending*
-//! connection is closed to make room, never an admitted one and never the
-//! newcomer. A legitimate peer proves itself within a round trip or two, so
+//! address and in total, and when one of those is reached the *oldest
+//! pending* connection is closed to make room, never an admitted one and
+//! never the newcomer. A legitimate peer proves itself within a round trip or two, so
 //! a flood of idle connections cannot keep it out; it only churns itself.
-//! Admitted connections are bounded per source and in total; past those a
-//! newcomer is refused (`Busy`, which the initiator may retry).
+//! Admitted connections are bounded per source and in total. When the table
+//! is full, a newcomer from a source holding less than its *fair share*
+//! (the table's size over the number of distinct sources, the newcomer's
+//! counted) takes the place of the least recently active *idle* admitted
+//! connection of the source holding the most above its share: one or two
+//! sources cannot hold every place and shut every other peer out. A
+//! connection is idle only between requests (its server says so with
+//! [`Admission::idle`]); one in the middle of a request, or one whose
+//! server never says, is never evicted. A source at or above its share may
+//! only push out its own pending connections. Past all that a newcomer is
+//! refused (`Busy`, which the initiator may retry).
 
 use crate::log::ratelimit::{log_limited, RateLimit};
+use std::cmp::Reverse;
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::net::IpAddr;
@@ -70,7 +80,8 @@ impl AdmissionLimits {
 pub(crate) enum Arrival<K> {
     /// Keep it (pending).
     Accept,
-    /// Keep it, and close `K` (the oldest pending connection) to make room.
+    /// Keep it, and close `K` to make room: the oldest pending connection,
+    /// or an idle admitted connection of a source above its fair share.
     AcceptEvicting(K),
     /// Refuse it: answer `Busy` naming the bound, and close it.
     Refuse(&'static str),
@@ -81,6 +92,9 @@ struct Entry {
     source: IpAddr,
     /// Set while pending: when it arrived.
     pending_since: Option<Instant>,
+    /// Set while admitted and between requests: since when. Only such a
+    /// connection may be evicted for a newcomer, the longest idle first.
+    idle_since: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -129,12 +143,15 @@ impl<K: Copy + Eq + Hash> Admission<K> {
     pub(crate) fn arrive(&mut self, key: K, source: IpAddr, now: Instant) -> Arrival<K> {
         let counts = self.sources.get(&source);
         let from_source = counts.map_or(0, |c| c.pending);
-        let mut evicted = None;
-        if from_source >= self.limits.max_pending_per_source {
-            evicted = self.evict_oldest_pending(Some(source));
-        } else if self.pending_count >= self.limits.max_pending || self.entries.len() >= self.limits.max_total {
-            evicted = self.evict_oldest_pending(None);
-        }
+        let evicted = if from_source >= self.limits.max_pending_per_source {
+            self.evict_oldest_pending(Some(source))
+        } else if self.pending_count >= self.limits.max_pending {
+            self.evict_oldest_pending(None)
+        } else if self.entries.len() >= self.limits.max_total {
+            self.make_room_for(source)
+        } else {
+            None
+        };
         if self.entries.len() >= self.limits.max_total {
             static LIMIT: RateLimit = RateLimit::per_second();
             log_limited!(warn, LIMIT, %source, bound = "connection table", limit = self.limits.max_total, "connection refused");
@@ -152,13 +169,63 @@ impl<K: Copy + Eq + Hash> Admission<K> {
             );
             return Arrival::Refuse("pending connections from one address");
         }
-        self.entries.insert(key, Entry { source, pending_since: Some(now) });
+        self.entries.insert(key, Entry { source, pending_since: Some(now), idle_since: None });
         self.sources.entry(source).or_default().pending += 1;
         self.pending.push_back((key, now));
         self.pending_count += 1;
         match evicted {
             Some(old) => Arrival::AcceptEvicting(old),
             None => Arrival::Accept,
+        }
+    }
+
+    /// Room in a full table for a newcomer from `source`. Below its fair
+    /// share it may push out any source's oldest pending connection, else
+    /// the longest idle admitted connection of the source holding the most
+    /// above the share (which is left with at least its share); at or above
+    /// its share, only its own pending connections.
+    fn make_room_for(&mut self, source: IpAddr) -> Option<K> {
+        let sources = self.sources.len() + usize::from(!self.sources.contains_key(&source));
+        let share = self.limits.max_total / sources;
+        if self.held(source) >= share {
+            return self.evict_oldest_pending(Some(source));
+        }
+        if let Some(evicted) = self.evict_oldest_pending(None) {
+            return Some(evicted);
+        }
+        let (_, _, key) = self
+            .entries
+            .iter()
+            .filter_map(|(key, entry)| {
+                let idle_since = entry.idle_since?;
+                let held = self.held(entry.source);
+                (held > share).then_some((held, Reverse(idle_since), *key))
+            })
+            .max_by_key(|&(held, idle_since, _)| (held, idle_since))?;
+        self.leave(key);
+        static LIMIT: RateLimit = RateLimit::per_second();
+        log_limited!(info, LIMIT, %source, share, "an idle connection of a source above its fair share closed for a newcomer");
+        Some(key)
+    }
+
+    /// Connections `source` holds, pending and admitted.
+    fn held(&self, source: IpAddr) -> usize {
+        self.sources.get(&source).map_or(0, |c| c.pending + c.admitted)
+    }
+
+    /// The connection is in the middle of a request, so not to be evicted;
+    /// false if it is no longer in the book (evicted: its server closes it).
+    pub(crate) fn busy(&mut self, key: K) -> bool {
+        self.entries.get_mut(&key).map(|entry| entry.idle_since = None).is_some()
+    }
+
+    /// The admitted connection finished a request and waits for the next:
+    /// from now it may be evicted for a newcomer if its source holds more
+    /// than its fair share. A pending connection is unaffected (pending
+    /// connections are evicted by age, [`Admission::arrive`]).
+    pub(crate) fn idle(&mut self, key: K, now: Instant) {
+        if let Some(entry) = self.entries.get_mut(&key).filter(|e| e.pending_since.is_none()) {
+            entry.idle_since = Some(now);
         }
     }
 
@@ -279,7 +346,7 @@ mod tests {
     }
 
     #[test]
-    fn admitted_connections_are_never_evicted_and_bounds_refuse_with_a_reason() {
+    fn bounds_refuse_with_a_reason_and_only_idle_connections_above_a_fair_share_are_evicted() {
         let mut book = Admission::new(limits());
         let t0 = Instant::now();
         for key in 0..2 {
@@ -297,10 +364,103 @@ mod tests {
             assert_eq!(book.admit(u32::from(key)), Ok(()));
         }
         assert_eq!(book.len(), 6);
-        // Full of admitted connections: nothing to evict, so refuse.
+        // Full: B's fair share is 6 / 6 sources = 1, and A holds 2, but
+        // A's connections never said they were idle: nothing to evict.
         assert_eq!(book.arrive(99, B, t0), Arrival::Refuse("connection table"));
-        book.leave(0);
-        assert_eq!(book.arrive(99, B, t0), Arrival::Accept);
+        // Once one of A's is idle, B takes its place.
+        book.idle(0, t0);
+        assert_eq!(book.arrive(99, B, t0), Arrival::AcceptEvicting(0));
+        assert_eq!(book.admit(99), Ok(()));
+        assert_eq!(book.len(), 6);
+        // A busy connection whose eviction already happened learns it.
+        assert!(!book.busy(0));
+        assert!(book.busy(1));
+    }
+
+    fn wide() -> AdmissionLimits {
+        AdmissionLimits { max_per_source: 6, max_pending_per_source: 6, max_pending: 6, ..limits() }
+    }
+
+    /// Admitted connections from `source`: each key, idle since `t0` plus
+    /// its seconds.
+    fn hold(book: &mut Admission<u32>, source: IpAddr, keys: &[(u32, u64)], t0: Instant) {
+        for &(key, idle_after) in keys {
+            assert_eq!(book.arrive(key, source, t0), Arrival::Accept);
+            assert_eq!(book.admit(key), Ok(()));
+            book.idle(key, t0 + Duration::from_secs(idle_after));
+        }
+    }
+
+    const C: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 3));
+
+    #[test]
+    fn a_newcomer_below_its_fair_share_takes_the_longest_idle_place_of_the_largest_source() {
+        let mut book = Admission::new(wide());
+        let t0 = Instant::now();
+        hold(&mut book, A, &[(0, 3), (1, 1), (2, 4), (3, 2)], t0);
+        hold(&mut book, B, &[(4, 0), (5, 0)], t0);
+        // Share 6 / 3 = 2: A holds 4, so A's longest idle goes (not B's,
+        // idle longer but within its share).
+        assert_eq!(book.arrive(10, C, t0), Arrival::AcceptEvicting(1));
+        assert_eq!(book.admit(10), Ok(()));
+        book.idle(10, t0);
+        assert_eq!(book.arrive(11, C, t0), Arrival::AcceptEvicting(3));
+        assert_eq!(book.admit(11), Ok(()));
+        // C now holds its share (2), as do A and B: C is refused, and so
+        // are A and B, whose own pending connections are none.
+        for (key, source) in [(12, C), (13, A), (14, B)] {
+            assert_eq!(book.arrive(key, source, t0), Arrival::Refuse("connection table"));
+        }
+        assert_eq!(book.len(), 6);
+    }
+
+    #[test]
+    fn a_busy_connection_is_never_evicted() {
+        let mut book = Admission::new(wide());
+        let t0 = Instant::now();
+        hold(&mut book, A, &[(0, 0), (1, 1), (2, 2), (3, 3), (4, 4)], t0);
+        hold(&mut book, B, &[(5, 0)], t0);
+        for key in 0..5 {
+            assert!(book.busy(key));
+        }
+        // A holds 5 of a share of 2, but every one is mid-request.
+        assert_eq!(book.arrive(10, C, t0), Arrival::Refuse("connection table"));
+        // One request ends: that connection, and only it, may go.
+        book.idle(3, t0 + Duration::from_secs(9));
+        assert_eq!(book.arrive(10, C, t0), Arrival::AcceptEvicting(3));
+        assert_eq!(book.admit(10), Ok(()));
+        assert_eq!(book.arrive(11, C, t0), Arrival::Refuse("connection table"));
+    }
+
+    #[test]
+    fn many_sources_each_at_their_fair_share_refuse_a_newcomer() {
+        let mut book = Admission::new(wide());
+        let t0 = Instant::now();
+        for key in 0..6u8 {
+            let source = IpAddr::V4(std::net::Ipv4Addr::new(10, 1, 0, key));
+            hold(&mut book, source, &[(u32::from(key), 0)], t0);
+        }
+        // A seventh source's share is 6 / 7 = 0; an existing one's is 1,
+        // which it holds.
+        assert_eq!(book.arrive(10, C, t0), Arrival::Refuse("connection table"));
+        let one = IpAddr::V4(std::net::Ipv4Addr::new(10, 1, 0, 0));
+        assert_eq!(book.arrive(11, one, t0), Arrival::Refuse("connection table"));
+        assert_eq!(book.len(), 6);
+    }
+
+    #[test]
+    fn a_source_at_its_share_cannot_push_out_a_newcomers_pending_connection() {
+        let mut book = Admission::new(wide());
+        let t0 = Instant::now();
+        hold(&mut book, A, &[(0, 0), (1, 1), (2, 2), (3, 3), (4, 4)], t0);
+        assert_eq!(book.arrive(10, C, t0), Arrival::Accept);
+        // Full. A (share 3, holding 5) reconnecting may not evict C's
+        // pending connection (before the fair share, it evicted the oldest
+        // pending of any source).
+        assert_eq!(book.arrive(11, A, t0), Arrival::Refuse("connection table"));
+        assert_eq!(book.admit(10), Ok(()));
+        // B (share 6 / 3 = 2, holding none) takes A's longest idle place.
+        assert_eq!(book.arrive(12, B, t0), Arrival::AcceptEvicting(0));
     }
 
     #[test]
