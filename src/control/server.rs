@@ -11,7 +11,7 @@
 //! request for [`DEFAULT_CONTROL_IDLE`] is closed, whatever it sends. Between
 //! requests an admitted connection is idle, and is closed for a newcomer
 //! while its source holds more than its fair share of a full table
-//! ([`crate::net::admission`]); never in the middle of a request. Every
+//! (`net::admission`); never in the middle of a request. Every
 //! bad message gets an error reply naming the problem.
 
 use super::frame::{
