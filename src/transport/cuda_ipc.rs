@@ -315,6 +315,19 @@ struct FenceHold {
     held: Option<Held>,
 }
 
+impl FenceHold {
+    /// Keeps the count for good: for a chunk whose copies may still run
+    /// though nobody will see them end (its event's query failed, or the
+    /// lane stops with it in flight). Releasing would let a fence return
+    /// while a stale copy can still land; kept, the table's next fences
+    /// of that phase parity fail `RegionBusy` instead (fail safe: the
+    /// owner learns its range is not known clean).
+    fn poison(mut self) {
+        // `Held` has no drop of its own: dropped unreleased, it stays counted.
+        drop(self.held.take());
+    }
+}
+
 impl Drop for FenceHold {
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
@@ -543,8 +556,12 @@ impl DeviceCopier {
             };
             let mut pending = self.in_flight.remove(index).expect("index is in range");
             self.free_events.push((pending.device, pending.event));
-            // The copies ended: a fence waiting for them may return.
-            pending.holds.clear();
+            match result {
+                // The copies ended: a fence waiting for them may return.
+                Ok(()) => pending.holds.clear(),
+                // Whether they ended is unknown: they stay counted.
+                Err(_) => pending.holds.drain(..).for_each(FenceHold::poison),
+            }
             self.spare_holds.push(std::mem::take(&mut pending.holds));
             let end: std::result::Result<u64, TransferError> = match (result, pending.failure) {
                 (Ok(()), None) => Ok(pending.bytes),
@@ -559,9 +576,10 @@ impl DeviceCopier {
     /// Ends every chunk in flight as failed (the lane is stopping): a copy
     /// cannot be recalled from the GPU, so this is for the lane's exit only.
     pub fn abort(&mut self, reason: &str, ended: &mut Vec<ChunkEnd>) {
-        for pending in self.in_flight.drain(..) {
+        for mut pending in self.in_flight.drain(..) {
             let error = Error::Gpu { device: "cuda_ipc".into(), reason: reason.into() };
             ended.push((pending.ticket, Err((error, 0))));
+            release_if_done(&*self.gpu, &mut pending);
             let _ = self.gpu.destroy_event(pending.event);
         }
     }
@@ -572,12 +590,23 @@ impl Drop for DeviceCopier {
         for (_, event) in self.free_events.drain(..) {
             let _ = self.gpu.destroy_event(event);
         }
-        for pending in self.in_flight.drain(..) {
+        for mut pending in self.in_flight.drain(..) {
+            release_if_done(&*self.gpu, &mut pending);
             let _ = self.gpu.destroy_event(pending.event);
         }
         for (_, stream) in self.streams.drain(..) {
             let _ = self.gpu.destroy_stream(stream);
         }
+    }
+}
+
+/// A chunk dropped in flight (the lane stops): its fence counts are
+/// released only if its event says its copies completed; otherwise a copy
+/// may still land, and they stay counted (`FenceHold::poison`).
+fn release_if_done(gpu: &dyn Gpu, pending: &mut Pending) {
+    match gpu.query(pending.event) {
+        Ok(true) => pending.holds.clear(),
+        _ => pending.holds.drain(..).for_each(FenceHold::poison),
     }
 }
 

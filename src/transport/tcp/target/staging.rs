@@ -136,6 +136,10 @@ impl StagingSlot {
             let staging = self.staging.as_mut().expect("made above");
             if let Some(at) = staging.orphans.iter().position(|(orphan, _)| *orphan == id) {
                 let (_, mut group) = staging.orphans.swap_remove(at);
+                if result.is_err() {
+                    // As in `copy_ended`: an unknown end keeps its counts.
+                    group.holds.clear();
+                }
                 group.settle(ctx, staging, false);
                 continue;
             }
@@ -409,6 +413,14 @@ impl TargetConn {
         let Some(staging) = slot.staging.as_mut() else { return };
         let group = &mut self.groups[at];
         let landed = result.is_ok();
+        if !landed {
+            // Its event's query failed (or the lane stopped with it in
+            // flight): whether the copy still runs is unknown, so its fence
+            // counts stay (a `Held` dropped unreleased stays counted): the
+            // region's fences of that parity fail `RegionBusy` rather than
+            // return while a stale copy may still land.
+            group.holds.clear();
+        }
         group.done = Some(result);
         if group.replies == 0 {
             group.settle(ctx, staging, landed);
