@@ -325,8 +325,14 @@ impl Pass<'_> {
     /// [`Held::release`].
     pub fn detach(self) -> Held {
         let busy: *const AtomicU64 = self.busy;
+        let words = self.view.words;
+        // The other parity's word, for `Held::poison`.
+        let other: *const AtomicU64 = match std::ptr::eq(busy, &words[BUSY]) {
+            true => &words[BUSY + 1],
+            false => &words[BUSY],
+        };
         std::mem::forget(self);
-        Held { busy }
+        Held { busy, other }
     }
 
     /// True when a write under `grant` may land in `[start, end)`: no
@@ -381,6 +387,8 @@ impl FenceView<'_> {
 #[derive(Debug)]
 pub struct Held {
     busy: *const AtomicU64,
+    /// The table's other `busy` word.
+    other: *const AtomicU64,
 }
 
 // SAFETY: it points at an atomic word (shared between threads, and between
@@ -399,6 +407,22 @@ impl Held {
     pub unsafe fn release(self) {
         // SAFETY: per this function's contract. Release: as a pass's drop.
         unsafe { (*self.busy).fetch_sub(1, Ordering::Release) };
+    }
+
+    /// Whether the writer's copy ended is unknown (its completion query
+    /// failed, or it was dropped unfinished): never released, and counted
+    /// in the other parity's word too, so that every later fence of the
+    /// table fails `RegionBusy` (fail safe) instead of returning while a
+    /// stale copy may still land. A fence only waits for its own parity's
+    /// word, so a count left in one word alone would let every second
+    /// fence return.
+    ///
+    /// # Safety
+    ///
+    /// As [`Held::release`].
+    pub unsafe fn poison(self) {
+        // SAFETY: per this function's contract.
+        unsafe { (*self.other).fetch_add(1, Ordering::SeqCst) };
     }
 }
 

@@ -323,8 +323,11 @@ impl FenceHold {
     /// of that phase parity fail `RegionBusy` instead (fail safe: the
     /// owner learns its range is not known clean).
     fn poison(mut self) {
-        // `Held` has no drop of its own: dropped unreleased, it stays counted.
-        drop(self.held.take());
+        if let Some(held) = self.held.take() {
+            // SAFETY: entered in a table of `_tables`, mapped until this
+            // returns (the count stays in the table's shared words).
+            unsafe { held.poison() };
+        }
     }
 }
 
@@ -576,10 +579,11 @@ impl DeviceCopier {
     /// Ends every chunk in flight as failed (the lane is stopping): a copy
     /// cannot be recalled from the GPU, so this is for the lane's exit only.
     pub fn abort(&mut self, reason: &str, ended: &mut Vec<ChunkEnd>) {
+        let deadline = std::time::Instant::now() + STOP_FENCE_WAIT;
         for mut pending in self.in_flight.drain(..) {
             let error = Error::Gpu { device: "cuda_ipc".into(), reason: reason.into() };
             ended.push((pending.ticket, Err((error, 0))));
-            release_if_done(&*self.gpu, &mut pending);
+            release_if_done(&*self.gpu, &mut pending, deadline);
             let _ = self.gpu.destroy_event(pending.event);
         }
     }
@@ -590,8 +594,9 @@ impl Drop for DeviceCopier {
         for (_, event) in self.free_events.drain(..) {
             let _ = self.gpu.destroy_event(event);
         }
+        let deadline = std::time::Instant::now() + STOP_FENCE_WAIT;
         for mut pending in self.in_flight.drain(..) {
-            release_if_done(&*self.gpu, &mut pending);
+            release_if_done(&*self.gpu, &mut pending, deadline);
             let _ = self.gpu.destroy_event(pending.event);
         }
         for (_, stream) in self.streams.drain(..) {
@@ -600,13 +605,26 @@ impl Drop for DeviceCopier {
     }
 }
 
+/// How long a stopping lane waits, in all, for its chunks in flight that
+/// hold fence counts to complete before it poisons their counts.
+const STOP_FENCE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A chunk dropped in flight (the lane stops): its fence counts are
-/// released only if its event says its copies completed; otherwise a copy
-/// may still land, and they stay counted (`FenceHold::poison`).
-fn release_if_done(gpu: &dyn Gpu, pending: &mut Pending) {
-    match gpu.query(pending.event) {
-        Ok(true) => pending.holds.clear(),
-        _ => pending.holds.drain(..).for_each(FenceHold::poison),
+/// released once its event says its copies completed (looked at until
+/// `deadline`); otherwise a copy may still land, and they stay counted
+/// (`FenceHold::poison`).
+fn release_if_done(gpu: &dyn Gpu, pending: &mut Pending, deadline: std::time::Instant) {
+    if pending.holds.is_empty() {
+        return;
+    }
+    loop {
+        match gpu.query(pending.event) {
+            Ok(true) => return pending.holds.clear(),
+            Ok(false) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            _ => return pending.holds.drain(..).for_each(FenceHold::poison),
+        }
     }
 }
 
