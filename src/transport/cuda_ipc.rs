@@ -9,11 +9,12 @@
 //! after them reports complete, so a batch is never reported done before
 //! its bytes are in place (Mooncake PR #1918 is the bug this rules out).
 
+pub(crate) use super::fence_holds::FenceTables;
+use super::fence_holds::{release_if_done, FenceHold, STOP_FENCE_WAIT};
 use crate::auth::Session;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::gpu::{Copy, CopyCounters, CopySides, Event, Gpu, Memory, Place, Stream};
-use crate::mem::fence::{FenceView, Held};
 use crate::mem::fence_file::SharedFences;
 use crate::mem::Access;
 use crate::mem::MemoryKind;
@@ -281,65 +282,6 @@ struct Pending {
     holds: Vec<FenceHold>,
 }
 
-/// Where a peer region's fence table is mapped here, kept mapped by the
-/// `Arc` while a chunk holds a count in it.
-#[derive(Debug, Clone)]
-pub(crate) enum FenceTables {
-    /// A peer GPU region's page (`mem::fence_file`).
-    Page(Arc<SharedFences>),
-    /// A peer's host region files (a same-host link's mappings, by region
-    /// slot), each with its table in its header page.
-    Mappings(Arc<[Option<crate::mem::ShmMapping>]>),
-}
-
-impl FenceTables {
-    /// The table of region slot `slot` (a page has one table).
-    fn view(&self, slot: usize) -> Option<FenceView<'_>> {
-        match self {
-            Self::Page(page) => Some(page.view()),
-            Self::Mappings(all) => all.get(slot)?.as_ref().map(crate::mem::ShmMapping::fences),
-        }
-    }
-}
-
-/// A chunk's count in one peer region's fence table (`mem::fence`), kept
-/// until the chunk's copies ended, so that a fence meanwhile waits for
-/// them: the pass is taken before the chunk's first check and released
-/// when this is dropped.
-#[derive(Debug)]
-struct FenceHold {
-    /// Keeps the table mapped until the count is released (never read).
-    _tables: FenceTables,
-    /// The table's first word, as an address (which run of blocks it is).
-    words: usize,
-    held: Option<Held>,
-}
-
-impl FenceHold {
-    /// Keeps the count for good: for a chunk whose copies may still run
-    /// though nobody will see them end (its event's query failed, or the
-    /// lane stops with it in flight). Releasing would let a fence return
-    /// while a stale copy can still land; kept, the table's next fences
-    /// of that phase parity fail `RegionBusy` instead (fail safe: the
-    /// owner learns its range is not known clean).
-    fn poison(mut self) {
-        if let Some(held) = self.held.take() {
-            // SAFETY: entered in a table of `_tables`, mapped until this
-            // returns (the count stays in the table's shared words).
-            unsafe { held.poison() };
-        }
-    }
-}
-
-impl Drop for FenceHold {
-    fn drop(&mut self) {
-        if let Some(held) = self.held.take() {
-            // SAFETY: entered in a table of `_tables`, which keeps it mapped.
-            unsafe { held.release() };
-        }
-    }
-}
-
 /// One lane's GPU copier: its streams and events (one per GPU it has used,
 /// made at first use and reused), the chunk being built, and the chunks in
 /// flight. Only its lane drives it.
@@ -583,7 +525,7 @@ impl DeviceCopier {
         for mut pending in self.in_flight.drain(..) {
             let error = Error::Gpu { device: "cuda_ipc".into(), reason: reason.into() };
             ended.push((pending.ticket, Err((error, 0))));
-            release_if_done(&*self.gpu, &mut pending, deadline);
+            release_if_done(&*self.gpu, pending.event, &mut pending.holds, deadline);
             let _ = self.gpu.destroy_event(pending.event);
         }
     }
@@ -596,34 +538,11 @@ impl Drop for DeviceCopier {
         }
         let deadline = std::time::Instant::now() + STOP_FENCE_WAIT;
         for mut pending in self.in_flight.drain(..) {
-            release_if_done(&*self.gpu, &mut pending, deadline);
+            release_if_done(&*self.gpu, pending.event, &mut pending.holds, deadline);
             let _ = self.gpu.destroy_event(pending.event);
         }
         for (_, stream) in self.streams.drain(..) {
             let _ = self.gpu.destroy_stream(stream);
-        }
-    }
-}
-
-/// How long a stopping lane waits, in all, for its chunks in flight that
-/// hold fence counts to complete before it poisons their counts.
-const STOP_FENCE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// A chunk dropped in flight (the lane stops): its fence counts are
-/// released once its event says its copies completed (looked at until
-/// `deadline`); otherwise a copy may still land, and they stay counted
-/// (`FenceHold::poison`).
-fn release_if_done(gpu: &dyn Gpu, pending: &mut Pending, deadline: std::time::Instant) {
-    if pending.holds.is_empty() {
-        return;
-    }
-    loop {
-        match gpu.query(pending.event) {
-            Ok(true) => return pending.holds.clear(),
-            Ok(false) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_micros(200));
-            }
-            _ => return pending.holds.drain(..).for_each(FenceHold::poison),
         }
     }
 }
