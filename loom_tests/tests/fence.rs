@@ -67,6 +67,33 @@ fn no_stale_write_lands_after_fence_returned() {
     });
 }
 
+/// A sender naming a grant nobody was given (`u32::MAX`: above every
+/// generation the table will hold) writes while its target fences a range
+/// that was never fenced: the copy lands before `fence` returns or not at
+/// all, and once it returned the made-up grant is refused. Fails when the
+/// table's `issued` word is not checked (the entry's generation is below
+/// the made-up grant, so the write would pass it).
+#[test]
+fn a_made_up_grant_lands_before_the_fence_returns_or_never() {
+    loom::model(|| {
+        let range = Range::new();
+        let liar = {
+            let range = range.clone();
+            thread::spawn(move || range.write(u32::MAX, 7))
+        };
+        range.view().fence(&[Span::range(0, 8)], 1, patient).unwrap();
+        // SAFETY: a loom cell's pointer; loom reports an unordered access.
+        range.bytes.with_mut(|bytes| unsafe { *bytes = 1 });
+        let landed = liar.join().unwrap();
+        // SAFETY: as above.
+        let last = range.bytes.with(|bytes| unsafe { *bytes });
+        assert_eq!(last, 1, "a made-up grant's write landed after fence returned (landed: {landed})");
+        assert!(!range.write(u32::MAX, 9), "a made-up grant passed the fence");
+        // SAFETY: as above.
+        assert_eq!(range.bytes.with(|bytes| unsafe { *bytes }), 1);
+    });
+}
+
 /// A device copy's writer (cuda_ipc's chunk, the tcp target's staged
 /// copy): it enters and checks on its lane, keeps its count past the pass
 /// (`Pass::detach`), and the copy lands later on another thread (the copy

@@ -19,6 +19,12 @@
 //!   full table folds its oldest entry: a refusal too many, never one too
 //!   few);
 //! - `used`: how many entry slots were ever taken (readers scan that many);
+//! - `issued`: the highest generation the fencer ever entered here,
+//!   stored before the entry that carries it: a grant above it was never
+//!   handed out for this table, and lands on no fenced byte (a sender
+//!   naming `u32::MAX`, or the last grant + 1, would otherwise pass every
+//!   fence older than the grant it made up; tcp also refuses a grant its
+//!   process never issued, the one-sided writers only see the table);
 //! - entries `[start, len, stride, count, generation]` (generation 0: an
 //!   empty slot): `count` ranges of `len` bytes, `stride` apart from
 //!   `start`, so that one entry holds a request's blocks in every layer of
@@ -73,6 +79,11 @@ const PHASE: usize = 0;
 const BUSY: usize = 1;
 const FLOOR: usize = 3;
 const USED: usize = 4;
+/// The highest generation entered (see the module docs); word 5 was
+/// unused before, so the layouts around the table did not move (their
+/// versions did: a writer of the old layout would not refuse made-up
+/// grants).
+const ISSUED: usize = 5;
 const ENTRIES: usize = 8;
 /// Words of one table.
 pub const FENCE_WORDS: usize = ENTRIES + ENTRY_WORDS * FENCE_SLOTS;
@@ -228,6 +239,10 @@ impl<'a> FenceView<'a> {
     pub fn fence(&self, spans: &[Span], generation: u32, mut pause: impl FnMut() -> bool) -> Result<(), FenceFailed> {
         let phase = self.words[PHASE].load(Ordering::SeqCst);
         let generation = u64::from(generation);
+        // Before the entries: a writer that sees an entry's generation
+        // sees `issued` at least that high (a grant it was handed is not
+        // refused as made up).
+        self.words[ISSUED].fetch_max(generation, Ordering::SeqCst);
         for span in spans {
             let slot = self.free_slot();
             let at = ENTRIES + ENTRY_WORDS * slot;
@@ -310,8 +325,14 @@ impl Pass<'_> {
     /// [`Held::release`].
     pub fn detach(self) -> Held {
         let busy: *const AtomicU64 = self.busy;
+        let words = self.view.words;
+        // The other parity's word, for `Held::poison`.
+        let other: *const AtomicU64 = match std::ptr::eq(busy, &words[BUSY]) {
+            true => &words[BUSY + 1],
+            false => &words[BUSY],
+        };
         std::mem::forget(self);
-        Held { busy }
+        Held { busy, other }
     }
 
     /// True when a write under `grant` may land in `[start, end)`: no
@@ -343,13 +364,21 @@ impl FenceView<'_> {
             return true;
         }
         let grant = u64::from(grant);
-        if grant < words[FLOOR].load(Ordering::SeqCst) {
+        let floor = words[FLOOR].load(Ordering::SeqCst);
+        if grant < floor {
+            return false;
+        }
+        // A grant this table's fencer never entered (above `issued`) is
+        // made up: it lands on no fenced byte, and, once entries were
+        // folded into the floor (whose ranges are gone), nowhere.
+        let made_up = grant > words[ISSUED].load(Ordering::SeqCst);
+        if made_up && floor > 0 {
             return false;
         }
         let used = self.used();
         (0..used).all(|slot| {
             let gen = words[ENTRIES + ENTRY_WORDS * slot + GEN].load(Ordering::SeqCst);
-            gen <= grant || !self.entry(slot).meets(start, end)
+            gen == 0 || (gen <= grant && !made_up) || !self.entry(slot).meets(start, end)
         })
     }
 }
@@ -358,6 +387,8 @@ impl FenceView<'_> {
 #[derive(Debug)]
 pub struct Held {
     busy: *const AtomicU64,
+    /// The table's other `busy` word.
+    other: *const AtomicU64,
 }
 
 // SAFETY: it points at an atomic word (shared between threads, and between
@@ -376,6 +407,22 @@ impl Held {
     pub unsafe fn release(self) {
         // SAFETY: per this function's contract. Release: as a pass's drop.
         unsafe { (*self.busy).fetch_sub(1, Ordering::Release) };
+    }
+
+    /// Whether the writer's copy ended is unknown (its completion query
+    /// failed, or it was dropped unfinished): never released, and counted
+    /// in the other parity's word too, so that every later fence of the
+    /// table fails `RegionBusy` (fail safe) instead of returning while a
+    /// stale copy may still land. A fence only waits for its own parity's
+    /// word, so a count left in one word alone would let every second
+    /// fence return.
+    ///
+    /// # Safety
+    ///
+    /// As [`Held::release`].
+    pub unsafe fn poison(self) {
+        // SAFETY: per this function's contract.
+        unsafe { (*self.other).fetch_add(1, Ordering::SeqCst) };
     }
 }
 
@@ -505,6 +552,27 @@ mod tests {
         assert!(flat.meets(0, 1) && !flat.meets(4, 100));
         assert!(Span { start: 0, len: 10, stride: 100, count: 3 }.covers(&Span::range(205, 5)));
         assert!(!Span { start: 0, len: 10, stride: 100, count: 3 }.covers(&Span::range(305, 5)));
+    }
+
+    #[test]
+    fn a_grant_never_entered_lands_on_no_fenced_byte() {
+        let table = FenceTable::new();
+        let view = table.view();
+        assert!(view.enter().unwrap().admits(0, 8, u32::MAX), "nothing fenced: nothing to protect");
+        view.fence(&[Span::range(0, 64)], 7, || true).unwrap();
+        let pass = view.enter().unwrap();
+        for made_up in [8, u32::MAX] {
+            assert!(!pass.admits(0, 8, made_up), "grant {made_up} was never entered");
+            assert!(pass.admits(64, 128, made_up), "outside every fence it still lands");
+        }
+        assert!(pass.admits(0, 8, 7), "the grant entered lands");
+        drop(pass);
+        for i in 0..=FENCE_SLOTS as u32 {
+            view.fence(&[Span::range(1000 + u64::from(i), 1)], 8 + i, || true).unwrap();
+        }
+        let pass = view.enter().unwrap();
+        assert!(!pass.admits(500, 501, u32::MAX), "past a fold a made-up grant lands nowhere");
+        assert!(pass.admits(500, 501, 8 + FENCE_SLOTS as u32));
     }
 
     #[test]

@@ -62,7 +62,8 @@ const HEADER_MAGIC: [u8; 8] = *b"KVRINGSH";
 /// 3: and the `live` and `busy` words of revocation.
 /// 4: and the region's fence table at [`FENCE_OFFSET`] (`mem::fence`).
 /// 5: the region id is 64 bits (a 32-bit generation).
-const HEADER_VERSION: u32 = 5;
+/// 6: the fence table's `issued` word (`mem::fence`), which writers check.
+const HEADER_VERSION: u32 = 6;
 /// Where the region's fence table sits in the header page.
 pub const FENCE_OFFSET: usize = 1024;
 const _: () = assert!(FENCE_OFFSET + super::fence::FENCE_WORDS * 8 <= SHM_HEADER_BYTES);

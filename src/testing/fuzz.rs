@@ -262,6 +262,11 @@ fn served(token: Option<&str>) -> Served {
     // (after a GRANT frame, or none) is refused and its lease given back.
     let entry = registry.get(region).expect("registered");
     entry.fence_view().fence(&[crate::mem::fence::Span::range(0, 4096)], 5, || true).expect("nothing writes yet");
+    // Grant 7 is entered in this table too (its last byte, which no seed
+    // names), as another request's fence would: a grant above every one a
+    // table holds is refused on its fenced bytes (`mem::fence`, `issued`).
+    let last = SERVED_BYTES as u64 - 1;
+    entry.fence_view().fence(&[crate::mem::fence::Span::range(last, 1)], 7, || true).expect("nothing writes yet");
     // The seeds name grants up to 7: a target refuses a grant its process
     // never issued, so this process issues them, as a target's fences would.
     while !crate::mem::fence::issued(7) {

@@ -51,6 +51,13 @@ pub mod gpu_fds {
     }
 }
 
+/// Fence tables (`mem::fence`) and a GPU region's table page
+/// (`mem::fence_file`), for tests that play a hostile peer mapping one.
+pub mod fence {
+    pub use crate::mem::fence::{FenceFailed, FenceView, Pass, Span};
+    pub use crate::mem::fence_file::SharedFences;
+}
+
 pub mod ring {
     pub use crate::ring::{channel, Full};
 }

@@ -9,11 +9,12 @@
 //! after them reports complete, so a batch is never reported done before
 //! its bytes are in place (Mooncake PR #1918 is the bug this rules out).
 
+pub(crate) use super::fence_holds::FenceTables;
+use super::fence_holds::{release_if_done, FenceHold, STOP_FENCE_WAIT};
 use crate::auth::Session;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
 use crate::gpu::{Copy, CopyCounters, CopySides, Event, Gpu, Memory, Place, Stream};
-use crate::mem::fence::{FenceView, Held};
 use crate::mem::fence_file::SharedFences;
 use crate::mem::Access;
 use crate::mem::MemoryKind;
@@ -281,49 +282,6 @@ struct Pending {
     holds: Vec<FenceHold>,
 }
 
-/// Where a peer region's fence table is mapped here, kept mapped by the
-/// `Arc` while a chunk holds a count in it.
-#[derive(Debug, Clone)]
-pub(crate) enum FenceTables {
-    /// A peer GPU region's page (`mem::fence_file`).
-    Page(Arc<SharedFences>),
-    /// A peer's host region files (a same-host link's mappings, by region
-    /// slot), each with its table in its header page.
-    Mappings(Arc<[Option<crate::mem::ShmMapping>]>),
-}
-
-impl FenceTables {
-    /// The table of region slot `slot` (a page has one table).
-    fn view(&self, slot: usize) -> Option<FenceView<'_>> {
-        match self {
-            Self::Page(page) => Some(page.view()),
-            Self::Mappings(all) => all.get(slot)?.as_ref().map(crate::mem::ShmMapping::fences),
-        }
-    }
-}
-
-/// A chunk's count in one peer region's fence table (`mem::fence`), kept
-/// until the chunk's copies ended, so that a fence meanwhile waits for
-/// them: the pass is taken before the chunk's first check and released
-/// when this is dropped.
-#[derive(Debug)]
-struct FenceHold {
-    /// Keeps the table mapped until the count is released (never read).
-    _tables: FenceTables,
-    /// The table's first word, as an address (which run of blocks it is).
-    words: usize,
-    held: Option<Held>,
-}
-
-impl Drop for FenceHold {
-    fn drop(&mut self) {
-        if let Some(held) = self.held.take() {
-            // SAFETY: entered in a table of `_tables`, which keeps it mapped.
-            unsafe { held.release() };
-        }
-    }
-}
-
 /// One lane's GPU copier: its streams and events (one per GPU it has used,
 /// made at first use and reused), the chunk being built, and the chunks in
 /// flight. Only its lane drives it.
@@ -543,8 +501,12 @@ impl DeviceCopier {
             };
             let mut pending = self.in_flight.remove(index).expect("index is in range");
             self.free_events.push((pending.device, pending.event));
-            // The copies ended: a fence waiting for them may return.
-            pending.holds.clear();
+            match result {
+                // The copies ended: a fence waiting for them may return.
+                Ok(()) => pending.holds.clear(),
+                // Whether they ended is unknown: they stay counted.
+                Err(_) => pending.holds.drain(..).for_each(FenceHold::poison),
+            }
             self.spare_holds.push(std::mem::take(&mut pending.holds));
             let end: std::result::Result<u64, TransferError> = match (result, pending.failure) {
                 (Ok(()), None) => Ok(pending.bytes),
@@ -559,9 +521,11 @@ impl DeviceCopier {
     /// Ends every chunk in flight as failed (the lane is stopping): a copy
     /// cannot be recalled from the GPU, so this is for the lane's exit only.
     pub fn abort(&mut self, reason: &str, ended: &mut Vec<ChunkEnd>) {
-        for pending in self.in_flight.drain(..) {
+        let deadline = std::time::Instant::now() + STOP_FENCE_WAIT;
+        for mut pending in self.in_flight.drain(..) {
             let error = Error::Gpu { device: "cuda_ipc".into(), reason: reason.into() };
             ended.push((pending.ticket, Err((error, 0))));
+            release_if_done(&*self.gpu, pending.event, &mut pending.holds, deadline);
             let _ = self.gpu.destroy_event(pending.event);
         }
     }
@@ -572,7 +536,9 @@ impl Drop for DeviceCopier {
         for (_, event) in self.free_events.drain(..) {
             let _ = self.gpu.destroy_event(event);
         }
-        for pending in self.in_flight.drain(..) {
+        let deadline = std::time::Instant::now() + STOP_FENCE_WAIT;
+        for mut pending in self.in_flight.drain(..) {
+            release_if_done(&*self.gpu, pending.event, &mut pending.holds, deadline);
             let _ = self.gpu.destroy_event(pending.event);
         }
         for (_, stream) in self.streams.drain(..) {

@@ -14,6 +14,7 @@ pub(crate) mod checksum;
 mod checksum_shm;
 pub(crate) mod cma;
 pub(crate) mod cuda_ipc;
+mod fence_holds;
 pub(crate) mod gpu_fds;
 pub(crate) mod kind;
 pub(crate) mod null;

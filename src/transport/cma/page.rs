@@ -54,7 +54,8 @@ const MAGIC: [u8; 8] = *b"KVRINGCM";
 /// version 1 target would not see a version 2 initiator's marks).
 /// 3: a region's state word holds its slot's 32-bit generation, not a
 /// 32-bit raw id (the slot is the word's place on the page).
-const VERSION: u32 = 3;
+/// 4: the fence table's `issued` word (`mem::fence`), which writers check.
+const VERSION: u32 = 4;
 /// Initiator links one target serves over cma at once (each holds a slot).
 pub const MAX_CMA_USERS: usize = 256;
 const LINE: usize = 64;

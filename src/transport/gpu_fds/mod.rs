@@ -119,8 +119,10 @@ pub(crate) struct Request {
 /// `handles` says the same.
 pub(crate) const FENCE_TABLE: u32 = u32::MAX;
 
-/// "KVF5": a 64-bit region id ("KVF3" carried 32 bits).
-const REQUEST_MAGIC: [u8; 4] = *b"KVF5";
+/// "KVF6": a region's fence table page it passes carries the `issued` word
+/// (`mem::fence`) that writers check ("KVF5" pages did not; "KVF3" carried
+/// a 32-bit region id).
+const REQUEST_MAGIC: [u8; 4] = *b"KVF6";
 /// Bytes of a [`Request`]: the magic, the region (8), first and count.
 pub(crate) const REQUEST_BYTES: usize = 20;
 /// Bytes of an [`Answer`].
@@ -218,7 +220,8 @@ mod tests {
         let request = Request { region: 1 << 40 | 7, first: 64, count: 64 };
         assert_eq!(Request::decode(&request.encode()), Ok(request));
         assert!(old_request_version(b"KVF3").unwrap().contains("a KVF3 GPU descriptor request"));
-        assert_eq!(old_request_version(b"KVF5"), None);
+        assert!(old_request_version(b"KVF5").is_some(), "its pages lack the issued word");
+        assert_eq!(old_request_version(b"KVF6"), None);
         assert_eq!(old_request_version(b"GET "), None);
         let mut answer = [0u8; REQUEST_BYTES];
         answer[..ANSWER_BYTES].copy_from_slice(&Answer::Refused { len: 1 }.encode());

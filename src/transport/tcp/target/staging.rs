@@ -136,6 +136,10 @@ impl StagingSlot {
             let staging = self.staging.as_mut().expect("made above");
             if let Some(at) = staging.orphans.iter().position(|(orphan, _)| *orphan == id) {
                 let (_, mut group) = staging.orphans.swap_remove(at);
+                if result.is_err() {
+                    // As in `copy_ended`: an unknown end keeps its counts.
+                    group.poison_holds();
+                }
                 group.settle(ctx, staging, false);
                 continue;
             }
@@ -186,6 +190,15 @@ pub(super) struct Group {
 }
 
 impl Group {
+    /// Its copy's end is unknown: its fence counts are never released
+    /// (`Held::poison`).
+    fn poison_holds(&mut self) {
+        for held in self.holds.drain(..) {
+            // SAFETY: taken under a lease in `leases`, still kept here.
+            unsafe { held.poison() };
+        }
+    }
+
     /// Gives back the pages and leases; lands the tags when `landed`.
     fn settle(&mut self, ctx: &TargetContext, staging: &mut Staging, landed: bool) {
         staging.give(self);
@@ -409,6 +422,14 @@ impl TargetConn {
         let Some(staging) = slot.staging.as_mut() else { return };
         let group = &mut self.groups[at];
         let landed = result.is_ok();
+        if !landed {
+            // Its event's query failed (or the lane stopped with it in
+            // flight): whether the copy still runs is unknown, so its fence
+            // counts stay (a `Held` dropped unreleased stays counted): the
+            // region's fences fail `RegionBusy` rather than return while a
+            // stale copy may still land.
+            group.poison_holds();
+        }
         group.done = Some(result);
         if group.replies == 0 {
             group.settle(ctx, staging, landed);
