@@ -83,7 +83,6 @@ fn run_case(
     let per_round = plan.sweep.total.div_ceil(ROUNDS as u64).div_ceil(block) * block;
     let covered = whole.min(per_round);
     let mut progress = Progress::new(label, per_round * ROUNDS as u64 * 2, plan.sweep.json);
-    let lane_core = plan.engine.lane_cores().first().copied().flatten();
     let (mut ours, mut host, mut raw) = (Vec::new(), Vec::new(), Vec::new());
     let mut round = |local: &Region, remote: RegionId, progress: &mut Progress| -> Result<f64, String> {
         let started = Instant::now();
@@ -97,7 +96,7 @@ fn run_case(
             let write = op == Opcode::Write;
             // Each end cycles through memory the size of the regions.
             let (what, span) = ((write, block, per_round), ends.region_bytes);
-            raw.push(crate::raw::on_core(lane_core, || crate::raw::baseline(addr, token, what, span))?);
+            raw.push(crate::raw::streams(addr, token, what, (span, &plan.engine.lane_cores()))?);
         }
         ours.push(round(ends.local_gpu, ends.remote_gpu, &mut progress)?);
     }

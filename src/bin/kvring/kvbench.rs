@@ -85,12 +85,13 @@ pub fn run(engine: &Engine, bench: &KvBench<'_>) -> Result<(), String> {
 
     // None: tcp to a target whose raw sink is not known (no --peer-raw).
     let baseline_gbps = match (bench.transport, bench.raw_peer) {
-        // Each end cycles through one request's bytes, as the pushes do.
-        (TransportKind::Tcp, Some(raw)) => Some(crate::raw::baseline(
+        // One connection per lane, each on its lane's core, the ends
+        // cycling through one request's bytes, as the pushes do.
+        (TransportKind::Tcp, Some(raw)) => Some(crate::raw::streams(
             raw,
             bench.token,
-            (true, shape.key_block_bytes * blocks, request_bytes * requests),
-            request_bytes,
+            (true, shape.key_block_bytes, request_bytes * requests),
+            (request_bytes, &engine.lane_cores()),
         )?),
         (TransportKind::Tcp, None) => None,
         _ => Some(memcpy_descs(&descs, bytes, requests, engine.lane_cores().first().copied().flatten())?),

@@ -43,13 +43,18 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Largest transfer one raw request may ask for.
 const MAX_RAW_BYTES: u64 = 1 << 40;
-/// Most bytes one socket call of the sink moves (and the floor's buffer).
+/// The floor's buffer: its largest ping-pong message.
 const SINK_BUFFER: usize = 1 << 20;
 /// Most memory one stream of the sink cycles through (the bench's default
 /// region).
 pub const MAX_SINK_SPAN: u64 = 128 << 20;
 /// Bytes of a request.
 const REQUEST_BYTES: usize = 24;
+/// Bytes a baseline connection moves, untimed, before its timed stream: a
+/// fresh connection starts with a 128 KiB receive buffer that the kernel
+/// grows (up to `tcp_rmem`'s 32 MiB here) as the stream runs, while
+/// kvring's lanes time connections that have long been streaming.
+const WARM_UP_BYTES: u64 = 32 << 20;
 /// A connection that moves no byte for this long (waiting for a request or
 /// inside one) is closed: the bench's client never pauses that long, and an
 /// idle client must not hold one of the few slots.
@@ -227,8 +232,9 @@ fn serve(mut stream: TcpStream, token: Option<&Token>, spans: &Spans) -> std::io
     }
 }
 
-/// Memory a stream cycles through: `span` bytes, moved `SINK_BUFFER` at a
-/// time at most, wrapping to the start at the end.
+/// Memory a stream cycles through: `span` bytes, each socket call moving
+/// all that is left up to the span's end (see [`piece`]), wrapping to the
+/// start at the end.
 struct Cycle {
     memory: Vec<u8>,
     span: usize,
@@ -246,7 +252,7 @@ impl Cycle {
     fn stream(&mut self, stream: &mut Polled, send: bool, bytes: u64) -> std::io::Result<bool> {
         let mut left = bytes;
         while left > 0 {
-            let n = (left as usize).min(SINK_BUFFER).min(self.span - self.at);
+            let n = piece(left, self.at, self.span);
             let piece = &mut self.memory[self.at..self.at + n];
             if send {
                 stream.write_all(piece)?;
@@ -439,27 +445,16 @@ fn request(op: u64, bytes: u64, span: u64) -> [u8; REQUEST_BYTES] {
     request
 }
 
-/// GB/s of moving `total` bytes to (write) or from (read) the sink at
-/// `addr` in `block`-sized socket calls, each end cycling through `span`
-/// bytes of memory, answering its challenge with `token`.
-pub fn baseline(
-    addr: &str,
-    token: Option<&str>,
-    (write, block, total): (bool, u64, u64),
-    span: u64,
-) -> Result<f64, String> {
-    let mut stream = Polled::new(connect(addr, token)?, true).map_err(|e| format!("raw baseline: {e}"))?;
-    let (started, ended) = pump(&mut stream, (write, block, total), span)?;
-    Ok(total as f64 / (ended - started).as_secs_f64() / 1e9)
-}
-
-/// GB/s of moving `total` bytes over one connection per lane of the bench
-/// (`lane_cores`), each on its lane's core and moving its share of whole
-/// blocks at the same time, as kvring spreads a batch over its lanes'
-/// connections: the same connection count as kvring's, so the baseline
-/// stays an upper bound of the same path with several lanes. The
-/// connections share `span` bytes of memory at each end, as the lanes
-/// share a region.
+/// The raw-TCP baseline of every bench mode (the block sweep, `--checksum`,
+/// `--kv`, staged GPU tcp): GB/s of moving `total` bytes to (write) or
+/// from (read) the sink at `addr`, answering its challenge with `token`,
+/// over one connection per lane of the bench (`lane_cores`), each on its
+/// lane's core and moving its share of whole `block`s at the same time, as
+/// kvring spreads a batch over its lanes' connections: the same connection
+/// count and cores as kvring's, so the baseline stays an upper bound of
+/// the same path with several lanes. The connections share `span` bytes
+/// of memory at each end, as the lanes share a region; each moves its
+/// share as one stream (see [`piece`]).
 pub fn streams(
     addr: &str,
     token: Option<&str>,
@@ -482,8 +477,16 @@ pub fn streams(
                         core_affinity::set_for_current(core_affinity::CoreId { id: core });
                     }
                     let stream = connect(addr, token).and_then(|s| Polled::new(s, true).map_err(|e| e.to_string()));
+                    // Whole blocks of memory, faulted in before the clock
+                    // starts.
+                    let block = block.min(share).max(1) as usize;
+                    let mut memory = vec![0x5au8; span_len(span).max(block) / block * block];
+                    let warmed = stream.and_then(|mut stream| {
+                        pump(&mut stream, &mut memory, (write, share.min(WARM_UP_BYTES)))?;
+                        Ok(stream)
+                    });
                     ready.wait();
-                    pump(&mut stream?, (write, block, share), span)
+                    pump(&mut warmed?, &mut memory, (write, share))
                 })
             })
             .collect();
@@ -498,15 +501,25 @@ pub fn streams(
     Ok((share * cores.len() as u64) as f64 / (last - first).as_secs_f64() / 1e9)
 }
 
+/// Bytes the next socket call of a stream offers: all that is `left`, up to
+/// the end of the `span` it cycles through (from `at`), whatever the
+/// block size. The least work that moves the bytes, so an upper bound of
+/// kvring's path: a lane gathers up to 32 frames (each up to 1 MiB of a
+/// block) into one `writev` and reads a payload of 16 KiB or more straight
+/// into its block, so a baseline that made one call per block (as it did
+/// until 2026-11-27) made up to 16 calls for kvring's one at 64 KiB blocks
+/// and 256 at 4 KiB, and was no upper bound (kvring read 1.5-2.1x it).
+fn piece(left: u64, at: usize, span: usize) -> usize {
+    debug_assert!(at < span);
+    usize::try_from(left).unwrap_or(usize::MAX).min(span - at)
+}
+
 /// Asks the sink for a transfer of `total` bytes and, once both ends have
-/// their `span` of memory ready, moves them in `block`-sized socket calls
-/// (a write ends with the sink's one-byte ack); when the transfer started
-/// and ended.
-fn pump(stream: &mut Polled, (write, block, total): (bool, u64, u64), span: u64) -> Result<(Instant, Instant), String> {
-    // Whole blocks of memory, faulted in before the clock starts.
-    let block = block.min(total).max(1) as usize;
-    let span = span_len(span).max(block) / block * block;
-    let mut memory = vec![0x5au8; span];
+/// their span of memory ready (`memory`'s size), moves them as one stream
+/// (see [`piece`]; a write ends with the sink's one-byte ack); when the
+/// transfer started and ended.
+fn pump(stream: &mut Polled, memory: &mut [u8], (write, total): (bool, u64)) -> Result<(Instant, Instant), String> {
+    let span = memory.len();
     let failed = |e: std::io::Error| format!("raw baseline: {e}");
     let closed =
         |read: bool| if read { Ok(()) } else { Err("raw baseline: the sink closed the connection".to_string()) };
@@ -516,14 +529,14 @@ fn pump(stream: &mut Polled, (write, block, total): (bool, u64, u64), span: u64)
     let started = Instant::now();
     let (mut left, mut at) = (total, 0);
     while left > 0 {
-        let n = (left as usize).min(block);
-        let piece = &mut memory[at..at + n];
+        let n = piece(left, at, span);
+        let bytes = &mut memory[at..at + n];
         if write {
-            stream.write_all(piece).map_err(failed)?;
+            stream.write_all(bytes).map_err(failed)?;
         } else {
-            closed(stream.read_exact(piece).map_err(failed)?)?;
+            closed(stream.read_exact(bytes).map_err(failed)?)?;
         }
-        at = (at + block) % span;
+        at = (at + n) % span;
         left -= n as u64;
     }
     if write {
@@ -551,7 +564,7 @@ pub fn on_core<T: Send>(core: Option<usize>, work: impl FnOnce() -> T + Send) ->
 
 #[cfg(test)]
 mod tests {
-    use super::{baseline, sink_cores, streams, RawSink};
+    use super::{piece, sink_cores, streams, RawSink};
     use kvring::Token;
 
     fn sink(token: Option<&str>) -> (RawSink, String) {
@@ -572,13 +585,32 @@ mod tests {
                 assert!(gbps > 0.0, "write {write}, {total} bytes over a {span}-byte span: {gbps}");
             }
         }
-        assert!(baseline(&addr, None, (false, 1 << 20, 4 << 20), 2 << 20).unwrap() > 0.0);
+        assert!(streams(&addr, None, (false, 1 << 20, 4 << 20), (2 << 20, &[None])).unwrap() > 0.0);
+    }
+
+    #[test]
+    fn a_stream_offers_each_call_all_it_has_left_up_to_the_span_end() {
+        // 4 KiB blocks cycling through a 1 MiB span: calls of up to 1 MiB,
+        // not of 4 KiB (kvring gathers many blocks into one `writev`), each
+        // ending at the span's end or the transfer's, none past either.
+        let (span, total) = (1usize << 20, (5u64 << 20) / 2 + 4096);
+        let (mut left, mut at, mut calls) = (total, 0usize, Vec::new());
+        while left > 0 {
+            let n = piece(left, at, span);
+            assert!(n > 0 && at + n <= span, "{n} bytes from {at}");
+            calls.push(n);
+            at = (at + n) % span;
+            left -= n as u64;
+        }
+        assert_eq!(calls, [span, span, span / 2 + 4096]);
+        assert_eq!(piece(100, span - 10, span), 10);
+        assert_eq!(piece(u64::MAX, 0, span), span);
     }
 
     #[test]
     fn the_sink_frees_its_stream_memory_once_its_clients_leave() {
         let (sink, addr) = sink(None);
-        assert!(baseline(&addr, None, (true, 1 << 20, 4 << 20), 4 << 20).unwrap() > 0.0);
+        assert!(streams(&addr, None, (true, 1 << 20, 4 << 20), (4 << 20, &[])).unwrap() > 0.0);
         // The connection's thread frees after its client closed: wait for
         // it, bounded.
         for _ in 0..200 {
@@ -606,8 +638,8 @@ mod tests {
     #[test]
     fn a_sink_with_a_token_refuses_a_stream_without_it() {
         let (_sink, addr) = sink(Some("secret"));
-        assert!(baseline(&addr, Some("secret"), (true, 4096, 1 << 20), 1 << 20).unwrap() > 0.0);
-        let refused = baseline(&addr, Some("guess"), (true, 4096, 1 << 20), 1 << 20).unwrap_err();
+        assert!(streams(&addr, Some("secret"), (true, 4096, 1 << 20), (1 << 20, &[])).unwrap() > 0.0);
+        let refused = streams(&addr, Some("guess"), (true, 4096, 1 << 20), (1 << 20, &[])).unwrap_err();
         assert!(refused.contains("raw baseline"), "{refused}");
     }
 
