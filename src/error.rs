@@ -312,6 +312,22 @@ pub enum Error {
         /// What failed, and what to do about it.
         reason: String,
     },
+    /// A peer's descriptor asks this engine for more of something than it
+    /// takes from one peer (each costs a mapping or a handle here): the
+    /// segment is refused whole and nothing of it is opened.
+    #[error("{peer} advertises {count} {what}, past this engine's cap of {limit} per peer ({cap}); nothing of it was opened")]
+    PeerLimit {
+        /// The peer's segment name.
+        peer: String,
+        /// What it advertises too many of.
+        what: &'static str,
+        /// How many it advertises.
+        count: usize,
+        /// The most this engine takes from one peer.
+        limit: usize,
+        /// The name of the constant that sets the cap.
+        cap: &'static str,
+    },
     /// The engine is shutting down or has stopped.
     #[error("the engine is shut down")]
     Shutdown,
@@ -417,7 +433,7 @@ impl Error {
             Error::RegionBusy { .. } => ErrorCode::RegionBusy,
             Error::Fenced { .. } => ErrorCode::Fenced,
             Error::UnknownRegion { .. } => ErrorCode::UnknownRegion,
-            Error::RegionTableFull { .. } => ErrorCode::ResourceLimit,
+            Error::RegionTableFull { .. } | Error::PeerLimit { .. } => ErrorCode::ResourceLimit,
             Error::OutOfBounds { .. } => ErrorCode::OutOfBounds,
             Error::LengthOverflow { .. } => ErrorCode::LengthOverflow,
             Error::AccessDenied { .. } => ErrorCode::AccessDenied,
@@ -552,6 +568,11 @@ mod tests {
             (Error::Fenced { region: region(1), grant: 3 }, "region 1:1 was fenced after grant 3", ErrorCode::Fenced),
             (Error::UnknownRegion { side: Side::Remote, region: region(9) }, "unknown remote region 9:1", ErrorCode::UnknownRegion),
             (Error::RegionTableFull { capacity: 4 }, "region table is full (4 regions)", ErrorCode::ResourceLimit),
+            (
+                Error::PeerLimit { peer: "p".into(), what: "GPU regions", count: 9, limit: 8, cap: "MAX_PEER_GPU_REGIONS" },
+                "p advertises 9 GPU regions, past this engine's cap of 8 per peer (MAX_PEER_GPU_REGIONS)",
+                ErrorCode::ResourceLimit,
+            ),
             (
                 Error::OutOfBounds { desc_index: 3, side: Side::Local, region: region(1), offset: 4096, len: 8192, region_len: 8192 },
                 "descriptor 3: local range offset 4096 + len 8192 exceeds region 1:1 of 8192 bytes",

@@ -350,3 +350,34 @@ fn an_older_request_version_is_refused_by_name() {
     let reason = String::from_utf8_lossy(&answer[16..]);
     assert!(reason.contains("KVF3") && reason.contains("KVF6"), "the reason names both versions: {reason}");
 }
+
+/// A peer advertising more GPU regions than the initiator takes from one
+/// peer is refused by the cap's name before any is opened: each would cost
+/// an IPC open and a fence table page mapped here, and 65,536 of them would
+/// take the process near `vm.max_map_count`.
+#[test]
+fn a_descriptor_with_more_gpu_regions_than_the_cap_is_refused_by_name() {
+    let (initiator, gpu) = gpu_engine("gpu-fds-victim-cap", None);
+    let over = kvring::gpu::MAX_PEER_GPU_REGIONS + 1;
+    let handle = GpuHandle { kind: 1, handle: vec![0; 64], offset: 0, len: LEN };
+    let mut descriptor = hostile_descriptor(&initiator, RegionId::new(0, 1), 0x7000_0000, handle);
+    let first = descriptor.regions[0].clone();
+    descriptor.regions = (0..over as u32)
+        .map(|i| RegionDescriptor {
+            id: RegionId::new(i, 1).raw(),
+            addr: 0x7000_0000 + u64::from(i) * LEN,
+            ..first.clone()
+        })
+        .collect();
+    // A socket name, so that without the cap the open goes on to fetch.
+    descriptor.gpu_fds = "kvring-gpu-fds-00000000deadbeef-0000000000006666".into();
+    let addr = common::raw::fake_peer(descriptor);
+    let error = initiator.open_segment_with(&addr, Some(TransportKind::CudaIpc), WAIT).unwrap_err();
+    assert_eq!(error.code(), kvring::ErrorCode::ResourceLimit, "{error}");
+    assert!(
+        matches!(error, kvring::Error::PeerLimit { count, limit, .. } if count == over && limit == over - 1),
+        "{error}"
+    );
+    assert!(error.to_string().contains("MAX_PEER_GPU_REGIONS"), "{error}");
+    assert_eq!(gpu.open_counts().0, 0, "a region was opened before the cap refused the peer");
+}

@@ -26,6 +26,14 @@ pub(crate) mod fd;
 pub mod sim;
 pub mod tier;
 
+/// The most GPU regions an engine opens from one peer. Each costs an IPC
+/// open (a mapping) and, when peers may write it, a fence table page mapped
+/// here: a descriptor may name 65,536 regions, which would take this
+/// process near `vm.max_map_count` (65,530 by default). A descriptor with
+/// more device regions is refused whole ([`crate::Error::PeerLimit`]).
+/// It equals an engine's default region table, so two engines at their
+/// defaults always reach each other.
+pub const MAX_PEER_GPU_REGIONS: usize = 4096;
 pub use cuda::CudaGpu;
 pub use sim::SimGpu;
 pub use tier::{choose_method, TierInputs};

@@ -26,6 +26,10 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::gpu::MAX_PEER_GPU_REGIONS;
+// Two engines at their defaults must reach each other.
+const _: () = assert!(MAX_PEER_GPU_REGIONS == crate::mem::DEFAULT_MAX_REGIONS);
+
 /// A peer region in device memory, as this process reaches it.
 #[derive(Debug, Clone, Copy)]
 struct OpenedRegion {
@@ -72,6 +76,18 @@ impl PeerDevice {
         session: Option<&Session>,
         deadline: Instant,
     ) -> Result<Self> {
+        let device = descriptor.regions.iter().filter(|r| r.memory != MemoryKind::Host).count();
+        if device > MAX_PEER_GPU_REGIONS {
+            // Refused before anything is opened or mapped, so the peer's
+            // count costs this process nothing.
+            return Err(Error::PeerLimit {
+                peer: descriptor.name.clone(),
+                what: "GPU regions",
+                count: device,
+                limit: MAX_PEER_GPU_REGIONS,
+                cap: "MAX_PEER_GPU_REGIONS",
+            });
+        }
         let slots = descriptor.regions.iter().map(|r| r.id.index() as usize + 1).max().unwrap_or(0);
         let same_process = descriptor.instance == crate::gpu::fd::instance() && descriptor.pid == std::process::id();
         // Opened before its memory: a process that exits after this is
