@@ -148,7 +148,8 @@ impl ControlClient {
                 });
             }
             let segment = reply.segment.ok_or_else(|| Error::malformed("handshake", "no segment descriptor"))?;
-            let descriptor = self.answered_by(SegmentDescriptor::from_proto(*segment)?, reply.answering_fd);
+            let descriptor =
+                self.answered_by(SegmentDescriptor::from_proto(*segment)?, reply.answering_fd, deadline)?;
             return Ok(Handshake { descriptor, session: None });
         };
         let Some(token) = token else {
@@ -187,18 +188,24 @@ impl ControlClient {
         let reply = self.handshake_step(second, deadline)?;
         let session = token.session(cn, sn, challenge.epoch);
         let descriptor = open_step_two(&session, &proof, &reply, challenge.epoch, &peer.to_string())?;
-        let descriptor = self.answered_by(descriptor, reply.answering_fd);
+        let descriptor = self.answered_by(descriptor, reply.answering_fd, deadline)?;
         self.seal = Some(ControlSeal::new(&session, End::Initiator));
         Ok(Handshake { session: Some(session), descriptor })
     }
 
     /// A same-host descriptor is trusted for shm and cma only when its pid
     /// holds the other end of this connection (`transport::cma::owner`);
-    /// `hint` is the descriptor number the peer says it holds it at.
-    fn answered_by(&self, mut descriptor: SegmentDescriptor, hint: Option<u32>) -> SegmentDescriptor {
+    /// `hint` is the descriptor number the peer says it holds it at. The
+    /// check is bounded by the handshake's `deadline` (`Timeout` past it).
+    fn answered_by(
+        &self,
+        mut descriptor: SegmentDescriptor,
+        hint: Option<u32>,
+        deadline: Instant,
+    ) -> Result<SegmentDescriptor> {
         let (ours, theirs) = (self.stream.local_addr().ok(), self.stream.peer_addr().ok());
-        crate::transport::cma::owner::bind_to_answering_process(&mut descriptor, ours, theirs, hint);
-        descriptor
+        crate::transport::cma::owner::bind_to_answering_process(&mut descriptor, ours, theirs, hint, deadline)?;
+        Ok(descriptor)
     }
 
     fn handshake_step(

@@ -25,25 +25,41 @@
 //! the descriptor is taken as another host's, so shm and cma are never tried
 //! with it, and tcp (or rdma) carries the data.
 
+use crate::error::{Error, Result};
 use crate::segment::{CmaReach, SegmentDescriptor};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Instant;
+
+/// The most entries of the claimed pid's `/proc/<pid>/fd` listed: a
+/// serving engine holds hundreds; a liar naming a process that holds a
+/// million would cost seconds of `readlink`s per handshake. Past it the
+/// pid is taken as not proven (tcp carries the data).
+pub(crate) const MAX_OWNER_FDS_LISTED: usize = 1 << 16;
+
+/// How many entries are listed or read between looks at the deadline.
+const DEADLINE_EVERY: usize = 256;
 
 /// Makes `descriptor` a remote one (no shm, no cma) unless its pid holds
 /// the other end of our control connection `ours` → `theirs` (see the
 /// module docs), looking first at descriptor `hint` of that pid. Called by
-/// the handshake with the connection still open.
+/// the handshake with the connection still open; `Timeout` when the check
+/// runs past the handshake's `deadline`.
 pub(crate) fn bind_to_answering_process(
     descriptor: &mut SegmentDescriptor,
     ours: Option<SocketAddr>,
     theirs: Option<SocketAddr>,
     hint: Option<u32>,
-) {
+    deadline: Instant,
+) -> Result<()> {
     if descriptor.host_id != crate::segment::local_host_id() {
-        return;
+        return Ok(());
     }
-    let answered = ours.zip(theirs).is_some_and(|(ours, theirs)| socket_held_by(descriptor.pid, ours, theirs, hint));
+    let answered = match ours.zip(theirs) {
+        Some((ours, theirs)) => socket_held_by(descriptor.pid, ours, theirs, hint, deadline)?,
+        None => false,
+    };
     if answered {
-        return;
+        return Ok(());
     }
     let at = theirs.map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
     tracing::warn!(
@@ -60,15 +76,34 @@ pub(crate) fn bind_to_answering_process(
         "pid {} is not the process that answered the handshake at {at}",
         descriptor.pid
     )));
+    Ok(())
 }
 
 /// True when process `pid` holds the TCP socket at the other end of our
 /// connection from `ours` to `theirs` (both of this host and network
 /// namespace); its descriptor `hint`, if given, is looked at first.
-pub(crate) fn socket_held_by(pid: u32, ours: SocketAddr, theirs: SocketAddr, hint: Option<u32>) -> bool {
+/// `Timeout` once `deadline` passes while its descriptors are listed.
+pub(crate) fn socket_held_by(
+    pid: u32,
+    ours: SocketAddr,
+    theirs: SocketAddr,
+    hint: Option<u32>,
+    deadline: Instant,
+) -> Result<bool> {
+    held_by(pid, ours, theirs, hint, deadline, MAX_OWNER_FDS_LISTED)
+}
+
+fn held_by(
+    pid: u32,
+    ours: SocketAddr,
+    theirs: SocketAddr,
+    hint: Option<u32>,
+    deadline: Instant,
+    max_listed: usize,
+) -> Result<bool> {
     // The exact lookup first; the table walk when it finds nothing.
     let found = super::sockdiag::socket_inode(theirs, ours).or_else(|| socket_inode(theirs, ours));
-    let Some(inode) = found else { return false };
+    let Some(inode) = found else { return Ok(false) };
     let want = format!("socket:[{inode}]");
     let holds = |fd: u32| {
         std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|link| link.as_os_str() == want.as_str())
@@ -76,14 +111,45 @@ pub(crate) fn socket_held_by(pid: u32, ours: SocketAddr, theirs: SocketAddr, hin
     // The kernel's link of the one entry named: the same proof as finding
     // it in the listing below.
     if hint.is_some_and(holds) {
-        return true;
+        return Ok(true);
     }
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    let Ok(listing) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return Ok(false) };
+    let mut fds = Vec::new();
+    for (n, entry) in listing.flatten().enumerate() {
+        if n % DEADLINE_EVERY == 0 {
+            past(deadline, pid)?;
+        }
+        if n >= max_listed {
+            tracing::warn!(pid, max_listed, "the claimed pid holds more descriptors than the owner check lists");
+            return Ok(false);
+        }
+        if let Some(fd) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) {
+            fds.push(fd);
+        }
+    }
     // Newest first: the socket that just answered is usually among the
     // highest-numbered descriptors, and a serving process holds hundreds.
-    let mut fds: Vec<u32> = fds.flatten().filter_map(|fd| fd.file_name().to_str()?.parse().ok()).collect();
     fds.sort_unstable_by(|a, b| b.cmp(a));
-    fds.into_iter().filter(|&fd| Some(fd) != hint).any(holds)
+    for (n, fd) in fds.into_iter().filter(|&fd| Some(fd) != hint).enumerate() {
+        if n % DEADLINE_EVERY == 0 {
+            past(deadline, pid)?;
+        }
+        if holds(fd) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// `Timeout` once the handshake's deadline has passed: the owner check
+/// costs a `readlink` per descriptor of a pid the peer names.
+fn past(deadline: Instant, pid: u32) -> Result<()> {
+    let now = Instant::now();
+    if now < deadline {
+        return Ok(());
+    }
+    tracing::warn!(pid, "the same-host owner check ran past the handshake's deadline listing /proc/{pid}/fd");
+    Err(Error::Timeout { waited: now.saturating_duration_since(deadline) })
 }
 
 /// The inode of this namespace's TCP socket bound to `local` and connected
@@ -143,6 +209,52 @@ mod tests {
         assert_eq!(proc_addr("0100007F"), None);
     }
 
+    fn later() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(60)
+    }
+
+    /// A liar's pid that holds many descriptors costs the handshake no more
+    /// than its deadline: the listing stops with the typed `Timeout`.
+    #[test]
+    fn listing_a_pid_with_many_descriptors_stops_at_the_deadline() {
+        use std::io::BufRead;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_server, _) = listener.accept().unwrap();
+        let (ours, theirs) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
+        // A child holding 600 descriptors (bash's `exec N<` keeps each).
+        let script = "for i in $(seq 10 610); do eval \"exec $i</dev/null\"; done; echo ready; exec sleep 30";
+        let mut child = std::process::Command::new("bash")
+            .args(["-c", script])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        let listed = std::fs::read_dir(format!("/proc/{}/fd", child.id())).unwrap().count();
+        assert!(listed > 600, "the child holds {listed} descriptors");
+        let passed = Instant::now();
+        let result = socket_held_by(child.id(), ours, theirs, None, passed);
+        assert!(matches!(result, Err(Error::Timeout { .. })), "{result:?}");
+        assert!(!socket_held_by(child.id(), ours, theirs, None, later()).unwrap(), "with time, it is simply not held");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Past `max_listed` entries the pid is not proven, even one that holds
+    /// the socket: no listing is read to its end.
+    #[test]
+    fn a_listing_longer_than_the_cap_proves_nothing() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_server, _) = listener.accept().unwrap();
+        let (ours, theirs) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
+        let me = std::process::id();
+        assert!(held_by(me, ours, theirs, None, later(), MAX_OWNER_FDS_LISTED).unwrap());
+        assert!(!held_by(me, ours, theirs, None, later(), 2).unwrap(), "this process holds more than 2 descriptors");
+    }
+
     #[test]
     fn only_the_process_holding_the_other_end_is_found() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -150,13 +262,13 @@ mod tests {
         let (_server, _) = listener.accept().unwrap();
         let (ours, theirs) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
         let me = std::process::id();
-        assert!(socket_held_by(me, ours, theirs, None), "this process holds both ends");
+        assert!(socket_held_by(me, ours, theirs, None, later()).unwrap(), "this process holds both ends");
         let mut other = std::process::Command::new("sleep").arg("10").spawn().unwrap();
-        assert!(!socket_held_by(other.id(), ours, theirs, None), "another process does not");
+        assert!(!socket_held_by(other.id(), ours, theirs, None, later()).unwrap(), "another process does not");
         other.kill().unwrap();
         other.wait().unwrap();
         let nobody: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        assert!(!socket_held_by(me, ours, nobody, None), "no such connection");
+        assert!(!socket_held_by(me, ours, nobody, None, later()).unwrap(), "no such connection");
     }
 
     #[test]
@@ -168,16 +280,19 @@ mod tests {
         let (ours, theirs) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
         let me = std::process::id();
         let at = server.as_raw_fd() as u32;
-        assert!(socket_held_by(me, ours, theirs, Some(at)), "the right hint");
+        assert!(socket_held_by(me, ours, theirs, Some(at), later()).unwrap(), "the right hint");
         // Our own end, the listener, stdin, a number nothing is at: the
         // listing still finds the real one.
         for wrong in [client.as_raw_fd() as u32, listener.as_raw_fd() as u32, 0, 1 << 30] {
-            assert!(socket_held_by(me, ours, theirs, Some(wrong)), "a wrong hint {wrong} falls back");
+            assert!(socket_held_by(me, ours, theirs, Some(wrong), later()).unwrap(), "a wrong hint {wrong} falls back");
         }
         // Another process, even told where our socket is, does not hold it.
         let mut other = std::process::Command::new("sleep").arg("10").spawn().unwrap();
         for hint in [Some(at), Some(0), None] {
-            assert!(!socket_held_by(other.id(), ours, theirs, hint), "another process with hint {hint:?}");
+            assert!(
+                !socket_held_by(other.id(), ours, theirs, hint, later()).unwrap(),
+                "another process with hint {hint:?}"
+            );
         }
         other.kill().unwrap();
         other.wait().unwrap();
