@@ -200,6 +200,9 @@ pub(crate) struct TargetConn {
     sender: Option<Arc<str>>,
     /// The grant the last GRANT frame named (0: none yet).
     grant: u32,
+    /// That grant was never issued by this process: every WRITE under it
+    /// is refused `Fenced` (its payload read and dropped, the stream kept).
+    made_up: bool,
     /// The fence table the current WRITE payload lands under, while its
     /// lease is kept (none for a staged payload).
     fence: Option<fenced::FrameFence>,
@@ -243,6 +246,7 @@ impl TargetConn {
             seal: None,
             sender: None,
             grant: 0,
+            made_up: false,
             fence: None,
         }
     }

@@ -60,10 +60,10 @@ impl TargetConn {
         let grant = u32::try_from(header.offset)
             .map_err(|_| Error::malformed("frame", format!("grant {} is past 32 bits", header.offset)))?;
         // Grants are this process's counter: one above the last it issued
-        // was given to nobody, and would pass every fence.
-        if !crate::mem::fence::issued(grant) {
-            return Err(Error::malformed("frame", format!("grant {grant} was never issued by this target")));
-        }
+        // was given to nobody, and would pass every fence. The writes under
+        // it are refused `Fenced`, as a one-sided writer's are by the
+        // table's `issued` word; the connection stays framed.
+        self.made_up = !crate::mem::fence::issued(grant);
         self.grant = grant;
         Ok(())
     }
@@ -81,8 +81,11 @@ impl TargetConn {
     ) -> Result<(usize, Option<super::frames::Device>, FrameFence)> {
         let fence = FrameFence { grant: self.grant, ..fence };
         let header = &self.current;
-        // SAFETY: `check_block` kept the lease this frame holds.
-        let admitted = unsafe { fence.admit(header.offset, header.len.into()) };
+        let admitted = match self.made_up {
+            true => Err(Error::Fenced { region: fence.region, grant: fence.grant }),
+            // SAFETY: `check_block` kept the lease this frame holds.
+            false => unsafe { fence.admit(header.offset, header.len.into()) },
+        };
         match admitted {
             Ok(_pass) => Ok((addr, device, fence)),
             Err(error) => {

@@ -137,6 +137,40 @@ fn refused_blocks_fail_their_chunk_without_touching_memory() {
     assert_eq!(&target.memory[..4], b"ZZZZ");
 }
 
+/// A GRANT naming a grant this process never issued: the writes under it
+/// fail `FENCED` and land nothing, and the connection stays framed (the
+/// next grant, an issued one, lands).
+#[test]
+fn writes_under_a_made_up_grant_are_fenced_and_the_stream_stays_in_step() {
+    let target = target(None);
+    let (mut conn, mut pipe, now) = open(&target);
+    let made_up = u32::MAX;
+    assert!(!crate::mem::fence::issued(made_up));
+    pipe.input.extend(FrameHeader::new(FrameOp::Grant, 42, 7, 0, u64::from(made_up), 0).as_bytes());
+    let mut first = FrameHeader::new(FrameOp::Write, 42, 7, target.region.raw(), 0, 4);
+    pipe.input.extend(first.as_bytes());
+    pipe.input.extend(b"XXXX");
+    first.offset = 8;
+    first.flags = FLAG_LAST;
+    pipe.input.extend(first.as_bytes());
+    pipe.input.extend(b"YYYY");
+    step(&mut conn, &mut pipe, &target, now).unwrap();
+    let ack = reply(&mut pipe);
+    assert_eq!((ack.opcode, ack.batch_id), (FrameOp::Ack as u8, 7));
+    assert_eq!(ErrorCode::try_from(-ack.status).unwrap(), ErrorCode::Fenced);
+    assert!(target.memory.iter().all(|&b| b == 0), "a write under a made-up grant landed");
+    // An issued grant (0: none) on the same connection lands.
+    pipe.input.extend(FrameHeader::new(FrameOp::Grant, 42, 8, 0, 0, 0).as_bytes());
+    let mut next = FrameHeader::new(FrameOp::Write, 42, 8, target.region.raw(), 0, 4);
+    next.flags = FLAG_LAST;
+    pipe.input.extend(next.as_bytes());
+    pipe.input.extend(b"ZZZZ");
+    step(&mut conn, &mut pipe, &target, now).unwrap();
+    assert_eq!(reply(&mut pipe).status, 0);
+    assert_eq!(&target.memory[..4], b"ZZZZ");
+    target.ctx.registry.unregister(target.region).unwrap();
+}
+
 #[test]
 fn nothing_is_served_before_the_hello_and_a_wrong_epoch_is_a_restart() {
     let target = target(None);
