@@ -267,8 +267,9 @@ fn served(token: Option<&str>) -> Served {
     // table holds is refused on its fenced bytes (`mem::fence`, `issued`).
     let last = SERVED_BYTES as u64 - 1;
     entry.fence_view().fence(&[crate::mem::fence::Span::range(last, 1)], 7, || true).expect("nothing writes yet");
-    // The seeds name grants up to 7: a target refuses a grant its process
-    // never issued, so this process issues them, as a target's fences would.
+    // The seeds name grants up to 7: a target fences every write under a
+    // grant its process never issued, so this process issues them, as a
+    // target's fences would.
     while !crate::mem::fence::issued(7) {
         crate::mem::fence::next_grant();
     }
@@ -333,16 +334,24 @@ pub fn target_connection(data: &[u8]) {
 
 /// The initiator's reply parser: a connection with a WRITE chunk, a READ
 /// chunk and a checksummed READ chunk in flight reads the input as the
-/// target's replies; it never writes outside the READ blocks' memory, and
+/// target's replies (each READ_DATA, a failure too, counts for its span
+/// only when it names the span's region and offset: seeds that answer a
+/// READ name its block); it never writes outside the READ blocks' memory, and
 /// the checksummed chunk is done only with bytes that match the CRC32Cs
 /// its replies carried.
 pub fn initiator_replies(data: &[u8]) {
+    let _ = replies_end(data);
+}
+
+/// `initiator_replies`, returning how each chunk ended before the rest
+/// were failed: (ticket, the wire code of its failure, if it failed).
+fn replies_end(data: &[u8]) -> Vec<(u64, Option<crate::proto::ErrorCode>)> {
     static LISTENER: OnceLock<TcpListener> = OnceLock::new();
     let listener = LISTENER.get_or_init(|| TcpListener::bind("127.0.0.1:0").expect("binds loopback"));
     let addr = listener.local_addr().expect("has an address");
-    let Ok(client) = TcpStream::connect(addr) else { return };
-    let Ok((mut server, _)) = listener.accept() else { return };
-    let Ok(mut connection) = Connection::new(client) else { return };
+    let Ok(client) = TcpStream::connect(addr) else { return Vec::new() };
+    let Ok((mut server, _)) = listener.accept() else { return Vec::new() };
+    let Ok(mut connection) = Connection::new(client) else { return Vec::new() };
     let peer = Peer { name: "fuzz".into(), addr, epoch: 42 };
     let mut memory = vec![GUARD; GUARD_BYTES + 3 * SERVED_BYTES + GUARD_BYTES];
     let base = GUARD_BYTES;
@@ -394,6 +403,7 @@ pub fn initiator_replies(data: &[u8]) {
             assert_eq!(crc, sum, "a checksummed READ was done with bytes that do not match its CRC32C");
         }
     }
+    let ends = finished.iter().map(|(ticket, end)| (*ticket, end.as_ref().err().map(|(e, _)| e.code()))).collect();
     connection.fail_all(&peer, "fuzz", &mut finished);
     drop(server);
     let spans = [
@@ -408,6 +418,7 @@ pub fn initiator_replies(data: &[u8]) {
         assert!(inside || *byte == GUARD, "a reply wrote local byte {index}, outside every READ block");
     }
     assert!(memory[..base].iter().chain(&memory[base + 3 * SERVED_BYTES..]).all(|&b| b == GUARD));
+    ends
 }
 
 /// The CRC32Cs of the well-formed READ_DATA headers for `batch` in a run
@@ -497,6 +508,29 @@ pub fn control_requests(data: &[u8]) {
             Err(_) => {}
         }
         assert!(!auth.is_proven(), "proven without the token");
+    }
+}
+
+#[cfg(test)]
+mod reply_seeds {
+    use crate::proto::ErrorCode;
+
+    /// The committed seeds of the initiator's reply parser run through it;
+    /// a READ failure is its span's only when it names the span's region
+    /// and offset: `refused` (echoing them) fails the READ chunk with the
+    /// target's code, `refused_elsewhere` (naming another region) is a
+    /// target out of step, its chunk failed as a peer gone.
+    #[test]
+    fn the_initiator_reply_seeds_pass_and_a_failure_must_name_its_span() {
+        let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/initiator_replies");
+        let seed = |name: &str| std::fs::read(seeds.join(name)).expect("a seed");
+        for entry in std::fs::read_dir(&seeds).expect("seeds") {
+            super::initiator_replies(&std::fs::read(entry.expect("a seed").path()).expect("readable"));
+        }
+        let ends = super::replies_end(&seed("refused"));
+        assert_eq!(ends, [(1, Some(ErrorCode::OutOfBounds)), (2, Some(ErrorCode::UnknownRegion))]);
+        let ends = super::replies_end(&seed("refused_elsewhere"));
+        assert_eq!(ends, [(1, Some(ErrorCode::OutOfBounds))], "the READ chunk ended only when the connection died");
     }
 }
 

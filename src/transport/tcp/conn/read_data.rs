@@ -28,8 +28,10 @@ pub(super) struct ReadSum {
 impl Connection {
     /// A READ_DATA header for the front chunk: a failure is recorded, a
     /// payload is received into its span (or discarded when the chunk
-    /// already failed). A reply whose length or checksum does not match
-    /// what its READ asked kills the connection: the target is out of step.
+    /// already failed). A reply (a failure too) naming another region or
+    /// offset than its READ, or a payload whose length or checksum does not
+    /// match what its READ asked, kills the connection: the target is out
+    /// of step.
     pub(super) fn on_read_data(
         &mut self,
         peer: &Peer,
@@ -41,6 +43,22 @@ impl Connection {
             return Err(peer.gone(format!("{} answered a read with opcode {}", peer.addr, reply.opcode)));
         }
         let span = front.spans[front.next];
+        // Every reply, a failure too, is the block its header names: the
+        // target echoes each READ's region and offset. Without this check,
+        // a peer out of step (or answering in another order) landed block
+        // 1's bytes, with their own true CRC32C, in block 0's place, and
+        // the batch was done (review 7); or had a failure naming another
+        // block taken as this one's, and the stream went on out of step.
+        if reply.region != span.region || reply.offset != span.offset {
+            return Err(peer.gone(format!(
+                "{} answered region {} offset {} for a read of region {} offset {}",
+                peer.addr,
+                crate::RegionId::from_raw(reply.region),
+                reply.offset,
+                crate::RegionId::from_raw(span.region),
+                span.offset
+            )));
+        }
         if let Some(status) = reply.failure() {
             front.failure.get_or_insert_with(|| match code_of_status(status) {
                 ErrorCode::Unsupported if span.checksum => Error::Unsupported {
@@ -56,21 +74,6 @@ impl Connection {
             });
             front.next += 1;
             return self.end_front_if_answered(finished);
-        }
-        // A payload is the block its header names: the target echoes each
-        // READ's region and offset. Without this check, a peer out of step
-        // (or answering in another order) landed block 1's bytes, with their
-        // own true CRC32C, in block 0's place, and the batch was done
-        // (review 7).
-        if reply.region != span.region || reply.offset != span.offset {
-            return Err(peer.gone(format!(
-                "{} answered region {} offset {} for a read of region {} offset {}",
-                peer.addr,
-                crate::RegionId::from_raw(reply.region),
-                reply.offset,
-                crate::RegionId::from_raw(span.region),
-                span.offset
-            )));
         }
         if u64::from(reply.len) != span.len {
             return Err(peer.gone(format!("{} sent {} bytes for a {}-byte read", peer.addr, reply.len, span.len)));

@@ -346,3 +346,34 @@ fn a_read_answered_against_its_checksum_flag_kills_the_connection_and_a_refusal_
         assert_eq!(memory, [0; 4], "nothing landed");
     }
 }
+
+/// A READ_DATA failure is its span's only when it names the span's region
+/// and offset, as a payload must: one naming another block kills the
+/// connection (the target is out of step), and one that echoes it fails
+/// the chunk with the target's code.
+#[test]
+fn a_read_failure_naming_another_block_kills_the_connection() {
+    for (region, offset, elsewhere) in [(1 << 16, 0, false), (1 << 16, 8, true), (2 << 16, 0, true)] {
+        let (mut connection, mut server, peer) = pair();
+        let mut memory = vec![0u8; 4];
+        // SAFETY: `memory` outlives the connection and nothing else touches it.
+        unsafe { connection.queue_chunk(&peer, Opcode::Read, 7, 1, &[block(&mut memory, 0)]) };
+        let mut data = FrameHeader::new(FrameOp::ReadData, 5, 7, region, offset, 0);
+        data.status = -(ErrorCode::OutOfBounds as i32);
+        server.write_all(data.as_bytes()).unwrap();
+        let mut finished = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let outcome = loop {
+            match connection.progress(&peer, Duration::from_secs(5), &mut finished) {
+                Err(reason) => break Err(reason.to_string()),
+                Ok(_) if !finished.is_empty() => break Ok(finished.remove(0)),
+                Ok(_) => assert!(Instant::now() < deadline, "no reply read"),
+            }
+        };
+        match (elsewhere, outcome) {
+            (true, Err(reason)) => assert!(reason.contains("for a read of region"), "{reason}"),
+            (false, Ok((1, Err((Error::Remote { code: ErrorCode::OutOfBounds, .. }, 0))))) => {}
+            (elsewhere, outcome) => panic!("naming another block: {elsewhere}; got {outcome:?}"),
+        }
+    }
+}
