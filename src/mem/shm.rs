@@ -264,10 +264,9 @@ impl ShmMapping {
     /// The region's fence table, shared by its owner and every peer that
     /// maps it (`mem::fence`; all zero in a new file: never fenced).
     pub fn fences(&self) -> super::fence::FenceView<'_> {
-        // SAFETY: the header page is in the mapping, which lives as long
-        // as `self`; the table lies inside it (asserted at compile time),
-        // 8-aligned in a page-aligned mapping, and its words are only ever
-        // accessed atomically, by every process that maps the file.
+        // SAFETY: the table lies in the header page (asserted at compile
+        // time) of a page-aligned mapping living as long as `self`, and its
+        // words are only ever accessed atomically, by every process mapping it.
         let words = unsafe {
             std::slice::from_raw_parts(
                 self.map.as_mut_ptr().add(FENCE_OFFSET).cast::<AtomicU64>(),

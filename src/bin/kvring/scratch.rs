@@ -75,10 +75,9 @@ pub fn memcpy_baseline(block: u64, total: u64, region_bytes: u64, core: Option<u
         let started = Instant::now();
         for i in 0..count {
             let offset = ((i % blocks_in_region) * block) as usize;
-            // SAFETY: offset + block <= region_bytes (blocks_in_region whole
-            // blocks); both mappings are region_bytes long, distinct, and
-            // outlive this thread (joined below); this thread alone uses
-            // them meanwhile.
+            // SAFETY: offset + block <= region_bytes; both mappings are that
+            // long, distinct, outlive this thread (joined below), and only
+            // this thread uses them meanwhile.
             let (src, dst) = unsafe {
                 (
                     std::slice::from_raw_parts((src_addr + offset) as *const u8, block as usize),
