@@ -15,6 +15,9 @@
 use kvring::{Batch, BlockDesc, Engine, Outcome, RegionId, RegionInfo, Segment, TransportKind};
 use std::time::{Duration, Instant};
 
+#[path = "common/rounds.rs"]
+mod rounds;
+
 const BLOCKS: u64 = 4096;
 const BLOCK: u64 = 16 << 10;
 const LEN: usize = (BLOCKS * BLOCK) as usize;
@@ -97,16 +100,7 @@ fn measure(what: &str, initiator: &Engine, segment: &Segment, local: RegionId, r
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let rounds = if args.iter().any(|a| a == "--test") {
-        1
-    } else {
-        args.iter()
-            .position(|a| a == "--rounds")
-            .and_then(|i| args.get(i + 1))
-            .map(|n| n.parse().expect("--rounds N"))
-            .unwrap_or(DEFAULT_ROUNDS)
-    };
+    let rounds = rounds::rounds(1, DEFAULT_ROUNDS);
     let target = engine("bench-cancel-target");
     let initiator = engine("bench-cancel-initiator");
     let addr = target.control_addr().to_string();

@@ -17,6 +17,9 @@
 use kvring::{Batch, BlockDesc, Engine, RegionId, RegionInfo, Segment, TransportKind};
 use std::time::{Duration, Instant};
 
+#[path = "common/rounds.rs"]
+mod rounds;
+
 const BLOCKS: u64 = 16;
 const BLOCK: u64 = 64 << 10;
 const LEN: usize = (BLOCKS * BLOCK) as usize;
@@ -74,16 +77,7 @@ fn checked(
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let rounds = if args.iter().any(|a| a == "--test") {
-        3
-    } else {
-        args.iter()
-            .position(|a| a == "--rounds")
-            .and_then(|i| args.get(i + 1))
-            .map(|n| n.parse().expect("--rounds N"))
-            .unwrap_or(DEFAULT_ROUNDS)
-    };
+    let rounds = rounds::rounds(3, DEFAULT_ROUNDS);
     let target = Engine::builder().name("bench-fence-target").build().expect("engine");
     let initiator = Engine::builder().name("bench-fence-initiator").build().expect("engine");
     let addr = target.control_addr().to_string();

@@ -21,6 +21,9 @@ use kvring::kv::{CacheShape, KvLayout};
 use kvring::{Engine, RegionInfo, Segment, Submitter, TransportKind};
 use std::time::{Duration, Instant};
 
+#[path = "common/rounds.rs"]
+mod rounds;
+
 const LAYERS: u32 = 32;
 const BLOCKS: u64 = 16;
 const WAIT: Duration = Duration::from_secs(30);
@@ -65,16 +68,7 @@ fn request(
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let rounds = if args.iter().any(|a| a == "--test") {
-        2
-    } else {
-        args.iter()
-            .position(|a| a == "--rounds")
-            .and_then(|i| args.get(i + 1))
-            .map(|n| n.parse().expect("--rounds N"))
-            .unwrap_or(DEFAULT_ROUNDS)
-    };
+    let rounds = rounds::rounds(2, DEFAULT_ROUNDS);
     let shape = CacheShape::mha(LAYERS, BLOCKS, 1, 64, 2, 16, 1).expect("shape");
     let (target, _, _target_region) = engine("bench-layout-decode", shape);
     let (initiator, local, _region) = engine("bench-layout-prefill", shape);

@@ -12,6 +12,9 @@
 use std::alloc::{alloc, dealloc, Layout};
 use std::time::Instant;
 
+#[path = "common/rounds.rs"]
+mod rounds;
+
 const REGION: usize = 128 << 20;
 const PER_ROUND: usize = 256 << 20;
 const PIECES: [usize; 4] = [8 << 10, 4 << 10, 2 << 10, 1 << 10];
@@ -92,18 +95,14 @@ fn quartiles(ratios: &mut [f64]) -> (f64, f64, f64) {
 }
 
 fn main() {
+    let rounds = rounds::rounds(1, 20);
+    // The first bare number, not the one after `--rounds`.
     let args: Vec<String> = std::env::args().collect();
-    let smoke = args.iter().any(|a| a == "--test");
-    let rounds = match smoke {
-        true => 1,
-        false => args
-            .iter()
-            .position(|a| a == "--rounds")
-            .and_then(|i| args.get(i + 1))
-            .map(|n| n.parse().expect("--rounds N"))
-            .unwrap_or(20),
-    };
-    let block = args.iter().skip(1).find_map(|a| a.parse::<usize>().ok()).unwrap_or(64 << 10);
+    let block = args
+        .windows(2)
+        .filter(|pair| pair[0] != "--rounds")
+        .find_map(|pair| pair[1].parse::<usize>().ok())
+        .unwrap_or(64 << 10);
     let (src, dst) = (Buffer::new(REGION, 0), Buffer::new(REGION, 0x5a));
     let mut ratios = vec![Vec::new(); PIECES.len()];
     let mut plain = Vec::new();
