@@ -98,62 +98,47 @@ impl GpuFdClient {
         self.fetched.clear();
         self.region = None;
         let request = Request { region: region.raw(), first: super::FENCE_TABLE, count: 1 };
-        self.write(&request.encode())?;
-        let mut answer = [0u8; ANSWER_BYTES];
-        self.set_timeouts()?;
-        let mut fds = recv_with_fds(&self.stream, &mut answer, 1).map_err(|e| self.io_error(e))?;
-        let bad = |reason: String| Error::malformed("GPU descriptor answer", reason);
-        match Answer::decode(&answer).map_err(bad)? {
-            Answer::Refused { len } => {
-                let mut reason = vec![0u8; len as usize];
-                self.read(&mut reason)?;
-                Err(Error::Gpu {
-                    device: "cuda_ipc".into(),
-                    reason: format!(
-                        "{} refused region {region}'s fence table: {}",
-                        self.peer,
-                        String::from_utf8_lossy(&reason)
-                    ),
-                })
-            }
-            Answer::Descriptors { count: 1, handles: super::FENCE_TABLE } if fds.len() == 1 => {
-                Ok(fds.pop().expect("one descriptor"))
-            }
-            Answer::Descriptors { count, handles } => Err(bad(format!(
-                "{} descriptors (said {count} of {handles}) for region {region}'s fence table",
-                fds.len()
-            ))),
+        let what = format!("region {region}'s fence table");
+        let (count, handles, mut fds) = self.exchange(&request, 1, &what)?;
+        if count == 1 && handles == super::FENCE_TABLE && fds.len() == 1 {
+            return Ok(fds.pop().expect("one descriptor"));
         }
+        Err(malformed(format!("{} descriptors (said {count} of {handles}) for {what}", fds.len())))
     }
 
     /// Asks for handles `index..` of `region` and takes the answer's run.
     fn fetch(&mut self, region: RegionId, handles: usize, index: usize) -> Result<()> {
         let want = handles.saturating_sub(index).min(MAX_FDS_PER_MESSAGE);
         let request = Request { region: region.raw(), first: index as u32, count: want as u32 };
+        let (count, theirs, fds) = self.exchange(&request, MAX_FDS_PER_MESSAGE, &format!("region {region}"))?;
+        if theirs as usize != handles || count as usize != fds.len() || fds.is_empty() || fds.len() > want {
+            return Err(malformed(format!(
+                "{} descriptors (said {count}) of {theirs} handles, for {want} of {handles}",
+                fds.len()
+            )));
+        }
+        (self.region, self.next, self.fetched) = (Some(region), index, fds.into());
+        Ok(())
+    }
+
+    /// Sends `request` and takes its answer: the count and handle total it
+    /// states with the descriptors it carried (at most `max_fds`), or the
+    /// peer's refusal, read whole, as an error naming `what`.
+    fn exchange(&mut self, request: &Request, max_fds: usize, what: &str) -> Result<(u32, u32, Vec<OwnedFd>)> {
         self.write(&request.encode())?;
         let mut answer = [0u8; ANSWER_BYTES];
         self.set_timeouts()?;
-        let fds = recv_with_fds(&self.stream, &mut answer, MAX_FDS_PER_MESSAGE).map_err(|e| self.io_error(e))?;
-        let bad = |reason: String| Error::malformed("GPU descriptor answer", reason);
-        match Answer::decode(&answer).map_err(bad)? {
+        let fds = recv_with_fds(&self.stream, &mut answer, max_fds).map_err(|e| self.io_error(e))?;
+        match Answer::decode(&answer).map_err(malformed)? {
             Answer::Refused { len } => {
                 let mut reason = vec![0u8; len as usize];
                 self.read(&mut reason)?;
                 Err(Error::Gpu {
                     device: "cuda_ipc".into(),
-                    reason: format!("{} refused region {region}: {}", self.peer, String::from_utf8_lossy(&reason)),
+                    reason: format!("{} refused {what}: {}", self.peer, String::from_utf8_lossy(&reason)),
                 })
             }
-            Answer::Descriptors { count, handles: theirs } => {
-                if theirs as usize != handles || count as usize != fds.len() || fds.is_empty() || fds.len() > want {
-                    return Err(bad(format!(
-                        "{} descriptors (said {count}) of {theirs} handles, for {want} of {handles}",
-                        fds.len()
-                    )));
-                }
-                (self.region, self.next, self.fetched) = (Some(region), index, fds.into());
-                Ok(())
-            }
+            Answer::Descriptors { count, handles } => Ok((count, handles, fds)),
         }
     }
 
@@ -182,4 +167,9 @@ impl GpuFdClient {
         self.set_timeouts()?;
         (&self.stream).read_exact(bytes).map_err(|e| self.io_error(e))
     }
+}
+
+/// An answer that breaks the descriptor protocol.
+fn malformed(reason: String) -> Error {
+    Error::malformed("GPU descriptor answer", reason)
 }
