@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{engine, pattern, WAIT};
+use common::{engine, fenced, pattern, WAIT};
 use kvring::{Batch, BlockDesc, Engine, Error, Outcome, Region, RegionId, RegionInfo, Segment, TransportKind};
 
 const MIB: usize = 1 << 20;
@@ -80,15 +80,8 @@ impl Setup {
     }
 
     fn push(&self, descs: &[BlockDesc], grant: Option<u32>) -> Outcome {
-        let mut sub = self.initiator.submitter().unwrap();
-        let batch = Batch::write(&self.segment).descs(descs);
-        let id = sub.submit(&grant.map_or(batch.clone(), |g| batch.grant(g))).unwrap();
-        sub.wait(id, WAIT).unwrap()
+        common::push_granted(&self.initiator, &self.segment, descs, grant)
     }
-}
-
-fn fenced(outcome: &Outcome) -> bool {
-    matches!(outcome, Outcome::Failed(Error::Fenced { .. }))
 }
 
 /// (b) on one transport.

@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{pattern, WAIT};
+use common::{fenced, pattern, WAIT};
 use kvring::gpu::{Gpu, SimGpu};
 use kvring::{Batch, BlockDesc, Engine, Error, Outcome, Region, RegionInfo, Segment, TransportKind};
 use std::io::{BufRead, BufReader, Write};
@@ -105,15 +105,8 @@ impl Setup {
     }
 
     fn push(&self, descs: &[BlockDesc], grant: Option<u32>) -> Outcome {
-        let mut sub = self.initiator.submitter().unwrap();
-        let batch = Batch::write(&self.segment).descs(descs);
-        let id = sub.submit(&grant.map_or(batch.clone(), |g| batch.grant(g))).unwrap();
-        sub.wait(id, WAIT).unwrap()
+        common::push_granted(&self.initiator, &self.segment, descs, grant)
     }
-}
-
-fn fenced(outcome: &Outcome) -> bool {
-    matches!(outcome, Outcome::Failed(Error::Fenced { .. }))
 }
 
 /// (1) and (2) on one transport.

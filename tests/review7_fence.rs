@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{pattern, WAIT};
+use common::{fenced, pattern, WAIT};
 use kvring::gpu::{Gpu, SimGpu};
 use kvring::testing::fence::{FenceFailed, SharedFences, Span};
 use kvring::{Access, Batch, BlockDesc, Engine, Error, Outcome, Region, RegionId, RegionInfo, Segment, TransportKind};
@@ -24,10 +24,6 @@ const MIB: usize = 1 << 20;
 const BLOCK: u64 = 64 * 1024;
 /// The fence table request's `first` (`gpu_fds::FENCE_TABLE`).
 const FENCE_TABLE: u32 = u32::MAX;
-
-fn fenced(outcome: &Outcome) -> bool {
-    matches!(outcome, Outcome::Failed(Error::Fenced { .. }))
-}
 
 /// An initiator pushing a MiB into the first MiB of a 2 MiB target region
 /// over `transport` (GPU memory at the target for cuda_ipc).

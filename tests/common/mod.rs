@@ -65,6 +65,23 @@ pub fn run(sub: &mut kvring::Submitter, batch: &kvring::Batch) -> kvring::Outcom
     sub.wait(id, WAIT).unwrap()
 }
 
+/// Writes `descs` over `segment` from a fresh submitter, naming `grant`
+/// where given, and waits for the outcome.
+pub fn push_granted(
+    initiator: &Engine,
+    segment: &kvring::Segment,
+    descs: &[kvring::BlockDesc],
+    grant: Option<u32>,
+) -> kvring::Outcome {
+    let batch = kvring::Batch::write(segment).descs(descs);
+    run(&mut initiator.submitter().unwrap(), &grant.map_or(batch.clone(), |g| batch.grant(g)))
+}
+
+/// A fence's refusal.
+pub fn fenced(outcome: &kvring::Outcome) -> bool {
+    matches!(outcome, kvring::Outcome::Failed(kvring::Error::Fenced { .. }))
+}
+
 /// A copy of `len` bytes of `region` at `offset`.
 pub fn read(region: &kvring::Region, offset: u64, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
