@@ -235,6 +235,34 @@ mod tests {
     }
 
     /// Waits (bounded) until `workers` has `alive` threads, and says how many.
+    /// Runs `jobs` jobs that each count themselves, then wait to be
+    /// released; returns how many ran (waiting up to 30 s for all) and the
+    /// release of `n` of them.
+    fn blocked_burst(workers: &Arc<Workers>, jobs: usize) -> (usize, impl Fn(usize)) {
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = Arc::new(Mutex::new(release_rx));
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..jobs {
+            let (ran, release) = (ran.clone(), release_rx.clone());
+            workers
+                .run(Box::new(move || {
+                    ran.fetch_add(1, Ordering::AcqRel);
+                    let _ = release.lock().unwrap().recv_timeout(Duration::from_secs(30));
+                }))
+                .unwrap_or_else(|_| panic!("spawned"));
+        }
+        let waited = std::time::Instant::now();
+        while ran.load(Ordering::Acquire) < jobs && waited.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let release = move |n| {
+            for _ in 0..n {
+                release_tx.send(()).unwrap();
+            }
+        };
+        (ran.load(Ordering::Acquire), release)
+    }
+
     fn settle(workers: &Workers, alive: usize) -> usize {
         let waited = std::time::Instant::now();
         while workers.alive() != alive && waited.elapsed() < Duration::from_secs(30) {
@@ -266,26 +294,9 @@ mod tests {
         assert_eq!(finished.recv_timeout(Duration::from_secs(30)), Err(mpsc::RecvTimeoutError::Disconnected));
         assert_eq!(settle(&workers, 0), 0, "the panicked threads are counted out");
         // A burst after them still gets a thread per job at once.
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        let release_rx = Arc::new(Mutex::new(release_rx));
-        let ran = Arc::new(AtomicUsize::new(0));
-        for _ in 0..MAX_IDLE_WORKERS * 2 {
-            let (ran, release) = (ran.clone(), release_rx.clone());
-            workers
-                .run(Box::new(move || {
-                    ran.fetch_add(1, Ordering::AcqRel);
-                    let _ = release.lock().unwrap().recv_timeout(Duration::from_secs(30));
-                }))
-                .unwrap_or_else(|_| panic!("spawned"));
-        }
-        let waited = std::time::Instant::now();
-        while ran.load(Ordering::Acquire) < MAX_IDLE_WORKERS * 2 && waited.elapsed() < Duration::from_secs(30) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(ran.load(Ordering::Acquire), MAX_IDLE_WORKERS * 2, "every job of the burst ran");
-        for _ in 0..MAX_IDLE_WORKERS * 2 {
-            release_tx.send(()).unwrap();
-        }
+        let (ran, release) = blocked_burst(&workers, MAX_IDLE_WORKERS * 2);
+        assert_eq!(ran, MAX_IDLE_WORKERS * 2, "every job of the burst ran");
+        release(MAX_IDLE_WORKERS * 2);
         workers.stop();
         assert_eq!(settle(&workers, 0), 0, "stop ends every thread, none lost to the panics");
     }
@@ -319,27 +330,10 @@ mod tests {
     #[test]
     fn at_most_the_kept_threads_stay_after_a_burst() {
         let workers = Workers::start("kvring-test-worker");
-        let ran = Arc::new(AtomicUsize::new(0));
-        let (release_tx, release_rx) = mpsc::channel::<()>();
-        let release_rx = Arc::new(Mutex::new(release_rx));
         let burst = MAX_IDLE_WORKERS * 3;
-        for _ in 0..burst {
-            let (ran, release) = (ran.clone(), release_rx.clone());
-            workers
-                .run(Box::new(move || {
-                    ran.fetch_add(1, Ordering::AcqRel);
-                    let _ = release.lock().unwrap().recv_timeout(Duration::from_secs(30));
-                }))
-                .unwrap_or_else(|_| panic!("spawned"));
-        }
-        let waited = std::time::Instant::now();
-        while ran.load(Ordering::Acquire) < burst && waited.elapsed() < Duration::from_secs(30) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(ran.load(Ordering::Acquire), burst, "every job got a thread at once");
-        for _ in 0..burst {
-            release_tx.send(()).unwrap();
-        }
+        let (ran, release) = blocked_burst(&workers, burst);
+        assert_eq!(ran, burst, "every job got a thread at once");
+        release(burst);
         let waited = std::time::Instant::now();
         while workers.lock().idle < MAX_IDLE_WORKERS && waited.elapsed() < Duration::from_secs(30) {
             std::thread::sleep(Duration::from_millis(1));
