@@ -494,26 +494,10 @@ fn write_all_small(engine: &Engine, segment: &Segment, local: RegionId, remote: 
     sub.wait(id, WAIT).unwrap()
 }
 
-/// A `kvring serve` (its region files, or with `--caller-memory` its cma
-/// page) and its descriptor as any peer that opens it gets it.
-fn third_engine(extra: &[&str]) -> (common::child::Reaped, kvring::testing::SegmentDescriptor) {
-    let mut args = vec!["--name", "third", "--listen", "127.0.0.1:0", "--region-size", "1MiB", "--parent-watch"];
-    args.extend(extra);
-    let (child, line) = common::child::serve(&args);
-    let addr = common::child::field(&line, "listen=").to_string();
-    let initiator = kvring::testing::control::Initiator { name: "curious".into(), epoch: 1, addr: String::new() };
-    let deadline = Instant::now() + WAIT;
-    let handshake = kvring::testing::control::ControlClient::connect(&addr, deadline)
-        .unwrap()
-        .handshake(&initiator, None, deadline)
-        .unwrap();
-    (child, handshake.descriptor)
-}
-
 #[test]
 fn another_engines_files_and_cma_page_handed_out_as_ones_own_are_refused() {
     for (extra, transport) in [(&[][..], TransportKind::Shm), (&["--caller-memory"][..], TransportKind::Cma)] {
-        let (mut third, descriptor) = third_engine(extra);
+        let (mut third, _, descriptor) = common::child::third_engine(extra);
         assert_eq!(descriptor.pid, third.id());
         assert_eq!(
             descriptor.host_id,

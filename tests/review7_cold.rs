@@ -130,23 +130,6 @@ fn a_liar_process_naming_the_initiators_own_pid_and_fds_is_refused() {
     }
 }
 
-/// A `kvring serve` of this host (its region files, or with
-/// `--caller-memory` its cma page) and its descriptor as any peer gets it.
-fn third_engine(extra: &[&str]) -> (common::child::Reaped, String, SegmentDescriptor) {
-    let mut args = vec!["--name", "third", "--listen", "127.0.0.1:0", "--region-size", "1MiB", "--parent-watch"];
-    args.extend(extra);
-    let (child, line) = common::child::serve(&args);
-    let addr = common::child::field(&line, "listen=").to_string();
-    let initiator = kvring::testing::control::Initiator { name: "curious".into(), epoch: 1, addr: String::new() };
-    let deadline = Instant::now() + WAIT;
-    let handshake = kvring::testing::control::ControlClient::connect(&addr, deadline)
-        .unwrap()
-        .handshake(&initiator, None, deadline)
-        .unwrap();
-    assert_eq!(handshake.descriptor.pid, child.id());
-    (child, addr, handshake.descriptor)
-}
-
 /// The descriptor numbers process `pid` holds now.
 fn fds_of(pid: u32) -> Vec<u32> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -171,7 +154,7 @@ fn refused_as_another_host(initiator: &Engine, addr: &str, transport: TransportK
 fn a_liar_naming_another_engines_pid_with_each_of_its_fds_as_the_hint_is_refused() {
     let initiator = common::engine("initiator");
     for (extra, transport) in [(&[][..], TransportKind::Shm), (&["--caller-memory"][..], TransportKind::Cma)] {
-        let (third, third_addr, descriptor) = third_engine(extra);
+        let (third, third_addr, descriptor) = common::child::third_engine(extra);
         // The third engine answers itself: the check passes for it (so the
         // refusals below are the check's, not a broken same-host path).
         let genuine = initiator.open_segment_with(&third_addr, Some(transport), WAIT).unwrap();
@@ -225,7 +208,7 @@ fn relay(target: &str) -> (String, std::thread::JoinHandle<()>) {
 fn a_relay_passing_on_a_real_engines_answer_and_true_hint_does_not_pass_as_its_owner() {
     let initiator = common::engine("initiator");
     for (extra, transport) in [(&[][..], TransportKind::Shm), (&["--caller-memory"][..], TransportKind::Cma)] {
-        let (_third, third_addr, _) = third_engine(extra);
+        let (_third, third_addr, _) = common::child::third_engine(extra);
         // The engine's own answer, unchanged: its pid, and the true number
         // of its socket, which is connected to the relay, not to us.
         let (addr, thread) = relay(&third_addr);

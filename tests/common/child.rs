@@ -128,3 +128,23 @@ pub fn start_lanes_target(name: &str, lanes: usize, size: &str) -> Target {
         size,
     ])
 }
+
+/// A `kvring serve` named "third" (its region files, or with
+/// `--caller-memory` its cma page), its control address, and its descriptor
+/// as any peer that opens it gets it (the handshake's, checked to name the
+/// child's pid).
+pub fn third_engine(extra: &[&str]) -> (Reaped, String, kvring::testing::SegmentDescriptor) {
+    let mut args = vec!["--name", "third", "--listen", "127.0.0.1:0", "--region-size", "1MiB", "--parent-watch"];
+    args.extend(extra);
+    let (child, line) = serve(&args);
+    let addr = field(&line, "listen=").to_string();
+    let initiator = kvring::testing::control::Initiator { name: "curious".into(), epoch: 1, addr: String::new() };
+    // `common::WAIT`: this file is also included alone (`#[path]`).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let handshake = kvring::testing::control::ControlClient::connect(&addr, deadline)
+        .unwrap()
+        .handshake(&initiator, None, deadline)
+        .unwrap();
+    assert_eq!(handshake.descriptor.pid, child.id());
+    (child, addr, handshake.descriptor)
+}
