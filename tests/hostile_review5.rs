@@ -180,6 +180,10 @@ fn a_cancelled_tcp_push_whose_ack_never_comes_ends_with_a_typed_stall_that_names
     let remote = segment.region(0).unwrap();
     // SAFETY: stopping our own child.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // A group stop reaches every thread only once one of them handles the
+    // signal; until then a connection thread could still take the write and
+    // ack it (CI saw `Done` this way on a loaded host).
+    common::wait_until_stopped(pid as u32);
     let mut sub = initiator.submitter().unwrap();
     let desc = kvring::BlockDesc::new(local.id(), 0, remote, 0, LEN as u64);
     let id = sub.submit(&kvring::Batch::write(&segment).descs(&[desc])).unwrap();
