@@ -104,6 +104,15 @@ pub enum HandleKind {
     /// exporter's address space, for the exporter alone; the descriptor
     /// itself comes from the exporter ([`Gpu::share`]) over a socket.
     FileDescriptor,
+    /// A `CUmemFabricHandle` (64 bytes, no descriptor) of one physical
+    /// allocation of the virtual memory API made with FABRIC handles only
+    /// (PyTorch on a host with IMEX channels): the handle names the
+    /// allocation in the exporter's address space, as for
+    /// [`HandleKind::FileDescriptor`]; the fabric handle itself comes from
+    /// the exporter ([`Gpu::share`]) over the same proven socket, never in
+    /// a descriptor, since any process on the exporter's IMEX channel that
+    /// holds its bytes can import the memory.
+    Fabric,
 }
 
 impl HandleKind {
@@ -112,6 +121,7 @@ impl HandleKind {
         match self {
             HandleKind::Legacy => 1,
             HandleKind::FileDescriptor => 2,
+            HandleKind::Fabric => 3,
         }
     }
 
@@ -120,6 +130,7 @@ impl HandleKind {
         match value {
             1 => Some(HandleKind::Legacy),
             2 => Some(HandleKind::FileDescriptor),
+            3 => Some(HandleKind::Fabric),
             _ => None,
         }
     }
@@ -232,8 +243,41 @@ pub fn check_handles(handles: &[IpcHandle], need: u64) -> std::result::Result<u6
     Ok(total)
 }
 
-/// Where [`Gpu::open`] gets the descriptor of a handle, by its index.
-pub type FdSource<'a> = &'a mut dyn FnMut(usize) -> Result<OwnedFd>;
+/// Bytes of a `CUmemFabricHandle` (CUDA Driver API, Data Structures:
+/// `unsigned char data[64]`).
+pub const FABRIC_HANDLE_BYTES: usize = 64;
+
+/// What a peer needs to open one handle of an export, made by its exporter
+/// ([`Gpu::share`]) and passed over the exporter's socket.
+#[derive(Debug)]
+pub enum Shareable {
+    /// A descriptor of the allocation ([`HandleKind::FileDescriptor`]).
+    Fd(OwnedFd),
+    /// The allocation's `CUmemFabricHandle` ([`HandleKind::Fabric`]).
+    Fabric([u8; FABRIC_HANDLE_BYTES]),
+}
+
+impl Shareable {
+    /// The kind of handle this opens.
+    pub fn kind(&self) -> HandleKind {
+        match self {
+            Shareable::Fd(_) => HandleKind::FileDescriptor,
+            Shareable::Fabric(_) => HandleKind::Fabric,
+        }
+    }
+
+    /// The descriptor, or `None` for a fabric handle.
+    pub fn into_fd(self) -> Option<OwnedFd> {
+        match self {
+            Shareable::Fd(fd) => Some(fd),
+            Shareable::Fabric(_) => None,
+        }
+    }
+}
+
+/// Where [`Gpu::open`] gets what opens a handle (its descriptor or fabric
+/// handle), by the handle's index.
+pub type FdSource<'a> = &'a mut dyn FnMut(usize) -> Result<Shareable>;
 
 /// One copy of a batch: addresses are host pointers or device pointers, as
 /// [`Gpu::classify`] tells them apart. Laid out as the copy kernel reads it.
@@ -406,16 +450,17 @@ pub trait Gpu: Send + Sync + std::fmt::Debug {
     unsafe fn free(&self, ptr: DevicePtr) -> Result<()>;
     /// Exports `addr..addr + len` for other processes.
     fn export(&self, addr: u64, len: u64) -> Result<Export>;
-    /// The descriptor a peer needs to open `handle`, one of this process's
-    /// own exports (never bytes a peer sent): a new one, which the caller
-    /// passes on and closes; `None` when the handle needs none (a CUDA
-    /// legacy handle is the driver's own capability).
-    fn share(&self, handle: &IpcHandle) -> Result<Option<OwnedFd>>;
+    /// What a peer needs to open `handle`, one of this process's own
+    /// exports (never bytes a peer sent): a new descriptor, which the
+    /// caller passes on and closes, or the allocation's fabric handle;
+    /// `None` when the handle needs nothing (a CUDA legacy handle is the
+    /// driver's own capability).
+    fn share(&self, handle: &IpcHandle) -> Result<Option<Shareable>>;
     /// Opens a peer's export (its handles, checked with
     /// [`check_handles`]); returns the first exported byte's address in
-    /// this process. `fds` hands over the descriptor of handle `i`, as the
-    /// exporter passed it: asked in increasing order, each closed as soon
-    /// as it is imported. kvring never opens an export of its own process
+    /// this process. `fds` hands over what opens handle `i` (its descriptor
+    /// or fabric handle), as the exporter passed it: asked in increasing
+    /// order, each descriptor closed as soon as it is imported. kvring never opens an export of its own process
     /// (its pointers are valid here already); the simulator refuses it.
     fn open(&self, handles: &[IpcHandle], fds: FdSource<'_>) -> Result<DevicePtr>;
     /// The GPU whose context maps a peer's export opened at `ptr` by
@@ -532,7 +577,10 @@ mod tests {
         assert!(refused(&[handle(FileDescriptor, 0, u64::MAX), handle(FileDescriptor, 0, 2)], 1).contains("overflow"));
         let many = vec![handle(FileDescriptor, 0, 1); MAX_EXPORT_PIECES + 1];
         assert!(refused(&many, 1).contains("exceed the limit"));
-        for kind in [Legacy, FileDescriptor] {
+        let fabric = [handle(Fabric, 100, 1000), handle(Fabric, 0, 1000)];
+        assert_eq!(check_handles(&fabric, 1900), Ok(2000));
+        assert!(refused(&[handle(Fabric, 0, 10), handle(FileDescriptor, 0, 10)], 1).contains("different kinds"));
+        for kind in [Legacy, FileDescriptor, Fabric] {
             assert_eq!(HandleKind::from_wire(kind.to_wire()), Some(kind));
         }
         assert_eq!(HandleKind::from_wire(0), None);

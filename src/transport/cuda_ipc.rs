@@ -14,7 +14,7 @@ use super::fence_holds::{release_if_done, FenceHold, STOP_FENCE_WAIT};
 use crate::auth::Session;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
-use crate::gpu::{Copy, CopyCounters, CopySides, Event, Gpu, Memory, Place, Stream};
+use crate::gpu::{Copy, CopyCounters, CopySides, Event, Gpu, HandleKind, Memory, Place, Shareable, Stream};
 use crate::mem::fence_file::SharedFences;
 use crate::mem::Access;
 use crate::mem::MemoryKind;
@@ -22,7 +22,6 @@ use crate::segment::{RemoteRegion, SegmentDescriptor};
 use crate::transport::gpu_fds::{self, client::GpuFdClient};
 use crate::transport::{ChunkEnd, TransferError};
 use std::collections::VecDeque;
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -116,8 +115,10 @@ impl PeerDevice {
                 Err(reason) => Err(format!("its owner could not export it ({reason})")),
                 Ok(_) if same_process => peer.own(descriptor, region),
                 Ok(handles) => {
-                    let mut fds = |index: usize| -> Result<OwnedFd> {
-                        connected(&mut client, descriptor, session, deadline)?.fd(region.id, handles.len(), index)
+                    // One kind for the whole export (`check_handles`, in open).
+                    let kind = handles.first().map_or(HandleKind::FileDescriptor, |h| h.kind);
+                    let mut fds = |index: usize| -> Result<Shareable> {
+                        connected(&mut client, descriptor, session, deadline)?.handle(region.id, kind, handles.len(), index)
                     };
                     let ptr = peer.gpu.open(handles, &mut fds).map_err(|e| opening(&descriptor.name, region.id, e))?;
                     // Recorded at once, so that dropping `peer` closes it

@@ -14,7 +14,8 @@
 
 use super::{check, cuda_error, CudaGpu, State};
 use crate::error::Result;
-use crate::gpu::{fd, DevicePtr, Export, FdSource, HandleKind, IpcHandle, Memory};
+use super::fabric;
+use crate::gpu::{fd, DevicePtr, Export, FdSource, HandleKind, IpcHandle, Memory, Shareable};
 use cudarc::driver::sys;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -175,27 +176,40 @@ impl CudaGpu {
                 IpcHandle { kind: HandleKind::Legacy, bytes, offset: addr - first.start, len: first.size as u64 };
             return Ok(Export::new(vec![handle]));
         }
-        let mut handles = Vec::new();
+        // Each allocation of the run, and the handle types it allows: one
+        // kind shares the whole run (FABRIC where POSIX descriptors are not
+        // allowed everywhere, GPU-REVIEW #16).
+        let mut pieces = Vec::new();
         let mut at = first.start;
         while at < addr + len {
             let piece = self.attributes(at)?;
-            // Exportable now (made with POSIX descriptor handles), or
-            // refused now: the descriptor itself is made when a peer asks.
-            drop(export_piece(at)?);
+            pieces.push((at, piece.size as u64, allowed_handle_types(at)));
+            at += piece.size as u64;
+        }
+        let masks: Vec<_> = pieces.iter().map(|(at, _, mask)| (*at, mask.clone())).collect();
+        let kind = fabric::run_kind(&masks).map_err(cuda_error)?;
+        let mut handles = Vec::with_capacity(pieces.len());
+        for (at, size, _) in pieces {
+            // Exportable now, or refused now: what a peer opens it by is
+            // made when the peer asks.
+            match kind {
+                HandleKind::Fabric => drop(fabric::export_fabric(at)?),
+                _ => drop(export_piece(at)?),
+            }
             let mut bytes = fd::encode(PIECE_MAGIC, at, ordinal);
             if let Some(uuid) = self.contexts.get(ordinal as usize).and_then(|slot| slot.uuid) {
                 bytes[PIECE_UUID].copy_from_slice(&uuid);
             }
             let offset = addr.saturating_sub(at);
-            handles.push(IpcHandle { kind: HandleKind::FileDescriptor, bytes, offset, len: piece.size as u64 });
-            at += piece.size as u64;
+            handles.push(IpcHandle { kind, bytes, offset, len: size });
         }
         Ok(Export::new(handles))
     }
 
-    /// A new descriptor of the allocation one of this process's own
-    /// handles names; `None` for a legacy handle (the driver's own).
-    pub(super) fn share_handle(&self, handle: &IpcHandle) -> Result<Option<OwnedFd>> {
+    /// A new descriptor, or the fabric handle, of the allocation one of
+    /// this process's own handles names; `None` for a legacy handle (the
+    /// driver's own).
+    pub(super) fn share_handle(&self, handle: &IpcHandle) -> Result<Option<Shareable>> {
         if handle.kind == HandleKind::Legacy {
             return Ok(None);
         }
@@ -208,7 +222,10 @@ impl CudaGpu {
         if piece.kind != 2 || piece.start != at || piece.size as u64 != handle.len || !is_vmm(at) {
             return Err(cuda_error(format!("{at:#x} is no longer the device memory this process exported")));
         }
-        export_piece(at).map(Some)
+        match handle.kind {
+            HandleKind::Fabric => fabric::export_fabric(at).map(|bytes| Some(Shareable::Fabric(bytes))),
+            _ => export_piece(at).map(|fd| Some(Shareable::Fd(fd))),
+        }
     }
 
     /// Opens a peer's export; a handle already open here is opened once
@@ -222,7 +239,7 @@ impl CudaGpu {
             HandleKind::Legacy => {
                 (Opened::Legacy { handle: first.bytes, device }, self.open_legacy(&first.bytes, device)?)
             }
-            HandleKind::FileDescriptor => {
+            HandleKind::FileDescriptor | HandleKind::Fabric => {
                 let mapped = self.map_pieces(handles, fds)?;
                 let Opened::Mapped { range, .. } = mapped else { unreachable!("map_pieces maps") };
                 (mapped, range)
@@ -251,7 +268,7 @@ impl CudaGpu {
     }
 
     /// Imports every piece (its descriptor from `fds`, closed once
-    /// imported) and maps them back to back in a new range, with read and
+    /// imported, or its fabric handle) and maps them back to back in a new range, with read and
     /// write access for every device of this process; on any failure,
     /// undoes what was done.
     fn map_pieces(&self, handles: &[IpcHandle], fds: FdSource<'_>) -> Result<Opened> {
@@ -508,22 +525,9 @@ fn allowed_handle_types(at: u64) -> Option<(u64, String)> {
     Some((mask, if named.is_empty() { "none".to_owned() } else { named.join("|") }))
 }
 
-/// The shareable descriptor of the physical allocation mapped at `at`.
-/// An allocation made without POSIX descriptor handles (PyTorch built for
-/// CUDA 12.3+ on a host with IMEX channels makes FABRIC-only ones) is
-/// refused up front, naming the handle types it has (GPU-REVIEW #16).
+/// The shareable descriptor of the physical allocation mapped at `at`
+/// (one whose handle types allow it: `fabric::run_kind` chose it).
 fn export_piece(at: u64) -> Result<OwnedFd> {
-    const POSIX_FD: u64 = 0x1;
-    if let Some((mask, names)) = allowed_handle_types(at) {
-        if mask & POSIX_FD == 0 {
-            return Err(cuda_error(format!(
-                "exporting device memory at {at:#x}: its allocation allows only {names} handles \
-                 (CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES), and cuda_ipc shares virtual-memory-API memory by \
-                 POSIX_FILE_DESCRIPTOR; FABRIC handles (IMEX) are not supported: allocate it with \
-                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR among its requestedHandleTypes"
-            )));
-        }
-    }
     let mut handle: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: writes one handle; `at` is the start of a mapped allocation.
     let retained = unsafe { sys::cuMemRetainAllocationHandle(&mut handle, at as *mut c_void) };
@@ -543,16 +547,28 @@ fn export_piece(at: u64) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
-/// Imports a peer's descriptor, closes it, and maps the allocation at `at`.
-fn map_piece(handle: &IpcHandle, at: u64, taken: OwnedFd) -> Result<()> {
-    let mut imported: sys::CUmemGenericAllocationHandle = 0;
-    let kind = sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    // SAFETY: the driver reads the descriptor number passed as the pointer
-    // value (its convention for POSIX handles) and writes one handle.
-    let result =
-        unsafe { sys::cuMemImportFromShareableHandle(&mut imported, taken.as_raw_fd() as usize as *mut c_void, kind) };
-    drop(taken);
-    check(result, "importing a peer's device memory")?;
+/// Imports what a peer passed for `handle` (a descriptor, closed here, or
+/// a fabric handle) and maps the allocation at `at`.
+fn map_piece(handle: &IpcHandle, at: u64, taken: Shareable) -> Result<()> {
+    let imported = match (handle.kind, taken) {
+        (HandleKind::FileDescriptor, Shareable::Fd(taken)) => {
+            let mut imported: sys::CUmemGenericAllocationHandle = 0;
+            let kind = sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+            // SAFETY: the driver reads the descriptor number passed as the
+            // pointer value (its convention for POSIX handles) and writes
+            // one handle.
+            let result = unsafe {
+                sys::cuMemImportFromShareableHandle(&mut imported, taken.as_raw_fd() as usize as *mut c_void, kind)
+            };
+            drop(taken);
+            check(result, "importing a peer's device memory")?;
+            imported
+        }
+        (HandleKind::Fabric, Shareable::Fabric(bytes)) => fabric::import_fabric(&bytes)?,
+        (kind, taken) => {
+            return Err(cuda_error(format!("the peer passed a {:?} handle for a {kind:?} one", taken.kind())));
+        }
+    };
     // SAFETY: maps the whole imported allocation at reserved addresses.
     let mapped = unsafe { sys::cuMemMap(at, handle.len as usize, 0, imported, 0) };
     // SAFETY: the mapping holds its own reference; ours is released.

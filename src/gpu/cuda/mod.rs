@@ -27,6 +27,7 @@
 mod batch;
 mod context;
 mod dmabuf;
+mod fabric;
 mod gdr;
 mod ipc;
 mod load;
@@ -416,7 +417,7 @@ impl Gpu for CudaGpu {
         shielded("flushing GPUDirect RDMA writes", || self.flush_gdr_writes(device))
     }
 
-    fn share(&self, handle: &IpcHandle) -> Result<Option<std::os::fd::OwnedFd>> {
+    fn share(&self, handle: &IpcHandle) -> Result<Option<crate::gpu::Shareable>> {
         shielded("sharing device memory", || self.share_handle(handle))
     }
 

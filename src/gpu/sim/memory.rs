@@ -215,6 +215,8 @@ impl SimGpu {
         let magic = match handle.kind {
             HandleKind::Legacy => HANDLE_MAGIC,
             HandleKind::FileDescriptor => PIECE_MAGIC,
+            // The simulator makes no FABRIC-only memory.
+            HandleKind::Fabric => return Err(gpu_error(0, "the simulated GPU makes no FABRIC handles")),
         };
         let (addr, device) = fd::decode(magic, &handle.bytes).ok_or_else(|| gpu_error(0, "not a simulated handle"))?;
         let piece =
@@ -301,7 +303,10 @@ impl SimGpu {
         let mut at = base;
         // One descriptor at a time: taken, checked, mapped and closed.
         let placed = handles.iter().enumerate().try_for_each(|(i, handle)| {
-            let file = File::from(fds(i)?);
+            let shared = fds(i)?;
+            let file = File::from(shared.into_fd().ok_or_else(|| {
+                gpu_error(device, "a FABRIC handle for simulated memory (the simulator opens descriptors only)")
+            })?);
             let meta = file.metadata().map_err(|e| Error::io("sizing a peer's export", e))?;
             if own.contains(&(meta.dev(), meta.ino())) {
                 return Err(gpu_error(device, "a process cannot open its own export"));

@@ -470,8 +470,8 @@ impl Gpu for SimGpu {
         self.dmabuf_range(&self.lock(), addr, len)
     }
 
-    fn share(&self, handle: &IpcHandle) -> Result<Option<std::os::fd::OwnedFd>> {
-        self.share_handle(&self.lock(), handle).map(Some)
+    fn share(&self, handle: &IpcHandle) -> Result<Option<super::Shareable>> {
+        self.share_handle(&self.lock(), handle).map(|fd| Some(super::Shareable::Fd(fd)))
     }
 
     fn open(&self, handles: &[IpcHandle], fds: super::FdSource<'_>) -> Result<DevicePtr> {

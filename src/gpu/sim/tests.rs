@@ -193,7 +193,7 @@ fn child_opens_an_export() {
         .open(&handles, &mut |i| {
             asked.push(i);
             // SAFETY: inherited from the parent for this child alone, taken once.
-            Ok(unsafe { OwnedFd::from_raw_fd(numbers[i]) })
+            Ok(crate::gpu::Shareable::Fd(unsafe { OwnedFd::from_raw_fd(numbers[i]) }))
         })
         .unwrap();
     assert_eq!(asked, (0..handles.len()).collect::<Vec<_>>(), "each handle's descriptor, once, in order");
@@ -213,7 +213,7 @@ fn child_opens_an_export() {
 fn child_reads(gpu: &SimGpu, export: &Export, len: usize) -> std::process::Output {
     use std::os::fd::AsRawFd;
     let text: Vec<String> = export.handles().iter().map(handle_words).collect();
-    let shared: Vec<_> = export.handles().iter().map(|h| gpu.share(h).unwrap().unwrap()).collect();
+    let shared: Vec<_> = export.handles().iter().map(|h| gpu.share(h).unwrap().unwrap().into_fd().unwrap()).collect();
     for fd in &shared {
         // SAFETY: fcntl on a descriptor this test owns: clears close-on-exec.
         assert_eq!(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) }, 0);

@@ -1,10 +1,13 @@
 //! The GPU descriptor socket's server fed arbitrary bytes: with a token, no
 //! descriptor ever leaves it without the session's proof; every message a
-//! decoder accepts encodes back to the same bytes.
+//! decoder accepts encodes back to the same bytes. The same bytes as a
+//! server's answers to an opener: whatever it takes is of the kind it
+//! asked for, and no more than it asked.
 
 use crate::auth::{Authenticator, Token};
 use crate::gpu::fd::recv_with_fds;
-use crate::gpu::{Gpu, SimGpu};
+use crate::gpu::{Gpu, HandleKind, SimGpu};
+use crate::transport::gpu_fds::client::GpuFdClient;
 use crate::mem::device::DeviceBacking;
 use crate::mem::registry::Backing;
 use crate::mem::{RegionInfo, Registry};
@@ -61,6 +64,28 @@ pub fn gpu_fds_connection(data: &[u8]) {
     }
     let _ = server.join();
     assert_eq!(passed, 0, "a descriptor left without the session's proof");
+    answers_to_an_opener(data);
+}
+
+/// `data` as everything a server answers an opener (already proven) that
+/// asks for a region's FABRIC handles, then for its descriptors.
+fn answers_to_an_opener(data: &[u8]) {
+    // Within a socket's buffer: nobody reads while it is written.
+    let data = &data[..data.len().min(64 << 10)];
+    let (ours, theirs) = UnixStream::pair().expect("a socket pair");
+    let _ = (&theirs).write_all(data);
+    let _ = theirs.shutdown(std::net::Shutdown::Write);
+    // Past its end, every read sees EOF at once: the deadline is a bound.
+    let mut client = GpuFdClient::over(ours, std::time::Instant::now() + std::time::Duration::from_secs(5));
+    let region = crate::region_id::RegionId::new(0, 1);
+    for (kind, handles) in [(HandleKind::Fabric, 100), (HandleKind::FileDescriptor, 3)] {
+        for index in 0..handles {
+            match client.handle(region, kind, handles, index) {
+                Ok(shared) => assert_eq!(shared.kind(), kind, "an opener took another kind than it asked"),
+                Err(_) => break,
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -92,5 +117,53 @@ mod tests {
             let noise: Vec<u8> = (0..n as usize * 3).map(|i| (i as u8).wrapping_mul(n) ^ 0x5a).collect();
             super::gpu_fds_connection(&noise);
         }
+    }
+
+    /// A server's FABRIC answers as an opener takes them: a run it asked
+    /// for is taken whole; too many handles, fewer bytes than stated, a
+    /// count past the bound, or another kind than asked are refused.
+    #[test]
+    fn an_opener_takes_only_the_fabric_handles_it_asked_for() {
+        use super::{GpuFdClient, HandleKind, UnixStream};
+        use crate::gpu::{Shareable, FABRIC_HANDLE_BYTES};
+        use crate::transport::gpu_fds::{Answer, MAX_FABRIC_PER_MESSAGE};
+        use std::io::Write;
+        let region = crate::region_id::RegionId::new(0, 1);
+        let take = |answer: Answer, payload: usize, kind: HandleKind, handles: usize| {
+            let (ours, theirs) = UnixStream::pair().unwrap();
+            let mut bytes = answer.encode().to_vec();
+            bytes.extend((0..payload).map(|i| i as u8));
+            (&theirs).write_all(&bytes).unwrap();
+            theirs.shutdown(std::net::Shutdown::Write).unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let mut client = GpuFdClient::over(ours, deadline);
+            (0..handles).map(|i| client.handle(region, kind, handles, i)).collect::<Vec<_>>()
+        };
+        let fabric = HandleKind::Fabric;
+        let taken = take(Answer::Fabric { count: 2, handles: 2 }, 2 * FABRIC_HANDLE_BYTES, fabric, 2);
+        let Ok(Shareable::Fabric(second)) = &taken[1] else { panic!("{taken:?}") };
+        assert_eq!(second[0], FABRIC_HANDLE_BYTES as u8, "the second handle's bytes");
+        let error = |answer, payload, kind, handles| {
+            let taken = take(answer, payload, kind, handles);
+            taken[0].as_ref().unwrap_err().to_string()
+        };
+        // More than asked (the run ends at the region's 2 handles).
+        let more = error(Answer::Fabric { count: 3, handles: 2 }, 3 * FABRIC_HANDLE_BYTES, fabric, 2);
+        assert!(more.contains("3 handles (said 3) of 2 handles, for 2 of 2"), "{more}");
+        // The region's handle count misstated.
+        let count = error(Answer::Fabric { count: 1, handles: 9 }, FABRIC_HANDLE_BYTES, fabric, 2);
+        assert!(count.contains("of 9 handles"), "{count}");
+        // Fewer bytes than the handles stated: an error, not a short handle.
+        let short = error(Answer::Fabric { count: 2, handles: 2 }, 2 * FABRIC_HANDLE_BYTES - 1, fabric, 2);
+        assert!(short.contains("GPU descriptor socket"), "{short}");
+        // Past the bound: refused from the header, nothing read after it.
+        let past = MAX_FABRIC_PER_MESSAGE as u32 + 1;
+        let bound = error(Answer::Fabric { count: past, handles: past }, 0, fabric, past as usize);
+        assert!(bound.contains(&format!("an answer of {past} FABRIC handles")), "{bound}");
+        // Another kind than the descriptor said.
+        let kind = error(Answer::Fabric { count: 1, handles: 1 }, FABRIC_HANDLE_BYTES, HandleKind::FileDescriptor, 1);
+        assert!(kind.contains("for FileDescriptor handles"), "{kind}");
+        let kind = error(Answer::Descriptors { count: 0, handles: 1 }, 0, fabric, 1);
+        assert!(kind.contains("for Fabric handles"), "{kind}");
     }
 }

@@ -3,10 +3,11 @@
 //! from the process that answered the handshake, proves the session, and
 //! fetches descriptors a run at a time as the provider asks for them.
 
-use super::{Answer, Challenge, Hello, Request, ANSWER_BYTES, CHALLENGE_BYTES};
+use super::{read_fabric, Answer, Challenge, Hello, Request, ANSWER_BYTES, CHALLENGE_BYTES, MAX_FABRIC_PER_MESSAGE};
 use crate::auth::{random_bytes, Session};
 use crate::error::{Error, Result};
 use crate::gpu::fd::{connect_abstract, peer_pid, recv_with_fds, MAX_FDS_PER_MESSAGE};
+use crate::gpu::{HandleKind, Shareable};
 use crate::region_id::RegionId;
 use crate::seal::{check_gpu_fds_proof, gpu_fds_proof, End};
 use std::collections::VecDeque;
@@ -16,7 +17,8 @@ use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
 /// A proven connection to a peer's GPU descriptor server, and the run of
-/// descriptors fetched but not yet handed over (at most one answer's).
+/// descriptors (or fabric handles) fetched but not yet handed over (at
+/// most one answer's).
 #[derive(Debug)]
 pub(crate) struct GpuFdClient {
     stream: UnixStream,
@@ -25,7 +27,7 @@ pub(crate) struct GpuFdClient {
     /// The region and handle index the next fetched descriptor belongs to.
     region: Option<RegionId>,
     next: usize,
-    fetched: VecDeque<OwnedFd>,
+    fetched: VecDeque<Shareable>,
 }
 
 fn refused(peer: &str, reason: impl std::fmt::Display) -> Error {
@@ -33,6 +35,13 @@ fn refused(peer: &str, reason: impl std::fmt::Display) -> Error {
 }
 
 impl GpuFdClient {
+    /// A client over `stream`, taken as proven (the fuzz target's way in:
+    /// a server's answers to decode).
+    #[cfg(feature = "testing")]
+    pub(crate) fn over(stream: UnixStream, deadline: Instant) -> Self {
+        GpuFdClient { stream, peer: "a fuzzed peer".into(), deadline, region: None, next: 0, fetched: VecDeque::new() }
+    }
+
     /// Connects to socket `name`, which must be held by process `pid` (the
     /// one that answered the handshake), and proves `session` (a tokened
     /// opener refuses a server that asks no proof, or cannot make one).
@@ -82,12 +91,13 @@ impl GpuFdClient {
         }
     }
 
-    /// The descriptor of handle `index` of region `region` (of `handles`),
-    /// fetched with the next ones of the region unless already here.
-    pub(crate) fn fd(&mut self, region: RegionId, handles: usize, index: usize) -> Result<OwnedFd> {
+    /// What opens handle `index` of region `region` (of `handles`, all of
+    /// `kind`): its descriptor or fabric handle, fetched with the next ones
+    /// of the region unless already here.
+    pub(crate) fn handle(&mut self, region: RegionId, kind: HandleKind, handles: usize, index: usize) -> Result<Shareable> {
         if self.region != Some(region) || self.next != index || self.fetched.is_empty() {
             self.fetched.clear(); // closes any left over
-            self.fetch(region, handles, index)?;
+            self.fetch(region, kind, handles, index)?;
         }
         self.next += 1;
         Ok(self.fetched.pop_front().expect("fetched at least one"))
@@ -99,32 +109,55 @@ impl GpuFdClient {
         self.region = None;
         let request = Request { region: region.raw(), first: super::FENCE_TABLE, count: 1 };
         let what = format!("region {region}'s fence table");
-        let (count, handles, mut fds) = self.exchange(&request, 1, &what)?;
-        if count == 1 && handles == super::FENCE_TABLE && fds.len() == 1 {
+        let (answer, mut fds) = self.exchange(&request, 1, &what)?;
+        if answer == (Answer::Descriptors { count: 1, handles: super::FENCE_TABLE }) && fds.len() == 1 {
             return Ok(fds.pop().expect("one descriptor"));
         }
-        Err(malformed(format!("{} descriptors (said {count} of {handles}) for {what}", fds.len())))
+        Err(malformed(format!("{} descriptors ({answer:?}) for {what}", fds.len())))
     }
 
-    /// Asks for handles `index..` of `region` and takes the answer's run.
-    fn fetch(&mut self, region: RegionId, handles: usize, index: usize) -> Result<()> {
-        let want = handles.saturating_sub(index).min(MAX_FDS_PER_MESSAGE);
+    /// Asks for handles `index..` of `region` and takes the answer's run,
+    /// which must be of `kind`: descriptors attached, or fabric handles
+    /// following it (each count checked before anything more is read).
+    fn fetch(&mut self, region: RegionId, kind: HandleKind, handles: usize, index: usize) -> Result<()> {
+        let most = if kind == HandleKind::Fabric { MAX_FABRIC_PER_MESSAGE } else { MAX_FDS_PER_MESSAGE };
+        let want = handles.saturating_sub(index).min(most);
         let request = Request { region: region.raw(), first: index as u32, count: want as u32 };
-        let (count, theirs, fds) = self.exchange(&request, MAX_FDS_PER_MESSAGE, &format!("region {region}"))?;
-        if theirs as usize != handles || count as usize != fds.len() || fds.is_empty() || fds.len() > want {
+        let what = format!("region {region}");
+        let (answer, fds) = self.exchange(&request, MAX_FDS_PER_MESSAGE, &what)?;
+        let (count, theirs, fabric) = match answer {
+            Answer::Descriptors { count, handles } if kind != HandleKind::Fabric => (count, handles, false),
+            Answer::Fabric { count, handles } if kind == HandleKind::Fabric && fds.is_empty() => (count, handles, true),
+            other => {
+                let said = format!("{other:?} with {} descriptors", fds.len());
+                return Err(malformed(format!("{said}, for {kind:?} handles of {what}")));
+            }
+        };
+        let got = if fabric { count as usize } else { fds.len() };
+        if theirs as usize != handles || count as usize != got || got == 0 || got > want {
             return Err(malformed(format!(
-                "{} descriptors (said {count}) of {theirs} handles, for {want} of {handles}",
-                fds.len()
+                "{got} handles (said {count}) of {theirs} handles, for {want} of {handles} of {what}"
             )));
         }
-        (self.region, self.next, self.fetched) = (Some(region), index, fds.into());
+        let run: VecDeque<Shareable> = match fabric {
+            true => self.read_fabric(count)?.into_iter().map(Shareable::Fabric).collect(),
+            false => fds.into_iter().map(Shareable::Fd).collect(),
+        };
+        (self.region, self.next, self.fetched) = (Some(region), index, run);
         Ok(())
     }
 
-    /// Sends `request` and takes its answer: the count and handle total it
-    /// states with the descriptors it carried (at most `max_fds`), or the
-    /// peer's refusal, read whole, as an error naming `what`.
-    fn exchange(&mut self, request: &Request, max_fds: usize, what: &str) -> Result<(u32, u32, Vec<OwnedFd>)> {
+    /// The `count` fabric handles following an answer, by the deadline.
+    fn read_fabric(&mut self, count: u32) -> Result<Vec<[u8; crate::gpu::FABRIC_HANDLE_BYTES]>> {
+        self.set_timeouts()?;
+        read_fabric(&mut &self.stream, count).map_err(|e| self.io_error(e))
+    }
+
+    /// Sends `request` and takes its answer (whatever follows it is the
+    /// caller's to read) with the descriptors it carried (at most
+    /// `max_fds`), or the peer's refusal, read whole, as an error naming
+    /// `what`.
+    fn exchange(&mut self, request: &Request, max_fds: usize, what: &str) -> Result<(Answer, Vec<OwnedFd>)> {
         self.write(&request.encode())?;
         let mut answer = [0u8; ANSWER_BYTES];
         self.set_timeouts()?;
@@ -138,7 +171,7 @@ impl GpuFdClient {
                     reason: format!("{} refused {what}: {}", self.peer, String::from_utf8_lossy(&reason)),
                 })
             }
-            Answer::Descriptors { count, handles } => Ok((count, handles, fds)),
+            answer => Ok((answer, fds)),
         }
     }
 

@@ -17,6 +17,14 @@
 //! opener imports each and closes it at once. Nobody holds thousands of
 //! descriptors, and no opener takes a descriptor out of another process.
 //!
+//! A region of FABRIC-only memory (GPU-REVIEW #16) is answered the same way
+//! with its allocations' `CUmemFabricHandle`s instead: at most
+//! [`MAX_FABRIC_PER_MESSAGE`] of 64 bytes each after the answer, and no
+//! descriptor. They never travel in the segment descriptor: any process on
+//! the exporter's IMEX channel that holds them can import the memory, so
+//! they are passed, as descriptors are, only after the same proofs and
+//! `SO_PEERCRED` check.
+//!
 //! A Unix socket cannot be spliced into by a third party, so the proofs at
 //! its start cover the whole connection. Without a token, any process that
 //! reaches the socket (this host's network namespace) may ask for the
@@ -27,6 +35,10 @@ pub(crate) mod server;
 
 use crate::auth::{Nonce, Tag, MAC_BYTES, NONCE_BYTES};
 pub(crate) use crate::gpu::fd::{socket_name as name, MAX_FDS_PER_MESSAGE};
+use crate::gpu::FABRIC_HANDLE_BYTES;
+
+/// Most fabric handles one answer carries (4 KiB of them).
+pub(crate) const MAX_FABRIC_PER_MESSAGE: usize = 64;
 
 /// Longest refusal a server sends.
 pub(crate) const MAX_REFUSAL_BYTES: usize = 512;
@@ -119,10 +131,11 @@ pub(crate) struct Request {
 /// `handles` says the same.
 pub(crate) const FENCE_TABLE: u32 = u32::MAX;
 
-/// "KVF6": a region's fence table page it passes carries the `issued` word
-/// (`mem::fence`) that writers check ("KVF5" pages did not; "KVF3" carried
-/// a 32-bit region id).
-const REQUEST_MAGIC: [u8; 4] = *b"KVF6";
+/// "KVF7": the opener takes FABRIC answers ([`Answer::Fabric`]; "KVF6"
+/// openers did not). Since "KVF6", a region's fence table page carries the
+/// `issued` word (`mem::fence`) that writers check ("KVF5" pages did not;
+/// "KVF3" carried a 32-bit region id).
+const REQUEST_MAGIC: [u8; 4] = *b"KVF7";
 /// Bytes of a [`Request`]: the magic, the region (8), first and count.
 pub(crate) const REQUEST_BYTES: usize = 20;
 /// Bytes of an [`Answer`].
@@ -162,11 +175,13 @@ impl Request {
 }
 
 /// The server's answer to a [`Request`]: `count` descriptors attached, of
-/// the region's `handles`, or a refusal whose `len`-byte reason follows.
+/// the region's `handles`; `count` fabric handles of 64 bytes following it
+/// (and no descriptor); or a refusal whose `len`-byte reason follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Answer {
     Descriptors { count: u32, handles: u32 },
     Refused { len: u32 },
+    Fabric { count: u32, handles: u32 },
 }
 
 const ANSWER_MAGIC: [u8; 4] = *b"KVF4";
@@ -176,6 +191,7 @@ impl Answer {
         match *self {
             Answer::Descriptors { count, handles } => words(ANSWER_MAGIC, [0, count, handles]),
             Answer::Refused { len } => words(ANSWER_MAGIC, [1, len, 0]),
+            Answer::Fabric { count, handles } => words(ANSWER_MAGIC, [2, count, handles]),
         }
     }
 
@@ -183,9 +199,29 @@ impl Answer {
         match unwords(ANSWER_MAGIC, bytes).ok_or("not a kvring GPU descriptor answer")? {
             [0, count, handles] if count as usize <= MAX_FDS_PER_MESSAGE => Ok(Answer::Descriptors { count, handles }),
             [1, len, 0] if len as usize <= MAX_REFUSAL_BYTES => Ok(Answer::Refused { len }),
+            [2, count, handles] if (1..=MAX_FABRIC_PER_MESSAGE).contains(&(count as usize)) => {
+                Ok(Answer::Fabric { count, handles })
+            }
+            [2, count, _] => Err(format!(
+                "an answer of {count} FABRIC handles (1 to {MAX_FABRIC_PER_MESSAGE} travel in one)"
+            )),
             other => Err(format!("a malformed answer {other:?}")),
         }
     }
+}
+
+/// The `count` fabric handles (already bounded by [`Answer::decode`]) that
+/// follow an [`Answer::Fabric`], read whole from `from`.
+pub(crate) fn read_fabric(
+    from: &mut impl std::io::Read,
+    count: u32,
+) -> std::io::Result<Vec<[u8; FABRIC_HANDLE_BYTES]>> {
+    let count = (count as usize).min(MAX_FABRIC_PER_MESSAGE);
+    let mut handles = vec![[0u8; FABRIC_HANDLE_BYTES]; count];
+    for handle in &mut handles {
+        from.read_exact(handle)?;
+    }
+    Ok(handles)
 }
 
 fn words(magic: [u8; 4], values: [u32; 3]) -> [u8; ANSWER_BYTES] {
@@ -221,7 +257,9 @@ mod tests {
         assert_eq!(Request::decode(&request.encode()), Ok(request));
         assert!(old_request_version(b"KVF3").unwrap().contains("a KVF3 GPU descriptor request"));
         assert!(old_request_version(b"KVF5").is_some(), "its pages lack the issued word");
-        assert_eq!(old_request_version(b"KVF6"), None);
+        let old = old_request_version(b"KVF6").unwrap();
+        assert!(old.contains("a KVF6 GPU descriptor request") && old.contains("KVF7 only"), "{old}");
+        assert_eq!(old_request_version(b"KVF7"), None);
         assert_eq!(old_request_version(b"GET "), None);
         let mut answer = [0u8; REQUEST_BYTES];
         answer[..ANSWER_BYTES].copy_from_slice(&Answer::Refused { len: 1 }.encode());
@@ -229,12 +267,29 @@ mod tests {
         let mut old = request.encode();
         old[..4].copy_from_slice(b"KVF3");
         assert!(Request::decode(&old).is_err(), "a 32-bit id request is refused, not misread");
-        for answer in [Answer::Descriptors { count: 64, handles: 2048 }, Answer::Refused { len: 12 }] {
+        let fabric = Answer::Fabric { count: MAX_FABRIC_PER_MESSAGE as u32, handles: 2048 };
+        for answer in [Answer::Descriptors { count: 64, handles: 2048 }, Answer::Refused { len: 12 }, fabric] {
             assert_eq!(Answer::decode(&answer.encode()), Ok(answer));
         }
         let too_many = Answer::Descriptors { count: MAX_FDS_PER_MESSAGE as u32 + 1, handles: 1 };
         assert!(Answer::decode(&too_many.encode()).is_err());
         assert!(Answer::decode(&Answer::Refused { len: MAX_REFUSAL_BYTES as u32 + 1 }.encode()).is_err());
+    }
+
+    #[test]
+    fn a_fabric_answer_claiming_too_many_or_no_handles_is_refused_before_anything_is_read() {
+        for count in [0, MAX_FABRIC_PER_MESSAGE as u32 + 1, u32::MAX] {
+            let error = Answer::decode(&Answer::Fabric { count, handles: 1 }.encode()).unwrap_err();
+            assert!(error.contains(&format!("an answer of {count} FABRIC handles")), "{error}");
+        }
+        // The handles that follow are read whole: a short payload is an
+        // error, and no more than the stated count is taken.
+        let payload: Vec<u8> = (0..3 * FABRIC_HANDLE_BYTES).map(|i| i as u8).collect();
+        let handles = read_fabric(&mut &payload[..], 2).unwrap();
+        assert_eq!(handles.len(), 2);
+        assert_eq!(handles[1][..], payload[FABRIC_HANDLE_BYTES..2 * FABRIC_HANDLE_BYTES]);
+        let short = &payload[..2 * FABRIC_HANDLE_BYTES - 1];
+        assert_eq!(read_fabric(&mut &short[..], 2).unwrap_err().kind(), std::io::ErrorKind::UnexpectedEof);
     }
 
     #[test]

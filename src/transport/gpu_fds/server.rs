@@ -3,6 +3,8 @@
 //! connection proven before anything is passed.
 
 use super::{old_request_version, Answer, Challenge, Hello, Request, HELLO_BYTES, MAX_REFUSAL_BYTES, REQUEST_BYTES};
+use super::MAX_FABRIC_PER_MESSAGE;
+use crate::gpu::{HandleKind, Shareable};
 use crate::auth::{random_bytes, Authenticator, MAC_BYTES};
 use crate::gpu::fd::{peer_cred, send_with_fds, MAX_FDS_PER_MESSAGE};
 use crate::mem::{Access, Registry};
@@ -340,11 +342,16 @@ fn serve(stream: &UnixStream, shared: &Shared, mut unproven: Unproven<'_>) -> Re
             return Ok(());
         }
         match descriptors(shared, request) {
-            Ok((fds, handles)) => {
+            Ok(Run::Fds(fds, handles)) => {
                 let answer = Answer::Descriptors { count: fds.len() as u32, handles };
                 let borrowed: Vec<_> = fds.iter().map(|fd| fd.as_fd()).collect();
                 send_with_fds(stream, &answer.encode(), &borrowed).map_err(io)?;
                 // Our copies close here: the opener holds its own.
+            }
+            Ok(Run::Fabric(fabric, handles)) => {
+                let mut bytes = Answer::Fabric { count: fabric.len() as u32, handles }.encode().to_vec();
+                fabric.iter().for_each(|handle| bytes.extend_from_slice(handle));
+                (&*stream).write_all(&bytes).map_err(io)?;
             }
             Err(reason) => refuse(stream, reason).map_err(io)?,
         }
@@ -384,10 +391,17 @@ fn read_by(stream: &UnixStream, buf: &mut [u8], deadline: std::time::Instant) ->
     Ok(())
 }
 
-/// The descriptors a request asks for, made now from this engine's own
-/// export of the region (never from anything the opener sent but the
-/// region's id and a range of its handles), and the region's handle count.
-fn descriptors(shared: &Shared, request: Request) -> Result<(Vec<OwnedFd>, u32), String> {
+/// A run of what opens a region's handles, and the region's handle count.
+enum Run {
+    Fds(Vec<OwnedFd>, u32),
+    Fabric(Vec<[u8; crate::gpu::FABRIC_HANDLE_BYTES]>, u32),
+}
+
+/// The descriptors (or fabric handles) a request asks for, made now from
+/// this engine's own export of the region (never from anything the opener
+/// sent but the region's id and a range of its handles), and the region's
+/// handle count.
+fn descriptors(shared: &Shared, request: Request) -> Result<Run, String> {
     let id = RegionId::from_raw(request.region);
     // The lease keeps the region registered while its memory is shared.
     let lease = shared.registry.lease(id).map_err(|_| format!("region {id} is not registered here"))?;
@@ -403,21 +417,28 @@ fn descriptors(shared: &Shared, request: Request) -> Result<(Vec<OwnedFd>, u32),
         }
         let page = device.fences.as_ref().map_err(|why| format!("region {id}: {why}"))?;
         let fd = page.share().map_err(|e| format!("region {id}'s fence table: {e}"))?;
-        return Ok((vec![fd], super::FENCE_TABLE));
+        return Ok(Run::Fds(vec![fd], super::FENCE_TABLE));
     }
     let export = device.export.as_ref().map_err(|why| format!("region {id} was not exported: {why}"))?;
     let handles = export.handles();
     let first = request.first as usize;
-    let count = (request.count as usize).min(MAX_FDS_PER_MESSAGE).min(handles.len().saturating_sub(first));
+    let fabric = handles.first().is_some_and(|h| h.kind == HandleKind::Fabric);
+    let most = if fabric { MAX_FABRIC_PER_MESSAGE } else { MAX_FDS_PER_MESSAGE };
+    let count = (request.count as usize).min(most).min(handles.len().saturating_sub(first));
     if count == 0 {
         return Err(format!("region {id} has {} handles; asked for {} from {first}", handles.len(), request.count));
     }
-    let mut fds = Vec::with_capacity(count);
+    let total = handles.len() as u32;
+    let (mut fds, mut fabrics) = (Vec::new(), Vec::new());
     for (i, handle) in handles[first..first + count].iter().enumerate() {
         let shared = device.gpu.share(handle).map_err(|e| format!("handle {} of region {id}: {e}", first + i))?;
-        fds.push(shared.ok_or_else(|| format!("handle {} of region {id} needs no descriptor", first + i))?);
+        match (shared, fabric) {
+            (Some(Shareable::Fd(fd)), false) => fds.push(fd),
+            (Some(Shareable::Fabric(bytes)), true) => fabrics.push(bytes),
+            _ => return Err(format!("handle {} of region {id} is shared by nothing a peer can open", first + i)),
+        }
     }
-    Ok((fds, handles.len() as u32))
+    Ok(if fabric { Run::Fabric(fabrics, total) } else { Run::Fds(fds, total) })
 }
 
 #[cfg(test)]
