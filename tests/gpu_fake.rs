@@ -471,17 +471,23 @@ impl Drop for Exporter {
 
 /// The exporter: 1 MiB of `cuMemAlloc` memory on `KVRING_EXPORT_GPU`
 /// (or, with `KVRING_EXPORT_MODE=pieces`, two 2 MiB pieces of the virtual
-/// memory API mapped back to back), registered, until its stdin closes.
+/// memory API mapped back to back; with `fabric`, two such pieces made
+/// with FABRIC handles only, on GPU 0, as PyTorch makes them on a host with
+/// IMEX channels), registered, until its stdin closes.
 #[test]
 #[ignore = "the exporter of the cross-process scenarios"]
 fn exporter_child() {
     use std::io::Write;
-    let Some(_fake) = fake() else { return };
+    let Some(fake) = fake() else { return };
     let gpu: u32 = std::env::var("KVRING_EXPORT_GPU").unwrap().parse().unwrap();
     let provider: Arc<dyn Gpu> = Arc::new(CudaGpu::load().unwrap());
     let engine = common::builder("fake-exporter").gpu(provider.clone()).build().unwrap();
     let mut _region = None;
-    if std::env::var("KVRING_EXPORT_MODE").is_ok_and(|m| m == "pieces") {
+    if std::env::var("KVRING_EXPORT_MODE").is_ok_and(|m| m == "fabric") {
+        let at = fabric_run(&fake, 2);
+        // SAFETY: the run lives as long as this process.
+        unsafe { engine.register(at as *mut u8, 2 * FABRIC_BYTES, RegionInfo::raw().on_gpu(0)) }.unwrap();
+    } else if std::env::var("KVRING_EXPORT_MODE").is_ok_and(|m| m == "pieces") {
         let run = provider.alloc_pieces(gpu, 2 << 20, 2).unwrap();
         // SAFETY: the run lives as long as this process.
         unsafe { engine.register(run.0 as *mut u8, 4 << 20, RegionInfo::raw().on_gpu(gpu)) }.unwrap();
@@ -666,34 +672,88 @@ fn memory_exported_only_as_fabric_handles_is_refused_naming_its_handle_types() {
 
 /// Review #16: virtual-memory-API memory made with FABRIC handles only
 /// (PyTorch on a host with IMEX channels) cannot travel as a POSIX
-/// descriptor: the export says so, naming the handle types it has.
+/// descriptor; in a process granted no IMEX channel it cannot travel as a
+/// FABRIC handle either: the export says so, naming the handle type it
+/// has and the missing channel.
 #[test]
 #[ignore = "a child of memory_exported_only_as_fabric_…"]
 fn fabric_child() {
-    use cudarc::driver::sys::{CUmemAllocationProp, CUmemLocation};
-    type Create = unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> u32;
-    type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> u32;
-    type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> u32;
     let Some(fake) = fake() else { return };
     let gpu = CudaGpu::load().unwrap();
     fake.become_application_on(0);
-    let (create, reserve, map): (Create, Reserve, Map) =
-        (fake.function(c"cuMemCreate"), fake.function(c"cuMemAddressReserve"), fake.function(c"cuMemMap"));
-    const SIZE: usize = 2 << 20;
-    // SAFETY: plain data; zero is valid for every field not set below.
-    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
-    prop.type_ = cudarc::driver::sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.requestedHandleTypes = cudarc::driver::sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
-    prop.location = CUmemLocation { type_: cudarc::driver::sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
-    let (mut handle, mut at) = (0u64, 0u64);
-    // SAFETY: the fake's entry points with valid out-pointers and properties.
-    unsafe {
-        assert_eq!(create(&mut handle, SIZE, &prop, 0), 0);
-        assert_eq!(reserve(&mut at, SIZE, 0, 0, 0), 0);
-        assert_eq!(map(at, SIZE, 0, handle, 0), 0);
-    }
+    let at = fabric_run(&fake, 1);
     let error = gpu.export(at, 4096).unwrap_err().to_string();
-    assert!(error.contains("allows only FABRIC handles") && error.contains("POSIX_FILE_DESCRIPTOR"), "{error}");
+    assert!(error.contains("FABRIC handle") && error.contains("POSIX_FILE_DESCRIPTOR"), "{error}");
+    assert!(error.contains("CUDA_ERROR_NOT_PERMITTED") && error.contains("no IMEX channel"), "{error}");
+}
+
+#[test]
+fn fabric_only_memory_of_a_peer_moves_both_ways_over_cuda_ipc_on_its_imex_channel() {
+    scenario("fabric_opener_child", &[("FAKECUDA_IMEX_CHANNEL", "3")]);
+}
+
+/// Review #16: a peer's KV cache in FABRIC-only memory (two pieces, one
+/// region) on this process's IMEX channel: its `CUmemFabricHandle`s come
+/// over the peer's proven socket (no descriptor, none in the descriptor),
+/// and 16 blocks go into it and come back out over cuda_ipc, each block
+/// checked on both sides.
+#[test]
+#[ignore = "a child of fabric_only_memory_of_a_peer_moves_…"]
+fn fabric_opener_child() {
+    const BLOCK: u64 = 256 << 10;
+    let Some(_fake) = fake() else { return };
+    let exporter = Exporter::start_as("fabric", 0, &[("FAKECUDA_IMEX_CHANNEL", "3")]);
+    let engine = common::engine("fake-fabric-opener");
+    let len = 2 * FABRIC_BYTES;
+    let local = engine.alloc_region(len, RegionInfo::raw().on_gpu(0)).unwrap();
+    let back = engine.alloc_region(len, RegionInfo::raw().on_gpu(0)).unwrap();
+    // SAFETY: nothing else touches the region.
+    unsafe { local.fill_pattern(61) };
+    let segment = engine.open_segment_with(&exporter.addr, None, common::WAIT).unwrap();
+    assert_eq!(segment.transport(), kvring::TransportKind::CudaIpc);
+    let remote = segment.regions()[0].id;
+    let blocks = len as u64 / BLOCK;
+    // Blocks in reverse order, so that none merges with the next.
+    let descs: Vec<_> = (0..blocks).rev().map(|b| BlockDesc::new(local.id(), b * BLOCK, remote, b * BLOCK, BLOCK)).collect();
+    let mut sub = engine.submitter().unwrap();
+    let outcome = common::run(&mut sub, &Batch::write(&segment).descs(&descs));
+    assert!(outcome.is_done(), "{outcome:?}");
+    for b in 0..blocks {
+        let sum = segment.remote_checksum(remote, b * BLOCK, BLOCK, common::WAIT).unwrap();
+        let ours = common::read(&local, b * BLOCK, BLOCK as usize);
+        assert_eq!(sum, kvring::testing::checksum(&ours), "block {b} in the peer's FABRIC memory");
+    }
+    let descs: Vec<_> = (0..blocks).rev().map(|b| BlockDesc::new(back.id(), b * BLOCK, remote, b * BLOCK, BLOCK)).collect();
+    let outcome = common::run(&mut sub, &Batch::read(&segment).descs(&descs));
+    assert!(outcome.is_done(), "{outcome:?}");
+    for b in 0..blocks {
+        let (at, n) = (b * BLOCK, BLOCK as usize);
+        assert!(common::read(&back, at, n) == common::read(&local, at, n), "block {b} read back from the peer");
+    }
+    engine.close_segment(&segment);
+}
+
+#[test]
+fn a_peer_off_the_exporters_imex_channel_is_refused_with_a_typed_error_naming_it() {
+    scenario("fabric_stranger_child", &[("FAKECUDA_IMEX_CHANNEL", "4")]);
+    scenario("fabric_stranger_child", &[]);
+}
+
+/// Review #16: the exporter's FABRIC handles reach this process, but it is
+/// not on the exporter's IMEX channel (another one, or none): the driver
+/// refuses the import (`NOT_PERMITTED`), and the open fails at once with
+/// `Error::Unauthorized` saying why, not a hang, a panic or a device error.
+#[test]
+#[ignore = "a child of a_peer_off_the_exporters_imex_channel_…"]
+fn fabric_stranger_child() {
+    let Some(_fake) = fake() else { return };
+    let exporter = Exporter::start_as("fabric", 0, &[("FAKECUDA_IMEX_CHANNEL", "3")]);
+    let engine = common::engine("fake-fabric-stranger");
+    let error = engine.open_segment_with(&exporter.addr, None, common::WAIT).unwrap_err();
+    let text = error.to_string();
+    assert!(matches!(error, kvring::Error::Unauthorized { .. }), "{error:?}");
+    assert!(text.contains("CUDA_ERROR_NOT_PERMITTED") && text.contains("IMEX channel"), "{text}");
+    assert!(text.contains("region") && text.contains("fake-exporter"), "names what was opened: {text}");
 }
 
 #[test]
@@ -802,6 +862,44 @@ fn map_for_gpu_0(fake: &Fake, handle: u64, size: usize) -> u64 {
         assert_eq!(reserve(&mut at, size, 0, 0, 0), 0);
         assert_eq!(map(at, size, 0, handle, 0), 0);
         assert_eq!(access(at, size, &desc, 1), 0);
+    }
+    at
+}
+
+/// `pieces` allocations of [`FABRIC_BYTES`] on GPU 0 made with FABRIC
+/// handles only, mapped back to back in one reservation and granted to
+/// GPU 0, as an application (PyTorch's expandable segments on a host with
+/// IMEX channels) makes them: the run's address.
+fn fabric_run(fake: &Fake, pieces: usize) -> u64 {
+    use cudarc::driver::sys::{CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationProp, CUmemLocation, CUmemLocationType};
+    type Create = unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> u32;
+    type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> u32;
+    type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> u32;
+    type SetAccess = unsafe extern "C" fn(u64, usize, *const CUmemAccessDesc, usize) -> u32;
+    fake.become_application_on(0);
+    let create: Create = fake.function(c"cuMemCreate");
+    let (reserve, map, access): (Reserve, Map, SetAccess) =
+        (fake.function(c"cuMemAddressReserve"), fake.function(c"cuMemMap"), fake.function(c"cuMemSetAccess"));
+    // SAFETY: plain data; zero is valid for every field not set below.
+    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = cudarc::driver::sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = cudarc::driver::sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
+    prop.location = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
+    let desc = CUmemAccessDesc {
+        location: CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+        flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    let mut at = 0u64;
+    // SAFETY: the fake's entry points with valid out-pointers, properties
+    // and one access descriptor.
+    unsafe {
+        assert_eq!(reserve(&mut at, pieces * FABRIC_BYTES, 0, 0, 0), 0);
+        for i in 0..pieces {
+            let mut handle = 0u64;
+            assert_eq!(create(&mut handle, FABRIC_BYTES, &prop, 0), 0);
+            assert_eq!(map(at + (i * FABRIC_BYTES) as u64, FABRIC_BYTES, 0, handle, 0), 0);
+        }
+        assert_eq!(access(at, pieces * FABRIC_BYTES, &desc, 1), 0);
     }
     at
 }

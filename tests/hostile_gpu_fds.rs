@@ -348,7 +348,7 @@ fn an_older_request_version_is_refused_by_name() {
     assert!(answer.len() > 16, "a refusal with its reason, got {answer:?}");
     assert_eq!(&answer[..8], b"KVF4\x01\0\0\0", "a refusal");
     let reason = String::from_utf8_lossy(&answer[16..]);
-    assert!(reason.contains("KVF3") && reason.contains("KVF6"), "the reason names both versions: {reason}");
+    assert!(reason.contains("KVF3") && reason.contains("KVF7"), "the reason names both versions: {reason}");
 }
 
 /// A peer advertising more GPU regions than the initiator takes from one

@@ -449,7 +449,7 @@ fn rdma_requests_never_truncate_a_length_to_32_bits() {
     }
 }
 
-/// The GPU descriptor server (`gpu_fds`, request "KVF6"): requests naming
+/// The GPU descriptor server (`gpu_fds`, request "KVF7"): requests naming
 /// truncated or edge ids, or a first handle past 32 bits' worth, are
 /// refused with a reason ("KVF4" answer, kind 1), never answered with a
 /// descriptor; the real id is answered.
@@ -472,7 +472,7 @@ fn gpu_fds_requests_naming_truncated_or_edge_ids_are_refused() {
     s.read_exact(&mut challenge).unwrap();
     assert_eq!(&challenge[..4], b"KVF2");
     let mut ask = |region: u64, first: u32| -> (u32, Vec<u8>) {
-        let mut request = b"KVF6".to_vec();
+        let mut request = b"KVF7".to_vec();
         request.extend_from_slice(&region.to_le_bytes());
         request.extend_from_slice(&first.to_le_bytes());
         request.extend_from_slice(&1u32.to_le_bytes());

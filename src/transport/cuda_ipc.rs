@@ -274,6 +274,11 @@ fn opening(peer: &str, region: RegionId, error: Error) -> Error {
         // The peer's descriptor socket stalled past the open's deadline:
         // the caller's typed `Timeout`, not a device error to read.
         Error::Timeout { .. } => error,
+        // The driver refused this process the peer's memory (a FABRIC
+        // handle off the exporter's IMEX channel): typed as such.
+        Error::Unauthorized { reason } => {
+            Error::Unauthorized { reason: format!("opening region {region} of {peer}: {reason}") }
+        }
         error => Error::Gpu {
             device: "cuda_ipc".into(),
             reason: format!("opening region {region} of {peer} (has it exited, restarted or freed it?): {error}"),

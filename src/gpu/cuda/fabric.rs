@@ -41,8 +41,9 @@ pub(super) fn export_fabric(at: u64) -> Result<[u8; FABRIC_HANDLE_BYTES]> {
     unsafe { sys::cuMemRelease(handle) };
     if exported == sys::CUresult::CUDA_ERROR_NOT_PERMITTED {
         return Err(cuda_error(format!(
-            "exporting device memory at {at:#x} as a FABRIC handle was refused (CUDA_ERROR_NOT_PERMITTED): this \
-             process is granted no IMEX channel ({}); FABRIC handles need one",
+            "exporting device memory at {at:#x} as a FABRIC handle (its allocation does not allow \
+             POSIX_FILE_DESCRIPTOR handles) was refused (CUDA_ERROR_NOT_PERMITTED): this process is granted no IMEX \
+             channel ({}); FABRIC handles need one",
             channels_here()
         )));
     }
