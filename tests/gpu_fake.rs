@@ -714,7 +714,8 @@ fn fabric_opener_child() {
     let remote = segment.regions()[0].id;
     let blocks = len as u64 / BLOCK;
     // Blocks in reverse order, so that none merges with the next.
-    let descs: Vec<_> = (0..blocks).rev().map(|b| BlockDesc::new(local.id(), b * BLOCK, remote, b * BLOCK, BLOCK)).collect();
+    let descs: Vec<_> =
+        (0..blocks).rev().map(|b| BlockDesc::new(local.id(), b * BLOCK, remote, b * BLOCK, BLOCK)).collect();
     let mut sub = engine.submitter().unwrap();
     let outcome = common::run(&mut sub, &Batch::write(&segment).descs(&descs));
     assert!(outcome.is_done(), "{outcome:?}");
@@ -723,7 +724,8 @@ fn fabric_opener_child() {
         let ours = common::read(&local, b * BLOCK, BLOCK as usize);
         assert_eq!(sum, kvring::testing::checksum(&ours), "block {b} in the peer's FABRIC memory");
     }
-    let descs: Vec<_> = (0..blocks).rev().map(|b| BlockDesc::new(back.id(), b * BLOCK, remote, b * BLOCK, BLOCK)).collect();
+    let descs: Vec<_> =
+        (0..blocks).rev().map(|b| BlockDesc::new(back.id(), b * BLOCK, remote, b * BLOCK, BLOCK)).collect();
     let outcome = common::run(&mut sub, &Batch::read(&segment).descs(&descs));
     assert!(outcome.is_done(), "{outcome:?}");
     for b in 0..blocks {
@@ -871,7 +873,9 @@ fn map_for_gpu_0(fake: &Fake, handle: u64, size: usize) -> u64 {
 /// GPU 0, as an application (PyTorch's expandable segments on a host with
 /// IMEX channels) makes them: the run's address.
 fn fabric_run(fake: &Fake, pieces: usize) -> u64 {
-    use cudarc::driver::sys::{CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationProp, CUmemLocation, CUmemLocationType};
+    use cudarc::driver::sys::{
+        CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationProp, CUmemLocation, CUmemLocationType,
+    };
     type Create = unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> u32;
     type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> u32;
     type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> u32;

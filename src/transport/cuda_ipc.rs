@@ -118,7 +118,12 @@ impl PeerDevice {
                     // One kind for the whole export (`check_handles`, in open).
                     let kind = handles.first().map_or(HandleKind::FileDescriptor, |h| h.kind);
                     let mut fds = |index: usize| -> Result<Shareable> {
-                        connected(&mut client, descriptor, session, deadline)?.handle(region.id, kind, handles.len(), index)
+                        connected(&mut client, descriptor, session, deadline)?.handle(
+                            region.id,
+                            kind,
+                            handles.len(),
+                            index,
+                        )
                     };
                     let ptr = peer.gpu.open(handles, &mut fds).map_err(|e| opening(&descriptor.name, region.id, e))?;
                     // Recorded at once, so that dropping `peer` closes it

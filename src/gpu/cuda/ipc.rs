@@ -12,9 +12,9 @@
 //! to back, granting its devices access, which is how PyTorch shares
 //! expandable segments.
 
+use super::fabric;
 use super::{check, cuda_error, CudaGpu, State};
 use crate::error::Result;
-use super::fabric;
 use crate::gpu::{fd, DevicePtr, Export, FdSource, HandleKind, IpcHandle, Memory, Shareable};
 use cudarc::driver::sys;
 use std::ffi::{c_char, c_int, c_uint, c_void};

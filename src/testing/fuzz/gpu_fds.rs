@@ -7,10 +7,10 @@
 use crate::auth::{Authenticator, Token};
 use crate::gpu::fd::recv_with_fds;
 use crate::gpu::{Gpu, HandleKind, SimGpu};
-use crate::transport::gpu_fds::client::GpuFdClient;
 use crate::mem::device::DeviceBacking;
 use crate::mem::registry::Backing;
 use crate::mem::{RegionInfo, Registry};
+use crate::transport::gpu_fds::client::GpuFdClient;
 use crate::transport::gpu_fds::{self, server, Answer, Challenge, Hello, Request};
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -129,15 +129,18 @@ mod tests {
         use crate::transport::gpu_fds::{Answer, MAX_FABRIC_PER_MESSAGE};
         use std::io::Write;
         let region = crate::region_id::RegionId::new(0, 1);
-        let take = |answer: Answer, payload: usize, kind: HandleKind, handles: usize| {
+        let take_raw = |bytes: Vec<u8>, kind: HandleKind, handles: usize| {
             let (ours, theirs) = UnixStream::pair().unwrap();
-            let mut bytes = answer.encode().to_vec();
-            bytes.extend((0..payload).map(|i| i as u8));
             (&theirs).write_all(&bytes).unwrap();
             theirs.shutdown(std::net::Shutdown::Write).unwrap();
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
             let mut client = GpuFdClient::over(ours, deadline);
             (0..handles).map(|i| client.handle(region, kind, handles, i)).collect::<Vec<_>>()
+        };
+        let take = |answer: Answer, payload: usize, kind: HandleKind, handles: usize| {
+            let mut bytes = answer.encode().to_vec();
+            bytes.extend((0..payload).map(|i| i as u8));
+            take_raw(bytes, kind, handles)
         };
         let fabric = HandleKind::Fabric;
         let taken = take(Answer::Fabric { count: 2, handles: 2 }, 2 * FABRIC_HANDLE_BYTES, fabric, 2);
@@ -150,6 +153,13 @@ mod tests {
         // More than asked (the run ends at the region's 2 handles).
         let more = error(Answer::Fabric { count: 3, handles: 2 }, 3 * FABRIC_HANDLE_BYTES, fabric, 2);
         assert!(more.contains("3 handles (said 3) of 2 handles, for 2 of 2"), "{more}");
+        // ...after which the connection is shut: a well-formed answer left
+        // behind it is never taken as the next one's.
+        let mut bytes = Answer::Fabric { count: 3, handles: 2 }.encode().to_vec();
+        bytes.extend_from_slice(&Answer::Fabric { count: 1, handles: 2 }.encode());
+        bytes.extend_from_slice(&[7u8; FABRIC_HANDLE_BYTES]);
+        let after = take_raw(bytes, fabric, 2);
+        assert!(after.iter().all(Result::is_err), "{after:?}");
         // The region's handle count misstated.
         let count = error(Answer::Fabric { count: 1, handles: 9 }, FABRIC_HANDLE_BYTES, fabric, 2);
         assert!(count.contains("of 9 handles"), "{count}");

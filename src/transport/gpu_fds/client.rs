@@ -94,7 +94,13 @@ impl GpuFdClient {
     /// What opens handle `index` of region `region` (of `handles`, all of
     /// `kind`): its descriptor or fabric handle, fetched with the next ones
     /// of the region unless already here.
-    pub(crate) fn handle(&mut self, region: RegionId, kind: HandleKind, handles: usize, index: usize) -> Result<Shareable> {
+    pub(crate) fn handle(
+        &mut self,
+        region: RegionId,
+        kind: HandleKind,
+        handles: usize,
+        index: usize,
+    ) -> Result<Shareable> {
         if self.region != Some(region) || self.next != index || self.fetched.is_empty() {
             self.fetched.clear(); // closes any left over
             self.fetch(region, kind, handles, index)?;
@@ -113,7 +119,7 @@ impl GpuFdClient {
         if answer == (Answer::Descriptors { count: 1, handles: super::FENCE_TABLE }) && fds.len() == 1 {
             return Ok(fds.pop().expect("one descriptor"));
         }
-        Err(malformed(format!("{} descriptors ({answer:?}) for {what}", fds.len())))
+        Err(self.out_of_step(format!("{} descriptors ({answer:?}) for {what}", fds.len())))
     }
 
     /// Asks for handles `index..` of `region` and takes the answer's run,
@@ -130,12 +136,12 @@ impl GpuFdClient {
             Answer::Fabric { count, handles } if kind == HandleKind::Fabric && fds.is_empty() => (count, handles, true),
             other => {
                 let said = format!("{other:?} with {} descriptors", fds.len());
-                return Err(malformed(format!("{said}, for {kind:?} handles of {what}")));
+                return Err(self.out_of_step(format!("{said}, for {kind:?} handles of {what}")));
             }
         };
         let got = if fabric { count as usize } else { fds.len() };
         if theirs as usize != handles || count as usize != got || got == 0 || got > want {
-            return Err(malformed(format!(
+            return Err(self.out_of_step(format!(
                 "{got} handles (said {count}) of {theirs} handles, for {want} of {handles} of {what}"
             )));
         }
@@ -162,7 +168,7 @@ impl GpuFdClient {
         let mut answer = [0u8; ANSWER_BYTES];
         self.set_timeouts()?;
         let fds = recv_with_fds(&self.stream, &mut answer, max_fds).map_err(|e| self.io_error(e))?;
-        match Answer::decode(&answer).map_err(malformed)? {
+        match Answer::decode(&answer).map_err(|reason| self.out_of_step(reason))? {
             Answer::Refused { len } => {
                 let mut reason = vec![0u8; len as usize];
                 self.read(&mut reason)?;
@@ -173,6 +179,13 @@ impl GpuFdClient {
             }
             answer => Ok((answer, fds)),
         }
+    }
+
+    /// An answer that breaks the protocol: the connection is shut, so that
+    /// whatever of it is left unread is never taken as a later answer.
+    fn out_of_step(&self, reason: String) -> Error {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        malformed(reason)
     }
 
     fn set_timeouts(&self) -> Result<()> {

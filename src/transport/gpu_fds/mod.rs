@@ -202,9 +202,9 @@ impl Answer {
             [2, count, handles] if (1..=MAX_FABRIC_PER_MESSAGE).contains(&(count as usize)) => {
                 Ok(Answer::Fabric { count, handles })
             }
-            [2, count, _] => Err(format!(
-                "an answer of {count} FABRIC handles (1 to {MAX_FABRIC_PER_MESSAGE} travel in one)"
-            )),
+            [2, count, _] => {
+                Err(format!("an answer of {count} FABRIC handles (1 to {MAX_FABRIC_PER_MESSAGE} travel in one)"))
+            }
             other => Err(format!("a malformed answer {other:?}")),
         }
     }

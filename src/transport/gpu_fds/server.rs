@@ -2,11 +2,11 @@
 //! one accepting thread, a bounded number of connection threads, each
 //! connection proven before anything is passed.
 
-use super::{old_request_version, Answer, Challenge, Hello, Request, HELLO_BYTES, MAX_REFUSAL_BYTES, REQUEST_BYTES};
 use super::MAX_FABRIC_PER_MESSAGE;
-use crate::gpu::{HandleKind, Shareable};
+use super::{old_request_version, Answer, Challenge, Hello, Request, HELLO_BYTES, MAX_REFUSAL_BYTES, REQUEST_BYTES};
 use crate::auth::{random_bytes, Authenticator, MAC_BYTES};
 use crate::gpu::fd::{peer_cred, send_with_fds, MAX_FDS_PER_MESSAGE};
+use crate::gpu::{HandleKind, Shareable};
 use crate::mem::{Access, Registry};
 use crate::region_id::RegionId;
 use crate::seal::{check_gpu_fds_proof, gpu_fds_proof, End};
