@@ -248,13 +248,22 @@ pub fn check_handles(handles: &[IpcHandle], need: u64) -> std::result::Result<u6
 pub const FABRIC_HANDLE_BYTES: usize = 64;
 
 /// What a peer needs to open one handle of an export, made by its exporter
-/// ([`Gpu::share`]) and passed over the exporter's socket.
-#[derive(Debug)]
+/// ([`Gpu::share`]) and passed over the exporter's socket. Its `Debug`
+/// never shows a fabric handle's bytes: they are a capability.
 pub enum Shareable {
     /// A descriptor of the allocation ([`HandleKind::FileDescriptor`]).
     Fd(OwnedFd),
     /// The allocation's `CUmemFabricHandle` ([`HandleKind::Fabric`]).
     Fabric([u8; FABRIC_HANDLE_BYTES]),
+}
+
+impl std::fmt::Debug for Shareable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Shareable::Fd(fd) => f.debug_tuple("Fd").field(fd).finish(),
+            Shareable::Fabric(_) => f.write_str("Fabric(..)"),
+        }
+    }
 }
 
 impl Shareable {

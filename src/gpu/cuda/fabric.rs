@@ -70,7 +70,7 @@ pub(super) fn import_fabric(bytes: &[u8; FABRIC_HANDLE_BYTES]) -> Result<sys::CU
         return Err(Error::Unauthorized {
             reason: format!(
                 "the driver refused the peer's FABRIC handle (CUDA_ERROR_NOT_PERMITTED): this process is not granted \
-                 the exporter's IMEX channel (IMEX channels usable here: {}); run both processes on the same IMEX \
+                 the exporter's IMEX channel (IMEX channel devices here: {}); run both processes on the same IMEX \
                  channel (NVIDIA_IMEX_CHANNELS, or the same /dev/nvidia-caps-imex-channels/channelN device), or have \
                  the exporter allocate with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR among its requestedHandleTypes",
                 channels_here()
@@ -81,20 +81,18 @@ pub(super) fn import_fabric(bytes: &[u8; FABRIC_HANDLE_BYTES]) -> Result<sys::CU
     Ok(imported)
 }
 
-/// The IMEX channel devices this process can open, by name, or why none.
+/// The IMEX channel devices present here (a container is given only the
+/// channels it was granted), by name, or why none: listed, never opened.
 fn channels_here() -> String {
     let Ok(entries) = std::fs::read_dir(IMEX_CHANNELS) else {
         return format!("none: no {IMEX_CHANNELS}");
     };
-    let mut usable: Vec<String> = entries
-        .filter_map(|entry| entry.ok())
-        .filter(|entry| std::fs::File::open(entry.path()).is_ok())
-        .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .collect();
-    usable.sort();
-    match usable.is_empty() {
-        true => format!("none of {IMEX_CHANNELS} opens"),
-        false => usable.join(", "),
+    let mut present: Vec<String> =
+        entries.filter_map(|entry| entry.ok()).map(|entry| entry.file_name().to_string_lossy().into_owned()).collect();
+    present.sort();
+    match present.is_empty() {
+        true => format!("none in {IMEX_CHANNELS}"),
+        false => format!("{} in {IMEX_CHANNELS}", present.join(", ")),
     }
 }
 
