@@ -17,7 +17,9 @@ pub fn sock_diag_reply(data: &[u8]) {
     let ip_len = if kind & 1 == 1 { 16 } else { 4 };
     let Some((local, rest)) = address(rest, ip_len) else { return };
     let Some((remote, reply)) = address(rest, ip_len) else { return };
-    let Some(inode) = crate::transport::cma::sockdiag_inode_from_reply(reply, local, remote) else { return };
+    let Some((inode, _cookie)) = crate::transport::cma::sockdiag_identity_from_reply(reply, local, remote) else {
+        return;
+    };
     assert_ne!(inode, 0);
     let len = u32::from_ne_bytes(reply[0..4].try_into().unwrap()) as usize;
     assert!(len <= reply.len() && len >= 16 + 72, "an inode from a message of {len} bytes of {}", reply.len());
