@@ -282,7 +282,7 @@ fn past(deadline: Instant, pid: u32) -> Result<()> {
         return Ok(());
     }
     tracing::warn!(pid, "the same-host owner check ran past the handshake's deadline listing /proc/{pid}/fd");
-    Err(Error::Timeout { waited: now.saturating_duration_since(deadline) })
+    Err(Error::Timeout { what: "the same-host owner check", waited: now.saturating_duration_since(deadline) })
 }
 
 /// The inode of this namespace's TCP socket bound to `local` and connected

@@ -323,7 +323,10 @@ impl TargetConn {
     /// saying so (sent by the driver's last write before it closes).
     pub(crate) fn too_late(&mut self, epoch: u64) {
         if matches!(self.phase, Phase::Hello | Phase::Proof { .. }) {
-            self.refuse(&Error::Timeout { waited: self.admission_timeout }, epoch);
+            self.refuse(
+                &Error::Timeout { what: "the data hello and its proof", waited: self.admission_timeout },
+                epoch,
+            );
         }
     }
 
