@@ -270,6 +270,20 @@ impl TargetConn {
         self.phase != Phase::Closing && self.replies.len() < MAX_QUEUED_REPLIES && !self.stalled
     }
 
+    /// True while serving and between frames with nothing in hand: no
+    /// frame begun, no byte buffered, no reply queued, no staging page or
+    /// copy held. Only such a connection may be evicted for a newcomer.
+    pub(crate) fn quiet(&self) -> bool {
+        self.phase == Phase::Serving
+            && matches!(self.receiving, Receiving::Header)
+            && self.frame_started.is_none()
+            && self.start == self.end
+            && self.replies.is_empty()
+            && !self.stalled
+            && self.staged_front_since.is_none()
+            && self.groups.is_empty()
+    }
+
     /// True once closing and everything queued is sent.
     pub(crate) fn finished(&self) -> bool {
         self.phase == Phase::Closing && self.replies.is_empty()
