@@ -505,6 +505,60 @@ mod tests {
         assert_eq!(book.len(), 6);
     }
 
+    /// Connections whose lane keeps their idleness in a cell (the data
+    /// port): evicted like the others once idle, never while busy, and one
+    /// whose place was taken learns it when its next bytes come.
+    #[test]
+    fn watched_connections_are_evicted_only_while_their_cell_says_idle() {
+        let mut book = Admission::new(wide());
+        let t0 = Instant::now();
+        let mut cells = Vec::new();
+        for key in 0..6 {
+            assert_eq!(book.arrive(key, A, t0), Arrival::Accept);
+            assert_eq!(book.admit(key), Ok(()));
+            cells.push(book.watch(key).expect("in the book"));
+        }
+        assert!(book.watch(99).is_none(), "not in the book");
+        // Every cell starts busy: nothing to evict.
+        assert_eq!(book.arrive(10, B, t0), Arrival::Refuse("connection table"));
+        // Idle at different times; key 4 longest.
+        for (key, after) in [(2, 3), (4, 1), (5, 2)] {
+            assert!(cells[key].idle(t0 + Duration::from_secs(after)));
+        }
+        assert_eq!(book.arrive(10, B, t0), Arrival::AcceptEvicting(4));
+        assert_eq!(book.admit(10), Ok(()));
+        assert!(!cells[4].busy(), "its next bytes find it evicted");
+        assert!(!cells[4].idle(t0), "and it cannot come back idle");
+        // Key 5 (idle since 2 s) went busy again: key 2 goes next.
+        assert!(cells[5].busy());
+        assert_eq!(book.arrive(11, B, t0), Arrival::AcceptEvicting(2));
+        assert_eq!(book.admit(11), Ok(()));
+        // A's other connections are busy: B, below its share (6 / 2 = 3),
+        // is refused rather than take a busy place.
+        assert_eq!(book.arrive(12, B, t0), Arrival::Refuse("connection table"));
+        assert!(cells[0].busy() && cells[5].busy(), "never taken");
+        assert_eq!(book.len(), 6);
+    }
+
+    /// The book takes a place only by swapping the very tick it saw: a
+    /// connection that went busy, even idle again since, is not taken.
+    #[test]
+    fn a_claim_loses_to_a_connection_that_went_busy_since_it_was_seen() {
+        let cell = IdleCell::default();
+        let t0 = Instant::now();
+        assert_eq!(cell.idle_since(), None, "busy at first");
+        assert!(cell.idle(t0));
+        let seen = cell.idle_since().expect("idle");
+        assert!(cell.busy());
+        assert!(!cell.claim(seen), "busy since it was seen");
+        assert!(cell.idle(t0 + Duration::from_secs(1)));
+        assert!(!cell.claim(seen), "idle again, but not since the tick seen");
+        let now = cell.idle_since().unwrap();
+        assert!(now > seen);
+        assert!(cell.claim(now));
+        assert!(!cell.busy() && !cell.idle(t0) && cell.idle_since().is_none());
+    }
+
     #[test]
     fn a_busy_connection_is_never_evicted() {
         let mut book = Admission::new(wide());
