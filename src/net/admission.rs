@@ -29,7 +29,7 @@ use std::cmp::Reverse;
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -114,8 +114,15 @@ struct Entry {
 /// bytes is never evicted, and one that was evicted serves nothing more.
 /// A single word's compare-and-swaps order the two sides; nothing else is
 /// published through it, so `AcqRel` is more than enough.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct IdleCell(AtomicU64);
+
+impl Default for IdleCell {
+    /// Busy: a connection is not evictable until its lane says so.
+    fn default() -> Self {
+        Self(AtomicU64::new(Self::BUSY))
+    }
+}
 
 impl IdleCell {
     const BUSY: u64 = 0;
