@@ -25,11 +25,11 @@
 //! refused (`Busy`, which the initiator may retry).
 
 use crate::log::ratelimit::{log_limited, RateLimit};
+use crate::sync::{AtomicU64, Ordering};
 use std::cmp::Reverse;
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::net::IpAddr;
-use crate::sync::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
