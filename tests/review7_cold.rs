@@ -150,6 +150,47 @@ fn refused_as_another_host(initiator: &Engine, addr: &str, transport: TransportK
     );
 }
 
+/// The opener of [`a_same_host_peer_is_proven_where_pidfd_getfd_is_refused`],
+/// in a process of its own where `pidfd_getfd` is refused (as a container's
+/// default seccomp profile refuses it): opens the `kvring serve` engines at
+/// `PIDFD_REFUSED_SHM` and `PIDFD_REFUSED_CMA` over shm and cma, each
+/// proven by its socket's inode link, and writes a block into each.
+#[test]
+#[ignore = "the child of a_same_host_peer_is_proven_where_pidfd_getfd_is_refused"]
+fn pidfd_refused_child() {
+    common::refuse_pidfd_getfd();
+    let initiator = common::engine("pidfd-refused");
+    let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    for (var, transport) in [("PIDFD_REFUSED_SHM", TransportKind::Shm), ("PIDFD_REFUSED_CMA", TransportKind::Cma)] {
+        let addr = std::env::var(var).expect("run by its parent test");
+        let segment = initiator.open_segment_with(&addr, Some(transport), WAIT).unwrap();
+        assert_eq!(segment.transport(), transport);
+        let desc = BlockDesc::new(local.id(), 0, segment.region(0).unwrap(), 0, 4096);
+        let id = sub.submit(&Batch::write(&segment).descs(&[desc])).unwrap();
+        assert!(matches!(sub.wait(id, WAIT).unwrap(), Outcome::Done { .. }), "{transport:?}");
+    }
+}
+
+/// A same-host peer stays proven (shm and cma kept) where this process may
+/// not take its socket (`pidfd_getfd` refused by seccomp, as in Docker's and
+/// Kubernetes' default profiles without CAP_SYS_PTRACE): the kernel's link
+/// of the socket's inode proves it then, as before the cookie check; a
+/// check that failed closed sent every containerised engine over tcp.
+#[test]
+fn a_same_host_peer_is_proven_where_pidfd_getfd_is_refused() {
+    let (_shm, shm_addr, _) = common::child::third_engine(&[]);
+    let (_cma, cma_addr, _) = common::child::third_engine(&["--caller-memory"]);
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "pidfd_refused_child", "--nocapture", "--test-threads=1"])
+        .env("PIDFD_REFUSED_SHM", &shm_addr)
+        .env("PIDFD_REFUSED_CMA", &cma_addr)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "{text}");
+}
+
 #[test]
 fn a_liar_naming_another_engines_pid_with_each_of_its_fds_as_the_hint_is_refused() {
     let initiator = common::engine("initiator");

@@ -140,12 +140,20 @@ fn held_by(
 
 fn held_by_far(pid: u32, far: Far, hint: Option<u32>, deadline: Instant, max_listed: usize) -> Result<bool> {
     // Opened before anything of the pid is read, so every entry taken is
-    // that process's, whatever comes to reuse its number.
-    let Ok(process) = crate::gpu::fd::pidfd_open(pid) else { return Ok(false) };
+    // that process's, whatever comes to reuse its number. A kernel without
+    // pidfds (before 5.3) leaves the link as the only proof, as below.
+    let process = crate::gpu::fd::pidfd_open(pid).ok();
     let want = format!("socket:[{}]", far.inode);
     let holds = |fd: u32| {
         std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|link| link.as_os_str() == want.as_str())
-            && is_the_socket(&process, pid, fd, &far)
+            && match process.as_ref().map_or(Taken::Refused, |process| is_the_socket(process, fd, &far)) {
+                Taken::Same => true,
+                Taken::Other => false,
+                Taken::Refused => {
+                    link_only_proof(pid);
+                    true
+                }
+            }
     };
     if hint.is_some_and(holds) {
         return Ok(true);
@@ -178,24 +186,30 @@ fn held_by_far(pid: u32, far: Far, hint: Option<u32>, deadline: Instant, max_lis
     Ok(false)
 }
 
-/// True when descriptor `fd` of `process` (pid `pid`) is the socket `far`:
-/// the same cookie where one is known, and always a TCP socket bound to
-/// `far.local` and connected to `far.remote`, which in one network
-/// namespace no two live sockets are. Called only for an entry whose link
-/// already names `far.inode`, so the descriptor taken is a socket.
-fn is_the_socket(process: &OwnedFd, pid: u32, fd: u32, far: &Far) -> bool {
+/// What taking a candidate descriptor out of the claimed process showed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Taken {
+    /// The answering socket itself (cookie and addresses).
+    Same,
+    /// Another socket that only shares the inode number.
+    Other,
+    /// It could not be taken: a sandbox's seccomp (Docker's and
+    /// Kubernetes' default profiles allow `pidfd_getfd` only with
+    /// `CAP_SYS_PTRACE`), Yama's ptrace scope, or a kernel before 5.6.
+    Refused,
+}
+
+/// Whether descriptor `fd` of `process` is the socket `far`: the same
+/// cookie where one is known, and always a TCP socket bound to `far.local`
+/// and connected to `far.remote`, which in one network namespace no two
+/// live sockets are. Called only for an entry whose link already names
+/// `far.inode`, so the descriptor taken is a socket.
+fn is_the_socket(process: &OwnedFd, fd: u32, far: &Far) -> Taken {
     // SAFETY: pidfd_getfd(2) takes a pidfd, a descriptor number and flags
     // (0) and returns a new descriptor or -1; no memory is passed.
     let taken = unsafe { libc::syscall(libc::SYS_pidfd_getfd, process.as_raw_fd(), fd as libc::c_int, 0) };
     if taken < 0 {
-        let error = std::io::Error::last_os_error();
-        tracing::warn!(
-            pid,
-            fd,
-            %error,
-            "could not take the claimed pid's socket to compare it with the handshake's (pidfd_getfd): its pid is not proven"
-        );
-        return false;
+        return Taken::Refused;
     }
     // SAFETY: a fresh descriptor nothing else in this process owns; it is
     // closed when this function returns.
@@ -204,9 +218,27 @@ fn is_the_socket(process: &OwnedFd, pid: u32, fd: u32, far: &Far) -> bool {
     let tcp = int_option(socket.as_fd(), libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP);
     let (local, remote) = match (address_of(socket.as_fd(), false), address_of(socket.as_fd(), true)) {
         (Some(local), Some(remote)) => (unmapped(local), unmapped(remote)),
-        _ => return false,
+        _ => return Taken::Other,
     };
-    same_cookie && tcp && local == unmapped(far.local) && remote == unmapped(far.remote)
+    match same_cookie && tcp && local == unmapped(far.local) && remote == unmapped(far.remote) {
+        true => Taken::Same,
+        false => Taken::Other,
+    }
+}
+
+/// The claimed pid's socket could not be taken, so the kernel's link (the
+/// inode number) is the proof, as it was before the cookie: shm and cma
+/// keep working in a container whose seccomp refuses `pidfd_getfd`. Said
+/// once per process, since it weakens the check (docs/SECURITY.md).
+fn link_only_proof(pid: u32) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        tracing::warn!(
+            pid,
+            "cannot take a peer's socket to compare its cookie (pidfd_getfd refused: seccomp, Yama or an old kernel): \
+             same-host peers are proven by their socket's 32-bit inode number only"
+        );
+    });
 }
 
 /// `SO_COOKIE`: a socket's 64-bit cookie, since Linux 4.12 (commit
