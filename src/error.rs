@@ -4,8 +4,11 @@
 //! (region ids, offsets, lengths, limits); every `Display` message is tested
 //! below. Bad input from a caller or a peer always ends here, never in a panic.
 
+mod code;
+
 use crate::proto::ErrorCode;
 use crate::region_id::RegionId;
+pub(crate) use code::code_of_status;
 use std::fmt;
 use std::time::Duration;
 
@@ -159,9 +162,13 @@ pub enum Error {
         /// Bytes moved before it.
         bytes: u64,
     },
-    /// A wait reached its deadline; the batch is still running.
-    #[error("deadline reached after {waited:?}; the batch may still complete")]
+    /// A wait reached its deadline. `what` names the wait (docs/DEADLINES.md
+    /// lists each); what it waited for (a batch, a peer's answer) may still
+    /// come.
+    #[error("deadline reached after {waited:?} waiting for {what}")]
     Timeout {
+        /// The wait that ran out, e.g. "the peer's handshake answer".
+        what: &'static str,
         /// How long the caller waited.
         waited: Duration,
     },
@@ -413,65 +420,15 @@ pub enum Error {
 /// Result alias used throughout kvring.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The code a peer's negative wire status names. A status the peer made up
-/// (zero, positive, unknown, or `i32::MIN`, whose negation overflows) reads
-/// as `Internal` rather than panicking: the status is outside bytes.
-pub(crate) fn code_of_status(status: i32) -> ErrorCode {
-    match status.checked_neg().map(ErrorCode::try_from) {
-        Some(Ok(code)) if code != ErrorCode::Unspecified => code,
-        _ => ErrorCode::Internal,
-    }
-}
-
 impl Error {
-    /// The wire code of this error, as proto/ defines it.
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            Error::InvalidArgument { .. } => ErrorCode::InvalidArgument,
-            Error::RegionOverlap { .. } => ErrorCode::RegionOverlap,
-            Error::RegionInfoMismatch { .. } => ErrorCode::RegionOverlap,
-            Error::RegionBusy { .. } => ErrorCode::RegionBusy,
-            Error::Fenced { .. } => ErrorCode::Fenced,
-            Error::UnknownRegion { .. } => ErrorCode::UnknownRegion,
-            Error::RegionTableFull { .. } | Error::PeerLimit { .. } => ErrorCode::ResourceLimit,
-            Error::OutOfBounds { .. } => ErrorCode::OutOfBounds,
-            Error::LengthOverflow { .. } => ErrorCode::LengthOverflow,
-            Error::AccessDenied { .. } => ErrorCode::AccessDenied,
-            Error::Busy { .. } => ErrorCode::Busy,
-            Error::Timeout { .. } | Error::DeadlinePassed { .. } => ErrorCode::Timeout,
-            Error::Cancelled { .. } => ErrorCode::Cancelled,
-            Error::UnknownBatch { .. } => ErrorCode::UnknownBatch,
-            Error::StaleBatch { .. } => ErrorCode::StaleBatch,
-            Error::UnknownSegment { .. } => ErrorCode::UnknownSegment,
-            // On the wire and in Python, as a peer gone: the link is closed
-            // and the segment must be opened again, as after a restart.
-            Error::PeerRestarted { .. } | Error::PeerStalled { .. } => ErrorCode::PeerRestarted,
-            Error::VersionMismatch { .. } => ErrorCode::VersionMismatch,
-            Error::Malformed { .. } => ErrorCode::MalformedMessage,
-            Error::MessageTooLarge { .. } => ErrorCode::MessageTooLarge,
-            Error::UnknownOpcode { .. } => ErrorCode::UnknownOpcode,
-            Error::Remote { code, .. } => *code,
-            Error::Io { .. } => ErrorCode::Io,
-            Error::LaneStart { .. } | Error::LaneDied { .. } => ErrorCode::Internal,
-            Error::Unsupported { .. } | Error::TransportRefused { .. } => ErrorCode::Unsupported,
-            Error::Device { .. } | Error::Gpu { .. } => ErrorCode::Io,
-            Error::Shutdown => ErrorCode::Shutdown,
-            Error::NotKvring { .. } => ErrorCode::MalformedMessage,
-            Error::Unauthorized { .. } => ErrorCode::Unauthorized,
-            // As a mismatch on the wire and in Python (`LayoutMismatchError`):
-            // the two layouts cannot both hold.
-            Error::LayoutMismatch { .. } | Error::LayoutFixed { .. } => ErrorCode::LayoutMismatch,
-            Error::BlockCountMismatch { .. }
-            | Error::BlockOutOfRange { .. }
-            | Error::DuplicateBlock { .. }
-            | Error::LayerOutOfRange { .. } => ErrorCode::InvalidArgument,
-            Error::Corrupt { .. } => ErrorCode::Corrupt,
-        }
-    }
-
     /// Wraps an OS error with what kvring was doing when it happened.
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io { context: context.into(), source }
+    }
+
+    /// Shorthand for [`Error::Timeout`].
+    pub(crate) fn timeout(what: &'static str, waited: Duration) -> Self {
+        Error::Timeout { what, waited }
     }
 
     /// Shorthand for [`Error::InvalidArgument`].
@@ -589,7 +546,11 @@ mod tests {
                 ErrorCode::AccessDenied,
             ),
             (Error::Busy { queue: "submission ring", capacity: 8 }, "submission ring is full (8 entries): nothing was queued", ErrorCode::Busy),
-            (Error::Timeout { waited: Duration::from_millis(5) }, "deadline reached after 5ms", ErrorCode::Timeout),
+            (
+                Error::Timeout { what: "the batch to end (it may still complete)", waited: Duration::from_millis(5) },
+                "deadline reached after 5ms waiting for the batch to end (it may still complete)",
+                ErrorCode::Timeout,
+            ),
             (Error::UnknownBatch { id: 0xab }, "batch id 0xab was not issued by this submitter", ErrorCode::UnknownBatch),
             (Error::StaleBatch { id: 0xab }, "batch id 0xab already ended", ErrorCode::StaleBatch),
             (Error::UnknownSegment { segment: "decode-3".into() }, "segment decode-3 is not open", ErrorCode::UnknownSegment),

@@ -47,11 +47,11 @@ pub fn request(
         .ok_or_else(|| Error::invalid("address", format!("{addr} resolves to nothing")))?;
     let left = left();
     if left.is_zero() {
-        return Err(Error::Timeout { waited: std::time::Duration::ZERO });
+        return Err(Error::Timeout { what: ACCEPT, waited: std::time::Duration::ZERO });
     }
     // A server that never completes the connect ends at the deadline too.
-    let stream =
-        TcpStream::connect_timeout(&resolved, left).map_err(|e| timed(e, deadline, format!("connecting to {addr}")))?;
+    let stream = TcpStream::connect_timeout(&resolved, left)
+        .map_err(|e| timed(e, deadline, ACCEPT, format!("connecting to {addr}")))?;
     // One deadline for the whole exchange: a server that trickles bytes
     // cannot hold the caller past it.
     let mut stream = DeadlineIo::new(&stream, deadline);
@@ -63,12 +63,12 @@ pub fn request(
     stream
         .write_all(head.as_bytes())
         .and_then(|()| stream.write_all(body))
-        .map_err(|e| timed(e, deadline, format!("sending to {addr}")))?;
+        .map_err(|e| timed(e, deadline, ANSWER, format!("sending to {addr}")))?;
     let mut raw = Vec::new();
     (&mut stream)
         .take(MAX_MESSAGE_BYTES as u64 + 1)
         .read_to_end(&mut raw)
-        .map_err(|e| timed(e, deadline, format!("reading the answer of {addr}")))?;
+        .map_err(|e| timed(e, deadline, ANSWER, format!("reading the answer of {addr}")))?;
     if raw.len() > MAX_MESSAGE_BYTES {
         return Err(Error::MessageTooLarge { len: raw.len() as u64, max: MAX_MESSAGE_BYTES as u64 });
     }
@@ -143,11 +143,15 @@ fn dechunk(mut rest: &[u8]) -> Result<Vec<u8>> {
     }
 }
 
+/// The waits of an exchange, as `Error::Timeout` names them.
+const ACCEPT: &str = "the HTTP server (etcd's gateway, Mooncake's metadata server) to accept";
+const ANSWER: &str = "the HTTP server's answer (etcd's gateway, Mooncake's metadata server)";
+
 /// An I/O error of a deadline-bound exchange: `Timeout` when the deadline
 /// is what ended it.
-fn timed(error: std::io::Error, deadline: Instant, context: String) -> Error {
+fn timed(error: std::io::Error, deadline: Instant, what: &'static str, context: String) -> Error {
     if crate::net::is_timeout(&error) && Instant::now() >= deadline {
-        Error::Timeout { waited: std::time::Duration::ZERO }
+        Error::Timeout { what, waited: std::time::Duration::ZERO }
     } else {
         Error::io(context, error)
     }

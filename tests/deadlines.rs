@@ -40,9 +40,13 @@ fn bounded<T: Send + 'static>(what: &str, call: impl FnOnce() -> T + Send + 'sta
     rx.recv_timeout(DEADLINE * 10).unwrap_or_else(|_| panic!("{what} had not returned after ten times its deadline"))
 }
 
-fn assert_timeout<T: std::fmt::Debug>(what: &str, result: kvring::Result<T>) {
+/// Asserts a `Timeout` that names the wait that ran out (`wait`, a part of
+/// its `what`).
+fn assert_timeout<T: std::fmt::Debug>(what: &str, wait: &str, result: kvring::Result<T>) {
     match result {
-        Err(Error::Timeout { .. }) => {}
+        Err(Error::Timeout { what: named, .. }) => {
+            assert!(named.contains(wait), "{what}: the timeout names {named:?}, not the wait {wait:?}")
+        }
         other => panic!("{what}: expected Error::Timeout, got {other:?}"),
     }
 }
@@ -174,13 +178,13 @@ fn open_tcp(addr: String, what: &'static str) -> kvring::Result<()> {
 fn a_control_connect_the_peer_never_accepts_ends_in_timeout() {
     let squatter = Squatter::new();
     let result = open_tcp(squatter.addr.to_string(), "open_segment to a full accept queue");
-    assert_timeout("connect never accepted", result);
+    assert_timeout("connect never accepted", "the peer's control port to accept", result);
 }
 
 #[test]
 fn a_peer_that_accepts_and_never_greets_ends_in_timeout() {
     let mute = Staller::mute();
-    assert_timeout("no greeting", open_tcp(mute.addr(), "open_segment to a mute peer"));
+    assert_timeout("no greeting", "the peer's control preface", open_tcp(mute.addr(), "open_segment to a mute peer"));
 }
 
 #[test]
@@ -188,7 +192,11 @@ fn a_peer_that_greets_and_never_answers_the_handshake_ends_in_timeout() {
     let greeter = Staller::new(|stream| {
         let _ = stream.write_all(&preface());
     });
-    assert_timeout("greeting, no handshake answer", open_tcp(greeter.addr(), "open_segment to a greeter"));
+    assert_timeout(
+        "greeting, no handshake answer",
+        "the peer's control answer",
+        open_tcp(greeter.addr(), "open_segment to a greeter"),
+    );
 }
 
 #[test]
@@ -202,7 +210,11 @@ fn a_peer_that_sends_half_a_handshake_answer_ends_in_timeout() {
             let _ = stream.write_all(&bytes);
         }
     });
-    assert_timeout("half a handshake answer", open_tcp(half.addr(), "open_segment to half an answer"));
+    assert_timeout(
+        "half a handshake answer",
+        "the peer's control answer",
+        open_tcp(half.addr(), "open_segment to half an answer"),
+    );
 }
 
 /// Forwards everything the client sends to `target`, and of what `target`
@@ -244,7 +256,7 @@ fn a_tokened_handshake_whose_second_answer_never_comes_ends_in_timeout() {
     let result = bounded("a tokened open through a relay that drops the second answer", move || {
         initiator.open_segment_with(&addr, Some(TransportKind::Tcp), DEADLINE).map(drop)
     });
-    assert_timeout("the proof's answer never came", result);
+    assert_timeout("the proof's answer never came", "the peer's control answer", result);
 }
 
 /// The handshake is answered, every later control request is not: a
@@ -265,9 +277,9 @@ fn control_requests_after_the_handshake_that_are_never_answered_end_in_timeout()
         let notified = initiator.notify(&segment, b"blocks of request 42 are in place", DEADLINE);
         (notified, segment.remote_checksum(id, 0, 4096, DEADLINE), segment.kv_layout(DEADLINE))
     });
-    assert_timeout("notify never answered", notified);
-    assert_timeout("checksum never answered", summed);
-    assert_timeout("memory info never answered", layout);
+    assert_timeout("notify never answered", "the peer's control answer", notified);
+    assert_timeout("checksum never answered", "the peer's control answer", summed);
+    assert_timeout("memory info never answered", "the peer's control answer", layout);
 }
 
 // --- the tcp data listener, after a handshake that succeeded ---
@@ -278,7 +290,11 @@ fn a_data_listener_that_never_accepts_ends_in_timeout() {
     let _region = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let squatter = Squatter::new();
     let peer = handshaking_peer(target_with_data_listener(&target, &squatter.addr.to_string()));
-    assert_timeout("data connect never accepted", open_tcp(peer.addr(), "open_segment, data listener squatted"));
+    assert_timeout(
+        "data connect never accepted",
+        "the data listener to accept",
+        open_tcp(peer.addr(), "open_segment, data listener squatted"),
+    );
 }
 
 #[test]
@@ -287,7 +303,11 @@ fn a_data_listener_that_never_answers_the_hello_ends_in_timeout() {
     let _region = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let mute = Staller::mute();
     let peer = handshaking_peer(target_with_data_listener(&target, &mute.addr()));
-    assert_timeout("no hello answer", open_tcp(peer.addr(), "open_segment, data listener mute"));
+    assert_timeout(
+        "no hello answer",
+        "the data listener's hello",
+        open_tcp(peer.addr(), "open_segment, data listener mute"),
+    );
 }
 
 #[test]
@@ -299,7 +319,7 @@ fn a_data_listener_that_sends_half_its_hello_ends_in_timeout() {
         let _ = stream.write_all(b"KVTH\x05");
     });
     let peer = handshaking_peer(target_with_data_listener(&target, &half.addr()));
-    assert_timeout("half a hello", open_tcp(peer.addr(), "open_segment, half a hello"));
+    assert_timeout("half a hello", "the data listener's hello", open_tcp(peer.addr(), "open_segment, half a hello"));
 }
 
 /// A target that stops reading mid-stream (SIGSTOP: the kernel still
@@ -383,13 +403,17 @@ fn build_on(url: &str) -> kvring::Result<Engine> {
 #[test]
 fn an_etcd_that_accepts_and_never_answers_fails_the_engine_s_start_with_timeout() {
     let mute = Staller::mute();
-    assert_timeout("etcd mute", build_on(&format!("etcd://{}", mute.addr())).map(drop));
+    assert_timeout("etcd mute", "the HTTP server's answer", build_on(&format!("etcd://{}", mute.addr())).map(drop));
 }
 
 #[test]
 fn an_etcd_that_never_accepts_fails_the_engine_s_start_with_timeout() {
     let squatter = Squatter::new();
-    assert_timeout("etcd squatted", build_on(&format!("etcd://{}", squatter.addr)).map(drop));
+    assert_timeout(
+        "etcd squatted",
+        "the HTTP server (etcd's gateway, Mooncake's metadata server) to accept",
+        build_on(&format!("etcd://{}", squatter.addr)).map(drop),
+    );
 }
 
 #[test]
@@ -398,7 +422,11 @@ fn a_redis_that_sends_half_a_reply_fails_the_engine_s_start_with_timeout() {
     let half = Staller::new(|stream| {
         let _ = stream.write_all(b"+O");
     });
-    assert_timeout("half a RESP reply", build_on(&format!("redis://{}", half.addr())).map(drop));
+    assert_timeout(
+        "half a RESP reply",
+        "the redis metadata server",
+        build_on(&format!("redis://{}", half.addr())).map(drop),
+    );
 }
 
 /// Reads one HTTP request (head and Content-Length body); its first line.
@@ -443,7 +471,7 @@ fn a_lookup_the_http_metadata_server_half_answers_ends_in_timeout() {
     let engine = build_on(&format!("http://{}/metadata", server.addr())).expect("PUT is answered");
     let (result, engine) =
         bounded("a lookup by name", move || (engine.open_segment_with("decode-9", None, DEADLINE).map(drop), engine));
-    assert_timeout("half an HTTP answer to GET", result);
+    assert_timeout("half an HTTP answer to GET", "the HTTP server's answer", result);
     // Its withdrawal at drop looks the entry up first, and is half
     // answered too: the drop still ends (the withdrawal's own deadline).
     bounded("dropping an engine whose withdrawal stalls", move || drop(engine));
@@ -488,7 +516,7 @@ fn a_gpu_descriptor_socket_that_never_answers_ends_in_timeout() {
     let result = bounded("open_segment over a mute GPU socket", move || {
         initiator.open_segment_with(&addr, Some(TransportKind::CudaIpc), DEADLINE).map(drop)
     });
-    assert_timeout("mute GPU descriptor socket", result);
+    assert_timeout("mute GPU descriptor socket", "the peer's GPU socket", result);
 }
 
 // --- drains ---

@@ -480,3 +480,47 @@ fn a_stranger_with_many_processes_does_not_deny_the_token_holder_the_gpu_socket(
         failed.first()
     );
 }
+
+/// A peer naming more shm-backed regions than the initiator maps from one
+/// peer is refused by the cap's name before any file is opened: each would
+/// cost a mapping here (65,536 of them would take the process past
+/// `vm.max_map_count`), and a peer of this user can make files that prove
+/// themselves as its own. At the cap, the open goes on to the files (these
+/// do not exist, so it fails on them, not on the cap).
+#[test]
+fn a_descriptor_with_more_shm_regions_than_the_cap_is_refused_by_name() {
+    let initiator = common::builder("review2-shm-cap").build().unwrap();
+    let ours = kvring::testing::descriptor(&initiator);
+    let me = std::process::id();
+    let epoch = 0x6666u64;
+    let descriptor = |count: usize| WireDescriptor {
+        name: "hostile-shm".into(),
+        epoch,
+        host_id: ours.host_id.clone(),
+        pid: me,
+        instance: 0x1234_5678,
+        regions: (0..count as u32)
+            .map(|i| RegionDescriptor {
+                id: RegionId::new(i, 1).raw(),
+                len: 4096,
+                access: Access::ALL.bits(),
+                addr: 0x7000_0000 + u64::from(i) * 4096,
+                shm_path: format!("/dev/shm/kvring-{me}-{epoch:016x}-{i}"),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let over = kvring::MAX_PEER_SHM_REGIONS + 1;
+    let addr = common::raw::fake_peer(descriptor(over));
+    let error = initiator.open_segment_with(&addr, Some(TransportKind::Shm), WAIT).unwrap_err();
+    assert_eq!(error.code(), kvring::ErrorCode::ResourceLimit, "{error}");
+    assert!(
+        matches!(error, kvring::Error::PeerLimit { count, limit, .. } if count == over && limit == over - 1),
+        "{error}"
+    );
+    assert!(error.to_string().contains("MAX_PEER_SHM_REGIONS"), "{error}");
+    let addr = common::raw::fake_peer(descriptor(over - 1));
+    let error = initiator.open_segment_with(&addr, Some(TransportKind::Shm), WAIT).unwrap_err();
+    assert!(!matches!(error, kvring::Error::PeerLimit { .. }), "at the cap the files are tried: {error}");
+}

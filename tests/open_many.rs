@@ -99,10 +99,12 @@ fn a_silent_peer_listed_twice_is_a_timeout_in_both_places_under_the_one_deadline
     // deadline: nothing, so it is the same typed error, which reports the
     // time the call has waited (the whole timeout, not `0ns`).
     let again = results.remove(3).unwrap_err();
-    let Error::Timeout { waited } = again else { panic!("place 3: {again}") };
+    let Error::Timeout { waited, what } = again else { panic!("place 3: {again}") };
     assert!(waited >= timeout, "place 3 reported {waited:?}, under the {timeout:?} the call waited");
+    assert_eq!(what, "the segment's open", "place 3 names the wait that ran out");
     let error = results.remove(1).unwrap_err();
-    assert!(matches!(error, Error::Timeout { .. }), "place 1: {error}");
+    // The silent peer's kernel accepted: its preface is what never came.
+    assert!(matches!(error, Error::Timeout { what: "the peer's control preface", .. }), "place 1: {error}");
     let opened: Vec<_> = results.into_iter().map(Result::unwrap).collect();
     write_to_each(&initiator, &opened, &targets);
 }

@@ -150,6 +150,47 @@ fn refused_as_another_host(initiator: &Engine, addr: &str, transport: TransportK
     );
 }
 
+/// The opener of [`a_same_host_peer_is_proven_where_pidfd_getfd_is_refused`],
+/// in a process of its own where `pidfd_getfd` is refused (as a container's
+/// default seccomp profile refuses it): opens the `kvring serve` engines at
+/// `PIDFD_REFUSED_SHM` and `PIDFD_REFUSED_CMA` over shm and cma, each
+/// proven by its socket's inode link, and writes a block into each.
+#[test]
+#[ignore = "the child of a_same_host_peer_is_proven_where_pidfd_getfd_is_refused"]
+fn pidfd_refused_child() {
+    common::refuse_pidfd_getfd();
+    let initiator = common::engine("pidfd-refused");
+    let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    for (var, transport) in [("PIDFD_REFUSED_SHM", TransportKind::Shm), ("PIDFD_REFUSED_CMA", TransportKind::Cma)] {
+        let addr = std::env::var(var).expect("run by its parent test");
+        let segment = initiator.open_segment_with(&addr, Some(transport), WAIT).unwrap();
+        assert_eq!(segment.transport(), transport);
+        let desc = BlockDesc::new(local.id(), 0, segment.region(0).unwrap(), 0, 4096);
+        let id = sub.submit(&Batch::write(&segment).descs(&[desc])).unwrap();
+        assert!(matches!(sub.wait(id, WAIT).unwrap(), Outcome::Done { .. }), "{transport:?}");
+    }
+}
+
+/// A same-host peer stays proven (shm and cma kept) where this process may
+/// not take its socket (`pidfd_getfd` refused by seccomp, as in Docker's and
+/// Kubernetes' default profiles without CAP_SYS_PTRACE): the kernel's link
+/// of the socket's inode proves it then, as before the cookie check; a
+/// check that failed closed sent every containerised engine over tcp.
+#[test]
+fn a_same_host_peer_is_proven_where_pidfd_getfd_is_refused() {
+    let (_shm, shm_addr, _) = common::child::third_engine(&[]);
+    let (_cma, cma_addr, _) = common::child::third_engine(&["--caller-memory"]);
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "pidfd_refused_child", "--nocapture", "--test-threads=1"])
+        .env("PIDFD_REFUSED_SHM", &shm_addr)
+        .env("PIDFD_REFUSED_CMA", &cma_addr)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "{text}");
+}
+
 #[test]
 fn a_liar_naming_another_engines_pid_with_each_of_its_fds_as_the_hint_is_refused() {
     let initiator = common::engine("initiator");
@@ -488,4 +529,54 @@ fn two_sources_holding_every_admitted_place_do_not_shut_out_a_third_peer() {
     let initiator = common::engine("third-peer");
     let opened = initiator.open_segment_with(&control.to_string(), Some(TransportKind::Tcp), WAIT);
     assert!(opened.is_ok(), "{} idle admitted connections from two sources: {opened:?}", held.len());
+}
+
+/// A data connection from `source` that completes an untokened hello (a
+/// tokenless engine admits it) and then stays idle; `None` when refused.
+fn data_admitted_from(source: &str, to: &std::net::SocketAddr, epoch: u64) -> Option<TcpStream> {
+    use kvring::testing::tcp::{ClientHello, ServerHello, SERVER_HELLO_BYTES};
+    use zerocopy::{FromBytes, IntoBytes};
+    let mut s: TcpStream = silent_from(source, to)?.into();
+    s.set_read_timeout(Some(WAIT)).ok()?;
+    s.write_all(ClientHello::new(epoch, [0; 16], [0; 16], [0; 16]).as_bytes()).ok()?;
+    let mut hello = [0u8; SERVER_HELLO_BYTES];
+    s.read_exact(&mut hello).ok()?;
+    (ServerHello::read_from_bytes(&hello).ok()?.status == 0).then_some(s)
+}
+
+// The data port's admitted connections used never to be evicted (its lanes
+// never said which were idle), so one address holding every admitted
+// place, idle, kept every other peer's data connections out: their opens
+// failed `Busy`. Now a lane marks a connection idle between frames, and a
+// newcomer below its fair share takes the place of the longest idle one of
+// the source holding the most (`net::admission::IdleCell`).
+#[test]
+fn one_address_holding_every_admitted_data_place_does_not_shut_out_another_peer() {
+    let limits = kvring::AdmissionLimits { max_total: 8, max_per_source: 8, ..Default::default() };
+    let target = common::builder("data-hogged").admission(limits).build().unwrap();
+    let region = target.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let data: std::net::SocketAddr = target.tcp_addr().unwrap().parse().unwrap();
+    let held: Vec<TcpStream> = (0..16).filter_map(|_| data_admitted_from("127.0.0.2", &data, target.epoch())).collect();
+    assert_eq!(held.len(), 8, "the hog holds every admitted place, and no more");
+    let initiator = common::builder("data-newcomer").lanes(2).build().unwrap();
+    let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test writes them.
+    unsafe { local.write_at(0, b"the newcomer's bytes").unwrap() };
+    let segment = initiator
+        .open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT)
+        .expect("a newcomer below its fair share takes idle places of the hog");
+    let mut sub = initiator.submitter().unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, region.id(), 0, 4096)];
+    let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+    assert!(matches!(sub.wait(id, WAIT).unwrap(), Outcome::Done { .. }));
+    assert_eq!(common::read(&region, 0, 20), b"the newcomer's bytes");
+    // The hog lost only places above its share (8 / 2 sources = 4).
+    let closed = held
+        .iter()
+        .filter(|s| {
+            s.set_nonblocking(true).unwrap();
+            matches!((&**s).read(&mut [0u8; 1]), Ok(0))
+        })
+        .count();
+    assert!((1..=4).contains(&closed), "{closed} of the hog's 8 connections were closed");
 }

@@ -50,19 +50,21 @@ impl ControlClient {
         for peer in candidates {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Error::Timeout { waited: Duration::ZERO });
+                return Err(Error::Timeout { what: CONNECT, waited: Duration::ZERO });
             }
             match TcpStream::connect_timeout(&peer, left) {
                 Ok(stream) => {
                     let _ = stream.set_nodelay(true);
                     DeadlineIo::new(&stream, deadline)
                         .write_all(&preface())
-                        .map_err(|e| timeout_or(e, left, format!("greeting control server {peer}")))?;
+                        .map_err(|e| timeout_or(e, left, CONNECT, format!("greeting control server {peer}")))?;
                     return Ok(Self { stream, peer, greeted: false, seal: None });
                 }
                 // A peer whose SYN queue is full (or a host that drops
                 // the SYN) ends at the deadline: a typed `Timeout`.
-                Err(e) => last_error = Some(timeout_or(e, left, format!("connecting to control server {peer}"))),
+                Err(e) => {
+                    last_error = Some(timeout_or(e, left, CONNECT, format!("connecting to control server {peer}")))
+                }
             }
         }
         Err(last_error.unwrap_or_else(|| Error::invalid("control address", format!("{addr} resolves to no address"))))
@@ -73,7 +75,7 @@ impl ControlClient {
     pub fn call(&mut self, body: request::Body, deadline: Instant) -> Result<response::Body> {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::Timeout { waited: Duration::ZERO });
+            return Err(Error::Timeout { what: ANSWER, waited: Duration::ZERO });
         }
         let peer = self.peer;
         write_sealed(&mut DeadlineIo::new(&self.stream, deadline), &request(body), self.seal.as_mut())
@@ -101,13 +103,13 @@ impl ControlClient {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Error::Timeout { waited });
+                return Err(Error::Timeout { what: PREFACE, waited });
             }
             self.stream.set_read_timeout(Some(left)).map_err(|e| Error::io("setting a read timeout", e))?;
             let n = match self.stream.peek(&mut seen) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) if crate::net::is_timeout(&e) => return Err(Error::Timeout { waited }),
+                Err(e) if crate::net::is_timeout(&e) => return Err(Error::Timeout { what: PREFACE, waited }),
                 Err(e) => return Err(Error::io(format!("reading the preface of {}", self.peer), e)),
             };
             let agrees = seen[..n.min(4)] == PREFACE_MAGIC[..n.min(4)];
@@ -116,7 +118,7 @@ impl ControlClient {
                 let mut preface = [0u8; PREFACE_BYTES];
                 return DeadlineIo::new(&self.stream, deadline)
                     .read_exact(&mut preface)
-                    .map_err(|e| timeout_or(e, waited, format!("reading the preface of {}", self.peer)));
+                    .map_err(|e| timeout_or(e, waited, PREFACE, format!("reading the preface of {}", self.peer)));
             }
             // A preface cut in two: the rest follows at once.
             std::thread::sleep(Duration::from_micros(100));
@@ -309,11 +311,16 @@ pub(crate) fn open_step_two(
     Ok(descriptor)
 }
 
+/// The waits of a control exchange, as `Error::Timeout` names them.
+const CONNECT: &str = "the peer's control port to accept";
+const PREFACE: &str = "the peer's control preface";
+const ANSWER: &str = "the peer's control answer";
+
 /// A deadline-bounded I/O error as kvring reports it: `Timeout` when the
 /// deadline passed, else the error in its context.
-fn timeout_or(error: std::io::Error, waited: Duration, context: String) -> Error {
+fn timeout_or(error: std::io::Error, waited: Duration, what: &'static str, context: String) -> Error {
     if crate::net::is_timeout(&error) {
-        Error::Timeout { waited }
+        Error::Timeout { what, waited }
     } else {
         Error::io(context, error)
     }
@@ -322,7 +329,7 @@ fn timeout_or(error: std::io::Error, waited: Duration, context: String) -> Error
 /// A framing error whose cause was the deadline becomes `Timeout`.
 fn timeout_in(error: Error, waited: Duration) -> Error {
     match error {
-        Error::Io { source, .. } if crate::net::is_timeout(&source) => Error::Timeout { waited },
+        Error::Io { source, .. } if crate::net::is_timeout(&source) => Error::Timeout { what: ANSWER, waited },
         other => other,
     }
 }

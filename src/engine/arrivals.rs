@@ -150,7 +150,10 @@ impl Engine {
             }
             if backoff.snooze() == Snooze::Expired {
                 tracing::debug!(tag, bytes, landed = landed(), "wait_landed timed out");
-                return Err(Error::Timeout { waited: started.elapsed() });
+                return Err(Error::Timeout {
+                    what: "the tag's bytes to land (wait_landed)",
+                    waited: started.elapsed(),
+                });
             }
         }
         Ok(())

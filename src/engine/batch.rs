@@ -171,7 +171,9 @@ impl Outcome {
         match self {
             Outcome::Done { bytes } => Ok(bytes),
             Outcome::Failed(error) => Err(error),
-            Outcome::TimedOut { .. } => Err(Error::Timeout { waited: Duration::ZERO }),
+            Outcome::TimedOut { .. } => {
+                Err(Error::Timeout { what: "the batch's own deadline", waited: Duration::ZERO })
+            }
             Outcome::Cancelled { .. } => Err(Error::invalid("batch", "cancelled")),
         }
     }

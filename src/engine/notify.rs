@@ -53,7 +53,9 @@ impl Engine {
         lane.shared.send(LaneCommand::Notify { key: segment.inner.key, payload, reply });
         match result.recv_timeout(timeout) {
             Ok(result) => result,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(Error::Timeout { waited: timeout }),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                Err(Error::Timeout { what: "lane 0 to send the notification", waited: timeout })
+            }
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::Shutdown),
         }
     }

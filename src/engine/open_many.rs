@@ -205,7 +205,8 @@ impl Engine {
         opened.resize_with(names.len(), || None);
         for (slot, &i) in group.results.iter().zip(&first) {
             let result = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-            opened[i] = Some(result.unwrap_or(Err(Error::Timeout { waited: timeout })));
+            opened[i] =
+                Some(result.unwrap_or(Err(Error::Timeout { what: "a peer's open in open_many", waited: timeout })));
         }
         opened
             .into_iter()

@@ -162,7 +162,7 @@ impl Engine {
             // The deadline was set `timeout` after the open began (here or
             // in `open_many`, which shares one): that much has been waited.
             let began = deadline.checked_sub(timeout).unwrap_or(deadline);
-            return Err(Error::Timeout { waited: now.saturating_duration_since(began) });
+            return Err(Error::Timeout { what: "the segment's open", waited: now.saturating_duration_since(began) });
         }
         let handshake = self.inner.metadata.resolve(name, &self.initiator(), deadline)?;
         let (transport, link) = self.choose_and_open(transport, &handshake, deadline)?;

@@ -433,7 +433,10 @@ impl Submitter {
             }
             let backoff = backoff.get_or_insert_with(|| Backoff::new(self.engine.config.wait_backoff, Some(deadline)));
             if backoff.snooze() == Snooze::Expired {
-                return Err(Error::Timeout { waited: backoff.waited() });
+                return Err(Error::Timeout {
+                    what: "the batch to end (it may still complete)",
+                    waited: backoff.waited(),
+                });
             }
         }
     }

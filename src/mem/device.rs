@@ -133,7 +133,7 @@ impl DeviceBacking {
             Ok(true) => Ok(bounce),
             Ok(false) => {
                 std::mem::forget(bounce);
-                Err(Error::Timeout { waited: DEVICE_COPY_TIMEOUT })
+                Err(Error::Timeout { what: "the device copy to end", waited: DEVICE_COPY_TIMEOUT })
             }
             Err(error) => {
                 std::mem::forget(bounce);

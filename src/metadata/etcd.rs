@@ -79,7 +79,7 @@ impl Etcd {
         let body = serde_json::to_vec(&request).map_err(|e| Error::invalid("etcd request", e.to_string()))?;
         let response = crate::http::post_json(addr, path, &body, deadline).map_err(|error| match error {
             Error::Io { context, source } => Error::Io { context: format!("etcd at {addr}: {context}"), source },
-            Error::Timeout { .. } => Error::Timeout { waited: Duration::ZERO },
+            Error::Timeout { what, .. } => Error::Timeout { what, waited: Duration::ZERO },
             other => Error::Remote { code: other.code(), message: format!("etcd at {addr}: {other}") },
         })?;
         let value = decode_json(&response.body).map_err(|e| self.bad_answer(e))?;

@@ -86,7 +86,7 @@ impl HttpMetadata {
             Error::Io { context, source } => {
                 Error::Io { context: format!("the HTTP metadata server at {addr}: {context}"), source }
             }
-            Error::Timeout { .. } => Error::Timeout { waited: Duration::ZERO },
+            Error::Timeout { what, .. } => Error::Timeout { what, waited: Duration::ZERO },
             other => {
                 Error::Remote { code: other.code(), message: format!("the HTTP metadata server at {addr}: {other}") }
             }

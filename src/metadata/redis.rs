@@ -179,7 +179,7 @@ impl Redis {
     fn exchange(&self, request: &[u8], expected: usize, deadline: Instant) -> Result<Vec<Reply>> {
         let addr = &self.url.addr;
         let io = |what: &str, e: std::io::Error| match crate::net::is_timeout(&e) && Instant::now() >= deadline {
-            true => Error::Timeout { waited: Duration::ZERO },
+            true => Error::Timeout { what: "the redis metadata server", waited: Duration::ZERO },
             false => Error::io(format!("redis at {addr}: {what}"), e),
         };
         let target = addr
@@ -189,7 +189,7 @@ impl Redis {
             .ok_or_else(|| Error::invalid("redis address", format!("{addr} resolves to nothing")))?;
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::Timeout { waited: Duration::ZERO });
+            return Err(Error::Timeout { what: "the redis metadata server", waited: Duration::ZERO });
         }
         let stream = TcpStream::connect_timeout(&target, left).map_err(|e| io("connecting", e))?;
         let mut stream = DeadlineIo::new(&stream, deadline);

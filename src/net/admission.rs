@@ -16,15 +16,21 @@
 //! sources cannot hold every place and shut every other peer out. A
 //! connection is idle only between requests (its server says so with
 //! [`Admission::idle`]); one in the middle of a request, or one whose
-//! server never says, is never evicted. A source at or above its share may
+//! server never says, is never evicted. A server whose connections are
+//! driven by lanes that must not take the book's lock (the data port) says
+//! so through an [`IdleCell`] per connection instead, which the book claims
+//! with one compare-and-swap, so a connection that just went busy is never
+//! taken. A source at or above its share may
 //! only push out its own pending connections. Past all that a newcomer is
 //! refused (`Busy`, which the initiator may retry).
 
 use crate::log::ratelimit::{log_limited, RateLimit};
+use crate::sync::{AtomicU64, Ordering};
 use std::cmp::Reverse;
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::net::IpAddr;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Default most connections (pending and admitted) a listener holds.
@@ -95,6 +101,79 @@ struct Entry {
     /// Set while admitted and between requests: since when. Only such a
     /// connection may be evicted for a newcomer, the longest idle first.
     idle_since: Option<Instant>,
+    /// Where its server keeps its idleness instead, without the book's
+    /// lock ([`Admission::watch`]).
+    cell: Option<Arc<IdleCell>>,
+}
+
+/// An admitted connection's idleness, kept by the lane that serves it with
+/// no lock: busy, idle since a tick, or evicted. The book takes an idle
+/// connection's place only by swapping the very tick it saw for `EVICTED`,
+/// and the lane marks it busy by swapping that tick for `BUSY` before it
+/// reads a byte, so exactly one of them wins: a connection whose lane saw
+/// bytes is never evicted, and one that was evicted serves nothing more.
+/// A single word's compare-and-swaps order the two sides; nothing else is
+/// published through it, so `AcqRel` is more than enough.
+#[derive(Debug)]
+pub(crate) struct IdleCell(AtomicU64);
+
+impl Default for IdleCell {
+    /// Busy: a connection is not evictable until its lane says so.
+    fn default() -> Self {
+        Self(AtomicU64::new(Self::BUSY))
+    }
+}
+
+impl IdleCell {
+    const BUSY: u64 = 0;
+    const EVICTED: u64 = u64::MAX;
+
+    /// The connection finished what it was doing at `now`. False once it
+    /// was evicted (its lane is told to close it).
+    pub(crate) fn idle(&self, now: Instant) -> bool {
+        self.0.compare_exchange(Self::BUSY, ticks(now), Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
+    /// Bytes arrived: the connection is not to be evicted from now on.
+    /// False once it was evicted: the caller closes it and serves nothing.
+    pub(crate) fn busy(&self) -> bool {
+        let mut seen = self.0.load(Ordering::Acquire);
+        loop {
+            match seen {
+                Self::EVICTED => return false,
+                Self::BUSY => return true,
+                idle => match self.0.compare_exchange(idle, Self::BUSY, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return true,
+                    Err(now) => seen = now,
+                },
+            }
+        }
+    }
+
+    /// The tick it went idle at, if it is idle.
+    fn idle_since(&self) -> Option<u64> {
+        Some(self.0.load(Ordering::Acquire)).filter(|&t| t != Self::BUSY && t != Self::EVICTED)
+    }
+
+    /// Takes its place if it is still idle since `since`.
+    fn claim(&self, since: u64) -> bool {
+        self.0.compare_exchange(since, Self::EVICTED, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+}
+
+/// The instant ticks count from: set by the first book made, before any
+/// of its connections arrived, so no idle instant a book compares is
+/// earlier.
+fn base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+/// `at` as a tick (nanoseconds since `base()`, plus one),
+/// never `IdleCell::BUSY` nor `IdleCell::EVICTED`.
+fn ticks(at: Instant) -> u64 {
+    let nanos = u64::try_from(at.saturating_duration_since(base()).as_nanos()).unwrap_or(u64::MAX);
+    nanos.saturating_add(1).min(IdleCell::EVICTED - 1)
 }
 
 #[derive(Debug, Default)]
@@ -118,6 +197,7 @@ pub(crate) struct Admission<K: Copy + Eq + Hash> {
 impl<K: Copy + Eq + Hash> Admission<K> {
     /// An empty book.
     pub(crate) fn new(limits: AdmissionLimits) -> Self {
+        base();
         Self { limits, entries: HashMap::new(), sources: HashMap::new(), pending: VecDeque::new(), pending_count: 0 }
     }
 
@@ -169,7 +249,7 @@ impl<K: Copy + Eq + Hash> Admission<K> {
             );
             return Arrival::Refuse("pending connections from one address");
         }
-        self.entries.insert(key, Entry { source, pending_since: Some(now), idle_since: None });
+        self.entries.insert(key, Entry { source, pending_since: Some(now), idle_since: None, cell: None });
         self.sources.entry(source).or_default().pending += 1;
         self.pending.push_back((key, now));
         self.pending_count += 1;
@@ -193,15 +273,24 @@ impl<K: Copy + Eq + Hash> Admission<K> {
         if let Some(evicted) = self.evict_oldest_pending(None) {
             return Some(evicted);
         }
-        let (_, _, key) = self
+        let (_, Reverse(since), key) = self
             .entries
             .iter()
+            .filter(|(_, entry)| entry.pending_since.is_none())
             .filter_map(|(key, entry)| {
-                let idle_since = entry.idle_since?;
+                let idle_since = match &entry.cell {
+                    Some(cell) => cell.idle_since()?,
+                    None => ticks(entry.idle_since?),
+                };
                 let held = self.held(entry.source);
                 (held > share).then_some((held, Reverse(idle_since), *key))
             })
             .max_by_key(|&(held, idle_since, _)| (held, idle_since))?;
+        // A watched connection whose lane marked it busy since it was seen
+        // keeps its place; the newcomer is refused this time.
+        if self.entries.get(&key).and_then(|e| e.cell.as_ref()).is_some_and(|cell| !cell.claim(since)) {
+            return None;
+        }
         self.leave(key);
         static LIMIT: RateLimit = RateLimit::per_second();
         log_limited!(info, LIMIT, %source, share, "an idle connection of a source above its fair share closed for a newcomer");
@@ -227,6 +316,15 @@ impl<K: Copy + Eq + Hash> Admission<K> {
         if let Some(entry) = self.entries.get_mut(&key).filter(|e| e.pending_since.is_none()) {
             entry.idle_since = Some(now);
         }
+    }
+
+    /// Its server keeps connection `key`'s idleness in the cell returned
+    /// ([`IdleCell::idle`], [`IdleCell::busy`]) rather than through
+    /// [`Admission::idle`] and [`Admission::busy`]: it starts busy. `None`
+    /// when `key` is not in the book.
+    pub(crate) fn watch(&mut self, key: K) -> Option<Arc<IdleCell>> {
+        let entry = self.entries.get_mut(&key)?;
+        Some(entry.cell.get_or_insert_with(Arc::default).clone())
     }
 
     fn evict_oldest_pending(&mut self, source: Option<IpAddr>) -> Option<K> {
@@ -412,6 +510,60 @@ mod tests {
             assert_eq!(book.arrive(key, source, t0), Arrival::Refuse("connection table"));
         }
         assert_eq!(book.len(), 6);
+    }
+
+    /// Connections whose lane keeps their idleness in a cell (the data
+    /// port): evicted like the others once idle, never while busy, and one
+    /// whose place was taken learns it when its next bytes come.
+    #[test]
+    fn watched_connections_are_evicted_only_while_their_cell_says_idle() {
+        let mut book = Admission::new(wide());
+        let t0 = Instant::now();
+        let mut cells = Vec::new();
+        for key in 0..6 {
+            assert_eq!(book.arrive(key, A, t0), Arrival::Accept);
+            assert_eq!(book.admit(key), Ok(()));
+            cells.push(book.watch(key).expect("in the book"));
+        }
+        assert!(book.watch(99).is_none(), "not in the book");
+        // Every cell starts busy: nothing to evict.
+        assert_eq!(book.arrive(10, B, t0), Arrival::Refuse("connection table"));
+        // Idle at different times; key 4 longest.
+        for (key, after) in [(2, 3), (4, 1), (5, 2)] {
+            assert!(cells[key].idle(t0 + Duration::from_secs(after)));
+        }
+        assert_eq!(book.arrive(10, B, t0), Arrival::AcceptEvicting(4));
+        assert_eq!(book.admit(10), Ok(()));
+        assert!(!cells[4].busy(), "its next bytes find it evicted");
+        assert!(!cells[4].idle(t0), "and it cannot come back idle");
+        // Key 5 (idle since 2 s) went busy again: key 2 goes next.
+        assert!(cells[5].busy());
+        assert_eq!(book.arrive(11, B, t0), Arrival::AcceptEvicting(2));
+        assert_eq!(book.admit(11), Ok(()));
+        // A's other connections are busy: B, below its share (6 / 2 = 3),
+        // is refused rather than take a busy place.
+        assert_eq!(book.arrive(12, B, t0), Arrival::Refuse("connection table"));
+        assert!(cells[0].busy() && cells[5].busy(), "never taken");
+        assert_eq!(book.len(), 6);
+    }
+
+    /// The book takes a place only by swapping the very tick it saw: a
+    /// connection that went busy, even idle again since, is not taken.
+    #[test]
+    fn a_claim_loses_to_a_connection_that_went_busy_since_it_was_seen() {
+        let cell = IdleCell::default();
+        let t0 = Instant::now();
+        assert_eq!(cell.idle_since(), None, "busy at first");
+        assert!(cell.idle(t0));
+        let seen = cell.idle_since().expect("idle");
+        assert!(cell.busy());
+        assert!(!cell.claim(seen), "busy since it was seen");
+        assert!(cell.idle(t0 + Duration::from_secs(1)));
+        assert!(!cell.claim(seen), "idle again, but not since the tick seen");
+        let now = cell.idle_since().unwrap();
+        assert!(now > seen);
+        assert!(cell.claim(now));
+        assert!(!cell.busy() && !cell.idle(t0) && cell.idle_since().is_none());
     }
 
     #[test]

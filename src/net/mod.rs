@@ -15,7 +15,7 @@ mod workers;
 
 pub(crate) use acceptor::{Acceptor, Admitted};
 pub use admission::AdmissionLimits;
-pub(crate) use admission::{Admission, Arrival};
+pub(crate) use admission::{Admission, Arrival, IdleCell};
 pub(crate) use deadline::{is_timeout, DeadlineIo};
 pub(crate) use fds::{fd_budget, raise_fd_limit};
 pub(crate) use workers::{Job, Workers};

@@ -274,7 +274,7 @@ impl SimDeviceBuffer {
         while let Ok(false) = done {
             done = gpu.query(event);
             if Instant::now() > deadline {
-                done = Err(Error::Timeout { waited: Duration::from_secs(10) });
+                done = Err(Error::Timeout { what: "the GPU copy's event", waited: Duration::from_secs(10) });
             }
             std::thread::yield_now();
         }

@@ -251,8 +251,29 @@ impl ShmLink {
     }
 }
 
-/// Maps the peer's shm-backed regions, by region slot.
+/// The most shm-backed regions mapped from one peer. Each costs this
+/// process a mapping (one of `vm.max_map_count`'s 65,530 by default) and
+/// its pages faulted in; a descriptor may name 65,536 regions, and a peer
+/// of this user can make region files that prove themselves as its own.
+/// Equal to an engine's default region table, so two engines at their
+/// defaults always reach each other (as `MAX_PEER_GPU_REGIONS`).
+pub const MAX_PEER_SHM_REGIONS: usize = 4096;
+const _: () = assert!(MAX_PEER_SHM_REGIONS == crate::mem::DEFAULT_MAX_REGIONS);
+
+/// Maps the peer's shm-backed regions, by region slot; a peer naming more
+/// than `MAX_PEER_SHM_REGIONS` is refused whole (`PeerLimit`) before any
+/// file is opened.
 fn map_peer(descriptor: &SegmentDescriptor) -> Result<Vec<Option<ShmMapping>>> {
+    let backed = descriptor.regions.iter().filter(|r| r.shm_path.is_some()).count();
+    if backed > MAX_PEER_SHM_REGIONS {
+        return Err(Error::PeerLimit {
+            peer: descriptor.name.clone(),
+            what: "shm regions",
+            count: backed,
+            limit: MAX_PEER_SHM_REGIONS,
+            cap: "MAX_PEER_SHM_REGIONS",
+        });
+    }
     let max_index = descriptor.regions.iter().map(|r| r.id.index() as usize + 1).max().unwrap_or(0);
     let mut mappings: Vec<Option<ShmMapping>> = (0..max_index).map(|_| None).collect();
     for region in &descriptor.regions {

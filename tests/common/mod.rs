@@ -168,3 +168,29 @@ pub fn gpu_kv_cache(
     engine.set_kv_layout(layout.clone()).unwrap();
     (regions, layout)
 }
+
+/// Makes `pidfd_getfd` fail with EPERM in this process from now on, as
+/// Docker's default seccomp profile does without CAP_SYS_PTRACE: a seccomp
+/// filter (seccomp(2), `SECCOMP_MODE_FILTER`) that answers syscall 438
+/// (`pidfd_getfd` in the generic table, x86_64's and aarch64's) so and
+/// allows every other.
+pub fn refuse_pidfd_getfd() {
+    const PIDFD_GETFD: u32 = 438;
+    let program = [
+        libc::sock_filter { code: 0x20, jt: 0, jf: 0, k: 0 }, // ld [nr]
+        libc::sock_filter { code: 0x15, jt: 0, jf: 1, k: PIDFD_GETFD }, // jeq 438
+        libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x0005_0000 | libc::EPERM as u32 }, // ret ERRNO
+        libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 }, // ret ALLOW
+    ];
+    let filter = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: prctl with plain integers, then with a filter program that
+    // outlives the call (the kernel copies it).
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &filter as *const libc::sock_fprog), 0);
+    }
+    // SAFETY: a syscall with integer arguments only.
+    let taken = unsafe { libc::syscall(PIDFD_GETFD as libc::c_long, -1, 0, 0) };
+    let error = std::io::Error::last_os_error().raw_os_error();
+    assert_eq!((taken, error), (-1, Some(libc::EPERM)), "pidfd_getfd is refused here, as in a container");
+}

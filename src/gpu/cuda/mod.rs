@@ -474,7 +474,7 @@ impl Gpu for CudaGpu {
                     sys::CUresult::CUDA_ERROR_NOT_READY if std::time::Instant::now() < deadline => {
                         std::thread::sleep(std::time::Duration::from_micros(20))
                     }
-                    sys::CUresult::CUDA_ERROR_NOT_READY => break Err(Error::Timeout { waited: timeout }),
+                    sys::CUresult::CUDA_ERROR_NOT_READY => break Err(Error::timeout("the caller's stream", timeout)),
                     other => break check(other, "the caller's stream"),
                 }
             };

@@ -518,7 +518,7 @@ impl Gpu for SimGpu {
             }
             drop(state);
             if Instant::now() >= deadline {
-                return Err(Error::Timeout { waited: timeout });
+                return Err(Error::Timeout { what: "the simulated GPU stream", waited: timeout });
             }
             std::thread::sleep(Duration::from_micros(20));
         }

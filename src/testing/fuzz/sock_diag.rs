@@ -11,13 +11,19 @@ const SOCK_DIAG_BY_FAMILY: u16 = 20;
 /// 16 bytes, then a 2-byte port, big-endian), then the reply. Whatever the
 /// reply, parsing never panics, and an inode comes back only from a reply
 /// that is one `SOCK_DIAG_BY_FAMILY` message, within the bytes received,
-/// naming the socket asked about, with a nonzero inode.
+/// naming the socket asked about, with a nonzero inode; its cookie is the
+/// one that message carries.
 pub fn sock_diag_reply(data: &[u8]) {
     let Some((&kind, rest)) = data.split_first() else { return };
     let ip_len = if kind & 1 == 1 { 16 } else { 4 };
     let Some((local, rest)) = address(rest, ip_len) else { return };
     let Some((remote, reply)) = address(rest, ip_len) else { return };
-    let Some(inode) = crate::transport::cma::sockdiag_inode_from_reply(reply, local, remote) else { return };
+    let Some((inode, cookie)) = crate::transport::cma::sockdiag_identity_from_reply(reply, local, remote) else {
+        return;
+    };
+    // The cookie is the id's last two words, the low one first.
+    let word = |at: usize| u64::from(u32::from_ne_bytes(reply[at..at + 4].try_into().unwrap()));
+    assert_eq!(cookie, word(16 + 44) | word(16 + 48) << 32);
     assert_ne!(inode, 0);
     let len = u32::from_ne_bytes(reply[0..4].try_into().unwrap()) as usize;
     assert!(len <= reply.len() && len >= 16 + 72, "an inode from a message of {len} bytes of {}", reply.len());

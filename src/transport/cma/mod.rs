@@ -68,7 +68,7 @@ mod verify;
 
 pub(crate) use page::{CmaExport, CmaPeer};
 #[cfg(feature = "testing")]
-pub(crate) use sockdiag::inode_from_reply as sockdiag_inode_from_reply;
+pub(crate) use sockdiag::identity_from_reply as sockdiag_identity_from_reply;
 
 use super::{Block, LaneLink, Link, LinkState, Posted, TransportKind, MAX_CHUNK_BLOCKS};
 use crate::error::{Error, Side};

@@ -12,15 +12,32 @@
 //! `/proc/net/tcp`, `/proc/net/tcp6`), among the descriptors of the claimed
 //! pid (`/proc/<pid>/fd`). Found: the claimed process answered.
 //!
+//! An entry of `/proc/<pid>/fd` names a socket only by its inode number,
+//! and a socket's inode number is 32 bits (`get_next_ino`, fs/inode.c),
+//! shared with pipes and every other pseudo-file: it wraps, so two live
+//! sockets can carry the same number, and a liar that churns numbers until
+//! a third engine's socket gets its own connection's cannot be told apart
+//! by the number. The link is therefore only a filter. An entry whose link
+//! names the inode is taken out of the pid (`pidfd_getfd(2)`, which needs
+//! the same rights over that pid as `process_vm_writev`; a process whose
+//! socket cannot be taken is not proven), and the socket itself is
+//! compared: its `SO_COOKIE` (64 bits, never given to two sockets: kernel
+//! commit 5daab9db7b65, "a unique non-decreasing cookie for each socket")
+//! against the cookie netlink reports for the answering end, and its own
+//! address, peer address and protocol against the connection's, so even
+//! the `/proc/net/tcp` fallback, which gives no cookie, names one socket.
+//! The copy is closed at once; only an entry already linked to the inode
+//! is ever taken, so nothing but a socket is.
+//!
 //! The handshake's answer also names the descriptor number the target
 //! holds the connection at (`answering_fd`), and that one entry,
-//! `/proc/<pid>/fd/<n>`, is read first: the kernel's link names the socket
-//! inode the pid holds at `n`, so a match proves exactly what finding it
-//! in the listing proves. The number itself proves nothing and needs no
-//! seal: a wrong or missing one (a relay, an older kvring) only costs the
-//! full listing, which a busy process makes long (hundreds of entries, a
-//! `readlink` each: about a fifth of a cold open's CPU time). Nothing is
-//! cached between checks: each is made afresh, with the connection open.
+//! `/proc/<pid>/fd/<n>`, is looked at first: a match proves exactly what
+//! finding it in the listing proves. The number itself proves nothing and
+//! needs no seal: a wrong or missing one (a relay, an older kvring) only
+//! costs the full listing, which a busy process makes long (hundreds of
+//! entries, a `readlink` each: about a fifth of a cold open's CPU time).
+//! Nothing is cached between checks: each is made afresh, with the
+//! connection open.
 //! Not found (another process answered, a relay, another network namespace):
 //! the descriptor is taken as another host's, so shm and cma are never tried
 //! with it, and tcp (or rdma) carries the data.
@@ -28,6 +45,7 @@
 use crate::error::{Error, Result};
 use crate::segment::{CmaReach, SegmentDescriptor};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Instant;
 
 /// The most entries of the claimed pid's `/proc/<pid>/fd` listed: a
@@ -93,6 +111,17 @@ pub(crate) fn socket_held_by(
     held_by(pid, ours, theirs, hint, deadline, MAX_OWNER_FDS_LISTED)
 }
 
+/// The far end of our connection, as the kernel names it: its inode (a
+/// filter only, see the module docs), and its cookie where netlink gave one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Far {
+    inode: u64,
+    cookie: Option<u64>,
+    /// Its own address (the peer's) and the one it is connected to (ours).
+    local: SocketAddr,
+    remote: SocketAddr,
+}
+
 fn held_by(
     pid: u32,
     ours: SocketAddr,
@@ -102,14 +131,30 @@ fn held_by(
     max_listed: usize,
 ) -> Result<bool> {
     // The exact lookup first; the table walk when it finds nothing.
-    let found = super::sockdiag::socket_inode(theirs, ours).or_else(|| socket_inode(theirs, ours));
-    let Some(inode) = found else { return Ok(false) };
-    let want = format!("socket:[{inode}]");
+    let found = super::sockdiag::socket_identity(theirs, ours)
+        .map(|(inode, cookie)| (inode, Some(cookie)))
+        .or_else(|| socket_inode(theirs, ours).map(|inode| (inode, None)));
+    let Some((inode, cookie)) = found else { return Ok(false) };
+    held_by_far(pid, Far { inode, cookie, local: theirs, remote: ours }, hint, deadline, max_listed)
+}
+
+fn held_by_far(pid: u32, far: Far, hint: Option<u32>, deadline: Instant, max_listed: usize) -> Result<bool> {
+    // Opened before anything of the pid is read, so every entry taken is
+    // that process's, whatever comes to reuse its number. A kernel without
+    // pidfds (before 5.3) leaves the link as the only proof, as below.
+    let process = crate::gpu::fd::pidfd_open(pid).ok();
+    let want = format!("socket:[{}]", far.inode);
     let holds = |fd: u32| {
         std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|link| link.as_os_str() == want.as_str())
+            && match process.as_ref().map_or(Taken::Refused, |process| is_the_socket(process, fd, &far)) {
+                Taken::Same => true,
+                Taken::Other => false,
+                Taken::Refused => {
+                    link_only_proof(pid);
+                    true
+                }
+            }
     };
-    // The kernel's link of the one entry named: the same proof as finding
-    // it in the listing below.
     if hint.is_some_and(holds) {
         return Ok(true);
     }
@@ -141,6 +186,126 @@ fn held_by(
     Ok(false)
 }
 
+/// What taking a candidate descriptor out of the claimed process showed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Taken {
+    /// The answering socket itself (cookie and addresses).
+    Same,
+    /// Another socket that only shares the inode number.
+    Other,
+    /// It could not be taken: a sandbox's seccomp (Docker's and
+    /// Kubernetes' default profiles allow `pidfd_getfd` only with
+    /// `CAP_SYS_PTRACE`), Yama's ptrace scope, or a kernel before 5.6.
+    Refused,
+}
+
+/// Whether descriptor `fd` of `process` is the socket `far`: the same
+/// cookie where one is known, and always a TCP socket bound to `far.local`
+/// and connected to `far.remote`, which in one network namespace no two
+/// live sockets are. Called only for an entry whose link already names
+/// `far.inode`, so the descriptor taken is a socket.
+fn is_the_socket(process: &OwnedFd, fd: u32, far: &Far) -> Taken {
+    // SAFETY: pidfd_getfd(2) takes a pidfd, a descriptor number and flags
+    // (0) and returns a new descriptor or -1; no memory is passed.
+    let taken = unsafe { libc::syscall(libc::SYS_pidfd_getfd, process.as_raw_fd(), fd as libc::c_int, 0) };
+    if taken < 0 {
+        return Taken::Refused;
+    }
+    // SAFETY: a fresh descriptor nothing else in this process owns; it is
+    // closed when this function returns.
+    let socket = unsafe { OwnedFd::from_raw_fd(taken as RawFd) };
+    let same_cookie = far.cookie.is_none_or(|want| cookie_of(socket.as_fd()) == Some(want));
+    let tcp = int_option(socket.as_fd(), libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP);
+    let (local, remote) = match (address_of(socket.as_fd(), false), address_of(socket.as_fd(), true)) {
+        (Some(local), Some(remote)) => (unmapped(local), unmapped(remote)),
+        _ => return Taken::Other,
+    };
+    match same_cookie && tcp && local == unmapped(far.local) && remote == unmapped(far.remote) {
+        true => Taken::Same,
+        false => Taken::Other,
+    }
+}
+
+/// The claimed pid's socket could not be taken, so the kernel's link (the
+/// inode number) is the proof, as it was before the cookie: shm and cma
+/// keep working in a container whose seccomp refuses `pidfd_getfd`. Said
+/// once per process, since it weakens the check (docs/SECURITY.md).
+fn link_only_proof(pid: u32) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        tracing::warn!(
+            pid,
+            "cannot take a peer's socket to compare its cookie (pidfd_getfd refused: seccomp, Yama or an old kernel): \
+             same-host peers are proven by their socket's 32-bit inode number only"
+        );
+    });
+}
+
+/// `SO_COOKIE`: a socket's 64-bit cookie, since Linux 4.12 (commit
+/// 5daab9db7b65). 57 in asm-generic/socket.h and mips's; sparc's own
+/// header gives 0x003b (libc 0.2 keeps it out of its public names).
+#[cfg(not(target_arch = "sparc64"))]
+const SO_COOKIE: libc::c_int = 57;
+#[cfg(target_arch = "sparc64")]
+const SO_COOKIE: libc::c_int = 0x003b;
+
+/// A socket's cookie (`getsockopt(SO_COOKIE)`), `None` where the kernel
+/// gives none.
+pub(super) fn cookie_of(socket: BorrowedFd<'_>) -> Option<u64> {
+    let mut cookie = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `cookie` and `len` are valid for writes of the sizes given.
+    let got = unsafe {
+        libc::getsockopt(socket.as_raw_fd(), libc::SOL_SOCKET, SO_COOKIE, (&raw mut cookie).cast(), &mut len)
+    };
+    (got == 0 && len as usize == std::mem::size_of::<u64>()).then_some(cookie)
+}
+
+/// An `int` socket option of level `SOL_SOCKET`.
+fn int_option(socket: BorrowedFd<'_>, name: libc::c_int) -> Option<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are valid for writes of the sizes given.
+    let got =
+        unsafe { libc::getsockopt(socket.as_raw_fd(), libc::SOL_SOCKET, name, (&raw mut value).cast(), &mut len) };
+    (got == 0).then_some(value)
+}
+
+/// A socket's own address, or with `peer` the one it is connected to
+/// (`getsockname(2)`, `getpeername(2)`); `None` for another family or an
+/// unconnected socket.
+fn address_of(socket: BorrowedFd<'_>, peer: bool) -> Option<SocketAddr> {
+    // SAFETY: sockaddr_storage is plain data, valid all zero.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let at = (&raw mut storage).cast::<libc::sockaddr>();
+    // SAFETY: `storage` and `len` are valid for writes of the sizes given.
+    let got = unsafe {
+        match peer {
+            true => libc::getpeername(socket.as_raw_fd(), at, &mut len),
+            false => libc::getsockname(socket.as_raw_fd(), at, &mut len),
+        }
+    };
+    if got != 0 {
+        return None;
+    }
+    match storage.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a sockaddr_in (its family says so),
+            // which fits in the storage.
+            let v4 = unsafe { *(&raw const storage).cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
+            Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(v4.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, a sockaddr_in6.
+            let v6 = unsafe { *(&raw const storage).cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::from(v6.sin6_addr.s6_addr)), u16::from_be(v6.sin6_port)))
+        }
+        _ => None,
+    }
+}
+
 /// `Timeout` once the handshake's deadline has passed: the owner check
 /// costs a `readlink` per descriptor of a pid the peer names.
 fn past(deadline: Instant, pid: u32) -> Result<()> {
@@ -149,7 +314,7 @@ fn past(deadline: Instant, pid: u32) -> Result<()> {
         return Ok(());
     }
     tracing::warn!(pid, "the same-host owner check ran past the handshake's deadline listing /proc/{pid}/fd");
-    Err(Error::Timeout { waited: now.saturating_duration_since(deadline) })
+    Err(Error::Timeout { what: "the same-host owner check", waited: now.saturating_duration_since(deadline) })
 }
 
 /// The inode of this namespace's TCP socket bound to `local` and connected
@@ -269,6 +434,44 @@ mod tests {
         other.wait().unwrap();
         let nobody: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert!(!socket_held_by(me, ours, nobody, None, later()).unwrap(), "no such connection");
+    }
+
+    /// A socket whose inode number is the answering connection's (after
+    /// the 32-bit numbers wrapped, or a liar churned them) is not that
+    /// connection: the socket taken from the pid must carry its cookie and
+    /// its addresses. Here this process holds a socket at the inode asked
+    /// for, but the far end named is another socket.
+    #[test]
+    fn a_socket_that_only_shares_the_inode_number_is_not_the_answering_one() {
+        use std::os::fd::AsFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let other_client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (other_server, _) = listener.accept().unwrap();
+        let (ours, theirs) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
+        let (inode, cookie) = super::super::sockdiag::socket_identity(theirs, ours).expect("netlink here");
+        let me = std::process::id();
+        let at = Some(server.as_raw_fd() as u32);
+        let real = Far { inode, cookie: Some(cookie), local: theirs, remote: ours };
+        assert!(held_by_far(me, real, at, later(), MAX_OWNER_FDS_LISTED).unwrap(), "the real far end");
+        // The inode is held here, but the answering socket named by netlink
+        // is another one (another cookie, other addresses).
+        let elsewhere = cookie_of(other_server.as_fd()).unwrap();
+        let (o_ours, o_theirs) = (other_client.local_addr().unwrap(), other_client.peer_addr().unwrap());
+        let wrapped = [
+            Far { cookie: Some(elsewhere), ..real },
+            Far { cookie: Some(elsewhere), local: o_theirs, remote: o_ours, ..real },
+            // The `/proc/net/tcp` fallback gives no cookie: the addresses
+            // alone still tell the sockets apart.
+            Far { cookie: None, local: o_theirs, remote: o_ours, ..real },
+        ];
+        for far in wrapped {
+            for hint in [at, None] {
+                assert!(!held_by_far(me, far, hint, later(), MAX_OWNER_FDS_LISTED).unwrap(), "{far:?}, hint {hint:?}");
+            }
+        }
+        assert!(held_by_far(me, Far { cookie: None, ..real }, None, later(), MAX_OWNER_FDS_LISTED).unwrap());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! One socket's inode by its exact 4-tuple, asked of the kernel over
+//! One socket's inode and cookie by its exact 4-tuple, asked of the kernel over
 //! `NETLINK_SOCK_DIAG` (sock_diag(7)): one hash lookup in the kernel, where
 //! reading `/proc/net/tcp` walks every TCP socket of the namespace (about
 //! 10 ms here with the ~5,000 TIME_WAIT sockets a test-heavy host keeps:
@@ -25,13 +25,18 @@ const MSG_BYTES: usize = 72;
 /// retrans (4 bytes), the 48-byte `inet_diag_sockid`, then expires, rqueue,
 /// wqueue and uid (4 bytes each) (sock_diag(7)).
 const INODE_AT: usize = 68;
+/// Offset of `idiag_cookie` in `struct inet_diag_msg`: the last 8 bytes of
+/// the `inet_diag_sockid` (sock_diag(7)), two `__u32`, the low word first
+/// (the kernel's `sock_diag_save_cookie`, net/core/sock_diag.c).
+const COOKIE_AT: usize = 44;
 /// Longest the kernel's answer is waited for: it answers at once, this
 /// only bounds the wait.
 const REPLY_WAIT: Duration = Duration::from_millis(200);
 
-/// The inode of this namespace's TCP socket bound to `local` and connected
-/// to `remote`, by an exact netlink lookup.
-pub(super) fn socket_inode(local: SocketAddr, remote: SocketAddr) -> Option<u64> {
+/// The inode and the cookie (`SO_COOKIE`'s value: 64 bits, never given to
+/// two sockets) of this namespace's TCP socket bound to `local` and
+/// connected to `remote`, by an exact netlink lookup.
+pub(super) fn socket_identity(local: SocketAddr, remote: SocketAddr) -> Option<(u64, u64)> {
     let request = request(local, remote)?;
     // SAFETY: socket(2) with constant arguments; the result is checked.
     let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, libc::NETLINK_SOCK_DIAG) };
@@ -76,7 +81,7 @@ pub(super) fn socket_inode(local: SocketAddr, remote: SocketAddr) -> Option<u64>
     // SAFETY: `reply` is valid for writes of its length.
     let got = unsafe { libc::recv(fd.as_raw_fd(), reply.as_mut_ptr().cast(), reply.len(), 0) };
     let got = usize::try_from(got).ok()?;
-    inode_from_reply(&reply[..got.min(reply.len())], local, remote)
+    identity_from_reply(&reply[..got.min(reply.len())], local, remote)
 }
 
 /// The request: an exact lookup (no `NLM_F_DUMP`) of the TCP socket bound
@@ -118,10 +123,11 @@ fn sockid(local: SocketAddr, remote: SocketAddr) -> [u8; 48] {
     id
 }
 
-/// The inode of the reply's socket, if the reply is one `inet_diag_msg`
-/// naming the socket asked for (anything else, an `NLMSG_ERROR` included:
-/// `None`). The kernel's bytes are still checked: lengths, type, the id.
-pub(crate) fn inode_from_reply(reply: &[u8], local: SocketAddr, remote: SocketAddr) -> Option<u64> {
+/// The inode and cookie of the reply's socket, if the reply is one
+/// `inet_diag_msg` naming the socket asked for (anything else, an
+/// `NLMSG_ERROR` included: `None`). The kernel's bytes are still checked:
+/// lengths, type, the id.
+pub(crate) fn identity_from_reply(reply: &[u8], local: SocketAddr, remote: SocketAddr) -> Option<(u64, u64)> {
     let u32_at = |bytes: &[u8], at: usize| bytes.get(at..at + 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap()));
     let len = u32_at(reply, 0)? as usize;
     let kind = u16::from_ne_bytes(reply.get(4..6)?.try_into().ok()?);
@@ -134,12 +140,15 @@ pub(crate) fn inode_from_reply(reply: &[u8], local: SocketAddr, remote: SocketAd
     if msg.get(4..44)? != &sockid(local, remote)[..40] {
         return None;
     }
-    u32_at(msg, INODE_AT).map(u64::from).filter(|&inode| inode != 0)
+    let inode = u32_at(msg, INODE_AT).map(u64::from).filter(|&inode| inode != 0)?;
+    let cookie = u64::from(u32_at(msg, COOKIE_AT)?) | u64::from(u32_at(msg, COOKIE_AT + 4)?) << 32;
+    Some((inode, cookie))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
 
     #[test]
     fn the_kernel_names_the_socket_it_has() {
@@ -147,11 +156,15 @@ mod tests {
         let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, _) = listener.accept().unwrap();
         let (ours, theirs) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
-        let inode = socket_inode(theirs, ours).expect("netlink finds the accepted socket");
+        let (inode, cookie) = socket_identity(theirs, ours).expect("netlink finds the accepted socket");
         let link = std::fs::read_link(format!("/proc/self/fd/{}", server.as_raw_fd())).unwrap();
         assert_eq!(link.to_str().unwrap(), format!("socket:[{inode}]"));
+        // The cookie netlink gives is the one SO_COOKIE gives for that
+        // socket, and not its other end's.
+        assert_eq!(super::super::owner::cookie_of(server.as_fd()), Some(cookie));
+        assert_ne!(super::super::owner::cookie_of(client.as_fd()), Some(cookie));
         let nobody: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        assert_eq!(socket_inode(theirs, nobody), None, "no such connection");
+        assert_eq!(socket_identity(theirs, nobody), None, "no such connection");
     }
 
     #[test]
@@ -164,16 +177,19 @@ mod tests {
         good[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
         good[NLMSG_HDR_BYTES + 4..NLMSG_HDR_BYTES + 52].copy_from_slice(&sockid(local, remote));
         good[NLMSG_HDR_BYTES + INODE_AT..NLMSG_HDR_BYTES + INODE_AT + 4].copy_from_slice(&77u32.to_ne_bytes());
-        assert_eq!(inode_from_reply(&good, local, remote), Some(77));
+        let cookie_at = NLMSG_HDR_BYTES + COOKIE_AT;
+        good[cookie_at..cookie_at + 4].copy_from_slice(&5u32.to_ne_bytes());
+        good[cookie_at + 4..cookie_at + 8].copy_from_slice(&1u32.to_ne_bytes());
+        assert_eq!(identity_from_reply(&good, local, remote), Some((77, (1 << 32) | 5)), "the low word first");
         for cut in 0..good.len() {
-            assert_eq!(inode_from_reply(&good[..cut], local, remote), None, "cut at {cut}");
+            assert_eq!(identity_from_reply(&good[..cut], local, remote), None, "cut at {cut}");
         }
         let mut error = good.clone();
         error[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
-        assert_eq!(inode_from_reply(&error, local, remote), None);
-        assert_eq!(inode_from_reply(&good, remote, local), None, "another socket's answer");
+        assert_eq!(identity_from_reply(&error, local, remote), None);
+        assert_eq!(identity_from_reply(&good, remote, local), None, "another socket's answer");
         let mut overlong = good.clone();
         overlong[0..4].copy_from_slice(&u32::MAX.to_ne_bytes());
-        assert_eq!(inode_from_reply(&overlong, local, remote), None);
+        assert_eq!(identity_from_reply(&overlong, local, remote), None);
     }
 }

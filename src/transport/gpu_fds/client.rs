@@ -54,7 +54,7 @@ impl GpuFdClient {
         deadline: Instant,
     ) -> Result<Self> {
         let stream = connect_abstract(name.as_bytes(), deadline).map_err(|e| match crate::net::is_timeout(&e) {
-            true => Error::Timeout { waited: std::time::Duration::ZERO },
+            true => Error::Timeout { what: "the peer's GPU socket to accept", waited: std::time::Duration::ZERO },
             false => Error::io(format!("connecting to {peer}'s GPU socket"), e),
         })?;
         let holder = peer_pid(&stream).map_err(|e| Error::io("reading a socket's peer credentials", e))?;
@@ -191,7 +191,7 @@ impl GpuFdClient {
     fn set_timeouts(&self) -> Result<()> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::Timeout { waited: std::time::Duration::ZERO });
+            return Err(Error::Timeout { what: "the peer's GPU socket", waited: std::time::Duration::ZERO });
         }
         let set = self.stream.set_read_timeout(Some(left)).and_then(|()| self.stream.set_write_timeout(Some(left)));
         set.map_err(|e| Error::io("setting a socket timeout", e))
@@ -199,7 +199,7 @@ impl GpuFdClient {
 
     fn io_error(&self, error: std::io::Error) -> Error {
         if crate::net::is_timeout(&error) {
-            return Error::Timeout { waited: std::time::Duration::ZERO };
+            return Error::Timeout { what: "the peer's GPU socket", waited: std::time::Duration::ZERO };
         }
         Error::io(format!("{}'s GPU descriptor socket (did it close us?)", self.peer), error)
     }

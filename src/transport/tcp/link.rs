@@ -82,7 +82,7 @@ impl TcpLink {
         for stager in stagers {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Error::Timeout { waited: Duration::ZERO });
+                return Err(Error::Timeout { what: "the data connections", waited: Duration::ZERO });
             }
             let (stream, seal) = open(addr, peer, epoch, session, deadline)?;
             let wake = stream.try_clone().ok().map(std::os::fd::OwnedFd::from);
@@ -293,18 +293,18 @@ fn open(
 ) -> Result<(TcpStream, Option<FrameSeal>)> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
-        return Err(Error::Timeout { waited: left });
+        return Err(Error::Timeout { what: "the data connections", waited: left });
     }
     // A listener that never completes the connect ends at the deadline.
     let stream = TcpStream::connect_timeout(&addr, left).map_err(|e| match crate::net::is_timeout(&e) {
-        true => Error::Timeout { waited: left },
+        true => Error::Timeout { what: "the data listener to accept", waited: left },
         false => Error::io(format!("connecting to {peer}'s data listener {addr}"), e),
     })?;
     let _ = stream.set_nodelay(true);
     let mut io = DeadlineIo::new(&stream, deadline);
     let timed = |e: std::io::Error, what: &str| {
         if crate::net::is_timeout(&e) {
-            Error::Timeout { waited: left }
+            Error::Timeout { what: "the data listener's hello", waited: left }
         } else {
             Error::io(format!("{what} {peer}'s data listener {addr}"), e)
         }

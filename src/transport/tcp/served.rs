@@ -10,7 +10,7 @@
 //! and leaves the book when this lane closes it.
 
 use super::target::{StagingSlot, TargetConn, TargetContext};
-use crate::net::Admission;
+use crate::net::{Admission, IdleCell};
 use crate::transport::Service;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
@@ -28,6 +28,36 @@ struct Slot {
     conn: TargetConn,
     /// Its admission id.
     id: u64,
+    /// Its idleness as the admission book reads it (a newcomer of a source
+    /// below its fair share may take the place of a quiet connection of a
+    /// source above it), kept here with no lock.
+    idle: Option<Arc<IdleCell>>,
+    /// What `idle` was last told: true once marked idle.
+    quiet: bool,
+}
+
+impl Slot {
+    /// Marks the connection idle in the book once it is quiet (between
+    /// frames, nothing in hand); it stays busy otherwise.
+    fn mark_quiet(&mut self, now: Instant) {
+        if !self.quiet && self.conn.quiet() {
+            if let Some(idle) = &self.idle {
+                // False only once evicted: its lane closes it on the
+                // `Evict` that follows.
+                self.quiet = idle.idle(now);
+            }
+        }
+    }
+
+    /// Marks it busy before anything it sent is read. False once its place
+    /// was taken: it is closed, and nothing more of it is served.
+    fn mark_busy(&mut self) -> bool {
+        if !self.quiet {
+            return true;
+        }
+        self.quiet = false;
+        self.idle.as_ref().is_none_or(|idle| idle.busy())
+    }
 }
 
 /// One lane's share of a target's data connections.
@@ -149,7 +179,8 @@ impl Service for Served {
         self.next_key = self.next_key.wrapping_add(1);
         conn.set_stage_key(self.next_key);
         self.by_key.insert(self.next_key, index);
-        let slot = Slot { stream, conn, id };
+        let idle = lock(&self.admission).watch(id);
+        let slot = Slot { stream, conn, id, idle, quiet: false };
         if index == self.slots.len() {
             self.slots.push(Some(slot));
         } else {
@@ -173,6 +204,11 @@ impl Service for Served {
     fn ready(&mut self, registry: &Registry, index: usize, now: Instant) -> bool {
         let Served { ctx, admission, slots, stage, .. } = self;
         let Some(Some(slot)) = slots.get_mut(index) else { return false };
+        if !slot.mark_busy() {
+            // Evicted for a newcomer while quiet: out of the book already.
+            self.close(registry, index, false);
+            return true;
+        }
         let id = slot.id;
         let mut admit = || lock(admission).admit(id);
         // Edge-triggered: read until the socket would block (or too many
@@ -202,6 +238,7 @@ impl Service for Served {
             if slot.conn.stalled() && !self.stalled.contains(&index) {
                 self.stalled.push(index);
             }
+            slot.mark_quiet(now);
             return moved;
         }
         self.close(registry, index, true);
@@ -247,6 +284,8 @@ impl Service for Served {
                 self.again.push(index);
             }
             slot.conn.shrink_if_idle(now);
+            // One whose staging copies settled since it was last driven.
+            slot.mark_quiet(now);
             let deadline = slot.conn.next_deadline();
             next = Some(next.map_or(deadline, |n| n.min(deadline)));
         }

@@ -270,6 +270,20 @@ impl TargetConn {
         self.phase != Phase::Closing && self.replies.len() < MAX_QUEUED_REPLIES && !self.stalled
     }
 
+    /// True while serving and between frames with nothing in hand: no
+    /// frame begun, no byte buffered, no reply queued, no staging page or
+    /// copy held. Only such a connection may be evicted for a newcomer.
+    pub(crate) fn quiet(&self) -> bool {
+        self.phase == Phase::Serving
+            && matches!(self.receiving, Receiving::Header)
+            && self.frame_started.is_none()
+            && self.start == self.end
+            && self.replies.is_empty()
+            && !self.stalled
+            && self.staged_front_since.is_none()
+            && self.groups.is_empty()
+    }
+
     /// True once closing and everything queued is sent.
     pub(crate) fn finished(&self) -> bool {
         self.phase == Phase::Closing && self.replies.is_empty()
@@ -323,7 +337,10 @@ impl TargetConn {
     /// saying so (sent by the driver's last write before it closes).
     pub(crate) fn too_late(&mut self, epoch: u64) {
         if matches!(self.phase, Phase::Hello | Phase::Proof { .. }) {
-            self.refuse(&Error::Timeout { waited: self.admission_timeout }, epoch);
+            self.refuse(
+                &Error::Timeout { what: "the data hello and its proof", waited: self.admission_timeout },
+                epoch,
+            );
         }
     }
 
