@@ -483,8 +483,11 @@ impl ControlHandler for Handler {
         &self,
         _initiator: &Initiator,
         _request: &crate::proto::RdmaConnectRequest,
-    ) -> Result<Vec<crate::proto::QpEndpointInfo>> {
-        Ok(Vec::new())
+    ) -> Result<crate::proto::RdmaConnectResponse> {
+        Ok(Default::default())
+    }
+    fn rdma_fence(&self, _target: &Initiator, _request: &crate::proto::RdmaFenceRequest) -> Result<()> {
+        Ok(())
     }
 }
 
