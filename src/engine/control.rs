@@ -150,6 +150,9 @@ impl ControlHandler for ControlContext {
             .registry
             .snapshot()
             .into_iter()
+            // Only regions peers may write are written over rdma (the
+            // others' mirrors refuse every write).
+            .filter(|(_, entry)| entry.info.access.contains(Access::REMOTE_WRITE))
             .map(|(id, entry)| crate::proto::RdmaFenceTable { region: id.raw(), words: entry.fence_view().snapshot() })
             .collect();
         Ok(crate::proto::RdmaConnectResponse {

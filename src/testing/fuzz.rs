@@ -26,9 +26,11 @@ use std::time::{Duration, Instant};
 use zerocopy::IntoBytes;
 
 mod gpu_fds;
+mod rdma_fence;
 mod sealed;
 mod sock_diag;
 pub use gpu_fds::gpu_fds_connection;
+pub use rdma_fence::rdma_fence;
 pub use sealed::{sealed_control, sealed_frames};
 pub use sock_diag::sock_diag_reply;
 

@@ -53,7 +53,7 @@ impl Mirrors {
 
     /// The mirror of the target's region `region` (raw id), if the link
     /// has one.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn table(&self, region: u64) -> Option<&FenceTable> {
         self.tables.get(&region)
     }
@@ -212,7 +212,12 @@ pub fn decode_pushed(regions: &[crate::proto::RdmaFenceSpans]) -> Result<Pushed>
             let spans = entry
                 .spans
                 .chunks_exact(4)
-                .map(|w| Span { start: w[0], len: w[1], stride: w[2], count: w[3] })
+                // A single range's stride is its length (`Span::range`):
+                // a stride of 0 would miss a write from its last byte on.
+                .map(|w| match (w[2], w[3]) {
+                    (0, 1) => Span::range(w[0], w[1]),
+                    _ => Span { start: w[0], len: w[1], stride: w[2], count: w[3] },
+                })
                 .collect();
             Ok((entry.region, spans))
         })
