@@ -23,5 +23,5 @@ trap 'rm -f /dev/shm/kvring-fakeverbs-$(id -u)-$FAKE_IBVERBS_FABRIC' EXIT
 
 step "tests/fence_rdma.rs on IbVerbs over the fake (the stalled-lane case needs the simulator and says so)"
 RDMA_TEST_PROVIDER=ibverbs cargo test --test fence_rdma -- --nocapture 2>&1 | tee /tmp/kvring-fence-rdma.txt
-grep -E '^test result: ok\. 6 passed' /tmp/kvring-fence-rdma.txt >/dev/null
+grep -E '^test result: ok\. 8 passed' /tmp/kvring-fence-rdma.txt >/dev/null
 echo "stage-fence-rdma: ok"

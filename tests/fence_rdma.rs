@@ -30,10 +30,23 @@ struct Setup {
 
 impl Setup {
     fn new(name: &str) -> Self {
+        Self::with_token(name, None)
+    }
+
+    /// With `token`, every control connection proves it, the target's
+    /// pushes to the initiator included.
+    fn with_token(name: &str, token: Option<&str>) -> Self {
         let provider = Provider::new();
-        let target = provider.apply(common::builder(&format!("{name}-target"))).build().unwrap();
+        let builder = |role: &str| {
+            let builder = provider.apply(common::builder(&format!("{name}-{role}")));
+            match token {
+                Some(token) => builder.token(token),
+                None => builder,
+            }
+        };
+        let target = builder("target").build().unwrap();
         let remote = target.alloc_region(2 * MIB, RegionInfo::raw()).unwrap();
-        let initiator = provider.apply(common::builder(&format!("{name}-initiator"))).build().unwrap();
+        let initiator = builder("initiator").build().unwrap();
         let local = initiator.alloc_region(MIB, RegionInfo::raw()).unwrap();
         let segment =
             initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Rdma), WAIT).unwrap();
@@ -92,6 +105,19 @@ fn rdma_a_push_under_a_stale_grant_is_fenced_and_nothing_lands() {
     s.push(&beyond, None).into_result().unwrap();
     s.push(&blocks, Some(new)).into_result().unwrap();
     assert_eq!(s.read(0, MIB), pattern(MIB, 1), "the current grant lands");
+}
+
+/// With a cluster token the target proves it in the handshake of each
+/// push: the writer answers (it is not cut off) and the fence holds.
+#[test]
+fn rdma_fences_are_pushed_over_proven_handshakes_with_a_token() {
+    let s = Setup::with_token("fence-rdma-token", Some("fence-s3cret"));
+    let old = s.target.fence(s.remote.id(), 0, MIB as u64).unwrap();
+    s.push(&s.descs(1), Some(old)).into_result().unwrap();
+    s.target.fence(s.remote.id(), 0, MIB as u64).unwrap();
+    assert_eq!(s.target.rdma_accepted_qps(), 1, "the writer answered the proven push");
+    let outcome = s.push(&s.descs(1), Some(old));
+    assert!(fenced(&outcome), "{outcome:?}");
 }
 
 /// A slot fenced and reused while a write to it is in flight: once
