@@ -32,29 +32,46 @@ pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], dea
     };
     let me = engine.initiator();
     let token = engine.inner.config.token.as_ref();
-    let answers: Vec<crate::error::Result<()>> = std::thread::scope(|scope| {
+    let mut kept: Vec<Option<ControlClient>> = {
+        let mut cache = super::lifecycle::lock(&engine.inner.fence_pushers);
+        // Writers that left: their connections go.
+        cache.retain(|(name, epoch), _| writers.iter().any(|(w, _)| &w.name == name && w.epoch == *epoch));
+        writers.iter().map(|(w, _)| cache.remove(&(w.name.clone(), w.epoch))).collect()
+    };
+    let answers: Vec<(crate::error::Result<()>, Option<ControlClient>)> = std::thread::scope(|scope| {
         let asks: Vec<_> = writers
             .iter()
-            .map(|(writer, checks_fences)| {
+            .zip(kept.iter_mut().map(Option::take))
+            .map(|((writer, checks_fences), cached)| {
                 let (request, me) = (request.clone(), &me);
                 scope.spawn(move || {
                     if !checks_fences {
-                        return Err(crate::Error::Unsupported {
-                            what: format!("{} does not check fences over rdma", writer.name),
-                        });
+                        let why = format!("{} does not check fences over rdma", writer.name);
+                        return (Err(crate::Error::Unsupported { what: why }), None);
                     }
-                    let mut client = ControlClient::connect(&writer.addr, deadline)?;
-                    client.handshake(me, token, deadline)?;
-                    client.rdma_fence(request, deadline)
+                    ask(writer, cached, me, token, request, deadline)
                 })
             })
             .collect();
         asks.into_iter()
             .map(|ask| {
-                ask.join().unwrap_or_else(|_| Err(crate::Error::invalid("rdma fence", "the push's thread panicked")))
+                ask.join()
+                    .unwrap_or_else(|_| (Err(crate::Error::invalid("rdma fence", "the push's thread panicked")), None))
             })
             .collect()
     });
+    let mut cache = super::lifecycle::lock(&engine.inner.fence_pushers);
+    let answers: Vec<_> = writers
+        .iter()
+        .zip(answers)
+        .map(|((writer, _), (answer, client))| {
+            if let Some(client) = client {
+                cache.insert((writer.name.clone(), writer.epoch), client);
+            }
+            answer
+        })
+        .collect();
+    drop(cache);
     for ((writer, _), answer) in writers.iter().zip(answers) {
         if let Err(error) = answer {
             // ibv_modify_qp to ERR first (`release_initiator`): none of its
@@ -62,5 +79,42 @@ pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], dea
             tracing::warn!(initiator = %writer.name, %error, "an rdma writer did not confirm a fence: its QPs are cut off");
             node.release_initiator(writer);
         }
+    }
+}
+
+/// One writer's answer to `request`, over its kept connection (made anew,
+/// and once more if a kept one had gone stale: a push is idempotent); the
+/// connection to keep, when it answered.
+fn ask(
+    writer: &crate::auth::Initiator,
+    cached: Option<ControlClient>,
+    me: &crate::auth::Initiator,
+    token: Option<&crate::auth::Token>,
+    request: crate::proto::RdmaFenceRequest,
+    deadline: Instant,
+) -> (crate::error::Result<()>, Option<ControlClient>) {
+    let fresh = || -> crate::error::Result<ControlClient> {
+        let mut client = ControlClient::connect(&writer.addr, deadline)?;
+        client.handshake(me, token, deadline)?;
+        Ok(client)
+    };
+    if let Some(mut client) = cached {
+        match client.rdma_fence(request.clone(), deadline) {
+            Ok(()) => return (Ok(()), Some(client)),
+            // The writer's answer (busy, no such link): not asked again.
+            Err(error) if !matches!(error, crate::Error::Io { .. } | crate::Error::Malformed { .. }) => {
+                return (Err(error), None)
+            }
+            // The kept connection had gone (closed while idle): a new one.
+            Err(_) => {}
+        }
+    }
+    let mut client = match fresh() {
+        Ok(client) => client,
+        Err(error) => return (Err(error), None),
+    };
+    match client.rdma_fence(request, deadline) {
+        Ok(()) => (Ok(()), Some(client)),
+        Err(error) => (Err(error), None),
     }
 }
