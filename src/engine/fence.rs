@@ -31,11 +31,15 @@ impl Engine {
     /// bytes land. Hand the grant to the one sender that may write there
     /// ([`Batch::grant`](crate::Batch::grant)).
     ///
-    /// Fencing a range no write is in sends no message: the grant is
-    /// checked by whoever writes (this target's lanes for tcp; a same-host
-    /// peer's own lane for shm, cma and cuda_ipc, against tables in memory
-    /// both map). Grants rise across the process, so a grant of another range
-    /// never passes for an older one.
+    /// The grant is checked by whoever writes (this target's lanes for
+    /// tcp; a same-host peer's own lane for shm, cma and cuda_ipc, against
+    /// tables in memory both map; an rdma peer's lanes against mirrors of
+    /// the tables in its own memory). Fencing a range no write is in sends
+    /// no message, except one request to each rdma peer holding QPs here,
+    /// all at once, answered once its writes before the fence completed (a
+    /// peer that does not answer in time has its QPs here moved to the
+    /// error state, so nothing of it lands after). Grants rise across the
+    /// process, so a grant of another range never passes for an older one.
     ///
     /// `RegionBusy` when a write under an older grant did not end within
     /// `FENCE_WAIT` (2 s; the range then stays fenced under a grant nobody
