@@ -10,6 +10,12 @@
 //!   and cma from host memory, cuda_ipc device to device on the simulated
 //!   GPU (its copy engine is host memcpy after a 10 us delay: the row
 //!   measures the check and the held pass, not a real GPU's copy).
+//! - `fence/rdma-idle`: `Engine::fence` of an idle range of a target with
+//!   one rdma writer connected (the fence is pushed to it and answered:
+//!   one control round trip over a kept connection) beside one tcp round
+//!   trip to the same target; `fence/rdma`: the granted push, as above,
+//!   over rdma (the simulated provider: its NIC is a memcpy under a lock,
+//!   so the row measures the mirror check and the held counts).
 //!
 //! `cargo bench --bench fence -- --rounds 2000` (`-- --test`: a few rounds,
 //! the CI smoke run). Prints p50 of each, in microseconds, and the ratio.
@@ -145,4 +151,42 @@ fn main() {
     drop(initiator);
     drop(target);
     drop((ours, plain, idle, fenced));
+    rdma(rounds);
+}
+
+/// The rdma rows, on the simulated provider.
+fn rdma(rounds: usize) {
+    let sim = std::sync::Arc::new(kvring::rdma::SimVerbs::new());
+    let target = Engine::builder().name("bench-fence-rdma-target").rdma(sim.clone()).build().expect("engine");
+    let initiator = Engine::builder().name("bench-fence-rdma-initiator").rdma(sim).build().expect("engine");
+    let addr = target.control_addr().to_string();
+    let remote_plain = target.alloc_region(LEN, RegionInfo::raw()).expect("region");
+    let remote_fenced = target.alloc_region(17 * LEN, RegionInfo::raw()).expect("region");
+    let idle = target.alloc_region(8 * LEN, RegionInfo::raw()).expect("region");
+    let mine = initiator.alloc_region(LEN, RegionInfo::raw()).expect("region");
+    let mut sub = initiator.submitter().expect("submitter");
+    let rdma = initiator.open_segment_with(&addr, Some(TransportKind::Rdma), WAIT).expect("rdma");
+    // The tcp baseline from another engine: one engine holds one segment
+    // per peer, and opening it over tcp would close the rdma link.
+    let other = Engine::builder().name("bench-fence-rdma-tcp").build().expect("engine");
+    let theirs = other.alloc_region(LEN, RegionInfo::raw()).expect("region");
+    let mut other_sub = other.submitter().expect("submitter");
+    let tcp = other.open_segment_with(&addr, Some(TransportKind::Tcp), WAIT).expect("tcp");
+    let tiny = Batch::write(&tcp).block(BlockDesc::new(theirs.id(), 0, remote_plain.id(), 0, 64));
+    let (mut trip, mut fence) = (Vec::new(), Vec::new());
+    for i in 0..rounds as u64 {
+        trip.push(push(&mut other_sub, &tiny));
+        let started = Instant::now();
+        target.fence(idle.id(), (i % 8) * LEN as u64, 4096).expect("fence");
+        fence.push(started.elapsed());
+    }
+    assert_eq!(target.rdma_accepted_qps(), 1, "the rdma writer answered every fence");
+    let (t, f) = (p50(&mut trip), p50(&mut fence));
+    println!(
+        "fence/rdma-idle: fence of an idle range with one rdma writer p50 {f:.1} us, one tcp round trip (64-byte \
+         push) p50 {t:.1} us ({:.3}x)",
+        f / t
+    );
+    other.close_segment(&tcp);
+    checked("rdma", &target, &mut sub, &rdma, [mine.id(), remote_plain.id(), remote_fenced.id()], rounds);
 }

@@ -251,23 +251,39 @@ impl ControlClient {
     }
 
     /// Exchanges RDMA QP endpoints: ours (lane-major over `nics` NICs) for
-    /// the peer's, each checked.
+    /// the peer's, each checked; with the peer's fence tables (`None`: an
+    /// older peer that pushes no fences).
     pub fn rdma_connect(
         &mut self,
         nics: usize,
         ours: &[crate::transport::rdma::verbs::QpEndpoint],
         deadline: Instant,
-    ) -> Result<Vec<crate::transport::rdma::verbs::QpEndpoint>> {
+    ) -> Result<(Vec<crate::transport::rdma::verbs::QpEndpoint>, Option<Vec<crate::proto::RdmaFenceTable>>)> {
         let request = crate::proto::RdmaConnectRequest {
             initiator: String::new(),
             nics: nics as u32,
             endpoints: ours.iter().map(crate::transport::rdma::verbs::QpEndpoint::to_proto).collect(),
+            checks_fences: true,
         };
         match self.call(request::Body::RdmaConnect(request), deadline)? {
             response::Body::RdmaConnect(reply) => {
-                reply.endpoints.iter().map(crate::transport::rdma::verbs::QpEndpoint::from_proto).collect()
+                let endpoints = reply
+                    .endpoints
+                    .iter()
+                    .map(crate::transport::rdma::verbs::QpEndpoint::from_proto)
+                    .collect::<Result<_>>()?;
+                Ok((endpoints, reply.pushes_fences.then_some(reply.fences)))
             }
             other => Err(Error::malformed("rdma connect", format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// Pushes a fence of ours to an initiator that holds QPs on us: `Ok`
+    /// once its writes before the fence are done.
+    pub fn rdma_fence(&mut self, request: crate::proto::RdmaFenceRequest, deadline: Instant) -> Result<()> {
+        match self.call(request::Body::RdmaFence(request), deadline)? {
+            response::Body::RdmaFence(_) => Ok(()),
+            other => Err(Error::malformed("rdma fence", format!("unexpected answer {other:?}"))),
         }
     }
 

@@ -59,12 +59,17 @@ pub(crate) trait ControlHandler: Send + Sync + 'static {
     fn notify(&self, sender: &str, message: Vec<u8>) -> Result<()>;
     /// The registered KV-cache layout.
     fn memory_info(&self) -> Result<crate::proto::KvLayoutInfo>;
-    /// Connects QPs of ours to `initiator`'s (RDMA); ours, in its order.
+    /// Connects QPs of ours to `initiator`'s (RDMA): ours, in its order,
+    /// with the snapshot of our fence tables.
     fn rdma_connect(
         &self,
         initiator: &Initiator,
         request: &crate::proto::RdmaConnectRequest,
-    ) -> Result<Vec<crate::proto::QpEndpointInfo>>;
+    ) -> Result<crate::proto::RdmaConnectResponse>;
+    /// Enters a fence that `target` (the handshake's identity: a target of
+    /// one of our rdma links) pushed, once our lanes' writes before it are
+    /// done.
+    fn rdma_fence(&self, target: &Initiator, request: &crate::proto::RdmaFenceRequest) -> Result<()>;
 }
 
 /// A running control server.
@@ -283,8 +288,14 @@ pub(crate) fn handle(
             let initiator = auth.identity.as_ref().ok_or_else(|| {
                 Error::invalid("rdma connect", "handshake first: the QPs belong to the handshake's initiator")
             })?;
-            let endpoints = handler.rdma_connect(initiator, &request)?;
-            Ok(response::Body::RdmaConnect(crate::proto::RdmaConnectResponse { endpoints }))
+            Ok(response::Body::RdmaConnect(handler.rdma_connect(initiator, &request)?))
+        }
+        request::Body::RdmaFence(request) => {
+            let target = auth.identity.as_ref().ok_or_else(|| {
+                Error::invalid("rdma fence", "handshake first: a fence is its target's, named by the handshake")
+            })?;
+            handler.rdma_fence(target, &request)?;
+            Ok(response::Body::RdmaFence(crate::proto::RdmaFenceResponse {}))
         }
     }
 }

@@ -137,12 +137,42 @@ impl ControlHandler for ControlContext {
         &self,
         initiator: &Initiator,
         request: &crate::proto::RdmaConnectRequest,
-    ) -> Result<Vec<crate::proto::QpEndpointInfo>> {
+    ) -> Result<crate::proto::RdmaConnectResponse> {
         let node =
             self.rdma.as_ref().ok_or_else(|| Error::Unsupported { what: "rdma: this engine serves none".into() })?;
         let endpoints: Vec<_> = request.endpoints.iter().map(QpEndpoint::from_proto).collect::<Result<_>>()?;
-        let ours = node.accept(initiator, request.nics as usize, &endpoints)?;
-        Ok(ours.iter().map(QpEndpoint::to_proto).collect())
+        // No fence runs between listing the initiator as a writer and the
+        // snapshot: a fence before is in the snapshot, one after is pushed
+        // to it (docs/ARCHITECTURE.md, "Fenced destinations over rdma").
+        let _fencing = super::fence::fencing();
+        let ours = node.accept(initiator, request.nics as usize, &endpoints, request.checks_fences)?;
+        let fences = self
+            .registry
+            .snapshot()
+            .into_iter()
+            // Only regions peers may write are written over rdma (the
+            // others' mirrors refuse every write).
+            .filter(|(_, entry)| entry.info.access.contains(Access::REMOTE_WRITE))
+            .map(|(id, entry)| crate::proto::RdmaFenceTable { region: id.raw(), words: entry.fence_view().snapshot() })
+            .collect();
+        Ok(crate::proto::RdmaConnectResponse {
+            endpoints: ours.iter().map(QpEndpoint::to_proto).collect(),
+            fences,
+            pushes_fences: true,
+        })
+    }
+
+    fn rdma_fence(&self, target: &Initiator, request: &crate::proto::RdmaFenceRequest) -> Result<()> {
+        use crate::transport::rdma::fences::{decode_pushed, MAX_PUSH_WAIT};
+        let pushed = decode_pushed(&request.regions)?;
+        let wait = std::time::Duration::from_millis(u64::from(request.wait_ms)).min(MAX_PUSH_WAIT);
+        let mirrors = self.rdma.as_ref().and_then(|node| node.mirrors().get(&target.name, target.epoch));
+        match mirrors {
+            Some(mirrors) => mirrors.apply(pushed, request.generation, std::time::Instant::now() + wait),
+            // No link of ours writes there (never opened, or broken and its
+            // QPs reset): the target cuts off the QPs it holds for us.
+            None => Err(Error::UnknownSegment { segment: target.name.clone() }),
+        }
     }
 
     fn notify(&self, sender: &str, message: Vec<u8>) -> Result<()> {

@@ -17,6 +17,12 @@ pub const FENCE_WAIT: Duration = Duration::from_secs(2);
 /// a time, and one fence enters its grant in two tables.
 static FENCING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Holds off this process's fences (an rdma connect lists its initiator as
+/// a writer and takes the snapshot of the tables under it).
+pub(super) fn fencing() -> std::sync::MutexGuard<'static, ()> {
+    FENCING.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl Engine {
     /// Fences `[offset, offset + len)` of `region` and returns the new
     /// grant for it: from the moment this returns, no write under an older
@@ -25,11 +31,15 @@ impl Engine {
     /// bytes land. Hand the grant to the one sender that may write there
     /// ([`Batch::grant`](crate::Batch::grant)).
     ///
-    /// Fencing a range no write is in sends no message: the grant is
-    /// checked by whoever writes (this target's lanes for tcp; a same-host
-    /// peer's own lane for shm, cma and cuda_ipc, against tables in memory
-    /// both map). Grants rise across the process, so a grant of another range
-    /// never passes for an older one.
+    /// The grant is checked by whoever writes (this target's lanes for
+    /// tcp; a same-host peer's own lane for shm, cma and cuda_ipc, against
+    /// tables in memory both map; an rdma peer's lanes against mirrors of
+    /// the tables in its own memory). Fencing a range no write is in sends
+    /// no message, except one request to each rdma peer holding QPs here,
+    /// all at once, answered once its writes before the fence completed (a
+    /// peer that does not answer in time has its QPs here moved to the
+    /// error state, so nothing of it lands after). Grants rise across the
+    /// process, so a grant of another range never passes for an older one.
     ///
     /// `RegionBusy` when a write under an older grant did not end within
     /// `FENCE_WAIT` (2 s; the range then stays fenced under a grant nobody
@@ -58,10 +68,12 @@ impl Engine {
                 None => by_region.push((region, vec![(offset, len)])),
             }
         }
-        let _serial = FENCING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _serial = fencing();
         let grant = next_grant()
             .ok_or_else(|| Error::invalid("fence", "every grant of this process was issued; start a new one"))?;
         let deadline = Instant::now() + FENCE_WAIT;
+        let mut pushed = Vec::with_capacity(by_region.len());
+        let mut failed = None;
         for (region, list) in &mut by_region {
             let region = *region;
             let entry = self.inner.registry.get(region)?;
@@ -77,17 +89,25 @@ impl Engine {
             // Same-host cma peers check the page's table, by address here.
             // Entered even when the wait above failed: a failed fence
             // leaves its range fenced for every writer, cma's included.
-            if let (Ok(cma), crate::mem::MemoryKind::Host) = (self.inner.context.cma.as_ref(), entry.info.memory) {
-                let at = entry.addr as u64;
-                let spans: Vec<Span> = spans.iter().map(|s| Span { start: at + s.start, ..*s }).collect();
-                let page = cma.fences().fence(&spans, grant, pauser(deadline));
-                own.map_err(busy)?;
-                page.map_err(busy)?;
-            } else {
-                own.map_err(busy)?;
+            let page = match (self.inner.context.cma.as_ref(), entry.info.memory) {
+                (Ok(cma), crate::mem::MemoryKind::Host) => {
+                    let at = entry.addr as u64;
+                    let spans: Vec<Span> = spans.iter().map(|s| Span { start: at + s.start, ..*s }).collect();
+                    cma.fences().fence(&spans, grant, pauser(deadline))
+                }
+                _ => Ok(()),
+            };
+            if let Err(error) = own.and(page) {
+                failed.get_or_insert(busy(error));
             }
+            pushed.push((region.raw(), spans));
         }
-        Ok(grant)
+        // rdma writers' mirrors, also when a wait above failed.
+        super::fence_rdma::push(self, grant, &pushed, deadline);
+        match failed {
+            Some(error) => Err(error),
+            None => Ok(grant),
+        }
     }
 
     /// Fences blocks `ids` of this engine's KV layout

@@ -17,6 +17,7 @@ mod config;
 mod control;
 mod described;
 mod fence;
+mod fence_rdma;
 mod lifecycle;
 mod metadata;
 mod metrics;
@@ -189,6 +190,15 @@ impl Engine {
     #[cfg(feature = "testing")]
     pub(crate) fn registry(&self) -> &crate::mem::Registry {
         &self.inner.registry
+    }
+
+    /// Stops the control server alone (the engine's lanes and QPs stay):
+    /// for tests of a peer that no longer answers its control plane.
+    #[cfg(feature = "testing")]
+    pub(crate) fn stop_control(&self) {
+        if let Some(mut server) = lifecycle::lock(&self.inner.control).take() {
+            server.stop();
+        }
     }
 
     /// Lane `lane`'s shared part, for the testing hooks.

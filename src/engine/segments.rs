@@ -240,7 +240,7 @@ impl Engine {
     }
 
     /// Who this engine is to its peers.
-    fn initiator(&self) -> Initiator {
+    pub(super) fn initiator(&self) -> Initiator {
         Initiator {
             name: self.inner.config.name.clone(),
             epoch: self.inner.epoch,

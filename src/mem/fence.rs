@@ -318,6 +318,55 @@ impl<'a> FenceView<'a> {
     }
 }
 
+/// Why a table's words from a peer were refused ([`FenceView::install`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadTable;
+
+impl FenceView<'_> {
+    /// The table's words up to its last used entry slot, both `busy` words
+    /// 0: what a target sends the mirror of an rdma writer (taken while no
+    /// fence of the table runs: the caller holds the fencers' mutex).
+    pub fn snapshot(&self) -> Vec<u64> {
+        let len = ENTRIES + ENTRY_WORDS * self.used();
+        let mut words: Vec<u64> = self.words[..len].iter().map(|w| w.load(Ordering::SeqCst)).collect();
+        words[BUSY] = 0;
+        words[BUSY + 1] = 0;
+        words
+    }
+
+    /// Takes `words` (a [`FenceView::snapshot`] from a peer) as this
+    /// table's state, keeping its own `busy` words. For a table no writer
+    /// has entered yet and no fencer touches meanwhile (an rdma link's
+    /// mirror before its link posts). Refused, the table untouched, unless
+    /// the words are whole entries and `used` says as many.
+    pub fn install(&self, words: &[u64]) -> Result<(), BadTable> {
+        let entries = words.len().checked_sub(ENTRIES).ok_or(BadTable)?;
+        let used = entries / ENTRY_WORDS;
+        if words.len() > FENCE_WORDS || entries % ENTRY_WORDS != 0 || words[USED] != used as u64 {
+            return Err(BadTable);
+        }
+        // Entries, floor and `issued` before the phase: a writer that sees
+        // the phase sees them (as `fence` orders its stores).
+        for (at, &word) in words.iter().enumerate().skip(FLOOR) {
+            self.words[at].store(word, Ordering::SeqCst);
+        }
+        self.words[PHASE].store(words[PHASE], Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Refuses every write from now on (a fenced, floor-at-the-top table):
+    /// for a writer's mirror of a region its target sent no table of.
+    pub fn refuse_all(&self) {
+        self.words[FLOOR].store(u64::MAX, Ordering::SeqCst);
+        self.words[PHASE].fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The highest generation entered here (`issued`).
+    pub fn issued(&self) -> u64 {
+        self.words[ISSUED].load(Ordering::SeqCst)
+    }
+}
+
 impl Pass<'_> {
     /// Keeps this writer counted past the borrow it entered under: for a
     /// copy that ends later than the code that checked it (a staged device

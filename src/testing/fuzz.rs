@@ -26,9 +26,11 @@ use std::time::{Duration, Instant};
 use zerocopy::IntoBytes;
 
 mod gpu_fds;
+mod rdma_fence;
 mod sealed;
 mod sock_diag;
 pub use gpu_fds::gpu_fds_connection;
+pub use rdma_fence::rdma_fence;
 pub use sealed::{sealed_control, sealed_frames};
 pub use sock_diag::sock_diag_reply;
 
@@ -483,8 +485,11 @@ impl ControlHandler for Handler {
         &self,
         _initiator: &Initiator,
         _request: &crate::proto::RdmaConnectRequest,
-    ) -> Result<Vec<crate::proto::QpEndpointInfo>> {
-        Ok(Vec::new())
+    ) -> Result<crate::proto::RdmaConnectResponse> {
+        Ok(Default::default())
+    }
+    fn rdma_fence(&self, _target: &Initiator, _request: &crate::proto::RdmaFenceRequest) -> Result<()> {
+        Ok(())
     }
 }
 

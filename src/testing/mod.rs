@@ -117,6 +117,12 @@ pub fn panic_lane_on_next_part(engine: &crate::Engine, lane: usize) -> bool {
     engine.lane_shared(lane).map(|shared| shared.panic_on_next_part()).is_some()
 }
 
+/// Stops `engine`'s control server alone, its lanes and QPs kept: a peer
+/// that no longer answers (for the rdma fence's cut-off).
+pub fn stop_control_server(engine: &crate::Engine) {
+    engine.stop_control();
+}
+
 /// The cma check before every call, measured by `benches/cma_check.rs`.
 pub mod cma {
     pub use crate::transport::cma::cost::{check_cost, CheckCost};

@@ -436,7 +436,8 @@ fn untaggable(tag: u32, op: Opcode, link: &dyn crate::transport::LaneLink) -> Op
 /// are not checked against the destination's fences), if it cannot.
 fn ungranted(grant: u32, op: Opcode, link: &dyn crate::transport::LaneLink) -> Option<Error> {
     (grant != 0 && op == Opcode::Write && !link.checks_grants()).then(|| Error::Unsupported {
-        what: "a granted write on a link that does not check fences yet (tcp, shm, cma and cuda_ipc do; rdma does not)"
+        what: "a granted write on a link that does not check fences (rdma to an older target, which pushes none; \
+               tcp, shm, cma, cuda_ipc and rdma do)"
             .into(),
     })
 }

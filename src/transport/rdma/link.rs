@@ -18,11 +18,13 @@
 //! are reset when it is dropped and handed to that next connection, which
 //! re-handshakes them through the control plane: a reconnect creates no QP.
 
+use super::fences::Mirrors;
 use super::node::{LocalKeys, RdmaNode};
 use super::post::{build, KeyedBlock, Keys, PostConfig};
 use super::verbs::*;
 use crate::desc::RegionId;
 use crate::error::{Error, Result};
+use crate::mem::fence::Held;
 use crate::proto::ErrorCode;
 use crate::ring::Opcode;
 use crate::segment::SegmentDescriptor;
@@ -35,6 +37,10 @@ pub const RDMA_CHUNK_BLOCKS: usize = 256;
 /// Completions taken per CQ poll.
 const POLL_BATCH: usize = 64;
 
+/// What the connect's exchange gives back: the peer's endpoints, and its
+/// fence tables (`None`: an older peer that pushes no fences).
+pub(crate) type Exchanged = (Vec<QpEndpoint>, Option<Vec<crate::proto::RdmaFenceTable>>);
+
 /// One chunk in flight (a part's chunks share its ticket, so chunks have
 /// ids of their own).
 #[derive(Debug)]
@@ -42,6 +48,9 @@ struct InFlight {
     ticket: u64,
     signals: u32,
     bytes: u64,
+    /// A WRITE's counts in the mirrors of the target's fence tables, one
+    /// per run of blocks into one region: given back at its completion.
+    holds: Vec<Held>,
 }
 
 /// One lane's queue pairs to one peer (one per NIC), owned and driven by
@@ -74,6 +83,10 @@ pub(crate) struct RdmaLink {
     /// Per NIC, its fault count when the link was made (see
     /// `RdmaNode::faults`).
     faults: Vec<u64>,
+    /// Mirrors of the target's fence tables, that every WRITE is checked
+    /// against (`None`: an older target that pushes no fences; a granted
+    /// write is then refused, as before).
+    mirrors: Option<Arc<Mirrors>>,
 }
 
 struct LinkKeys<'a> {
@@ -122,13 +135,17 @@ impl RdmaLink {
         node: Arc<RdmaNode>,
         descriptor: &SegmentDescriptor,
         lanes: usize,
-        exchange: impl FnOnce(usize, &[QpEndpoint]) -> Result<Vec<QpEndpoint>>,
+        exchange: impl FnOnce(usize, &[QpEndpoint]) -> Result<Exchanged>,
     ) -> Result<Link> {
         let info = descriptor
             .rdma
             .as_ref()
             .ok_or_else(|| Error::Unsupported { what: format!("rdma to {}: it serves no RDMA", descriptor.name) })?;
         let nics = node.nics().len().min(info.nics as usize).max(1);
+        // In the book before the connect: a fence the target pushes once it
+        // listed us finds them (kept until the snapshot is in).
+        let booked = Mirrors::new(info.regions.iter().map(|(id, _, _)| id.raw()));
+        node.mirrors().insert(&descriptor.name, descriptor.epoch, &booked);
         let mut made: Vec<(Qp, Cq, QpEndpoint)> = Vec::with_capacity(lanes * nics);
         let result = (|| {
             for _lane in 0..lanes {
@@ -137,7 +154,7 @@ impl RdmaLink {
                 }
             }
             let endpoints: Vec<QpEndpoint> = made.iter().map(|&(_, _, endpoint)| endpoint).collect();
-            let theirs = exchange(nics, &endpoints)?;
+            let (theirs, fences) = exchange(nics, &endpoints)?;
             if theirs.len() != endpoints.len() {
                 return Err(Error::malformed(
                     "rdma connect reply",
@@ -147,13 +164,24 @@ impl RdmaLink {
             for (&(qp, _, _), remote) in made.iter().zip(&theirs) {
                 node.connect_qp(qp, *remote)?;
             }
-            Ok(())
-        })();
-        if let Err(error) = result {
-            for (index, (qp, cq, endpoint)) in made.into_iter().enumerate() {
-                node.release_qp(index % nics, qp, cq, endpoint);
+            match fences {
+                Some(tables) => booked.install(&tables).map(|()| Some(booked.clone())),
+                None => Ok(None),
             }
-            return Err(error);
+        })();
+        let mirrors = match result {
+            Ok(mirrors) => mirrors,
+            Err(error) => {
+                node.mirrors().remove(&booked);
+                for (index, (qp, cq, endpoint)) in made.into_iter().enumerate() {
+                    node.release_qp(index % nics, qp, cq, endpoint);
+                }
+                return Err(error);
+            }
+        };
+        if mirrors.is_none() {
+            // An older target: it pushes nothing to look up.
+            node.mirrors().remove(&booked);
         }
         let remote: Arc<HashMap<_, _>> =
             Arc::new(info.regions.iter().map(|(id, addr, rkeys)| (id.raw(), (*addr, rkeys.clone()))).collect());
@@ -180,6 +208,7 @@ impl RdmaLink {
                     wcs: vec![Wc::new(0, WcStatus::Success); POLL_BATCH],
                     broken: false,
                     faults: (0..nics).map(|nic| node.faults(nic)).collect(),
+                    mirrors: mirrors.clone(),
                 }) as Box<dyn LaneLink>
             })
             .collect();
@@ -192,6 +221,15 @@ impl RdmaLink {
         self.broken = true;
         for queue in &mut self.pending {
             queue.clear();
+        }
+        if let Some(mirrors) = &self.mirrors {
+            // A fence pushed from now on is answered "no such link": the
+            // target cuts the link off rather than wait for it.
+            self.node.mirrors().remove(mirrors);
+            for entry in self.in_flight.values_mut() {
+                // SAFETY: the mirrors are `self.mirrors`, alive.
+                unsafe { super::fences::poison(&mut entry.holds) };
+            }
         }
         if let Some((chunk, error)) = first {
             if let Some(entry) = self.in_flight.remove(&chunk) {
@@ -269,6 +307,13 @@ impl LaneLink for RdmaLink {
         self.arrivals
     }
 
+    /// Every WRITE is checked against mirrors of the target's fence
+    /// tables, which the target keeps current (`fences.rs`); an older
+    /// target's link checks nothing, and refuses granted writes.
+    fn checks_grants(&self) -> bool {
+        self.mirrors.is_some()
+    }
+
     unsafe fn transfer(&mut self, op: Opcode, _batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
         if self.broken {
             let error = Error::PeerRestarted { segment: self.peer.clone(), detail: "its queue pair failed".into() };
@@ -301,6 +346,14 @@ impl LaneLink for RdmaLink {
             (Opcode::Write, tag) => WrOp::WriteImm(tag),
             (Opcode::Read, _) => WrOp::Read,
         };
+        let mut holds = Vec::new();
+        if let (Some(mirrors), Opcode::Write) = (&self.mirrors, op) {
+            if let Err(error) = mirrors.enter_chunk(blocks, &mut holds) {
+                // SAFETY: the mirrors are `self.mirrors`, alive.
+                unsafe { super::fences::release(&mut holds) };
+                return Posted::Failed((error, 0));
+            }
+        }
         let chunk = u64::from(self.next_chunk);
         let RdmaLink { keyed, out, node, remote, config, .. } = self;
         let unkeyed = node.with_lkeys(|local| {
@@ -320,6 +373,8 @@ impl LaneLink for RdmaLink {
             None
         });
         if let Some(region) = unkeyed {
+            // SAFETY: the mirrors are `self.mirrors`, alive.
+            unsafe { super::fences::release(&mut holds) };
             return Posted::Failed((self.no_local_keys(region), 0));
         }
         self.next_chunk = self.next_chunk.wrapping_add(1);
@@ -327,7 +382,7 @@ impl LaneLink for RdmaLink {
         // One completion comes back per signalled request (each NIC's last
         // one is always signalled).
         let signals = out.iter().flatten().filter(|w| w.signaled).count() as u32;
-        in_flight.insert(chunk, InFlight { ticket, signals, bytes });
+        in_flight.insert(chunk, InFlight { ticket, signals, bytes, holds });
         for (nic, list) in out.iter_mut().enumerate() {
             pending[nic].extend(list.drain(..));
         }
@@ -388,6 +443,10 @@ impl LaneLink for RdmaLink {
                     entry.signals = entry.signals.saturating_sub(1);
                     if entry.signals == 0 {
                         let (ticket, bytes) = (entry.ticket, entry.bytes);
+                        // Completed: every byte is placed at the target
+                        // (the fence waiting on these counts may return).
+                        // SAFETY: the mirrors are `self.mirrors`, alive.
+                        unsafe { super::fences::release(&mut entry.holds) };
                         self.in_flight.remove(&chunk);
                         ended.push((ticket, Ok(bytes)));
                     }

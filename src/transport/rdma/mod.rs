@@ -9,6 +9,7 @@
 //! accepted), and [`link`] the `Link` the lanes drive.
 
 pub mod devices;
+pub mod fences;
 pub mod gpu_nics;
 pub mod link;
 pub mod mr_cache;

@@ -25,8 +25,12 @@ pub(super) struct Accepted {
 pub(super) struct AcceptedSet {
     pub qps: Vec<(usize, Spare)>,
     connected: u64,
-    /// Where the initiator's control plane listens (for probes).
+    /// Where the initiator's control plane listens (for probes, and for
+    /// the fences this engine pushes to it).
     pub addr: String,
+    /// Its lanes check writes against mirrors of this engine's fence
+    /// tables (it said so when it connected).
+    pub checks_fences: bool,
 }
 
 impl RdmaNode {
@@ -38,7 +42,15 @@ impl RdmaNode {
     /// reaper, which probes it. At most
     /// [`MAX_CONNECT_ENDPOINTS`] per initiator and [`MAX_ACCEPTED_QPS`] in
     /// all, the least recently connected initiator giving way.
-    pub fn accept(&self, initiator: &Initiator, nics: usize, endpoints: &[QpEndpoint]) -> Result<Vec<QpEndpoint>> {
+    /// `checks_fences`: its lanes check writes against mirrors of this
+    /// engine's fence tables (else every fence cuts it off).
+    pub fn accept(
+        &self,
+        initiator: &Initiator,
+        nics: usize,
+        endpoints: &[QpEndpoint],
+        checks_fences: bool,
+    ) -> Result<Vec<QpEndpoint>> {
         if nics == 0 || nics > self.nics.len() || endpoints.len() > MAX_CONNECT_ENDPOINTS {
             return Err(Error::invalid(
                 "rdma connect",
@@ -82,7 +94,7 @@ impl RdmaNode {
             return Err(error);
         }
         let ours = qps.iter().map(|(_, spare)| spare.endpoint).collect();
-        let replaced = self.with_accepted(|accepted| accepted.insert(initiator, qps));
+        let replaced = self.with_accepted(|accepted| accepted.insert(initiator, qps, checks_fences));
         self.release_passive(replaced.map(|set| set.qps).unwrap_or_default());
         Ok(ours)
     }
@@ -112,10 +124,10 @@ impl Accepted {
 
     /// Books `initiator`'s QPs; hands back a set it replaces (two connects
     /// of one initiator raced: the later one holds).
-    fn insert(&mut self, initiator: &Initiator, qps: Vec<(usize, Spare)>) -> Option<AcceptedSet> {
+    fn insert(&mut self, initiator: &Initiator, qps: Vec<(usize, Spare)>, checks_fences: bool) -> Option<AcceptedSet> {
         self.clock += 1;
         self.total += qps.len();
-        let set = AcceptedSet { qps, connected: self.clock, addr: initiator.addr.clone() };
+        let set = AcceptedSet { qps, connected: self.clock, addr: initiator.addr.clone(), checks_fences };
         let old = self.by_initiator.insert((initiator.name.clone(), initiator.epoch), set)?;
         self.total -= old.qps.len();
         Some(old)

@@ -160,6 +160,8 @@ pub struct RdmaNode {
     gid_configured: Option<u8>,
     /// Accepted QPs whose last receive completion is on the CQ.
     last_wqe: events::LastWqe,
+    /// This engine's links' mirrors of their targets' fence tables.
+    mirrors: super::fences::MirrorBook,
 }
 
 /// Local keys, read under the region table's lock (once per chunk).
@@ -233,7 +235,13 @@ impl RdmaNode {
             memlock: memlock::Memlock::of_process(),
             gid_configured: gid_index,
             last_wqe: events::LastWqe::default(),
+            mirrors: Default::default(),
         })
+    }
+
+    /// This engine's links' mirrors of their targets' fence tables.
+    pub fn mirrors(&self) -> &super::fences::MirrorBook {
+        &self.mirrors
     }
 
     /// The provider.
@@ -366,6 +374,19 @@ impl RdmaNode {
             .by_initiator
             .iter()
             .map(|((name, epoch), set)| Initiator { name: name.clone(), epoch: *epoch, addr: set.addr.clone() })
+            .collect()
+    }
+
+    /// The initiators that may write this engine's memory over rdma, each
+    /// with whether its lanes check mirrors of this engine's fence tables.
+    pub fn writers(&self) -> Vec<(Initiator, bool)> {
+        let accepted = self.accepted.lock().unwrap_or_else(|p| p.into_inner());
+        accepted
+            .by_initiator
+            .iter()
+            .map(|((name, epoch), set)| {
+                (Initiator { name: name.clone(), epoch: *epoch, addr: set.addr.clone() }, set.checks_fences)
+            })
             .collect()
     }
 

@@ -1,0 +1,120 @@
+//! Fenced destinations over rdma, the target's side: a fence is pushed to
+//! every initiator that holds QPs on this engine (it may write its memory),
+//! all at once, and `fence` returns once each answered that its writes
+//! before the fence are done, or, past the deadline, once the QPs of one
+//! that did not answer were moved to the error state, after which none of
+//! its writes is placed (docs/ARCHITECTURE.md, "Fenced destinations over
+//! rdma"). Fencing a range no write is in costs one round trip to each
+//! writer, in parallel.
+
+use super::Engine;
+use crate::control::ControlClient;
+use crate::mem::fence::Span;
+use crate::transport::rdma::fences::encode_pushed;
+use std::time::Instant;
+
+/// Pushes fence `grant` of `pushed` (per region, raw id, its spans) to the
+/// rdma writers; cuts off, before it returns, each that did not answer by
+/// `deadline`. Nothing is sent when no initiator holds QPs here.
+pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], deadline: Instant) {
+    let Some(node) = engine.inner.context.rdma.as_ref() else { return };
+    let writers = node.writers();
+    if writers.is_empty() {
+        return;
+    }
+    // The initiator's own wait ends first, so its answer (busy or done)
+    // comes back before ours does.
+    let left = deadline.saturating_duration_since(Instant::now());
+    let request = crate::proto::RdmaFenceRequest {
+        generation: grant,
+        regions: encode_pushed(pushed),
+        wait_ms: u32::try_from((left * 3 / 4).as_millis()).unwrap_or(u32::MAX),
+    };
+    let me = engine.initiator();
+    let token = engine.inner.config.token.as_ref();
+    let mut kept: Vec<Option<ControlClient>> = {
+        let mut cache = super::lifecycle::lock(&engine.inner.fence_pushers);
+        // Writers that left: their connections go.
+        cache.retain(|(name, epoch), _| writers.iter().any(|(w, _)| &w.name == name && w.epoch == *epoch));
+        writers.iter().map(|(w, _)| cache.remove(&(w.name.clone(), w.epoch))).collect()
+    };
+    let answers: Vec<(crate::error::Result<()>, Option<ControlClient>)> = std::thread::scope(|scope| {
+        let asks: Vec<_> = writers
+            .iter()
+            .zip(kept.iter_mut().map(Option::take))
+            .map(|((writer, checks_fences), cached)| {
+                let (request, me) = (request.clone(), &me);
+                scope.spawn(move || {
+                    if !checks_fences {
+                        let why = format!("{} does not check fences over rdma", writer.name);
+                        return (Err(crate::Error::Unsupported { what: why }), None);
+                    }
+                    ask(writer, cached, me, token, request, deadline)
+                })
+            })
+            .collect();
+        asks.into_iter()
+            .map(|ask| {
+                ask.join()
+                    .unwrap_or_else(|_| (Err(crate::Error::invalid("rdma fence", "the push's thread panicked")), None))
+            })
+            .collect()
+    });
+    let mut cache = super::lifecycle::lock(&engine.inner.fence_pushers);
+    let answers: Vec<_> = writers
+        .iter()
+        .zip(answers)
+        .map(|((writer, _), (answer, client))| {
+            if let Some(client) = client {
+                cache.insert((writer.name.clone(), writer.epoch), client);
+            }
+            answer
+        })
+        .collect();
+    drop(cache);
+    for ((writer, _), answer) in writers.iter().zip(answers) {
+        if let Err(error) = answer {
+            // ibv_modify_qp to ERR first (`release_initiator`): none of its
+            // writes is placed after; it reconnects, with a new snapshot.
+            tracing::warn!(initiator = %writer.name, %error, "an rdma writer did not confirm a fence: its QPs are cut off");
+            node.release_initiator(writer);
+        }
+    }
+}
+
+/// One writer's answer to `request`, over its kept connection (made anew,
+/// and once more if a kept one had gone stale: a push is idempotent); the
+/// connection to keep, when it answered.
+fn ask(
+    writer: &crate::auth::Initiator,
+    cached: Option<ControlClient>,
+    me: &crate::auth::Initiator,
+    token: Option<&crate::auth::Token>,
+    request: crate::proto::RdmaFenceRequest,
+    deadline: Instant,
+) -> (crate::error::Result<()>, Option<ControlClient>) {
+    let fresh = || -> crate::error::Result<ControlClient> {
+        let mut client = ControlClient::connect(&writer.addr, deadline)?;
+        client.handshake(me, token, deadline)?;
+        Ok(client)
+    };
+    if let Some(mut client) = cached {
+        match client.rdma_fence(request.clone(), deadline) {
+            Ok(()) => return (Ok(()), Some(client)),
+            // The writer's answer (busy, no such link): not asked again.
+            Err(error) if !matches!(error, crate::Error::Io { .. } | crate::Error::Malformed { .. }) => {
+                return (Err(error), None)
+            }
+            // The kept connection had gone (closed while idle): a new one.
+            Err(_) => {}
+        }
+    }
+    let mut client = match fresh() {
+        Ok(client) => client,
+        Err(error) => return (Err(error), None),
+    };
+    match client.rdma_fence(request, deadline) {
+        Ok(()) => (Ok(()), Some(client)),
+        Err(error) => (Err(error), None),
+    }
+}

@@ -1,0 +1,334 @@
+//! Fenced destinations over rdma, the initiator's side: a *mirror* of each
+//! of the target's fence tables, in this engine's memory, that the lanes of
+//! the link check every WRITE against (the one-sided writer path of
+//! `mem::fence`: enter, check each block under its grant, keep the count
+//! until the chunk's completion), and that the target keeps current by
+//! pushing each new fence over the control plane (`RdmaFenceRequest`). The
+//! answer goes back once the mirror's own fence returned: every write the
+//! lanes posted before it has completed, so its bytes are placed at the
+//! target. docs/ARCHITECTURE.md, "Fenced destinations over rdma".
+
+use crate::error::{Error, Result};
+use crate::mem::fence::{FenceFailed, FenceTable, Held, Span};
+use crate::transport::Block;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// Most regions one connect's snapshot may carry (a registry's slots).
+pub const MAX_FENCE_TABLES: usize = 64 * 1024;
+/// Most spans one pushed fence may carry, over all its regions.
+pub const MAX_PUSHED_SPANS: usize = 64 * 1024;
+/// Longest a pushed fence may ask the initiator to wait for its writes.
+pub const MAX_PUSH_WAIT: Duration = Duration::from_secs(10);
+
+/// One pushed fence: per region (raw id), its spans.
+pub type Pushed = Vec<(u64, Vec<Span>)>;
+
+/// The mirrors of one target's tables at one initiator (one rdma link).
+#[derive(Debug)]
+pub struct Mirrors {
+    /// By the target's region (raw id): those the link may write.
+    tables: HashMap<u64, FenceTable>,
+    /// Pushes that came before the connect's snapshot was installed; the
+    /// lock also serialises the fencers of every table here.
+    install: Mutex<Install>,
+}
+
+#[derive(Debug, Default)]
+struct Install {
+    installed: bool,
+    pending: Vec<(Pushed, u32)>,
+}
+
+impl Mirrors {
+    /// Empty mirrors of `regions` (raw ids): until [`Mirrors::install`],
+    /// pushes are kept for later and no lane posts.
+    pub fn new(regions: impl IntoIterator<Item = u64>) -> Arc<Self> {
+        Arc::new(Self {
+            tables: regions.into_iter().map(|region| (region, FenceTable::new())).collect(),
+            install: Mutex::new(Install::default()),
+        })
+    }
+
+    /// The mirror of the target's region `region` (raw id), if the link
+    /// has one.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn table(&self, region: u64) -> Option<&FenceTable> {
+        self.tables.get(&region)
+    }
+
+    /// Takes the connect's snapshot (`RdmaConnectResponse::fences`) and
+    /// replays what was pushed before it that it does not hold. A region
+    /// the snapshot lacks refuses every write (it was unregistered
+    /// meanwhile); a table that is not whole is the peer's malformed
+    /// message.
+    pub fn install(&self, snapshot: &[crate::proto::RdmaFenceTable]) -> Result<()> {
+        if snapshot.len() > MAX_FENCE_TABLES {
+            return Err(Error::malformed("rdma fence tables", format!("{} tables", snapshot.len())));
+        }
+        let mut install = self.install.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let given: HashMap<u64, &[u64]> = snapshot.iter().map(|t| (t.region, t.words.as_slice())).collect();
+        for (region, table) in &self.tables {
+            match given.get(region) {
+                Some(words) => table.view().install(words).map_err(|_| {
+                    Error::malformed("rdma fence table", format!("region {region:#x}: {} words", words.len()))
+                })?,
+                None => table.view().refuse_all(),
+            }
+        }
+        for (pushed, generation) in std::mem::take(&mut install.pending) {
+            for (region, spans) in &pushed {
+                let Some(table) = self.tables.get(region) else { continue };
+                // A push the snapshot already holds is not entered twice
+                // (a fence's generation rises above every earlier one).
+                if u64::from(generation) > table.view().issued() {
+                    // No lane has posted yet: nothing to wait for.
+                    let _ = table.view().fence(spans, generation, || false);
+                }
+            }
+        }
+        install.installed = true;
+        Ok(())
+    }
+
+    /// Enters a pushed fence in the mirrors; returns once no write the
+    /// lanes posted before it can still land (its count drained), or
+    /// `RegionBusy` at `deadline`. Before the snapshot is in, it is kept
+    /// for [`Mirrors::install`] and answered at once: no lane has posted.
+    pub fn apply(&self, pushed: Pushed, generation: u32, deadline: Instant) -> Result<()> {
+        let mut install = self.install.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !install.installed {
+            install.pending.push((pushed, generation));
+            return Ok(());
+        }
+        let mut busy = 0;
+        for (region, spans) in &pushed {
+            // A region the link has no mirror of is one it cannot write.
+            let Some(table) = self.tables.get(region) else { continue };
+            // Entered in every table even when an earlier one timed out: a
+            // failed fence leaves its ranges fenced for these lanes too.
+            if let Err(FenceFailed::Busy(n)) = table.view().fence(spans, generation, pauser(deadline)) {
+                busy += n;
+            }
+        }
+        match busy {
+            0 => Ok(()),
+            n => Err(Error::RegionBusy {
+                region: crate::RegionId::from_raw(pushed.first().map_or(0, |(region, _)| *region)),
+                in_flight: u32::try_from(n).unwrap_or(u32::MAX),
+            }),
+        }
+    }
+}
+
+impl Mirrors {
+    /// A lane's WRITE chunk: enters the mirror of each run of blocks into
+    /// one region (a count in `holds`, kept until the chunk completes) and
+    /// checks every block's range under its grant, as the one-sided paths
+    /// do (`Fenced`, or `RegionBusy` when fences kept the phase moving). On
+    /// an error the caller gives back what `holds` took.
+    pub fn enter_chunk(&self, blocks: &[Block], holds: &mut Vec<Held>) -> Result<()> {
+        let mut current: Option<(u64, &FenceTable)> = None;
+        for block in blocks {
+            let region = block.desc.remote_region;
+            let fenced = || Error::Fenced { region, grant: block.grant };
+            let table = match current {
+                Some((raw, table)) if raw == region.raw() => table,
+                _ => {
+                    // A region the target sent no table of cannot be written.
+                    let table = self.tables.get(&region.raw()).ok_or_else(fenced)?;
+                    let pass = table.view().enter().ok_or(Error::RegionBusy { region, in_flight: 0 })?;
+                    holds.push(pass.detach());
+                    current = Some((region.raw(), table));
+                    table
+                }
+            };
+            let Some(held) = holds.last() else { return Err(fenced()) };
+            let start = block.desc.remote_offset;
+            if !table.view().admits_held(held, start, start.saturating_add(block.desc.len), block.grant) {
+                return Err(fenced());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Gives back a chunk's counts: its writes completed (or never posted).
+///
+/// # Safety
+///
+/// The mirrors they were entered in are still alive.
+pub unsafe fn release(holds: &mut Vec<Held>) {
+    for held in holds.drain(..) {
+        // SAFETY: per this function's contract.
+        unsafe { held.release() };
+    }
+}
+
+/// A chunk whose writes may still be placed (its QP failed or was reset
+/// with them posted): its counts are never given back, so every later
+/// fence of those mirrors fails, and the target cuts this link off.
+///
+/// # Safety
+///
+/// As [`release`].
+pub unsafe fn poison(holds: &mut Vec<Held>) {
+    for held in holds.drain(..) {
+        // SAFETY: per this function's contract.
+        unsafe { held.poison() };
+    }
+}
+
+/// Sleeps between looks at the lanes' counts (doubling to 1 ms); false once
+/// `deadline` passed.
+fn pauser(deadline: Instant) -> impl FnMut() -> bool {
+    let mut pause = Duration::from_micros(1);
+    move || {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
+        true
+    }
+}
+
+/// A pushed fence's regions and spans, checked: at most
+/// [`MAX_PUSHED_SPANS`] spans, each four words. Bytes from outside: fuzzed
+/// (`kvring::testing::fuzz::rdma_fence`).
+pub fn decode_pushed(regions: &[crate::proto::RdmaFenceSpans]) -> Result<Pushed> {
+    let mut total = 0usize;
+    regions
+        .iter()
+        .map(|entry| {
+            if entry.spans.len() % 4 != 0 {
+                return Err(Error::malformed("rdma fence", format!("{} span words", entry.spans.len())));
+            }
+            total = total.saturating_add(entry.spans.len() / 4);
+            if total > MAX_PUSHED_SPANS {
+                return Err(Error::malformed("rdma fence", format!("over {MAX_PUSHED_SPANS} spans")));
+            }
+            let spans = entry
+                .spans
+                .chunks_exact(4)
+                // A single range's stride is its length (`Span::range`):
+                // a stride of 0 would miss a write from its last byte on.
+                .map(|w| match (w[2], w[3]) {
+                    (0, 1) => Span::range(w[0], w[1]),
+                    _ => Span { start: w[0], len: w[1], stride: w[2], count: w[3] },
+                })
+                .collect();
+            Ok((entry.region, spans))
+        })
+        .collect()
+}
+
+/// The same, as it goes on the wire.
+pub fn encode_pushed(pushed: &[(u64, Vec<Span>)]) -> Vec<crate::proto::RdmaFenceSpans> {
+    pushed
+        .iter()
+        .map(|(region, spans)| crate::proto::RdmaFenceSpans {
+            region: *region,
+            spans: spans.iter().flat_map(|s| [s.start, s.len, s.stride, s.count]).collect(),
+        })
+        .collect()
+}
+
+/// This engine's links' mirrors, by target (name and epoch), for the
+/// control server to find a push's mirrors by the pusher's handshake.
+#[derive(Debug, Default)]
+pub struct MirrorBook {
+    by_target: Mutex<HashMap<(String, u64), Weak<Mirrors>>>,
+}
+
+impl MirrorBook {
+    /// `mirrors` are the ones target `(name, epoch)` pushes to from now on
+    /// (a reconnect's replace the old link's, whose QPs were reset).
+    pub fn insert(&self, name: &str, epoch: u64, mirrors: &Arc<Mirrors>) {
+        let mut book = self.by_target.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        book.retain(|_, mirrors| mirrors.strong_count() > 0);
+        book.insert((name.to_string(), epoch), Arc::downgrade(mirrors));
+    }
+
+    /// The live mirrors target `(name, epoch)` pushes to.
+    pub fn get(&self, name: &str, epoch: u64) -> Option<Arc<Mirrors>> {
+        let book = self.by_target.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        book.get(&(name.to_string(), epoch)).and_then(Weak::upgrade)
+    }
+
+    /// Forgets `mirrors` (their link broke: a push for it must cut it off).
+    pub fn remove(&self, mirrors: &Arc<Mirrors>) {
+        let mut book = self.by_target.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        book.retain(|_, held| !std::ptr::eq(held.as_ptr(), Arc::as_ptr(mirrors)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{RdmaFenceSpans, RdmaFenceTable};
+
+    fn snapshot_of(table: &FenceTable, region: u64) -> RdmaFenceTable {
+        RdmaFenceTable { region, words: table.view().snapshot() }
+    }
+
+    #[test]
+    fn a_mirror_refuses_what_the_targets_table_refuses_pushed_before_or_after_its_snapshot() {
+        let target = FenceTable::new();
+        target.view().fence(&[Span::range(0, 100)], 5, || true).unwrap();
+        let mirrors = Mirrors::new([7, 8]);
+        // Pushed before the snapshot came: kept, answered at once.
+        let early = vec![(7, vec![Span::range(200, 100)])];
+        mirrors.apply(early, 6, Instant::now()).unwrap();
+        mirrors.install(&[snapshot_of(&target, 7)]).unwrap();
+        let view = mirrors.table(7).unwrap().view();
+        let pass = view.enter().unwrap();
+        assert!(!pass.admits(0, 100, 4), "the snapshot's fence holds");
+        assert!(pass.admits(0, 100, 5));
+        assert!(!pass.admits(200, 300, 5), "the early push was replayed");
+        assert!(!pass.admits(0, 100, 7), "a grant the target never issued is refused on fenced bytes");
+        assert!(pass.admits(1000, 1100, 0), "unfenced bytes take grant 0");
+        drop(pass);
+        let absent = mirrors.table(8).unwrap().view().enter().unwrap();
+        assert!(!absent.admits(0, 1, 6), "a region the snapshot lacks refuses every write");
+        drop(absent);
+        // A push after the snapshot: applied, waits for counted writers.
+        let held = view.enter().unwrap();
+        let busy = mirrors.apply(vec![(7, vec![Span::range(0, 100)])], 9, Instant::now());
+        assert!(matches!(busy, Err(Error::RegionBusy { in_flight: 1, .. })), "{busy:?}");
+        drop(held);
+        mirrors.apply(vec![(7, vec![Span::range(0, 100)])], 10, Instant::now()).unwrap();
+        assert!(!view.enter().unwrap().admits(0, 100, 9));
+    }
+
+    #[test]
+    fn malformed_tables_and_spans_are_refused() {
+        let mirrors = Mirrors::new([1]);
+        for words in [vec![], vec![0; 7], vec![0; 9], vec![0; 8 + 5 * 100]] {
+            let bad = RdmaFenceTable { region: 1, words };
+            assert!(matches!(mirrors.install(&[bad]), Err(Error::Malformed { .. })));
+        }
+        // `used` must say as many entries as the words hold.
+        let mut words = vec![0; 13];
+        words[4] = 2;
+        assert!(mirrors.install(&[RdmaFenceTable { region: 1, words }]).is_err());
+        assert!(decode_pushed(&[RdmaFenceSpans { region: 1, spans: vec![1, 2, 3] }]).is_err());
+        let spans = vec![Span { start: 1, len: 2, stride: 3, count: 4 }];
+        assert_eq!(decode_pushed(&encode_pushed(&[(9, spans.clone())])).unwrap(), vec![(9, spans)]);
+    }
+
+    #[test]
+    fn the_book_finds_live_mirrors_only() {
+        let book = MirrorBook::default();
+        let mirrors = Mirrors::new([1]);
+        book.insert("t", 3, &mirrors);
+        assert!(book.get("t", 3).is_some());
+        assert!(book.get("t", 4).is_none(), "another start of the target");
+        book.remove(&mirrors);
+        assert!(book.get("t", 3).is_none());
+        book.insert("t", 3, &mirrors);
+        drop(mirrors);
+        assert!(book.get("t", 3).is_none(), "a dropped link's mirrors are gone");
+    }
+}
