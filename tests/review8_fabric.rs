@@ -6,8 +6,14 @@
 //! connection, so nothing left behind it is ever taken as a later answer;
 //! no descriptor that came with a refused answer stays open; a fabric
 //! handle's bytes never show in `Debug`; every wait has a deadline.
-//! The probes that need the fake driver are in tests/gpu_fake.rs.
+//! The probes on the CUDA provider need the fake driver on the library
+//! path (`.ci/stage-fakecuda.sh` runs this file so, with
+//! `FAKECUDA_REQUIRED=1`); elsewhere they say so and pass.
 
+mod common;
+
+use common::fakecuda::Fake;
+use kvring::gpu::{CudaGpu, IpcHandle};
 use kvring::gpu::{Gpu, HandleKind, Shareable, SimGpu};
 use kvring::testing::gpu_fds::{answer, Opener};
 use kvring::{Error, RegionId};
@@ -223,4 +229,54 @@ fn probe4_mixed_kinds_in_one_export_are_refused_before_fetching() {
         .unwrap_err();
     assert!(error.to_string().contains("different kinds"), "{error}");
     assert_eq!(asked, 0);
+}
+
+/// The CUDA provider on the fake driver, or `None` (saying why) where the
+/// library is not the fake and nobody required it.
+fn fake_gpu() -> Option<(CudaGpu, Fake)> {
+    match (CudaGpu::load(), Fake::find()) {
+        (Ok(gpu), Some(fake)) => Some((gpu, fake)),
+        (loaded, _) => {
+            let required = std::env::var("FAKECUDA_REQUIRED").is_ok_and(|v| v == "1");
+            assert!(!required, "FAKECUDA_REQUIRED=1 but the fake driver is not loaded: {:?}", loaded.err());
+            eprintln!("skipped: the fake CUDA driver is not on LD_LIBRARY_PATH (bash .ci/stage-fakecuda.sh runs this)");
+            None
+        }
+    }
+}
+
+/// Two FABRIC handles of 2 MiB each, as a peer's descriptor states them
+/// (their bytes name the allocations by address; no GPU UUID).
+fn fabric_handles() -> Vec<IpcHandle> {
+    let piece = IpcHandle { kind: HandleKind::Fabric, bytes: [0; 64], offset: 0, len: 2 << 20 };
+    vec![piece; 2]
+}
+
+/// Probes 2 and 6 on the CUDA provider: what a hostile exporter passes
+/// for FABRIC handles (bytes that are no fabric handle; a descriptor
+/// instead of one) fails the open as a device error, not `Unauthorized`
+/// (which says the IMEX channel is wrong, sending an operator to fix the
+/// wrong thing), and never a panic; nothing imported stays held.
+#[test]
+fn probe2_probe6_a_hostile_exporters_fabric_bytes_fail_as_a_device_error() {
+    let Some((gpu, fake)) = fake_gpu() else { return };
+    let before = fake.stat("allocations");
+    let handles = fabric_handles();
+    let mut asked = Vec::new();
+    let error = gpu
+        .open(&handles, &mut |i| {
+            asked.push(i);
+            Ok(Shareable::Fabric([0xee; FABRIC]))
+        })
+        .unwrap_err();
+    assert!(matches!(error, Error::Gpu { .. }), "garbage bytes are no channel problem: {error:?}");
+    assert!(error.to_string().contains("FABRIC"), "{error}");
+    assert_eq!(asked, [0], "nothing asked past the first failure");
+    let fd = memfd(c"review8-fd-for-fabric");
+    let mut once = Some(Shareable::Fd(fd));
+    let error = gpu.open(&handles, &mut |_| once.take().ok_or(Error::Unsupported { what: "twice".into() })).unwrap_err();
+    assert!(matches!(error, Error::Gpu { .. }), "{error:?}");
+    assert!(error.to_string().contains("FileDescriptor handle for a Fabric one"), "{error}");
+    assert_eq!(open_memfds("review8-fd-for-fabric"), 0, "the descriptor passed in place of a handle stayed open");
+    assert_eq!(fake.stat("allocations"), before, "an allocation left imported");
 }
