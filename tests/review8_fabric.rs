@@ -274,7 +274,8 @@ fn probe2_probe6_a_hostile_exporters_fabric_bytes_fail_as_a_device_error() {
     assert_eq!(asked, [0], "nothing asked past the first failure");
     let fd = memfd(c"review8-fd-for-fabric");
     let mut once = Some(Shareable::Fd(fd));
-    let error = gpu.open(&handles, &mut |_| once.take().ok_or(Error::Unsupported { what: "twice".into() })).unwrap_err();
+    let error =
+        gpu.open(&handles, &mut |_| once.take().ok_or(Error::Unsupported { what: "twice".into() })).unwrap_err();
     assert!(matches!(error, Error::Gpu { .. }), "{error:?}");
     assert!(error.to_string().contains("FileDescriptor handle for a Fabric one"), "{error}");
     assert_eq!(open_memfds("review8-fd-for-fabric"), 0, "the descriptor passed in place of a handle stayed open");
