@@ -281,3 +281,73 @@ fn probe2_probe6_a_hostile_exporters_fabric_bytes_fail_as_a_device_error() {
     assert_eq!(open_memfds("review8-fd-for-fabric"), 0, "the descriptor passed in place of a handle stayed open");
     assert_eq!(fake.stat("allocations"), before, "an allocation left imported");
 }
+
+/// Bytes of each FABRIC-only allocation the probes make (the fake's
+/// granularity is 2 MiB).
+const PIECE: usize = 2 << 20;
+
+/// One FABRIC-only allocation of [`PIECE`] on GPU 0, mapped and granted as
+/// an application (PyTorch's expandable segments on a host with IMEX
+/// channels) makes it: its address.
+fn fabric_piece(fake: &Fake) -> u64 {
+    use cudarc::driver::sys::{
+        CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationProp, CUmemLocation, CUmemLocationType,
+    };
+    type Create = unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> u32;
+    type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> u32;
+    type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> u32;
+    type SetAccess = unsafe extern "C" fn(u64, usize, *const CUmemAccessDesc, usize) -> u32;
+    fake.become_application_on(0);
+    let create: Create = fake.function(c"cuMemCreate");
+    let (reserve, map, access): (Reserve, Map, SetAccess) =
+        (fake.function(c"cuMemAddressReserve"), fake.function(c"cuMemMap"), fake.function(c"cuMemSetAccess"));
+    // SAFETY: plain data; zero is valid for every field not set below.
+    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = cudarc::driver::sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = cudarc::driver::sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
+    let gpu0 = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
+    prop.location = gpu0;
+    let desc = CUmemAccessDesc { location: gpu0, flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+    let (mut at, mut handle) = (0u64, 0u64);
+    // SAFETY: the fake's entry points with valid out-pointers, properties
+    // and one access descriptor.
+    unsafe {
+        assert_eq!(reserve(&mut at, PIECE, 0, 0, 0), 0);
+        assert_eq!(create(&mut handle, PIECE, &prop, 0), 0, "FAKECUDA_IMEX_CHANNEL is set by the stage");
+        assert_eq!(map(at, PIECE, 0, handle, 0), 0);
+        assert_eq!(access(at, PIECE, &desc, 1), 0);
+    }
+    at
+}
+
+/// Probes 2 and 5 on the CUDA provider (with an IMEX channel): a FABRIC
+/// handle opened as a larger allocation than it is fails, nothing mapped;
+/// and the exporter makes a FABRIC handle only for memory still mapped as
+/// it exported it.
+#[test]
+fn probe2_probe5_fabric_handles_open_only_at_their_size_and_are_made_only_for_memory_still_there() {
+    let Some((gpu, fake)) = fake_gpu() else { return };
+    if std::env::var("FAKECUDA_IMEX_CHANNEL").is_err() {
+        let required = std::env::var("FAKECUDA_REQUIRED").is_ok_and(|v| v == "1");
+        assert!(!required, "run with FAKECUDA_IMEX_CHANNEL set (.ci/stage-fakecuda.sh does)");
+        return;
+    }
+    let at = fabric_piece(&fake);
+    let export = gpu.export(at, PIECE as u64).unwrap();
+    let handle = export.handles()[0];
+    assert_eq!((export.handles().len(), handle.kind), (1, HandleKind::Fabric));
+    let Some(Shareable::Fabric(bytes)) = gpu.share(&handle).unwrap() else { panic!("a FABRIC handle") };
+    let before = fake.stat("allocations");
+    // The descriptor says twice the allocation the handle names.
+    let larger = IpcHandle { len: 2 * PIECE as u64, ..handle };
+    let error = gpu.open(&[larger], &mut |_| Ok(Shareable::Fabric(bytes))).unwrap_err();
+    assert!(matches!(error, Error::Gpu { .. }), "{error:?}");
+    assert_eq!(fake.stat("allocations"), before, "an import left held");
+    // The application unmaps it: nothing more is shared from it.
+    type Unmap = unsafe extern "C" fn(u64, usize) -> u32;
+    let unmap: Unmap = fake.function(c"cuMemUnmap");
+    // SAFETY: the whole mapping made above, which nothing else uses.
+    assert_eq!(unsafe { unmap(at, PIECE) }, 0);
+    let error = gpu.share(&handle).unwrap_err();
+    assert!(error.to_string().contains("is no longer the device memory this process exported"), "{error}");
+}
