@@ -231,11 +231,17 @@ fn probe4_mixed_kinds_in_one_export_are_refused_before_fetching() {
     assert_eq!(asked, 0);
 }
 
-/// The CUDA provider on the fake driver, or `None` (saying why) where the
-/// library is not the fake and nobody required it.
-fn fake_gpu() -> Option<(CudaGpu, Fake)> {
+/// Held by each probe on the fake: they count the fake's allocations, so
+/// they run one at a time.
+static ON_THE_FAKE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The CUDA provider on the fake driver (this probe alone on it), or
+/// `None` (saying why) where the library is not the fake and nobody
+/// required it.
+fn fake_gpu() -> Option<(CudaGpu, Fake, std::sync::MutexGuard<'static, ()>)> {
+    let alone = ON_THE_FAKE.lock().unwrap_or_else(|p| p.into_inner());
     match (CudaGpu::load(), Fake::find()) {
-        (Ok(gpu), Some(fake)) => Some((gpu, fake)),
+        (Ok(gpu), Some(fake)) => Some((gpu, fake, alone)),
         (loaded, _) => {
             let required = std::env::var("FAKECUDA_REQUIRED").is_ok_and(|v| v == "1");
             assert!(!required, "FAKECUDA_REQUIRED=1 but the fake driver is not loaded: {:?}", loaded.err());
@@ -259,7 +265,7 @@ fn fabric_handles() -> Vec<IpcHandle> {
 /// wrong thing), and never a panic; nothing imported stays held.
 #[test]
 fn probe2_probe6_a_hostile_exporters_fabric_bytes_fail_as_a_device_error() {
-    let Some((gpu, fake)) = fake_gpu() else { return };
+    let Some((gpu, fake, _alone)) = fake_gpu() else { return };
     let before = fake.stat("allocations");
     let handles = fabric_handles();
     let mut asked = Vec::new();
@@ -326,7 +332,7 @@ fn fabric_piece(fake: &Fake) -> u64 {
 /// it exported it.
 #[test]
 fn probe2_probe5_fabric_handles_open_only_at_their_size_and_are_made_only_for_memory_still_there() {
-    let Some((gpu, fake)) = fake_gpu() else { return };
+    let Some((gpu, fake, _alone)) = fake_gpu() else { return };
     if std::env::var("FAKECUDA_IMEX_CHANNEL").is_err() {
         let required = std::env::var("FAKECUDA_REQUIRED").is_ok_and(|v| v == "1");
         assert!(!required, "run with FAKECUDA_IMEX_CHANNEL set (.ci/stage-fakecuda.sh does)");
