@@ -33,6 +33,9 @@ export FAKECUDA_REQUIRED=1
 # the fake's own findings; the lib's GPU tests.
 run env TEST_GPU_PROVIDER=cuda cargo test --test gpu
 run cargo test --test gpu_fake
+# Hostile review 8: a FABRIC-handle exporter's bad bytes on the CUDA provider
+# (this process on IMEX channel 3, so it can make FABRIC-only memory).
+run env FAKECUDA_IMEX_CHANNEL=3 cargo test --test review8_fabric
 run env TEST_GPU_PROVIDER=cuda cargo test --lib gpu
 # Fenced destinations in GPU memory on the driver: cuda_ipc in one process
 # and across processes (the table page crossing the GPU descriptor socket),

@@ -235,7 +235,8 @@ impl SegmentDescriptor {
                 .regions
                 .iter()
                 .map(|r| {
-                    let (gpu, gpu_handles, gpu_export_error) = super::gpu::to_proto(r.memory, &r.gpu_export);
+                    let (gpu, gpu_handles, gpu_export_error, gpu_fabric_handles) =
+                        super::gpu::to_proto(r.memory, &r.gpu_export);
                     proto::RegionDescriptor {
                         id: r.id.raw(),
                         kind: r.kind.to_proto() as i32,
@@ -248,6 +249,7 @@ impl SegmentDescriptor {
                         gpu,
                         gpu_handles,
                         gpu_export_error,
+                        gpu_fabric_handles,
                     }
                 })
                 .collect(),

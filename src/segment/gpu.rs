@@ -14,27 +14,38 @@ pub const MAX_EXPORT_ERROR_BYTES: usize = 1024;
 /// What a peer's descriptor says about how to open one of its regions.
 pub type GpuExport = std::result::Result<Vec<IpcHandle>, String>;
 
-/// The wire fields (`gpu`, `gpu_handles`, `gpu_export_error`) of a region.
-pub fn to_proto(memory: MemoryKind, export: &GpuExport) -> (u32, Vec<proto::GpuHandle>, String) {
+/// Why a kvring that predates FABRIC handles cannot open a FABRIC-only
+/// region: what such a peer reads as the region's export error.
+pub const FABRIC_FOR_OLDER_PEERS: &str =
+    "FABRIC-only GPU memory: a kvring that takes FABRIC handles (handle kind 3, GPU \
+     descriptor request KVF7) opens it over cuda_ipc; update this one";
+
+/// The wire fields (`gpu`, `gpu_handles`, `gpu_export_error`,
+/// `gpu_fabric_handles`) of a region. FABRIC handles go in a field of
+/// their own, which a kvring predating them skips: it reads the region as
+/// unopenable, with [`FABRIC_FOR_OLDER_PEERS`] as why.
+pub fn to_proto(memory: MemoryKind, export: &GpuExport) -> (u32, Vec<proto::GpuHandle>, String, Vec<proto::GpuHandle>) {
     let gpu = match memory {
         MemoryKind::Host => 0,
         MemoryKind::Gpu(n) => n + 1,
     };
+    let wire = |handles: &[IpcHandle]| -> Vec<proto::GpuHandle> {
+        handles
+            .iter()
+            .map(|h| proto::GpuHandle {
+                kind: h.kind.to_wire(),
+                handle: h.bytes.to_vec(),
+                offset: h.offset,
+                len: h.len,
+            })
+            .collect()
+    };
     match export {
-        Ok(handles) => (
-            gpu,
-            handles
-                .iter()
-                .map(|h| proto::GpuHandle {
-                    kind: h.kind.to_wire(),
-                    handle: h.bytes.to_vec(),
-                    offset: h.offset,
-                    len: h.len,
-                })
-                .collect(),
-            String::new(),
-        ),
-        Err(reason) => (gpu, Vec::new(), reason.clone()),
+        Ok(handles) if handles.first().is_some_and(|h| h.kind == HandleKind::Fabric) => {
+            (gpu, Vec::new(), FABRIC_FOR_OLDER_PEERS.to_string(), wire(handles))
+        }
+        Ok(handles) => (gpu, wire(handles), String::new(), Vec::new()),
+        Err(reason) => (gpu, Vec::new(), reason.clone(), Vec::new()),
     }
 }
 
@@ -44,7 +55,8 @@ pub fn to_proto(memory: MemoryKind, export: &GpuExport) -> (u32, Vec<proto::GpuH
 pub fn from_proto(region: &proto::RegionDescriptor, bad: impl Fn(String) -> Error) -> Result<(MemoryKind, GpuExport)> {
     let id = crate::region_id::RegionId::from_raw(region.id);
     if region.gpu == 0 {
-        if !region.gpu_handles.is_empty() || !region.gpu_export_error.is_empty() {
+        let handles = !region.gpu_handles.is_empty() || !region.gpu_fabric_handles.is_empty();
+        if handles || !region.gpu_export_error.is_empty() {
             return Err(bad(format!("host region {id} carries GPU handles")));
         }
         return Ok((MemoryKind::Host, Ok(Vec::new())));
@@ -59,7 +71,12 @@ pub fn from_proto(region: &proto::RegionDescriptor, bad: impl Fn(String) -> Erro
     if region.gpu_export_error.len() > MAX_EXPORT_ERROR_BYTES {
         return Err(bad(format!("region {id}'s export error exceeds {MAX_EXPORT_ERROR_BYTES} bytes")));
     }
-    if region.gpu_handles.is_empty() {
+    let fabric = !region.gpu_fabric_handles.is_empty();
+    if fabric && !region.gpu_handles.is_empty() {
+        return Err(bad(format!("region {id} carries both FABRIC and other GPU handles")));
+    }
+    let wire = if fabric { &region.gpu_fabric_handles } else { &region.gpu_handles };
+    if wire.is_empty() {
         let reason = if region.gpu_export_error.is_empty() {
             "its owner exported no handle".to_string()
         } else {
@@ -67,10 +84,13 @@ pub fn from_proto(region: &proto::RegionDescriptor, bad: impl Fn(String) -> Erro
         };
         return Ok((MemoryKind::Gpu(ordinal), Err(reason)));
     }
-    let mut handles = Vec::with_capacity(region.gpu_handles.len().min(crate::gpu::MAX_EXPORT_PIECES));
-    for h in &region.gpu_handles {
+    let mut handles = Vec::with_capacity(wire.len().min(crate::gpu::MAX_EXPORT_PIECES));
+    for h in wire {
         let kind =
             HandleKind::from_wire(h.kind).ok_or_else(|| bad(format!("region {id}: GPU handle kind {}", h.kind)))?;
+        if (kind == HandleKind::Fabric) != fabric {
+            return Err(bad(format!("region {id}: a GPU handle of kind {} in the wrong field", h.kind)));
+        }
         let bytes: [u8; IPC_HANDLE_BYTES] = h.handle.as_slice().try_into().map_err(|_| {
             bad(format!("region {id}: a GPU handle of {} bytes (not {IPC_HANDLE_BYTES})", h.handle.len()))
         })?;
@@ -100,10 +120,19 @@ mod tests {
         let bad = |reason: String| Error::malformed("segment descriptor", reason);
         let legacy = IpcHandle { kind: HandleKind::Legacy, bytes: [7; 64], offset: 0, len: 8192 };
         // Through the wire form of a region of `len` bytes and back.
+        let wire = |memory, export: &std::result::Result<Vec<IpcHandle>, String>, len| {
+            let (gpu, gpu_handles, gpu_export_error, gpu_fabric_handles) = to_proto(memory, export);
+            proto::RegionDescriptor {
+                len,
+                gpu,
+                gpu_handles,
+                gpu_export_error,
+                gpu_fabric_handles,
+                ..Default::default()
+            }
+        };
         let round_trip = |memory, export: &std::result::Result<Vec<IpcHandle>, String>, len| {
-            let (gpu, gpu_handles, gpu_export_error) = to_proto(memory, export);
-            let wire = proto::RegionDescriptor { len, gpu, gpu_handles, gpu_export_error, ..Default::default() };
-            from_proto(&wire, bad).unwrap()
+            from_proto(&wire(memory, export, len), bad).unwrap()
         };
         assert_eq!(round_trip(MemoryKind::Gpu(2), &Ok(vec![legacy]), 4096), (MemoryKind::Gpu(2), Ok(vec![legacy])));
         let pooled = Err("pooled memory".to_string());
@@ -125,5 +154,46 @@ mod tests {
         assert!(refused(long).contains("export error exceeds"));
         let many = vec![handle(2, 64, 0, 1); crate::gpu::MAX_EXPORT_PIECES + 5];
         assert!(refused(region(1, many)).contains("exceed the limit"));
+    }
+
+    /// Review 8, probe 7: a FABRIC-only region's handles travel in a field
+    /// of their own, so a kvring that predates handle kind 3 (which skips
+    /// that field, as protobuf decoders skip unknown fields) reads the
+    /// region as one it cannot open, saying why, and still decodes the
+    /// descriptor; before, kind 3 among `gpu_handles` made every older peer
+    /// refuse the whole descriptor (every region, every transport).
+    #[test]
+    fn a_fabric_region_reads_to_an_older_peer_as_unopenable_not_as_a_malformed_descriptor() {
+        let bad = |reason: String| Error::malformed("segment descriptor", reason);
+        let piece = IpcHandle { kind: HandleKind::Fabric, bytes: [7; 64], offset: 0, len: 4096 };
+        let export = Ok(vec![piece, piece]);
+        let (gpu, gpu_handles, gpu_export_error, gpu_fabric_handles) = to_proto(MemoryKind::Gpu(0), &export);
+        let ours = proto::RegionDescriptor {
+            len: 8192,
+            gpu,
+            gpu_handles,
+            gpu_export_error,
+            gpu_fabric_handles,
+            ..Default::default()
+        };
+        assert_eq!(from_proto(&ours, bad).unwrap(), (MemoryKind::Gpu(0), export.clone()));
+        // What an older kvring decodes: the same bytes less the field it
+        // does not know.
+        let older = proto::RegionDescriptor { gpu_fabric_handles: Vec::new(), ..ours.clone() };
+        let (memory, reason) = from_proto(&older, bad).unwrap();
+        assert_eq!((memory, reason.unwrap_err()), (MemoryKind::Gpu(0), FABRIC_FOR_OLDER_PEERS.to_string()));
+        let refused = |r: proto::RegionDescriptor| from_proto(&r, bad).unwrap_err().to_string();
+        // A FABRIC handle among the others, another kind among FABRIC ones,
+        // both fields, or FABRIC handles on a host region: malformed.
+        assert!(refused(region(1, vec![handle(3, 64, 0, 8192)])).contains("wrong field"));
+        let mut mixed = region(1, vec![]);
+        mixed.gpu_fabric_handles = vec![handle(2, 64, 0, 8192)];
+        assert!(refused(mixed).contains("wrong field"));
+        let mut both = region(1, vec![handle(2, 64, 0, 8192)]);
+        both.gpu_fabric_handles = vec![handle(3, 64, 0, 8192)];
+        assert!(refused(both).contains("both FABRIC and other"));
+        let mut host = region(0, vec![]);
+        host.gpu_fabric_handles = vec![handle(3, 64, 0, 8192)];
+        assert!(refused(host).contains("host region"));
     }
 }

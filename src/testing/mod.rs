@@ -49,6 +49,47 @@ pub mod gpu_fds {
     pub fn request(region: u64, first: u32, count: u32) -> Vec<u8> {
         crate::transport::gpu_fds::Request { region, first, count }.encode().to_vec()
     }
+
+    /// An answer to a request, byte for byte as the server encodes it:
+    /// `kind` 0 descriptors, 1 a refusal (`count` its length), 2 FABRIC
+    /// handles.
+    pub fn answer(kind: u8, count: u32, handles: u32) -> Vec<u8> {
+        use crate::transport::gpu_fds::Answer;
+        let answer = match kind {
+            0 => Answer::Descriptors { count, handles },
+            1 => Answer::Refused { len: count },
+            _ => Answer::Fabric { count, handles },
+        };
+        answer.encode().to_vec()
+    }
+
+    /// The opener's side of a connection taken as proven, driven as
+    /// `cuda_ipc` drives it: for tests that play a hostile exporter.
+    #[derive(Debug)]
+    pub struct Opener(crate::transport::gpu_fds::client::GpuFdClient);
+
+    impl Opener {
+        /// An opener over `stream` whose every wait ends by `deadline`.
+        pub fn over(stream: std::os::unix::net::UnixStream, deadline: std::time::Instant) -> Self {
+            Opener(crate::transport::gpu_fds::client::GpuFdClient::over(stream, deadline))
+        }
+
+        /// Region `region`'s fence table page descriptor.
+        pub fn fence(&mut self, region: crate::RegionId) -> crate::Result<std::os::fd::OwnedFd> {
+            self.0.fence_fd(region)
+        }
+
+        /// What opens handle `index` of `region`'s `handles`, all `kind`.
+        pub fn handle(
+            &mut self,
+            region: crate::RegionId,
+            kind: crate::gpu::HandleKind,
+            handles: usize,
+            index: usize,
+        ) -> crate::Result<crate::gpu::Shareable> {
+            self.0.handle(region, kind, handles, index)
+        }
+    }
 }
 
 /// Fence tables (`mem::fence`) and a GPU region's table page

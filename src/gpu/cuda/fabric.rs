@@ -84,15 +84,23 @@ pub(super) fn import_fabric(bytes: &[u8; FABRIC_HANDLE_BYTES]) -> Result<sys::CU
 /// The IMEX channel devices present here (a container is given only the
 /// channels it was granted), by name, or why none: listed, never opened.
 fn channels_here() -> String {
-    let Ok(entries) = std::fs::read_dir(IMEX_CHANNELS) else {
-        return format!("none: no {IMEX_CHANNELS}");
+    channels_in(std::path::Path::new(IMEX_CHANNELS))
+}
+
+/// [`channels_here`] in `dir`. A directory that exists but cannot be
+/// listed (no permission in a container) is said so, not called absent.
+fn channels_in(dir: &std::path::Path) -> String {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return format!("none: no {}", dir.display()),
+        Err(e) => return format!("unknown: {} could not be listed ({e})", dir.display()),
     };
     let mut present: Vec<String> =
         entries.filter_map(|entry| entry.ok()).map(|entry| entry.file_name().to_string_lossy().into_owned()).collect();
     present.sort();
     match present.is_empty() {
-        true => format!("none in {IMEX_CHANNELS}"),
-        false => format!("{} in {IMEX_CHANNELS}", present.join(", ")),
+        true => format!("none in {}", dir.display()),
+        false => format!("{} in {}", present.join(", "), dir.display()),
     }
 }
 
@@ -129,6 +137,25 @@ mod tests {
 
     fn mask(bits: u64) -> Option<(u64, String)> {
         Some((bits, format!("{bits:#x}")))
+    }
+
+    /// Review 8, probe 8: the channel devices are listed by name, never
+    /// opened; an unlistable directory is not reported as absent.
+    #[test]
+    fn imex_channels_are_listed_by_name_and_an_unlistable_directory_is_not_called_absent() {
+        let dir = std::env::temp_dir().join(format!("kvring-imex-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(channels_in(&dir), format!("none in {}", dir.display()));
+        for name in ["channel3", "channel0"] {
+            std::fs::write(dir.join(name), b"").unwrap();
+        }
+        assert_eq!(channels_in(&dir), format!("channel0, channel3 in {}", dir.display()));
+        let file = dir.join("channel0");
+        let unlistable = channels_in(&file);
+        assert!(unlistable.starts_with("unknown:") && unlistable.contains("could not be listed"), "{unlistable}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        let missing = channels_in(&dir);
+        assert_eq!(missing, format!("none: no {}", dir.display()));
     }
 
     #[test]

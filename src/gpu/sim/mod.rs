@@ -476,6 +476,11 @@ impl Gpu for SimGpu {
 
     fn open(&self, handles: &[IpcHandle], fds: super::FdSource<'_>) -> Result<DevicePtr> {
         check_handles(handles, 1).map_err(|reason| gpu_error(0, format!("a peer's export: {reason}")))?;
+        // Refused before any is fetched: each FABRIC handle the exporter
+        // hands out is a capability, and the simulator can open none.
+        if handles[0].kind == super::HandleKind::Fabric {
+            return Err(gpu_error(0, "a peer's export of FABRIC handles (the simulator opens descriptors only)"));
+        }
         self.open_export(handles, fds)
     }
 

@@ -68,8 +68,15 @@ pub fn gpu_fds_connection(data: &[u8]) {
 }
 
 /// `data` as everything a server answers an opener (already proven) that
-/// asks for a region's FABRIC handles, then for its descriptors.
+/// asks for a region's FABRIC handles, then for its descriptors; and again
+/// after asking for its fence table page first, as cuda_ipc does.
 fn answers_to_an_opener(data: &[u8]) {
+    for fence_first in [false, true] {
+        answers_to(data, fence_first);
+    }
+}
+
+fn answers_to(data: &[u8], fence_first: bool) {
     // Within a socket's buffer: nobody reads while it is written.
     let data = &data[..data.len().min(64 << 10)];
     let (ours, theirs) = UnixStream::pair().expect("a socket pair");
@@ -78,6 +85,10 @@ fn answers_to_an_opener(data: &[u8]) {
     // Past its end, every read sees EOF at once: the deadline is a bound.
     let mut client = GpuFdClient::over(ours, std::time::Instant::now() + std::time::Duration::from_secs(5));
     let region = crate::region_id::RegionId::new(0, 1);
+    if fence_first {
+        // Taken or refused, the runs after it are of the kind asked only.
+        let _ = client.fence_fd(region);
+    }
     for (kind, handles) in [(HandleKind::Fabric, 100), (HandleKind::FileDescriptor, 3)] {
         for index in 0..handles {
             match client.handle(region, kind, handles, index) {

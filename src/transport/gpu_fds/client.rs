@@ -167,7 +167,12 @@ impl GpuFdClient {
         self.write(&request.encode())?;
         let mut answer = [0u8; ANSWER_BYTES];
         self.set_timeouts()?;
-        let fds = recv_with_fds(&self.stream, &mut answer, max_fds).map_err(|e| self.io_error(e))?;
+        let fds = recv_with_fds(&self.stream, &mut answer, max_fds).map_err(|e| match e.kind() {
+            // More descriptors than asked for: a protocol break, not a
+            // failing socket (those attached were closed on receipt).
+            std::io::ErrorKind::InvalidData => self.out_of_step(format!("{e}, for {what}")),
+            _ => self.io_error(e),
+        })?;
         match Answer::decode(&answer).map_err(|reason| self.out_of_step(reason))? {
             Answer::Refused { len } => {
                 let mut reason = vec![0u8; len as usize];
@@ -197,7 +202,12 @@ impl GpuFdClient {
         set.map_err(|e| Error::io("setting a socket timeout", e))
     }
 
+    /// A read or write that failed part way: the connection is shut, as
+    /// for an answer out of step, since where the next answer starts is
+    /// no longer known (cuda_ipc goes on with this client after a region's
+    /// fence page fails).
     fn io_error(&self, error: std::io::Error) -> Error {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
         if crate::net::is_timeout(&error) {
             return Error::Timeout { what: "the peer's GPU socket", waited: std::time::Duration::ZERO };
         }
