@@ -364,6 +364,10 @@ fn the_kv_bench_moves_a_request_planned_from_block_ids() {
             "\"verified\":true".to_string(),
             "\"ms_per_request\":".to_string(),
             "\"baseline_gbps\":".to_string(),
+            // The baseline alternates with the pushes, round by round.
+            "\"rounds\":5".to_string(),
+            "\"ratio_low\":".to_string(),
+            "\"ratio_high\":".to_string(),
         ] {
             assert!(line.contains(&field), "{field} missing in {line}");
         }

@@ -63,6 +63,43 @@ fn push_and_pull_small_and_chunked_blocks_over_tcp() {
 }
 
 #[test]
+fn a_lane_parked_on_a_full_send_buffer_wakes_when_it_drains() {
+    // No busy-poll window and a park timeout far beyond the wait deadline:
+    // the lane parks whenever a round moved nothing, often with its send
+    // buffer full mid-chunk (64 blocks of 1 MiB are one chunk, whose only
+    // reply is the ack after its last byte). Only the socket turning
+    // writable can wake it then; were that edge not asked for, the wait
+    // would end in Timeout (the safety net is an hour away).
+    let target = engine("target");
+    let remote = target.alloc_region(64 * MIB, RegionInfo::raw()).unwrap();
+    let initiator = common::builder("initiator")
+        .busy_poll(std::time::Duration::ZERO)
+        .park_timeout(std::time::Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let local = initiator.alloc_region(64 * MIB, RegionInfo::raw()).unwrap();
+    let segment =
+        initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Tcp), WAIT).unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let descs: Vec<_> = (0..64u64)
+        .map(|i| BlockDesc::new(local.id(), i * MIB as u64, remote.id(), i * MIB as u64, MIB as u64))
+        .collect();
+    for round in 0..4u64 {
+        // SAFETY: no batch or peer touches these bytes during the copy (none naming them is in flight).
+        unsafe { local.fill_pattern(round) };
+        let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+        let outcome = sub.wait(id, WAIT);
+        assert!(
+            matches!(outcome, Ok(Outcome::Done { bytes }) if bytes == 64 * MIB as u64),
+            "round {round}: {outcome:?}"
+        );
+        assert!(contents(&remote, 0, 64 * MIB) == pattern(64 * MIB, round), "round {round}: the target's bytes differ");
+    }
+    let parks: u64 = initiator.lane_stats().iter().map(|s| s.parks).sum();
+    assert!(parks > 0, "the lane never parked");
+}
+
+#[test]
 fn the_target_refuses_bad_blocks_and_the_connection_keeps_working() {
     let target = engine("target");
     let remote = target.alloc_region(64 * 1024, RegionInfo::raw()).unwrap();

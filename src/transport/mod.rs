@@ -319,8 +319,9 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
         false
     }
 
-    /// The socket whose readability means this link has something to poll
-    /// (a reply), so that a parked lane waits on it instead of a timer.
+    /// The socket whose readability (a reply) or writability (room in a
+    /// send buffer that was full) means this link has something to poll,
+    /// so that a parked lane waits on it instead of a timer.
     fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }

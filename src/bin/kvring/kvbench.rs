@@ -83,22 +83,8 @@ pub fn run(engine: &Engine, bench: &KvBench<'_>) -> Result<(), String> {
     let request_bytes: u64 = descs.iter().map(|d| d.len).sum();
     let requests = (TARGET_BYTES / request_bytes.max(1)).clamp(MIN_REQUESTS, MAX_REQUESTS);
 
-    // None: tcp to a target whose raw sink is not known (no --peer-raw).
-    let baseline_gbps = match (bench.transport, bench.raw_peer) {
-        // One connection per lane, each on its lane's core, the ends
-        // cycling through one request's bytes, as the pushes do.
-        (TransportKind::Tcp, Some(raw)) => Some(crate::raw::streams(
-            raw,
-            bench.token,
-            (true, shape.key_block_bytes, request_bytes * requests),
-            (request_bytes, &engine.lane_cores()),
-        )?),
-        (TransportKind::Tcp, None) => None,
-        _ => Some(memcpy_descs(&descs, bytes, requests, engine.lane_cores().first().copied().flatten())?),
-    };
-
-    let (seconds, ms) = push_requests(engine, &segment, &descs, requests)?;
-    let gbps = (request_bytes * requests) as f64 / seconds / 1e9;
+    let rounds = measure(engine, bench, (&segment, &descs, bytes), (shape.key_block_bytes, request_bytes), requests)?;
+    let Rounds { gbps, ms, baseline_gbps, ratio, requests } = rounds;
     let verified = verify(&region, &segment, &descs)?;
     let plan_128k_us = planning_us(&model, PLAN_TOKENS, false)?;
     let plan_128k_scattered_us = planning_us(&model, PLAN_TOKENS, true)?;
@@ -107,7 +93,6 @@ pub fn run(engine: &Engine, bench: &KvBench<'_>) -> Result<(), String> {
         TransportKind::Tcp => "none",
         _ => "memcpy",
     };
-    let ratio = baseline_gbps.filter(|&b| b > 0.0).map(|b| gbps / b);
     let round3 = |v: f64| (v * 1e3).round() / 1e3;
     if bench.json {
         let line = serde_json::json!({
@@ -116,7 +101,9 @@ pub fn run(engine: &Engine, bench: &KvBench<'_>) -> Result<(), String> {
             "ms_per_request": round3(ms), "gbps": round3(gbps), "descs_before": descs_before, "descs_after": descs.len(),
             "plan_us": (plan_us * 10.0).round() / 10.0, "plan_128k_us": (plan_128k_us * 10.0).round() / 10.0,
             "plan_128k_scattered_us": (plan_128k_scattered_us * 10.0).round() / 10.0,
-            "baseline": baseline, "baseline_gbps": baseline_gbps.map(round3), "ratio": ratio.map(round3),
+            "baseline": baseline, "baseline_gbps": baseline_gbps.map(round3),
+            "ratio": ratio.map(|r| round3(r.median)), "ratio_low": ratio.map(|r| round3(r.low)),
+            "ratio_high": ratio.map(|r| round3(r.high)), "rounds": crate::bench::ROUNDS,
             "verified": verified,
         });
         println!("{line}");
@@ -129,7 +116,13 @@ pub fn run(engine: &Engine, bench: &KvBench<'_>) -> Result<(), String> {
             crate::args::format_size(request_bytes)
         );
         let against = match (baseline_gbps, ratio) {
-            (Some(b), ratio) => format!("{baseline} {b:.2} GB/s ({:.1}% of it)", ratio.unwrap_or(0.0) * 100.0),
+            (Some(b), Some(r)) => format!(
+                "{baseline} {b:.2} GB/s ({:.1}% of it; paired rounds {:.1}-{:.1}%)",
+                r.median * 100.0,
+                r.low * 100.0,
+                r.high * 100.0
+            ),
+            (Some(b), None) => format!("{baseline} {b:.2} GB/s"),
             (None, _) => {
                 "no raw-TCP baseline: give --peer-raw ADDR (`kvring serve --raw-sink` prints its raw sink)".to_string()
             }
@@ -150,12 +143,95 @@ pub fn run(engine: &Engine, bench: &KvBench<'_>) -> Result<(), String> {
     }
 }
 
-/// Pushes the planned request `requests` times, one at a time: the seconds
-/// they took, and the median milliseconds of one.
-fn push_requests(engine: &Engine, segment: &Segment, descs: &[BlockDesc], requests: u64) -> Result<(f64, f64), String> {
+/// What the rounds measured: kvring's GB/s (median round), its median
+/// milliseconds per request, the baseline's GB/s (median round; none when
+/// there is none to measure), the paired rounds' ratio, and the requests
+/// pushed in all.
+struct Rounds {
+    gbps: f64,
+    ms: f64,
+    baseline_gbps: Option<f64>,
+    ratio: Option<crate::bench::RatioSpread>,
+    requests: u64,
+}
+
+/// kvring's pushes of the planned request and the same-run baseline
+/// (memcpy of the same ranges, or the raw socket), alternating in
+/// [`ROUNDS`](crate::bench::ROUNDS) rounds of `requests / ROUNDS` requests
+/// each, odd rounds kvring first, as the other bench modes measure: one
+/// noisy moment moves one pair, not the figure, and neither side always
+/// follows the other. (Until 2026-11-27 the baseline ran once, before
+/// all the pushes.)
+fn measure(
+    engine: &Engine,
+    bench: &KvBench<'_>,
+    (segment, descs, cache_bytes): (&Segment, &[BlockDesc], u64),
+    (block, request_bytes): (u64, u64),
+    requests: u64,
+) -> Result<Rounds, String> {
+    let rounds = crate::bench::ROUNDS as u64;
+    let per_round = requests.div_ceil(rounds).max(1);
+    let lane_cores = engine.lane_cores();
+    // The memcpy baseline's two mappings as large as the cache, made once.
+    let mut memcpy = match bench.transport {
+        TransportKind::Tcp => None,
+        _ => Some(Memcpy::new(descs, cache_bytes)?),
+    };
+    let baseline = |memcpy: &mut Option<Memcpy>| -> Result<Option<f64>, String> {
+        match (bench.transport, bench.raw_peer, memcpy) {
+            // One connection per lane, each on its lane's core, the ends
+            // cycling through one request's bytes, as the pushes do.
+            (TransportKind::Tcp, Some(raw), _) => crate::raw::streams(
+                raw,
+                bench.token,
+                (true, block, request_bytes * per_round),
+                (request_bytes, &lane_cores),
+            )
+            .map(Some),
+            // None: tcp to a target whose raw sink is not known.
+            (TransportKind::Tcp, None, _) => Ok(None),
+            (_, _, Some(memcpy)) => memcpy.copy(per_round, lane_cores.first().copied().flatten()).map(Some),
+            (_, _, None) => Ok(None),
+        }
+    };
     let mut sub = engine.submitter().map_err(|e| e.to_string())?;
+    let (mut kvring_rounds, mut baseline_rounds, mut pairs, mut times) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let kvring_first = round % 2 == 1;
+        let early =
+            if kvring_first { Some(push_requests(&mut sub, segment, descs, per_round, &mut times)?) } else { None };
+        let base = baseline(&mut memcpy)?;
+        let seconds = match early {
+            Some(seconds) => seconds,
+            None => push_requests(&mut sub, segment, descs, per_round, &mut times)?,
+        };
+        let gbps = (request_bytes * per_round) as f64 / seconds / 1e9;
+        kvring_rounds.push(gbps);
+        if let Some(base) = base {
+            baseline_rounds.push(base);
+            pairs.push((gbps, base));
+        }
+    }
+    Ok(Rounds {
+        gbps: median(&mut kvring_rounds),
+        ms: median(&mut times),
+        baseline_gbps: (!baseline_rounds.is_empty()).then(|| median(&mut baseline_rounds)),
+        ratio: crate::bench::RatioSpread::of(&pairs),
+        requests: per_round * rounds,
+    })
+}
+
+/// Pushes the planned request `requests` times, one at a time, adding each
+/// one's milliseconds to `times`: the seconds they took.
+fn push_requests(
+    sub: &mut kvring::Submitter,
+    segment: &Segment,
+    descs: &[BlockDesc],
+    requests: u64,
+    times: &mut Vec<f64>,
+) -> Result<f64, String> {
     let batch = Batch::write(segment).descs(descs);
-    let mut times = Vec::with_capacity(requests as usize);
     let all = Instant::now();
     for _ in 0..requests {
         let started = Instant::now();
@@ -166,7 +242,7 @@ fn push_requests(engine: &Engine, segment: &Segment, descs: &[BlockDesc], reques
         }
         times.push(started.elapsed().as_secs_f64() * 1e3);
     }
-    Ok((all.elapsed().as_secs_f64(), median(&mut times)))
+    Ok(all.elapsed().as_secs_f64())
 }
 
 /// True when the decode side holds, range by range, what was pushed.
@@ -183,34 +259,48 @@ fn verify(region: &Region, segment: &Segment, descs: &[BlockDesc]) -> Result<boo
     Ok(verified)
 }
 
-/// memcpy of the plan's ranges, `requests` times, between two shm mappings
-/// as large as the cache, on the lane's core.
-fn memcpy_descs(descs: &[BlockDesc], bytes: u64, requests: u64, core: Option<usize>) -> Result<f64, String> {
-    let mut src = crate::scratch::shm_buffer(bytes as usize)?;
-    let mut dst = crate::scratch::shm_buffer(bytes as usize)?;
-    let (src_addr, dst_addr) = (src.as_mut_ptr() as usize, dst.as_mut_ptr() as usize);
-    let ranges: Vec<(usize, usize, usize)> =
-        descs.iter().map(|d| (d.local_offset as usize, d.remote_offset as usize, d.len as usize)).collect();
-    if ranges.iter().any(|&(s, d, l)| s + l > bytes as usize || d + l > bytes as usize) {
-        return Err("baseline: a range falls outside the cache".into());
+/// The memcpy baseline: the plan's ranges copied between two shm mappings
+/// as large as the cache, made once and kept for every round (as the
+/// regions live through the whole bench).
+struct Memcpy {
+    src: memmap2::MmapMut,
+    dst: memmap2::MmapMut,
+    ranges: Vec<(usize, usize, usize)>,
+}
+
+impl Memcpy {
+    fn new(descs: &[BlockDesc], bytes: u64) -> Result<Self, String> {
+        let ranges: Vec<(usize, usize, usize)> =
+            descs.iter().map(|d| (d.local_offset as usize, d.remote_offset as usize, d.len as usize)).collect();
+        if ranges.iter().any(|&(s, d, l)| s + l > bytes as usize || d + l > bytes as usize) {
+            return Err("baseline: a range falls outside the cache".into());
+        }
+        let src = crate::scratch::shm_buffer(bytes as usize)?;
+        let dst = crate::scratch::shm_buffer(bytes as usize)?;
+        Ok(Self { src, dst, ranges })
     }
-    let copy = move || {
-        if let Some(core) = core {
-            core_affinity::set_for_current(core_affinity::CoreId { id: core });
-        }
-        let started = Instant::now();
-        let mut moved = 0u64;
-        for _ in 0..requests {
-            for &(s, d, l) in &ranges {
-                // SAFETY: both ranges lie inside their mappings (checked
-                // above), which outlive this thread (joined below).
-                unsafe { std::ptr::copy((src_addr + s) as *const u8, (dst_addr + d) as *mut u8, l) };
-                moved += l as u64;
+
+    /// GB/s of copying the ranges `requests` times, on the lane's core.
+    fn copy(&mut self, requests: u64, core: Option<usize>) -> Result<f64, String> {
+        let (src_addr, dst_addr) = (self.src.as_mut_ptr() as usize, self.dst.as_mut_ptr() as usize);
+        let ranges = &self.ranges;
+        let copy = move || {
+            if let Some(core) = core {
+                core_affinity::set_for_current(core_affinity::CoreId { id: core });
             }
-        }
-        moved as f64 / started.elapsed().as_secs_f64() / 1e9
-    };
-    let gbps = std::thread::spawn(copy).join().map_err(|_| "baseline thread panicked".to_string())?;
-    drop((src, dst));
-    Ok(gbps)
+            let started = Instant::now();
+            let mut moved = 0u64;
+            for _ in 0..requests {
+                for &(s, d, l) in ranges {
+                    // SAFETY: both ranges lie inside their mappings (checked
+                    // in `new`), which outlive this thread (joined below) and
+                    // nothing else uses meanwhile (`&mut self`).
+                    unsafe { std::ptr::copy((src_addr + s) as *const u8, (dst_addr + d) as *mut u8, l) };
+                    moved += l as u64;
+                }
+            }
+            moved as f64 / started.elapsed().as_secs_f64() / 1e9
+        };
+        std::thread::scope(|scope| scope.spawn(copy).join()).map_err(|_| "baseline thread panicked".to_string())
+    }
 }

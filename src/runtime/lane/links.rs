@@ -22,8 +22,9 @@ pub(super) struct LinkSlot {
     chunks: u32,
     /// False once its segment was detached: dropped when `chunks` is 0.
     attached: bool,
-    /// Its socket, registered with the lane's poller so a reply wakes a
-    /// parked lane; `None` for links no socket announces.
+    /// Its socket, registered with the lane's poller so a reply, or room
+    /// in a full send buffer, wakes a parked lane; `None` for links no
+    /// socket announces.
     wake: Option<RawFd>,
 }
 
@@ -74,12 +75,21 @@ impl Links {
         }
         let index = self.free.pop().unwrap_or(self.slots.len() as u32);
         // Edge-triggered: each arrival wakes a parked lane once; the lane
-        // reads what came by polling the link, as it always does.
+        // reads what came by polling the link, as it always does. Writable
+        // too: a lane whose socket's send buffer is full parks once its
+        // busy-poll window passes, and the buffer draining must wake it:
+        // readable alone, a WRITE of 64 blocks of 1 MiB (one chunk, whose
+        // one ack comes at its end) slept out the park timeout (50 ms)
+        // with the stream idle (docs/CHECKSUMS.md, "tcp against raw").
+        // The kernel raises that edge only after a send found the buffer
+        // full (`SOCK_NOSPACE`), so an idle link, or one waiting on
+        // replies, is not woken by it.
         // The descriptor is the link's own (it lives as long as the link)
         // and leaves the poller in `drop_if_done`, before the link drops.
         let token = Token(LINK_KEY_BASE + index as usize);
+        let interest = Interest::READABLE | Interest::WRITABLE;
         let wake = link.wake_fd().filter(|fd| {
-            self.registry.as_ref().is_some_and(|r| r.register(&mut SourceFd(fd), token, Interest::READABLE).is_ok())
+            self.registry.as_ref().is_some_and(|r| r.register(&mut SourceFd(fd), token, interest).is_ok())
         });
         let slot = LinkSlot { peer, state, link, chunks: 0, attached: true, wake };
         if index as usize == self.slots.len() {

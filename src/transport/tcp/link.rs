@@ -43,7 +43,8 @@ pub(crate) struct TcpLink {
     connection: Result<Box<Connection>, String>,
     state: Arc<LinkState>,
     /// A second descriptor of the socket, registered with the lane's poller
-    /// so a reply wakes a parked lane; it lives as long as the link, so the
+    /// so a reply, or room in a full send buffer, wakes a parked lane; it
+    /// lives as long as the link, so the
     /// registration never outlives it (a closed connection is shut down,
     /// which the peer sees at once).
     wake: Option<std::os::fd::OwnedFd>,

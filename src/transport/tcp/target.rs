@@ -206,6 +206,10 @@ pub(crate) struct TargetConn {
     /// The fence table the current WRITE payload lands under, while its
     /// lease is kept (none for a staged payload).
     fence: Option<fenced::FrameFence>,
+    /// The last WRITE payload was large enough to read straight into its
+    /// region: the next header, at an empty buffer, is read alone, so its
+    /// payload does not come through the buffer (a copy more).
+    header_alone: bool,
 }
 
 // SAFETY: the raw pointers are into registered regions under leases this
@@ -248,6 +252,7 @@ impl TargetConn {
             grant: 0,
             made_up: false,
             fence: None,
+            header_alone: false,
         }
     }
 
@@ -476,8 +481,22 @@ impl TargetConn {
             self.buffer = grown;
         }
         super::compact(&mut self.buffer, &mut self.start, &mut self.end);
-        let asked = self.buffer.len() - self.end;
-        let n = read_some(io, &mut self.buffer[self.end..])?;
+        // A buffer-sized read at a frame's start would bring up to 64 KiB of
+        // a large payload through the buffer, copied a second time into the
+        // region: after a large WRITE, read the next header alone (a small
+        // read more per frame; at 64 KiB frames nearly every byte was copied
+        // twice).
+        let room = self.buffer.len() - self.end;
+        let asked = match self.receiving {
+            _ if !self.header_alone => room,
+            Receiving::Header if self.start == self.end => FRAME_HEADER_BYTES,
+            // A payload's tail too short to read straight in, and the
+            // header after it.
+            Receiving::Payload { landing, .. } => landing.left + FRAME_HEADER_BYTES,
+            _ => room,
+        }
+        .min(room);
+        let n = read_some(io, &mut self.buffer[self.end..self.end + asked])?;
         self.end += n;
         Ok((n, asked))
     }

@@ -31,7 +31,7 @@ pub(super) struct CaseResult {
 
 /// A ratio measured over several paired rounds.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct RatioSpread {
+pub(crate) struct RatioSpread {
     pub median: f64,
     pub low: f64,
     pub high: f64,

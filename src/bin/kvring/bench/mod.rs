@@ -17,6 +17,7 @@ mod overhead;
 use crate::args::{format_lanes, format_size, BenchArgs};
 use crate::drive::{Route, Shape, Sweep};
 use case::run_case;
+pub(crate) use case::RatioSpread;
 use kvring::{Engine, Opcode, Segment, Submitter, TransportKind};
 use output::{baseline_name, print_result, write_report};
 use std::time::Duration;
@@ -25,7 +26,7 @@ const DEFAULT_BLOCK_SIZES: [u64; 3] = [4 << 10, 64 << 10, 1 << 20];
 /// Block size of a soak when none is given.
 const DEFAULT_SOAK_BLOCK: u64 = 64 << 10;
 /// Rounds each case alternates with its baseline.
-const ROUNDS: usize = 5;
+pub(crate) const ROUNDS: usize = 5;
 
 struct Options {
     ops: Vec<Opcode>,

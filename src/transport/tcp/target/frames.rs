@@ -112,6 +112,7 @@ impl TargetConn {
         let header = self.current;
         let len = header.len as usize;
         let region = RegionId::from_raw(header.region);
+        self.header_alone = len >= super::DIRECT_READ_MIN_BYTES;
         let checked = if self.chunk_failure.is_none() {
             match check_block(ctx, &header, Access::REMOTE_WRITE).and_then(|found| self.check_grant(ctx, found)) {
                 Ok(found) => Some(found),

@@ -340,6 +340,54 @@ fn a_peer_that_keeps_its_socket_full_gets_a_budget_then_lets_the_lane_go() {
     assert!(endless.given > before && conn.unread());
 }
 
+/// A socket stand-in that records how many bytes each read asked for.
+struct Counted {
+    pipe: Pipe,
+    asked: Vec<usize>,
+}
+
+impl Read for Counted {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.asked.push(buf.len());
+        self.pipe.read(buf)
+    }
+}
+
+#[test]
+fn after_a_large_write_the_next_header_is_read_alone_and_its_payload_straight_into_the_region() {
+    let mut target = target(None);
+    let mut memory = vec![0u8; 256 * 1024];
+    target.region = target
+        .ctx
+        .registry
+        .register(memory.as_mut_ptr() as usize, memory.len(), RegionInfo::raw(), Default::default())
+        .unwrap();
+    let (mut conn, pipe, now) = open(&target);
+    let mut counted = Counted { pipe, asked: Vec::new() };
+    // 48 KiB frames: more than one buffer-sized read (64 KiB) holds.
+    let len = 48 * 1024;
+    let frames: [(usize, u8); 4] = [(0, 0x11), (len, 0x22), (2 * len, 0x33), (3 * len, 0x44)];
+    for (offset, byte) in frames {
+        let mut write = FrameHeader::new(FrameOp::Write, 42, 7, target.region.raw(), offset as u64, len as u64);
+        write.flags = if byte == 0x44 { FLAG_LAST } else { 0 };
+        counted.pipe.input.extend(write.as_bytes());
+        counted.pipe.input.extend(std::iter::repeat_n(byte, len));
+    }
+    let mut admit = || Ok(());
+    conn.on_readable(&mut counted, &target.ctx, &mut admit, now, &mut Default::default()).unwrap();
+    for (offset, byte) in frames {
+        assert!(memory[offset..offset + len].iter().all(|&b| b == byte), "the frame at {offset} did not land");
+    }
+    // The first read fills the buffer (two frames' start); from then on
+    // each header is asked for alone and each payload read whole, straight
+    // into the region: no read takes a payload's bytes into the buffer.
+    let asked = &counted.asked;
+    assert_eq!(asked[0], READ_BUFFER_BYTES, "{asked:?}");
+    assert!(asked[1..].iter().all(|&n| n <= len), "a later read asked for a buffer's worth: {asked:?}");
+    assert!(asked.iter().filter(|&&n| n == FRAME_HEADER_BYTES).count() >= 2, "headers read alone: {asked:?}");
+    assert!(asked.iter().filter(|&&n| n == len).count() >= 2, "payloads read whole: {asked:?}");
+}
+
 /// A READ that asks for a checksum (`FLAG_CHECKSUM`) is answered with the
 /// CRC32C of the bytes its READ_DATA carries, in the header's `status`
 /// (with the flag: not a failure); one that does not ask gets neither.
