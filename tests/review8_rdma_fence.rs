@@ -1,0 +1,172 @@
+//! Hostile review 8: fenced destinations over rdma (the mirrors of a
+//! target's fence tables at each initiator, kept current by the fences the
+//! target pushes over the control plane). Each test asserts what
+//! docs/ARCHITECTURE.md ("Fenced destinations over rdma") and
+//! docs/SECURITY.md promise: a stale write after a fence never lands; a
+//! push is the target's own (a third party, token or not, cannot enter
+//! fences in an initiator's mirrors of a target it is not); a peer's table
+//! words are read so that no write the table fences passes.
+//!
+//! On the simulated provider (tests/common/verbs.rs).
+
+mod common;
+
+use common::verbs::Provider;
+use common::{fenced, pattern, WAIT};
+use kvring::testing::control::{ControlClient, Initiator, RdmaFenceRequest, RdmaFenceSpans};
+use kvring::testing::fence::{FenceView, Span};
+use kvring::{BlockDesc, Engine, Error, Outcome, Region, RegionInfo, Segment, TransportKind};
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+const MIB: usize = 1 << 20;
+const BLOCK: u64 = 64 * 1024;
+
+/// A target with a 2 MiB destination and an initiator that opened it over
+/// rdma (as tests/fence_rdma.rs).
+struct Setup {
+    initiator: Engine,
+    local: Region,
+    segment: Segment,
+    remote: Region,
+    target: Engine,
+    token: Option<String>,
+    _provider: Provider,
+}
+
+impl Setup {
+    fn new(name: &str, token: Option<&str>) -> Self {
+        let provider = Provider::new();
+        let builder = |role: &str| {
+            let builder = provider.apply(common::builder(&format!("{name}-{role}")));
+            match token {
+                Some(token) => builder.token(token),
+                None => builder,
+            }
+        };
+        let target = builder("target").build().unwrap();
+        let remote = target.alloc_region(2 * MIB, RegionInfo::raw()).unwrap();
+        let initiator = builder("initiator").build().unwrap();
+        let local = initiator.alloc_region(MIB, RegionInfo::raw()).unwrap();
+        let segment =
+            initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Rdma), WAIT).unwrap();
+        assert_eq!(segment.transport(), TransportKind::Rdma);
+        Self { initiator, local, segment, remote, target, token: token.map(str::to_string), _provider: provider }
+    }
+
+    fn descs(&self) -> Vec<BlockDesc> {
+        let remote = self.segment.region(0).unwrap();
+        (0..MIB as u64 / BLOCK).map(|i| BlockDesc::new(self.local.id(), i * BLOCK, remote, i * BLOCK, BLOCK)).collect()
+    }
+
+    fn push(&self, grant: Option<u32>) -> Outcome {
+        common::push_granted(&self.initiator, &self.segment, &self.descs(), grant)
+    }
+
+    /// A third party's push to the initiator of a fence of the whole
+    /// destination under `generation`, its handshake naming the target
+    /// (its name and epoch are public: the metadata and every handshake
+    /// carry them), with the cluster token where there is one.
+    fn forge_push(&self, generation: u32) -> kvring::Result<()> {
+        let deadline = Instant::now() + WAIT;
+        let posing = Initiator {
+            name: self.target.name().to_string(),
+            epoch: self.target.epoch(),
+            addr: "127.0.0.1:9".into(),
+        };
+        let token = self.token.as_deref().map(|t| kvring::Token::new(t));
+        let mut client = ControlClient::connect(&self.initiator.control_addr().to_string(), deadline)?;
+        client.handshake(&posing, token.as_ref(), deadline)?;
+        let request = RdmaFenceRequest {
+            generation,
+            regions: vec![RdmaFenceSpans { region: self.remote.id().raw(), spans: vec![0, 2 * MIB as u64, 0, 1] }],
+            wait_ms: 0,
+            ..Default::default()
+        };
+        client.rdma_fence(request, deadline)
+    }
+}
+
+/// Probe 4/standards: "a peer proves what it claims, and what it proved
+/// binds everything after". Without a token the handshake proves no name,
+/// so a push must prove it comes from the target this initiator connected
+/// to by something only that target holds. A third party posing as the
+/// target must not enter a fence in the initiator's mirrors: the owner's
+/// push under the current grant still lands.
+#[test]
+fn a_third_party_without_a_token_cannot_push_fences_for_a_target() {
+    let s = Setup::new("r8-forge", None);
+    // SAFETY: no batch touches these bytes yet.
+    unsafe { s.local.write_at(0, &pattern(MIB, 8)).unwrap() };
+    let grant = s.target.fence(s.remote.id(), 0, MIB as u64).unwrap();
+    s.push(Some(grant)).into_result().unwrap();
+    let forged = s.forge_push(u32::MAX);
+    assert!(forged.is_err(), "a push from a party that is not the target was taken: {forged:?}");
+    let outcome = s.push(Some(grant));
+    assert!(!fenced(&outcome), "a forged fence refused the grant holder's push: {outcome:?}");
+    outcome.into_result().unwrap();
+    assert_eq!(common::read(&s.remote, 0, MIB), pattern(MIB, 8));
+}
+
+/// The same with a cluster token: the token proves membership of the
+/// cluster, not that the pusher is the target (every engine holds it), so
+/// a member must not push fences as another member.
+#[test]
+fn a_token_holder_cannot_push_fences_as_another_engine() {
+    let s = Setup::new("r8-forge-token", Some("r8-s3cret"));
+    let grant = s.target.fence(s.remote.id(), 0, MIB as u64).unwrap();
+    let forged = s.forge_push(u32::MAX);
+    assert!(forged.is_err(), "a token holder posing as the target pushed a fence: {forged:?}");
+    s.push(Some(grant)).into_result().unwrap();
+    // The real target's pushes are still taken: its next fence holds.
+    s.target.fence(s.remote.id(), 0, MIB as u64).unwrap();
+    assert_eq!(s.target.rdma_accepted_qps(), 1, "the writer answered the target's own push");
+    assert!(fenced(&s.push(Some(grant))));
+}
+
+/// Probe 7 and the stride-0 note: a peer's table words (an rdma connect's
+/// snapshot, or a page a peer maps) holding one range with stride 0 and
+/// count 1 fence every byte of that range, its last byte included, as
+/// `decode_pushed` already reads a pushed span of that shape.
+#[test]
+fn a_single_range_of_stride_0_fences_its_last_byte() {
+    let single = Span { start: 10, len: 5, stride: 0, count: 1 };
+    for (start, end) in [(14, 15), (14, 20), (10, 11), (0, 11), (12, 13)] {
+        assert!(single.meets(start, end), "[{start}, {end}) meets [10, 15)");
+    }
+    assert!(!single.meets(15, 20) && !single.meets(0, 10));
+    // The same from a peer's words: phase 1, issued 5, one entry.
+    let words: Vec<AtomicU64> = (0..1024).map(|_| AtomicU64::new(0)).collect();
+    let view = FenceView::new(&words);
+    let mut snapshot = vec![0u64; 8 + 5];
+    snapshot[0] = 1; // phase
+    snapshot[4] = 1; // used
+    snapshot[5] = 5; // issued
+    snapshot[8..].copy_from_slice(&[10, 5, 0, 1, 5]);
+    view.install(&snapshot).unwrap();
+    let pass = view.enter().unwrap();
+    assert!(!pass.admits(14, 15, 4), "a stale write at the fenced range's last byte passed");
+    assert!(!pass.admits(10, 15, 4));
+    assert!(pass.admits(14, 15, 5));
+}
+
+/// Standards: a typed error for a push naming a region the initiator has
+/// no mirror of, a huge wait, or garbage spans, never a panic; the link
+/// keeps working after.
+#[test]
+fn a_push_of_garbage_is_refused_and_the_link_keeps_working() {
+    let s = Setup::new("r8-garbage", None);
+    let deadline = Instant::now() + WAIT;
+    let me = Initiator { name: "r8-garbage-x".into(), epoch: 1, addr: String::new() };
+    let mut client = ControlClient::connect(&s.initiator.control_addr().to_string(), deadline).unwrap();
+    client.handshake(&me, None, deadline).unwrap();
+    let bad = RdmaFenceRequest {
+        generation: 1,
+        regions: vec![RdmaFenceSpans { region: s.remote.id().raw(), spans: vec![1, 2, 3] }],
+        wait_ms: u32::MAX,
+        ..Default::default()
+    };
+    let refused = client.rdma_fence(bad, deadline);
+    assert!(matches!(refused, Err(Error::Remote { .. } | Error::Malformed { .. })), "{refused:?}");
+    s.push(None).into_result().unwrap();
+}
