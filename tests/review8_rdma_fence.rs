@@ -69,11 +69,8 @@ impl Setup {
     /// carry them), with the cluster token where there is one.
     fn forge_push(&self, generation: u32) -> kvring::Result<()> {
         let deadline = Instant::now() + WAIT;
-        let posing = Initiator {
-            name: self.target.name().to_string(),
-            epoch: self.target.epoch(),
-            addr: "127.0.0.1:9".into(),
-        };
+        let posing =
+            Initiator { name: self.target.name().to_string(), epoch: self.target.epoch(), addr: "127.0.0.1:9".into() };
         let token = self.token.as_deref().map(|t| kvring::Token::new(t));
         let mut client = ControlClient::connect(&self.initiator.control_addr().to_string(), deadline)?;
         client.handshake(&posing, token.as_ref(), deadline)?;

@@ -235,32 +235,67 @@ pub fn encode_pushed(pushed: &[(u64, Vec<Span>)]) -> Vec<crate::proto::RdmaFence
         .collect()
 }
 
+/// Bytes of the key an initiator gives each target in its rdma connect,
+/// that the target's pushes must carry.
+pub const PUSH_KEY_BYTES: usize = 16;
+
 /// This engine's links' mirrors, by target (name and epoch), for the
-/// control server to find a push's mirrors by the pusher's handshake.
+/// control server to find a push's mirrors by the pusher's handshake and
+/// key.
 #[derive(Debug, Default)]
 pub struct MirrorBook {
-    by_target: Mutex<HashMap<(String, u64), Weak<Mirrors>>>,
+    by_target: Mutex<HashMap<(String, u64), Booked>>,
+}
+
+/// One target's key and the mirrors of every live link to it.
+#[derive(Debug)]
+struct Booked {
+    key: [u8; PUSH_KEY_BYTES],
+    /// More than one while a link connects beside one still live (a
+    /// reopen): the old one's lanes may still post until the target
+    /// replaced its QPs, so a push must reach its mirrors too.
+    mirrors: Vec<Weak<Mirrors>>,
 }
 
 impl MirrorBook {
-    /// `mirrors` are the ones target `(name, epoch)` pushes to from now on
-    /// (a reconnect's replace the old link's, whose QPs were reset).
-    pub fn insert(&self, name: &str, epoch: u64, mirrors: &Arc<Mirrors>) {
+    /// Files `mirrors` among those target `(name, epoch)` pushes to;
+    /// returns the key its pushes must carry (made for the target when no
+    /// live link to it is filed, else the live links' one).
+    pub fn insert(&self, name: &str, epoch: u64, mirrors: &Arc<Mirrors>) -> [u8; PUSH_KEY_BYTES] {
         let mut book = self.by_target.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        book.retain(|_, mirrors| mirrors.strong_count() > 0);
-        book.insert((name.to_string(), epoch), Arc::downgrade(mirrors));
+        book.retain(|_, booked| {
+            booked.mirrors.retain(|mirrors| mirrors.strong_count() > 0);
+            !booked.mirrors.is_empty()
+        });
+        let booked = book
+            .entry((name.to_string(), epoch))
+            .or_insert_with(|| Booked { key: crate::auth::random_bytes(), mirrors: Vec::new() });
+        booked.mirrors.push(Arc::downgrade(mirrors));
+        booked.key
     }
 
-    /// The live mirrors target `(name, epoch)` pushes to.
-    pub fn get(&self, name: &str, epoch: u64) -> Option<Arc<Mirrors>> {
+    /// The live mirrors target `(name, epoch)` pushes to (none: no link of
+    /// ours writes there); `Unauthorized` when `key` is not the one given
+    /// to it (the pusher is not the target our links connected to).
+    pub fn get(&self, name: &str, epoch: u64, key: &[u8]) -> Result<Vec<Arc<Mirrors>>> {
         let book = self.by_target.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        book.get(&(name.to_string(), epoch)).and_then(Weak::upgrade)
+        let Some(booked) = book.get(&(name.to_string(), epoch)) else { return Ok(Vec::new()) };
+        // Every byte compared, whichever differs.
+        let differ =
+            key.len() != PUSH_KEY_BYTES || key.iter().zip(&booked.key).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0;
+        if differ {
+            return Err(Error::Unauthorized { reason: format!("an rdma fence without {name}'s push key") });
+        }
+        Ok(booked.mirrors.iter().filter_map(Weak::upgrade).collect())
     }
 
     /// Forgets `mirrors` (their link broke: a push for it must cut it off).
     pub fn remove(&self, mirrors: &Arc<Mirrors>) {
         let mut book = self.by_target.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        book.retain(|_, held| !std::ptr::eq(held.as_ptr(), Arc::as_ptr(mirrors)));
+        book.retain(|_, booked| {
+            booked.mirrors.retain(|held| !std::ptr::eq(held.as_ptr(), Arc::as_ptr(mirrors)));
+            !booked.mirrors.is_empty()
+        });
     }
 }
 
@@ -322,13 +357,37 @@ mod tests {
     fn the_book_finds_live_mirrors_only() {
         let book = MirrorBook::default();
         let mirrors = Mirrors::new([1]);
-        book.insert("t", 3, &mirrors);
-        assert!(book.get("t", 3).is_some());
-        assert!(book.get("t", 4).is_none(), "another start of the target");
+        let key = book.insert("t", 3, &mirrors);
+        assert_eq!(book.get("t", 3, &key).unwrap().len(), 1);
+        assert!(book.get("t", 4, &key).unwrap().is_empty(), "another start of the target");
         book.remove(&mirrors);
-        assert!(book.get("t", 3).is_none());
-        book.insert("t", 3, &mirrors);
+        assert!(book.get("t", 3, &key).unwrap().is_empty());
+        let key = book.insert("t", 3, &mirrors);
         drop(mirrors);
-        assert!(book.get("t", 3).is_none(), "a dropped link's mirrors are gone");
+        assert!(book.get("t", 3, &key).unwrap().is_empty(), "a dropped link's mirrors are gone");
+    }
+
+    /// Review 8: a push must prove it is the target's (its key), and a
+    /// link that connects while another to the same target is live (a
+    /// reopen) must not take the live one's pushes away: its lanes may
+    /// post until the target replaced its QPs.
+    #[test]
+    fn the_book_wants_the_targets_key_and_reaches_every_live_link() {
+        let book = MirrorBook::default();
+        let old = Mirrors::new([1]);
+        let key = book.insert("t", 3, &old);
+        let new = Mirrors::new([1]);
+        assert_eq!(book.insert("t", 3, &new), key, "one key per target while a link to it lives");
+        let both = book.get("t", 3, &key).unwrap();
+        assert!(both.iter().any(|m| Arc::ptr_eq(m, &old)) && both.iter().any(|m| Arc::ptr_eq(m, &new)));
+        let mut forged = key;
+        forged[PUSH_KEY_BYTES - 1] ^= 1;
+        for bad in [&forged[..], &key[..8], &[][..]] {
+            assert!(matches!(book.get("t", 3, bad), Err(Error::Unauthorized { .. })), "{bad:?}");
+        }
+        // The new link's connect failed: the old one still takes pushes.
+        book.remove(&new);
+        let left = book.get("t", 3, &key).unwrap();
+        assert!(left.len() == 1 && Arc::ptr_eq(&left[0], &old));
     }
 }

@@ -135,7 +135,7 @@ impl RdmaLink {
         node: Arc<RdmaNode>,
         descriptor: &SegmentDescriptor,
         lanes: usize,
-        exchange: impl FnOnce(usize, &[QpEndpoint]) -> Result<Exchanged>,
+        exchange: impl FnOnce(usize, &[QpEndpoint], &[u8]) -> Result<Exchanged>,
     ) -> Result<Link> {
         let info = descriptor
             .rdma
@@ -143,9 +143,10 @@ impl RdmaLink {
             .ok_or_else(|| Error::Unsupported { what: format!("rdma to {}: it serves no RDMA", descriptor.name) })?;
         let nics = node.nics().len().min(info.nics as usize).max(1);
         // In the book before the connect: a fence the target pushes once it
-        // listed us finds them (kept until the snapshot is in).
+        // listed us finds them (kept until the snapshot is in). The key
+        // goes to the target alone, in the connect: its pushes carry it.
         let booked = Mirrors::new(info.regions.iter().map(|(id, _, _)| id.raw()));
-        node.mirrors().insert(&descriptor.name, descriptor.epoch, &booked);
+        let push_key = node.mirrors().insert(&descriptor.name, descriptor.epoch, &booked);
         let mut made: Vec<(Qp, Cq, QpEndpoint)> = Vec::with_capacity(lanes * nics);
         let result = (|| {
             for _lane in 0..lanes {
@@ -154,7 +155,7 @@ impl RdmaLink {
                 }
             }
             let endpoints: Vec<QpEndpoint> = made.iter().map(|&(_, _, endpoint)| endpoint).collect();
-            let (theirs, fences) = exchange(nics, &endpoints)?;
+            let (theirs, fences) = exchange(nics, &endpoints, &push_key)?;
             if theirs.len() != endpoints.len() {
                 return Err(Error::malformed(
                     "rdma connect reply",
