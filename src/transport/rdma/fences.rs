@@ -19,6 +19,10 @@ use std::time::{Duration, Instant};
 pub const MAX_FENCE_TABLES: usize = 64 * 1024;
 /// Most spans one pushed fence may carry, over all its regions.
 pub const MAX_PUSHED_SPANS: usize = 64 * 1024;
+/// Most pushes kept for one link before its snapshot is in (their spans
+/// count against [`MAX_PUSHED_SPANS`] together): a target that holds its
+/// connect reply back while it pushes cannot fill this engine's memory.
+pub const MAX_PENDING_PUSHES: usize = 1024;
 /// Longest a pushed fence may ask the initiator to wait for its writes.
 pub const MAX_PUSH_WAIT: Duration = Duration::from_secs(10);
 
@@ -39,6 +43,8 @@ pub struct Mirrors {
 struct Install {
     installed: bool,
     pending: Vec<(Pushed, u32)>,
+    /// Spans in `pending`, all pushes together.
+    pending_spans: usize,
 }
 
 impl Mirrors {
@@ -77,12 +83,16 @@ impl Mirrors {
                 None => table.view().refuse_all(),
             }
         }
+        // What the snapshot holds, before any replay moves `issued`: a push
+        // is judged against it alone, whatever order the pushes came in.
+        let held: HashMap<u64, u64> = self.tables.iter().map(|(region, t)| (*region, t.view().issued())).collect();
+        install.pending_spans = 0;
         for (pushed, generation) in std::mem::take(&mut install.pending) {
             for (region, spans) in &pushed {
                 let Some(table) = self.tables.get(region) else { continue };
                 // A push the snapshot already holds is not entered twice
                 // (a fence's generation rises above every earlier one).
-                if u64::from(generation) > table.view().issued() {
+                if u64::from(generation) > held.get(region).copied().unwrap_or(0) {
                     // No lane has posted yet: nothing to wait for.
                     let _ = table.view().fence(spans, generation, || false);
                 }
@@ -99,6 +109,16 @@ impl Mirrors {
     pub fn apply(&self, pushed: Pushed, generation: u32, deadline: Instant) -> Result<()> {
         let mut install = self.install.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if !install.installed {
+            let spans = pushed.iter().map(|(_, spans)| spans.len()).sum::<usize>();
+            let total = install.pending_spans.saturating_add(spans);
+            if install.pending.len() >= MAX_PENDING_PUSHES || total > MAX_PUSHED_SPANS {
+                // Answered, not kept: the target cuts this link off.
+                return Err(Error::Busy {
+                    queue: "rdma fences pushed before the connect's snapshot",
+                    capacity: MAX_PENDING_PUSHES,
+                });
+            }
+            install.pending_spans = total;
             install.pending.push((pushed, generation));
             return Ok(());
         }
@@ -335,6 +355,34 @@ mod tests {
         drop(held);
         mirrors.apply(vec![(7, vec![Span::range(0, 100)])], 10, Instant::now()).unwrap();
         assert!(!view.enter().unwrap().admits(0, 100, 9));
+    }
+
+    /// Review 8: pushes kept before the snapshot are bounded (a target
+    /// holding its connect reply back while it pushes fills no memory),
+    /// and each is replayed unless the snapshot itself holds it, whatever
+    /// order they came in.
+    #[test]
+    fn pushes_before_the_snapshot_are_bounded_and_each_replayed_against_the_snapshot() {
+        let mirrors = Mirrors::new([1]);
+        let many = vec![(1, vec![Span::range(0, 1); MAX_PUSHED_SPANS / 2 + 1])];
+        mirrors.apply(many.clone(), 3, Instant::now()).unwrap();
+        let over = mirrors.apply(many, 4, Instant::now());
+        assert!(matches!(over, Err(Error::Busy { .. })), "{over:?}");
+        let mirrors = Mirrors::new([1]);
+        for generation in 0..MAX_PENDING_PUSHES as u32 {
+            mirrors.apply(vec![], generation + 1, Instant::now()).unwrap();
+        }
+        assert!(matches!(mirrors.apply(vec![], u32::MAX, Instant::now()), Err(Error::Busy { .. })));
+
+        let target = FenceTable::new();
+        target.view().fence(&[Span::range(0, 10)], 10, || true).unwrap();
+        let mirrors = Mirrors::new([1]);
+        mirrors.apply(vec![(1, vec![Span::range(100, 10)])], 100, Instant::now()).unwrap();
+        mirrors.apply(vec![(1, vec![Span::range(200, 10)])], 50, Instant::now()).unwrap();
+        mirrors.install(&[snapshot_of(&target, 1)]).unwrap();
+        let pass = mirrors.table(1).unwrap().view().enter().unwrap();
+        assert!(!pass.admits(100, 110, 99) && !pass.admits(0, 10, 9));
+        assert!(!pass.admits(200, 210, 49), "a push below an earlier one was dropped");
     }
 
     #[test]
