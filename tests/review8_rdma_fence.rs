@@ -167,3 +167,50 @@ fn a_push_of_garbage_is_refused_and_the_link_keeps_working() {
     assert!(matches!(refused, Err(Error::Remote { .. } | Error::Malformed { .. })), "{refused:?}");
     s.push(None).into_result().unwrap();
 }
+
+/// Probe 3/4: the target pushes to the control address an initiator
+/// *claimed*. Where that address reaches another engine (two pods behind
+/// one NAT address, a port forward) that also writes to the target, that
+/// engine must not answer for the initiator: its "done" would let the
+/// target's fence return while the initiator's mirrors never saw it, and
+/// the initiator's stale push would land over the new owner's bytes.
+#[test]
+fn another_engine_at_a_writers_claimed_address_cannot_answer_its_fences() {
+    let provider = Provider::new();
+    let target = provider.apply(common::builder("r8-claimed-target")).build().unwrap();
+    let remote = target.alloc_region(2 * MIB, RegionInfo::raw()).unwrap();
+    let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+    // Another writer of the target, at 127.0.0.1:P.
+    let other = provider
+        .apply(common::builder("r8-claimed-other"))
+        .listen(std::net::SocketAddr::new(loopback, 0))
+        .build()
+        .unwrap();
+    let at = other.control_addr();
+    let addr = target.control_addr().to_string();
+    let _other_segment = other.open_segment_with(&addr, Some(TransportKind::Rdma), WAIT).unwrap();
+    // The initiator listens at 127.0.0.2:P and claims 127.0.0.1:P.
+    let initiator = provider
+        .apply(common::builder("r8-claimed-initiator"))
+        .listen(std::net::SocketAddr::new([127, 0, 0, 2].into(), at.port()))
+        .advertise(loopback)
+        .build()
+        .unwrap();
+    assert_eq!(initiator.control_addr(), at, "the initiator claims the other engine's address");
+    let local = initiator.alloc_region(MIB, RegionInfo::raw()).unwrap();
+    // SAFETY: no batch touches these bytes yet.
+    unsafe { local.write_at(0, &pattern(MIB, 9)).unwrap() };
+    let segment = initiator.open_segment_with(&addr, Some(TransportKind::Rdma), WAIT).unwrap();
+    assert_eq!(segment.transport(), TransportKind::Rdma);
+    let region = segment.region(0).unwrap();
+    let descs: Vec<_> =
+        (0..MIB as u64 / BLOCK).map(|i| BlockDesc::new(local.id(), i * BLOCK, region, i * BLOCK, BLOCK)).collect();
+    // The grant the initiator was handed, then taken back.
+    let old = target.fence(remote.id(), 0, MIB as u64).unwrap();
+    target.fence(remote.id(), 0, MIB as u64).unwrap();
+    // SAFETY: fenced: no write under an older grant is in the range.
+    unsafe { remote.write_at(0, &vec![0x5A; MIB]).unwrap() };
+    let outcome = common::push_granted(&initiator, &segment, &descs, Some(old));
+    assert!(matches!(outcome, Outcome::Failed(_)), "a stale push after the fence: {outcome:?}");
+    assert_eq!(common::read(&remote, 0, MIB), vec![0x5A; MIB], "a stale write landed after fence returned");
+}
