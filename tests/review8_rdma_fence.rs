@@ -71,7 +71,7 @@ impl Setup {
         let deadline = Instant::now() + WAIT;
         let posing =
             Initiator { name: self.target.name().to_string(), epoch: self.target.epoch(), addr: "127.0.0.1:9".into() };
-        let token = self.token.as_deref().map(|t| kvring::Token::new(t));
+        let token = self.token.as_deref().map(kvring::Token::new);
         let mut client = ControlClient::connect(&self.initiator.control_addr().to_string(), deadline)?;
         client.handshake(&posing, token.as_ref(), deadline)?;
         let request = RdmaFenceRequest {
