@@ -13,7 +13,7 @@ mod common;
 
 use common::verbs::Provider;
 use common::{fenced, pattern, WAIT};
-use kvring::testing::control::{ControlClient, Initiator, RdmaFenceRequest, RdmaFenceSpans};
+use kvring::testing::control::{ControlClient, ErrorCode, Initiator, RdmaFenceRequest, RdmaFenceSpans};
 use kvring::testing::fence::{FenceView, Span};
 use kvring::{BlockDesc, Engine, Error, Outcome, Region, RegionInfo, Segment, TransportKind};
 use std::sync::atomic::AtomicU64;
@@ -68,6 +68,11 @@ impl Setup {
     /// (its name and epoch are public: the metadata and every handshake
     /// carry them), with the cluster token where there is one.
     fn forge_push(&self, generation: u32) -> kvring::Result<()> {
+        self.forge(generation, vec![0, 2 * MIB as u64, 0, 1])
+    }
+
+    /// The same, with `spans` as its words.
+    fn forge(&self, generation: u32, spans: Vec<u64>) -> kvring::Result<()> {
         let deadline = Instant::now() + WAIT;
         let posing =
             Initiator { name: self.target.name().to_string(), epoch: self.target.epoch(), addr: "127.0.0.1:9".into() };
@@ -76,12 +81,17 @@ impl Setup {
         client.handshake(&posing, token.as_ref(), deadline)?;
         let request = RdmaFenceRequest {
             generation,
-            regions: vec![RdmaFenceSpans { region: self.remote.id().raw(), spans: vec![0, 2 * MIB as u64, 0, 1] }],
+            regions: vec![RdmaFenceSpans { region: self.remote.id().raw(), spans }],
             wait_ms: 0,
             ..Default::default()
         };
         client.rdma_fence(request, deadline)
     }
+}
+
+/// A push refused as not the target's.
+fn unauthorized(answer: &kvring::Result<()>) -> bool {
+    matches!(answer, Err(Error::Remote { code: ErrorCode::Unauthorized, .. }))
 }
 
 /// Probe 4/standards: "a peer proves what it claims, and what it proved
@@ -98,7 +108,11 @@ fn a_third_party_without_a_token_cannot_push_fences_for_a_target() {
     let grant = s.target.fence(s.remote.id(), 0, MIB as u64).unwrap();
     s.push(Some(grant)).into_result().unwrap();
     let forged = s.forge_push(u32::MAX);
-    assert!(forged.is_err(), "a push from a party that is not the target was taken: {forged:?}");
+    assert!(unauthorized(&forged), "a push from a party that is not the target was taken: {forged:?}");
+    // Refused before its spans are decoded: garbage costs a stranger's
+    // push nothing more.
+    let garbage = s.forge(u32::MAX, vec![1, 2, 3]);
+    assert!(unauthorized(&garbage), "{garbage:?}");
     let outcome = s.push(Some(grant));
     assert!(!fenced(&outcome), "a forged fence refused the grant holder's push: {outcome:?}");
     outcome.into_result().unwrap();
@@ -113,6 +127,7 @@ fn a_token_holder_cannot_push_fences_as_another_engine() {
     let s = Setup::new("r8-forge-token", Some("r8-s3cret"));
     let grant = s.target.fence(s.remote.id(), 0, MIB as u64).unwrap();
     let forged = s.forge_push(u32::MAX);
+    // Refused as a failed proof on a sealed session is: closed unanswered.
     assert!(forged.is_err(), "a token holder posing as the target pushed a fence: {forged:?}");
     s.push(Some(grant)).into_result().unwrap();
     // The real target's pushes are still taken: its next fence holds.

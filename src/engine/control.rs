@@ -170,16 +170,18 @@ impl ControlHandler for ControlContext {
 
     fn rdma_fence(&self, target: &Initiator, request: &crate::proto::RdmaFenceRequest) -> Result<()> {
         use crate::transport::rdma::fences::{decode_pushed, MAX_PUSH_WAIT};
-        let pushed = decode_pushed(&request.regions)?;
         let wait = std::time::Duration::from_millis(u64::from(request.wait_ms)).min(MAX_PUSH_WAIT);
         let deadline = std::time::Instant::now() + wait;
         // The key proves the pusher is the target our QPs were connected
         // to (the handshake alone proves no name without a token, and only
         // membership with one); every live link to it takes the fence.
+        // Checked before the spans are decoded: a stranger's push costs no
+        // allocation.
         let mirrors = match self.rdma.as_ref() {
             Some(node) => node.mirrors().get(&target.name, target.epoch, &request.push_key)?,
             None => Vec::new(),
         };
+        let pushed = decode_pushed(&request.regions)?;
         if mirrors.is_empty() {
             // No link of ours writes there (never opened, or broken and its
             // QPs reset): the target cuts off the QPs it holds for us.

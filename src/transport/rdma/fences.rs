@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 /// Most regions one connect's snapshot may carry (a registry's slots).
 pub const MAX_FENCE_TABLES: usize = 64 * 1024;
-/// Most spans one pushed fence may carry, over all its regions.
+/// Most spans one pushed fence may carry, over all its regions (a region
+/// listed with none counts as one: a push of empty entries is bounded too).
 pub const MAX_PUSHED_SPANS: usize = 64 * 1024;
 /// Most pushes kept for one link before its snapshot is in (their spans
 /// count against [`MAX_PUSHED_SPANS`] together): a target that holds its
@@ -109,7 +110,7 @@ impl Mirrors {
     pub fn apply(&self, pushed: Pushed, generation: u32, deadline: Instant) -> Result<()> {
         let mut install = self.install.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if !install.installed {
-            let spans = pushed.iter().map(|(_, spans)| spans.len()).sum::<usize>();
+            let spans = pushed.iter().map(|(_, spans)| spans.len().max(1)).sum::<usize>();
             let total = install.pending_spans.saturating_add(spans);
             if install.pending.len() >= MAX_PENDING_PUSHES || total > MAX_PUSHED_SPANS {
                 // Answered, not kept: the target cuts this link off.
@@ -225,7 +226,7 @@ pub fn decode_pushed(regions: &[crate::proto::RdmaFenceSpans]) -> Result<Pushed>
             if entry.spans.len() % 4 != 0 {
                 return Err(Error::malformed("rdma fence", format!("{} span words", entry.spans.len())));
             }
-            total = total.saturating_add(entry.spans.len() / 4);
+            total = total.saturating_add((entry.spans.len() / 4).max(1));
             if total > MAX_PUSHED_SPANS {
                 return Err(Error::malformed("rdma fence", format!("over {MAX_PUSHED_SPANS} spans")));
             }
@@ -369,6 +370,10 @@ mod tests {
         let over = mirrors.apply(many, 4, Instant::now());
         assert!(matches!(over, Err(Error::Busy { .. })), "{over:?}");
         let mirrors = Mirrors::new([1]);
+        mirrors.apply(vec![(1, vec![]); MAX_PUSHED_SPANS], 3, Instant::now()).unwrap();
+        let over = mirrors.apply(vec![(1, vec![])], 4, Instant::now());
+        assert!(matches!(over, Err(Error::Busy { .. })), "empty entries are kept too: {over:?}");
+        let mirrors = Mirrors::new([1]);
         for generation in 0..MAX_PENDING_PUSHES as u32 {
             mirrors.apply(vec![], generation + 1, Instant::now()).unwrap();
         }
@@ -397,6 +402,11 @@ mod tests {
         words[4] = 2;
         assert!(mirrors.install(&[RdmaFenceTable { region: 1, words }]).is_err());
         assert!(decode_pushed(&[RdmaFenceSpans { region: 1, spans: vec![1, 2, 3] }]).is_err());
+        // Review 8: empty entries count too (a 4 MiB message of them
+        // decoded to some 45 MB, and were kept before the snapshot).
+        let empty = vec![RdmaFenceSpans { region: 1, spans: vec![] }; MAX_PUSHED_SPANS + 1];
+        assert!(matches!(decode_pushed(&empty), Err(Error::Malformed { .. })));
+        assert_eq!(decode_pushed(&empty[..MAX_PUSHED_SPANS]).unwrap().len(), MAX_PUSHED_SPANS);
         let spans = vec![Span { start: 1, len: 2, stride: 3, count: 4 }];
         assert_eq!(decode_pushed(&encode_pushed(&[(9, spans.clone())])).unwrap(), vec![(9, spans)]);
     }
