@@ -229,3 +229,30 @@ fn another_engine_at_a_writers_claimed_address_cannot_answer_its_fences() {
     assert!(matches!(outcome, Outcome::Failed(_)), "a stale push after the fence: {outcome:?}");
     assert_eq!(common::read(&remote, 0, MIB), vec![0x5A; MIB], "a stale write landed after fence returned");
 }
+
+/// Probe 4/standards ("every wait has a deadline with a typed error"): an
+/// rdma connect's handler waits for the fence in progress (its snapshot is
+/// taken between fences). That wait ends at the target's control timeout
+/// with a typed `Timeout` the initiator is told, and the target keeps no
+/// QPs for a connect it did not answer.
+#[test]
+fn an_rdma_connect_waits_for_a_fence_in_progress_only_until_its_deadline() {
+    let provider = Provider::new();
+    let target = provider
+        .apply(common::builder("r8-connect-wait-target"))
+        .control_timeout(std::time::Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let _remote = target.alloc_region(MIB, RegionInfo::raw()).unwrap();
+    let initiator = provider.apply(common::builder("r8-connect-wait-initiator")).build().unwrap();
+    let held = kvring::testing::hold_fences();
+    let opened = initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Rdma), WAIT);
+    drop(held);
+    match opened {
+        Err(Error::Remote { code: ErrorCode::Timeout, ref message }) => {
+            assert!(message.contains("fence"), "{message}");
+        }
+        other => panic!("the target's wait for the fence in progress: {:?}", other.map(|s| s.transport())),
+    }
+    assert_eq!(target.rdma_accepted_qps(), 0, "QPs kept for a connect the target did not answer");
+}

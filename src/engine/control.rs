@@ -50,6 +50,9 @@ pub(super) struct ControlContext {
     /// started with the first GPU region a peer is told of (`None`: not
     /// yet; an error: it could not start, and is not tried again).
     pub gpu_fds: Mutex<Option<std::result::Result<GpuFdServer, String>>>,
+    /// Longest an rdma connect waits for the fence in progress (its
+    /// snapshot is taken between fences): the engine's control timeout.
+    pub connect_wait: std::time::Duration,
 }
 
 impl ControlContext {
@@ -145,7 +148,7 @@ impl ControlHandler for ControlContext {
         // No fence runs between listing the initiator as a writer and the
         // snapshot: a fence before is in the snapshot, one after is pushed
         // to it (docs/ARCHITECTURE.md, "Fenced destinations over rdma").
-        let _fencing = super::fence::fencing();
+        let _fencing = super::fence::fencing_until(std::time::Instant::now() + self.connect_wait)?;
         let push_key = match (request.checks_fences, request.push_key.len()) {
             (false, _) => None,
             (true, PUSH_KEY_BYTES) => Some(request.push_key.clone()),
