@@ -266,6 +266,8 @@ pub const PUSH_KEY_BYTES: usize = 16;
 #[derive(Debug, Default)]
 pub struct MirrorBook {
     by_target: Mutex<HashMap<(String, u64), Booked>>,
+    /// Counts bookings and installs, to order them.
+    clock: std::sync::atomic::AtomicU64,
 }
 
 /// One target's key and the mirrors of every live link to it.
@@ -275,31 +277,87 @@ struct Booked {
     /// More than one while a link connects beside one still live (a
     /// reopen): the old one's lanes may still post until the target
     /// replaced its QPs, so a push must reach its mirrors too.
-    mirrors: Vec<Weak<Mirrors>>,
+    links: Vec<Filed>,
+    /// The highest booking of a link that was installed (its connect's
+    /// reply came: the target had accepted it, replacing every set of
+    /// QPs of ours it accepted before).
+    latest_install: u64,
+    /// A link whose QPs were reset with WRITEs posted, installed at this
+    /// tick: the target may still place them while it keeps those QPs, so
+    /// every push is answered "no such link" (the target cuts them off)
+    /// until a link booked after this tick is installed.
+    posted_on_reset: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Filed {
+    mirrors: Weak<Mirrors>,
+    booked: u64,
+    installed: Option<u64>,
+}
+
+impl Booked {
+    fn holds(&self) -> bool {
+        !self.links.is_empty() || self.posted_on_reset.is_some()
+    }
 }
 
 impl MirrorBook {
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u64), Booked>> {
+        self.by_target.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Files `mirrors` among those target `(name, epoch)` pushes to;
     /// returns the key its pushes must carry (made for the target when no
-    /// live link to it is filed, else the live links' one).
+    /// link to it is filed, else the filed links' one).
     pub fn insert(&self, name: &str, epoch: u64, mirrors: &Arc<Mirrors>) -> [u8; PUSH_KEY_BYTES] {
-        let mut book = self.by_target.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut book = self.lock();
         book.retain(|_, booked| {
-            booked.mirrors.retain(|mirrors| mirrors.strong_count() > 0);
-            !booked.mirrors.is_empty()
+            booked.links.retain(|filed| filed.mirrors.strong_count() > 0);
+            booked.holds()
         });
-        let booked = book
-            .entry((name.to_string(), epoch))
-            .or_insert_with(|| Booked { key: crate::auth::random_bytes(), mirrors: Vec::new() });
-        booked.mirrors.push(Arc::downgrade(mirrors));
+        let booked = book.entry((name.to_string(), epoch)).or_insert_with(|| Booked {
+            key: crate::auth::random_bytes(),
+            links: Vec::new(),
+            latest_install: 0,
+            posted_on_reset: None,
+        });
+        booked.links.push(Filed { mirrors: Arc::downgrade(mirrors), booked: self.tick(), installed: None });
         booked.key
+    }
+
+    /// `mirrors`' link is connected: the target accepted its QPs, and
+    /// with them replaced every set it held for this engine before.
+    pub fn installed(&self, mirrors: &Arc<Mirrors>) {
+        let now = self.tick();
+        let mut book = self.lock();
+        for booked in book.values_mut() {
+            let Some(filed) = booked.links.iter_mut().find(|f| std::ptr::eq(f.mirrors.as_ptr(), Arc::as_ptr(mirrors)))
+            else {
+                continue;
+            };
+            filed.installed = Some(now);
+            let at = filed.booked;
+            booked.latest_install = booked.latest_install.max(at);
+            // Booked after the reset link was installed: its connect was
+            // accepted after that link's, whose QPs the target let go.
+            if booked.posted_on_reset.is_some_and(|reset| at > reset) {
+                booked.posted_on_reset = None;
+            }
+        }
     }
 
     /// The live mirrors target `(name, epoch)` pushes to (none: no link of
     /// ours writes there); `Unauthorized` when `key` is not the one given
-    /// to it (the pusher is not the target our links connected to).
+    /// to it (the pusher is not the target our links connected to);
+    /// `UnknownSegment` while a link reset with WRITEs posted may still
+    /// hold live QPs there.
     pub fn get(&self, name: &str, epoch: u64, key: &[u8]) -> Result<Vec<Arc<Mirrors>>> {
-        let book = self.by_target.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let book = self.lock();
         let Some(booked) = book.get(&(name.to_string(), epoch)) else { return Ok(Vec::new()) };
         // Every byte compared, whichever differs.
         let differ =
@@ -307,16 +365,33 @@ impl MirrorBook {
         if differ {
             return Err(Error::Unauthorized { reason: format!("an rdma fence without {name}'s push key") });
         }
-        Ok(booked.mirrors.iter().filter_map(Weak::upgrade).collect())
+        if booked.posted_on_reset.is_some() {
+            return Err(Error::UnknownSegment { segment: name.to_string() });
+        }
+        Ok(booked.links.iter().filter_map(|filed| filed.mirrors.upgrade()).collect())
     }
 
-    /// Forgets `mirrors` (their link broke: a push for it must cut it off).
-    pub fn remove(&self, mirrors: &Arc<Mirrors>) {
-        let mut book = self.by_target.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        book.retain(|_, booked| {
-            booked.mirrors.retain(|held| !std::ptr::eq(held.as_ptr(), Arc::as_ptr(mirrors)));
-            !booked.mirrors.is_empty()
-        });
+    /// Forgets `mirrors`: their link broke or closed (a push for it must
+    /// cut it off). `posted`: its QPs were reset with WRITEs posted, which
+    /// may still be placed while the target keeps those QPs.
+    pub fn remove(&self, mirrors: &Arc<Mirrors>, posted: bool) {
+        let mut book = self.lock();
+        for booked in book.values_mut() {
+            let Some(at) = booked.links.iter().position(|f| std::ptr::eq(f.mirrors.as_ptr(), Arc::as_ptr(mirrors)))
+            else {
+                continue;
+            };
+            let filed = booked.links.remove(at);
+            match filed.installed {
+                // A link booked after it was installed was installed too:
+                // the target had already let its QPs go.
+                Some(installed) if posted && booked.latest_install <= installed => {
+                    booked.posted_on_reset = booked.posted_on_reset.max(Some(installed));
+                }
+                _ => {}
+            }
+        }
+        book.retain(|_, booked| booked.holds());
     }
 }
 
@@ -390,6 +465,53 @@ mod tests {
         assert!(!pass.admits(200, 210, 49), "a push below an earlier one was dropped");
     }
 
+    /// Review 8: a link reset with WRITEs posted (an abort, a drop with
+    /// chunks in flight) leaves a mark that answers every push "no such
+    /// link" (the target cuts the old QPs off) until a link booked after
+    /// it was installed is installed: a reopen's new, empty mirrors must
+    /// not answer for QPs the target still holds.
+    #[test]
+    fn a_link_reset_with_writes_posted_is_answered_for_until_a_later_link_is_installed() {
+        let book = MirrorBook::default();
+        let old = Mirrors::new([1]);
+        let key = book.insert("t", 3, &old);
+        book.installed(&old);
+        book.remove(&old, true);
+        drop(old);
+        assert!(matches!(book.get("t", 3, &key), Err(Error::UnknownSegment { .. })), "no mirrors: cut off");
+        let new = Mirrors::new([1]);
+        assert_eq!(book.insert("t", 3, &new), key);
+        assert!(matches!(book.get("t", 3, &key), Err(Error::UnknownSegment { .. })), "booked, not yet accepted");
+        book.installed(&new);
+        assert_eq!(book.get("t", 3, &key).unwrap().len(), 1, "accepted: the old QPs were let go");
+
+        // A link that broke because a later connect replaced its QPs
+        // leaves no mark (the later link was installed after it).
+        let later = Mirrors::new([1]);
+        book.insert("t", 3, &later);
+        book.installed(&later);
+        book.remove(&new, true);
+        assert_eq!(book.get("t", 3, &key).unwrap().len(), 1);
+
+        // Two connects raced: the one booked later was accepted first, so
+        // the earlier-booked one's QPs are the live ones at the target.
+        let book = MirrorBook::default();
+        let (first, second) = (Mirrors::new([1]), Mirrors::new([1]));
+        let key = book.insert("u", 1, &first);
+        book.insert("u", 1, &second);
+        book.installed(&second);
+        book.installed(&first);
+        book.remove(&first, true);
+        assert!(matches!(book.get("u", 1, &key), Err(Error::UnknownSegment { .. })));
+        // Closed with nothing posted: no mark.
+        let book = MirrorBook::default();
+        let idle = Mirrors::new([1]);
+        let key = book.insert("v", 1, &idle);
+        book.installed(&idle);
+        book.remove(&idle, false);
+        assert!(book.get("v", 1, &key).unwrap().is_empty());
+    }
+
     #[test]
     fn malformed_tables_and_spans_are_refused() {
         let mirrors = Mirrors::new([1]);
@@ -418,7 +540,7 @@ mod tests {
         let key = book.insert("t", 3, &mirrors);
         assert_eq!(book.get("t", 3, &key).unwrap().len(), 1);
         assert!(book.get("t", 4, &key).unwrap().is_empty(), "another start of the target");
-        book.remove(&mirrors);
+        book.remove(&mirrors, false);
         assert!(book.get("t", 3, &key).unwrap().is_empty());
         let key = book.insert("t", 3, &mirrors);
         drop(mirrors);
@@ -444,7 +566,7 @@ mod tests {
             assert!(matches!(book.get("t", 3, bad), Err(Error::Unauthorized { .. })), "{bad:?}");
         }
         // The new link's connect failed: the old one still takes pushes.
-        book.remove(&new);
+        book.remove(&new, false);
         let left = book.get("t", 3, &key).unwrap();
         assert!(left.len() == 1 && Arc::ptr_eq(&left[0], &old));
     }

@@ -173,16 +173,19 @@ impl RdmaLink {
         let mirrors = match result {
             Ok(mirrors) => mirrors,
             Err(error) => {
-                node.mirrors().remove(&booked);
+                node.mirrors().remove(&booked, false);
                 for (index, (qp, cq, endpoint)) in made.into_iter().enumerate() {
                     node.release_qp(index % nics, qp, cq, endpoint);
                 }
                 return Err(error);
             }
         };
-        if mirrors.is_none() {
+        match &mirrors {
+            // Its reply came: the target accepted these QPs and let go of
+            // every set it held for us before.
+            Some(mirrors) => node.mirrors().installed(mirrors),
             // An older target: it pushes nothing to look up.
-            node.mirrors().remove(&booked);
+            None => node.mirrors().remove(&booked, false),
         }
         let remote: Arc<HashMap<_, _>> =
             Arc::new(info.regions.iter().map(|(id, addr, rkeys)| (id.raw(), (*addr, rkeys.clone()))).collect());
@@ -226,7 +229,7 @@ impl RdmaLink {
         if let Some(mirrors) = &self.mirrors {
             // A fence pushed from now on is answered "no such link": the
             // target cuts the link off rather than wait for it.
-            self.node.mirrors().remove(mirrors);
+            self.node.mirrors().remove(mirrors, !self.in_flight.is_empty());
             for entry in self.in_flight.values_mut() {
                 // SAFETY: the mirrors are `self.mirrors`, alive.
                 unsafe { super::fences::poison(&mut entry.holds) };
@@ -488,6 +491,12 @@ impl Drop for RdmaLink {
     /// The QPs go back to the node, reset, for the next connection (to this
     /// peer again, once it reopens, or to another).
     fn drop(&mut self) {
+        if let (Some(mirrors), false) = (&self.mirrors, self.in_flight.is_empty()) {
+            // Reset with WRITEs posted: the target may place them while it
+            // keeps our QPs, so no other link of ours answers its pushes
+            // until one connected after this one (`MirrorBook::remove`).
+            self.node.mirrors().remove(mirrors, true);
+        }
         self.release_qps();
     }
 }
