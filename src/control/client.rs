@@ -252,11 +252,13 @@ impl ControlClient {
 
     /// Exchanges RDMA QP endpoints: ours (lane-major over `nics` NICs) for
     /// the peer's, each checked; with the peer's fence tables (`None`: an
-    /// older peer that pushes no fences).
+    /// older peer that pushes no fences). `push_key` goes to the peer alone:
+    /// the fences it pushes to us carry it.
     pub fn rdma_connect(
         &mut self,
         nics: usize,
         ours: &[crate::transport::rdma::verbs::QpEndpoint],
+        push_key: &[u8],
         deadline: Instant,
     ) -> Result<(Vec<crate::transport::rdma::verbs::QpEndpoint>, Option<Vec<crate::proto::RdmaFenceTable>>)> {
         let request = crate::proto::RdmaConnectRequest {
@@ -264,6 +266,7 @@ impl ControlClient {
             nics: nics as u32,
             endpoints: ours.iter().map(crate::transport::rdma::verbs::QpEndpoint::to_proto).collect(),
             checks_fences: true,
+            push_key: push_key.to_vec(),
         };
         match self.call(request::Body::RdmaConnect(request), deadline)? {
             response::Body::RdmaConnect(reply) => {

@@ -16,6 +16,7 @@ use crate::region_id::RegionId;
 use crate::segment::{local_host_id, CmaReach, RemoteRegion, SegmentDescriptor};
 use crate::transport::cma::CmaExport;
 use crate::transport::gpu_fds::server::GpuFdServer;
+use crate::transport::rdma::fences::PUSH_KEY_BYTES;
 use crate::transport::rdma::node::RdmaNode;
 use crate::transport::rdma::verbs::QpEndpoint;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,6 +50,9 @@ pub(super) struct ControlContext {
     /// started with the first GPU region a peer is told of (`None`: not
     /// yet; an error: it could not start, and is not tried again).
     pub gpu_fds: Mutex<Option<std::result::Result<GpuFdServer, String>>>,
+    /// Longest an rdma connect waits for the fence in progress (its
+    /// snapshot is taken between fences): the engine's control timeout.
+    pub connect_wait: std::time::Duration,
 }
 
 impl ControlContext {
@@ -144,8 +148,13 @@ impl ControlHandler for ControlContext {
         // No fence runs between listing the initiator as a writer and the
         // snapshot: a fence before is in the snapshot, one after is pushed
         // to it (docs/ARCHITECTURE.md, "Fenced destinations over rdma").
-        let _fencing = super::fence::fencing();
-        let ours = node.accept(initiator, request.nics as usize, &endpoints, request.checks_fences)?;
+        let _fencing = super::fence::fencing_until(std::time::Instant::now() + self.connect_wait)?;
+        let push_key = match (request.checks_fences, request.push_key.len()) {
+            (false, _) => None,
+            (true, PUSH_KEY_BYTES) => Some(request.push_key.clone()),
+            (true, n) => return Err(Error::malformed("rdma connect", format!("a push key of {n} bytes"))),
+        };
+        let ours = node.accept(initiator, request.nics as usize, &endpoints, push_key)?;
         let fences = self
             .registry
             .snapshot()
@@ -164,15 +173,27 @@ impl ControlHandler for ControlContext {
 
     fn rdma_fence(&self, target: &Initiator, request: &crate::proto::RdmaFenceRequest) -> Result<()> {
         use crate::transport::rdma::fences::{decode_pushed, MAX_PUSH_WAIT};
-        let pushed = decode_pushed(&request.regions)?;
         let wait = std::time::Duration::from_millis(u64::from(request.wait_ms)).min(MAX_PUSH_WAIT);
-        let mirrors = self.rdma.as_ref().and_then(|node| node.mirrors().get(&target.name, target.epoch));
-        match mirrors {
-            Some(mirrors) => mirrors.apply(pushed, request.generation, std::time::Instant::now() + wait),
+        let deadline = std::time::Instant::now() + wait;
+        // The key proves the pusher is the target our QPs were connected
+        // to (the handshake alone proves no name without a token, and only
+        // membership with one); every live link to it takes the fence.
+        // Checked before the spans are decoded: a stranger's push costs no
+        // allocation.
+        let mirrors = match self.rdma.as_ref() {
+            Some(node) => node.mirrors().get(&target.name, target.epoch, &request.push_key)?,
+            None => Vec::new(),
+        };
+        let pushed = decode_pushed(&request.regions)?;
+        if mirrors.is_empty() {
             // No link of ours writes there (never opened, or broken and its
             // QPs reset): the target cuts off the QPs it holds for us.
-            None => Err(Error::UnknownSegment { segment: target.name.clone() }),
+            return Err(Error::UnknownSegment { segment: target.name.clone() });
         }
+        // Entered in every link's mirrors, even past one that failed.
+        let answers: Vec<Result<()>> =
+            mirrors.iter().map(|mirrors| mirrors.apply(pushed.clone(), request.generation, deadline)).collect();
+        answers.into_iter().collect()
     }
 
     fn notify(&self, sender: &str, message: Vec<u8>) -> Result<()> {

@@ -23,6 +23,27 @@ pub(super) fn fencing() -> std::sync::MutexGuard<'static, ()> {
     FENCING.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// As [`fencing`], waiting at most until `deadline` (`Timeout`): an rdma
+/// connect's handler does not wait on fences, one after another, past
+/// the time its initiator waits for the answer.
+pub(super) fn fencing_until(deadline: Instant) -> Result<std::sync::MutexGuard<'static, ()>> {
+    let started = Instant::now();
+    let mut pause = Duration::from_micros(10);
+    loop {
+        match FENCING.try_lock() {
+            Ok(guard) => return Ok(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => return Ok(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Error::Timeout { what: "the fence in progress at the rdma target", waited: now - started });
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+}
+
 impl Engine {
     /// Fences `[offset, offset + len)` of `region` and returns the new
     /// grant for it: from the moment this returns, no write under an older

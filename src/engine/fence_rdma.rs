@@ -29,6 +29,8 @@ pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], dea
         generation: grant,
         regions: encode_pushed(pushed),
         wait_ms: u32::try_from((left * 3 / 4).as_millis()).unwrap_or(u32::MAX),
+        // Each writer's own, below.
+        push_key: Vec::new(),
     };
     let me = engine.initiator();
     let token = engine.inner.config.token.as_ref();
@@ -42,13 +44,15 @@ pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], dea
         let asks: Vec<_> = writers
             .iter()
             .zip(kept.iter_mut().map(Option::take))
-            .map(|((writer, checks_fences), cached)| {
-                let (request, me) = (request.clone(), &me);
+            .map(|((writer, push_key), cached)| {
+                let (mut request, me) = (request.clone(), &me);
                 scope.spawn(move || {
-                    if !checks_fences {
+                    let Some(push_key) = push_key else {
                         let why = format!("{} does not check fences over rdma", writer.name);
                         return (Err(crate::Error::Unsupported { what: why }), None);
-                    }
+                    };
+                    // What only the target its connect reached knows.
+                    request.push_key.clone_from(push_key);
                     ask(writer, cached, me, token, request, deadline)
                 })
             })

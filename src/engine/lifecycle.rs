@@ -187,6 +187,7 @@ impl Engine {
             gpudirect: Mutex::new(Default::default()),
             cma: cma_export(&config, epoch),
             gpu_fds: Mutex::new(None),
+            connect_wait: config.control_timeout,
         });
         let server = ControlServer::start(config.listen, context.clone(), admission)?;
         // Peers are told the advertised IP with the port actually bound.

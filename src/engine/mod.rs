@@ -201,6 +201,13 @@ impl Engine {
         }
     }
 
+    /// Holds off this process's fences (and rdma connects' snapshots) until
+    /// the guard drops: for tests of a connect that meets a long fence.
+    #[cfg(feature = "testing")]
+    pub(crate) fn hold_fences() -> std::sync::MutexGuard<'static, ()> {
+        fence::fencing()
+    }
+
     /// Lane `lane`'s shared part, for the testing hooks.
     #[cfg(feature = "testing")]
     pub(crate) fn lane_shared(&self, lane: usize) -> Option<&crate::runtime::lane::LaneShared> {

@@ -313,12 +313,12 @@ impl Engine {
                     .ok_or_else(|| Error::Unsupported { what: "rdma: this engine has no RDMA device".into() })?;
                 let initiator = self.initiator();
                 let token = self.inner.config.token.clone();
-                RdmaLink::connect(node, descriptor, lanes, |nics, ours| {
+                RdmaLink::connect(node, descriptor, lanes, |nics, ours, push_key| {
                     // The QPs belong to the identity this connection's
                     // handshake establishes (proven, with a token).
                     let mut client = ControlClient::connect(&descriptor.control_addr, deadline)?;
                     client.handshake(&initiator, token.as_ref(), deadline)?;
-                    client.rdma_connect(nics, ours, deadline)
+                    client.rdma_connect(nics, ours, push_key, deadline)
                 })
             }
         }

@@ -155,8 +155,11 @@ impl Span {
         }
         // The first range whose end passes `start`: k with
         // self.start + k * stride + len > start.
+        // (A gap of 0: `start` is the first range's last byte, whatever the
+        // stride; a single range's stride of 0, as a peer's table may say,
+        // must not make that byte pass.)
         let k = match (start + 1).checked_sub(self.start.saturating_add(self.len)) {
-            None => 0,
+            None | Some(0) => 0,
             Some(_) if self.stride == 0 => return false,
             Some(gap) => gap.div_ceil(self.stride),
         };
@@ -598,7 +601,9 @@ mod tests {
         assert!(far.meets(u64::MAX - 1, u64::MAX));
         assert!(!far.meets(0, 5));
         let flat = Span { start: 0, len: 4, stride: 0, count: 9 };
-        assert!(flat.meets(0, 1) && !flat.meets(4, 100));
+        assert!(flat.meets(0, 1) && flat.meets(3, 4) && !flat.meets(4, 100));
+        let single = Span { start: 10, len: 5, stride: 0, count: 1 };
+        assert!(single.meets(14, 15) && single.meets(14, 99) && !single.meets(15, 16), "its last byte");
         assert!(Span { start: 0, len: 10, stride: 100, count: 3 }.covers(&Span::range(205, 5)));
         assert!(!Span { start: 0, len: 10, stride: 100, count: 3 }.covers(&Span::range(305, 5)));
     }

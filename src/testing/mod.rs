@@ -164,6 +164,12 @@ pub fn stop_control_server(engine: &crate::Engine) {
     engine.stop_control();
 }
 
+/// Holds off this process's fences, as a fence in progress does (an rdma
+/// connect's handler waits for it), until the guard drops.
+pub fn hold_fences() -> std::sync::MutexGuard<'static, ()> {
+    crate::Engine::hold_fences()
+}
+
 /// The cma check before every call, measured by `benches/cma_check.rs`.
 pub mod cma {
     pub use crate::transport::cma::cost::{check_cost, CheckCost};

@@ -17,8 +17,13 @@ use std::time::{Duration, Instant};
 
 /// Most regions one connect's snapshot may carry (a registry's slots).
 pub const MAX_FENCE_TABLES: usize = 64 * 1024;
-/// Most spans one pushed fence may carry, over all its regions.
+/// Most spans one pushed fence may carry, over all its regions (a region
+/// listed with none counts as one: a push of empty entries is bounded too).
 pub const MAX_PUSHED_SPANS: usize = 64 * 1024;
+/// Most pushes kept for one link before its snapshot is in (their spans
+/// count against [`MAX_PUSHED_SPANS`] together): a target that holds its
+/// connect reply back while it pushes cannot fill this engine's memory.
+pub const MAX_PENDING_PUSHES: usize = 1024;
 /// Longest a pushed fence may ask the initiator to wait for its writes.
 pub const MAX_PUSH_WAIT: Duration = Duration::from_secs(10);
 
@@ -39,6 +44,8 @@ pub struct Mirrors {
 struct Install {
     installed: bool,
     pending: Vec<(Pushed, u32)>,
+    /// Spans in `pending`, all pushes together.
+    pending_spans: usize,
 }
 
 impl Mirrors {
@@ -77,12 +84,16 @@ impl Mirrors {
                 None => table.view().refuse_all(),
             }
         }
+        // What the snapshot holds, before any replay moves `issued`: a push
+        // is judged against it alone, whatever order the pushes came in.
+        let held: HashMap<u64, u64> = self.tables.iter().map(|(region, t)| (*region, t.view().issued())).collect();
+        install.pending_spans = 0;
         for (pushed, generation) in std::mem::take(&mut install.pending) {
             for (region, spans) in &pushed {
                 let Some(table) = self.tables.get(region) else { continue };
                 // A push the snapshot already holds is not entered twice
                 // (a fence's generation rises above every earlier one).
-                if u64::from(generation) > table.view().issued() {
+                if u64::from(generation) > held.get(region).copied().unwrap_or(0) {
                     // No lane has posted yet: nothing to wait for.
                     let _ = table.view().fence(spans, generation, || false);
                 }
@@ -99,6 +110,16 @@ impl Mirrors {
     pub fn apply(&self, pushed: Pushed, generation: u32, deadline: Instant) -> Result<()> {
         let mut install = self.install.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if !install.installed {
+            let spans = pushed.iter().map(|(_, spans)| spans.len().max(1)).sum::<usize>();
+            let total = install.pending_spans.saturating_add(spans);
+            if install.pending.len() >= MAX_PENDING_PUSHES || total > MAX_PUSHED_SPANS {
+                // Answered, not kept: the target cuts this link off.
+                return Err(Error::Busy {
+                    queue: "rdma fences pushed before the connect's snapshot",
+                    capacity: MAX_PENDING_PUSHES,
+                });
+            }
+            install.pending_spans = total;
             install.pending.push((pushed, generation));
             return Ok(());
         }
@@ -205,7 +226,7 @@ pub fn decode_pushed(regions: &[crate::proto::RdmaFenceSpans]) -> Result<Pushed>
             if entry.spans.len() % 4 != 0 {
                 return Err(Error::malformed("rdma fence", format!("{} span words", entry.spans.len())));
             }
-            total = total.saturating_add(entry.spans.len() / 4);
+            total = total.saturating_add((entry.spans.len() / 4).max(1));
             if total > MAX_PUSHED_SPANS {
                 return Err(Error::malformed("rdma fence", format!("over {MAX_PUSHED_SPANS} spans")));
             }
@@ -235,32 +256,142 @@ pub fn encode_pushed(pushed: &[(u64, Vec<Span>)]) -> Vec<crate::proto::RdmaFence
         .collect()
 }
 
+/// Bytes of the key an initiator gives each target in its rdma connect,
+/// that the target's pushes must carry.
+pub const PUSH_KEY_BYTES: usize = 16;
+
 /// This engine's links' mirrors, by target (name and epoch), for the
-/// control server to find a push's mirrors by the pusher's handshake.
+/// control server to find a push's mirrors by the pusher's handshake and
+/// key.
 #[derive(Debug, Default)]
 pub struct MirrorBook {
-    by_target: Mutex<HashMap<(String, u64), Weak<Mirrors>>>,
+    by_target: Mutex<HashMap<(String, u64), Booked>>,
+    /// Counts bookings and installs, to order them.
+    clock: std::sync::atomic::AtomicU64,
+}
+
+/// One target's key and the mirrors of every live link to it.
+#[derive(Debug)]
+struct Booked {
+    key: [u8; PUSH_KEY_BYTES],
+    /// More than one while a link connects beside one still live (a
+    /// reopen): the old one's lanes may still post until the target
+    /// replaced its QPs, so a push must reach its mirrors too.
+    links: Vec<Filed>,
+    /// The highest booking of a link that was installed (its connect's
+    /// reply came: the target had accepted it, replacing every set of
+    /// QPs of ours it accepted before).
+    latest_install: u64,
+    /// A link whose QPs were reset with WRITEs posted, installed at this
+    /// tick: the target may still place them while it keeps those QPs, so
+    /// every push is answered "no such link" (the target cuts them off)
+    /// until a link booked after this tick is installed.
+    posted_on_reset: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Filed {
+    mirrors: Weak<Mirrors>,
+    booked: u64,
+    installed: Option<u64>,
+}
+
+impl Booked {
+    fn holds(&self) -> bool {
+        !self.links.is_empty() || self.posted_on_reset.is_some()
+    }
 }
 
 impl MirrorBook {
-    /// `mirrors` are the ones target `(name, epoch)` pushes to from now on
-    /// (a reconnect's replace the old link's, whose QPs were reset).
-    pub fn insert(&self, name: &str, epoch: u64, mirrors: &Arc<Mirrors>) {
-        let mut book = self.by_target.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        book.retain(|_, mirrors| mirrors.strong_count() > 0);
-        book.insert((name.to_string(), epoch), Arc::downgrade(mirrors));
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
     }
 
-    /// The live mirrors target `(name, epoch)` pushes to.
-    pub fn get(&self, name: &str, epoch: u64) -> Option<Arc<Mirrors>> {
-        let book = self.by_target.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        book.get(&(name.to_string(), epoch)).and_then(Weak::upgrade)
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u64), Booked>> {
+        self.by_target.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Forgets `mirrors` (their link broke: a push for it must cut it off).
-    pub fn remove(&self, mirrors: &Arc<Mirrors>) {
-        let mut book = self.by_target.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        book.retain(|_, held| !std::ptr::eq(held.as_ptr(), Arc::as_ptr(mirrors)));
+    /// Files `mirrors` among those target `(name, epoch)` pushes to;
+    /// returns the key its pushes must carry (made for the target when no
+    /// link to it is filed, else the filed links' one).
+    pub fn insert(&self, name: &str, epoch: u64, mirrors: &Arc<Mirrors>) -> [u8; PUSH_KEY_BYTES] {
+        let mut book = self.lock();
+        book.retain(|_, booked| {
+            booked.links.retain(|filed| filed.mirrors.strong_count() > 0);
+            booked.holds()
+        });
+        let booked = book.entry((name.to_string(), epoch)).or_insert_with(|| Booked {
+            key: crate::auth::random_bytes(),
+            links: Vec::new(),
+            latest_install: 0,
+            posted_on_reset: None,
+        });
+        booked.links.push(Filed { mirrors: Arc::downgrade(mirrors), booked: self.tick(), installed: None });
+        booked.key
+    }
+
+    /// `mirrors`' link is connected: the target accepted its QPs, and
+    /// with them replaced every set it held for this engine before.
+    pub fn installed(&self, mirrors: &Arc<Mirrors>) {
+        let now = self.tick();
+        let mut book = self.lock();
+        for booked in book.values_mut() {
+            let Some(filed) = booked.links.iter_mut().find(|f| std::ptr::eq(f.mirrors.as_ptr(), Arc::as_ptr(mirrors)))
+            else {
+                continue;
+            };
+            filed.installed = Some(now);
+            let at = filed.booked;
+            booked.latest_install = booked.latest_install.max(at);
+            // Booked after the reset link was installed: its connect was
+            // accepted after that link's, whose QPs the target let go.
+            if booked.posted_on_reset.is_some_and(|reset| at > reset) {
+                booked.posted_on_reset = None;
+            }
+        }
+    }
+
+    /// The live mirrors target `(name, epoch)` pushes to (none: no link of
+    /// ours writes there); `Unauthorized` when `key` is not the one given
+    /// to it (the pusher is not the target our links connected to);
+    /// `UnknownSegment` while a link reset with WRITEs posted may still
+    /// hold live QPs there.
+    pub fn get(&self, name: &str, epoch: u64, key: &[u8]) -> Result<Vec<Arc<Mirrors>>> {
+        let book = self.lock();
+        let Some(booked) = book.get(&(name.to_string(), epoch)) else { return Ok(Vec::new()) };
+        // Every byte compared, whichever differs.
+        let differ =
+            key.len() != PUSH_KEY_BYTES || key.iter().zip(&booked.key).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0;
+        if differ {
+            return Err(Error::Unauthorized { reason: format!("an rdma fence without {name}'s push key") });
+        }
+        if booked.posted_on_reset.is_some() {
+            return Err(Error::UnknownSegment { segment: name.to_string() });
+        }
+        Ok(booked.links.iter().filter_map(|filed| filed.mirrors.upgrade()).collect())
+    }
+
+    /// Forgets `mirrors`: their link broke or closed (a push for it must
+    /// cut it off). `posted`: its QPs were reset with WRITEs posted, which
+    /// may still be placed while the target keeps those QPs.
+    pub fn remove(&self, mirrors: &Arc<Mirrors>, posted: bool) {
+        let mut book = self.lock();
+        for booked in book.values_mut() {
+            let Some(at) = booked.links.iter().position(|f| std::ptr::eq(f.mirrors.as_ptr(), Arc::as_ptr(mirrors)))
+            else {
+                continue;
+            };
+            let filed = booked.links.remove(at);
+            match filed.installed {
+                // A link booked after it was installed was installed too:
+                // the target had already let its QPs go.
+                Some(installed) if posted && booked.latest_install <= installed => {
+                    booked.posted_on_reset = booked.posted_on_reset.max(Some(installed));
+                }
+                _ => {}
+            }
+        }
+        book.retain(|_, booked| booked.holds());
     }
 }
 
@@ -302,6 +433,85 @@ mod tests {
         assert!(!view.enter().unwrap().admits(0, 100, 9));
     }
 
+    /// Review 8: pushes kept before the snapshot are bounded (a target
+    /// holding its connect reply back while it pushes fills no memory),
+    /// and each is replayed unless the snapshot itself holds it, whatever
+    /// order they came in.
+    #[test]
+    fn pushes_before_the_snapshot_are_bounded_and_each_replayed_against_the_snapshot() {
+        let mirrors = Mirrors::new([1]);
+        let many = vec![(1, vec![Span::range(0, 1); MAX_PUSHED_SPANS / 2 + 1])];
+        mirrors.apply(many.clone(), 3, Instant::now()).unwrap();
+        let over = mirrors.apply(many, 4, Instant::now());
+        assert!(matches!(over, Err(Error::Busy { .. })), "{over:?}");
+        let mirrors = Mirrors::new([1]);
+        mirrors.apply(vec![(1, vec![]); MAX_PUSHED_SPANS], 3, Instant::now()).unwrap();
+        let over = mirrors.apply(vec![(1, vec![])], 4, Instant::now());
+        assert!(matches!(over, Err(Error::Busy { .. })), "empty entries are kept too: {over:?}");
+        let mirrors = Mirrors::new([1]);
+        for generation in 0..MAX_PENDING_PUSHES as u32 {
+            mirrors.apply(vec![], generation + 1, Instant::now()).unwrap();
+        }
+        assert!(matches!(mirrors.apply(vec![], u32::MAX, Instant::now()), Err(Error::Busy { .. })));
+
+        let target = FenceTable::new();
+        target.view().fence(&[Span::range(0, 10)], 10, || true).unwrap();
+        let mirrors = Mirrors::new([1]);
+        mirrors.apply(vec![(1, vec![Span::range(100, 10)])], 100, Instant::now()).unwrap();
+        mirrors.apply(vec![(1, vec![Span::range(200, 10)])], 50, Instant::now()).unwrap();
+        mirrors.install(&[snapshot_of(&target, 1)]).unwrap();
+        let pass = mirrors.table(1).unwrap().view().enter().unwrap();
+        assert!(!pass.admits(100, 110, 99) && !pass.admits(0, 10, 9));
+        assert!(!pass.admits(200, 210, 49), "a push below an earlier one was dropped");
+    }
+
+    /// Review 8: a link reset with WRITEs posted (an abort, a drop with
+    /// chunks in flight) leaves a mark that answers every push "no such
+    /// link" (the target cuts the old QPs off) until a link booked after
+    /// it was installed is installed: a reopen's new, empty mirrors must
+    /// not answer for QPs the target still holds.
+    #[test]
+    fn a_link_reset_with_writes_posted_is_answered_for_until_a_later_link_is_installed() {
+        let book = MirrorBook::default();
+        let old = Mirrors::new([1]);
+        let key = book.insert("t", 3, &old);
+        book.installed(&old);
+        book.remove(&old, true);
+        drop(old);
+        assert!(matches!(book.get("t", 3, &key), Err(Error::UnknownSegment { .. })), "no mirrors: cut off");
+        let new = Mirrors::new([1]);
+        assert_eq!(book.insert("t", 3, &new), key);
+        assert!(matches!(book.get("t", 3, &key), Err(Error::UnknownSegment { .. })), "booked, not yet accepted");
+        book.installed(&new);
+        assert_eq!(book.get("t", 3, &key).unwrap().len(), 1, "accepted: the old QPs were let go");
+
+        // A link that broke because a later connect replaced its QPs
+        // leaves no mark (the later link was installed after it).
+        let later = Mirrors::new([1]);
+        book.insert("t", 3, &later);
+        book.installed(&later);
+        book.remove(&new, true);
+        assert_eq!(book.get("t", 3, &key).unwrap().len(), 1);
+
+        // Two connects raced: the one booked later was accepted first, so
+        // the earlier-booked one's QPs are the live ones at the target.
+        let book = MirrorBook::default();
+        let (first, second) = (Mirrors::new([1]), Mirrors::new([1]));
+        let key = book.insert("u", 1, &first);
+        book.insert("u", 1, &second);
+        book.installed(&second);
+        book.installed(&first);
+        book.remove(&first, true);
+        assert!(matches!(book.get("u", 1, &key), Err(Error::UnknownSegment { .. })));
+        // Closed with nothing posted: no mark.
+        let book = MirrorBook::default();
+        let idle = Mirrors::new([1]);
+        let key = book.insert("v", 1, &idle);
+        book.installed(&idle);
+        book.remove(&idle, false);
+        assert!(book.get("v", 1, &key).unwrap().is_empty());
+    }
+
     #[test]
     fn malformed_tables_and_spans_are_refused() {
         let mirrors = Mirrors::new([1]);
@@ -314,6 +524,11 @@ mod tests {
         words[4] = 2;
         assert!(mirrors.install(&[RdmaFenceTable { region: 1, words }]).is_err());
         assert!(decode_pushed(&[RdmaFenceSpans { region: 1, spans: vec![1, 2, 3] }]).is_err());
+        // Review 8: empty entries count too (a 4 MiB message of them
+        // decoded to some 45 MB, and were kept before the snapshot).
+        let empty = vec![RdmaFenceSpans { region: 1, spans: vec![] }; MAX_PUSHED_SPANS + 1];
+        assert!(matches!(decode_pushed(&empty), Err(Error::Malformed { .. })));
+        assert_eq!(decode_pushed(&empty[..MAX_PUSHED_SPANS]).unwrap().len(), MAX_PUSHED_SPANS);
         let spans = vec![Span { start: 1, len: 2, stride: 3, count: 4 }];
         assert_eq!(decode_pushed(&encode_pushed(&[(9, spans.clone())])).unwrap(), vec![(9, spans)]);
     }
@@ -322,13 +537,37 @@ mod tests {
     fn the_book_finds_live_mirrors_only() {
         let book = MirrorBook::default();
         let mirrors = Mirrors::new([1]);
-        book.insert("t", 3, &mirrors);
-        assert!(book.get("t", 3).is_some());
-        assert!(book.get("t", 4).is_none(), "another start of the target");
-        book.remove(&mirrors);
-        assert!(book.get("t", 3).is_none());
-        book.insert("t", 3, &mirrors);
+        let key = book.insert("t", 3, &mirrors);
+        assert_eq!(book.get("t", 3, &key).unwrap().len(), 1);
+        assert!(book.get("t", 4, &key).unwrap().is_empty(), "another start of the target");
+        book.remove(&mirrors, false);
+        assert!(book.get("t", 3, &key).unwrap().is_empty());
+        let key = book.insert("t", 3, &mirrors);
         drop(mirrors);
-        assert!(book.get("t", 3).is_none(), "a dropped link's mirrors are gone");
+        assert!(book.get("t", 3, &key).unwrap().is_empty(), "a dropped link's mirrors are gone");
+    }
+
+    /// Review 8: a push must prove it is the target's (its key), and a
+    /// link that connects while another to the same target is live (a
+    /// reopen) must not take the live one's pushes away: its lanes may
+    /// post until the target replaced its QPs.
+    #[test]
+    fn the_book_wants_the_targets_key_and_reaches_every_live_link() {
+        let book = MirrorBook::default();
+        let old = Mirrors::new([1]);
+        let key = book.insert("t", 3, &old);
+        let new = Mirrors::new([1]);
+        assert_eq!(book.insert("t", 3, &new), key, "one key per target while a link to it lives");
+        let both = book.get("t", 3, &key).unwrap();
+        assert!(both.iter().any(|m| Arc::ptr_eq(m, &old)) && both.iter().any(|m| Arc::ptr_eq(m, &new)));
+        let mut forged = key;
+        forged[PUSH_KEY_BYTES - 1] ^= 1;
+        for bad in [&forged[..], &key[..8], &[][..]] {
+            assert!(matches!(book.get("t", 3, bad), Err(Error::Unauthorized { .. })), "{bad:?}");
+        }
+        // The new link's connect failed: the old one still takes pushes.
+        book.remove(&new, false);
+        let left = book.get("t", 3, &key).unwrap();
+        assert!(left.len() == 1 && Arc::ptr_eq(&left[0], &old));
     }
 }

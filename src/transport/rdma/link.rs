@@ -135,7 +135,7 @@ impl RdmaLink {
         node: Arc<RdmaNode>,
         descriptor: &SegmentDescriptor,
         lanes: usize,
-        exchange: impl FnOnce(usize, &[QpEndpoint]) -> Result<Exchanged>,
+        exchange: impl FnOnce(usize, &[QpEndpoint], &[u8]) -> Result<Exchanged>,
     ) -> Result<Link> {
         let info = descriptor
             .rdma
@@ -143,9 +143,10 @@ impl RdmaLink {
             .ok_or_else(|| Error::Unsupported { what: format!("rdma to {}: it serves no RDMA", descriptor.name) })?;
         let nics = node.nics().len().min(info.nics as usize).max(1);
         // In the book before the connect: a fence the target pushes once it
-        // listed us finds them (kept until the snapshot is in).
+        // listed us finds them (kept until the snapshot is in). The key
+        // goes to the target alone, in the connect: its pushes carry it.
         let booked = Mirrors::new(info.regions.iter().map(|(id, _, _)| id.raw()));
-        node.mirrors().insert(&descriptor.name, descriptor.epoch, &booked);
+        let push_key = node.mirrors().insert(&descriptor.name, descriptor.epoch, &booked);
         let mut made: Vec<(Qp, Cq, QpEndpoint)> = Vec::with_capacity(lanes * nics);
         let result = (|| {
             for _lane in 0..lanes {
@@ -154,7 +155,7 @@ impl RdmaLink {
                 }
             }
             let endpoints: Vec<QpEndpoint> = made.iter().map(|&(_, _, endpoint)| endpoint).collect();
-            let (theirs, fences) = exchange(nics, &endpoints)?;
+            let (theirs, fences) = exchange(nics, &endpoints, &push_key)?;
             if theirs.len() != endpoints.len() {
                 return Err(Error::malformed(
                     "rdma connect reply",
@@ -172,16 +173,19 @@ impl RdmaLink {
         let mirrors = match result {
             Ok(mirrors) => mirrors,
             Err(error) => {
-                node.mirrors().remove(&booked);
+                node.mirrors().remove(&booked, false);
                 for (index, (qp, cq, endpoint)) in made.into_iter().enumerate() {
                     node.release_qp(index % nics, qp, cq, endpoint);
                 }
                 return Err(error);
             }
         };
-        if mirrors.is_none() {
+        match &mirrors {
+            // Its reply came: the target accepted these QPs and let go of
+            // every set it held for us before.
+            Some(mirrors) => node.mirrors().installed(mirrors),
             // An older target: it pushes nothing to look up.
-            node.mirrors().remove(&booked);
+            None => node.mirrors().remove(&booked, false),
         }
         let remote: Arc<HashMap<_, _>> =
             Arc::new(info.regions.iter().map(|(id, addr, rkeys)| (id.raw(), (*addr, rkeys.clone()))).collect());
@@ -225,7 +229,7 @@ impl RdmaLink {
         if let Some(mirrors) = &self.mirrors {
             // A fence pushed from now on is answered "no such link": the
             // target cuts the link off rather than wait for it.
-            self.node.mirrors().remove(mirrors);
+            self.node.mirrors().remove(mirrors, !self.in_flight.is_empty());
             for entry in self.in_flight.values_mut() {
                 // SAFETY: the mirrors are `self.mirrors`, alive.
                 unsafe { super::fences::poison(&mut entry.holds) };
@@ -487,6 +491,12 @@ impl Drop for RdmaLink {
     /// The QPs go back to the node, reset, for the next connection (to this
     /// peer again, once it reopens, or to another).
     fn drop(&mut self) {
+        if let (Some(mirrors), false) = (&self.mirrors, self.in_flight.is_empty()) {
+            // Reset with WRITEs posted: the target may place them while it
+            // keeps our QPs, so no other link of ours answers its pushes
+            // until one connected after this one (`MirrorBook::remove`).
+            self.node.mirrors().remove(mirrors, true);
+        }
         self.release_qps();
     }
 }

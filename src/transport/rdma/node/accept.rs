@@ -29,8 +29,9 @@ pub(super) struct AcceptedSet {
     /// the fences this engine pushes to it).
     pub addr: String,
     /// Its lanes check writes against mirrors of this engine's fence
-    /// tables (it said so when it connected).
-    pub checks_fences: bool,
+    /// tables (it said so when it connected): the key its connect gave,
+    /// which each fence pushed to it carries.
+    pub push_key: Option<Vec<u8>>,
 }
 
 impl RdmaNode {
@@ -42,14 +43,15 @@ impl RdmaNode {
     /// reaper, which probes it. At most
     /// [`MAX_CONNECT_ENDPOINTS`] per initiator and [`MAX_ACCEPTED_QPS`] in
     /// all, the least recently connected initiator giving way.
-    /// `checks_fences`: its lanes check writes against mirrors of this
-    /// engine's fence tables (else every fence cuts it off).
+    /// `push_key`: its lanes check writes against mirrors of this
+    /// engine's fence tables, and take the fences pushed with this key
+    /// (`None`: every fence cuts it off).
     pub fn accept(
         &self,
         initiator: &Initiator,
         nics: usize,
         endpoints: &[QpEndpoint],
-        checks_fences: bool,
+        push_key: Option<Vec<u8>>,
     ) -> Result<Vec<QpEndpoint>> {
         if nics == 0 || nics > self.nics.len() || endpoints.len() > MAX_CONNECT_ENDPOINTS {
             return Err(Error::invalid(
@@ -94,7 +96,7 @@ impl RdmaNode {
             return Err(error);
         }
         let ours = qps.iter().map(|(_, spare)| spare.endpoint).collect();
-        let replaced = self.with_accepted(|accepted| accepted.insert(initiator, qps, checks_fences));
+        let replaced = self.with_accepted(|accepted| accepted.insert(initiator, qps, push_key));
         self.release_passive(replaced.map(|set| set.qps).unwrap_or_default());
         Ok(ours)
     }
@@ -124,10 +126,15 @@ impl Accepted {
 
     /// Books `initiator`'s QPs; hands back a set it replaces (two connects
     /// of one initiator raced: the later one holds).
-    fn insert(&mut self, initiator: &Initiator, qps: Vec<(usize, Spare)>, checks_fences: bool) -> Option<AcceptedSet> {
+    fn insert(
+        &mut self,
+        initiator: &Initiator,
+        qps: Vec<(usize, Spare)>,
+        push_key: Option<Vec<u8>>,
+    ) -> Option<AcceptedSet> {
         self.clock += 1;
         self.total += qps.len();
-        let set = AcceptedSet { qps, connected: self.clock, addr: initiator.addr.clone(), checks_fences };
+        let set = AcceptedSet { qps, connected: self.clock, addr: initiator.addr.clone(), push_key };
         let old = self.by_initiator.insert((initiator.name.clone(), initiator.epoch), set)?;
         self.total -= old.qps.len();
         Some(old)

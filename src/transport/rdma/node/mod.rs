@@ -378,14 +378,15 @@ impl RdmaNode {
     }
 
     /// The initiators that may write this engine's memory over rdma, each
-    /// with whether its lanes check mirrors of this engine's fence tables.
-    pub fn writers(&self) -> Vec<(Initiator, bool)> {
+    /// with the key of the fences pushed to it (`None`: its lanes check no
+    /// mirrors of this engine's fence tables).
+    pub fn writers(&self) -> Vec<(Initiator, Option<Vec<u8>>)> {
         let accepted = self.accepted.lock().unwrap_or_else(|p| p.into_inner());
         accepted
             .by_initiator
             .iter()
             .map(|((name, epoch), set)| {
-                (Initiator { name: name.clone(), epoch: *epoch, addr: set.addr.clone() }, set.checks_fences)
+                (Initiator { name: name.clone(), epoch: *epoch, addr: set.addr.clone() }, set.push_key.clone())
             })
             .collect()
     }

@@ -32,7 +32,7 @@ fn pair() -> Pair {
         target.register_region(RegionId::from_raw(2), memory.1.as_ptr() as u64, 4096, Access::ALL).unwrap();
     }
     let (qp, cq, endpoint) = source.take_qp(0, 64).unwrap();
-    let remote = target.accept(&initiator(), 1, &[endpoint], true).unwrap();
+    let remote = target.accept(&initiator(), 1, &[endpoint], Some(vec![7; 16])).unwrap();
     source.connect_qp(qp, remote[0]).unwrap();
     Pair { sim, target, source, qp: (qp, cq), memory }
 }
