@@ -24,4 +24,7 @@ trap 'rm -f /dev/shm/kvring-fakeverbs-$(id -u)-$FAKE_IBVERBS_FABRIC' EXIT
 step "tests/fence_rdma.rs on IbVerbs over the fake (the stalled-lane case needs the simulator and says so)"
 RDMA_TEST_PROVIDER=ibverbs cargo test --test fence_rdma -- --nocapture 2>&1 | tee /tmp/kvring-fence-rdma.txt
 grep -E '^test result: ok\. 8 passed' /tmp/kvring-fence-rdma.txt >/dev/null
+
+step "tests/review8_rdma_fence.rs (the hostile review's probes) on IbVerbs over the fake"
+RDMA_TEST_PROVIDER=ibverbs cargo test --features testing --test review8_rdma_fence
 echo "stage-fence-rdma: ok"
