@@ -199,12 +199,18 @@ mod tests {
         let (done, finished) = mpsc::channel::<()>();
         // A job that waits until released (a silent peer).
         let held = done.clone();
+        let (taken, running) = mpsc::channel::<()>();
         workers
             .run(Box::new(move || {
+                let _ = taken.send(());
                 let _ = blocked.recv_timeout(Duration::from_secs(30));
                 let _ = held.send(());
             }))
             .unwrap_or_else(|_| panic!("spawned"));
+        // Taken by a thread before the others are handed out: on a loaded
+        // host the kept thread may start only after the next job's thread
+        // has finished, which would then take the blocked job itself.
+        running.recv_timeout(Duration::from_secs(30)).expect("the blocked job started");
         // Others still run, on other threads, while it waits.
         for _ in 0..3 {
             let (names, done) = (names.clone(), done.clone());
