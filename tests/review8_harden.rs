@@ -1,0 +1,168 @@
+//! Hostile review 8: the harden2 merge. The data port's eviction of idle
+//! admitted connections (`net::admission::IdleCell`), the cap on a peer's
+//! shm regions (`MAX_PEER_SHM_REGIONS`), and `Error::Timeout` naming its
+//! wait. Each test attacks as an outsider would, with real sockets, and
+//! asserts the promised behaviour.
+
+mod common;
+
+use common::WAIT;
+use kvring::testing::tcp::SERVER_HELLO_BYTES;
+use kvring::testing::tcp::{ClientHello, FrameHeader, FrameOp, ServerHello, FLAG_LAST, FRAME_HEADER_BYTES};
+use kvring::{Batch, BlockDesc, Engine, Error, Outcome, RegionInfo, TransportKind};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Instant;
+use zerocopy::{FromBytes, IntoBytes};
+
+/// A data connection from `source` that completes an untokened hello (a
+/// tokenless engine admits it); `None` when refused.
+fn data_admitted_from(source: &str, to: &SocketAddr, epoch: u64) -> Option<TcpStream> {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
+    let from: SocketAddr = format!("{source}:0").parse().unwrap();
+    s.bind(&from.into()).ok()?;
+    s.connect_timeout(&(*to).into(), WAIT).ok()?;
+    let mut s: TcpStream = s.into();
+    s.set_read_timeout(Some(WAIT)).ok()?;
+    s.write_all(ClientHello::new(epoch, [0; 16], [0; 16], [0; 16]).as_bytes()).ok()?;
+    let mut hello = [0u8; SERVER_HELLO_BYTES];
+    s.read_exact(&mut hello).ok()?;
+    (ServerHello::read_from_bytes(&hello).ok()?.status == 0).then_some(s)
+}
+
+/// A data connection from `source`, tried again (to `WAIT`) while the
+/// target is full: a connection just admitted is marked idle by its lane's
+/// next tick, not at once.
+fn admitted_once_room(source: &str, to: &SocketAddr, epoch: u64) -> Option<TcpStream> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let admitted = data_admitted_from(source, to, epoch);
+        if admitted.is_some() || Instant::now() >= deadline {
+            return admitted;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// True once the target closed `s` (it reads end of stream or a reset).
+fn closed(s: &TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let gone = match (&*s).read(&mut [0u8; 1]) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    s.set_nonblocking(false).unwrap();
+    gone
+}
+
+/// Waits (to `WAIT`) until `region` holds `bytes` at `offset`.
+fn landed(region: &kvring::Region, offset: u64, bytes: &[u8]) -> bool {
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        if common::read(region, offset, bytes.len()) == bytes {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    false
+}
+
+/// A WRITE frame of `payload` to `region` at `offset`, flagged last or not.
+fn write_frame(epoch: u64, batch: u64, region: u64, offset: u64, payload: &[u8], last: bool) -> Vec<u8> {
+    let mut header = FrameHeader::new(FrameOp::Write, epoch, batch, region, offset, payload.len() as u64);
+    if last {
+        header.flags = FLAG_LAST;
+    }
+    let mut bytes = header.as_bytes().to_vec();
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+// A WRITE chunk spans frames and is acknowledged once, at its last frame.
+// Between two of its frames the connection's lane has nothing buffered and
+// no reply queued, so `TargetConn::quiet` called it idle, and a newcomer
+// below its fair share could take its place in the middle of the chunk:
+// the initiator's chunk, whose first frames had already landed, got no
+// ack. A connection in the middle of a request is never to be evicted
+// (SECURITY.md): the newcomer takes the idle one instead.
+#[test]
+fn a_connection_between_the_frames_of_a_write_chunk_is_not_evicted() {
+    let limits = kvring::AdmissionLimits { max_total: 2, max_per_source: 8, ..Default::default() };
+    let target = common::builder("mid-chunk").admission(limits).build().unwrap();
+    let region = target.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let data: SocketAddr = target.tcp_addr().unwrap().parse().unwrap();
+    let epoch = target.epoch();
+    let raw = region.id().raw();
+    let mut mid = data_admitted_from("127.0.0.2", &data, epoch).expect("admitted");
+    mid.write_all(&write_frame(epoch, 1, raw, 0, b"first frame", false)).unwrap();
+    assert!(landed(&region, 0, b"first frame"), "the chunk's first frame was served");
+    // Opened after the first frame was served: idle since later than the
+    // chunk's connection was last active.
+    let idle = data_admitted_from("127.0.0.2", &data, epoch).expect("admitted");
+    let newcomer = admitted_once_room("127.0.0.3", &data, epoch);
+    assert!(newcomer.is_some(), "the newcomer takes the idle connection's place");
+    assert!(!closed(&mid), "the connection in the middle of its chunk keeps its place");
+    mid.write_all(&write_frame(epoch, 1, raw, 64, b"last frame", true)).unwrap();
+    let mut ack = [0u8; FRAME_HEADER_BYTES];
+    mid.read_exact(&mut ack).expect("the chunk is acknowledged");
+    let (ack, op) = FrameHeader::decode(&ack).unwrap();
+    assert_eq!((op, ack.batch_id, ack.status), (FrameOp::Ack, 1, 0));
+    assert!(landed(&region, 64, b"last frame"));
+    let deadline = Instant::now() + WAIT;
+    while !closed(&idle) && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(closed(&idle), "the idle one made room");
+}
+
+// An honest initiator whose source holds more than its fair share keeps
+// idle data connections (one per lane); a newcomer takes one's place. The
+// initiator did nothing wrong and its peer did not restart: its next batch
+// must not hang, and must either complete or fail with a typed error after
+// which a fresh open of the name works. It fails `PeerRestarted` ("closed
+// the connection"), the handle stale, as at the target's 300 s idle close
+// (SECURITY.md): an honest peer above its share pays a failed batch per
+// eviction, which a transparent reconnect on the lane would spare it.
+#[test]
+fn an_honest_initiator_whose_idle_data_connection_was_taken_gets_a_typed_error_and_reconnects() {
+    let limits = kvring::AdmissionLimits { max_total: 2, max_per_source: 8, ..Default::default() };
+    let target = common::builder("evicting").admission(limits).build().unwrap();
+    let region = target.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let data: SocketAddr = target.tcp_addr().unwrap().parse().unwrap();
+    let initiator: Engine = common::builder("honest").lanes(2).build().unwrap();
+    let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test writes them.
+    unsafe { local.write_at(0, b"after the eviction").unwrap() };
+    let control = target.control_addr().to_string();
+    let segment = initiator.open_segment_with(&control, Some(TransportKind::Tcp), WAIT).unwrap();
+    let newcomer = admitted_once_room("127.0.0.3", &data, target.epoch());
+    assert!(newcomer.is_some(), "the newcomer takes one of the initiator's idle places");
+    let mut sub = initiator.submitter().unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, region.id(), 0, 4096)];
+    // Both lanes' connections carry a chunk (one of them was taken).
+    for _ in 0..4 {
+        let outcome = sub.submit(&Batch::write(&segment).descs(&descs)).and_then(|id| sub.wait(id, WAIT));
+        match outcome {
+            Ok(Outcome::Done { .. }) | Ok(Outcome::Failed(Error::PeerRestarted { .. })) => {}
+            Err(Error::PeerRestarted { .. }) => {}
+            other => panic!("a clean end or a typed error, not {other:?}"),
+        }
+    }
+    // With the newcomer gone there is room again (while it stays, the
+    // initiator at its share of 1 is refused `Busy`, retryable): the name
+    // opens again, the stale handle's connection given back first.
+    drop(newcomer);
+    let deadline = Instant::now() + WAIT;
+    let segment = loop {
+        match initiator.open_segment_with(&control, Some(TransportKind::Tcp), WAIT) {
+            Err(Error::Remote { code: kvring::ErrorCode::Busy, .. }) if Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            opened => break opened.expect("the name opens again"),
+        }
+    };
+    let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+    assert!(matches!(sub.wait(id, WAIT), Ok(Outcome::Done { .. })), "the reopened handle serves");
+    assert_eq!(common::read(&region, 0, 18), b"after the eviction");
+}
