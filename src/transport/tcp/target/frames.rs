@@ -191,6 +191,7 @@ impl TargetConn {
     /// frame gets the ack.
     pub(super) fn write_frame_ended(&mut self, ctx: &TargetContext, now: Instant) {
         let header = self.current;
+        self.chunk_open = !header.is_last();
         if header.is_last() {
             // Staged bytes of the chunk go to the GPU now; its ack waits for
             // that copy.
