@@ -166,3 +166,94 @@ fn an_honest_initiator_whose_idle_data_connection_was_taken_gets_a_typed_error_a
     assert!(matches!(sub.wait(id, WAIT), Ok(Outcome::Done { .. })), "the reopened handle serves");
     assert_eq!(common::read(&region, 0, 18), b"after the eviction");
 }
+
+/// A control server in this process answering one untokened handshake
+/// with `lie`, hinting its own end of the connection (the true owner, so
+/// the same-host check passes), holding it until the initiator closes it.
+fn answering(lie: &kvring::testing::SegmentDescriptor) -> (String, std::thread::JoinHandle<()>) {
+    use kvring::testing::control::{preface, read_frame, response, write_frame, HandshakeResponse};
+    use std::os::fd::AsRawFd;
+    let segment = lie.to_proto();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut theirs = [0u8; 8];
+        s.read_exact(&mut theirs).unwrap();
+        s.write_all(&preface()).unwrap();
+        let _ = read_frame(&mut s, kvring::testing::control::MAX_CONTROL_MESSAGE_BYTES);
+        let answer = response(response::Body::Handshake(HandshakeResponse {
+            segment: Some(Box::new(segment)),
+            answering_fd: Some(s.as_raw_fd() as u32),
+            ..Default::default()
+        }));
+        write_frame(&mut s, &answer).unwrap();
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    (addr, server)
+}
+
+/// The owner's descriptor (its `MAX_PEER_SHM_REGIONS` true shm regions),
+/// with `extra` more naming region 0's file under new slots (past the cap)
+/// and `gpu` GPU regions with no shm file after them.
+fn many_regions(owner: &Engine, extra: usize, gpu: usize) -> kvring::testing::SegmentDescriptor {
+    let mut descriptor = kvring::testing::descriptor(owner);
+    assert_eq!(descriptor.regions.len(), kvring::MAX_PEER_SHM_REGIONS);
+    assert!(descriptor.regions.iter().all(|r| r.shm_path.is_some()), "shm-backed");
+    let region = descriptor.regions[0].clone();
+    let next = descriptor.regions.iter().map(|r| r.id.index()).max().unwrap() + 1;
+    for i in 0..extra + gpu {
+        let mut r = region.clone();
+        r.id = kvring::RegionId::new(next + i as u32, region.id.generation());
+        if i >= extra {
+            r.shm_path = None;
+            r.memory = kvring::MemoryKind::Gpu(0);
+        }
+        descriptor.regions.push(r);
+    }
+    descriptor
+}
+
+// `MAX_PEER_SHM_REGIONS` (4,096) caps the shm regions mapped from one
+// peer: one more is refused whole, `PeerLimit` naming the cap, before any
+// file is opened; exactly the cap, or the cap beside GPU regions (counted
+// under their own cap), is not refused by it.
+#[test]
+fn a_peer_naming_one_shm_region_past_the_cap_is_refused_whole_and_the_cap_itself_is_not() {
+    let cap = kvring::MAX_PEER_SHM_REGIONS;
+    assert_eq!(cap, 4096);
+    let owner = common::engine("shm-many");
+    let regions: Vec<_> = (0..cap).map(|_| owner.alloc_region(4096, RegionInfo::raw()).unwrap()).collect();
+    let initiator = common::engine("shm-many-initiator");
+    for (extra, gpu, refused) in [(1, 0, true), (0, 0, false), (0, 8, false), (1, 8, true)] {
+        let shm = cap + extra;
+        let (addr, server) = answering(&many_regions(&owner, extra, gpu));
+        let opened = initiator.open_segment_with(&addr, Some(TransportKind::Shm), WAIT);
+        match (&opened, refused) {
+            (Err(Error::PeerLimit { count, limit, cap: name, .. }), true) => {
+                assert_eq!((*count, *limit, *name), (shm, cap, "MAX_PEER_SHM_REGIONS"));
+            }
+            (Err(Error::PeerLimit { what, .. }), false) => {
+                panic!("{shm} shm regions and {gpu} GPU ones refused by the {what} cap")
+            }
+            (_, true) => panic!("{shm} shm regions: {opened:?}, not PeerLimit"),
+            (Err(e), false) if gpu == 0 => panic!("the cap's {shm} true shm regions: {e}"),
+            (_, false) => {}
+        }
+        if let Ok(segment) = opened {
+            // Every one of the cap's regions is reached: the last one's write lands.
+            let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
+            // SAFETY: no batch in flight touches these bytes while the test writes them.
+            unsafe { local.write_at(0, b"the last region").unwrap() };
+            let last = regions.last().unwrap();
+            let mut sub = initiator.submitter().unwrap();
+            let descs = [BlockDesc::new(local.id(), 0, last.id(), 0, 4096)];
+            let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+            assert!(matches!(sub.wait(id, WAIT), Ok(Outcome::Done { .. })), "{shm} shm regions, {gpu} GPU");
+            assert_eq!(common::read(last, 0, 15), b"the last region");
+            initiator.close_segment(&segment);
+        }
+        server.join().unwrap();
+    }
+}
