@@ -336,11 +336,9 @@ fn posix_locked(probe: &std::fs::File) -> bool {
 // 0) drops the initiator's locks on any file it can open (a SQLite
 // database's), and a FUSE file's close waits on its daemon's answer
 // (FLUSH), with no deadline. Nothing but the answering socket may be
-// closed by the check.
+// closed by the check in this process's descriptor table: it now takes
+// and closes in a thread whose table is its own (`cma/taker.rs`).
 #[test]
-#[ignore = "hole: the owner check's close of a raced non-socket runs in this process (drops its POSIX locks, a FUSE \
-            FLUSH blocks it); fix: take and compare the candidate in a helper task with its own descriptor table \
-            (clone without CLONE_FILES), or PTRACE_SEIZE+INTERRUPT the pid around readlink and pidfd_getfd"]
 fn a_peer_swapping_a_file_onto_its_hinted_descriptor_cannot_drop_the_initiators_locks() {
     use std::io::BufRead;
     use std::os::fd::AsRawFd;
