@@ -381,3 +381,61 @@ fn a_peer_swapping_a_file_onto_its_hinted_descriptor_cannot_drop_the_initiators_
     drop(file);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// A target listening dual-stack (`[::]`) answers a v4 initiator from an
+// AF_INET6 socket whose addresses are v4-mapped (::ffff:127.0.0.1): the
+// owner check finds it (sock_diag, then the taken socket's own addresses,
+// unmapped) and the same-host transport is kept, its write landing.
+#[test]
+fn a_dual_stack_target_reached_over_v4_is_proven_its_owner() {
+    let listen: SocketAddr = "[::]:0".parse().unwrap();
+    let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let target = common::builder("dual-stack").listen(listen).advertise(loopback).build().unwrap();
+    let region = target.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let port = target.control_addr().port();
+    let initiator = common::engine("v4-initiator");
+    let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test writes them.
+    unsafe { local.write_at(0, b"over a mapped socket").unwrap() };
+    let segment = initiator.open_segment_with(&format!("127.0.0.1:{port}"), Some(TransportKind::Shm), WAIT);
+    let segment = segment.expect("the v4-mapped answering socket proves its owner");
+    assert_eq!(segment.transport(), TransportKind::Shm);
+    let mut sub = initiator.submitter().unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, region.id(), 0, 4096)];
+    let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+    assert!(matches!(sub.wait(id, WAIT), Ok(Outcome::Done { .. })));
+    assert_eq!(common::read(&region, 0, 20), b"over a mapped socket");
+}
+
+// `Error::Timeout` names its wait with text of this engine's own (`what`
+// is `&'static str`): a control server that sends a preface and then a
+// partial answer full of its own text, and stalls, ends the open in a
+// `Timeout` whose words carry none of it.
+#[test]
+fn a_timeout_names_its_wait_and_carries_no_peer_text() {
+    use kvring::testing::control::preface;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut theirs = [0u8; 8];
+        let _ = s.read_exact(&mut theirs);
+        s.write_all(&preface()).unwrap();
+        // A length prefix promising more than comes, then the peer's words.
+        s.write_all(&200u32.to_le_bytes()).unwrap();
+        s.write_all(b"PEER-TEXT {injected}").unwrap();
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    let initiator = common::engine("timeout-initiator");
+    let opened = initiator.open_segment_with(&addr, Some(TransportKind::Tcp), std::time::Duration::from_millis(500));
+    match opened {
+        Err(error @ Error::Timeout { what, .. }) => {
+            assert!(!what.is_empty());
+            let words = format!("{error} {error:?}");
+            assert!(!words.contains("PEER-TEXT") && !words.contains("injected"), "{words}");
+        }
+        other => panic!("a stalled answer ends in Timeout, not {other:?}"),
+    }
+    drop(initiator);
+    server.join().unwrap();
+}
