@@ -439,3 +439,26 @@ fn a_timeout_names_its_wait_and_carries_no_peer_text() {
     drop(initiator);
     server.join().unwrap();
 }
+
+// Since a connection between the frames of a WRITE chunk is not evicted
+// (its ack is owed), a hog could keep its places for ever by leaving a
+// chunk open, a small non-last frame every few minutes (only the 300 s
+// idle close ended it). The chunk's next frame is owed within
+// `FRAME_TIMEOUT` of the last one's end, as a started frame's bytes are.
+#[test]
+fn a_write_chunk_left_open_is_closed_at_the_frame_deadline() {
+    let target = common::engine("open-chunk");
+    let region = target.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let data: SocketAddr = target.tcp_addr().unwrap().parse().unwrap();
+    let epoch = target.epoch();
+    let mut hog = data_admitted_from("127.0.0.2", &data, epoch).expect("admitted");
+    hog.write_all(&write_frame(epoch, 1, region.id().raw(), 0, b"never finished", false)).unwrap();
+    assert!(landed(&region, 0, b"never finished"));
+    // FRAME_TIMEOUT (tcp/target.rs) is 10 s.
+    hog.set_read_timeout(Some(std::time::Duration::from_secs(10) + WAIT)).unwrap();
+    let end = hog.read(&mut [0u8; FRAME_HEADER_BYTES]);
+    assert!(
+        matches!(&end, Ok(0)) || end.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the open chunk's connection is closed at its deadline, not held: {end:?}"
+    );
+}

@@ -193,7 +193,8 @@ pub(crate) struct TargetConn {
     /// The first group of the WRITE chunk being received, if it has one.
     chunk_groups: Option<u32>,
     /// A WRITE chunk's first frames were served and its last was not:
-    /// its ack is owed, so the connection is in the middle of a request.
+    /// its ack is owed, so the connection is in the middle of a request,
+    /// and its next frame is owed within `FRAME_TIMEOUT` of the last.
     chunk_open: bool,
     /// With a token: the connection's frame seal, once it proved its
     /// session (every header each way is numbered and MAC'd).
@@ -547,7 +548,8 @@ impl TargetConn {
         match self.receiving {
             Receiving::Header => {
                 let Some(bytes) = self.take(FRAME_HEADER_BYTES) else {
-                    if self.start == self.end {
+                    // A WRITE chunk left open owes its next frame in time.
+                    if self.start == self.end && !self.chunk_open {
                         self.frame_started = None;
                     }
                     return false;

@@ -210,7 +210,7 @@ impl TargetConn {
 
     pub(super) fn frame_done(&mut self, now: Instant) {
         self.last_active = now;
-        self.frame_started = (self.start != self.end).then_some(now);
+        self.frame_started = (self.start != self.end || self.chunk_open).then_some(now);
     }
 
     pub(super) fn deliver_notification(&mut self, ctx: &TargetContext, now: Instant) {
