@@ -15,6 +15,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 use zerocopy::{FromBytes, IntoBytes};
 
+/// Held by every test here that maps shm regions from a peer: the cap on
+/// the regions mapped from all peers is this process's, and
+/// `one_process_answering_under_many_names_...` counts up to it.
+static SHM_MAPPINGS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A data connection from `source` that completes an untokened hello (a
 /// tokenless engine admits it); `None` when refused.
 fn data_admitted_from(source: &str, to: &SocketAddr, epoch: u64) -> Option<TcpStream> {
@@ -221,6 +226,7 @@ fn many_regions(owner: &Engine, extra: usize, gpu: usize) -> kvring::testing::Se
 // under their own cap), is not refused by it.
 #[test]
 fn a_peer_naming_one_shm_region_past_the_cap_is_refused_whole_and_the_cap_itself_is_not() {
+    let _alone = SHM_MAPPINGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let cap = kvring::MAX_PEER_SHM_REGIONS;
     assert_eq!(cap, 4096);
     let owner = common::engine("shm-many");
@@ -340,6 +346,7 @@ fn posix_locked(probe: &std::fs::File) -> bool {
 // and closes in a thread whose table is its own (`cma/taker.rs`).
 #[test]
 fn a_peer_swapping_a_file_onto_its_hinted_descriptor_cannot_drop_the_initiators_locks() {
+    let _alone = SHM_MAPPINGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     use std::io::BufRead;
     use std::os::fd::AsRawFd;
     let dir = std::env::temp_dir().join(format!("review8-lock-{}", std::process::id()));
@@ -388,6 +395,7 @@ fn a_peer_swapping_a_file_onto_its_hinted_descriptor_cannot_drop_the_initiators_
 // unmapped) and the same-host transport is kept, its write landing.
 #[test]
 fn a_dual_stack_target_reached_over_v4_is_proven_its_owner() {
+    let _alone = SHM_MAPPINGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let listen: SocketAddr = "[::]:0".parse().unwrap();
     let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
     let target = common::builder("dual-stack").listen(listen).advertise(loopback).build().unwrap();
@@ -461,4 +469,57 @@ fn a_write_chunk_left_open_is_closed_at_the_frame_deadline() {
         matches!(&end, Ok(0)) || end.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
         "the open chunk's connection is closed at its deadline, not held: {end:?}"
     );
+}
+
+// `MAX_PEER_SHM_REGIONS` holds one handle, and a process answering under
+// many names (each its own handle; 256 kept by default) made this process
+// map 4,096 regions per name: 16 names took it past `vm.max_map_count`
+// (65,530), after which its own `mmap`s (region allocations, staging)
+// fail. The regions mapped from all peers together are capped at
+// `MAX_SHM_REGIONS_MAPPED`: past it an open is refused `Busy`, and room
+// comes back as handles close.
+#[test]
+fn one_process_answering_under_many_names_cannot_take_this_process_past_its_mapping_cap() {
+    let _alone = SHM_MAPPINGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cap = kvring::MAX_PEER_SHM_REGIONS;
+    let all = kvring::MAX_SHM_REGIONS_MAPPED;
+    assert!(all < 65_530 - cap, "below vm.max_map_count's default with a peer's worth to spare");
+    let owner = common::engine("many-names");
+    let _regions: Vec<_> = (0..cap).map(|_| owner.alloc_region(4096, RegionInfo::raw()).unwrap()).collect();
+    let initiator = common::engine("many-names-initiator");
+    let mut open = Vec::new();
+    for name in 0..all / cap + 1 {
+        let (addr, server) = answering(&many_regions(&owner, 0, 0));
+        match initiator.open_segment_with(&addr, Some(TransportKind::Shm), WAIT) {
+            Ok(segment) => open.push((segment, server)),
+            Err(Error::Busy { capacity, .. }) => {
+                assert_eq!((name, capacity), (all / cap, all), "refused only past the cap");
+                server.join().unwrap();
+            }
+            Err(other) => panic!("name {name}: {other}"),
+        }
+    }
+    assert_eq!(open.len(), all / cap, "every name within the cap was mapped");
+    for (segment, server) in open {
+        initiator.close_segment(&segment);
+        drop(segment);
+        server.join().unwrap();
+    }
+    // Room comes back once the lanes let go of the closed handles.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (addr, server) = answering(&many_regions(&owner, 0, 0));
+        let opened = initiator.open_segment_with(&addr, Some(TransportKind::Shm), WAIT);
+        let busy = matches!(opened, Err(Error::Busy { .. }));
+        if let Ok(segment) = &opened {
+            initiator.close_segment(segment);
+        }
+        drop(opened);
+        server.join().unwrap();
+        if !busy {
+            break;
+        }
+        assert!(Instant::now() < deadline, "room came back after the handles closed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
