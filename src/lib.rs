@@ -80,5 +80,5 @@ pub use region_id::RegionId;
 pub use ring::Opcode;
 pub use runtime::{BackoffPolicy, BatchId, BatchState, LaneStatsSnapshot};
 pub use segment::{CacheStats, RemoteRegion};
-pub use transport::shm::MAX_PEER_SHM_REGIONS;
+pub use transport::shm::{MAX_PEER_SHM_REGIONS, MAX_SHM_REGIONS_MAPPED};
 pub use transport::TransportKind;

@@ -44,3 +44,8 @@ pub mod shm_revoke;
 /// Fenced destinations: grants, the writers' two phase counters, fences.
 #[path = "../../src/mem/fence.rs"]
 pub mod fence;
+
+/// A data connection's idleness: its lane marks it busy and idle, the
+/// admission book claims an idle one for a newcomer.
+#[path = "../../src/net/idle_cell.rs"]
+pub mod idle_cell;

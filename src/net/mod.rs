@@ -11,6 +11,7 @@ mod acceptor;
 mod admission;
 mod deadline;
 mod fds;
+pub(crate) mod idle_cell;
 mod workers;
 
 pub(crate) use acceptor::{Acceptor, Admitted};

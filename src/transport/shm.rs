@@ -25,6 +25,9 @@ use std::sync::Arc;
 pub(crate) struct ShmLink {
     pub(super) mappings: Arc<[Option<ShmMapping>]>,
     device: Option<(Arc<PeerDevice>, DeviceCopier)>,
+    /// The mappings' share of `MAX_SHM_REGIONS_MAPPED`, given back when
+    /// the last lane lets go of the peer.
+    _budget: Arc<MappedBudget>,
 }
 
 impl ShmLink {
@@ -213,6 +216,7 @@ impl ShmLink {
                 what: format!("{} to {}: the peer is on another host", kind.name(), descriptor.name),
             });
         }
+        let budget = Arc::new(MappedBudget::take(descriptor)?);
         let mappings: Arc<[Option<ShmMapping>]> = map_peer(descriptor)?.into();
         let device = match &gpu {
             Some(gpu) => Some(Arc::new(PeerDevice::open(gpu.clone(), descriptor, session, deadline)?)),
@@ -244,7 +248,7 @@ impl ShmLink {
                     (d.clone(), DeviceCopier::new(g.clone(), counters.clone()))
                 };
                 let device = device.as_ref().zip(gpu.as_ref()).map(copier);
-                Box::new(ShmLink { mappings: mappings.clone(), device }) as Box<dyn LaneLink>
+                Box::new(ShmLink { mappings: mappings.clone(), device, _budget: budget.clone() }) as Box<dyn LaneLink>
             })
             .collect();
         Ok(Link { state: LinkState::new(kind, false), lanes })
@@ -259,6 +263,50 @@ impl ShmLink {
 /// defaults always reach each other (as `MAX_PEER_GPU_REGIONS`).
 pub const MAX_PEER_SHM_REGIONS: usize = 4096;
 const _: () = assert!(MAX_PEER_SHM_REGIONS == crate::mem::DEFAULT_MAX_REGIONS);
+
+/// The most shm regions mapped from all peers together: eight peers at
+/// `MAX_PEER_SHM_REGIONS`, half of `vm.max_map_count`'s default. The cap
+/// per peer holds one handle; without this one, a process answering under
+/// many names (each a handle of its own, 256 kept by default) could take
+/// this process past `vm.max_map_count`, after which its own `mmap`s fail.
+pub const MAX_SHM_REGIONS_MAPPED: usize = 8 * MAX_PEER_SHM_REGIONS;
+
+/// Shm regions mapped from peers now, reserved before they are mapped.
+static SHM_REGIONS_MAPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One peer's share of `MAX_SHM_REGIONS_MAPPED`, given back when dropped.
+#[derive(Debug)]
+struct MappedBudget(usize);
+
+impl MappedBudget {
+    /// Reserves room for the peer's shm-backed regions, or refuses them
+    /// whole (`Busy`), before any file is opened.
+    fn take(descriptor: &SegmentDescriptor) -> Result<Self> {
+        use std::sync::atomic::Ordering;
+        let backed = descriptor.regions.iter().filter(|r| r.shm_path.is_some()).count();
+        if backed > MAX_PEER_SHM_REGIONS {
+            // `map_peer` refuses it whole, by the cap per peer.
+            return Ok(Self(0));
+        }
+        let reserved = SHM_REGIONS_MAPPED.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+            now.checked_add(backed).filter(|&total| total <= MAX_SHM_REGIONS_MAPPED)
+        });
+        match reserved {
+            Ok(_) => Ok(Self(backed)),
+            // Retryable: room comes back as handles to other peers close.
+            Err(_) => Err(Error::Busy {
+                queue: "the shm regions mapped from all peers (MAX_SHM_REGIONS_MAPPED)",
+                capacity: MAX_SHM_REGIONS_MAPPED,
+            }),
+        }
+    }
+}
+
+impl Drop for MappedBudget {
+    fn drop(&mut self) {
+        SHM_REGIONS_MAPPED.fetch_sub(self.0, std::sync::atomic::Ordering::AcqRel);
+    }
+}
 
 /// Maps the peer's shm-backed regions, by region slot; a peer naming more
 /// than `MAX_PEER_SHM_REGIONS` is refused whole (`PeerLimit`) before any

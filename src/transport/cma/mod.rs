@@ -62,6 +62,7 @@ mod page;
 mod revoke;
 mod sockdiag;
 pub(crate) mod sys;
+mod taker;
 #[cfg(test)]
 mod tests;
 mod verify;

@@ -26,8 +26,11 @@
 //! against the cookie netlink reports for the answering end, and its own
 //! address, peer address and protocol against the connection's, so even
 //! the `/proc/net/tcp` fallback, which gives no cookie, names one socket.
-//! The copy is closed at once; only an entry already linked to the inode
-//! is ever taken, so nothing but a socket is.
+//! The copy is closed at once, in a thread with a descriptor table of its
+//! own (`cma/taker.rs`): only an entry already linked to the inode is
+//! taken, but the peer may swap another file in at that number between the
+//! `readlink` and the take, and closing a file here would drop this
+//! process's POSIX locks on it.
 //!
 //! The handshake's answer also names the descriptor number the target
 //! holds the connection at (`answering_fd`), and that one entry,
@@ -114,7 +117,7 @@ pub(crate) fn socket_held_by(
 /// The far end of our connection, as the kernel names it: its inode (a
 /// filter only, see the module docs), and its cookie where netlink gave one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Far {
+pub(super) struct Far {
     inode: u64,
     cookie: Option<u64>,
     /// Its own address (the peer's) and the one it is connected to (ours).
@@ -146,9 +149,10 @@ fn held_by_far(pid: u32, far: Far, hint: Option<u32>, deadline: Instant, max_lis
     let want = format!("socket:[{}]", far.inode);
     let holds = |fd: u32| {
         std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|link| link.as_os_str() == want.as_str())
-            && match process.as_ref().map_or(Taken::Refused, |process| is_the_socket(process, fd, &far)) {
+            && match process.as_ref().map_or(Taken::Refused, |process| super::taker::take(process, fd, &far, deadline))
+            {
                 Taken::Same => true,
-                Taken::Other => false,
+                Taken::Other | Taken::Unavailable => false,
                 Taken::Refused => {
                     link_only_proof(pid);
                     true
@@ -188,7 +192,7 @@ fn held_by_far(pid: u32, far: Far, hint: Option<u32>, deadline: Instant, max_lis
 
 /// What taking a candidate descriptor out of the claimed process showed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Taken {
+pub(super) enum Taken {
     /// The answering socket itself (cookie and addresses).
     Same,
     /// Another socket that only shares the inode number.
@@ -197,14 +201,18 @@ enum Taken {
     /// Kubernetes' default profiles allow `pidfd_getfd` only with
     /// `CAP_SYS_PTRACE`), Yama's ptrace scope, or a kernel before 5.6.
     Refused,
+    /// The taker (`cma/taker.rs`) has no table of its own: take it here.
+    Unavailable,
 }
 
 /// Whether descriptor `fd` of `process` is the socket `far`: the same
 /// cookie where one is known, and always a TCP socket bound to `far.local`
 /// and connected to `far.remote`, which in one network namespace no two
 /// live sockets are. Called only for an entry whose link already names
-/// `far.inode`, so the descriptor taken is a socket.
-fn is_the_socket(process: &OwnedFd, fd: u32, far: &Far) -> Taken {
+/// `far.inode`, but the peer may have put another file at that number
+/// since: so it is called in the taker's table (`cma/taker.rs`), whose
+/// close of a raced file drops none of this process's locks.
+pub(super) fn is_the_socket(process: &OwnedFd, fd: u32, far: &Far) -> Taken {
     // SAFETY: pidfd_getfd(2) takes a pidfd, a descriptor number and flags
     // (0) and returns a new descriptor or -1; no memory is passed.
     let taken = unsafe { libc::syscall(libc::SYS_pidfd_getfd, process.as_raw_fd(), fd as libc::c_int, 0) };

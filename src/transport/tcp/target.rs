@@ -192,6 +192,10 @@ pub(crate) struct TargetConn {
     next_group: u32,
     /// The first group of the WRITE chunk being received, if it has one.
     chunk_groups: Option<u32>,
+    /// A WRITE chunk's first frames were served and its last was not:
+    /// its ack is owed, so the connection is in the middle of a request,
+    /// and its next frame is owed within `FRAME_TIMEOUT` of the last.
+    chunk_open: bool,
     /// With a token: the connection's frame seal, once it proved its
     /// session (every header each way is numbered and MAC'd).
     seal: Option<crate::seal::FrameSeal>,
@@ -247,6 +251,7 @@ impl TargetConn {
             groups: Vec::new(),
             next_group: 0,
             chunk_groups: None,
+            chunk_open: false,
             seal: None,
             sender: None,
             grant: 0,
@@ -275,13 +280,16 @@ impl TargetConn {
         self.phase != Phase::Closing && self.replies.len() < MAX_QUEUED_REPLIES && !self.stalled
     }
 
-    /// True while serving and between frames with nothing in hand: no
-    /// frame begun, no byte buffered, no reply queued, no staging page or
-    /// copy held. Only such a connection may be evicted for a newcomer.
+    /// True while serving and between requests with nothing in hand: no
+    /// frame begun, no WRITE chunk's ack owed, no byte buffered or left
+    /// unread at the read budget, no reply queued, no staging page or copy
+    /// held. Only such a connection may be evicted for a newcomer.
     pub(crate) fn quiet(&self) -> bool {
         self.phase == Phase::Serving
             && matches!(self.receiving, Receiving::Header)
             && self.frame_started.is_none()
+            && !self.chunk_open
+            && !self.unread
             && self.start == self.end
             && self.replies.is_empty()
             && !self.stalled
@@ -559,7 +567,8 @@ impl TargetConn {
         match self.receiving {
             Receiving::Header => {
                 let Some(bytes) = self.take(FRAME_HEADER_BYTES) else {
-                    if self.start == self.end {
+                    // A WRITE chunk left open owes its next frame in time.
+                    if self.start == self.end && !self.chunk_open {
                         self.frame_started = None;
                     }
                     return false;

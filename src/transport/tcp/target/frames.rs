@@ -192,6 +192,7 @@ impl TargetConn {
     /// frame gets the ack.
     pub(super) fn write_frame_ended(&mut self, ctx: &TargetContext, now: Instant) {
         let header = self.current;
+        self.chunk_open = !header.is_last();
         if header.is_last() {
             // Staged bytes of the chunk go to the GPU now; its ack waits for
             // that copy.
@@ -210,7 +211,7 @@ impl TargetConn {
 
     pub(super) fn frame_done(&mut self, now: Instant) {
         self.last_active = now;
-        self.frame_started = (self.start != self.end).then_some(now);
+        self.frame_started = (self.start != self.end || self.chunk_open).then_some(now);
     }
 
     pub(super) fn deliver_notification(&mut self, ctx: &TargetContext, now: Instant) {
