@@ -217,7 +217,13 @@ pub(super) fn is_the_socket(process: &OwnedFd, fd: u32, far: &Far) -> Taken {
     // (0) and returns a new descriptor or -1; no memory is passed.
     let taken = unsafe { libc::syscall(libc::SYS_pidfd_getfd, process.as_raw_fd(), fd as libc::c_int, 0) };
     if taken < 0 {
-        return Taken::Refused;
+        // Only a refusal of the call (seccomp, Yama, no such syscall) falls
+        // back to the link; a descriptor gone or not a file of that pid
+        // (EBADF, ESRCH) proves nothing.
+        return match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EPERM | libc::EACCES | libc::ENOSYS) => Taken::Refused,
+            _ => Taken::Other,
+        };
     }
     // SAFETY: a fresh descriptor nothing else in this process owns; it is
     // closed when this function returns.
@@ -449,6 +455,17 @@ mod tests {
     /// connection: the socket taken from the pid must carry its cookie and
     /// its addresses. Here this process holds a socket at the inode asked
     /// for, but the far end named is another socket.
+    /// A descriptor the pid does not hold (closed since its link was read:
+    /// EBADF) is not the socket; only a refusal of the call itself (EPERM,
+    /// EACCES, ENOSYS) leaves the link as the proof.
+    #[test]
+    fn a_descriptor_gone_before_it_is_taken_proves_nothing() {
+        let me = crate::gpu::fd::pidfd_open(std::process::id()).unwrap();
+        let any = "127.0.0.1:1".parse().unwrap();
+        let far = Far { inode: 1, cookie: None, local: any, remote: any };
+        assert_eq!(is_the_socket(&me, 1 << 20, &far), Taken::Other);
+    }
+
     #[test]
     fn a_socket_that_only_shares_the_inode_number_is_not_the_answering_one() {
         use std::os::fd::AsFd;
