@@ -140,9 +140,8 @@ impl Provider {
         // fake's own introspection function, `extern "C" fn() -> u64`.
         let kept = unsafe {
             let lib = libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
-            let found = (!lib.is_null())
-                .then(|| libc::dlsym(lib, c"fake_ibverbs_delayed".as_ptr()))
-                .filter(|p| !p.is_null());
+            let found =
+                (!lib.is_null()).then(|| libc::dlsym(lib, c"fake_ibverbs_delayed".as_ptr())).filter(|p| !p.is_null());
             found.map(|p| std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn() -> u64>(p))
         };
         let Some(kept) = kept else {

@@ -137,7 +137,8 @@ pub fn forget(qpn: u32) {
 /// Executes the kept WRs that are due, each QP's in posting order (the
 /// first not yet due holds the ones behind it), completing each after its
 /// placement. Runs under the list's lock, so two pollers never reorder one
-/// QP's WRs.
+/// QP's WRs, and a QP's destroy (which forgets its kept WRs, taking that
+/// lock, before it frees the QP) waits until no QP pointer is in use here.
 pub unsafe fn run_due() {
     let mut list = lock();
     if list.is_empty() {
