@@ -28,6 +28,9 @@ step "tests/fence_rdma.rs on IbVerbs over the fake (stalls and late landings by 
 RDMA_TEST_PROVIDER=ibverbs cargo test --test fence_rdma -- --nocapture 2>&1 | tee /tmp/kvring-fence-rdma.txt
 grep -E '^test result: ok\. 10 passed' /tmp/kvring-fence-rdma.txt >/dev/null
 
+step "tests/rdma_fake_delay.rs: the fake's late landings keep its documented rules"
+cargo test --test rdma_fake_delay
+
 step "tests/review8_rdma_fence.rs (the hostile review's probes) on IbVerbs over the fake"
 RDMA_TEST_PROVIDER=ibverbs cargo test --features testing --test review8_rdma_fence
 echo "stage-fence-rdma: ok"

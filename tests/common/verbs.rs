@@ -126,20 +126,15 @@ impl Drop for FakeDelay {
     }
 }
 
-impl Provider {
-    /// The fake's late landings, on the real provider over the fake (the
-    /// stage sets `FAKE_IBVERBS_DELAY_FILE`); `None`, saying why, on the
-    /// simulator (it places a WRITE's bytes when it is posted) and over a
-    /// host's own libibverbs, whose NICs take no such knob.
-    pub fn fake_delay(&self) -> Option<FakeDelay> {
-        let Provider::Real(..) = self else {
-            eprintln!("skipped on the simulator: it places a WRITE's bytes when it is posted");
-            return None;
-        };
+impl FakeDelay {
+    /// The knob of the loaded fake, at `FAKE_IBVERBS_DELAY_FILE`; `None`,
+    /// saying why, where the loaded libibverbs is not the fake (a host's
+    /// NICs take no such knob) and nobody required the fake.
+    pub fn find() -> Option<Self> {
         // SAFETY: dlopen of the loaded libibverbs by name, dlsym of the
         // fake's own introspection function, `extern "C" fn() -> u64`.
         let kept = unsafe {
-            let lib = libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+            let lib = libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW);
             let found =
                 (!lib.is_null()).then(|| libc::dlsym(lib, c"fake_ibverbs_delayed".as_ptr())).filter(|p| !p.is_null());
             found.map(|p| std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn() -> u64>(p))
@@ -153,6 +148,20 @@ impl Provider {
         let file = std::env::var_os("FAKE_IBVERBS_DELAY_FILE")
             .expect("FAKE_IBVERBS_DELAY_FILE unset: the fake's late landings need it (.ci/stage-fence-rdma.sh)");
         Some(FakeDelay { file: file.into(), kept })
+    }
+}
+
+impl Provider {
+    /// The fake's late landings, on the real provider over the fake (the
+    /// stage sets `FAKE_IBVERBS_DELAY_FILE`); `None`, saying why, on the
+    /// simulator (it places a WRITE's bytes when it is posted) and as
+    /// [`FakeDelay::find`] says.
+    pub fn fake_delay(&self) -> Option<FakeDelay> {
+        let Provider::Real(..) = self else {
+            eprintln!("skipped on the simulator: it places a WRITE's bytes when it is posted");
+            return None;
+        };
+        FakeDelay::find()
     }
 }
 
