@@ -19,11 +19,17 @@ export FAKE_IBVERBS_FABRIC="fence-$$"
 export FAKE_IBVERBS_QUIET=1
 export FAKE_IBVERBS_REQUIRED=1
 export FAKE_IBVERBS_DEVICES="fakeroce0:eth:4096:active"
-trap 'rm -f /dev/shm/kvring-fakeverbs-$(id -u)-$FAKE_IBVERBS_FABRIC' EXIT
+# The fake's late landings (tests/fakes/ibverbs/src/delay.rs): the tests
+# create and remove this file to delay their WRITEs' placement.
+export FAKE_IBVERBS_DELAY_FILE="${TMPDIR:-/tmp}/kvring-fake-delay-$$"
+trap 'rm -f /dev/shm/kvring-fakeverbs-$(id -u)-$FAKE_IBVERBS_FABRIC "$FAKE_IBVERBS_DELAY_FILE"' EXIT
 
-step "tests/fence_rdma.rs on IbVerbs over the fake (the stalled-lane case needs the simulator and says so)"
+step "tests/fence_rdma.rs on IbVerbs over the fake (stalls and late landings by FAKE_IBVERBS_DELAY_FILE)"
 RDMA_TEST_PROVIDER=ibverbs cargo test --test fence_rdma -- --nocapture 2>&1 | tee /tmp/kvring-fence-rdma.txt
-grep -E '^test result: ok\. 8 passed' /tmp/kvring-fence-rdma.txt >/dev/null
+grep -E '^test result: ok\. 10 passed' /tmp/kvring-fence-rdma.txt >/dev/null
+
+step "tests/rdma_fake_delay.rs: the fake's late landings keep its documented rules"
+cargo test --test rdma_fake_delay
 
 step "tests/review8_rdma_fence.rs (the hostile review's probes) on IbVerbs over the fake"
 RDMA_TEST_PROVIDER=ibverbs cargo test --features testing --test review8_rdma_fence

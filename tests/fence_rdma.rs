@@ -6,16 +6,82 @@
 //! one off (its QPs at the target moved to the error state).
 //!
 //! On the simulated provider by default, on the real one over the fake
-//! libibverbs with `RDMA_TEST_PROVIDER=ibverbs` (.ci/stage-fence-rdma.sh).
+//! libibverbs with `RDMA_TEST_PROVIDER=ibverbs` (.ci/stage-fence-rdma.sh),
+//! whose late landings (`FAKE_IBVERBS_DELAY_FILE`) show the drain: the
+//! late-landing tests run there only (the simulator places a WRITE at its
+//! post, and says so).
 
 mod common;
 
-use common::verbs::Provider;
+use common::verbs::{FakeDelay, Provider};
 use common::{fenced, pattern, WAIT};
+use kvring::rdma::SimVerbs;
 use kvring::{Batch, BlockDesc, Engine, Error, Outcome, Region, RegionInfo, Segment, TransportKind};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 const MIB: usize = 1 << 20;
 const BLOCK: u64 = 64 * 1024;
+/// How late the fake libibverbs places a delayed WRITE: well inside the
+/// push's wait (`FENCE_WAIT`, 2 s), so a drained writer is answered.
+const LATE_MS: u64 = 200;
+
+/// The fake's delay knob acts on every WR the process posts: a test that
+/// stalls writes runs alone, the others side by side.
+static TURNS: RwLock<()> = RwLock::new(());
+
+enum Turn {
+    Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
+}
+
+/// A stall of the writer's lane with a WRITE posted: the simulator holds
+/// its completion (its bytes placed at the post), the fake libibverbs
+/// keeps the whole WR (bytes and completion both late).
+enum Stall {
+    Sim(Arc<SimVerbs>, u64),
+    Fake(FakeDelay),
+}
+
+impl Stall {
+    fn hold(provider: &Provider) -> Self {
+        match provider {
+            Provider::Sim(sim) => {
+                let before = sim.bytes_moved("sim0");
+                sim.hold_completions(true);
+                Stall::Sim(sim.clone(), before)
+            }
+            Provider::Real(..) => {
+                let delay = provider.fake_delay().expect("the fake libibverbs (.ci/stage-fence-rdma.sh)");
+                delay.hold();
+                Stall::Fake(delay)
+            }
+        }
+    }
+
+    /// Whether the WRITE was posted (its mirror count taken).
+    fn posted(&self) -> bool {
+        match self {
+            Stall::Sim(sim, before) => sim.bytes_moved("sim0") != *before,
+            Stall::Fake(delay) => delay.kept() > 0,
+        }
+    }
+
+    fn release(&self) {
+        match self {
+            Stall::Sim(sim, _) => sim.hold_completions(false),
+            Stall::Fake(delay) => delay.release(),
+        }
+    }
+}
+
+/// Waits until `posted` says the write is posted.
+fn until_posted(posted: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !posted() {
+        assert!(std::time::Instant::now() < deadline, "the write was never posted");
+        std::thread::yield_now();
+    }
+}
 
 /// A target with a 2 MiB destination (the first MiB is fenced) and an
 /// initiator that opened it over rdma.
@@ -26,6 +92,7 @@ struct Setup {
     remote: Region,
     target: Engine,
     _provider: Provider,
+    _turn: Turn,
 }
 
 impl Setup {
@@ -33,9 +100,20 @@ impl Setup {
         Self::with_token(name, None)
     }
 
+    /// As [`Setup::new`], running alone (it stalls the writer's WRs).
+    fn alone(name: &str) -> Self {
+        let turn = Turn::Alone(TURNS.write().unwrap_or_else(std::sync::PoisonError::into_inner));
+        Self::build(name, None, turn)
+    }
+
     /// With `token`, every control connection proves it, the target's
     /// pushes to the initiator included.
     fn with_token(name: &str, token: Option<&str>) -> Self {
+        let turn = Turn::Shared(TURNS.read().unwrap_or_else(std::sync::PoisonError::into_inner));
+        Self::build(name, token, turn)
+    }
+
+    fn build(name: &str, token: Option<&str>, turn: Turn) -> Self {
         let provider = Provider::new();
         let builder = |role: &str| {
             let builder = provider.apply(common::builder(&format!("{name}-{role}")));
@@ -51,7 +129,7 @@ impl Setup {
         let segment =
             initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Rdma), WAIT).unwrap();
         assert_eq!(segment.transport(), TransportKind::Rdma);
-        Self { initiator, local, segment, remote, target, _provider: provider }
+        Self { initiator, local, segment, remote, target, _provider: provider, _turn: turn }
     }
 
     fn read(&self, offset: u64, len: usize) -> Vec<u8> {
@@ -190,37 +268,98 @@ fn rdma_a_writer_that_never_answers_is_cut_off_and_lands_nothing() {
     assert_eq!(s.read(0, MIB), vec![0x5A; MIB], "a cut-off writer's bytes landed");
 }
 
-/// A writer whose lane stalls with a write posted (its completions held,
-/// so its count in the mirror stays): the initiator's answer is "busy"
-/// within the push's wait, the target cuts it off, and `fence` returns
-/// within its deadline; the new owner's bytes stay (the simulator alone
-/// can hold completions).
+/// A writer whose lane stalls with a write posted (on the simulator its
+/// completion held, on the fake libibverbs the whole WRITE kept, so its
+/// count in the mirror stays): the initiator's answer is "busy" within the
+/// push's wait, the target cuts it off, and `fence` returns within its
+/// deadline; the new owner's bytes stay, the released WRITE lands nothing.
 #[test]
 fn rdma_a_stalled_lane_does_not_hold_fence_and_is_cut_off() {
-    let s = Setup::new("fence-rdma-stalled");
-    let Some(sim) = s._provider.sim_only("holding completions") else { return };
+    let s = Setup::alone("fence-rdma-stalled");
     // SAFETY: no batch touches these bytes yet.
     unsafe { s.local.write_at(0, &pattern(MIB, 7)).unwrap() };
     let old = s.target.fence(s.remote.id(), 0, MIB as u64).unwrap();
     let mut sub = s.initiator.submitter().unwrap();
-    let before = sim.bytes_moved("sim0");
-    sim.hold_completions(true);
+    let stall = Stall::hold(&s._provider);
     let id = sub.submit(&Batch::write(&s.segment).descs(&s.descs(1)).grant(old)).unwrap();
     // The chunk is posted (its count taken) before the fence is pushed.
-    let posted = std::time::Instant::now() + WAIT;
-    while sim.bytes_moved("sim0") == before {
-        assert!(std::time::Instant::now() < posted, "the write was never posted");
-        std::thread::yield_now();
-    }
+    until_posted(|| stall.posted());
     let new = s.target.fence(s.remote.id(), 0, MIB as u64).unwrap();
     assert!(new > old);
     assert_eq!(s.target.rdma_accepted_qps(), 0, "the stalled writer was cut off");
     s.own(0x77);
-    sim.hold_completions(false);
+    stall.release();
     let _ = sub.wait(id, WAIT).unwrap();
-    let outcome = s.push(&s.descs(1), Some(old));
-    assert!(matches!(outcome, Outcome::Failed(_)), "{outcome:?}");
-    assert_eq!(s.read(0, MIB), vec![0x77; MIB], "a stalled writer's bytes landed after fence");
+    // Its next push fails, or is refused at submit where the released
+    // WRITE's failure (its responder QP gone to ERR) broke the segment.
+    match sub.submit(&Batch::write(&s.segment).descs(&s.descs(1)).grant(old)) {
+        Ok(id) => {
+            let outcome = sub.wait(id, WAIT).unwrap();
+            assert!(matches!(outcome, Outcome::Failed(_)), "{outcome:?}");
+        }
+        Err(error) => assert!(matches!(error, Error::PeerRestarted { .. }), "{error:?}"),
+    }
+    assert!(s.read(0, MIB) == vec![0x77; MIB], "a stalled writer's bytes landed after fence");
+}
+
+/// One granted block posted with its placement delayed (the fake
+/// libibverbs places it `LATE_MS` after its post), then fenced: `fence`
+/// returns once it landed (the writer drained, answered, not cut off),
+/// its bytes there at return and unchanged after; or, had the writer been
+/// cut off, with its bytes never landing. Fails if the writer answers the
+/// push before its write completed.
+#[test]
+fn rdma_fence_waits_for_a_write_that_lands_late() {
+    let s = Setup::alone("fence-rdma-late");
+    let Some(delay) = s._provider.fake_delay() else { return };
+    // SAFETY: no batch touches these bytes yet.
+    unsafe { s.local.write_at(0, &pattern(MIB, 9)).unwrap() };
+    let ours = pattern(MIB, 9)[..BLOCK as usize].to_vec();
+    let old = s.target.fence(s.remote.id(), 0, MIB as u64).unwrap();
+    let mut sub = s.initiator.submitter().unwrap();
+    delay.delay_ms(LATE_MS);
+    let id = sub.submit(&Batch::write(&s.segment).descs(&s.descs(1)[..1]).grant(old)).unwrap();
+    until_posted(|| delay.kept() > 0);
+    s.target.fence(s.remote.id(), 0, MIB as u64).unwrap();
+    let at_return = s.read(0, BLOCK as usize);
+    let answered = s.target.rdma_accepted_qps() == 1;
+    delay.release();
+    let outcome = sub.wait(id, WAIT).unwrap();
+    if answered {
+        assert!(at_return == ours, "the writer answered the fence before its write landed");
+        assert!(matches!(outcome, Outcome::Done { .. }), "a drained write completed: {outcome:?}");
+    } else {
+        eprintln!("the writer was cut off (the delayed write outlived the push's wait)");
+        assert!(at_return == vec![0; BLOCK as usize], "a cut-off writer's bytes landed");
+    }
+    assert_eq!(delay.kept(), 0, "the delayed write was executed");
+    assert!(s.read(0, BLOCK as usize) == at_return, "the bytes changed after fence returned");
+    assert!(s.read(BLOCK, MIB - BLOCK as usize) == vec![0; MIB - BLOCK as usize], "only the one block was written");
+    assert!(answered, "a write landing {LATE_MS} ms late was not waited for: its writer was cut off");
+}
+
+/// The same late write, fenced and the range handed to a new owner who
+/// writes it at once: the delayed WRITE never overwrites the owner's bytes
+/// (it landed before `fence` returned, or never). Fails if the writer
+/// answers the push before its write completed.
+#[test]
+fn rdma_a_late_write_never_lands_over_the_new_owner() {
+    let s = Setup::alone("fence-rdma-late-owner");
+    let Some(delay) = s._provider.fake_delay() else { return };
+    // SAFETY: no batch touches these bytes yet.
+    unsafe { s.local.write_at(0, &pattern(MIB, 11)).unwrap() };
+    let old = s.target.fence(s.remote.id(), 0, MIB as u64).unwrap();
+    let mut sub = s.initiator.submitter().unwrap();
+    delay.delay_ms(LATE_MS);
+    let id = sub.submit(&Batch::write(&s.segment).descs(&s.descs(1)[..1]).grant(old)).unwrap();
+    until_posted(|| delay.kept() > 0);
+    s.target.fence(s.remote.id(), 0, MIB as u64).unwrap();
+    s.own(0x99);
+    // Kept WRs due at once: whatever the fake still holds runs now.
+    delay.release();
+    let _ = sub.wait(id, WAIT).unwrap();
+    assert_eq!(delay.kept(), 0, "the delayed write was executed");
+    assert!(s.read(0, MIB) == vec![0x99; MIB], "a late write landed over the new owner's bytes");
 }
 
 /// The fuzz target's entry point over its committed seed and every

@@ -88,6 +88,83 @@ impl Provider {
     }
 }
 
+/// The fake libibverbs' late landings (`FAKE_IBVERBS_DELAY_FILE`,
+/// tests/fakes/ibverbs/src/delay.rs): while its file exists, WRs posted
+/// are placed and completed only later. The file is removed on drop, so a
+/// failed test leaves no delay behind.
+pub struct FakeDelay {
+    file: std::path::PathBuf,
+    kept: unsafe extern "C" fn() -> u64,
+}
+
+impl FakeDelay {
+    /// WRs posted from now on land `ms` after their post (at a poll).
+    pub fn delay_ms(&self, ms: u64) {
+        std::fs::write(&self.file, ms.to_string()).unwrap();
+    }
+
+    /// WRs posted from now on land only once [`FakeDelay::release`] runs.
+    pub fn hold(&self) {
+        std::fs::write(&self.file, b"").unwrap();
+    }
+
+    /// Every kept WR is due at the next poll; later ones run at once.
+    pub fn release(&self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
+
+    /// WRs the fake keeps now (posted, not yet placed).
+    pub fn kept(&self) -> u64 {
+        // SAFETY: the fake's `fake_ibverbs_delayed`, `extern "C" fn() -> u64`.
+        unsafe { (self.kept)() }
+    }
+}
+
+impl Drop for FakeDelay {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl FakeDelay {
+    /// The knob of the loaded fake, at `FAKE_IBVERBS_DELAY_FILE`; `None`,
+    /// saying why, where the loaded libibverbs is not the fake (a host's
+    /// NICs take no such knob) and nobody required the fake.
+    pub fn find() -> Option<Self> {
+        // SAFETY: dlopen of the loaded libibverbs by name, dlsym of the
+        // fake's own introspection function, `extern "C" fn() -> u64`.
+        let kept = unsafe {
+            let lib = libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW);
+            let found =
+                (!lib.is_null()).then(|| libc::dlsym(lib, c"fake_ibverbs_delayed".as_ptr())).filter(|p| !p.is_null());
+            found.map(|p| std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn() -> u64>(p))
+        };
+        let Some(kept) = kept else {
+            let why = "the loaded libibverbs is not the fake (no late landings on a host's NICs)";
+            assert!(std::env::var_os("FAKE_IBVERBS_REQUIRED").is_none(), "{why}");
+            eprintln!("skipped: {why}");
+            return None;
+        };
+        let file = std::env::var_os("FAKE_IBVERBS_DELAY_FILE")
+            .expect("FAKE_IBVERBS_DELAY_FILE unset: the fake's late landings need it (.ci/stage-fence-rdma.sh)");
+        Some(FakeDelay { file: file.into(), kept })
+    }
+}
+
+impl Provider {
+    /// The fake's late landings, on the real provider over the fake (the
+    /// stage sets `FAKE_IBVERBS_DELAY_FILE`); `None`, saying why, on the
+    /// simulator (it places a WRITE's bytes when it is posted) and as
+    /// [`FakeDelay::find`] says.
+    pub fn fake_delay(&self) -> Option<FakeDelay> {
+        let Provider::Real(..) = self else {
+            eprintln!("skipped on the simulator: it places a WRITE's bytes when it is posted");
+            return None;
+        };
+        FakeDelay::find()
+    }
+}
+
 /// Two engines on the fake libibverbs' `fakeroce0` (a target and an
 /// initiator, each with a 1 MiB region of its own), after the fake's
 /// control-file variable `knob` is pointed at a fresh path in the temp dir

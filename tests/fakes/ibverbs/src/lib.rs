@@ -17,6 +17,12 @@
 //! async events say IBV_EVENT_PORT_ERR, then IBV_EVENT_PORT_ACTIVE when the
 //! file is gone); `FAKE_IBVERBS_NO_IPV4_FILE`: while it exists the RoCE
 //! ports' IPv4 GIDs are empty (IBV_EVENT_GID_CHANGE at each change).
+//! Late landings (`delay.rs`): `FAKE_IBVERBS_DELAY_FILE`: while the named
+//! file exists, send WRs posted are kept, their bytes placed and their
+//! completions generated at a later `ibv_poll_cq`: `N` ms after the post
+//! when the file holds a number `N`, else once the file is removed;
+//! `fake_ibverbs_delayed()` (exported, found with `dlsym`) counts those
+//! kept now.
 //! GPU memory (`mr.rs`): `ibv_reg_dmabuf_mr` maps the dma-buf's pages
 //! (what the fake libcuda exports); `FAKE_IBVERBS_NO_DMABUF_FILE`: while
 //! that file exists the stack has no dma-buf registration (EOPNOTSUPP);
@@ -28,6 +34,7 @@
 //! so a caller reading errno instead is caught (VERBS-REVIEW finding 17).
 #![allow(clippy::missing_safety_doc, non_camel_case_types)]
 
+mod delay;
 mod fabric;
 #[path = "../../../../src/transport/rdma/ibverbs/ffi.rs"]
 mod ffi;

@@ -80,7 +80,7 @@ fn key_ok(f: &Fabric, key: u32, pid: u32, addr: u64, len: u64, need: c_uint) -> 
 }
 
 /// Executes one WR; the completion status.
-unsafe fn execute(qp: &FakeQp, wr: &ibv_send_wr, inline: Option<&[u8]>) -> c_uint {
+pub unsafe fn execute(qp: &FakeQp, wr: &ibv_send_wr, inline: Option<&[u8]>) -> c_uint {
     let me = std::process::id();
     let attr = *qp.attr.lock().unwrap();
     let sge = if wr.num_sge > 0 { *wr.sg_list } else { ibv_sge::default() };
@@ -142,13 +142,25 @@ unsafe fn execute(qp: &FakeQp, wr: &ibv_send_wr, inline: Option<&[u8]>) -> c_uin
             return IBV_WC_RNR_RETRY_EXC_ERR;
         }
     }
-    let moved = match (read, inline) {
-        (true, _) => copy(remote.pid, remote_at, me, local_at, len as usize),
-        (false, Some(bytes)) => copy(me, bytes.as_ptr() as u64, remote.pid, remote_at, bytes.len()),
-        (false, None) => copy(me, local_at, remote.pid, remote_at, len as usize),
-    };
-    if !moved {
-        return IBV_WC_REM_ACCESS_ERR;
+    // Placed under the fabric lock, with the responder's QP checked again:
+    // once its owner moved it out of RTR/RTS (ibv_modify_qp(3), which takes
+    // this lock) it takes no packet, so nothing lands after that call
+    // returned, however long ago this WR was posted (delay.rs).
+    let moved = locked(|f| {
+        let ready = f
+            .qps
+            .iter()
+            .any(|q| q.used == 1 && q.qpn == remote.qpn && (q.state == IBV_QPS_RTR || q.state == IBV_QPS_RTS));
+        ready.then(|| match (read, inline) {
+            (true, _) => copy(remote.pid, remote_at, me, local_at, len as usize),
+            (false, Some(bytes)) => copy(me, bytes.as_ptr() as u64, remote.pid, remote_at, bytes.len()),
+            (false, None) => copy(me, local_at, remote.pid, remote_at, len as usize),
+        })
+    });
+    match moved {
+        None => return IBV_WC_RETRY_EXC_ERR,
+        Some(false) => return IBV_WC_REM_ACCESS_ERR,
+        Some(true) => {}
     }
     if let Some(wr_id) = receive {
         let wc = ibv_wc {
@@ -226,6 +238,7 @@ fn held() -> &'static Mutex<Vec<Held>> {
 /// newly created QP).
 pub fn forget_held(qpn: u32) {
     held().lock().unwrap().retain(|h| h.qpn != qpn);
+    super::delay::forget(qpn);
 }
 
 /// When a WR posted now on a QP with these attributes runs out of retries.
@@ -263,7 +276,6 @@ unsafe fn expire_held() {
 
 pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
     let fake = &*(qp as *const FakeQp);
-    let send_cq = (*((*qp).send_cq as *const FakeCq)).slot;
     let qpn = (*qp).qp_num;
     while !wr.is_null() {
         let w = &*wr;
@@ -314,6 +326,12 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, ba
         });
         let nth = fake.wrs.fetch_add(1, Ordering::Relaxed) + 1;
         check_port((*qp).context);
+        if let Some(due) = super::delay::keep_now(qpn, state) {
+            let fails = state == IBV_QPS_RTS && (fail_after().is_some_and(|n| nth >= n) || fault_now());
+            super::delay::keep(qpn, w, seq, len, inline_bytes, signalled, fails, due);
+            wr = w.next;
+            continue;
+        }
         if state == IBV_QPS_RTS && port_down() {
             let due = retry_deadline(&fake.attr.lock().unwrap());
             held().lock().unwrap().push(Held { qpn, wr_id: w.wr_id, seq, due });
@@ -327,36 +345,54 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, ba
         } else {
             execute(fake, w, inline_bytes.as_deref())
         };
-        if status != IBV_WC_SUCCESS {
-            // ibv_poll_cq(3): after an error completion the QP is in ERR and
-            // every outstanding and later WR completes with WR_FLUSH_ERR,
-            // signalled or not.
-            if state != IBV_QPS_ERR {
-                to_error(qp);
-            }
-            complete(send_cq, error_wc(w.wr_id, status, qpn, seq));
-        } else if signalled {
-            let opcode = if w.opcode == IBV_WR_RDMA_READ { IBV_WC_RDMA_READ } else { IBV_WC_RDMA_WRITE };
-            let byte_len = if w.opcode == IBV_WR_RDMA_READ { len as u32 } else { 0 };
-            let wc = ibv_wc {
-                wr_id: w.wr_id,
-                status,
-                opcode,
-                byte_len,
-                qp_num: qpn,
-                src_qp: seq as u32,
-                ..Default::default()
-            };
-            complete(send_cq, wc);
-        }
+        finish(qp, state == IBV_QPS_ERR, w.wr_id, w.opcode, len, status, seq, signalled);
         wr = w.next;
     }
     ret(0)
 }
 
+/// Completes an executed (or flushed) WR of `qp`: an error moves the QP to
+/// ERR; a success is reported when signalled.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn finish(
+    qp: *mut ibv_qp,
+    was_err: bool,
+    wr_id: u64,
+    opcode: c_uint,
+    len: u64,
+    status: c_uint,
+    seq: u64,
+    signalled: bool,
+) {
+    let send_cq = (*((*qp).send_cq as *const FakeCq)).slot;
+    let qpn = (*qp).qp_num;
+    if status != IBV_WC_SUCCESS {
+        // ibv_poll_cq(3): after an error completion the QP is in ERR and
+        // every outstanding and later WR completes with WR_FLUSH_ERR,
+        // signalled or not.
+        if !was_err {
+            to_error(qp);
+        }
+        complete(send_cq, error_wc(wr_id, status, qpn, seq));
+    } else if signalled {
+        let read = opcode == IBV_WR_RDMA_READ;
+        let wc = ibv_wc {
+            wr_id,
+            status,
+            opcode: if read { IBV_WC_RDMA_READ } else { IBV_WC_RDMA_WRITE },
+            byte_len: if read { len as u32 } else { 0 },
+            qp_num: qpn,
+            src_qp: seq as u32,
+            ..Default::default()
+        };
+        complete(send_cq, wc);
+    }
+}
+
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, out: *mut ibv_wc) -> c_int {
     check_port((*cq).context);
     expire_held();
+    super::delay::run_due();
     let slot = (*(cq as *const FakeCq)).slot as usize;
     let taken = locked(|f| {
         let c = &mut f.cqs[slot];
