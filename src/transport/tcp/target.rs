@@ -533,35 +533,6 @@ impl TargetConn {
         Some(taken)
     }
 
-    /// Queues a reply header, numbered and signed on a sealed connection
-    /// (replies leave in the order queued, and every one leaves).
-    fn queue_frame(&mut self, mut header: FrameHeader) {
-        self.sign(&mut header);
-        self.queue(zerocopy::IntoBytes::as_bytes(&header));
-    }
-
-    /// Numbers and signs a reply header on a sealed connection; replies
-    /// leave in the order signed.
-    fn sign(&mut self, header: &mut FrameHeader) {
-        if let Some(seal) = &mut self.seal {
-            header.seal(seal);
-        }
-    }
-
-    fn queue(&mut self, bytes: &[u8]) {
-        let mut head = [0u8; FRAME_HEADER_BYTES];
-        head[..bytes.len()].copy_from_slice(bytes);
-        self.replies.push_back(Reply {
-            head,
-            head_len: bytes.len(),
-            payload: std::ptr::null(),
-            payload_len: 0,
-            lease: None,
-            gate: None,
-            group: None,
-        });
-    }
-
     /// Serves one step of buffered frame bytes; false when more are needed.
     fn serve_buffered(&mut self, ctx: &TargetContext, now: Instant) -> bool {
         match self.receiving {

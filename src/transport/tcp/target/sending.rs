@@ -4,12 +4,41 @@
 
 use super::super::frame::{FrameHeader, FRAME_HEADER_BYTES};
 use super::staging::StagingSlot;
-use super::{Close, Phase, Receiving, TargetConn, TargetContext, MAX_IO_SLICES};
+use super::{Close, Phase, Receiving, Reply, TargetConn, TargetContext, MAX_IO_SLICES};
 use crate::error::Error;
 use std::io::{IoSlice, Write};
 use zerocopy::{FromBytes, IntoBytes};
 
 impl TargetConn {
+    /// Queues a reply header, numbered and signed on a sealed connection
+    /// (replies leave in the order queued, and every one leaves).
+    pub(super) fn queue_frame(&mut self, mut header: FrameHeader) {
+        self.sign(&mut header);
+        self.queue(zerocopy::IntoBytes::as_bytes(&header));
+    }
+
+    /// Numbers and signs a reply header on a sealed connection; replies
+    /// leave in the order signed.
+    pub(super) fn sign(&mut self, header: &mut FrameHeader) {
+        if let Some(seal) = &mut self.seal {
+            header.seal(seal);
+        }
+    }
+
+    pub(super) fn queue(&mut self, bytes: &[u8]) {
+        let mut head = [0u8; FRAME_HEADER_BYTES];
+        head[..bytes.len()].copy_from_slice(bytes);
+        self.replies.push_back(Reply {
+            head,
+            head_len: bytes.len(),
+            payload: std::ptr::null(),
+            payload_len: 0,
+            lease: None,
+            gate: None,
+            group: None,
+        });
+    }
+
     /// Writes queued replies as far as the socket takes them. `Ok(true)`
     /// when anything was written.
     pub(crate) fn on_writable<S: Write>(
