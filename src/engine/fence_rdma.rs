@@ -40,30 +40,36 @@ pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], dea
         cache.retain(|(name, epoch), _| writers.iter().any(|(w, _)| &w.name == name && w.epoch == *epoch));
         writers.iter().map(|(w, _)| cache.remove(&(w.name.clone(), w.epoch))).collect()
     };
-    let answers: Vec<(crate::error::Result<()>, Option<ControlClient>)> = std::thread::scope(|scope| {
-        let asks: Vec<_> = writers
-            .iter()
-            .zip(kept.iter_mut().map(Option::take))
-            .map(|((writer, push_key), cached)| {
-                let (mut request, me) = (request.clone(), &me);
-                scope.spawn(move || {
-                    let Some(push_key) = push_key else {
-                        let why = format!("{} does not check fences over rdma", writer.name);
-                        return (Err(crate::Error::Unsupported { what: why }), None);
-                    };
-                    // What only the target its connect reached knows.
-                    request.push_key.clone_from(push_key);
-                    ask(writer, cached, me, token, request, deadline)
+    let one = |writer: &crate::auth::Initiator, push_key: &Option<Vec<u8>>, cached: Option<ControlClient>| {
+        let Some(push_key) = push_key else {
+            let why = format!("{} does not check fences over rdma", writer.name);
+            return (Err(crate::Error::Unsupported { what: why }), None);
+        };
+        // What only the target its connect reached knows.
+        let mut request = request.clone();
+        request.push_key.clone_from(push_key);
+        ask(writer, cached, &me, token, request, deadline)
+    };
+    let answers: Vec<(crate::error::Result<()>, Option<ControlClient>)> = match writers.as_slice() {
+        // One writer (a decode instance's one prefill peer): asked on this
+        // thread; a spawned one took 40 of an idle fence's 65 µs
+        // (`cargo bench --bench fence`, docs/FIGURES.md).
+        [(writer, push_key)] => vec![one(writer, push_key, kept[0].take())],
+        _ => std::thread::scope(|scope| {
+            let asks: Vec<_> = writers
+                .iter()
+                .zip(kept.iter_mut().map(Option::take))
+                .map(|((writer, push_key), cached)| scope.spawn(|| one(writer, push_key, cached)))
+                .collect();
+            asks.into_iter()
+                .map(|ask| {
+                    ask.join().unwrap_or_else(|_| {
+                        (Err(crate::Error::invalid("rdma fence", "the push's thread panicked")), None)
+                    })
                 })
-            })
-            .collect();
-        asks.into_iter()
-            .map(|ask| {
-                ask.join()
-                    .unwrap_or_else(|_| (Err(crate::Error::invalid("rdma fence", "the push's thread panicked")), None))
-            })
-            .collect()
-    });
+                .collect()
+        }),
+    };
     let mut cache = super::lifecycle::lock(&engine.inner.fence_pushers);
     let answers: Vec<_> = writers
         .iter()
