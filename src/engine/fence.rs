@@ -5,7 +5,7 @@
 use super::Engine;
 use crate::desc::RegionId;
 use crate::error::{Error, Result, Side};
-use crate::mem::fence::{next_grant, FenceFailed, Span};
+use crate::mem::fence::{next_grant, pauser, FenceFailed, Span};
 use std::time::{Duration, Instant};
 
 /// Longest [`Engine::fence`] waits for writes under older grants that are
@@ -28,19 +28,17 @@ pub(super) fn fencing() -> std::sync::MutexGuard<'static, ()> {
 /// the time its initiator waits for the answer.
 pub(super) fn fencing_until(deadline: Instant) -> Result<std::sync::MutexGuard<'static, ()>> {
     let started = Instant::now();
-    let mut pause = Duration::from_micros(10);
+    let mut pause = pauser(deadline);
     loop {
         match FENCING.try_lock() {
             Ok(guard) => return Ok(guard),
             Err(std::sync::TryLockError::Poisoned(poisoned)) => return Ok(poisoned.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => {}
         }
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(Error::Timeout { what: "the fence in progress at the rdma target", waited: now - started });
+        if !pause() {
+            let waited = started.elapsed();
+            return Err(Error::Timeout { what: "the fence in progress at the rdma target", waited });
         }
-        std::thread::sleep(pause.min(deadline - now));
-        pause = (pause * 2).min(Duration::from_millis(1));
     }
 }
 
@@ -167,20 +165,6 @@ fn spans_of(ranges: &mut [(u64, u64)]) -> Vec<Span> {
         spans.push(Span::range(start, len));
     }
     spans
-}
-
-/// Sleeps between looks at writers in progress (doubling to 1 ms); false
-/// once `deadline` passed.
-fn pauser(deadline: Instant) -> impl FnMut() -> bool {
-    let mut pause = Duration::from_micros(1);
-    move || {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(1));
-        true
-    }
 }
 
 impl crate::Submitter {

@@ -635,3 +635,20 @@ mod tests {
         assert!(b > a && a > 0);
     }
 }
+
+/// The pause a fencer takes between looks at the writers still counted
+/// (sleeping 1 µs, doubling to 1 ms), for [`FenceView::fence`]'s `pause`;
+/// false once `deadline` passed. One for every table (a region's own, the
+/// cma page's, an rdma link's mirror) and for the fencers' mutex.
+#[cfg(not(loom))]
+pub(crate) fn pauser(deadline: std::time::Instant) -> impl FnMut() -> bool {
+    let mut pause = std::time::Duration::from_micros(1);
+    move || {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(1));
+        true
+    }
+}

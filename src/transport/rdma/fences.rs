@@ -9,7 +9,7 @@
 //! target. docs/ARCHITECTURE.md, "Fenced destinations over rdma".
 
 use crate::error::{Error, Result};
-use crate::mem::fence::{FenceFailed, FenceTable, Held, Span};
+use crate::mem::fence::{pauser, FenceFailed, FenceTable, Held, Span};
 use crate::transport::Block;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -198,20 +198,6 @@ pub unsafe fn poison(holds: &mut Vec<Held>) {
     for held in holds.drain(..) {
         // SAFETY: per this function's contract.
         unsafe { held.poison() };
-    }
-}
-
-/// Sleeps between looks at the lanes' counts (doubling to 1 ms); false once
-/// `deadline` passed.
-fn pauser(deadline: Instant) -> impl FnMut() -> bool {
-    let mut pause = Duration::from_micros(1);
-    move || {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(1));
-        true
     }
 }
 
