@@ -13,10 +13,10 @@
 
 mod common;
 
-use common::verbs::{FakeDelay, Provider};
+use common::verbs::{FakeDelay, Provider, RdmaPair};
 use common::{fenced, pattern, WAIT};
 use kvring::rdma::SimVerbs;
-use kvring::{Batch, BlockDesc, Engine, Error, Outcome, Region, RegionInfo, Segment, TransportKind};
+use kvring::{Batch, BlockDesc, Engine, Error, Outcome, Region, Segment};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 const MIB: usize = 1 << 20;
@@ -114,21 +114,8 @@ impl Setup {
     }
 
     fn build(name: &str, token: Option<&str>, turn: Turn) -> Self {
-        let provider = Provider::new();
-        let builder = |role: &str| {
-            let builder = provider.apply(common::builder(&format!("{name}-{role}")));
-            match token {
-                Some(token) => builder.token(token),
-                None => builder,
-            }
-        };
-        let target = builder("target").build().unwrap();
-        let remote = target.alloc_region(2 * MIB, RegionInfo::raw()).unwrap();
-        let initiator = builder("initiator").build().unwrap();
-        let local = initiator.alloc_region(MIB, RegionInfo::raw()).unwrap();
-        let segment =
-            initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Rdma), WAIT).unwrap();
-        assert_eq!(segment.transport(), TransportKind::Rdma);
+        let pair = common::verbs::rdma_pair(name, token);
+        let RdmaPair { provider, target, remote, initiator, local, segment } = pair;
         Self { initiator, local, segment, remote, target, _provider: provider, _turn: turn }
     }
 

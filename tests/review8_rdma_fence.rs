@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::verbs::Provider;
+use common::verbs::{Provider, RdmaPair};
 use common::{fenced, pattern, WAIT};
 use kvring::testing::control::{ControlClient, ErrorCode, Initiator, RdmaFenceRequest, RdmaFenceSpans};
 use kvring::testing::fence::{FenceView, Span};
@@ -36,21 +36,7 @@ struct Setup {
 
 impl Setup {
     fn new(name: &str, token: Option<&str>) -> Self {
-        let provider = Provider::new();
-        let builder = |role: &str| {
-            let builder = provider.apply(common::builder(&format!("{name}-{role}")));
-            match token {
-                Some(token) => builder.token(token),
-                None => builder,
-            }
-        };
-        let target = builder("target").build().unwrap();
-        let remote = target.alloc_region(2 * MIB, RegionInfo::raw()).unwrap();
-        let initiator = builder("initiator").build().unwrap();
-        let local = initiator.alloc_region(MIB, RegionInfo::raw()).unwrap();
-        let segment =
-            initiator.open_segment_with(&target.control_addr().to_string(), Some(TransportKind::Rdma), WAIT).unwrap();
-        assert_eq!(segment.transport(), TransportKind::Rdma);
+        let RdmaPair { provider, target, remote, initiator, local, segment } = common::verbs::rdma_pair(name, token);
         Self { initiator, local, segment, remote, target, token: token.map(str::to_string), _provider: provider }
     }
 

@@ -204,3 +204,42 @@ pub fn fake_pair(knob: &str, label: &str) -> Option<FakePair> {
     let local = initiator.alloc_region(1 << 20, kvring::RegionInfo::raw()).unwrap();
     Some(FakePair { switch, target, remote, initiator, local })
 }
+
+/// Engines of one fence suite over rdma, on [`Provider::new`]'s provider:
+/// a target with a 2 MiB region, an initiator with a 1 MiB one, and the
+/// initiator's segment of the target, which must be rdma's. Both engines
+/// named `<name>-target` and `<name>-initiator`, with `token` if given.
+pub struct RdmaPair {
+    /// The provider both engines share.
+    pub provider: Provider,
+    /// The target engine.
+    pub target: kvring::Engine,
+    /// The target's 2 MiB region.
+    pub remote: kvring::Region,
+    /// The initiator engine.
+    pub initiator: kvring::Engine,
+    /// The initiator's 1 MiB region.
+    pub local: kvring::Region,
+    /// The initiator's segment of the target, over rdma.
+    pub segment: kvring::Segment,
+}
+
+/// See [`RdmaPair`].
+pub fn rdma_pair(name: &str, token: Option<&str>) -> RdmaPair {
+    let provider = Provider::new();
+    let builder = |role: &str| {
+        let builder = provider.apply(super::builder(&format!("{name}-{role}")));
+        match token {
+            Some(token) => builder.token(token),
+            None => builder,
+        }
+    };
+    let target = builder("target").build().unwrap();
+    let remote = target.alloc_region(2 << 20, kvring::RegionInfo::raw()).unwrap();
+    let initiator = builder("initiator").build().unwrap();
+    let local = initiator.alloc_region(1 << 20, kvring::RegionInfo::raw()).unwrap();
+    let addr = target.control_addr().to_string();
+    let segment = initiator.open_segment_with(&addr, Some(kvring::TransportKind::Rdma), super::WAIT).unwrap();
+    assert_eq!(segment.transport(), kvring::TransportKind::Rdma);
+    RdmaPair { provider, target, remote, initiator, local, segment }
+}
