@@ -484,7 +484,7 @@ fn exporter_child() {
     let engine = common::builder("fake-exporter").gpu(provider.clone()).build().unwrap();
     let mut _region = None;
     if std::env::var("KVRING_EXPORT_MODE").is_ok_and(|m| m == "fabric") {
-        let at = fabric_run(&fake, 2);
+        let at = fake.fabric_run(2, FABRIC_BYTES);
         // SAFETY: the run lives as long as this process.
         unsafe { engine.register(at as *mut u8, 2 * FABRIC_BYTES, RegionInfo::raw().on_gpu(0)) }.unwrap();
     } else if std::env::var("KVRING_EXPORT_MODE").is_ok_and(|m| m == "pieces") {
@@ -681,7 +681,7 @@ fn fabric_child() {
     let Some(fake) = fake() else { return };
     let gpu = CudaGpu::load().unwrap();
     fake.become_application_on(0);
-    let at = fabric_run(&fake, 1);
+    let at = fake.fabric_run(1, FABRIC_BYTES);
     let error = gpu.export(at, 4096).unwrap_err().to_string();
     assert!(error.contains("FABRIC handle") && error.contains("POSIX_FILE_DESCRIPTOR"), "{error}");
     assert!(error.contains("CUDA_ERROR_NOT_PERMITTED") && error.contains("no IMEX channel"), "{error}");
@@ -864,46 +864,6 @@ fn map_for_gpu_0(fake: &Fake, handle: u64, size: usize) -> u64 {
         assert_eq!(reserve(&mut at, size, 0, 0, 0), 0);
         assert_eq!(map(at, size, 0, handle, 0), 0);
         assert_eq!(access(at, size, &desc, 1), 0);
-    }
-    at
-}
-
-/// `pieces` allocations of [`FABRIC_BYTES`] on GPU 0 made with FABRIC
-/// handles only, mapped back to back in one reservation and granted to
-/// GPU 0, as an application (PyTorch's expandable segments on a host with
-/// IMEX channels) makes them: the run's address.
-fn fabric_run(fake: &Fake, pieces: usize) -> u64 {
-    use cudarc::driver::sys::{
-        CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationProp, CUmemLocation, CUmemLocationType,
-    };
-    type Create = unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> u32;
-    type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> u32;
-    type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> u32;
-    type SetAccess = unsafe extern "C" fn(u64, usize, *const CUmemAccessDesc, usize) -> u32;
-    fake.become_application_on(0);
-    let create: Create = fake.function(c"cuMemCreate");
-    let (reserve, map, access): (Reserve, Map, SetAccess) =
-        (fake.function(c"cuMemAddressReserve"), fake.function(c"cuMemMap"), fake.function(c"cuMemSetAccess"));
-    // SAFETY: plain data; zero is valid for every field not set below.
-    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
-    prop.type_ = cudarc::driver::sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.requestedHandleTypes = cudarc::driver::sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
-    prop.location = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
-    let desc = CUmemAccessDesc {
-        location: CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
-        flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    };
-    let mut at = 0u64;
-    // SAFETY: the fake's entry points with valid out-pointers, properties
-    // and one access descriptor.
-    unsafe {
-        assert_eq!(reserve(&mut at, pieces * FABRIC_BYTES, 0, 0, 0), 0);
-        for i in 0..pieces {
-            let mut handle = 0u64;
-            assert_eq!(create(&mut handle, FABRIC_BYTES, &prop, 0), 0);
-            assert_eq!(map(at + (i * FABRIC_BYTES) as u64, FABRIC_BYTES, 0, handle, 0), 0);
-        }
-        assert_eq!(access(at, pieces * FABRIC_BYTES, &desc, 1), 0);
     }
     at
 }

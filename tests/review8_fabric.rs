@@ -292,40 +292,6 @@ fn probe2_probe6_a_hostile_exporters_fabric_bytes_fail_as_a_device_error() {
 /// granularity is 2 MiB).
 const PIECE: usize = 2 << 20;
 
-/// One FABRIC-only allocation of [`PIECE`] on GPU 0, mapped and granted as
-/// an application (PyTorch's expandable segments on a host with IMEX
-/// channels) makes it: its address.
-fn fabric_piece(fake: &Fake) -> u64 {
-    use cudarc::driver::sys::{
-        CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationProp, CUmemLocation, CUmemLocationType,
-    };
-    type Create = unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> u32;
-    type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> u32;
-    type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> u32;
-    type SetAccess = unsafe extern "C" fn(u64, usize, *const CUmemAccessDesc, usize) -> u32;
-    fake.become_application_on(0);
-    let create: Create = fake.function(c"cuMemCreate");
-    let (reserve, map, access): (Reserve, Map, SetAccess) =
-        (fake.function(c"cuMemAddressReserve"), fake.function(c"cuMemMap"), fake.function(c"cuMemSetAccess"));
-    // SAFETY: plain data; zero is valid for every field not set below.
-    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
-    prop.type_ = cudarc::driver::sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.requestedHandleTypes = cudarc::driver::sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
-    let gpu0 = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
-    prop.location = gpu0;
-    let desc = CUmemAccessDesc { location: gpu0, flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-    let (mut at, mut handle) = (0u64, 0u64);
-    // SAFETY: the fake's entry points with valid out-pointers, properties
-    // and one access descriptor.
-    unsafe {
-        assert_eq!(reserve(&mut at, PIECE, 0, 0, 0), 0);
-        assert_eq!(create(&mut handle, PIECE, &prop, 0), 0, "FAKECUDA_IMEX_CHANNEL is set by the stage");
-        assert_eq!(map(at, PIECE, 0, handle, 0), 0);
-        assert_eq!(access(at, PIECE, &desc, 1), 0);
-    }
-    at
-}
-
 /// Probes 2 and 5 on the CUDA provider (with an IMEX channel): a FABRIC
 /// handle opened as a larger allocation than it is fails, nothing mapped;
 /// and the exporter makes a FABRIC handle only for memory still mapped as
@@ -338,7 +304,7 @@ fn probe2_probe5_fabric_handles_open_only_at_their_size_and_are_made_only_for_me
         assert!(!required, "run with FAKECUDA_IMEX_CHANNEL set (.ci/stage-fakecuda.sh does)");
         return;
     }
-    let at = fabric_piece(&fake);
+    let at = fake.fabric_run(1, PIECE);
     let export = gpu.export(at, PIECE as u64).unwrap();
     let handle = export.handles()[0];
     assert_eq!((export.handles().len(), handle.kind), (1, HandleKind::Fabric));

@@ -70,6 +70,51 @@ impl Fake {
         }
     }
 
+    /// `pieces` allocations of `piece` bytes (a multiple of the fake's
+    /// granularity) on GPU 0 made with FABRIC
+    /// handles only, mapped back to back in one reservation and granted to
+    /// GPU 0, as an application (PyTorch's expandable segments on a host with
+    /// IMEX channels) makes them: the run's address.
+    pub fn fabric_run(&self, pieces: usize, piece: usize) -> u64 {
+        use cudarc::driver::sys::{
+            CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationProp, CUmemLocation, CUmemLocationType,
+        };
+        type Create = unsafe extern "C" fn(*mut u64, usize, *const CUmemAllocationProp, u64) -> u32;
+        type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> u32;
+        type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> u32;
+        type SetAccess = unsafe extern "C" fn(u64, usize, *const CUmemAccessDesc, usize) -> u32;
+        self.become_application_on(0);
+        let create: Create = self.function(c"cuMemCreate");
+        let (reserve, map, access): (Reserve, Map, SetAccess) =
+            (self.function(c"cuMemAddressReserve"), self.function(c"cuMemMap"), self.function(c"cuMemSetAccess"));
+        // SAFETY: plain data; zero is valid for every field not set below.
+        let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = cudarc::driver::sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.requestedHandleTypes = cudarc::driver::sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
+        prop.location = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
+        let desc = CUmemAccessDesc {
+            location: CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+            flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        let mut at = 0u64;
+        // SAFETY: the fake's entry points with valid out-pointers, properties
+        // and one access descriptor.
+        unsafe {
+            assert_eq!(reserve(&mut at, pieces * piece, 0, 0, 0), 0);
+            for i in 0..pieces {
+                let mut handle = 0u64;
+                assert_eq!(
+                    create(&mut handle, piece, &prop, 0),
+                    0,
+                    "FABRIC memory (FAKECUDA_IMEX_CHANNEL, which the stage sets)"
+                );
+                assert_eq!(map(at + (i * piece) as u64, piece, 0, handle, 0), 0);
+            }
+            assert_eq!(access(at, pieces * piece, &desc, 1), 0);
+        }
+        at
+    }
+
     /// `cuMemAlloc` under the calling thread's context, as `cudaMalloc`.
     pub fn application_alloc(&self, len: usize) -> u64 {
         type Alloc = unsafe extern "C" fn(*mut u64, usize) -> u32;
