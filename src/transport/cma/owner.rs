@@ -499,6 +499,40 @@ mod tests {
         assert!(held_by_far(me, Far { cookie: None, ..real }, None, later(), MAX_OWNER_FDS_LISTED).unwrap());
     }
 
+    /// An `open_many` of a TP group runs its handshakes' checks at once,
+    /// more of them than the taker's queue holds: every one is still
+    /// proven (a full queue is waited on, not taken as "not held").
+    #[test]
+    fn many_checks_at_once_each_prove_their_socket() {
+        const CHECKS: usize = 48;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let pairs: Vec<_> = (0..CHECKS)
+            .map(|_| {
+                let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+                let (server, _) = listener.accept().unwrap();
+                (client, server)
+            })
+            .collect();
+        let start = std::sync::Barrier::new(CHECKS);
+        let me = std::process::id();
+        std::thread::scope(|scope| {
+            let checks: Vec<_> = pairs
+                .iter()
+                .map(|(client, _)| {
+                    let start = &start;
+                    scope.spawn(move || {
+                        let (ours, theirs) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
+                        start.wait();
+                        socket_held_by(me, ours, theirs, None, later())
+                    })
+                })
+                .collect();
+            for (n, check) in checks.into_iter().enumerate() {
+                assert!(check.join().unwrap().unwrap(), "check {n} of {CHECKS} at once was not proven");
+            }
+        });
+    }
+
     #[test]
     fn a_hint_finds_the_socket_at_once_and_a_wrong_one_proves_nothing() {
         use std::os::fd::AsRawFd;

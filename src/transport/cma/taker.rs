@@ -21,9 +21,17 @@
 
 use super::owner::{is_the_socket, Far, Taken};
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
+
+/// Jobs queued for the taker. A stuck taker (a close that blocks) leaves
+/// each queued job's pidfd copy open, so the queue is bounded; a caller
+/// finding it full waits (to its deadline), it is not refused.
+const QUEUE_DEPTH: usize = 16;
+
+/// How long a caller finding the queue full sleeps before trying again.
+const QUEUE_FULL_RETRY: std::time::Duration = std::time::Duration::from_micros(200);
 
 struct Job {
     /// A copy of the caller's pidfd, by its number in the process's table
@@ -47,10 +55,22 @@ pub(super) fn take(process: &OwnedFd, fd: u32, far: &Far, deadline: Instant) -> 
     let Ok(copy) = process.try_clone() else { return Taken::Other };
     let raw = copy.into_raw_fd();
     let (answer, answered) = sync_channel(1);
-    if queue.try_send(Job { process: raw, fd, far: *far, answer }).is_err() {
-        // SAFETY: the copy made above, never queued: closed here, once.
-        drop(unsafe { OwnedFd::from_raw_fd(raw) });
-        return Taken::Other;
+    let mut job = Job { process: raw, fd, far: *far, answer };
+    // Concurrent handshakes (an `open_many` of a TP group) queue more jobs
+    // than the queue holds: a full queue is waited on, to the deadline.
+    loop {
+        match queue.try_send(job) {
+            Ok(()) => break,
+            Err(TrySendError::Full(back)) if Instant::now() < deadline => {
+                job = back;
+                std::thread::sleep(QUEUE_FULL_RETRY);
+            }
+            Err(_) => {
+                // SAFETY: the copy made above, never queued: closed here, once.
+                drop(unsafe { OwnedFd::from_raw_fd(raw) });
+                return Taken::Other;
+            }
+        }
     }
     match answered.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
         Ok(Taken::Unavailable) => {
@@ -78,7 +98,7 @@ fn taker() -> Option<SyncSender<Job>> {
             return Some(queue.clone());
         }
     }
-    let (queue, jobs) = sync_channel(4);
+    let (queue, jobs) = sync_channel(QUEUE_DEPTH);
     std::thread::Builder::new().name("kvring-owner-take".into()).spawn(move || serve(&jobs)).ok()?;
     *taker = Some((pid, queue.clone()));
     Some(queue)
