@@ -326,6 +326,14 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
         None
     }
 
+    /// True once after the link's [`LaneLink::wake_fd`] came to name
+    /// another socket (a data connection dialled again): the lane registers
+    /// it with its poller again, since the old socket's registration closed
+    /// with it.
+    fn rewoken(&mut self) -> bool {
+        false
+    }
+
     /// True when the link reads the peer's bytes itself (one-sided: shm
     /// maps them, cma reads them with `process_vm_readv`), so the lane can
     /// checksum both ends of a block ([`LaneLink::remote_crc32c`]).

@@ -199,6 +199,12 @@ impl Links {
         for &index in &self.active {
             let slot = self.slots[index as usize].as_mut().expect("an active link is live");
             progressed += slot.link.poll(ended) as usize;
+            if slot.link.rewoken() {
+                if let (Some(fd), Some(registry)) = (slot.wake, &self.registry) {
+                    let token = Token(LINK_KEY_BASE + index as usize);
+                    let _ = registry.register(&mut SourceFd(&fd), token, Interest::READABLE | Interest::WRITABLE);
+                }
+            }
         }
         progressed
     }

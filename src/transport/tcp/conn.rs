@@ -252,6 +252,32 @@ impl Connection {
         self.awaiting.is_empty()
     }
 
+    /// True when the peer has closed (or reset) the connection: an end of
+    /// stream or an error is waiting to be read. Asked only of an idle
+    /// connection, so nothing of ours is lost with it; bytes waiting while
+    /// nothing is awaited are left for `progress` to refuse as out of step.
+    pub fn peer_closed(&self) -> bool {
+        let mut byte = 0u8;
+        // SAFETY: `byte` is valid for a write of one byte; MSG_PEEK leaves
+        // what is read on the socket.
+        let got = unsafe {
+            libc::recv(
+                std::os::fd::AsRawFd::as_raw_fd(&self.stream),
+                (&raw mut byte).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        match got {
+            0 => true,
+            n if n > 0 => false,
+            _ => !matches!(
+                std::io::Error::last_os_error().kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            ),
+        }
+    }
+
     /// Queues a chunk: WRITE frames carry payloads, READ frames ask for
     /// them. Blocks larger than [`MAX_FRAME_PAYLOAD_BYTES`] span frames.
     /// Returns the chunk's id on this connection.
@@ -473,6 +499,11 @@ impl Connection {
     /// Records a failed send outside `progress`; the next poll reports it.
     pub fn mark_dead(&mut self, reason: Error) {
         self.dead.get_or_insert(reason);
+    }
+
+    /// The socket's descriptor (for the lane's wake descriptor to name it).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.stream)
     }
 
     /// Shuts the socket down both ways (the peer sees it closed even while

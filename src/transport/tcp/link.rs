@@ -14,6 +14,7 @@
 
 use super::conn::{Connection, Peer};
 use super::hello::{ClientHello, ClientProof, ServerHello, FLAG_PROOF_REQUIRED, HELLO_MAGIC, SERVER_HELLO_BYTES};
+use super::redial::{Parked, Redial, QUIET_REDIAL_AFTER};
 use super::staged::Stager;
 use crate::auth::{random_bytes, Nonce, Session};
 use crate::error::{Error, Result};
@@ -52,6 +53,14 @@ pub(crate) struct TcpLink {
     stager: Option<Stager>,
     /// Scratch: the connection's chunk ends, routed through the stager.
     ends: Vec<ChunkEnd>,
+    /// The session the handshake proved, for a connection dialled again.
+    session: Option<Session>,
+    /// A connection being dialled again (`redial.rs`), and what waits for it.
+    redial: Option<Redial>,
+    /// When a chunk or notification was last queued on the connection.
+    last_used: Instant,
+    /// The wake descriptor names a new socket: the lane registers it again.
+    rewoken: bool,
 }
 
 impl std::fmt::Debug for TcpLink {
@@ -87,22 +96,19 @@ impl TcpLink {
             }
             let (stream, seal) = open(addr, peer, epoch, session, deadline)?;
             let wake = stream.try_clone().ok().map(std::os::fd::OwnedFd::from);
-            let mut connection = Connection::new(stream).map_err(|e| Error::io("configuring a data connection", e))?;
-            if let Some(seal) = seal {
-                connection.seal_with(seal);
-            }
-            if stager.is_some() {
-                // The stager matches the connection's chunk ends by id.
-                connection.track_chunks();
-            }
+            let connection = configured(stream, seal, stager.is_some())?;
             links.push(Box::new(TcpLink {
                 peer: Peer { name: peer.to_string(), addr, epoch },
                 io_timeout,
-                connection: Ok(Box::new(connection)),
+                connection: Ok(connection),
                 state: state.clone(),
                 wake,
                 stager,
                 ends: Vec::new(),
+                session: session.cloned(),
+                redial: None,
+                last_used: Instant::now(),
+                rewoken: false,
             }));
         }
         Ok(Link { state, lanes: links })
@@ -133,6 +139,20 @@ impl TcpLink {
     }
 }
 
+/// A connection around a dialled `stream`: sealed with a tokened session's
+/// `seal`, and `tracked` for a link that stages (the stager matches the
+/// connection's chunk ends by id).
+fn configured(stream: TcpStream, seal: Option<FrameSeal>, tracked: bool) -> Result<Box<Connection>> {
+    let mut connection = Connection::new(stream).map_err(|e| Error::io("configuring a data connection", e))?;
+    if let Some(seal) = seal {
+        connection.seal_with(seal);
+    }
+    if tracked {
+        connection.track_chunks();
+    }
+    Ok(Box::new(connection))
+}
+
 /// The open connection, or the error a chunk gets for its absence.
 fn open_connection<'a>(peer: &Peer, connection: &'a mut Result<Box<Connection>, String>) -> Result<&'a mut Connection> {
     match connection {
@@ -147,6 +167,14 @@ impl LaneLink for TcpLink {
     }
 
     unsafe fn transfer(&mut self, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
+        if let Err(error) = self.park_while_dialling(|| Parked::Chunk { op, batch_id, ticket, blocks: blocks.to_vec() })
+        {
+            return match error {
+                Some(error) => Posted::Failed((error, 0)),
+                None => Posted::InFlight,
+            };
+        }
+        self.last_used = Instant::now();
         let TcpLink { peer, connection, stager, .. } = self;
         let connection = match open_connection(peer, connection) {
             Ok(connection) => connection,
@@ -187,6 +215,9 @@ impl LaneLink for TcpLink {
     }
 
     fn poll(&mut self, ended: &mut Vec<ChunkEnd>) -> bool {
+        if self.redial.is_some() {
+            return self.poll_redial(ended);
+        }
         let TcpLink { peer, connection, stager, ends, io_timeout, .. } = self;
         let Some(stager) = stager else {
             let Ok(connection) = connection else { return false };
@@ -216,6 +247,10 @@ impl LaneLink for TcpLink {
     }
 
     fn abort(&mut self, reason: &str, ended: &mut Vec<ChunkEnd>) {
+        if let Some(redial) = self.redial.take() {
+            // Nothing parked was sent; the dial's answer is dropped unread.
+            redial.fail_all(&self.peer.gone(reason), &self.peer.name, ended);
+        }
         let staging = self.stager.as_ref().is_some_and(Stager::busy);
         if staging || matches!(&self.connection, Ok(c) if !c.is_idle()) {
             self.close(&self.peer.gone(reason), ended);
@@ -229,10 +264,18 @@ impl LaneLink for TcpLink {
     }
 
     fn waiting_on_copies(&self) -> bool {
-        self.stager.as_ref().is_some_and(Stager::copies_running)
+        // A dial's end raises no edge on the lane's poller either.
+        self.redial.is_some() || self.stager.as_ref().is_some_and(Stager::copies_running)
+    }
+
+    fn rewoken(&mut self) -> bool {
+        std::mem::take(&mut self.rewoken)
     }
 
     fn withdraw(&mut self, ticket: u64, ended: &mut Vec<ChunkEnd>) -> usize {
+        if let Some(redial) = &mut self.redial {
+            return redial.withdraw(ticket, ended);
+        }
         match (&mut self.stager, &mut self.connection) {
             // Staged chunks end through the stager, which gives their pages
             // back: only those still waiting for pages are dropped.
@@ -269,6 +312,14 @@ impl LaneLink for TcpLink {
         if payload.len() > MAX_NOTIFY_FRAME_BYTES {
             return Err(Error::MessageTooLarge { len: payload.len() as u64, max: MAX_NOTIFY_FRAME_BYTES as u64 });
         }
+        let mut payload = Some(payload);
+        if let Err(error) =
+            self.park_while_dialling(|| Parked::Notification { ticket, payload: payload.take().unwrap_or_default() })
+        {
+            return error.map_or(Ok(()), Err);
+        }
+        let payload = payload.take().unwrap_or_default();
+        self.last_used = Instant::now();
         let TcpLink { peer, connection, .. } = self;
         let connection = open_connection(peer, connection)?;
         connection.queue_notification(peer, ticket, payload);
@@ -279,13 +330,120 @@ impl LaneLink for TcpLink {
     }
 }
 
+impl TcpLink {
+    /// Parks what `parked` makes when the connection is being dialled
+    /// again, or must be (`redial.rs`): `Err(None)` once parked (it is in
+    /// flight), `Err(Some(error))` when the dial cannot start; `Ok` to
+    /// queue it on the connection now.
+    fn park_while_dialling(&mut self, parked: impl FnOnce() -> Parked) -> std::result::Result<(), Option<Error>> {
+        if self.redial.is_none() {
+            let quiet = match &self.connection {
+                Ok(connection) => connection.is_idle() && !self.stager.as_ref().is_some_and(Stager::busy),
+                Err(_) => false,
+            };
+            if !quiet {
+                return Ok(());
+            }
+            let closed = self.connection.as_ref().is_ok_and(|c| c.peer_closed());
+            if !closed && self.last_used.elapsed() < QUIET_REDIAL_AFTER {
+                return Ok(());
+            }
+            tracing::debug!(
+                peer = %self.peer.name,
+                addr = %self.peer.addr,
+                closed,
+                "dialling a quiet data connection again (the target closed it, or would soon)"
+            );
+            let deadline = Instant::now() + self.io_timeout;
+            let session = self.session.clone();
+            let redial = Redial::start(self.peer.addr, &self.peer.name, self.peer.epoch, session, deadline);
+            self.redial = Some(redial.map_err(Some)?);
+        }
+        if let Some(redial) = &mut self.redial {
+            redial.parked.push(parked());
+        }
+        Err(None)
+    }
+
+    /// Takes the dial's answer once it came: the new connection replaces
+    /// the quiet one and carries what was parked, in order; a refusal ends
+    /// what was parked with it.
+    fn poll_redial(&mut self, ended: &mut Vec<ChunkEnd>) -> bool {
+        let Some(outcome) = self.redial.as_ref().and_then(Redial::outcome) else { return false };
+        let Some(redial) = self.redial.take() else { return false };
+        match outcome.and_then(|dialled| self.install(dialled)) {
+            Ok(()) => {
+                for parked in redial.parked {
+                    self.send_parked(parked, ended);
+                }
+            }
+            // A full target (its admission's `Busy`) may have room for the
+            // next chunk: the quiet connection stays, to be dialled again.
+            Err(error @ Error::Remote { code: crate::proto::ErrorCode::Busy, .. }) => {
+                redial.fail_all(&error, &self.peer.name, ended);
+            }
+            Err(error) => {
+                // The peer restarted, went away, or refuses this session:
+                // the handle goes stale, as for a connection that broke.
+                self.state.mark_broken();
+                self.connection = Err(Peer::detail(&error));
+                redial.fail_all(&error, &self.peer.name, ended);
+            }
+        }
+        true
+    }
+
+    /// Puts a dialled connection in the quiet one's place, and its socket
+    /// under the lane's wake descriptor (same number; the lane registers it
+    /// again, [`LaneLink::rewoken`]).
+    fn install(&mut self, (stream, seal): (TcpStream, Option<FrameSeal>)) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let connection = configured(stream, seal, self.stager.is_some())?;
+        if let Ok(old) = &self.connection {
+            old.shutdown();
+        }
+        if let Some(wake) = &self.wake {
+            // SAFETY: dup3 with two descriptors this link owns: the wake
+            // number now names the new socket (close-on-exec, as before),
+            // and the old socket's last descriptor closes with the old
+            // connection below, which takes it off the lane's poller.
+            if unsafe { libc::dup3(connection.raw_fd(), wake.as_raw_fd(), libc::O_CLOEXEC) } >= 0 {
+                self.rewoken = true;
+            }
+        }
+        self.connection = Ok(connection);
+        self.last_used = Instant::now();
+        Ok(())
+    }
+
+    /// Queues a parked entry on the new connection, as it would have been.
+    fn send_parked(&mut self, parked: Parked, ended: &mut Vec<ChunkEnd>) {
+        match parked {
+            Parked::Chunk { op, batch_id, ticket, blocks } => {
+                // SAFETY: the blocks came through `transfer`, whose caller
+                // keeps them leased until this ticket ends (our contract).
+                match unsafe { self.transfer(op, batch_id, ticket, &blocks) } {
+                    Posted::InFlight => {}
+                    Posted::Done(bytes) => ended.push((ticket, Ok(bytes))),
+                    Posted::Failed(failed) => ended.push((ticket, Err(failed))),
+                }
+            }
+            Parked::Notification { ticket, payload } => {
+                if let Err(error) = self.post_notification(ticket, payload) {
+                    ended.push((ticket, Err((error, 0))));
+                }
+            }
+        }
+    }
+}
+
 /// Connects one data connection and runs its opening: the hello, and with
 /// a session the listener's proof of it (a listener that asks no proof or
 /// proves nothing is refused: it is not the engine the handshake proved)
 /// and then ours. A refusal comes back as the target's reason (`Busy` from
 /// its admission policy, `PeerRestarted` for another epoch,
 /// `Unauthorized`). With a session, the connection's frame seal comes too.
-fn open(
+pub(super) fn open(
     addr: SocketAddr,
     peer: &str,
     epoch: u64,
@@ -382,3 +540,7 @@ fn starts_a_hello(bytes: &[u8]) -> bool {
     let n = bytes.len().min(magic.len());
     bytes[..n] == magic[..n]
 }
+
+#[cfg(test)]
+#[path = "redial_tests.rs"]
+mod tests;
