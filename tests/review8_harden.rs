@@ -314,6 +314,46 @@ fn a_peer_naming_one_shm_region_past_the_cap_is_refused_whole_and_the_cap_itself
     }
 }
 
+// A peer past the cap is refused over shm, but shm chosen by default (the
+// order's first choice on one host) gives way to the next allowed
+// transport, with the reason logged: the peer is reached, over tcp here,
+// and every region is served. An engine that allows shm alone gets the
+// refusal naming the cap.
+#[test]
+fn shm_past_its_cap_chosen_by_default_gives_way_to_the_next_allowed_transport() {
+    let _alone = SHM_MAPPINGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cap = kvring::MAX_PEER_SHM_REGIONS;
+    let owner = common::engine("shm-past-cap");
+    let regions: Vec<_> = (0..cap).map(|_| owner.alloc_region(4096, RegionInfo::raw()).unwrap()).collect();
+    let initiator =
+        common::builder("shm-past-cap-initiator").transports([TransportKind::Shm, TransportKind::Tcp]).build().unwrap();
+    let (addr, server) = answering(&many_regions(&owner, 1, 0));
+    let segment = initiator.open_segment_with(&addr, None, WAIT).expect("reached over the next transport");
+    assert_eq!(segment.transport(), TransportKind::Tcp);
+    let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test writes them.
+    unsafe { local.write_at(0, b"over tcp instead").unwrap() };
+    let last = regions.last().unwrap();
+    let mut sub = initiator.submitter().unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, last.id(), 0, 4096)];
+    let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
+    assert!(matches!(sub.wait(id, WAIT), Ok(Outcome::Done { .. })));
+    assert_eq!(common::read(last, 0, 16), b"over tcp instead");
+    initiator.close_segment(&segment);
+    server.join().unwrap();
+
+    let shm_only = common::builder("shm-only-initiator").transports([TransportKind::Shm]).build().unwrap();
+    let (addr, server) = answering(&many_regions(&owner, 1, 0));
+    match shm_only.open_segment_with(&addr, None, WAIT) {
+        Err(Error::TransportRefused { reasons, .. }) => {
+            let shm = reasons.iter().find(|(kind, _)| *kind == "shm").map(|(_, why)| why.as_str()).unwrap_or("");
+            assert!(shm.contains("did not open") && shm.contains("MAX_PEER_SHM_REGIONS"), "{reasons:?}");
+        }
+        other => panic!("refused naming the cap, not {other:?}"),
+    }
+    server.join().unwrap();
+}
+
 /// The swapper: a real engine's process answering handshakes on a raw
 /// listener with its own true descriptor, hinting descriptor `SWAP_AT`,
 /// which a thread keeps switching between the answering socket and a file

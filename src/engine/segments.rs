@@ -72,6 +72,20 @@ fn is_gone(error: &Error) -> bool {
     matches!(error, Error::PeerRestarted { .. })
 }
 
+/// Whether a same-host transport chosen by default that failed to open
+/// with `error` gives way to the next in the order: cma for anything but
+/// a peer gone (the kernel's refusal, the target's initiator slots); shm
+/// for a cap on mappings (the peer's regions past `MAX_PEER_SHM_REGIONS`,
+/// this process's past `MAX_SHM_REGIONS_MAPPED`) or a mapping the system
+/// refused. Never a refusal of this engine (a token, a fence).
+fn falls_back(transport: TransportKind, error: &Error) -> bool {
+    match transport {
+        TransportKind::Cma => !is_gone(error),
+        TransportKind::Shm => matches!(error, Error::PeerLimit { .. } | Error::Busy { .. } | Error::Io { .. }),
+        _ => false,
+    }
+}
+
 /// Longest a retire waits for lanes to hand back a broken link's resources.
 const RETIRE_WAIT: Duration = Duration::from_secs(1);
 
@@ -183,38 +197,76 @@ impl Engine {
     ) -> Result<(TransportKind, Link)> {
         let peer = &handshake.descriptor;
         let chosen = self.choose_transport(requested, peer, self.inner.config.cma)?;
-        let transport = chosen.kind;
-        match self.open_link(transport, handshake, deadline) {
-            Err(error) if transport == TransportKind::Cma && requested.is_none() && !is_gone(&error) => {
-                let next = match self.choose_transport(None, peer, false) {
-                    Ok(next) => next,
-                    // The allow-list left nothing after cma: its reason is
-                    // the open that failed, not `cma = false`.
-                    Err(Error::TransportRefused { peer, allowed, mut offered, mut reasons }) => {
-                        offered.retain(|kind| *kind != TransportKind::Cma.name());
-                        for (kind, why) in &mut reasons {
-                            if *kind == TransportKind::Cma.name() {
-                                *why = format!("cma to {peer} did not open: {error}");
-                            }
-                        }
-                        return Err(Error::TransportRefused { peer, allowed, offered, reasons });
-                    }
-                    Err(other) => return Err(other),
-                };
-                static LIMIT: RateLimit = RateLimit::per_second();
-                log_limited!(warn, LIMIT, segment = %peer.name, reason = %error, next = next.kind.name(), "cma refused; taking the next transport");
-                Ok((next.kind, self.open_link(next.kind, handshake, deadline)?))
-            }
-            opened => {
-                let link = opened?;
-                if !chosen.passed_over.is_empty() {
-                    let why = chosen.passed_over.iter().map(|(k, why)| format!("{}: {why}", k.name()));
-                    let why = why.collect::<Vec<_>>().join("; ");
+        let mut transport = chosen.kind;
+        // Same-host transports chosen by default that did not open, each
+        // with why: the next choice excludes them.
+        let mut failed: Vec<(TransportKind, Error)> = Vec::new();
+        loop {
+            match self.open_link(transport, handshake, deadline) {
+                Err(error) if requested.is_none() && falls_back(transport, &error) => {
+                    failed.push((transport, error));
+                    let Some(next) = self.choose_excluding(peer, &failed)? else {
+                        // The same link again: the caller gets its error.
+                        return Err(failed.pop().map(|(_, error)| error).expect("pushed above"));
+                    };
+                    let (kind, reason) = failed.last().map(|(k, e)| (k.name(), e.to_string())).unwrap_or_default();
                     static LIMIT: RateLimit = RateLimit::per_second();
-                    log_limited!(info, LIMIT, segment = %peer.name, transport = transport.name(), why = %why, "link is not the transport order's first choice");
+                    log_limited!(warn, LIMIT, segment = %peer.name, transport = kind, %reason, next = next.kind.name(), "the transport chosen did not open; taking the next one");
+                    transport = next.kind;
                 }
-                Ok((transport, link))
+                opened => {
+                    let link = opened?;
+                    if failed.is_empty() && !chosen.passed_over.is_empty() {
+                        let why = chosen.passed_over.iter().map(|(k, why)| format!("{}: {why}", k.name()));
+                        let why = why.collect::<Vec<_>>().join("; ");
+                        static LIMIT: RateLimit = RateLimit::per_second();
+                        log_limited!(info, LIMIT, segment = %peer.name, transport = transport.name(), why = %why, "link is not the transport order's first choice");
+                    }
+                    return Ok((transport, link));
+                }
             }
+        }
+    }
+
+    /// The order's choice for `peer` once the transports in `failed` did
+    /// not open (cma refused by the kernel or the target's slots; shm past
+    /// a cap on mappings): within the allow-list, each failed one named in
+    /// the refusal with the error of its open.
+    fn choose_excluding(&self, peer: &SegmentDescriptor, failed: &[(TransportKind, Error)]) -> Result<Option<Chosen>> {
+        let excluded = |kind: TransportKind| failed.iter().any(|(k, _)| *k == kind);
+        let without_shm;
+        let peer = match excluded(TransportKind::Shm) {
+            true => {
+                let mut copy = peer.clone();
+                copy.regions.iter_mut().for_each(|region| region.shm_path = None);
+                without_shm = copy;
+                &without_shm
+            }
+            false => peer,
+        };
+        let chosen = self.choose_transport(None, peer, self.inner.config.cma && !excluded(TransportKind::Cma));
+        match chosen {
+            // The same link again (shm's also carries cuda_ipc): none.
+            Ok(next)
+                if excluded(next.kind) || (excluded(TransportKind::Shm) && next.kind == TransportKind::CudaIpc) =>
+            {
+                Ok(None)
+            }
+            Ok(next) => Ok(Some(next)),
+            // The allow-list left nothing after them: their reasons are the
+            // opens that failed, not the reach computed without them.
+            Err(Error::TransportRefused { peer, allowed, mut offered, mut reasons }) => {
+                for (kind, error) in failed {
+                    offered.retain(|k| *k != kind.name());
+                    let why = format!("{} to {peer} did not open: {error}", kind.name());
+                    match reasons.iter_mut().find(|(k, _)| *k == kind.name()) {
+                        Some((_, reason)) => *reason = why,
+                        None => reasons.push((kind.name(), why)),
+                    }
+                }
+                Err(Error::TransportRefused { peer, allowed, offered, reasons })
+            }
+            Err(other) => Err(other),
         }
     }
 
