@@ -733,6 +733,47 @@ fn fabric_opener_child() {
         assert!(common::read(&back, at, n) == common::read(&local, at, n), "block {b} read back from the peer");
     }
     engine.close_segment(&segment);
+    // A kvring from before FABRIC handles asks with "KVF6" (still served,
+    // for descriptor-exported regions): for this FABRIC region it is told
+    // why, not sent an answer it cannot read.
+    let refusal = kvf6_request(&exporter.addr, remote);
+    assert_eq!(&refusal[..8], b"KVF4\x01\0\0\0", "a refusal");
+    let reason = String::from_utf8_lossy(&refusal[16..]);
+    assert!(reason.contains(kvring::testing::FABRIC_FOR_OLDER_PEERS), "{reason}");
+}
+
+/// The answer (header and reason) of the GPU descriptor server of the
+/// engine at `control` to a "KVF6" request for `region`'s first handle,
+/// from this process (whose engine handshook with it).
+fn kvf6_request(control: &str, region: kvring::RegionId) -> Vec<u8> {
+    use kvring::testing::control::{ControlClient, Initiator};
+    use std::io::{Read, Write};
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixStream};
+    let deadline = std::time::Instant::now() + common::WAIT;
+    let mut client = ControlClient::connect(control, deadline).unwrap();
+    let initiator = Initiator { name: "kvf6-opener".into(), epoch: 1, addr: String::new() };
+    let name = client.handshake(&initiator, None, deadline).unwrap().descriptor.gpu_fds.expect("a GPU exporter");
+    let mut s = UnixStream::connect_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    s.set_read_timeout(Some(common::WAIT)).unwrap();
+    let mut hello = b"KVF1".to_vec();
+    hello.extend_from_slice(&[0u8; 48]);
+    s.write_all(&hello).unwrap();
+    let mut challenge = [0u8; 56];
+    s.read_exact(&mut challenge).unwrap();
+    let mut request = b"KVF6".to_vec();
+    request.extend_from_slice(&region.raw().to_le_bytes());
+    request.extend_from_slice(&0u32.to_le_bytes());
+    request.extend_from_slice(&1u32.to_le_bytes());
+    s.write_all(&request).unwrap();
+    let mut answer = vec![0u8; 16];
+    s.read_exact(&mut answer).unwrap();
+    let len = u32::from_le_bytes(answer[8..12].try_into().unwrap()) as usize;
+    if answer[4] == 1 {
+        answer.resize(16 + len.min(4096), 0);
+        s.read_exact(&mut answer[16..]).unwrap();
+    }
+    answer
 }
 
 #[test]

@@ -47,7 +47,7 @@ pub mod gpu_fds {
     /// A descriptor request for handles `first..first + count` of region
     /// `region` (its raw id), byte for byte as the client sends it.
     pub fn request(region: u64, first: u32, count: u32) -> Vec<u8> {
-        crate::transport::gpu_fds::Request { region, first, count }.encode().to_vec()
+        crate::transport::gpu_fds::Request { region, first, count, takes_fabric: true }.encode().to_vec()
     }
 
     /// An answer to a request, byte for byte as the server encodes it:
@@ -124,6 +124,7 @@ pub mod http {
 pub use crate::engine::fill_pattern;
 
 pub use crate::mem::checksum::checksum;
+pub use crate::segment::gpu::FABRIC_FOR_OLDER_PEERS;
 pub use crate::segment::{RdmaInfo, SegmentDescriptor};
 
 /// What `engine` tells peers in a handshake: for tests that check it or

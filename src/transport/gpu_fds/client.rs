@@ -113,7 +113,7 @@ impl GpuFdClient {
     pub(crate) fn fence_fd(&mut self, region: RegionId) -> Result<OwnedFd> {
         self.fetched.clear();
         self.region = None;
-        let request = Request { region: region.raw(), first: super::FENCE_TABLE, count: 1 };
+        let request = Request { region: region.raw(), first: super::FENCE_TABLE, count: 1, takes_fabric: true };
         let what = format!("region {region}'s fence table");
         let (answer, mut fds) = self.exchange(&request, 1, &what)?;
         if answer == (Answer::Descriptors { count: 1, handles: super::FENCE_TABLE }) && fds.len() == 1 {
@@ -128,7 +128,7 @@ impl GpuFdClient {
     fn fetch(&mut self, region: RegionId, kind: HandleKind, handles: usize, index: usize) -> Result<()> {
         let most = if kind == HandleKind::Fabric { MAX_FABRIC_PER_MESSAGE } else { MAX_FDS_PER_MESSAGE };
         let want = handles.saturating_sub(index).min(most);
-        let request = Request { region: region.raw(), first: index as u32, count: want as u32 };
+        let request = Request { region: region.raw(), first: index as u32, count: want as u32, takes_fabric: true };
         let what = format!("region {region}");
         let (answer, fds) = self.exchange(&request, MAX_FDS_PER_MESSAGE, &what)?;
         let (count, theirs, fabric) = match answer {

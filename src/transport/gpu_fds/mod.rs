@@ -124,6 +124,9 @@ pub(crate) struct Request {
     pub region: u64,
     pub first: u32,
     pub count: u32,
+    /// The opener takes FABRIC answers ("KVF7"); a "KVF6" opener does not,
+    /// and is refused a FABRIC region by name (it is served descriptors).
+    pub takes_fabric: bool,
 }
 
 /// The `first` of a [`Request`] for a region's fence table page (one
@@ -136,6 +139,10 @@ pub(crate) const FENCE_TABLE: u32 = u32::MAX;
 /// `issued` word (`mem::fence`) that writers check ("KVF5" pages did not;
 /// "KVF3" carried a 32-bit region id).
 const REQUEST_MAGIC: [u8; 4] = *b"KVF7";
+/// The older request served too: the same bytes as "KVF7" from an opener
+/// that takes no FABRIC answers, so a fleet upgraded one engine at a time
+/// keeps opening descriptor-exported regions both ways.
+const FABRICLESS_REQUEST_MAGIC: [u8; 4] = *b"KVF6";
 /// Bytes of a [`Request`]: the magic, the region (8), first and count.
 pub(crate) const REQUEST_BYTES: usize = 20;
 /// Bytes of an [`Answer`].
@@ -145,10 +152,12 @@ pub(crate) const ANSWER_BYTES: usize = 16;
 /// one ("KVF" and another letter): it names both versions. `None` for the
 /// current magic and for bytes that are no kvring request at all.
 pub(crate) fn old_request_version(magic: &[u8]) -> Option<String> {
-    (magic.len() == 4 && magic[..3] == REQUEST_MAGIC[..3] && magic != REQUEST_MAGIC).then(|| {
+    let served = magic == REQUEST_MAGIC || magic == FABRICLESS_REQUEST_MAGIC;
+    (magic.len() == 4 && magic[..3] == REQUEST_MAGIC[..3] && !served).then(|| {
         format!(
-            "a {} GPU descriptor request; this engine serves {} only (update the opener's kvring)",
+            "a {} GPU descriptor request; this engine serves {} and {} only (update the opener's kvring)",
             String::from_utf8_lossy(magic).escape_debug(),
+            String::from_utf8_lossy(&FABRICLESS_REQUEST_MAGIC),
             String::from_utf8_lossy(&REQUEST_MAGIC)
         )
     })
@@ -157,7 +166,7 @@ pub(crate) fn old_request_version(magic: &[u8]) -> Option<String> {
 impl Request {
     pub(crate) fn encode(&self) -> [u8; REQUEST_BYTES] {
         let mut out = [0u8; REQUEST_BYTES];
-        out[..4].copy_from_slice(&REQUEST_MAGIC);
+        out[..4].copy_from_slice(if self.takes_fabric { &REQUEST_MAGIC } else { &FABRICLESS_REQUEST_MAGIC });
         out[4..12].copy_from_slice(&self.region.to_le_bytes());
         out[12..16].copy_from_slice(&self.first.to_le_bytes());
         out[16..].copy_from_slice(&self.count.to_le_bytes());
@@ -165,12 +174,14 @@ impl Request {
     }
 
     pub(crate) fn decode(bytes: &[u8; REQUEST_BYTES]) -> Result<Self, String> {
-        if bytes[..4] != REQUEST_MAGIC {
-            return Err("not a kvring GPU descriptor request".into());
-        }
+        let takes_fabric = match bytes[..4].try_into().expect("4 bytes") {
+            REQUEST_MAGIC => true,
+            FABRICLESS_REQUEST_MAGIC => false,
+            _ => return Err("not a kvring GPU descriptor request".into()),
+        };
         let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
         let region = u64::from_le_bytes(bytes[4..12].try_into().expect("8 bytes"));
-        Ok(Request { region, first: word(12), count: word(16) })
+        Ok(Request { region, first: word(12), count: word(16), takes_fabric })
     }
 }
 
@@ -253,12 +264,17 @@ mod tests {
         let mut odd = challenge.encode();
         odd[4] = 2;
         assert!(Challenge::decode(&odd).unwrap_err().contains("flags"));
-        let request = Request { region: 1 << 40 | 7, first: 64, count: 64 };
+        let request = Request { region: 1 << 40 | 7, first: 64, count: 64, takes_fabric: true };
         assert_eq!(Request::decode(&request.encode()), Ok(request));
+        assert_eq!(&request.encode()[..4], b"KVF7");
+        // A "KVF6" opener's request: the same bytes, no FABRIC answers.
+        let fabricless = Request { takes_fabric: false, ..request };
+        assert_eq!(&fabricless.encode()[..4], b"KVF6");
+        assert_eq!(Request::decode(&fabricless.encode()), Ok(fabricless));
         assert!(old_request_version(b"KVF3").unwrap().contains("a KVF3 GPU descriptor request"));
-        assert!(old_request_version(b"KVF5").is_some(), "its pages lack the issued word");
-        let old = old_request_version(b"KVF6").unwrap();
-        assert!(old.contains("a KVF6 GPU descriptor request") && old.contains("KVF7 only"), "{old}");
+        let old = old_request_version(b"KVF5").expect("its pages lack the issued word");
+        assert!(old.contains("a KVF5 GPU descriptor request") && old.contains("KVF6 and KVF7 only"), "{old}");
+        assert_eq!(old_request_version(b"KVF6"), None);
         assert_eq!(old_request_version(b"KVF7"), None);
         assert_eq!(old_request_version(b"GET "), None);
         let mut answer = [0u8; REQUEST_BYTES];

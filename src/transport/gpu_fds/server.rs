@@ -348,6 +348,13 @@ fn serve(stream: &UnixStream, shared: &Shared, mut unproven: Unproven<'_>) -> Re
                 send_with_fds(stream, &answer.encode(), &borrowed).map_err(io)?;
                 // Our copies close here: the opener holds its own.
             }
+            Ok(Run::Fabric(..)) if !request.takes_fabric => {
+                // A "KVF6" opener reads FABRIC regions as unopenable (their
+                // handles are in a field it skips); were it to ask anyway,
+                // it is told why rather than sent an answer it cannot read.
+                let why = format!("region {:#x}: {}", request.region, crate::segment::gpu::FABRIC_FOR_OLDER_PEERS);
+                refuse(stream, why).map_err(io)?;
+            }
             Ok(Run::Fabric(fabric, handles)) => {
                 let mut bytes = Answer::Fabric { count: fabric.len() as u32, handles }.encode().to_vec();
                 fabric.iter().for_each(|handle| bytes.extend_from_slice(handle));
