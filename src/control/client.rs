@@ -290,6 +290,31 @@ impl ControlClient {
         }
     }
 
+    /// The CRC32C of each of `ranges` (region, offset, length) of the peer's
+    /// memory, in order. A peer older than the request answers it as a
+    /// message with no body: that is `Unsupported`, naming the peer.
+    pub fn crc32c(&mut self, ranges: &[(u64, u64, u64)], deadline: Instant) -> Result<Vec<u32>> {
+        let ranges =
+            ranges.iter().map(|&(region, offset, len)| crate::proto::Crc32cRange { region, offset, len }).collect();
+        let reply = self.call(request::Body::Crc32c(crate::proto::Crc32cRequest { ranges }), deadline);
+        match reply {
+            Ok(response::Body::Crc32c(reply)) => Ok(reply.crcs),
+            Ok(other) => Err(Error::malformed("crc32c", format!("unexpected answer {other:?}"))),
+            Err(Error::Remote { code: crate::proto::ErrorCode::MalformedMessage, message })
+                if message.contains("no body") =>
+            {
+                Err(Error::Unsupported {
+                    what: format!(
+                        "checksums over rdma to {}: it runs an older kvring that does not answer CRC32C requests \
+                         ({message})",
+                        self.peer
+                    ),
+                })
+            }
+            Err(other) => Err(other),
+        }
+    }
+
     /// Checksum of a range of one of the peer's regions.
     pub fn checksum(&mut self, region: u64, offset: u64, len: u64, deadline: Instant) -> Result<u64> {
         match self.call(request::Body::Checksum(ChecksumRequest { region, offset, len }), deadline)? {

@@ -1,0 +1,419 @@
+//! End-to-end checksums over rdma: a checksummed chunk's work requests
+//! complete with no CPU of the target involved, so the chunk is verified
+//! afterwards, off the lane. Once its last completion is polled, its
+//! blocks go to this lane link's verifier thread, which sums the local
+//! side (a WRITE's source, a READ's landed destination: the chunk still
+//! holds its leases, so those bytes are stable) and asks the target, on
+//! the control plane, for the CRC32C of the remote side
+//! (`Crc32cRequest`, answered by `engine::crc32c`). The chunk ends when
+//! the verdict comes back through [`Verifier::poll`]: `Ok`, `Corrupt`
+//! naming the first block whose sums differ, or the request's error.
+//!
+//! A chunk waiting on its verdict can be withdrawn (deadline, cancel,
+//! abort, the link dropped): it ends failed at once and a late verdict is
+//! ignored. Its local bytes are read under a gate that the withdrawal
+//! takes, so once a withdrawal returns the worker reads them no more and
+//! the lane may give the leases back. See docs/CHECKSUMS.md.
+
+use crate::error::{Error, Result};
+use crate::ring::Opcode;
+use crate::transport::checksum::{corrupt, crc32c_shared};
+use crate::transport::ChunkEnd;
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Most ranges one `Crc32cRequest` carries (a target refuses more): a
+/// chunk's blocks, [`crate::transport::MAX_CHUNK_BLOCKS`].
+pub const MAX_CRC32C_RANGES: usize = crate::transport::MAX_CHUNK_BLOCKS;
+/// Most bytes one `Crc32cRequest` asks the target to sum (a target refuses
+/// more): a request holds one of the target's control threads while it
+/// sums, at some 10-30 GB/s, so 1 GiB keeps one request well under the
+/// control plane's 5 s message timeout even on a loaded core; a chunk
+/// larger than this is verified in several requests.
+pub const MAX_CRC32C_BYTES: u64 = 1 << 30;
+/// Verification jobs queued to a worker before the lane keeps the rest in
+/// its own backlog (sent on its next polls).
+const JOB_QUEUE: usize = 64;
+
+/// A range of the peer's memory to sum: (raw region id, offset, length).
+pub(crate) type Range = (u64, u64, u64);
+/// Asks the peer for the CRC32C of each range, in order, before the
+/// deadline (one control exchange; a connection kept between calls).
+pub(crate) type AskCrcs = Box<dyn FnMut(&[Range], Instant) -> Result<Vec<u32>> + Send>;
+
+/// What a link needs to verify checksummed chunks with its peer.
+#[derive(Clone)]
+pub(crate) struct VerifyPeer {
+    /// Makes the asker a verifier thread uses (a control client to the
+    /// peer, dialed and handshaken at its first question).
+    pub dial: Arc<dyn Fn() -> AskCrcs + Send + Sync>,
+    /// Longest a chunk's verification may take (the engine's control
+    /// timeout): a batch's own deadline ends it sooner through the lane.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for VerifyPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerifyPeer").field("timeout", &self.timeout).finish_non_exhaustive()
+    }
+}
+
+/// One block of a chunk to verify.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JobBlock {
+    /// Its local bytes (leased by the chunk until it ends).
+    pub local: usize,
+    /// The peer's region (raw id) and offset.
+    pub region: u64,
+    pub offset: u64,
+    pub len: u64,
+    /// Its index in the batch, for `Corrupt`.
+    pub desc_index: u32,
+    /// Where it lands, as the `testing` feature's corruption hook names it.
+    pub landing: u64,
+}
+
+/// Keeps the worker off a chunk's local bytes once the lane withdrew it:
+/// the worker sums them holding the lock, the lane sets the flag holding it.
+#[derive(Debug, Default)]
+struct Gate {
+    withdrawn: Mutex<bool>,
+}
+
+impl Gate {
+    /// Waits for a sum in progress to end; none starts afterwards.
+    fn withdraw(&self) {
+        *self.withdrawn.lock().unwrap_or_else(PoisonError::into_inner) = true;
+    }
+}
+
+struct Job {
+    chunk: u64,
+    op: Opcode,
+    blocks: Vec<JobBlock>,
+    deadline: Instant,
+    gate: Arc<Gate>,
+}
+
+/// A chunk whose verdict the lane waits for.
+#[derive(Debug)]
+struct Waiting {
+    ticket: u64,
+    bytes: u64,
+    gate: Arc<Gate>,
+}
+
+/// A verdict: the chunk, and `Ok` or why it failed.
+type Verdict = (u64, Result<()>);
+
+#[derive(Debug)]
+struct Worker {
+    jobs: SyncSender<Job>,
+    verdicts: Receiver<Verdict>,
+}
+
+/// One lane link's verifications: its worker thread (started at the first
+/// checksummed chunk), the jobs it has not taken yet, and the chunks
+/// waiting on verdicts. Only the lane calls it.
+#[derive(Debug)]
+pub(crate) struct Verifier {
+    peer: String,
+    with: Option<VerifyPeer>,
+    worker: Option<Worker>,
+    backlog: VecDeque<Job>,
+    waiting: HashMap<u64, Waiting>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job").field("chunk", &self.chunk).field("blocks", &self.blocks.len()).finish()
+    }
+}
+
+impl Verifier {
+    /// A verifier for `peer`; `None`: this link cannot verify (checksummed
+    /// chunks are refused).
+    pub fn new(peer: &str, with: Option<VerifyPeer>) -> Self {
+        Self { peer: peer.to_string(), with, worker: None, backlog: VecDeque::new(), waiting: HashMap::new() }
+    }
+
+    /// Whether checksummed chunks can be verified at all.
+    pub fn can_verify(&self) -> bool {
+        self.with.is_some()
+    }
+
+    /// True while a chunk waits on its verdict.
+    pub fn is_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// Hands a completed chunk's blocks to the worker; `Err` (the chunk
+    /// then ends failed) when no worker could be started.
+    pub fn start(&mut self, chunk: u64, ticket: u64, bytes: u64, op: Opcode, blocks: Vec<JobBlock>) -> Result<()> {
+        let Some(with) = &self.with else {
+            return Err(Error::Unsupported { what: format!("checksums over rdma to {}: no control path", self.peer) });
+        };
+        if self.worker.is_none() {
+            self.worker = Some(spawn(&self.peer, with)?);
+        }
+        let gate = Arc::new(Gate::default());
+        let deadline = crate::deadline::deadline_after(with.timeout);
+        self.waiting.insert(chunk, Waiting { ticket, bytes, gate: gate.clone() });
+        self.backlog.push_back(Job { chunk, op, blocks, deadline, gate });
+        self.send_backlog();
+        Ok(())
+    }
+
+    /// Queues what the worker has room for.
+    fn send_backlog(&mut self) {
+        let Some(worker) = &self.worker else { return };
+        while let Some(job) = self.backlog.pop_front() {
+            match worker.jobs.try_send(job) {
+                Ok(()) => {}
+                Err(TrySendError::Full(job)) => {
+                    self.backlog.push_front(job);
+                    return;
+                }
+                // The worker is gone (it panicked): its chunks fail below.
+                Err(TrySendError::Disconnected(job)) => {
+                    self.backlog.push_front(job);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Ends the chunks whose verdicts came; true if any did.
+    pub fn poll(&mut self, ended: &mut Vec<ChunkEnd>) -> bool {
+        if self.waiting.is_empty() {
+            return false;
+        }
+        self.send_backlog();
+        let Some(worker) = &self.worker else { return false };
+        let mut progressed = false;
+        loop {
+            match worker.verdicts.try_recv() {
+                Ok((chunk, verdict)) => {
+                    // A chunk withdrawn meanwhile has ended: its verdict is late.
+                    let Some(waiting) = self.waiting.remove(&chunk) else { continue };
+                    progressed = true;
+                    ended.push((waiting.ticket, verdict.map(|()| waiting.bytes).map_err(|e| (e, waiting.bytes))));
+                }
+                Err(TryRecvError::Empty) => return progressed,
+                Err(TryRecvError::Disconnected) => {
+                    let peer = self.peer.clone();
+                    let reason = move || Error::Device {
+                        device: "rdma verifier".into(),
+                        reason: format!("the verifier of {peer} stopped"),
+                    };
+                    self.fail_where(|_| true, &reason, ended);
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// Ends (failed with `error`) the chunks of `ticket` waiting on a
+    /// verdict: the NIC is done with them, so they may simply be dropped.
+    pub fn withdraw(&mut self, ticket: u64, error: &dyn Fn() -> Error, ended: &mut Vec<ChunkEnd>) -> usize {
+        self.fail_where(|w| w.ticket == ticket, error, ended)
+    }
+
+    /// Ends every chunk waiting on a verdict, failed with `error`.
+    pub fn fail_all(&mut self, error: &dyn Fn() -> Error, ended: &mut Vec<ChunkEnd>) -> usize {
+        self.fail_where(|_| true, error, ended)
+    }
+
+    fn fail_where(
+        &mut self,
+        which: impl Fn(&Waiting) -> bool,
+        error: &dyn Fn() -> Error,
+        ended: &mut Vec<ChunkEnd>,
+    ) -> usize {
+        let chunks: Vec<u64> = self.waiting.iter().filter(|(_, w)| which(w)).map(|(&c, _)| c).collect();
+        for chunk in &chunks {
+            let Some(waiting) = self.waiting.remove(chunk) else { continue };
+            // Once this returns the worker reads the chunk's bytes no more.
+            waiting.gate.withdraw();
+            ended.push((waiting.ticket, Err((error(), 0))));
+        }
+        self.backlog.retain(|job| self.waiting.contains_key(&job.chunk));
+        chunks.len()
+    }
+}
+
+impl Drop for Verifier {
+    /// The worker lets go of every chunk's bytes before the lane can give
+    /// their leases back; it ends once its current question does.
+    fn drop(&mut self) {
+        for waiting in self.waiting.values() {
+            waiting.gate.withdraw();
+        }
+    }
+}
+
+fn spawn(peer: &str, with: &VerifyPeer) -> Result<Worker> {
+    let (jobs, taken) = mpsc::sync_channel::<Job>(JOB_QUEUE);
+    let (told, verdicts) = mpsc::channel::<Verdict>();
+    let dial = with.dial.clone();
+    let name = peer.to_string();
+    std::thread::Builder::new()
+        .name("kvring-rdma-verify".into())
+        .spawn(move || {
+            let mut ask = dial();
+            for job in taken {
+                let verdict = verify(&name, &job, &mut ask);
+                if told.send((job.chunk, verdict)).is_err() {
+                    return;
+                }
+            }
+        })
+        .map_err(|e| Error::io("starting the rdma verifier thread", e))?;
+    Ok(Worker { jobs, verdicts })
+}
+
+/// One piece of a block, summed at both ends.
+#[derive(Clone, Copy)]
+struct Piece {
+    block: usize,
+    local: usize,
+    range: Range,
+}
+
+/// The blocks cut in pieces of at most [`MAX_CRC32C_BYTES`].
+fn pieces(blocks: &[JobBlock]) -> Vec<Piece> {
+    let mut out = Vec::with_capacity(blocks.len());
+    for (index, block) in blocks.iter().enumerate() {
+        let mut done = 0;
+        loop {
+            let len = (block.len - done).min(MAX_CRC32C_BYTES);
+            let range = (block.region, block.offset + done, len);
+            out.push(Piece { block: index, local: block.local + done as usize, range });
+            done += len;
+            if done >= block.len {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Verifies one chunk: its local sums (under the gate), then the peer's,
+/// in requests of at most [`MAX_CRC32C_RANGES`] ranges and
+/// [`MAX_CRC32C_BYTES`].
+fn verify(peer: &str, job: &Job, ask: &mut AskCrcs) -> Result<()> {
+    let pieces = pieces(&job.blocks);
+    let ours = {
+        let withdrawn = job.gate.withdrawn.lock().unwrap_or_else(PoisonError::into_inner);
+        if *withdrawn {
+            return Ok(());
+        }
+        pieces
+            .iter()
+            // SAFETY: the chunk holds its leases until it ends, and it
+            // cannot end (withdrawn) while we hold the gate; a WRITE's
+            // source is not written meanwhile and a READ's destination was
+            // placed before its completion; read through a bounce buffer
+            // all the same.
+            .map(|p| unsafe { crc32c_shared(p.local as *const u8, p.range.2 as usize) })
+            .collect::<Vec<u32>>()
+    };
+    let mut theirs = Vec::with_capacity(pieces.len());
+    let mut start = 0;
+    while start < pieces.len() {
+        let mut end = start;
+        let mut bytes = 0;
+        while end < pieces.len() && end - start < MAX_CRC32C_RANGES && bytes + pieces[end].range.2 <= MAX_CRC32C_BYTES {
+            bytes += pieces[end].range.2;
+            end += 1;
+        }
+        if Instant::now() >= job.deadline {
+            return Err(Error::Timeout { what: "the peer's CRC32C of an rdma chunk", waited: Duration::ZERO });
+        }
+        let ranges: Vec<Range> = pieces[start..end].iter().map(|p| p.range).collect();
+        let crcs = ask(&ranges, job.deadline)?;
+        if crcs.len() != ranges.len() {
+            return Err(Error::malformed(
+                "crc32c answer",
+                format!("{peer} sent {} CRCs for {} ranges", crcs.len(), ranges.len()),
+            ));
+        }
+        theirs.extend(crcs);
+        start = end;
+    }
+    for ((piece, &local), &remote) in pieces.iter().zip(&ours).zip(&theirs) {
+        if local != remote {
+            let index = job.blocks[piece.block].desc_index;
+            return Err(match job.op {
+                Opcode::Write => corrupt(index, local, remote, "in the peer's region once written over rdma"),
+                Opcode::Read => corrupt(index, remote, local, "in this engine's region once read over rdma"),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_larger_than_a_request_is_cut_and_its_pieces_fill_requests_in_order() {
+        let blocks = [
+            JobBlock { local: 0x1000, region: 7, offset: 10, len: MAX_CRC32C_BYTES + 5, desc_index: 3, landing: 0 },
+            JobBlock { local: 0x9000, region: 8, offset: 0, len: 4, desc_index: 4, landing: 0 },
+        ];
+        let cut = pieces(&blocks);
+        let ranges: Vec<Range> = cut.iter().map(|p| p.range).collect();
+        assert_eq!(ranges, [(7, 10, MAX_CRC32C_BYTES), (7, 10 + MAX_CRC32C_BYTES, 5), (8, 0, 4)]);
+        assert_eq!(cut[1].local, 0x1000 + MAX_CRC32C_BYTES as usize);
+        assert_eq!(cut.iter().map(|p| p.block).collect::<Vec<_>>(), [0, 0, 1]);
+    }
+
+    /// Sums of host bytes the test owns: a matching peer passes, a peer
+    /// whose CRC of block 1 differs fails `Corrupt` naming its index, a
+    /// withdrawn job reads nothing, and a peer's error is the verdict.
+    #[test]
+    fn a_verdict_names_the_first_block_whose_sums_differ() {
+        let data: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 4096]).collect();
+        let blocks: Vec<JobBlock> = data
+            .iter()
+            .enumerate()
+            .map(|(i, d)| JobBlock {
+                local: d.as_ptr() as usize,
+                region: 1,
+                offset: i as u64 * 4096,
+                len: 4096,
+                desc_index: 10 + i as u32,
+                landing: 0,
+            })
+            .collect();
+        let truth: Vec<u32> = data.iter().map(|d| crate::transport::checksum::crc32c_of(d)).collect();
+        let job = |op| Job {
+            chunk: 1,
+            op,
+            blocks: blocks.clone(),
+            deadline: Instant::now() + Duration::from_secs(5),
+            gate: Arc::default(),
+        };
+        let honest = truth.clone();
+        let mut ask: AskCrcs = Box::new(move |ranges, _| Ok(honest[..ranges.len()].to_vec()));
+        assert!(verify("peer", &job(Opcode::Write), &mut ask).is_ok());
+        let mut lying = truth.clone();
+        lying[1] ^= 1;
+        let mut ask: AskCrcs = Box::new(move |_, _| Ok(lying.clone()));
+        let error = verify("peer", &job(Opcode::Read), &mut ask).unwrap_err();
+        assert!(matches!(error, Error::Corrupt { desc_index: 11, .. }), "{error}");
+        assert!(error.to_string().contains("once read over rdma"), "{error}");
+        let mut short: AskCrcs = Box::new(|_, _| Ok(vec![0]));
+        assert!(matches!(verify("peer", &job(Opcode::Write), &mut short), Err(Error::Malformed { .. })));
+        let mut refused: AskCrcs = Box::new(|_, _| Err(Error::Unsupported { what: "older".into() }));
+        assert!(matches!(verify("peer", &job(Opcode::Write), &mut refused), Err(Error::Unsupported { .. })));
+        let withdrawn = job(Opcode::Write);
+        withdrawn.gate.withdraw();
+        let mut never: AskCrcs = Box::new(|_, _| panic!("a withdrawn job asks nothing"));
+        assert!(verify("peer", &withdrawn, &mut never).is_ok());
+    }
+}
