@@ -23,7 +23,8 @@ const BLOCK: u64 = 16 << 10;
 const BLOCKS: u64 = 8;
 const LEN: usize = (BLOCK * BLOCKS) as usize;
 
-/// The corruption hook is process-wide: these tests take turns.
+/// The corruption hook and the stall are process-wide: tests that verify
+/// take turns.
 static TURN: Mutex<()> = Mutex::new(());
 
 fn turn() -> MutexGuard<'static, ()> {
@@ -224,4 +225,28 @@ fn a_checksummed_gpu_block_over_rdma_is_refused_with_the_reason() {
     let message = unsupported(run(true));
     assert!(message.contains("GPU memory") && message.contains("no checksum kernel"), "{message}");
     assert!(run(false).is_done());
+}
+
+/// With a token, the verifier asks on a handshaken (sealed) control
+/// session as the link's connect did, and its pushes are verified and
+/// done; a client that has not proven the token gets no CRC at all.
+#[test]
+fn on_a_tokened_engine_only_a_proven_session_gets_crcs() {
+    // Takes its turn: another test's stalled answers would stall its own.
+    let _turn = turn();
+    let pair = common::verbs::rdma_pair("sum-rdma-token", Some("sum-secret"));
+    // SAFETY: no batch touches these bytes yet.
+    unsafe { pair.local.fill_pattern(5) };
+    let descs: Vec<BlockDesc> =
+        (0..4).map(|i| BlockDesc::new(pair.local.id(), i * BLOCK, pair.remote.id(), i * BLOCK, BLOCK)).collect();
+    let mut sub = pair.initiator.submitter().unwrap();
+    let id = sub.submit(&Batch::write(&pair.segment).descs(&descs).checksum(true).deadline(WAIT)).unwrap();
+    let outcome = sub.wait(id, WAIT).unwrap();
+    assert!(matches!(outcome, Outcome::Done { bytes } if bytes == 4 * BLOCK), "{outcome:?}");
+
+    let addr = pair.target.control_addr().to_string();
+    let mut stranger =
+        kvring::testing::control::ControlClient::connect(&addr, std::time::Instant::now() + WAIT).unwrap();
+    let refused = stranger.crc32c(&[(pair.remote.id().raw(), 0, 16)], std::time::Instant::now() + WAIT).unwrap_err();
+    assert!(refused.to_string().contains("token"), "{refused}");
 }
