@@ -76,7 +76,8 @@ pub(crate) struct JobBlock {
 }
 
 /// Keeps the worker off a chunk's local bytes once the lane withdrew it:
-/// the worker sums them holding the lock, the lane sets the flag holding it.
+/// the worker sums each piece holding the lock, the lane sets the flag
+/// holding it.
 #[derive(Debug, Default)]
 struct Gate {
     withdrawn: Mutex<bool>,
@@ -305,21 +306,19 @@ fn pieces(blocks: &[JobBlock]) -> Vec<Piece> {
 /// [`MAX_CRC32C_BYTES`].
 fn verify(peer: &str, job: &Job, ask: &mut AskCrcs) -> Result<()> {
     let pieces = pieces(&job.blocks);
-    let ours = {
+    let mut ours = Vec::with_capacity(pieces.len());
+    for piece in &pieces {
+        // Held for one piece at a time: a withdrawal waits at most that.
         let withdrawn = job.gate.withdrawn.lock().unwrap_or_else(PoisonError::into_inner);
         if *withdrawn {
             return Ok(());
         }
-        pieces
-            .iter()
-            // SAFETY: the chunk holds its leases until it ends, and it
-            // cannot end (withdrawn) while we hold the gate; a WRITE's
-            // source is not written meanwhile and a READ's destination was
-            // placed before its completion; read through a bounce buffer
-            // all the same.
-            .map(|p| unsafe { crc32c_shared(p.local as *const u8, p.range.2 as usize) })
-            .collect::<Vec<u32>>()
-    };
+        // SAFETY: the chunk holds its leases until it ends, and it cannot
+        // end (withdrawn) while we hold the gate; a WRITE's source is not
+        // written meanwhile and a READ's destination was placed before its
+        // completion; read through a bounce buffer all the same.
+        ours.push(unsafe { crc32c_shared(piece.local as *const u8, piece.range.2 as usize) });
+    }
     let mut theirs = Vec::with_capacity(pieces.len());
     let mut start = 0;
     while start < pieces.len() {
