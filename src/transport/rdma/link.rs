@@ -449,7 +449,7 @@ impl LaneLink for RdmaLink {
 
     fn poll(&mut self, ended: &mut Vec<ChunkEnd>) -> bool {
         if self.broken {
-            let had = !self.in_flight.is_empty();
+            let had = !self.in_flight.is_empty() || self.verifier.is_waiting();
             self.break_lane(None, ended);
             return had;
         }
