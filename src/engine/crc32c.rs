@@ -211,6 +211,21 @@ mod tests {
         registry.unregister(hidden).unwrap();
     }
 
+    /// The fuzz seeds of the new messages decode as them (so the fuzzer
+    /// starts from a CRC32C request and answer).
+    #[test]
+    fn the_fuzz_seeds_are_a_crc32c_request_and_answer() {
+        use crate::proto::{request, response};
+        let seeds = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/seeds/control_message/");
+        let asked = std::fs::read(format!("{seeds}crc32c_request")).unwrap();
+        let Ok(request::Body::Crc32c(asked)) = crate::control::frame::decode_request(&asked) else { panic!() };
+        assert_eq!(asked.ranges, [Crc32cRange { region: 1, offset: 0, len: 16 }]);
+        assert!(check_request(&asked).is_ok());
+        let told = std::fs::read(format!("{seeds}crc32c_response")).unwrap();
+        let Ok(response::Body::Crc32c(told)) = crate::control::frame::decode_response(&told) else { panic!() };
+        assert_eq!(told.crcs, [0x1234_5678]);
+    }
+
     /// The target's own batches (leases on the region) do not make it
     /// fail, unlike the bench's `checksum`.
     #[test]
