@@ -225,6 +225,12 @@ fn a_checksummed_gpu_block_over_rdma_is_refused_with_the_reason() {
     let message = unsupported(run(true));
     assert!(message.contains("GPU memory") && message.contains("no checksum kernel"), "{message}");
     assert!(run(false).is_done());
+    // The target refuses a CRC32C of its own GPU memory too, asked anyway.
+    let device = target.alloc_region(LEN, RegionInfo::raw().on_gpu(0)).unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut asker = kvring::testing::control::ControlClient::connect(&addr, deadline).unwrap();
+    let refused = asker.crc32c(&[(device.id().raw(), 0, 16)], deadline).unwrap_err();
+    assert!(refused.to_string().contains("GPU memory"), "{refused}");
 }
 
 /// With a token, the verifier asks on a handshaken (sealed) control
