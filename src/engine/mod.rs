@@ -37,6 +37,7 @@ pub use batch::{Batch, Completion, Event, Outcome};
 #[cfg(test)]
 pub(crate) use config::MAX_RDMA_NICS;
 pub use config::{EngineBuilder, EngineConfig};
+#[cfg(feature = "testing")]
 pub(crate) use crc32c::check_request as check_crc32c_request;
 #[cfg(feature = "testing")]
 pub(crate) use crc32c::stall as crc32c_stall;
