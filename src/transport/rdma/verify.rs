@@ -1,9 +1,9 @@
 //! End-to-end checksums over rdma: a checksummed chunk's work requests
 //! complete with no CPU of the target involved, so the chunk is verified
 //! afterwards, off the lane. Once its last completion is polled, its
-//! blocks go to this lane link's verifier thread, which sums the local
-//! side (a WRITE's source, a READ's landed destination: the chunk still
-//! holds its leases, so those bytes are stable) and asks the target, on
+//! blocks go to this lane link's verifier threads, one of which sums the
+//! local side (a WRITE's source, a READ's landed destination: the chunk
+//! still holds its leases, so those bytes are stable) and asks the target, on
 //! the control plane, for the CRC32C of the remote side
 //! (`Crc32cRequest`, answered by `engine::crc32c`). The chunk ends when
 //! the verdict comes back through [`Verifier::poll`]: `Ok`, `Corrupt`
@@ -17,7 +17,7 @@
 
 use crate::error::{Error, Result};
 use crate::ring::Opcode;
-use crate::transport::checksum::{corrupt, crc32c_shared};
+use crate::transport::checksum::{corrupt, crc32c_host};
 use crate::transport::ChunkEnd;
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
@@ -36,6 +36,9 @@ pub const MAX_CRC32C_BYTES: u64 = 1 << 30;
 /// Verification jobs queued to a worker before the lane keeps the rest in
 /// its own backlog (sent on its next polls).
 const JOB_QUEUE: usize = 64;
+/// Threads verifying one lane link's chunks: two, so one chunk's local sum
+/// runs while another's question is with the target.
+const WORKER_THREADS: usize = 2;
 
 /// A range of the peer's memory to sum: (raw region id, offset, length).
 pub(crate) type Range = (u64, u64, u64);
@@ -115,8 +118,8 @@ struct Worker {
     verdicts: Receiver<Verdict>,
 }
 
-/// One lane link's verifications: its worker thread (started at the first
-/// checksummed chunk), the jobs it has not taken yet, and the chunks
+/// One lane link's verifications: its worker threads (started at the
+/// first checksummed chunk), the jobs it has not taken yet, and the chunks
 /// waiting on verdicts. Only the lane calls it.
 #[derive(Debug)]
 pub(crate) struct Verifier {
@@ -255,24 +258,39 @@ impl Drop for Verifier {
     }
 }
 
+/// Starts [`WORKER_THREADS`] threads taking jobs from one queue, each with
+/// its own control connection; a thread that cannot start is skipped
+/// while one did.
 fn spawn(peer: &str, with: &VerifyPeer) -> Result<Worker> {
     let (jobs, taken) = mpsc::sync_channel::<Job>(JOB_QUEUE);
+    let taken = Arc::new(Mutex::new(taken));
     let (told, verdicts) = mpsc::channel::<Verdict>();
-    let dial = with.dial.clone();
-    let name = peer.to_string();
-    std::thread::Builder::new()
-        .name("kvring-rdma-verify".into())
-        .spawn(move || {
+    let mut started = 0;
+    let mut failure = None;
+    for _ in 0..WORKER_THREADS {
+        let (dial, name, taken, told) = (with.dial.clone(), peer.to_string(), taken.clone(), told.clone());
+        let thread = std::thread::Builder::new().name("kvring-rdma-verify".into()).spawn(move || {
             let mut ask = dial();
-            for job in taken {
+            loop {
+                // The queue's lock is held only to take a job, never while
+                // one is verified.
+                let job = taken.lock().unwrap_or_else(PoisonError::into_inner).recv();
+                let Ok(job) = job else { return };
                 let verdict = verify(&name, &job, &mut ask);
                 if told.send((job.chunk, verdict)).is_err() {
                     return;
                 }
             }
-        })
-        .map_err(|e| Error::io("starting the rdma verifier thread", e))?;
-    Ok(Worker { jobs, verdicts })
+        });
+        match thread {
+            Ok(_) => started += 1,
+            Err(error) => failure = Some(error),
+        }
+    }
+    match (started, failure) {
+        (0, Some(error)) => Err(Error::io("starting the rdma verifier threads", error)),
+        _ => Ok(Worker { jobs, verdicts }),
+    }
 }
 
 /// One piece of a block, summed at both ends.
@@ -315,9 +333,10 @@ fn verify(peer: &str, job: &Job, ask: &mut AskCrcs) -> Result<()> {
         }
         // SAFETY: the chunk holds its leases until it ends, and it cannot
         // end (withdrawn) while we hold the gate; a WRITE's source is not
-        // written meanwhile and a READ's destination was placed before its
-        // completion; read through a bounce buffer all the same.
-        ours.push(unsafe { crc32c_shared(piece.local as *const u8, piece.range.2 as usize) });
+        // written meanwhile (the caller's contract, as on every transport)
+        // and a READ's destination was placed before its completion, and
+        // only its chunk touches it until the chunk ends.
+        ours.push(unsafe { crc32c_host(piece.local as *const u8, piece.range.2 as usize) });
     }
     let mut theirs = Vec::with_capacity(pieces.len());
     let mut start = 0;
