@@ -212,6 +212,8 @@ impl RdmaLink {
                 })
                 .collect(),
         );
+        // One pool of verifier threads for the link's lanes.
+        let verify = verify.map(|peer| (peer, Arc::new(super::verify::Pool::default())));
         let state = LinkState::new(TransportKind::Rdma, false);
         let lanes = made
             .chunks(nics)

@@ -1,7 +1,8 @@
 //! End-to-end checksums over rdma: a checksummed chunk's work requests
 //! complete with no CPU of the target involved, so the chunk is verified
 //! afterwards, off the lane. Once its last completion is polled, its
-//! blocks go to this lane link's verifier threads, one of which sums the
+//! blocks go to the link's verifier threads (two, shared by its lanes),
+//! one of which sums the
 //! local side (a WRITE's source, a READ's landed destination: the chunk
 //! still holds its leases, so those bytes are stable) and asks the target, on
 //! the control plane, for the CRC32C of the remote side
@@ -20,8 +21,8 @@ use crate::ring::Opcode;
 use crate::transport::checksum::{corrupt, crc32c_host};
 use crate::transport::ChunkEnd;
 use std::collections::{HashMap, VecDeque};
-use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Most ranges one `Crc32cRequest` carries (a target refuses more): a
@@ -36,8 +37,8 @@ pub const MAX_CRC32C_BYTES: u64 = 1 << 30;
 /// Verification jobs queued to a worker before the lane keeps the rest in
 /// its own backlog (sent on its next polls).
 const JOB_QUEUE: usize = 64;
-/// Threads verifying one lane link's chunks: two, so one chunk's local sum
-/// runs while another's question is with the target.
+/// Threads verifying one link's chunks (all its lanes'): two, so one
+/// chunk's local sum runs while another's question is with the target.
 const WORKER_THREADS: usize = 2;
 
 /// A range of the peer's memory to sum: (raw region id, offset, length).
@@ -99,35 +100,8 @@ struct Job {
     blocks: Vec<JobBlock>,
     deadline: Instant,
     gate: Arc<Gate>,
-}
-
-/// A chunk whose verdict the lane waits for.
-#[derive(Debug)]
-struct Waiting {
-    ticket: u64,
-    bytes: u64,
-    gate: Arc<Gate>,
-}
-
-/// A verdict: the chunk, and `Ok` or why it failed.
-type Verdict = (u64, Result<()>);
-
-#[derive(Debug)]
-struct Worker {
-    jobs: SyncSender<Job>,
-    verdicts: Receiver<Verdict>,
-}
-
-/// One lane link's verifications: its worker threads (started at the
-/// first checksummed chunk), the jobs it has not taken yet, and the chunks
-/// waiting on verdicts. Only the lane calls it.
-#[derive(Debug)]
-pub(crate) struct Verifier {
-    peer: String,
-    with: Option<VerifyPeer>,
-    worker: Option<Worker>,
-    backlog: VecDeque<Job>,
-    waiting: HashMap<u64, Waiting>,
+    /// Where its verdict goes: its lane link's channel.
+    reply: Sender<Verdict>,
 }
 
 impl std::fmt::Debug for Job {
@@ -136,11 +110,60 @@ impl std::fmt::Debug for Job {
     }
 }
 
+/// A chunk whose verdict the lane waits for.
+#[derive(Debug)]
+struct Waiting {
+    ticket: u64,
+    bytes: u64,
+    gate: Arc<Gate>,
+    /// Past this (the question's own deadline and a grace), the lane stops
+    /// waiting even if no verdict came (a worker that died).
+    give_up: Instant,
+}
+
+/// Lets a verdict that is on its way arrive before the lane gives up.
+const VERDICT_GRACE: Duration = Duration::from_secs(1);
+
+/// A verdict: the chunk, and `Ok` or why it failed.
+type Verdict = (u64, Result<()>);
+
+/// The verifier threads of one link (all its lanes): started at the
+/// first checksummed chunk of any lane, ended once every lane link is
+/// dropped (the queue's sender is here) and its current question ended.
+#[derive(Debug, Default)]
+pub(crate) struct Pool {
+    jobs: OnceLock<std::result::Result<SyncSender<Job>, String>>,
+}
+
+impl Pool {
+    /// The queue to the threads, started now if they were not.
+    fn jobs(&self, peer: &str, with: &VerifyPeer) -> Result<&SyncSender<Job>> {
+        match self.jobs.get_or_init(|| spawn(peer, with)) {
+            Ok(jobs) => Ok(jobs),
+            Err(why) => Err(Error::Unsupported { what: format!("checksums over rdma to {peer}: {why}") }),
+        }
+    }
+}
+
+/// One lane link's verifications: the link's threads (shared with its
+/// other lanes), the jobs they have not taken yet, and the chunks waiting
+/// on verdicts. Only the lane calls it.
+#[derive(Debug)]
+pub(crate) struct Verifier {
+    peer: String,
+    with: Option<(VerifyPeer, Arc<Pool>)>,
+    told: Sender<Verdict>,
+    verdicts: Receiver<Verdict>,
+    backlog: VecDeque<Job>,
+    waiting: HashMap<u64, Waiting>,
+}
+
 impl Verifier {
-    /// A verifier for `peer`; `None`: this link cannot verify (checksummed
-    /// chunks are refused).
-    pub fn new(peer: &str, with: Option<VerifyPeer>) -> Self {
-        Self { peer: peer.to_string(), with, worker: None, backlog: VecDeque::new(), waiting: HashMap::new() }
+    /// A verifier for `peer`, on `pool` (shared by the link's lanes);
+    /// `None`: this link cannot verify (checksummed chunks are refused).
+    pub fn new(peer: &str, with: Option<(VerifyPeer, Arc<Pool>)>) -> Self {
+        let (told, verdicts) = mpsc::channel();
+        Self { peer: peer.to_string(), with, told, verdicts, backlog: VecDeque::new(), waiting: HashMap::new() }
     }
 
     /// Whether checksummed chunks can be verified at all.
@@ -153,70 +176,55 @@ impl Verifier {
         !self.waiting.is_empty()
     }
 
-    /// Hands a completed chunk's blocks to the worker; `Err` (the chunk
-    /// then ends failed) when no worker could be started.
+    /// Hands a completed chunk's blocks to the threads; `Err` (the chunk
+    /// then ends failed) when none could be started.
     pub fn start(&mut self, chunk: u64, ticket: u64, bytes: u64, op: Opcode, blocks: Vec<JobBlock>) -> Result<()> {
-        let Some(with) = &self.with else {
+        let Some((with, pool)) = &self.with else {
             return Err(Error::Unsupported { what: format!("checksums over rdma to {}: no control path", self.peer) });
         };
-        if self.worker.is_none() {
-            self.worker = Some(spawn(&self.peer, with)?);
-        }
+        pool.jobs(&self.peer, with)?;
         let gate = Arc::new(Gate::default());
         let deadline = crate::deadline::deadline_after(with.timeout);
-        self.waiting.insert(chunk, Waiting { ticket, bytes, gate: gate.clone() });
-        self.backlog.push_back(Job { chunk, op, blocks, deadline, gate });
+        let give_up = crate::deadline::deadline_after(with.timeout.saturating_add(VERDICT_GRACE));
+        self.waiting.insert(chunk, Waiting { ticket, bytes, gate: gate.clone(), give_up });
+        let reply = self.told.clone();
+        self.backlog.push_back(Job { chunk, op, blocks, deadline, gate, reply });
         self.send_backlog();
         Ok(())
     }
 
-    /// Queues what the worker has room for.
+    /// Queues what the threads have room for (the rest waits here; a
+    /// queue whose threads are all gone keeps it until they give up).
     fn send_backlog(&mut self) {
-        let Some(worker) = &self.worker else { return };
+        let Some(Ok(jobs)) = self.with.as_ref().and_then(|(_, pool)| pool.jobs.get()) else { return };
         while let Some(job) = self.backlog.pop_front() {
-            match worker.jobs.try_send(job) {
-                Ok(()) => {}
-                Err(TrySendError::Full(job)) => {
-                    self.backlog.push_front(job);
-                    return;
-                }
-                // The worker is gone (it panicked): its chunks fail below.
-                Err(TrySendError::Disconnected(job)) => {
-                    self.backlog.push_front(job);
-                    return;
-                }
+            if let Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) = jobs.try_send(job) {
+                self.backlog.push_front(job);
+                return;
             }
         }
     }
 
-    /// Ends the chunks whose verdicts came; true if any did.
+    /// Ends the chunks whose verdicts came, and those that waited past
+    /// their deadline for one; true if any ended.
     pub fn poll(&mut self, ended: &mut Vec<ChunkEnd>) -> bool {
         if self.waiting.is_empty() {
             return false;
         }
         self.send_backlog();
-        let Some(worker) = &self.worker else { return false };
         let mut progressed = false;
-        loop {
-            match worker.verdicts.try_recv() {
-                Ok((chunk, verdict)) => {
-                    // A chunk withdrawn meanwhile has ended: its verdict is late.
-                    let Some(waiting) = self.waiting.remove(&chunk) else { continue };
-                    progressed = true;
-                    ended.push((waiting.ticket, verdict.map(|()| waiting.bytes).map_err(|e| (e, waiting.bytes))));
-                }
-                Err(TryRecvError::Empty) => return progressed,
-                Err(TryRecvError::Disconnected) => {
-                    let peer = self.peer.clone();
-                    let reason = move || Error::Device {
-                        device: "rdma verifier".into(),
-                        reason: format!("the verifier of {peer} stopped"),
-                    };
-                    self.fail_where(|_| true, &reason, ended);
-                    return true;
-                }
-            }
+        while let Ok((chunk, verdict)) = self.verdicts.try_recv() {
+            // A chunk withdrawn meanwhile has ended: its verdict is late.
+            let Some(waiting) = self.waiting.remove(&chunk) else { continue };
+            progressed = true;
+            ended.push((waiting.ticket, verdict.map(|()| waiting.bytes).map_err(|e| (e, waiting.bytes))));
         }
+        let now = Instant::now();
+        if self.waiting.values().any(|w| now >= w.give_up) {
+            let late = || Error::Timeout { what: "the peer's CRC32C of an rdma chunk", waited: VERDICT_GRACE };
+            progressed |= self.fail_where(|w| now >= w.give_up, &late, ended) > 0;
+        }
+        progressed
     }
 
     /// Ends (failed with `error`) the chunks of `ticket` waiting on a
@@ -239,7 +247,7 @@ impl Verifier {
         let chunks: Vec<u64> = self.waiting.iter().filter(|(_, w)| which(w)).map(|(&c, _)| c).collect();
         for chunk in &chunks {
             let Some(waiting) = self.waiting.remove(chunk) else { continue };
-            // Once this returns the worker reads the chunk's bytes no more.
+            // Once this returns the threads read the chunk's bytes no more.
             waiting.gate.withdraw();
             ended.push((waiting.ticket, Err((error(), 0))));
         }
@@ -249,8 +257,8 @@ impl Verifier {
 }
 
 impl Drop for Verifier {
-    /// The worker lets go of every chunk's bytes before the lane can give
-    /// their leases back; it ends once its current question does.
+    /// The threads let go of every chunk's bytes before the lane can give
+    /// their leases back.
     fn drop(&mut self) {
         for waiting in self.waiting.values() {
             waiting.gate.withdraw();
@@ -261,14 +269,13 @@ impl Drop for Verifier {
 /// Starts [`WORKER_THREADS`] threads taking jobs from one queue, each with
 /// its own control connection; a thread that cannot start is skipped
 /// while one did.
-fn spawn(peer: &str, with: &VerifyPeer) -> Result<Worker> {
+fn spawn(peer: &str, with: &VerifyPeer) -> std::result::Result<SyncSender<Job>, String> {
     let (jobs, taken) = mpsc::sync_channel::<Job>(JOB_QUEUE);
     let taken = Arc::new(Mutex::new(taken));
-    let (told, verdicts) = mpsc::channel::<Verdict>();
     let mut started = 0;
     let mut failure = None;
     for _ in 0..WORKER_THREADS {
-        let (dial, name, taken, told) = (with.dial.clone(), peer.to_string(), taken.clone(), told.clone());
+        let (dial, name, taken) = (with.dial.clone(), peer.to_string(), taken.clone());
         let thread = std::thread::Builder::new().name("kvring-rdma-verify".into()).spawn(move || {
             let mut ask = dial();
             loop {
@@ -277,9 +284,8 @@ fn spawn(peer: &str, with: &VerifyPeer) -> Result<Worker> {
                 let job = taken.lock().unwrap_or_else(PoisonError::into_inner).recv();
                 let Ok(job) = job else { return };
                 let verdict = verify(&name, &job, &mut ask);
-                if told.send((job.chunk, verdict)).is_err() {
-                    return;
-                }
+                // A lane link dropped meanwhile no longer listens.
+                let _ = job.reply.send((job.chunk, verdict));
             }
         });
         match thread {
@@ -288,8 +294,8 @@ fn spawn(peer: &str, with: &VerifyPeer) -> Result<Worker> {
         }
     }
     match (started, failure) {
-        (0, Some(error)) => Err(Error::io("starting the rdma verifier threads", error)),
-        _ => Ok(Worker { jobs, verdicts }),
+        (0, Some(error)) => Err(format!("no verifier thread could start: {error}")),
+        _ => Ok(jobs),
     }
 }
 
@@ -415,6 +421,7 @@ mod tests {
             blocks: blocks.clone(),
             deadline: Instant::now() + Duration::from_secs(5),
             gate: Arc::default(),
+            reply: mpsc::channel().0,
         };
         let honest = truth.clone();
         let mut ask: AskCrcs = Box::new(move |ranges, _| Ok(honest[..ranges.len()].to_vec()));
@@ -433,5 +440,55 @@ mod tests {
         withdrawn.gate.withdraw();
         let mut never: AskCrcs = Box::new(|_, _| panic!("a withdrawn job asks nothing"));
         assert!(verify("peer", &withdrawn, &mut never).is_ok());
+    }
+
+    /// Through the link's threads: a chunk whose sums agree ends with its
+    /// bytes; one withdrawn while the peer has not answered ends failed at
+    /// once, and its verdict, when it comes, is ignored.
+    #[test]
+    fn a_verdict_ends_its_chunk_and_a_withdrawn_chunk_ignores_its_late_verdict() {
+        let data = vec![9u8; 4096];
+        let block =
+            JobBlock { local: data.as_ptr() as usize, region: 1, offset: 0, len: 4096, desc_index: 0, landing: 0 };
+        let crc = crate::transport::checksum::crc32c_of(&data);
+        // The peer answers chunk 1 at once, and chunk 2 once `release` is sent.
+        let (release, held) = mpsc::channel::<()>();
+        let held = Arc::new(Mutex::new(held));
+        let dial = move || -> AskCrcs {
+            let held = held.clone();
+            Box::new(move |ranges: &[Range], _| {
+                if ranges[0].1 == 8192 {
+                    let _ = held.lock().unwrap().recv_timeout(Duration::from_secs(10));
+                }
+                Ok(vec![crc])
+            })
+        };
+        let peer = VerifyPeer { dial: Arc::new(dial), timeout: Duration::from_secs(10) };
+        let mut verifier = Verifier::new("peer", Some((peer, Arc::default())));
+        let mut ended = Vec::new();
+        let wait_for = |verifier: &mut Verifier, ended: &mut Vec<ChunkEnd>| {
+            for _ in 0..10_000 {
+                if verifier.poll(ended) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            panic!("no verdict");
+        };
+        verifier.start(1, 7, 4096, Opcode::Write, vec![block]).unwrap();
+        wait_for(&mut verifier, &mut ended);
+        assert!(matches!(ended.as_slice(), [(7, Ok(4096))]), "{ended:?}");
+        ended.clear();
+        verifier.start(2, 8, 4096, Opcode::Write, vec![JobBlock { offset: 8192, ..block }]).unwrap();
+        assert!(verifier.is_waiting());
+        assert_eq!(verifier.withdraw(8, &|| Error::Cancelled { bytes: 0 }, &mut ended), 1);
+        assert!(matches!(ended.as_slice(), [(8, Err((Error::Cancelled { .. }, 0)))]), "{ended:?}");
+        assert!(!verifier.is_waiting());
+        release.send(()).unwrap();
+        ended.clear();
+        // Chunk 2's late verdict comes on the same channel as chunk 3's.
+        verifier.start(3, 9, 4096, Opcode::Read, vec![block]).unwrap();
+        wait_for(&mut verifier, &mut ended);
+        assert!(matches!(ended.as_slice(), [(9, Ok(4096))]), "only chunk 3 ends: {ended:?}");
     }
 }
