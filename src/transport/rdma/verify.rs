@@ -2,10 +2,10 @@
 //! complete with no CPU of the target involved, so the chunk is verified
 //! afterwards, off the lane. Once its last completion is polled, its
 //! blocks go to the link's verifier threads (two, shared by its lanes),
-//! one of which sums the
-//! local side (a WRITE's source, a READ's landed destination: the chunk
-//! still holds its leases, so those bytes are stable) and asks the target, on
-//! the control plane, for the CRC32C of the remote side
+//! one of which sums the local side (a WRITE's source, a READ's landed
+//! destination: the chunk still holds its leases, so those bytes are
+//! stable) and asks the target, on the control plane, for the CRC32C of
+//! the remote side
 //! (`Crc32cRequest`, answered by `engine::crc32c`). The chunk ends when
 //! the verdict comes back through [`Verifier::poll`]: `Ok`, `Corrupt`
 //! naming the first block whose sums differ, or the request's error.
