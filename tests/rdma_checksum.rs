@@ -182,10 +182,11 @@ fn a_write_only_destination_and_a_tagged_push_are_refused_with_the_reason() {
 }
 
 /// A target that never answers the verify request: the batch ends
-/// `TimedOut` at its own deadline, not reported done; once the target
-/// answers again, the next checksummed push is verified and done.
+/// `TimedOut` at its own deadline, not reported done; one cancelled while
+/// it waits ends `Cancelled`; once the target answers again, the next
+/// checksummed push is verified and done.
 #[test]
-fn a_target_that_never_answers_the_verification_ends_the_batch_at_its_deadline() {
+fn a_target_that_never_answers_ends_the_batch_at_its_deadline_or_its_cancel() {
     let _turn = turn();
     let pair = pair("sum-rdma-stall");
     assert!(pair.write().is_done(), "the verifier is connected");
@@ -193,6 +194,19 @@ fn a_target_that_never_answers_the_verification_ends_the_batch_at_its_deadline()
     let descs = pair.descs(&pair.remote);
     let outcome = pair.run(Batch::write(&pair.segment).descs(&descs).checksum(true), Duration::from_millis(300));
     assert!(matches!(outcome, Outcome::TimedOut { .. }), "{outcome:?}");
+
+    // Cancelled once its chunk waits on the verdict (the question reached
+    // the target): it ends Cancelled at once, not when the target answers.
+    let mut sub = pair.initiator.submitter().unwrap();
+    let id = sub.submit(&Batch::write(&pair.segment).descs(&descs).checksum(true).deadline(WAIT)).unwrap();
+    let asked = std::time::Instant::now() + WAIT;
+    while stalled.waiting() < 2 {
+        assert!(std::time::Instant::now() < asked, "the verification never reached the target");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sub.cancel(id).unwrap();
+    let outcome = sub.wait(id, WAIT).unwrap();
+    assert!(matches!(outcome, Outcome::Cancelled { .. }), "{outcome:?}");
     drop(stalled);
     assert!(pair.write().is_done(), "verified again once the target answers");
 }

@@ -126,10 +126,12 @@ pub(crate) fn verify_peer(addr: String, initiator: Initiator, token: Option<Toke
 /// holds [`stall::hold`]'s guard, every answer of this process waits.
 #[cfg(feature = "testing")]
 pub(crate) mod stall {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::time::{Duration, Instant};
 
     static STALLED: AtomicBool = AtomicBool::new(false);
+    /// Answers waiting in [`wait`] now.
+    static WAITING: AtomicUsize = AtomicUsize::new(0);
     /// Longest an answer waits, so a test that forgets its guard cannot
     /// hang a control thread for good.
     const MOST: Duration = Duration::from_secs(60);
@@ -144,6 +146,13 @@ pub(crate) mod stall {
         }
     }
 
+    impl Stalled {
+        /// How many answers are held now (a request reached the target).
+        pub fn waiting(&self) -> usize {
+            WAITING.load(Ordering::Acquire)
+        }
+    }
+
     /// Stalls every CRC32C answer of this process until the guard drops.
     pub fn hold() -> Stalled {
         STALLED.store(true, Ordering::Release);
@@ -152,9 +161,11 @@ pub(crate) mod stall {
 
     pub(super) fn wait() {
         let until = Instant::now() + MOST;
+        WAITING.fetch_add(1, Ordering::AcqRel);
         while STALLED.load(Ordering::Acquire) && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(5));
         }
+        WAITING.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

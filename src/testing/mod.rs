@@ -168,8 +168,19 @@ pub fn stop_control_server(engine: &crate::Engine) {
 
 /// Makes every target of this process stop answering rdma's CRC32C
 /// requests (as a stalled peer would) until the guard drops.
-pub fn stall_crc32c_answers() -> impl Drop {
-    crate::engine::crc32c_stall::hold()
+pub fn stall_crc32c_answers() -> StalledAnswers {
+    StalledAnswers(crate::engine::crc32c_stall::hold())
+}
+
+/// Held CRC32C answers ([`stall_crc32c_answers`]), released when dropped.
+#[derive(Debug)]
+pub struct StalledAnswers(crate::engine::crc32c_stall::Stalled);
+
+impl StalledAnswers {
+    /// How many requests reached a target and wait for their answer now.
+    pub fn waiting(&self) -> usize {
+        self.0.waiting()
+    }
 }
 
 /// Holds off this process's fences, as a fence in progress does (an rdma
