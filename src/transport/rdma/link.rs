@@ -118,6 +118,16 @@ impl Keys for LinkKeys<'_> {
     }
 }
 
+/// Per peer region (raw id): whether peers may read it and whether it is
+/// host memory, what verifying a checksummed chunk needs there.
+fn summable(descriptor: &SegmentDescriptor) -> Arc<HashMap<u64, (bool, bool)>> {
+    let regions = descriptor.regions.iter().map(|r| {
+        let readable = r.access.contains(crate::mem::Access::REMOTE_READ);
+        (r.id.raw(), (readable, r.memory == crate::mem::MemoryKind::Host))
+    });
+    Arc::new(regions.collect())
+}
+
 fn wc_error(peer: &str, status: WcStatus) -> Error {
     match status {
         WcStatus::RetryExceeded | WcStatus::Flushed => Error::PeerRestarted {
@@ -202,16 +212,7 @@ impl RdmaLink {
             Arc::new(info.regions.iter().map(|(id, addr, rkeys)| (id.raw(), (*addr, rkeys.clone()))).collect());
         let unreachable: Arc<HashMap<_, _>> =
             Arc::new(info.unreachable.iter().map(|(id, why)| (id.raw(), why.clone())).collect());
-        let summable: Arc<HashMap<_, _>> = Arc::new(
-            descriptor
-                .regions
-                .iter()
-                .map(|r| {
-                    let readable = r.access.contains(crate::mem::Access::REMOTE_READ);
-                    (r.id.raw(), (readable, r.memory == crate::mem::MemoryKind::Host))
-                })
-                .collect(),
-        );
+        let summable = summable(descriptor);
         // One pool of verifier threads for the link's lanes.
         let verify = verify.map(|peer| (peer, Arc::new(super::verify::Pool::default())));
         let state = LinkState::new(TransportKind::Rdma, false);
