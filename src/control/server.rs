@@ -1,5 +1,6 @@
 //! The control-plane server: handshakes (the engine's segment descriptor,
-//! behind the token's mutual proof when the engine has one), checksums,
+//! behind the token's mutual proof when the engine has one), checksums
+//! (the bench's, and rdma's CRC32Cs),
 //! notifications, memory info and RDMA connects.
 //!
 //! It runs on its own threads, never on a lane. It binds exactly the address
@@ -55,6 +56,9 @@ pub(crate) trait ControlHandler: Send + Sync + 'static {
     fn name(&self) -> &str;
     /// Checksum of a remote-readable range of one of the engine's regions.
     fn checksum(&self, request: &ChecksumRequest) -> Result<u64>;
+    /// CRC32C of each range of the engine's remote-readable host regions
+    /// (an rdma initiator verifying a checksummed chunk).
+    fn crc32c(&self, request: &crate::proto::Crc32cRequest) -> Result<Vec<u32>>;
     /// Queues a notification from `sender` (the proven or claimed name).
     fn notify(&self, sender: &str, message: Vec<u8>) -> Result<()>;
     /// The registered KV-cache layout.
@@ -270,6 +274,11 @@ pub(crate) fn handle(
             let checksum = handler.checksum(&request)?;
             auth.admitted = true;
             Ok(response::Body::Checksum(ChecksumResponse { checksum }))
+        }
+        request::Body::Crc32c(request) => {
+            let crcs = handler.crc32c(&request)?;
+            auth.admitted = true;
+            Ok(response::Body::Crc32c(crate::proto::Crc32cResponse { crcs }))
         }
         request::Body::Notify(notification) => {
             // A proven sender is counted under its proven name; without a

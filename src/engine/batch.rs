@@ -102,9 +102,12 @@ impl<'a> Batch<'a> {
     /// engine's [`checksum`](crate::EngineBuilder::checksum) setting: the
     /// sender computes each block's CRC32C, the receiver verifies it before
     /// the batch is reported done, and a block whose bytes differ fails the
-    /// batch with [`Error::Corrupt`] naming it. Host memory over shm, cma
-    /// and tcp; a transport or memory that cannot verify (rdma, GPU memory)
-    /// fails the batch with `Unsupported` saying why, never unchecked. See
+    /// batch with [`Error::Corrupt`] naming it. Host memory over shm, cma,
+    /// tcp and rdma (each chunk verified once it completed, by asking the
+    /// target for the CRC32C of what landed: one control round trip per
+    /// chunk, into regions peers may read); what cannot be verified (GPU
+    /// memory, a write-only rdma destination, a tagged checksummed rdma
+    /// push) fails the batch with `Unsupported` saying why, never unchecked. See
     /// docs/CHECKSUMS.md for what each transport's check catches.
     pub fn checksum(mut self, on: bool) -> Self {
         self.checksum = Some(on);

@@ -219,6 +219,10 @@ impl ControlHandler for ControlContext {
         Ok(layout)
     }
 
+    fn crc32c(&self, request: &crate::proto::Crc32cRequest) -> Result<Vec<u32>> {
+        super::crc32c::answer(&self.registry, request)
+    }
+
     fn checksum(&self, request: &ChecksumRequest) -> Result<u64> {
         let id = RegionId::from_raw(request.region);
         // Read alone: refused (`RegionBusy`) while a batch of this engine

@@ -15,6 +15,7 @@ mod arrivals;
 mod batch;
 mod config;
 mod control;
+mod crc32c;
 mod described;
 mod fence;
 mod fence_rdma;
@@ -36,6 +37,10 @@ pub use batch::{Batch, Completion, Event, Outcome};
 #[cfg(test)]
 pub(crate) use config::MAX_RDMA_NICS;
 pub use config::{EngineBuilder, EngineConfig};
+#[cfg(feature = "testing")]
+pub(crate) use crc32c::check_request as check_crc32c_request;
+#[cfg(feature = "testing")]
+pub(crate) use crc32c::stall as crc32c_stall;
 pub(crate) use lifecycle::EngineInner;
 pub use pins::HostPinStats;
 #[cfg(feature = "testing")]

@@ -365,13 +365,22 @@ impl Engine {
                     .ok_or_else(|| Error::Unsupported { what: "rdma: this engine has no RDMA device".into() })?;
                 let initiator = self.initiator();
                 let token = self.inner.config.token.clone();
-                RdmaLink::connect(node, descriptor, lanes, |nics, ours, push_key| {
+                // Checksummed chunks are verified by asking the peer for
+                // CRC32Cs on the control plane, as the same identity.
+                let verify = super::crc32c::verify_peer(
+                    descriptor.control_addr.clone(),
+                    initiator.clone(),
+                    token.clone(),
+                    self.inner.config.control_timeout,
+                );
+                let exchange = |nics, ours: &[_], push_key: &[u8]| {
                     // The QPs belong to the identity this connection's
                     // handshake establishes (proven, with a token).
                     let mut client = ControlClient::connect(&descriptor.control_addr, deadline)?;
                     client.handshake(&initiator, token.as_ref(), deadline)?;
                     client.rdma_connect(nics, ours, push_key, deadline)
-                })
+                };
+                RdmaLink::connect(node, descriptor, lanes, exchange, Some(verify))
             }
         }
     }

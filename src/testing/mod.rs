@@ -9,7 +9,9 @@ pub mod fuzz;
 
 /// End-to-end checksums: corrupting a landed block on purpose.
 pub mod checksum {
-    pub use crate::transport::checksum::{corrupt_landing_at, VERIFIED_PIECE_BYTES};
+    pub use crate::transport::checksum::{
+        corrupt_landing_at, corrupt_rdma_landings_with, RemoteCorrupter, VERIFIED_PIECE_BYTES,
+    };
 }
 
 /// The control protocol: preface, frames, the client, the version.
@@ -163,6 +165,23 @@ pub fn panic_lane_on_next_part(engine: &crate::Engine, lane: usize) -> bool {
 /// that no longer answers (for the rdma fence's cut-off).
 pub fn stop_control_server(engine: &crate::Engine) {
     engine.stop_control();
+}
+
+/// Makes every target of this process stop answering rdma's CRC32C
+/// requests (as a stalled peer would) until the guard drops.
+pub fn stall_crc32c_answers() -> StalledAnswers {
+    StalledAnswers(crate::engine::crc32c_stall::hold())
+}
+
+/// Held CRC32C answers ([`stall_crc32c_answers`]), released when dropped.
+#[derive(Debug)]
+pub struct StalledAnswers(crate::engine::crc32c_stall::Stalled);
+
+impl StalledAnswers {
+    /// How many requests reached a target and wait for their answer now.
+    pub fn waiting(&self) -> usize {
+        self.0.waiting()
+    }
 }
 
 /// Holds off this process's fences, as a fence in progress does (an rdma

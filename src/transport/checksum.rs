@@ -26,6 +26,41 @@ pub(crate) unsafe fn crc32c_host(ptr: *const u8, len: usize) -> u32 {
     sum.value()
 }
 
+/// CRC32C of `bytes`.
+#[cfg(test)]
+pub(crate) fn crc32c_of(bytes: &[u8]) -> u32 {
+    let mut sum = Crc32c::new();
+    sum.update(bytes);
+    sum.value()
+}
+
+/// Bytes [`crc32c_shared`] copies out at a time.
+const SHARED_BOUNCE_BYTES: usize = 64 << 10;
+
+/// CRC32C of `len` bytes at `ptr` that another party may write meanwhile
+/// (a peer's NIC placing an RDMA WRITE): copied out piece by piece into a
+/// bounce buffer and summed there, so no `&[u8]` is ever formed over the
+/// shared bytes (as `mem::checksum_shared` reads them).
+///
+/// # Safety
+///
+/// `ptr..ptr + len` is mapped and readable for the call (a region kept
+/// registered, by a lease, until it returns).
+pub(crate) unsafe fn crc32c_shared(ptr: *const u8, len: usize) -> u32 {
+    let mut bounce = vec![0u8; SHARED_BOUNCE_BYTES.min(len)];
+    let mut sum = Crc32c::new();
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(SHARED_BOUNCE_BYTES);
+        // SAFETY: `done + n <= len`, inside the range our caller vouches
+        // for; the bounce buffer has room for `n` bytes and is ours alone.
+        unsafe { std::ptr::copy_nonoverlapping(ptr.add(done), bounce.as_mut_ptr(), n) };
+        sum.update(&bounce[..n]);
+        done += n;
+    }
+    sum.value()
+}
+
 /// A CRC32C (Castagnoli; `crc_fast`'s CRC-32/ISCSI) computed over pieces
 /// in order: the same value as over their bytes at once. `crc_fast` picks
 /// its kernel once, at run time, by the CPU's features (AVX-512 with
@@ -118,6 +153,37 @@ static CORRUPT_LANDING_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::Ato
 #[cfg(feature = "testing")]
 pub fn corrupt_landing_at(offset: u64) {
     CORRUPT_LANDING_AT.store(offset, std::sync::atomic::Ordering::Release);
+}
+
+/// What corrupts a byte of a peer's region for the `testing` feature's
+/// hook over rdma, where no CPU of this engine touches the landed bytes:
+/// called with the peer's region (raw id) and the offset of the landed
+/// byte to flip, after the WRITE's completion and before its verification.
+#[cfg(feature = "testing")]
+pub type RemoteCorrupter = Box<dyn Fn(u64, u64) + Send + Sync>;
+
+#[cfg(feature = "testing")]
+static REMOTE_CORRUPTER: std::sync::Mutex<Option<RemoteCorrupter>> = std::sync::Mutex::new(None);
+
+/// Sets (or with `None` clears) how a test corrupts a block landed by an
+/// rdma WRITE in the target's memory, when [`corrupt_landing_at`] names
+/// it: the test writes the target engine's region itself, as a stray
+/// writer there would. Process-wide, like the hook.
+#[cfg(feature = "testing")]
+pub fn corrupt_rdma_landings_with(corrupter: Option<RemoteCorrupter>) {
+    *REMOTE_CORRUPTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = corrupter;
+}
+
+/// Corrupts the first byte at `offset` of the peer's region `region` with
+/// the test's corrupter, if one is set (see [`corrupt_rdma_landings_with`]).
+#[inline]
+pub(crate) fn corrupt_remote_landing(region: u64, offset: u64) {
+    #[cfg(feature = "testing")]
+    if let Some(corrupter) = &*REMOTE_CORRUPTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        corrupter(region, offset);
+    }
+    #[cfg(not(feature = "testing"))]
+    let _ = (region, offset);
 }
 
 /// Takes the armed corruption if it is for a block at `offset`.

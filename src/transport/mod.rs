@@ -341,6 +341,13 @@ pub(crate) trait LaneLink: Send + std::fmt::Debug {
         false
     }
 
+    /// True when the link verifies a checksummed chunk ([`Block::checksum`])
+    /// after it completed and before it ends, off the lane (rdma: the
+    /// target sums what landed, `rdma/verify.rs`).
+    fn verifies_completed(&self) -> bool {
+        false
+    }
+
     /// Continues `sum` over the peer's bytes under `block`'s remote range,
     /// read now with the rights `op` needs there; only where
     /// [`LaneLink::verifies_landed`].

@@ -4,7 +4,8 @@
 //! the chunk with `Corrupt` naming the first block whose two differ. Links
 //! that carry the checksum in their frames (tcp: the target verifies a
 //! WRITE, the connection a READ's reply) verify it there; see
-//! docs/CHECKSUMS.md.
+//! docs/CHECKSUMS.md. rdma verifies a chunk once it completed, off the
+//! lane (`transport::rdma::verify`).
 
 use crate::error::Error;
 use crate::mem::MemoryKind;
@@ -19,12 +20,17 @@ pub(super) fn unverifiable(op: Opcode, tag: u32, link: &dyn LaneLink) -> Option<
                     the tag): checksum untagged pushes, then notify";
         return Some(Error::Unsupported { what: what.into() });
     }
-    if link.verifies_landed() || link.checksums_on_wire(op) {
+    if link.verifies_completed() && tag != 0 {
+        let what = "checksums with an arrival tag over rdma (the target counts a tagged WRITE as arrived when it \
+                    lands, before this engine has verified it): checksum untagged pushes, then notify";
+        return Some(Error::Unsupported { what: what.into() });
+    }
+    if link.verifies_landed() || link.checksums_on_wire(op) || link.verifies_completed() {
         return None;
     }
-    let what = "checksums on this transport: only shm, cma (the initiator reads both ends) and tcp (the frames \
-                carry each block's CRC32C) check them; rdma, and GPU memory on any transport, are refused rather than \
-                moved unchecked";
+    let what = "checksums on this transport: only shm, cma (the initiator reads both ends), tcp (the frames carry \
+                each block's CRC32C) and rdma to host memory (the target sums what landed, asked on the control \
+                plane) check them; GPU memory on any transport is refused rather than moved unchecked";
     Some(Error::Unsupported { what: what.into() })
 }
 

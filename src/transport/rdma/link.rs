@@ -22,12 +22,14 @@ use super::fences::Mirrors;
 use super::node::{LocalKeys, RdmaNode};
 use super::post::{build, KeyedBlock, Keys, PostConfig};
 use super::verbs::*;
+use super::verify::{JobBlock, Verifier, VerifyPeer};
 use crate::desc::RegionId;
 use crate::error::{Error, Result};
 use crate::mem::fence::Held;
 use crate::proto::ErrorCode;
 use crate::ring::Opcode;
 use crate::segment::SegmentDescriptor;
+use crate::transport::checksum::{corrupt_remote_landing, device_refused, flip_first_byte, take_corruption};
 use crate::transport::{Block, ChunkEnd, LaneLink, Link, LinkState, Posted, TransportKind};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -51,6 +53,8 @@ struct InFlight {
     /// A WRITE's counts in the mirrors of the target's fence tables, one
     /// per run of blocks into one region: given back at its completion.
     holds: Vec<Held>,
+    /// A checksummed chunk's blocks, verified once it completed (`verify.rs`).
+    verify: Option<(Opcode, Vec<JobBlock>)>,
 }
 
 /// One lane's queue pairs to one peer (one per NIC), owned and driven by
@@ -87,6 +91,11 @@ pub(crate) struct RdmaLink {
     /// against (`None`: an older target that pushes no fences; a granted
     /// write is then refused, as before).
     mirrors: Option<Arc<Mirrors>>,
+    /// Per peer region (raw id): whether peers may read it and whether it
+    /// is host memory, what verifying a checksummed chunk needs there.
+    summable: Arc<HashMap<u64, (bool, bool)>>,
+    /// Checksummed chunks completed and waiting on their verdicts.
+    verifier: Verifier,
 }
 
 struct LinkKeys<'a> {
@@ -107,6 +116,16 @@ impl Keys for LinkKeys<'_> {
     fn host_memory(&self, region: u64) -> bool {
         self.local.host_memory(region)
     }
+}
+
+/// Per peer region (raw id): whether peers may read it and whether it is
+/// host memory, what verifying a checksummed chunk needs there.
+fn summable(descriptor: &SegmentDescriptor) -> Arc<HashMap<u64, (bool, bool)>> {
+    let regions = descriptor.regions.iter().map(|r| {
+        let readable = r.access.contains(crate::mem::Access::REMOTE_READ);
+        (r.id.raw(), (readable, r.memory == crate::mem::MemoryKind::Host))
+    });
+    Arc::new(regions.collect())
 }
 
 fn wc_error(peer: &str, status: WcStatus) -> Error {
@@ -130,12 +149,14 @@ fn wc_error(peer: &str, status: WcStatus) -> Error {
 impl RdmaLink {
     /// Creates `lanes × nics` QPs, exchanges them with the peer through
     /// `exchange` (the control-plane RPC), and connects them: one lane link
-    /// per lane, each owning its QPs.
+    /// per lane, each owning its QPs. `verify` asks the peer for CRC32Cs of
+    /// its memory (`None`: checksummed chunks are refused).
     pub fn connect(
         node: Arc<RdmaNode>,
         descriptor: &SegmentDescriptor,
         lanes: usize,
         exchange: impl FnOnce(usize, &[QpEndpoint], &[u8]) -> Result<Exchanged>,
+        verify: Option<VerifyPeer>,
     ) -> Result<Link> {
         let info = descriptor
             .rdma
@@ -191,6 +212,9 @@ impl RdmaLink {
             Arc::new(info.regions.iter().map(|(id, addr, rkeys)| (id.raw(), (*addr, rkeys.clone()))).collect());
         let unreachable: Arc<HashMap<_, _>> =
             Arc::new(info.unreachable.iter().map(|(id, why)| (id.raw(), why.clone())).collect());
+        let summable = summable(descriptor);
+        // One pool of verifier threads for the link's lanes.
+        let verify = verify.map(|peer| (peer, Arc::new(super::verify::Pool::default())));
         let state = LinkState::new(TransportKind::Rdma, false);
         let lanes = made
             .chunks(nics)
@@ -213,6 +237,8 @@ impl RdmaLink {
                     broken: false,
                     faults: (0..nics).map(|nic| node.faults(nic)).collect(),
                     mirrors: mirrors.clone(),
+                    summable: summable.clone(),
+                    verifier: Verifier::new(&descriptor.name, verify.clone()),
                 }) as Box<dyn LaneLink>
             })
             .collect();
@@ -244,6 +270,9 @@ impl RdmaLink {
             let error = Error::PeerRestarted { segment: self.peer.clone(), detail: "its queue pair failed".into() };
             ended.push((ticket, Err((error, 0))));
         }
+        let peer = &self.peer;
+        let failed = || Error::PeerRestarted { segment: peer.clone(), detail: "its queue pair failed".into() };
+        self.verifier.fail_all(&failed, ended);
     }
 
     /// Posts what each NIC's send queue takes; an error if a post was
@@ -318,11 +347,33 @@ impl LaneLink for RdmaLink {
         self.mirrors.is_some()
     }
 
+    /// A checksummed chunk is verified once it completed, by asking the
+    /// target for the CRC32C of what landed (`verify.rs`).
+    fn verifies_completed(&self) -> bool {
+        self.verifier.can_verify()
+    }
+
+    /// Nothing wakes the lane when a verdict comes: it looks again soon.
+    fn waiting_on_copies(&self) -> bool {
+        self.verifier.is_waiting()
+    }
+
+    /// Chunks waiting on a verdict have completed (the NIC is done with
+    /// them): they end failed at once, their late verdicts ignored. Those
+    /// still on the NIC cannot be recalled.
+    fn withdraw(&mut self, ticket: u64, ended: &mut Vec<ChunkEnd>) -> usize {
+        self.verifier.withdraw(ticket, &|| Error::Cancelled { bytes: 0 }, ended)
+    }
+
     unsafe fn transfer(&mut self, op: Opcode, _batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
         if self.broken {
             let error = Error::PeerRestarted { segment: self.peer.clone(), detail: "its queue pair failed".into() };
             return Posted::Failed((error, 0));
         }
+        let verify = match self.to_verify(op, blocks) {
+            Ok(verify) => verify.map(|blocks| (op, blocks)),
+            Err(error) => return Posted::Failed((error, 0)),
+        };
         self.keyed.clear();
         let mut bytes = 0;
         for block in blocks {
@@ -386,7 +437,7 @@ impl LaneLink for RdmaLink {
         // One completion comes back per signalled request (each NIC's last
         // one is always signalled).
         let signals = out.iter().flatten().filter(|w| w.signaled).count() as u32;
-        in_flight.insert(chunk, InFlight { ticket, signals, bytes, holds });
+        in_flight.insert(chunk, InFlight { ticket, signals, bytes, holds, verify });
         for (nic, list) in out.iter_mut().enumerate() {
             pending[nic].extend(list.drain(..));
         }
@@ -401,7 +452,7 @@ impl LaneLink for RdmaLink {
 
     fn poll(&mut self, ended: &mut Vec<ChunkEnd>) -> bool {
         if self.broken {
-            let had = !self.in_flight.is_empty();
+            let had = !self.in_flight.is_empty() || self.verifier.is_waiting();
             self.break_lane(None, ended);
             return had;
         }
@@ -451,13 +502,17 @@ impl LaneLink for RdmaLink {
                         // (the fence waiting on these counts may return).
                         // SAFETY: the mirrors are `self.mirrors`, alive.
                         unsafe { super::fences::release(&mut entry.holds) };
+                        let verify = entry.verify.take();
                         self.in_flight.remove(&chunk);
-                        ended.push((ticket, Ok(bytes)));
+                        match verify {
+                            None => ended.push((ticket, Ok(bytes))),
+                            Some((op, blocks)) => self.completed_checksummed(chunk, ticket, bytes, op, blocks, ended),
+                        }
                     }
                 }
             }
         }
-        progressed
+        progressed | self.verifier.poll(ended)
     }
 
     /// A broken link's QPs go back to the node at once, reset, for the
@@ -473,6 +528,10 @@ impl LaneLink for RdmaLink {
     }
 
     fn abort(&mut self, reason: &str, ended: &mut Vec<ChunkEnd>) {
+        // Completed chunks waiting on a verdict: the NIC is done with them.
+        let peer = &self.peer;
+        let failed = || Error::PeerRestarted { segment: peer.clone(), detail: reason.to_string() };
+        self.verifier.fail_all(&failed, ended);
         if self.in_flight.is_empty() {
             return;
         }
@@ -484,6 +543,78 @@ impl LaneLink for RdmaLink {
         let error = Error::PeerRestarted { segment: self.peer.clone(), detail: reason.to_string() };
         let first = self.in_flight.keys().next().copied().map(|t| (t, error));
         self.break_lane(first, ended);
+    }
+}
+
+impl RdmaLink {
+    /// The blocks of a checksummed chunk to verify once it completes
+    /// (`None`: not checksummed), or why it cannot be: GPU memory on
+    /// either end (no checksum kernel), a peer region its peers may not
+    /// read (the target sums only what it would let us read), no control
+    /// path to ask it.
+    fn to_verify(&self, op: Opcode, blocks: &[Block]) -> Result<Option<Vec<JobBlock>>> {
+        if !blocks.iter().any(|b| b.checksum) {
+            return Ok(None);
+        }
+        if !self.verifier.can_verify() {
+            return Err(Error::Unsupported { what: format!("checksums over rdma to {}: no control path", self.peer) });
+        }
+        let mut out = Vec::with_capacity(blocks.len());
+        for block in blocks {
+            let region = block.desc.remote_region;
+            match self.summable.get(&region.raw()) {
+                _ if block.memory != crate::mem::MemoryKind::Host => return Err(device_refused()),
+                Some((_, false)) => return Err(device_refused()),
+                Some((false, true)) => {
+                    return Err(Error::Unsupported {
+                        what: format!(
+                            "a checksummed rdma transfer into {}'s region {region}: it does not let peers read it, \
+                             and an rdma chunk is verified by asking the target for the CRC32C of what landed (a \
+                             CRC of a region peers may not read would reveal its contents)",
+                            self.peer
+                        ),
+                    })
+                }
+                Some((true, true)) => {}
+                None => return Err(self.no_remote_keys(region)),
+            }
+            out.push(JobBlock {
+                local: block.local as usize,
+                region: region.raw(),
+                offset: block.desc.remote_offset,
+                len: block.desc.len,
+                desc_index: block.desc_index,
+                landing: crate::transport::checksum::landing_offset(op, block),
+            });
+        }
+        Ok(Some(out))
+    }
+
+    /// A checksummed chunk completed: its bytes are placed, and it waits
+    /// on its verdict (its leases held). With the `testing` feature, a
+    /// landed block the hook names is corrupted first, where it landed.
+    fn completed_checksummed(
+        &mut self,
+        chunk: u64,
+        ticket: u64,
+        bytes: u64,
+        op: Opcode,
+        blocks: Vec<JobBlock>,
+        ended: &mut Vec<ChunkEnd>,
+    ) {
+        for block in blocks.iter().filter(|b| b.len > 0) {
+            if take_corruption(block.landing) {
+                match op {
+                    Opcode::Write => corrupt_remote_landing(block.region, block.offset),
+                    // SAFETY: the READ completed, so the NIC is done with
+                    // the leased destination and only this lane touches it.
+                    Opcode::Read => unsafe { flip_first_byte(block.local as *mut u8) },
+                }
+            }
+        }
+        if let Err(error) = self.verifier.start(chunk, ticket, bytes, op, blocks) {
+            ended.push((ticket, Err((error, bytes))));
+        }
     }
 }
 

@@ -18,5 +18,6 @@ pub mod post;
 pub mod sim;
 pub mod topology;
 pub mod verbs;
+pub mod verify;
 
 pub mod ibverbs;
