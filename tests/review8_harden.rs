@@ -613,3 +613,66 @@ fn one_process_answering_under_many_names_cannot_take_this_process_past_its_mapp
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+// Decoding multiplies bytes: an empty repeated element is 2 bytes on the
+// wire and tens in memory, so a 4 MiB request of empty CRC32C ranges
+// decodes to some 48 MB. A connection that has proven nothing may send
+// only small frames: on a tokened engine, one the size of a handshake; on
+// one without a token, one the size of its largest opening request (a
+// notification). The frame is refused by its length, before its body is
+// read, and the connection closed; a proven connection keeps the full size.
+#[test]
+fn an_unproven_control_connection_may_send_only_small_frames() {
+    use kvring::testing::control::{
+        preface, read_frame, ProbeRequest, Request, CONTROL_VERSION, MAX_CONTROL_MESSAGE_BYTES,
+    };
+    use prost::Message;
+    let tokened = common::builder("small-frames-tokened").token("s3cret").build().unwrap();
+    let open = common::builder("small-frames-open").build().unwrap();
+    let opened = |engine: &Engine| {
+        let mut s = TcpStream::connect(engine.control_addr()).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        s.write_all(&preface()).unwrap();
+        let mut theirs = [0u8; 8];
+        s.read_exact(&mut theirs).unwrap();
+        s
+    };
+    let claim = |s: &mut TcpStream, len: u32| {
+        s.write_all(&len.to_le_bytes()).unwrap();
+        let reply = read_frame(s, MAX_CONTROL_MESSAGE_BYTES).unwrap().expect("an error reply");
+        (String::from_utf8_lossy(&reply).to_string(), closed_after(s))
+    };
+    let too_large = |reply: &str| reply.contains("byte limit");
+    // The tokened engine reads a handshake's size; the other a notification's.
+    for (engine, under) in [(&tokened, (16u32 << 10) - 64), (&open, 64 << 10)] {
+        let mut s = opened(engine);
+        let (reply, closed) = claim(&mut s, 1 << 20);
+        assert!(too_large(&reply), "{reply}");
+        assert!(closed, "the connection is closed after a refused length");
+        // Under the bound is read (and refused as what it is, a malformed
+        // body), not refused by its length.
+        let mut s = opened(engine);
+        s.write_all(&under.to_le_bytes()).unwrap();
+        s.write_all(&vec![0xFFu8; under as usize]).unwrap();
+        let reply = read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES).unwrap().expect("an error reply");
+        assert!(!too_large(&String::from_utf8_lossy(&reply)), "a frame of {under} bytes is read");
+    }
+    // Once proven (a probe admits a connection to an engine without a
+    // token), a frame past the opening bound is read.
+    let mut s = opened(&open);
+    let body = Some(kvring::testing::control::request::Body::Probe(ProbeRequest {}));
+    let probe = Request { version: CONTROL_VERSION, body, ..Default::default() }.encode_to_vec();
+    s.write_all(&(probe.len() as u32).to_le_bytes()).unwrap();
+    s.write_all(&probe).unwrap();
+    read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES).unwrap().expect("the probe's answer");
+    s.write_all(&(1u32 << 20).to_le_bytes()).unwrap();
+    s.write_all(&vec![0xFFu8; 1 << 20]).unwrap();
+    let reply = read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES).unwrap().expect("an error reply");
+    assert!(!too_large(&String::from_utf8_lossy(&reply)), "a proven connection keeps the full size");
+}
+
+/// True once the peer closed `s` (end of stream or a reset), waiting for it.
+fn closed_after(s: &mut TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(s.read(&mut byte), Ok(0) | Err(_))
+}

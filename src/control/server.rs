@@ -175,6 +175,13 @@ impl ConnectionAuth {
     }
 }
 
+/// Largest message a tokened engine reads before the handshake proved the
+/// peer: a handshake (names, nonces, an address, a proof) is well under.
+pub const MAX_UNPROVEN_MESSAGE_BYTES: u32 = 16 << 10;
+/// Largest opening message of a connection to an engine without a token:
+/// room for its largest request that may open one, a notification.
+pub const MAX_OPENING_MESSAGE_BYTES: u32 = crate::notify::MAX_NOTIFY_FRAME_BYTES as u32 + (16 << 10);
+
 fn serve_connection(stream: TcpStream, handler: &dyn ControlHandler, conn: &Admitted<'_>) {
     let _ = stream.set_nodelay(true);
     let mut greeting = [0u8; PREFACE_BYTES];
@@ -207,7 +214,15 @@ fn serve_connection(stream: TcpStream, handler: &dyn ControlHandler, conn: &Admi
         }
         let message_deadline = (Instant::now() + MESSAGE_TIMEOUT).min(limit.max(Instant::now() + STOP_CHECK_INTERVAL));
         let mut io = DeadlineIo::new(&stream, message_deadline);
-        let (reply, keep_open) = match read_frame(&mut io, MAX_CONTROL_MESSAGE_BYTES) {
+        // Before a connection is admitted its frames are small: decoding
+        // multiplies bytes (an empty repeated element is 2 bytes on the wire
+        // and tens in memory), and pending connections prove nothing.
+        let max = match (auth.admitted, handler.authenticator().is_some()) {
+            (true, _) => MAX_CONTROL_MESSAGE_BYTES,
+            (false, true) => MAX_UNPROVEN_MESSAGE_BYTES,
+            (false, false) => MAX_OPENING_MESSAGE_BYTES,
+        };
+        let (reply, keep_open) = match read_frame(&mut io, max) {
             Ok(None) => return,
             Ok(Some(body)) => {
                 let was_admitted = auth.admitted;
