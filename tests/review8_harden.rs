@@ -661,7 +661,7 @@ fn an_unproven_control_connection_may_send_only_small_frames() {
     // token), a frame past the opening bound is read.
     let mut s = opened(&open);
     let body = Some(kvring::testing::control::request::Body::Probe(ProbeRequest {}));
-    let probe = Request { version: CONTROL_VERSION, body, ..Default::default() }.encode_to_vec();
+    let probe = Request { version: CONTROL_VERSION, body }.encode_to_vec();
     s.write_all(&(probe.len() as u32).to_le_bytes()).unwrap();
     s.write_all(&probe).unwrap();
     read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES).unwrap().expect("the probe's answer");
