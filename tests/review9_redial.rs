@@ -1,0 +1,404 @@
+//! Hostile review 9: a quiet tcp data connection the target closed is
+//! dialled again off the lane (`transport/tcp/redial.rs`, commit 34cf7d6).
+//! Each test stands a proxy of its own between a real initiator and a real
+//! target's data port (the handshake's descriptor names the proxy), so the
+//! test decides what each dialled connection meets: the target itself, a
+//! close right after the hello, a listener that never answers, or a
+//! refusal. Each asserts the promised behaviour, so it fails where a hole
+//! is; those that fail today are `#[ignore = "HOLE: ..."]`.
+
+mod common;
+
+use common::WAIT;
+use kvring::testing::tcp::{ServerHello, SERVER_HELLO_BYTES};
+use kvring::{Batch, BlockDesc, Engine, Error, ErrorCode, Outcome, RegionInfo, Segment, TransportKind};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use zerocopy::IntoBytes;
+
+/// The client hello's size (the server hello's is exported).
+const CLIENT_HELLO_BYTES: usize = std::mem::size_of::<kvring::testing::tcp::ClientHello>();
+
+/// What the proxy does with one accepted data connection.
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    /// Relays both ways to the target.
+    Relay,
+    /// Relays the hello both ways, then closes the initiator's side at
+    /// once (a peer that accepts a dial and closes again).
+    CloseAfterHello,
+    /// Accepts and never answers (a dial that never ends by itself).
+    Silent,
+    /// Answers the hello with this refusal code, as a target would.
+    Refuse(ErrorCode),
+}
+
+/// A proxy in front of a target's data port.
+struct Proxy {
+    addr: SocketAddr,
+    /// Accepted connections so far (each a dial of the initiator).
+    dials: Arc<AtomicUsize>,
+    /// The initiator's side of each accepted connection, by order.
+    accepted: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    /// Closes the `n`th accepted connection both ways (as the target's idle
+    /// close or an eviction would) and waits until the initiator's end has
+    /// read it (`CLOSE_WAIT`), before any chunk is sent on it.
+    fn close(&self, n: usize) {
+        let s = self.accepted.lock().unwrap()[n].try_clone().unwrap();
+        s.shutdown(std::net::Shutdown::Both).unwrap();
+        let deadline = Instant::now() + WAIT;
+        while !closed_by_peer_towards(&self.addr) {
+            assert!(Instant::now() < deadline, "the initiator never saw the close");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn dials(&self) -> usize {
+        self.dials.load(Ordering::SeqCst)
+    }
+}
+
+/// A proxy to `upstream` whose `n`th connection (from 0) meets `mode(n)`.
+fn proxy(upstream: SocketAddr, mode: impl Fn(usize) -> Mode + Send + 'static) -> Proxy {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dials = Arc::new(AtomicUsize::new(0));
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let (count, keep) = (dials.clone(), accepted.clone());
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let n = count.fetch_add(1, Ordering::SeqCst);
+            keep.lock().unwrap().push(client.try_clone().unwrap());
+            // Past a few hundred dials the test has its answer: stop
+            // accepting so a looping initiator cannot exhaust descriptors.
+            if n > 400 {
+                return;
+            }
+            let m = mode(n);
+            std::thread::spawn(move || serve(client, upstream, m));
+        }
+    });
+    Proxy { addr, dials, accepted }
+}
+
+fn serve(mut client: TcpStream, upstream: SocketAddr, mode: Mode) {
+    match mode {
+        Mode::Silent => {
+            // Held open, never answered, until the initiator goes.
+            let _ = client.read_to_end(&mut Vec::new());
+        }
+        Mode::Refuse(code) => {
+            let mut hello = [0u8; CLIENT_HELLO_BYTES];
+            if client.read_exact(&mut hello).is_ok() {
+                let _ = client.write_all(ServerHello::new(-(code as i32), 0, 0, [0; 16]).as_bytes());
+            }
+        }
+        Mode::CloseAfterHello => {
+            let Ok(mut target) = TcpStream::connect(upstream) else { return };
+            let mut hello = [0u8; CLIENT_HELLO_BYTES];
+            let mut answer = [0u8; SERVER_HELLO_BYTES];
+            if client.read_exact(&mut hello).is_ok()
+                && target.write_all(&hello).is_ok()
+                && target.read_exact(&mut answer).is_ok()
+            {
+                let _ = client.write_all(&answer);
+            }
+            let _ = client.shutdown(std::net::Shutdown::Both);
+        }
+        Mode::Relay => {
+            let Ok(target) = TcpStream::connect(upstream) else { return };
+            let (mut c2, mut t2) = (client.try_clone().unwrap(), target.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c2, &mut t2);
+                let _ = t2.shutdown(std::net::Shutdown::Both);
+                let _ = c2.shutdown(std::net::Shutdown::Both);
+            });
+            let (mut t, mut c) = (target, client);
+            let _ = std::io::copy(&mut t, &mut c);
+            let _ = c.shutdown(std::net::Shutdown::Both);
+            let _ = t.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// True when some connection of this host to `to` was closed by `to` and
+/// not yet by us (`CLOSE_WAIT`, state 08 in `/proc/net/tcp`).
+fn closed_by_peer_towards(to: &SocketAddr) -> bool {
+    let port = format!(":{:04X}", to.port());
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table).is_ok_and(|text| {
+            text.lines().skip(1).any(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                fields.get(2).is_some_and(|remote| remote.ends_with(&port)) && fields.get(3) == Some(&"08")
+            })
+        })
+    })
+}
+
+/// A control server in this process answering one untokened handshake
+/// with `descriptor`, hinting its own end of the connection (the true
+/// owner: target and test share this process), holding it until the
+/// initiator closes it.
+fn answering(descriptor: &kvring::testing::SegmentDescriptor) -> String {
+    use kvring::testing::control::{preface, read_frame, response, write_frame, HandshakeResponse};
+    use std::os::fd::AsRawFd;
+    let segment = descriptor.to_proto();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut theirs = [0u8; 8];
+        s.read_exact(&mut theirs).unwrap();
+        s.write_all(&preface()).unwrap();
+        let _ = read_frame(&mut s, kvring::testing::control::MAX_CONTROL_MESSAGE_BYTES);
+        let answer = response(response::Body::Handshake(HandshakeResponse {
+            segment: Some(Box::new(segment)),
+            answering_fd: Some(s.as_raw_fd() as u32),
+            ..Default::default()
+        }));
+        write_frame(&mut s, &answer).unwrap();
+        s.set_read_timeout(None).unwrap();
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    addr
+}
+
+/// A target, an initiator with one lane (one data connection) reaching the
+/// target's data port through a proxy, and an open tcp segment.
+struct Pair {
+    target: Engine,
+    region: kvring::Region,
+    initiator: Engine,
+    local: kvring::Region,
+    segment: Segment,
+    proxy: Proxy,
+    /// The whole local region onto the whole target region.
+    descs: [BlockDesc; 1],
+}
+
+fn pair(name: &str, io_timeout: Duration, mode: impl Fn(usize) -> Mode + Send + 'static) -> Pair {
+    let target = common::engine(&format!("{name}-target"));
+    let region = target.alloc_region(8192, RegionInfo::raw()).unwrap();
+    let upstream: SocketAddr = target.tcp_addr().unwrap().parse().unwrap();
+    let proxy = proxy(upstream, mode);
+    let mut descriptor = kvring::testing::descriptor(&target);
+    descriptor.tcp_addr = Some(proxy.addr.to_string());
+    let control = answering(&descriptor);
+    let initiator = common::builder(&format!("{name}-initiator")).lanes(1).io_timeout(io_timeout).build().unwrap();
+    let local = initiator.alloc_region(8192, RegionInfo::raw()).unwrap();
+    let segment = initiator.open_segment_with(&control, Some(TransportKind::Tcp), WAIT).unwrap();
+    assert_eq!(proxy.dials(), 1, "the open dials one data connection");
+    let descs = [BlockDesc::new(local.id(), 0, region.id(), 0, 8192)];
+    Pair { target, region, initiator, local, segment, proxy, descs }
+}
+
+impl Pair {
+    fn write(&self, round: u8) -> Batch<'_> {
+        // SAFETY: no batch in flight touches these bytes while the test writes them.
+        unsafe { self.local.write_at(0, &[round; 8192]).unwrap() };
+        Batch::write(&self.segment).descs(&self.descs)
+    }
+
+    /// Polls until the proxy saw `n` dials.
+    fn until_dials(&self, n: usize) {
+        let deadline = Instant::now() + WAIT;
+        while self.proxy.dials() < n {
+            assert!(Instant::now() < deadline, "the initiator never dialled again");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+const LONG: Duration = Duration::from_secs(60);
+
+// HELD. The promise itself, end to end: the target closed the quiet
+// connection; the next WRITE is sent once on one new connection and
+// lands, a READ after it too, and the handle stays good.
+#[test]
+fn a_write_after_the_target_closed_the_quiet_connection_lands_once_on_one_new_dial() {
+    let p = pair("relay", LONG, |_| Mode::Relay);
+    p.proxy.close(0);
+    let mut sub = p.initiator.submitter().unwrap();
+    let outcome = common::run(&mut sub, &p.write(7));
+    assert!(outcome.is_done(), "{outcome:?}");
+    assert_eq!(common::read(&p.region, 0, 8192), vec![7; 8192]);
+    assert_eq!(p.proxy.dials(), 2, "one dial again, no more");
+    // SAFETY: no batch in flight touches the target's region now.
+    unsafe { p.region.write_at(0, &[0xA5; 8192]).unwrap() };
+    let read = Batch::read(&p.segment).descs(&p.descs);
+    assert!(common::run(&mut sub, &read).is_done());
+    assert_eq!(common::read(&p.local, 0, 8192), vec![0xA5; 8192]);
+    assert!(!p.segment.is_stale());
+}
+
+// HELD. A notification posted while the connection is quiet and closed is
+// parked, sent on the new connection, and delivered exactly once.
+#[test]
+fn a_notification_after_the_close_is_delivered_once() {
+    let p = pair("notify", LONG, |_| Mode::Relay);
+    p.proxy.close(0);
+    p.initiator.notify(&p.segment, b"blocks in place", WAIT).unwrap();
+    let deadline = Instant::now() + WAIT;
+    let first = loop {
+        if let Some(n) = p.target.poll_notification() {
+            break n;
+        }
+        assert!(Instant::now() < deadline, "the parked notification never arrived");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    assert_eq!(first.message, b"blocks in place");
+    // A round trip after it: anything sent twice would be in by now.
+    let mut sub = p.initiator.submitter().unwrap();
+    assert!(common::run(&mut sub, &p.write(1)).is_done());
+    p.initiator.notify(&p.segment, b"second", WAIT).unwrap();
+    let deadline = Instant::now() + WAIT;
+    let next = loop {
+        if let Some(n) = p.target.poll_notification() {
+            break n;
+        }
+        assert!(Instant::now() < deadline, "the second notification never arrived");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    assert_eq!(next.message, b"second", "the first was not delivered twice");
+    assert_eq!(p.proxy.dials(), 2);
+}
+
+// A peer that accepts the dial, answers the hello, and closes again at
+// once, every time. The parked chunk was never sent, so the link dials
+// again, and again: the promise is that every wait is bounded and a batch
+// with no deadline still ends (a typed error), with a bounded number of
+// dials (not one per poll of the lane, forever).
+#[test]
+#[ignore = "HOLE: a peer closing each redial right after the hello makes the link redial in a loop; a batch without \
+            a deadline never ends"]
+fn a_peer_closing_every_redial_after_the_hello_cannot_hold_a_batch_forever() {
+    let p = pair("flapping", LONG, |n| if n == 0 { Mode::Relay } else { Mode::CloseAfterHello });
+    p.proxy.close(0);
+    let mut sub = p.initiator.submitter().unwrap();
+    let id = sub.submit(&p.write(3)).unwrap();
+    let outcome = sub.wait(id, WAIT);
+    let dials = p.proxy.dials();
+    assert!(
+        matches!(&outcome, Ok(Outcome::Failed(_))),
+        "the batch ends with a typed error, not {outcome:?} after {dials} dials"
+    );
+    assert!(dials <= 4, "a bounded number of dials, not {dials}");
+}
+
+// HELD. A dial that is never answered: the batch's deadline ends it
+// `TimedOut`, withdrawn from the parked list, nothing sent.
+#[test]
+fn a_batch_deadline_ends_a_chunk_parked_behind_a_dial_that_never_answers() {
+    let p = pair("silent-deadline", LONG, |n| if n == 0 { Mode::Relay } else { Mode::Silent });
+    p.proxy.close(0);
+    let mut sub = p.initiator.submitter().unwrap();
+    let id = sub.submit(&p.write(4).deadline(Duration::from_millis(300))).unwrap();
+    let outcome = sub.wait(id, WAIT);
+    assert!(matches!(outcome, Ok(Outcome::TimedOut { bytes: 0 })), "{outcome:?}");
+    assert_eq!(common::read(&p.region, 0, 1), vec![0]);
+}
+
+// HELD. Cancelled while its chunk waits for the dial: `Cancelled`, at once.
+#[test]
+fn a_cancel_ends_a_chunk_parked_behind_a_dial_that_never_answers() {
+    let p = pair("silent-cancel", LONG, |n| if n == 0 { Mode::Relay } else { Mode::Silent });
+    p.proxy.close(0);
+    let mut sub = p.initiator.submitter().unwrap();
+    let id = sub.submit(&p.write(5)).unwrap();
+    p.until_dials(2);
+    sub.cancel(id).unwrap();
+    let outcome = sub.wait(id, WAIT);
+    assert!(matches!(outcome, Ok(Outcome::Cancelled { bytes: 0 })), "{outcome:?}");
+}
+
+// HELD. With no batch deadline, a dial never answered still ends: at the
+// engine's io timeout, as a typed error.
+#[test]
+fn a_dial_that_never_answers_ends_at_the_io_timeout() {
+    let p = pair("silent-io", Duration::from_millis(500), |n| if n == 0 { Mode::Relay } else { Mode::Silent });
+    p.proxy.close(0);
+    let mut sub = p.initiator.submitter().unwrap();
+    let id = sub.submit(&p.write(6)).unwrap();
+    let outcome = sub.wait(id, WAIT);
+    assert!(matches!(outcome, Ok(Outcome::Failed(Error::Timeout { .. }))), "{outcome:?}");
+}
+
+// HELD. A restarted peer refuses the dial: `PeerRestarted`, the handle
+// stale, nothing sent.
+#[test]
+fn a_restarted_peer_refusing_the_dial_fails_the_chunk_and_stales_the_handle() {
+    let p = pair("restarted", LONG, |n| {
+        if n == 0 {
+            Mode::Relay
+        } else {
+            Mode::Refuse(ErrorCode::PeerRestarted)
+        }
+    });
+    p.proxy.close(0);
+    let mut sub = p.initiator.submitter().unwrap();
+    let outcome = common::run(&mut sub, &p.write(8));
+    assert!(matches!(outcome, Outcome::Failed(Error::PeerRestarted { .. })), "{outcome:?}");
+    assert!(p.segment.is_stale());
+    assert_eq!(common::read(&p.region, 0, 1), vec![0]);
+}
+
+// HELD. A full target's `Busy` fails the chunk, leaves the handle good,
+// and the next batch dials again and lands.
+#[test]
+fn a_busy_dial_fails_the_chunk_and_the_next_batch_dials_again() {
+    let p = pair("busy", LONG, |n| if n == 1 { Mode::Refuse(ErrorCode::Busy) } else { Mode::Relay });
+    p.proxy.close(0);
+    let mut sub = p.initiator.submitter().unwrap();
+    let outcome = common::run(&mut sub, &p.write(9));
+    assert!(matches!(&outcome, Outcome::Failed(Error::Remote { code: ErrorCode::Busy, .. })), "{outcome:?}");
+    assert!(!p.segment.is_stale());
+    let outcome = common::run(&mut sub, &p.write(10));
+    assert!(outcome.is_done(), "{outcome:?}");
+    assert_eq!(common::read(&p.region, 0, 8192), vec![10; 8192]);
+    assert_eq!(p.proxy.dials(), 3);
+}
+
+// HELD (no hang). The segment handle dropped while a chunk waits for a
+// dial: the batch still ends (its link is kept until its chunks end).
+#[test]
+fn a_segment_dropped_while_dialling_still_ends_its_batch() {
+    let p = pair("dropped", Duration::from_millis(500), |n| if n == 0 { Mode::Relay } else { Mode::Silent });
+    p.proxy.close(0);
+    let mut sub = p.initiator.submitter().unwrap();
+    let id = sub.submit(&p.write(11)).unwrap();
+    p.until_dials(2);
+    let Pair { segment, initiator, target, .. } = p;
+    drop(segment);
+    let outcome = sub.wait(id, WAIT);
+    assert!(matches!(outcome, Ok(Outcome::Failed(_))), "{outcome:?}");
+    drop((initiator, target));
+}
+
+// HELD (no hang). The engine dropped while a chunk waits for a dial that
+// never answers (io timeout a minute): the drop ends, the dial's thread
+// is not waited on.
+#[test]
+fn an_engine_dropped_while_dialling_does_not_wait_for_the_dial() {
+    let p = pair("stopping", LONG, |n| if n == 0 { Mode::Relay } else { Mode::Silent });
+    p.proxy.close(0);
+    let mut sub = p.initiator.submitter().unwrap();
+    let id = sub.submit(&p.write(12)).unwrap();
+    p.until_dials(2);
+    let Pair { segment, initiator, .. } = p;
+    let (done, dropped) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(segment);
+        drop(initiator);
+        let _ = done.send(sub.wait(id, WAIT).map(|o| format!("{o:?}")).unwrap_or_else(|e| format!("{e:?}")));
+    });
+    let ended = dropped.recv_timeout(WAIT * 2);
+    assert!(ended.is_ok(), "the engine's drop waited on the dial");
+}
