@@ -402,3 +402,172 @@ fn an_engine_dropped_while_dialling_does_not_wait_for_the_dial() {
     let ended = dropped.recv_timeout(WAIT * 2);
     assert!(ended.is_ok(), "the engine's drop waited on the dial");
 }
+
+/// A data connection from `source` that completes an untokened hello (a
+/// tokenless engine admits it), tried again to `WAIT` while the target is
+/// full; `None` when refused throughout.
+fn admitted_from(source: &str, to: &SocketAddr, epoch: u64) -> Option<TcpStream> {
+    let attempt = || -> Option<TcpStream> {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
+        let from: SocketAddr = format!("{source}:0").parse().unwrap();
+        s.bind(&from.into()).ok()?;
+        s.connect_timeout(&(*to).into(), WAIT).ok()?;
+        let mut s: TcpStream = s.into();
+        s.set_read_timeout(Some(WAIT)).ok()?;
+        s.write_all(kvring::testing::tcp::ClientHello::new(epoch, [0; 16], [0; 16], [0; 16]).as_bytes()).ok()?;
+        let mut hello = [0u8; SERVER_HELLO_BYTES];
+        s.read_exact(&mut hello).ok()?;
+        let status = <ServerHello as zerocopy::FromBytes>::read_from_bytes(&hello).ok()?.status;
+        (status == 0).then_some(s)
+    };
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let admitted = attempt();
+        if admitted.is_some() || Instant::now() >= deadline {
+            return admitted;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// A connection quiet for `QUIET_REDIAL_AFTER` (150 s) but still open is
+// dialled again before its next chunk, "so the target's idle close never
+// races it". When the target is full and this source holds its fair share
+// (`net::admission`), that dial is refused `Busy`, and the chunk fails,
+// although the quiet connection it replaces was open and would have served
+// it; as the link keeps the old connection without marking it used, every
+// later chunk dials again and fails `Busy` too, for as long as the table
+// stays full. The promise is "no batch lost" for a target that closed
+// nothing: the batch must land. (Takes 150 s: run with `--ignored`.)
+#[test]
+#[ignore = "HOLE: the proactive redial of a connection quiet 150 s but still open fails the batch Busy on a full \
+            target, and every batch after it (takes 150 s)"]
+fn a_still_open_quiet_connection_is_not_given_up_for_a_busy_redial() {
+    let limits = kvring::AdmissionLimits { max_total: 2, max_per_source: 8, ..Default::default() };
+    let target = common::builder("full").admission(limits).build().unwrap();
+    let region = target.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let data: SocketAddr = target.tcp_addr().unwrap().parse().unwrap();
+    let initiator = common::builder("quiet").lanes(1).build().unwrap();
+    let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let control = target.control_addr().to_string();
+    let segment = initiator.open_segment_with(&control, Some(TransportKind::Tcp), WAIT).unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, region.id(), 0, 4096)];
+    let mut sub = initiator.submitter().unwrap();
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&descs)).is_done());
+    // The second place goes to another source; the table is full, and the
+    // initiator's source holds exactly its share (2 / 2 sources).
+    let other = admitted_from("127.0.0.3", &data, target.epoch());
+    assert!(other.is_some(), "the other source takes the free place");
+    std::thread::sleep(Duration::from_secs(151));
+    let outcomes: Vec<Outcome> = (1..=3u8)
+        .map(|round| {
+            // SAFETY: no batch in flight touches these bytes while the test writes them.
+            unsafe { local.write_at(0, &[round; 4096]).unwrap() };
+            common::run(&mut sub, &Batch::write(&segment).descs(&descs))
+        })
+        .collect();
+    assert!(outcomes.iter().all(Outcome::is_done), "the open quiet connection would have served them: {outcomes:?}");
+    assert_eq!(common::read(&region, 0, 4096), vec![3; 4096]);
+    drop(other);
+}
+
+// HELD. Grants on the new connection: the connection's `sent_grant`
+// starts at 0 on both ends, so a push naming a grant sends its GRANT frame
+// again; a grant fenced while the connection was quiet is refused
+// `Fenced` on the new one (nothing lands), the current grant lands, and a
+// push naming none into the fenced range is refused.
+#[test]
+fn a_grant_fenced_while_quiet_is_refused_on_the_new_connection() {
+    let p = pair("fence", LONG, |_| Mode::Relay);
+    let old = p.target.fence(p.region.id(), 0, 8192).unwrap();
+    assert!(common::push_granted(&p.initiator, &p.segment, &p.descs, Some(old)).is_done());
+    p.proxy.close(0);
+    let new = p.target.fence(p.region.id(), 0, 8192).unwrap();
+    // SAFETY: no batch in flight touches these bytes while the test writes them.
+    unsafe { p.local.write_at(0, &[0xEE; 8192]).unwrap() };
+    let before = common::read(&p.region, 0, 8192);
+    let outcome = common::push_granted(&p.initiator, &p.segment, &p.descs, Some(old));
+    assert!(common::fenced(&outcome), "the stale grant on the new connection: {outcome:?}");
+    assert_eq!(p.proxy.dials(), 2);
+    let outcome = common::push_granted(&p.initiator, &p.segment, &p.descs, None);
+    assert!(common::fenced(&outcome), "no grant into the fenced range: {outcome:?}");
+    assert_eq!(common::read(&p.region, 0, 8192), before, "nothing fenced landed");
+    assert!(common::push_granted(&p.initiator, &p.segment, &p.descs, Some(new)).is_done());
+    assert_eq!(common::read(&p.region, 0, 8192), vec![0xEE; 8192]);
+}
+
+/// The local ends of this host's established connections to `to`.
+fn connections_towards(to: &SocketAddr) -> Vec<String> {
+    let port = format!(":{:04X}", to.port());
+    let text = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let mut ends: Vec<String> = text
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let towards = fields.get(2).is_some_and(|remote| remote.ends_with(&port)) && fields.get(3) == Some(&"01");
+            towards.then(|| fields[1].to_string())
+        })
+        .collect();
+    ends.sort();
+    ends
+}
+
+// HELD (slow). A tokened session's connection quiet for 150 s is dialled
+// again: the dial runs the session's proofs and seals frames with the new
+// connection's seal (a wrong seal would be refused by the target), so
+// WRITEs and a READ after it land, on a new connection.
+#[test]
+#[ignore = "slow: waits out QUIET_REDIAL_AFTER (150 s); run with --ignored"]
+fn a_tokened_connection_dialled_again_after_a_long_quiet_proves_and_seals_anew() {
+    const TOKEN: &str = "review9-token";
+    let target = common::builder("tokened-target").token(TOKEN).build().unwrap();
+    let region = target.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let data: SocketAddr = target.tcp_addr().unwrap().parse().unwrap();
+    let initiator = common::builder("tokened-initiator").token(TOKEN).lanes(1).build().unwrap();
+    let local = initiator.alloc_region(4096, RegionInfo::raw()).unwrap();
+    let control = target.control_addr().to_string();
+    let segment = initiator.open_segment_with(&control, Some(TransportKind::Tcp), WAIT).unwrap();
+    let descs = [BlockDesc::new(local.id(), 0, region.id(), 0, 4096)];
+    let mut sub = initiator.submitter().unwrap();
+    assert!(common::run(&mut sub, &Batch::write(&segment).descs(&descs)).is_done());
+    let first = connections_towards(&data);
+    assert_eq!(first.len(), 1, "one data connection");
+    std::thread::sleep(Duration::from_secs(151));
+    for round in 1..=2u8 {
+        // SAFETY: no batch in flight touches these bytes while the test writes them.
+        unsafe { local.write_at(0, &[round; 4096]).unwrap() };
+        let outcome = common::run(&mut sub, &Batch::write(&segment).descs(&descs));
+        assert!(outcome.is_done(), "round {round}: {outcome:?}");
+        assert_eq!(common::read(&region, 0, 4096), vec![round; 4096]);
+    }
+    // SAFETY: no batch in flight touches the target's region now.
+    unsafe { region.write_at(0, &[0x5A; 4096]).unwrap() };
+    assert!(common::run(&mut sub, &Batch::read(&segment).descs(&descs)).is_done());
+    assert_eq!(common::read(&local, 0, 4096), vec![0x5A; 4096]);
+    let now = connections_towards(&data);
+    assert_eq!(now.len(), 1, "the quiet one was closed");
+    assert_ne!(now, first, "the data connection was dialled again");
+    assert!(!segment.is_stale());
+}
+
+// The same proactive dial (quiet 150 s, connection still open) meeting a
+// data port that does not answer in time (a target slow to accept, a
+// listener behind a congested path): the dial times out, the chunk fails
+// `Timeout`, and the link is marked broken, so the handle goes stale,
+// although its connection was open and the target never closed it nor
+// restarted. The promise ("the handle keeps serving, no batch lost"): the
+// batch lands on the open connection and the handle stays good.
+#[test]
+#[ignore = "HOLE: a proactive redial (quiet 150 s) that times out fails the batch and stales a handle whose \
+            connection was open (takes 150 s)"]
+fn a_still_open_quiet_connection_is_not_given_up_for_a_dial_that_times_out() {
+    let p = pair("slow-dial", Duration::from_secs(1), |n| if n == 0 { Mode::Relay } else { Mode::Silent });
+    let mut sub = p.initiator.submitter().unwrap();
+    assert!(common::run(&mut sub, &p.write(1)).is_done());
+    std::thread::sleep(Duration::from_secs(151));
+    let outcome = common::run(&mut sub, &p.write(2));
+    let stale = p.segment.is_stale();
+    assert!(outcome.is_done() && !stale, "the open connection would have served it: {outcome:?}, stale: {stale}");
+    assert_eq!(common::read(&p.region, 0, 8192), vec![2; 8192]);
+}
