@@ -46,6 +46,8 @@ struct Proxy {
     dials: Arc<AtomicUsize>,
     /// The initiator's side of each accepted connection, by order.
     accepted: Arc<Mutex<Vec<TcpStream>>>,
+    /// Where connections accepted from now on are relayed.
+    upstream: Arc<Mutex<SocketAddr>>,
 }
 
 impl Proxy {
@@ -74,6 +76,8 @@ fn proxy(upstream: SocketAddr, mode: impl Fn(usize) -> Mode + Send + 'static) ->
     let dials = Arc::new(AtomicUsize::new(0));
     let accepted = Arc::new(Mutex::new(Vec::new()));
     let (count, keep) = (dials.clone(), accepted.clone());
+    let upstream = Arc::new(Mutex::new(upstream));
+    let to = upstream.clone();
     std::thread::spawn(move || {
         for client in listener.incoming() {
             let Ok(client) = client else { return };
@@ -84,11 +88,11 @@ fn proxy(upstream: SocketAddr, mode: impl Fn(usize) -> Mode + Send + 'static) ->
             if n > 400 {
                 return;
             }
-            let m = mode(n);
+            let (m, upstream) = (mode(n), *to.lock().unwrap());
             std::thread::spawn(move || serve(client, upstream, m));
         }
     });
-    Proxy { addr, dials, accepted }
+    Proxy { addr, dials, accepted, upstream }
 }
 
 fn serve(mut client: TcpStream, upstream: SocketAddr, mode: Mode) {
@@ -634,5 +638,39 @@ fn what_comes_while_dialling_is_sent_in_order_and_lands() {
     for id in ids {
         assert!(matches!(sub.wait(id, WAIT), Ok(Outcome::Done { bytes: 1024 })));
     }
+    assert_eq!(p.proxy.dials(), 2);
+}
+
+// HELD. The target restarted while the connection was quiet (another
+// engine, another epoch, now behind the same data address): the real
+// listener refuses the dial's hello, the chunk fails `PeerRestarted`, the
+// handle goes stale, and nothing reaches the new engine's memory.
+#[test]
+fn a_target_restarted_behind_the_same_address_refuses_the_dial() {
+    let p = pair("restart", LONG, |_| Mode::Relay);
+    let successor = common::engine("restart-successor");
+    let fresh = successor.alloc_region(8192, RegionInfo::raw()).unwrap();
+    *p.proxy.upstream.lock().unwrap() = successor.tcp_addr().unwrap().parse().unwrap();
+    p.proxy.close(0);
+    let mut sub = p.initiator.submitter().unwrap();
+    let outcome = common::run(&mut sub, &p.write(0x42));
+    assert!(matches!(outcome, Outcome::Failed(Error::PeerRestarted { .. })), "{outcome:?}");
+    assert!(p.segment.is_stale());
+    assert_eq!(p.proxy.dials(), 2);
+    assert_eq!(common::read(&fresh, 0, 8192), vec![0; 8192]);
+}
+
+// HELD. A WRITE under an arrival tag, parked and sent on the new
+// connection, is counted once: its bytes, not twice its bytes, even after
+// another round trip on the new connection.
+#[test]
+fn a_tagged_write_sent_after_a_dial_is_counted_once() {
+    let p = pair("tagged", LONG, |_| Mode::Relay);
+    p.proxy.close(0);
+    let mut sub = p.initiator.submitter().unwrap();
+    assert!(common::run(&mut sub, &p.write(5).arrival_tag(77)).is_done());
+    p.target.wait_landed(77, 8192, WAIT).unwrap();
+    assert!(common::run(&mut sub, &p.write(6)).is_done());
+    assert_eq!(p.target.landed(77), 8192);
     assert_eq!(p.proxy.dials(), 2);
 }
