@@ -674,3 +674,28 @@ fn a_tagged_write_sent_after_a_dial_is_counted_once() {
     assert_eq!(p.target.landed(77), 8192);
     assert_eq!(p.proxy.dials(), 2);
 }
+
+// HELD. A chunk parked behind a dial holds its lease: the caller's memory
+// cannot be unregistered (`RegionBusy`) until its batch ends, so the
+// parked raw pointers never outlive it; once the batch is done the region
+// unregisters.
+#[test]
+fn caller_memory_under_a_parked_chunk_cannot_be_unregistered() {
+    let slow = Duration::from_millis(500);
+    let p = pair("leased", LONG, move |n| if n == 0 { Mode::Relay } else { Mode::RelayAfter(slow) });
+    let mut memory = vec![0x3Cu8; 8192];
+    // SAFETY: `memory` outlives its registration (unregistered below,
+    // before it drops) and is touched only through the engine meanwhile.
+    let id = unsafe { p.initiator.register(memory.as_mut_ptr(), memory.len(), RegionInfo::raw()) }.unwrap();
+    p.proxy.close(0);
+    let mut sub = p.initiator.submitter().unwrap();
+    let descs = [BlockDesc::new(id, 0, p.region.id(), 0, 8192)];
+    let batch = sub.submit(&Batch::write(&p.segment).descs(&descs)).unwrap();
+    p.until_dials(2);
+    let refused = p.initiator.unregister(id);
+    assert!(matches!(refused, Err(Error::RegionBusy { .. })), "{refused:?}");
+    assert!(matches!(sub.wait(batch, WAIT), Ok(Outcome::Done { .. })));
+    assert_eq!(common::read(&p.region, 0, 8192), vec![0x3C; 8192]);
+    p.initiator.unregister(id).unwrap();
+    drop(memory);
+}
