@@ -11,6 +11,7 @@ mod common;
 
 use common::WAIT;
 use kvring::testing::tcp::{ServerHello, SERVER_HELLO_BYTES};
+use kvring::gpu::{Gpu, SimGpu};
 use kvring::{Batch, BlockDesc, Engine, Error, ErrorCode, Outcome, RegionInfo, Segment, TransportKind};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -196,6 +197,17 @@ struct Pair {
 }
 
 fn pair(name: &str, io_timeout: Duration, mode: impl Fn(usize) -> Mode + Send + 'static) -> Pair {
+    pair_with(name, io_timeout, None, mode)
+}
+
+/// As [`pair`], the initiator's region on `gpu`'s device 0 where given
+/// (staged over tcp through pinned pages).
+fn pair_with(
+    name: &str,
+    io_timeout: Duration,
+    gpu: Option<Arc<SimGpu>>,
+    mode: impl Fn(usize) -> Mode + Send + 'static,
+) -> Pair {
     let target = common::engine(&format!("{name}-target"));
     let region = target.alloc_region(8192, RegionInfo::raw()).unwrap();
     let upstream: SocketAddr = target.tcp_addr().unwrap().parse().unwrap();
@@ -203,8 +215,14 @@ fn pair(name: &str, io_timeout: Duration, mode: impl Fn(usize) -> Mode + Send + 
     let mut descriptor = kvring::testing::descriptor(&target);
     descriptor.tcp_addr = Some(proxy.addr.to_string());
     let control = answering(&descriptor);
-    let initiator = common::builder(&format!("{name}-initiator")).lanes(1).io_timeout(io_timeout).build().unwrap();
-    let local = initiator.alloc_region(8192, RegionInfo::raw()).unwrap();
+    let mut builder = common::builder(&format!("{name}-initiator")).lanes(1).io_timeout(io_timeout);
+    let mut info = RegionInfo::raw();
+    if let Some(gpu) = gpu {
+        builder = builder.gpu(gpu as Arc<dyn Gpu>);
+        info = info.on_gpu(0);
+    }
+    let initiator = builder.build().unwrap();
+    let local = initiator.alloc_region(8192, info).unwrap();
     let segment = initiator.open_segment_with(&control, Some(TransportKind::Tcp), WAIT).unwrap();
     assert_eq!(proxy.dials(), 1, "the open dials one data connection");
     let descs = [BlockDesc::new(local.id(), 0, region.id(), 0, 8192)];
@@ -698,4 +716,31 @@ fn caller_memory_under_a_parked_chunk_cannot_be_unregistered() {
     assert_eq!(common::read(&p.region, 0, 8192), vec![0x3C; 8192]);
     p.initiator.unregister(id).unwrap();
     drop(memory);
+}
+
+// HELD. GPU memory over tcp (staged through pinned pages, on the simulated
+// GPU whose device memory faults if a host thread touches it): a WRITE
+// and a READ parked behind a dial are staged and land on the new
+// connection, the stager matching the new connection's chunk ends.
+#[test]
+fn staged_gpu_chunks_parked_behind_a_dial_land() {
+    let gpu = Arc::new(SimGpu::new(1, Duration::from_millis(1)));
+    let slow = Duration::from_millis(300);
+    let p = pair_with("staged", LONG, Some(gpu), move |n| if n == 0 { Mode::Relay } else { Mode::RelayAfter(slow) });
+    p.proxy.close(0);
+    let mut sub = p.initiator.submitter().unwrap();
+    let pattern = common::pattern(8192, 21);
+    // SAFETY: no batch in flight touches these bytes (the provider copies them in).
+    unsafe { p.local.write_at(0, &pattern).unwrap() };
+    let write = sub.submit(&Batch::write(&p.segment).descs(&p.descs)).unwrap();
+    assert!(matches!(sub.wait(write, WAIT), Ok(Outcome::Done { bytes: 8192 })));
+    assert_eq!(common::read(&p.region, 0, 8192), pattern);
+    // SAFETY: no batch in flight touches the target's region now.
+    unsafe { p.region.write_at(0, &[0x77; 8192]).unwrap() };
+    assert!(common::run(&mut sub, &Batch::read(&p.segment).descs(&p.descs)).is_done());
+    let mut back = vec![0u8; 8192];
+    // SAFETY: no batch in flight touches these bytes (the provider copies them out).
+    unsafe { p.local.read_at(0, &mut back).unwrap() };
+    assert_eq!(back, vec![0x77; 8192]);
+    assert_eq!(p.proxy.dials(), 2);
 }
