@@ -197,15 +197,17 @@ struct Pair {
 }
 
 fn pair(name: &str, io_timeout: Duration, mode: impl Fn(usize) -> Mode + Send + 'static) -> Pair {
-    pair_with(name, io_timeout, None, mode)
+    pair_with(name, io_timeout, None, |b| b, mode)
 }
 
 /// As [`pair`], the initiator's region on `gpu`'s device 0 where given
-/// (staged over tcp through pinned pages).
+/// (staged over tcp through pinned pages), its builder passed through
+/// `tweak`.
 fn pair_with(
     name: &str,
     io_timeout: Duration,
     gpu: Option<Arc<SimGpu>>,
+    tweak: impl FnOnce(kvring::EngineBuilder) -> kvring::EngineBuilder,
     mode: impl Fn(usize) -> Mode + Send + 'static,
 ) -> Pair {
     let target = common::engine(&format!("{name}-target"));
@@ -215,7 +217,7 @@ fn pair_with(
     let mut descriptor = kvring::testing::descriptor(&target);
     descriptor.tcp_addr = Some(proxy.addr.to_string());
     let control = answering(&descriptor);
-    let mut builder = common::builder(&format!("{name}-initiator")).lanes(1).io_timeout(io_timeout);
+    let mut builder = tweak(common::builder(&format!("{name}-initiator")).lanes(1).io_timeout(io_timeout));
     let mut info = RegionInfo::raw();
     if let Some(gpu) = gpu {
         builder = builder.gpu(gpu as Arc<dyn Gpu>);
@@ -726,7 +728,7 @@ fn caller_memory_under_a_parked_chunk_cannot_be_unregistered() {
 fn staged_gpu_chunks_parked_behind_a_dial_land() {
     let gpu = Arc::new(SimGpu::new(1, Duration::from_millis(1)));
     let slow = Duration::from_millis(300);
-    let p = pair_with("staged", LONG, Some(gpu), move |n| if n == 0 { Mode::Relay } else { Mode::RelayAfter(slow) });
+    let p = pair_with("staged", LONG, Some(gpu), |b| b, move |n| if n == 0 { Mode::Relay } else { Mode::RelayAfter(slow) });
     p.proxy.close(0);
     let mut sub = p.initiator.submitter().unwrap();
     let pattern = common::pattern(8192, 21);
@@ -742,5 +744,30 @@ fn staged_gpu_chunks_parked_behind_a_dial_land() {
     // SAFETY: no batch in flight touches these bytes (the provider copies them out).
     unsafe { p.local.read_at(0, &mut back).unwrap() };
     assert_eq!(back, vec![0x77; 8192]);
+    assert_eq!(p.proxy.dials(), 2);
+}
+
+// HELD. The new socket wakes the lane: an initiator whose lane parks at
+// once (no busy poll) and would sleep a minute unwoken gets every reply on
+// the connection dialled again well within the wait, WRITEs and READs
+// alike; a lane left registered on the old socket (closed with it) would
+// sleep out the park timeout on the first reply and fail the wait.
+#[test]
+fn the_new_socket_wakes_a_parked_lane() {
+    let p = pair_with(
+        "woken",
+        LONG,
+        None,
+        |b| b.busy_poll(Duration::ZERO).park_timeout(Duration::from_secs(60)),
+        |_| Mode::Relay,
+    );
+    let mut sub = p.initiator.submitter().unwrap();
+    assert!(common::run(&mut sub, &p.write(1)).is_done(), "woken on the first connection");
+    p.proxy.close(0);
+    for round in 2..12u8 {
+        assert!(common::run(&mut sub, &p.write(round)).is_done(), "round {round}");
+        assert!(common::run(&mut sub, &Batch::read(&p.segment).descs(&p.descs)).is_done(), "round {round}");
+    }
+    assert_eq!(common::read(&p.region, 0, 8192), vec![11; 8192]);
     assert_eq!(p.proxy.dials(), 2);
 }
