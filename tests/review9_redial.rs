@@ -849,3 +849,27 @@ fn a_notification_given_up_by_its_caller_stops_the_redial_loop() {
     let later = p.proxy.dials();
     assert!(later - at_timeout <= 2, "{} more dials after the caller gave up", later - at_timeout);
 }
+
+// HELD. The dial runs off the lane: while one link's dial hangs (never
+// answered, io timeout a minute), the same lane serves another segment's
+// batches, and the parked batch is still cancellable afterwards.
+#[test]
+fn a_hanging_dial_does_not_hold_the_lane() {
+    let p = pair("off-lane", LONG, |n| if n == 0 { Mode::Relay } else { Mode::Silent });
+    let other = common::engine("off-lane-other");
+    let theirs = other.alloc_region(8192, RegionInfo::raw()).unwrap();
+    let direct = p.initiator.open_segment_with(&other.control_addr().to_string(), Some(TransportKind::Tcp), WAIT);
+    let direct = direct.unwrap();
+    p.proxy.close(0);
+    let mut sub = p.initiator.submitter().unwrap();
+    let parked = sub.submit(&p.write(13)).unwrap();
+    p.until_dials(2);
+    let descs = [BlockDesc::new(p.local.id(), 0, theirs.id(), 0, 8192)];
+    for _ in 0..4 {
+        let outcome = common::run(&mut sub, &Batch::write(&direct).descs(&descs));
+        assert!(outcome.is_done(), "the lane serves the other segment: {outcome:?}");
+    }
+    assert_eq!(common::read(&theirs, 0, 8192), vec![13; 8192]);
+    sub.cancel(parked).unwrap();
+    assert!(matches!(sub.wait(parked, WAIT), Ok(Outcome::Cancelled { bytes: 0 })));
+}
