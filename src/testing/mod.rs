@@ -35,6 +35,8 @@ pub mod tcp {
     pub use crate::transport::tcp::hello::{
         ClientHello, ClientProof, ServerHello, FLAG_PROOF_REQUIRED, SERVER_HELLO_BYTES,
     };
+    #[cfg(feature = "testing")]
+    pub use crate::transport::tcp::redial::set_quiet_redial_after;
 }
 
 /// Work-request building, measured on its own by `benches/rdma_post.rs`.

@@ -14,7 +14,9 @@
 
 use super::conn::{Connection, Peer};
 use super::hello::{ClientHello, ClientProof, ServerHello, FLAG_PROOF_REQUIRED, HELLO_MAGIC, SERVER_HELLO_BYTES};
-use super::redial::{Parked, Redial, QUIET_REDIAL_AFTER};
+#[cfg(test)]
+use super::redial::QUIET_REDIAL_AFTER;
+use super::redial::{quiet_redial_after, Parked, Redial};
 use super::staged::Stager;
 use crate::auth::{random_bytes, Nonce, Session};
 use crate::error::{Error, Result};
@@ -61,6 +63,9 @@ pub(crate) struct TcpLink {
     last_used: Instant,
     /// The wake descriptor names a new socket: the lane registers it again.
     rewoken: bool,
+    /// Parked entries are being queued after a dial: straight onto the
+    /// connection, never parked (or dialled for) again.
+    unparking: bool,
 }
 
 impl std::fmt::Debug for TcpLink {
@@ -109,6 +114,7 @@ impl TcpLink {
                 redial: None,
                 last_used: Instant::now(),
                 rewoken: false,
+                unparking: false,
             }));
         }
         Ok(Link { state, lanes: links })
@@ -274,7 +280,14 @@ impl LaneLink for TcpLink {
 
     fn withdraw(&mut self, ticket: u64, ended: &mut Vec<ChunkEnd>) -> usize {
         if let Some(redial) = &mut self.redial {
-            return redial.withdraw(ticket, ended);
+            let withdrawn = redial.withdraw(ticket, ended);
+            if redial.parked.is_empty() {
+                // Nothing waits for the dial: its answer is dropped unread
+                // (a connection it made closes), and the next chunk starts
+                // afresh rather than meet a stale answer.
+                self.redial = None;
+            }
+            return withdrawn;
         }
         match (&mut self.stager, &mut self.connection) {
             // Staged chunks end through the stager, which gives their pages
@@ -336,6 +349,9 @@ impl TcpLink {
     /// flight), `Err(Some(error))` when the dial cannot start; `Ok` to
     /// queue it on the connection now.
     fn park_while_dialling(&mut self, parked: impl FnOnce() -> Parked) -> std::result::Result<(), Option<Error>> {
+        if self.unparking {
+            return Ok(());
+        }
         if self.redial.is_none() {
             let quiet = match &self.connection {
                 Ok(connection) => connection.is_idle() && !self.stager.as_ref().is_some_and(Stager::busy),
@@ -345,7 +361,7 @@ impl TcpLink {
                 return Ok(());
             }
             let closed = self.connection.as_ref().is_ok_and(|c| c.peer_closed());
-            if !closed && self.last_used.elapsed() < QUIET_REDIAL_AFTER {
+            if !closed && self.last_used.elapsed() < quiet_redial_after() {
                 return Ok(());
             }
             tracing::debug!(
@@ -356,7 +372,7 @@ impl TcpLink {
             );
             let deadline = Instant::now() + self.io_timeout;
             let session = self.session.clone();
-            let redial = Redial::start(self.peer.addr, &self.peer.name, self.peer.epoch, session, deadline);
+            let redial = Redial::start(self.peer.addr, &self.peer.name, self.peer.epoch, session, deadline, !closed);
             self.redial = Some(redial.map_err(Some)?);
         }
         if let Some(redial) = &mut self.redial {
@@ -366,31 +382,53 @@ impl TcpLink {
     }
 
     /// Takes the dial's answer once it came: the new connection replaces
-    /// the quiet one and carries what was parked, in order; a refusal ends
-    /// what was parked with it.
+    /// the quiet one and carries what was parked, in order. A refusal ends
+    /// what was parked with it, unless the quiet one was still open (dialled
+    /// before the target's idle close could race it) and the refusal says
+    /// nothing of the peer (`Busy`, a timeout, an I/O error): the parked
+    /// entries then go on the quiet one, as they would have.
     fn poll_redial(&mut self, ended: &mut Vec<ChunkEnd>) -> bool {
         let Some(outcome) = self.redial.as_ref().and_then(Redial::outcome) else { return false };
         let Some(redial) = self.redial.take() else { return false };
         match outcome.and_then(|dialled| self.install(dialled)) {
-            Ok(()) => {
-                for parked in redial.parked {
-                    self.send_parked(parked, ended);
-                }
+            Ok(()) => self.unpark(redial.parked, ended),
+            Err(error)
+                if redial.old_open && !matches!(error, Error::PeerRestarted { .. } | Error::Unauthorized { .. }) =>
+            {
+                tracing::debug!(peer = %self.peer.name, %error, "a quiet data connection was not dialled again: it carries on");
+                self.last_used = Instant::now();
+                self.unpark(redial.parked, ended);
             }
             // A full target (its admission's `Busy`) may have room for the
-            // next chunk: the quiet connection stays, to be dialled again.
+            // next chunk: the closed connection stays, to be dialled again.
             Err(error @ Error::Remote { code: crate::proto::ErrorCode::Busy, .. }) => {
                 redial.fail_all(&error, &self.peer.name, ended);
             }
             Err(error) => {
                 // The peer restarted, went away, or refuses this session:
                 // the handle goes stale, as for a connection that broke.
+                if let Ok(old) = &self.connection {
+                    old.shutdown();
+                }
                 self.state.mark_broken();
                 self.connection = Err(Peer::detail(&error));
                 redial.fail_all(&error, &self.peer.name, ended);
             }
         }
         true
+    }
+
+    /// Queues what was parked on the connection now in place, in order,
+    /// without parking or dialling again: an entry that meets a closed
+    /// connection fails (it is never sent twice), so a peer that closes
+    /// each new connection at once costs one dial per parked run, not a
+    /// loop of them.
+    fn unpark(&mut self, parked: Vec<Parked>, ended: &mut Vec<ChunkEnd>) {
+        self.unparking = true;
+        for entry in parked {
+            self.send_parked(entry, ended);
+        }
+        self.unparking = false;
     }
 
     /// Puts a dialled connection in the quiet one's place, and its socket

@@ -8,7 +8,7 @@ pub mod conn;
 pub mod frame;
 pub mod hello;
 pub mod link;
-mod redial;
+pub(crate) mod redial;
 pub(crate) mod served;
 pub mod server;
 pub(crate) mod staged;

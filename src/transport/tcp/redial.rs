@@ -34,6 +34,32 @@ use std::time::{Duration, Instant};
 /// half the target's idle close, so that close never races the chunk.
 pub(super) const QUIET_REDIAL_AFTER: Duration = Duration::from_secs(super::target::IDLE_TIMEOUT.as_secs() / 2);
 
+/// How long a connection may be quiet before its next chunk dials again:
+/// [`QUIET_REDIAL_AFTER`], or what a test set ([`set_quiet_redial_after`]).
+pub(super) fn quiet_redial_after() -> Duration {
+    #[cfg(feature = "testing")]
+    {
+        let ms = QUIET_OVERRIDE_MS.load(std::sync::atomic::Ordering::Relaxed);
+        if ms != 0 {
+            return Duration::from_millis(ms);
+        }
+    }
+    QUIET_REDIAL_AFTER
+}
+
+#[cfg(feature = "testing")]
+static QUIET_OVERRIDE_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Testing only: makes every link of this process dial again once quiet
+/// for `quiet` instead of [`QUIET_REDIAL_AFTER`] (150 s), so that a test of
+/// the early dial need not wait it out. Meant for a test alone in its
+/// process.
+#[cfg(feature = "testing")]
+pub fn set_quiet_redial_after(quiet: Duration) {
+    let ms = u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX).max(1);
+    QUIET_OVERRIDE_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// What came for the link while it dialled, in order.
 #[derive(Debug)]
 pub(super) enum Parked {
@@ -58,6 +84,9 @@ pub(super) type Dialled = Result<(TcpStream, Option<FrameSeal>)>;
 #[derive(Debug)]
 pub(super) struct Redial {
     answer: Receiver<Dialled>,
+    /// The quiet connection was still open (dialled before the target's
+    /// idle close could race a chunk), not found closed.
+    pub old_open: bool,
     /// Waiting for the new connection, in the order they came.
     pub parked: Vec<Parked>,
 }
@@ -77,6 +106,7 @@ impl Redial {
         epoch: u64,
         session: Option<Session>,
         deadline: Instant,
+        old_open: bool,
     ) -> Result<Self> {
         let (tell, answer) = sync_channel(1);
         let name = peer.to_string();
@@ -86,7 +116,7 @@ impl Redial {
                 let _ = tell.send(open(addr, &name, epoch, session.as_ref(), deadline));
             })
             .map_err(|e| Error::io("starting a thread to dial a data connection again", e))?;
-        Ok(Self { answer, parked: Vec::new() })
+        Ok(Self { answer, old_open, parked: Vec::new() })
     }
 
     /// The dial's outcome once it ended; `None` while it runs.

@@ -39,17 +39,36 @@ fn listener() -> Listener {
     Listener { addr, answers, accepted }
 }
 
-fn link(at: &Listener) -> TcpLink {
+/// A link to `at`, and the target's end of its connection (dropped: the
+/// target closed it).
+fn link(at: &Listener) -> (TcpLink, TcpStream) {
     at.answers.send(0).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut made =
         TcpLink::connect("decode-0", &at.addr.to_string(), EPOCH, None, vec![None], deadline, DEFAULT_IO_TIMEOUT)
             .unwrap();
-    at.accepted.recv_timeout(Duration::from_secs(5)).unwrap();
+    let theirs = at.accepted.recv_timeout(Duration::from_secs(5)).unwrap();
     let lane = made.lanes.pop().unwrap();
     // SAFETY: `connect` makes only `TcpLink`s, so the box holds one; the
     // test takes it back as what it is to reach its fields.
-    *unsafe { Box::from_raw(Box::into_raw(lane).cast::<TcpLink>()) }
+    (*unsafe { Box::from_raw(Box::into_raw(lane).cast::<TcpLink>()) }, theirs)
+}
+
+/// Until `link` sees its connection closed by the target.
+fn until_closed(link: &TcpLink) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !link.connection.as_ref().is_ok_and(|c| c.peer_closed()) {
+        assert!(Instant::now() < deadline, "the close never arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The first frame header `stream` carries.
+fn first_frame(stream: &mut TcpStream) -> (FrameHeader, FrameOp) {
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    stream.read_exact(&mut header).unwrap();
+    FrameHeader::decode(&header).unwrap()
 }
 
 fn block(memory: &mut [u8]) -> Block {
@@ -81,7 +100,7 @@ fn until_dialled(link: &mut TcpLink, ended: &mut Vec<ChunkEnd>) {
 #[test]
 fn a_chunk_after_a_long_quiet_goes_on_a_new_connection() {
     let at = listener();
-    let mut link = link(&at);
+    let (mut link, _open) = link(&at);
     link.last_used = Instant::now() - QUIET_REDIAL_AFTER - Duration::from_secs(1);
     let mut memory = vec![7u8; 16];
     // SAFETY: `memory` outlives the link's chunk (it ends below).
@@ -96,33 +115,39 @@ fn a_chunk_after_a_long_quiet_goes_on_a_new_connection() {
     assert!(!link.rewoken(), "once");
     // The parked chunk's frame is on the new connection.
     let mut fresh = at.accepted.recv_timeout(Duration::from_secs(5)).unwrap();
-    let mut header = [0u8; FRAME_HEADER_BYTES];
-    fresh.read_exact(&mut header).unwrap();
-    let (header, op) = FrameHeader::decode(&header).unwrap();
+    let (header, op) = first_frame(&mut fresh);
     assert_eq!((op, header.batch_id, header.len), (FrameOp::Write, 1, 16));
 }
 
 /// A part cancelled while its chunk waits for the dial ends at once,
-/// `Cancelled`, and nothing of it is sent on the new connection.
+/// `Cancelled`; the dial, which nothing waits for any more, is dropped
+/// unread, nothing is sent on it, and the next chunk dials afresh.
 #[test]
 fn a_chunk_withdrawn_while_dialling_ends_cancelled_and_is_never_sent() {
     let at = listener();
-    let mut link = link(&at);
-    link.last_used = Instant::now() - QUIET_REDIAL_AFTER - Duration::from_secs(1);
+    let (mut link, closed) = link(&at);
+    drop(closed);
+    until_closed(&link);
     let mut memory = vec![7u8; 16];
     // SAFETY: `memory` outlives the link's chunk (it ends below).
     assert!(matches!(unsafe { link.transfer(Opcode::Write, 1, 9, &[block(&mut memory)]) }, Posted::InFlight));
     let mut ended = Vec::new();
     assert_eq!(link.withdraw(9, &mut ended), 1);
     assert!(matches!(ended.as_slice(), [(9, Err((Error::Cancelled { .. }, 0)))]), "{ended:?}");
-    at.answers.send(0).unwrap();
+    assert!(link.redial.is_none(), "nothing waits for the dial: its answer is dropped unread");
+    // SAFETY: `memory` outlives the link's chunk (it ends below).
+    assert!(matches!(unsafe { link.transfer(Opcode::Write, 2, 10, &[block(&mut memory)]) }, Posted::InFlight));
+    at.answers.send(0).unwrap(); // the abandoned dial's
+    at.answers.send(0).unwrap(); // the next one's
     ended.clear();
     until_dialled(&mut link, &mut ended);
-    assert!(ended.is_empty());
-    let fresh = at.accepted.recv_timeout(Duration::from_secs(5)).unwrap();
-    fresh.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-    let got = (&fresh).read(&mut [0u8; 1]);
-    assert!(got.is_err(), "nothing was sent: {got:?}");
+    assert!(ended.is_empty(), "{ended:?}");
+    let abandoned = at.accepted.recv_timeout(Duration::from_secs(5)).unwrap();
+    let mut fresh = at.accepted.recv_timeout(Duration::from_secs(5)).unwrap();
+    abandoned.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let got = (&abandoned).read(&mut [0u8; 1]);
+    assert!(matches!(got, Ok(0) | Err(_)), "nothing was sent on the abandoned dial: {got:?}");
+    assert_eq!(first_frame(&mut fresh).0.batch_id, 2, "the next batch's chunk");
 }
 
 /// A peer that restarted while the connection was quiet refuses the dial
@@ -132,10 +157,11 @@ fn a_chunk_withdrawn_while_dialling_ends_cancelled_and_is_never_sent() {
 #[test]
 fn a_refused_dial_fails_what_was_parked_with_its_reason() {
     let at = listener();
-    let mut link = link(&at);
+    let (mut link, closed) = link(&at);
+    drop(closed);
+    until_closed(&link);
     let mut memory = vec![7u8; 16];
     for (status, broken) in [(-(ErrorCode::Busy as i32), false), (-(ErrorCode::PeerRestarted as i32), true)] {
-        link.last_used = Instant::now() - QUIET_REDIAL_AFTER - Duration::from_secs(1);
         // SAFETY: `memory` outlives the link's chunk (it ends below).
         assert!(matches!(unsafe { link.transfer(Opcode::Write, 1, 9, &[block(&mut memory)]) }, Posted::InFlight));
         at.answers.send(status).unwrap();
@@ -146,4 +172,24 @@ fn a_refused_dial_fails_what_was_parked_with_its_reason() {
         assert_eq!((ended.len(), code), (1, Some(want)), "{ended:?}");
         assert_eq!(link.state.is_broken(), broken);
     }
+}
+
+/// Dialled only because it was quiet (still open): a dial refused `Busy`
+/// says nothing of the peer, so the parked chunk goes on the quiet
+/// connection, as it would have.
+#[test]
+fn a_quiet_open_connection_carries_on_when_its_early_dial_is_refused_busy() {
+    let at = listener();
+    let (mut link, mut open) = link(&at);
+    link.last_used = Instant::now() - QUIET_REDIAL_AFTER - Duration::from_secs(1);
+    let mut memory = vec![7u8; 16];
+    // SAFETY: `memory` outlives the link's chunk.
+    assert!(matches!(unsafe { link.transfer(Opcode::Write, 3, 9, &[block(&mut memory)]) }, Posted::InFlight));
+    at.answers.send(-(ErrorCode::Busy as i32)).unwrap();
+    let mut ended = Vec::new();
+    until_dialled(&mut link, &mut ended);
+    assert!(ended.is_empty(), "not failed: {ended:?}");
+    assert!(!link.state.is_broken());
+    assert_eq!(first_frame(&mut open).0.batch_id, 3, "sent on the quiet connection");
+    assert!(link.last_used.elapsed() < QUIET_REDIAL_AFTER, "not dialled again at the next chunk");
 }
