@@ -366,13 +366,15 @@ enum Lie {
 #[derive(Clone)]
 struct Liar {
     lie: Arc<Mutex<Lie>>,
+    /// The last honest CRC32C answer relayed, on any connection.
+    last: Arc<Mutex<Option<Vec<u32>>>>,
     /// CRC32C requests relayed.
     asked: Arc<AtomicUsize>,
 }
 
 impl Liar {
     fn new() -> Self {
-        Self { lie: Arc::new(Mutex::new(Lie::Honest)), asked: Arc::default() }
+        Self { lie: Arc::new(Mutex::new(Lie::Honest)), last: Arc::default(), asked: Arc::default() }
     }
 
     fn set(&self, lie: Lie) {
@@ -403,7 +405,6 @@ impl Liar {
         if server.read_exact(&mut preface).is_err() || client.write_all(&preface).is_err() {
             return;
         }
-        let mut last: Option<Vec<u32>> = None;
         loop {
             let Ok(Some(asked)) = read_frame(&mut client, MAX_CONTROL_MESSAGE_BYTES) else { return };
             let is_crc = matches!(
@@ -440,7 +441,7 @@ impl Liar {
                             ))
                         }
                         Lie::Replay => {
-                            if let Some(previous) = &last {
+                            if let Some(previous) = &*self.last.lock().unwrap() {
                                 told.crcs = previous.clone();
                             }
                         }
@@ -451,7 +452,7 @@ impl Liar {
                             return;
                         }
                     }
-                    last = Some(honest);
+                    *self.last.lock().unwrap() = Some(honest);
                 }
                 _ => {}
             }
@@ -511,6 +512,9 @@ fn i1_a_lying_target_gets_a_typed_error_never_done() {
 #[test]
 fn i2_the_verifier_threads_end_with_the_link() {
     let _turn = turn();
+    // An earlier test's threads end with its engines (at most a control
+    // timeout after, if one was mid-question).
+    assert!(eventually(|| verifier_threads() == 0), "an earlier test's verifier threads outlived it");
     let before = verifier_threads();
     let p = pair("r9b-threads", None);
     assert!(p.write(&p.descs(4, 4096), WAIT).is_done());
@@ -579,13 +583,15 @@ fn i5_many_chunks_are_verified_and_a_corruption_deep_in_a_batch_is_named() {
     let _turn = turn();
     let p = pair("r9b-many", None);
     let descs = p.descs(3000, 256);
-    let mut sub = p.initiator.submitter().unwrap();
-    let ids: Vec<_> = (0..16)
-        .map(|_| sub.submit(&Batch::write(&p.segment).descs(&descs).checksum(true).deadline(WAIT * 3)).unwrap())
-        .collect();
-    for id in ids {
-        let outcome = sub.wait(id, WAIT * 4).unwrap();
-        assert!(matches!(outcome, Outcome::Done { bytes } if bytes == 3000 * 256), "{outcome:?}");
+    // Sixteen submitters (a descriptor arena each), a batch of 12 chunks each.
+    let mut subs: Vec<_> = (0..16).map(|_| p.initiator.submitter().unwrap()).collect();
+    let batch = Batch::write(&p.segment).descs(&descs).checksum(true).deadline(WAIT * 3);
+    let ids: Vec<Vec<_>> = subs.iter_mut().map(|sub| (0..1).map(|_| sub.submit(&batch).unwrap()).collect()).collect();
+    for (sub, ids) in subs.iter_mut().zip(ids) {
+        for id in ids {
+            let outcome = sub.wait(id, WAIT * 4).unwrap();
+            assert!(matches!(outcome, Outcome::Done { bytes } if bytes == 3000 * 256), "{outcome:?}");
+        }
     }
     let remote = p.remote.clone();
     kvring::testing::checksum::corrupt_rdma_landings_with(Some(Box::new(move |_, offset| {
