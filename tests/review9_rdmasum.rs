@@ -356,6 +356,8 @@ enum Lie {
     Replay,
     /// Never answers (holds the connection until the initiator drops it).
     Silent,
+    /// The target's own answer, 800 ms late.
+    Late,
 }
 
 /// A relay between the initiator and the target's control port that
@@ -430,6 +432,7 @@ impl Liar {
                     let honest = told.crcs.clone();
                     match lie {
                         Lie::Honest => {}
+                        Lie::Late => std::thread::sleep(Duration::from_millis(800)),
                         Lie::Fewer => {
                             told.crcs.pop();
                         }
@@ -504,6 +507,28 @@ fn i1_a_lying_target_gets_a_typed_error_never_done() {
     assert!(matches!(outcome, Outcome::TimedOut { .. }), "a silent target: {outcome:?}");
     liar.set(Lie::Honest);
     assert!(p.write(&descs, WAIT).is_done(), "honest again after silence");
+    // A verdict that comes after its chunk was withdrawn (the batch's
+    // deadline) is ignored: the next push, corrupted where it landed,
+    // verified meanwhile on the other thread, still fails `Corrupt`.
+    liar.set(Lie::Late);
+    let outcome = p.write(&descs, Duration::from_millis(300));
+    assert!(matches!(outcome, Outcome::TimedOut { .. }), "a late target: {outcome:?}");
+    liar.set(Lie::Honest);
+    let remote = p.remote.clone();
+    kvring::testing::checksum::corrupt_rdma_landings_with(Some(Box::new(move |_, offset| {
+        let mut byte = [0u8];
+        // SAFETY: the WRITE naming this byte completed; the test is its
+        // only other writer (a stray writer at the target).
+        unsafe {
+            remote.read_at(offset, &mut byte).unwrap();
+            remote.write_at(offset, &[byte[0] ^ 0x3c]).unwrap();
+        }
+    })));
+    kvring::testing::checksum::corrupt_landing_at(2 * (16 << 10));
+    let outcome = p.write(&descs, WAIT);
+    kvring::testing::checksum::corrupt_rdma_landings_with(None);
+    assert!(matches!(outcome, Outcome::Failed(Error::Corrupt { desc_index: 2, .. })), "{outcome:?}");
+    assert!(p.write(&descs, WAIT).is_done(), "honest again after a late answer");
 }
 
 /// Probe I2: the verifier threads end with the link: two while a segment
@@ -651,4 +676,29 @@ fn t6_one_source_holds_at_most_its_per_source_share_of_sums() {
     let busy = answers.iter().filter(|a| matches!(a, Err(Error::Remote { code: ErrorCode::Busy, .. }))).count();
     eprintln!("{ASKERS} askers from one source: {held} sums held at once, {busy} refused busy");
     assert!(held <= 32, "one source had {held} sums running at once (per-source cap 32, 64 in all)");
+}
+
+/// Probe I6 (fences and checksums together): a granted checksummed push
+/// is verified and done, a fence after it passes (its counts given back),
+/// and a checksummed push under the now stale grant is refused `Fenced`,
+/// never verified into `Done`.
+#[test]
+fn i6_a_granted_checksummed_push_is_verified_and_a_stale_one_fenced() {
+    let _turn = turn();
+    let p = pair("r9b-fence", None);
+    let descs = p.descs(8, 16 << 10);
+    let grant = p.target.fence(p.remote.id(), 0, 2 << 20).unwrap();
+    let granted = |grant: u32| {
+        let mut sub = p.initiator.submitter().unwrap();
+        let batch = Batch::write(&p.segment).descs(&descs).checksum(true).grant(grant).deadline(WAIT);
+        let id = sub.submit(&batch).unwrap();
+        sub.wait(id, WAIT + WAIT).unwrap()
+    };
+    let outcome = granted(grant);
+    assert!(outcome.is_done(), "{outcome:?}");
+    let next = p.target.fence(p.remote.id(), 0, 2 << 20).unwrap();
+    assert_ne!(next, grant);
+    let outcome = granted(grant);
+    assert!(common::fenced(&outcome), "a stale grant's checksummed push: {outcome:?}");
+    assert!(granted(next).is_done());
 }
