@@ -334,8 +334,16 @@ impl Pair {
     }
 
     fn write(&self, descs: &[BlockDesc], deadline: Duration) -> Outcome {
+        self.run(Batch::write(&self.segment), descs, deadline)
+    }
+
+    fn read(&self, descs: &[BlockDesc], deadline: Duration) -> Outcome {
+        self.run(Batch::read(&self.segment), descs, deadline)
+    }
+
+    fn run(&self, batch: Batch<'_>, descs: &[BlockDesc], deadline: Duration) -> Outcome {
         let mut sub = self.initiator.submitter().unwrap();
-        let id = sub.submit(&Batch::write(&self.segment).descs(descs).checksum(true).deadline(deadline)).unwrap();
+        let id = sub.submit(&batch.descs(descs).checksum(true).deadline(deadline)).unwrap();
         sub.wait(id, WAIT + deadline).unwrap()
     }
 }
@@ -380,6 +388,8 @@ enum Lie {
     Late,
     /// The target's own answer, 1.2 s late (a slow but healthy target).
     Slow,
+    /// What a target older than the request answers it with.
+    Older,
 }
 
 /// A relay between the initiator and the target's control port that
@@ -454,6 +464,12 @@ impl Liar {
                         Lie::Honest => {}
                         Lie::Late => std::thread::sleep(Duration::from_millis(800)),
                         Lie::Slow => std::thread::sleep(Duration::from_millis(1200)),
+                        Lie::Older => {
+                            let message = "malformed control request: no body".to_string();
+                            let code = ErrorCode::MalformedMessage as i32;
+                            let reply = kvring::testing::control::ErrorReply { code, message };
+                            answer.body = Some(response::Body::Error(reply));
+                        }
                         Lie::Fewer => {
                             told.crcs.pop();
                         }
@@ -512,6 +528,21 @@ fn i1_a_lying_target_gets_a_typed_error_never_done() {
     liar.set(Lie::Garbage);
     let outcome = p.write(&descs, WAIT);
     assert!(matches!(outcome, Outcome::Failed(Error::Corrupt { desc_index: 0, .. })), "{outcome:?}");
+    let outcome = p.read(&descs, WAIT);
+    match outcome {
+        Outcome::Failed(error @ Error::Corrupt { desc_index: 0, .. }) => {
+            assert!(error.to_string().contains("once read over rdma"), "{error}")
+        }
+        other => panic!("a pull the target lies about: {other:?}"),
+    }
+    liar.set(Lie::Older);
+    let outcome = p.write(&descs, WAIT);
+    match outcome {
+        Outcome::Failed(error @ Error::Unsupported { .. }) => {
+            assert!(error.to_string().contains("older kvring"), "{error}")
+        }
+        other => panic!("an older target: {other:?}"),
+    }
     // Another request's answer: the previous push's CRCs (other bytes).
     liar.set(Lie::Honest);
     let other: Vec<BlockDesc> =
@@ -759,4 +790,24 @@ fn i7_a_slow_healthy_target_verifies_a_batch_of_several_chunks() {
     eprintln!("four chunks, each question 1.2 s of a 2 s timeout: {outcome:?}");
     assert!(liar.asked.load(Ordering::Acquire) > asked);
     assert!(outcome.is_done(), "a healthy target within the timeout per question: {outcome:?}");
+}
+
+/// Probe I8: the target's region unregistered between a push's landing
+/// and its verification (the question held at the target meanwhile): the
+/// target refuses the CRC (`UNKNOWN_REGION`) and the batch ends with that
+/// typed error, not `Done` and not `Corrupt`.
+#[test]
+fn i8_a_destination_unregistered_before_its_verification_fails_typed() {
+    let _turn = turn();
+    let p = pair("r9b-gone", None);
+    let descs = p.descs(8, 16 << 10);
+    assert!(p.write(&descs, WAIT).is_done(), "the verifier is connected");
+    let stalled = kvring::testing::stall_crc32c_answers();
+    let mut sub = p.initiator.submitter().unwrap();
+    let id = sub.submit(&Batch::write(&p.segment).descs(&descs).checksum(true).deadline(WAIT)).unwrap();
+    assert!(eventually(|| stalled.waiting() >= 1), "the verification never reached the target");
+    p.target.unregister(p.remote.id()).unwrap();
+    drop(stalled);
+    let outcome = sub.wait(id, WAIT + WAIT).unwrap();
+    assert!(matches!(outcome, Outcome::Failed(Error::Remote { code: ErrorCode::UnknownRegion, .. })), "{outcome:?}");
 }
