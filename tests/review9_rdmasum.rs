@@ -7,7 +7,9 @@
 //! - at the target: no CRC of a region peers may not read, no read outside
 //!   a registered region, every request bounded (256 ranges, 1 GiB), a
 //!   typed error for every bad range, a region never unregistered under a
-//!   sum, only a proven session when the engine has a token;
+//!   sum or read once its engine is dropped, only a proven session when
+//!   the engine has a token, and "the control connection limits bound how
+//!   many" sums one peer runs at once (docs/SECURITY.md);
 //! - at the initiator: a checksummed chunk is done only once the target's
 //!   CRCs match; a target that lies (wrong count, garbage, another answer,
 //!   silence) gets a typed error, never `Done`; a chunk withdrawn (close,
