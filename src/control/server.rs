@@ -55,10 +55,10 @@ pub(crate) trait ControlHandler: Send + Sync + 'static {
     /// The engine's name.
     fn name(&self) -> &str;
     /// Checksum of a remote-readable range of one of the engine's regions.
-    fn checksum(&self, request: &ChecksumRequest) -> Result<u64>;
+    fn checksum(&self, request: &ChecksumRequest, source: Option<std::net::IpAddr>) -> Result<u64>;
     /// CRC32C of each range of the engine's remote-readable host regions
     /// (an rdma initiator verifying a checksummed chunk).
-    fn crc32c(&self, request: &crate::proto::Crc32cRequest) -> Result<Vec<u32>>;
+    fn crc32c(&self, request: &crate::proto::Crc32cRequest, source: Option<std::net::IpAddr>) -> Result<Vec<u32>>;
     /// Queues a notification from `sender` (the proven or claimed name).
     fn notify(&self, sender: &str, message: Vec<u8>) -> Result<()>;
     /// The registered KV-cache layout.
@@ -139,12 +139,14 @@ pub(crate) struct ConnectionAuth {
     /// our `/proc/<pid>/fd` instead of listing them all
     /// (`transport::cma::owner`).
     fd: Option<u32>,
+    /// The address the connection came from (bounds what one source runs).
+    peer: Option<std::net::IpAddr>,
 }
 
 impl ConnectionAuth {
-    /// A connection accepted on `local`.
-    pub(crate) fn accepted_on(local: Option<SocketAddr>, fd: Option<u32>) -> Self {
-        Self { local, fd, ..Self::default() }
+    /// A connection accepted on `local` from `peer`.
+    pub(crate) fn accepted_on(local: Option<SocketAddr>, fd: Option<u32>, peer: Option<std::net::IpAddr>) -> Self {
+        Self { local, fd, peer, ..Self::default() }
     }
 
     /// Opens a request: checks and strips its session MAC once the
@@ -193,7 +195,7 @@ fn serve_connection(stream: TcpStream, handler: &dyn ControlHandler, conn: &Admi
         return;
     }
     let fd = u32::try_from(std::os::fd::AsRawFd::as_raw_fd(&stream)).ok();
-    let mut auth = ConnectionAuth::accepted_on(stream.local_addr().ok(), fd);
+    let mut auth = ConnectionAuth::accepted_on(stream.local_addr().ok(), fd, stream.peer_addr().ok().map(|a| a.ip()));
     let mut last_served = Instant::now();
     loop {
         // Wait for the next message's first byte, honouring the stop flag,
@@ -286,12 +288,12 @@ pub(crate) fn handle(
             Err(Error::Unauthorized { reason: "this engine requires a token: complete the handshake first".into() })
         }
         request::Body::Checksum(request) => {
-            let checksum = handler.checksum(&request)?;
+            let checksum = handler.checksum(&request, auth.peer)?;
             auth.admitted = true;
             Ok(response::Body::Checksum(ChecksumResponse { checksum }))
         }
         request::Body::Crc32c(request) => {
-            let crcs = handler.crc32c(&request)?;
+            let crcs = handler.crc32c(&request, auth.peer)?;
             auth.admitted = true;
             Ok(response::Body::Crc32c(crate::proto::Crc32cResponse { crcs }))
         }

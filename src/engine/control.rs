@@ -53,6 +53,8 @@ pub(super) struct ControlContext {
     /// Longest an rdma connect waits for the fence in progress (its
     /// snapshot is taken between fences): the engine's control timeout.
     pub connect_wait: std::time::Duration,
+    /// The sums running for peers: bounded, and waited for at the drop.
+    pub sums: super::sums::SumGate,
 }
 
 impl ControlContext {
@@ -219,11 +221,13 @@ impl ControlHandler for ControlContext {
         Ok(layout)
     }
 
-    fn crc32c(&self, request: &crate::proto::Crc32cRequest) -> Result<Vec<u32>> {
+    fn crc32c(&self, request: &crate::proto::Crc32cRequest, source: Option<std::net::IpAddr>) -> Result<Vec<u32>> {
+        let _running = self.sums.enter(source)?;
         super::crc32c::answer(&self.registry, request)
     }
 
-    fn checksum(&self, request: &ChecksumRequest) -> Result<u64> {
+    fn checksum(&self, request: &ChecksumRequest, source: Option<std::net::IpAddr>) -> Result<u64> {
+        let _running = self.sums.enter(source)?;
         let id = RegionId::from_raw(request.region);
         // Read alone: refused (`RegionBusy`) while a batch of this engine
         // holds the region, and no batch takes it until the sum is done, so
@@ -312,11 +316,11 @@ mod tests {
         // A batch in flight holds a lease on the region (as a submitter's
         // part does until its lane ends it).
         let lease = engine.inner.registry.lease(id).unwrap();
-        let refused = ControlHandler::checksum(context, &request).unwrap_err();
+        let refused = ControlHandler::checksum(context, &request, None).unwrap_err();
         assert!(matches!(refused, Error::RegionBusy { region, .. } if region == id), "{refused}");
         drop(lease);
 
-        let sum = ControlHandler::checksum(context, &request).unwrap();
+        let sum = ControlHandler::checksum(context, &request, None).unwrap();
         assert_eq!(sum, crate::mem::checksum::checksum(&[7u8; 4096]));
         // While a read holds the region alone, a batch's lease is refused.
         let during = engine.inner.registry.read_alone(id, |_| engine.inner.registry.lease(id).map(|_| ())).unwrap();
@@ -325,7 +329,7 @@ mod tests {
         // A stale or unknown id is the peer's error, not this engine's.
         let unknown = ChecksumRequest { region: RegionId::new(id.index(), id.generation() + 1).raw(), ..request };
         assert!(matches!(
-            ControlHandler::checksum(context, &unknown),
+            ControlHandler::checksum(context, &unknown, None),
             Err(Error::UnknownRegion { side: Side::Remote, .. })
         ));
     }

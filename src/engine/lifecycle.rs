@@ -104,6 +104,10 @@ impl EngineInner {
 impl Drop for EngineInner {
     fn drop(&mut self) {
         self.stop();
+        // A peer's sum still running (the control server's stop waits for
+        // it only a while) reads registered memory the caller may free once
+        // this returns: none starts now, and those running end first.
+        self.context.sums.close_and_wait();
         for lane in &mut self.lanes {
             lane.stop_and_join();
         }
@@ -188,6 +192,7 @@ impl Engine {
             cma: cma_export(&config, epoch),
             gpu_fds: Mutex::new(None),
             connect_wait: config.control_timeout,
+            sums: Default::default(),
         });
         let server = ControlServer::start(config.listen, context.clone(), admission)?;
         // Peers are told the advertised IP with the port actually bound.

@@ -32,6 +32,7 @@ mod segment;
 mod segments;
 mod serving;
 mod submitter;
+mod sums;
 
 pub use batch::{Batch, Completion, Event, Outcome};
 #[cfg(test)]

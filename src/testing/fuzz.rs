@@ -479,10 +479,10 @@ impl ControlHandler for Handler {
     fn name(&self) -> &str {
         "fuzz"
     }
-    fn checksum(&self, _request: &crate::proto::ChecksumRequest) -> Result<u64> {
+    fn checksum(&self, _request: &crate::proto::ChecksumRequest, _source: Option<std::net::IpAddr>) -> Result<u64> {
         Ok(0)
     }
-    fn crc32c(&self, request: &crate::proto::Crc32cRequest) -> Result<Vec<u32>> {
+    fn crc32c(&self, request: &crate::proto::Crc32cRequest, _source: Option<std::net::IpAddr>) -> Result<Vec<u32>> {
         Ok(vec![0; request.ranges.len()])
     }
     fn notify(&self, _sender: &str, _message: Vec<u8>) -> Result<()> {

@@ -21,6 +21,7 @@ use crate::ring::Opcode;
 use crate::transport::checksum::{corrupt, crc32c_host};
 use crate::transport::ChunkEnd;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -85,6 +86,11 @@ pub(crate) struct JobBlock {
 #[derive(Debug, Default)]
 struct Gate {
     withdrawn: Mutex<bool>,
+    /// Set by the thread working on the job, before each step it bounds
+    /// (the local sums, each question): past this the lane stops waiting
+    /// for its verdict. Unset while the job waits in the queue, which its
+    /// batch's deadline (or a cancel) bounds, not the question's.
+    give_up: Mutex<Option<Instant>>,
 }
 
 impl Gate {
@@ -92,13 +98,27 @@ impl Gate {
     fn withdraw(&self) {
         *self.withdrawn.lock().unwrap_or_else(PoisonError::into_inner) = true;
     }
+
+    /// The step now starting ends by `deadline`: the lane waits for the
+    /// verdict until that and a grace.
+    fn step_until(&self, deadline: Instant) {
+        let until = deadline.checked_add(VERDICT_GRACE).unwrap_or(deadline);
+        *self.give_up.lock().unwrap_or_else(PoisonError::into_inner) = Some(until);
+    }
+
+    /// True once the step in progress ran past its deadline and grace.
+    fn given_up(&self, now: Instant) -> bool {
+        self.give_up.lock().unwrap_or_else(PoisonError::into_inner).is_some_and(|until| now >= until)
+    }
 }
 
 struct Job {
     chunk: u64,
     op: Opcode,
     blocks: Vec<JobBlock>,
-    deadline: Instant,
+    /// Each question's own bound, counted from when it is asked: the queue
+    /// ahead of it takes none of it.
+    timeout: Duration,
     gate: Arc<Gate>,
     /// Where its verdict goes: its lane link's channel.
     reply: Sender<Verdict>,
@@ -116,9 +136,6 @@ struct Waiting {
     ticket: u64,
     bytes: u64,
     gate: Arc<Gate>,
-    /// Past this (the question's own deadline and a grace), the lane stops
-    /// waiting even if no verdict came (a worker that died).
-    give_up: Instant,
 }
 
 /// Lets a verdict that is on its way arrive before the lane gives up.
@@ -133,12 +150,19 @@ type Verdict = (u64, Result<()>);
 #[derive(Debug, Default)]
 pub(crate) struct Pool {
     jobs: OnceLock<std::result::Result<SyncSender<Job>, String>>,
+    /// Its threads still running (one that panicked counts out).
+    alive: Arc<AtomicUsize>,
 }
 
 impl Pool {
+    /// Its threads still running.
+    fn alive(&self) -> usize {
+        self.alive.load(Ordering::Acquire)
+    }
+
     /// The queue to the threads, started now if they were not.
     fn jobs(&self, peer: &str, with: &VerifyPeer) -> Result<&SyncSender<Job>> {
-        match self.jobs.get_or_init(|| spawn(peer, with)) {
+        match self.jobs.get_or_init(|| spawn(peer, with, &self.alive)) {
             Ok(jobs) => Ok(jobs),
             Err(why) => Err(Error::Unsupported { what: format!("checksums over rdma to {peer}: {why}") }),
         }
@@ -184,11 +208,9 @@ impl Verifier {
         };
         pool.jobs(&self.peer, with)?;
         let gate = Arc::new(Gate::default());
-        let deadline = crate::deadline::deadline_after(with.timeout);
-        let give_up = crate::deadline::deadline_after(with.timeout.saturating_add(VERDICT_GRACE));
-        self.waiting.insert(chunk, Waiting { ticket, bytes, gate: gate.clone(), give_up });
+        self.waiting.insert(chunk, Waiting { ticket, bytes, gate: gate.clone() });
         let reply = self.told.clone();
-        self.backlog.push_back(Job { chunk, op, blocks, deadline, gate, reply });
+        self.backlog.push_back(Job { chunk, op, blocks, timeout: with.timeout, gate, reply });
         self.send_backlog();
         Ok(())
     }
@@ -220,9 +242,12 @@ impl Verifier {
             ended.push((waiting.ticket, verdict.map(|()| waiting.bytes).map_err(|e| (e, waiting.bytes))));
         }
         let now = Instant::now();
-        if self.waiting.values().any(|w| now >= w.give_up) {
+        // A step past its bound, or no thread left to take the jobs (one
+        // that panicked): no verdict is coming.
+        let orphaned = self.with.as_ref().is_some_and(|(_, pool)| pool.jobs.get().is_some() && pool.alive() == 0);
+        if orphaned || self.waiting.values().any(|w| w.gate.given_up(now)) {
             let late = || Error::Timeout { what: "the peer's CRC32C of an rdma chunk", waited: VERDICT_GRACE };
-            progressed |= self.fail_where(|w| now >= w.give_up, &late, ended) > 0;
+            progressed |= self.fail_where(|w| orphaned || w.gate.given_up(now), &late, ended) > 0;
         }
         progressed
     }
@@ -269,14 +294,17 @@ impl Drop for Verifier {
 /// Starts [`WORKER_THREADS`] threads taking jobs from one queue, each with
 /// its own control connection; a thread that cannot start is skipped
 /// while one did.
-fn spawn(peer: &str, with: &VerifyPeer) -> std::result::Result<SyncSender<Job>, String> {
+fn spawn(peer: &str, with: &VerifyPeer, alive: &Arc<AtomicUsize>) -> std::result::Result<SyncSender<Job>, String> {
     let (jobs, taken) = mpsc::sync_channel::<Job>(JOB_QUEUE);
     let taken = Arc::new(Mutex::new(taken));
     let mut started = 0;
     let mut failure = None;
     for _ in 0..WORKER_THREADS {
         let (dial, name, taken) = (with.dial.clone(), peer.to_string(), taken.clone());
+        alive.fetch_add(1, Ordering::AcqRel);
+        let counted = CountedOut(alive.clone());
         let thread = std::thread::Builder::new().name("kvring-rdma-verify".into()).spawn(move || {
+            let _counted = counted;
             let mut ask = dial();
             loop {
                 // The queue's lock is held only to take a job, never while
@@ -296,6 +324,16 @@ fn spawn(peer: &str, with: &VerifyPeer) -> std::result::Result<SyncSender<Job>, 
     match (started, failure) {
         (0, Some(error)) => Err(format!("no verifier thread could start: {error}")),
         _ => Ok(jobs),
+    }
+}
+
+/// Counts a verifier thread out of its pool's `alive` when it ends, by
+/// return or by a panic (or when it never started).
+struct CountedOut(Arc<AtomicUsize>);
+
+impl Drop for CountedOut {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -329,6 +367,9 @@ fn pieces(blocks: &[JobBlock]) -> Vec<Piece> {
 /// in requests of at most [`MAX_CRC32C_RANGES`] ranges and
 /// [`MAX_CRC32C_BYTES`].
 fn verify(peer: &str, job: &Job, ask: &mut AskCrcs) -> Result<()> {
+    // The local sums are bounded as a question is (a 1 GiB piece on a
+    // loaded core stays well inside the control timeout).
+    job.gate.step_until(crate::deadline::deadline_after(job.timeout));
     let pieces = pieces(&job.blocks);
     let mut ours = Vec::with_capacity(pieces.len());
     for piece in &pieces {
@@ -353,11 +394,10 @@ fn verify(peer: &str, job: &Job, ask: &mut AskCrcs) -> Result<()> {
             bytes += pieces[end].range.2;
             end += 1;
         }
-        if Instant::now() >= job.deadline {
-            return Err(Error::Timeout { what: "the peer's CRC32C of an rdma chunk", waited: Duration::ZERO });
-        }
+        let deadline = crate::deadline::deadline_after(job.timeout);
+        job.gate.step_until(deadline);
         let ranges: Vec<Range> = pieces[start..end].iter().map(|p| p.range).collect();
-        let crcs = ask(&ranges, job.deadline)?;
+        let crcs = ask(&ranges, deadline)?;
         if crcs.len() != ranges.len() {
             return Err(Error::malformed(
                 "crc32c answer",
@@ -419,7 +459,7 @@ mod tests {
             chunk: 1,
             op,
             blocks: blocks.clone(),
-            deadline: Instant::now() + Duration::from_secs(5),
+            timeout: Duration::from_secs(5),
             gate: Arc::default(),
             reply: mpsc::channel().0,
         };
