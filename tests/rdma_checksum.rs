@@ -217,13 +217,17 @@ fn a_target_that_never_answers_ends_the_batch_at_its_deadline_or_its_cancel() {
 /// libcuda: .ci/stage-fakerdmagpu.sh).
 #[test]
 fn a_checksummed_gpu_block_over_rdma_is_refused_with_the_reason() {
-    use kvring::gpu::{Gpu, SimGpu};
+    use kvring::gpu::{CudaGpu, Gpu, SimGpu};
     let provider = Provider::new();
-    let Some(sim) = provider.sim_only("GPU memory over rdma needs the fake libcuda beside the fake libibverbs") else {
-        return;
+    // On the real verbs provider, the CUDA provider on the fake libcuda
+    // (beside the fake libibverbs: .ci/stage-rdma-checksum.sh).
+    let gpu: std::sync::Arc<dyn Gpu> = match &provider {
+        Provider::Sim(_) => std::sync::Arc::new(SimGpu::new(1, Duration::from_micros(50))),
+        Provider::Real(..) => std::sync::Arc::new(CudaGpu::load().unwrap_or_else(|e| {
+            panic!("RDMA_TEST_PROVIDER=ibverbs needs a CUDA driver (the fake libcuda on LD_LIBRARY_PATH): {e}")
+        })),
     };
-    let gpu: std::sync::Arc<dyn Gpu> = std::sync::Arc::new(SimGpu::new(1, Duration::from_micros(50)));
-    let builder = |name: &str| common::builder(name).rdma(sim.clone()).gpu(gpu.clone());
+    let builder = |name: &str| provider.apply(common::builder(name)).gpu(gpu.clone());
     let target = builder("sum-rdma-gpu-target").build().unwrap();
     let remote = target.alloc_region(LEN, RegionInfo::raw()).unwrap();
     let initiator = builder("sum-rdma-gpu-init").build().unwrap();
