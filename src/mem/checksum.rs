@@ -19,33 +19,62 @@ pub fn checksum(bytes: &[u8]) -> u64 {
     sum.finish(&bytes[whole..])
 }
 
+/// Hands `len` bytes at `ptr`, in memory that other threads or processes
+/// may be writing (a registered region: lanes, peers over shm, NICs), to
+/// `each` piece by piece (at most [`BOUNCE_BYTES`], a multiple of the
+/// checksum's block), copied into a bounce buffer, so no reference to that
+/// memory is ever made; the last piece (empty for no bytes) says so.
+///
+/// # Safety
+///
+/// `ptr..ptr + len` stays mapped and readable for the call.
+pub(crate) unsafe fn bounced(ptr: *const u8, len: usize, mut each: impl FnMut(&[u8], bool)) {
+    let mut bounce = vec![0u8; BOUNCE_BYTES.min(len)];
+    let mut done = 0;
+    loop {
+        let n = (len - done).min(BOUNCE_BYTES);
+        // SAFETY: `done + n <= len`, inside the range our caller vouches for;
+        // the bounce buffer has room for `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(ptr.add(done), bounce.as_mut_ptr(), n) };
+        done += n;
+        each(&bounce[..n], done == len);
+        if done == len {
+            return;
+        }
+    }
+}
+
+/// Bytes [`bounced`] copies out at a time.
+const BOUNCE_BYTES: usize = 64 * 1024;
+const _: () = assert!(BOUNCE_BYTES % BLOCK == 0);
+
 /// Checksum of `len` bytes at `ptr` in memory that other threads or
-/// processes may be writing (a registered region: lanes, peers over shm,
-/// NICs): read through a bounce buffer, so no reference to that memory is
-/// ever made. Equal to [`checksum`] of the same bytes.
+/// processes may be writing, read through a bounce buffer ([`bounced`]).
+/// Equal to [`checksum`] of the same bytes.
 ///
 /// # Safety
 ///
 /// `ptr..ptr + len` stays mapped and readable for the call.
 pub unsafe fn checksum_shared(ptr: *const u8, len: usize) -> u64 {
-    const BOUNCE: usize = 64 * 1024;
-    let mut bounce = vec![0u8; BOUNCE.min(len)];
-    let mut sum = Checksum::new();
-    let mut done = 0;
-    loop {
-        let n = (len - done).min(BOUNCE);
-        // SAFETY: `done + n <= len`, inside the range our caller vouches for;
-        // the bounce buffer has room for `n` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(ptr.add(done), bounce.as_mut_ptr(), n) };
-        done += n;
-        if done == len {
-            let whole = n - n % BLOCK;
-            sum.blocks(&bounce[..whole]);
-            return sum.finish(&bounce[whole..n]);
-        }
-        // BOUNCE is a multiple of BLOCK: only the last piece has a tail.
-        sum.blocks(&bounce[..n]);
-    }
+    let mut sum = Some(Checksum::new());
+    let mut result = 0;
+    // SAFETY: forwarded from our own contract.
+    unsafe {
+        bounced(ptr, len, |piece, last| {
+            let Some(running) = sum.as_mut() else { return };
+            if !last {
+                running.blocks(piece);
+                return;
+            }
+            // Bounce pieces are multiples of BLOCK: only the last has a tail.
+            let whole = piece.len() - piece.len() % BLOCK;
+            running.blocks(&piece[..whole]);
+            if let Some(done) = sum.take() {
+                result = done.finish(&piece[whole..]);
+            }
+        })
+    };
+    result
 }
 
 /// Checksum of `len` bytes of device memory at `addr`, read through the

@@ -34,30 +34,19 @@ pub(crate) fn crc32c_of(bytes: &[u8]) -> u32 {
     sum.value()
 }
 
-/// Bytes [`crc32c_shared`] copies out at a time.
-const SHARED_BOUNCE_BYTES: usize = 64 << 10;
-
 /// CRC32C of `len` bytes at `ptr` that another party may write meanwhile
-/// (a peer's NIC placing an RDMA WRITE): copied out piece by piece into a
-/// bounce buffer and summed there, so no `&[u8]` is ever formed over the
-/// shared bytes (as `mem::checksum_shared` reads them).
+/// (a peer's NIC placing an RDMA WRITE): read through a bounce buffer
+/// (`mem::checksum::bounced`), so no `&[u8]` is ever formed over the
+/// shared bytes.
 ///
 /// # Safety
 ///
 /// `ptr..ptr + len` is mapped and readable for the call (a region kept
 /// registered, by a lease, until it returns).
 pub(crate) unsafe fn crc32c_shared(ptr: *const u8, len: usize) -> u32 {
-    let mut bounce = vec![0u8; SHARED_BOUNCE_BYTES.min(len)];
     let mut sum = Crc32c::new();
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(SHARED_BOUNCE_BYTES);
-        // SAFETY: `done + n <= len`, inside the range our caller vouches
-        // for; the bounce buffer has room for `n` bytes and is ours alone.
-        unsafe { std::ptr::copy_nonoverlapping(ptr.add(done), bounce.as_mut_ptr(), n) };
-        sum.update(&bounce[..n]);
-        done += n;
-    }
+    // SAFETY: forwarded from our own contract.
+    unsafe { crate::mem::checksum::bounced(ptr, len, |piece, _| sum.update(piece)) };
     sum.value()
 }
 

@@ -18,7 +18,7 @@
 
 use crate::error::{Error, Result};
 use crate::ring::Opcode;
-use crate::transport::checksum::{corrupt, crc32c_host};
+use crate::transport::checksum::{corrupt, Crc32c};
 use crate::transport::ChunkEnd;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,6 +38,9 @@ pub const MAX_CRC32C_BYTES: u64 = 1 << 30;
 /// Verification jobs queued to a worker before the lane keeps the rest in
 /// its own backlog (sent on its next polls).
 const JOB_QUEUE: usize = 64;
+/// Bytes of a chunk's local side summed per hold of its gate: what a
+/// withdrawal (on the lane) may wait for, some 50-100 µs of CRC32C.
+const GATED_STEP_BYTES: usize = 1 << 20;
 /// Threads verifying one link's chunks (all its lanes'): two, so one
 /// chunk's local sum runs while another's question is with the target.
 const WORKER_THREADS: usize = 2;
@@ -216,7 +219,7 @@ impl Verifier {
     }
 
     /// Queues what the threads have room for (the rest waits here; a
-    /// queue whose threads are all gone keeps it until they give up).
+    /// queue whose threads are all gone keeps it until `poll` fails it).
     fn send_backlog(&mut self) {
         let Some(Ok(jobs)) = self.with.as_ref().and_then(|(_, pool)| pool.jobs.get()) else { return };
         while let Some(job) = self.backlog.pop_front() {
@@ -373,17 +376,30 @@ fn verify(peer: &str, job: &Job, ask: &mut AskCrcs) -> Result<()> {
     let pieces = pieces(&job.blocks);
     let mut ours = Vec::with_capacity(pieces.len());
     for piece in &pieces {
-        // Held for one piece at a time: a withdrawal waits at most that.
-        let withdrawn = job.gate.withdrawn.lock().unwrap_or_else(PoisonError::into_inner);
-        if *withdrawn {
-            return Ok(());
+        let mut sum = Crc32c::new();
+        let len = piece.range.2 as usize;
+        let mut done = 0;
+        loop {
+            // Held for one step: a withdrawal, on the lane, waits at most
+            // one step's sum (a piece may be 1 GiB).
+            let withdrawn = job.gate.withdrawn.lock().unwrap_or_else(PoisonError::into_inner);
+            if *withdrawn {
+                return Ok(());
+            }
+            let n = (len - done).min(GATED_STEP_BYTES);
+            // SAFETY: inside the piece, whose chunk holds its leases until
+            // it ends, and it cannot end (withdrawn) while we hold the gate;
+            // a WRITE's source is not written meanwhile (the caller's
+            // contract, as on every transport) and a READ's destination was
+            // placed before its completion and only its chunk touches it.
+            unsafe { sum.update_raw((piece.local + done) as *const u8, n) };
+            drop(withdrawn);
+            done += n;
+            if done >= len {
+                break;
+            }
         }
-        // SAFETY: the chunk holds its leases until it ends, and it cannot
-        // end (withdrawn) while we hold the gate; a WRITE's source is not
-        // written meanwhile (the caller's contract, as on every transport)
-        // and a READ's destination was placed before its completion, and
-        // only its chunk touches it until the chunk ends.
-        ours.push(unsafe { crc32c_host(piece.local as *const u8, piece.range.2 as usize) });
+        ours.push(sum.value());
     }
     let mut theirs = Vec::with_capacity(pieces.len());
     let mut start = 0;
