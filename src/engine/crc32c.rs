@@ -86,10 +86,8 @@ pub(crate) fn answer(registry: &Registry, request: &Crc32cRequest) -> Result<Vec
         .iter()
         .zip(&leased)
         .map(|(range, (addr, _lease))| {
-            // SAFETY: the range lies inside a registered host region
-            // (checked above) that the lease keeps registered and mapped
-            // until after this read; a peer's NIC may write it meanwhile,
-            // so it is read through a bounce buffer.
+            // SAFETY: inside a host region (checked above) its lease keeps
+            // mapped past this read; a NIC may write it, so it is bounced.
             unsafe { crc32c_shared((addr + range.offset as usize) as *const u8, range.len as usize) }
         })
         .collect())

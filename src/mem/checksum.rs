@@ -46,7 +46,7 @@ pub(crate) unsafe fn bounced(ptr: *const u8, len: usize, mut each: impl FnMut(&[
 
 /// Bytes [`bounced`] copies out at a time.
 const BOUNCE_BYTES: usize = 64 * 1024;
-const _: () = assert!(BOUNCE_BYTES % BLOCK == 0);
+const _: () = assert!(BOUNCE_BYTES.is_multiple_of(BLOCK));
 
 /// Checksum of `len` bytes at `ptr` in memory that other threads or
 /// processes may be writing, read through a bounce buffer ([`bounced`]).

@@ -387,11 +387,11 @@ fn verify(peer: &str, job: &Job, ask: &mut AskCrcs) -> Result<()> {
                 return Ok(());
             }
             let n = (len - done).min(GATED_STEP_BYTES);
-            // SAFETY: inside the piece, whose chunk holds its leases until
-            // it ends, and it cannot end (withdrawn) while we hold the gate;
-            // a WRITE's source is not written meanwhile (the caller's
-            // contract, as on every transport) and a READ's destination was
-            // placed before its completion and only its chunk touches it.
+            // The chunk holds its leases until it ends, which it cannot
+            // (withdrawn) while we hold the gate; a WRITE's source is not
+            // written meanwhile (the caller's contract), a READ's destination
+            // was placed before its completion and only its chunk touches it.
+            // SAFETY: inside the leased piece, which stays put (above).
             unsafe { sum.update_raw((piece.local + done) as *const u8, n) };
             drop(withdrawn);
             done += n;

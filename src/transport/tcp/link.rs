@@ -173,12 +173,13 @@ impl LaneLink for TcpLink {
     }
 
     unsafe fn transfer(&mut self, op: Opcode, batch_id: u64, ticket: u64, blocks: &[Block]) -> Posted {
-        if let Err(error) = self.park_while_dialling(|| Parked::Chunk { op, batch_id, ticket, blocks: blocks.to_vec() })
-        {
-            return match error {
-                Some(error) => Posted::Failed((error, 0)),
-                None => Posted::InFlight,
-            };
+        match self.dialling() {
+            Ok(false) => {}
+            Ok(true) => {
+                self.park(Parked::Chunk { op, batch_id, ticket, blocks: blocks.to_vec() });
+                return Posted::InFlight;
+            }
+            Err(error) => return Posted::Failed((error, 0)),
         }
         self.last_used = Instant::now();
         let TcpLink { peer, connection, stager, .. } = self;
@@ -325,13 +326,10 @@ impl LaneLink for TcpLink {
         if payload.len() > MAX_NOTIFY_FRAME_BYTES {
             return Err(Error::MessageTooLarge { len: payload.len() as u64, max: MAX_NOTIFY_FRAME_BYTES as u64 });
         }
-        let mut payload = Some(payload);
-        if let Err(error) =
-            self.park_while_dialling(|| Parked::Notification { ticket, payload: payload.take().unwrap_or_default() })
-        {
-            return error.map_or(Ok(()), Err);
+        if self.dialling()? {
+            self.park(Parked::Notification { ticket, payload });
+            return Ok(());
         }
-        let payload = payload.take().unwrap_or_default();
         self.last_used = Instant::now();
         let TcpLink { peer, connection, .. } = self;
         let connection = open_connection(peer, connection)?;
@@ -344,41 +342,45 @@ impl LaneLink for TcpLink {
 }
 
 impl TcpLink {
-    /// Parks what `parked` makes when the connection is being dialled
-    /// again, or must be (`redial.rs`): `Err(None)` once parked (it is in
-    /// flight), `Err(Some(error))` when the dial cannot start; `Ok` to
-    /// queue it on the connection now.
-    fn park_while_dialling(&mut self, parked: impl FnOnce() -> Parked) -> std::result::Result<(), Option<Error>> {
+    /// True when what comes now must be parked (`redial.rs`): a dial is in
+    /// progress, or the quiet connection was found closed (or quiet long
+    /// enough) and a dial starts now; an error when it cannot start.
+    fn dialling(&mut self) -> Result<bool> {
         if self.unparking {
-            return Ok(());
+            return Ok(false);
         }
-        if self.redial.is_none() {
-            let quiet = match &self.connection {
-                Ok(connection) => connection.is_idle() && !self.stager.as_ref().is_some_and(Stager::busy),
-                Err(_) => false,
-            };
-            if !quiet {
-                return Ok(());
-            }
-            let closed = self.connection.as_ref().is_ok_and(|c| c.peer_closed());
-            if !closed && self.last_used.elapsed() < quiet_redial_after() {
-                return Ok(());
-            }
-            tracing::debug!(
-                peer = %self.peer.name,
-                addr = %self.peer.addr,
-                closed,
-                "dialling a quiet data connection again (the target closed it, or would soon)"
-            );
-            let deadline = Instant::now() + self.io_timeout;
-            let session = self.session.clone();
-            let redial = Redial::start(self.peer.addr, &self.peer.name, self.peer.epoch, session, deadline, !closed);
-            self.redial = Some(redial.map_err(Some)?);
+        if self.redial.is_some() {
+            return Ok(true);
         }
+        let quiet = match &self.connection {
+            Ok(connection) => connection.is_idle() && !self.stager.as_ref().is_some_and(Stager::busy),
+            Err(_) => false,
+        };
+        if !quiet {
+            return Ok(false);
+        }
+        let closed = self.connection.as_ref().is_ok_and(|c| c.peer_closed());
+        if !closed && self.last_used.elapsed() < quiet_redial_after() {
+            return Ok(false);
+        }
+        tracing::debug!(
+            peer = %self.peer.name,
+            addr = %self.peer.addr,
+            closed,
+            "dialling a quiet data connection again (the target closed it, or would soon)"
+        );
+        let deadline = Instant::now() + self.io_timeout;
+        let session = self.session.clone();
+        self.redial =
+            Some(Redial::start(self.peer.addr, &self.peer.name, self.peer.epoch, session, deadline, !closed)?);
+        Ok(true)
+    }
+
+    /// Keeps `entry` for the connection being dialled ([`Self::dialling`]).
+    fn park(&mut self, entry: Parked) {
         if let Some(redial) = &mut self.redial {
-            redial.parked.push(parked());
+            redial.parked.push(entry);
         }
-        Err(None)
     }
 
     /// Takes the dial's answer once it came: the new connection replaces
@@ -441,10 +443,10 @@ impl TcpLink {
             old.shutdown();
         }
         if let Some(wake) = &self.wake {
-            // SAFETY: dup3 with two descriptors this link owns: the wake
-            // number now names the new socket (close-on-exec, as before),
-            // and the old socket's last descriptor closes with the old
+            // The wake number now names the new socket (close-on-exec, as
+            // before); the old socket's last descriptor closes with the old
             // connection below, which takes it off the lane's poller.
+            // SAFETY: dup3 of two descriptors this link owns; no memory.
             if unsafe { libc::dup3(connection.raw_fd(), wake.as_raw_fd(), libc::O_CLOEXEC) } >= 0 {
                 self.rewoken = true;
             }
