@@ -174,7 +174,10 @@ fn a_push_of_garbage_is_refused_and_the_link_keeps_working() {
 /// one NAT address, a port forward) that also writes to the target, that
 /// engine must not answer for the initiator: its "done" would let the
 /// target's fence return while the initiator's mirrors never saw it, and
-/// the initiator's stale push would land over the new owner's bytes.
+/// the initiator's stale push would land over the new owner's bytes. The
+/// target dials the claimed address back at the rdma connect and finds
+/// another engine there: the connect is refused, saying so, and no QP of
+/// the initiator is kept.
 #[test]
 fn another_engine_at_a_writers_claimed_address_cannot_answer_its_fences() {
     let provider = Provider::new();
@@ -190,6 +193,7 @@ fn another_engine_at_a_writers_claimed_address_cannot_answer_its_fences() {
     let at = other.control_addr();
     let addr = target.control_addr().to_string();
     let _other_segment = other.open_segment_with(&addr, Some(TransportKind::Rdma), WAIT).unwrap();
+    let qps = target.rdma_accepted_qps();
     // The initiator listens at 127.0.0.2:P and claims 127.0.0.1:P.
     let initiator = provider
         .apply(common::builder("r8-claimed-initiator"))
@@ -198,22 +202,50 @@ fn another_engine_at_a_writers_claimed_address_cannot_answer_its_fences() {
         .build()
         .unwrap();
     assert_eq!(initiator.control_addr(), at, "the initiator claims the other engine's address");
-    let local = initiator.alloc_region(MIB, RegionInfo::raw()).unwrap();
-    // SAFETY: no batch touches these bytes yet.
-    unsafe { local.write_at(0, &pattern(MIB, 9)).unwrap() };
-    let segment = initiator.open_segment_with(&addr, Some(TransportKind::Rdma), WAIT).unwrap();
-    assert_eq!(segment.transport(), TransportKind::Rdma);
-    let region = segment.region(0).unwrap();
-    let descs: Vec<_> =
-        (0..MIB as u64 / BLOCK).map(|i| BlockDesc::new(local.id(), i * BLOCK, region, i * BLOCK, BLOCK)).collect();
-    // The grant the initiator was handed, then taken back.
-    let old = target.fence(remote.id(), 0, MIB as u64).unwrap();
+    let refused = initiator.open_segment_with(&addr, Some(TransportKind::Rdma), WAIT).map(|s| s.transport());
+    match refused {
+        Err(Error::Remote { ref message, .. }) => {
+            assert!(message.contains("r8-claimed-other") && message.contains("pushes its fences"), "{message}");
+        }
+        other => panic!("an rdma writer whose claimed address reaches another engine: {other:?}"),
+    }
+    assert_eq!(target.rdma_accepted_qps(), qps, "QPs kept for a writer fences cannot reach");
+    // The other writer's fences still work.
     target.fence(remote.id(), 0, MIB as u64).unwrap();
-    // SAFETY: fenced: no write under an older grant is in the range.
-    unsafe { remote.write_at(0, &vec![0x5A; MIB]).unwrap() };
-    let outcome = common::push_granted(&initiator, &segment, &descs, Some(old));
-    assert!(matches!(outcome, Outcome::Failed(_)), "a stale push after the fence: {outcome:?}");
-    assert_eq!(common::read(&remote, 0, MIB), vec![0x5A; MIB], "a stale write landed after fence returned");
+}
+
+/// A writer whose claimed control address answers nothing (a listener
+/// that never reads: a port forwarded to a dead process) is refused at
+/// its connect, once the target's control timeout passed, with the
+/// reason; no QP of it is kept, so the target's fences never wait on it.
+#[test]
+fn a_writer_whose_claimed_address_answers_nothing_is_refused_at_connect() {
+    let provider = Provider::new();
+    let target = provider
+        .apply(common::builder("r8-silent-target"))
+        .control_timeout(std::time::Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let remote = target.alloc_region(MIB, RegionInfo::raw()).unwrap();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = silent.local_addr().unwrap();
+    let initiator = provider
+        .apply(common::builder("r8-silent-initiator"))
+        .listen(std::net::SocketAddr::new([127, 0, 0, 2].into(), at.port()))
+        .advertise(at.ip())
+        .build()
+        .unwrap();
+    assert_eq!(initiator.control_addr(), at, "the initiator claims the silent listener's address");
+    let addr = target.control_addr().to_string();
+    match initiator.open_segment_with(&addr, Some(TransportKind::Rdma), WAIT).map(|s| s.transport()) {
+        Err(Error::Remote { ref message, .. }) => {
+            assert!(message.contains("handshake failed") && message.contains(&at.to_string()), "{message}");
+        }
+        other => panic!("an rdma writer whose claimed address answers nothing: {other:?}"),
+    }
+    assert_eq!(target.rdma_accepted_qps(), 0, "QPs kept for a writer fences cannot reach");
+    target.fence(remote.id(), 0, MIB as u64).unwrap();
+    drop(silent);
 }
 
 /// Probe 4/standards ("every wait has a deadline with a typed error"): an

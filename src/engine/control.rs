@@ -55,6 +55,9 @@ pub(super) struct ControlContext {
     pub connect_wait: std::time::Duration,
     /// The sums running for peers: bounded, and waited for at the drop.
     pub sums: super::sums::SumGate,
+    /// The connections this engine pushes its rdma fences over, one per
+    /// writer, made at the writer's connect.
+    pub fence_pushers: super::fence_pushers::FencePushers,
 }
 
 impl ControlContext {
@@ -101,6 +104,21 @@ impl ControlContext {
 }
 
 impl ControlContext {
+    /// This engine as it names itself when it dials a peer.
+    pub fn me(&self) -> Initiator {
+        Initiator {
+            name: self.name.clone(),
+            epoch: self.epoch,
+            addr: self.control_addr.get().cloned().unwrap_or_default(),
+        }
+    }
+
+    /// How long an rdma connect waits to reach its writer back: a writer
+    /// not reached within a fence's wait would fail every fence anyway.
+    fn fence_reach_deadline(&self) -> std::time::Instant {
+        std::time::Instant::now() + self.connect_wait.min(super::fence::FENCE_WAIT)
+    }
+
     /// The GPU descriptor socket's name, the server started at the first
     /// ask; `None` when it could not start (said once, at warn).
     fn gpu_fds_name(&self) -> Option<String> {
@@ -147,6 +165,13 @@ impl ControlHandler for ControlContext {
         let node =
             self.rdma.as_ref().ok_or_else(|| Error::Unsupported { what: "rdma: this engine serves none".into() })?;
         let endpoints: Vec<_> = request.endpoints.iter().map(QpEndpoint::from_proto).collect::<Result<_>>()?;
+        // A writer whose fences could not reach it is refused now, not at
+        // each fence (`fence_pushers`): dialled outside the fencers' mutex,
+        // so a fence in progress never waits on it.
+        let pusher = match request.checks_fences {
+            true => Some(self.fence_pushers.reach(&self.me(), initiator, self.fence_reach_deadline())?),
+            false => None,
+        };
         // No fence runs between listing the initiator as a writer and the
         // snapshot: a fence before is in the snapshot, one after is pushed
         // to it (docs/ARCHITECTURE.md, "Fenced destinations over rdma").
@@ -157,6 +182,9 @@ impl ControlHandler for ControlContext {
             (true, n) => return Err(Error::malformed("rdma connect", format!("a push key of {n} bytes"))),
         };
         let ours = node.accept(initiator, request.nics as usize, &endpoints, push_key)?;
+        if let Some(pusher) = pusher {
+            self.fence_pushers.keep(initiator, pusher);
+        }
         let fences = self
             .registry
             .snapshot()

@@ -5,8 +5,10 @@
 //! that did not answer were moved to the error state, after which none of
 //! its writes is placed (docs/ARCHITECTURE.md, "Fenced destinations over
 //! rdma"). Fencing a range no write is in costs one round trip to each
-//! writer, in parallel.
+//! writer, in parallel, over the connection made when it connected
+//! (`fence_pushers.rs`).
 
+use super::fence_pushers::FencePushers;
 use super::Engine;
 use crate::control::ControlClient;
 use crate::mem::fence::Span;
@@ -33,13 +35,9 @@ pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], dea
         push_key: Vec::new(),
     };
     let me = engine.initiator();
-    let token = engine.inner.config.token.as_ref();
-    let mut kept: Vec<Option<ControlClient>> = {
-        let mut cache = super::lifecycle::lock(&engine.inner.fence_pushers);
-        // Writers that left: their connections go.
-        cache.retain(|(name, epoch), _| writers.iter().any(|(w, _)| &w.name == name && w.epoch == *epoch));
-        writers.iter().map(|(w, _)| cache.remove(&(w.name.clone(), w.epoch))).collect()
-    };
+    let pushers = &engine.inner.context.fence_pushers;
+    // Writers that left: their connections go.
+    let mut kept = pushers.take(writers.iter().map(|(w, _)| w));
     let one = |writer: &crate::auth::Initiator, push_key: &Option<Vec<u8>>, cached: Option<ControlClient>| {
         let Some(push_key) = push_key else {
             let why = format!("{} does not check fences over rdma", writer.name);
@@ -48,7 +46,7 @@ pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], dea
         // What only the target its connect reached knows.
         let mut request = request.clone();
         request.push_key.clone_from(push_key);
-        ask(writer, cached, &me, token, request, deadline)
+        ask(pushers, writer, cached, &me, request, deadline)
     };
     let answers: Vec<(crate::error::Result<()>, Option<ControlClient>)> = match writers.as_slice() {
         // One writer (a decode instance's one prefill peer): asked on this
@@ -70,18 +68,16 @@ pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], dea
                 .collect()
         }),
     };
-    let mut cache = super::lifecycle::lock(&engine.inner.fence_pushers);
     let answers: Vec<_> = writers
         .iter()
         .zip(answers)
         .map(|((writer, _), (answer, client))| {
             if let Some(client) = client {
-                cache.insert((writer.name.clone(), writer.epoch), client);
+                pushers.keep(writer, client);
             }
             answer
         })
         .collect();
-    drop(cache);
     for ((writer, _), answer) in writers.iter().zip(answers) {
         if let Err(error) = answer {
             // ibv_modify_qp to ERR first (`release_initiator`): none of its
@@ -92,22 +88,18 @@ pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], dea
     }
 }
 
-/// One writer's answer to `request`, over its kept connection (made anew,
-/// and once more if a kept one had gone stale: a push is idempotent); the
-/// connection to keep, when it answered.
+/// One writer's answer to `request`, over its kept connection (made at its
+/// connect; made anew, to the same engine, if it had gone stale: a push is
+/// idempotent); the connection to keep, when it answered.
 fn ask(
+    pushers: &FencePushers,
     writer: &crate::auth::Initiator,
     cached: Option<ControlClient>,
     me: &crate::auth::Initiator,
-    token: Option<&crate::auth::Token>,
     request: crate::proto::RdmaFenceRequest,
     deadline: Instant,
 ) -> (crate::error::Result<()>, Option<ControlClient>) {
-    let fresh = || -> crate::error::Result<ControlClient> {
-        let mut client = ControlClient::connect(&writer.addr, deadline)?;
-        client.handshake(me, token, deadline)?;
-        Ok(client)
-    };
+    let fresh = || pushers.reach(me, writer, deadline);
     if let Some(mut client) = cached {
         match client.rdma_fence(request.clone(), deadline) {
             Ok(()) => return (Ok(()), Some(client)),

@@ -50,9 +50,6 @@ pub(crate) struct EngineInner {
     pub(super) gpu: OnceLock<Option<Arc<dyn crate::gpu::Gpu>>>,
     /// Caller-registered host regions pinned with the GPU provider.
     pub(super) pins: super::pins::HostPins,
-    /// Control connections to this engine's rdma writers, kept between
-    /// the fences pushed to them (`fence_rdma.rs`), by name and epoch.
-    pub(super) fence_pushers: Mutex<std::collections::HashMap<(String, u64), crate::control::ControlClient>>,
 }
 
 impl std::fmt::Debug for EngineInner {
@@ -193,6 +190,7 @@ impl Engine {
             gpu_fds: Mutex::new(None),
             connect_wait: config.control_timeout,
             sums: Default::default(),
+            fence_pushers: super::fence_pushers::FencePushers::new(config.token.clone()),
         });
         let server = ControlServer::start(config.listen, context.clone(), admission)?;
         // Peers are told the advertised IP with the port actually bound.
@@ -235,7 +233,6 @@ impl Engine {
                 next_tag: AtomicU16::new(1),
                 gpu: OnceLock::new(),
                 pins: Default::default(),
-                fence_pushers: Default::default(),
             }),
         };
         engine.start_threads()?;

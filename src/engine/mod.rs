@@ -18,6 +18,7 @@ mod control;
 mod crc32c;
 mod described;
 mod fence;
+mod fence_pushers;
 mod fence_rdma;
 mod lifecycle;
 mod metadata;
