@@ -125,6 +125,16 @@ pub(super) struct Far {
     remote: SocketAddr,
 }
 
+#[cfg(test)]
+impl Far {
+    /// The far end of our connection from `ours` to `theirs`, as the
+    /// kernel names it (netlink).
+    pub(super) fn of_connection(ours: SocketAddr, theirs: SocketAddr) -> Self {
+        let (inode, cookie) = super::sockdiag::socket_identity(theirs, ours).expect("netlink here");
+        Far { inode, cookie: Some(cookie), local: theirs, remote: ours }
+    }
+}
+
 fn held_by(
     pid: u32,
     ours: SocketAddr,

@@ -12,7 +12,12 @@
 //! would cost this process its locks. The taker's table holds no lock, so
 //! nothing of this process's is dropped; a close that blocks (a FUSE
 //! daemon that never answers FLUSH) blocks the taker alone, and the check
-//! waits for it no longer than its deadline, then proves nothing.
+//! waits for it no longer than its deadline, then proves nothing. A taker
+//! found busy on one job for longer than [`STUCK_AFTER`] is replaced by a
+//! new one for the checks that follow (at most [`MAX_REPLACED`] times in a
+//! process's life, since each stuck one keeps its thread): one peer's
+//! blocked close does not leave every later same-host peer unproven (and so
+//! taken as remote, refused shm and cma).
 //!
 //! The taker's table starts as a copy of the process's; it closes the
 //! copies once (from descriptor 3: the files stay open in the process's
@@ -22,8 +27,8 @@
 use super::owner::{is_the_socket, Far, Taken};
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Mutex, PoisonError};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 /// Jobs queued for the taker. A stuck taker (a close that blocks) leaves
 /// each queued job's pidfd copy open, so the queue is bounded; a caller
@@ -31,7 +36,14 @@ use std::time::Instant;
 const QUEUE_DEPTH: usize = 16;
 
 /// How long a caller finding the queue full sleeps before trying again.
-const QUEUE_FULL_RETRY: std::time::Duration = std::time::Duration::from_micros(200);
+const QUEUE_FULL_RETRY: Duration = Duration::from_micros(200);
+
+/// A job takes microseconds (a `pidfd_getfd`, an `fstat`, a close): a
+/// taker on one job this long is taken as stuck in a close that blocks.
+const STUCK_AFTER: Duration = Duration::from_secs(1);
+
+/// Stuck takers replaced in a process's life, at most.
+const MAX_REPLACED: usize = 8;
 
 struct Job {
     /// A copy of the caller's pidfd, by its number in the process's table
@@ -43,15 +55,97 @@ struct Job {
     answer: SyncSender<Taken>,
 }
 
-/// The taker: its queue, and the process it was started in (a forked child
-/// starts its own).
-static TAKER: Mutex<Option<(u32, SyncSender<Job>)>> = Mutex::new(None);
+/// The takers of this process: the one serving now, and how many were
+/// replaced.
+struct Takers {
+    state: Mutex<State>,
+}
+
+struct State {
+    current: Option<Taker>,
+    replaced: usize,
+    /// Jobs the next taker started holds until this answers (tests: a
+    /// close that blocks).
+    #[cfg(test)]
+    hold: Option<Receiver<()>>,
+}
+
+/// One taker thread: its queue, the process it was started in (a forked
+/// child starts its own), and since when it is on its current job.
+#[derive(Clone)]
+struct Taker {
+    started_in: u32,
+    queue: SyncSender<Job>,
+    busy_since: Arc<Mutex<Option<Instant>>>,
+}
+
+static TAKERS: Takers = Takers::new();
+
+impl Takers {
+    const fn new() -> Self {
+        Self {
+            state: Mutex::new(State {
+                current: None,
+                replaced: 0,
+                #[cfg(test)]
+                hold: None,
+            }),
+        }
+    }
+
+    /// The taker serving now, started on first use in this process (and
+    /// anew after one was found stuck).
+    fn get(&self) -> Option<Taker> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let pid = std::process::id();
+        if let Some(taker) = state.current.as_ref().filter(|t| t.started_in == pid) {
+            return Some(taker.clone());
+        }
+        let (queue, jobs) = sync_channel(QUEUE_DEPTH);
+        let busy_since = Arc::new(Mutex::new(None));
+        let busy = busy_since.clone();
+        #[cfg(test)]
+        let hold = state.hold.take();
+        #[cfg(not(test))]
+        let hold: Option<Receiver<()>> = None;
+        std::thread::Builder::new().name("kvring-owner-take".into()).spawn(move || serve(&jobs, &busy, hold)).ok()?;
+        let taker = Taker { started_in: pid, queue, busy_since };
+        state.current = Some(taker.clone());
+        Some(taker)
+    }
+
+    /// A check gave up on `taker`: replaced when it has been on one job
+    /// past [`STUCK_AFTER`] (not merely slow under load), within
+    /// [`MAX_REPLACED`].
+    fn gave_up_on(&self, taker: &Taker) {
+        let stuck = lock_busy(&taker.busy_since).is_some_and(|since| since.elapsed() >= STUCK_AFTER);
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = state.current.as_ref().is_some_and(|t| Arc::ptr_eq(&t.busy_since, &taker.busy_since));
+        if stuck && current && state.replaced < MAX_REPLACED {
+            state.replaced += 1;
+            state.current = None;
+            tracing::warn!(
+                replaced = state.replaced,
+                "the owner check's taker is stuck on one descriptor (a close that blocks): a new one takes the next checks"
+            );
+        }
+    }
+}
+
+fn lock_busy(busy: &Mutex<Option<Instant>>) -> std::sync::MutexGuard<'_, Option<Instant>> {
+    busy.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Whether descriptor `fd` of `process` is the socket `far`, taken and
 /// closed in the taker's table; `Other` (not proven) when the taker does
 /// not answer by `deadline`.
 pub(super) fn take(process: &OwnedFd, fd: u32, far: &Far, deadline: Instant) -> Taken {
-    let Some(queue) = taker() else { return is_the_socket(process, fd, far) };
+    take_with(&TAKERS, process, fd, far, deadline)
+}
+
+fn take_with(takers: &Takers, process: &OwnedFd, fd: u32, far: &Far, deadline: Instant) -> Taken {
+    let Some(taker) = takers.get() else { return is_the_socket(process, fd, far) };
+    let queue = &taker.queue;
     let Ok(copy) = process.try_clone() else { return Taken::Other };
     let raw = copy.into_raw_fd();
     let (answer, answered) = sync_channel(1);
@@ -68,6 +162,7 @@ pub(super) fn take(process: &OwnedFd, fd: u32, far: &Far, deadline: Instant) -> 
             Err(_) => {
                 // SAFETY: the copy made above, never queued: closed here, once.
                 drop(unsafe { OwnedFd::from_raw_fd(raw) });
+                takers.gave_up_on(&taker);
                 return Taken::Other;
             }
         }
@@ -85,26 +180,16 @@ pub(super) fn take(process: &OwnedFd, fd: u32, far: &Far, deadline: Instant) -> 
         }
         // The taker is stuck (a close that blocks): the copy is left open,
         // since it may still read it (one per queued job at most).
-        Err(_) => Taken::Other,
-    }
-}
-
-/// The taker's queue, started on first use in this process.
-fn taker() -> Option<SyncSender<Job>> {
-    let mut taker = TAKER.lock().unwrap_or_else(PoisonError::into_inner);
-    let pid = std::process::id();
-    if let Some((started_in, queue)) = taker.as_ref() {
-        if *started_in == pid {
-            return Some(queue.clone());
+        Err(_) => {
+            takers.gave_up_on(&taker);
+            Taken::Other
         }
     }
-    let (queue, jobs) = sync_channel(QUEUE_DEPTH);
-    std::thread::Builder::new().name("kvring-owner-take".into()).spawn(move || serve(&jobs)).ok()?;
-    *taker = Some((pid, queue.clone()));
-    Some(queue)
 }
 
-fn serve(jobs: &Receiver<Job>) {
+/// The taker's loop, until its queue's last sender goes; `busy` says since
+/// when it is on a job; `hold` (tests) makes each job wait for it.
+fn serve(jobs: &Receiver<Job>, busy: &Mutex<Option<Instant>>, hold: Option<Receiver<()>>) {
     // SAFETY: unshare with a flag only; it gives this thread a copy of the
     // process's descriptor table.
     if unsafe { libc::unshare(libc::CLONE_FILES) } != 0 {
@@ -122,10 +207,15 @@ fn serve(jobs: &Receiver<Job>) {
     unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
     let me = crate::gpu::fd::pidfd_open(std::process::id()).ok();
     while let Ok(job) = jobs.recv() {
+        *lock_busy(busy) = Some(Instant::now());
+        if let Some(hold) = hold.as_ref() {
+            let _ = hold.recv();
+        }
         let taken = match me.as_ref().and_then(|me| take_fd(me, job.process)) {
             Some(process) => is_the_socket(&process, job.fd, &job.far),
             None => Taken::Refused,
         };
+        *lock_busy(busy) = None;
         let _ = job.answer.send(taken);
     }
 }
@@ -137,4 +227,38 @@ fn take_fd(me: &OwnedFd, fd: RawFd) -> Option<OwnedFd> {
     let taken = unsafe { libc::syscall(libc::SYS_pidfd_getfd, me.as_raw_fd(), fd, 0) };
     // SAFETY: a fresh descriptor of this table nothing else owns.
     (taken >= 0).then(|| unsafe { OwnedFd::from_raw_fd(taken as RawFd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    /// A taker held on its first job (a close that blocks): a check whose
+    /// deadline is shorter than [`STUCK_AFTER`] gives up and replaces
+    /// nothing (a slow taker is not a stuck one); one that gives up after
+    /// it replaces the taker; the next check is proven by the new one,
+    /// not queued behind the stuck one.
+    #[test]
+    fn a_taker_stuck_on_one_descriptor_is_replaced_for_the_next_checks() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let far = Far::of_connection(client.local_addr().unwrap(), client.peer_addr().unwrap());
+        let fd = server.as_raw_fd() as u32;
+        let me = crate::gpu::fd::pidfd_open(std::process::id()).unwrap();
+        let takers = Takers::new();
+        let (release, hold) = sync_channel::<()>(0);
+        takers.state.lock().unwrap().hold = Some(hold);
+        let replaced = || takers.state.lock().unwrap().replaced;
+
+        let short = take_with(&takers, &me, fd, &far, Instant::now() + STUCK_AFTER / 5);
+        assert_eq!((short, replaced()), (Taken::Other, 0), "a check that gave up early replaces nothing");
+        let long = take_with(&takers, &me, fd, &far, Instant::now() + STUCK_AFTER + STUCK_AFTER / 2);
+        assert_eq!((long, replaced()), (Taken::Other, 1), "a taker on one job past STUCK_AFTER is replaced");
+        let next = take_with(&takers, &me, fd, &far, Instant::now() + Duration::from_secs(30));
+        assert_eq!(next, Taken::Same, "the check after a stuck taker is proven by a new one");
+        assert_eq!(replaced(), 1);
+        drop(release);
+    }
 }
