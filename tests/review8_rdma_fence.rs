@@ -205,7 +205,8 @@ fn another_engine_at_a_writers_claimed_address_cannot_answer_its_fences() {
     let refused = initiator.open_segment_with(&addr, Some(TransportKind::Rdma), WAIT).map(|s| s.transport());
     match refused {
         Err(Error::Remote { ref message, .. }) => {
-            assert!(message.contains("r8-claimed-other") && message.contains("pushes its fences"), "{message}");
+            assert!(message.contains("another engine answers there"), "{message}");
+            assert!(!message.contains("r8-claimed-other"), "the peer learns no name from its probe: {message}");
         }
         other => panic!("an rdma writer whose claimed address reaches another engine: {other:?}"),
     }
@@ -239,13 +240,46 @@ fn a_writer_whose_claimed_address_answers_nothing_is_refused_at_connect() {
     let addr = target.control_addr().to_string();
     match initiator.open_segment_with(&addr, Some(TransportKind::Rdma), WAIT).map(|s| s.transport()) {
         Err(Error::Remote { ref message, .. }) => {
-            assert!(message.contains("handshake failed") && message.contains(&at.to_string()), "{message}");
+            assert!(message.contains("did not complete a handshake") && message.contains(&at.to_string()), "{message}");
         }
         other => panic!("an rdma writer whose claimed address answers nothing: {other:?}"),
     }
     assert_eq!(target.rdma_accepted_qps(), 0, "QPs kept for a writer fences cannot reach");
     target.fence(remote.id(), 0, MIB as u64).unwrap();
     drop(silent);
+}
+
+/// The claimed control address is the peer's word, and the target dials
+/// it: a name is not resolved (DNS would wait past any deadline), and the
+/// peer learns only which step failed, not the system's error, so the
+/// target is no port scanner's probe of addresses only it reaches.
+#[test]
+fn a_claimed_address_is_dialled_only_as_ip_and_port_and_its_failure_says_no_more_than_the_step() {
+    let provider = Provider::new();
+    let target = provider.apply(common::builder("r8-probe-target")).build().unwrap();
+    let _remote = target.alloc_region(MIB, RegionInfo::raw()).unwrap();
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    for (addr, step) in [
+        ("localhost:7100".to_string(), "not an IP address and port"),
+        (String::new(), "not an IP address and port"),
+        (closed.to_string(), "could not be connected to"),
+    ] {
+        let deadline = Instant::now() + WAIT;
+        let me = Initiator { name: "r8-probe-liar".into(), epoch: 7, addr: addr.clone() };
+        let mut client = ControlClient::connect(&target.control_addr().to_string(), deadline).unwrap();
+        client.handshake(&me, None, deadline).unwrap();
+        match client.rdma_connect(1, &[], &[7; 16], deadline) {
+            Err(Error::Remote { ref message, .. }) => {
+                assert!(message.contains(step), "{addr:?}: {message}");
+                assert!(!message.contains("os error"), "{addr:?}: the system's error reached the peer: {message}");
+            }
+            other => panic!("{addr:?}: {:?}", other.map(|_| ())),
+        }
+    }
+    assert_eq!(target.rdma_accepted_qps(), 0);
 }
 
 /// Probe 4/standards ("every wait has a deadline with a typed error"): an

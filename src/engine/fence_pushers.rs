@@ -18,7 +18,9 @@ use super::lifecycle::lock;
 use crate::auth::{Initiator, Token};
 use crate::control::ControlClient;
 use crate::error::{Error, Result};
+use crate::log::ratelimit::{log_limited, RateLimit};
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -42,25 +44,36 @@ impl FencePushers {
     /// `me`, whose answering engine is `writer` itself (name and epoch).
     /// Another engine at that address (two pods behind one NAT address, a
     /// port forward) is refused: it must not answer `writer`'s fences.
+    ///
+    /// The address is the peer's word, so this engine dials where a peer
+    /// says: only a literal `IP:port` (no name to resolve, which would wait
+    /// on DNS past any deadline), and the peer is told only which step
+    /// failed, not the system's error (which would make this engine a port
+    /// scanner's probe of addresses only it reaches); the details go to
+    /// this engine's log.
     pub fn reach(&self, me: &Initiator, writer: &Initiator, deadline: Instant) -> Result<ControlClient> {
-        let unreachable = |why: String| Error::Unsupported {
-            what: format!(
-                "rdma: this target pushes its fences to the control address {} claimed ({:?}) and {why}; \
-                 advertise an address this target can reach (`advertise`, `listen`)",
-                writer.name, writer.addr
-            ),
+        let refused = |step: &str, detail: &dyn std::fmt::Display| {
+            static LIMIT: RateLimit = RateLimit::per_second();
+            log_limited!(warn, LIMIT, writer = %writer.name, addr = %writer.addr, %detail, "an rdma writer's control address {step}: its connect is refused");
+            Error::Unsupported {
+                what: format!(
+                    "rdma: this target pushes its fences to the control address {} claimed ({:?}), and {step}; \
+                     advertise an address this target can reach (`advertise`, `listen`)",
+                    writer.name, writer.addr
+                ),
+            }
         };
-        let mut client = ControlClient::connect(&writer.addr, deadline)
-            .map_err(|error| unreachable(format!("could not connect to it: {error}")))?;
+        let addr: SocketAddr =
+            writer.addr.parse().map_err(|_| refused("it is not an IP address and port", &"not IP:port"))?;
+        let mut client = ControlClient::connect(&addr.to_string(), deadline)
+            .map_err(|error| refused("it could not be connected to", &error))?;
         let handshake = client
             .handshake(me, self.token.as_ref(), deadline)
-            .map_err(|error| unreachable(format!("its handshake failed: {error}")))?;
+            .map_err(|error| refused("it did not complete a handshake", &error))?;
         let answered = &handshake.descriptor;
         if answered.name != writer.name || answered.epoch != writer.epoch {
-            return Err(unreachable(format!(
-                "it is answered by {} (epoch {:#x}), not by {} (epoch {:#x})",
-                answered.name, answered.epoch, writer.name, writer.epoch
-            )));
+            let who = format!("{} (epoch {:#x})", answered.name, answered.epoch);
+            return Err(refused("another engine answers there", &who));
         }
         Ok(client)
     }
