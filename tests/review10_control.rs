@@ -10,8 +10,8 @@ mod common;
 
 use common::WAIT;
 use kvring::testing::control::{
-    decode_response, preface, read_frame, request, response, Crc32cRange, Crc32cRequest, ProbeRequest, Request,
-    CONTROL_VERSION, MAX_CONTROL_MESSAGE_BYTES,
+    decode_response, preface, read_frame, request, response, Crc32cRange, Crc32cRequest, Notification, ProbeRequest,
+    Request, CONTROL_VERSION, MAX_CONTROL_MESSAGE_BYTES,
 };
 use kvring::Engine;
 use prost::Message;
@@ -256,4 +256,64 @@ fn many_pending_connections_each_near_the_cap_are_bounded_and_others_served() {
     s.read_exact(&mut theirs).unwrap();
     probed(&mut s);
     drop(held);
+}
+
+// Holds: the opening bound leaves room for the largest request that may
+// open a connection to an engine without a token: a notification of
+// `MAX_NOTIFY_BYTES` from a sender of the longest name is served, and
+// delivered.
+#[test]
+fn the_largest_notification_opens_a_connection_to_an_engine_without_a_token() {
+    let open = common::engine("r10-largest-notify");
+    let mut s = opened(&open);
+    let from = "n".repeat(256);
+    let message = vec![0x42u8; 64 << 10];
+    let body = encoded(request::Body::Notify(Notification { from: from.clone(), message: message.clone() }));
+    assert!(body.len() as u32 <= OPENING, "{} bytes", body.len());
+    send(&mut s, &body);
+    let frame = read_frame(&mut s, MAX_CONTROL_MESSAGE_BYTES).unwrap().expect("a reply");
+    let answer = decode_response(&frame);
+    assert!(matches!(answer, Ok(response::Body::Notify(_))), "{answer:?}");
+    let deadline = std::time::Instant::now() + WAIT;
+    let got = loop {
+        if let Some(n) = open.poll_notification() {
+            break n;
+        }
+        assert!(std::time::Instant::now() < deadline, "the notification never arrived");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    assert_eq!((got.from, got.message), (from, message));
+}
+
+// Holds: once admitted, a frame trickled a byte at a time is cut at the
+// message deadline (`MESSAGE_TIMEOUT`, 5 s from its first byte): the
+// server answers or closes while the frame is still arriving. The loop
+// is bounded; at one byte per 50 ms the frame would take 40 s.
+#[test]
+fn a_trickled_frame_on_an_admitted_connection_is_cut_at_the_message_deadline() {
+    let open = common::engine("r10-trickle-admitted");
+    let mut s = opened(&open);
+    probed(&mut s);
+    let len = 800u32;
+    s.write_all(&len.to_le_bytes()).unwrap();
+    let mut cut = false;
+    for _ in 0..len {
+        std::thread::sleep(Duration::from_millis(50));
+        if s.write_all(&[0xFF]).is_err() {
+            cut = true;
+            break;
+        }
+        s.set_nonblocking(true).unwrap();
+        let mut byte = [0u8; 1];
+        let gone = match s.read(&mut byte) {
+            Ok(_) => true,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        };
+        s.set_nonblocking(false).unwrap();
+        if gone {
+            cut = true;
+            break;
+        }
+    }
+    assert!(cut, "a frame trickled for 40 s kept its admitted connection");
 }
