@@ -287,3 +287,37 @@ fn an_engine_dropped_mid_step_leaves_no_read_of_the_callers_source() {
     }
     assert!(raced > 0, "no drop met a verifier summing (the race was never run)");
 }
+
+// Holds: the same race for a READ, whose local side is the destination
+// the verifier sums once the bytes landed: cancelled while a verifier
+// runs, then the destination unregistered (once the batch ended) and
+// unmapped at once; no verifier reads it (the process lives). The batch
+// ends cancelled, or done where its verdict came first.
+#[test]
+fn a_cancel_racing_a_reads_step_leaves_no_read_of_the_freed_destination() {
+    let _turn = turn();
+    let mut raced = 0;
+    for round in 0..3 {
+        let p = pair(&format!("r10-read{round}"), RACE_LEN);
+        let destination = Mapped::new(&p.initiator, RACE_LEN);
+        let block = 3 * MIB + 5;
+        let n = RACE_LEN as u64 / block;
+        let descs: Vec<_> =
+            (0..n).map(|i| BlockDesc::new(destination.id, i * block, p.remote.id(), i * block, block)).collect();
+        let mut sub = p.initiator.submitter().unwrap();
+        let id = sub.submit(&Batch::read(&p.segment).descs(&descs).checksum(true).deadline(WAIT)).unwrap();
+        raced += usize::from(once_summing());
+        sub.cancel(id).unwrap();
+        let outcome = sub.wait(id, WAIT + WAIT).expect("the batch ends");
+        assert!(
+            matches!(outcome, Outcome::Cancelled { .. } | Outcome::Done { .. } | Outcome::Failed(_)),
+            "{outcome:?}"
+        );
+        destination.unmap(&p.initiator);
+        let until = Instant::now() + Duration::from_millis(100);
+        while Instant::now() < until {
+            std::thread::yield_now();
+        }
+    }
+    assert!(raced > 0, "no cancel met a verifier summing (the race was never run)");
+}
