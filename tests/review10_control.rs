@@ -109,6 +109,10 @@ fn each_cap_admits_its_own_length_and_refuses_one_byte_more() {
 // engine decode is one probe away. Here a 1 MiB CRC32C request of empty
 // ranges (2 bytes each on the wire, some 24 in memory) is decoded, and
 // answered "complete the handshake first", where a length refusal was due.
+// Worse, the same frame with one bad byte at its end fails to decode
+// (after its ranges were decoded) and is answered "malformed", and a
+// malformed request keeps the connection open: one unproven connection
+// repeats such frames for as long as it likes (tried: three in a row).
 // Fix: pick the bound by `auth.identity.is_some()` on a tokened engine
 // (proven by the handshake), not by `auth.admitted`.
 #[test]
