@@ -118,6 +118,54 @@ fn shm_that_does_not_open_falls_back_only_within_the_allow_list_and_keeps_the_ep
     server.join().unwrap();
 }
 
+// Holds: an engine that requires shm (`require_transport`, an allow-list
+// of one) does not fall back from a shm that did not open, though the
+// peer serves tcp and cma: refused, shm's reason its failed open.
+#[test]
+fn an_engine_requiring_shm_never_falls_back() {
+    let _alone = ALONE.lock().unwrap_or_else(PoisonError::into_inner);
+    let (owner, _remote) = owner("r10-fb-required-owner");
+    let initiator = common::builder("r10-fb-required").require_transport(TransportKind::Shm).build().unwrap();
+    let (addr, server) = answering(&missing_file(&owner));
+    match initiator.open_segment_with(&addr, None, WAIT) {
+        Err(Error::TransportRefused { allowed, reasons, .. }) => {
+            assert_eq!(allowed, ["shm"]);
+            let shm = reasons.iter().find(|(kind, _)| *kind == "shm").map(|(_, why)| why.as_str()).unwrap_or("");
+            assert!(shm.contains("did not open") && shm.contains("opening peer region"), "{reasons:?}");
+        }
+        other => panic!("refused, naming shm's failed open, not {other:?}"),
+    }
+    server.join().unwrap();
+}
+
+// Holds: with a token, the fallback keeps the proven session. A real
+// tokened owner past the cap of shm regions one peer may map (4,097 of
+// them: `PeerLimit`) is reached over tcp by a tokened initiator (cma off,
+// so tcp is next): its data connection proves the handshake's session
+// (a tokened target refuses one that does not), the epoch is the owner's,
+// and the bytes land in the region past the cap.
+#[test]
+fn a_tokened_fallback_keeps_the_proven_session() {
+    let _alone = ALONE.lock().unwrap_or_else(PoisonError::into_inner);
+    let cap = kvring::MAX_PEER_SHM_REGIONS;
+    let mut config = common::builder("r10-fb-tokened-owner").token("fallback-token").settings().clone();
+    config.max_regions = cap + 1;
+    let owner = Engine::builder().config(config).build().unwrap();
+    let regions: Vec<_> = (0..=cap).map(|_| owner.alloc_region(4096, RegionInfo::raw()).unwrap()).collect();
+    let initiator = common::builder("r10-fb-tokened").token("fallback-token").cma(false).build().unwrap();
+    let addr = owner.control_addr().to_string();
+    // Past any line another test here let through this second.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let mut opened = None;
+    let log = logged(|| opened = Some(initiator.open_segment_with(&addr, None, WAIT)));
+    let segment = opened.unwrap().expect("tcp, after shm past its cap");
+    assert_eq!(segment.transport(), TransportKind::Tcp);
+    assert!(log.contains("did not open") && log.contains("MAX_PEER_SHM_REGIONS"), "shm was tried first: {log}");
+    assert_eq!(segment.epoch(), owner.epoch());
+    write_over(&initiator, &segment, regions.last().unwrap(), b"proven over tcp");
+    initiator.close_segment(&segment);
+}
+
 // Holds: shm asked for by name does not fall back: the caller gets the
 // open's own error (`Io`, naming the file), not a link over another
 // transport, even with every transport allowed.
