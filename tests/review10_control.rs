@@ -116,7 +116,6 @@ fn each_cap_admits_its_own_length_and_refuses_one_byte_more() {
 // Fix: pick the bound by `auth.identity.is_some()` on a tokened engine
 // (proven by the handshake), not by `auth.admitted`.
 #[test]
-#[ignore = "HOLE: a probe lifts a tokened engine's 16 KiB unproven-frame cap to 4 MiB (decoded before refused)"]
 fn a_probe_does_not_lift_the_unproven_cap_on_a_tokened_engine() {
     let tokened = common::builder("r10-probe-tokened").token("s3cret").build().unwrap();
     let mut s = opened(&tokened);
@@ -124,7 +123,10 @@ fn a_probe_does_not_lift_the_unproven_cap_on_a_tokened_engine() {
     let ranges = vec![Crc32cRange::default(); 1 << 19];
     let body = encoded(request::Body::Crc32c(Crc32cRequest { ranges }));
     assert!(body.len() > (1 << 20), "{}", body.len());
-    send(&mut s, &body);
+    // The length alone: a proven-size cap would wait for the body (and the
+    // reply would not come); the unproven cap refuses it at once, and
+    // closes, so sending the body could fail with a broken pipe.
+    s.write_all(&(body.len() as u32).to_le_bytes()).unwrap();
     let answer = reply(&mut s);
     assert!(too_large(&answer), "an unproven peer's 1 MiB frame is refused by its length, not read: {answer}");
 }

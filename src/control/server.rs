@@ -216,13 +216,15 @@ fn serve_connection(stream: TcpStream, handler: &dyn ControlHandler, conn: &Admi
         }
         let message_deadline = (Instant::now() + MESSAGE_TIMEOUT).min(limit.max(Instant::now() + STOP_CHECK_INTERVAL));
         let mut io = DeadlineIo::new(&stream, message_deadline);
-        // Before a connection is admitted its frames are small: decoding
+        // Before a connection is proven its frames are small: decoding
         // multiplies bytes (an empty repeated element is 2 bytes on the wire
-        // and tens in memory), and pending connections prove nothing.
-        let max = match (auth.admitted, handler.authenticator().is_some()) {
-            (true, _) => MAX_CONTROL_MESSAGE_BYTES,
-            (false, true) => MAX_UNPROVEN_MESSAGE_BYTES,
-            (false, false) => MAX_OPENING_MESSAGE_BYTES,
+        // and tens in memory), and pending connections prove nothing. On a
+        // tokened engine only the handshake's proof counts: a `Probe` admits
+        // a connection but proves nothing (`review10_control`).
+        let max = match (handler.authenticator().is_some(), auth.identity.is_some(), auth.admitted) {
+            (true, true, _) | (false, _, true) => MAX_CONTROL_MESSAGE_BYTES,
+            (true, false, _) => MAX_UNPROVEN_MESSAGE_BYTES,
+            (false, _, false) => MAX_OPENING_MESSAGE_BYTES,
         };
         let (reply, keep_open) = match read_frame(&mut io, max) {
             Ok(None) => return,

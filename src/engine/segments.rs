@@ -209,14 +209,18 @@ impl Engine {
                         // The same link again: the caller gets its error.
                         return Err(failed.pop().map(|(_, error)| error).expect("pushed above"));
                     };
-                    let (kind, reason) = failed.last().map(|(k, e)| (k.name(), e.to_string())).unwrap_or_default();
-                    static LIMIT: RateLimit = RateLimit::per_second();
-                    log_limited!(warn, LIMIT, segment = %peer.name, transport = kind, %reason, next = next.kind.name(), "the transport chosen did not open; taking the next one");
                     transport = next.kind;
                 }
                 opened => {
                     let link = opened?;
-                    if failed.is_empty() && !chosen.passed_over.is_empty() {
+                    if !failed.is_empty() {
+                        // One line per open, naming every transport that
+                        // did not open and why (`review10_fallback`).
+                        let why = failed.iter().map(|(k, error)| format!("{}: {error}", k.name()));
+                        let why = why.collect::<Vec<_>>().join("; ");
+                        static LIMIT: RateLimit = RateLimit::per_second();
+                        log_limited!(warn, LIMIT, segment = %peer.name, transport = transport.name(), failed = %why, "the transports chosen did not open; took the next one");
+                    } else if !chosen.passed_over.is_empty() {
                         let why = chosen.passed_over.iter().map(|(k, why)| format!("{}: {why}", k.name()));
                         let why = why.collect::<Vec<_>>().join("; ");
                         static LIMIT: RateLimit = RateLimit::per_second();
@@ -266,7 +270,9 @@ impl Engine {
                 }
                 Err(Error::TransportRefused { peer, allowed, offered, reasons })
             }
-            Err(other) => Err(other),
+            // Nothing else reaches the peer: the caller gets the failed
+            // open's error, not a reach computed without it.
+            Err(_) => Ok(None),
         }
     }
 
