@@ -9,7 +9,7 @@ mod common;
 
 use common::verbs::Provider;
 use common::{pattern, WAIT};
-use kvring::rdma::WcStatus;
+use kvring::rdma::{Verbs, WcStatus};
 use kvring::{Access, Batch, BlockDesc, Engine, Error, Outcome, RegionInfo, TransportKind};
 use std::sync::Arc;
 use std::time::Duration;
@@ -128,19 +128,56 @@ fn an_engine_without_rdma_is_reached_over_the_usual_transports_and_refuses_rdma_
     assert_eq!(initiator.open_segment(&name).unwrap().transport(), TransportKind::Shm);
     let error = initiator.open_segment_with(&name, Some(TransportKind::Rdma), WAIT).unwrap_err();
     assert!(error.to_string().contains("serves no RDMA"), "{error}");
-    let Some(_) = provider.sim_only("a fabric with no device (the fake's device list is fixed per process)") else {
-        return;
-    };
-    let none = Arc::new(kvring::rdma::SimVerbs::with_devices(vec![]));
-    let error = common::builder("x").rdma(none).build().unwrap_err().to_string();
+    // A fabric with no device: the simulator made so, or (the fake's device
+    // list being read once per process) a child of this test binary whose
+    // fake libibverbs lists none.
+    match provider {
+        Provider::Sim(_) => no_device_refused(Arc::new(kvring::rdma::SimVerbs::with_devices(vec![]))),
+        Provider::Real(..) if std::env::var_os("RDMA_TEST_DEVICES").is_some() => {
+            eprintln!("skipped on the host's own NICs: a fabric with no device (the fake's device list)");
+        }
+        Provider::Real(..) => {
+            let test = "a_fabric_with_no_device_is_refused_in_a_child";
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([test, "--exact", "--nocapture", "--test-threads=1", "--include-ignored"])
+                .env("FAKE_IBVERBS_DEVICES", "")
+                .env(NO_DEVICE_CHILD, "1")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && text.contains("1 passed"),
+                "{test} in a child: {text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// Set in the child that runs [`a_fabric_with_no_device_is_refused_in_a_child`].
+const NO_DEVICE_CHILD: &str = "RDMA_NO_DEVICE_CHILD";
+
+fn no_device_refused(verbs: Arc<dyn Verbs>) {
+    let error = common::builder("x").rdma(verbs).build().unwrap_err().to_string();
     assert!(error.contains("no RDMA device with an active port"), "{error}");
+}
+
+/// The fake libibverbs' half of the test above: run by it in a child
+/// process with `FAKE_IBVERBS_DEVICES` empty (ignored otherwise, since
+/// the fake reads its device list once per process).
+#[test]
+#[ignore = "run by an_engine_without_rdma_... in a child with no device"]
+fn a_fabric_with_no_device_is_refused_in_a_child() {
+    assert!(std::env::var_os(NO_DEVICE_CHILD).is_some(), "run in a child by its parent test");
+    let verbs = kvring::rdma::IbVerbs::new();
+    assert_eq!(verbs.devices().map(|d| d.len()).unwrap_or(0), 0, "the fake lists no device");
+    no_device_refused(Arc::new(verbs));
 }
 
 #[test]
 fn a_failed_queue_pair_is_reset_and_handshaked_again_not_recreated() {
     let provider = Provider::new();
-    let skipped = "failing one WR on demand (the fake's QP fault is process-wide: tests/rdma_ibverbs_faults.rs)";
-    let Some(sim) = provider.sim_only(skipped) else { return };
+    let Some(referee) = provider.referee() else { return };
     let target = rdma_engine("decode-0", &provider);
     let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let initiator = rdma_engine("prefill-0", &provider);
@@ -158,7 +195,7 @@ fn a_failed_queue_pair_is_reset_and_handshaked_again_not_recreated() {
     for (round, status) in [WcStatus::RetryExceeded, WcStatus::Flushed, WcStatus::RetryExceeded].into_iter().enumerate()
     {
         // The fabric drops the next request: the NIC gives up on the QP.
-        sim.fail_next(status);
+        referee.fail_next(remote.as_ptr() as u64, status);
         let segment = initiator.open_segment(&name).unwrap();
         let outcome = run(&mut sub, &Batch::write(&segment).block(desc));
         assert!(matches!(outcome, Outcome::Failed(Error::PeerRestarted { .. })), "round {round}: {outcome:?}");
@@ -207,9 +244,10 @@ fn with_two_nics_each_large_blocks_are_striped_over_both_and_land_whole() {
         assert_eq!(contents(&remote, at as u64, 4096), source[at..at + 4096]);
     }
     let written = (6 << 20) + 256 * 4096;
-    let sim = provider.sim_only("bytes per NIC (the fake counts none)");
-    if let Some(sim) = sim {
-        let (first, second) = (sim.bytes_moved("sim0"), sim.bytes_moved("sim1"));
+    let referee = provider.referee();
+    let at = remote.as_ptr() as u64;
+    if let Some(referee) = &referee {
+        let (first, second) = (referee.bytes_moved(0, at), referee.bytes_moved(1, at));
         assert_eq!(first + second, written, "every byte over one NIC or the other");
         assert!(first >= written / 4 && second >= written / 4, "striped: {first} and {second} bytes");
     }
@@ -218,8 +256,8 @@ fn with_two_nics_each_large_blocks_are_striped_over_both_and_land_whole() {
     let read = BlockDesc::new(back.id(), 0, remote.id(), 0, 6 << 20);
     assert!(run(&mut sub, &Batch::read(&segment).block(read)).is_done());
     assert_eq!(contents(&back, 0, 6 << 20), source[..6 << 20]);
-    if let Some(sim) = sim {
-        assert_eq!(sim.bytes_moved("sim0") + sim.bytes_moved("sim1"), written + (6 << 20));
+    if let Some(referee) = &referee {
+        assert_eq!(referee.bytes_moved(0, at) + referee.bytes_moved(1, at), written + (6 << 20));
     }
 }
 
@@ -364,7 +402,9 @@ fn regions_are_registered_with_their_own_rights_and_private_ones_get_no_keys() {
     assert!(run(&mut sub, &Batch::read(&segment).block(read)).is_done());
     // The registrations' own rights (what the NIC refuses with is
     // tests/rdma_ibverbs.rs's access test on the fake).
-    let Some(sim) = provider.sim_only("reading back a registration's rights (no verb does)") else { return };
-    assert!(sim.mr_rights(read_only.as_ptr() as u64).is_some_and(|rights| rights.remote_read && !rights.remote_write));
-    assert!(sim.mr_rights(private.as_ptr() as u64).is_some_and(|rights| !rights.remote_read && !rights.remote_write));
+    let Some(referee) = provider.referee() else { return };
+    let rights = |region: &kvring::Region| referee.mr_rights(region.as_ptr() as u64);
+    assert!(rights(&read_only).is_some_and(|rights| rights.remote_read && !rights.remote_write));
+    assert!(rights(&private).is_some_and(|rights| !rights.remote_read && !rights.remote_write));
+    assert!(rights(&open).is_some_and(|rights| rights.remote_read && rights.remote_write));
 }

@@ -8,7 +8,7 @@
 //! per-NIC byte counters, devices made up per test) runs that part on the
 //! simulator and says, on the real provider, what it skipped and why.
 
-use kvring::rdma::{IbVerbs, SimVerbs, Verbs};
+use kvring::rdma::{IbVerbs, SimVerbs, Verbs, WcStatus};
 use kvring::EngineBuilder;
 use std::sync::Arc;
 
@@ -242,4 +242,139 @@ pub fn rdma_pair(name: &str, token: Option<&str>) -> RdmaPair {
     let segment = initiator.open_segment_with(&addr, Some(kvring::TransportKind::Rdma), super::WAIT).unwrap();
     assert_eq!(segment.transport(), kvring::TransportKind::Rdma);
     RdmaPair { provider, target, remote, initiator, local, segment }
+}
+
+/// What a test asks of the fabric beyond the verbs (a fault on demand, the
+/// bytes each NIC moved, a registration's rights): the simulator's own
+/// methods, or the fake libibverbs' `fake_ibverbs_*` symbols
+/// (tests/fakes/ibverbs/src/control.rs), which kvring never calls.
+pub enum Referee {
+    /// The simulator, with its NICs' names.
+    Sim(Arc<SimVerbs>, Vec<String>),
+    /// The fake libibverbs' control symbols, with the NICs' names.
+    Fake(FakeControl, Vec<String>),
+}
+
+/// The fake libibverbs' control symbols, found with `dlsym`.
+pub struct FakeControl {
+    fail_next: unsafe extern "C" fn(u64, u32) -> i32,
+    bytes_moved: unsafe extern "C" fn(*const std::ffi::c_char, u64) -> u64,
+    mr_access: unsafe extern "C" fn(u64) -> i64,
+}
+
+impl FakeControl {
+    /// The loaded fake's symbols; `None`, saying why, where the loaded
+    /// libibverbs is not the fake (a host's NICs take no such knob) and
+    /// nobody required the fake (`FAKE_IBVERBS_REQUIRED`).
+    pub fn find() -> Option<Self> {
+        // SAFETY: dlopen of the loaded libibverbs by name; dlsym of the
+        // fake's own functions, each transmuted to the signature
+        // tests/fakes/ibverbs/src/control.rs exports it with.
+        let found = unsafe {
+            let lib = libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW);
+            let sym = |name: &std::ffi::CStr| {
+                (!lib.is_null()).then(|| libc::dlsym(lib, name.as_ptr())).filter(|p| !p.is_null())
+            };
+            match (sym(c"fake_ibverbs_fail_next"), sym(c"fake_ibverbs_bytes_moved"), sym(c"fake_ibverbs_mr_access")) {
+                (Some(fail_next), Some(bytes_moved), Some(mr_access)) => Some(FakeControl {
+                    fail_next: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(u64, u32) -> i32>(
+                        fail_next,
+                    ),
+                    bytes_moved: std::mem::transmute::<
+                        *mut libc::c_void,
+                        unsafe extern "C" fn(*const std::ffi::c_char, u64) -> u64,
+                    >(bytes_moved),
+                    mr_access: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(u64) -> i64>(mr_access),
+                }),
+                _ => None,
+            }
+        };
+        if found.is_none() {
+            let why = "the loaded libibverbs is not the fake (a host's NICs take no test knob)";
+            assert!(std::env::var_os("FAKE_IBVERBS_REQUIRED").is_none(), "{why}");
+            eprintln!("skipped: {why}");
+        }
+        found
+    }
+}
+
+/// ibv_wc_status's value for `status` (verbs.h `enum ibv_wc_status`).
+fn wc_code(status: WcStatus) -> u32 {
+    match status {
+        WcStatus::Success => 0,
+        WcStatus::LocalProtection => 4,
+        WcStatus::Flushed => 5,
+        WcStatus::RemoteAccess => 10,
+        WcStatus::RetryExceeded => 12,
+        WcStatus::Other(code) => code,
+    }
+}
+
+impl Referee {
+    /// The NICs' names, in order (`sim0`..., or the fake's).
+    pub fn nics(&self) -> &[String] {
+        match self {
+            Referee::Sim(_, nics) | Referee::Fake(_, nics) => nics,
+        }
+    }
+
+    /// The next request towards the peer memory at `remote_addr` fails
+    /// with `status` (the simulator's `fail_next` takes the next request
+    /// of its fabric, which is the test's own).
+    pub fn fail_next(&self, remote_addr: u64, status: WcStatus) {
+        match self {
+            Referee::Sim(sim, _) => sim.fail_next(status),
+            // SAFETY: the fake's `fake_ibverbs_fail_next(u64, u32) -> i32`.
+            Referee::Fake(fake, _) => assert_eq!(unsafe { (fake.fail_next)(remote_addr, wc_code(status)) }, 0),
+        }
+    }
+
+    /// Bytes that requests posted through NIC `nic` (an index into
+    /// [`Referee::nics`]) moved to or from the peer memory registered at
+    /// `remote_addr` (the simulator counts the NIC's every request: the
+    /// test's fabric is its own).
+    pub fn bytes_moved(&self, nic: usize, remote_addr: u64) -> u64 {
+        match self {
+            Referee::Sim(sim, nics) => sim.bytes_moved(&nics[nic]),
+            Referee::Fake(fake, nics) => {
+                let name = std::ffi::CString::new(nics[nic].as_str()).unwrap();
+                // SAFETY: the fake's `fake_ibverbs_bytes_moved`, given a
+                // NUL-terminated name.
+                unsafe { (fake.bytes_moved)(name.as_ptr(), remote_addr) }
+            }
+        }
+    }
+
+    /// The rights the registration at `addr` was made with, as the NIC
+    /// enforces them.
+    pub fn mr_rights(&self, addr: u64) -> Option<kvring::rdma::MrAccess> {
+        match self {
+            Referee::Sim(sim, _) => sim.mr_rights(addr),
+            Referee::Fake(fake, _) => {
+                // SAFETY: the fake's `fake_ibverbs_mr_access(u64) -> i64`.
+                let flags = unsafe { (fake.mr_access)(addr) };
+                // verbs.h `enum ibv_access_flags`.
+                (flags >= 0).then(|| kvring::rdma::MrAccess {
+                    local_write: flags & 1 != 0,
+                    remote_write: flags & (1 << 1) != 0,
+                    remote_read: flags & (1 << 2) != 0,
+                    relaxed_ordering: flags & (1 << 20) != 0,
+                })
+            }
+        }
+    }
+}
+
+impl Provider {
+    /// The referee of this provider's fabric: the simulator, or the fake
+    /// libibverbs' control symbols; `None`, saying why, on a host's own NICs.
+    pub fn referee(&self) -> Option<Referee> {
+        match self {
+            Provider::Sim(sim) => {
+                let nics = sim.devices().unwrap().into_iter().map(|d| d.name).collect();
+                Some(Referee::Sim(sim.clone(), nics))
+            }
+            Provider::Real(_, names) => FakeControl::find().map(|fake| Referee::Fake(fake, names.clone())),
+        }
+    }
 }

@@ -29,11 +29,18 @@
 //! `FAKE_IBVERBS_PEER_MEMORY=1`: a peer-memory module resolves device
 //! addresses `ibv_reg_mr` is given (without it they fail with EFAULT).
 //!
+//! Test-only control symbols (`control.rs`, found with `dlsym`, never
+//! called by kvring): `fake_ibverbs_fail_next` fails the next WR towards
+//! an address, `fake_ibverbs_bytes_moved` counts the bytes each device
+//! moved to or from a registration, `fake_ibverbs_mr_access` reads back a
+//! registration's access flags.
+//!
 //! Error returns follow each page: functions "returning the value of
 //! errno" return it and leave errno set to an unrelated sentinel (EDOM),
 //! so a caller reading errno instead is caught (VERBS-REVIEW finding 17).
 #![allow(clippy::missing_safety_doc, non_camel_case_types)]
 
+mod control;
 mod delay;
 mod fabric;
 #[path = "../../../../src/transport/rdma/ibverbs/ffi.rs"]

@@ -162,6 +162,7 @@ pub unsafe fn execute(qp: &FakeQp, wr: &ibv_send_wr, inline: Option<&[u8]>) -> c
         Some(false) => return IBV_WC_REM_ACCESS_ERR,
         Some(true) => {}
     }
+    super::control::count_moved(spec_of(qp.raw.context).index, wr.rkey, len);
     if let Some(wr_id) = receive {
         let wc = ibv_wc {
             wr_id,
@@ -205,7 +206,7 @@ fn fault_now() -> bool {
     std::env::var_os("FAKE_IBVERBS_QP_ERROR_FILE").is_some_and(|p| std::path::Path::new(&p).exists())
 }
 
-unsafe fn to_error(qp: *mut ibv_qp) {
+pub(crate) unsafe fn to_error(qp: *mut ibv_qp) {
     let fake = &*(qp as *const FakeQp);
     (*qp).state = IBV_QPS_ERR;
     fake.attr.lock().unwrap().qp_state = IBV_QPS_ERR;
@@ -338,8 +339,18 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, ba
             wr = w.next;
             continue;
         }
+        let asked = if state == IBV_QPS_RTS { super::control::take_fault(w.remote_addr, len) } else { None };
+        if asked == Some(IBV_WC_WR_FLUSH_ERR) {
+            // control.rs: the QP entered ERR with this WR outstanding.
+            to_error(qp);
+            finish(qp, true, w.wr_id, w.opcode, len, IBV_WC_WR_FLUSH_ERR, seq, signalled);
+            wr = w.next;
+            continue;
+        }
         let status = if state == IBV_QPS_ERR {
             IBV_WC_WR_FLUSH_ERR
+        } else if let Some(status) = asked {
+            status
         } else if fail_after().is_some_and(|n| nth >= n) || fault_now() {
             IBV_WC_RETRY_EXC_ERR
         } else {

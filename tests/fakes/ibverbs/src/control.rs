@@ -1,0 +1,86 @@
+//! Test-only knobs and counters, exported as `fake_ibverbs_*` symbols that
+//! tests find with `dlsym` (kvring never calls them: no verb has them).
+//! Each is keyed by memory the asking test owns (a remote address, a
+//! registration's address), so the tests of one process, which share the
+//! fake, never see each other's faults or bytes.
+//!
+//! - `fake_ibverbs_fail_next(addr, status)`: the next send WR whose remote
+//!   range holds `addr` completes with `status` instead of running (one
+//!   shot). A NIC reports a failed WR with an error completion and moves
+//!   its QP to the Error state (ibv_poll_cq(3): "the QP will enter the
+//!   error state"); IBV_WC_WR_FLUSH_ERR is by ibv_poll_cq(3)'s definition
+//!   "a Work Request [that] was in process or outstanding when the QP
+//!   transitioned into the Error State", so for it the QP is moved to ERR
+//!   first, as its owner's ibv_modify_qp(3) to IBV_QPS_ERR would (which
+//!   raises no async event), and the WR is flushed, nothing placed.
+//! - `fake_ibverbs_bytes_moved(device, addr)`: bytes that WRs posted
+//!   through `device`'s QPs placed into or read from the live
+//!   registrations at `addr` (any process's), counted in this process.
+//! - `fake_ibverbs_mr_access(addr)`: the access flags this process's
+//!   registration at `addr` was made with (ibv_reg_mr(3) `access`), -1 for
+//!   none: the rights the fake enforces on every remote request.
+
+use super::*;
+
+/// Faults asked for and not yet taken: (remote address, status).
+fn faults() -> std::sync::MutexGuard<'static, Vec<(u64, c_uint)>> {
+    static FAULTS: Mutex<Vec<(u64, c_uint)>> = Mutex::new(Vec::new());
+    FAULTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Most faults asked for and not yet taken (a limit on a test's mistake).
+const MAX_FAULTS: usize = 64;
+
+/// The next send WR whose remote range `[remote_addr, +len)` holds `addr`
+/// completes with `status` (see the module's comment).
+#[no_mangle]
+pub extern "C" fn fake_ibverbs_fail_next(addr: u64, status: c_uint) -> c_int {
+    let mut list = faults();
+    if list.len() >= MAX_FAULTS {
+        return -1;
+    }
+    list.push((addr, status));
+    0
+}
+
+/// The status a WR toward `[remote_addr, remote_addr + len)` is to fail
+/// with, taking the fault asked for it (the oldest first).
+pub fn take_fault(remote_addr: u64, len: u64) -> Option<c_uint> {
+    let mut list = faults();
+    let at = list.iter().position(|&(addr, _)| addr >= remote_addr && addr < remote_addr.saturating_add(len.max(1)))?;
+    Some(list.remove(at).1)
+}
+
+/// Bytes moved per (registration key, requester device index).
+fn moved() -> std::sync::MutexGuard<'static, HashMap<(u32, u32), u64>> {
+    static MOVED: std::sync::OnceLock<Mutex<HashMap<(u32, u32), u64>>> = std::sync::OnceLock::new();
+    MOVED.get_or_init(Default::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Counts `len` bytes that a WR of device `device` placed into (or read
+/// from) the registration with key `rkey`.
+pub fn count_moved(device: u32, rkey: u32, len: u64) {
+    *moved().entry((rkey, device)).or_default() += len;
+}
+
+/// See the module's comment; 0 for a device the fake does not list.
+///
+/// # Safety
+///
+/// `device` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn fake_ibverbs_bytes_moved(device: *const c_char, addr: u64) -> u64 {
+    let name = std::ffi::CStr::from_ptr(device);
+    let Some(spec) = specs().iter().find(|s| s.name.as_c_str() == name) else { return 0 };
+    let keys: Vec<u32> =
+        locked(|f| f.mrs.iter().filter(|m| m.used == 1 && m.addr == addr).map(|m| m.key).collect::<Vec<u32>>());
+    let moved = moved();
+    keys.iter().map(|key| moved.get(&(*key, spec.index)).copied().unwrap_or(0)).sum()
+}
+
+/// See the module's comment.
+#[no_mangle]
+pub extern "C" fn fake_ibverbs_mr_access(addr: u64) -> i64 {
+    let me = std::process::id();
+    locked(|f| f.mrs.iter().find(|m| m.used == 1 && m.pid == me && m.addr == addr).map_or(-1, |m| i64::from(m.access)))
+}
