@@ -21,7 +21,7 @@
 
 mod common;
 
-use common::verbs::Provider;
+use common::verbs::{FakeDelay, Provider};
 use common::{pattern, read, run, WAIT};
 use kvring::gpu::{CudaGpu, Gpu, SimGpu};
 use kvring::kv::{arrival_tag, check_pd_topo, push_targets, Attention, CacheShape, KvLayout, Mode, Rank};
@@ -509,9 +509,19 @@ fn a_gpu_region_no_nic_can_register_refuses_rdma_with_the_reason_and_the_default
 
 #[test]
 fn a_peer_that_restarts_while_gpu_memory_is_in_flight_fails_peer_restarted_and_nothing_leaks() {
+    // On the fakes, in a child whose fake libibverbs keeps every WR posted
+    // while the delay file exists (tests/fakes/ibverbs/src/delay.rs): no
+    // other test's WRs are held with this one's.
+    let name = "a_peer_that_restarts_while_gpu_memory_is_in_flight_fails_peer_restarted_and_nothing_leaks";
+    let file = std::env::temp_dir().join(format!("kvring-gpu-hold-{}", std::process::id()));
+    if !in_child(name, &[("FAKE_IBVERBS_DELAY_FILE", file.as_os_str())]) {
+        return;
+    }
     let fab = one_nic();
-    let skipped = "holding the fabric's completions so that the target goes away mid-batch";
-    let Some(sim) = fab.sim(skipped) else { return };
+    let stall = match &fab.verbs {
+        Provider::Sim(sim) => Stall::Sim(sim.clone()),
+        Provider::Real(..) => Stall::Fake(FakeDelay::find().expect("the fake libibverbs is loaded")),
+    };
     let initiator = engine("prefill-0", &fab);
     let local = initiator.alloc_region(16 << 20, GPU(1)).unwrap();
     let mut sub = initiator.submitter().unwrap();
@@ -527,18 +537,17 @@ fn a_peer_that_restarts_while_gpu_memory_is_in_flight_fails_peer_restarted_and_n
             .iter()
             .map(|d| BlockDesc::new(d.local_region, d.local_offset, remote.id(), d.local_offset, d.len))
             .collect();
-        let moved = sim.bytes_moved("sim0");
-        sim.hold_completions(true);
+        let posted = stall.hold();
         let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
         let deadline = Instant::now() + WAIT;
-        while sim.bytes_moved("sim0") == moved {
+        while stall.posted() == posted {
             assert!(Instant::now() < deadline, "round {round}: nothing was posted");
             std::thread::yield_now();
         }
         // The target goes away with the batch in flight.
         drop(remote);
         drop(target);
-        sim.hold_completions(false);
+        stall.release();
         let error = failure(sub.wait(id, WAIT).unwrap());
         assert!(matches!(error, Error::PeerRestarted { .. }), "round {round}: {error}");
         assert!(segment.is_stale());
@@ -548,6 +557,43 @@ fn a_peer_that_restarts_while_gpu_memory_is_in_flight_fails_peer_restarted_and_n
     drop((local, initiator));
     let counts = fab.counts();
     assert!(counts.balanced(), "every QP, MR, CQ, PD and SRQ went: {counts:?}");
+}
+
+/// A fabric whose work stays in flight until released: the simulator's
+/// held completions (it places a WRITE's bytes when posted), or the fake
+/// libibverbs' kept WRs (placed and completed only once released; legal
+/// for a NIC by ibv_post_send(3) and ibv_poll_cq(3): tests/fakes/ibverbs/src/delay.rs).
+enum Stall {
+    Sim(Arc<SimVerbs>),
+    Fake(FakeDelay),
+}
+
+impl Stall {
+    /// Holds the fabric's work; what [`Stall::posted`] says now.
+    fn hold(&self) -> u64 {
+        match self {
+            Stall::Sim(sim) => sim.hold_completions(true),
+            Stall::Fake(delay) => delay.hold(),
+        }
+        self.posted()
+    }
+
+    /// A count that grows as requests are posted while held (bytes the
+    /// simulator moved; WRs the fake keeps).
+    fn posted(&self) -> u64 {
+        match self {
+            Stall::Sim(sim) => sim.bytes_moved("sim0"),
+            Stall::Fake(delay) => delay.kept(),
+        }
+    }
+
+    /// Lets the held work complete.
+    fn release(&self) {
+        match self {
+            Stall::Sim(sim) => sim.hold_completions(false),
+            Stall::Fake(delay) => delay.release(),
+        }
+    }
 }
 
 #[test]
