@@ -343,19 +343,6 @@ fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_
     done(run(&mut sub, &Batch::read(&segment).descs(&back)));
     assert_eq!(read(&local, 65536, 8192), pattern(1 << 20, 11)[..8192]);
 
-    // With dma-buf back, a GPU whose driver exports none still registers
-    // through peer memory.
-    let skipped = "a GPU whose driver exports no dma-buf beside one that does (the fake libcuda's \
-                   FAKECUDA_DMABUF holds for the process: tests/rdma_fake_dmabuf.rs)";
-    if let Some(Provider::Sim(_)) = fab.sim(skipped).map(|_| &fab.verbs) {
-        let Fab { verbs: Provider::Sim(sim), .. } = one_nic() else { unreachable!("on the simulator") };
-        let old_driver = Arc::new(SimGpu::new(1, Duration::ZERO).without_dmabuf());
-        sim.attach_gpu(old_driver.clone());
-        sim.peer_memory(true);
-        let engine = common::builder("old-driver").rdma(sim.clone()).gpu(old_driver).build().unwrap();
-        let _region = engine.alloc_region(65536, GPU(0)).unwrap();
-        assert_eq!(engine.rdma_device_mrs().peer_memory, 1);
-    }
     drop((sub, segment, local, initiator, remote));
     target.unregister(run_id).unwrap();
     drop(target);
@@ -505,6 +492,28 @@ fn a_gpu_region_no_nic_can_register_refuses_rdma_with_the_reason_and_the_default
     let fine = [BlockDesc::new(host_local.id(), 0, host_remote.id(), 0, 4096)];
     done(run(&mut sub, &Batch::write(&segment).descs(&fine)));
     drop(remote);
+}
+
+#[test]
+fn a_gpu_whose_driver_exports_no_dmabuf_registers_through_peer_memory() {
+    // The NIC stack takes dma-bufs, the GPU's driver exports none
+    // (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED 0), nvidia-peermem is loaded.
+    // On the fakes in a child: the fake libcuda reads FAKECUDA_DMABUF at
+    // cuInit, for the process.
+    let name = "a_gpu_whose_driver_exports_no_dmabuf_registers_through_peer_memory";
+    let env = [("FAKECUDA_DMABUF", "0".as_ref()), ("FAKE_IBVERBS_PEER_MEMORY", "1".as_ref())];
+    if !in_child(name, &env) {
+        return;
+    }
+    let fab = fabric(&[("sim0", Some(0))], SimGpu::new(1, Duration::ZERO).without_dmabuf());
+    if let Provider::Sim(sim) = &fab.verbs {
+        sim.peer_memory(true);
+    }
+    let engine = engine("old-driver", &fab);
+    let region = engine.alloc_region(65536, GPU(0)).unwrap();
+    let stats = engine.rdma_device_mrs();
+    assert_eq!((stats.regions, stats.dmabuf, stats.peer_memory, stats.failed), (1, 0, 1, 0), "{stats:?}");
+    drop(region);
 }
 
 #[test]
