@@ -354,7 +354,7 @@ impl Referee {
                 // SAFETY: the fake's `fake_ibverbs_mr_access(u64) -> i64`.
                 let flags = unsafe { (fake.mr_access)(addr) };
                 // verbs.h `enum ibv_access_flags`.
-                (flags >= 0).then(|| kvring::rdma::MrAccess {
+                (flags >= 0).then_some(kvring::rdma::MrAccess {
                     local_write: flags & 1 != 0,
                     remote_write: flags & (1 << 1) != 0,
                     remote_read: flags & (1 << 2) != 0,
