@@ -607,12 +607,29 @@ impl Stall {
 
 #[test]
 fn no_batch_is_done_before_its_bytes_are_in_the_targets_gpu_memory() {
-    let fab = one_nic();
     // Completions seen late, as on a real fabric: the bytes must already be
-    // in place when they are.
-    if let Some(sim) = fab.sim("completions seen late (the fake completes each WR as it is posted)") {
-        sim.delay_completions(2);
+    // in place when they are. The simulator places a WRITE's bytes at its
+    // post and shows its completion two polls later; the fake libibverbs
+    // places and completes each WR 1 ms after its post, at a later poll
+    // (tests/fakes/ibverbs/src/delay.rs), in a child of its own so that no
+    // other test's WRs are late with these.
+    let name = "no_batch_is_done_before_its_bytes_are_in_the_targets_gpu_memory";
+    let file = std::env::temp_dir().join(format!("kvring-gpu-late-{}", std::process::id()));
+    if !in_child(name, &[("FAKE_IBVERBS_DELAY_FILE", file.as_os_str())]) {
+        return;
     }
+    let fab = one_nic();
+    let _late = match &fab.verbs {
+        Provider::Sim(sim) => {
+            sim.delay_completions(2);
+            None
+        }
+        Provider::Real(..) => {
+            let late = FakeDelay::find().expect("the fake libibverbs is loaded");
+            late.delay_ms(1);
+            Some(late)
+        }
+    };
     let target = engine("decode-0", &fab);
     let remote = target.alloc_region(1 << 20, GPU(0)).unwrap();
     let initiator = engine("prefill-0", &fab);
