@@ -188,8 +188,8 @@ fn gpu_memory_moves_both_ways_over_rdma_registered_once_per_region_and_nic() {
         assert_eq!((stats.regions, stats.dmabuf, stats.peer_memory, stats.failed), (1, 2, 0, 0), "{stats:?}");
         assert_eq!(stats.relaxed_ordering, 2, "relaxed ordering asked for and taken");
     }
-    if let Some(sim) = fab.sim("which path each NIC's registration took (the engine's counts above say dma-buf)") {
-        assert_eq!(sim.mr_paths(remote.as_ptr() as u64), [MrPath::DmaBuf, MrPath::DmaBuf]);
+    if let Some(referee) = fab.verbs.referee() {
+        assert_eq!(referee.mr_paths(remote.as_ptr() as u64), [MrPath::DmaBuf, MrPath::DmaBuf]);
     }
     let segment = open(&initiator, &target).unwrap();
     assert_eq!(segment.transport(), TransportKind::Rdma);
@@ -320,8 +320,8 @@ fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_
         (2, 0, 2, relaxed),
         "{stats:?}"
     );
-    if let Some(sim) = fab.sim("which path the registration took (the engine's counts above say peer memory)") {
-        assert_eq!(sim.mr_paths(pieces), [MrPath::PeerMemory]);
+    if let Some(referee) = fab.verbs.referee() {
+        assert_eq!(referee.mr_paths(pieces), [MrPath::PeerMemory]);
     }
 
     let initiator = engine("prefill-0", &fab);

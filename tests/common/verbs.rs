@@ -260,6 +260,7 @@ pub struct FakeControl {
     fail_next: unsafe extern "C" fn(u64, u32) -> i32,
     bytes_moved: unsafe extern "C" fn(*const std::ffi::c_char, u64) -> u64,
     mr_access: unsafe extern "C" fn(u64) -> i64,
+    mr_paths: unsafe extern "C" fn(u64, *mut u32, usize) -> usize,
 }
 
 impl FakeControl {
@@ -275,8 +276,9 @@ impl FakeControl {
             let sym = |name: &std::ffi::CStr| {
                 (!lib.is_null()).then(|| libc::dlsym(lib, name.as_ptr())).filter(|p| !p.is_null())
             };
-            match (sym(c"fake_ibverbs_fail_next"), sym(c"fake_ibverbs_bytes_moved"), sym(c"fake_ibverbs_mr_access")) {
-                (Some(fail_next), Some(bytes_moved), Some(mr_access)) => Some(FakeControl {
+            let names = [c"fake_ibverbs_fail_next", c"fake_ibverbs_bytes_moved", c"fake_ibverbs_mr_access"];
+            match (sym(names[0]), sym(names[1]), sym(names[2]), sym(c"fake_ibverbs_mr_paths")) {
+                (Some(fail_next), Some(bytes_moved), Some(mr_access), Some(mr_paths)) => Some(FakeControl {
                     fail_next: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(u64, u32) -> i32>(
                         fail_next,
                     ),
@@ -285,6 +287,10 @@ impl FakeControl {
                         unsafe extern "C" fn(*const std::ffi::c_char, u64) -> u64,
                     >(bytes_moved),
                     mr_access: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(u64) -> i64>(mr_access),
+                    mr_paths: std::mem::transmute::<
+                        *mut libc::c_void,
+                        unsafe extern "C" fn(u64, *mut u32, usize) -> usize,
+                    >(mr_paths),
                 }),
                 _ => None,
             }
@@ -360,6 +366,33 @@ impl Referee {
                     remote_read: flags & (1 << 2) != 0,
                     relaxed_ordering: flags & (1 << 20) != 0,
                 })
+            }
+        }
+    }
+}
+
+impl Referee {
+    /// How each live registration at `addr` (one per NIC that registered
+    /// it) reaches its memory.
+    pub fn mr_paths(&self, addr: u64) -> Vec<kvring::rdma::MrPath> {
+        use kvring::rdma::MrPath;
+        match self {
+            Referee::Sim(sim, _) => sim.mr_paths(addr),
+            Referee::Fake(fake, _) => {
+                let mut paths = [0u32; 16];
+                // SAFETY: the fake's `fake_ibverbs_mr_paths`, given room for 16.
+                let n = unsafe { (fake.mr_paths)(addr, paths.as_mut_ptr(), paths.len()) };
+                assert!(n <= paths.len(), "{n} registrations at {addr:#x}");
+                // tests/fakes/ibverbs/src/control.rs `MrPath`.
+                paths[..n]
+                    .iter()
+                    .map(|&path| match path {
+                        0 => MrPath::Host,
+                        1 => MrPath::DmaBuf,
+                        2 => MrPath::PeerMemory,
+                        other => panic!("the fake names no path {other}"),
+                    })
+                    .collect()
             }
         }
     }

@@ -19,6 +19,9 @@
 //! - `fake_ibverbs_mr_access(addr)`: the access flags this process's
 //!   registration at `addr` was made with (ibv_reg_mr(3) `access`), -1 for
 //!   none: the rights the fake enforces on every remote request.
+//! - `fake_ibverbs_mr_paths(addr, out, max)`: how each of this process's
+//!   live registrations at `addr` reaches its memory ([`MrPath`]: by
+//!   address, through a dma-buf, through a peer-memory module).
 
 use super::*;
 
@@ -83,4 +86,51 @@ pub unsafe extern "C" fn fake_ibverbs_bytes_moved(device: *const c_char, addr: u
 pub extern "C" fn fake_ibverbs_mr_access(addr: u64) -> i64 {
     let me = std::process::id();
     locked(|f| f.mrs.iter().find(|m| m.used == 1 && m.pid == me && m.addr == addr).map_or(-1, |m| i64::from(m.access)))
+}
+
+/// How a registration reaches its memory (`fake_ibverbs_mr_paths`).
+#[derive(Clone, Copy)]
+#[repr(u32)]
+pub enum MrPath {
+    /// Memory the kernel pins by address (`ibv_reg_mr`).
+    Host = 0,
+    /// A dma-buf's pages (`ibv_reg_dmabuf_mr`).
+    DmaBuf = 1,
+    /// A device address a peer-memory module resolved (`ibv_reg_mr`).
+    PeerMemory = 2,
+}
+
+/// This process's live registrations by key, and their paths.
+fn paths() -> std::sync::MutexGuard<'static, HashMap<u32, MrPath>> {
+    static PATHS: std::sync::OnceLock<Mutex<HashMap<u32, MrPath>>> = std::sync::OnceLock::new();
+    PATHS.get_or_init(Default::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Registration `key` was made through `path`.
+pub fn registered(key: u32, path: MrPath) {
+    paths().insert(key, path);
+}
+
+/// Registration `key` is gone.
+pub fn deregistered(key: u32) {
+    paths().remove(&key);
+}
+
+/// See the module's comment: writes at most `max` paths to `out`, in the
+/// order of the registrations' slots; how many there are.
+///
+/// # Safety
+///
+/// `out` has room for `max` values.
+#[no_mangle]
+pub unsafe extern "C" fn fake_ibverbs_mr_paths(addr: u64, out: *mut u32, max: usize) -> usize {
+    let me = std::process::id();
+    let keys: Vec<u32> =
+        locked(|f| f.mrs.iter().filter(|m| m.used == 1 && m.pid == me && m.addr == addr).map(|m| m.key).collect());
+    let paths = paths();
+    let found: Vec<u32> = keys.iter().filter_map(|key| paths.get(key)).map(|&path| path as u32).collect();
+    for (i, path) in found.iter().take(max).enumerate() {
+        *out.add(i) = *path;
+    }
+    found.len()
 }

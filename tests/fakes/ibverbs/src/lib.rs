@@ -33,7 +33,8 @@
 //! called by kvring): `fake_ibverbs_fail_next` fails the next WR towards
 //! an address, `fake_ibverbs_bytes_moved` counts the bytes each device
 //! moved to or from a registration, `fake_ibverbs_mr_access` reads back a
-//! registration's access flags.
+//! registration's access flags, `fake_ibverbs_mr_paths` says how each
+//! registration at an address reaches its memory.
 //!
 //! Error returns follow each page: functions "returning the value of
 //! errno" return it and leave errno set to an unrelated sentinel (EDOM),
