@@ -261,6 +261,7 @@ pub struct FakeControl {
     bytes_moved: unsafe extern "C" fn(*const std::ffi::c_char, u64) -> u64,
     mr_access: unsafe extern "C" fn(u64) -> i64,
     mr_paths: unsafe extern "C" fn(u64, *mut u32, usize) -> usize,
+    cq_overruns: unsafe extern "C" fn() -> u64,
 }
 
 impl FakeControl {
@@ -277,21 +278,29 @@ impl FakeControl {
                 (!lib.is_null()).then(|| libc::dlsym(lib, name.as_ptr())).filter(|p| !p.is_null())
             };
             let names = [c"fake_ibverbs_fail_next", c"fake_ibverbs_bytes_moved", c"fake_ibverbs_mr_access"];
-            match (sym(names[0]), sym(names[1]), sym(names[2]), sym(c"fake_ibverbs_mr_paths")) {
-                (Some(fail_next), Some(bytes_moved), Some(mr_access), Some(mr_paths)) => Some(FakeControl {
-                    fail_next: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(u64, u32) -> i32>(
-                        fail_next,
-                    ),
-                    bytes_moved: std::mem::transmute::<
-                        *mut libc::c_void,
-                        unsafe extern "C" fn(*const std::ffi::c_char, u64) -> u64,
-                    >(bytes_moved),
-                    mr_access: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(u64) -> i64>(mr_access),
-                    mr_paths: std::mem::transmute::<
-                        *mut libc::c_void,
-                        unsafe extern "C" fn(u64, *mut u32, usize) -> usize,
-                    >(mr_paths),
-                }),
+            let more = [c"fake_ibverbs_mr_paths", c"fake_ibverbs_cq_overruns"];
+            match (sym(names[0]), sym(names[1]), sym(names[2]), sym(more[0]), sym(more[1])) {
+                (Some(fail_next), Some(bytes_moved), Some(mr_access), Some(mr_paths), Some(cq_overruns)) => {
+                    Some(FakeControl {
+                        fail_next: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(u64, u32) -> i32>(
+                            fail_next,
+                        ),
+                        bytes_moved: std::mem::transmute::<
+                            *mut libc::c_void,
+                            unsafe extern "C" fn(*const std::ffi::c_char, u64) -> u64,
+                        >(bytes_moved),
+                        mr_access: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(u64) -> i64>(
+                            mr_access,
+                        ),
+                        mr_paths: std::mem::transmute::<
+                            *mut libc::c_void,
+                            unsafe extern "C" fn(u64, *mut u32, usize) -> usize,
+                        >(mr_paths),
+                        cq_overruns: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn() -> u64>(
+                            cq_overruns,
+                        ),
+                    })
+                }
                 _ => None,
             }
         };
@@ -394,6 +403,18 @@ impl Referee {
                     })
                     .collect()
             }
+        }
+    }
+}
+
+impl Referee {
+    /// CQs overrun (fatal to a real CQ): on the fake, by any test of this
+    /// process, each of which expects none.
+    pub fn cq_overruns(&self) -> u64 {
+        match self {
+            Referee::Sim(sim, _) => sim.cq_overruns(),
+            // SAFETY: the fake's `fake_ibverbs_cq_overruns() -> u64`.
+            Referee::Fake(fake, _) => unsafe { (fake.cq_overruns)() },
         }
     }
 }

@@ -19,6 +19,9 @@
 //! - `fake_ibverbs_mr_access(addr)`: the access flags this process's
 //!   registration at `addr` was made with (ibv_reg_mr(3) `access`), -1 for
 //!   none: the rights the fake enforces on every remote request.
+//! - `fake_ibverbs_cq_overruns()`: CQs this process's WRs overran
+//!   (ibv_poll_cq(3) NOTES: fatal to the CQ; the fake fails its every
+//!   later poll), of every test of the process: each expects none.
 //! - `fake_ibverbs_mr_paths(addr, out, max)`: how each of this process's
 //!   live registrations at `addr` reaches its memory ([`MrPath`]: by
 //!   address, through a dma-buf, through a peer-memory module).
@@ -133,4 +136,18 @@ pub unsafe extern "C" fn fake_ibverbs_mr_paths(addr: u64, out: *mut u32, max: us
         *out.add(i) = *path;
     }
     found.len()
+}
+
+/// CQs overrun by this process's WRs.
+static OVERRUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A WR of this process overran a CQ (its first overrun).
+pub fn overran() {
+    OVERRUNS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// See the module's comment.
+#[no_mangle]
+pub extern "C" fn fake_ibverbs_cq_overruns() -> u64 {
+    OVERRUNS.load(Ordering::Relaxed)
 }

@@ -21,6 +21,7 @@ fn push(f: &mut Fabric, slot: u32, wc: ibv_wc) -> bool {
     if c.tail.wrapping_sub(c.head) >= c.cqe {
         if c.overrun == 0 {
             log("CQ overrun");
+            super::control::overran();
         }
         c.overrun = 1;
         return false;
