@@ -257,52 +257,47 @@ pub enum Referee {
 
 /// The fake libibverbs' control symbols, found with `dlsym`.
 pub struct FakeControl {
-    fail_next: unsafe extern "C" fn(u64, u32) -> i32,
-    bytes_moved: unsafe extern "C" fn(*const std::ffi::c_char, u64) -> u64,
-    mr_access: unsafe extern "C" fn(u64) -> i64,
-    mr_paths: unsafe extern "C" fn(u64, *mut u32, usize) -> usize,
-    cq_overruns: unsafe extern "C" fn() -> u64,
+    fail_next: FailNext,
+    bytes_moved: BytesMoved,
+    mr_access: MrAccessFlags,
+    mr_paths: MrPaths,
+    cq_overruns: CqOverruns,
+    device_fatal: DeviceFatal,
 }
+
+// The signatures tests/fakes/ibverbs/src/control.rs exports them with.
+type FailNext = unsafe extern "C" fn(u64, u32) -> i32;
+type BytesMoved = unsafe extern "C" fn(*const std::ffi::c_char, u64) -> u64;
+type MrAccessFlags = unsafe extern "C" fn(u64) -> i64;
+type MrPaths = unsafe extern "C" fn(u64, *mut u32, usize) -> usize;
+type CqOverruns = unsafe extern "C" fn() -> u64;
+type DeviceFatal = unsafe extern "C" fn(*const std::ffi::c_char) -> i32;
 
 impl FakeControl {
     /// The loaded fake's symbols; `None`, saying why, where the loaded
     /// libibverbs is not the fake (a host's NICs take no such knob) and
     /// nobody required the fake (`FAKE_IBVERBS_REQUIRED`).
     pub fn find() -> Option<Self> {
+        use std::mem::transmute;
         // SAFETY: dlopen of the loaded libibverbs by name; dlsym of the
         // fake's own functions, each transmuted to the signature
         // tests/fakes/ibverbs/src/control.rs exports it with.
         let found = unsafe {
             let lib = libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW);
             let sym = |name: &std::ffi::CStr| {
-                (!lib.is_null()).then(|| libc::dlsym(lib, name.as_ptr())).filter(|p| !p.is_null())
+                let p = if lib.is_null() { std::ptr::null_mut() } else { libc::dlsym(lib, name.as_ptr()) };
+                (!p.is_null()).then_some(p)
             };
-            let names = [c"fake_ibverbs_fail_next", c"fake_ibverbs_bytes_moved", c"fake_ibverbs_mr_access"];
-            let more = [c"fake_ibverbs_mr_paths", c"fake_ibverbs_cq_overruns"];
-            match (sym(names[0]), sym(names[1]), sym(names[2]), sym(more[0]), sym(more[1])) {
-                (Some(fail_next), Some(bytes_moved), Some(mr_access), Some(mr_paths), Some(cq_overruns)) => {
-                    Some(FakeControl {
-                        fail_next: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(u64, u32) -> i32>(
-                            fail_next,
-                        ),
-                        bytes_moved: std::mem::transmute::<
-                            *mut libc::c_void,
-                            unsafe extern "C" fn(*const std::ffi::c_char, u64) -> u64,
-                        >(bytes_moved),
-                        mr_access: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(u64) -> i64>(
-                            mr_access,
-                        ),
-                        mr_paths: std::mem::transmute::<
-                            *mut libc::c_void,
-                            unsafe extern "C" fn(u64, *mut u32, usize) -> usize,
-                        >(mr_paths),
-                        cq_overruns: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn() -> u64>(
-                            cq_overruns,
-                        ),
-                    })
-                }
-                _ => None,
-            }
+            (|| {
+                Some(FakeControl {
+                    fail_next: transmute::<*mut libc::c_void, FailNext>(sym(c"fake_ibverbs_fail_next")?),
+                    bytes_moved: transmute::<*mut libc::c_void, BytesMoved>(sym(c"fake_ibverbs_bytes_moved")?),
+                    mr_access: transmute::<*mut libc::c_void, MrAccessFlags>(sym(c"fake_ibverbs_mr_access")?),
+                    mr_paths: transmute::<*mut libc::c_void, MrPaths>(sym(c"fake_ibverbs_mr_paths")?),
+                    cq_overruns: transmute::<*mut libc::c_void, CqOverruns>(sym(c"fake_ibverbs_cq_overruns")?),
+                    device_fatal: transmute::<*mut libc::c_void, DeviceFatal>(sym(c"fake_ibverbs_device_fatal")?),
+                })
+            })()
         };
         if found.is_none() {
             let why = "the loaded libibverbs is not the fake (a host's NICs take no test knob)";
@@ -429,6 +424,47 @@ impl Provider {
                 Some(Referee::Sim(sim.clone(), nics))
             }
             Provider::Real(_, names) => FakeControl::find().map(|fake| Referee::Fake(fake, names.clone())),
+        }
+    }
+}
+
+/// Runs test `name` of this test binary alone in a child process with
+/// `env` set (ignored tests too) and asserts it passed: for a fake's knob
+/// that holds for the whole process, which every other test would see.
+pub fn run_child(name: &str, env: &[(&str, &str)]) {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child.args([name, "--exact", "--nocapture", "--test-threads=1", "--include-ignored"]);
+    for (key, value) in env {
+        child.env(key, value);
+    }
+    let out = child.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{name} in a child: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Referee {
+    /// NIC `nic` disappears (hot-unplug, driver reset): the simulator
+    /// removes it; the fake fails it for this process
+    /// (`fake_ibverbs_device_fatal`: IBV_EVENT_DEVICE_FATAL, then EIO).
+    /// What the errors that follow say: the work in flight's (kvring reads
+    /// the fake's async event), then a new link's (the verbs' EIO).
+    pub fn remove_device(&self, nic: usize) -> (&'static str, &'static str) {
+        match self {
+            Referee::Sim(sim, nics) => {
+                sim.remove_device(&nics[nic]);
+                ("no longer present", "no longer present")
+            }
+            Referee::Fake(fake, nics) => {
+                let name = std::ffi::CString::new(nics[nic].as_str()).unwrap();
+                // SAFETY: the fake's `fake_ibverbs_device_fatal`, given a
+                // NUL-terminated name.
+                assert_eq!(unsafe { (fake.device_fatal)(name.as_ptr()) }, 0);
+                ("failed (IBV_EVENT_DEVICE_FATAL)", "Input/output error")
+            }
         }
     }
 }

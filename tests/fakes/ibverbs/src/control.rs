@@ -22,6 +22,8 @@
 //! - `fake_ibverbs_cq_overruns()`: CQs this process's WRs overran
 //!   (ibv_poll_cq(3) NOTES: fatal to the CQ; the fake fails its every
 //!   later poll), of every test of the process: each expects none.
+//! - `fake_ibverbs_device_fatal(device)`: the device fails for this
+//!   process, as at a hot-unplug or a driver reset ([`failed`]).
 //! - `fake_ibverbs_mr_paths(addr, out, max)`: how each of this process's
 //!   live registrations at `addr` reaches its memory ([`MrPath`]: by
 //!   address, through a dma-buf, through a peer-memory module).
@@ -150,4 +152,46 @@ pub fn overran() {
 #[no_mangle]
 pub extern "C" fn fake_ibverbs_cq_overruns() -> u64 {
     OVERRUNS.load(Ordering::Relaxed)
+}
+
+/// Devices (by index) failed in this process.
+static FAILED: AtomicU64 = AtomicU64::new(0);
+
+/// The device fails, for every context of it this process has open: each
+/// gets IBV_EVENT_DEVICE_FATAL, "CA is in FATAL state"
+/// (ibv_get_async_event(3)), as the kernel raises it on each open context
+/// of a device being removed (drivers/infiniband/core/uverbs_main.c,
+/// ib_uverbs_free_hw_resources: the event is generated as each context's
+/// async descriptor is torn down, Linux commit ccfdbaa5cf46). The contexts
+/// are then disassociated from the hardware: every verb that asks the
+/// kernel fails with EIO (uverbs_main.c / rdma_core.c: a command on a
+/// disassociated file finds no device and returns -EIO), WRs posted go
+/// nowhere and never complete (rdma_user_mmap_disassociate: the doorbell
+/// pages are unmapped), and destroying what was made still succeeds, so a
+/// caller can release everything. The fake lists the device still (as a
+/// reset device is listed again), but every context of it stays failed.
+/// 0, or -1 for a device the fake does not list.
+///
+/// # Safety
+///
+/// `device` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn fake_ibverbs_device_fatal(device: *const c_char) -> c_int {
+    let name = std::ffi::CStr::from_ptr(device);
+    let Some(spec) = specs().iter().find(|s| s.name.as_c_str() == name) else { return -1 };
+    FAILED.fetch_or(1 << spec.index.min(63), Ordering::AcqRel);
+    let contexts = super::watched(|contexts| contexts.clone());
+    for context in contexts {
+        let context = context as *mut ibv_context;
+        if spec_of(context).index == spec.index {
+            raise_event(context, IBV_EVENT_DEVICE_FATAL, 0);
+        }
+    }
+    0
+}
+
+/// Whether `context`'s device failed (`fake_ibverbs_device_fatal`): the
+/// verbs that ask the kernel then fail with EIO.
+pub fn failed(context: *mut ibv_context) -> bool {
+    FAILED.load(Ordering::Acquire) & (1 << spec_of(context).index.min(63)) != 0
 }

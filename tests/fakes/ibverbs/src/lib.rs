@@ -34,7 +34,9 @@
 //! an address, `fake_ibverbs_bytes_moved` counts the bytes each device
 //! moved to or from a registration, `fake_ibverbs_mr_access` reads back a
 //! registration's access flags, `fake_ibverbs_mr_paths` says how each
-//! registration at an address reaches its memory.
+//! registration at an address reaches its memory, `fake_ibverbs_cq_overruns`
+//! counts overrun CQs, `fake_ibverbs_device_fatal` fails a device
+//! (IBV_EVENT_DEVICE_FATAL, then EIO) for the process.
 //!
 //! Error returns follow each page: functions "returning the value of
 //! errno" return it and leave errno set to an unrelated sentinel (EDOM),
@@ -304,6 +306,9 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int {
     let spec = spec_of(context);
+    if control::failed(context) {
+        return ret(libc::EIO);
+    }
     if port != 1 {
         // ibv_query_port(3): port numbers start at 1.
         return ret(libc::EINVAL);

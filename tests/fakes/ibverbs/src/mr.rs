@@ -88,6 +88,10 @@ unsafe fn record(
 }
 
 unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_uint) -> *mut ibv_mr {
+    // A failed device (control.rs, `fake_ibverbs_device_fatal`): EIO.
+    if super::control::failed((*pd).context) {
+        return null(libc::EIO);
+    }
     if !remote_needs_local(access) {
         log("ibv_reg_mr: REMOTE_WRITE without LOCAL_WRITE");
         return null(libc::EINVAL);
@@ -215,6 +219,9 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
     access: c_int,
 ) -> *mut ibv_mr {
     let access = access as c_uint;
+    if super::control::failed((*pd).context) {
+        return null(libc::EIO);
+    }
     if no_dmabuf() {
         log("ibv_reg_dmabuf_mr: no dma-buf support (FAKE_IBVERBS_NO_DMABUF_FILE)");
         return null(libc::EOPNOTSUPP);

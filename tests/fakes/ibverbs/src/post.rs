@@ -327,6 +327,12 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, ba
             bytes
         });
         let nth = fake.wrs.fetch_add(1, Ordering::Relaxed) + 1;
+        if super::control::failed((*qp).context) {
+            // control.rs: a failed device's doorbells ring nowhere; the WR
+            // is neither executed nor completed.
+            wr = w.next;
+            continue;
+        }
         check_port((*qp).context);
         if let Some(due) = super::delay::keep_now(qpn, state) {
             let fails = state == IBV_QPS_RTS && (fail_after().is_some_and(|n| nth >= n) || fault_now());
