@@ -3,10 +3,11 @@
 //! tests/fakes/ibverbs when `RDMA_TEST_PROVIDER=ibverbs` (what
 //! .ci/stage-fakeverbs.sh sets, with the fake on LD_LIBRARY_PATH), or over a
 //! host's own libibverbs and the NICs `RDMA_TEST_DEVICES` names
-//! (benches/rdma_check.sh). A test
-//! that needs what only the simulator has (its fault injection, its
-//! per-NIC byte counters, devices made up per test) runs that part on the
-//! simulator and says, on the real provider, what it skipped and why.
+//! (benches/rdma_check.sh). What a test asks of the fabric beyond the
+//! verbs (a fault on demand, bytes per NIC, a registration's rights) goes
+//! to the [`Referee`]: the simulator, or the fake's `fake_ibverbs_*`
+//! symbols. What only the simulator can do, a test runs there and says, on
+//! the real provider, what it skipped and why.
 
 use kvring::rdma::{IbVerbs, SimVerbs, Verbs, WcStatus};
 use kvring::EngineBuilder;
