@@ -169,7 +169,10 @@ static FAILED: AtomicU64 = AtomicU64::new(0);
 /// nowhere and never complete (rdma_user_mmap_disassociate: the doorbell
 /// pages are unmapped), and destroying what was made still succeeds, so a
 /// caller can release everything. The fake lists the device still (as a
-/// reset device is listed again), but every context of it stays failed.
+/// reset device is listed again), but every context of it, open now or
+/// later, stays failed (the fake models no recovery). Queries, PDs, MRs,
+/// completion channels, CQs, SRQs and QP changes are the kernel verbs
+/// checked; `ibv_open_device` itself succeeds.
 /// 0, or -1 for a device the fake does not list.
 ///
 /// # Safety

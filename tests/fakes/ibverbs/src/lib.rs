@@ -284,6 +284,9 @@ fn count(context: *mut ibv_context, delta: i64) {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+    if control::failed(context) {
+        return ret(libc::EIO);
+    }
     let mut a: ibv_device_attr = std::mem::zeroed();
     a.max_qp = MAX_QPS as c_int;
     a.max_qp_wr = MAX_QP_WR as c_int;
@@ -334,6 +337,9 @@ fn port_down() -> bool {
 /// EINVAL.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_gid(context: *mut ibv_context, port: u8, index: c_int, out: *mut ibv_gid) -> c_int {
+    if control::failed(context) {
+        return ret(libc::EIO);
+    }
     if port != 1 || !(0..GID_TABLE).contains(&index) {
         return ret(libc::EINVAL);
     }
@@ -353,6 +359,9 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
+    if control::failed(context) {
+        return ret(libc::EIO);
+    }
     if port != 1 || index >= GID_TABLE as u32 || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
         return ret(libc::EINVAL);
     }

@@ -76,6 +76,9 @@ pub fn cq_address_len(slot: u32) -> libc::socklen_t {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
+    if super::control::failed(context) {
+        return null(libc::EIO);
+    }
     let fd = libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
     if fd < 0 {
         return std::ptr::null_mut();
