@@ -9,7 +9,7 @@ mod common;
 
 use common::verbs::Provider;
 use common::{pattern, WAIT};
-use kvring::rdma::WcStatus;
+use kvring::rdma::{Verbs, WcStatus};
 use kvring::{Access, Batch, BlockDesc, Engine, Error, Outcome, RegionInfo, TransportKind};
 use std::sync::Arc;
 use std::time::Duration;
@@ -128,19 +128,45 @@ fn an_engine_without_rdma_is_reached_over_the_usual_transports_and_refuses_rdma_
     assert_eq!(initiator.open_segment(&name).unwrap().transport(), TransportKind::Shm);
     let error = initiator.open_segment_with(&name, Some(TransportKind::Rdma), WAIT).unwrap_err();
     assert!(error.to_string().contains("serves no RDMA"), "{error}");
-    let Some(_) = provider.sim_only("a fabric with no device (the fake's device list is fixed per process)") else {
-        return;
-    };
-    let none = Arc::new(kvring::rdma::SimVerbs::with_devices(vec![]));
-    let error = common::builder("x").rdma(none).build().unwrap_err().to_string();
+    // A fabric with no device: the simulator made so, or (the fake's device
+    // list being read once per process) a child of this test binary whose
+    // fake libibverbs lists none.
+    match provider {
+        Provider::Sim(_) => no_device_refused(Arc::new(kvring::rdma::SimVerbs::with_devices(vec![]))),
+        Provider::Real(..) if std::env::var_os("RDMA_TEST_DEVICES").is_some() => {
+            eprintln!("skipped on the host's own NICs: a fabric with no device (the fake's device list)");
+        }
+        Provider::Real(..) => {
+            let env = [("FAKE_IBVERBS_DEVICES", ""), (NO_DEVICE_CHILD, "1")];
+            common::verbs::run_child("a_fabric_with_no_device_is_refused_in_a_child", &env);
+        }
+    }
+}
+
+/// Set in the child that runs [`a_fabric_with_no_device_is_refused_in_a_child`].
+const NO_DEVICE_CHILD: &str = "RDMA_NO_DEVICE_CHILD";
+
+fn no_device_refused(verbs: Arc<dyn Verbs>) {
+    let error = common::builder("x").rdma(verbs).build().unwrap_err().to_string();
     assert!(error.contains("no RDMA device with an active port"), "{error}");
+}
+
+/// The fake libibverbs' half of the test above: run by it in a child
+/// process with `FAKE_IBVERBS_DEVICES` empty (ignored otherwise, since
+/// the fake reads its device list once per process).
+#[test]
+#[ignore = "run by an_engine_without_rdma_... in a child with no device"]
+fn a_fabric_with_no_device_is_refused_in_a_child() {
+    assert!(std::env::var_os(NO_DEVICE_CHILD).is_some(), "run in a child by its parent test");
+    let verbs = kvring::rdma::IbVerbs::new();
+    assert_eq!(verbs.devices().map(|d| d.len()).unwrap_or(0), 0, "the fake lists no device");
+    no_device_refused(Arc::new(verbs));
 }
 
 #[test]
 fn a_failed_queue_pair_is_reset_and_handshaked_again_not_recreated() {
     let provider = Provider::new();
-    let skipped = "failing one WR on demand (the fake's QP fault is process-wide: tests/rdma_ibverbs_faults.rs)";
-    let Some(sim) = provider.sim_only(skipped) else { return };
+    let Some(referee) = provider.referee() else { return };
     let target = rdma_engine("decode-0", &provider);
     let remote = target.alloc_region(1 << 20, RegionInfo::raw()).unwrap();
     let initiator = rdma_engine("prefill-0", &provider);
@@ -158,7 +184,7 @@ fn a_failed_queue_pair_is_reset_and_handshaked_again_not_recreated() {
     for (round, status) in [WcStatus::RetryExceeded, WcStatus::Flushed, WcStatus::RetryExceeded].into_iter().enumerate()
     {
         // The fabric drops the next request: the NIC gives up on the QP.
-        sim.fail_next(status);
+        referee.fail_next(remote.as_ptr() as u64, status);
         let segment = initiator.open_segment(&name).unwrap();
         let outcome = run(&mut sub, &Batch::write(&segment).block(desc));
         assert!(matches!(outcome, Outcome::Failed(Error::PeerRestarted { .. })), "round {round}: {outcome:?}");
@@ -207,9 +233,10 @@ fn with_two_nics_each_large_blocks_are_striped_over_both_and_land_whole() {
         assert_eq!(contents(&remote, at as u64, 4096), source[at..at + 4096]);
     }
     let written = (6 << 20) + 256 * 4096;
-    let sim = provider.sim_only("bytes per NIC (the fake counts none)");
-    if let Some(sim) = sim {
-        let (first, second) = (sim.bytes_moved("sim0"), sim.bytes_moved("sim1"));
+    let referee = provider.referee();
+    let at = remote.as_ptr() as u64;
+    if let Some(referee) = &referee {
+        let (first, second) = (referee.bytes_moved(0, at), referee.bytes_moved(1, at));
         assert_eq!(first + second, written, "every byte over one NIC or the other");
         assert!(first >= written / 4 && second >= written / 4, "striped: {first} and {second} bytes");
     }
@@ -218,8 +245,8 @@ fn with_two_nics_each_large_blocks_are_striped_over_both_and_land_whole() {
     let read = BlockDesc::new(back.id(), 0, remote.id(), 0, 6 << 20);
     assert!(run(&mut sub, &Batch::read(&segment).block(read)).is_done());
     assert_eq!(contents(&back, 0, 6 << 20), source[..6 << 20]);
-    if let Some(sim) = sim {
-        assert_eq!(sim.bytes_moved("sim0") + sim.bytes_moved("sim1"), written + (6 << 20));
+    if let Some(referee) = &referee {
+        assert_eq!(referee.bytes_moved(0, at) + referee.bytes_moved(1, at), written + (6 << 20));
     }
 }
 
@@ -274,15 +301,31 @@ fn bad_keys_regions_batches_and_a_vanished_device_are_clear_errors_that_write_no
     let fine = BlockDesc::new(local.id(), 0, remote.id(), 0, 65536);
     assert!(run(&mut sub, &Batch::write(&segment).block(fine)).is_done());
 
-    // The NIC disappears (hot-unplug, driver reset).
-    let Some(sim) = provider.sim_only("a device that disappears (the fake has no hot-unplug)") else { return };
-    sim.remove_device("sim0");
+    // The NIC disappears (hot-unplug, driver reset). The fake fails it for
+    // the whole process, so there this part runs in a child of its own.
+    let test = "bad_keys_regions_batches_and_a_vanished_device_are_clear_errors_that_write_nothing";
+    if matches!(provider, Provider::Real(..)) && std::env::var_os(DEVICE_GONE_CHILD).is_none() {
+        if std::env::var_os("RDMA_TEST_DEVICES").is_some() {
+            eprintln!("skipped on the host's own NICs: a device that disappears (a fake's knob)");
+        } else {
+            common::verbs::run_child(test, &[(DEVICE_GONE_CHILD, "1")]);
+        }
+        return;
+    }
+    let Some(referee) = provider.referee() else { return };
+    let (in_flight, reopened) = referee.remove_device(0);
+    let nic = &referee.nics()[0];
     let error = refusal(&mut sub, &Batch::write(&segment).block(fine));
-    assert!(error.to_string().contains("no longer present"), "{error}");
+    assert!(matches!(&error, Error::Device { device, .. } if device == nic), "{error:?}");
+    assert!(error.to_string().contains(in_flight), "{error}");
     drop(segment);
     let error = initiator.open_segment_with(&name, Some(TransportKind::Rdma), WAIT).unwrap_err();
-    assert!(error.to_string().contains("no longer present"), "{error}");
+    assert!(matches!(&error, Error::Device { device, .. } if device == nic), "{error:?}");
+    assert!(error.to_string().contains(reopened), "{error}");
 }
+
+/// Set in the child that runs the vanished device's part of the test above.
+const DEVICE_GONE_CHILD: &str = "RDMA_DEVICE_GONE_CHILD";
 
 #[test]
 fn qps_held_for_initiators_that_went_away_are_released_and_a_reused_name_resets_nothing() {
@@ -364,7 +407,9 @@ fn regions_are_registered_with_their_own_rights_and_private_ones_get_no_keys() {
     assert!(run(&mut sub, &Batch::read(&segment).block(read)).is_done());
     // The registrations' own rights (what the NIC refuses with is
     // tests/rdma_ibverbs.rs's access test on the fake).
-    let Some(sim) = provider.sim_only("reading back a registration's rights (no verb does)") else { return };
-    assert!(sim.mr_rights(read_only.as_ptr() as u64).is_some_and(|rights| rights.remote_read && !rights.remote_write));
-    assert!(sim.mr_rights(private.as_ptr() as u64).is_some_and(|rights| !rights.remote_read && !rights.remote_write));
+    let Some(referee) = provider.referee() else { return };
+    let rights = |region: &kvring::Region| referee.mr_rights(region.as_ptr() as u64);
+    assert!(rights(&read_only).is_some_and(|rights| rights.remote_read && !rights.remote_write));
+    assert!(rights(&private).is_some_and(|rights| !rights.remote_read && !rights.remote_write));
+    assert!(rights(&open).is_some_and(|rights| rights.remote_read && rights.remote_write));
 }

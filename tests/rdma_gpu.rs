@@ -21,7 +21,7 @@
 
 mod common;
 
-use common::verbs::Provider;
+use common::verbs::{FakeDelay, Provider};
 use common::{pattern, read, run, WAIT};
 use kvring::gpu::{CudaGpu, Gpu, SimGpu};
 use kvring::kv::{arrival_tag, check_pd_topo, push_targets, Attention, CacheShape, KvLayout, Mode, Rank};
@@ -188,8 +188,8 @@ fn gpu_memory_moves_both_ways_over_rdma_registered_once_per_region_and_nic() {
         assert_eq!((stats.regions, stats.dmabuf, stats.peer_memory, stats.failed), (1, 2, 0, 0), "{stats:?}");
         assert_eq!(stats.relaxed_ordering, 2, "relaxed ordering asked for and taken");
     }
-    if let Some(sim) = fab.sim("which path each NIC's registration took (the engine's counts above say dma-buf)") {
-        assert_eq!(sim.mr_paths(remote.as_ptr() as u64), [MrPath::DmaBuf, MrPath::DmaBuf]);
+    if let Some(referee) = fab.verbs.referee() {
+        assert_eq!(referee.mr_paths(remote.as_ptr() as u64), [MrPath::DmaBuf, MrPath::DmaBuf]);
     }
     let segment = open(&initiator, &target).unwrap();
     assert_eq!(segment.transport(), TransportKind::Rdma);
@@ -320,8 +320,8 @@ fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_
         (2, 0, 2, relaxed),
         "{stats:?}"
     );
-    if let Some(sim) = fab.sim("which path the registration took (the engine's counts above say peer memory)") {
-        assert_eq!(sim.mr_paths(pieces), [MrPath::PeerMemory]);
+    if let Some(referee) = fab.verbs.referee() {
+        assert_eq!(referee.mr_paths(pieces), [MrPath::PeerMemory]);
     }
 
     let initiator = engine("prefill-0", &fab);
@@ -343,19 +343,6 @@ fn without_dmabuf_gpu_memory_registers_through_peer_memory_and_relaxed_ordering_
     done(run(&mut sub, &Batch::read(&segment).descs(&back)));
     assert_eq!(read(&local, 65536, 8192), pattern(1 << 20, 11)[..8192]);
 
-    // With dma-buf back, a GPU whose driver exports none still registers
-    // through peer memory.
-    let skipped = "a GPU whose driver exports no dma-buf beside one that does (the fake libcuda's \
-                   FAKECUDA_DMABUF holds for the process: tests/rdma_fake_dmabuf.rs)";
-    if let Some(Provider::Sim(_)) = fab.sim(skipped).map(|_| &fab.verbs) {
-        let Fab { verbs: Provider::Sim(sim), .. } = one_nic() else { unreachable!("on the simulator") };
-        let old_driver = Arc::new(SimGpu::new(1, Duration::ZERO).without_dmabuf());
-        sim.attach_gpu(old_driver.clone());
-        sim.peer_memory(true);
-        let engine = common::builder("old-driver").rdma(sim.clone()).gpu(old_driver).build().unwrap();
-        let _region = engine.alloc_region(65536, GPU(0)).unwrap();
-        assert_eq!(engine.rdma_device_mrs().peer_memory, 1);
-    }
     drop((sub, segment, local, initiator, remote));
     target.unregister(run_id).unwrap();
     drop(target);
@@ -508,10 +495,42 @@ fn a_gpu_region_no_nic_can_register_refuses_rdma_with_the_reason_and_the_default
 }
 
 #[test]
+fn a_gpu_whose_driver_exports_no_dmabuf_registers_through_peer_memory() {
+    // The NIC stack takes dma-bufs, the GPU's driver exports none
+    // (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED 0), nvidia-peermem is loaded.
+    // On the fakes in a child: the fake libcuda reads FAKECUDA_DMABUF at
+    // cuInit, for the process.
+    let name = "a_gpu_whose_driver_exports_no_dmabuf_registers_through_peer_memory";
+    let env = [("FAKECUDA_DMABUF", "0".as_ref()), ("FAKE_IBVERBS_PEER_MEMORY", "1".as_ref())];
+    if !in_child(name, &env) {
+        return;
+    }
+    let fab = fabric(&[("sim0", Some(0))], SimGpu::new(1, Duration::ZERO).without_dmabuf());
+    if let Provider::Sim(sim) = &fab.verbs {
+        sim.peer_memory(true);
+    }
+    let engine = engine("old-driver", &fab);
+    let region = engine.alloc_region(65536, GPU(0)).unwrap();
+    let stats = engine.rdma_device_mrs();
+    assert_eq!((stats.regions, stats.dmabuf, stats.peer_memory, stats.failed), (1, 0, 1, 0), "{stats:?}");
+    drop(region);
+}
+
+#[test]
 fn a_peer_that_restarts_while_gpu_memory_is_in_flight_fails_peer_restarted_and_nothing_leaks() {
+    // On the fakes, in a child whose fake libibverbs keeps every WR posted
+    // while the delay file exists (tests/fakes/ibverbs/src/delay.rs): no
+    // other test's WRs are held with this one's.
+    let name = "a_peer_that_restarts_while_gpu_memory_is_in_flight_fails_peer_restarted_and_nothing_leaks";
+    let file = std::env::temp_dir().join(format!("kvring-gpu-hold-{}", std::process::id()));
+    if !in_child(name, &[("FAKE_IBVERBS_DELAY_FILE", file.as_os_str())]) {
+        return;
+    }
     let fab = one_nic();
-    let skipped = "holding the fabric's completions so that the target goes away mid-batch";
-    let Some(sim) = fab.sim(skipped) else { return };
+    let stall = match &fab.verbs {
+        Provider::Sim(sim) => Stall::Sim(sim.clone()),
+        Provider::Real(..) => Stall::Fake(FakeDelay::find().expect("the fake libibverbs is loaded")),
+    };
     let initiator = engine("prefill-0", &fab);
     let local = initiator.alloc_region(16 << 20, GPU(1)).unwrap();
     let mut sub = initiator.submitter().unwrap();
@@ -527,18 +546,17 @@ fn a_peer_that_restarts_while_gpu_memory_is_in_flight_fails_peer_restarted_and_n
             .iter()
             .map(|d| BlockDesc::new(d.local_region, d.local_offset, remote.id(), d.local_offset, d.len))
             .collect();
-        let moved = sim.bytes_moved("sim0");
-        sim.hold_completions(true);
+        let posted = stall.hold();
         let id = sub.submit(&Batch::write(&segment).descs(&descs)).unwrap();
         let deadline = Instant::now() + WAIT;
-        while sim.bytes_moved("sim0") == moved {
+        while stall.posted() == posted {
             assert!(Instant::now() < deadline, "round {round}: nothing was posted");
             std::thread::yield_now();
         }
         // The target goes away with the batch in flight.
         drop(remote);
         drop(target);
-        sim.hold_completions(false);
+        stall.release();
         let error = failure(sub.wait(id, WAIT).unwrap());
         assert!(matches!(error, Error::PeerRestarted { .. }), "round {round}: {error}");
         assert!(segment.is_stale());
@@ -550,14 +568,68 @@ fn a_peer_that_restarts_while_gpu_memory_is_in_flight_fails_peer_restarted_and_n
     assert!(counts.balanced(), "every QP, MR, CQ, PD and SRQ went: {counts:?}");
 }
 
+/// A fabric whose work stays in flight until released: the simulator's
+/// held completions (it places a WRITE's bytes when posted), or the fake
+/// libibverbs' kept WRs (placed and completed only once released; legal
+/// for a NIC by ibv_post_send(3) and ibv_poll_cq(3): tests/fakes/ibverbs/src/delay.rs).
+enum Stall {
+    Sim(Arc<SimVerbs>),
+    Fake(FakeDelay),
+}
+
+impl Stall {
+    /// Holds the fabric's work; what [`Stall::posted`] says now.
+    fn hold(&self) -> u64 {
+        match self {
+            Stall::Sim(sim) => sim.hold_completions(true),
+            Stall::Fake(delay) => delay.hold(),
+        }
+        self.posted()
+    }
+
+    /// A count that grows as requests are posted while held (bytes the
+    /// simulator moved; WRs the fake keeps).
+    fn posted(&self) -> u64 {
+        match self {
+            Stall::Sim(sim) => sim.bytes_moved("sim0"),
+            Stall::Fake(delay) => delay.kept(),
+        }
+    }
+
+    /// Lets the held work complete.
+    fn release(&self) {
+        match self {
+            Stall::Sim(sim) => sim.hold_completions(false),
+            Stall::Fake(delay) => delay.release(),
+        }
+    }
+}
+
 #[test]
 fn no_batch_is_done_before_its_bytes_are_in_the_targets_gpu_memory() {
-    let fab = one_nic();
     // Completions seen late, as on a real fabric: the bytes must already be
-    // in place when they are.
-    if let Some(sim) = fab.sim("completions seen late (the fake completes each WR as it is posted)") {
-        sim.delay_completions(2);
+    // in place when they are. The simulator places a WRITE's bytes at its
+    // post and shows its completion two polls later; the fake libibverbs
+    // places and completes each WR 1 ms after its post, at a later poll
+    // (tests/fakes/ibverbs/src/delay.rs), in a child of its own so that no
+    // other test's WRs are late with these.
+    let name = "no_batch_is_done_before_its_bytes_are_in_the_targets_gpu_memory";
+    let file = std::env::temp_dir().join(format!("kvring-gpu-late-{}", std::process::id()));
+    if !in_child(name, &[("FAKE_IBVERBS_DELAY_FILE", file.as_os_str())]) {
+        return;
     }
+    let fab = one_nic();
+    let _late = match &fab.verbs {
+        Provider::Sim(sim) => {
+            sim.delay_completions(2);
+            None
+        }
+        Provider::Real(..) => {
+            let late = FakeDelay::find().expect("the fake libibverbs is loaded");
+            late.delay_ms(1);
+            Some(late)
+        }
+    };
     let target = engine("decode-0", &fab);
     let remote = target.alloc_region(1 << 20, GPU(0)).unwrap();
     let initiator = engine("prefill-0", &fab);
@@ -632,8 +704,8 @@ fn a_tagged_push_over_rdma_is_counted_on_the_target_as_it_lands_in_host_and_gpu_
         assert_eq!(target.forget_arrival(tag), expected);
         assert_eq!(target.arrivals_dropped(), 0);
     }
-    if let Some(sim) = fab.sim("the fabric's count of CQ overruns (the fake fails every later poll instead)") {
-        assert_eq!(sim.cq_overruns(), 0);
+    if let Some(referee) = fab.verbs.referee() {
+        assert_eq!(referee.cq_overruns(), 0);
     }
 }
 
@@ -724,8 +796,11 @@ fn a_flood_of_tagged_writes_waits_at_its_senders_and_grows_nothing_on_the_target
     }
     assert_eq!(target.landed(tag), 5 * 4000 * 64);
     assert_eq!(target.arrivals_dropped(), 0);
+    if let Some(referee) = fab.verbs.referee() {
+        assert_eq!(referee.cq_overruns(), 0, "the target's CQ holds what its queue holds");
+    }
     if let Some(sim) = sim {
-        assert_eq!((sim.cq_overruns(), sim.parked()), (0, 0));
+        assert_eq!(sim.parked(), 0);
     }
 }
 

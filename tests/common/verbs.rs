@@ -3,12 +3,13 @@
 //! tests/fakes/ibverbs when `RDMA_TEST_PROVIDER=ibverbs` (what
 //! .ci/stage-fakeverbs.sh sets, with the fake on LD_LIBRARY_PATH), or over a
 //! host's own libibverbs and the NICs `RDMA_TEST_DEVICES` names
-//! (benches/rdma_check.sh). A test
-//! that needs what only the simulator has (its fault injection, its
-//! per-NIC byte counters, devices made up per test) runs that part on the
-//! simulator and says, on the real provider, what it skipped and why.
+//! (benches/rdma_check.sh). What a test asks of the fabric beyond the
+//! verbs (a fault on demand, bytes per NIC, a registration's rights) goes
+//! to the [`Referee`]: the simulator, or the fake's `fake_ibverbs_*`
+//! symbols. What only the simulator can do, a test runs there and says, on
+//! the real provider, what it skipped and why.
 
-use kvring::rdma::{IbVerbs, SimVerbs, Verbs};
+use kvring::rdma::{IbVerbs, SimVerbs, Verbs, WcStatus};
 use kvring::EngineBuilder;
 use std::sync::Arc;
 
@@ -242,4 +243,229 @@ pub fn rdma_pair(name: &str, token: Option<&str>) -> RdmaPair {
     let segment = initiator.open_segment_with(&addr, Some(kvring::TransportKind::Rdma), super::WAIT).unwrap();
     assert_eq!(segment.transport(), kvring::TransportKind::Rdma);
     RdmaPair { provider, target, remote, initiator, local, segment }
+}
+
+/// What a test asks of the fabric beyond the verbs (a fault on demand, the
+/// bytes each NIC moved, a registration's rights): the simulator's own
+/// methods, or the fake libibverbs' `fake_ibverbs_*` symbols
+/// (tests/fakes/ibverbs/src/control.rs), which kvring never calls.
+pub enum Referee {
+    /// The simulator, with its NICs' names.
+    Sim(Arc<SimVerbs>, Vec<String>),
+    /// The fake libibverbs' control symbols, with the NICs' names.
+    Fake(FakeControl, Vec<String>),
+}
+
+/// The fake libibverbs' control symbols, found with `dlsym`.
+pub struct FakeControl {
+    fail_next: FailNext,
+    bytes_moved: BytesMoved,
+    mr_access: MrAccessFlags,
+    mr_paths: MrPaths,
+    cq_overruns: CqOverruns,
+    device_fatal: DeviceFatal,
+}
+
+// The signatures tests/fakes/ibverbs/src/control.rs exports them with.
+type FailNext = unsafe extern "C" fn(u64, u32) -> i32;
+type BytesMoved = unsafe extern "C" fn(*const std::ffi::c_char, u64) -> u64;
+type MrAccessFlags = unsafe extern "C" fn(u64) -> i64;
+type MrPaths = unsafe extern "C" fn(u64, *mut u32, usize) -> usize;
+type CqOverruns = unsafe extern "C" fn() -> u64;
+type DeviceFatal = unsafe extern "C" fn(*const std::ffi::c_char) -> i32;
+
+impl FakeControl {
+    /// The loaded fake's symbols; `None`, saying why, where the loaded
+    /// libibverbs is not the fake (a host's NICs take no such knob) and
+    /// nobody required the fake (`FAKE_IBVERBS_REQUIRED`).
+    pub fn find() -> Option<Self> {
+        use std::mem::transmute;
+        // SAFETY: dlopen of the loaded libibverbs by name; dlsym of the
+        // fake's own functions, each transmuted to the signature
+        // tests/fakes/ibverbs/src/control.rs exports it with.
+        let found = unsafe {
+            let lib = libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW);
+            let sym = |name: &std::ffi::CStr| {
+                let p = if lib.is_null() { std::ptr::null_mut() } else { libc::dlsym(lib, name.as_ptr()) };
+                (!p.is_null()).then_some(p)
+            };
+            (|| {
+                Some(FakeControl {
+                    fail_next: transmute::<*mut libc::c_void, FailNext>(sym(c"fake_ibverbs_fail_next")?),
+                    bytes_moved: transmute::<*mut libc::c_void, BytesMoved>(sym(c"fake_ibverbs_bytes_moved")?),
+                    mr_access: transmute::<*mut libc::c_void, MrAccessFlags>(sym(c"fake_ibverbs_mr_access")?),
+                    mr_paths: transmute::<*mut libc::c_void, MrPaths>(sym(c"fake_ibverbs_mr_paths")?),
+                    cq_overruns: transmute::<*mut libc::c_void, CqOverruns>(sym(c"fake_ibverbs_cq_overruns")?),
+                    device_fatal: transmute::<*mut libc::c_void, DeviceFatal>(sym(c"fake_ibverbs_device_fatal")?),
+                })
+            })()
+        };
+        if found.is_none() {
+            let why = "the loaded libibverbs is not the fake (a host's NICs take no test knob)";
+            assert!(std::env::var_os("FAKE_IBVERBS_REQUIRED").is_none(), "{why}");
+            eprintln!("skipped: {why}");
+        }
+        found
+    }
+}
+
+/// ibv_wc_status's value for `status` (verbs.h `enum ibv_wc_status`).
+fn wc_code(status: WcStatus) -> u32 {
+    match status {
+        WcStatus::Success => 0,
+        WcStatus::LocalProtection => 4,
+        WcStatus::Flushed => 5,
+        WcStatus::RemoteAccess => 10,
+        WcStatus::RetryExceeded => 12,
+        WcStatus::Other(code) => code,
+    }
+}
+
+impl Referee {
+    /// The NICs' names, in order (`sim0`..., or the fake's).
+    pub fn nics(&self) -> &[String] {
+        match self {
+            Referee::Sim(_, nics) | Referee::Fake(_, nics) => nics,
+        }
+    }
+
+    /// The next request towards the peer memory at `remote_addr` fails
+    /// with `status` (the simulator's `fail_next` takes the next request
+    /// of its fabric, which is the test's own).
+    pub fn fail_next(&self, remote_addr: u64, status: WcStatus) {
+        match self {
+            Referee::Sim(sim, _) => sim.fail_next(status),
+            // SAFETY: the fake's `fake_ibverbs_fail_next(u64, u32) -> i32`.
+            Referee::Fake(fake, _) => assert_eq!(unsafe { (fake.fail_next)(remote_addr, wc_code(status)) }, 0),
+        }
+    }
+
+    /// Bytes that requests posted through NIC `nic` (an index into
+    /// [`Referee::nics`]) moved to or from the peer memory registered at
+    /// `remote_addr` (the simulator counts the NIC's every request: the
+    /// test's fabric is its own).
+    pub fn bytes_moved(&self, nic: usize, remote_addr: u64) -> u64 {
+        match self {
+            Referee::Sim(sim, nics) => sim.bytes_moved(&nics[nic]),
+            Referee::Fake(fake, nics) => {
+                let name = std::ffi::CString::new(nics[nic].as_str()).unwrap();
+                // SAFETY: the fake's `fake_ibverbs_bytes_moved`, given a
+                // NUL-terminated name.
+                unsafe { (fake.bytes_moved)(name.as_ptr(), remote_addr) }
+            }
+        }
+    }
+
+    /// The rights the registration at `addr` was made with, as the NIC
+    /// enforces them.
+    pub fn mr_rights(&self, addr: u64) -> Option<kvring::rdma::MrAccess> {
+        match self {
+            Referee::Sim(sim, _) => sim.mr_rights(addr),
+            Referee::Fake(fake, _) => {
+                // SAFETY: the fake's `fake_ibverbs_mr_access(u64) -> i64`.
+                let flags = unsafe { (fake.mr_access)(addr) };
+                // verbs.h `enum ibv_access_flags`.
+                (flags >= 0).then_some(kvring::rdma::MrAccess {
+                    local_write: flags & 1 != 0,
+                    remote_write: flags & (1 << 1) != 0,
+                    remote_read: flags & (1 << 2) != 0,
+                    relaxed_ordering: flags & (1 << 20) != 0,
+                })
+            }
+        }
+    }
+}
+
+impl Referee {
+    /// How each live registration at `addr` (one per NIC that registered
+    /// it) reaches its memory.
+    pub fn mr_paths(&self, addr: u64) -> Vec<kvring::rdma::MrPath> {
+        use kvring::rdma::MrPath;
+        match self {
+            Referee::Sim(sim, _) => sim.mr_paths(addr),
+            Referee::Fake(fake, _) => {
+                let mut paths = [0u32; 16];
+                // SAFETY: the fake's `fake_ibverbs_mr_paths`, given room for 16.
+                let n = unsafe { (fake.mr_paths)(addr, paths.as_mut_ptr(), paths.len()) };
+                assert!(n <= paths.len(), "{n} registrations at {addr:#x}");
+                // tests/fakes/ibverbs/src/control.rs `MrPath`.
+                paths[..n]
+                    .iter()
+                    .map(|&path| match path {
+                        0 => MrPath::Host,
+                        1 => MrPath::DmaBuf,
+                        2 => MrPath::PeerMemory,
+                        other => panic!("the fake names no path {other}"),
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+impl Referee {
+    /// CQs overrun (fatal to a real CQ): on the fake, by any test of this
+    /// process, each of which expects none.
+    pub fn cq_overruns(&self) -> u64 {
+        match self {
+            Referee::Sim(sim, _) => sim.cq_overruns(),
+            // SAFETY: the fake's `fake_ibverbs_cq_overruns() -> u64`.
+            Referee::Fake(fake, _) => unsafe { (fake.cq_overruns)() },
+        }
+    }
+}
+
+impl Provider {
+    /// The referee of this provider's fabric: the simulator, or the fake
+    /// libibverbs' control symbols; `None`, saying why, on a host's own NICs.
+    pub fn referee(&self) -> Option<Referee> {
+        match self {
+            Provider::Sim(sim) => {
+                let nics = sim.devices().unwrap().into_iter().map(|d| d.name).collect();
+                Some(Referee::Sim(sim.clone(), nics))
+            }
+            Provider::Real(_, names) => FakeControl::find().map(|fake| Referee::Fake(fake, names.clone())),
+        }
+    }
+}
+
+/// Runs test `name` of this test binary alone in a child process with
+/// `env` set (ignored tests too) and asserts it passed: for a fake's knob
+/// that holds for the whole process, which every other test would see.
+pub fn run_child(name: &str, env: &[(&str, &str)]) {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child.args([name, "--exact", "--nocapture", "--test-threads=1", "--include-ignored"]);
+    for (key, value) in env {
+        child.env(key, value);
+    }
+    let out = child.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{name} in a child: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Referee {
+    /// NIC `nic` disappears (hot-unplug, driver reset): the simulator
+    /// removes it; the fake fails it for this process
+    /// (`fake_ibverbs_device_fatal`: IBV_EVENT_DEVICE_FATAL, then EIO).
+    /// What the errors that follow say: the work in flight's (kvring reads
+    /// the fake's async event), then a new link's (the verbs' EIO).
+    pub fn remove_device(&self, nic: usize) -> (&'static str, &'static str) {
+        match self {
+            Referee::Sim(sim, nics) => {
+                sim.remove_device(&nics[nic]);
+                ("no longer present", "no longer present")
+            }
+            Referee::Fake(fake, nics) => {
+                let name = std::ffi::CString::new(nics[nic].as_str()).unwrap();
+                // SAFETY: the fake's `fake_ibverbs_device_fatal`, given a
+                // NUL-terminated name.
+                assert_eq!(unsafe { (fake.device_fatal)(name.as_ptr()) }, 0);
+                ("failed (IBV_EVENT_DEVICE_FATAL)", "Input/output error")
+            }
+        }
+    }
 }

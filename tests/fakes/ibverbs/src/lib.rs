@@ -29,11 +29,21 @@
 //! `FAKE_IBVERBS_PEER_MEMORY=1`: a peer-memory module resolves device
 //! addresses `ibv_reg_mr` is given (without it they fail with EFAULT).
 //!
+//! Test-only control symbols (`control.rs`, found with `dlsym`, never
+//! called by kvring): `fake_ibverbs_fail_next` fails the next WR towards
+//! an address, `fake_ibverbs_bytes_moved` counts the bytes each device
+//! moved to or from a registration, `fake_ibverbs_mr_access` reads back a
+//! registration's access flags, `fake_ibverbs_mr_paths` says how each
+//! registration at an address reaches its memory, `fake_ibverbs_cq_overruns`
+//! counts overrun CQs, `fake_ibverbs_device_fatal` fails a device
+//! (IBV_EVENT_DEVICE_FATAL, then EIO) for the process.
+//!
 //! Error returns follow each page: functions "returning the value of
 //! errno" return it and leave errno set to an unrelated sentinel (EDOM),
 //! so a caller reading errno instead is caught (VERBS-REVIEW finding 17).
 #![allow(clippy::missing_safety_doc, non_camel_case_types)]
 
+mod control;
 mod delay;
 mod fabric;
 #[path = "../../../../src/transport/rdma/ibverbs/ffi.rs"]
@@ -274,6 +284,9 @@ fn count(context: *mut ibv_context, delta: i64) {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+    if control::failed(context) {
+        return ret(libc::EIO);
+    }
     let mut a: ibv_device_attr = std::mem::zeroed();
     a.max_qp = MAX_QPS as c_int;
     a.max_qp_wr = MAX_QP_WR as c_int;
@@ -296,6 +309,9 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int {
     let spec = spec_of(context);
+    if control::failed(context) {
+        return ret(libc::EIO);
+    }
     if port != 1 {
         // ibv_query_port(3): port numbers start at 1.
         return ret(libc::EINVAL);
@@ -321,6 +337,9 @@ fn port_down() -> bool {
 /// EINVAL.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_gid(context: *mut ibv_context, port: u8, index: c_int, out: *mut ibv_gid) -> c_int {
+    if control::failed(context) {
+        return ret(libc::EIO);
+    }
     if port != 1 || !(0..GID_TABLE).contains(&index) {
         return ret(libc::EINVAL);
     }
@@ -340,6 +359,9 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
+    if control::failed(context) {
+        return ret(libc::EIO);
+    }
     if port != 1 || index >= GID_TABLE as u32 || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
         return ret(libc::EINVAL);
     }

@@ -61,6 +61,7 @@ unsafe fn record(
     access: c_uint,
     host: u64,
     map: (usize, usize),
+    path: super::control::MrPath,
 ) -> *mut ibv_mr {
     let pid = std::process::id();
     let slot = locked(|f| {
@@ -80,12 +81,17 @@ unsafe fn record(
         return null(libc::ENOMEM);
     };
     pd_objects(pd, 1);
+    super::control::registered(key, path);
     let raw =
         ibv_mr { context: (*pd).context, pd, addr: iova as *mut c_void, length: len, handle: 0, lkey: key, rkey: key };
     Box::into_raw(Box::new(FakeMr { raw, map })).cast()
 }
 
 unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_uint) -> *mut ibv_mr {
+    // A failed device (control.rs, `fake_ibverbs_device_fatal`): EIO.
+    if super::control::failed((*pd).context) {
+        return null(libc::EIO);
+    }
     if !remote_needs_local(access) {
         log("ibv_reg_mr: REMOTE_WRITE without LOCAL_WRITE");
         return null(libc::EINVAL);
@@ -93,13 +99,13 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_uint) ->
     if !pinnable(addr as u64, len as u64) {
         if peer_memory() {
             if let Some((map, host)) = peer_pages(addr as u64, len as u64) {
-                return record(pd, addr as u64, len, access, host, map);
+                return record(pd, addr as u64, len, access, host, map, super::control::MrPath::PeerMemory);
             }
         }
         log("ibv_reg_mr: memory the kernel cannot pin (device memory without a peer-memory module?)");
         return null(libc::EFAULT);
     }
-    record(pd, addr as u64, len, access, addr as u64, (0, 0))
+    record(pd, addr as u64, len, access, addr as u64, (0, 0), super::control::MrPath::Host)
 }
 
 /// `FAKE_IBVERBS_PEER_MEMORY=1`: a peer-memory module is loaded (as
@@ -213,6 +219,9 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
     access: c_int,
 ) -> *mut ibv_mr {
     let access = access as c_uint;
+    if super::control::failed((*pd).context) {
+        return null(libc::EIO);
+    }
     if no_dmabuf() {
         log("ibv_reg_dmabuf_mr: no dma-buf support (FAKE_IBVERBS_NO_DMABUF_FILE)");
         return null(libc::EOPNOTSUPP);
@@ -262,7 +271,8 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
         return null(libc::EINVAL);
     }
     let host = p as u64 + in_page;
-    record(pd, iova, length, access & !IBV_ACCESS_RELAXED_ORDERING, host, (p as usize, map_len as usize))
+    let path = super::control::MrPath::DmaBuf;
+    record(pd, iova, length, access & !IBV_ACCESS_RELAXED_ORDERING, host, (p as usize, map_len as usize), path)
 }
 
 #[no_mangle]
@@ -276,6 +286,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
             f.mrs[slot].used = 0;
         }
     });
+    super::control::deregistered(key);
     pd_objects((*mr).pd, -1);
     let fake = Box::from_raw(mr.cast::<FakeMr>());
     if fake.map.0 != 0 {

@@ -12,6 +12,10 @@ pub struct FakePd {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+    // A failed device (control.rs, `fake_ibverbs_device_fatal`): EIO.
+    if super::control::failed(context) {
+        return null(libc::EIO);
+    }
     count(context, 1);
     let pd = Box::into_raw(Box::new(FakePd { raw: ibv_pd { context, handle: 0 }, objects: AtomicU64::new(0) }));
     &mut (*pd).raw
@@ -72,6 +76,9 @@ pub fn cq_address_len(slot: u32) -> libc::socklen_t {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
+    if super::control::failed(context) {
+        return null(libc::EIO);
+    }
     let fd = libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
     if fd < 0 {
         return std::ptr::null_mut();
@@ -115,6 +122,9 @@ pub unsafe extern "C" fn ibv_create_cq(
     channel: *mut ibv_comp_channel,
     vector: c_int,
 ) -> *mut ibv_cq {
+    if super::control::failed(context) {
+        return null(libc::EIO);
+    }
     // ibv_create_cq(3): cqe must be at least 1 and at most max_cqe.
     if cqe < 1 || cqe as usize > CQ_RING {
         return null(libc::EINVAL);
@@ -192,6 +202,9 @@ pub struct FakeSrq {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
     let attr = (*init).attr;
+    if super::control::failed((*pd).context) {
+        return null(libc::EIO);
+    }
     // A device without SRQs (max_srq 0): libibverbs' default op answers
     // EOPNOTSUPP (rdma-core libibverbs/dummy_ops.c, create_srq).
     if !spec_of((*pd).context).srq {
@@ -259,6 +272,9 @@ pub fn local_qps() -> &'static Mutex<HashMap<u32, usize>> {
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
     let i = &mut *init;
     let cap = i.cap;
+    if super::control::failed((*pd).context) {
+        return null(libc::EIO);
+    }
     // ibv_create_qp(3): the requested caps must be within the device's
     // (ibv_query_device(3) max_qp_wr, max_sge; inline at most the provider's).
     if i.qp_type != IBV_QPT_RC || i.send_cq.is_null() || i.recv_cq.is_null() {
@@ -371,6 +387,9 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
     let fake = &*(qp as *const FakeQp);
     let a = *attr;
     let from = (*qp).state;
+    if super::control::failed((*qp).context) {
+        return ret(libc::EIO);
+    }
     let to = if mask & IBV_QP_STATE != 0 { a.qp_state } else { from };
     // ibv_modify_qp(3): the table of required attributes per transition; an
     // illegal transition or a missing attribute fails with EINVAL and, as

@@ -21,6 +21,7 @@ fn push(f: &mut Fabric, slot: u32, wc: ibv_wc) -> bool {
     if c.tail.wrapping_sub(c.head) >= c.cqe {
         if c.overrun == 0 {
             log("CQ overrun");
+            super::control::overran();
         }
         c.overrun = 1;
         return false;
@@ -162,6 +163,7 @@ pub unsafe fn execute(qp: &FakeQp, wr: &ibv_send_wr, inline: Option<&[u8]>) -> c
         Some(false) => return IBV_WC_REM_ACCESS_ERR,
         Some(true) => {}
     }
+    super::control::count_moved(spec_of(qp.raw.context).index, wr.rkey, len);
     if let Some(wr_id) = receive {
         let wc = ibv_wc {
             wr_id,
@@ -205,7 +207,7 @@ fn fault_now() -> bool {
     std::env::var_os("FAKE_IBVERBS_QP_ERROR_FILE").is_some_and(|p| std::path::Path::new(&p).exists())
 }
 
-unsafe fn to_error(qp: *mut ibv_qp) {
+pub(crate) unsafe fn to_error(qp: *mut ibv_qp) {
     let fake = &*(qp as *const FakeQp);
     (*qp).state = IBV_QPS_ERR;
     fake.attr.lock().unwrap().qp_state = IBV_QPS_ERR;
@@ -325,6 +327,12 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, ba
             bytes
         });
         let nth = fake.wrs.fetch_add(1, Ordering::Relaxed) + 1;
+        if super::control::failed((*qp).context) {
+            // control.rs: a failed device's doorbells ring nowhere; the WR
+            // is neither executed nor completed.
+            wr = w.next;
+            continue;
+        }
         check_port((*qp).context);
         if let Some(due) = super::delay::keep_now(qpn, state) {
             let fails = state == IBV_QPS_RTS && (fail_after().is_some_and(|n| nth >= n) || fault_now());
@@ -338,8 +346,18 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, ba
             wr = w.next;
             continue;
         }
+        let asked = if state == IBV_QPS_RTS { super::control::take_fault(w.remote_addr, len) } else { None };
+        if asked == Some(IBV_WC_WR_FLUSH_ERR) {
+            // control.rs: the QP entered ERR with this WR outstanding.
+            to_error(qp);
+            finish(qp, true, w.wr_id, w.opcode, len, IBV_WC_WR_FLUSH_ERR, seq, signalled);
+            wr = w.next;
+            continue;
+        }
         let status = if state == IBV_QPS_ERR {
             IBV_WC_WR_FLUSH_ERR
+        } else if let Some(status) = asked {
+            status
         } else if fail_after().is_some_and(|n| nth >= n) || fault_now() {
             IBV_WC_RETRY_EXC_ERR
         } else {
