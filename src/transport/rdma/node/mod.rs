@@ -416,8 +416,24 @@ impl RdmaNode {
     }
 
     /// An INIT QP from NIC `nic`'s spares of that kind, or a new one: on the
-    /// NIC's passive CQ (`passive`, accepted QPs) or on a CQ of its own.
+    /// NIC's passive CQ (`passive`, accepted QPs) or on a CQ of its own. A
+    /// NIC that reported a fault says so beside the verb that failed (after
+    /// IBV_EVENT_DEVICE_FATAL the verbs fail with a bare EIO).
     fn take(&self, nic: usize, passive: bool, depth: u32) -> Result<Spare> {
+        self.take_unexplained(nic, passive, depth).map_err(|error| match (error, self.nic(nic)) {
+            (Error::Device { device, reason }, Ok(n)) => {
+                let fault = n.fault.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let reason = match fault {
+                    Some(why) => format!("{reason}; earlier, {why}"),
+                    None => reason,
+                };
+                Error::Device { device, reason }
+            }
+            (error, _) => error,
+        })
+    }
+
+    fn take_unexplained(&self, nic: usize, passive: bool, depth: u32) -> Result<Spare> {
         let n = self.nic(nic)?;
         let spare = loop {
             let spare = {
