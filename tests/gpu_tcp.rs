@@ -557,6 +557,10 @@ fn two_gpu_child() {
 }
 
 fn a_chunk_into_two_gpus(gpu: &Driver) {
+    if gpu.gpu().devices().unwrap().len() < 2 {
+        eprintln!("gpu-skip: a_chunk_into_two_gpus_is_done_only_once_both_copies_are: one GPU here");
+        return;
+    }
     let target = gpu.engine("two-gpu-target");
     let first = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(0)).unwrap();
     let second = target.alloc_region(1 << 20, RegionInfo::raw().on_gpu(1)).unwrap();
