@@ -41,6 +41,10 @@ run env TEST_GPU_PROVIDER=cuda cargo test --lib gpu
 # and across processes (the table page crossing the GPU descriptor socket),
 # staged tcp, a scribbled table (the main run covers the simulated GPU).
 run env TEST_GPU_PROVIDER=cuda cargo test --test fence_gpu
+# GPU memory over staged tcp on the driver (the main run covers the
+# simulated one): counters, a refused copy call and a slow copy engine
+# through the fake's controls, in a child process per test.
+run env TEST_GPU_PROVIDER=cuda cargo test --test gpu_tcp
 
 # The whole GPU check on the fake: exits 0 with the batched method taken.
 run bash benches/gpu_check.sh --fake

@@ -1,5 +1,6 @@
 """A second process for the GPU suites: a kvring engine on the simulated GPU
-holding one device buffer, answering commands on stdin, one per line, with
+(or the CUDA driver with TEST_GPU_PROVIDER=cuda, conftest's GPU) holding one
+device buffer, answering commands on stdin, one per line, with
 one JSON line each.
 
     python gpu_peer.py [--device N] [--size N] [--via dlpack|cai|address] [--lmdeploy | --nixl]
@@ -17,7 +18,7 @@ import json
 import os
 
 import kvring
-from conftest import CudaArray, DLPackTensor, TorchLike, pattern
+from conftest import GPU, CudaArray, DLPackTensor, TorchLike, device_buffer, pattern
 from kvring.lmdeploy import KvringMigrationBackend
 from peer_commands import answer_commands
 
@@ -35,12 +36,12 @@ def main():
     if args.nixl:
         from kvring.nixl import nixl_agent
 
-        os.environ["KVRING_GPU"] = "sim"
+        os.environ["KVRING_GPU"] = GPU
         agent = nixl_agent("gpu-peer")
         engine = agent._engine
     else:
-        engine = kvring.Engine(gpu="sim")
-    buffer = engine.sim_device_buffer(args.size, args.device)
+        engine = kvring.Engine(gpu=GPU)
+    buffer = device_buffer(engine, args.size, args.device)
     if agent is not None:
         descs = agent.register_memory([TorchLike(buffer, args.device)])
         info = {

@@ -2,17 +2,25 @@
 its memory; copies land only when their events say so): device arrays
 registered through ``__cuda_array_interface__``, DLPack and bare addresses,
 moved between two processes over cuda_ipc and verified; the Mooncake layer
-and the LMDeploy backend with GPU addresses; bad objects refused clearly."""
+and the LMDeploy backend with GPU addresses; bad objects refused clearly.
+
+With ``TEST_GPU_PROVIDER=cuda`` (``.ci/stage-fakecuda.sh``, over the fake
+libcuda) the same tests run on the CUDA provider, the device memory
+allocated through the driver as a PyTorch application holds it (conftest's
+``device_buffer``), in this process and in the peers'."""
 
 import ctypes
 import json
 import logging
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import kvring
-from conftest import CudaArray, DLPackTensor, digest, pattern
+from conftest import GPU, CudaArray, DLPackTensor, device_buffer, digest, pattern
 from kvring.lmdeploy import KvringMigrationBackend
 from kvring.mooncake import TransferEngine
 
@@ -22,8 +30,8 @@ SIZE = 1 << 20
 def test_a_device_array_moves_between_two_processes_over_cuda_ipc(spawn):
     peer = spawn("gpu_peer.py", "--device", "1", "--via", "dlpack")
     assert peer.info["memory"] == "gpu:1", "a DLPack tensor registers as its device's memory"
-    engine = kvring.Engine(gpu="sim")
-    source = engine.sim_device_buffer(SIZE, device=0)
+    engine = kvring.Engine(gpu=GPU)
+    source = device_buffer(engine, SIZE, device=0)
     source.write(0, pattern(SIZE, 5).tobytes())
     mine = engine.register(CudaArray(source))
     assert engine.region_memory(mine) == "gpu:0", "the provider says which GPU an interface's pointer is on"
@@ -37,20 +45,20 @@ def test_a_device_array_moves_between_two_processes_over_cuda_ipc(spawn):
 
     # Pull by addresses (Mooncake's convention) into a DLPack tensor on GPU 1.
     assert peer.ask("fill 9") == "ok"
-    back = engine.sim_device_buffer(SIZE, device=1)
+    back = device_buffer(engine, SIZE, device=1)
     assert engine.region_memory(engine.register(DLPackTensor(back))) == "gpu:1"
     assert engine.transfer_addrs(name, "read", [back.ptr + 4096], [peer.info["buffer"]], [65536]) == 65536
     assert back.read(4096, 65536) == pattern(SIZE, 9)[:65536].tobytes()
 
     # A bare device address registers as that GPU's memory, as Mooncake's does.
-    third = engine.sim_device_buffer(4096, device=0)
+    third = device_buffer(engine, 4096, device=0)
     assert engine.region_memory(engine.register(third.ptr, 4096)) == "gpu:0"
     engine.close()
 
 
 def test_non_contiguous_and_malformed_gpu_objects_are_refused_clearly():
-    engine = kvring.Engine(gpu="sim")
-    buffer = engine.sim_device_buffer(1 << 16)
+    engine = kvring.Engine(gpu=GPU)
+    buffer = device_buffer(engine, 1 << 16)
     # Column-major 64 x 64 bytes: every byte is there, but not in row order.
     strided = buffer.view([64, 64], [1, 64])
     for wrapped in (CudaArray(strided), DLPackTensor(strided)):
@@ -111,11 +119,11 @@ def test_non_contiguous_and_malformed_gpu_objects_are_refused_clearly():
 
 
 def test_mooncake_classifies_a_gpu_address_as_device_memory_and_moves_it(spawn, monkeypatch, caplog):
-    monkeypatch.setenv("KVRING_GPU", "sim")  # this engine's and the peer's provider
+    monkeypatch.setenv("KVRING_GPU", GPU)  # this engine's and the peer's provider
     peer = spawn("gpu_peer.py", "--device", "0", "--via", "address")
     engine = TransferEngine()
     assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "nvlink", "") == 0
-    tensor = engine._engine.sim_device_buffer(SIZE, 1)  # what tensor.data_ptr() would name
+    tensor = device_buffer(engine._engine, SIZE, 1)  # what tensor.data_ptr() would name
     tensor.write(0, pattern(SIZE, 3).tobytes())
     assert engine.register_memory(tensor.ptr, SIZE) == 0
     assert engine._engine.region_memory(engine._registered[tensor.ptr]) == "gpu:1"
@@ -128,7 +136,7 @@ def test_mooncake_classifies_a_gpu_address_as_device_memory_and_moves_it(spawn, 
     # Mooncake's locations: "cuda:N" is checked; "cpu:0" for GPU memory is
     # refused with the reason logged, never registered as host memory.
     caplog.set_level(logging.ERROR, logger="kvring.mooncake")
-    other = engine._engine.sim_device_buffer(4096, 0)
+    other = device_buffer(engine._engine, 4096, 0)
     assert engine.register_memory(other.ptr, 4096, "cpu:0") < 0
     assert "is memory of GPU 0, registered as host memory" in caplog.text
     assert engine.register_memory(other.ptr, 4096, "cuda:1") < 0
@@ -138,8 +146,8 @@ def test_mooncake_classifies_a_gpu_address_as_device_memory_and_moves_it(spawn, 
 
 def test_the_lmdeploy_backend_migrates_gpu_caches_over_nvlink(spawn):
     prefill = spawn("gpu_peer.py", "--device", "1", "--lmdeploy")
-    backend = KvringMigrationBackend(protocol="nvlink", engine=kvring.Engine(gpu="sim"))
-    cache = backend.engine.sim_device_buffer(SIZE, 0)
+    backend = KvringMigrationBackend(protocol="nvlink", engine=kvring.Engine(gpu=GPU))
+    cache = device_buffer(backend.engine, SIZE, 0)
     backend.register_memory_region({"mr_key": 0, "addr": cache.ptr, "offset": 0, "length": SIZE})
     region = backend.engine.locate(cache.ptr, SIZE)[0]
     assert backend.engine.region_memory(region) == "gpu:0", "a GPU cache registers as device memory"
@@ -164,11 +172,11 @@ def test_the_lmdeploy_backend_migrates_gpu_caches_over_nvlink(spawn):
 
 
 def test_mooncakes_on_cuda_transfers_wait_for_the_stream_and_move_device_memory(spawn, monkeypatch, caplog):
-    monkeypatch.setenv("KVRING_GPU", "sim")
+    monkeypatch.setenv("KVRING_GPU", GPU)
     peer = spawn("gpu_peer.py", "--device", "0", "--via", "address")
     engine = TransferEngine()
     assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "nvlink", "") == 0
-    tensor = engine.get_engine().sim_device_buffer(SIZE, 1)
+    tensor = device_buffer(engine.get_engine(), SIZE, 1)
     tensor.write(0, pattern(SIZE, 4).tobytes())
     assert engine.register_memory(tensor.ptr, SIZE) == 0
     session, theirs = peer.info["addr"], peer.info["buffer"]
@@ -181,7 +189,10 @@ def test_mooncakes_on_cuda_transfers_wait_for_the_stream_and_move_device_memory(
     assert engine.transfer_read_on_cuda(session, tensor.ptr, theirs + 65536, 4096, 0) is None
     # Mooncake raises here (its host callback cannot return a code): so does kvring.
     caplog.set_level(logging.ERROR, logger="kvring.mooncake")
-    with pytest.raises(RuntimeError, match="not a stream of this process"):
+    # The simulator knows its streams; the driver finds a stream's context
+    # (cuStreamGetCtx), and the fake refuses a handle it never made.
+    not_a_stream = "not a stream of this process" if GPU == "sim" else "caller stream's context: CUDA_ERROR_INVALID_HANDLE"
+    with pytest.raises(RuntimeError, match=not_a_stream):
         engine.transfer_write_on_cuda(session, tensor.ptr, theirs, 4096, stream_ptr=0xDEAD)
     with pytest.raises(RuntimeError, match="127.0.0.1:1"):
         engine.transfer_write_on_cuda("127.0.0.1:1", tensor.ptr, theirs, 4096)
@@ -195,10 +206,10 @@ def test_a_nixl_agent_moves_vram_tensors_between_two_processes(spawn, monkeypatc
     from conftest import TorchLike
     from kvring.nixl import nixl_agent
 
-    monkeypatch.setenv("KVRING_GPU", "sim")
+    monkeypatch.setenv("KVRING_GPU", GPU)
     peer = spawn("gpu_peer.py", "--device", "1", "--nixl")
     agent = nixl_agent("decode")
-    memory = agent._engine.sim_device_buffer(SIZE, 0)
+    memory = device_buffer(agent._engine, SIZE, 0)
     memory.write(0, pattern(SIZE, 6).tobytes())
     tensor = TorchLike(memory, 0)
     reg = agent.register_memory([tensor])  # a CUDA tensor: VRAM, GPU 0
@@ -227,11 +238,33 @@ def test_a_nixl_agent_moves_vram_tensors_between_two_processes(spawn, monkeypatc
 
 
 def test_wait_gpu_stream_waits_on_a_callers_stream_and_refuses_without_a_gpu():
-    engine = kvring.Engine(gpu="sim")
-    engine.register(CudaArray(engine.sim_device_buffer(4096, device=0)))
+    engine = kvring.Engine(gpu=GPU)
+    engine.register(CudaArray(device_buffer(engine, 4096, device=0)))
     engine.wait_gpu_stream(0, 0, timeout=5.0)  # the device's default stream: nothing queued
     engine.close()
-    plain = kvring.Engine(gpu=None)
-    with pytest.raises(kvring.errors.InvalidArgumentError, match="no GPU provider"):
-        plain.wait_gpu_stream(0, 0, timeout=1.0)
-    plain.close()
+    if GPU == "sim":
+        plain = kvring.Engine(gpu=None)
+        with pytest.raises(kvring.errors.InvalidArgumentError, match="no GPU provider"):
+            plain.wait_gpu_stream(0, 0, timeout=1.0)
+        plain.close()
+        return
+    # The driver is loaded here: a process that sees no GPU has no provider.
+    refused = subprocess.run(
+        [sys.executable, "-c", NO_GPU_WAIT],
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 0 and "no GPU provider" in refused.stdout, refused.stdout + refused.stderr
+
+
+NO_GPU_WAIT = """
+import kvring
+plain = kvring.Engine(gpu=None)
+try:
+    plain.wait_gpu_stream(0, 0, timeout=1.0)
+except kvring.errors.InvalidArgumentError as error:
+    print(error)
+plain.close()
+"""
