@@ -467,7 +467,12 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_in
             118 => d.config.gdr_ordering,                      // GPU_DIRECT_RDMA_WRITES_ORDERING
             75 => d.config.sm / 10,                            // COMPUTE_CAPABILITY_MAJOR
             76 => d.config.sm % 10,                            // COMPUTE_CAPABILITY_MINOR
-            _ => 0,
+            // [ref: 6.5 Device Management, cuDeviceGetAttribute: an
+            // attribute the driver does not know is CUDA_ERROR_INVALID_VALUE.]
+            // One the fake does not model answers the same rather than a
+            // made-up 0 a caller would act on: a new query of kvring's
+            // fails loudly here until the fake models its documented value.
+            _ => return Err(err::INVALID_VALUE),
         };
         // SAFETY: an out-pointer the caller passes under the Driver API's contract
         // (valid for this write or null); `put` refuses null.
