@@ -11,7 +11,7 @@
 //! broken: a `close_and_wait` that sets `closed` but does not wait fails
 //! the first model (loom's causality violation on the memory), and an
 //! `enter` comparing with `>` instead of `>=` (one sum past each bound)
-//! fails the second.
+//! fails both bounds models.
 #![cfg(loom)]
 
 use kvring_loom::sum_gate::{Gate, Refused};

@@ -11,8 +11,9 @@
 //! before the read fails both with loom's causality violation on the
 //! chunk's bytes; a `withdraw` that sets the flag only when `try_lock`
 //! finds the lock free (so it does not wait for a step in progress) fails
-//! the first the same way (in the second, loom never lets the lane reach
-//! its `try_lock` while a step holds the lock).
+//! the first the same way (not the second: there loom reaches no
+//! interleaving where the lane's `try_lock` finds a step holding the
+//! lock).
 #![cfg(loom)]
 
 use kvring_loom::verify_gate::{Gate, VERDICT_GRACE};

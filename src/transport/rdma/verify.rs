@@ -13,8 +13,9 @@
 //! A chunk waiting on its verdict can be withdrawn (deadline, cancel,
 //! abort, the link dropped): it ends failed at once and a late verdict is
 //! ignored. Its local bytes are read under a gate that the withdrawal
-//! takes, so once a withdrawal returns the worker reads them no more and
-//! the lane may give the leases back. See docs/CHECKSUMS.md.
+//! takes (`verify/gate.rs`, modelled under loom), so once a withdrawal
+//! returns the worker reads them no more and the lane may give the leases
+//! back. See docs/CHECKSUMS.md.
 
 mod gate;
 
