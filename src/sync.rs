@@ -1,19 +1,28 @@
-//! The synchronisation facade: std atomics normally, loom's under `cfg(loom)`.
+//! The synchronisation facade: std atomics and locks normally, loom's under
+//! `cfg(loom)`.
 //!
 //! Every lock-free structure in kvring (`ring::spsc`, `runtime::status`,
-//! `runtime::doorbell`) imports its atomics from here and nowhere else, so the
-//! loom models in `loom_tests/` can compile the very same source files against
-//! loom's checked primitives (the pattern tokio and crossbeam use).
+//! `runtime::doorbell`) imports its atomics from here and nowhere else, and so
+//! does every lock that decides when memory may still be read (the rdma
+//! verifier's gate, the engine's sum gate), so the loom models in
+//! `loom_tests/` can compile the very same source files against loom's checked
+//! primitives (the pattern tokio and crossbeam use).
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
+/// loom's locks return std's `LockResult`, so `PoisonError::into_inner`
+/// reads the same under both.
+#[cfg(loom)]
+pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 
 /// An `UnsafeCell` with loom's closure-based access API, so the ring's code
 /// reads the same under both configurations.

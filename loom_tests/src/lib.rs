@@ -49,3 +49,13 @@ pub mod fence;
 /// admission book claims an idle one for a newcomer.
 #[path = "../../src/net/idle_cell.rs"]
 pub mod idle_cell;
+
+/// The rdma verifier's gate: a chunk's memory summed in steps, and the
+/// lane's withdrawal after which no step reads it.
+#[path = "../../src/transport/rdma/verify/gate.rs"]
+pub mod verify_gate;
+
+/// The engine's sum gate: bounds on the sums run for peers, and the close
+/// (the engine's drop) that waits for those running.
+#[path = "../../src/engine/sums/gate.rs"]
+pub mod sum_gate;

@@ -15,83 +15,44 @@
 //! while for a request in progress, so the engine's drop closes the gate
 //! and waits for the sums in it to end (each at most 1 GiB), after which
 //! none reads the caller's memory (`review9_rdmasum::t7`).
+//!
+//! The gate itself, with its bounds as parameters and its refusals as a
+//! plain enum, is `gate.rs`, which loom models; this file gives it the
+//! control listener's bounds and kvring's errors.
+
+mod gate;
 
 use crate::control::server::{MAX_CONTROL_CONNECTIONS, MAX_CONTROL_CONNECTIONS_PER_SOURCE};
 use crate::error::{Error, Result};
-use std::collections::HashMap;
+use gate::{Gate, Refused, Running};
 use std::net::IpAddr;
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 /// Sums running at once, in all and from one source address.
-#[derive(Debug, Default)]
-pub(crate) struct SumGate {
-    state: Mutex<State>,
-    ended: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    closed: bool,
-    running: usize,
-    by_source: HashMap<Option<IpAddr>, usize>,
-}
-
-/// One sum in progress; it leaves the gate when dropped.
 #[derive(Debug)]
-pub(crate) struct Running<'a> {
-    gate: &'a SumGate,
-    source: Option<IpAddr>,
+pub(crate) struct SumGate(Gate);
+
+impl Default for SumGate {
+    fn default() -> Self {
+        Self(Gate::new(MAX_CONTROL_CONNECTIONS, MAX_CONTROL_CONNECTIONS_PER_SOURCE))
+    }
 }
 
 impl SumGate {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Lets a sum for `source` start, or says why not: `Busy` past the
     /// control listener's bounds, `Shutdown` once the engine stops.
     pub(crate) fn enter(&self, source: Option<IpAddr>) -> Result<Running<'_>> {
-        let mut state = self.lock();
-        if state.closed {
-            return Err(Error::Shutdown);
-        }
-        let from_source = state.by_source.get(&source).copied().unwrap_or(0);
-        if state.running >= MAX_CONTROL_CONNECTIONS {
-            return Err(Error::Busy { queue: "sums in progress", capacity: MAX_CONTROL_CONNECTIONS });
-        }
-        if from_source >= MAX_CONTROL_CONNECTIONS_PER_SOURCE {
-            return Err(Error::Busy {
-                queue: "sums in progress from one address",
-                capacity: MAX_CONTROL_CONNECTIONS_PER_SOURCE,
-            });
-        }
-        state.running += 1;
-        *state.by_source.entry(source).or_default() += 1;
-        Ok(Running { gate: self, source })
+        self.0.enter(source).map_err(|refused| match refused {
+            Refused::Closed => Error::Shutdown,
+            Refused::Total => Error::Busy { queue: "sums in progress", capacity: MAX_CONTROL_CONNECTIONS },
+            Refused::Source => {
+                Error::Busy { queue: "sums in progress from one address", capacity: MAX_CONTROL_CONNECTIONS_PER_SOURCE }
+            }
+        })
     }
 
     /// Lets no sum start from now on, and waits for those running to end.
     pub(crate) fn close_and_wait(&self) {
-        let mut state = self.lock();
-        state.closed = true;
-        while state.running > 0 {
-            state = self.ended.wait(state).unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-}
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        let mut state = self.gate.lock();
-        state.running -= 1;
-        if let Some(count) = state.by_source.get_mut(&self.source) {
-            *count -= 1;
-            if *count == 0 {
-                state.by_source.remove(&self.source);
-            }
-        }
-        drop(state);
-        self.gate.ended.notify_all();
+        self.0.close_and_wait();
     }
 }
 
@@ -114,7 +75,7 @@ mod tests {
         let running = gate.enter(one).unwrap();
         std::thread::scope(|scope| {
             let closer = scope.spawn(|| gate.close_and_wait());
-            while !gate.lock().closed {
+            while !gate.0.is_closed() {
                 std::thread::yield_now();
             }
             assert!(matches!(gate.enter(None), Err(Error::Shutdown)), "none starts once closed");

@@ -13,13 +13,17 @@
 //! A chunk waiting on its verdict can be withdrawn (deadline, cancel,
 //! abort, the link dropped): it ends failed at once and a late verdict is
 //! ignored. Its local bytes are read under a gate that the withdrawal
-//! takes, so once a withdrawal returns the worker reads them no more and
-//! the lane may give the leases back. See docs/CHECKSUMS.md.
+//! takes (`verify/gate.rs`, modelled under loom), so once a withdrawal
+//! returns the worker reads them no more and the lane may give the leases
+//! back. See docs/CHECKSUMS.md.
+
+mod gate;
 
 use crate::error::{Error, Result};
 use crate::ring::Opcode;
 use crate::transport::checksum::{corrupt, Crc32c};
 use crate::transport::ChunkEnd;
+use gate::{Gate, VERDICT_GRACE};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
@@ -83,38 +87,6 @@ pub(crate) struct JobBlock {
     pub landing: u64,
 }
 
-/// Keeps the worker off a chunk's local bytes once the lane withdrew it:
-/// the worker sums each piece holding the lock, the lane sets the flag
-/// holding it.
-#[derive(Debug, Default)]
-struct Gate {
-    withdrawn: Mutex<bool>,
-    /// Set by the thread working on the job, before each step it bounds
-    /// (the local sums, each question): past this the lane stops waiting
-    /// for its verdict. Unset while the job waits in the queue, which its
-    /// batch's deadline (or a cancel) bounds, not the question's.
-    give_up: Mutex<Option<Instant>>,
-}
-
-impl Gate {
-    /// Waits for a sum in progress to end; none starts afterwards.
-    fn withdraw(&self) {
-        *self.withdrawn.lock().unwrap_or_else(PoisonError::into_inner) = true;
-    }
-
-    /// The step now starting ends by `deadline`: the lane waits for the
-    /// verdict until that and a grace.
-    fn step_until(&self, deadline: Instant) {
-        let until = deadline.checked_add(VERDICT_GRACE).unwrap_or(deadline);
-        *self.give_up.lock().unwrap_or_else(PoisonError::into_inner) = Some(until);
-    }
-
-    /// True once the step in progress ran past its deadline and grace.
-    fn given_up(&self, now: Instant) -> bool {
-        self.give_up.lock().unwrap_or_else(PoisonError::into_inner).is_some_and(|until| now >= until)
-    }
-}
-
 struct Job {
     chunk: u64,
     op: Opcode,
@@ -140,9 +112,6 @@ struct Waiting {
     bytes: u64,
     gate: Arc<Gate>,
 }
-
-/// Lets a verdict that is on its way arrive before the lane gives up.
-const VERDICT_GRACE: Duration = Duration::from_secs(1);
 
 /// A verdict: the chunk, and `Ok` or why it failed.
 type Verdict = (u64, Result<()>);
@@ -380,20 +349,20 @@ fn verify(peer: &str, job: &Job, ask: &mut AskCrcs) -> Result<()> {
         let len = piece.range.2 as usize;
         let mut done = 0;
         loop {
-            // Held for one step: a withdrawal, on the lane, waits at most
-            // one step's sum (a piece may be 1 GiB).
-            let withdrawn = job.gate.withdrawn.lock().unwrap_or_else(PoisonError::into_inner);
-            if *withdrawn {
+            // One step under the gate: a withdrawal, on the lane, waits at
+            // most one step's sum (a piece may be 1 GiB).
+            let n = (len - done).min(GATED_STEP_BYTES);
+            let at = (piece.local + done) as *const u8;
+            // The chunk holds its leases until it ends, which it cannot
+            // (withdrawn) while the step holds the gate; a WRITE's source is
+            // not written meanwhile (the caller's contract), a READ's
+            // destination was placed before its completion and only its
+            // chunk touches it.
+            // SAFETY: inside the leased piece, which stays put (above).
+            let read = || unsafe { sum.update_raw(at, n) };
+            if job.gate.step(read).is_none() {
                 return Ok(());
             }
-            let n = (len - done).min(GATED_STEP_BYTES);
-            // The chunk holds its leases until it ends, which it cannot
-            // (withdrawn) while we hold the gate; a WRITE's source is not
-            // written meanwhile (the caller's contract), a READ's destination
-            // was placed before its completion and only its chunk touches it.
-            // SAFETY: inside the leased piece, which stays put (above).
-            unsafe { sum.update_raw((piece.local + done) as *const u8, n) };
-            drop(withdrawn);
             done += n;
             if done >= len {
                 break;
