@@ -221,7 +221,9 @@ fn stalled_writer(cut_off: bool) {
                         }
                     });
                 }
-                std::mem::forget(held);
+                // Detached: its count goes only when released, which this
+                // stalled lane never does.
+                let _stalled = held;
             })
         };
         // The initiator's patience is short; either way no acknowledgement
