@@ -105,7 +105,7 @@ fn kvring_batched(items: u64) -> Duration {
             let mut got = 0;
             while got < n {
                 let chunk = rx.read_chunk(CHUNK);
-                if chunk.is_empty() {
+                if chunk.len() == 0 {
                     std::hint::spin_loop();
                 }
                 for v in chunk {

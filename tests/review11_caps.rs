@@ -140,7 +140,7 @@ fn a_challenged_connection_is_closed_at_the_admission_deadline() {
     assert!(closed(&mut s), "an unproven connection outlived the admission deadline");
 }
 
-// HOLE (low): review 10's fix made the frame cap follow the handshake's
+// Found by review 11 (low), fixed since: review 10's fix made the frame cap follow the handshake's
 // proof, but the wait for the next message still follows `auth.admitted`
 // (`serve_connection`: `limit = if auth.admitted { last_served +
 // DEFAULT_CONTROL_IDLE } else { admission_deadline }`), and a `Probe`
@@ -151,7 +151,6 @@ fn a_challenged_connection_is_closed_at_the_admission_deadline() {
 // engine take the limit by `auth.identity.is_some()`, as the cap now is
 // (or let a `Probe` admit only on an engine without a token).
 #[test]
-#[ignore = "HOLE: a probe still gives a tokened engine's unproven connection the admitted idle limit (30 s, renewed by probing)"]
 fn a_probe_does_not_keep_an_unproven_connection_past_the_admission_deadline() {
     let engine = tokened("r11-caps-probe-idle");
     let mut s = opened(&engine);

@@ -123,7 +123,7 @@ fn late_answerer(target: &kvring::Engine) -> (String, mpsc::Sender<(Instant, Dur
     (addr, tell)
 }
 
-// HOLE (low): a check that gives up (its deadline passed before the taker
+// Found by review 11 (low), fixed since: a check that gives up (its deadline passed before the taker
 // answered) leaves its pidfd copy open "since it may still read it (one
 // per queued job at most)": but no one closes it afterwards either. The
 // taker, once it gets to the job (not stuck, only later than the
@@ -141,7 +141,6 @@ fn late_answerer(target: &kvring::Engine) -> (String, mpsc::Sender<(Instant, Dur
 const ROUNDS: u64 = 150;
 
 #[test]
-#[ignore = "HOLE: an owner check that runs out of time leaks its pidfd copy for the process's life, stuck taker or not"]
 fn an_owner_check_cut_short_by_its_deadline_leaks_no_descriptor() {
     let _one = COUNTING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let target = common::engine("r11-taker-late");

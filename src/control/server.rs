@@ -280,7 +280,13 @@ pub(crate) fn handle(
     match body {
         request::Body::Handshake(request) => handshake(handler, &request, auth),
         request::Body::Probe(_) => {
-            auth.admitted = true;
+            // A probe proves nothing: on a tokened engine only the
+            // handshake admits (a probing peer's connection stays pending,
+            // closed at the admission deadline; kvring probes on a fresh
+            // connection each time).
+            if !tokened {
+                auth.admitted = true;
+            }
             Ok(response::Body::Probe(crate::proto::ProbeResponse {
                 name: handler.name().to_string(),
                 epoch: handler.epoch(),

@@ -165,25 +165,35 @@ impl ControlHandler for ControlContext {
         let node =
             self.rdma.as_ref().ok_or_else(|| Error::Unsupported { what: "rdma: this engine serves none".into() })?;
         let endpoints: Vec<_> = request.endpoints.iter().map(QpEndpoint::from_proto).collect::<Result<_>>()?;
+        // The request's own shape first: nothing is dialled for a connect
+        // refused anyway (hostile review 11).
+        node.check_connect_shape(request.nics as usize, endpoints.len())?;
+        let push_key = match (request.checks_fences, request.push_key.len()) {
+            (false, _) => None,
+            (true, PUSH_KEY_BYTES) => Some(request.push_key.clone()),
+            (true, n) => return Err(Error::malformed("rdma connect", format!("a push key of {n} bytes"))),
+        };
         // A writer whose fences could not reach it is refused now, not at
         // each fence (`fence_pushers`): dialled outside the fencers' mutex,
-        // so a fence in progress never waits on it.
+        // so a fence in progress never waits on it; one cut off lately for
+        // a fence it did not answer is refused for a while.
         let pusher = match request.checks_fences {
-            true => Some(self.fence_pushers.reach(&self.me(), initiator, self.fence_reach_deadline())?),
+            true => {
+                self.fence_pushers.check_not_cut_off(initiator)?;
+                Some(self.fence_pushers.reach(&self.me(), initiator, self.fence_reach_deadline())?)
+            }
             false => None,
         };
         // No fence runs between listing the initiator as a writer and the
         // snapshot: a fence before is in the snapshot, one after is pushed
         // to it (docs/ARCHITECTURE.md, "Fenced destinations over rdma").
         let _fencing = super::fence::fencing_until(std::time::Instant::now() + self.connect_wait)?;
-        let push_key = match (request.checks_fences, request.push_key.len()) {
-            (false, _) => None,
-            (true, PUSH_KEY_BYTES) => Some(request.push_key.clone()),
-            (true, n) => return Err(Error::malformed("rdma connect", format!("a push key of {n} bytes"))),
-        };
         let ours = node.accept(initiator, request.nics as usize, &endpoints, push_key)?;
         if let Some(pusher) = pusher {
-            self.fence_pushers.keep(initiator, pusher);
+            // Kept beside the writers still listed only (one the reaper
+            // released or `accept` evicted goes with its connection).
+            let writers = node.writers();
+            self.fence_pushers.keep(initiator, pusher, writers.iter().map(|(w, _)| w));
         }
         let fences = self
             .registry

@@ -73,7 +73,7 @@ pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], dea
         .zip(answers)
         .map(|((writer, _), (answer, client))| {
             if let Some(client) = client {
-                pushers.keep(writer, client);
+                pushers.keep(writer, client, writers.iter().map(|(w, _)| w));
             }
             answer
         })
@@ -84,6 +84,7 @@ pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], dea
             // writes is placed after; it reconnects, with a new snapshot.
             tracing::warn!(initiator = %writer.name, %error, "an rdma writer did not confirm a fence: its QPs are cut off");
             node.release_initiator(writer);
+            pushers.cut_off(writer);
         }
     }
 }

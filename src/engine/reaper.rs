@@ -49,9 +49,10 @@ pub(crate) fn start(engine: Weak<EngineInner>, every: Duration) -> Result<()> {
         .spawn(move || {
             let mut misses: HashMap<(String, u64), u32> = HashMap::new();
             let mut next = crate::deadline::deadline_after(every);
+            let weak = engine;
             loop {
                 std::thread::sleep(Duration::from_millis(20).min(every));
-                let Some(engine) = engine.upgrade() else { return };
+                let Some(engine) = weak.upgrade() else { return };
                 if engine.is_stopped() {
                     return;
                 }
@@ -89,6 +90,11 @@ pub(crate) fn start(engine: Weak<EngineInner>, every: Duration) -> Result<()> {
                             "released the RDMA QPs of an initiator that went away"
                         );
                     }
+                }
+                // The fence connections of writers released go with them.
+                if let Some(engine) = weak.upgrade() {
+                    let writers = node.writers();
+                    engine.context.fence_pushers.prune(writers.iter().map(|(w, _)| w));
                 }
             }
         })

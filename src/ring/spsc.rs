@@ -396,11 +396,6 @@ impl<T> ReadChunk<'_, T> {
     pub fn len(&self) -> usize {
         self.limit - self.read
     }
-
-    /// Whether every entry was yielded.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 impl<T> Iterator for ReadChunk<'_, T> {

@@ -26,6 +26,7 @@
 
 use super::owner::{is_the_socket, Far, Taken};
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -45,6 +46,9 @@ const STUCK_AFTER: Duration = Duration::from_secs(1);
 /// Stuck takers replaced in a process's life, at most.
 const MAX_REPLACED: usize = 8;
 
+/// Longest a check waits for the taker's answer (within its deadline).
+const TAKER_WAIT: Duration = Duration::from_secs(2);
+
 struct Job {
     /// A copy of the caller's pidfd, by its number in the process's table
     /// (the caller closes it once answered; the taker never does, since
@@ -53,6 +57,40 @@ struct Job {
     fd: u32,
     far: Far,
     answer: SyncSender<Taken>,
+    /// Set once the taker no longer reads `process` (its own copy made, or
+    /// none to make): the number may then be closed in the process's table.
+    released: Arc<AtomicBool>,
+}
+
+/// Copies of pidfds whose checks gave up before the taker was done with
+/// them, each with its job's `released`: closed by a later check once set
+/// (a thread of the process's table; the taker cannot close them from its
+/// own). At most one per job queued.
+static ORPHANS: Mutex<Vec<(RawFd, Arc<AtomicBool>)>> = Mutex::new(Vec::new());
+
+/// Closes the orphaned copies the taker is done with.
+fn close_released_orphans() {
+    let mut orphans = ORPHANS.lock().unwrap_or_else(PoisonError::into_inner);
+    orphans.retain(|(raw, released)| {
+        if !released.load(Ordering::Acquire) {
+            return true;
+        }
+        // SAFETY: a copy this process made for a job, handed to no one
+        // else and closed only here, once: the taker released it.
+        drop(unsafe { OwnedFd::from_raw_fd(*raw) });
+        false
+    });
+}
+
+/// Gives up on a queued job's copy: closed now if the taker is done with
+/// it, else orphaned until it is.
+fn give_up_copy(raw: RawFd, released: Arc<AtomicBool>) {
+    if released.load(Ordering::Acquire) {
+        // SAFETY: the taker released it; this check made it and closes it once.
+        drop(unsafe { OwnedFd::from_raw_fd(raw) });
+    } else {
+        ORPHANS.lock().unwrap_or_else(PoisonError::into_inner).push((raw, released));
+    }
 }
 
 /// The takers of this process: the one serving now, and how many were
@@ -144,18 +182,29 @@ pub(super) fn take(process: &OwnedFd, fd: u32, far: &Far, deadline: Instant) -> 
 }
 
 fn take_with(takers: &Takers, process: &OwnedFd, fd: u32, far: &Far, deadline: Instant) -> Taken {
+    close_released_orphans();
+    // A check already out of time queues nothing (its copy would be
+    // orphaned at once).
+    if Instant::now() >= deadline {
+        return Taken::Other;
+    }
     let Some(taker) = takers.get() else { return is_the_socket(process, fd, far) };
+    // The taker is waited for a slice of the deadline only: one stuck for
+    // good (past the replacements) costs each check that slice, and the
+    // check goes on, unproven by it, within its deadline.
+    let wait_until = deadline.min(Instant::now() + TAKER_WAIT);
     let queue = &taker.queue;
     let Ok(copy) = process.try_clone() else { return Taken::Other };
     let raw = copy.into_raw_fd();
     let (answer, answered) = sync_channel(1);
-    let mut job = Job { process: raw, fd, far: *far, answer };
+    let released = Arc::new(AtomicBool::new(false));
+    let mut job = Job { process: raw, fd, far: *far, answer, released: released.clone() };
     // Concurrent handshakes (an `open_many` of a TP group) queue more jobs
-    // than the queue holds: a full queue is waited on, to the deadline.
+    // than the queue holds: a full queue is waited on, to the wait's end.
     loop {
         match queue.try_send(job) {
             Ok(()) => break,
-            Err(TrySendError::Full(back)) if Instant::now() < deadline => {
+            Err(TrySendError::Full(back)) if Instant::now() < wait_until => {
                 job = back;
                 std::thread::sleep(QUEUE_FULL_RETRY);
             }
@@ -167,7 +216,7 @@ fn take_with(takers: &Takers, process: &OwnedFd, fd: u32, far: &Far, deadline: I
             }
         }
     }
-    match answered.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+    match answered.recv_timeout(wait_until.saturating_duration_since(Instant::now())) {
         Ok(Taken::Unavailable) => {
             // SAFETY: the taker answered, so it is done with the copy.
             drop(unsafe { OwnedFd::from_raw_fd(raw) });
@@ -178,9 +227,10 @@ fn take_with(takers: &Takers, process: &OwnedFd, fd: u32, far: &Far, deadline: I
             drop(unsafe { OwnedFd::from_raw_fd(raw) });
             taken
         }
-        // The taker is stuck (a close that blocks): the copy is left open,
-        // since it may still read it (one per queued job at most).
+        // Late, or stuck (a close that blocks): the copy is closed once the
+        // taker no longer reads it (`ORPHANS`).
         Err(_) => {
+            give_up_copy(raw, released);
             takers.gave_up_on(&taker);
             Taken::Other
         }
@@ -198,6 +248,7 @@ fn serve(jobs: &Receiver<Job>, busy: &Mutex<Option<Instant>>, hold: Option<Recei
             "the owner check cannot take descriptors in a table of its own: it takes them in the engine's"
         );
         while let Ok(job) = jobs.recv() {
+            job.released.store(true, Ordering::Release);
             let _ = job.answer.send(Taken::Unavailable);
         }
         return;
@@ -211,7 +262,10 @@ fn serve(jobs: &Receiver<Job>, busy: &Mutex<Option<Instant>>, hold: Option<Recei
         if let Some(hold) = hold.as_ref() {
             let _ = hold.recv();
         }
-        let taken = match me.as_ref().and_then(|me| take_fd(me, job.process)) {
+        let process = me.as_ref().and_then(|me| take_fd(me, job.process));
+        // Its own copy made (or none to make): the caller's may be closed.
+        job.released.store(true, Ordering::Release);
+        let taken = match process {
             Some(process) => is_the_socket(&process, job.fd, &job.far),
             None => Taken::Refused,
         };

@@ -46,6 +46,25 @@ impl RdmaNode {
     /// `push_key`: its lanes check writes against mirrors of this
     /// engine's fence tables, and take the fences pushed with this key
     /// (`None`: every fence cuts it off).
+    /// Whether an rdma connect of `endpoints` QPs over `nics` NICs could be
+    /// accepted by its shape: checked before anything is done for it (the
+    /// writer's address dialled back, `accept`). A connect of no QP is
+    /// refused: it would list a writer that writes nothing, and cost a
+    /// kept connection (hostile review 11).
+    pub fn check_connect_shape(&self, nics: usize, endpoints: usize) -> Result<()> {
+        if nics == 0 || nics > self.nics.len() || endpoints == 0 || endpoints > MAX_CONNECT_ENDPOINTS {
+            return Err(Error::invalid(
+                "rdma connect",
+                format!(
+                    "{endpoints} endpoints over {nics} nics (this engine has {} nics and takes 1 to \
+                     {MAX_CONNECT_ENDPOINTS})",
+                    self.nics.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     pub fn accept(
         &self,
         initiator: &Initiator,
@@ -53,16 +72,7 @@ impl RdmaNode {
         endpoints: &[QpEndpoint],
         push_key: Option<Vec<u8>>,
     ) -> Result<Vec<QpEndpoint>> {
-        if nics == 0 || nics > self.nics.len() || endpoints.len() > MAX_CONNECT_ENDPOINTS {
-            return Err(Error::invalid(
-                "rdma connect",
-                format!(
-                    "{} endpoints over {nics} nics (this engine has {} nics and takes at most {MAX_CONNECT_ENDPOINTS})",
-                    endpoints.len(),
-                    self.nics.len()
-                ),
-            ));
-        }
+        self.check_connect_shape(nics, endpoints.len())?;
         let released = self.with_accepted(|accepted| {
             let mut released = Vec::new();
             // Its own earlier QPs (it reconnects). Another identity's are
