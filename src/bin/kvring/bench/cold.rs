@@ -4,7 +4,8 @@
 //! - Cold first transfer: for each of `--cold-pairs` fresh (target,
 //!   initiator) pairs, the time from the initiator's `open_segment` (the
 //!   handshake, the transport's connect, the lanes' attach) to its first
-//!   4 KiB WRITE completed; p50 and p99, over tcp and shm.
+//!   4 KiB WRITE completed; p50 and p99, over tcp and shm, and rdma where
+//!   this host has a device.
 //! - Group open: each round, 8 fresh targets, opened by one fresh initiator
 //!   with one `open_many` call and by another fresh initiator with 8
 //!   `open_segment` calls in turn (which goes first alternates by round).
@@ -31,25 +32,35 @@ const FIRST_BLOCK: usize = 4096;
 const GROUP: usize = 8;
 /// Deadline of every open and transfer of the bench.
 const COLD_DEADLINE: Duration = Duration::from_secs(10);
-/// The transports measured, in the order of their rows.
-const TRANSPORTS: [TransportKind; 2] = [TransportKind::Tcp, TransportKind::Shm];
+/// The transports measured, in the order of their rows: tcp and shm, and
+/// rdma where this host has a device (a NIC, or the fake libibverbs).
+fn transports() -> Vec<TransportKind> {
+    let mut measured = vec![TransportKind::Tcp, TransportKind::Shm];
+    if kvring::host::rdma_devices().is_ok() {
+        measured.push(TransportKind::Rdma);
+    }
+    measured
+}
 
-/// A fresh engine on loopback, one unpinned lane (many live at once here).
-fn fresh(config: &kvring::config::Config, name: &str) -> Result<Engine, String> {
+/// A fresh engine on loopback, one unpinned lane (many live at once here),
+/// with rdma on when it is measured.
+fn fresh(config: &kvring::config::Config, name: &str, transport: TransportKind) -> Result<Engine, String> {
     let loopback = "127.0.0.1:0".parse().expect("a valid address");
-    config
-        .builder()
-        .name(name)
-        .lanes(1)
-        .pin(false)
-        .listen(loopback)
-        .build()
-        .map_err(|e| format!("starting {name}: {e}"))
+    let builder = config.builder().name(name).lanes(1).pin(false).listen(loopback);
+    let builder = match transport {
+        TransportKind::Rdma => config.rdma(builder, true),
+        _ => builder,
+    };
+    builder.build().map_err(|e| format!("starting {name}: {e}"))
 }
 
 /// A fresh target with one region of `FIRST_BLOCK` bytes.
-fn target(config: &kvring::config::Config, name: &str) -> Result<(Engine, kvring::Region), String> {
-    let engine = fresh(config, name)?;
+fn target(
+    config: &kvring::config::Config,
+    name: &str,
+    transport: TransportKind,
+) -> Result<(Engine, kvring::Region), String> {
+    let engine = fresh(config, name, transport)?;
     let region = engine.alloc_region(FIRST_BLOCK, RegionInfo::raw()).map_err(|e| e.to_string())?;
     Ok((engine, region))
 }
@@ -57,8 +68,8 @@ fn target(config: &kvring::config::Config, name: &str) -> Result<(Engine, kvring
 /// One fresh pair: the time from `open_segment` to the first 4 KiB WRITE
 /// done, checked on the target.
 fn first_transfer(config: &kvring::config::Config, transport: TransportKind, seed: u64) -> Result<Duration, String> {
-    let (target, remote) = target(config, "cold-target")?;
-    let initiator = fresh(config, "cold-initiator")?;
+    let (target, remote) = target(config, "cold-target", transport)?;
+    let initiator = fresh(config, "cold-initiator", transport)?;
     let local = initiator.alloc_region(FIRST_BLOCK, RegionInfo::raw()).map_err(|e| e.to_string())?;
     let expected: Vec<u8> = (0..FIRST_BLOCK).map(|i| (i as u64 ^ seed.wrapping_mul(0x9e37_79b9)) as u8).collect();
     // SAFETY: no batch or peer touches this fresh region yet.
@@ -118,12 +129,13 @@ fn group_round(
     transport: TransportKind,
     many_first: bool,
 ) -> Result<GroupRound, String> {
-    let targets: Vec<_> = (0..GROUP).map(|i| target(config, &format!("cold-rank-{i}"))).collect::<Result<_, _>>()?;
+    let targets: Vec<_> =
+        (0..GROUP).map(|i| target(config, &format!("cold-rank-{i}"), transport)).collect::<Result<_, _>>()?;
     let addrs: Vec<String> = targets.iter().map(|(t, _)| t.control_addr().to_string()).collect();
     let (mut many, mut singles) = (Duration::ZERO, Vec::with_capacity(GROUP));
     let (mut many_cpu, mut one_cpu) = (Duration::ZERO, Duration::ZERO);
     for many_now in [many_first, !many_first] {
-        let initiator = fresh(config, "cold-group")?;
+        let initiator = fresh(config, "cold-group", transport)?;
         if many_now {
             let (start, cpu) = (Instant::now(), process_cpu());
             let opened = initiator.open_many(&addrs, Some(transport), COLD_DEADLINE);
@@ -160,12 +172,15 @@ fn quantile_us(values: &[Duration], q: f64) -> f64 {
 /// `kvring bench --cold`.
 pub(super) fn cold(config: &kvring::config::Config, options: &Options) -> Result<(), String> {
     let pairs = options.cold_pairs.max(1);
-    let mut first = [Vec::new(), Vec::new()];
-    let mut groups: [Vec<GroupRound>; 2] = [Vec::new(), Vec::new()];
+    let measured = transports();
+    let mut first = vec![Vec::new(); measured.len()];
+    let mut groups: Vec<Vec<GroupRound>> = (0..measured.len()).map(|_| Vec::new()).collect();
     for round in 0..pairs {
-        for t in [round % 2, 1 - round % 2] {
-            first[t].push(first_transfer(config, TRANSPORTS[t], round as u64)?);
-            groups[t].push(group_round(config, TRANSPORTS[t], round % 2 == 0)?);
+        // Each round starts at another transport, so none always goes first.
+        for step in 0..measured.len() {
+            let t = (round + step) % measured.len();
+            first[t].push(first_transfer(config, measured[t], round as u64)?);
+            groups[t].push(group_round(config, measured[t], round % 2 == 0)?);
         }
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()).min(GROUP);
@@ -184,7 +199,7 @@ pub(super) fn cold(config: &kvring::config::Config, options: &Options) -> Result
             "cpu floor"
         );
     }
-    for (t, transport) in TRANSPORTS.iter().enumerate() {
+    for (t, transport) in measured.iter().enumerate() {
         let rounds = &groups[t];
         // Ratios per round (same targets, same moment), then their medians.
         let per_round = |f: &dyn Fn(&GroupRound) -> f64| {
