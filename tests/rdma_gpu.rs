@@ -652,25 +652,42 @@ fn no_batch_is_done_before_its_bytes_are_in_the_targets_gpu_memory() {
 
 #[test]
 fn the_nic_nearest_the_gpu_carries_its_blocks() {
+    let name = "the_nic_nearest_the_gpu_carries_its_blocks";
+    // On the real providers: GPU 0 on host NUMA node 1 by the fake
+    // libcuda's HOST_NUMA_ID, and the fake's first NIC on node 0, its
+    // second on node 1, by a sysfs tree of the NICs' own.
+    let sysfs = std::env::temp_dir().join(format!("kvring-rdma-gpu-numa-{}", std::process::id()));
+    if real() && std::env::var_os("RDMA_GPU_CHILD").is_none() {
+        let Provider::Real(_, nics) = Provider::with_nics(2) else { unreachable!("RDMA_TEST_PROVIDER=ibverbs") };
+        for (node, nic) in nics.iter().enumerate() {
+            std::fs::create_dir_all(sysfs.join(nic).join("device")).unwrap();
+            std::fs::write(sysfs.join(nic).join("device/numa_node"), format!("{node}\n")).unwrap();
+        }
+    }
+    let env = [("FAKECUDA_HOST_NUMA", "1".as_ref()), ("KVRING_RDMA_SYSFS_ROOT", sysfs.as_os_str())];
+    let child = in_child(name, &env);
+    let _ = std::fs::remove_dir_all(&sysfs);
+    if !child {
+        return;
+    }
     let fab = fabric(&[("mlx5_0", Some(0)), ("mlx5_1", Some(1))], SimGpu::new(1, Duration::ZERO).with_numa_node(1));
-    let skipped = "NICs and a GPU on set NUMA nodes, and bytes counted per NIC (the fake's have neither)";
-    let Some(sim) = fab.sim(skipped) else { return };
+    let referee = fab.verbs.referee().expect("the simulator, or the fake libibverbs' control symbols");
     let target = engine("decode-0", &fab);
     let remote = target.alloc_region(8 << 20, RegionInfo::raw()).unwrap();
     let initiator = engine("prefill-0", &fab);
     let on_gpu = initiator.alloc_region(4 << 20, GPU(0)).unwrap();
     let on_host = initiator.alloc_region(4 << 20, RegionInfo::raw()).unwrap();
-    assert_eq!(initiator.rdma_gpu_nics(0), (vec!["mlx5_1".to_string()], "same NUMA node"));
+    assert_eq!(initiator.rdma_gpu_nics(0), (vec![fab.nics[1].clone()], "same NUMA node"));
     let segment = open(&initiator, &target).unwrap();
     let mut sub = initiator.submitter().unwrap();
-    let moved = |nic| sim.bytes_moved(nic);
-    let before = (moved("mlx5_0"), moved("mlx5_1"));
+    let moved = |nic| referee.bytes_moved(nic, remote.as_ptr() as u64);
+    let before = (moved(0), moved(1));
     done(run(&mut sub, &Batch::write(&segment).block(BlockDesc::new(on_gpu.id(), 0, remote.id(), 0, 4 << 20))));
-    assert_eq!((moved("mlx5_0"), moved("mlx5_1")), (before.0, before.1 + (4 << 20)), "all over the GPU's NIC");
+    assert_eq!((moved(0), moved(1)), (before.0, before.1 + (4 << 20)), "all over the GPU's NIC");
     // Host memory is striped over both, as before.
     let host = BlockDesc::new(on_host.id(), 0, remote.id(), 4 << 20, 4 << 20);
     done(run(&mut sub, &Batch::write(&segment).block(host)));
-    assert!(moved("mlx5_0") > before.0 && moved("mlx5_1") > before.1 + (4 << 20));
+    assert!(moved(0) > before.0 && moved(1) > before.1 + (4 << 20));
 }
 
 #[test]

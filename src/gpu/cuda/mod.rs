@@ -26,6 +26,7 @@
 
 mod batch;
 mod context;
+mod device;
 mod dmabuf;
 mod fabric;
 mod gdr;
@@ -33,6 +34,7 @@ mod ipc;
 mod load;
 
 use batch::{batch_copy_12080, batched, per_copy, BatchCopy};
+use device::describe;
 pub(crate) use load::unavailable;
 use load::{library_mismatch, LOAD_ERROR};
 mod kernel;
@@ -612,28 +614,6 @@ fn shielded<T>(doing: &str, call: impl FnOnce() -> Result<T>) -> Result<T> {
             .unwrap_or("no message");
         Err(cuda_error(format!("{doing}: the CUDA driver bindings failed ({detail}); is the driver too old?")))
     })
-}
-
-/// One device's name, memory and PCI address.
-fn describe(ordinal: u32, device: sys::CUdevice) -> Result<GpuDevice> {
-    let mut name = [0 as c_char; 256];
-    // SAFETY: writes at most `name.len()` bytes, NUL-terminated.
-    check(unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int, device) }, "naming a GPU")?;
-    let mut memory: usize = 0;
-    // SAFETY: writes one size.
-    check(unsafe { sys::cuDeviceTotalMem_v2(&mut memory, device) }, "sizing a GPU's memory")?;
-    let mut bus = [0 as c_char; 32];
-    // SAFETY: writes at most `bus.len()` bytes, NUL-terminated.
-    let bus_known = unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as c_int, device) }
-        == sys::CUresult::CUDA_SUCCESS;
-    // SAFETY: both buffers were NUL-terminated by the driver (zeroed before).
-    let text = |buffer: &[c_char]| unsafe { CStr::from_ptr(buffer.as_ptr()) }.to_string_lossy().into_owned();
-    let pci_bus = bus_known.then(|| text(&bus).to_lowercase());
-    let numa_node = pci_bus.as_deref().and_then(|bus| {
-        let path = format!("/sys/bus/pci/devices/{bus}/numa_node");
-        std::fs::read_to_string(path).ok()?.trim().parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
-    });
-    Ok(GpuDevice { ordinal, name: text(&name), memory_bytes: memory as u64, pci_bus, numa_node })
 }
 
 fn cuda_error(reason: impl Into<String>) -> Error {

@@ -22,7 +22,8 @@
 //! `FAKECUDA_GDR_ORDERING` (`GPU_DIRECT_RDMA_WRITES_ORDERING`, default 0,
 //! none), `FAKECUDA_GDR_FLUSH_OPTIONS` (`GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS`,
 //! default 1, `cuFlushGPUDirectRDMAWrites` supported), `FAKECUDA_SM` (compute
-//! capability, default 90: the JIT refuses PTX for a higher target). Introspection and faults go through two symbols
+//! capability, default 90: the JIT refuses PTX for a higher target),
+//! `FAKECUDA_HOST_NUMA` (`HOST_NUMA_ID` of every GPU, default -1: no NUMA). Introspection and faults go through two symbols
 //! kvring never calls: `fakecuda_stat(name)` and `fakecuda_set(name, value)`
 //! (see `stat` and `set`), which tests find with `dlsym`.
 
@@ -90,6 +91,9 @@ pub(crate) struct Config {
     /// The IMEX channel this process was granted (`FAKECUDA_IMEX_CHANNEL`),
     /// which FABRIC handles need; `None`: no channel.
     pub(crate) imex_channel: Option<u32>,
+    /// `CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID` of every GPU (`FAKECUDA_HOST_NUMA`;
+    /// -1, the driver's "system does not support NUMA", by default).
+    host_numa: i32,
     /// The physical GPUs this process sees, in ordinal order
     /// (`CUDA_VISIBLE_DEVICES`).
     visible: Vec<i32>,
@@ -110,6 +114,7 @@ fn config() -> Config {
         gdr_flush_options: env_num("FAKECUDA_GDR_FLUSH_OPTIONS", 1) as i32,
         sm: env_num("FAKECUDA_SM", 90) as i32,
         imex_channel: u32::try_from(env_num("FAKECUDA_IMEX_CHANNEL", -1)).ok(),
+        host_numa: env_num("FAKECUDA_HOST_NUMA", -1) as i32,
         visible: visible_devices(env_num("FAKECUDA_GPUS", 2).clamp(0, 64) as i32),
     }
 }
@@ -467,6 +472,11 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_in
             118 => d.config.gdr_ordering,                      // GPU_DIRECT_RDMA_WRITES_ORDERING
             75 => d.config.sm / 10,                            // COMPUTE_CAPABILITY_MAJOR
             76 => d.config.sm % 10,                            // COMPUTE_CAPABILITY_MINOR
+            // [ref: 6.5 Device Management, CUdevice_attribute,
+            // CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID (CUDA 12.2): "NUMA ID of the
+            // host node closest to the device. Returns -1 when system does
+            // not support NUMA."] A driver older than 12.2 does not know it.
+            134 if d.config.version >= 12020 => d.config.host_numa,
             // [ref: 6.5 Device Management, cuDeviceGetAttribute: an
             // attribute the driver does not know is CUDA_ERROR_INVALID_VALUE.]
             // One the fake does not model answers the same rather than a
