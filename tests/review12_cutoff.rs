@@ -64,7 +64,7 @@ fn honest_reopens(pair: &RdmaPair) -> kvring::Result<kvring::Segment> {
     pair.initiator.open_segment_with(&addr, Some(TransportKind::Rdma), WAIT)
 }
 
-// HOLE (medium): a stranger gets an honest writer refused, with no dial
+// Found by review 12 (medium), fixed since): a stranger gets an honest writer refused, with no dial
 // and no epoch. The cut-off memory is keyed by the claimed name and
 // address, and `fence_rdma::push` enters every writer whose answer was an
 // error, including one that never checks fences (`checks_fences: false`,
@@ -79,7 +79,6 @@ fn honest_reopens(pair: &RdmaPair) -> kvring::Result<kvring::Segment> {
 // answer was no answer by the deadline (`Timeout`/`Io`), never for an
 // answer or a writer not asked.
 #[test]
-#[ignore = "HOLE: a connect claiming an honest writer's name and address without a push key gets it refused for 10 s"]
 fn a_stranger_without_a_push_key_cannot_get_an_honest_writer_refused() {
     let pair = rdma_pair("r12-nokey", None);
     let mut stranger = honest(&pair.initiator);
@@ -90,7 +89,7 @@ fn a_stranger_without_a_push_key_cannot_get_an_honest_writer_refused() {
     assert!(again.is_ok(), "the honest writer was refused after a stranger claimed its address: {:?}", again.err());
 }
 
-// HOLE (medium): the same with a push key. The stranger names the honest
+// Found by review 12 (medium), fixed since): the same with a push key. The stranger names the honest
 // writer's name, epoch and address; the target dials the address, where
 // the honest engine answers as itself, so the connect is accepted (the
 // stranger's QPs replace the honest writer's, as review 11 noted). The
@@ -102,7 +101,6 @@ fn a_stranger_without_a_push_key_cannot_get_an_honest_writer_refused() {
 // fix: as above (an answer, even a refusal, is not a writer that stalls
 // fences; only a missed deadline is remembered).
 #[test]
-#[ignore = "HOLE: an impersonator's wrong push key makes the honest writer's refusal a cut-off, and it is refused for 10 s"]
 fn an_impersonators_refused_fence_does_not_get_the_honest_writer_refused() {
     let pair = rdma_pair("r12-imp", None);
     connect_claiming(&pair.target, &honest(&pair.initiator), Some([0xEE; KEY])).unwrap();

@@ -132,7 +132,7 @@ fn stall_one_fence(target: &Engine, region: &kvring::Region, writer: &SilentWrit
     at
 }
 
-// HOLE (low): the hold is keyed by the address *as the peer spelt it*.
+// Found by review 12 (low), fixed since): the hold is keyed by the address *as the peer spelt it*.
 // The writer that stalled a fence connects again at once under the same
 // name (and epoch), claiming the same listener spelt as an IPv4-mapped
 // IPv6 address (`[::ffff:127.0.0.1]:port`): another key, so not held; the
@@ -141,7 +141,6 @@ fn stall_one_fence(target: &Engine, region: &kvring::Region, writer: &SilentWrit
 // the parsed address in canonical form (`SocketAddr::parse`, then
 // `to_canonical()` on its IP) and by the name alone, not the string.
 #[test]
-#[ignore = "HOLE: a cut-off writer respelling its address ([::ffff:127.0.0.1]) is accepted again at once"]
 fn a_cut_off_writer_is_held_however_it_spells_its_address() {
     let provider = Provider::new();
     let (target, region) = target("r12-spell-target", &provider);
@@ -153,7 +152,7 @@ fn a_cut_off_writer_is_held_however_it_spells_its_address() {
     assert!(again.is_err(), "the writer cut off a moment ago was accepted again under its address respelt");
 }
 
-// HOLE (low; review 11 named it "bounded only by the control listener's
+// Found by review 12 (low), fixed since; review 11 named it "bounded only by the control listener's
 // per-source bounds", but those bound connections at once, not renames
 // over time): the writer that stalled a fence comes back at once under a
 // new name at the very same address, where the same engine answers the
@@ -163,7 +162,6 @@ fn a_cut_off_writer_is_held_however_it_spells_its_address() {
 // claimed address itself (canonical IP and port: what the dial proved is
 // the stalling engine) whatever name claims it, beside the name.
 #[test]
-#[ignore = "HOLE: a cut-off writer renamed at the same address is accepted again at once (to stall the next fence)"]
 fn a_cut_off_writer_is_held_whatever_name_it_claims_next() {
     let provider = Provider::new();
     let (target, region) = target("r12-rename-target", &provider);

@@ -41,10 +41,11 @@ pub(super) struct FencePushers {
     /// What this engine proves when it dials a writer.
     token: Option<Token>,
     kept: Mutex<HashMap<WriterKey, ControlClient>>,
-    /// Writers cut off for a fence they did not answer, by name and
-    /// claimed address (a new epoch of the same engine is held too), and
-    /// when.
-    cut_off: Mutex<HashMap<(String, String), Instant>>,
+    /// Control addresses of writers cut off for a fence they stalled, and
+    /// when: by the address as parsed and canonical (an IPv4 address spelt
+    /// as IPv4-mapped IPv6 is the same), whatever name or epoch claims it
+    /// next (hostile review 12).
+    cut_off: Mutex<HashMap<SocketAddr, Instant>>,
 }
 
 impl FencePushers {
@@ -91,17 +92,16 @@ impl FencePushers {
         Ok(client)
     }
 
-    /// Refuses `writer` while it is held for a fence it did not answer.
+    /// Refuses `writer` while its claimed address is held for a fence it
+    /// stalled.
     pub fn check_not_cut_off(&self, writer: &Initiator) -> Result<()> {
-        let key = (writer.name.clone(), writer.addr.clone());
+        let Some(key) = canonical(&writer.addr) else { return Ok(()) };
         let mut cut_off = lock(&self.cut_off);
         match cut_off.get(&key) {
             Some(at) if at.elapsed() < CUT_OFF_HOLD => Err(Error::Unsupported {
                 what: format!(
-                    "rdma: {} at {:?} did not answer a fence of this target within its wait and was cut off; \
-                     it is refused for {} s after",
-                    writer.name,
-                    writer.addr,
+                    "rdma: the writer at {key} did not answer a fence of this target within its wait and was cut \
+                     off; its address is refused for {} s after",
                     CUT_OFF_HOLD.as_secs()
                 ),
             }),
@@ -113,17 +113,18 @@ impl FencePushers {
         }
     }
 
-    /// Remembers `writer` as cut off for a fence it did not answer (its
+    /// Remembers `writer`'s address as held for a fence it stalled (its
     /// kept connection, if any, is gone with the fence's answer).
     pub fn cut_off(&self, writer: &Initiator) {
+        let Some(key) = canonical(&writer.addr) else { return };
         let mut cut_off = lock(&self.cut_off);
         cut_off.retain(|_, at| at.elapsed() < CUT_OFF_HOLD);
         if cut_off.len() >= MAX_CUT_OFF {
-            if let Some(oldest) = cut_off.iter().min_by_key(|(_, at)| **at).map(|(key, _)| key.clone()) {
+            if let Some(oldest) = cut_off.iter().min_by_key(|(_, at)| **at).map(|(key, _)| *key) {
                 cut_off.remove(&oldest);
             }
         }
-        cut_off.insert((writer.name.clone(), writer.addr.clone()), Instant::now());
+        cut_off.insert(key, Instant::now());
     }
 
     /// Keeps `client` for `writer`'s fences (in place of an older one), and
@@ -152,6 +153,13 @@ impl FencePushers {
         retain_listed(&mut kept, writers.clone());
         writers.map(|w| kept.remove(&(w.name.clone(), w.epoch))).collect()
     }
+}
+
+/// A claimed address as parsed, its IP canonical (`::ffff:a.b.c.d` is
+/// `a.b.c.d`); `None` for one that is not `IP:port`.
+fn canonical(addr: &str) -> Option<SocketAddr> {
+    let addr: SocketAddr = addr.parse().ok()?;
+    Some(SocketAddr::new(addr.ip().to_canonical(), addr.port()))
 }
 
 fn retain_listed<'a>(

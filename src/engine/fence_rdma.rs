@@ -38,17 +38,26 @@ pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], dea
     let pushers = &engine.inner.context.fence_pushers;
     // Writers that left: their connections go.
     let mut kept = pushers.take(writers.iter().map(|(w, _)| w));
+    // A writer is held off at its next connects (`FencePushers::cut_off`)
+    // only when it checks fences and its answer took half the wait or more
+    // (it stalled the fence): not for a refusal that came at once, which a
+    // stranger could otherwise earn for the name and address of an honest
+    // writer (hostile review 12).
+    let slow = left / 2;
     let one = |writer: &crate::auth::Initiator, push_key: &Option<Vec<u8>>, cached: Option<ControlClient>| {
         let Some(push_key) = push_key else {
             let why = format!("{} does not check fences over rdma", writer.name);
-            return (Err(crate::Error::Unsupported { what: why }), None);
+            return (Err(crate::Error::Unsupported { what: why }), None, false);
         };
         // What only the target its connect reached knows.
         let mut request = request.clone();
         request.push_key.clone_from(push_key);
-        ask(pushers, writer, cached, &me, request, deadline)
+        let asked = Instant::now();
+        let (answer, client) = ask(pushers, writer, cached, &me, request, deadline);
+        (answer, client, asked.elapsed() >= slow)
     };
-    let answers: Vec<(crate::error::Result<()>, Option<ControlClient>)> = match writers.as_slice() {
+    type Answer = (crate::error::Result<()>, Option<ControlClient>, bool);
+    let answers: Vec<Answer> = match writers.as_slice() {
         // One writer (a decode instance's one prefill peer): asked on this
         // thread; a spawned one took 40 of an idle fence's 65 µs
         // (`cargo bench --bench fence`, docs/FIGURES.md).
@@ -62,7 +71,7 @@ pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], dea
             asks.into_iter()
                 .map(|ask| {
                     ask.join().unwrap_or_else(|_| {
-                        (Err(crate::Error::invalid("rdma fence", "the push's thread panicked")), None)
+                        (Err(crate::Error::invalid("rdma fence", "the push's thread panicked")), None, false)
                     })
                 })
                 .collect()
@@ -71,20 +80,22 @@ pub(super) fn push(engine: &Engine, grant: u32, pushed: &[(u64, Vec<Span>)], dea
     let answers: Vec<_> = writers
         .iter()
         .zip(answers)
-        .map(|((writer, _), (answer, client))| {
+        .map(|((writer, _), (answer, client, slow))| {
             if let Some(client) = client {
                 pushers.keep(writer, client, writers.iter().map(|(w, _)| w));
             }
-            answer
+            (answer, slow)
         })
         .collect();
-    for ((writer, _), answer) in writers.iter().zip(answers) {
+    for ((writer, _), (answer, slow)) in writers.iter().zip(answers) {
         if let Err(error) = answer {
             // ibv_modify_qp to ERR first (`release_initiator`): none of its
             // writes is placed after; it reconnects, with a new snapshot.
             tracing::warn!(initiator = %writer.name, %error, "an rdma writer did not confirm a fence: its QPs are cut off");
             node.release_initiator(writer);
-            pushers.cut_off(writer);
+            if slow {
+                pushers.cut_off(writer);
+            }
         }
     }
 }
