@@ -70,7 +70,7 @@ static ORPHANS: Mutex<Vec<(RawFd, Arc<AtomicBool>)>> = Mutex::new(Vec::new());
 
 /// Closes the orphaned copies the taker is done with.
 fn close_released_orphans() {
-    let mut orphans = ORPHANS.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(mut orphans) = lock_soon(&ORPHANS) else { return };
     orphans.retain(|(raw, released)| {
         if !released.load(Ordering::Acquire) {
             return true;
@@ -89,7 +89,10 @@ fn give_up_copy(raw: RawFd, released: Arc<AtomicBool>) {
         // SAFETY: the taker released it; this check made it and closes it once.
         drop(unsafe { OwnedFd::from_raw_fd(raw) });
     } else {
-        ORPHANS.lock().unwrap_or_else(PoisonError::into_inner).push((raw, released));
+        // Not taken in time (see `lock_soon`): the copy stays open.
+        if let Some(mut orphans) = lock_soon(&ORPHANS) {
+            orphans.push((raw, released));
+        }
     }
 }
 
@@ -134,7 +137,7 @@ impl Takers {
     /// The taker serving now, started on first use in this process (and
     /// anew after one was found stuck).
     fn get(&self) -> Option<Taker> {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = lock_soon(&self.state)?;
         let pid = std::process::id();
         if let Some(taker) = state.current.as_ref().filter(|t| t.started_in == pid) {
             return Some(taker.clone());
@@ -157,7 +160,7 @@ impl Takers {
     /// [`MAX_REPLACED`].
     fn gave_up_on(&self, taker: &Taker) {
         let stuck = lock_busy(&taker.busy_since).is_some_and(|since| since.elapsed() >= STUCK_AFTER);
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(mut state) = lock_soon(&self.state) else { return };
         let current = state.current.as_ref().is_some_and(|t| Arc::ptr_eq(&t.busy_since, &taker.busy_since));
         if stuck && current && state.replaced < MAX_REPLACED {
             state.replaced += 1;
@@ -166,6 +169,29 @@ impl Takers {
                 replaced = state.replaced,
                 "the owner check's taker is stuck on one descriptor (a close that blocks): a new one takes the next checks"
             );
+        }
+    }
+}
+
+/// How long a check tries for one of the taker's locks.
+const LOCK_WAIT: Duration = Duration::from_millis(50);
+
+/// `mutex`, taken within [`LOCK_WAIT`] (its holders hold it for
+/// microseconds), or `None`: in a child forked while another thread of the
+/// parent held it, it is held for ever (only the forking thread lives on),
+/// and a check must not hang on it. The caller then goes without: the
+/// descriptor is taken in the caller's own table, as where `unshare` is
+/// refused.
+fn lock_soon<T>(mutex: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    let until = Instant::now() + LOCK_WAIT;
+    loop {
+        match mutex.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return None,
         }
     }
 }
@@ -293,6 +319,32 @@ mod tests {
     /// nothing (a slow taker is not a stuck one); one that gives up after
     /// it replaces the taker; the next check is proven by the new one,
     /// not queued behind the stuck one.
+    /// A child forked while another thread held the takers' lock finds
+    /// it held for ever: a check there must not hang on it. Here another
+    /// thread holds it; the check goes on in its own table and proves the
+    /// socket.
+    #[test]
+    fn a_check_whose_taker_lock_stays_held_takes_the_descriptor_itself() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let far = Far::of_connection(client.local_addr().unwrap(), client.peer_addr().unwrap());
+        let fd = server.as_raw_fd() as u32;
+        let me = crate::gpu::fd::pidfd_open(std::process::id()).unwrap();
+        let takers = Takers::new();
+        let held = takers.state.lock().unwrap();
+        let (answer, answered) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                let _ = answer.send(take_with(&takers, &me, fd, &far, deadline));
+            });
+            let got = answered.recv_timeout(Duration::from_secs(10));
+            drop(held);
+            assert_eq!(got, Ok(Taken::Same), "a check waited on the takers' held lock");
+        });
+    }
+
     #[test]
     fn a_taker_stuck_on_one_descriptor_is_replaced_for_the_next_checks() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
