@@ -11,46 +11,16 @@
 
 mod common;
 
+use common::fake_peer::{answering, answering_wire};
 use common::WAIT;
 use kvring::{Batch, BlockDesc, Engine, Error, Outcome, RegionInfo, TransportKind};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Held by every test here: the fallback's log line is rate limited per
 /// process (one a second), and the log probe must see its own.
 static ALONE: Mutex<()> = Mutex::new(());
-
-/// A control server in this process answering one untokened handshake
-/// with `lie`, hinting its own end of the connection (the true owner, so
-/// the same-host check passes), holding it until the initiator closes it.
-fn answering(lie: &kvring::testing::SegmentDescriptor) -> (String, std::thread::JoinHandle<()>) {
-    answering_wire(lie.to_proto())
-}
-
-/// [`answering`] with the descriptor as it goes on the wire.
-fn answering_wire(segment: kvring::testing::control::SegmentDescriptor) -> (String, std::thread::JoinHandle<()>) {
-    use kvring::testing::control::{preface, read_frame, response, write_frame, HandshakeResponse};
-    use std::os::fd::AsRawFd;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        s.set_read_timeout(Some(WAIT)).unwrap();
-        let mut theirs = [0u8; 8];
-        s.read_exact(&mut theirs).unwrap();
-        s.write_all(&preface()).unwrap();
-        let _ = read_frame(&mut s, kvring::testing::control::MAX_CONTROL_MESSAGE_BYTES);
-        let answer = response(response::Body::Handshake(HandshakeResponse {
-            segment: Some(Box::new(segment)),
-            answering_fd: Some(s.as_raw_fd() as u32),
-            ..Default::default()
-        }));
-        write_frame(&mut s, &answer).unwrap();
-        let _ = s.read_to_end(&mut Vec::new());
-    });
-    (addr, server)
-}
 
 /// The owner's descriptor with its one region's shm file renamed to one
 /// kvring would give it (the owner's prefix, another number) that is not

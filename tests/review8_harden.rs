@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::fake_peer::answering;
 use common::WAIT;
 use kvring::testing::tcp::SERVER_HELLO_BYTES;
 use kvring::testing::tcp::{ClientHello, FrameHeader, FrameOp, ServerHello, FLAG_LAST, FRAME_HEADER_BYTES};
@@ -220,33 +221,6 @@ fn closed_by_peer_towards(to: &SocketAddr) -> bool {
             })
         })
     })
-}
-
-/// A control server in this process answering one untokened handshake
-/// with `lie`, hinting its own end of the connection (the true owner, so
-/// the same-host check passes), holding it until the initiator closes it.
-fn answering(lie: &kvring::testing::SegmentDescriptor) -> (String, std::thread::JoinHandle<()>) {
-    use kvring::testing::control::{preface, read_frame, response, write_frame, HandshakeResponse};
-    use std::os::fd::AsRawFd;
-    let segment = lie.to_proto();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        s.set_read_timeout(Some(WAIT)).unwrap();
-        let mut theirs = [0u8; 8];
-        s.read_exact(&mut theirs).unwrap();
-        s.write_all(&preface()).unwrap();
-        let _ = read_frame(&mut s, kvring::testing::control::MAX_CONTROL_MESSAGE_BYTES);
-        let answer = response(response::Body::Handshake(HandshakeResponse {
-            segment: Some(Box::new(segment)),
-            answering_fd: Some(s.as_raw_fd() as u32),
-            ..Default::default()
-        }));
-        write_frame(&mut s, &answer).unwrap();
-        let _ = s.read_to_end(&mut Vec::new());
-    });
-    (addr, server)
 }
 
 /// The owner's descriptor (its `MAX_PEER_SHM_REGIONS` true shm regions),

@@ -3,6 +3,7 @@
 
 pub mod c;
 pub mod child;
+pub mod fake_peer;
 pub mod fakecuda;
 pub mod raw;
 pub mod verbs;
