@@ -11,69 +11,10 @@
 
 mod common;
 
-use common::fake_peer::{answering, proxy, Mode, Proxy};
+use common::fake_peer::{pair, Mode, ProxiedPair as Pair};
 use common::WAIT;
-use kvring::gpu::{Gpu, SimGpu};
-use kvring::{Batch, BlockDesc, Engine, Outcome, RegionInfo, Segment, TransportKind};
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// A target, an initiator with one lane (one data connection) reaching the
-/// target's data port through a proxy, and an open tcp segment.
-struct Pair {
-    target: Engine,
-    region: kvring::Region,
-    initiator: Engine,
-    local: kvring::Region,
-    segment: Segment,
-    proxy: Proxy,
-}
-
-fn pair(name: &str, io_timeout: Duration, mode: impl Fn(usize) -> Mode + Send + 'static) -> Pair {
-    pair_with(name, io_timeout, None, |b| b, mode)
-}
-
-/// As [`pair`], the initiator's region on `gpu`'s device 0 where given
-/// (staged over tcp through pinned pages), its builder passed through
-/// `tweak`.
-fn pair_with(
-    name: &str,
-    io_timeout: Duration,
-    gpu: Option<Arc<SimGpu>>,
-    tweak: impl FnOnce(kvring::EngineBuilder) -> kvring::EngineBuilder,
-    mode: impl Fn(usize) -> Mode + Send + 'static,
-) -> Pair {
-    let target = common::engine(&format!("{name}-target"));
-    let region = target.alloc_region(8192, RegionInfo::raw()).unwrap();
-    let upstream: SocketAddr = target.tcp_addr().unwrap().parse().unwrap();
-    let proxy = proxy(upstream, mode);
-    let mut descriptor = kvring::testing::descriptor(&target);
-    descriptor.tcp_addr = Some(proxy.addr.to_string());
-    let (control, _server) = answering(&descriptor);
-    let mut builder = tweak(common::builder(&format!("{name}-initiator")).lanes(1).io_timeout(io_timeout));
-    let mut info = RegionInfo::raw();
-    if let Some(gpu) = gpu {
-        builder = builder.gpu(gpu as Arc<dyn Gpu>);
-        info = info.on_gpu(0);
-    }
-    let initiator = builder.build().unwrap();
-    let local = initiator.alloc_region(8192, info).unwrap();
-    let segment = initiator.open_segment_with(&control, Some(TransportKind::Tcp), WAIT).unwrap();
-    assert_eq!(proxy.dials(), 1, "the open dials one data connection");
-    Pair { target, region, initiator, local, segment, proxy }
-}
-
-impl Pair {
-    /// Polls until the proxy saw `n` dials.
-    fn until_dials(&self, n: usize) {
-        let deadline = Instant::now() + WAIT;
-        while self.proxy.dials() < n {
-            assert!(Instant::now() < deadline, "the initiator never dialled again");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-}
+use kvring::{Batch, BlockDesc, Outcome};
+use std::time::Duration;
 
 const LONG: Duration = Duration::from_secs(60);
 

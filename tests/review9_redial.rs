@@ -9,79 +9,22 @@
 
 mod common;
 
-use common::fake_peer::{answering, closed_by_peer_towards, proxy, Mode, Proxy};
+use common::fake_peer::{closed_by_peer_towards, pair, proxied_pair as pair_with, Mode, ProxiedPair as Pair};
 use common::WAIT;
-use kvring::gpu::{Gpu, SimGpu};
+use kvring::gpu::SimGpu;
 use kvring::testing::tcp::{ServerHello, SERVER_HELLO_BYTES};
-use kvring::{Batch, BlockDesc, Engine, Error, ErrorCode, Outcome, RegionInfo, Segment, TransportKind};
+use kvring::{Batch, BlockDesc, Error, ErrorCode, Outcome, RegionInfo, TransportKind};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerocopy::IntoBytes;
 
-/// A target, an initiator with one lane (one data connection) reaching the
-/// target's data port through a proxy, and an open tcp segment.
-struct Pair {
-    target: Engine,
-    region: kvring::Region,
-    initiator: Engine,
-    local: kvring::Region,
-    segment: Segment,
-    proxy: Proxy,
-    /// The whole local region onto the whole target region.
-    descs: [BlockDesc; 1],
-}
-
-fn pair(name: &str, io_timeout: Duration, mode: impl Fn(usize) -> Mode + Send + 'static) -> Pair {
-    pair_with(name, io_timeout, None, |b| b, mode)
-}
-
-/// As [`pair`], the initiator's region on `gpu`'s device 0 where given
-/// (staged over tcp through pinned pages), its builder passed through
-/// `tweak`.
-fn pair_with(
-    name: &str,
-    io_timeout: Duration,
-    gpu: Option<Arc<SimGpu>>,
-    tweak: impl FnOnce(kvring::EngineBuilder) -> kvring::EngineBuilder,
-    mode: impl Fn(usize) -> Mode + Send + 'static,
-) -> Pair {
-    let target = common::engine(&format!("{name}-target"));
-    let region = target.alloc_region(8192, RegionInfo::raw()).unwrap();
-    let upstream: SocketAddr = target.tcp_addr().unwrap().parse().unwrap();
-    let proxy = proxy(upstream, mode);
-    let mut descriptor = kvring::testing::descriptor(&target);
-    descriptor.tcp_addr = Some(proxy.addr.to_string());
-    let (control, _server) = answering(&descriptor);
-    let mut builder = tweak(common::builder(&format!("{name}-initiator")).lanes(1).io_timeout(io_timeout));
-    let mut info = RegionInfo::raw();
-    if let Some(gpu) = gpu {
-        builder = builder.gpu(gpu as Arc<dyn Gpu>);
-        info = info.on_gpu(0);
-    }
-    let initiator = builder.build().unwrap();
-    let local = initiator.alloc_region(8192, info).unwrap();
-    let segment = initiator.open_segment_with(&control, Some(TransportKind::Tcp), WAIT).unwrap();
-    assert_eq!(proxy.dials(), 1, "the open dials one data connection");
-    let descs = [BlockDesc::new(local.id(), 0, region.id(), 0, 8192)];
-    Pair { target, region, initiator, local, segment, proxy, descs }
-}
-
 impl Pair {
     fn write(&self, round: u8) -> Batch<'_> {
         // SAFETY: no batch in flight touches these bytes while the test writes them.
         unsafe { self.local.write_at(0, &[round; 8192]).unwrap() };
         Batch::write(&self.segment).descs(&self.descs)
-    }
-
-    /// Polls until the proxy saw `n` dials.
-    fn until_dials(&self, n: usize) {
-        let deadline = Instant::now() + WAIT;
-        while self.proxy.dials() < n {
-            assert!(Instant::now() < deadline, "the initiator never dialled again");
-            std::thread::sleep(Duration::from_millis(2));
-        }
     }
 }
 

@@ -5,8 +5,10 @@
 //! listener that never answers, a refusal, a slow answer.
 
 use super::WAIT;
+use kvring::gpu::{Gpu, SimGpu};
 use kvring::testing::tcp::{ServerHello, SERVER_HELLO_BYTES};
 use kvring::ErrorCode;
+use kvring::{BlockDesc, Engine, RegionInfo, Segment, TransportKind};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -183,4 +185,64 @@ pub fn closed_by_peer_towards(to: &SocketAddr) -> bool {
             })
         })
     })
+}
+
+/// A target, an initiator with one lane (one data connection) reaching the
+/// target's data port through a proxy, and an open tcp segment.
+pub struct ProxiedPair {
+    pub target: Engine,
+    pub region: kvring::Region,
+    pub initiator: Engine,
+    pub local: kvring::Region,
+    pub segment: Segment,
+    pub proxy: Proxy,
+    /// The whole local region onto the whole target region.
+    pub descs: [BlockDesc; 1],
+}
+
+/// [`proxied_pair`] with host memory and the builder as it is.
+pub fn pair(name: &str, io_timeout: Duration, mode: impl Fn(usize) -> Mode + Send + 'static) -> ProxiedPair {
+    proxied_pair(name, io_timeout, None, |b| b, mode)
+}
+
+/// A [`ProxiedPair`]: the initiator's region on `gpu`'s device 0 where given
+/// (staged over tcp through pinned pages), its builder passed through
+/// `tweak`.
+pub fn proxied_pair(
+    name: &str,
+    io_timeout: Duration,
+    gpu: Option<Arc<SimGpu>>,
+    tweak: impl FnOnce(kvring::EngineBuilder) -> kvring::EngineBuilder,
+    mode: impl Fn(usize) -> Mode + Send + 'static,
+) -> ProxiedPair {
+    let target = super::engine(&format!("{name}-target"));
+    let region = target.alloc_region(8192, RegionInfo::raw()).unwrap();
+    let upstream: SocketAddr = target.tcp_addr().unwrap().parse().unwrap();
+    let proxy = proxy(upstream, mode);
+    let mut descriptor = kvring::testing::descriptor(&target);
+    descriptor.tcp_addr = Some(proxy.addr.to_string());
+    let (control, _server) = answering(&descriptor);
+    let mut builder = tweak(super::builder(&format!("{name}-initiator")).lanes(1).io_timeout(io_timeout));
+    let mut info = RegionInfo::raw();
+    if let Some(gpu) = gpu {
+        builder = builder.gpu(gpu as Arc<dyn Gpu>);
+        info = info.on_gpu(0);
+    }
+    let initiator = builder.build().unwrap();
+    let local = initiator.alloc_region(8192, info).unwrap();
+    let segment = initiator.open_segment_with(&control, Some(TransportKind::Tcp), WAIT).unwrap();
+    assert_eq!(proxy.dials(), 1, "the open dials one data connection");
+    let descs = [BlockDesc::new(local.id(), 0, region.id(), 0, 8192)];
+    ProxiedPair { target, region, initiator, local, segment, proxy, descs }
+}
+
+impl ProxiedPair {
+    /// Polls until the proxy saw `n` dials.
+    pub fn until_dials(&self, n: usize) {
+        let deadline = Instant::now() + WAIT;
+        while self.proxy.dials() < n {
+            assert!(Instant::now() < deadline, "the initiator never dialled again");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
 }
