@@ -76,7 +76,7 @@ impl FencePushers {
         };
         let unreached = |step: &str, detail: &dyn std::fmt::Display| {
             static LIMIT: RateLimit = RateLimit::per_second();
-            log_limited!(warn, LIMIT, writer = %writer.name, addr = %writer.addr, step, %detail, "an rdma writer's control address did not answer as the writer: its connect is refused");
+            log_limited!(warn, LIMIT, writer = %writer.name, addr = %writer.addr, step, %detail, "an rdma writer's control address did not answer as the writer (its connect, or a fence's dial again, is refused)");
             refused("the writer did not answer there")
         };
         let addr: SocketAddr = writer.addr.parse().map_err(|_| refused("it is not an IP address and port"))?;

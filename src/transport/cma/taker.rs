@@ -312,25 +312,29 @@ fn take_fd(me: &OwnedFd, fd: RawFd) -> Option<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::TcpStream;
     use std::os::fd::AsRawFd;
 
-    /// A taker held on its first job (a close that blocks): a check whose
-    /// deadline is shorter than [`STUCK_AFTER`] gives up and replaces
-    /// nothing (a slow taker is not a stuck one); one that gives up after
-    /// it replaces the taker; the next check is proven by the new one,
-    /// not queued behind the stuck one.
+    /// A loopback connection whose both ends this process holds: its two
+    /// ends (kept open by the caller), the far end as the kernel names it,
+    /// the descriptor of the accepted end, and this process's pidfd.
+    fn a_connection_of_this_process() -> ((TcpStream, TcpStream), Far, u32, OwnedFd) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let far = Far::of_connection(client.local_addr().unwrap(), client.peer_addr().unwrap());
+        let fd = server.as_raw_fd() as u32;
+        let me = crate::gpu::fd::pidfd_open(std::process::id()).unwrap();
+        ((client, server), far, fd, me)
+    }
+
     /// A child forked while another thread held the takers' lock finds
     /// it held for ever: a check there must not hang on it. Here another
     /// thread holds it; the check goes on in its own table and proves the
     /// socket.
     #[test]
     fn a_check_whose_taker_lock_stays_held_takes_the_descriptor_itself() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, _) = listener.accept().unwrap();
-        let far = Far::of_connection(client.local_addr().unwrap(), client.peer_addr().unwrap());
-        let fd = server.as_raw_fd() as u32;
-        let me = crate::gpu::fd::pidfd_open(std::process::id()).unwrap();
+        let (_ends, far, fd, me) = a_connection_of_this_process();
         let takers = Takers::new();
         let held = takers.state.lock().unwrap();
         let (answer, answered) = std::sync::mpsc::channel();
@@ -345,14 +349,14 @@ mod tests {
         });
     }
 
+    /// A taker held on its first job (a close that blocks): a check whose
+    /// deadline is shorter than [`STUCK_AFTER`] gives up and replaces
+    /// nothing (a slow taker is not a stuck one); one that gives up after
+    /// it replaces the taker; the next check is proven by the new one,
+    /// not queued behind the stuck one.
     #[test]
     fn a_taker_stuck_on_one_descriptor_is_replaced_for_the_next_checks() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, _) = listener.accept().unwrap();
-        let far = Far::of_connection(client.local_addr().unwrap(), client.peer_addr().unwrap());
-        let fd = server.as_raw_fd() as u32;
-        let me = crate::gpu::fd::pidfd_open(std::process::id()).unwrap();
+        let (_ends, far, fd, me) = a_connection_of_this_process();
         let takers = Takers::new();
         let (release, hold) = sync_channel::<()>(0);
         takers.state.lock().unwrap().hold = Some(hold);

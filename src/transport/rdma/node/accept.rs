@@ -35,17 +35,6 @@ pub(super) struct AcceptedSet {
 }
 
 impl RdmaNode {
-    /// Accepts an initiator's QPs (lane-major over `nics` NICs): one QP of
-    /// ours connected to each, returned in the same order. The QPs belong
-    /// to `initiator` (name and epoch, from its handshake): connecting
-    /// again (it reopened us) gives back its earlier QPs, reset for reuse;
-    /// those of an initiator that went away are released by the engine's
-    /// reaper, which probes it. At most
-    /// [`MAX_CONNECT_ENDPOINTS`] per initiator and [`MAX_ACCEPTED_QPS`] in
-    /// all, the least recently connected initiator giving way.
-    /// `push_key`: its lanes check writes against mirrors of this
-    /// engine's fence tables, and take the fences pushed with this key
-    /// (`None`: every fence cuts it off).
     /// Whether an rdma connect of `endpoints` QPs over `nics` NICs could be
     /// accepted by its shape: checked before anything is done for it (the
     /// writer's address dialled back, `accept`). A connect of no QP is
@@ -65,6 +54,17 @@ impl RdmaNode {
         Ok(())
     }
 
+    /// Accepts an initiator's QPs (lane-major over `nics` NICs): one QP of
+    /// ours connected to each, returned in the same order. The QPs belong
+    /// to `initiator` (name and epoch, from its handshake): connecting
+    /// again (it reopened us) gives back its earlier QPs, reset for reuse;
+    /// those of an initiator that went away are released by the engine's
+    /// reaper, which probes it. At most
+    /// [`MAX_CONNECT_ENDPOINTS`] per initiator and [`MAX_ACCEPTED_QPS`] in
+    /// all, the least recently connected initiator giving way.
+    /// `push_key`: its lanes check writes against mirrors of this
+    /// engine's fence tables, and take the fences pushed with this key
+    /// (`None`: every fence cuts it off).
     pub fn accept(
         &self,
         initiator: &Initiator,
