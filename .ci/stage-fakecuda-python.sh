@@ -21,10 +21,7 @@ run() {
 }
 
 lib=target/fakecuda
-run cargo build --release --manifest-path tests/fakes/cuda/Cargo.toml --target-dir target/fakecuda-build
-mkdir -p "$lib"
-cp target/fakecuda-build/release/libcuda.so "$lib/libcuda.so"
-ln -sf libcuda.so "$lib/libcuda.so.1"
+bash .ci/build-fakecuda.sh "$lib"
 
 venv=target/pyenv
 if [ ! -x "$venv/bin/python" ]; then

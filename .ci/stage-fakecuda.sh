@@ -13,18 +13,11 @@ run() {
 }
 
 lib=target/fakecuda
-run cargo build --release --manifest-path tests/fakes/cuda/Cargo.toml --target-dir target/fakecuda-build
-mkdir -p "$lib"
-cp target/fakecuda-build/release/libcuda.so "$lib/libcuda.so"
-ln -sf libcuda.so "$lib/libcuda.so.1"
+bash .ci/build-fakecuda.sh "$lib"
 # A second build lacking cuGetProcAddress_v2 (a symbol kvring resolves):
 # missing symbols must be errors, and a libcuda.so that is not libcuda.so.1
 # refused.
-run cargo build --release --manifest-path tests/fakes/cuda/Cargo.toml --target-dir target/fakecuda-build-noproc \
-    --features no-proc-address
-mkdir -p target/fakecuda-noproc
-cp target/fakecuda-build-noproc/release/libcuda.so target/fakecuda-noproc/libcuda.so
-ln -sf libcuda.so target/fakecuda-noproc/libcuda.so.1
+bash .ci/build-fakecuda.sh target/fakecuda-noproc --features no-proc-address
 export FAKECUDA_NOPROC_DIR="$PWD/target/fakecuda-noproc"
 export LD_LIBRARY_PATH="$PWD/$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FAKECUDA_REQUIRED=1

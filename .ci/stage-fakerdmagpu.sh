@@ -25,10 +25,7 @@ mkdir -p "$verbs_target/lib"
 cp "$verbs_target/release/libibverbs.so" "$verbs_target/lib/libibverbs.so.1"
 
 step "build the fake libcuda (tests/fakes/cuda) as libcuda.so.1"
-run cargo build --release --manifest-path tests/fakes/cuda/Cargo.toml --target-dir target/fakecuda-build
-mkdir -p target/fakecuda
-cp target/fakecuda-build/release/libcuda.so target/fakecuda/libcuda.so
-ln -sf libcuda.so target/fakecuda/libcuda.so.1
+bash .ci/build-fakecuda.sh
 
 export LD_LIBRARY_PATH="$verbs_target/lib:$PWD/target/fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FAKE_IBVERBS_FABRIC="gpu-ci-$$"

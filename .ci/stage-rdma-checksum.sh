@@ -16,10 +16,7 @@ mkdir -p "$fake_target/lib"
 cp "$fake_target/release/libibverbs.so" "$fake_target/lib/libibverbs.so.1"
 
 step "build the fake libcuda (tests/fakes/cuda) as libcuda.so.1 (the GPU refusal runs on the CUDA provider)"
-cargo build --release --manifest-path tests/fakes/cuda/Cargo.toml --target-dir target/fakecuda-build
-mkdir -p target/fakecuda
-cp target/fakecuda-build/release/libcuda.so target/fakecuda/libcuda.so
-ln -sf libcuda.so target/fakecuda/libcuda.so.1
+bash .ci/build-fakecuda.sh
 
 export LD_LIBRARY_PATH="$fake_target/lib:$PWD/target/fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FAKECUDA_REQUIRED=1

@@ -31,10 +31,7 @@ cd "$(dirname "$0")/.."
 fake=0
 if [ "${1:-}" = "--fake" ]; then
     fake=1
-    cargo build --release --manifest-path tests/fakes/cuda/Cargo.toml --target-dir target/fakecuda-build || exit 1
-    mkdir -p target/fakecuda
-    cp target/fakecuda-build/release/libcuda.so target/fakecuda/libcuda.so
-    ln -sf libcuda.so target/fakecuda/libcuda.so.1
+    bash .ci/build-fakecuda.sh || exit 1
     export LD_LIBRARY_PATH="$PWD/target/fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export FAKECUDA_REQUIRED=1
 fi
